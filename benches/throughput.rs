@@ -1,0 +1,296 @@
+//! rockq throughput and latency beside a raw RocksDB baseline from the same run.
+//!
+//! `cargo bench --bench throughput` (1M messages); `-- --quick` for a 100k smoke run.
+//! Every figure is printed in one table; ratios compare rockq with raw RocksDB writing
+//! WriteBatches of 100-byte values with the same sync setting on the same machine.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use rockq::{Broker, Durability, Options};
+
+const PAYLOAD: usize = 100;
+const PRODUCERS: usize = 64;
+
+struct Row {
+    name: String,
+    messages: u64,
+    secs: f64,
+    baseline: Option<(String, f64)>,
+    note: String,
+}
+
+impl Row {
+    fn rate(&self) -> f64 {
+        self.messages as f64 / self.secs
+    }
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    // `cargo test --all-targets` runs this binary without `--bench`: only check that it builds.
+    if !quick && !std::env::args().any(|a| a == "--bench") {
+        println!("throughput: skipped (run `cargo bench --bench throughput`)");
+        return;
+    }
+    let n: u64 = std::env::var("ROCKQ_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(if quick {
+        100_000
+    } else {
+        1_000_000
+    });
+    let fsync_n = (n / 5).max(10_000);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let root = tempfile::Builder::new().prefix("rockq-bench").tempdir().unwrap();
+    let dir = |name: &str| root.path().join(name);
+    let mut rows: Vec<Row> = Vec::new();
+
+    // Raw RocksDB baselines.
+    let raw_buf_1000 = raw_write(&dir("raw-buf-1000"), n, 1000, false);
+    let raw_buf_64 = raw_write(&dir("raw-buf-64"), n, PRODUCERS as u64, false);
+    let raw_sync_1000 = raw_write(&dir("raw-sync-1000"), fsync_n, 1000, true);
+    let raw_sync_64 = raw_write(&dir("raw-sync-64"), fsync_n, PRODUCERS as u64, true);
+    let raw_sync_1 = raw_write(&dir("raw-sync-1"), 2_000, 1, true);
+    for (name, m, secs) in [
+        ("raw rocksdb, unsynced, batch 1000", n, raw_buf_1000),
+        ("raw rocksdb, unsynced, batch 64", n, raw_buf_64),
+        ("raw rocksdb, fsync, batch 1000", fsync_n, raw_sync_1000),
+        ("raw rocksdb, fsync, batch 64", fsync_n, raw_sync_64),
+        ("raw rocksdb, fsync, batch 1", 2_000, raw_sync_1),
+    ] {
+        rows.push(Row { name: name.into(), messages: m, secs, baseline: None, note: String::new() });
+    }
+    let rate = |m: u64, s: f64| m as f64 / s;
+
+    // (a) 64 concurrent producers.
+    for (mode, count, base, base_name) in [
+        (Durability::Buffered, n, rate(n, raw_buf_1000), "raw unsynced b1000"),
+        (Durability::Fsync, fsync_n, rate(fsync_n, raw_sync_64), "raw fsync b64"),
+    ] {
+        let (secs, stats) = rt.block_on(produce(&dir(&format!("a-{mode:?}")), mode, count, PRODUCERS));
+        rows.push(Row {
+            name: format!("(a) produce, {PRODUCERS} producers, {mode:?}"),
+            messages: count,
+            secs,
+            baseline: Some((base_name.into(), base)),
+            note: format!("mean batch {:.0}", stats.messages as f64 / stats.rounds.max(1) as f64),
+        });
+    }
+    // Fsync also against the batch-1000 reference.
+    if let Some(r) = rows.last() {
+        let extra = Row {
+            name: format!("(a) produce, {PRODUCERS} producers, Fsync"),
+            messages: r.messages,
+            secs: r.secs,
+            baseline: Some(("raw fsync b1000".into(), rate(fsync_n, raw_sync_1000))),
+            note: "vs batch 1000".into(),
+        };
+        rows.push(extra);
+    }
+
+    // (b) one producer awaiting each send, Fsync.
+    let single_n = 2_000;
+    let (secs, _) = rt.block_on(produce(&dir("b"), Durability::Fsync, single_n, 1));
+    rows.push(Row {
+        name: "(b) produce, 1 producer awaiting each, Fsync".into(),
+        messages: single_n,
+        secs,
+        baseline: Some(("raw fsync b1".into(), rate(2_000, raw_sync_1))),
+        note: String::new(),
+    });
+
+    // (c) end to end.
+    for mode in [Durability::Buffered, Durability::Fsync] {
+        let count = if mode == Durability::Fsync { fsync_n } else { n };
+        let secs = rt.block_on(end_to_end(&dir(&format!("c-{mode:?}")), mode, count));
+        let (base_name, base) = if mode == Durability::Fsync {
+            ("raw fsync b64", rate(fsync_n, raw_sync_64))
+        } else {
+            ("raw unsynced b1000", rate(n, raw_buf_1000))
+        };
+        rows.push(Row {
+            name: format!("(c) produce→subscribe→ack, {mode:?}"),
+            messages: count,
+            secs,
+            baseline: Some((base_name.into(), base)),
+            note: String::new(),
+        });
+    }
+
+    println!();
+    println!(
+        "{:<46} {:>9} {:>12} {:>20} {:>7}  {}",
+        "benchmark", "messages", "msg/s", "baseline msg/s", "ratio", "note"
+    );
+    for r in &rows {
+        let (base, ratio) = match &r.baseline {
+            Some((name, b)) => (format!("{b:.0} ({name})"), format!("{:.0}%", 100.0 * r.rate() / b)),
+            None => (String::new(), String::new()),
+        };
+        println!("{:<46} {:>9} {:>12.0} {:>20} {:>7}  {}", r.name, r.messages, r.rate(), base, ratio, r.note);
+    }
+
+    // (d) delivery latency at a steady 10k msg/s.
+    println!();
+    for mode in [Durability::Buffered, Durability::Fsync] {
+        let (p50, p99, max) =
+            rt.block_on(latency(&dir(&format!("d-{mode:?}")), mode, 10_000, if quick { 1 } else { 3 }));
+        println!(
+            "(d) send-resolved → delivered at 10k msg/s, {mode:?}: p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs",
+            p50.as_secs_f64() * 1e6,
+            p99.as_secs_f64() * 1e6,
+            max.as_secs_f64() * 1e6
+        );
+    }
+    // (e) peak RSS.
+    println!("(e) peak RSS of the whole run: {} MiB", peak_rss_kib() / 1024);
+}
+
+fn value(i: u64) -> Vec<u8> {
+    let mut v = vec![b'x'; PAYLOAD];
+    v[..8].copy_from_slice(&i.to_be_bytes());
+    v
+}
+
+/// Raw RocksDB: `n` keys `<queue u32><seq u64>` with 100-byte values, written in batches.
+fn raw_write(path: &Path, n: u64, batch: u64, sync: bool) -> f64 {
+    let mut o = rocksdb::Options::default();
+    o.create_if_missing(true);
+    let db = rocksdb::DB::open(&o, path).unwrap();
+    let mut wo = rocksdb::WriteOptions::default();
+    wo.set_sync(sync);
+    let start = Instant::now();
+    let mut seq = 1u64;
+    while seq <= n {
+        let mut wb = rocksdb::WriteBatch::default();
+        for _ in 0..batch.min(n - seq + 1) {
+            let mut k = [0u8; 12];
+            k[..4].copy_from_slice(&1u32.to_be_bytes());
+            k[4..].copy_from_slice(&seq.to_be_bytes());
+            wb.put(k, value(seq));
+            seq += 1;
+        }
+        db.write_opt(wb, &wo).unwrap();
+    }
+    start.elapsed().as_secs_f64()
+}
+
+async fn open(path: &Path, mode: Durability) -> Broker {
+    Options::new().durability(mode).open(path).await.unwrap()
+}
+
+async fn produce(path: &Path, mode: Durability, n: u64, producers: usize) -> (f64, rockq::WriterStats) {
+    let broker = open(path, mode).await;
+    let q = broker.queue("bench").await.unwrap();
+    let start = Instant::now();
+    let per = n / producers as u64;
+    let mut tasks = Vec::new();
+    for p in 0..producers as u64 {
+        let q = q.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..per {
+                q.send(value(p * per + i)).await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let stats = broker.writer_stats();
+    broker.shutdown().await.unwrap();
+    (secs, stats)
+}
+
+async fn end_to_end(path: &Path, mode: Durability, n: u64) -> f64 {
+    let broker = open(path, mode).await;
+    let q = broker.queue("bench").await.unwrap();
+    let mut sub = q.group("consumers").unwrap().read_batch(1024).max_unacked(4096).subscribe().await.unwrap();
+    let start = Instant::now();
+    let consumer = tokio::spawn(async move {
+        let mut got = 0u64;
+        while got < n {
+            let d = sub.next().await.unwrap().unwrap();
+            d.ack().unwrap();
+            got += 1;
+        }
+        sub.commit().await.unwrap()
+    });
+    let per = n / PRODUCERS as u64;
+    let mut tasks = Vec::new();
+    for p in 0..PRODUCERS as u64 {
+        let q = q.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..per {
+                q.send(value(p * per + i)).await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let committed = consumer.await.unwrap();
+    let secs = start.elapsed().as_secs_f64();
+    assert_eq!(committed, n);
+    broker.shutdown().await.unwrap();
+    secs
+}
+
+async fn latency(path: &Path, mode: Durability, rate: u64, seconds: u64) -> (Duration, Duration, Duration) {
+    let broker = open(path, mode).await;
+    let q = broker.queue("lat").await.unwrap();
+    let total = rate * seconds;
+    let resolved: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; total as usize + 2]));
+    let mut sub = q.group("g").unwrap().subscribe().await.unwrap();
+    let consumer = tokio::spawn(async move {
+        let mut received = Vec::with_capacity(total as usize);
+        while (received.len() as u64) < total {
+            let d = sub.next().await.unwrap().unwrap();
+            received.push((d.seq(), Instant::now()));
+            d.ack().unwrap();
+        }
+        received
+    });
+    // 10 sends every millisecond, each on its own task so Fsync rounds can overlap.
+    let per_tick = rate / 1000;
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut sends = Vec::with_capacity(total as usize);
+    for _ in 0..total / per_tick {
+        tick.tick().await;
+        for _ in 0..per_tick {
+            let q = q.clone();
+            let resolved = resolved.clone();
+            sends.push(tokio::spawn(async move {
+                let seq = q.send(value(0)).await.unwrap();
+                let now = Instant::now();
+                resolved.lock().unwrap()[seq as usize] = Some(now);
+            }));
+        }
+    }
+    for s in sends {
+        s.await.unwrap();
+    }
+    let received = consumer.await.unwrap();
+    let resolved = resolved.lock().unwrap();
+    let mut lat: Vec<Duration> = received
+        .iter()
+        .map(|(seq, at)| at.saturating_duration_since(resolved[*seq as usize].unwrap()))
+        .collect();
+    lat.sort_unstable();
+    broker.shutdown().await.unwrap();
+    let pick = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
+    (pick(0.50), pick(0.99), *lat.last().unwrap())
+}
+
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}

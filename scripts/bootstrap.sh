@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what building rockq needs on a fresh Debian machine: libclang (bindgen, used by
+# librocksdb-sys) and a C++ toolchain. Idempotent: does nothing when everything is present.
+set -euo pipefail
+
+need=()
+have_libclang() {
+  # libclang itself (libclang.so / libclang-N.so), not libclang-cpp or the clang runtimes.
+  ldconfig -p 2>/dev/null | grep -Eq 'libclang(-[0-9.]+)?\.so' \
+    || compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null
+}
+have_libclang || need+=(libclang-dev)
+command -v clang >/dev/null 2>&1 || need+=(clang)
+command -v g++ >/dev/null 2>&1 || need+=(g++)
+command -v make >/dev/null 2>&1 || need+=(make)
+
+if [ "${#need[@]}" -gt 0 ]; then
+  echo "bootstrap: installing ${need[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# RocksDB takes 15-25 minutes to compile on two cores. Keep one target dir per machine,
+# outside the clone, so CI runs on a clean checkout reuse the compiled C++ objects.
+if [ -z "${CARGO_TARGET_DIR:-}" ]; then
+  export CARGO_TARGET_DIR="${ROCKQ_CACHE_DIR:-$HOME/.cache/rockq}/target"
+fi
+mkdir -p "$CARGO_TARGET_DIR"
+echo "bootstrap: CARGO_TARGET_DIR=$CARGO_TARGET_DIR" >&2

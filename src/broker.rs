@@ -1,0 +1,300 @@
+//! [`Broker`]: the handle to an open database.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::engine::{Counters, Engine};
+use crate::error::{NameKind, OpenError, QueueError, ShutdownError};
+use crate::options::Options;
+use crate::producer::Queue;
+use crate::registry::{GroupState, QueueState, Registry};
+use crate::store::{self, keys};
+use crate::writer::{self, Request};
+
+/// The user-side half of the engine: what every public handle holds. Owns the writer's request
+/// channel, so the writer stops when the last handle is dropped.
+pub(crate) struct Shared {
+    pub engine: Arc<Engine>,
+    pub tx: mpsc::Sender<Request>,
+    pub closed: AtomicBool,
+    /// The runtime the broker was opened in: its blocking pool runs reads and the close.
+    pub runtime: tokio::runtime::Handle,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Shared {
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Wakes the writer to commit dirty groups. Never blocks: if the channel is full the writer
+    /// has work queued and takes the dirty list in its next round anyway.
+    pub fn nudge_writer(&self) {
+        let _ = self.tx.try_send(Request::Commit);
+    }
+}
+
+/// An open rockq database: the entry point for queues and groups.
+///
+/// `Broker` is a cheap handle (`Clone` shares it). Call [`shutdown`](Broker::shutdown) before
+/// exiting for a clean close; dropping every handle also stops the writer and closes RocksDB,
+/// but without a way to report errors.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), rockq::Error> {
+/// use futures::StreamExt;
+///
+/// let broker = rockq::Broker::open("./data").await?;
+/// let orders = broker.queue("orders").await?;
+/// orders.send("hello").await?;
+///
+/// let mut sub = orders.group("billing")?.subscribe().await?;
+/// let delivery = sub.next().await.expect("stream ended")?;
+/// assert_eq!(delivery.payload().as_ref(), b"hello");
+/// delivery.ack()?;
+/// broker.shutdown().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Broker {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker")
+            .field("path", &self.shared.engine.store.path)
+            .field("closed", &self.shared.is_closed())
+            .finish()
+    }
+}
+
+/// Counters of the writer thread since open.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// WriteBatches written (group commits).
+    pub rounds: u64,
+    /// Messages written.
+    pub messages: u64,
+    /// Offset records written.
+    pub offset_commits: u64,
+    /// Time spent inside RocksDB writes (including fsync).
+    pub write_time: std::time::Duration,
+}
+
+/// RocksDB's WAL counters (requires [`Options::statistics`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StorageStats {
+    /// WAL fsyncs performed.
+    pub wal_syncs: u64,
+    /// Bytes appended to the WAL.
+    pub wal_bytes: u64,
+    /// Write calls that went through the WAL.
+    pub writes_with_wal: u64,
+}
+
+impl Broker {
+    /// Opens the database at `path` with default [`Options`], creating it if missing.
+    ///
+    /// RocksDB is opened on a blocking thread; the registry of queues and groups and each
+    /// queue's last sequence are loaded before this returns.
+    ///
+    /// # Errors
+    ///
+    /// [`OpenError::Locked`] if another process or broker has the database open,
+    /// [`OpenError::NotRockq`] if the path is a file, a non-empty directory without a
+    /// database, or a RocksDB database rockq did not create (it is left untouched),
+    /// [`OpenError::IncompatibleVersion`], [`OpenError::Corrupt`] for an undecodable registry
+    /// record, [`OpenError::Storage`] for other RocksDB errors.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), rockq::OpenError> {
+    /// let broker = rockq::Broker::open("./data").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn open(path: impl AsRef<Path>) -> Result<Broker, OpenError> {
+        Options::default().open(path).await
+    }
+
+    /// Starts configuring a broker; same as [`Options::new`].
+    pub fn options() -> Options {
+        Options::new()
+    }
+
+    pub(crate) async fn open_with(path: &Path, options: Options) -> Result<Broker, OpenError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| OpenError::NoRuntime)?;
+        let path = path.to_path_buf();
+        let opts = options.clone();
+        let (store, queues, groups) = runtime
+            .spawn_blocking(move || store::open(&path, &opts))
+            .await
+            .map_err(|e| OpenError::InvalidOption(format!("open task failed: {e}")))??;
+
+        let registry = Registry::default();
+        for q in queues {
+            let state = QueueState::new(q.record.id, &q.name, q.record.first_seq, q.last_seq);
+            registry.queues.insert(state.name.clone(), state);
+        }
+        for g in groups {
+            // An offset for a queue that has no record cannot be produced by rockq.
+            let Some(queue) = registry.queues.get(g.queue.as_str()).map(|q| q.clone()) else {
+                return Err(crate::error::CorruptionError::new(
+                    "offset",
+                    &keys::offset_key(&g.group, &g.queue),
+                    "names a queue that does not exist",
+                )
+                .into());
+            };
+            let key = keys::offset_key(&g.group, &g.queue);
+            registry.groups.insert(key.clone(), GroupState::new(&g.group, queue, key, g.committed));
+        }
+
+        let engine = Arc::new(Engine {
+            store,
+            registry,
+            options: options.clone(),
+            dirty: Mutex::new(Vec::new()),
+            failed: Mutex::new(None),
+            counters: Counters::default(),
+        });
+        let (tx, rx) = mpsc::channel(options.channel_capacity);
+        let handle = match writer::spawn(engine.clone(), rx) {
+            Ok(h) => h,
+            Err(e) => {
+                let path = engine.store.path.clone();
+                let _ = engine.store.close();
+                return Err(OpenError::Io { path, source: e });
+            }
+        };
+        Ok(Broker {
+            shared: Arc::new(Shared {
+                engine,
+                tx,
+                closed: AtomicBool::new(false),
+                runtime,
+                writer: Mutex::new(Some(handle)),
+            }),
+        })
+    }
+
+    /// Returns a handle to the queue `name`, creating it (durably) if it does not exist.
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::InvalidName`] if `name` is empty, longer than
+    /// [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) or has characters outside `[A-Za-z0-9._-]`;
+    /// [`QueueError::Shutdown`] after shutdown; [`QueueError::Storage`] if the registry record
+    /// could not be written.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe in effect: if the future is dropped, the queue may or may not have been
+    /// created; calling again returns the same queue either way.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// let orders = broker.queue("orders").await?;
+    /// assert_eq!(orders.name(), "orders");
+    /// # Ok(()) }
+    /// ```
+    pub async fn queue(&self, name: &str) -> Result<Queue, QueueError> {
+        crate::name::validate(NameKind::Queue, name)?;
+        if self.shared.is_closed() {
+            return Err(QueueError::Shutdown);
+        }
+        if let Some(q) = self.shared.engine.registry.queues.get(name) {
+            return Ok(Queue::new(self.shared.clone(), q.clone()));
+        }
+        let (reply, rx) = oneshot::channel();
+        self.shared
+            .tx
+            .send(Request::CreateQueue { name: name.to_owned(), reply })
+            .await
+            .map_err(|_| QueueError::Shutdown)?;
+        let state = rx.await.map_err(|_| QueueError::Shutdown)??;
+        Ok(Queue::new(self.shared.clone(), state))
+    }
+
+    /// Names of all queues, sorted.
+    pub fn queue_names(&self) -> Vec<String> {
+        let mut names: Vec<String> =
+            self.shared.engine.registry.queues.iter().map(|q| q.name.to_string()).collect();
+        names.sort();
+        names
+    }
+
+    /// Counters of the writer thread (group commits, messages, offset commits).
+    pub fn writer_stats(&self) -> WriterStats {
+        self.shared.engine.counters.snapshot()
+    }
+
+    /// RocksDB WAL counters, if the broker was opened with [`Options::statistics`].
+    pub fn storage_stats(&self) -> Option<StorageStats> {
+        self.shared.engine.store.stats()
+    }
+
+    /// Whether [`shutdown`](Broker::shutdown) has been called.
+    pub fn is_shut_down(&self) -> bool {
+        self.shared.is_closed()
+    }
+
+    /// Stops the broker: refuses new sends and subscriptions, lets the writer finish every
+    /// request queued before this call and commit every acknowledgement recorded so far, syncs
+    /// the WAL (in both durability modes), joins the writer thread, ends all subscription
+    /// streams and closes RocksDB on a blocking thread. Calling it again returns `Ok(())`.
+    ///
+    /// Acknowledgements made after this returns fail with
+    /// [`AckError::Shutdown`](crate::AckError::Shutdown); those messages are redelivered
+    /// after the next open.
+    ///
+    /// # Errors
+    ///
+    /// [`ShutdownError::Storage`] if the final commit or the WAL sync failed (the database is
+    /// still closed); [`ShutdownError::WriterPanicked`] if the writer thread had panicked.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: if the future is dropped part-way, intake is already stopped and the
+    /// writer finishes on its own, but RocksDB is closed only when the last handle is dropped.
+    pub async fn shutdown(&self) -> Result<(), ShutdownError> {
+        if self.shared.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let (reply, rx) = oneshot::channel();
+        let flushed = match self.shared.tx.send(Request::Shutdown { reply }).await {
+            Ok(()) => rx.await.unwrap_or(Ok(())),
+            Err(_) => Ok(()),
+        };
+        let handle = self.shared.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let engine = self.shared.engine.clone();
+        let joined = self
+            .shared
+            .runtime
+            .spawn_blocking(move || {
+                let joined = handle.map(|h| h.join().is_ok()).unwrap_or(true);
+                // Wake every subscriber so its stream observes the shutdown and ends.
+                for q in engine.registry.queues.iter() {
+                    q.last.send_modify(|_| {});
+                }
+                let closed = engine.store.close();
+                (joined, closed)
+            })
+            .await;
+        let (joined, closed) = joined.unwrap_or((false, Ok(())));
+        flushed?;
+        closed?;
+        if !joined {
+            return Err(ShutdownError::WriterPanicked);
+        }
+        Ok(())
+    }
+}

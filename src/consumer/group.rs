@@ -1,0 +1,152 @@
+//! [`Group`]: a named consumer group on one queue.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tokio::sync::oneshot;
+
+use super::acks::SubShared;
+use super::subscription::Subscription;
+use crate::broker::Shared;
+use crate::error::SubscribeError;
+use crate::registry::QueueState;
+use crate::store::keys;
+use crate::writer::Request;
+
+/// Where a group that has never subscribed starts. Ignored once the group exists: it then
+/// always resumes after its committed offset.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum StartFrom {
+    /// The oldest message still stored.
+    #[default]
+    Earliest,
+    /// Only messages sent after the group is created.
+    Latest,
+    /// This sequence (must be within `first_seq..=last_seq + 1`).
+    Sequence(u64),
+}
+
+/// A consumer group on one queue, in ordered mode: one active subscriber at a time receives
+/// the queue's messages in sequence order and the group's offset records its progress.
+///
+/// Groups are independent: each has its own offset, and one group's acks never move another's.
+/// Obtained from [`Queue::group`](crate::Queue::group); configuring it writes nothing.
+#[derive(Clone)]
+pub struct Group {
+    shared: Arc<Shared>,
+    queue: Arc<QueueState>,
+    name: Arc<str>,
+    start: StartFrom,
+    max_unacked: usize,
+    read_batch: usize,
+}
+
+impl std::fmt::Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group").field("name", &self.name).field("queue", &self.queue.name).finish()
+    }
+}
+
+impl Group {
+    pub(crate) fn new(shared: Arc<Shared>, queue: Arc<QueueState>, name: &str) -> Self {
+        Group {
+            shared,
+            queue,
+            name: Arc::from(name),
+            start: StartFrom::Earliest,
+            max_unacked: 1024,
+            read_batch: 256,
+        }
+    }
+
+    /// The group's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Where to start if the group does not exist yet. Default [`StartFrom::Earliest`].
+    pub fn start_from(mut self, start: StartFrom) -> Self {
+        self.start = start;
+        self
+    }
+
+    /// Most deliveries a subscription hands out beyond the committed offset (acknowledged out
+    /// of order or not at all) before it waits for acks. Default 1024, at least 1.
+    pub fn max_unacked(mut self, n: usize) -> Self {
+        self.max_unacked = n.max(1);
+        self
+    }
+
+    /// Most messages read from storage at once. Default 256, at least 1.
+    pub fn read_batch(mut self, n: usize) -> Self {
+        self.read_batch = n.max(1);
+        self
+    }
+
+    /// The committed offset: every message up to and including it has been acknowledged and
+    /// the record is durable. `None` if the group has never subscribed; 0 if nothing is
+    /// committed yet.
+    pub fn committed(&self) -> Option<u64> {
+        let key = keys::offset_key(&self.name, &self.queue.name);
+        self.shared.engine.registry.groups.get(&key).map(|g| g.durable.load(Ordering::Acquire))
+    }
+
+    /// Starts receiving the group's messages, after its committed offset (or, for a new group,
+    /// from [`start_from`](Group::start_from); the group's record is written first so that
+    /// a restart resumes from the same place).
+    ///
+    /// # Errors
+    ///
+    /// [`SubscribeError::AlreadySubscribed`] while another subscription of this group on this
+    /// queue is alive (its stream or any of its deliveries): ordered mode has one active
+    /// subscriber, and a second one is refused rather than queued as a standby.
+    /// [`SubscribeError::SequenceOutOfRange`] for a bad [`StartFrom::Sequence`],
+    /// [`SubscribeError::Shutdown`], [`SubscribeError::Storage`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped future holds no subscription (the group may have been created).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use futures::StreamExt;
+    /// let mut sub = queue.group("billing")?.subscribe().await?;
+    /// if let Some(d) = sub.next().await {
+    ///     d?.ack()?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn subscribe(&self) -> Result<Subscription, SubscribeError> {
+        if self.shared.is_closed() {
+            return Err(SubscribeError::Shutdown);
+        }
+        let key = keys::offset_key(&self.name, &self.queue.name);
+        let existing = self.shared.engine.registry.groups.get(&key).map(|g| g.clone());
+        let group = match existing {
+            Some(g) => g,
+            None => {
+                let (reply, rx) = oneshot::channel();
+                let req = Request::CreateGroup {
+                    queue: self.queue.clone(),
+                    group: self.name.to_string(),
+                    start: self.start,
+                    reply,
+                };
+                self.shared.tx.send(req).await.map_err(|_| SubscribeError::Shutdown)?;
+                rx.await.map_err(|_| SubscribeError::Shutdown)??
+            }
+        };
+        if group.active.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return Err(SubscribeError::AlreadySubscribed {
+                group: self.name.to_string(),
+                queue: self.queue.name.to_string(),
+            });
+        }
+        let start =
+            (group.acked.load(Ordering::Acquire) + 1).max(self.queue.first_seq.load(Ordering::Acquire));
+        let sub = SubShared::new(self.shared.clone(), group, start, self.max_unacked);
+        Ok(Subscription::new(sub, self.queue.clone(), start, self.read_batch))
+    }
+}

@@ -1,0 +1,10 @@
+//! The consumer side: ordered groups, their subscriptions (as `Stream`s) and deliveries.
+
+mod acks;
+mod delivery;
+mod group;
+mod subscription;
+
+pub use delivery::Delivery;
+pub use group::{Group, StartFrom};
+pub use subscription::Subscription;

@@ -1,0 +1,216 @@
+//! [`Subscription`]: a group's deliveries as a `futures::Stream`.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+
+use futures::{FutureExt, Stream, StreamExt};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::WatchStream;
+
+use super::acks::SubShared;
+use super::delivery::Delivery;
+use crate::Error;
+use crate::error::{CommitError, ReceiveError};
+use crate::registry::QueueState;
+use crate::store::{self, RawMessage, ReadOutcome};
+use crate::writer::Request;
+
+/// Upper bound on the bytes of one storage read, whatever `read_batch` says.
+const READ_BYTES: usize = 4 << 20;
+
+type ReadTask = JoinHandle<Result<ReadOutcome, ReceiveError>>;
+
+/// The deliveries of one group on one queue, in sequence order: a
+/// `Stream<Item = Result<Delivery, Error>>`.
+///
+/// Reads happen in batches on Tokio's blocking pool with bounded iterators, one batch ahead of
+/// the consumer. When caught up, the stream waits for the writer to publish new messages of
+/// this queue — no polling. At most [`Group::max_unacked`](crate::Group::max_unacked)
+/// deliveries are outstanding beyond the committed offset; past that the stream waits for acks.
+///
+/// The stream ends (`None`) when the broker shuts down. It yields an `Err` and then ends if a
+/// message cannot be read or decoded: an ordered group never skips a message.
+///
+/// Works with every `StreamExt`/`TryStreamExt` combinator; acks may come in any order.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+/// use futures::{StreamExt, TryStreamExt};
+///
+/// let sub = queue.group("audit")?.subscribe().await?;
+/// sub.take(100)
+///     .map_ok(|d| async move {
+///         // ... handle d.payload() ...
+///         d.ack()
+///     })
+///     .try_buffer_unordered(16)
+///     .try_collect::<Vec<()>>()
+///     .await?;
+/// # Ok(()) }
+/// ```
+pub struct Subscription {
+    sub: Arc<SubShared>,
+    queue: Arc<QueueState>,
+    changes: WatchStream<u64>,
+    /// Last sequence the writer published that we know of.
+    known_last: u64,
+    /// Next sequence to read from storage.
+    next_read: u64,
+    buffer: VecDeque<RawMessage>,
+    reading: Option<ReadTask>,
+    read_batch: usize,
+    done: bool,
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("queue", &self.queue.name)
+            .field("group", &self.sub.group.name)
+            .field("next_read", &self.next_read)
+            .finish()
+    }
+}
+
+impl Subscription {
+    pub(crate) fn new(sub: Arc<SubShared>, queue: Arc<QueueState>, start: u64, read_batch: usize) -> Self {
+        let rx = queue.last.subscribe();
+        let known_last = *rx.borrow();
+        Subscription {
+            sub,
+            changes: WatchStream::from_changes(rx),
+            known_last,
+            next_read: start,
+            buffer: VecDeque::new(),
+            reading: None,
+            queue,
+            read_batch,
+            done: false,
+        }
+    }
+
+    /// The group's committed offset as last made durable.
+    pub fn committed(&self) -> u64 {
+        self.sub.group.durable.load(Ordering::Acquire)
+    }
+
+    /// Waits until every acknowledgement made so far is committed durably, and returns the
+    /// committed offset. Commits happen anyway, coalesced; this is for callers that must know.
+    ///
+    /// # Errors
+    ///
+    /// [`CommitError::Shutdown`] after shutdown, [`CommitError::Storage`] if the write failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future does not undo or delay the commit.
+    pub async fn commit(&self) -> Result<u64, CommitError> {
+        let shared = &self.sub.shared;
+        if shared.is_closed() {
+            return Err(CommitError::Shutdown);
+        }
+        let (reply, rx) = oneshot::channel();
+        shared.tx.send(Request::Flush { reply }).await.map_err(|_| CommitError::Shutdown)?;
+        rx.await.map_err(|_| CommitError::Shutdown)??;
+        Ok(self.committed())
+    }
+
+    fn deliver(&self, msg: RawMessage, count: u32) -> Poll<Option<Result<Delivery, Error>>> {
+        Poll::Ready(Some(Ok(Delivery::new(msg, count, self.sub.clone()))))
+    }
+
+    fn start_read(&mut self) {
+        let from = self.next_read;
+        let to = self.known_last.min(from.saturating_add(self.read_batch as u64 - 1));
+        let shared = self.sub.shared.clone();
+        let queue = self.queue.clone();
+        self.reading = Some(shared.runtime.clone().spawn_blocking(move || {
+            store::read_range(&shared.engine.store, &queue.name, queue.id, from, to, usize::MAX, READ_BYTES)
+        }));
+    }
+
+    /// Ends the stream, optionally with a last error item.
+    fn finish(&mut self, last: Option<Error>) -> Poll<Option<Result<Delivery, Error>>> {
+        self.done = true;
+        self.buffer.clear();
+        Poll::Ready(last.map(Err))
+    }
+}
+
+impl Stream for Subscription {
+    type Item = Result<Delivery, Error>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        this.sub.waker.register(cx.waker());
+        loop {
+            if this.sub.shared.is_closed() {
+                return this.finish(None);
+            }
+            {
+                let mut w = this.sub.window();
+                // Handed-back deliveries go first: they are older than anything buffered.
+                if let Some((_, (msg, count))) = w.redeliver.pop_first() {
+                    drop(w);
+                    return this.deliver(msg, count + 1);
+                }
+                if !this.sub.is_full(&w) {
+                    if let Some(msg) = this.buffer.pop_front() {
+                        w.push(msg.seq);
+                        drop(w);
+                        // Keep one batch in flight while the consumer works through this one.
+                        if this.reading.is_none()
+                            && this.buffer.is_empty()
+                            && this.next_read <= this.known_last
+                        {
+                            this.start_read();
+                        }
+                        return this.deliver(msg, 1);
+                    }
+                }
+            }
+            if let Some(task) = this.reading.as_mut() {
+                if let Poll::Ready(res) = task.poll_unpin(cx) {
+                    this.reading = None;
+                    match res {
+                        Ok(Ok(ReadOutcome::Messages(msgs))) => {
+                            if let Some(last) = msgs.last() {
+                                this.next_read = last.seq + 1;
+                            }
+                            this.buffer.extend(msgs);
+                            continue;
+                        }
+                        Ok(Ok(ReadOutcome::Closed)) => return this.finish(None),
+                        Ok(Err(e)) => return this.finish(Some(e.into())),
+                        Err(join) => {
+                            let e = ReceiveError::Internal(format!("read task failed: {join}"));
+                            return this.finish(Some(e.into()));
+                        }
+                    }
+                }
+            } else if this.buffer.is_empty() && this.next_read <= this.known_last {
+                this.start_read();
+                continue;
+            }
+            // Nothing to hand out now: wait for the writer (new messages or shutdown), an ack
+            // (window space, registered above) or the read in flight.
+            match this.changes.poll_next_unpin(cx) {
+                Poll::Ready(Some(last)) => {
+                    this.known_last = this.known_last.max(last);
+                    continue;
+                }
+                Poll::Ready(None) => return this.finish(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}

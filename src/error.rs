@@ -1,0 +1,353 @@
+//! Error types, one enum per operation family plus the umbrella [`Error`].
+//!
+//! Every fallible public operation returns the narrowest enum that describes what can go wrong
+//! with it; all of them convert into [`Error`] with `?`.
+
+use std::path::PathBuf;
+
+/// What kind of name failed validation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameKind {
+    /// A queue name.
+    Queue,
+    /// A consumer-group name.
+    Group,
+}
+
+impl std::fmt::Display for NameKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NameKind::Queue => "queue",
+            NameKind::Group => "group",
+        })
+    }
+}
+
+/// A queue or group name was rejected. Nothing was written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NameError {
+    /// The name is empty.
+    #[error("{kind} name is empty")]
+    Empty {
+        /// Queue or group.
+        kind: NameKind,
+    },
+    /// The name is longer than [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes.
+    #[error("{kind} name is {len} bytes; the maximum is {max}")]
+    TooLong {
+        /// Queue or group.
+        kind: NameKind,
+        /// Length of the rejected name in bytes.
+        len: usize,
+        /// The maximum length.
+        max: usize,
+    },
+    /// The name contains a character outside `[A-Za-z0-9._-]`.
+    #[error("{kind} name contains {ch:?} at byte {index}; allowed are A-Z a-z 0-9 . _ -")]
+    InvalidChar {
+        /// Queue or group.
+        kind: NameKind,
+        /// The offending character.
+        ch: char,
+        /// Its byte offset in the name.
+        index: usize,
+    },
+}
+
+/// An error reported by RocksDB. The message is RocksDB's own.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("storage error: {0}")]
+pub struct StorageError(#[from] pub(crate) rocksdb::Error);
+
+impl StorageError {
+    /// RocksDB's message for this error.
+    pub fn message(&self) -> &str {
+        self.0.as_ref()
+    }
+}
+
+/// A record in the database could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("corrupted {what} record at key {key:02x?}: {reason}")]
+pub struct CorruptionError {
+    pub(crate) what: &'static str,
+    pub(crate) key: Vec<u8>,
+    pub(crate) reason: String,
+}
+
+impl CorruptionError {
+    pub(crate) fn new(what: &'static str, key: &[u8], reason: impl Into<String>) -> Self {
+        CorruptionError { what, key: key.to_vec(), reason: reason.into() }
+    }
+
+    /// The kind of record (`"message"`, `"queue"`, `"offset"`, …).
+    pub fn record_kind(&self) -> &'static str {
+        self.what
+    }
+
+    /// The raw key of the corrupted record.
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+}
+
+/// [`Broker::open`](crate::Broker::open) failed. Nothing was created or modified.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// Another process, or another broker in this process, holds the database open.
+    #[error("database at {path} is locked by another process or broker: {message}")]
+    Locked {
+        /// The database directory.
+        path: PathBuf,
+        /// RocksDB's message.
+        message: String,
+    },
+    /// The path exists but is not a rockq database (a file, a foreign directory or a RocksDB
+    /// database that rockq did not create).
+    #[error("{path} is not a rockq database: {reason}")]
+    NotRockq {
+        /// The path that was given.
+        path: PathBuf,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// The path does not exist and [`Options::create_if_missing`](crate::Options::create_if_missing)
+    /// is off.
+    #[error("no database at {path} and create_if_missing is off")]
+    NotFound {
+        /// The path that was given.
+        path: PathBuf,
+    },
+    /// The database was written by an incompatible version of rockq.
+    #[error("database format version {found} is not supported (this build reads version {supported})")]
+    IncompatibleVersion {
+        /// Version found on disk.
+        found: u8,
+        /// Version this build understands.
+        supported: u8,
+    },
+    /// An option is out of range.
+    #[error("invalid option: {0}")]
+    InvalidOption(String),
+    /// Called outside a Tokio runtime: rockq runs its blocking work on the runtime's pool.
+    #[error("rockq must be opened from within a Tokio runtime")]
+    NoRuntime,
+    /// A stored record could not be decoded.
+    #[error(transparent)]
+    Corrupt(#[from] CorruptionError),
+    /// RocksDB failed to open the database.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// A filesystem error while inspecting the path.
+    #[error("i/o error on {path}: {source}")]
+    Io {
+        /// The path that was inspected.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}
+
+/// Getting a [`Queue`](crate::Queue) handle failed. Nothing was written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueueError {
+    /// The queue name is invalid.
+    #[error(transparent)]
+    InvalidName(#[from] NameError),
+    /// The broker was shut down.
+    #[error("broker is shut down")]
+    Shutdown,
+    /// The queue registry is full (2³² − 2 queues).
+    #[error("no queue ids left")]
+    TooManyQueues,
+    /// Writing the queue's registry record failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The broker stopped accepting writes after an earlier error.
+    #[error("broker stopped accepting writes after an earlier storage error: {0}")]
+    Failed(String),
+}
+
+/// A send was rejected or failed. When this is returned, none of the messages of the call were
+/// made visible to consumers.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendError {
+    /// The broker was shut down before the messages were written.
+    #[error("broker is shut down")]
+    Shutdown,
+    /// A message (payload plus headers) is larger than
+    /// [`Options::max_message_bytes`](crate::Options::max_message_bytes).
+    #[error("message {index} is {size} bytes; the maximum is {max}")]
+    MessageTooLarge {
+        /// Position of the message within the call (0 for `send`).
+        index: usize,
+        /// Encoded size of the payload and headers.
+        size: usize,
+        /// The configured maximum.
+        max: usize,
+    },
+    /// A header cannot be encoded (key over 65 535 bytes, value over 4 GiB, or more than
+    /// 65 535 headers).
+    #[error("message {index} has an invalid header: {reason}")]
+    InvalidHeader {
+        /// Position of the message within the call (0 for `send`).
+        index: usize,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// `send_batch` was called with no messages.
+    #[error("send_batch needs at least one message")]
+    EmptyBatch,
+    /// `send_batch` was called with more messages than one atomic write may hold.
+    #[error("batch of {len} messages exceeds the maximum of {max}")]
+    BatchTooLarge {
+        /// Messages in the call.
+        len: usize,
+        /// The configured maximum ([`Options::max_batch_messages`](crate::Options::max_batch_messages)).
+        max: usize,
+    },
+    /// The write failed. The broker fails closed after a write error: later sends return
+    /// [`SendError::Failed`] until it is reopened.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// An earlier write failed and the broker stopped accepting writes.
+    #[error("broker stopped accepting writes after an earlier storage error: {0}")]
+    Failed(String),
+}
+
+/// [`Group::subscribe`](crate::Group::subscribe) failed. Nothing was written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubscribeError {
+    /// The group name is invalid.
+    #[error(transparent)]
+    InvalidName(#[from] NameError),
+    /// The broker was shut down.
+    #[error("broker is shut down")]
+    Shutdown,
+    /// Another subscription of this group on this queue is still active (its stream or some of
+    /// its deliveries are alive). Ordered groups have one active subscriber at a time.
+    #[error("group {group:?} already has an active subscription on queue {queue:?}")]
+    AlreadySubscribed {
+        /// The group.
+        group: String,
+        /// The queue.
+        queue: String,
+    },
+    /// [`StartFrom::Sequence`](crate::StartFrom::Sequence) names a sequence outside
+    /// `first..=last + 1` of the queue.
+    #[error("sequence {requested} is outside the queue's range {first}..={next}")]
+    SequenceOutOfRange {
+        /// The requested start.
+        requested: u64,
+        /// The first live sequence.
+        first: u64,
+        /// The next sequence to be written.
+        next: u64,
+    },
+    /// Writing the group's initial offset failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The broker stopped accepting writes after an earlier error.
+    #[error("broker stopped accepting writes after an earlier storage error: {0}")]
+    Failed(String),
+}
+
+/// An acknowledgement could not be recorded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AckError {
+    /// The broker was shut down; the message will be delivered again after reopening.
+    #[error("broker is shut down; the message will be redelivered")]
+    Shutdown,
+}
+
+/// Waiting for acknowledgements to be committed failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommitError {
+    /// The broker was shut down.
+    #[error("broker is shut down")]
+    Shutdown,
+    /// Writing the offset record failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The broker stopped accepting writes after an earlier error.
+    #[error("broker stopped accepting writes after an earlier storage error: {0}")]
+    Failed(String),
+}
+
+/// An error yielded by a [`Subscription`](crate::Subscription) stream. The stream ends after
+/// yielding one: an ordered group never skips a message it could not read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReceiveError {
+    /// A message record could not be decoded.
+    #[error(transparent)]
+    Corrupt(#[from] CorruptionError),
+    /// Reading failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// A sequence the writer published is missing from storage.
+    #[error("queue {queue:?}: expected sequence {expected}, found {found:?}")]
+    Gap {
+        /// The queue.
+        queue: String,
+        /// The sequence that should have been read next.
+        expected: u64,
+        /// What was found instead (`None`: nothing).
+        found: Option<u64>,
+    },
+    /// The background read task failed unexpectedly.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Shutting down failed part-way. The database is closed regardless.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ShutdownError {
+    /// Flushing pending offset commits or syncing the WAL failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The writer thread panicked.
+    #[error("writer thread panicked")]
+    WriterPanicked,
+}
+
+/// Any rockq error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// See [`OpenError`].
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    /// See [`QueueError`].
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    /// See [`SendError`].
+    #[error(transparent)]
+    Send(#[from] SendError),
+    /// See [`SubscribeError`].
+    #[error(transparent)]
+    Subscribe(#[from] SubscribeError),
+    /// See [`AckError`].
+    #[error(transparent)]
+    Ack(#[from] AckError),
+    /// See [`CommitError`].
+    #[error(transparent)]
+    Commit(#[from] CommitError),
+    /// See [`ReceiveError`].
+    #[error(transparent)]
+    Receive(#[from] ReceiveError),
+    /// See [`ShutdownError`].
+    #[error(transparent)]
+    Shutdown(#[from] ShutdownError),
+    /// See [`NameError`].
+    #[error(transparent)]
+    Name(#[from] NameError),
+}

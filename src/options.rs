@@ -1,0 +1,153 @@
+//! Broker configuration: [`Options`] and [`Durability`].
+
+use std::path::Path;
+
+use crate::{Broker, OpenError};
+
+/// When a send is acknowledged relative to the disk.
+///
+/// Both modes write every message to RocksDB's write-ahead log (WAL) before the send resolves;
+/// they differ in whether the WAL is fsynced first. A clean [`Broker::shutdown`] syncs the WAL in
+/// both modes.
+///
+/// | mode | process crash (kill -9, panic, OOM) | power loss / kernel panic |
+/// | --- | --- | --- |
+/// | [`Fsync`](Durability::Fsync) | every resolved send survives | every resolved send survives |
+/// | [`Buffered`](Durability::Buffered) | every resolved send survives | resolved sends since the last sync may be lost |
+///
+/// In both modes a send that returned an error, or whose future was dropped before resolving,
+/// may or may not be present after a crash; it is never partially present (a `send_batch` is
+/// one atomic WriteBatch). Sequences are never reused: a message that was lost in a power
+/// failure under `Buffered` leaves no hole, because everything written after it was lost too
+/// (the WAL is a prefix).
+///
+/// Offset commits (acks) follow the same mode: under `Buffered`, acknowledged progress since the
+/// last sync may be lost in a power failure, which causes redelivery, never loss.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// A send resolves only after the WAL holding it has been fsynced. Group commit shares one
+    /// fsync among every send that arrived while the previous one was in progress.
+    #[default]
+    Fsync,
+    /// A send resolves after the WAL holding it has been written to the operating system, not
+    /// fsynced. Survives a crash of the process, not of the machine.
+    Buffered,
+}
+
+/// Options for opening a [`Broker`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), rockq::Error> {
+/// use rockq::{Durability, Options};
+///
+/// let broker = Options::new()
+///     .durability(Durability::Buffered)
+///     .max_message_bytes(64 * 1024)
+///     .open("/var/lib/myapp/queues")
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub(crate) durability: Durability,
+    pub(crate) create_if_missing: bool,
+    pub(crate) max_message_bytes: usize,
+    pub(crate) max_batch_messages: usize,
+    pub(crate) max_batch_bytes: usize,
+    pub(crate) channel_capacity: usize,
+    pub(crate) statistics: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            durability: Durability::Fsync,
+            create_if_missing: true,
+            max_message_bytes: 1 << 20,
+            max_batch_messages: 4096,
+            max_batch_bytes: 16 << 20,
+            channel_capacity: 4096,
+            statistics: false,
+        }
+    }
+}
+
+impl Options {
+    /// The defaults: [`Durability::Fsync`], create if missing, 1 MiB messages.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Durability of sends and offset commits. Default [`Durability::Fsync`].
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Create the database if the path does not exist or is an empty directory. Default `true`.
+    pub fn create_if_missing(mut self, yes: bool) -> Self {
+        self.create_if_missing = yes;
+        self
+    }
+
+    /// Largest accepted message (payload plus headers), in bytes. Default 1 MiB; at most 64 MiB.
+    pub fn max_message_bytes(mut self, bytes: usize) -> Self {
+        self.max_message_bytes = bytes;
+        self
+    }
+
+    /// Most messages the writer puts in one WriteBatch (one group commit), and so the most one
+    /// `send_batch` call may carry. Default 4096.
+    pub fn max_batch_messages(mut self, n: usize) -> Self {
+        self.max_batch_messages = n;
+        self
+    }
+
+    /// Byte budget of one WriteBatch; the writer starts a new round once it is reached (a single
+    /// larger request still goes through alone). Default 16 MiB.
+    pub fn max_batch_bytes(mut self, bytes: usize) -> Self {
+        self.max_batch_bytes = bytes;
+        self
+    }
+
+    /// Requests that may wait for the writer before `send` applies backpressure. Default 4096.
+    pub fn channel_capacity(mut self, n: usize) -> Self {
+        self.channel_capacity = n;
+        self
+    }
+
+    /// Collect RocksDB statistics, readable through [`Broker::storage_stats`]. Costs a few
+    /// percent of write throughput. Default off.
+    pub fn statistics(mut self, yes: bool) -> Self {
+        self.statistics = yes;
+        self
+    }
+
+    /// Opens (or creates) the database at `path` with these options.
+    ///
+    /// # Errors
+    ///
+    /// See [`Broker::open`].
+    pub async fn open(self, path: impl AsRef<Path>) -> Result<Broker, OpenError> {
+        Broker::open_with(path.as_ref(), self).await
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), OpenError> {
+        let bad = |m: &str| Err(OpenError::InvalidOption(m.to_string()));
+        if self.max_message_bytes == 0 || self.max_message_bytes > 64 << 20 {
+            return bad("max_message_bytes must be in 1..=64 MiB");
+        }
+        if self.max_batch_messages == 0 {
+            return bad("max_batch_messages must be at least 1");
+        }
+        if self.max_batch_bytes == 0 {
+            return bad("max_batch_bytes must be at least 1");
+        }
+        if self.channel_capacity == 0 {
+            return bad("channel_capacity must be at least 1");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,187 @@
+//! [`Queue`]: send messages, name groups.
+
+use std::ops::RangeInclusive;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tokio::sync::oneshot;
+
+use crate::Message;
+use crate::broker::Shared;
+use crate::consumer::Group;
+use crate::error::{NameError, NameKind, SendError};
+use crate::registry::QueueState;
+use crate::store::envelope::{self, EncodeError};
+use crate::writer::{Payloads, Request};
+
+/// A handle to one queue. Cheap to clone; all clones send to the same queue.
+///
+/// Obtained from [`Broker::queue`](crate::Broker::queue).
+#[derive(Clone)]
+pub struct Queue {
+    shared: Arc<Shared>,
+    state: Arc<QueueState>,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue").field("name", &self.state.name).field("id", &self.state.id).finish()
+    }
+}
+
+impl Queue {
+    pub(crate) fn new(shared: Arc<Shared>, state: Arc<QueueState>) -> Self {
+        Queue { shared, state }
+    }
+
+    /// The queue's name.
+    pub fn name(&self) -> &str {
+        &self.state.name
+    }
+
+    /// The first live sequence: the oldest message still stored is at or after it.
+    pub fn first_seq(&self) -> u64 {
+        self.state.first_seq.load(Ordering::Acquire)
+    }
+
+    /// The last sequence written (0 if nothing was ever sent).
+    pub fn last_seq(&self) -> u64 {
+        self.state.last_seq()
+    }
+
+    /// Number of messages stored (not yet removed by retention).
+    pub fn len(&self) -> u64 {
+        (self.last_seq() + 1).saturating_sub(self.first_seq())
+    }
+
+    /// Whether the queue stores no messages.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends one message and returns its sequence once it is durable (see
+    /// [`Durability`](crate::Durability)).
+    ///
+    /// Sends from all producers are group-committed by the writer: many sends share one
+    /// WriteBatch and one WAL sync. Sequences of one queue are dense and increase in the order
+    /// the writer received the sends.
+    ///
+    /// # Errors
+    ///
+    /// [`SendError::MessageTooLarge`] and [`SendError::InvalidHeader`] before anything is
+    /// queued; [`SendError::Shutdown`] after [`Broker::shutdown`](crate::Broker::shutdown);
+    /// [`SendError::Storage`] if the write failed, after which the broker fails closed
+    /// ([`SendError::Failed`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped after the message reached the writer's queue, the message may
+    /// still be written; it is never written partially. Applies backpressure: it waits while the
+    /// writer's queue ([`Options::channel_capacity`](crate::Options::channel_capacity)) is full.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::SendError> {
+    /// let seq = queue.send(b"payload").await?;
+    /// assert!(seq >= 1);
+    /// # Ok(()) }
+    /// ```
+    pub async fn send(&self, message: impl Into<Message>) -> Result<u64, SendError> {
+        let value = self.encode(0, &message.into())?;
+        self.submit(Payloads::One(value)).await
+    }
+
+    /// Appends messages atomically: all of them get contiguous sequences and become visible
+    /// together, or none does. Returns the range of sequences assigned.
+    ///
+    /// # Errors
+    ///
+    /// As [`send`](Queue::send), plus [`SendError::EmptyBatch`] and
+    /// [`SendError::BatchTooLarge`] (more than
+    /// [`Options::max_batch_messages`](crate::Options::max_batch_messages)). Validation
+    /// happens before anything is queued: one bad message rejects the whole call.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`send`](Queue::send): a dropped future may still have written the whole batch, never
+    /// part of it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::SendError> {
+    /// let seqs = queue.send_batch(["a", "b", "c"]).await?;
+    /// assert_eq!(seqs.end() - seqs.start(), 2);
+    /// # Ok(()) }
+    /// ```
+    pub async fn send_batch<I>(&self, messages: I) -> Result<RangeInclusive<u64>, SendError>
+    where
+        I: IntoIterator,
+        I::Item: Into<Message>,
+    {
+        let max = self.shared.engine.options.max_batch_messages;
+        let mut values = Vec::new();
+        for (index, m) in messages.into_iter().enumerate() {
+            if index >= max {
+                let len = index + 1;
+                return Err(SendError::BatchTooLarge { len, max });
+            }
+            values.push(self.encode(index, &m.into())?);
+        }
+        let n = values.len() as u64;
+        if n == 0 {
+            return Err(SendError::EmptyBatch);
+        }
+        let first = self.submit(Payloads::Many(values)).await?;
+        Ok(first..=first + n - 1)
+    }
+
+    /// Names a consumer group on this queue. Nothing is written until the group first
+    /// subscribes.
+    ///
+    /// # Errors
+    ///
+    /// [`NameError`] if `name` is empty, too long or has characters outside `[A-Za-z0-9._-]`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use rockq::StartFrom;
+    /// let sub = queue.group("billing")?.start_from(StartFrom::Latest).subscribe().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn group(&self, name: &str) -> Result<Group, NameError> {
+        crate::name::validate(NameKind::Group, name)?;
+        Ok(Group::new(self.shared.clone(), self.state.clone(), name))
+    }
+
+    fn encode(&self, index: usize, m: &Message) -> Result<Vec<u8>, SendError> {
+        if self.shared.is_closed() {
+            return Err(SendError::Shutdown);
+        }
+        let max = self.shared.engine.options.max_message_bytes;
+        let size = envelope::encoded_len(m) - envelope::encoded_len(&Message::default());
+        if size > max {
+            return Err(SendError::MessageTooLarge { index, size, max });
+        }
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
+        envelope::encode(m, now).map_err(|e| SendError::InvalidHeader {
+            index,
+            reason: match e {
+                EncodeError::HeaderKeyTooLong => "key longer than 65535 bytes",
+                EncodeError::TooManyHeaders => "more than 65535 headers",
+                EncodeError::HeaderValueTooLong => "value longer than 4 GiB",
+            },
+        })
+    }
+
+    async fn submit(&self, payloads: Payloads) -> Result<u64, SendError> {
+        let (reply, rx) = oneshot::channel();
+        let req = Request::Send { queue: self.state.clone(), payloads, reply };
+        self.shared.tx.send(req).await.map_err(|_| SendError::Shutdown)?;
+        rx.await.map_err(|_| SendError::Shutdown)?
+    }
+}

@@ -1,0 +1,83 @@
+//! In-memory state of every queue and group, shared by handles, subscriptions and the writer.
+//!
+//! Loaded from storage at open; after that only the writer inserts (it is the one task that
+//! creates queues and groups), so a queue or group exists in memory exactly when its record is
+//! durable.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use dashmap::DashMap;
+use tokio::sync::watch;
+
+/// One queue.
+#[derive(Debug)]
+pub(crate) struct QueueState {
+    pub id: u32,
+    pub name: Arc<str>,
+    /// First live sequence (retention moves it forward).
+    pub first_seq: AtomicU64,
+    /// Last sequence written and visible to readers. The writer publishes after each round
+    /// that touched the queue; subscribers wait on it instead of polling.
+    pub last: watch::Sender<u64>,
+}
+
+impl QueueState {
+    pub fn new(id: u32, name: &str, first_seq: u64, last_seq: u64) -> Arc<Self> {
+        Arc::new(QueueState {
+            id,
+            name: Arc::from(name),
+            first_seq: AtomicU64::new(first_seq),
+            last: watch::Sender::new(last_seq),
+        })
+    }
+
+    pub fn last_seq(&self) -> u64 {
+        *self.last.borrow()
+    }
+}
+
+/// One (group, queue) pair.
+#[derive(Debug)]
+pub(crate) struct GroupState {
+    pub name: Arc<str>,
+    pub queue: Arc<QueueState>,
+    /// `consumer:<group>:<queue>`.
+    pub key: Vec<u8>,
+    /// Highest contiguously acknowledged sequence known in memory. Never below `durable`.
+    pub acked: AtomicU64,
+    /// Highest sequence whose offset record is durable (in the mode's sense).
+    pub durable: AtomicU64,
+    /// Set when `acked` moved and the writer has not yet picked the group up.
+    pub dirty: AtomicBool,
+    /// An ordered group has at most one active subscription per queue.
+    pub active: AtomicBool,
+}
+
+impl GroupState {
+    pub fn new(name: &str, queue: Arc<QueueState>, key: Vec<u8>, committed: u64) -> Arc<Self> {
+        Arc::new(GroupState {
+            name: Arc::from(name),
+            queue,
+            key,
+            acked: AtomicU64::new(committed),
+            durable: AtomicU64::new(committed),
+            dirty: AtomicBool::new(false),
+            active: AtomicBool::new(false),
+        })
+    }
+
+    /// Records that everything up to `seq` is acknowledged. Returns true if the group just
+    /// became dirty (the caller must then hand it to the writer).
+    pub fn advance(&self, seq: u64) -> bool {
+        self.acked.fetch_max(seq, Ordering::AcqRel);
+        !self.dirty.swap(true, Ordering::AcqRel)
+    }
+}
+
+/// Queues by name and groups by offset key.
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    pub queues: DashMap<Arc<str>, Arc<QueueState>>,
+    pub groups: DashMap<Vec<u8>, Arc<GroupState>>,
+}

@@ -1,0 +1,148 @@
+//! Key layout. Every key rockq writes is built and parsed here.
+//!
+//! | column family | key | value |
+//! | --- | --- | --- |
+//! | `rockq.messages` | `<queue_id u32 BE><seq u64 BE>` | message envelope |
+//! | `rockq.meta` | `format` | format marker |
+//! | `rockq.meta` | `queue:<name>` | queue record (id, first live seq) |
+//! | `rockq.offsets` | `consumer:<group>:<queue>` | offset record (last committed seq) |
+//!
+//! Big-endian fixed-width integers make byte order equal numeric order, so one queue's messages
+//! are contiguous and sorted, and `<queue_id + 1>` is an exclusive upper bound for all of them.
+
+use crate::error::CorruptionError;
+
+/// Length of a message key.
+pub(crate) const MESSAGE_KEY_LEN: usize = 12;
+
+/// Key of the format marker in the meta column family.
+pub(crate) const FORMAT_KEY: &[u8] = b"format";
+
+const QUEUE_PREFIX: &[u8] = b"queue:";
+const OFFSET_PREFIX: &[u8] = b"consumer:";
+
+pub(crate) fn message_key(queue_id: u32, seq: u64) -> [u8; MESSAGE_KEY_LEN] {
+    let mut k = [0u8; MESSAGE_KEY_LEN];
+    k[..4].copy_from_slice(&queue_id.to_be_bytes());
+    k[4..].copy_from_slice(&seq.to_be_bytes());
+    k
+}
+
+/// Exclusive upper bound for every message key of `queue_id`: `<queue_id + 1>`.
+///
+/// Queue ids stop at `u32::MAX - 1` (see the registry), so this never overflows.
+pub(crate) fn queue_upper_bound(queue_id: u32) -> [u8; 4] {
+    debug_assert!(queue_id < u32::MAX);
+    (queue_id + 1).to_be_bytes()
+}
+
+/// Exclusive upper bound for messages of `queue_id` up to and including `last`.
+pub(crate) fn message_upper_bound(queue_id: u32, last: u64) -> Vec<u8> {
+    match last.checked_add(1) {
+        Some(next) => message_key(queue_id, next).to_vec(),
+        None => queue_upper_bound(queue_id).to_vec(),
+    }
+}
+
+pub(crate) fn decode_message_key(key: &[u8]) -> Result<(u32, u64), CorruptionError> {
+    let arr: [u8; MESSAGE_KEY_LEN] = key
+        .try_into()
+        .map_err(|_| CorruptionError::new("message key", key, format!("length {}", key.len())))?;
+    let (q, s) = arr.split_at(4);
+    let q = u32::from_be_bytes(q.try_into().unwrap_or_default());
+    let s = u64::from_be_bytes(s.try_into().unwrap_or_default());
+    Ok((q, s))
+}
+
+pub(crate) fn queue_key(name: &str) -> Vec<u8> {
+    [QUEUE_PREFIX, name.as_bytes()].concat()
+}
+
+/// Bounds of the range holding every queue record.
+pub(crate) fn queue_key_range() -> (Vec<u8>, Vec<u8>) {
+    prefix_range(QUEUE_PREFIX)
+}
+
+pub(crate) fn queue_name_from_key(key: &[u8]) -> Result<&str, CorruptionError> {
+    key.strip_prefix(QUEUE_PREFIX)
+        .and_then(|n| std::str::from_utf8(n).ok())
+        .ok_or_else(|| CorruptionError::new("queue key", key, "bad prefix or not UTF-8"))
+}
+
+/// `consumer:<group>:<queue>`. Names cannot contain `:` (see `name.rs`), so the split is
+/// unambiguous and no two (group, queue) pairs share a key.
+pub(crate) fn offset_key(group: &str, queue: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(OFFSET_PREFIX.len() + group.len() + 1 + queue.len());
+    k.extend_from_slice(OFFSET_PREFIX);
+    k.extend_from_slice(group.as_bytes());
+    k.push(b':');
+    k.extend_from_slice(queue.as_bytes());
+    k
+}
+
+pub(crate) fn offset_key_range() -> (Vec<u8>, Vec<u8>) {
+    prefix_range(OFFSET_PREFIX)
+}
+
+/// Splits `consumer:<group>:<queue>` into `(group, queue)`.
+pub(crate) fn parse_offset_key(key: &[u8]) -> Result<(&str, &str), CorruptionError> {
+    let bad = || CorruptionError::new("offset key", key, "expected consumer:<group>:<queue>");
+    let rest = key.strip_prefix(OFFSET_PREFIX).ok_or_else(bad)?;
+    let rest = std::str::from_utf8(rest).map_err(|_| bad())?;
+    let (group, queue) = rest.split_once(':').ok_or_else(bad)?;
+    if group.is_empty() || queue.is_empty() || queue.contains(':') {
+        return Err(bad());
+    }
+    Ok((group, queue))
+}
+
+/// `[prefix, prefix with its last byte incremented)`: every key starting with `prefix`.
+fn prefix_range(prefix: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let mut end = prefix.to_vec();
+    // All our prefixes end in ':' (0x3a), so incrementing cannot overflow.
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    (prefix.to_vec(), end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_keys_sort_by_queue_then_sequence() {
+        let mut keys = vec![
+            message_key(2, 0),
+            message_key(1, u64::MAX),
+            message_key(1, 256),
+            message_key(1, 255),
+            message_key(1, 1),
+        ];
+        keys.sort();
+        let decoded: Vec<_> = keys.iter().map(|k| decode_message_key(k).unwrap()).collect();
+        assert_eq!(decoded, vec![(1, 1), (1, 255), (1, 256), (1, u64::MAX), (2, 0)]);
+        assert!(message_key(1, u64::MAX).as_slice() < queue_upper_bound(1).as_slice());
+        assert!(queue_upper_bound(1).as_slice() <= message_key(2, 0).as_slice());
+        assert_eq!(message_upper_bound(1, u64::MAX), queue_upper_bound(1).to_vec());
+    }
+
+    #[test]
+    fn offset_keys_round_trip_and_reject_garbage() {
+        let k = offset_key("billing", "orders");
+        assert_eq!(k, b"consumer:billing:orders");
+        assert_eq!(parse_offset_key(&k).unwrap(), ("billing", "orders"));
+        for bad in
+            [&b"consumer:"[..], b"consumer::q", b"consumer:g:", b"consumer:g", b"x:g:q", b"consumer:g:q:r"]
+        {
+            assert!(parse_offset_key(bad).is_err(), "{bad:?}");
+        }
+        let (lo, hi) = offset_key_range();
+        assert!(lo.as_slice() <= k.as_slice() && k.as_slice() < hi.as_slice());
+    }
+
+    #[test]
+    fn short_message_key_is_an_error() {
+        assert!(decode_message_key(&[0, 0, 0, 1]).is_err());
+    }
+}

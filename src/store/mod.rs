@@ -1,0 +1,94 @@
+//! The storage layer: opening RocksDB with rockq's column families, verifying that a directory
+//! is ours, loading the registry at start, and the blocking reads the consumers need.
+//!
+//! Everything here is blocking FFI. Callers run it on the writer thread or in
+//! `spawn_blocking`, never on a Tokio worker.
+
+pub(crate) mod envelope;
+pub(crate) mod keys;
+mod open;
+mod read;
+pub(crate) mod records;
+
+use std::path::PathBuf;
+use std::sync::{RwLock, RwLockReadGuard};
+
+use rocksdb::{ColumnFamily, DB};
+
+pub(crate) use open::open;
+pub(crate) use read::{RawMessage, ReadOutcome, read_range};
+
+use crate::error::StorageError;
+
+pub(crate) const CF_MESSAGES: &str = "rockq.messages";
+pub(crate) const CF_META: &str = "rockq.meta";
+pub(crate) const CF_OFFSETS: &str = "rockq.offsets";
+/// Column families this version opens. Later versions add claims, dead letters and delays;
+/// missing ones are created at open, so an older database opens in a newer build.
+pub(crate) const ALL_CFS: [&str; 3] = [CF_MESSAGES, CF_META, CF_OFFSETS];
+
+/// The open database. The `RwLock` lets `shutdown` close RocksDB (take it out) while handles
+/// that still point here get a clean "closed" answer instead of a use-after-close.
+pub(crate) struct Store {
+    db: RwLock<Option<DB>>,
+    pub(crate) path: PathBuf,
+    /// Kept for its statistics object, which RocksDB shares with the open database.
+    rocks_opts: rocksdb::Options,
+    statistics: bool,
+}
+
+/// Handles of rockq's column families, valid while the read guard they came from is held.
+pub(crate) struct Cfs<'a> {
+    pub messages: &'a ColumnFamily,
+    pub meta: &'a ColumnFamily,
+    pub offsets: &'a ColumnFamily,
+}
+
+/// A read lock on the open database.
+pub(crate) struct DbGuard<'a>(RwLockReadGuard<'a, Option<DB>>);
+
+impl DbGuard<'_> {
+    /// The database and its column families, or `None` once closed.
+    pub fn get(&self) -> Option<(&DB, Cfs<'_>)> {
+        let db = self.0.as_ref()?;
+        let cfs = Cfs {
+            messages: db.cf_handle(CF_MESSAGES)?,
+            meta: db.cf_handle(CF_META)?,
+            offsets: db.cf_handle(CF_OFFSETS)?,
+        };
+        Some((db, cfs))
+    }
+}
+
+impl Store {
+    /// Locks the database for use. Cheap: an uncontended read lock.
+    pub fn lock(&self) -> DbGuard<'_> {
+        DbGuard(self.db.read().unwrap_or_else(|poison| poison.into_inner()))
+    }
+
+    /// Syncs the WAL and closes RocksDB. Waits for in-flight reads. Idempotent.
+    pub fn close(&self) -> Result<(), StorageError> {
+        let db = self.db.write().unwrap_or_else(|poison| poison.into_inner()).take();
+        match db {
+            Some(db) => {
+                let synced = db.flush_wal(true);
+                drop(db);
+                synced.map_err(StorageError::from)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// RocksDB's WAL counters, if statistics were enabled at open.
+    pub fn stats(&self) -> Option<crate::StorageStats> {
+        use rocksdb::statistics::Ticker;
+        if !self.statistics {
+            return None;
+        }
+        Some(crate::StorageStats {
+            wal_syncs: self.rocks_opts.get_ticker_count(Ticker::WalFileSynced),
+            wal_bytes: self.rocks_opts.get_ticker_count(Ticker::WalFileBytes),
+            writes_with_wal: self.rocks_opts.get_ticker_count(Ticker::WriteWithWal),
+        })
+    }
+}

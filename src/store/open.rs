@@ -1,0 +1,233 @@
+//! Opening a database: deciding whether a path is ours, creating it, and loading the queue and
+//! group registry.
+
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
+
+use rocksdb::{ColumnFamilyDescriptor, DB, DBCompressionType, Direction, IteratorMode, ReadOptions};
+
+use super::keys::{self, FORMAT_KEY};
+use super::records::{self, FORMAT_VERSION, QueueRecord};
+use super::{ALL_CFS, CF_MESSAGES, CF_META, CF_OFFSETS, Store};
+use crate::error::{OpenError, StorageError};
+use crate::options::Options;
+
+/// A queue as found at open.
+#[derive(Debug)]
+pub(crate) struct LoadedQueue {
+    pub name: String,
+    pub record: QueueRecord,
+    /// Last written sequence, `record.first_seq - 1` if the queue holds nothing.
+    pub last_seq: u64,
+}
+
+/// A group offset as found at open.
+#[derive(Debug)]
+pub(crate) struct LoadedGroup {
+    pub group: String,
+    pub queue: String,
+    pub committed: u64,
+}
+
+enum PathState {
+    Missing,
+    Empty,
+    RocksDb,
+}
+
+fn inspect(path: &Path) -> Result<PathState, OpenError> {
+    let io = |source| OpenError::Io { path: path.to_path_buf(), source };
+    let not_ours = |reason: &str| OpenError::NotRockq { path: path.to_path_buf(), reason: reason.into() };
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(PathState::Missing),
+        Err(e) => return Err(io(e)),
+    };
+    if !meta.is_dir() {
+        return Err(not_ours("not a directory"));
+    }
+    let mut entries = std::fs::read_dir(path).map_err(io)?;
+    if entries.next().is_none() {
+        return Ok(PathState::Empty);
+    }
+    if path.join("CURRENT").is_file() {
+        Ok(PathState::RocksDb)
+    } else {
+        Err(not_ours("directory is not empty and holds no RocksDB database"))
+    }
+}
+
+fn rocks_options(o: &Options) -> rocksdb::Options {
+    let mut opts = rocksdb::Options::default();
+    opts.create_if_missing(true);
+    opts.create_missing_column_families(true);
+    opts.increase_parallelism(2);
+    opts.set_max_background_jobs(2);
+    // Group commit happens in our writer; RocksDB's own write-thread batching would only add
+    // a handoff for the single writer thread.
+    opts.set_enable_pipelined_write(false);
+    if o.statistics {
+        opts.enable_statistics();
+    }
+    opts
+}
+
+fn messages_cf_options() -> rocksdb::Options {
+    let mut opts = rocksdb::Options::default();
+    opts.set_compression_type(DBCompressionType::Lz4);
+    // The queue head is a dense run of deletes: mark an SST for compaction when half of any
+    // 32k-entry window is tombstones (the recipe's CompactOnDeletionCollector).
+    opts.add_compact_on_deletion_collector_factory(32 * 1024, 16 * 1024, 0.5);
+    opts
+}
+
+/// Opens the database at `path`. Blocking.
+pub(crate) fn open(
+    path: &Path,
+    o: &Options,
+) -> Result<(Store, Vec<LoadedQueue>, Vec<LoadedGroup>), OpenError> {
+    o.validate()?;
+    let state = inspect(path)?;
+    let not_ours = |reason: &str| OpenError::NotRockq { path: path.to_path_buf(), reason: reason.into() };
+    match state {
+        PathState::Missing | PathState::Empty if !o.create_if_missing => {
+            return Err(OpenError::NotFound { path: path.to_path_buf() });
+        }
+        PathState::Missing => std::fs::create_dir_all(path)
+            .map_err(|source| OpenError::Io { path: path.to_path_buf(), source })?,
+        PathState::Empty => {}
+        PathState::RocksDb => {
+            // Checked before opening: opening would create our column families in a foreign
+            // database, and "bad input changes nothing".
+            let cfs = DB::list_cf(&rocksdb::Options::default(), path).map_err(|e| map_open_error(path, e))?;
+            if !cfs.iter().any(|c| c == CF_META) {
+                return Err(not_ours("a RocksDB database without rockq's column families"));
+            }
+        }
+    }
+
+    let opts = rocks_options(o);
+    let descriptors = ALL_CFS.iter().map(|&name| {
+        let cf_opts = if name == CF_MESSAGES { messages_cf_options() } else { rocksdb::Options::default() };
+        ColumnFamilyDescriptor::new(name, cf_opts)
+    });
+    let db = DB::open_cf_descriptors(&opts, path, descriptors).map_err(|e| map_open_error(path, e))?;
+    let (queues, groups) = load(&db, path)?;
+    let store = Store {
+        db: RwLock::new(Some(db)),
+        path: path.to_path_buf(),
+        rocks_opts: opts,
+        statistics: o.statistics,
+    };
+    Ok((store, queues, groups))
+}
+
+fn map_open_error(path: &Path, e: rocksdb::Error) -> OpenError {
+    let msg = e.as_ref().to_ascii_lowercase();
+    if msg.contains("lock") && (msg.contains("resource temporarily unavailable") || msg.contains("lock hold"))
+    {
+        OpenError::Locked { path: path.to_path_buf(), message: e.into_string() }
+    } else {
+        OpenError::Storage(StorageError(e))
+    }
+}
+
+fn cf<'a>(db: &'a DB, name: &str) -> Result<&'a rocksdb::ColumnFamily, OpenError> {
+    db.cf_handle(name).ok_or_else(|| OpenError::NotRockq {
+        path: PathBuf::from(db.path()),
+        reason: format!("column family {name} missing after open"),
+    })
+}
+
+fn load(db: &DB, path: &Path) -> Result<(Vec<LoadedQueue>, Vec<LoadedGroup>), OpenError> {
+    let meta = cf(db, CF_META)?;
+    let messages = cf(db, CF_MESSAGES)?;
+    let offsets = cf(db, CF_OFFSETS)?;
+
+    match db.get_cf(meta, FORMAT_KEY).map_err(StorageError)? {
+        Some(v) => match records::decode_format(&v) {
+            Some(FORMAT_VERSION) => {}
+            Some(found) => return Err(OpenError::IncompatibleVersion { found, supported: FORMAT_VERSION }),
+            None => {
+                return Err(OpenError::NotRockq {
+                    path: path.to_path_buf(),
+                    reason: "format marker is not rockq's".into(),
+                });
+            }
+        },
+        None => {
+            // Fresh database, or a creation that crashed before the marker was written: both
+            // are empty. Anything else without a marker is not ours.
+            let empty = |cf| {
+                // Every key rockq writes sorts below 0xff ff ff ff ff.
+                db.iterator_cf_opt(cf, bounded(Vec::new(), vec![0xff; 5]), IteratorMode::Start)
+                    .next()
+                    .is_none()
+            };
+            if !(empty(meta) && empty(messages) && empty(offsets)) {
+                return Err(OpenError::NotRockq {
+                    path: path.to_path_buf(),
+                    reason: "rockq column families without a format marker".into(),
+                });
+            }
+            let mut wo = rocksdb::WriteOptions::default();
+            wo.set_sync(true);
+            db.put_cf_opt(meta, FORMAT_KEY, records::encode_format(), &wo).map_err(StorageError)?;
+        }
+    }
+
+    let mut queues = Vec::new();
+    let (lo, hi) = keys::queue_key_range();
+    for item in db.iterator_cf_opt(meta, bounded(lo.clone(), hi), IteratorMode::From(&lo, Direction::Forward))
+    {
+        let (k, v) = item.map_err(StorageError)?;
+        let name = keys::queue_name_from_key(&k)?.to_owned();
+        let record = QueueRecord::decode(&k, &v)?;
+        let last_seq = last_sequence(db, messages, &record)?;
+        queues.push(LoadedQueue { name, record, last_seq });
+    }
+
+    let mut groups = Vec::new();
+    let (lo, hi) = keys::offset_key_range();
+    for item in
+        db.iterator_cf_opt(offsets, bounded(lo.clone(), hi), IteratorMode::From(&lo, Direction::Forward))
+    {
+        let (k, v) = item.map_err(StorageError)?;
+        let (group, queue) = keys::parse_offset_key(&k)?;
+        let committed = records::decode_offset(&k, &v)?;
+        groups.push(LoadedGroup { group: group.to_owned(), queue: queue.to_owned(), committed });
+    }
+    Ok((queues, groups))
+}
+
+/// The last sequence of a queue: the tail holds no tombstones (retention deletes from the
+/// head), so a bounded `SeekToLast` is one cheap step.
+fn last_sequence(db: &DB, messages: &rocksdb::ColumnFamily, q: &QueueRecord) -> Result<u64, OpenError> {
+    let lo = keys::message_key(q.id, q.first_seq).to_vec();
+    let hi = keys::queue_upper_bound(q.id).to_vec();
+    let mut it = db.raw_iterator_cf_opt(messages, bounded(lo, hi));
+    it.seek_to_last();
+    it.status().map_err(StorageError)?;
+    match it.key() {
+        Some(k) => {
+            let (id, seq) = keys::decode_message_key(k)?;
+            if id != q.id {
+                return Err(crate::error::CorruptionError::new(
+                    "message key",
+                    k,
+                    "outside its queue's bounds",
+                )
+                .into());
+            }
+            Ok(seq)
+        }
+        None => Ok(q.first_seq - 1),
+    }
+}
+
+pub(crate) fn bounded(lo: Vec<u8>, hi: Vec<u8>) -> ReadOptions {
+    let mut ro = ReadOptions::default();
+    ro.set_iterate_lower_bound(lo);
+    ro.set_iterate_upper_bound(hi);
+    ro
+}

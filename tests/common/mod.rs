@@ -1,0 +1,75 @@
+//! Helpers shared by the integration tests. Every test runs against a real RocksDB in a
+//! temporary directory.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use futures::StreamExt;
+use rockq::{Broker, Delivery, Durability, Options, Subscription};
+
+/// Upper bound for any single await in a test: only a guard against hangs, never an assertion
+/// about speed.
+pub const HANG_GUARD: Duration = Duration::from_secs(60);
+
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("rockq-test").tempdir().expect("tempdir")
+}
+
+pub async fn open(path: &Path) -> Broker {
+    open_with(path, Durability::Buffered).await
+}
+
+pub async fn open_with(path: &Path, durability: Durability) -> Broker {
+    Options::new().durability(durability).open(path).await.expect("open")
+}
+
+/// The next delivery, failing the test if the stream ends, errors or hangs.
+pub async fn next(sub: &mut Subscription) -> Delivery {
+    tokio::time::timeout(HANG_GUARD, sub.next())
+        .await
+        .expect("hung waiting for a delivery")
+        .expect("stream ended")
+        .expect("stream yielded an error")
+}
+
+/// Takes `n` deliveries.
+pub async fn take(sub: &mut Subscription, n: usize) -> Vec<Delivery> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(next(sub).await);
+    }
+    out
+}
+
+/// Proves nothing is delivered between what was taken and `sentinel`: sends it and checks it
+/// is the very next delivery.
+pub async fn assert_next_is_sentinel(queue: &rockq::Queue, sub: &mut Subscription) {
+    let seq = queue.send("sentinel").await.expect("send sentinel");
+    let d = next(sub).await;
+    assert_eq!(
+        (d.seq(), d.payload().as_ref()),
+        (seq, &b"sentinel"[..]),
+        "unexpected delivery before sentinel"
+    );
+    d.ack().expect("ack sentinel");
+}
+
+pub fn payloads(ds: &[Delivery]) -> Vec<String> {
+    ds.iter().map(|d| String::from_utf8(d.payload().to_vec()).expect("utf8")).collect()
+}
+
+/// Runs the current test binary again as a child, executing only the ignored helper test
+/// `name`, with `env` set. Returns the spawned child with piped stdout.
+pub fn spawn_helper(name: &str, env: &[(&str, &str)]) -> std::process::Child {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["--exact", name, "--ignored", "--nocapture", "--test-threads=1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .stdin(std::process::Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn helper")
+}
