@@ -47,7 +47,7 @@ type ReadTask = JoinHandle<Result<ReadOutcome, ReceiveError>>;
 /// sub.take(100)
 ///     .map_ok(|d| async move {
 ///         // ... handle d.payload() ...
-///         d.ack()
+///         d.ack().map_err(rockq::Error::from)
 ///     })
 ///     .try_buffer_unordered(16)
 ///     .try_collect::<Vec<()>>()
