@@ -164,6 +164,13 @@ impl Broker {
             failed: Mutex::new(None),
             counters: Counters::default(),
         });
+        tracing::info!(
+            path = %engine.store.path.display(),
+            queues = engine.registry.queues.len(),
+            groups = engine.registry.groups.len(),
+            durability = ?options.durability,
+            "rockq: opened"
+        );
         let (tx, rx) = mpsc::channel(options.channel_capacity);
         let handle = match writer::spawn(engine.clone(), rx) {
             Ok(h) => h,
@@ -295,6 +302,7 @@ impl Broker {
         if !joined {
             return Err(ShutdownError::WriterPanicked);
         }
+        tracing::info!(path = %self.shared.engine.store.path.display(), "rockq: shut down");
         Ok(())
     }
 }

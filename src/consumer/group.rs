@@ -146,6 +146,7 @@ impl Group {
         }
         let start =
             (group.acked.load(Ordering::Acquire) + 1).max(self.queue.first_seq.load(Ordering::Acquire));
+        tracing::debug!(group = %self.name, queue = %self.queue.name, start, "rockq: subscribed");
         let sub = SubShared::new(self.shared.clone(), group, start, self.max_unacked);
         Ok(Subscription::new(sub, self.queue.clone(), start, self.read_batch))
     }

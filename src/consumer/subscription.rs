@@ -167,9 +167,10 @@ impl Stream for Subscription {
                     if let Some(msg) = this.buffer.pop_front() {
                         w.push(msg.seq);
                         drop(w);
-                        // Keep one batch in flight while the consumer works through this one.
+                        // Read the next batch while the consumer works through the second half
+                        // of this one.
                         if this.reading.is_none()
-                            && this.buffer.is_empty()
+                            && this.buffer.len() <= this.read_batch / 2
                             && this.next_read <= this.known_last
                         {
                             this.start_read();

