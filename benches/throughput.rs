@@ -120,8 +120,8 @@ fn main() {
 
     println!();
     println!(
-        "{:<46} {:>9} {:>12} {:>20} {:>7}  {}",
-        "benchmark", "messages", "msg/s", "baseline msg/s", "ratio", "note"
+        "{:<46} {:>9} {:>12} {:>20} {:>7}  note",
+        "benchmark", "messages", "msg/s", "baseline msg/s", "ratio"
     );
     for r in &rows {
         let (base, ratio) = match &r.baseline {
@@ -273,11 +273,13 @@ async fn latency(path: &Path, mode: Durability, rate: u64, seconds: u64) -> (Dur
         s.await.unwrap();
     }
     let received = consumer.await.unwrap();
-    let resolved = resolved.lock().unwrap();
-    let mut lat: Vec<Duration> = received
-        .iter()
-        .map(|(seq, at)| at.saturating_duration_since(resolved[*seq as usize].unwrap()))
-        .collect();
+    let mut lat: Vec<Duration> = {
+        let resolved = resolved.lock().unwrap();
+        received
+            .iter()
+            .map(|(seq, at)| at.saturating_duration_since(resolved[*seq as usize].unwrap()))
+            .collect()
+    };
     lat.sort_unstable();
     broker.shutdown().await.unwrap();
     let pick = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];

@@ -55,7 +55,7 @@ impl AckWindow {
         let idx = usize::try_from(seq.checked_sub(self.base)?).ok()?;
         *self.acked.get_mut(idx)? = true;
         let before = self.base;
-        while self.acked.front().is_some() && self.acked.iter().any(|a| *a) {
+        while self.acked.front() == Some(&true) {
             self.acked.pop_front();
             self.base += 1;
         }

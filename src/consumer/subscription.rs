@@ -163,20 +163,20 @@ impl Stream for Subscription {
                     drop(w);
                     return this.deliver(msg, count + 1);
                 }
-                if !this.sub.is_full(&w) {
-                    if let Some(msg) = this.buffer.pop_front() {
-                        w.push(msg.seq);
-                        drop(w);
-                        // Read the next batch while the consumer works through the second half
-                        // of this one.
-                        if this.reading.is_none()
-                            && this.buffer.len() <= this.read_batch / 2
-                            && this.next_read <= this.known_last
-                        {
-                            this.start_read();
-                        }
-                        return this.deliver(msg, 1);
+                if !this.sub.is_full(&w)
+                    && let Some(msg) = this.buffer.pop_front()
+                {
+                    w.push(msg.seq);
+                    drop(w);
+                    // Read the next batch while the consumer works through the second half of
+                    // this one.
+                    if this.reading.is_none()
+                        && this.buffer.len() <= this.read_batch / 2
+                        && this.next_read <= this.known_last
+                    {
+                        this.start_read();
                     }
+                    return this.deliver(msg, 1);
                 }
             }
             if let Some(task) = this.reading.as_mut() {

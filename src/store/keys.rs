@@ -112,7 +112,7 @@ mod tests {
 
     #[test]
     fn message_keys_sort_by_queue_then_sequence() {
-        let mut keys = vec![
+        let mut keys = [
             message_key(2, 0),
             message_key(1, u64::MAX),
             message_key(1, 256),

@@ -49,13 +49,17 @@ struct Writer {
     batch_hint: usize,
 }
 
+type Reply<T, E> = oneshot::Sender<Result<T, E>>;
+/// Something created this round, with every caller waiting for it.
+type Created<T, E> = (Arc<T>, Vec<Reply<Arc<T>, E>>);
+
 /// Completions of one round, run after the write succeeded (or failed).
 #[derive(Default)]
 struct Round {
-    sends: Vec<(oneshot::Sender<Result<u64, SendError>>, u64)>,
+    sends: Vec<(Reply<u64, SendError>, u64)>,
     touched: Vec<(Arc<QueueState>, u64)>,
-    queues: Vec<(Arc<QueueState>, Vec<oneshot::Sender<Result<Arc<QueueState>, QueueError>>>)>,
-    groups: Vec<(Arc<GroupState>, Vec<oneshot::Sender<Result<Arc<GroupState>, SubscribeError>>>)>,
+    queues: Vec<Created<QueueState, QueueError>>,
+    groups: Vec<Created<GroupState, SubscribeError>>,
     commits: Vec<(Arc<GroupState>, u64)>,
     flushes: Vec<oneshot::Sender<Result<(), CommitError>>>,
     shutdown: Option<oneshot::Sender<Result<(), StorageError>>>,
@@ -71,7 +75,7 @@ impl Writer {
             max_id = max_id.max(q.id);
         }
         let mut write_opts = WriteOptions::default();
-        write_opts.set_sync(false && engine.options.durability == Durability::Fsync);
+        write_opts.set_sync(engine.options.durability == Durability::Fsync);
         Writer { engine, rx, next_seq, next_queue_id: max_id + 1, write_opts, batch_hint: 64 * 1024 }
     }
 
@@ -130,11 +134,11 @@ impl Writer {
                 reject(req, || "broker is shut down".into(), true);
                 continue;
             }
-            if let Some(f) = &failed {
-                if !matches!(req, Request::Shutdown { .. } | Request::Commit) {
-                    reject(req, || f.clone(), false);
-                    continue;
-                }
+            if let Some(f) = &failed
+                && !matches!(req, Request::Shutdown { .. } | Request::Commit)
+            {
+                reject(req, || f.clone(), false);
+                continue;
             }
             match req {
                 Request::Send { queue, payloads, reply } => {
