@@ -89,3 +89,18 @@ async fn dropping_every_handle_without_shutdown_still_commits_and_closes() {
     assert_eq!(q.group("g").unwrap().committed(), Some(1));
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_a_stream_stopped_on_a_full_window() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("q").await.unwrap();
+    q.send_batch(["1", "2", "3"]).await.unwrap();
+    let mut sub = q.group("g").unwrap().max_unacked(1).subscribe().await.unwrap();
+    let held = next(&mut sub).await;
+    let waiter = tokio::spawn(async move { sub.next().await.is_none() });
+    tokio::task::yield_now().await;
+    broker.shutdown().await.unwrap();
+    assert!(waiter.await.unwrap(), "stream ended with None");
+    assert!(matches!(held.ack(), Err(rockq::AckError::Shutdown)));
+}

@@ -138,6 +138,40 @@ mod tests {
     }
 
     #[test]
+    fn offset_is_always_the_longest_acknowledged_prefix_under_random_orders() {
+        // A small deterministic generator: no dependency, reproducible failures.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rand = |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        for round in 0..200 {
+            let n = 1 + rand(64);
+            let base = 1 + rand(1000) as u64;
+            let mut w = window(base);
+            (0..n as u64).for_each(|i| w.push(base + i));
+            let mut order: Vec<u64> = (0..n as u64).map(|i| base + i).collect();
+            for i in (1..order.len()).rev() {
+                order.swap(i, rand(i + 1));
+            }
+            let mut acked = std::collections::BTreeSet::new();
+            let mut offset = base - 1;
+            for seq in order {
+                acked.insert(seq);
+                let expected = (base..).take_while(|s| acked.contains(s)).last().unwrap_or(base - 1);
+                if let Some(o) = w.ack(seq) {
+                    assert!(o > offset, "round {round}: offset went back");
+                    offset = o;
+                }
+                assert_eq!(offset, expected, "round {round}");
+                assert_eq!(w.len() as u64, base + n as u64 - 1 - offset);
+            }
+        }
+    }
+
+    #[test]
     fn stale_or_unknown_acks_change_nothing() {
         let mut w = window(5);
         w.push(5);
