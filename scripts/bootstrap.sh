@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building rockq needs on a fresh Debian machine: libclang (bindgen, used by
-# librocksdb-sys) and a C++ toolchain. Idempotent: does nothing when everything is present.
-set -euo pipefail
+# librocksdb-sys) and a C++ toolchain, and exports CARGO_TARGET_DIR. Idempotent.
+# Sourced by scripts/test.sh and scripts/demo.sh (which set -euo pipefail themselves); it sets
+# no shell options, so sourcing it from an interactive shell changes nothing else.
 
 need=()
 have_libclang() {
