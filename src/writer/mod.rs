@@ -7,6 +7,13 @@
 //! subscribers of the queues it touched. Requests that arrive during the write wait in the
 //! channel and form the next round: that is the group commit.
 //!
+//! Under `Durability::Fsync` the fsync is pipelined: the writer appends each round to the WAL
+//! without syncing and hands the round to the syncer thread, which fsyncs everything appended
+//! so far with one `SyncWAL` and only then completes the rounds it covered (replies, consumer
+//! wake-ups, registry updates). The writer keeps appending the next rounds meanwhile, so one
+//! fsync covers every round written while the previous one ran. Nothing becomes visible to
+//! consumers or resolves a send before it is synced.
+//!
 //! Owning sequence allocation here means sequences are dense and monotonic without any lock
 //! on the producer path. A write error makes the writer fail closed: nothing it allocated is
 //! reused, because nothing is written after a failure.
@@ -47,6 +54,12 @@ struct Writer {
     next_queue_id: u32,
     write_opts: WriteOptions,
     batch_hint: usize,
+    /// Queues and groups this thread has written, possibly not yet synced and so not yet in
+    /// the registry: a second request for one of them waits for the same sync.
+    queues: HashMap<String, Arc<QueueState>>,
+    groups: HashMap<Vec<u8>, Arc<GroupState>>,
+    /// The syncer (Fsync mode only).
+    syncer: Option<(std::sync::mpsc::Sender<Round>, std::thread::JoinHandle<()>)>,
 }
 
 type Reply<T, E> = oneshot::Sender<Result<T, E>>;
@@ -74,9 +87,34 @@ impl Writer {
             next_seq.insert(q.id, q.last_seq() + 1);
             max_id = max_id.max(q.id);
         }
-        let mut write_opts = WriteOptions::default();
-        write_opts.set_sync(engine.options.durability == Durability::Fsync);
-        Writer { engine, rx, next_seq, next_queue_id: max_id + 1, write_opts, batch_hint: 64 * 1024 }
+        // Fsync mode syncs on the syncer thread; the append itself never waits for the disk.
+        let write_opts = WriteOptions::default();
+        let syncer = (engine.options.durability == Durability::Fsync)
+            .then(|| {
+                let (tx, rx) = std::sync::mpsc::channel();
+                let e = engine.clone();
+                std::thread::Builder::new()
+                    .name("rockq-syncer".into())
+                    .spawn(move || sync_loop(&e, rx))
+                    .map(|h| (tx, h))
+                    .inspect_err(|err| tracing::error!(%err, "rockq: no syncer thread; syncing inline"))
+                    .ok()
+            })
+            .flatten();
+        let mut write_opts = write_opts;
+        // Without a syncer thread (Buffered, or it could not start), Fsync syncs inline.
+        write_opts.set_sync(engine.options.durability == Durability::Fsync && syncer.is_none());
+        Writer {
+            engine,
+            rx,
+            next_seq,
+            next_queue_id: max_id + 1,
+            write_opts,
+            batch_hint: 64 * 1024,
+            queues: HashMap::new(),
+            groups: HashMap::new(),
+            syncer,
+        }
     }
 
     fn run(mut self) {
@@ -204,16 +242,37 @@ impl Writer {
             self.engine.counters.write_nanos.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
             res
         };
-        // A clean stop leaves nothing unsynced, whatever the durability mode.
-        let result = match result {
-            Ok(()) if r.shutdown.is_some() || last => db.flush_wal(true),
-            other => other,
-        };
-        drop(guard);
         let stop = r.shutdown.is_some() || last;
-        match result {
-            Ok(()) => self.complete(r),
-            Err(e) => self.fail(r, StorageError(e)),
+        match (result, &self.syncer) {
+            (Ok(()), Some((tx, _))) => {
+                drop(guard);
+                if let Err(std::sync::mpsc::SendError(r)) = tx.send(r) {
+                    // Only if the syncer panicked: dropping the round answers every waiter
+                    // with a shutdown error, and the broker refuses further writes.
+                    *self.engine.failed.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some("syncer thread stopped".into());
+                    drop(r);
+                }
+                if stop {
+                    // Closing the channel lets the syncer sync and complete the last rounds.
+                    if let Some((tx, handle)) = self.syncer.take() {
+                        drop(tx);
+                        let _ = handle.join();
+                    }
+                }
+            }
+            (result, _) => {
+                // A clean stop leaves nothing unsynced, whatever the durability mode.
+                let result = match result {
+                    Ok(()) if stop => db.flush_wal(true),
+                    other => other,
+                };
+                drop(guard);
+                match result {
+                    Ok(()) => complete(&self.engine, r),
+                    Err(e) => fail(&self.engine, r, StorageError(e)),
+                }
+            }
         }
         stop
     }
@@ -234,6 +293,12 @@ impl Writer {
             waiters.push(reply);
             return;
         }
+        if let Some(q) = self.queues.get(&name) {
+            // Written in an earlier round whose sync is still running: answer after this
+            // round's sync, which comes after that one.
+            r.queues.push((q.clone(), vec![reply]));
+            return;
+        }
         // Id u32::MAX is reserved so that `<id + 1>` is always a valid upper bound.
         if self.next_queue_id == u32::MAX {
             let _ = reply.send(Err(QueueError::TooManyQueues));
@@ -244,7 +309,9 @@ impl Writer {
         let record = QueueRecord { id, first_seq: 1 };
         wb.put_cf(meta, keys::queue_key(&name), record.encode());
         self.next_seq.insert(id, 1);
-        r.queues.push((QueueState::new(id, &name, 1, 0), vec![reply]));
+        let state = QueueState::new(id, &name, 1, 0);
+        self.queues.insert(name, state.clone());
+        r.queues.push((state, vec![reply]));
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -267,6 +334,10 @@ impl Writer {
             waiters.push(reply);
             return;
         }
+        if let Some(g) = self.groups.get(&key) {
+            r.groups.push((g.clone(), vec![reply]));
+            return;
+        }
         let first = queue.first_seq.load(Ordering::SeqCst);
         // The writer's own counter, not the published value: "latest" includes every send
         // queued before this request.
@@ -281,60 +352,91 @@ impl Writer {
             }
         };
         wb.put_cf(offsets, &key, records::encode_offset(committed));
-        r.groups.push((GroupState::new(&group, queue, key, committed), vec![reply]));
+        let state = GroupState::new(&group, queue, key.clone(), committed);
+        self.groups.insert(key, state.clone());
+        r.groups.push((state, vec![reply]));
     }
+}
 
-    fn complete(&mut self, r: Round) {
-        let c = &self.engine.counters;
-        c.rounds.fetch_add(1, Ordering::Relaxed);
-        c.messages.fetch_add(r.messages, Ordering::Relaxed);
-        c.offset_commits.fetch_add(r.commits.len() as u64, Ordering::Relaxed);
-        for (g, v) in r.commits {
-            g.durable.fetch_max(v, Ordering::SeqCst);
+/// Fsync mode: syncs the WAL once for every round the writer appended since the last sync, then
+/// completes those rounds in order. After a failed sync every later round fails too.
+fn sync_loop(engine: &Engine, rx: std::sync::mpsc::Receiver<Round>) {
+    let mut failed: Option<StorageError> = None;
+    while let Ok(first) = rx.recv() {
+        let mut rounds = vec![first];
+        rounds.extend(rx.try_iter());
+        if failed.is_none() {
+            let t = Instant::now();
+            let guard = engine.store.lock();
+            let synced = match guard.get() {
+                Some((db, _)) => db.flush_wal(true).map_err(StorageError),
+                None => Ok(()),
+            };
+            drop(guard);
+            engine.counters.write_nanos.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            failed = synced.err();
         }
-        for (q, waiters) in r.queues {
-            tracing::debug!(queue = %q.name, id = q.id, "rockq: queue created");
-            self.engine.registry.queues.insert(q.name.clone(), q.clone());
-            waiters.into_iter().for_each(|w| drop(w.send(Ok(q.clone()))));
-        }
-        for (g, waiters) in r.groups {
-            let committed = g.durable.load(Ordering::Relaxed);
-            tracing::debug!(group = %g.name, queue = %g.queue.name, committed, "rockq: group created");
-            self.engine.registry.groups.insert(g.key.clone(), g.clone());
-            waiters.into_iter().for_each(|w| drop(w.send(Ok(g.clone()))));
-        }
-        // Publish before replying, so a producer that sees its send resolve also sees it in
-        // `Queue::last_seq`, and subscribers start reading while producers are being woken.
-        for (q, last) in r.touched {
-            q.last.send_replace(last);
-        }
-        for (reply, seq) in r.sends {
-            let _ = reply.send(Ok(seq));
-        }
-        r.flushes.into_iter().for_each(|f| drop(f.send(Ok(()))));
-        if let Some(s) = r.shutdown {
-            let _ = s.send(Ok(()));
+        for r in rounds {
+            match &failed {
+                None => complete(engine, r),
+                Some(e) => fail(engine, r, e.clone()),
+            }
         }
     }
+}
 
-    fn fail(&mut self, r: Round, e: StorageError) {
-        tracing::error!(error = %e, "rockq writer: write failed; refusing further writes");
-        *self.engine.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
-        // Offsets in `r.commits` stay non-durable: `durable` is not advanced, and after a
-        // reopen the group resumes from the last offset that did reach the disk.
-        for (reply, _) in r.sends {
-            let _ = reply.send(Err(SendError::Storage(e.clone())));
-        }
-        for (_, waiters) in r.queues {
-            waiters.into_iter().for_each(|w| drop(w.send(Err(QueueError::Storage(e.clone())))));
-        }
-        for (_, waiters) in r.groups {
-            waiters.into_iter().for_each(|w| drop(w.send(Err(SubscribeError::Storage(e.clone())))));
-        }
-        r.flushes.into_iter().for_each(|f| drop(f.send(Err(CommitError::Storage(e.clone())))));
-        if let Some(s) = r.shutdown {
-            let _ = s.send(Err(e));
-        }
+/// Completes a round whose write is durable: registry updates, publication, replies.
+fn complete(engine: &Engine, r: Round) {
+    let c = &engine.counters;
+    c.rounds.fetch_add(1, Ordering::Relaxed);
+    c.messages.fetch_add(r.messages, Ordering::Relaxed);
+    c.offset_commits.fetch_add(r.commits.len() as u64, Ordering::Relaxed);
+    for (g, v) in r.commits {
+        g.durable.fetch_max(v, Ordering::SeqCst);
+    }
+    for (q, waiters) in r.queues {
+        tracing::debug!(queue = %q.name, id = q.id, "rockq: queue created");
+        engine.registry.queues.insert(q.name.clone(), q.clone());
+        waiters.into_iter().for_each(|w| drop(w.send(Ok(q.clone()))));
+    }
+    for (g, waiters) in r.groups {
+        let committed = g.durable.load(Ordering::Relaxed);
+        tracing::debug!(group = %g.name, queue = %g.queue.name, committed, "rockq: group created");
+        engine.registry.groups.insert(g.key.clone(), g.clone());
+        waiters.into_iter().for_each(|w| drop(w.send(Ok(g.clone()))));
+    }
+    // Publish before replying, so a producer that sees its send resolve also sees it in
+    // `Queue::last_seq`, and subscribers start reading while producers are being woken.
+    for (q, last) in r.touched {
+        q.last.send_replace(last);
+    }
+    for (reply, seq) in r.sends {
+        let _ = reply.send(Ok(seq));
+    }
+    r.flushes.into_iter().for_each(|f| drop(f.send(Ok(()))));
+    if let Some(s) = r.shutdown {
+        let _ = s.send(Ok(()));
+    }
+}
+
+/// Fails a round whose write or sync failed, and makes the broker fail closed.
+fn fail(engine: &Engine, r: Round, e: StorageError) {
+    tracing::error!(error = %e, "rockq writer: write failed; refusing further writes");
+    *engine.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+    // Offsets in `r.commits` stay non-durable: `durable` is not advanced, and after a
+    // reopen the group resumes from the last offset that did reach the disk.
+    for (reply, _) in r.sends {
+        let _ = reply.send(Err(SendError::Storage(e.clone())));
+    }
+    for (_, waiters) in r.queues {
+        waiters.into_iter().for_each(|w| drop(w.send(Err(QueueError::Storage(e.clone())))));
+    }
+    for (_, waiters) in r.groups {
+        waiters.into_iter().for_each(|w| drop(w.send(Err(SubscribeError::Storage(e.clone())))));
+    }
+    r.flushes.into_iter().for_each(|f| drop(f.send(Err(CommitError::Storage(e.clone())))));
+    if let Some(s) = r.shutdown {
+        let _ = s.send(Err(e));
     }
 }
 
