@@ -88,21 +88,20 @@ impl Writer {
             max_id = max_id.max(q.id);
         }
         // Fsync mode syncs on the syncer thread; the append itself never waits for the disk.
-        let write_opts = WriteOptions::default();
-        let syncer = (engine.options.durability == Durability::Fsync)
-            .then(|| {
-                let (tx, rx) = std::sync::mpsc::channel();
-                let e = engine.clone();
-                std::thread::Builder::new()
-                    .name("rockq-syncer".into())
-                    .spawn(move || sync_loop(&e, rx))
-                    .map(|h| (tx, h))
-                    .inspect_err(|err| tracing::error!(%err, "rockq: no syncer thread; syncing inline"))
-                    .ok()
-            })
-            .flatten();
-        let mut write_opts = write_opts;
-        // Without a syncer thread (Buffered, or it could not start), Fsync syncs inline.
+        let syncer = if engine.options.durability == Durability::Fsync {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let e = engine.clone();
+            std::thread::Builder::new()
+                .name("rockq-syncer".into())
+                .spawn(move || sync_loop(&e, rx))
+                .map(|h| (tx, h))
+                .inspect_err(|err| tracing::error!(%err, "rockq: no syncer thread; syncing inline"))
+                .ok()
+        } else {
+            None
+        };
+        let mut write_opts = WriteOptions::default();
+        // Without a syncer thread (it could not start), Fsync syncs inline.
         write_opts.set_sync(engine.options.durability == Durability::Fsync && syncer.is_none());
         Writer {
             engine,
