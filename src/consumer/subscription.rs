@@ -131,7 +131,7 @@ impl Subscription {
         let shared = self.sub.shared.clone();
         let queue = self.queue.clone();
         self.reading = Some(shared.runtime.clone().spawn_blocking(move || {
-            store::read_range(&shared.engine.store, &queue.name, queue.id, from, to, usize::MAX, READ_BYTES)
+            store::read_range(&shared.engine.store, &queue.name, queue.id, from, to, READ_BYTES)
         }));
     }
 

@@ -163,7 +163,7 @@ impl Queue {
             return Err(SendError::Shutdown);
         }
         let max = self.shared.engine.options.max_message_bytes;
-        let size = envelope::encoded_len(m) - envelope::encoded_len(&Message::default());
+        let size = envelope::body_len(m);
         if size > max {
             return Err(SendError::MessageTooLarge { index, size, max });
         }

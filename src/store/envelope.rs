@@ -29,15 +29,20 @@ pub(crate) enum EncodeError {
     HeaderValueTooLong,
 }
 
-/// Size the stored envelope will have, before encoding: lets the producer reject oversized
-/// messages without allocating.
-pub(crate) fn encoded_len(msg: &Message) -> usize {
+/// Size of the payload and headers as stored: what `max_message_bytes` limits. Computed
+/// before encoding, so oversized messages are rejected without allocating.
+pub(crate) fn body_len(msg: &Message) -> usize {
     let headers: usize = if msg.headers.is_empty() {
         0
     } else {
         2 + msg.headers.iter().map(|(k, v)| 2 + k.len() + 4 + v.len()).sum::<usize>()
     };
-    FIXED_LEN + headers + msg.payload.len()
+    headers + msg.payload.len()
+}
+
+/// Size the stored envelope will have.
+pub(crate) fn encoded_len(msg: &Message) -> usize {
+    FIXED_LEN + body_len(msg)
 }
 
 pub(crate) fn encode(msg: &Message, enqueued_at_micros: u64) -> Result<Vec<u8>, EncodeError> {

@@ -23,8 +23,8 @@ pub(crate) enum ReadOutcome {
     Closed,
 }
 
-/// Reads messages `from..=to` of a queue, stopping early after `max_count` messages or once
-/// `max_bytes` of values were read (at least one message is always returned).
+/// Reads messages `from..=to` of a queue, stopping early once `max_bytes` of values were read
+/// (at least one message is always returned).
 ///
 /// The iterator is bounded to exactly `[<q,from>, <q,to+1>)`: it never walks deleted entries
 /// below the first live sequence nor past the last published one. It is not a tailing
@@ -37,7 +37,6 @@ pub(crate) fn read_range(
     queue_id: u32,
     from: u64,
     to: u64,
-    max_count: usize,
     max_bytes: usize,
 ) -> Result<ReadOutcome, ReceiveError> {
     let guard = store.lock();
@@ -48,7 +47,7 @@ pub(crate) fn read_range(
     let hi = keys::message_upper_bound(queue_id, to);
     let mut it = db.raw_iterator_cf_opt(cfs.messages, bounded(lo.clone(), hi));
     it.seek(&lo);
-    let want = usize::try_from(to - from + 1).unwrap_or(usize::MAX).min(max_count);
+    let want = usize::try_from(to - from + 1).unwrap_or(usize::MAX);
     let mut out = Vec::with_capacity(want);
     let mut bytes = 0usize;
     let mut expected = from;
