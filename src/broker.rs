@@ -12,6 +12,7 @@ use crate::options::Options;
 use crate::producer::Queue;
 use crate::registry::{GroupState, QueueState, Registry};
 use crate::store::{self, keys};
+use crate::work::WorkGroupState;
 use crate::writer::{self, Request};
 
 /// The user-side half of the engine: what every public handle holds. Owns the writer's request
@@ -23,6 +24,11 @@ pub(crate) struct Shared {
     /// The runtime the broker was opened in: its blocking pool runs reads and the close.
     pub runtime: tokio::runtime::Handle,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Cancelled when shutdown begins: work-queue subscriptions stop claiming and worker pools
+    /// drain, while acks are still accepted.
+    pub closing: tokio_util::sync::CancellationToken,
+    /// Running worker pools; shutdown waits for them to drain.
+    pools: tokio_util::task::TaskTracker,
 }
 
 impl Shared {
@@ -34,6 +40,14 @@ impl Shared {
     /// has work queued and takes the dirty list in its next round anyway.
     pub fn nudge_writer(&self) {
         let _ = self.tx.try_send(Request::Commit);
+    }
+
+    /// Registers a running worker pool, unless shutdown has begun.
+    pub fn pool_started(&self) -> Option<tokio_util::task::task_tracker::TaskTrackerToken> {
+        if self.closing.is_cancelled() || self.is_closed() {
+            return None;
+        }
+        Some(self.pools.token())
     }
 }
 
@@ -132,10 +146,11 @@ impl Broker {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| OpenError::NoRuntime)?;
         let path = path.to_path_buf();
         let opts = options.clone();
-        let (store, queues, groups) = runtime
+        let (store, loaded) = runtime
             .spawn_blocking(move || store::open(&path, &opts))
             .await
             .map_err(|e| OpenError::InvalidOption(format!("open task failed: {e}")))??;
+        let store::Loaded { queues, groups, claims } = loaded;
 
         let registry = Registry::default();
         for q in queues {
@@ -153,7 +168,28 @@ impl Broker {
                 .into());
             };
             let key = keys::offset_key(&g.group, &g.queue);
-            registry.groups.insert(key.clone(), GroupState::new(&g.group, queue, key, g.committed));
+            if g.shared {
+                registry.work_groups.insert(key, WorkGroupState::new(&g.group, queue, g.committed));
+            } else {
+                registry.groups.insert(key.clone(), GroupState::new(&g.group, queue, key, g.committed));
+            }
+        }
+        let mut by_group: std::collections::HashMap<Vec<u8>, Vec<_>> = std::collections::HashMap::new();
+        for c in claims {
+            let key = keys::offset_key(&c.group, &c.queue);
+            if !registry.work_groups.contains_key(&key) {
+                let ck = keys::claim_key(&keys::claim_prefix(&c.group, &c.queue), c.seq);
+                return Err(crate::error::CorruptionError::new(
+                    "claim",
+                    &ck,
+                    "names a group that does not exist",
+                )
+                .into());
+            }
+            by_group.entry(key).or_default().push((c.seq, c.record));
+        }
+        for g in registry.work_groups.iter() {
+            g.restore(by_group.remove(&g.key).unwrap_or_default(), &options.clock);
         }
 
         let engine = Arc::new(Engine {
@@ -163,6 +199,7 @@ impl Broker {
             dirty: Mutex::new(Vec::new()),
             failed: Mutex::new(None),
             counters: Counters::default(),
+            events: tokio::sync::broadcast::channel(4096).0,
         });
         tracing::info!(
             path = %engine.store.path.display(),
@@ -187,6 +224,8 @@ impl Broker {
                 closed: AtomicBool::new(false),
                 runtime,
                 writer: Mutex::new(Some(handle)),
+                closing: tokio_util::sync::CancellationToken::new(),
+                pools: tokio_util::task::TaskTracker::new(),
             }),
         })
     }
@@ -249,6 +288,37 @@ impl Broker {
         self.shared.engine.store.stats()
     }
 
+    /// Work-queue lifecycle events (delivered, acked, retried, lease expired, dead-lettered,
+    /// redriven, saturated). Each receiver sees the events sent after it subscribed; see
+    /// [`Event`](crate::Event).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) {
+    /// let mut events = broker.events();
+    /// while let Ok(event) = events.recv().await {
+    ///     if let rockq::Event::DeadLettered { queue, seq, reason, .. } = event {
+    ///         eprintln!("{queue}#{seq} dead-lettered: {reason}");
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub fn events(&self) -> tokio::sync::broadcast::Receiver<crate::Event> {
+        self.shared.engine.events.subscribe()
+    }
+
+    /// The dead-letter queue `name` (e.g. `"orders.dlq"`), created if missing: list, peek and
+    /// redrive its messages.
+    ///
+    /// # Errors
+    ///
+    /// As for [`queue`](Broker::queue).
+    pub async fn dead_letters(&self, name: &str) -> Result<crate::DeadLetters, QueueError> {
+        let q = self.queue(name).await?;
+        Ok(crate::DeadLetters::new(self.shared.clone(), q.state().clone()))
+    }
+
     /// Whether [`shutdown`](Broker::shutdown) has been called.
     pub fn is_shut_down(&self) -> bool {
         self.shared.is_closed()
@@ -273,6 +343,13 @@ impl Broker {
     /// Not cancel safe: if the future is dropped part-way, intake is already stopped and the
     /// writer finishes on its own, but RocksDB is closed only when the last handle is dropped.
     pub async fn shutdown(&self) -> Result<(), ShutdownError> {
+        if self.shared.is_closed() {
+            return Ok(());
+        }
+        // Worker pools first: they stop claiming and drain (their acks still land).
+        self.shared.closing.cancel();
+        self.shared.pools.close();
+        self.shared.pools.wait().await;
         if self.shared.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }

@@ -21,9 +21,22 @@ pub(crate) struct Engine {
     /// Set by the writer after a failed write: the broker fails closed.
     pub failed: Mutex<Option<String>>,
     pub counters: Counters,
+    /// Work-queue lifecycle events (see [`Broker::events`](crate::Broker::events)).
+    pub events: tokio::sync::broadcast::Sender<crate::Event>,
 }
 
 impl Engine {
+    /// Broadcasts an event if anyone listens (building one is cheap; sending locks).
+    pub fn emit(&self, event: impl FnOnce() -> crate::Event) {
+        if self.events.receiver_count() > 0 {
+            let _ = self.events.send(event());
+        }
+    }
+
+    pub fn clock(&self) -> &crate::Clock {
+        &self.options.clock
+    }
+
     pub fn failure(&self) -> Option<String> {
         self.failed.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }

@@ -249,6 +249,24 @@ pub enum SubscribeError {
         /// The next sequence to be written.
         next: u64,
     },
+    /// The group exists in the other mode on this queue (ordered vs work-queue); a group's
+    /// mode is fixed when it is first created.
+    #[error("group {group:?} on queue {queue:?} is a {existing} group")]
+    WrongMode {
+        /// The group.
+        group: String,
+        /// The queue.
+        queue: String,
+        /// `"ordered"` or `"work-queue"`: the mode it was created in.
+        existing: &'static str,
+    },
+    /// The group's default dead-letter queue name (`<queue>.dlq`) would be too long; set one
+    /// with [`WorkGroup::dead_letter_queue`](crate::WorkGroup::dead_letter_queue).
+    #[error("dead-letter queue name for queue {queue:?} is too long; set one explicitly")]
+    DeadLetterName {
+        /// The queue.
+        queue: String,
+    },
     /// Writing the group's initial offset failed.
     #[error(transparent)]
     Storage(#[from] StorageError),
@@ -257,13 +275,64 @@ pub enum SubscribeError {
     Failed(String),
 }
 
-/// An acknowledgement could not be recorded.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// An outcome (ack, nack, retry, dead-letter) or a lease extension could not be recorded.
+/// Nothing changed: the message is delivered again as the lease or restart rules say.
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum AckError {
     /// The broker was shut down; the message will be delivered again after reopening.
     #[error("broker is shut down; the message will be redelivered")]
     Shutdown,
+    /// Work-queue groups: this holder's lease on the message expired (or the message was handed
+    /// to another consumer since). Only the current holder may settle or extend it, so two
+    /// holders never both win.
+    #[error("lease on sequence {seq} (attempt {attempt}) was lost: it expired or was re-claimed")]
+    LeaseLost {
+        /// The message's sequence.
+        seq: u64,
+        /// The attempt this holder had.
+        attempt: u32,
+    },
+    /// Writing the outcome failed (the broker then fails closed).
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The broker stopped accepting writes after an earlier error.
+    #[error("broker stopped accepting writes after an earlier storage error: {0}")]
+    Failed(String),
+}
+
+/// Redriving dead letters failed. Batches moved before the error stay moved (each batch is
+/// atomic), and a later redrive resumes after the last one.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RedriveError {
+    /// The target queue name is invalid.
+    #[error(transparent)]
+    InvalidName(#[from] NameError),
+    /// The broker was shut down.
+    #[error("broker is shut down")]
+    Shutdown,
+    /// Another redrive of the same dead-letter queue moved the cursor concurrently.
+    #[error("dead-letter queue {dlq:?} is being redriven concurrently")]
+    Conflict {
+        /// The dead-letter queue.
+        dlq: String,
+    },
+    /// A dead letter has no origin queue header and no target was given.
+    #[error("dead letter {seq} has no origin queue; redrive it with an explicit target")]
+    NoOrigin {
+        /// Its sequence in the dead-letter queue.
+        seq: u64,
+    },
+    /// A dead letter could not be read.
+    #[error(transparent)]
+    Receive(#[from] ReceiveError),
+    /// Writing failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The broker stopped accepting writes after an earlier error.
+    #[error("broker stopped accepting writes after an earlier storage error: {0}")]
+    Failed(String),
 }
 
 /// Waiting for acknowledgements to be committed failed.
@@ -347,6 +416,9 @@ pub enum Error {
     /// See [`ShutdownError`].
     #[error(transparent)]
     Shutdown(#[from] ShutdownError),
+    /// See [`RedriveError`].
+    #[error(transparent)]
+    Redrive(#[from] RedriveError),
     /// See [`NameError`].
     #[error(transparent)]
     Name(#[from] NameError),

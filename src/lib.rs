@@ -39,28 +39,38 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 mod broker;
+mod clock;
 mod consumer;
 mod engine;
 mod error;
+mod events;
 mod message;
 mod name;
 mod options;
 mod producer;
 mod registry;
 mod store;
+mod work;
 mod writer;
 
 pub use broker::{Broker, StorageStats, WriterStats};
 pub use bytes::Bytes;
+pub use clock::{Clock, ManualClock};
 pub use consumer::{Delivery, Group, StartFrom, Subscription};
 pub use error::{
     AckError, CommitError, CorruptionError, Error, NameError, NameKind, OpenError, QueueError, ReceiveError,
-    SendError, ShutdownError, StorageError, SubscribeError,
+    RedriveError, SendError, ShutdownError, StorageError, SubscribeError,
 };
+pub use events::Event;
 pub use message::Message;
 pub use name::MAX_NAME_LEN;
 pub use options::{Durability, Options};
 pub use producer::Queue;
+pub use tokio_util::sync::CancellationToken;
+pub use work::{
+    DeadLetter, DeadLetters, Handler, HandlerError, Job, PoolReport, Redrive, RetryPolicy, Task, WorkGroup,
+    WorkSubscription, Workers,
+};
 
 /// The README's code blocks compile as doctests.
 #[cfg(doctest)]

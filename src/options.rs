@@ -58,6 +58,7 @@ pub struct Options {
     pub(crate) max_batch_bytes: usize,
     pub(crate) channel_capacity: usize,
     pub(crate) statistics: bool,
+    pub(crate) clock: crate::Clock,
 }
 
 impl Default for Options {
@@ -70,6 +71,7 @@ impl Default for Options {
             max_batch_bytes: 16 << 20,
             channel_capacity: 4096,
             statistics: false,
+            clock: crate::Clock::default(),
         }
     }
 }
@@ -122,6 +124,13 @@ impl Options {
     /// percent of write throughput. Default off.
     pub fn statistics(mut self, yes: bool) -> Self {
         self.statistics = yes;
+        self
+    }
+
+    /// The time source for leases, retry backoff and redrive pacing. Default: Tokio's clock.
+    /// Pass a [`ManualClock`](crate::ManualClock) in tests to move time explicitly.
+    pub fn clock(mut self, clock: impl Into<crate::Clock>) -> Self {
+        self.clock = clock.into();
         self
     }
 

@@ -80,4 +80,7 @@ impl GroupState {
 pub(crate) struct Registry {
     pub queues: DashMap<Arc<str>, Arc<QueueState>>,
     pub groups: DashMap<Vec<u8>, Arc<GroupState>>,
+    /// Work-queue groups, by the same `consumer:<group>:<queue>` key (a key is in at most one
+    /// of the two maps).
+    pub work_groups: DashMap<Vec<u8>, Arc<crate::work::WorkGroupState>>,
 }

@@ -32,9 +32,28 @@ fn public_types_are_send_and_sync() {
     send_sync::<NameError>();
     send_sync::<StorageError>();
     send_sync::<CorruptionError>();
+    send_sync::<WorkGroup>();
+    send_sync::<WorkSubscription>();
+    send_sync::<Job>();
+    send_sync::<Task>();
+    send_sync::<RetryPolicy>();
+    send_sync::<Workers>();
+    send_sync::<PoolReport>();
+    send_sync::<HandlerError>();
+    send_sync::<DeadLetters>();
+    send_sync::<DeadLetter>();
+    send_sync::<Redrive>();
+    send_sync::<RedriveError>();
+    send_sync::<Event>();
+    send_sync::<Clock>();
+    send_sync::<ManualClock>();
     unpin::<Subscription>();
     stream::<Subscription>();
+    unpin::<WorkSubscription>();
+    work_stream::<WorkSubscription>();
 }
+
+fn work_stream<S: futures::Stream<Item = Result<Job, Error>>>() {}
 
 fn is_send<T: Send>(_: &T) {}
 
@@ -50,4 +69,15 @@ fn futures_of_async_methods_are_send(b: &Broker, q: &Queue, g: &Group, s: &Subsc
     is_send(&q.send_batch(["m"]));
     is_send(&g.subscribe());
     is_send(&s.commit());
+}
+
+/// Compile-time only: the same for work-queue groups, jobs, pools and dead letters.
+#[allow(dead_code, unused_must_use)]
+async fn work_futures_are_send(w: &WorkGroup, j: Job, d: &DeadLetters) {
+    is_send(&w.subscribe());
+    is_send(&w.workers(2).run(|_t: Task| async { Ok(()) }));
+    is_send(&j.ack());
+    is_send(&d.len());
+    is_send(&d.list(10));
+    is_send(&d.redrive(Redrive::new()));
 }

@@ -123,6 +123,13 @@ impl Group {
             return Err(SubscribeError::Shutdown);
         }
         let key = keys::offset_key(&self.name, &self.queue.name);
+        if self.shared.engine.registry.work_groups.contains_key(&key) {
+            return Err(SubscribeError::WrongMode {
+                group: self.name.to_string(),
+                queue: self.queue.name.to_string(),
+                existing: "work-queue",
+            });
+        }
         let existing = self.shared.engine.registry.groups.get(&key).map(|g| g.clone());
         let group = match existing {
             Some(g) => g,

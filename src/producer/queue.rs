@@ -35,6 +35,10 @@ impl Queue {
         Queue { shared, state }
     }
 
+    pub(crate) fn state(&self) -> &Arc<QueueState> {
+        &self.state
+    }
+
     /// The queue's name.
     pub fn name(&self) -> &str {
         &self.state.name
@@ -156,6 +160,29 @@ impl Queue {
     pub fn group(&self, name: &str) -> Result<Group, NameError> {
         crate::name::validate(NameKind::Group, name)?;
         Ok(Group::new(self.shared.clone(), self.state.clone(), name))
+    }
+
+    /// Names a work-queue (shared) consumer group on this queue: competing consumers with
+    /// leases, retries and a dead-letter queue. Nothing is written until it first subscribes.
+    ///
+    /// # Errors
+    ///
+    /// [`NameError`] if `name` is empty, too long or has characters outside `[A-Za-z0-9._-]`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use futures::StreamExt;
+    /// let mut jobs = queue.work_group("resize")?.subscribe().await?;
+    /// while let Some(job) = jobs.next().await {
+    ///     job?.ack().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn work_group(&self, name: &str) -> Result<crate::WorkGroup, NameError> {
+        crate::name::validate(NameKind::Group, name)?;
+        Ok(crate::WorkGroup::new(self.shared.clone(), self.state.clone(), name))
     }
 
     fn encode(&self, index: usize, m: &Message) -> Result<Vec<u8>, SendError> {

@@ -5,7 +5,9 @@
 //! | `rockq.messages` | `<queue_id u32 BE><seq u64 BE>` | message envelope |
 //! | `rockq.meta` | `format` | format marker |
 //! | `rockq.meta` | `queue:<name>` | queue record (id, first live seq) |
-//! | `rockq.offsets` | `consumer:<group>:<queue>` | offset record (last committed seq) |
+//! | `rockq.meta` | `redrive:<dlq>` | redrive cursor (last dead letter moved out) |
+//! | `rockq.offsets` | `consumer:<group>:<queue>` | offset record (last committed seq, mode) |
+//! | `rockq.claims` | `claim:<group>:<queue>:<seq u64 BE>` | claim record (work-queue groups) |
 //!
 //! Big-endian fixed-width integers make byte order equal numeric order, so one queue's messages
 //! are contiguous and sorted, and `<queue_id + 1>` is an exclusive upper bound for all of them.
@@ -20,6 +22,8 @@ pub(crate) const FORMAT_KEY: &[u8] = b"format";
 
 const QUEUE_PREFIX: &[u8] = b"queue:";
 const OFFSET_PREFIX: &[u8] = b"consumer:";
+const CLAIM_PREFIX: &[u8] = b"claim:";
+const REDRIVE_PREFIX: &[u8] = b"redrive:";
 
 pub(crate) fn message_key(queue_id: u32, seq: u64) -> [u8; MESSAGE_KEY_LEN] {
     let mut k = [0u8; MESSAGE_KEY_LEN];
@@ -96,6 +100,52 @@ pub(crate) fn parse_offset_key(key: &[u8]) -> Result<(&str, &str), CorruptionErr
     Ok((group, queue))
 }
 
+/// `claim:<group>:<queue>:`, the prefix of every claim of one work-queue group.
+pub(crate) fn claim_prefix(group: &str, queue: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(CLAIM_PREFIX.len() + group.len() + queue.len() + 10);
+    k.extend_from_slice(CLAIM_PREFIX);
+    k.extend_from_slice(group.as_bytes());
+    k.push(b':');
+    k.extend_from_slice(queue.as_bytes());
+    k.push(b':');
+    k
+}
+
+/// `claim:<group>:<queue>:<seq u64 BE>`: a group's claims sort by sequence.
+pub(crate) fn claim_key(prefix: &[u8], seq: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(prefix.len() + 8);
+    k.extend_from_slice(prefix);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+pub(crate) fn claim_key_range() -> (Vec<u8>, Vec<u8>) {
+    prefix_range(CLAIM_PREFIX)
+}
+
+/// Splits a claim key into `(group, queue, seq)`.
+pub(crate) fn parse_claim_key(key: &[u8]) -> Result<(&str, &str, u64), CorruptionError> {
+    let bad = || CorruptionError::new("claim key", key, "expected claim:<group>:<queue>:<seq>");
+    let rest = key.strip_prefix(CLAIM_PREFIX).ok_or_else(bad)?;
+    if rest.len() < 8 + 4 {
+        return Err(bad());
+    }
+    let (names, seq) = rest.split_at(rest.len() - 8);
+    let names = names.strip_suffix(b":").ok_or_else(bad)?;
+    let names = std::str::from_utf8(names).map_err(|_| bad())?;
+    let (group, queue) = names.split_once(':').ok_or_else(bad)?;
+    if group.is_empty() || queue.is_empty() || queue.contains(':') {
+        return Err(bad());
+    }
+    let seq = u64::from_be_bytes(seq.try_into().map_err(|_| bad())?);
+    Ok((group, queue, seq))
+}
+
+/// `redrive:<dlq>`: how far a dead-letter queue has been redriven.
+pub(crate) fn redrive_key(dlq: &str) -> Vec<u8> {
+    [REDRIVE_PREFIX, dlq.as_bytes()].concat()
+}
+
 /// `[prefix, prefix with its last byte incremented)`: every key starting with `prefix`.
 fn prefix_range(prefix: &[u8]) -> (Vec<u8>, Vec<u8>) {
     let mut end = prefix.to_vec();
@@ -139,6 +189,25 @@ mod tests {
         }
         let (lo, hi) = offset_key_range();
         assert!(lo.as_slice() <= k.as_slice() && k.as_slice() < hi.as_slice());
+    }
+
+    #[test]
+    fn claim_keys_round_trip_sort_by_sequence_and_reject_garbage() {
+        let p = claim_prefix("workers", "jobs");
+        let k = claim_key(&p, 258);
+        assert_eq!(parse_claim_key(&k).unwrap(), ("workers", "jobs", 258));
+        assert!(claim_key(&p, 255) < claim_key(&p, 256));
+        let (lo, hi) = claim_key_range();
+        assert!(lo.as_slice() <= k.as_slice() && k.as_slice() < hi.as_slice());
+        for bad in [
+            &b"claim:"[..],
+            b"claim:g:q:1234567",
+            b"claim:g:12345678",
+            b"claim::q:12345678",
+            b"x:g:q:12345678",
+        ] {
+            assert!(parse_claim_key(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -15,17 +15,18 @@ use std::sync::{RwLock, RwLockReadGuard};
 
 use rocksdb::{ColumnFamily, DB};
 
-pub(crate) use open::open;
-pub(crate) use read::{RawMessage, ReadOutcome, read_range};
+pub(crate) use open::{Loaded, open};
+pub(crate) use read::{RawMessage, ReadOutcome, get_envelope, read_cursor, read_range, read_seqs};
 
 use crate::error::StorageError;
 
 pub(crate) const CF_MESSAGES: &str = "rockq.messages";
 pub(crate) const CF_META: &str = "rockq.meta";
 pub(crate) const CF_OFFSETS: &str = "rockq.offsets";
-/// Column families this version opens. Later versions add claims, dead letters and delays;
-/// missing ones are created at open, so an older database opens in a newer build.
-pub(crate) const ALL_CFS: [&str; 3] = [CF_MESSAGES, CF_META, CF_OFFSETS];
+pub(crate) const CF_CLAIMS: &str = "rockq.claims";
+/// Column families this version opens. Missing ones are created at open, so a database from
+/// an older build (without `rockq.claims`) opens in a newer one.
+pub(crate) const ALL_CFS: [&str; 4] = [CF_MESSAGES, CF_META, CF_OFFSETS, CF_CLAIMS];
 
 /// The open database. The `RwLock` lets `shutdown` close RocksDB (take it out) while handles
 /// that still point here get a clean "closed" answer instead of a use-after-close.
@@ -42,6 +43,7 @@ pub(crate) struct Cfs<'a> {
     pub messages: &'a ColumnFamily,
     pub meta: &'a ColumnFamily,
     pub offsets: &'a ColumnFamily,
+    pub claims: &'a ColumnFamily,
 }
 
 /// A read lock on the open database.
@@ -55,6 +57,7 @@ impl DbGuard<'_> {
             messages: db.cf_handle(CF_MESSAGES)?,
             meta: db.cf_handle(CF_META)?,
             offsets: db.cf_handle(CF_OFFSETS)?,
+            claims: db.cf_handle(CF_CLAIMS)?,
         };
         Some((db, cfs))
     }

@@ -8,7 +8,7 @@ use rocksdb::{ColumnFamilyDescriptor, DB, DBCompressionType, Direction, Iterator
 
 use super::keys::{self, FORMAT_KEY};
 use super::records::{self, FORMAT_VERSION, QueueRecord};
-use super::{ALL_CFS, CF_MESSAGES, CF_META, CF_OFFSETS, Store};
+use super::{ALL_CFS, CF_CLAIMS, CF_MESSAGES, CF_META, CF_OFFSETS, Store};
 use crate::error::{OpenError, StorageError};
 use crate::options::Options;
 
@@ -27,6 +27,25 @@ pub(crate) struct LoadedGroup {
     pub group: String,
     pub queue: String,
     pub committed: u64,
+    /// A work-queue (shared) group rather than an ordered one.
+    pub shared: bool,
+}
+
+/// A claim record as found at open.
+#[derive(Debug)]
+pub(crate) struct LoadedClaim {
+    pub group: String,
+    pub queue: String,
+    pub seq: u64,
+    pub record: records::ClaimRecord,
+}
+
+/// Everything `open` loads besides the store itself.
+#[derive(Debug, Default)]
+pub(crate) struct Loaded {
+    pub queues: Vec<LoadedQueue>,
+    pub groups: Vec<LoadedGroup>,
+    pub claims: Vec<LoadedClaim>,
 }
 
 enum PathState {
@@ -82,10 +101,7 @@ fn messages_cf_options() -> rocksdb::Options {
 }
 
 /// Opens the database at `path`. Blocking.
-pub(crate) fn open(
-    path: &Path,
-    o: &Options,
-) -> Result<(Store, Vec<LoadedQueue>, Vec<LoadedGroup>), OpenError> {
+pub(crate) fn open(path: &Path, o: &Options) -> Result<(Store, Loaded), OpenError> {
     o.validate()?;
     let state = inspect(path)?;
     let not_ours = |reason: &str| OpenError::NotRockq { path: path.to_path_buf(), reason: reason.into() };
@@ -112,14 +128,14 @@ pub(crate) fn open(
         ColumnFamilyDescriptor::new(name, cf_opts)
     });
     let db = DB::open_cf_descriptors(&opts, path, descriptors).map_err(|e| map_open_error(path, e))?;
-    let (queues, groups) = load(&db, path)?;
+    let loaded = load(&db, path)?;
     let store = Store {
         db: RwLock::new(Some(db)),
         path: path.to_path_buf(),
         rocks_opts: opts,
         statistics: o.statistics,
     };
-    Ok((store, queues, groups))
+    Ok((store, loaded))
 }
 
 fn map_open_error(path: &Path, e: rocksdb::Error) -> OpenError {
@@ -139,10 +155,11 @@ fn cf<'a>(db: &'a DB, name: &str) -> Result<&'a rocksdb::ColumnFamily, OpenError
     })
 }
 
-fn load(db: &DB, path: &Path) -> Result<(Vec<LoadedQueue>, Vec<LoadedGroup>), OpenError> {
+fn load(db: &DB, path: &Path) -> Result<Loaded, OpenError> {
     let meta = cf(db, CF_META)?;
     let messages = cf(db, CF_MESSAGES)?;
     let offsets = cf(db, CF_OFFSETS)?;
+    let claims_cf = cf(db, CF_CLAIMS)?;
 
     match db.get_cf(meta, FORMAT_KEY).map_err(StorageError)? {
         Some(v) => match records::decode_format(&v) {
@@ -164,7 +181,7 @@ fn load(db: &DB, path: &Path) -> Result<(Vec<LoadedQueue>, Vec<LoadedGroup>), Op
                     .next()
                     .is_none()
             };
-            if !(empty(meta) && empty(messages) && empty(offsets)) {
+            if !(empty(meta) && empty(messages) && empty(offsets) && empty(claims_cf)) {
                 return Err(OpenError::NotRockq {
                     path: path.to_path_buf(),
                     reason: "rockq column families without a format marker".into(),
@@ -194,10 +211,26 @@ fn load(db: &DB, path: &Path) -> Result<(Vec<LoadedQueue>, Vec<LoadedGroup>), Op
     {
         let (k, v) = item.map_err(StorageError)?;
         let (group, queue) = keys::parse_offset_key(&k)?;
-        let committed = records::decode_offset(&k, &v)?;
-        groups.push(LoadedGroup { group: group.to_owned(), queue: queue.to_owned(), committed });
+        let rec = records::decode_offset(&k, &v)?;
+        groups.push(LoadedGroup {
+            group: group.to_owned(),
+            queue: queue.to_owned(),
+            committed: rec.committed,
+            shared: rec.shared,
+        });
     }
-    Ok((queues, groups))
+
+    let mut claims = Vec::new();
+    let (lo, hi) = keys::claim_key_range();
+    for item in
+        db.iterator_cf_opt(claims_cf, bounded(lo.clone(), hi), IteratorMode::From(&lo, Direction::Forward))
+    {
+        let (k, v) = item.map_err(StorageError)?;
+        let (group, queue, seq) = keys::parse_claim_key(&k)?;
+        let record = records::ClaimRecord::decode(&k, &v)?;
+        claims.push(LoadedClaim { group: group.to_owned(), queue: queue.to_owned(), seq, record });
+    }
+    Ok(Loaded { queues, groups, claims })
 }
 
 /// The last sequence of a queue: the tail holds no tombstones (retention deletes from the

@@ -86,3 +86,52 @@ fn decode_one(queue_name: &str, expected: u64, k: &[u8], v: &[u8]) -> Result<Raw
         payload: env.payload,
     })
 }
+
+/// Reads the messages at `seqs` (sorted ascending) with one batched multi-get: the work-queue
+/// read path, whose claimed sequences need not be contiguous. A missing sequence is an error:
+/// the caller only asks for sequences the writer published. Blocking.
+pub(crate) fn read_seqs(
+    store: &Store,
+    queue_name: &str,
+    queue_id: u32,
+    seqs: &[u64],
+) -> Result<ReadOutcome, ReceiveError> {
+    let guard = store.lock();
+    let Some((db, cfs)) = guard.get() else {
+        return Ok(ReadOutcome::Closed);
+    };
+    let keys: Vec<[u8; keys::MESSAGE_KEY_LEN]> =
+        seqs.iter().map(|&s| keys::message_key(queue_id, s)).collect();
+    let values = db.batched_multi_get_cf(cfs.messages, keys.iter().map(|k| k.as_slice()), true);
+    let mut out = Vec::with_capacity(seqs.len());
+    for ((&seq, k), v) in seqs.iter().zip(&keys).zip(values) {
+        let Some(v) = v.map_err(StorageError)? else {
+            return Err(ReceiveError::Gap { queue: queue_name.to_owned(), expected: seq, found: None });
+        };
+        out.push(decode_one(queue_name, seq, k, &v)?);
+    }
+    Ok(ReadOutcome::Messages(out))
+}
+
+/// Reads one message's stored envelope, if present. Blocking; for the writer's dead-letter path.
+pub(crate) fn get_envelope(
+    db: &rocksdb::DB,
+    messages: &rocksdb::ColumnFamily,
+    queue_id: u32,
+    seq: u64,
+) -> Result<Option<Vec<u8>>, StorageError> {
+    db.get_cf(messages, keys::message_key(queue_id, seq)).map_err(StorageError)
+}
+
+/// The redrive cursor of dead-letter queue `dlq` (`None`: never redriven). Blocking.
+pub(crate) fn read_cursor(store: &Store, dlq: &str) -> Result<Option<u64>, crate::error::RedriveError> {
+    let guard = store.lock();
+    let Some((db, cfs)) = guard.get() else {
+        return Err(crate::error::RedriveError::Shutdown);
+    };
+    let key = keys::redrive_key(dlq);
+    match db.get_cf(cfs.meta, &key).map_err(StorageError)? {
+        Some(v) => Ok(Some(super::records::decode_cursor(&key, &v).map_err(ReceiveError::from)?)),
+        None => Ok(None),
+    }
+}

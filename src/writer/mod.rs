@@ -28,15 +28,20 @@ use std::time::Instant;
 use rocksdb::{WriteBatch, WriteOptions};
 use tokio::sync::{mpsc, oneshot};
 
-pub(crate) use request::{Payloads, Request};
+mod work;
+
+pub(crate) use request::{Outcome, Payloads, RedriveItem, RedriveReply, Request};
 
 use crate::consumer::StartFrom;
 use crate::engine::Engine;
-use crate::error::{CommitError, QueueError, SendError, StorageError, SubscribeError};
+use crate::error::{
+    AckError, CommitError, QueueError, RedriveError, SendError, StorageError, SubscribeError,
+};
 use crate::options::Durability;
 use crate::registry::{GroupState, QueueState};
 use crate::store::keys;
 use crate::store::records::{self, QueueRecord};
+use crate::work::WorkGroupState;
 
 /// Starts the writer thread.
 pub(crate) fn spawn(
@@ -58,6 +63,9 @@ struct Writer {
     /// the registry: a second request for one of them waits for the same sync.
     queues: HashMap<String, Arc<QueueState>>,
     groups: HashMap<Vec<u8>, Arc<GroupState>>,
+    work_groups: HashMap<Vec<u8>, Arc<WorkGroupState>>,
+    /// Redrive cursors this thread has written (read from disk on first use).
+    cursors: HashMap<u32, u64>,
     /// The syncer (Fsync mode only).
     syncer: Option<(std::sync::mpsc::Sender<Round>, std::thread::JoinHandle<()>)>,
 }
@@ -66,9 +74,18 @@ type Reply<T, E> = oneshot::Sender<Result<T, E>>;
 /// Something created this round, with every caller waiting for it.
 type Created<T, E> = (Arc<T>, Vec<Reply<Arc<T>, E>>);
 
+/// Work to run once a round's write is durable (`Ok`) or has failed.
+type OnDone = Box<dyn FnOnce(Result<(), &StorageError>) + Send>;
+
 /// Completions of one round, run after the write succeeded (or failed).
 #[derive(Default)]
 struct Round {
+    work_groups: Vec<Created<WorkGroupState, SubscribeError>>,
+    /// Work-queue groups whose offset moved this round.
+    work_offsets: Vec<Arc<WorkGroupState>>,
+    /// Their new offsets, published before any reply of the round.
+    work_durable: Vec<(Arc<WorkGroupState>, u64)>,
+    done: Vec<OnDone>,
     sends: Vec<(Reply<u64, SendError>, u64)>,
     touched: Vec<(Arc<QueueState>, u64)>,
     queues: Vec<Created<QueueState, QueueError>>,
@@ -77,6 +94,12 @@ struct Round {
     flushes: Vec<oneshot::Sender<Result<(), CommitError>>>,
     shutdown: Option<oneshot::Sender<Result<(), StorageError>>>,
     messages: u64,
+}
+
+impl Round {
+    fn on_done(&mut self, f: impl FnOnce(Result<(), &StorageError>) + Send + 'static) {
+        self.done.push(Box::new(f));
+    }
 }
 
 impl Writer {
@@ -112,6 +135,8 @@ impl Writer {
             batch_hint: 64 * 1024,
             queues: HashMap::new(),
             groups: HashMap::new(),
+            work_groups: HashMap::new(),
+            cursors: HashMap::new(),
             syncer,
         }
     }
@@ -206,6 +231,21 @@ impl Writer {
                 Request::CreateGroup { queue, group, start, reply } => {
                     self.create_group(&mut wb, cfs.offsets, &mut r, queue, group, start, reply)
                 }
+                Request::CreateWorkGroup { queue, group, start, reply } => {
+                    self.create_work_group(&mut wb, cfs.offsets, &mut r, queue, group, start, reply)
+                }
+                Request::Claim { group, claims, reply } => {
+                    for (seq, rec) in &claims {
+                        wb.put_cf(cfs.claims, keys::claim_key(&group.claim_prefix, *seq), rec.encode());
+                    }
+                    r.on_done(move |res| drop(reply.send(res.map_err(|e| AckError::Storage(e.clone())))));
+                }
+                Request::Settle { group, seq, attempt, outcome, reply } => {
+                    self.settle(db, &cfs, &mut wb, &mut r, group, seq, attempt, outcome, reply)
+                }
+                Request::Redrive { dlq, expected, last, items, reply } => {
+                    self.redrive(db, &cfs, &mut wb, &mut r, dlq, expected, last, items, reply)
+                }
                 Request::Commit => {}
                 Request::Flush { reply } => r.flushes.push(reply),
                 Request::Shutdown { reply } => r.shutdown = Some(reply),
@@ -223,6 +263,12 @@ impl Writer {
                     wb.put_cf(cfs.offsets, &g.key, records::encode_offset(acked));
                     r.commits.push((g, acked));
                 }
+            }
+            // Work-queue groups: one offset record per group whose offset moved this round.
+            for g in std::mem::take(&mut r.work_offsets) {
+                let offset = g.progress().offset;
+                wb.put_cf(cfs.offsets, &g.key, records::encode_shared_offset(offset));
+                r.work_durable.push((g, offset));
             }
         }
 
@@ -298,19 +344,68 @@ impl Writer {
             r.queues.push((q.clone(), vec![reply]));
             return;
         }
+        match self.ensure_queue(wb, meta, r, &name) {
+            Ok(_) => {
+                if let Some((_, waiters)) = r.queues.iter_mut().find(|(q, _)| *q.name == *name) {
+                    waiters.push(reply);
+                }
+            }
+            Err(e) => drop(reply.send(Err(e))),
+        }
+    }
+
+    /// The queue `name`, created in this round if it does not exist yet (its record goes into
+    /// `wb`, and it is registered when the round completes).
+    fn ensure_queue(
+        &mut self,
+        wb: &mut WriteBatch,
+        meta: &rocksdb::ColumnFamily,
+        r: &mut Round,
+        name: &str,
+    ) -> Result<Arc<QueueState>, QueueError> {
+        if let Some(q) = self.engine.registry.queues.get(name) {
+            return Ok(q.clone());
+        }
+        if let Some((q, _)) = r.queues.iter().find(|(q, _)| *q.name == *name) {
+            return Ok(q.clone());
+        }
+        if let Some(q) = self.queues.get(name) {
+            return Ok(q.clone());
+        }
         // Id u32::MAX is reserved so that `<id + 1>` is always a valid upper bound.
         if self.next_queue_id == u32::MAX {
-            let _ = reply.send(Err(QueueError::TooManyQueues));
-            return;
+            return Err(QueueError::TooManyQueues);
         }
         let id = self.next_queue_id;
         self.next_queue_id += 1;
         let record = QueueRecord { id, first_seq: 1 };
-        wb.put_cf(meta, keys::queue_key(&name), record.encode());
+        wb.put_cf(meta, keys::queue_key(name), record.encode());
         self.next_seq.insert(id, 1);
-        let state = QueueState::new(id, &name, 1, 0);
-        self.queues.insert(name, state.clone());
-        r.queues.push((state, vec![reply]));
+        let state = QueueState::new(id, name, 1, 0);
+        self.queues.insert(name.to_owned(), state.clone());
+        r.queues.push((state.clone(), Vec::new()));
+        Ok(state)
+    }
+
+    /// Appends one encoded envelope to `queue`; returns its sequence.
+    fn append(
+        &mut self,
+        wb: &mut WriteBatch,
+        messages: &rocksdb::ColumnFamily,
+        r: &mut Round,
+        queue: &Arc<QueueState>,
+        value: &[u8],
+    ) -> Option<u64> {
+        let next = self.next_seq.get_mut(&queue.id)?;
+        let seq = *next;
+        wb.put_cf(messages, keys::message_key(queue.id, seq), value);
+        *next += 1;
+        r.messages += 1;
+        match r.touched.iter_mut().find(|(q, _)| q.id == queue.id) {
+            Some(t) => t.1 = seq,
+            None => r.touched.push((queue.clone(), seq)),
+        }
+        Some(seq)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -327,6 +422,14 @@ impl Writer {
         let key = keys::offset_key(&group, &queue.name);
         if let Some(g) = self.engine.registry.groups.get(&key) {
             let _ = reply.send(Ok(g.clone()));
+            return;
+        }
+        if self.engine.registry.work_groups.contains_key(&key) || self.work_groups.contains_key(&key) {
+            let _ = reply.send(Err(SubscribeError::WrongMode {
+                group,
+                queue: queue.name.to_string(),
+                existing: "work-queue",
+            }));
             return;
         }
         if let Some((_, waiters)) = r.groups.iter_mut().find(|(g, _)| g.key == key) {
@@ -404,10 +507,21 @@ fn complete(engine: &Engine, r: Round) {
         engine.registry.groups.insert(g.key.clone(), g.clone());
         waiters.into_iter().for_each(|w| drop(w.send(Ok(g.clone()))));
     }
+    for (g, waiters) in r.work_groups {
+        tracing::debug!(group = %g.name, queue = %g.queue.name, "rockq: work-queue group created");
+        engine.registry.work_groups.insert(g.key.clone(), g.clone());
+        waiters.into_iter().for_each(|w| drop(w.send(Ok(g.clone()))));
+    }
     // Publish before replying, so a producer that sees its send resolve also sees it in
     // `Queue::last_seq`, and subscribers start reading while producers are being woken.
     for (q, last) in r.touched {
         q.last.send_replace(last);
+    }
+    for (g, offset) in r.work_durable {
+        g.durable.fetch_max(offset, Ordering::SeqCst);
+    }
+    for f in r.done {
+        f(Ok(()));
     }
     for (reply, seq) in r.sends {
         let _ = reply.send(Ok(seq));
@@ -432,6 +546,12 @@ fn fail(engine: &Engine, r: Round, e: StorageError) {
     }
     for (_, waiters) in r.groups {
         waiters.into_iter().for_each(|w| drop(w.send(Err(SubscribeError::Storage(e.clone())))));
+    }
+    for (_, waiters) in r.work_groups {
+        waiters.into_iter().for_each(|w| drop(w.send(Err(SubscribeError::Storage(e.clone())))));
+    }
+    for f in r.done {
+        f(Err(&e));
     }
     r.flushes.into_iter().for_each(|f| drop(f.send(Err(CommitError::Storage(e.clone())))));
     if let Some(s) = r.shutdown {
@@ -461,6 +581,20 @@ fn reject(req: Request, why: impl Fn() -> String, shutdown: bool) {
         }
         Request::Shutdown { reply } => {
             let _ = reply.send(Ok(()));
+        }
+        Request::CreateWorkGroup { reply, .. } => {
+            let _ = reply.send(Err(if shutdown {
+                SubscribeError::Shutdown
+            } else {
+                SubscribeError::Failed(why())
+            }));
+        }
+        Request::Claim { reply, .. } | Request::Settle { reply, .. } => {
+            let _ = reply.send(Err(if shutdown { AckError::Shutdown } else { AckError::Failed(why()) }));
+        }
+        Request::Redrive { reply, .. } => {
+            let _ =
+                reply.send(Err(if shutdown { RedriveError::Shutdown } else { RedriveError::Failed(why()) }));
         }
         Request::Commit => {}
     }

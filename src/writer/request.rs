@@ -5,8 +5,12 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use crate::consumer::StartFrom;
-use crate::error::{CommitError, QueueError, SendError, StorageError, SubscribeError};
+use crate::error::{
+    AckError, CommitError, QueueError, RedriveError, SendError, StorageError, SubscribeError,
+};
 use crate::registry::{GroupState, QueueState};
+use crate::store::records::ClaimRecord;
+use crate::work::WorkGroupState;
 
 /// Encoded envelopes of one send call. `One` avoids a `Vec` per single send.
 pub(crate) enum Payloads {
@@ -47,6 +51,35 @@ pub(crate) enum Request {
         start: StartFrom,
         reply: oneshot::Sender<Result<Arc<GroupState>, SubscribeError>>,
     },
+    /// Creates a work-queue group (or returns the existing one).
+    CreateWorkGroup {
+        queue: Arc<QueueState>,
+        group: String,
+        start: StartFrom,
+        reply: oneshot::Sender<Result<Arc<WorkGroupState>, SubscribeError>>,
+    },
+    /// Persist claims (attempt counts) before their handlers run.
+    Claim {
+        group: Arc<WorkGroupState>,
+        claims: Vec<(u64, ClaimRecord)>,
+        reply: oneshot::Sender<Result<(), AckError>>,
+    },
+    /// Record the outcome of one attempt.
+    Settle {
+        group: Arc<WorkGroupState>,
+        seq: u64,
+        attempt: u32,
+        outcome: Outcome,
+        reply: oneshot::Sender<Result<(), AckError>>,
+    },
+    /// Move dead letters `(expected, last]` of `dlq` to their targets and advance its cursor.
+    Redrive {
+        dlq: Arc<QueueState>,
+        expected: u64,
+        last: u64,
+        items: Vec<RedriveItem>,
+        reply: RedriveReply,
+    },
     /// Wake-up only: a group became dirty while the writer was idle.
     Commit,
     /// Reply once every acknowledgement recorded before this request is durable.
@@ -67,4 +100,24 @@ impl Request {
             _ => (0, 0),
         }
     }
+}
+
+/// What became of one attempt of a work-queue message.
+pub(crate) enum Outcome {
+    /// Finished: the offset may pass it.
+    Ack,
+    /// Failed; try again after `delay` (the record holds the retry time and the error).
+    Retry { record: ClaimRecord, delay: std::time::Duration },
+    /// Move it to the dead-letter queue `dlq`.
+    DeadLetter { reason: String, dlq: Arc<str> },
+}
+
+/// Answer to a redrive: the queue and new sequence of each moved message.
+pub(crate) type RedriveReply = oneshot::Sender<Result<Vec<(Arc<str>, u64)>, RedriveError>>;
+
+/// One dead letter on its way back.
+pub(crate) struct RedriveItem {
+    pub dlq_seq: u64,
+    pub target: Arc<str>,
+    pub envelope: Vec<u8>,
 }

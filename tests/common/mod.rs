@@ -73,3 +73,35 @@ pub fn spawn_helper(name: &str, env: &[(&str, &str)]) -> std::process::Child {
     }
     cmd.spawn().expect("spawn helper")
 }
+
+/// Opens a Buffered broker whose leases and backoff run on `clock`.
+pub async fn open_clock(path: &Path, clock: &rockq::ManualClock) -> Broker {
+    Options::new().durability(Durability::Buffered).clock(clock.clone()).open(path).await.expect("open")
+}
+
+/// The next job, failing the test if the stream ends, errors or hangs.
+pub async fn next_job(sub: &mut rockq::WorkSubscription) -> rockq::Job {
+    tokio::time::timeout(HANG_GUARD, sub.next())
+        .await
+        .expect("hung waiting for a job")
+        .expect("stream ended")
+        .expect("stream yielded an error")
+}
+
+/// Waits for the first event matching `pred`, failing the test on a hang or a closed channel.
+pub async fn wait_event(
+    events: &mut tokio::sync::broadcast::Receiver<rockq::Event>,
+    mut pred: impl FnMut(&rockq::Event) -> bool,
+) -> rockq::Event {
+    tokio::time::timeout(HANG_GUARD, async {
+        loop {
+            match events.recv().await {
+                Ok(e) if pred(&e) => return e,
+                Ok(_) => {}
+                Err(e) => panic!("event channel: {e}"),
+            }
+        }
+    })
+    .await
+    .expect("hung waiting for an event")
+}

@@ -1,0 +1,143 @@
+//! [`Clock`]: the time source for leases, retry backoff and other delays.
+//!
+//! Production uses Tokio's clock (so `tokio::time::pause()` works too). Tests that must control
+//! time exactly use a [`ManualClock`]: time moves only when the test calls
+//! [`ManualClock::advance`], never because the runtime happened to be idle while a RocksDB
+//! write ran on another thread (which is what Tokio's auto-advance would do).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+
+/// Where rockq reads the time for leases, backoff and delays. Chosen at open with
+/// [`Options::clock`](crate::Options::clock); the default is Tokio's clock.
+#[derive(Clone, Debug, Default)]
+pub struct Clock {
+    manual: Option<ManualClock>,
+}
+
+/// A clock that moves only when told to: for deterministic tests of leases and backoff.
+///
+/// Wall-clock timestamps written to disk (lease deadlines, retry times) are the real time at
+/// creation plus the manual offset.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// let clock = rockq::ManualClock::new();
+/// let options = rockq::Options::new().clock(clock.clone());
+/// clock.advance(Duration::from_secs(30)); // every lease of 30 s or less has now expired
+/// # drop(options);
+/// ```
+#[derive(Clone, Debug)]
+pub struct ManualClock {
+    inner: Arc<ManualInner>,
+}
+
+#[derive(Debug)]
+struct ManualInner {
+    base: Instant,
+    wall_base: SystemTime,
+    offset: watch::Sender<Duration>,
+}
+
+impl ManualClock {
+    /// A manual clock standing at the current time.
+    pub fn new() -> Self {
+        ManualClock {
+            inner: Arc::new(ManualInner {
+                base: Instant::now(),
+                wall_base: SystemTime::now(),
+                offset: watch::Sender::new(Duration::ZERO),
+            }),
+        }
+    }
+
+    /// Moves the clock forward by `d`, firing every lease expiry and retry that falls due.
+    pub fn advance(&self, d: Duration) {
+        self.inner.offset.send_modify(|o| *o += d);
+    }
+
+    /// Time advanced so far.
+    pub fn elapsed(&self) -> Duration {
+        *self.inner.offset.borrow()
+    }
+}
+
+impl Default for ManualClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl From<ManualClock> for Clock {
+    fn from(m: ManualClock) -> Self {
+        Clock { manual: Some(m) }
+    }
+}
+
+impl Clock {
+    /// Tokio's clock (the default).
+    pub fn tokio() -> Self {
+        Clock { manual: None }
+    }
+
+    pub(crate) fn now(&self) -> Instant {
+        match &self.manual {
+            Some(m) => m.inner.base + *m.inner.offset.borrow(),
+            None => tokio::time::Instant::now().into_std(),
+        }
+    }
+
+    /// Wall-clock microseconds since the Unix epoch, for records written to disk.
+    pub(crate) fn wall_micros(&self) -> u64 {
+        let wall = match &self.manual {
+            Some(m) => m.inner.wall_base + *m.inner.offset.borrow(),
+            None => SystemTime::now(),
+        };
+        wall.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+    }
+
+    /// The wall-clock time (µs) corresponding to `t` on this clock.
+    pub(crate) fn wall_micros_at(&self, t: Instant) -> u64 {
+        let now = self.now();
+        let wall = self.wall_micros();
+        if t >= now {
+            wall.saturating_add(t.duration_since(now).as_micros() as u64)
+        } else {
+            wall.saturating_sub(now.duration_since(t).as_micros() as u64)
+        }
+    }
+
+    /// The instant on this clock corresponding to wall-clock `micros` (used to resume persisted
+    /// retry times after a restart; past times map to now).
+    pub(crate) fn instant_at_wall(&self, micros: u64) -> Instant {
+        let wall = self.wall_micros();
+        self.now() + Duration::from_micros(micros.saturating_sub(wall))
+    }
+
+    /// Waits until the clock reaches `deadline`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub(crate) async fn sleep_until(&self, deadline: Instant) {
+        match &self.manual {
+            None => tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)).await,
+            Some(m) => {
+                let mut rx = m.inner.offset.subscribe();
+                loop {
+                    if m.inner.base + *rx.borrow_and_update() >= deadline {
+                        return;
+                    }
+                    if rx.changed().await.is_err() {
+                        // The clock is gone (cannot happen while we hold it); never fire.
+                        return futures::future::pending().await;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! [`Event`]: the lifecycle of work-queue messages, broadcast for tests and monitoring.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Something that happened to a message of a work-queue group. Subscribe with
+/// [`Broker::events`](crate::Broker::events).
+///
+/// Outcome events (`Acked`, `Retried`, `DeadLettered`, `Redriven`) are sent once the outcome is
+/// durable. The channel is bounded: a receiver that falls behind loses the oldest events
+/// (`RecvError::Lagged`), and rockq never waits for receivers.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Event {
+    /// A message was claimed and handed to a consumer.
+    Delivered {
+        /// The queue.
+        queue: Arc<str>,
+        /// The group.
+        group: Arc<str>,
+        /// The message's sequence.
+        seq: u64,
+        /// Attempt number, from 1.
+        attempt: u32,
+    },
+    /// A consumer acknowledged a message.
+    Acked {
+        /// The queue.
+        queue: Arc<str>,
+        /// The group.
+        group: Arc<str>,
+        /// The message's sequence.
+        seq: u64,
+        /// The attempt that succeeded.
+        attempt: u32,
+    },
+    /// An attempt failed and the message will be delivered again after `delay`.
+    Retried {
+        /// The queue.
+        queue: Arc<str>,
+        /// The group.
+        group: Arc<str>,
+        /// The message's sequence.
+        seq: u64,
+        /// The attempt that failed.
+        attempt: u32,
+        /// Time until the next attempt.
+        delay: Duration,
+        /// The error the consumer gave.
+        error: String,
+    },
+    /// A holder's lease ran out before it settled the message; it is being delivered again.
+    LeaseExpired {
+        /// The queue.
+        queue: Arc<str>,
+        /// The group.
+        group: Arc<str>,
+        /// The message's sequence.
+        seq: u64,
+        /// The attempt whose lease expired.
+        attempt: u32,
+    },
+    /// A message was moved to the dead-letter queue.
+    DeadLettered {
+        /// The queue.
+        queue: Arc<str>,
+        /// The group.
+        group: Arc<str>,
+        /// The message's sequence.
+        seq: u64,
+        /// Attempts made.
+        attempts: u32,
+        /// Why.
+        reason: String,
+        /// The dead-letter queue.
+        dlq: Arc<str>,
+        /// Its sequence there.
+        dlq_seq: u64,
+    },
+    /// A dead letter was moved back to a queue.
+    Redriven {
+        /// The dead-letter queue.
+        dlq: Arc<str>,
+        /// Its sequence there.
+        dlq_seq: u64,
+        /// The queue it went to.
+        queue: Arc<str>,
+        /// Its new sequence there.
+        seq: u64,
+    },
+    /// A subscription waited longer than its saturation threshold for in-flight room.
+    Saturated {
+        /// The queue.
+        queue: Arc<str>,
+        /// The group.
+        group: Arc<str>,
+        /// The in-flight bound that was hit.
+        max_in_flight: usize,
+    },
+}

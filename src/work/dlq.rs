@@ -1,0 +1,344 @@
+//! Dead-letter queues: listing, peeking and redriving.
+//!
+//! A dead-letter queue is an ordinary queue (default name `<queue>.dlq`), so any group can
+//! consume it. A dead letter is the original payload and headers plus `rockq-dlq-*` headers
+//! recording where it came from and why. Redrive moves dead letters to a queue in atomic
+//! batches and keeps a cursor (`redrive:<dlq>`) in the same batch, so an interrupted redrive
+//! resumes where it stopped, without duplicates.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use crate::broker::Shared;
+use crate::error::{NameKind, ReceiveError, RedriveError};
+use crate::message::Message;
+use crate::registry::QueueState;
+use crate::store::{self, RawMessage, ReadOutcome, envelope};
+use crate::writer::{RedriveItem, Request};
+
+const H_QUEUE: &str = "rockq-dlq-queue";
+const H_SEQ: &str = "rockq-dlq-seq";
+const H_GROUP: &str = "rockq-dlq-group";
+const H_ATTEMPTS: &str = "rockq-dlq-attempts";
+const H_REASON: &str = "rockq-dlq-reason";
+const H_ENQUEUED: &str = "rockq-dlq-enqueued-at";
+const H_PREFIX: &str = "rockq-dlq-";
+
+/// The headers that record a dead letter's origin, appended to the original ones.
+pub(crate) fn dlq_headers(
+    queue: &str,
+    group: &str,
+    seq: u64,
+    attempts: u32,
+    reason: &str,
+    enqueued_micros: u64,
+) -> [(&'static str, String); 6] {
+    [
+        (H_QUEUE, queue.to_owned()),
+        (H_SEQ, seq.to_string()),
+        (H_GROUP, group.to_owned()),
+        (H_ATTEMPTS, attempts.to_string()),
+        (
+            H_REASON,
+            crate::store::records::truncate_utf8(reason, crate::store::records::MAX_ERROR_BYTES).to_owned(),
+        ),
+        (H_ENQUEUED, enqueued_micros.to_string()),
+    ]
+}
+
+/// One message in a dead-letter queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// Its sequence in the dead-letter queue.
+    pub dlq_seq: u64,
+    /// The queue it came from (`None` if it was sent to the dead-letter queue directly).
+    pub queue: Option<String>,
+    /// Its sequence there.
+    pub seq: Option<u64>,
+    /// The work-queue group that gave up on it.
+    pub group: Option<String>,
+    /// Attempts made.
+    pub attempts: u32,
+    /// Why it was dead-lettered (the last error, or the reason given).
+    pub reason: String,
+    /// When the producer first sent it.
+    pub enqueued_at: SystemTime,
+    /// When it was dead-lettered.
+    pub dead_lettered_at: SystemTime,
+    /// The original payload.
+    pub payload: Bytes,
+    /// The original headers (without the `rockq-dlq-*` ones).
+    pub headers: Vec<(String, Bytes)>,
+}
+
+fn micros(m: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_micros(m)
+}
+
+impl DeadLetter {
+    fn from_raw(msg: RawMessage) -> Self {
+        let mut d = DeadLetter {
+            dlq_seq: msg.seq,
+            queue: None,
+            seq: None,
+            group: None,
+            attempts: 0,
+            reason: String::new(),
+            enqueued_at: micros(msg.enqueued_at_micros),
+            dead_lettered_at: micros(msg.enqueued_at_micros),
+            payload: msg.payload,
+            headers: Vec::new(),
+        };
+        for (k, v) in msg.headers {
+            let text = || String::from_utf8_lossy(&v).into_owned();
+            match k.as_str() {
+                H_QUEUE => d.queue = Some(text()),
+                H_SEQ => d.seq = text().parse().ok(),
+                H_GROUP => d.group = Some(text()),
+                H_ATTEMPTS => d.attempts = text().parse().unwrap_or(0),
+                H_REASON => d.reason = text(),
+                H_ENQUEUED => d.enqueued_at = micros(text().parse().unwrap_or(0)),
+                _ if k.starts_with(H_PREFIX) => {}
+                _ => d.headers.push((k, v)),
+            }
+        }
+        d
+    }
+}
+
+/// How to redrive: where to, how many, how fast. Default: every dead letter back to its origin
+/// queue, in batches of 256, unthrottled.
+#[derive(Debug, Clone)]
+pub struct Redrive {
+    to: Option<String>,
+    limit: Option<u64>,
+    batch: usize,
+    rate: Option<f64>,
+}
+
+impl Default for Redrive {
+    fn default() -> Self {
+        Redrive { to: None, limit: None, batch: 256, rate: None }
+    }
+}
+
+impl Redrive {
+    /// Every dead letter, back to its origin queue.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Send them to this queue instead (created if missing).
+    pub fn to(mut self, queue: impl Into<String>) -> Self {
+        self.to = Some(queue.into());
+        self
+    }
+
+    /// Move at most `n`.
+    pub fn limit(mut self, n: u64) -> Self {
+        self.limit = Some(n);
+        self
+    }
+
+    /// Dead letters per atomic batch (at least 1). Default 256.
+    pub fn batch(mut self, n: usize) -> Self {
+        self.batch = n.max(1);
+        self
+    }
+
+    /// At most this many messages per second (on the broker's clock).
+    pub fn rate(mut self, per_second: f64) -> Self {
+        self.rate = (per_second.is_finite() && per_second > 0.0).then_some(per_second);
+        self
+    }
+}
+
+/// A dead-letter queue: list, peek and redrive. Get one with
+/// [`Broker::dead_letters`](crate::Broker::dead_letters).
+///
+/// The dead letters "in" the queue are those after its redrive cursor; consuming the
+/// dead-letter queue with a group is independent of redriving it.
+#[derive(Clone)]
+pub struct DeadLetters {
+    shared: Arc<Shared>,
+    queue: Arc<QueueState>,
+}
+
+impl std::fmt::Debug for DeadLetters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeadLetters").field("queue", &self.queue.name).finish()
+    }
+}
+
+impl DeadLetters {
+    pub(crate) fn new(shared: Arc<Shared>, queue: Arc<QueueState>) -> Self {
+        DeadLetters { shared, queue }
+    }
+
+    /// The dead-letter queue's name.
+    pub fn name(&self) -> &str {
+        &self.queue.name
+    }
+
+    async fn cursor(&self) -> Result<u64, RedriveError> {
+        let shared = self.shared.clone();
+        let name = self.queue.name.clone();
+        let c = self
+            .shared
+            .runtime
+            .spawn_blocking(move || store::read_cursor(&shared.engine.store, &name))
+            .await
+            .map_err(|e| RedriveError::Receive(ReceiveError::Internal(e.to_string())))??;
+        Ok(c.unwrap_or(0)
+            .max(self.queue.first_seq.load(std::sync::atomic::Ordering::Acquire).saturating_sub(1)))
+    }
+
+    /// Dead letters not yet redriven.
+    ///
+    /// # Errors
+    ///
+    /// [`RedriveError::Storage`] if the cursor cannot be read, [`RedriveError::Shutdown`].
+    pub async fn len(&self) -> Result<u64, RedriveError> {
+        Ok(self.queue.last_seq().saturating_sub(self.cursor().await?))
+    }
+
+    /// Whether every dead letter has been redriven.
+    ///
+    /// # Errors
+    ///
+    /// As for [`len`](DeadLetters::len).
+    pub async fn is_empty(&self) -> Result<bool, RedriveError> {
+        Ok(self.len().await? == 0)
+    }
+
+    /// Up to `limit` dead letters not yet redriven, oldest first. Reads only.
+    ///
+    /// # Errors
+    ///
+    /// [`RedriveError::Receive`] if one cannot be read, [`RedriveError::Shutdown`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// let dlq = broker.dead_letters("orders.dlq").await?;
+    /// for d in dlq.list(10).await? {
+    ///     println!("{:?}#{:?} after {} attempts: {}", d.queue, d.seq, d.attempts, d.reason);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn list(&self, limit: usize) -> Result<Vec<DeadLetter>, RedriveError> {
+        let from = self.cursor().await? + 1;
+        Ok(self.read(from, limit).await?.into_iter().map(DeadLetter::from_raw).collect())
+    }
+
+    /// The oldest dead letter not yet redriven.
+    ///
+    /// # Errors
+    ///
+    /// As for [`list`](DeadLetters::list).
+    pub async fn peek(&self) -> Result<Option<DeadLetter>, RedriveError> {
+        Ok(self.list(1).await?.into_iter().next())
+    }
+
+    async fn read(&self, from: u64, limit: usize) -> Result<Vec<RawMessage>, RedriveError> {
+        let last = self.queue.last_seq();
+        if limit == 0 || from > last {
+            return Ok(Vec::new());
+        }
+        let to = last.min(from.saturating_add(limit as u64 - 1));
+        let shared = self.shared.clone();
+        let q = self.queue.clone();
+        let out = self
+            .shared
+            .runtime
+            .spawn_blocking(move || {
+                store::read_range(&shared.engine.store, &q.name, q.id, from, to, 16 << 20)
+            })
+            .await
+            .map_err(|e| RedriveError::Receive(ReceiveError::Internal(e.to_string())))??;
+        match out {
+            ReadOutcome::Messages(m) => Ok(m),
+            ReadOutcome::Closed => Err(RedriveError::Shutdown),
+        }
+    }
+
+    /// Moves dead letters to their origin queue (or [`Redrive::to`]) with new sequences, in
+    /// atomic batches: each batch's messages and the advanced cursor are one write, so after a
+    /// crash a new redrive continues after the last whole batch. Returns how many moved.
+    ///
+    /// # Errors
+    ///
+    /// [`RedriveError::NoOrigin`] for a dead letter without an origin and no target,
+    /// [`RedriveError::Conflict`] if another redrive of this queue runs concurrently,
+    /// [`RedriveError::InvalidName`], [`RedriveError::Shutdown`], [`RedriveError::Storage`].
+    /// Batches moved before an error stay moved.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe at batch granularity: a dropped future leaves whole batches moved and the
+    /// cursor after the last of them.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// let dlq = broker.dead_letters("orders.dlq").await?;
+    /// let moved = dlq.redrive(rockq::Redrive::new().rate(100.0)).await?;
+    /// println!("redrove {moved}");
+    /// # Ok(()) }
+    /// ```
+    pub async fn redrive(&self, opts: Redrive) -> Result<u64, RedriveError> {
+        if let Some(t) = &opts.to {
+            crate::name::validate(NameKind::Queue, t)?;
+        }
+        let clock = self.shared.engine.clock().clone();
+        let started = clock.now();
+        let mut moved = 0u64;
+        loop {
+            if self.shared.is_closed() {
+                return Err(RedriveError::Shutdown);
+            }
+            let want = match opts.limit {
+                Some(l) if moved >= l => break,
+                Some(l) => (l - moved).min(opts.batch as u64) as usize,
+                None => opts.batch,
+            };
+            let cursor = self.cursor().await?;
+            let msgs = self.read(cursor + 1, want).await?;
+            let Some(last) = msgs.last().map(|m| m.seq) else { break };
+            if let Some(rate) = opts.rate {
+                // Paced before each batch after the first, so the last batch does not wait.
+                clock.sleep_until(started + Duration::from_secs_f64(moved as f64 / rate)).await;
+            }
+            let now = clock.wall_micros();
+            let mut items = Vec::with_capacity(msgs.len());
+            for raw in msgs {
+                let d = DeadLetter::from_raw(raw);
+                let target = match (&opts.to, &d.queue) {
+                    (Some(t), _) => t.clone(),
+                    (None, Some(q)) => q.clone(),
+                    (None, None) => return Err(RedriveError::NoOrigin { seq: d.dlq_seq }),
+                };
+                crate::name::validate(NameKind::Queue, &target)?;
+                let msg = Message { payload: d.payload, headers: d.headers };
+                let envelope = envelope::encode(&msg, now).map_err(|e| {
+                    RedriveError::Failed(format!("cannot re-encode dead letter {}: {e:?}", d.dlq_seq))
+                })?;
+                items.push(RedriveItem { dlq_seq: d.dlq_seq, target: Arc::from(target), envelope });
+            }
+            let n = items.len() as u64;
+            let (reply, rx) = oneshot::channel();
+            let req = Request::Redrive { dlq: self.queue.clone(), expected: cursor, last, items, reply };
+            self.shared.tx.send(req).await.map_err(|_| RedriveError::Shutdown)?;
+            rx.await.map_err(|_| RedriveError::Shutdown)??;
+            moved += n;
+            tracing::info!(dlq = %self.queue.name, moved, "rockq: redrive batch");
+        }
+        Ok(moved)
+    }
+}

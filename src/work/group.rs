@@ -1,0 +1,257 @@
+//! [`WorkGroup`]: a work-queue (shared) consumer group and its settings.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use super::policy::RetryPolicy;
+use super::pool::Workers;
+use super::state::WorkGroupState;
+use super::subscription::WorkSubscription;
+use crate::broker::Shared;
+use crate::consumer::StartFrom;
+use crate::error::{NameKind, SubscribeError};
+use crate::name::{self, MAX_NAME_LEN};
+use crate::registry::QueueState;
+use crate::store::keys;
+use crate::writer::Request;
+
+/// Settings a subscription and its jobs use.
+#[derive(Debug)]
+pub(crate) struct WorkConfig {
+    pub lease: Duration,
+    pub policy: RetryPolicy,
+    pub dlq: Arc<str>,
+    pub max_in_flight: usize,
+    pub claim_batch: usize,
+    pub saturation_after: Duration,
+}
+
+/// A work-queue consumer group on one queue: competing consumers, each message held by one of
+/// them at a time under a lease, retried with backoff, dead-lettered when it keeps failing.
+///
+/// Any number of subscriptions and [worker pools](WorkGroup::workers) may run in one group.
+/// The group's offset (`consumer:<group>:<queue>`) means "everything up to here is acked or
+/// dead-lettered"; claim records cover the in-flight window above it and hold each message's
+/// attempt count, which is written **before** the message is handed out, so attempts survive
+/// crashes. A queue can have ordered [`Group`](crate::Group)s and work groups at the same
+/// time; a group name is either one or the other on a queue.
+///
+/// Settings below apply to the subscriptions made from this handle; they are not stored.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+/// use std::time::Duration;
+/// let group = queue
+///     .work_group("thumbnails")?
+///     .lease(Duration::from_secs(60))
+///     .retry_policy(rockq::RetryPolicy::default().max_attempts(3));
+/// group.workers(8).run(|task: rockq::Task| async move {
+///     println!("resizing {}", task.seq());
+///     Ok(())
+/// }).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct WorkGroup {
+    pub(crate) shared: Arc<Shared>,
+    queue: Arc<QueueState>,
+    name: Arc<str>,
+    start: StartFrom,
+    lease: Duration,
+    policy: RetryPolicy,
+    dlq: Option<String>,
+    max_in_flight: usize,
+    claim_batch: usize,
+    saturation_after: Duration,
+}
+
+impl std::fmt::Debug for WorkGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkGroup").field("name", &self.name).field("queue", &self.queue.name).finish()
+    }
+}
+
+impl WorkGroup {
+    pub(crate) fn new(shared: Arc<Shared>, queue: Arc<QueueState>, name: &str) -> Self {
+        WorkGroup {
+            shared,
+            queue,
+            name: Arc::from(name),
+            start: StartFrom::Earliest,
+            lease: Duration::from_secs(30),
+            policy: RetryPolicy::default(),
+            dlq: None,
+            max_in_flight: 256,
+            claim_batch: 64,
+            saturation_after: Duration::from_secs(1),
+        }
+    }
+
+    /// The group's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Where the group starts if it does not exist yet. Default [`StartFrom::Earliest`].
+    pub fn start_from(mut self, start: StartFrom) -> Self {
+        self.start = start;
+        self
+    }
+
+    /// Visibility timeout: how long a consumer holds a message before it may be delivered to
+    /// another one (with the attempt counted). Default 30 s, at least 1 ms.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Attempts and backoff. Default [`RetryPolicy::default`] (5 attempts).
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The dead-letter queue. Default `<queue>.dlq`. The name is validated at subscribe.
+    pub fn dead_letter_queue(mut self, name: impl Into<String>) -> Self {
+        self.dlq = Some(name.into());
+        self
+    }
+
+    /// Most jobs one subscription holds at once (handed out and not settled). Default 256, at
+    /// least 1. A job waiting for a retry does not count.
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = n.max(1);
+        self
+    }
+
+    /// Most messages claimed in one write. Default 64, at least 1.
+    pub fn claim_batch(mut self, n: usize) -> Self {
+        self.claim_batch = n.max(1);
+        self
+    }
+
+    /// How long a subscription may wait on a full in-flight bound before it reports
+    /// saturation (a `warn` event, [`Event::Saturated`](crate::Event::Saturated) and
+    /// [`WorkGroup::saturations`]). Default 1 s.
+    pub fn saturation_after(mut self, d: Duration) -> Self {
+        self.saturation_after = d;
+        self
+    }
+
+    /// A worker pool of `concurrency` handlers on this group (at least 1).
+    pub fn workers(&self, concurrency: usize) -> Workers {
+        Workers::new(self.clone(), concurrency.max(1))
+    }
+
+    pub(crate) fn lease_duration(&self) -> Duration {
+        self.lease
+    }
+
+    fn state(&self) -> Option<Arc<WorkGroupState>> {
+        let key = keys::offset_key(&self.name, &self.queue.name);
+        self.shared.engine.registry.work_groups.get(&key).map(|g| g.clone())
+    }
+
+    /// The committed offset: everything up to it is acked or dead-lettered, durably. `None` if
+    /// the group was never subscribed.
+    pub fn committed(&self) -> Option<u64> {
+        self.state().map(|g| g.durable.load(Ordering::Acquire))
+    }
+
+    /// Messages currently leased to consumers of this group (in this process).
+    pub fn in_flight(&self) -> usize {
+        self.state().map_or(0, |g| g.leased())
+    }
+
+    /// Messages waiting for a retry.
+    pub fn waiting(&self) -> usize {
+        self.state().map_or(0, |g| g.waiting())
+    }
+
+    /// Times a subscription of this group waited on a full in-flight bound for longer than
+    /// [`saturation_after`](WorkGroup::saturation_after).
+    pub fn saturations(&self) -> u64 {
+        self.state().map_or(0, |g| g.saturations.load(Ordering::Relaxed))
+    }
+
+    /// Starts receiving jobs. The group is created (durably) on first use.
+    ///
+    /// # Errors
+    ///
+    /// [`SubscribeError::WrongMode`] if the name is an ordered group on this queue,
+    /// [`SubscribeError::InvalidName`] for a bad dead-letter queue name,
+    /// [`SubscribeError::DeadLetterName`] if the default one would be too long,
+    /// [`SubscribeError::SequenceOutOfRange`], [`SubscribeError::Shutdown`],
+    /// [`SubscribeError::Storage`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped future holds no claims (the group may have been created).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use futures::StreamExt;
+    /// let mut jobs = queue.work_group("mailer")?.subscribe().await?;
+    /// if let Some(job) = jobs.next().await {
+    ///     job?.ack().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn subscribe(&self) -> Result<WorkSubscription, SubscribeError> {
+        if self.shared.is_closed() {
+            return Err(SubscribeError::Shutdown);
+        }
+        let dlq = match &self.dlq {
+            Some(n) => {
+                name::validate(NameKind::Queue, n)?;
+                n.clone()
+            }
+            None => {
+                let n = format!("{}.dlq", self.queue.name);
+                if n.len() > MAX_NAME_LEN {
+                    return Err(SubscribeError::DeadLetterName { queue: self.queue.name.to_string() });
+                }
+                n
+            }
+        };
+        let state = match self.state() {
+            Some(g) => g,
+            None => {
+                let key = keys::offset_key(&self.name, &self.queue.name);
+                if self.shared.engine.registry.groups.contains_key(&key) {
+                    return Err(SubscribeError::WrongMode {
+                        group: self.name.to_string(),
+                        queue: self.queue.name.to_string(),
+                        existing: "ordered",
+                    });
+                }
+                let (reply, rx) = oneshot::channel();
+                let req = Request::CreateWorkGroup {
+                    queue: self.queue.clone(),
+                    group: self.name.to_string(),
+                    start: self.start,
+                    reply,
+                };
+                self.shared.tx.send(req).await.map_err(|_| SubscribeError::Shutdown)?;
+                rx.await.map_err(|_| SubscribeError::Shutdown)??
+            }
+        };
+        let config = Arc::new(WorkConfig {
+            lease: self.lease,
+            policy: self.policy.clone(),
+            dlq: Arc::from(dlq),
+            max_in_flight: self.max_in_flight,
+            claim_batch: self.claim_batch,
+            saturation_after: self.saturation_after,
+        });
+        tracing::debug!(group = %self.name, queue = %self.queue.name, "rockq: work-queue subscription");
+        Ok(WorkSubscription::new(self.shared.clone(), state, config))
+    }
+}

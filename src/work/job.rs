@@ -1,0 +1,375 @@
+//! [`Job`]: a leased message of a work-queue group, and its outcomes. [`Task`]: the read-only
+//! view a worker-pool handler gets.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use tokio::sync::{OwnedSemaphorePermit, oneshot};
+
+use super::group::WorkConfig;
+use super::state::WorkGroupState;
+use crate::broker::Shared;
+use crate::error::AckError;
+use crate::store::RawMessage;
+use crate::store::records::{ClaimRecord, ClaimState};
+use crate::writer::{Outcome, Request};
+
+pub(crate) struct JobInner {
+    pub shared: Arc<Shared>,
+    pub group: Arc<WorkGroupState>,
+    pub config: Arc<WorkConfig>,
+    pub msg: RawMessage,
+    pub attempt: u32,
+    pub token: u64,
+    deadline: Mutex<Instant>,
+    /// Dropping the job gives the attempt back (set while the job sits unseen in a
+    /// subscription's buffer, and by a worker pool stopping handlers at shutdown).
+    pub uncounted: AtomicBool,
+}
+
+impl JobInner {
+    pub fn new(
+        shared: Arc<Shared>,
+        group: Arc<WorkGroupState>,
+        config: Arc<WorkConfig>,
+        msg: RawMessage,
+        attempt: u32,
+        token: u64,
+        deadline: Instant,
+    ) -> Arc<Self> {
+        Arc::new(JobInner {
+            shared,
+            group,
+            config,
+            msg,
+            attempt,
+            token,
+            deadline: Mutex::new(deadline),
+            uncounted: AtomicBool::new(true),
+        })
+    }
+
+    fn extend(&self, by: Duration) -> Result<(), AckError> {
+        let clock = self.shared.engine.clock();
+        let now = clock.now();
+        let lost = AckError::LeaseLost { seq: self.msg.seq, attempt: self.attempt };
+        if self.shared.is_closed() {
+            return Err(AckError::Shutdown);
+        }
+        self.group.extend(self.msg.seq, self.token, now, now + by).map_err(|_| lost)?;
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = now + by;
+        Ok(())
+    }
+}
+
+/// Read accessors shared by [`Job`] and [`Task`].
+macro_rules! accessors {
+    () => {
+        /// The message's sequence in its queue.
+        pub fn seq(&self) -> u64 {
+            self.inner.msg.seq
+        }
+
+        /// The payload.
+        pub fn payload(&self) -> &Bytes {
+            &self.inner.msg.payload
+        }
+
+        /// The headers, in the order they were added.
+        pub fn headers(&self) -> &[(String, Bytes)] {
+            &self.inner.msg.headers
+        }
+
+        /// The first header named `key`.
+        pub fn header(&self, key: &str) -> Option<&Bytes> {
+            self.headers().iter().find(|(k, _)| k == key).map(|(_, v)| v)
+        }
+
+        /// This attempt's number, from 1. Counted durably: attempts made before a crash count.
+        pub fn attempt(&self) -> u32 {
+            self.inner.attempt
+        }
+
+        /// When the producer sent the message (its wall clock).
+        pub fn enqueued_at(&self) -> SystemTime {
+            UNIX_EPOCH + Duration::from_micros(self.inner.msg.enqueued_at_micros)
+        }
+
+        /// The queue.
+        pub fn queue(&self) -> &str {
+            &self.inner.group.queue.name
+        }
+
+        /// The work-queue group.
+        pub fn group(&self) -> &str {
+            &self.inner.group.name
+        }
+
+        /// When the lease ends, on the broker's [`Clock`](crate::Clock).
+        pub fn lease_deadline(&self) -> Instant {
+            *self.inner.deadline.lock().unwrap_or_else(|p| p.into_inner())
+        }
+
+        /// Extends the lease to `by` from now, so that a long handler keeps the message.
+        ///
+        /// # Errors
+        ///
+        /// [`AckError::LeaseLost`] if the lease already expired (the message may be with
+        /// another consumer now); [`AckError::Shutdown`].
+        pub fn extend(&self, by: Duration) -> Result<(), AckError> {
+            self.inner.extend(by)
+        }
+    };
+}
+
+/// A message leased to this consumer by a work-queue group. Settle it with one of
+/// [`ack`](Job::ack), [`nack`](Job::nack), [`fail`](Job::fail),
+/// [`retry_after`](Job::retry_after) or [`dead_letter`](Job::dead_letter).
+///
+/// Only the current holder can settle or extend: once the lease has expired (see
+/// [`WorkGroup::lease`](crate::WorkGroup::lease)) every one of them returns
+/// [`AckError::LeaseLost`] and changes nothing, even if nobody has claimed the message since.
+///
+/// **Dropping a job without an outcome** releases the lease at once: the message can be
+/// claimed again right away, and the attempt **counts** (it was persisted before the job was
+/// handed out), so a consumer that keeps dropping a message still ends in the dead-letter
+/// queue. Jobs a subscription claimed but never handed out do not count.
+#[must_use = "a job dropped without an outcome is released and its attempt counts"]
+pub struct Job {
+    inner: Arc<JobInner>,
+    permit: Option<OwnedSemaphorePermit>,
+    settled: bool,
+}
+
+/// A read-only view of a [`Job`] that a [`Handler`](crate::Handler) receives: the pool settles
+/// the job from the handler's result. Cheap to clone.
+#[derive(Clone)]
+pub struct Task {
+    inner: Arc<JobInner>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("queue", &self.queue())
+            .field("group", &self.group())
+            .field("seq", &self.seq())
+            .field("attempt", &self.attempt())
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Task {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Task").field("queue", &self.queue()).field("seq", &self.seq()).finish()
+    }
+}
+
+impl Task {
+    accessors!();
+
+    pub(crate) fn inner(&self) -> &Arc<JobInner> {
+        &self.inner
+    }
+}
+
+enum Kind {
+    Ack,
+    Retry { delay: Option<Duration>, error: String },
+    DeadLetter { reason: String },
+}
+
+/// Puts a message back to claimable if a settle is abandoned before its record was queued.
+struct Revert<'a> {
+    group: &'a WorkGroupState,
+    seq: u64,
+    armed: bool,
+}
+
+impl Drop for Revert<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.group.revert(self.seq);
+        }
+    }
+}
+
+impl Job {
+    pub(crate) fn new(inner: Arc<JobInner>, permit: OwnedSemaphorePermit) -> Self {
+        Job { inner, permit: Some(permit), settled: false }
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<JobInner> {
+        &self.inner
+    }
+
+    accessors!();
+
+    /// A read-only handle on this job (for a handler, or for logging after a move).
+    pub fn task(&self) -> Task {
+        Task { inner: self.inner.clone() }
+    }
+
+    /// The message is done: the group's offset moves past it once every earlier message is
+    /// done too. Returns once the outcome is durable (in the broker's durability mode).
+    ///
+    /// # Errors
+    ///
+    /// [`AckError::LeaseLost`] if the lease expired first: nothing changes, and the message
+    /// is (or will be) delivered again. [`AckError::Shutdown`], [`AckError::Storage`],
+    /// [`AckError::Failed`].
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped before the outcome was queued, the message is released (and
+    /// the attempt counts); after that, the ack completes regardless.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use futures::StreamExt;
+    /// let mut jobs = queue.work_group("mailer")?.subscribe().await?;
+    /// while let Some(job) = jobs.next().await {
+    ///     let job = job?;
+    ///     // ... send the mail ...
+    ///     job.ack().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn ack(self) -> Result<(), AckError> {
+        self.settle(Kind::Ack).await
+    }
+
+    /// This attempt failed: retry after the group's backoff, or dead-letter the message if it
+    /// has used up its attempts. Same as [`fail`](Job::fail) without an error text.
+    ///
+    /// # Errors
+    ///
+    /// As for [`ack`](Job::ack).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`ack`](Job::ack).
+    pub async fn nack(self) -> Result<(), AckError> {
+        self.settle(Kind::Retry { delay: None, error: "nacked".into() }).await
+    }
+
+    /// This attempt failed with `error` (kept in the claim record and, eventually, the dead
+    /// letter): retry after the group's backoff, or dead-letter if attempts are used up.
+    ///
+    /// # Errors
+    ///
+    /// As for [`ack`](Job::ack).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`ack`](Job::ack).
+    pub async fn fail(self, error: impl std::fmt::Display) -> Result<(), AckError> {
+        self.settle(Kind::Retry { delay: None, error: error.to_string() }).await
+    }
+
+    /// This attempt failed: retry after exactly `delay` (overriding the backoff), or
+    /// dead-letter if attempts are used up. While it waits the message holds no in-flight
+    /// slot and does not hold back later messages.
+    ///
+    /// # Errors
+    ///
+    /// As for [`ack`](Job::ack).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`ack`](Job::ack).
+    pub async fn retry_after(self, delay: Duration) -> Result<(), AckError> {
+        self.settle(Kind::Retry { delay: Some(delay), error: format!("retry requested after {delay:?}") })
+            .await
+    }
+
+    pub(crate) async fn retry_with(self, delay: Option<Duration>, error: String) -> Result<(), AckError> {
+        self.settle(Kind::Retry { delay, error }).await
+    }
+
+    /// Gives up on the message now: it moves to the group's dead-letter queue with `reason`,
+    /// in the same atomic write that finishes it here.
+    ///
+    /// # Errors
+    ///
+    /// As for [`ack`](Job::ack).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`ack`](Job::ack).
+    pub async fn dead_letter(self, reason: impl Into<String>) -> Result<(), AckError> {
+        self.settle(Kind::DeadLetter { reason: reason.into() }).await
+    }
+
+    async fn settle(mut self, kind: Kind) -> Result<(), AckError> {
+        self.settled = true;
+        let inner = self.inner.clone();
+        let (seq, attempt) = (inner.msg.seq, inner.attempt);
+        let shared = &inner.shared;
+        if shared.is_closed() {
+            return Err(AckError::Shutdown);
+        }
+        let clock = shared.engine.clock();
+        let now = clock.now();
+        let group = &inner.group;
+        group.begin_settle(seq, inner.token, now).map_err(|_| AckError::LeaseLost { seq, attempt })?;
+        let mut revert = Revert { group, seq, armed: true };
+        let cfg = &inner.config;
+        let mut waiting = None;
+        let outcome = match kind {
+            Kind::Ack => Outcome::Ack,
+            Kind::Retry { delay, error } if attempt < cfg.policy.max_attempts => {
+                let delay = delay.unwrap_or_else(|| cfg.policy.jittered_delay(attempt));
+                let due = now + delay;
+                let record = ClaimRecord {
+                    state: ClaimState::Waiting,
+                    attempt,
+                    token: inner.token,
+                    deadline_micros: 0,
+                    not_before_micros: clock.wall_micros_at(due),
+                    last_error: error.clone(),
+                };
+                waiting = Some((due, error));
+                Outcome::Retry { record, delay }
+            }
+            Kind::Retry { error, .. } => Outcome::DeadLetter {
+                reason: format!("{attempt} attempts used up; last error: {error}"),
+                dlq: cfg.dlq.clone(),
+            },
+            Kind::DeadLetter { reason } => Outcome::DeadLetter { reason, dlq: cfg.dlq.clone() },
+        };
+        let (reply, rx) = oneshot::channel();
+        let req = Request::Settle { group: group.clone(), seq, attempt, outcome, reply };
+        shared.tx.send(req).await.map_err(|_| AckError::Shutdown)?;
+        // Queued: from here on the writer applies it after every earlier write for `seq`, so
+        // the message may become claimable again (a retry) without reordering records.
+        revert.armed = false;
+        if let Some((due, error)) = waiting {
+            group.to_waiting(seq, due, error);
+        }
+        drop(self.permit.take());
+        match rx.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                if matches!(e, AckError::Failed(_)) {
+                    group.revert(seq);
+                }
+                Err(e)
+            }
+            Err(_) => Err(AckError::Shutdown),
+        }
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if !self.settled {
+            let counted = !self.inner.uncounted.load(Ordering::Acquire);
+            self.inner.group.release(self.inner.msg.seq, self.inner.token, counted);
+        }
+    }
+}

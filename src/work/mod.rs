@@ -1,0 +1,20 @@
+//! Work-queue (shared) consumer groups: competing consumers with leases, retries with
+//! backoff, dead-letter queues and worker pools, layered on claim records that the writer
+//! thread checks and writes atomically.
+
+mod dlq;
+mod group;
+mod job;
+mod policy;
+mod pool;
+mod state;
+mod subscription;
+
+pub(crate) use dlq::dlq_headers;
+pub use dlq::{DeadLetter, DeadLetters, Redrive};
+pub use group::WorkGroup;
+pub use job::{Job, Task};
+pub use policy::RetryPolicy;
+pub use pool::{Handler, HandlerError, PoolReport, Workers};
+pub(crate) use state::WorkGroupState;
+pub use subscription::WorkSubscription;

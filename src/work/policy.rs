@@ -1,0 +1,112 @@
+//! [`RetryPolicy`]: how often and how late a failed message is tried again.
+
+use std::time::Duration;
+
+/// Retry policy of a work-queue group: at most `max_attempts` deliveries, with exponential
+/// backoff and jitter between them. After the last attempt fails (or its lease expires, or the
+/// process crashes during it) the message goes to the dead-letter queue.
+///
+/// The delay before attempt `n + 1` is `min(max_backoff, initial_backoff · multiplier^(n-1))`,
+/// then reduced by a random fraction of up to `jitter` (0 = none, 1 = "full jitter"), so that
+/// messages that failed together do not all come back together.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// let policy = rockq::RetryPolicy::default()
+///     .max_attempts(3)
+///     .backoff(Duration::from_millis(100), Duration::from_secs(10))
+///     .jitter(0.0);
+/// assert_eq!(policy.delay_after(1), Duration::from_millis(100));
+/// assert_eq!(policy.delay_after(2), Duration::from_millis(200));
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    pub(crate) max_attempts: u32,
+    pub(crate) initial_backoff: Duration,
+    pub(crate) max_backoff: Duration,
+    pub(crate) multiplier: f64,
+    pub(crate) jitter: f64,
+}
+
+impl Default for RetryPolicy {
+    /// 5 attempts, backoff from 1 s doubling up to 5 min, 20 % jitter.
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 5,
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(300),
+            multiplier: 2.0,
+            jitter: 0.2,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Most deliveries of one message, counting the first. At least 1. Default 5.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n.max(1);
+        self
+    }
+
+    /// First delay and the cap. Default 1 s and 5 min.
+    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.initial_backoff = initial;
+        self.max_backoff = max.max(initial);
+        self
+    }
+
+    /// Growth factor per attempt, at least 1. Default 2.
+    pub fn multiplier(mut self, m: f64) -> Self {
+        self.multiplier = if m.is_finite() { m.max(1.0) } else { 1.0 };
+        self
+    }
+
+    /// Fraction of each delay that is randomised away, in `0.0..=1.0`. Default 0.2.
+    pub fn jitter(mut self, j: f64) -> Self {
+        self.jitter = if j.is_finite() { j.clamp(0.0, 1.0) } else { 0.0 };
+        self
+    }
+
+    /// The configured maximum number of attempts.
+    pub fn attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The delay after failed attempt `attempt` (1-based), before jitter.
+    pub fn delay_after(&self, attempt: u32) -> Duration {
+        let exp = self.multiplier.powi(attempt.saturating_sub(1).min(1000) as i32);
+        let secs = self.initial_backoff.as_secs_f64() * exp;
+        let max = self.max_backoff.as_secs_f64();
+        Duration::from_secs_f64(if secs.is_finite() { secs.min(max) } else { max })
+    }
+
+    /// The delay after failed attempt `attempt`, with jitter applied.
+    pub(crate) fn jittered_delay(&self, attempt: u32) -> Duration {
+        let d = self.delay_after(attempt);
+        if self.jitter == 0.0 {
+            return d;
+        }
+        d.mul_f64(1.0 - self.jitter * fastrand::f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped_and_jitter_only_shortens() {
+        let p = RetryPolicy::default().backoff(Duration::from_secs(1), Duration::from_secs(10)).jitter(0.5);
+        assert_eq!(p.delay_after(1), Duration::from_secs(1));
+        assert_eq!(p.delay_after(4), Duration::from_secs(8));
+        assert_eq!(p.delay_after(5), Duration::from_secs(10));
+        assert_eq!(p.delay_after(u32::MAX), Duration::from_secs(10));
+        for _ in 0..100 {
+            let j = p.jittered_delay(3);
+            assert!(j <= Duration::from_secs(4) && j >= Duration::from_secs(2), "{j:?}");
+        }
+        assert_eq!(RetryPolicy::default().max_attempts(0).attempts(), 1);
+    }
+}

@@ -1,0 +1,326 @@
+//! The in-memory state of one work-queue group: which sequence is held by whom, which waits
+//! for a retry, and how far the group is finished.
+//!
+//! Two halves with two owners:
+//! - [`Dispatch`] (behind a mutex shared by subscriptions and jobs) decides who may hold a
+//!   message: claims, lease expiry, fencing, releases. It changes *before* the matching record
+//!   is handed to the writer, and every transition that enables a later write for the same
+//!   sequence happens only after the earlier write was queued, so the writer applies the writes
+//!   for one sequence in the order they were decided.
+//! - [`Progress`] (locked only by the writer thread) is the durable side: the offset and the
+//!   finished sequences above it. The writer moves the offset over contiguous finished
+//!   sequences and deletes their claim records in the same batch.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use crate::clock::Clock;
+use crate::registry::QueueState;
+use crate::store::keys;
+use crate::store::records::{ClaimRecord, ClaimState};
+
+/// One work-queue group on one queue.
+pub(crate) struct WorkGroupState {
+    pub name: Arc<str>,
+    pub queue: Arc<QueueState>,
+    /// `consumer:<group>:<queue>`.
+    pub key: Vec<u8>,
+    /// `claim:<group>:<queue>:`.
+    pub claim_prefix: Vec<u8>,
+    /// Offset whose record is durable: every sequence up to it is acked or dead-lettered.
+    pub durable: AtomicU64,
+    dispatch: Mutex<Dispatch>,
+    /// Signalled when something may have become claimable (a release, a new retry time).
+    pub changed: Notify,
+    /// Writer-only: the offset and finished sequences above it.
+    pub progress: Mutex<Progress>,
+    next_token: AtomicU64,
+    /// Times a subscription of this group waited on its in-flight bound for too long.
+    pub saturations: AtomicU64,
+}
+
+impl std::fmt::Debug for WorkGroupState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkGroupState").field("name", &self.name).field("queue", &self.queue.name).finish()
+    }
+}
+
+/// Writer-side progress of a group.
+#[derive(Debug, Default)]
+pub(crate) struct Progress {
+    pub offset: u64,
+    /// Finished sequences above `offset` (their claim records say `Done`).
+    pub done: BTreeSet<u64>,
+}
+
+#[derive(Debug)]
+struct Dispatch {
+    /// Every sequence above the offset that is not finished and below `frontier`.
+    slots: BTreeMap<u64, Slot>,
+    /// Sequences from here on were never claimed.
+    frontier: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Slot {
+    /// Attempts started so far.
+    attempt: u32,
+    state: SlotState,
+    last_error: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    /// Claimable now (released, or left behind by a crash).
+    Available,
+    /// Held until `deadline` by the holder of `token`.
+    Leased { token: u64, deadline: Instant },
+    /// Waiting for a retry at `due`.
+    Waiting { due: Instant },
+    /// An outcome is being written; nobody may claim or settle it.
+    Settling,
+}
+
+/// A message claimed for a subscriber.
+#[derive(Debug, Clone)]
+pub(crate) struct Claimed {
+    pub seq: u64,
+    pub attempt: u32,
+    pub token: u64,
+    pub deadline: Instant,
+    /// Set if the previous holder's lease expired (for the `LeaseExpired` event).
+    pub expired: bool,
+}
+
+/// A message that used up its attempts and must be dead-lettered instead of delivered.
+#[derive(Debug, Clone)]
+pub(crate) struct Exhausted {
+    pub seq: u64,
+    pub attempt: u32,
+    pub last_error: String,
+}
+
+/// What one [`WorkGroupState::take`] produced.
+#[derive(Debug, Default)]
+pub(crate) struct Take {
+    pub claimed: Vec<Claimed>,
+    pub exhausted: Vec<Exhausted>,
+    /// The earliest future lease deadline or retry time: when to look again.
+    pub next_wake: Option<Instant>,
+}
+
+/// Why a holder may no longer act on a message.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Lost;
+
+impl WorkGroupState {
+    pub fn new(name: &str, queue: Arc<QueueState>, committed: u64) -> Arc<Self> {
+        let key = keys::offset_key(name, &queue.name);
+        let claim_prefix = keys::claim_prefix(name, &queue.name);
+        // Tokens only fence holders within one process lifetime; seeding from the wall clock
+        // keeps the ones written to disk distinct across restarts too.
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_micros() as u64);
+        Arc::new(WorkGroupState {
+            name: Arc::from(name),
+            queue,
+            key,
+            claim_prefix,
+            durable: AtomicU64::new(committed),
+            dispatch: Mutex::new(Dispatch { slots: BTreeMap::new(), frontier: committed + 1 }),
+            changed: Notify::new(),
+            progress: Mutex::new(Progress { offset: committed, done: BTreeSet::new() }),
+            next_token: AtomicU64::new(seed),
+            saturations: AtomicU64::new(0),
+        })
+    }
+
+    fn dispatch(&self) -> MutexGuard<'_, Dispatch> {
+        self.dispatch.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn progress(&self) -> MutexGuard<'_, Progress> {
+        self.progress.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Rebuilds the state from the claim records found at open. A lease from before the
+    /// restart has no living holder, so its message is claimable at once; its attempt stays
+    /// counted, which is what stops a message that crashes the process from looping forever.
+    pub fn restore(&self, claims: impl IntoIterator<Item = (u64, ClaimRecord)>, clock: &Clock) {
+        let mut d = self.dispatch();
+        let mut p = self.progress();
+        let committed = p.offset;
+        for (seq, rec) in claims {
+            if seq <= committed {
+                continue;
+            }
+            d.frontier = d.frontier.max(seq + 1);
+            let state = match rec.state {
+                ClaimState::Done => {
+                    p.done.insert(seq);
+                    continue;
+                }
+                ClaimState::Leased => SlotState::Available,
+                ClaimState::Waiting => {
+                    SlotState::Waiting { due: clock.instant_at_wall(rec.not_before_micros) }
+                }
+            };
+            d.slots.insert(seq, Slot { attempt: rec.attempt, state, last_error: rec.last_error });
+        }
+        // Sequences below the frontier with no record were claimed in a batch that never
+        // reached the disk: nobody holds them.
+        for seq in committed + 1..d.frontier {
+            if !p.done.contains(&seq) {
+                d.slots.entry(seq).or_insert(Slot {
+                    attempt: 0,
+                    state: SlotState::Available,
+                    last_error: String::new(),
+                });
+            }
+        }
+    }
+
+    fn token(&self) -> u64 {
+        self.next_token.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Claims up to `max` messages, oldest first: released ones, expired leases, due retries,
+    /// then never-claimed sequences up to `last_published`. Messages whose attempts are used up
+    /// come back in `exhausted` (already marked settling) instead.
+    pub fn take(
+        &self,
+        now: Instant,
+        max: usize,
+        last_published: u64,
+        lease: Duration,
+        max_attempts: u32,
+    ) -> Take {
+        let mut out = Take::default();
+        let mut d = self.dispatch();
+        let deadline = now + lease;
+        for (&seq, slot) in d.slots.iter_mut() {
+            if out.claimed.len() >= max {
+                break;
+            }
+            let expired = match slot.state {
+                SlotState::Available => false,
+                SlotState::Leased { deadline, .. } if deadline <= now => true,
+                SlotState::Waiting { due } if due <= now => false,
+                SlotState::Leased { deadline: t, .. } | SlotState::Waiting { due: t } => {
+                    out.next_wake = Some(out.next_wake.map_or(t, |w| w.min(t)));
+                    continue;
+                }
+                SlotState::Settling => continue,
+            };
+            if slot.attempt >= max_attempts {
+                slot.state = SlotState::Settling;
+                let last_error = if slot.last_error.is_empty() {
+                    format!("{} attempts used up", slot.attempt)
+                } else {
+                    slot.last_error.clone()
+                };
+                out.exhausted.push(Exhausted { seq, attempt: slot.attempt, last_error });
+                continue;
+            }
+            slot.attempt += 1;
+            let token = self.next_token.fetch_add(1, Ordering::Relaxed);
+            slot.state = SlotState::Leased { token, deadline };
+            out.claimed.push(Claimed { seq, attempt: slot.attempt, token, deadline, expired });
+        }
+        while out.claimed.len() < max && d.frontier <= last_published {
+            let seq = d.frontier;
+            d.frontier += 1;
+            let token = self.token();
+            d.slots.insert(
+                seq,
+                Slot { attempt: 1, state: SlotState::Leased { token, deadline }, last_error: String::new() },
+            );
+            out.claimed.push(Claimed { seq, attempt: 1, token, deadline, expired: false });
+        }
+        out
+    }
+
+    /// Starts settling `seq` for the holder of `token`: fails if the lease expired or the
+    /// message was claimed again since.
+    pub fn begin_settle(&self, seq: u64, token: u64, now: Instant) -> Result<(), Lost> {
+        let mut d = self.dispatch();
+        match d.slots.get_mut(&seq) {
+            Some(slot) => match slot.state {
+                SlotState::Leased { token: t, deadline } if t == token && now < deadline => {
+                    slot.state = SlotState::Settling;
+                    Ok(())
+                }
+                _ => Err(Lost),
+            },
+            None => Err(Lost),
+        }
+    }
+
+    /// A retry record was queued: the message waits until `due`.
+    pub fn to_waiting(&self, seq: u64, due: Instant, error: String) {
+        if let Some(slot) = self.dispatch().slots.get_mut(&seq) {
+            slot.state = SlotState::Waiting { due };
+            slot.last_error = error;
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// A settle was abandoned before its record was queued: the message is claimable again.
+    pub fn revert(&self, seq: u64) {
+        if let Some(slot) = self.dispatch().slots.get_mut(&seq)
+            && slot.state == SlotState::Settling
+        {
+            slot.state = SlotState::Available;
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// The holder of `token` gives the message back. `counted: false` also gives back the
+    /// attempt (the handler never ran, or was stopped by a shutdown).
+    pub fn release(&self, seq: u64, token: u64, counted: bool) {
+        {
+            let mut d = self.dispatch();
+            if let Some(slot) = d.slots.get_mut(&seq)
+                && matches!(slot.state, SlotState::Leased { token: t, .. } if t == token)
+            {
+                slot.state = SlotState::Available;
+                if !counted {
+                    slot.attempt = slot.attempt.saturating_sub(1);
+                }
+            }
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Moves the holder's lease deadline to `until`.
+    pub fn extend(&self, seq: u64, token: u64, now: Instant, until: Instant) -> Result<(), Lost> {
+        let mut d = self.dispatch();
+        match d.slots.get_mut(&seq).map(|s| &mut s.state) {
+            Some(SlotState::Leased { token: t, deadline }) if *t == token && now < *deadline => {
+                *deadline = until;
+                Ok(())
+            }
+            _ => Err(Lost),
+        }
+    }
+
+    /// The writer made `seq`'s outcome durable: forget it.
+    pub fn finished(&self, seq: u64) {
+        self.dispatch().slots.remove(&seq);
+    }
+
+    /// Messages currently leased.
+    pub fn leased(&self) -> usize {
+        self.dispatch().slots.values().filter(|s| matches!(s.state, SlotState::Leased { .. })).count()
+    }
+
+    /// Messages waiting for a retry.
+    pub fn waiting(&self) -> usize {
+        self.dispatch().slots.values().filter(|s| matches!(s.state, SlotState::Waiting { .. })).count()
+    }
+}

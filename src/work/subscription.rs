@@ -1,0 +1,275 @@
+//! [`WorkSubscription`]: a work-queue group's jobs as a `futures::Stream`.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
+use futures::{FutureExt, Stream};
+use tokio::sync::{Semaphore, oneshot};
+
+use super::group::WorkConfig;
+use super::job::{Job, JobInner};
+use super::state::{Claimed, WorkGroupState};
+use crate::broker::Shared;
+use crate::error::{AckError, ReceiveError};
+use crate::store::records::{ClaimRecord, ClaimState};
+use crate::store::{self, ReadOutcome};
+use crate::writer::{Outcome, Request};
+use crate::{Error, Event};
+
+/// The jobs of a work-queue group, as a `Stream<Item = Result<Job, Error>>`.
+///
+/// Each item is a [`Job`] leased to this subscription. Claims are written (with their attempt
+/// numbers) before the jobs are handed out; payloads are read with one multi-get per claim
+/// batch on Tokio's blocking pool. With nothing claimable the stream waits — for new messages
+/// (the writer's wake-up), for a released message, or for the next lease expiry or retry time
+/// (a timer on the broker's [`Clock`](crate::Clock)) — never polling.
+///
+/// At most [`max_in_flight`](crate::WorkGroup::max_in_flight) jobs are held at once; when that
+/// bound stays hit for longer than
+/// [`saturation_after`](crate::WorkGroup::saturation_after), the stream reports it once per
+/// wait. The stream ends when the broker shuts down; it yields an `Err` and ends if a claimed
+/// message cannot be read.
+pub struct WorkSubscription {
+    ctx: Arc<Ctx>,
+    buffer: VecDeque<Job>,
+    /// The claim in progress. In a `Mutex` only so that the stream is `Sync`; `poll_next` has
+    /// `&mut self` and never locks.
+    fetch: std::sync::Mutex<Option<Fetch>>,
+    done: bool,
+}
+
+/// Claiming the next batch; an empty batch means the stream is over.
+type Fetch = BoxFuture<'static, Result<Vec<Job>, Error>>;
+
+struct Ctx {
+    shared: Arc<Shared>,
+    group: Arc<WorkGroupState>,
+    config: Arc<WorkConfig>,
+    permits: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for WorkSubscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkSubscription")
+            .field("queue", &self.ctx.group.queue.name)
+            .field("group", &self.ctx.group.name)
+            .field("buffered", &self.buffer.len())
+            .finish()
+    }
+}
+
+impl WorkSubscription {
+    pub(crate) fn new(shared: Arc<Shared>, group: Arc<WorkGroupState>, config: Arc<WorkConfig>) -> Self {
+        let permits = Arc::new(Semaphore::new(config.max_in_flight));
+        WorkSubscription {
+            ctx: Arc::new(Ctx { shared, group, config, permits }),
+            buffer: VecDeque::new(),
+            fetch: std::sync::Mutex::new(None),
+            done: false,
+        }
+    }
+
+    /// Jobs this subscription holds (handed out or buffered, not settled).
+    pub fn in_flight(&self) -> usize {
+        self.ctx.config.max_in_flight - self.ctx.permits.available_permits()
+    }
+}
+
+impl Stream for WorkSubscription {
+    type Item = Result<Job, Error>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            if let Some(job) = this.buffer.pop_front() {
+                // Handed out: from now on dropping it counts as an attempt.
+                job.inner().uncounted.store(false, Ordering::Release);
+                return Poll::Ready(Some(Ok(job)));
+            }
+            let slot = this.fetch.get_mut().unwrap_or_else(|p| p.into_inner());
+            let fut = slot.get_or_insert_with(|| fetch(this.ctx.clone()).boxed());
+            match fut.poll_unpin(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(res) => {
+                    *slot = None;
+                    match res {
+                        Ok(jobs) if jobs.is_empty() => this.done = true,
+                        Ok(jobs) => this.buffer.extend(jobs),
+                        Err(e) => {
+                            this.done = true;
+                            return Poll::Ready(Some(Err(e)));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Releases claims (without counting the attempt) unless disarmed: a fetch dropped or failed
+/// between claiming and handing out leaves nothing held.
+struct ClaimGuard {
+    group: Arc<WorkGroupState>,
+    claims: Vec<(u64, u64)>,
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        for &(seq, token) in &self.claims {
+            self.group.release(seq, token, false);
+        }
+    }
+}
+
+/// Claims the next batch of jobs. An empty result means the broker is shutting down.
+async fn fetch(ctx: Arc<Ctx>) -> Result<Vec<Job>, Error> {
+    let shared = &ctx.shared;
+    let engine = &shared.engine;
+    let clock = engine.clock().clone();
+    let group = &ctx.group;
+    let cfg = &ctx.config;
+    let internal = |e: tokio::sync::AcquireError| Error::from(ReceiveError::Internal(e.to_string()));
+
+    // Room first: a saturated subscription claims nothing (so holds no lease it cannot use).
+    let first = match ctx.permits.clone().try_acquire_owned() {
+        Ok(p) => p,
+        Err(_) => {
+            let acquire = ctx.permits.clone().acquire_owned();
+            tokio::pin!(acquire);
+            tokio::select! {
+                p = &mut acquire => p.map_err(internal)?,
+                _ = clock.sleep_until(clock.now() + cfg.saturation_after) => {
+                    group.saturations.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        queue = %group.queue.name,
+                        group = %group.name,
+                        max_in_flight = cfg.max_in_flight,
+                        "rockq: work-queue subscription saturated: in-flight bound reached"
+                    );
+                    engine.emit(|| Event::Saturated {
+                        queue: group.queue.name.clone(),
+                        group: group.name.clone(),
+                        max_in_flight: cfg.max_in_flight,
+                    });
+                    tokio::select! {
+                        p = &mut acquire => p.map_err(internal)?,
+                        _ = shared.closing.cancelled() => return Ok(Vec::new()),
+                    }
+                }
+                _ = shared.closing.cancelled() => return Ok(Vec::new()),
+            }
+        }
+    };
+    let mut permits = vec![first];
+    while permits.len() < cfg.claim_batch {
+        match ctx.permits.clone().try_acquire_owned() {
+            Ok(p) => permits.push(p),
+            Err(_) => break,
+        }
+    }
+
+    let mut last_rx = group.queue.last.subscribe();
+    let claimed: Vec<Claimed> = loop {
+        if shared.is_closed() || shared.closing.is_cancelled() {
+            return Ok(Vec::new());
+        }
+        // Registered before looking, so a release between the look and the wait is not missed.
+        let notified = group.changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let last = *last_rx.borrow_and_update();
+        let take = group.take(clock.now(), permits.len(), last, cfg.lease, cfg.policy.max_attempts);
+        for e in take.exhausted {
+            // Attempts used up (a crash loop, or expired leases): dead-letter without delivering.
+            let reason = format!("{} attempts used up; last error: {}", e.attempt, e.last_error);
+            let (reply, _rx) = oneshot::channel();
+            let outcome = Outcome::DeadLetter { reason, dlq: cfg.dlq.clone() };
+            let req =
+                Request::Settle { group: group.clone(), seq: e.seq, attempt: e.attempt, outcome, reply };
+            if shared.tx.send(req).await.is_err() {
+                return Ok(Vec::new());
+            }
+        }
+        if !take.claimed.is_empty() {
+            break take.claimed;
+        }
+        let wake = take.next_wake;
+        tokio::select! {
+            _ = notified => {}
+            changed = last_rx.changed() => if changed.is_err() { return Ok(Vec::new()) },
+            _ = async { match wake { Some(t) => clock.sleep_until(t).await, None => futures::future::pending().await } } => {}
+            _ = shared.closing.cancelled() => return Ok(Vec::new()),
+        }
+    };
+    let mut guard =
+        ClaimGuard { group: group.clone(), claims: claimed.iter().map(|c| (c.seq, c.token)).collect() };
+
+    // Persist the attempts, and read the payloads meanwhile.
+    let records = claimed
+        .iter()
+        .map(|c| {
+            let rec = ClaimRecord {
+                state: ClaimState::Leased,
+                attempt: c.attempt,
+                token: c.token,
+                deadline_micros: clock.wall_micros_at(c.deadline),
+                not_before_micros: 0,
+                last_error: String::new(),
+            };
+            (c.seq, rec)
+        })
+        .collect();
+    let (reply, rx) = oneshot::channel();
+    if shared.tx.send(Request::Claim { group: group.clone(), claims: records, reply }).await.is_err() {
+        return Ok(Vec::new());
+    }
+    let mut seqs: Vec<u64> = claimed.iter().map(|c| c.seq).collect();
+    seqs.sort_unstable();
+    let (store_shared, queue) = (shared.clone(), group.queue.clone());
+    let read = shared
+        .runtime
+        .spawn_blocking(move || store::read_seqs(&store_shared.engine.store, &queue.name, queue.id, &seqs));
+    let (written, read) = tokio::join!(rx, read);
+    match written {
+        Ok(Ok(())) => {}
+        Ok(Err(AckError::Shutdown)) | Err(_) => return Ok(Vec::new()),
+        Ok(Err(e)) => return Err(e.into()),
+    }
+    let msgs = match read {
+        Ok(Ok(ReadOutcome::Messages(msgs))) => msgs,
+        Ok(Ok(ReadOutcome::Closed)) => return Ok(Vec::new()),
+        Ok(Err(e)) => return Err(e.into()),
+        Err(join) => return Err(ReceiveError::Internal(format!("read task failed: {join}")).into()),
+    };
+
+    let mut by_seq: std::collections::HashMap<u64, Claimed> =
+        claimed.into_iter().map(|c| (c.seq, c)).collect();
+    let mut jobs = Vec::with_capacity(msgs.len());
+    for (msg, permit) in msgs.into_iter().zip(permits) {
+        let Some(c) = by_seq.remove(&msg.seq) else { continue };
+        let (queue, gname) = (group.queue.name.clone(), group.name.clone());
+        if c.expired {
+            tracing::debug!(%queue, group = %gname, seq = c.seq, attempt = c.attempt - 1, "rockq: lease expired");
+            engine.emit(|| Event::LeaseExpired {
+                queue: queue.clone(),
+                group: gname.clone(),
+                seq: c.seq,
+                attempt: c.attempt - 1,
+            });
+        }
+        engine.emit(|| Event::Delivered { queue, group: gname, seq: c.seq, attempt: c.attempt });
+        let inner =
+            JobInner::new(shared.clone(), group.clone(), cfg.clone(), msg, c.attempt, c.token, c.deadline);
+        jobs.push(Job::new(inner, permit));
+    }
+    // Every claim now belongs to a job (whose drop releases it).
+    guard.claims.clear();
+    Ok(jobs)
+}

@@ -1,0 +1,284 @@
+//! The writer's half of work-queue groups: creating them, recording outcomes (ack, retry,
+//! dead-letter) and redriving dead letters. Each request becomes entries of the round's one
+//! `WriteBatch`, so a dead letter's copy, its claim deletion and the offset move are atomic.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use rocksdb::{DB, WriteBatch};
+use tokio::sync::oneshot::Sender;
+
+use super::{Outcome, RedriveItem, RedriveReply, Round, Writer};
+use crate::Event;
+use crate::consumer::StartFrom;
+use crate::error::{AckError, RedriveError, StorageError, SubscribeError};
+use crate::message::Message;
+use crate::registry::QueueState;
+use crate::store::records::{self, ClaimRecord, ClaimState};
+use crate::store::{Cfs, envelope, get_envelope, keys};
+use crate::work::{WorkGroupState, dlq_headers};
+
+impl Writer {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn create_work_group(
+        &mut self,
+        wb: &mut WriteBatch,
+        offsets: &rocksdb::ColumnFamily,
+        r: &mut Round,
+        queue: Arc<QueueState>,
+        group: String,
+        start: StartFrom,
+        reply: Sender<Result<Arc<WorkGroupState>, SubscribeError>>,
+    ) {
+        let key = keys::offset_key(&group, &queue.name);
+        if let Some(g) = self.engine.registry.work_groups.get(&key) {
+            let _ = reply.send(Ok(g.clone()));
+            return;
+        }
+        if self.engine.registry.groups.contains_key(&key) || self.groups.contains_key(&key) {
+            let _ = reply.send(Err(SubscribeError::WrongMode {
+                group,
+                queue: queue.name.to_string(),
+                existing: "ordered",
+            }));
+            return;
+        }
+        if let Some((_, waiters)) = r.work_groups.iter_mut().find(|(g, _)| g.key == key) {
+            waiters.push(reply);
+            return;
+        }
+        if let Some(g) = self.work_groups.get(&key) {
+            r.work_groups.push((g.clone(), vec![reply]));
+            return;
+        }
+        let first = queue.first_seq.load(Ordering::SeqCst);
+        let next = self.next_seq.get(&queue.id).copied().unwrap_or(first);
+        let committed = match start {
+            StartFrom::Earliest => first - 1,
+            StartFrom::Latest => next - 1,
+            StartFrom::Sequence(s) if (first..=next).contains(&s) => s - 1,
+            StartFrom::Sequence(requested) => {
+                let _ = reply.send(Err(SubscribeError::SequenceOutOfRange { requested, first, next }));
+                return;
+            }
+        };
+        wb.put_cf(offsets, &key, records::encode_shared_offset(committed));
+        let state = WorkGroupState::new(&group, queue, committed);
+        self.work_groups.insert(key, state.clone());
+        r.work_groups.push((state, vec![reply]));
+    }
+
+    /// Marks `seq` finished: the offset moves over every contiguous finished sequence (their
+    /// claim records are deleted); a finished sequence above a gap keeps a `Done` record so a
+    /// restart does not deliver it again.
+    fn finish(
+        &mut self,
+        wb: &mut WriteBatch,
+        claims: &rocksdb::ColumnFamily,
+        r: &mut Round,
+        g: &Arc<WorkGroupState>,
+        seq: u64,
+    ) {
+        let mut p = g.progress();
+        if seq <= p.offset || !p.done.insert(seq) {
+            return;
+        }
+        let before = p.offset;
+        while p.done.first() == Some(&(p.offset + 1)) {
+            p.done.pop_first();
+            p.offset += 1;
+            wb.delete_cf(claims, keys::claim_key(&g.claim_prefix, p.offset));
+        }
+        if p.done.contains(&seq) {
+            let done = ClaimRecord {
+                state: ClaimState::Done,
+                attempt: 0,
+                token: 0,
+                deadline_micros: 0,
+                not_before_micros: 0,
+                last_error: String::new(),
+            };
+            wb.put_cf(claims, keys::claim_key(&g.claim_prefix, seq), done.encode());
+        }
+        let moved = p.offset > before;
+        drop(p);
+        if moved && !r.work_offsets.iter().any(|x| Arc::ptr_eq(x, g)) {
+            r.work_offsets.push(g.clone());
+        }
+        let g = g.clone();
+        r.on_done(move |res| {
+            if res.is_ok() {
+                g.finished(seq);
+            }
+        });
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn settle(
+        &mut self,
+        db: &DB,
+        cfs: &Cfs<'_>,
+        wb: &mut WriteBatch,
+        r: &mut Round,
+        g: Arc<WorkGroupState>,
+        seq: u64,
+        attempt: u32,
+        outcome: Outcome,
+        reply: Sender<Result<(), AckError>>,
+    ) {
+        let engine = self.engine.clone();
+        let (queue, group) = (g.queue.name.clone(), g.name.clone());
+        match outcome {
+            Outcome::Ack => {
+                self.finish(wb, cfs.claims, r, &g, seq);
+                r.on_done(move |res| {
+                    if res.is_ok() {
+                        engine.emit(|| Event::Acked { queue, group, seq, attempt });
+                    }
+                    let _ = reply.send(res.map_err(|e| AckError::Storage(e.clone())));
+                });
+            }
+            Outcome::Retry { record, delay } => {
+                let error = record.last_error.clone();
+                wb.put_cf(cfs.claims, keys::claim_key(&g.claim_prefix, seq), record.encode());
+                r.on_done(move |res| {
+                    if res.is_ok() {
+                        tracing::debug!(%queue, %group, seq, attempt, ?delay, "rockq: retry scheduled");
+                        engine.emit(|| Event::Retried { queue, group, seq, attempt, delay, error });
+                    }
+                    let _ = reply.send(res.map_err(|e| AckError::Storage(e.clone())));
+                });
+            }
+            Outcome::DeadLetter { reason, dlq } => {
+                let stored = match get_envelope(db, cfs.messages, g.queue.id, seq) {
+                    Ok(Some(v)) => v,
+                    Ok(None) => {
+                        let _ = reply.send(Err(AckError::Failed(format!("message {seq} is missing"))));
+                        return;
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(AckError::Storage(e)));
+                        return;
+                    }
+                };
+                let msg_key = keys::message_key(g.queue.id, seq);
+                let env = match envelope::decode(&msg_key, &stored) {
+                    Ok(env) => env,
+                    Err(e) => {
+                        let _ = reply.send(Err(AckError::Failed(e.to_string())));
+                        return;
+                    }
+                };
+                let dlq_queue = match self.ensure_queue(wb, cfs.meta, r, &dlq) {
+                    Ok(q) => q,
+                    Err(e) => {
+                        let _ = reply.send(Err(AckError::Failed(format!("dead-letter queue {dlq:?}: {e}"))));
+                        return;
+                    }
+                };
+                let now = engine.clock().wall_micros();
+                let mut msg = Message { payload: env.payload, headers: env.headers };
+                for (k, v) in
+                    dlq_headers(&g.queue.name, &g.name, seq, attempt, &reason, env.enqueued_at_micros)
+                {
+                    msg.headers.push((k.to_owned(), Bytes::from(v)));
+                }
+                let value = match envelope::encode(&msg, now) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        let _ =
+                            reply.send(Err(AckError::Failed(format!("cannot encode dead letter: {e:?}"))));
+                        return;
+                    }
+                };
+                let Some(dlq_seq) = self.append(wb, cfs.messages, r, &dlq_queue, &value) else {
+                    let _ = reply.send(Err(AckError::Failed("dead-letter queue has no sequence".into())));
+                    return;
+                };
+                self.finish(wb, cfs.claims, r, &g, seq);
+                r.on_done(move |res| {
+                    if res.is_ok() {
+                        tracing::warn!(%queue, %group, seq, attempts = attempt, %reason, dlq = %dlq, dlq_seq, "rockq: dead-lettered");
+                        engine.emit(|| Event::DeadLettered {
+                            queue,
+                            group,
+                            seq,
+                            attempts: attempt,
+                            reason,
+                            dlq,
+                            dlq_seq,
+                        });
+                    }
+                    let _ = reply.send(res.map_err(|e| AckError::Storage(e.clone())));
+                });
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn redrive(
+        &mut self,
+        db: &DB,
+        cfs: &Cfs<'_>,
+        wb: &mut WriteBatch,
+        r: &mut Round,
+        dlq: Arc<QueueState>,
+        expected: u64,
+        last: u64,
+        items: Vec<RedriveItem>,
+        reply: RedriveReply,
+    ) {
+        let key = keys::redrive_key(&dlq.name);
+        let cursor = match self.cursors.get(&dlq.id) {
+            Some(c) => *c,
+            None => match db.get_cf(cfs.meta, &key) {
+                Ok(Some(v)) => match records::decode_cursor(&key, &v) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = reply.send(Err(RedriveError::Receive(e.into())));
+                        return;
+                    }
+                },
+                Ok(None) => 0,
+                Err(e) => {
+                    let _ = reply.send(Err(RedriveError::Storage(StorageError(e))));
+                    return;
+                }
+            },
+        };
+        if cursor != expected {
+            let _ = reply.send(Err(RedriveError::Conflict { dlq: dlq.name.to_string() }));
+            return;
+        }
+        // Resolve every target first, so a bad one leaves nothing half-written.
+        let mut targets = Vec::with_capacity(items.len());
+        for item in &items {
+            match self.ensure_queue(wb, cfs.meta, r, &item.target) {
+                Ok(q) => targets.push(q),
+                Err(e) => {
+                    let _ = reply.send(Err(RedriveError::Failed(format!("target {:?}: {e}", item.target))));
+                    return;
+                }
+            }
+        }
+        let mut moved = Vec::with_capacity(items.len());
+        let mut events = Vec::with_capacity(items.len());
+        for (item, q) in items.into_iter().zip(targets) {
+            let Some(seq) = self.append(wb, cfs.messages, r, &q, &item.envelope) else { continue };
+            events.push((item.dlq_seq, q.name.clone(), seq));
+            moved.push((q.name.clone(), seq));
+        }
+        wb.put_cf(cfs.meta, &key, records::encode_cursor(last));
+        self.cursors.insert(dlq.id, last);
+        let engine = self.engine.clone();
+        r.on_done(move |res| {
+            if res.is_ok() {
+                for (dlq_seq, queue, seq) in events {
+                    engine.emit(|| Event::Redriven { dlq: dlq.name.clone(), dlq_seq, queue, seq });
+                }
+            }
+            let _ = reply.send(res.map(|()| moved).map_err(|e| RedriveError::Storage(e.clone())));
+        });
+    }
+}

@@ -1,0 +1,204 @@
+//! Dead-letter queues: what a dead letter keeps, consuming a DLQ like any queue, and redrive
+//! (back to the origin or elsewhere, limited, resumable, rate-limited).
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures::StreamExt;
+use rockq::{Event, ManualClock, Message, Redrive, RedriveError, RetryPolicy};
+
+/// Sends `payloads` to `jobs` and dead-letters each through the group `w` (one failed attempt
+/// each, `max_attempts(1)`). Returns the origin sequences.
+async fn dead_letter_all(broker: &rockq::Broker, payloads: &[&str]) -> Vec<u64> {
+    let q = broker.queue("jobs").await.unwrap();
+    let seqs: Vec<u64> = q.send_batch(payloads.iter().copied()).await.unwrap().collect();
+    let mut sub = q
+        .work_group("w")
+        .unwrap()
+        .retry_policy(RetryPolicy::default().max_attempts(1))
+        .subscribe()
+        .await
+        .unwrap();
+    for _ in &seqs {
+        next_job(&mut sub).await.fail("boom").await.unwrap();
+    }
+    seqs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_keeps_origin_payload_headers_attempts_error_and_times() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let seq = q.send(Message::new("body").header("trace", "t-1")).await.unwrap();
+    let group = q.work_group("w").unwrap().retry_policy(
+        RetryPolicy::default()
+            .max_attempts(2)
+            .backoff(Duration::from_secs(1), Duration::from_secs(1))
+            .jitter(0.0),
+    );
+    let mut sub = group.subscribe().await.unwrap();
+    next_job(&mut sub).await.fail("first error").await.unwrap();
+    clock.advance(Duration::from_secs(1));
+    let j = next_job(&mut sub).await;
+    assert_eq!(j.attempt(), 2);
+    j.fail("second error").await.unwrap();
+    assert_eq!(group.committed(), Some(seq), "the offset moved in the same write");
+
+    let dlq = broker.dead_letters("jobs.dlq").await.unwrap();
+    assert_eq!(dlq.len().await.unwrap(), 1);
+    let d = dlq.peek().await.unwrap().unwrap();
+    assert_eq!(d.queue.as_deref(), Some("jobs"));
+    assert_eq!(d.seq, Some(seq));
+    assert_eq!(d.group.as_deref(), Some("w"));
+    assert_eq!(d.attempts, 2);
+    assert!(d.reason.contains("second error"), "{}", d.reason);
+    assert_eq!(d.payload.as_ref(), b"body");
+    assert_eq!(d.headers, vec![("trace".to_string(), bytes::Bytes::from("t-1"))]);
+    assert!(d.dead_lettered_at > d.enqueued_at, "dead-lettered one clock-second after sending");
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letter_now_skips_the_remaining_attempts() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("jobs").await.unwrap();
+    q.send("poison").await.unwrap();
+    let mut sub = q.work_group("w").unwrap().dead_letter_queue("graveyard").subscribe().await.unwrap();
+    next_job(&mut sub).await.dead_letter("cannot parse").await.unwrap();
+    let d = broker.dead_letters("graveyard").await.unwrap().peek().await.unwrap().unwrap();
+    assert_eq!((d.attempts, d.reason.as_str()), (1, "cannot parse"));
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_queue_is_consumed_by_groups_like_any_queue() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    dead_letter_all(&broker, &["a", "b"]).await;
+    let dlq = broker.queue("jobs.dlq").await.unwrap();
+    let mut sub = dlq.group("inspect").unwrap().subscribe().await.unwrap();
+    let ds = take(&mut sub, 2).await;
+    assert_eq!(payloads(&ds), ["a", "b"]);
+    assert_eq!(ds[0].header("rockq-dlq-queue").unwrap().as_ref(), b"jobs");
+    ds.into_iter().for_each(|d| d.ack().unwrap());
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redrive_moves_dead_letters_back_to_their_origin_with_new_sequences() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let mut events = broker.events();
+    let old = dead_letter_all(&broker, &["a", "b", "c"]).await;
+    let dlq = broker.dead_letters("jobs.dlq").await.unwrap();
+    assert_eq!(dlq.redrive(Redrive::new()).await.unwrap(), 3);
+    assert_eq!(dlq.len().await.unwrap(), 0);
+    assert!(dlq.list(10).await.unwrap().is_empty());
+    let e = wait_event(&mut events, |e| matches!(e, Event::Redriven { .. })).await;
+    assert!(matches!(e, Event::Redriven { dlq_seq: 1, ref queue, .. } if &**queue == "jobs"));
+
+    // The group sees them as new messages, first attempt, after everything it finished.
+    let q = broker.queue("jobs").await.unwrap();
+    let mut sub = q.work_group("w").unwrap().subscribe().await.unwrap();
+    for payload in ["a", "b", "c"] {
+        let j = next_job(&mut sub).await;
+        assert_eq!((j.payload().as_ref(), j.attempt()), (payload.as_bytes(), 1));
+        assert!(j.seq() > *old.last().unwrap());
+        assert!(j.header("rockq-dlq-queue").is_none(), "dead-letter headers are stripped");
+        j.ack().await.unwrap();
+    }
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redrive_to_another_queue_is_limited_and_resumes_after_a_restart_without_duplicates() {
+    let dir = tempdir();
+    {
+        let broker = open(dir.path()).await;
+        dead_letter_all(&broker, &["a", "b", "c", "d", "e"]).await;
+        let dlq = broker.dead_letters("jobs.dlq").await.unwrap();
+        assert_eq!(dlq.redrive(Redrive::new().to("replay").limit(3).batch(2)).await.unwrap(), 3);
+        assert_eq!(dlq.len().await.unwrap(), 2);
+        broker.shutdown().await.unwrap();
+    }
+    let broker = open(dir.path()).await;
+    let dlq = broker.dead_letters("jobs.dlq").await.unwrap();
+    assert_eq!(dlq.len().await.unwrap(), 2, "the cursor survived the restart");
+    assert_eq!(dlq.redrive(Redrive::new().to("replay")).await.unwrap(), 2);
+    let replay = broker.queue("replay").await.unwrap();
+    let mut sub = replay.group("g").unwrap().subscribe().await.unwrap();
+    let ds = take(&mut sub, 5).await;
+    assert_eq!(payloads(&ds), ["a", "b", "c", "d", "e"]);
+    ds.into_iter().for_each(|d| d.ack().unwrap());
+    assert_next_is_sentinel(&replay, &mut sub).await;
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redrive_with_a_bad_target_or_without_an_origin_moves_nothing() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    dead_letter_all(&broker, &["a"]).await;
+    let dlq = broker.dead_letters("jobs.dlq").await.unwrap();
+    assert!(matches!(dlq.redrive(Redrive::new().to("bad name")).await, Err(RedriveError::InvalidName(_))));
+    assert_eq!(dlq.len().await.unwrap(), 1);
+
+    // A message sent to a DLQ by hand has no origin.
+    let manual = broker.dead_letters("manual.dlq").await.unwrap();
+    broker.queue("manual.dlq").await.unwrap().send("orphan").await.unwrap();
+    assert!(matches!(manual.redrive(Redrive::new()).await, Err(RedriveError::NoOrigin { seq: 1 })));
+    assert_eq!(manual.len().await.unwrap(), 1);
+    assert_eq!(manual.redrive(Redrive::new().to("jobs")).await.unwrap(), 1);
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redrive_is_paced_by_its_rate_on_the_broker_clock() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let mut events = broker.events();
+    dead_letter_all(&broker, &["a", "b", "c", "d"]).await;
+    let dlq = broker.dead_letters("jobs.dlq").await.unwrap();
+    let task = {
+        let dlq = dlq.clone();
+        tokio::spawn(async move { dlq.redrive(Redrive::new().batch(2).rate(2.0)).await })
+    };
+    for _ in 0..2 {
+        wait_event(&mut events, |e| matches!(e, Event::Redriven { .. })).await;
+    }
+    // Two moved at 2/s: the redrive waits for one clock-second before the next batch.
+    assert_eq!(dlq.len().await.unwrap(), 2);
+    assert!(!task.is_finished());
+    clock.advance(Duration::from_secs(1));
+    let moved = tokio::time::timeout(HANG_GUARD, task).await.unwrap().unwrap().unwrap();
+    assert_eq!(moved, 4);
+    assert_eq!(dlq.len().await.unwrap(), 0);
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_durable_across_restart() {
+    let dir = tempdir();
+    {
+        let broker = open(dir.path()).await;
+        dead_letter_all(&broker, &["a"]).await;
+        broker.shutdown().await.unwrap();
+    }
+    let broker = open(dir.path()).await;
+    let dlq = broker.dead_letters("jobs.dlq").await.unwrap();
+    let d = dlq.list(5).await.unwrap();
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].payload.as_ref(), b"a");
+    let q = broker.queue("jobs").await.unwrap();
+    let mut sub = q.work_group("w").unwrap().subscribe().await.unwrap();
+    let sentinel = q.send("sentinel").await.unwrap();
+    assert_eq!(next_job(&mut sub).await.seq(), sentinel, "a dead letter is finished in its group");
+    drop(sub.next());
+    broker.shutdown().await.unwrap();
+}

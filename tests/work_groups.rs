@@ -1,0 +1,401 @@
+//! Work-queue groups: competing consumers, leases and fencing, retries with backoff, attempts
+//! that survive restarts, and the in-flight bound. Time is a `ManualClock`: it moves only
+//! when a test advances it.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use futures::StreamExt;
+use rockq::{AckError, Event, ManualClock, RetryPolicy, SubscribeError};
+
+fn no_jitter(max_attempts: u32, backoff: Duration) -> RetryPolicy {
+    RetryPolicy::default().max_attempts(max_attempts).backoff(backoff, backoff * 100).jitter(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn competing_consumers_get_each_message_exactly_once_in_a_clean_run() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let n = 300u64;
+    q.send_batch((0..n).map(|i| format!("m{i}"))).await.unwrap();
+
+    let seen: Arc<Mutex<BTreeMap<u64, u32>>> = Arc::default();
+    let stop = rockq::CancellationToken::new();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let mut sub = q.work_group("w").unwrap().claim_batch(8).subscribe().await.unwrap();
+        let (seen, stop) = (seen.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let job = tokio::select! {
+                    j = sub.next() => j.expect("stream ended").expect("stream error"),
+                    _ = stop.cancelled() => return,
+                };
+                assert_eq!(job.attempt(), 1);
+                let seq = job.seq();
+                job.ack().await.unwrap();
+                let mut s = seen.lock().unwrap();
+                *s.entry(seq).or_default() += 1;
+                if s.len() as u64 == n {
+                    stop.cancel();
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(HANG_GUARD, t).await.expect("hung").unwrap();
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.keys().copied().collect::<Vec<_>>(), (1..=n).collect::<Vec<_>>());
+    assert!(seen.values().all(|&c| c == 1), "a message was delivered twice: {seen:?}");
+    // Every ack resolved after its outcome was durable, so the offset is at the end.
+    assert_eq!(q.work_group("w").unwrap().committed(), Some(n));
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_lease_redelivers_with_the_next_attempt_and_fences_the_old_holder() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let mut events = broker.events();
+    let q = broker.queue("jobs").await.unwrap();
+    let seq = q.send("slow").await.unwrap();
+    let group = q.work_group("w").unwrap().lease(Duration::from_secs(10));
+    let mut a = group.subscribe().await.unwrap();
+    let mut b = group.subscribe().await.unwrap();
+
+    let old = next_job(&mut a).await;
+    assert_eq!((old.seq(), old.attempt()), (seq, 1));
+    clock.advance(Duration::from_secs(10));
+    let new = next_job(&mut b).await;
+    assert_eq!((new.seq(), new.attempt()), (seq, 2));
+    wait_event(&mut events, |e| matches!(e, Event::LeaseExpired { seq: s, attempt: 1, .. } if *s == seq))
+        .await;
+
+    // The old holder can no longer do anything with it, whatever it tries.
+    assert!(matches!(old.extend(Duration::from_secs(60)), Err(AckError::LeaseLost { attempt: 1, .. })));
+    assert!(matches!(old.ack().await, Err(AckError::LeaseLost { .. })));
+    assert_eq!(group.committed(), Some(0), "a fenced ack must not move the offset");
+
+    new.ack().await.unwrap();
+    assert_eq!(group.committed(), Some(seq));
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_lease_fences_even_if_nobody_claimed_the_message_again() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    q.send("x").await.unwrap();
+    let mut sub = q.work_group("w").unwrap().lease(Duration::from_secs(5)).subscribe().await.unwrap();
+    let job = next_job(&mut sub).await;
+    clock.advance(Duration::from_secs(5));
+    assert!(matches!(job.nack().await, Err(AckError::LeaseLost { .. })));
+    let again = next_job(&mut sub).await;
+    assert_eq!(again.attempt(), 2);
+    again.ack().await.unwrap();
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_keeps_the_lease_past_its_original_deadline() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let seq = q.send("long").await.unwrap();
+    let group = q.work_group("w").unwrap().lease(Duration::from_secs(10));
+    let mut a = group.subscribe().await.unwrap();
+    let job = next_job(&mut a).await;
+    clock.advance(Duration::from_secs(8));
+    job.extend(Duration::from_secs(10)).unwrap();
+    clock.advance(Duration::from_secs(8)); // 16 s after the claim: past the first deadline
+
+    // Another consumer gets the next message, not the extended one.
+    let mut b = group.subscribe().await.unwrap();
+    let sentinel = q.send("sentinel").await.unwrap();
+    let other = next_job(&mut b).await;
+    assert_eq!(other.seq(), sentinel);
+    job.ack().await.unwrap();
+    other.ack().await.unwrap();
+    assert_eq!(group.committed(), Some(sentinel));
+    assert!(seq < sentinel);
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nacked_message_waits_for_its_backoff_without_holding_a_slot_or_blocking_later_ones() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let mut events = broker.events();
+    let q = broker.queue("jobs").await.unwrap();
+    let first = q.send_batch(["a", "b", "c"]).await.unwrap();
+    let group =
+        q.work_group("w").unwrap().max_in_flight(1).retry_policy(no_jitter(5, Duration::from_secs(10)));
+    let mut sub = group.subscribe().await.unwrap();
+
+    let a = next_job(&mut sub).await;
+    assert_eq!(a.seq(), *first.start());
+    a.fail("flaky").await.unwrap();
+    let retried = wait_event(&mut events, |e| matches!(e, Event::Retried { .. })).await;
+    assert!(
+        matches!(retried, Event::Retried { attempt: 1, delay, ref error, .. } if delay == Duration::from_secs(10) && error == "flaky")
+    );
+    assert_eq!(group.waiting(), 1);
+
+    // With max_in_flight(1), b and c still flow while a waits.
+    for expected in [b"b", b"c"] {
+        let j = next_job(&mut sub).await;
+        assert_eq!(j.payload().as_ref(), expected);
+        j.ack().await.unwrap();
+    }
+    assert_eq!(group.committed(), Some(0), "the offset waits for a");
+
+    clock.advance(Duration::from_secs(10));
+    let a2 = next_job(&mut sub).await;
+    assert_eq!((a2.seq(), a2.attempt()), (*first.start(), 2));
+    a2.ack().await.unwrap();
+    assert_eq!(group.committed(), Some(*first.end()));
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_overrides_the_backoff() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let seq = q.send("x").await.unwrap();
+    let group = q.work_group("w").unwrap().retry_policy(no_jitter(5, Duration::from_secs(3600)));
+    let mut sub = group.subscribe().await.unwrap();
+    next_job(&mut sub).await.retry_after(Duration::from_secs(3)).await.unwrap();
+
+    clock.advance(Duration::from_secs(2));
+    let sentinel = q.send("sentinel").await.unwrap();
+    let s = next_job(&mut sub).await;
+    assert_eq!(s.seq(), sentinel, "not due yet");
+    s.ack().await.unwrap();
+    clock.advance(Duration::from_secs(1));
+    let again = next_job(&mut sub).await;
+    assert_eq!((again.seq(), again.attempt()), (seq, 2));
+    again.ack().await.unwrap();
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_job_releases_it_at_once_and_counts_the_attempt() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let mut events = broker.events();
+    let q = broker.queue("jobs").await.unwrap();
+    let seq = q.send("dropped").await.unwrap();
+    let group = q.work_group("w").unwrap().retry_policy(no_jitter(2, Duration::from_secs(1)));
+    let mut sub = group.subscribe().await.unwrap();
+    let j = next_job(&mut sub).await;
+    assert_eq!(j.attempt(), 1);
+    drop(j);
+    let j = next_job(&mut sub).await; // no clock movement needed
+    assert_eq!((j.seq(), j.attempt()), (seq, 2));
+    drop(j);
+    // Two attempts used up: the next claim dead-letters it instead of delivering it again.
+    let e = tokio::select! {
+        e = wait_event(&mut events, |e| matches!(e, Event::DeadLettered { .. })) => e,
+        j = sub.next() => panic!("delivered a third time: {j:?}"),
+    };
+    assert!(matches!(e, Event::DeadLettered { seq: s, attempts: 2, .. } if s == seq));
+    let dlq = broker.dead_letters("jobs.dlq").await.unwrap();
+    assert_eq!(dlq.len().await.unwrap(), 1);
+    assert_eq!(group.committed(), Some(seq));
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_and_finished_messages_survive_a_restart() {
+    let dir = tempdir();
+    let (s1, s3);
+    {
+        let broker = open(dir.path()).await;
+        let q = broker.queue("jobs").await.unwrap();
+        let r = q.send_batch(["one", "two", "three"]).await.unwrap();
+        (s1, s3) = (*r.start(), *r.end());
+        let mut sub = q.work_group("w").unwrap().subscribe().await.unwrap();
+        let jobs = [next_job(&mut sub).await, next_job(&mut sub).await, next_job(&mut sub).await];
+        let [j1, j2, j3] = jobs;
+        assert_eq!(j1.seq(), s1);
+        // 2 and 3 finish above the gap that 1 leaves; 1 is still held when the process stops.
+        j2.ack().await.unwrap();
+        j3.ack().await.unwrap();
+        std::mem::forget(j1); // as if the process died while handling it
+        broker.shutdown().await.unwrap();
+    }
+    let broker = open(dir.path()).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let group = q.work_group("w").unwrap();
+    assert_eq!(group.committed(), Some(s1 - 1));
+    let mut sub = group.subscribe().await.unwrap();
+    let j1 = next_job(&mut sub).await;
+    assert_eq!((j1.seq(), j1.attempt()), (s1, 2), "the attempt from before the restart counts");
+    j1.ack().await.unwrap();
+    assert_eq!(group.committed(), Some(s3), "2 and 3 were already finished");
+    // Nothing else comes back: the next job is the sentinel.
+    let sentinel = q.send("sentinel").await.unwrap();
+    let s = next_job(&mut sub).await;
+    assert_eq!(s.seq(), sentinel);
+    s.ack().await.unwrap();
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_time_survives_a_restart() {
+    let dir = tempdir();
+    let seq;
+    {
+        let broker = open(dir.path()).await;
+        let q = broker.queue("jobs").await.unwrap();
+        seq = q.send("x").await.unwrap();
+        let mut sub = q.work_group("w").unwrap().subscribe().await.unwrap();
+        next_job(&mut sub).await.retry_after(Duration::from_secs(3600)).await.unwrap();
+        broker.shutdown().await.unwrap();
+    }
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let group = q.work_group("w").unwrap();
+    assert_eq!(group.waiting(), 1);
+    let mut sub = group.subscribe().await.unwrap();
+    let sentinel = q.send("sentinel").await.unwrap();
+    let s = next_job(&mut sub).await;
+    assert_eq!(s.seq(), sentinel, "the retry is not due after a restart");
+    s.ack().await.unwrap();
+    clock.advance(Duration::from_secs(3600));
+    let j = next_job(&mut sub).await;
+    assert_eq!((j.seq(), j.attempt()), (seq, 2));
+    j.ack().await.unwrap();
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordered_and_work_groups_are_independent_and_a_name_keeps_its_mode() {
+    let dir = tempdir();
+    {
+        let broker = open(dir.path()).await;
+        let q = broker.queue("q").await.unwrap();
+        let seqs = q.send_batch(["x", "y"]).await.unwrap();
+        let mut ordered = q.group("audit").unwrap().subscribe().await.unwrap();
+        let mut work = q.work_group("workers").unwrap().subscribe().await.unwrap();
+        for seq in seqs.clone() {
+            let d = next(&mut ordered).await;
+            assert_eq!(d.seq(), seq);
+            d.ack().unwrap();
+            let j = next_job(&mut work).await;
+            assert_eq!(j.seq(), seq);
+            j.ack().await.unwrap();
+        }
+        assert!(matches!(
+            q.work_group("audit").unwrap().subscribe().await,
+            Err(SubscribeError::WrongMode { existing: "ordered", .. })
+        ));
+        assert!(matches!(
+            q.group("workers").unwrap().subscribe().await,
+            Err(SubscribeError::WrongMode { existing: "work-queue", .. })
+        ));
+        broker.shutdown().await.unwrap();
+    }
+    let broker = open(dir.path()).await;
+    let q = broker.queue("q").await.unwrap();
+    assert!(matches!(q.group("workers").unwrap().subscribe().await, Err(SubscribeError::WrongMode { .. })));
+    assert!(matches!(
+        q.work_group("audit").unwrap().subscribe().await,
+        Err(SubscribeError::WrongMode { .. })
+    ));
+    assert_eq!(q.work_group("workers").unwrap().committed(), Some(2));
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_in_flight_bound_is_reported_as_saturation() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let mut events = broker.events();
+    let q = broker.queue("jobs").await.unwrap();
+    q.send_batch(["a", "b"]).await.unwrap();
+    let group = q.work_group("w").unwrap().max_in_flight(1).saturation_after(Duration::from_secs(1));
+    let mut sub = group.subscribe().await.unwrap();
+    let held = next_job(&mut sub).await;
+
+    let mut pending = sub.next();
+    assert!(futures::poll!(&mut pending).is_pending(), "the bound is hit");
+    clock.advance(Duration::from_secs(1));
+    tokio::select! {
+        e = wait_event(&mut events, |e| matches!(e, Event::Saturated { .. })) => {
+            assert!(matches!(e, Event::Saturated { max_in_flight: 1, .. }));
+        }
+        _ = &mut pending => panic!("a job came through a full bound"),
+    }
+    assert_eq!(group.saturations(), 1);
+    held.ack().await.unwrap();
+    let b = tokio::time::timeout(HANG_GUARD, pending).await.unwrap().unwrap().unwrap();
+    assert_eq!(b.payload().as_ref(), b"b");
+    b.ack().await.unwrap();
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_claimed_but_never_handed_out_are_released_without_counting() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("jobs").await.unwrap();
+    q.send_batch(["a", "b", "c"]).await.unwrap();
+    let group = q.work_group("w").unwrap().claim_batch(3);
+    let mut sub = group.subscribe().await.unwrap();
+    let a = next_job(&mut sub).await; // b and c were claimed with it
+    drop(sub);
+    a.ack().await.unwrap();
+    let mut sub = group.subscribe().await.unwrap();
+    for payload in [b"b", b"c"] {
+        let j = next_job(&mut sub).await;
+        assert_eq!((j.payload().as_ref(), j.attempt()), (&payload[..], 1));
+        j.ack().await.unwrap();
+    }
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcomes_after_shutdown_are_refused() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("jobs").await.unwrap();
+    q.send("x").await.unwrap();
+    let mut sub = q.work_group("w").unwrap().subscribe().await.unwrap();
+    let j = next_job(&mut sub).await;
+    broker.shutdown().await.unwrap();
+    assert!(matches!(j.extend(Duration::from_secs(1)), Err(AckError::Shutdown)));
+    assert!(matches!(j.ack().await, Err(AckError::Shutdown)));
+    assert!(sub.next().await.is_none(), "the stream ends at shutdown");
+    assert!(matches!(q.work_group("w").unwrap().subscribe().await, Err(SubscribeError::Shutdown)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_dead_letter_queue_names_are_rejected_at_subscribe() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let bad = q.work_group("w").unwrap().dead_letter_queue("no spaces").subscribe().await;
+    assert!(matches!(bad, Err(SubscribeError::InvalidName(_))));
+    let long = broker.queue(&"q".repeat(rockq::MAX_NAME_LEN)).await.unwrap();
+    let too_long = long.work_group("w").unwrap().subscribe().await;
+    assert!(matches!(too_long, Err(SubscribeError::DeadLetterName { .. })));
+    assert_eq!(q.work_group("w").unwrap().committed(), None, "nothing was created");
+    broker.shutdown().await.unwrap();
+}

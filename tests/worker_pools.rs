@@ -1,0 +1,294 @@
+//! Worker pools: handler results decide outcomes, panics count as failed attempts, the
+//! concurrency limit holds, and shutdown drains then releases without counting.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use rockq::{CancellationToken, Event, HandlerError, ManualClock, RetryPolicy, Task};
+use tokio::sync::{Barrier, Notify, mpsc};
+
+fn immediate_retries(max_attempts: u32) -> RetryPolicy {
+    RetryPolicy::default().max_attempts(max_attempts).backoff(Duration::ZERO, Duration::ZERO).jitter(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_results_decide_outcomes_and_panics_count_as_failed_attempts() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let mut events = broker.events();
+    let q = broker.queue("jobs").await.unwrap();
+    let payloads = ["ok1", "panic", "retry", "ok2", "dead", "ok3"];
+    q.send_batch(payloads).await.unwrap();
+    let group = q.work_group("w").unwrap().retry_policy(immediate_retries(2));
+    let token = CancellationToken::new();
+    let pool = group.workers(3).shutdown_on(token.clone());
+    let run = tokio::spawn(pool.run(|task: Task| async move {
+        match task.payload().as_ref() {
+            b"panic" => panic!("handler blew up on {}", task.seq()),
+            b"retry" => Err(HandlerError::retry_after("try again", Duration::ZERO)),
+            b"dead" => Err(HandlerError::dead_letter("unprocessable")),
+            _ => Ok(()),
+        }
+    }));
+
+    let (mut acked, mut dead) = (Vec::new(), Vec::new());
+    while acked.len() + dead.len() < payloads.len() {
+        match wait_event(&mut events, |e| matches!(e, Event::Acked { .. } | Event::DeadLettered { .. })).await
+        {
+            Event::Acked { seq, .. } => acked.push(seq),
+            Event::DeadLettered { seq, attempts, reason, .. } => dead.push((seq, attempts, reason)),
+            _ => unreachable!(),
+        }
+    }
+    token.cancel();
+    let report = tokio::time::timeout(HANG_GUARD, run).await.unwrap().unwrap().unwrap();
+
+    acked.sort();
+    dead.sort();
+    assert_eq!(acked, [1, 4, 6]);
+    assert_eq!(dead.len(), 3);
+    assert_eq!((dead[0].0, dead[0].1), (2, 2), "panic twice, then dead");
+    assert!(dead[0].2.contains("handler panicked: handler blew up on 2"), "{}", dead[0].2);
+    assert_eq!((dead[1].0, dead[1].1), (3, 2), "retry twice, then dead");
+    assert_eq!((dead[2].0, dead[2].1, dead[2].2.as_str()), (5, 1, "unprocessable"));
+    assert_eq!((report.acked, report.failed, report.panicked, report.released), (3, 3, 2, 0));
+    assert_eq!(group.committed(), Some(6));
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_runs_exactly_its_concurrency_at_once() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("jobs").await.unwrap();
+    q.send_batch((0..40).map(|i| format!("{i}"))).await.unwrap();
+    let running = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    // The first four handlers meet at a barrier: the pool must run four at once or hang.
+    let barrier = Arc::new(Barrier::new(4));
+    let token = CancellationToken::new();
+    let handler = {
+        let (running, peak, done, barrier, token) =
+            (running.clone(), peak.clone(), done.clone(), barrier.clone(), token.clone());
+        move |task: Task| {
+            let (running, peak, done, barrier, token) =
+                (running.clone(), peak.clone(), done.clone(), barrier.clone(), token.clone());
+            async move {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                if task.seq() <= 4 {
+                    barrier.wait().await;
+                }
+                tokio::task::yield_now().await;
+                running.fetch_sub(1, Ordering::SeqCst);
+                if done.fetch_add(1, Ordering::SeqCst) + 1 == 40 {
+                    token.cancel();
+                }
+                Ok(())
+            }
+        }
+    };
+    let group = q.work_group("w").unwrap();
+    let report = tokio::time::timeout(HANG_GUARD, group.workers(4).shutdown_on(token).run(handler))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(report.acked, 40);
+    assert_eq!(peak.load(Ordering::SeqCst), 4);
+    assert_eq!(group.committed(), Some(40));
+    broker.shutdown().await.unwrap();
+}
+
+/// Handler that reports its start and then waits for `go` (or forever, for payload "stuck").
+fn gated(started: mpsc::UnboundedSender<u64>, go: Arc<Notify>) -> impl rockq::Handler {
+    move |task: Task| {
+        let (started, go) = (started.clone(), go.clone());
+        async move {
+            started.send(task.seq()).unwrap();
+            if task.payload().as_ref() == b"stuck" {
+                futures::future::pending::<()>().await;
+            }
+            go.notified().await;
+            Ok(())
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_a_pool_lets_running_handlers_finish() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    q.send_batch(["a", "b"]).await.unwrap();
+    let (tx, mut started) = mpsc::unbounded_channel();
+    let go = Arc::new(Notify::new());
+    let token = CancellationToken::new();
+    let group = q.work_group("w").unwrap();
+    let run = tokio::spawn(group.workers(2).shutdown_on(token.clone()).run(gated(tx, go.clone())));
+    started.recv().await.unwrap();
+    started.recv().await.unwrap();
+    token.cancel();
+    go.notify_waiters(); // both finish during the drain (the clock never moves)
+    let report = tokio::time::timeout(HANG_GUARD, run).await.unwrap().unwrap().unwrap();
+    assert_eq!((report.acked, report.released), (2, 0));
+    assert_eq!(group.committed(), Some(2));
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handlers_still_running_at_the_drain_deadline_are_released_without_counting() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let seq = q.send("stuck").await.unwrap();
+    let (tx, mut started) = mpsc::unbounded_channel();
+    let token = CancellationToken::new();
+    let group = q.work_group("w").unwrap();
+    let pool = group.workers(1).shutdown_on(token.clone()).drain_timeout(Duration::ZERO);
+    let run = tokio::spawn(pool.run(gated(tx, Arc::new(Notify::new()))));
+    assert_eq!(started.recv().await, Some(seq));
+    token.cancel();
+    let report = tokio::time::timeout(HANG_GUARD, run).await.unwrap().unwrap().unwrap();
+    assert_eq!((report.acked, report.released), (0, 1));
+
+    let mut sub = group.subscribe().await.unwrap();
+    let j = next_job(&mut sub).await;
+    assert_eq!((j.seq(), j.attempt()), (seq, 1), "the stopped attempt was not counted");
+    j.ack().await.unwrap();
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_shutdown_waits_for_pools_to_drain_and_their_acks_land() {
+    let dir = tempdir();
+    let (seq, committed);
+    {
+        let broker = open(dir.path()).await;
+        let q = broker.queue("jobs").await.unwrap();
+        seq = q.send("a").await.unwrap();
+        let (tx, mut started) = mpsc::unbounded_channel();
+        let go = Arc::new(Notify::new());
+        let run = tokio::spawn(q.work_group("w").unwrap().workers(1).run(gated(tx, go.clone())));
+        started.recv().await.unwrap();
+        let shutdown = tokio::spawn({
+            let broker = broker.clone();
+            async move { broker.shutdown().await }
+        });
+        go.notify_one();
+        let report = tokio::time::timeout(HANG_GUARD, run).await.unwrap().unwrap().unwrap();
+        assert_eq!(report.acked, 1);
+        tokio::time::timeout(HANG_GUARD, shutdown).await.unwrap().unwrap().unwrap();
+        committed = q.work_group("w").unwrap().committed();
+    }
+    assert_eq!(committed, Some(seq));
+    let broker = open(dir.path()).await;
+    assert_eq!(broker.queue("jobs").await.unwrap().work_group("w").unwrap().committed(), Some(seq));
+    broker.shutdown().await.unwrap();
+}
+
+/// A handler as a type, through the `Handler` trait.
+struct Upper(Arc<std::sync::Mutex<Vec<String>>>);
+
+#[async_trait::async_trait]
+impl rockq::Handler for Upper {
+    async fn handle(&self, task: Task) -> Result<(), HandlerError> {
+        let text = std::str::from_utf8(task.payload())?;
+        self.0.lock().unwrap().push(text.to_uppercase());
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_type_works_and_question_mark_retries() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let mut events = broker.events();
+    let q = broker.queue("jobs").await.unwrap();
+    q.send_batch([&b"abc"[..], &[0xff, 0xfe][..]]).await.unwrap();
+    let out = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let token = CancellationToken::new();
+    let group = q.work_group("w").unwrap().retry_policy(RetryPolicy::default().max_attempts(1));
+    let run = tokio::spawn(group.workers(2).shutdown_on(token.clone()).run(Upper(out.clone())));
+    let (mut acked, mut dead) = (None, None);
+    while acked.is_none() || dead.is_none() {
+        match wait_event(&mut events, |e| matches!(e, Event::Acked { .. } | Event::DeadLettered { .. })).await
+        {
+            e @ Event::Acked { .. } => acked = Some(e),
+            e => dead = Some(e),
+        }
+    }
+    assert!(matches!(acked, Some(Event::Acked { seq: 1, .. })));
+    let dead = dead.unwrap();
+    assert!(
+        matches!(dead, Event::DeadLettered { seq: 2, ref reason, .. } if reason.contains("utf-8")),
+        "{dead:?}"
+    );
+    token.cancel();
+    run.await.unwrap().unwrap();
+    assert_eq!(*out.lock().unwrap(), ["ABC"]);
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_heartbeat_keeps_a_long_handler_lease_alive() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let seq = q.send("long").await.unwrap();
+    let (tx, mut tasks) = mpsc::unbounded_channel::<Task>();
+    let go = Arc::new(Notify::new());
+    let token = CancellationToken::new();
+    let group = q.work_group("w").unwrap().lease(Duration::from_secs(9));
+    let handler = {
+        let go = go.clone();
+        move |task: Task| {
+            let (tx, go) = (tx.clone(), go.clone());
+            async move {
+                tx.send(task).unwrap();
+                go.notified().await;
+                Ok(())
+            }
+        }
+    };
+    let run = tokio::spawn(group.workers(1).heartbeat(true).shutdown_on(token.clone()).run(handler));
+    let task = tasks.recv().await.unwrap();
+    // Four steps of 4 s: 16 s in all, well past the 9 s lease; the heartbeat (every 3 s)
+    // extends it after each step. Each step waits until the extension happened.
+    for _ in 0..4 {
+        let before = task.lease_deadline();
+        clock.advance(Duration::from_secs(4));
+        tokio::time::timeout(HANG_GUARD, async {
+            while task.lease_deadline() <= before {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("no heartbeat");
+    }
+    let mut other = group.subscribe().await.unwrap();
+    let sentinel = q.send("sentinel").await.unwrap();
+    let s = next_job(&mut other).await;
+    assert_eq!(s.seq(), sentinel, "the heartbeated message stayed with its holder");
+    s.ack().await.unwrap();
+    go.notify_one();
+    tokio::time::timeout(HANG_GUARD, async {
+        while group.committed() != Some(sentinel) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the long handler's ack did not land");
+    token.cancel();
+    let report = run.await.unwrap().unwrap();
+    assert_eq!((report.acked, report.unsettled), (1, 0));
+    assert!(seq < sentinel);
+    broker.shutdown().await.unwrap();
+}
