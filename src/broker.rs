@@ -197,6 +197,7 @@ impl Broker {
             registry,
             options: options.clone(),
             dirty: Mutex::new(Vec::new()),
+            dirty_work: Mutex::new(Vec::new()),
             failed: Mutex::new(None),
             counters: Counters::default(),
             events: tokio::sync::broadcast::channel(4096).0,

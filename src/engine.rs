@@ -18,6 +18,8 @@ pub(crate) struct Engine {
     pub options: Options,
     /// Groups whose acknowledged offset moved since the writer last committed them.
     pub dirty: Mutex<Vec<Arc<GroupState>>>,
+    /// Work-queue groups with acks queued in memory (see `WorkGroupState::queue_ack`).
+    pub dirty_work: Mutex<Vec<Arc<crate::work::WorkGroupState>>>,
     /// Set by the writer after a failed write: the broker fails closed.
     pub failed: Mutex<Option<String>>,
     pub counters: Counters,
@@ -43,6 +45,15 @@ impl Engine {
 
     pub fn mark_dirty(&self, group: Arc<GroupState>) {
         self.dirty.lock().unwrap_or_else(|p| p.into_inner()).push(group);
+    }
+
+    /// Hands a work-queue group with queued acks to the writer.
+    pub fn mark_work_dirty(&self, group: Arc<crate::work::WorkGroupState>) {
+        self.dirty_work.lock().unwrap_or_else(|p| p.into_inner()).push(group);
+    }
+
+    pub fn take_work_dirty(&self) -> Vec<Arc<crate::work::WorkGroupState>> {
+        std::mem::take(&mut *self.dirty_work.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     pub fn take_dirty(&self) -> Vec<Arc<GroupState>> {

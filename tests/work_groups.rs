@@ -399,3 +399,121 @@ async fn invalid_dead_letter_queue_names_are_rejected_at_subscribe() {
     assert_eq!(q.work_group("w").unwrap().committed(), None, "nothing was created");
     broker.shutdown().await.unwrap();
 }
+
+/// Many consumers, random outcomes (ack, drop, stall past the lease) and a clock moving under
+/// them: a message is never held by two consumers whose leases are both valid, and exactly one
+/// ack per message wins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_two_consumers_hold_a_message_under_valid_leases_and_one_ack_wins() {
+    use std::collections::HashMap;
+    use std::time::Instant;
+
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let n = 120u64;
+    q.send_batch((0..n).map(|i| format!("{i}"))).await.unwrap();
+    let lease = Duration::from_secs(10);
+    let group =
+        q.work_group("w").unwrap().lease(lease).claim_batch(4).retry_policy(no_jitter(1000, Duration::ZERO));
+
+    // Per sequence: each holder's lease deadline, or None once it let go (dropped).
+    type Holders = HashMap<u64, Vec<(u32, Option<Instant>)>>;
+    let holders: Arc<Mutex<Holders>> = Arc::default();
+    let wins: Arc<Mutex<HashMap<u64, u32>>> = Arc::default();
+    let stop = rockq::CancellationToken::new();
+    let mut tasks = Vec::new();
+    for worker in 0..6u64 {
+        let mut sub = group.subscribe().await.unwrap();
+        let (holders, wins, stop) = (holders.clone(), wins.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = 0x2545_f491_4f6c_dd1d_u64 ^ (worker + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let mut next_rand = move || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng
+            };
+            let mut stalled: Vec<rockq::Job> = Vec::new();
+            let settle =
+                |wins: &Mutex<HashMap<u64, u32>>, seq: u64, ok: bool, stop: &rockq::CancellationToken| {
+                    if ok {
+                        let mut w = wins.lock().unwrap();
+                        *w.entry(seq).or_default() += 1;
+                        if w.len() as u64 == n {
+                            stop.cancel();
+                        }
+                    }
+                };
+            loop {
+                let job = tokio::select! {
+                    j = sub.next() => j.expect("stream ended").expect("stream error"),
+                    _ = stop.cancelled() => return,
+                };
+                let (seq, attempt, deadline) = (job.seq(), job.attempt(), job.lease_deadline());
+                {
+                    let mut h = holders.lock().unwrap();
+                    let entry = h.entry(seq).or_default();
+                    // Lease intervals [deadline - lease, deadline) of holders that did not let go
+                    // never overlap (recording order between consumers does not matter).
+                    for (a, d) in entry.iter() {
+                        if let Some(d) = d {
+                            assert!(
+                                *d <= deadline - lease || deadline <= *d - lease,
+                                "seq {seq}: attempts {a} and {attempt} held it under valid leases at once"
+                            );
+                        }
+                    }
+                    entry.push((attempt, Some(deadline)));
+                }
+                match next_rand() % 10 {
+                    0..=5 => {
+                        let ok = job.ack().await.is_ok();
+                        settle(&wins, seq, ok, &stop);
+                    }
+                    6 | 7 => {
+                        // Let go: from now on another consumer may hold it.
+                        let mut h = holders.lock().unwrap();
+                        if let Some(e) =
+                            h.get_mut(&seq).and_then(|v| v.iter_mut().find(|(a, _)| *a == attempt))
+                        {
+                            e.1 = None;
+                        }
+                        drop(h);
+                        drop(job);
+                    }
+                    _ => stalled.push(job),
+                }
+                // Stalled jobs try their luck later: a win only while their lease is valid.
+                if next_rand() % 4 == 0
+                    && let Some(job) = stalled.pop()
+                {
+                    let seq = job.seq();
+                    let ok = job.ack().await.is_ok();
+                    settle(&wins, seq, ok, &stop);
+                }
+            }
+        }));
+    }
+    let driver = {
+        let (clock, stop) = (clock.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                for _ in 0..50 {
+                    tokio::task::yield_now().await;
+                }
+                clock.advance(Duration::from_secs(3));
+            }
+        })
+    };
+    for t in tasks {
+        tokio::time::timeout(HANG_GUARD, t).await.expect("hung").unwrap();
+    }
+    driver.await.unwrap();
+    let wins = wins.lock().unwrap().clone();
+    assert_eq!(wins.len() as u64, n);
+    assert!(wins.values().all(|&w| w == 1), "two holders both won: {wins:?}");
+    assert_eq!(group.committed(), Some(n));
+    broker.shutdown().await.unwrap();
+}

@@ -109,11 +109,15 @@ fn gated(started: mpsc::UnboundedSender<u64>, go: Arc<Notify>) -> impl rockq::Ha
     move |task: Task| {
         let (started, go) = (started.clone(), go.clone());
         async move {
+            // Registered before reporting the start, so no `notify_waiters` can be missed.
+            let notified = go.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
             started.send(task.seq()).unwrap();
             if task.payload().as_ref() == b"stuck" {
                 futures::future::pending::<()>().await;
             }
-            go.notified().await;
+            notified.await;
             Ok(())
         }
     }
@@ -290,5 +294,32 @@ async fn the_heartbeat_keeps_a_long_handler_lease_alive() {
     let report = run.await.unwrap().unwrap();
     assert_eq!((report.acked, report.unsettled), (1, 0));
     assert!(seq < sentinel);
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_whose_handlers_stay_busy_reports_saturation() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let mut events = broker.events();
+    let q = broker.queue("jobs").await.unwrap();
+    q.send_batch(["a", "b"]).await.unwrap();
+    let (tx, mut started) = mpsc::unbounded_channel();
+    let go = Arc::new(Notify::new());
+    let token = CancellationToken::new();
+    let group = q.work_group("w").unwrap().saturation_after(Duration::from_secs(1));
+    let run = tokio::spawn(group.workers(1).shutdown_on(token.clone()).run(gated(tx, go.clone())));
+    started.recv().await.unwrap();
+    clock.advance(Duration::from_secs(1));
+    let e = wait_event(&mut events, |e| matches!(e, Event::Saturated { .. })).await;
+    assert!(matches!(e, Event::Saturated { max_in_flight: 1, .. }));
+    assert_eq!(group.saturations(), 1);
+    go.notify_one();
+    started.recv().await.unwrap();
+    go.notify_one();
+    wait_event(&mut events, |e| matches!(e, Event::Acked { seq: 2, .. })).await;
+    token.cancel();
+    assert_eq!(run.await.unwrap().unwrap().acked, 2);
     broker.shutdown().await.unwrap();
 }

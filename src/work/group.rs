@@ -148,6 +148,10 @@ impl WorkGroup {
         Workers::new(self.clone(), concurrency.max(1))
     }
 
+    pub(crate) fn saturation_threshold(&self) -> Duration {
+        self.saturation_after
+    }
+
     pub(crate) fn lease_duration(&self) -> Duration {
         self.lease
     }

@@ -175,6 +175,13 @@ impl Task {
     }
 }
 
+/// A worker pool's decision for a job.
+pub(crate) enum PoolOutcome {
+    Ack,
+    Retry { delay: Option<Duration>, error: String },
+    DeadLetter { reason: String },
+}
+
 enum Kind {
     Ack,
     Retry { delay: Option<Duration>, error: String },
@@ -240,7 +247,7 @@ impl Job {
     /// # Ok(()) }
     /// ```
     pub async fn ack(self) -> Result<(), AckError> {
-        self.settle(Kind::Ack).await
+        self.settle(true, Kind::Ack).await
     }
 
     /// This attempt failed: retry after the group's backoff, or dead-letter the message if it
@@ -254,7 +261,7 @@ impl Job {
     ///
     /// As for [`ack`](Job::ack).
     pub async fn nack(self) -> Result<(), AckError> {
-        self.settle(Kind::Retry { delay: None, error: "nacked".into() }).await
+        self.settle(true, Kind::Retry { delay: None, error: "nacked".into() }).await
     }
 
     /// This attempt failed with `error` (kept in the claim record and, eventually, the dead
@@ -268,7 +275,7 @@ impl Job {
     ///
     /// As for [`ack`](Job::ack).
     pub async fn fail(self, error: impl std::fmt::Display) -> Result<(), AckError> {
-        self.settle(Kind::Retry { delay: None, error: error.to_string() }).await
+        self.settle(true, Kind::Retry { delay: None, error: error.to_string() }).await
     }
 
     /// This attempt failed: retry after exactly `delay` (overriding the backoff), or
@@ -283,12 +290,23 @@ impl Job {
     ///
     /// As for [`ack`](Job::ack).
     pub async fn retry_after(self, delay: Duration) -> Result<(), AckError> {
-        self.settle(Kind::Retry { delay: Some(delay), error: format!("retry requested after {delay:?}") })
-            .await
+        self.settle(
+            true,
+            Kind::Retry { delay: Some(delay), error: format!("retry requested after {delay:?}") },
+        )
+        .await
     }
 
-    pub(crate) async fn retry_with(self, delay: Option<Duration>, error: String) -> Result<(), AckError> {
-        self.settle(Kind::Retry { delay, error }).await
+    /// For worker pools: records the handler's outcome and returns once it is queued to the
+    /// writer (fenced like any outcome), without waiting for the write. The pool flushes before
+    /// it returns; a crash before the write only means a redelivery.
+    pub(crate) async fn settle_queued(self, outcome: PoolOutcome) -> Result<(), AckError> {
+        let kind = match outcome {
+            PoolOutcome::Ack => Kind::Ack,
+            PoolOutcome::Retry { delay, error } => Kind::Retry { delay, error },
+            PoolOutcome::DeadLetter { reason } => Kind::DeadLetter { reason },
+        };
+        self.settle(false, kind).await
     }
 
     /// Gives up on the message now: it moves to the group's dead-letter queue with `reason`,
@@ -302,10 +320,10 @@ impl Job {
     ///
     /// As for [`ack`](Job::ack).
     pub async fn dead_letter(self, reason: impl Into<String>) -> Result<(), AckError> {
-        self.settle(Kind::DeadLetter { reason: reason.into() }).await
+        self.settle(true, Kind::DeadLetter { reason: reason.into() }).await
     }
 
-    async fn settle(mut self, kind: Kind) -> Result<(), AckError> {
+    async fn settle(mut self, wait: bool, kind: Kind) -> Result<(), AckError> {
         self.settled = true;
         let inner = self.inner.clone();
         let (seq, attempt) = (inner.msg.seq, inner.attempt);
@@ -317,6 +335,15 @@ impl Job {
         let now = clock.now();
         let group = &inner.group;
         group.begin_settle(seq, inner.token, now).map_err(|_| AckError::LeaseLost { seq, attempt })?;
+        if !wait && matches!(kind, Kind::Ack) {
+            // Coalesced: the writer picks up every queued ack of the group in its next round.
+            if group.queue_ack(seq, attempt) {
+                shared.engine.mark_work_dirty(group.clone());
+                shared.nudge_writer();
+            }
+            drop(self.permit.take());
+            return Ok(());
+        }
         let mut revert = Revert { group, seq, armed: true };
         let cfg = &inner.config;
         let mut waiting = None;
@@ -352,6 +379,10 @@ impl Job {
             group.to_waiting(seq, due, error);
         }
         drop(self.permit.take());
+        if !wait {
+            // The writer still answers; nobody listens. A failed write fails the broker closed.
+            return Ok(());
+        }
         match rx.await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => {

@@ -1,6 +1,5 @@
 //! Worker pools: `group.workers(n).run(handler)`.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -12,7 +11,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::group::WorkGroup;
-use super::job::{Job, Task};
+use super::job::{Job, PoolOutcome, Task};
 use crate::Error;
 
 /// What a handler wants done with a failed job.
@@ -115,7 +114,7 @@ where
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PoolReport {
-    /// Jobs whose handler returned `Ok` and whose ack was recorded.
+    /// Jobs whose handler returned `Ok` and whose ack was recorded (durable when `run` returns).
     pub acked: u64,
     /// Jobs whose handler returned `Err` (retried or dead-lettered as the error said).
     pub failed: u64,
@@ -138,6 +137,7 @@ pub struct PoolReport {
 pub struct Workers {
     group: WorkGroup,
     concurrency: usize,
+    prefetch: usize,
     heartbeat: bool,
     token: CancellationToken,
     drain_timeout: Duration,
@@ -155,10 +155,21 @@ impl Workers {
         Workers {
             group,
             concurrency,
+            prefetch: 64,
             heartbeat: false,
             token: CancellationToken::new(),
             drain_timeout: Duration::from_secs(30),
         }
+    }
+
+    /// Jobs claimed ahead of free handlers, so that claiming (one write per batch) overlaps
+    /// handling. Default 64. A prefetched job's lease runs while it waits; when a handler
+    /// starts it the lease is renewed to a full term. So with slow handlers keep
+    /// `prefetch / concurrency × handler time` well below the lease, or lower this (0 claims
+    /// only for idle handlers).
+    pub fn prefetch(mut self, n: usize) -> Self {
+        self.prefetch = n;
+        self
     }
 
     /// Extend each job's lease automatically (every third of the lease) while its handler
@@ -197,74 +208,147 @@ impl Workers {
         let Some(_running) = shared.pool_started() else {
             return Err(crate::SubscribeError::Shutdown.into());
         };
-        let mut sub = self.group.clone().max_in_flight(self.concurrency).subscribe().await?;
+        let in_flight = self.concurrency + self.prefetch;
+        let mut sub =
+            self.group.clone().max_in_flight(in_flight).claim_batch(self.prefetch.max(1)).subscribe().await?;
         let handler = Arc::new(handler);
         let heartbeat = self.heartbeat.then(|| self.group.lease_duration());
         let clock = shared.engine.clock().clone();
-        let mut set: JoinSet<Done> = JoinSet::new();
-        let mut running: HashMap<tokio::task::Id, Task> = HashMap::new();
-        let mut report = PoolReport::default();
-        let record = |report: &mut PoolReport,
-                      running: &mut HashMap<_, _>,
-                      res: Result<(tokio::task::Id, Done), tokio::task::JoinError>| {
-            match res {
-                Ok((id, done)) => {
-                    running.remove(&id);
-                    match done {
+        let state = sub.state().clone();
+
+        // `concurrency` long-lived worker tasks take jobs from a channel: one channel handoff
+        // per job instead of a task spawn. A job is dispatched only with an idle-worker permit,
+        // so at most `concurrency` handlers run and the rest wait, claimed, in the
+        // subscription's buffer.
+        let idle = Arc::new(tokio::sync::Semaphore::new(self.concurrency));
+        let (job_tx, job_rx) =
+            async_channel::bounded::<(Job, tokio::sync::OwnedSemaphorePermit)>(self.concurrency);
+        let current: Arc<Vec<std::sync::Mutex<Option<Task>>>> =
+            Arc::new((0..self.concurrency).map(|_| std::sync::Mutex::new(None)).collect());
+        let mut workers = JoinSet::new();
+        for i in 0..self.concurrency {
+            let (rx, handler, current, clock) =
+                (job_rx.clone(), handler.clone(), current.clone(), clock.clone());
+            workers.spawn(async move {
+                let mut report = PoolReport::default();
+                while let Ok((job, _idle)) = rx.recv().await {
+                    *lock(&current[i]) = Some(job.task());
+                    match run_one(handler.clone(), job, heartbeat, clock.clone()).await {
                         Done::Acked => report.acked += 1,
                         Done::Failed => report.failed += 1,
                         Done::Panicked => report.panicked += 1,
                         Done::Unsettled => report.unsettled += 1,
                     }
+                    *lock(&current[i]) = None;
                 }
-                Err(e) => {
-                    running.remove(&e.id());
-                    report.released += 1;
-                }
-            }
-        };
+                report
+            });
+        }
+
+        // Saturation: every worker busy since `full_since` for longer than the group's
+        // threshold; reported once per episode.
+        let mut full_since: Option<std::time::Instant> = None;
+        let mut reported = false;
         let result = loop {
-            tokio::select! {
+            let permit = match idle.clone().try_acquire_owned() {
+                Ok(p) => {
+                    full_since = None;
+                    reported = false;
+                    p
+                }
+                Err(_) => {
+                    let saturated_at =
+                        full_since.filter(|_| !reported).map(|t| t + self.group.saturation_threshold());
+                    tokio::select! {
+                        biased;
+                        _ = self.token.cancelled() => break Ok(()),
+                        _ = shared.closing.cancelled() => break Ok(()),
+                        p = idle.clone().acquire_owned() => match p {
+                            Ok(p) => {
+                                full_since = None;
+                                reported = false;
+                                p
+                            }
+                            Err(_) => break Ok(()),
+                        },
+                        _ = async { match saturated_at { Some(t) => clock.sleep_until(t).await, None => futures::future::pending().await } } => {
+                            reported = true;
+                            state.report_saturation(&shared.engine, self.concurrency);
+                            continue;
+                        }
+                    }
+                }
+            };
+            let job = tokio::select! {
                 biased;
                 _ = self.token.cancelled() => break Ok(()),
                 _ = shared.closing.cancelled() => break Ok(()),
-                Some(res) = set.join_next_with_id(), if !set.is_empty() => record(&mut report, &mut running, res),
                 item = sub.next() => match item {
                     None => break Ok(()),
                     Some(Err(e)) => break Err(e),
-                    Some(Ok(job)) => {
-                        let task = job.task();
-                        let h = set.spawn(run_one(handler.clone(), job, heartbeat, clock.clone()));
-                        running.insert(h.id(), task);
-                    }
+                    Some(Ok(job)) => job,
                 },
+            };
+            // Every worker now busy: the episode starts before the handler can observe it.
+            if idle.available_permits() == 0 && full_since.is_none() {
+                full_since = Some(clock.now());
+            }
+            // The handler gets a full lease, however long the job waited in the buffer. An
+            // already-expired lease stays expired (the job then fails to settle and is
+            // redelivered): fencing is never bypassed.
+            let _ = job.extend(self.group.lease_duration());
+            if job_tx.send((job, permit)).await.is_err() {
+                break Ok(());
             }
         };
-        // Stop claiming; jobs claimed but not handed out are released without counting.
+        // Stop claiming; jobs claimed but not started are released without counting.
         drop(sub);
+        job_tx.close();
+        while let Ok((job, _)) = job_rx.try_recv() {
+            job.inner().uncounted.store(true, Ordering::Release);
+        }
+        drop(job_rx);
+        let mut report = PoolReport::default();
+        let add = |report: &mut PoolReport, r: PoolReport| {
+            report.acked += r.acked;
+            report.failed += r.failed;
+            report.panicked += r.panicked;
+            report.unsettled += r.unsettled;
+        };
         let deadline = clock.now() + self.drain_timeout;
-        while !set.is_empty() {
+        while !workers.is_empty() {
             tokio::select! {
-                Some(res) = set.join_next_with_id() => record(&mut report, &mut running, res),
+                Some(res) = workers.join_next() => if let Ok(r) = res { add(&mut report, r) },
                 _ = clock.sleep_until(deadline) => {
+                    let running: Vec<Task> = current.iter().filter_map(|c| lock(c).clone()).collect();
                     tracing::warn!(
                         group = %self.group.name(),
-                        running = set.len(),
+                        running = running.len(),
                         "rockq: worker pool drain timeout; releasing running jobs"
                     );
-                    for task in running.values() {
+                    for task in &running {
                         task.inner().uncounted.store(true, Ordering::Release);
                     }
-                    set.abort_all();
-                    while let Some(res) = set.join_next_with_id().await {
-                        record(&mut report, &mut running, res);
+                    workers.abort_all();
+                    while let Some(res) = workers.join_next().await {
+                        if let Ok(r) = res { add(&mut report, r) }
                     }
+                    report.released += running.len() as u64;
                 }
             }
+        }
+        // Outcomes were queued without waiting; make them durable before reporting.
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        if shared.tx.send(crate::writer::Request::Flush { reply }).await.is_ok() {
+            let _ = rx.await;
         }
         tracing::debug!(group = %self.group.name(), ?report, "rockq: worker pool stopped");
         result.map(|()| report)
     }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 async fn run_one<H: Handler>(
@@ -290,15 +374,15 @@ async fn run_one<H: Handler>(
             }
         }
     };
-    let (settled, done) = match result {
-        Ok(Ok(())) => (job.ack().await, Done::Acked),
+    let (outcome, done) = match result {
+        Ok(Ok(())) => (PoolOutcome::Ack, Done::Acked),
         Ok(Err(e)) => {
-            let settled = match e.action {
-                Action::Retry => job.retry_with(None, e.message).await,
-                Action::RetryAfter(d) => job.retry_with(Some(d), e.message).await,
-                Action::DeadLetter => job.dead_letter(e.message).await,
+            let outcome = match e.action {
+                Action::Retry => PoolOutcome::Retry { delay: None, error: e.message },
+                Action::RetryAfter(d) => PoolOutcome::Retry { delay: Some(d), error: e.message },
+                Action::DeadLetter => PoolOutcome::DeadLetter { reason: e.message },
             };
-            (settled, Done::Failed)
+            (outcome, Done::Failed)
         }
         Err(panic) => {
             let msg = panic
@@ -307,9 +391,10 @@ async fn run_one<H: Handler>(
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "non-string panic".into());
             tracing::error!(queue = %job.queue(), group = %job.group(), seq = job.seq(), panic = %msg, "rockq: handler panicked");
-            (job.retry_with(None, format!("handler panicked: {msg}")).await, Done::Panicked)
+            (PoolOutcome::Retry { delay: None, error: format!("handler panicked: {msg}") }, Done::Panicked)
         }
     };
+    let settled = job.settle_queued(outcome).await;
     match settled {
         Ok(()) => done,
         Err(e) => {

@@ -39,6 +39,9 @@ pub(crate) struct WorkGroupState {
     /// Writer-only: the offset and finished sequences above it.
     pub progress: Mutex<Progress>,
     next_token: AtomicU64,
+    /// Acks (sequence, attempt) queued for the writer's next round, coalesced like ordered
+    /// offsets: one channel message per round instead of one per ack.
+    queued_acks: Mutex<Vec<(u64, u32)>>,
     /// Times a subscription of this group waited on its in-flight bound for too long.
     pub saturations: AtomicU64,
 }
@@ -136,6 +139,7 @@ impl WorkGroupState {
             changed: Notify::new(),
             progress: Mutex::new(Progress { offset: committed, done: BTreeSet::new() }),
             next_token: AtomicU64::new(seed),
+            queued_acks: Mutex::new(Vec::new()),
             saturations: AtomicU64::new(0),
         })
     }
@@ -309,9 +313,38 @@ impl WorkGroupState {
         }
     }
 
+    /// Queues an ack (already fenced by `begin_settle`). Returns true if the queue was empty:
+    /// the caller then hands the group to the writer.
+    pub fn queue_ack(&self, seq: u64, attempt: u32) -> bool {
+        let mut q = self.queued_acks.lock().unwrap_or_else(|p| p.into_inner());
+        q.push((seq, attempt));
+        q.len() == 1
+    }
+
+    /// The writer takes every queued ack.
+    pub fn take_queued_acks(&self) -> Vec<(u64, u32)> {
+        std::mem::take(&mut *self.queued_acks.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     /// The writer made `seq`'s outcome durable: forget it.
     pub fn finished(&self, seq: u64) {
         self.dispatch().slots.remove(&seq);
+    }
+
+    /// Counts and reports a subscription or pool that stayed at its bound of `max` too long.
+    pub fn report_saturation(&self, engine: &crate::engine::Engine, max: usize) {
+        self.saturations.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            queue = %self.queue.name,
+            group = %self.name,
+            max_in_flight = max,
+            "rockq: work-queue consumer saturated: its in-flight bound stayed full"
+        );
+        engine.emit(|| crate::Event::Saturated {
+            queue: self.queue.name.clone(),
+            group: self.name.clone(),
+            max_in_flight: max,
+        });
     }
 
     /// Messages currently leased.

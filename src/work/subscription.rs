@@ -39,6 +39,10 @@ pub struct WorkSubscription {
     /// The claim in progress. In a `Mutex` only so that the stream is `Sync`; `poll_next` has
     /// `&mut self` and never locks.
     fetch: std::sync::Mutex<Option<Fetch>>,
+    /// A claim came back empty: the broker is shutting down; end after the buffer.
+    ending: bool,
+    /// A claim failed: yielded after the buffer, then the stream ends.
+    error: Option<Error>,
     done: bool,
 }
 
@@ -69,8 +73,14 @@ impl WorkSubscription {
             ctx: Arc::new(Ctx { shared, group, config, permits }),
             buffer: VecDeque::new(),
             fetch: std::sync::Mutex::new(None),
+            ending: false,
+            error: None,
             done: false,
         }
+    }
+
+    pub(crate) fn state(&self) -> &Arc<WorkGroupState> {
+        &self.ctx.group
     }
 
     /// Jobs this subscription holds (handed out or buffered, not settled).
@@ -88,27 +98,53 @@ impl Stream for WorkSubscription {
             if this.done {
                 return Poll::Ready(None);
             }
+            let slot = this.fetch.get_mut().unwrap_or_else(|p| p.into_inner());
+            // Drive the claim in progress, if any.
+            if let Some(fut) = slot.as_mut()
+                && let Poll::Ready(res) = fut.poll_unpin(cx)
+            {
+                *slot = None;
+                match res {
+                    Ok(jobs) if jobs.is_empty() => this.ending = true,
+                    Ok(jobs) => this.buffer.extend(jobs),
+                    Err(e) => this.error = Some(e),
+                }
+            }
             if let Some(job) = this.buffer.pop_front() {
+                // Claim the next batch while the consumer works through this one, if the
+                // in-flight bound leaves room.
+                if slot.is_none()
+                    && !this.ending
+                    && this.error.is_none()
+                    && this.buffer.len() <= this.ctx.config.claim_batch / 2
+                    // Enough room for a worthwhile batch: claiming one message per write
+                    // would make every message cost a round trip.
+                    && this.ctx.permits.available_permits() >= this.ctx.config.claim_batch.div_ceil(2)
+                {
+                    *slot = Some(fetch(this.ctx.clone()).boxed());
+                }
+                if job.lease_deadline() <= this.ctx.shared.engine.clock().now() {
+                    // Its lease ran out while it waited here: any outcome would be refused.
+                    // Dropped unseen, it is released without counting (unless already re-claimed).
+                    continue;
+                }
                 // Handed out: from now on dropping it counts as an attempt.
                 job.inner().uncounted.store(false, Ordering::Release);
                 return Poll::Ready(Some(Ok(job)));
             }
-            let slot = this.fetch.get_mut().unwrap_or_else(|p| p.into_inner());
-            let fut = slot.get_or_insert_with(|| fetch(this.ctx.clone()).boxed());
-            match fut.poll_unpin(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(res) => {
-                    *slot = None;
-                    match res {
-                        Ok(jobs) if jobs.is_empty() => this.done = true,
-                        Ok(jobs) => this.buffer.extend(jobs),
-                        Err(e) => {
-                            this.done = true;
-                            return Poll::Ready(Some(Err(e)));
-                        }
-                    }
-                }
+            if let Some(e) = this.error.take() {
+                this.done = true;
+                return Poll::Ready(Some(Err(e)));
             }
+            if this.ending {
+                this.done = true;
+                continue;
+            }
+            if slot.is_none() {
+                *slot = Some(fetch(this.ctx.clone()).boxed());
+                continue;
+            }
+            return Poll::Pending;
         }
     }
 }
@@ -146,18 +182,7 @@ async fn fetch(ctx: Arc<Ctx>) -> Result<Vec<Job>, Error> {
             tokio::select! {
                 p = &mut acquire => p.map_err(internal)?,
                 _ = clock.sleep_until(clock.now() + cfg.saturation_after) => {
-                    group.saturations.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(
-                        queue = %group.queue.name,
-                        group = %group.name,
-                        max_in_flight = cfg.max_in_flight,
-                        "rockq: work-queue subscription saturated: in-flight bound reached"
-                    );
-                    engine.emit(|| Event::Saturated {
-                        queue: group.queue.name.clone(),
-                        group: group.name.clone(),
-                        max_in_flight: cfg.max_in_flight,
-                    });
+                    group.report_saturation(engine, cfg.max_in_flight);
                     tokio::select! {
                         p = &mut acquire => p.map_err(internal)?,
                         _ = shared.closing.cancelled() => return Ok(Vec::new()),

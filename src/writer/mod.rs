@@ -253,6 +253,24 @@ impl Writer {
         }
 
         if failed.is_none() {
+            // Acks queued in memory by worker pools.
+            for g in self.engine.take_work_dirty() {
+                let acks = g.take_queued_acks();
+                for &(seq, _) in &acks {
+                    self.finish(&mut wb, cfs.claims, &mut r, &g, seq);
+                }
+                if self.engine.events.receiver_count() > 0 {
+                    let engine = self.engine.clone();
+                    r.on_done(move |res| {
+                        if res.is_ok() {
+                            for (seq, attempt) in acks {
+                                let (queue, group) = (g.queue.name.clone(), g.name.clone());
+                                engine.emit(|| crate::Event::Acked { queue, group, seq, attempt });
+                            }
+                        }
+                    });
+                }
+            }
             // Coalesced offset commits: one record per dirty group per round. The flag is
             // cleared (an acquiring swap) before `acked` is read, so an ack racing with this
             // either lands in the value read here or re-marks the group for the next round.

@@ -72,7 +72,7 @@ impl Writer {
     /// Marks `seq` finished: the offset moves over every contiguous finished sequence (their
     /// claim records are deleted); a finished sequence above a gap keeps a `Done` record so a
     /// restart does not deliver it again.
-    fn finish(
+    pub(super) fn finish(
         &mut self,
         wb: &mut WriteBatch,
         claims: &rocksdb::ColumnFamily,
