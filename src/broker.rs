@@ -325,7 +325,9 @@ impl Broker {
         self.shared.is_closed()
     }
 
-    /// Stops the broker: refuses new sends and subscriptions, lets the writer finish every
+    /// Stops the broker. First, work-queue subscriptions stop claiming and running
+    /// [worker pools](crate::Workers) drain (each up to its drain timeout; their outcomes still
+    /// land). Then it refuses new sends and subscriptions, lets the writer finish every
     /// request queued before this call and commit every acknowledgement recorded so far, syncs
     /// the WAL (in both durability modes), joins the writer thread, ends all subscription
     /// streams and closes RocksDB on a blocking thread. Calling it again returns `Ok(())`.

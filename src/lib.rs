@@ -11,6 +11,10 @@
 //!   writes without polling.
 //! - **At-least-once**: a group's offset is committed only over a contiguous run of
 //!   acknowledged deliveries, so a crash or a dropped delivery causes redelivery, never loss.
+//! - **Work-queue groups** ([`WorkGroup`]) give competing consumers [`Job`]s under leases, with
+//!   fencing, retries with backoff ([`RetryPolicy`]), dead-letter queues ([`DeadLetters`]) and
+//!   worker pools ([`Workers`]); attempt counts are written before a job is handed out, so they
+//!   survive crashes. Lifecycle [`Event`]s are broadcast by [`Broker::events`].
 //! - **Durability** is chosen at open; see [`Durability`] for exactly what survives a process
 //!   crash and a power loss.
 //!

@@ -326,9 +326,12 @@ impl WorkGroupState {
         std::mem::take(&mut *self.queued_acks.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    /// The writer made `seq`'s outcome durable: forget it.
-    pub fn finished(&self, seq: u64) {
-        self.dispatch().slots.remove(&seq);
+    /// The writer made these sequences' outcomes durable: forget them.
+    pub fn finished(&self, seqs: &[u64]) {
+        let mut d = self.dispatch();
+        for seq in seqs {
+            d.slots.remove(seq);
+        }
     }
 
     /// Counts and reports a subscription or pool that stayed at its bound of `max` too long.

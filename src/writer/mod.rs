@@ -85,6 +85,8 @@ struct Round {
     work_offsets: Vec<Arc<WorkGroupState>>,
     /// Their new offsets, published before any reply of the round.
     work_durable: Vec<(Arc<WorkGroupState>, u64)>,
+    /// Sequences finished this round, per group.
+    work_finished: Vec<(Arc<WorkGroupState>, Vec<u64>)>,
     done: Vec<OnDone>,
     sends: Vec<(Reply<u64, SendError>, u64)>,
     touched: Vec<(Arc<QueueState>, u64)>,
@@ -537,6 +539,9 @@ fn complete(engine: &Engine, r: Round) {
     }
     for (g, offset) in r.work_durable {
         g.durable.fetch_max(offset, Ordering::SeqCst);
+    }
+    for (g, seqs) in r.work_finished {
+        g.finished(&seqs);
     }
     for f in r.done {
         f(Ok(()));

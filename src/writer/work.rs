@@ -106,12 +106,11 @@ impl Writer {
         if moved && !r.work_offsets.iter().any(|x| Arc::ptr_eq(x, g)) {
             r.work_offsets.push(g.clone());
         }
-        let g = g.clone();
-        r.on_done(move |res| {
-            if res.is_ok() {
-                g.finished(seq);
-            }
-        });
+        // Forgotten in memory once durable, per group in one lock (see `complete`).
+        match r.work_finished.iter_mut().find(|(x, _)| Arc::ptr_eq(x, g)) {
+            Some((_, seqs)) => seqs.push(seq),
+            None => r.work_finished.push((g.clone(), vec![seq])),
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
