@@ -258,9 +258,16 @@ async fn fetch(ctx: Arc<Ctx>) -> Result<Vec<Job>, Error> {
     let mut seqs: Vec<u64> = claimed.iter().map(|c| c.seq).collect();
     seqs.sort_unstable();
     let (store_shared, queue) = (shared.clone(), group.queue.clone());
-    let read = shared
-        .runtime
-        .spawn_blocking(move || store::read_seqs(&store_shared.engine.store, &queue.name, queue.id, &seqs));
+    let read = shared.runtime.spawn_blocking(move || {
+        let store = &store_shared.engine.store;
+        match (seqs.first(), seqs.last()) {
+            // New messages come in runs: one bounded iterator reads each block once.
+            (Some(&lo), Some(&hi)) if hi - lo + 1 == seqs.len() as u64 => {
+                store::read_range(store, &queue.name, queue.id, lo, hi, usize::MAX)
+            }
+            _ => store::read_seqs(store, &queue.name, queue.id, &seqs),
+        }
+    });
     let (written, read) = tokio::join!(rx, read);
     match written {
         Ok(Ok(())) => {}
