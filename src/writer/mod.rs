@@ -428,6 +428,22 @@ impl Writer {
         Some(seq)
     }
 
+    /// The initial offset of a new group starting at `start`.
+    fn start_offset(&self, queue: &QueueState, start: StartFrom) -> Result<u64, SubscribeError> {
+        let first = queue.first_seq.load(Ordering::SeqCst);
+        // The writer's own counter, not the published value: "latest" includes every send
+        // queued before this request.
+        let next = self.next_seq.get(&queue.id).copied().unwrap_or(first);
+        match start {
+            StartFrom::Earliest => Ok(first - 1),
+            StartFrom::Latest => Ok(next - 1),
+            StartFrom::Sequence(s) if (first..=next).contains(&s) => Ok(s - 1),
+            StartFrom::Sequence(requested) => {
+                Err(SubscribeError::SequenceOutOfRange { requested, first, next })
+            }
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn create_group(
         &mut self,
@@ -460,16 +476,10 @@ impl Writer {
             r.groups.push((g.clone(), vec![reply]));
             return;
         }
-        let first = queue.first_seq.load(Ordering::SeqCst);
-        // The writer's own counter, not the published value: "latest" includes every send
-        // queued before this request.
-        let next = self.next_seq.get(&queue.id).copied().unwrap_or(first);
-        let committed = match start {
-            StartFrom::Earliest => first - 1,
-            StartFrom::Latest => next - 1,
-            StartFrom::Sequence(s) if (first..=next).contains(&s) => s - 1,
-            StartFrom::Sequence(requested) => {
-                let _ = reply.send(Err(SubscribeError::SequenceOutOfRange { requested, first, next }));
+        let committed = match self.start_offset(&queue, start) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = reply.send(Err(e));
                 return;
             }
         };

@@ -3,7 +3,6 @@
 //! `WriteBatch`, so a dead letter's copy, its claim deletion and the offset move are atomic.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use rocksdb::{DB, WriteBatch};
@@ -52,14 +51,10 @@ impl Writer {
             r.work_groups.push((g.clone(), vec![reply]));
             return;
         }
-        let first = queue.first_seq.load(Ordering::SeqCst);
-        let next = self.next_seq.get(&queue.id).copied().unwrap_or(first);
-        let committed = match start {
-            StartFrom::Earliest => first - 1,
-            StartFrom::Latest => next - 1,
-            StartFrom::Sequence(s) if (first..=next).contains(&s) => s - 1,
-            StartFrom::Sequence(requested) => {
-                let _ = reply.send(Err(SubscribeError::SequenceOutOfRange { requested, first, next }));
+        let committed = match self.start_offset(&queue, start) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = reply.send(Err(e));
                 return;
             }
         };
