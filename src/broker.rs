@@ -154,7 +154,8 @@ impl Broker {
 
         let registry = Registry::default();
         for q in queues {
-            let state = QueueState::new(q.record.id, &q.name, q.record.first_seq, q.last_seq);
+            let state =
+                QueueState::new(q.record.id, &q.name, q.record.first_seq, q.last_seq, q.record.retention);
             registry.queues.insert(state.name.clone(), state);
         }
         for g in groups {
@@ -218,7 +219,7 @@ impl Broker {
                 return Err(OpenError::Io { path, source: e });
             }
         };
-        Ok(Broker {
+        let broker = Broker {
             shared: Arc::new(Shared {
                 engine,
                 tx,
@@ -228,7 +229,31 @@ impl Broker {
                 closing: tokio_util::sync::CancellationToken::new(),
                 pools: tokio_util::task::TaskTracker::new(),
             }),
-        })
+        };
+        crate::retention::spawn_background(&broker.shared, options.retention_interval);
+        Ok(broker)
+    }
+
+    /// Runs one retention pass now: trims every queue as far as its
+    /// [`Retention`](crate::Retention) policy allows (one range tombstone per queue, the first
+    /// sequence moved in the same write), then compacts the trimmed ranges so the space is
+    /// returned. The background task does the same every
+    /// [`retention_interval`](crate::Options::retention_interval), compacting after large trims.
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::Shutdown`], [`QueueError::Storage`], [`QueueError::Failed`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// let report = broker.trim().await?;
+    /// println!("deleted {}, {} → {} bytes", report.deleted, report.bytes_before, report.bytes_after);
+    /// # Ok(()) }
+    /// ```
+    pub async fn trim(&self) -> Result<crate::TrimReport, QueueError> {
+        crate::retention::pass(&self.shared, Some(true)).await
     }
 
     /// Returns a handle to the queue `name`, creating it (durably) if it does not exist.

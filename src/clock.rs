@@ -60,6 +60,11 @@ impl ManualClock {
         self.inner.offset.send_modify(|o| *o += d);
     }
 
+    /// The wall-clock time this clock stands at (what producers stamp messages with).
+    pub fn wall_time(&self) -> SystemTime {
+        self.inner.wall_base + *self.inner.offset.borrow()
+    }
+
     /// Time advanced so far.
     pub fn elapsed(&self) -> Duration {
         *self.inner.offset.borrow()

@@ -301,6 +301,51 @@ pub enum AckError {
     Failed(String),
 }
 
+/// [`Group::reset_to`](crate::Group::reset_to) failed. Nothing changed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResetError {
+    /// The group has an active subscription; reset it while nobody consumes.
+    #[error("group {group:?} has an active subscription on queue {queue:?}")]
+    Active {
+        /// The group.
+        group: String,
+        /// The queue.
+        queue: String,
+    },
+    /// The group has never subscribed (nothing to reset).
+    #[error("group {group:?} does not exist on queue {queue:?}")]
+    NoSuchGroup {
+        /// The group.
+        group: String,
+        /// The queue.
+        queue: String,
+    },
+    /// The target is outside what the queue retains: before its first live message (or, for a
+    /// timestamp, older than the oldest retained message), or past its end.
+    #[error("reset target {requested} is outside the retained range {first}..={next}")]
+    OutOfRetention {
+        /// The requested sequence (for a timestamp: the first sequence at or after it, or 0).
+        requested: u64,
+        /// The first live sequence.
+        first: u64,
+        /// The next sequence to be written.
+        next: u64,
+    },
+    /// Reading timestamps failed.
+    #[error(transparent)]
+    Receive(#[from] ReceiveError),
+    /// The broker was shut down.
+    #[error("broker is shut down")]
+    Shutdown,
+    /// Writing the offset failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The broker stopped accepting writes after an earlier error.
+    #[error("broker stopped accepting writes after an earlier storage error: {0}")]
+    Failed(String),
+}
+
 /// Redriving dead letters failed. Batches moved before the error stay moved (each batch is
 /// atomic), and a later redrive resumes after the last one.
 #[derive(Debug, thiserror::Error)]
@@ -419,6 +464,9 @@ pub enum Error {
     /// See [`RedriveError`].
     #[error(transparent)]
     Redrive(#[from] RedriveError),
+    /// See [`ResetError`].
+    #[error(transparent)]
+    Reset(#[from] ResetError),
     /// See [`NameError`].
     #[error(transparent)]
     Name(#[from] NameError),

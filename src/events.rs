@@ -1,4 +1,5 @@
-//! [`Event`]: the lifecycle of work-queue messages, broadcast for tests and monitoring.
+//! [`Event`]: the lifecycle of messages (work-queue outcomes, retention), broadcast for tests and
+//! monitoring.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -87,6 +88,27 @@ pub enum Event {
         queue: Arc<str>,
         /// Its new sequence there.
         seq: u64,
+    },
+    /// Retention deleted messages `from..=to` before this group received them; it continues at
+    /// `to + 1`.
+    Skipped {
+        /// The queue.
+        queue: Arc<str>,
+        /// The group.
+        group: Arc<str>,
+        /// First skipped sequence.
+        from: u64,
+        /// Last skipped sequence.
+        to: u64,
+    },
+    /// Retention deleted a queue's messages up to `first_seq - 1`.
+    Trimmed {
+        /// The queue.
+        queue: Arc<str>,
+        /// Messages deleted.
+        deleted: u64,
+        /// The new first live sequence.
+        first_seq: u64,
     },
     /// A subscription waited longer than its saturation threshold for in-flight room.
     Saturated {

@@ -53,6 +53,7 @@ mod name;
 mod options;
 mod producer;
 mod registry;
+mod retention;
 mod store;
 mod work;
 mod writer;
@@ -63,13 +64,14 @@ pub use clock::{Clock, ManualClock};
 pub use consumer::{Delivery, Group, StartFrom, Subscription};
 pub use error::{
     AckError, CommitError, CorruptionError, Error, NameError, NameKind, OpenError, QueueError, ReceiveError,
-    RedriveError, SendError, ShutdownError, StorageError, SubscribeError,
+    RedriveError, ResetError, SendError, ShutdownError, StorageError, SubscribeError,
 };
 pub use events::Event;
 pub use message::Message;
 pub use name::MAX_NAME_LEN;
 pub use options::{Durability, Options};
 pub use producer::Queue;
+pub use retention::{ResetTo, Retention, TrimReport};
 pub use tokio_util::sync::CancellationToken;
 pub use work::{
     DeadLetter, DeadLetters, Handler, HandlerError, Job, PoolReport, Redrive, RetryPolicy, Task, WorkGroup,

@@ -59,6 +59,7 @@ pub struct Options {
     pub(crate) channel_capacity: usize,
     pub(crate) statistics: bool,
     pub(crate) clock: crate::Clock,
+    pub(crate) retention_interval: std::time::Duration,
 }
 
 impl Default for Options {
@@ -72,6 +73,7 @@ impl Default for Options {
             channel_capacity: 4096,
             statistics: false,
             clock: crate::Clock::default(),
+            retention_interval: std::time::Duration::from_secs(10),
         }
     }
 }
@@ -131,6 +133,14 @@ impl Options {
     /// Pass a [`ManualClock`](crate::ManualClock) in tests to move time explicitly.
     pub fn clock(mut self, clock: impl Into<crate::Clock>) -> Self {
         self.clock = clock.into();
+        self
+    }
+
+    /// How often the background retention task trims queues by their
+    /// [`Retention`](crate::Retention) policy (on the broker's clock). Default 10 s;
+    /// `Duration::ZERO` turns it off ([`Broker::trim`] still works).
+    pub fn retention_interval(mut self, every: std::time::Duration) -> Self {
+        self.retention_interval = every;
         self
     }
 

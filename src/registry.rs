@@ -20,16 +20,23 @@ pub(crate) struct QueueState {
     /// Last sequence written and visible to readers. The writer publishes after each round
     /// that touched the queue; subscribers wait on it instead of polling.
     pub last: watch::Sender<u64>,
+    /// Retention policy (persisted in the queue record; the writer changes it).
+    pub retention: std::sync::Mutex<crate::Retention>,
 }
 
 impl QueueState {
-    pub fn new(id: u32, name: &str, first_seq: u64, last_seq: u64) -> Arc<Self> {
+    pub fn new(id: u32, name: &str, first_seq: u64, last_seq: u64, retention: crate::Retention) -> Arc<Self> {
         Arc::new(QueueState {
             id,
             name: Arc::from(name),
             first_seq: AtomicU64::new(first_seq),
             last: watch::Sender::new(last_seq),
+            retention: std::sync::Mutex::new(retention),
         })
+    }
+
+    pub fn retention(&self) -> crate::Retention {
+        *self.retention.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn last_seq(&self) -> u64 {
@@ -52,6 +59,8 @@ pub(crate) struct GroupState {
     pub dirty: AtomicBool,
     /// An ordered group has at most one active subscription per queue.
     pub active: AtomicBool,
+    /// Messages this group never received because retention deleted them first.
+    pub skipped: AtomicU64,
 }
 
 impl GroupState {
@@ -64,6 +73,7 @@ impl GroupState {
             durable: AtomicU64::new(committed),
             dirty: AtomicBool::new(false),
             active: AtomicBool::new(false),
+            skipped: AtomicU64::new(0),
         })
     }
 

@@ -50,6 +50,35 @@ impl AckWindow {
         self.acked.push_back(false);
     }
 
+    /// Sequence the next hand-out must have.
+    pub fn next(&self) -> u64 {
+        self.base + self.acked.len() as u64
+    }
+
+    /// Retention deleted everything below `first` that was not handed out yet: count those as
+    /// done (nobody can receive them), and drop handed-back ones below it too. Returns the new
+    /// offset if the prefix grew.
+    pub fn skip_to(&mut self, first: u64) -> Option<u64> {
+        let gone: Vec<u64> = self.redeliver.range(..first).map(|(&s, _)| s).collect();
+        for s in gone {
+            self.redeliver.remove(&s);
+            self.ack(s);
+        }
+        let before = self.base;
+        if self.acked.is_empty() {
+            self.base = self.base.max(first);
+        } else {
+            while self.next() < first {
+                self.acked.push_back(true);
+            }
+            while self.acked.front() == Some(&true) {
+                self.acked.pop_front();
+                self.base += 1;
+            }
+        }
+        (self.base > before).then(|| self.base - 1)
+    }
+
     /// Marks `seq` acknowledged; returns the new offset if the contiguous prefix grew.
     pub fn ack(&mut self, seq: u64) -> Option<u64> {
         let idx = usize::try_from(seq.checked_sub(self.base)?).ok()?;
@@ -81,6 +110,32 @@ impl SubShared {
 
     pub fn window(&self) -> MutexGuard<'_, AckWindow> {
         self.window.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Retention deleted everything below `first` before it was handed out: skip it.
+    pub fn skip_to(&self, first: u64) {
+        let (from, advanced) = {
+            let mut w = self.window();
+            let from = w.next();
+            (from, w.skip_to(first))
+        };
+        if first > from {
+            let g = &self.group;
+            g.skipped.fetch_add(first - from, Ordering::Relaxed);
+            tracing::warn!(queue = %g.queue.name, group = %g.name, from, to = first - 1, "rockq: retention skipped messages a group had not received");
+            self.shared.engine.emit(|| crate::Event::Skipped {
+                queue: g.queue.name.clone(),
+                group: g.name.clone(),
+                from,
+                to: first - 1,
+            });
+        }
+        if let Some(offset) = advanced
+            && self.group.advance(offset)
+        {
+            self.shared.engine.mark_dirty(self.group.clone());
+            self.shared.nudge_writer();
+        }
     }
 
     /// Records an acknowledgement and, if the offset moved, hands the group to the writer.
@@ -169,6 +224,20 @@ mod tests {
                 assert_eq!(w.len() as u64, base + n as u64 - 1 - offset);
             }
         }
+    }
+
+    #[test]
+    fn skipping_a_trimmed_head_counts_as_done_but_keeps_unacked_deliveries() {
+        let mut w = window(1);
+        (1..=3).for_each(|s| w.push(s)); // 1..=3 handed out, none acked
+        assert_eq!(w.skip_to(10), None, "1..=3 still unacked hold the offset");
+        assert_eq!(w.next(), 10);
+        assert_eq!(w.ack(2), None);
+        assert_eq!(w.ack(3), None);
+        assert_eq!(w.ack(1), Some(9), "the skipped 4..=9 count as done");
+        let mut empty = window(5);
+        assert_eq!(empty.skip_to(8), Some(7));
+        assert_eq!(empty.skip_to(6), None, "never backwards");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use tokio::sync::oneshot;
 use super::acks::SubShared;
 use super::subscription::Subscription;
 use crate::broker::Shared;
-use crate::error::SubscribeError;
+use crate::error::{ResetError, SubscribeError};
 use crate::registry::QueueState;
 use crate::store::keys;
 use crate::writer::Request;
@@ -91,6 +91,89 @@ impl Group {
         self.shared.engine.registry.groups.get(&key).map(|g| g.durable.load(Ordering::Acquire))
     }
 
+    /// Messages this group never received because retention deleted them first (since open).
+    pub fn skipped(&self) -> u64 {
+        let key = keys::offset_key(&self.name, &self.queue.name);
+        self.shared.engine.registry.groups.get(&key).map_or(0, |g| g.skipped.load(Ordering::Relaxed))
+    }
+
+    /// Replays: moves the group's committed offset so that its next subscription starts at the
+    /// given sequence, or at the first message enqueued at or after the given time. The
+    /// target must still be retained. Returns the sequence the next subscription starts at.
+    ///
+    /// # Errors
+    ///
+    /// [`ResetError::Active`] while a subscription of the group is alive,
+    /// [`ResetError::NoSuchGroup`] if it never subscribed, [`ResetError::OutOfRetention`] for a
+    /// sequence before the first live one or past the end, or a time older than the oldest
+    /// retained message; [`ResetError::Shutdown`], [`ResetError::Storage`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe in effect: the offset is either moved or not.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use std::time::{Duration, SystemTime};
+    /// let hour_ago = SystemTime::now() - Duration::from_secs(3600);
+    /// queue.group("billing")?.reset_to(rockq::ResetTo::Time(hour_ago)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn reset_to(&self, to: crate::ResetTo) -> Result<u64, ResetError> {
+        let shared = &self.shared;
+        if shared.is_closed() {
+            return Err(ResetError::Shutdown);
+        }
+        let key = keys::offset_key(&self.name, &self.queue.name);
+        let names = || (self.name.to_string(), self.queue.name.to_string());
+        let Some(group) = shared.engine.registry.groups.get(&key).map(|g| g.clone()) else {
+            let (group, queue) = names();
+            return Err(ResetError::NoSuchGroup { group, queue });
+        };
+        // Held for the reset, so no subscription starts from the old offset meanwhile.
+        if group.active.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            let (group, queue) = names();
+            return Err(ResetError::Active { group, queue });
+        }
+        let release = ActiveGuard(&group);
+        let first = self.queue.first_seq.load(Ordering::Acquire);
+        let next = self.queue.last_seq() + 1;
+        let seq = match to {
+            crate::ResetTo::Sequence(s) => s,
+            crate::ResetTo::Time(t) => {
+                let at = crate::retention::micros(t);
+                let (s, id) = (shared.clone(), self.queue.id);
+                let found = shared
+                    .runtime
+                    .spawn_blocking(move || {
+                        crate::store::first_enqueued_at(&s.engine.store, id, first, next - 1, at)
+                    })
+                    .await
+                    .map_err(|e| ResetError::Receive(crate::ReceiveError::Internal(e.to_string())))??;
+                match found {
+                    // Older than everything retained: the messages it asks for are gone.
+                    Some(s) if s == first && first > 1 => {
+                        return Err(ResetError::OutOfRetention { requested: 0, first, next });
+                    }
+                    Some(s) => s,
+                    None => next,
+                }
+            }
+        };
+        if !(first..=next).contains(&seq) {
+            return Err(ResetError::OutOfRetention { requested: seq, first, next });
+        }
+        let (reply, rx) = oneshot::channel();
+        let req = Request::ResetOffset { group: group.clone(), offset: seq - 1, reply };
+        shared.tx.send(req).await.map_err(|_| ResetError::Shutdown)?;
+        rx.await.map_err(|_| ResetError::Shutdown)??;
+        drop(release);
+        tracing::info!(group = %self.name, queue = %self.queue.name, seq, "rockq: group reset");
+        Ok(seq)
+    }
+
     /// Starts receiving the group's messages, after its committed offset (or, for a new group,
     /// from [`start_from`](Group::start_from); the group's record is written first so that
     /// a restart resumes from the same place).
@@ -151,10 +234,22 @@ impl Group {
                 queue: self.queue.name.to_string(),
             });
         }
-        let start =
-            (group.acked.load(Ordering::Acquire) + 1).max(self.queue.first_seq.load(Ordering::Acquire));
+        let resume = group.acked.load(Ordering::Acquire) + 1;
+        let first = self.queue.first_seq.load(Ordering::Acquire);
+        let sub = SubShared::new(self.shared.clone(), group, resume, self.max_unacked);
+        // Retention may have deleted messages the group never received: jump (and report it).
+        sub.skip_to(first);
+        let start = resume.max(first);
         tracing::debug!(group = %self.name, queue = %self.queue.name, start, "rockq: subscribed");
-        let sub = SubShared::new(self.shared.clone(), group, start, self.max_unacked);
         Ok(Subscription::new(sub, self.queue.clone(), start, self.read_batch))
+    }
+}
+
+/// Releases a group's active slot taken for a reset.
+struct ActiveGuard<'a>(&'a crate::registry::GroupState);
+
+impl Drop for ActiveGuard<'_> {
+    fn drop(&mut self) {
+        self.0.active.store(false, Ordering::Release);
     }
 }

@@ -179,10 +179,24 @@ impl Stream for Subscription {
                     return this.deliver(msg, 1);
                 }
             }
+            // Retention deleted the head past where this subscription stands: jump to the first
+            // live message (only before a read is started, so the buffer stays contiguous).
+            let first = this.queue.first_seq.load(Ordering::Acquire);
+            if this.reading.is_none() && this.buffer.is_empty() && this.next_read < first {
+                this.next_read = first;
+                this.sub.skip_to(first);
+            }
             if let Some(task) = this.reading.as_mut() {
                 if let Poll::Ready(res) = task.poll_unpin(cx) {
                     this.reading = None;
                     match res {
+                        // The range was trimmed while it was being read: skip, don't fail.
+                        Ok(Err(ReceiveError::Gap { expected, .. }))
+                            if expected < this.queue.first_seq.load(Ordering::Acquire) =>
+                        {
+                            this.buffer.clear();
+                            continue;
+                        }
                         Ok(Ok(ReadOutcome::Messages(msgs))) => {
                             if let Some(last) = msgs.last() {
                                 this.next_read = last.seq + 1;

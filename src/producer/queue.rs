@@ -3,14 +3,13 @@
 use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::oneshot;
 
 use crate::Message;
 use crate::broker::Shared;
 use crate::consumer::Group;
-use crate::error::{NameError, NameKind, SendError};
+use crate::error::{NameError, NameKind, QueueError, SendError};
 use crate::registry::QueueState;
 use crate::store::envelope::{self, EncodeError};
 use crate::writer::{Payloads, Request};
@@ -162,6 +161,40 @@ impl Queue {
         Ok(Group::new(self.shared.clone(), self.state.clone(), name))
     }
 
+    /// The queue's retention policy.
+    pub fn retention(&self) -> crate::Retention {
+        self.state.retention()
+    }
+
+    /// Sets and persists the queue's retention policy; it applies from the next retention pass
+    /// ([`Broker::trim`](crate::Broker::trim) or the background task).
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::Shutdown`], [`QueueError::Storage`], [`QueueError::Failed`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe in effect: the policy is either set or not.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use std::time::Duration;
+    /// queue.set_retention(rockq::Retention::MaxAge(Duration::from_secs(24 * 3600))).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn set_retention(&self, retention: crate::Retention) -> Result<(), QueueError> {
+        if self.shared.is_closed() {
+            return Err(QueueError::Shutdown);
+        }
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let req = Request::SetRetention { queue: self.state.clone(), retention, reply };
+        self.shared.tx.send(req).await.map_err(|_| QueueError::Shutdown)?;
+        rx.await.map_err(|_| QueueError::Shutdown)?
+    }
+
     /// Names a work-queue (shared) consumer group on this queue: competing consumers with
     /// leases, retries and a dead-letter queue. Nothing is written until it first subscribes.
     ///
@@ -194,7 +227,9 @@ impl Queue {
         if size > max {
             return Err(SendError::MessageTooLarge { index, size, max });
         }
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
+        // The broker's clock, so retention by age and replay by time agree with it (a
+        // `ManualClock` in tests).
+        let now = self.shared.engine.clock().wall_micros();
         envelope::encode(m, now).map_err(|e| SendError::InvalidHeader {
             index,
             reason: match e {

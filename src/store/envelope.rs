@@ -75,6 +75,15 @@ pub(crate) struct Envelope {
 }
 
 /// Decodes a stored value. `key` is only used to describe a corruption.
+/// The enqueue timestamp of a stored envelope, reading only its fixed header.
+pub(crate) fn enqueued_micros(value: &[u8]) -> Option<u64> {
+    if value.first() != Some(&ENVELOPE_V1) {
+        return None;
+    }
+    let ts: [u8; 8] = value.get(2..10)?.try_into().ok()?;
+    Some(u64::from_be_bytes(ts))
+}
+
 pub(crate) fn decode(key: &[u8], value: &[u8]) -> Result<Envelope, CorruptionError> {
     let bad = |reason: &str| CorruptionError::new("message", key, reason);
     let mut r = Reader { buf: value };

@@ -16,7 +16,10 @@ use std::sync::{RwLock, RwLockReadGuard};
 use rocksdb::{ColumnFamily, DB};
 
 pub(crate) use open::{Loaded, open};
-pub(crate) use read::{RawMessage, ReadOutcome, get_envelope, read_cursor, read_range, read_seqs};
+pub(crate) use read::{
+    RawMessage, ReadOutcome, first_enqueued_at, get_envelope, last_enqueued_before, read_cursor, read_range,
+    read_seqs,
+};
 
 use crate::error::StorageError;
 
@@ -80,6 +83,32 @@ impl Store {
             }
             None => Ok(()),
         }
+    }
+
+    /// Bytes of live SST files over all column families (what compaction can reclaim shows
+    /// here), plus the memtables. Blocking.
+    pub fn disk_bytes(&self) -> u64 {
+        let guard = self.lock();
+        let Some((db, cfs)) = guard.get() else { return 0 };
+        [cfs.messages, cfs.meta, cfs.offsets, cfs.claims]
+            .into_iter()
+            .map(|cf| {
+                let p = |name: &str| db.property_int_value_cf(cf, name).ok().flatten().unwrap_or(0);
+                p("rocksdb.live-sst-files-size") + p("rocksdb.size-all-mem-tables")
+            })
+            .sum()
+    }
+
+    /// Compacts the messages of `queue_id` below `below` (a trimmed head) and the claims CF, so
+    /// deleted entries and their tombstones leave the disk. Blocking.
+    pub fn compact_trimmed(&self, queue_id: u32, below: u64) -> Result<(), StorageError> {
+        let guard = self.lock();
+        let Some((db, cfs)) = guard.get() else { return Ok(()) };
+        let lo = keys::message_key(queue_id, 0);
+        let hi = keys::message_key(queue_id, below);
+        db.compact_range_cf(cfs.messages, Some(&lo[..]), Some(&hi[..]));
+        db.compact_range_cf(cfs.claims, None::<&[u8]>, None::<&[u8]>);
+        Ok(())
     }
 
     /// RocksDB's WAL counters, if statistics were enabled at open.

@@ -135,3 +135,66 @@ pub(crate) fn read_cursor(store: &Store, dlq: &str) -> Result<Option<u64>, crate
         None => Ok(None),
     }
 }
+
+/// The last sequence in `from..=to` of a queue whose envelope was enqueued at or before
+/// `cutoff_micros`, scanning at most `max` messages from `from` (one bounded iterator; only the
+/// fixed envelope header is decoded). `None` if the first one is newer. Blocking.
+pub(crate) fn last_enqueued_before(
+    store: &Store,
+    queue_id: u32,
+    from: u64,
+    to: u64,
+    cutoff_micros: u64,
+    max: usize,
+) -> Result<Option<u64>, StorageError> {
+    scan_timestamps(store, queue_id, from, to, max, |_, ts| ts <= cutoff_micros).map(|(last, _)| last)
+}
+
+/// The first sequence in `from..=to` enqueued at or after `at_micros` (`None`: all are older).
+/// Blocking.
+pub(crate) fn first_enqueued_at(
+    store: &Store,
+    queue_id: u32,
+    from: u64,
+    to: u64,
+    at_micros: u64,
+) -> Result<Option<u64>, StorageError> {
+    scan_timestamps(store, queue_id, from, to, usize::MAX, |_, ts| ts < at_micros).map(|(_, stop)| stop)
+}
+
+/// Walks `from..=to` while `keep_going(seq, enqueued_micros)` holds. Returns the last sequence it
+/// held for and the first one it did not.
+fn scan_timestamps(
+    store: &Store,
+    queue_id: u32,
+    from: u64,
+    to: u64,
+    max: usize,
+    mut keep_going: impl FnMut(u64, u64) -> bool,
+) -> Result<(Option<u64>, Option<u64>), StorageError> {
+    let guard = store.lock();
+    let Some((db, cfs)) = guard.get() else {
+        return Ok((None, None));
+    };
+    let lo = keys::message_key(queue_id, from).to_vec();
+    let hi = keys::message_upper_bound(queue_id, to);
+    let mut it = db.raw_iterator_cf_opt(cfs.messages, bounded(lo.clone(), hi));
+    it.seek(&lo);
+    let mut last = None;
+    let mut seen = 0;
+    while let Some((k, v)) = it.item() {
+        if seen >= max {
+            break;
+        }
+        seen += 1;
+        let Ok((_, seq)) = keys::decode_message_key(k) else { break };
+        let Some(ts) = envelope::enqueued_micros(v) else { break };
+        if !keep_going(seq, ts) {
+            return Ok((last, Some(seq)));
+        }
+        last = Some(seq);
+        it.next();
+    }
+    it.status().map_err(StorageError)?;
+    Ok((last, None))
+}

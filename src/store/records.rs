@@ -21,39 +21,63 @@ pub(crate) fn decode_format(value: &[u8]) -> Option<u8> {
     }
 }
 
-/// `queue:<name>` → the queue's numeric id and first live sequence.
+/// `queue:<name>` → the queue's numeric id, first live sequence and retention policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct QueueRecord {
     pub id: u32,
     /// Sequences below this have been deleted by retention (or never existed).
     pub first_seq: u64,
+    pub retention: crate::Retention,
 }
 
 const QUEUE_RECORD_V1: u8 = 1;
+/// Version 2 adds the retention policy; version 1 records read as the default policy.
+const QUEUE_RECORD_V2: u8 = 2;
 
 impl QueueRecord {
-    pub fn encode(&self) -> [u8; 13] {
-        let mut v = [0u8; 13];
-        v[0] = QUEUE_RECORD_V1;
+    pub fn encode(&self) -> [u8; 22] {
+        let mut v = [0u8; 22];
+        v[0] = QUEUE_RECORD_V2;
         v[1..5].copy_from_slice(&self.id.to_be_bytes());
-        v[5..].copy_from_slice(&self.first_seq.to_be_bytes());
+        v[5..13].copy_from_slice(&self.first_seq.to_be_bytes());
+        let (kind, value) = match self.retention {
+            crate::Retention::UntilAcked => (0u8, 0u64),
+            crate::Retention::MaxAge(d) => (1, d.as_micros().min(u64::MAX as u128) as u64),
+            crate::Retention::MaxLen(n) => (2, n),
+            crate::Retention::Forever => (3, 0),
+        };
+        v[13] = kind;
+        v[14..].copy_from_slice(&value.to_be_bytes());
         v
     }
 
     pub fn decode(key: &[u8], v: &[u8]) -> Result<Self, CorruptionError> {
         let bad = |r: &str| CorruptionError::new("queue", key, r);
-        let v: &[u8; 13] = v.try_into().map_err(|_| bad("length is not 13"))?;
-        if v[0] != QUEUE_RECORD_V1 {
-            return Err(bad("unknown version"));
-        }
+        let u64_at = |i: usize| {
+            let mut s = [0u8; 8];
+            s.copy_from_slice(&v[i..i + 8]);
+            u64::from_be_bytes(s)
+        };
+        let retention = match (v.first(), v.len()) {
+            (Some(&QUEUE_RECORD_V1), 13) => crate::Retention::default(),
+            (Some(&QUEUE_RECORD_V2), 22) => match v[13] {
+                0 => crate::Retention::UntilAcked,
+                1 => crate::Retention::MaxAge(std::time::Duration::from_micros(u64_at(14))),
+                2 => crate::Retention::MaxLen(u64_at(14)),
+                3 => crate::Retention::Forever,
+                _ => return Err(bad("unknown retention policy")),
+            },
+            (Some(&QUEUE_RECORD_V1 | &QUEUE_RECORD_V2), _) => {
+                return Err(bad("wrong length for its version"));
+            }
+            _ => return Err(bad("unknown version")),
+        };
         let id = u32::from_be_bytes([v[1], v[2], v[3], v[4]]);
-        let mut s = [0u8; 8];
-        s.copy_from_slice(&v[5..]);
-        let first_seq = u64::from_be_bytes(s);
+        let first_seq = u64_at(5);
         if id == 0 || id == u32::MAX || first_seq == 0 {
             return Err(bad("id or first sequence out of range"));
         }
-        Ok(QueueRecord { id, first_seq })
+        Ok(QueueRecord { id, first_seq, retention })
     }
 }
 
@@ -212,12 +236,31 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_reject_bad_bytes() {
-        let q = QueueRecord { id: 7, first_seq: 42 };
-        assert_eq!(QueueRecord::decode(b"k", &q.encode()).unwrap(), q);
-        assert!(QueueRecord::decode(b"k", &q.encode()[..12]).is_err());
+        for retention in [
+            crate::Retention::UntilAcked,
+            crate::Retention::MaxAge(std::time::Duration::from_secs(90)),
+            crate::Retention::MaxLen(1000),
+            crate::Retention::Forever,
+        ] {
+            let q = QueueRecord { id: 7, first_seq: 42, retention };
+            assert_eq!(QueueRecord::decode(b"k", &q.encode()).unwrap(), q);
+            for cut in 0..22 {
+                assert!(QueueRecord::decode(b"k", &q.encode()[..cut]).is_err());
+            }
+        }
+        let q = QueueRecord { id: 7, first_seq: 42, retention: crate::Retention::Forever };
         let mut zero_id = q.encode();
         zero_id[1..5].fill(0);
         assert!(QueueRecord::decode(b"k", &zero_id).is_err());
+        let mut bad_kind = q.encode();
+        bad_kind[13] = 9;
+        assert!(QueueRecord::decode(b"k", &bad_kind).is_err());
+        // A version-1 record (before retention) reads with the default policy.
+        let mut v1 = vec![1u8];
+        v1.extend_from_slice(&7u32.to_be_bytes());
+        v1.extend_from_slice(&42u64.to_be_bytes());
+        let d = QueueRecord::decode(b"k", &v1).unwrap();
+        assert_eq!((d.id, d.first_seq, d.retention), (7, 42, crate::Retention::UntilAcked));
 
         assert_eq!(
             decode_offset(b"k", &encode_offset(99)).unwrap(),

@@ -42,6 +42,8 @@ pub(crate) struct WorkGroupState {
     /// Acks (sequence, attempt) queued for the writer's next round, coalesced like ordered
     /// offsets: one channel message per round instead of one per ack.
     queued_acks: Mutex<Vec<(u64, u32)>>,
+    /// Messages this group never received because retention deleted them first.
+    pub skipped: AtomicU64,
     /// Times a subscription of this group waited on its in-flight bound for too long.
     pub saturations: AtomicU64,
 }
@@ -141,6 +143,7 @@ impl WorkGroupState {
             next_token: AtomicU64::new(seed),
             queued_acks: Mutex::new(Vec::new()),
             saturations: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
         })
     }
 
@@ -207,7 +210,10 @@ impl WorkGroupState {
         let mut out = Take::default();
         let mut d = self.dispatch();
         let deadline = now + lease;
-        for (&seq, slot) in d.slots.iter_mut() {
+        // Retention may have deleted the head: nothing below the first live sequence is claimable.
+        let first = self.queue.first_seq.load(Ordering::Acquire);
+        d.frontier = d.frontier.max(first);
+        for (&seq, slot) in d.slots.range_mut(first..) {
             if out.claimed.len() >= max {
                 break;
             }
@@ -332,6 +338,15 @@ impl WorkGroupState {
         for seq in seqs {
             d.slots.remove(seq);
         }
+    }
+
+    /// Retention deleted everything up to `to`: forget it and never claim it.
+    pub fn skip_to(&self, to: u64) {
+        let mut d = self.dispatch();
+        d.slots.retain(|&seq, _| seq > to);
+        d.frontier = d.frontier.max(to + 1);
+        drop(d);
+        self.changed.notify_waiters();
     }
 
     /// Counts and reports a subscription or pool that stayed at its bound of `max` too long.

@@ -166,6 +166,16 @@ impl Drop for ClaimGuard {
 
 /// Claims the next batch of jobs. An empty result means the broker is shutting down.
 async fn fetch(ctx: Arc<Ctx>) -> Result<Vec<Job>, Error> {
+    loop {
+        if let Some(jobs) = fetch_once(&ctx).await? {
+            return Ok(jobs);
+        }
+    }
+}
+
+/// One claim. `None`: retention deleted claimed messages under it (their claims were
+/// released); claim again.
+async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
     let shared = &ctx.shared;
     let engine = &shared.engine;
     let clock = engine.clock().clone();
@@ -185,10 +195,10 @@ async fn fetch(ctx: Arc<Ctx>) -> Result<Vec<Job>, Error> {
                     group.report_saturation(engine, cfg.max_in_flight);
                     tokio::select! {
                         p = &mut acquire => p.map_err(internal)?,
-                        _ = shared.closing.cancelled() => return Ok(Vec::new()),
+                        _ = shared.closing.cancelled() => return Ok(Some(Vec::new())),
                     }
                 }
-                _ = shared.closing.cancelled() => return Ok(Vec::new()),
+                _ = shared.closing.cancelled() => return Ok(Some(Vec::new())),
             }
         }
     };
@@ -203,7 +213,7 @@ async fn fetch(ctx: Arc<Ctx>) -> Result<Vec<Job>, Error> {
     let mut last_rx = group.queue.last.subscribe();
     let claimed: Vec<Claimed> = loop {
         if shared.is_closed() || shared.closing.is_cancelled() {
-            return Ok(Vec::new());
+            return Ok(Some(Vec::new()));
         }
         // Registered before looking, so a release between the look and the wait is not missed.
         let notified = group.changed.notified();
@@ -219,7 +229,7 @@ async fn fetch(ctx: Arc<Ctx>) -> Result<Vec<Job>, Error> {
             let req =
                 Request::Settle { group: group.clone(), seq: e.seq, attempt: e.attempt, outcome, reply };
             if shared.tx.send(req).await.is_err() {
-                return Ok(Vec::new());
+                return Ok(Some(Vec::new()));
             }
         }
         if !take.claimed.is_empty() {
@@ -228,9 +238,9 @@ async fn fetch(ctx: Arc<Ctx>) -> Result<Vec<Job>, Error> {
         let wake = take.next_wake;
         tokio::select! {
             _ = notified => {}
-            changed = last_rx.changed() => if changed.is_err() { return Ok(Vec::new()) },
+            changed = last_rx.changed() => if changed.is_err() { return Ok(Some(Vec::new())) },
             _ = async { match wake { Some(t) => clock.sleep_until(t).await, None => futures::future::pending().await } } => {}
-            _ = shared.closing.cancelled() => return Ok(Vec::new()),
+            _ = shared.closing.cancelled() => return Ok(Some(Vec::new())),
         }
     };
     let mut guard =
@@ -253,7 +263,7 @@ async fn fetch(ctx: Arc<Ctx>) -> Result<Vec<Job>, Error> {
         .collect();
     let (reply, rx) = oneshot::channel();
     if shared.tx.send(Request::Claim { group: group.clone(), claims: records, reply }).await.is_err() {
-        return Ok(Vec::new());
+        return Ok(Some(Vec::new()));
     }
     let mut seqs: Vec<u64> = claimed.iter().map(|c| c.seq).collect();
     seqs.sort_unstable();
@@ -271,12 +281,17 @@ async fn fetch(ctx: Arc<Ctx>) -> Result<Vec<Job>, Error> {
     let (written, read) = tokio::join!(rx, read);
     match written {
         Ok(Ok(())) => {}
-        Ok(Err(AckError::Shutdown)) | Err(_) => return Ok(Vec::new()),
+        Ok(Err(AckError::Shutdown)) | Err(_) => return Ok(Some(Vec::new())),
         Ok(Err(e)) => return Err(e.into()),
     }
     let msgs = match read {
         Ok(Ok(ReadOutcome::Messages(msgs))) => msgs,
-        Ok(Ok(ReadOutcome::Closed)) => return Ok(Vec::new()),
+        Ok(Ok(ReadOutcome::Closed)) => return Ok(Some(Vec::new())),
+        Ok(Err(ReceiveError::Gap { expected, .. }))
+            if expected < group.queue.first_seq.load(Ordering::Acquire) =>
+        {
+            return Ok(None);
+        }
         Ok(Err(e)) => return Err(e.into()),
         Err(join) => return Err(ReceiveError::Internal(format!("read task failed: {join}")).into()),
     };
@@ -303,5 +318,5 @@ async fn fetch(ctx: Arc<Ctx>) -> Result<Vec<Job>, Error> {
     }
     // Every claim now belongs to a job (whose drop releases it).
     guard.claims.clear();
-    Ok(jobs)
+    Ok(Some(jobs))
 }

@@ -19,6 +19,7 @@
 //! reused, because nothing is written after a failure.
 
 mod request;
+mod retention;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -248,6 +249,13 @@ impl Writer {
                 Request::Redrive { dlq, expected, last, items, reply } => {
                     self.redrive(db, &cfs, &mut wb, &mut r, dlq, expected, last, items, reply)
                 }
+                Request::SetRetention { queue, retention, reply } => {
+                    self.set_retention(&mut wb, cfs.meta, &mut r, queue, retention, reply)
+                }
+                Request::Trim { queue, to, reply } => self.trim(&mut wb, &cfs, &mut r, queue, to, reply),
+                Request::ResetOffset { group, offset, reply } => {
+                    self.reset_offset(&mut wb, cfs.offsets, &mut r, group, offset, reply)
+                }
                 Request::Commit => {}
                 Request::Flush { reply } => r.flushes.push(reply),
                 Request::Shutdown { reply } => r.shutdown = Some(reply),
@@ -398,10 +406,10 @@ impl Writer {
         }
         let id = self.next_queue_id;
         self.next_queue_id += 1;
-        let record = QueueRecord { id, first_seq: 1 };
+        let record = QueueRecord { id, first_seq: 1, retention: crate::Retention::default() };
         wb.put_cf(meta, keys::queue_key(name), record.encode());
         self.next_seq.insert(id, 1);
-        let state = QueueState::new(id, name, 1, 0);
+        let state = QueueState::new(id, name, 1, 0, crate::Retention::default());
         self.queues.insert(name.to_owned(), state.clone());
         r.queues.push((state.clone(), Vec::new()));
         Ok(state)
@@ -624,6 +632,16 @@ fn reject(req: Request, why: impl Fn() -> String, shutdown: bool) {
         }
         Request::Claim { reply, .. } | Request::Settle { reply, .. } => {
             let _ = reply.send(Err(if shutdown { AckError::Shutdown } else { AckError::Failed(why()) }));
+        }
+        Request::SetRetention { reply, .. } => {
+            let _ = reply.send(Err(if shutdown { QueueError::Shutdown } else { QueueError::Failed(why()) }));
+        }
+        Request::Trim { reply, .. } => {
+            let _ = reply.send(Err(if shutdown { QueueError::Shutdown } else { QueueError::Failed(why()) }));
+        }
+        Request::ResetOffset { reply, .. } => {
+            use crate::error::ResetError;
+            let _ = reply.send(Err(if shutdown { ResetError::Shutdown } else { ResetError::Failed(why()) }));
         }
         Request::Redrive { reply, .. } => {
             let _ =

@@ -80,6 +80,24 @@ pub(crate) enum Request {
         items: Vec<RedriveItem>,
         reply: RedriveReply,
     },
+    /// Persist a queue's retention policy.
+    SetRetention {
+        queue: Arc<QueueState>,
+        retention: crate::Retention,
+        reply: oneshot::Sender<Result<(), QueueError>>,
+    },
+    /// Delete a queue's messages up to `to` (one range tombstone) and move its first sequence.
+    Trim {
+        queue: Arc<QueueState>,
+        to: u64,
+        reply: oneshot::Sender<Result<u64, QueueError>>,
+    },
+    /// Set an ordered group's offset (replay).
+    ResetOffset {
+        group: Arc<GroupState>,
+        offset: u64,
+        reply: oneshot::Sender<Result<(), crate::error::ResetError>>,
+    },
     /// Wake-up only: a group became dirty while the writer was idle.
     Commit,
     /// Reply once every acknowledgement recorded before this request is durable.

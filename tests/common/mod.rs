@@ -20,8 +20,10 @@ pub async fn open(path: &Path) -> Broker {
     open_with(path, Durability::Buffered).await
 }
 
+/// Test brokers run retention only when a test asks (`Broker::trim`), so that no background
+/// pass races a test's expectations.
 pub async fn open_with(path: &Path, durability: Durability) -> Broker {
-    Options::new().durability(durability).open(path).await.expect("open")
+    Options::new().durability(durability).retention_interval(Duration::ZERO).open(path).await.expect("open")
 }
 
 /// The next delivery, failing the test if the stream ends, errors or hangs.
@@ -76,7 +78,13 @@ pub fn spawn_helper(name: &str, env: &[(&str, &str)]) -> std::process::Child {
 
 /// Opens a Buffered broker whose leases and backoff run on `clock`.
 pub async fn open_clock(path: &Path, clock: &rockq::ManualClock) -> Broker {
-    Options::new().durability(Durability::Buffered).clock(clock.clone()).open(path).await.expect("open")
+    Options::new()
+        .durability(Durability::Buffered)
+        .clock(clock.clone())
+        .retention_interval(Duration::ZERO)
+        .open(path)
+        .await
+        .expect("open")
 }
 
 /// The next job, failing the test if the stream ends, errors or hangs.

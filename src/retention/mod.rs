@@ -1,0 +1,168 @@
+//! Retention: deciding how far each queue's head can be deleted, and the background task that
+//! does it. The delete itself is the writer's (one range tombstone plus the new first sequence
+//! in one batch, `writer/retention.rs`); readers always start at the first live sequence, so the
+//! tombstones at a queue's head are never walked.
+
+mod policy;
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub use policy::Retention;
+use tokio::sync::oneshot;
+
+use crate::broker::Shared;
+use crate::error::QueueError;
+use crate::registry::QueueState;
+use crate::store;
+use crate::writer::Request;
+
+/// Most messages one pass scans to find a `MaxAge` cut (the rest waits for the next pass).
+const AGE_SCAN: usize = 1 << 20;
+/// A background pass that deleted at least this many messages compacts the trimmed ranges.
+const AUTO_COMPACT: u64 = 64 * 1024;
+
+/// Where a replay starts: see [`Group::reset_to`](crate::Group::reset_to).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetTo {
+    /// Redeliver from this sequence on (it must still be retained).
+    Sequence(u64),
+    /// Redeliver from the first message enqueued at or after this time.
+    Time(SystemTime),
+}
+
+/// What one retention pass did ([`Broker::trim`](crate::Broker::trim)).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TrimReport {
+    /// `(queue, messages deleted, new first sequence)` for every queue that was trimmed.
+    pub trimmed: Vec<(String, u64, u64)>,
+    /// Messages deleted in all.
+    pub deleted: u64,
+    /// Bytes of SST files and memtables before the pass.
+    pub bytes_before: u64,
+    /// Bytes after (and after compaction, if the pass compacted).
+    pub bytes_after: u64,
+    /// Whether the trimmed ranges were compacted.
+    pub compacted: bool,
+}
+
+/// The highest sequence of `q` its policy allows to delete now, if any.
+async fn cut(shared: &Arc<Shared>, q: &Arc<QueueState>) -> Result<Option<u64>, QueueError> {
+    let engine = &shared.engine;
+    let first = q.first_seq.load(Ordering::Acquire);
+    let last = q.last_seq();
+    if last < first {
+        return Ok(None);
+    }
+    let to = match q.retention() {
+        Retention::Forever => None,
+        Retention::UntilAcked => {
+            // Durable offsets only: an ack not yet committed keeps its message.
+            let ordered = engine
+                .registry
+                .groups
+                .iter()
+                .filter(|g| g.queue.id == q.id)
+                .map(|g| g.durable.load(Ordering::Acquire));
+            let work = engine
+                .registry
+                .work_groups
+                .iter()
+                .filter(|g| g.queue.id == q.id)
+                .map(|g| g.durable.load(Ordering::Acquire));
+            ordered.chain(work).min()
+        }
+        Retention::MaxLen(n) => last.checked_sub(n),
+        Retention::MaxAge(age) => {
+            let cutoff =
+                engine.clock().wall_micros().saturating_sub(age.as_micros().min(u64::MAX as u128) as u64);
+            let (s, id) = (shared.clone(), q.id);
+            shared
+                .runtime
+                .spawn_blocking(move || {
+                    store::last_enqueued_before(&s.engine.store, id, first, last, cutoff, AGE_SCAN)
+                })
+                .await
+                .map_err(|e| QueueError::Failed(format!("retention scan failed: {e}")))??
+        }
+    };
+    Ok(to.filter(|&t| t >= first))
+}
+
+/// One retention pass over every queue; compacts what it trimmed if `compact`.
+pub(crate) async fn pass(shared: &Arc<Shared>, compact: Option<bool>) -> Result<TrimReport, QueueError> {
+    if shared.is_closed() {
+        return Err(QueueError::Shutdown);
+    }
+    let bytes = |s: Arc<Shared>| async move {
+        s.runtime.clone().spawn_blocking(move || s.engine.store.disk_bytes()).await.unwrap_or(0)
+    };
+    let mut report = TrimReport { bytes_before: bytes(shared.clone()).await, ..TrimReport::default() };
+    let queues: Vec<Arc<QueueState>> = shared.engine.registry.queues.iter().map(|q| q.clone()).collect();
+    let mut compact_ranges = Vec::new();
+    for q in queues {
+        let Some(to) = cut(shared, &q).await? else { continue };
+        let (reply, rx) = oneshot::channel();
+        shared
+            .tx
+            .send(Request::Trim { queue: q.clone(), to, reply })
+            .await
+            .map_err(|_| QueueError::Shutdown)?;
+        let deleted = rx.await.map_err(|_| QueueError::Shutdown)??;
+        if deleted > 0 {
+            let first = q.first_seq.load(Ordering::Acquire);
+            report.trimmed.push((q.name.to_string(), deleted, first));
+            report.deleted += deleted;
+            compact_ranges.push((q.id, first));
+        }
+    }
+    let compact = compact.unwrap_or(report.deleted >= AUTO_COMPACT);
+    if compact && !compact_ranges.is_empty() {
+        let s = shared.clone();
+        shared
+            .runtime
+            .spawn_blocking(move || {
+                compact_ranges
+                    .into_iter()
+                    .try_for_each(|(id, below)| s.engine.store.compact_trimmed(id, below))
+            })
+            .await
+            .map_err(|e| QueueError::Failed(format!("compaction task failed: {e}")))??;
+        report.compacted = true;
+    }
+    report.bytes_after = bytes(shared.clone()).await;
+    Ok(report)
+}
+
+/// Runs a pass every `interval` on the broker's clock until shutdown. Holds the broker only
+/// weakly, so dropping every handle still closes it.
+pub(crate) fn spawn_background(shared: &Arc<Shared>, interval: Duration) {
+    if interval.is_zero() {
+        return;
+    }
+    let weak: Weak<Shared> = Arc::downgrade(shared);
+    let clock = shared.engine.clock().clone();
+    let closing = shared.closing.clone();
+    shared.runtime.spawn(async move {
+        loop {
+            tokio::select! {
+                _ = clock.sleep_until(clock.now() + interval) => {}
+                _ = closing.cancelled() => return,
+            }
+            let Some(shared) = weak.upgrade() else { return };
+            if let Err(e) = pass(&shared, None).await {
+                if matches!(e, QueueError::Shutdown) {
+                    return;
+                }
+                tracing::warn!(error = %e, "rockq: retention pass failed");
+            }
+        }
+    });
+}
+
+/// Wall-clock microseconds of `t` (0 before the epoch).
+pub(crate) fn micros(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+}
