@@ -90,7 +90,8 @@ async fn max_len_trims_unconsumed_messages_and_groups_behind_skip_with_an_event(
     assert_eq!((q.first_seq(), q.len()), (16, 5));
     // The work group jumped in the same write.
     let e = wait_event(&mut events, |e| matches!(e, Event::Skipped { group, .. } if &**group == "w")).await;
-    assert!(matches!(e, Event::Skipped { to: 15, .. }));
+    assert!(matches!(e, Event::Skipped { from: 2, to: 15, .. }));
+    assert_eq!(q.work_group("w").unwrap().skipped(), 14);
     // The ordered subscription continues at 16 once its buffer (read before the trim) is gone.
     first.ack().unwrap();
     let mut seqs = Vec::new();

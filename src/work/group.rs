@@ -177,6 +177,11 @@ impl WorkGroup {
         self.state().map_or(0, |g| g.waiting())
     }
 
+    /// Messages this group never finished because retention deleted them first (since open).
+    pub fn skipped(&self) -> u64 {
+        self.state().map_or(0, |g| g.skipped.load(Ordering::Relaxed))
+    }
+
     /// Times a subscription of this group waited on a full in-flight bound for longer than
     /// [`saturation_after`](WorkGroup::saturation_after).
     pub fn saturations(&self) -> u64 {
