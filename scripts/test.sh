@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs rockq's whole test suite on a fresh machine: installs the build's system dependencies,
-# then unit, integration, example, bench-harness and doc tests against real RocksDB databases.
+# then unit, integration, example, bench-harness and doc tests against real RocksDB databases,
+# and the fault-injection tests (built with the `failpoints` feature).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh
 cargo test --all-targets "$@"
 cargo test --doc "$@"
+cargo test --features failpoints --test faults "$@"

@@ -48,6 +48,7 @@ mod consumer;
 mod engine;
 mod error;
 mod events;
+mod faults;
 mod message;
 mod name;
 mod options;
@@ -77,6 +78,29 @@ pub use work::{
     DeadLetter, DeadLetters, Handler, HandlerError, Job, PoolReport, Redrive, RetryPolicy, Task, WorkGroup,
     WorkSubscription, Workers,
 };
+
+/// Entry points for the cargo-fuzz targets in `fuzz/` (compiled only under `cargo fuzz`).
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing {
+    /// Decodes a stored message envelope.
+    pub fn envelope(b: &[u8]) {
+        let _ = crate::store::envelope::decode(b"k", b);
+    }
+    /// Decodes the records and keys rockq reads at open.
+    pub fn records(b: &[u8]) {
+        let _ = crate::store::records::ClaimRecord::decode(b"k", b);
+        let _ = crate::store::records::QueueRecord::decode(b"k", b);
+        let _ = crate::store::records::decode_offset(b"k", b);
+        let _ = crate::store::records::decode_cursor(b"k", b);
+    }
+    /// Parses keys.
+    pub fn keys(b: &[u8]) {
+        let _ = crate::store::keys::decode_message_key(b);
+        let _ = crate::store::keys::parse_offset_key(b);
+        let _ = crate::store::keys::parse_claim_key(b);
+    }
+}
 
 /// The README's code blocks compile as doctests.
 #[cfg(doctest)]

@@ -4,6 +4,7 @@
 //! - every send that resolved `Ok` is present, and sequences have no holes and are never reused;
 //! - no group offset passes a message whose handler had not finished;
 //! - a work-queue message's attempt count never goes down (each delivery has a higher one).
+//!
 //! A final clean run drains both groups: every sent message reached both (zero loss).
 //! `cargo test --test torture` runs a short version; the long one (500 cycles, or
 //! `ROCKQ_TORTURE_CYCLES`) is `cargo test --test torture -- --ignored long_torture`.
@@ -19,7 +20,12 @@ use futures::StreamExt;
 use rockq::{Durability, Options, Retention, Task};
 
 async fn open_fsync(path: &str) -> rockq::Broker {
-    Options::new().durability(Durability::Fsync).retention_interval(Duration::ZERO).open(path).await.expect("open")
+    Options::new()
+        .durability(Durability::Fsync)
+        .retention_interval(Duration::ZERO)
+        .open(path)
+        .await
+        .expect("open")
 }
 
 /// Child: load until killed (or, with `ROCKQ_TORTURE_DRAIN`, consume everything and exit).
@@ -161,7 +167,14 @@ async fn check(path: &str, seen: &Seen, cycle_no: usize) {
     let max_sent = seen.sent.last().copied().unwrap_or(0);
     assert!(last >= max_sent, "cycle {cycle_no}: resolved send {max_sent} lost (last is {last})");
     // No holes: a fresh group reads 1..=last contiguously (a gap is a stream error).
-    let mut sub = q.group(&format!("check{cycle_no}")).unwrap().read_batch(1024).max_unacked(1 << 20).subscribe().await.unwrap();
+    let mut sub = q
+        .group(&format!("check{cycle_no}"))
+        .unwrap()
+        .read_batch(1024)
+        .max_unacked(1 << 20)
+        .subscribe()
+        .await
+        .unwrap();
     for expected in 1..=last {
         let d = next(&mut sub).await;
         assert_eq!(d.seq(), expected, "cycle {cycle_no}: hole");
@@ -176,11 +189,16 @@ async fn check(path: &str, seen: &Seen, cycle_no: usize) {
         }
         .unwrap_or(0);
         if let Some(missing) = (1..=committed).find(|s| !done.contains_key(s)) {
-            panic!("cycle {cycle_no}: group {name}'s offset {committed} passed {missing}, whose handler never finished");
+            panic!(
+                "cycle {cycle_no}: group {name}'s offset {committed} passed {missing}, whose handler never finished"
+            );
         }
     }
     for (seq, attempts) in &seen.attempts {
-        assert!(attempts.windows(2).all(|w| w[0] < w[1]), "cycle {cycle_no}: attempts of {seq} went down: {attempts:?}");
+        assert!(
+            attempts.windows(2).all(|w| w[0] < w[1]),
+            "cycle {cycle_no}: attempts of {seq} went down: {attempts:?}"
+        );
     }
     broker.shutdown().await.unwrap();
 }

@@ -4,6 +4,8 @@
 //! Everything here is blocking FFI. Callers run it on the writer thread or in
 //! `spawn_blocking`, never on a Tokio worker.
 
+#[cfg(test)]
+mod decode_props;
 pub(crate) mod envelope;
 pub(crate) mod keys;
 mod open;

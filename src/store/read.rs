@@ -43,6 +43,7 @@ pub(crate) fn read_range(
     let Some((db, cfs)) = guard.get() else {
         return Ok(ReadOutcome::Closed);
     };
+    crate::faults::check("rockq-read").map_err(StorageError)?;
     let lo = keys::message_key(queue_id, from).to_vec();
     let hi = keys::message_upper_bound(queue_id, to);
     let mut it = db.raw_iterator_cf_opt(cfs.messages, bounded(lo.clone(), hi));

@@ -311,7 +311,8 @@ impl Writer {
             );
             self.batch_hint = wb.size_in_bytes().max(4096);
             let t = Instant::now();
-            let res = db.write_opt(wb, &self.write_opts);
+            let res =
+                crate::faults::check("rockq-writer-write").and_then(|()| db.write_opt(wb, &self.write_opts));
             self.engine.counters.write_nanos.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
             res
         };
@@ -509,7 +510,9 @@ fn sync_loop(engine: &Engine, rx: std::sync::mpsc::Receiver<Round>) {
             let t = Instant::now();
             let guard = engine.store.lock();
             let synced = match guard.get() {
-                Some((db, _)) => db.flush_wal(true).map_err(StorageError),
+                Some((db, _)) => crate::faults::check("rockq-syncer-sync")
+                    .and_then(|()| db.flush_wal(true))
+                    .map_err(StorageError),
                 None => Ok(()),
             };
             drop(guard);

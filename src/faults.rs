@@ -1,0 +1,30 @@
+//! Failpoints for fault-injection tests (cargo feature `failpoints`, using the `fail` crate).
+//! Without the feature every check compiles to nothing.
+//!
+//! Points: `rockq-writer-write` (the round's WriteBatch), `rockq-syncer-sync` (the pipelined WAL
+//! sync under `Fsync`), `rockq-read` (a consumer's batch read).
+
+/// Returns an injected storage error if the failpoint `name` is configured to `return`.
+#[cfg(feature = "failpoints")]
+pub(crate) fn check(name: &str) -> Result<(), rocksdb::Error> {
+    fail::fail_point!(name, |_| Err(injected(name)));
+    Ok(())
+}
+
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub(crate) fn check(_name: &str) -> Result<(), rocksdb::Error> {
+    Ok(())
+}
+
+/// A genuine `rocksdb::Error` (the crate has no public constructor): opening a path that
+/// cannot exist without `create_if_missing` fails.
+#[cfg(feature = "failpoints")]
+fn injected(name: &str) -> rocksdb::Error {
+    let opts = rocksdb::Options::default();
+    match rocksdb::DB::open(&opts, format!("/nonexistent/rockq-failpoint/{name}")) {
+        Err(e) => e,
+        #[allow(clippy::panic)]
+        Ok(_) => panic!("failpoint {name}: could not produce an error"),
+    }
+}
