@@ -1,0 +1,304 @@
+//! Model-based test: random sequences of send, receive/ack/drop (ordered group), claim/ack/
+//! nack/dead-letter/drop (work-queue group), lease expiry (manual clock), trim, redrive and
+//! restart, checked step by step against a small reference model of what is delivered next,
+//! with which attempt, what is committed, what is dead-lettered and where the queue starts.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use common::*;
+use futures::StreamExt;
+use proptest::prelude::*;
+use rockq::{AckError, Broker, Delivery, Job, ManualClock, Redrive, RetryPolicy, Subscription, WorkSubscription};
+
+const LEASE: Duration = Duration::from_secs(10);
+const MAX_ATTEMPTS: u32 = 3;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Send(u8),
+    ORecv,
+    OAck(usize),
+    ODrop(usize),
+    WClaim,
+    WAck(usize),
+    WNack(usize),
+    WDead(usize),
+    WDrop(usize),
+    Expire,
+    Trim,
+    Redrive,
+    Restart,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (1u8..5).prop_map(Op::Send),
+        3 => Just(Op::ORecv),
+        2 => any::<usize>().prop_map(Op::OAck),
+        1 => any::<usize>().prop_map(Op::ODrop),
+        3 => Just(Op::WClaim),
+        2 => any::<usize>().prop_map(Op::WAck),
+        1 => any::<usize>().prop_map(Op::WNack),
+        1 => any::<usize>().prop_map(Op::WDead),
+        1 => any::<usize>().prop_map(Op::WDrop),
+        1 => Just(Op::Expire),
+        1 => Just(Op::Trim),
+        1 => Just(Op::Redrive),
+        1 => Just(Op::Restart),
+    ]
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum W {
+    Available,
+    Held,
+    Done,
+}
+
+#[derive(Default, Debug)]
+struct Model {
+    last: u64,
+    first: u64,
+    // Ordered group.
+    o_acked: BTreeSet<u64>,
+    o_committed: u64,
+    o_next_new: u64,
+    o_redeliver: BTreeSet<u64>,
+    o_held: Vec<u64>,
+    // Work group: claimed sequences (below the frontier), the frontier, held jobs.
+    w: BTreeMap<u64, (u32, W)>,
+    w_frontier: u64,
+    w_held: Vec<(u64, u32, bool)>, // seq, attempt, lease expired
+    dlq: Vec<u64>,
+    dlq_cursor: usize,
+}
+
+impl Model {
+    fn new() -> Self {
+        Model { first: 1, o_next_new: 1, w_frontier: 1, ..Model::default() }
+    }
+    fn o_next(&self) -> Option<u64> {
+        self.o_redeliver.first().copied().or((self.o_next_new <= self.last).then_some(self.o_next_new))
+    }
+    fn o_ack(&mut self, seq: u64) {
+        self.o_acked.insert(seq);
+        while self.o_acked.remove(&(self.o_committed + 1)) {
+            self.o_committed += 1;
+        }
+    }
+    fn w_committed(&self) -> u64 {
+        let mut c = self.first - 1;
+        while self.w.get(&(c + 1)).is_some_and(|s| s.1 == W::Done) {
+            c += 1;
+        }
+        c
+    }
+    /// What a claim does: dead-letters exhausted available messages below the one it claims.
+    fn w_claim(&mut self) -> Option<(u64, u32)> {
+        let target = self
+            .w
+            .iter()
+            .find(|(_, (a, st))| *st == W::Available && *a < MAX_ATTEMPTS)
+            .map(|(s, _)| *s)
+            .or((self.w_frontier <= self.last).then_some(self.w_frontier))?;
+        let exhausted: Vec<u64> = self
+            .w
+            .iter()
+            .filter(|(s, (a, st))| **s < target && *st == W::Available && *a >= MAX_ATTEMPTS)
+            .map(|(s, _)| *s)
+            .collect();
+        for s in exhausted {
+            self.w.get_mut(&s).unwrap().1 = W::Done;
+            self.dlq.push(s);
+        }
+        if target == self.w_frontier {
+            self.w_frontier += 1;
+        }
+        let slot = self.w.entry(target).or_insert((0, W::Available));
+        slot.0 += 1;
+        slot.1 = W::Held;
+        Some((target, slot.0))
+    }
+}
+
+/// The next stream item; a short hang guard, since shrinking reruns failing cases.
+async fn quick<T, E: std::fmt::Debug>(f: impl std::future::Future<Output = Option<Result<T, E>>>, ctx: &str) -> T {
+    tokio::time::timeout(Duration::from_secs(5), f)
+        .await
+        .unwrap_or_else(|_| panic!("{ctx}: hung"))
+        .expect("stream ended")
+        .expect("stream error")
+}
+
+struct Real {
+    broker: Broker,
+    q: rockq::Queue,
+    o: Subscription,
+    w: WorkSubscription,
+    o_held: Vec<Delivery>,
+    w_held: Vec<Job>,
+}
+
+async fn open_real(path: &std::path::Path, clock: &ManualClock) -> Real {
+    let broker = open_clock(path, clock).await;
+    let q = broker.queue("q").await.unwrap();
+    let o = q.group("o").unwrap().subscribe().await.unwrap();
+    let w = q
+        .work_group("w")
+        .unwrap()
+        .lease(LEASE)
+        .max_in_flight(1) // no claims ahead: every claim is one the test asked for
+        .claim_batch(1)
+        .retry_policy(RetryPolicy::default().max_attempts(MAX_ATTEMPTS).backoff(Duration::ZERO, Duration::ZERO).jitter(0.0))
+        .subscribe()
+        .await
+        .unwrap();
+    Real { broker, q, o, w, o_held: Vec::new(), w_held: Vec::new() }
+}
+
+async fn run(ops: Vec<Op>) {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let mut r = open_real(dir.path(), &clock).await;
+    let mut m = Model::new();
+    for (step, op) in ops.into_iter().enumerate() {
+        let ctx = format!("step {step}: {op:?}");
+        match op {
+            Op::Send(n) => {
+                let range = r.q.send_batch((0..n).map(|i| vec![i])).await.unwrap();
+                assert_eq!(*range.start(), m.last + 1, "{ctx}");
+                m.last += u64::from(n);
+            }
+            Op::ORecv => {
+                let Some(expected) = m.o_next() else { continue };
+                let d = quick(r.o.next(), &ctx).await;
+                assert_eq!(d.seq(), expected, "{ctx}");
+                if !m.o_redeliver.remove(&expected) {
+                    m.o_next_new += 1;
+                }
+                m.o_held.push(expected);
+                r.o_held.push(d);
+            }
+            Op::OAck(i) | Op::ODrop(i) if !r.o_held.is_empty() => {
+                let i = i % r.o_held.len();
+                let d = r.o_held.swap_remove(i);
+                let seq = m.o_held.swap_remove(i);
+                if matches!(op, Op::OAck(_)) {
+                    d.ack().unwrap();
+                    m.o_ack(seq);
+                    assert_eq!(r.o.commit().await.unwrap(), m.o_committed, "{ctx}");
+                } else {
+                    drop(d);
+                    m.o_redeliver.insert(seq);
+                }
+            }
+            // With `max_in_flight(1)` a second claim waits for the first job: claim only when
+            // none is held.
+            Op::WClaim if r.w_held.is_empty() => {
+                let Some((seq, attempt)) = m.w_claim() else { continue };
+                let j = quick(r.w.next(), &ctx).await;
+                assert_eq!((j.seq(), j.attempt()), (seq, attempt), "{ctx}: {m:?}");
+                m.w_held.push((seq, attempt, false));
+                r.w_held.push(j);
+            }
+            Op::WAck(i) | Op::WNack(i) | Op::WDead(i) | Op::WDrop(i) if !r.w_held.is_empty() => {
+                let i = i % r.w_held.len();
+                let j = r.w_held.swap_remove(i);
+                let (seq, attempt, expired) = m.w_held.swap_remove(i);
+                let res = match op {
+                    Op::WAck(_) => Some(j.ack().await),
+                    Op::WNack(_) => Some(j.fail("model").await),
+                    Op::WDead(_) => Some(j.dead_letter("model").await),
+                    _ => {
+                        drop(j);
+                        None
+                    }
+                };
+                if expired {
+                    // The lease ran out: nothing the old holder does changes anything.
+                    if let Some(res) = res {
+                        assert!(matches!(res, Err(AckError::LeaseLost { .. })), "{ctx}: {res:?}");
+                    }
+                    continue;
+                }
+                if let Some(res) = &res {
+                    assert!(res.is_ok(), "{ctx}: {res:?}");
+                }
+                let slot = m.w.get_mut(&seq).unwrap();
+                match op {
+                    Op::WAck(_) => slot.1 = W::Done,
+                    Op::WNack(_) if attempt >= MAX_ATTEMPTS => {
+                        slot.1 = W::Done;
+                        m.dlq.push(seq);
+                    }
+                    Op::WDead(_) => {
+                        slot.1 = W::Done;
+                        m.dlq.push(seq);
+                    }
+                    _ => slot.1 = W::Available, // nack (due at once) or drop: claimable again
+                }
+            }
+            Op::Expire => {
+                clock.advance(LEASE);
+                for h in &mut m.w_held {
+                    if !h.2 {
+                        h.2 = true;
+                        m.w.get_mut(&h.0).unwrap().1 = W::Available;
+                    }
+                }
+            }
+            Op::Trim => {
+                r.o.commit().await.unwrap();
+                r.broker.trim().await.unwrap();
+                m.first = m.first.max(m.o_committed.min(m.w_committed()) + 1);
+                assert_eq!(r.q.first_seq(), m.first, "{ctx}: {m:?}");
+            }
+            Op::Redrive => {
+                let dlq = r.broker.dead_letters("q.dlq").await.unwrap();
+                let moved = dlq.redrive(Redrive::new()).await.unwrap();
+                assert_eq!(moved as usize, m.dlq.len() - m.dlq_cursor, "{ctx}");
+                m.dlq_cursor = m.dlq.len();
+                m.last += moved;
+                assert_eq!(r.q.last_seq(), m.last, "{ctx}");
+            }
+            Op::Restart => {
+                r.o.commit().await.unwrap();
+                let Real { broker, q, o, w, o_held, w_held } = r;
+                drop((q, o, w, o_held));
+                std::mem::forget(w_held); // as if the process died holding them: attempts stay counted
+                broker.shutdown().await.unwrap();
+                r = open_real(dir.path(), &clock).await;
+                m.o_held.clear();
+                m.o_redeliver.clear();
+                m.o_acked.clear();
+                m.o_next_new = m.o_committed.max(m.first - 1) + 1;
+                for (seq, _, expired) in m.w_held.drain(..) {
+                    if !expired {
+                        m.w.get_mut(&seq).unwrap().1 = W::Available;
+                    }
+                }
+            }
+            _ => {}
+        }
+        assert_eq!(r.q.work_group("w").unwrap().committed(), Some(m.w_committed()), "{ctx}: {m:?}");
+    }
+    let dlq = r.broker.dead_letters("q.dlq").await.unwrap();
+    assert_eq!(dlq.len().await.unwrap() as usize, m.dlq.len() - m.dlq_cursor);
+    let origins: Vec<u64> = dlq.list(1000).await.unwrap().iter().map(|d| d.seq.unwrap()).collect();
+    assert_eq!(origins, m.dlq[m.dlq_cursor..].to_vec());
+    std::mem::forget(r.w_held);
+    r.broker.shutdown().await.unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    #[test]
+    fn rockq_matches_the_model(ops in proptest::collection::vec(op(), 1..60)) {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(run(ops));
+    }
+}
