@@ -135,7 +135,8 @@ macro_rules! accessors {
 /// **Dropping a job without an outcome** releases the lease at once: the message can be
 /// claimed again right away, and the attempt **counts** (it was persisted before the job was
 /// handed out), so a consumer that keeps dropping a message still ends in the dead-letter
-/// queue. Jobs a subscription claimed but never handed out do not count.
+/// queue. Jobs a subscription claimed but never handed out do not count — unless the process
+/// stops before they are claimed again: their claim (and attempt) was already written.
 #[must_use = "a job dropped without an outcome is released and its attempt counts"]
 pub struct Job {
     inner: Arc<JobInner>,
