@@ -11,7 +11,9 @@ use std::time::Duration;
 use common::*;
 use futures::StreamExt;
 use proptest::prelude::*;
-use rockq::{AckError, Broker, Delivery, Job, ManualClock, Redrive, RetryPolicy, Subscription, WorkSubscription};
+use rockq::{
+    AckError, Broker, Delivery, Job, ManualClock, Redrive, RetryPolicy, Subscription, WorkSubscription,
+};
 
 const LEASE: Duration = Duration::from_secs(10);
 const MAX_ATTEMPTS: u32 = 3;
@@ -125,7 +127,10 @@ impl Model {
 }
 
 /// The next stream item; a short hang guard, since shrinking reruns failing cases.
-async fn quick<T, E: std::fmt::Debug>(f: impl std::future::Future<Output = Option<Result<T, E>>>, ctx: &str) -> T {
+async fn quick<T, E: std::fmt::Debug>(
+    f: impl std::future::Future<Output = Option<Result<T, E>>>,
+    ctx: &str,
+) -> T {
     tokio::time::timeout(Duration::from_secs(5), f)
         .await
         .unwrap_or_else(|_| panic!("{ctx}: hung"))
@@ -152,7 +157,12 @@ async fn open_real(path: &std::path::Path, clock: &ManualClock) -> Real {
         .lease(LEASE)
         .max_in_flight(1) // no claims ahead: every claim is one the test asked for
         .claim_batch(1)
-        .retry_policy(RetryPolicy::default().max_attempts(MAX_ATTEMPTS).backoff(Duration::ZERO, Duration::ZERO).jitter(0.0))
+        .retry_policy(
+            RetryPolicy::default()
+                .max_attempts(MAX_ATTEMPTS)
+                .backoff(Duration::ZERO, Duration::ZERO)
+                .jitter(0.0),
+        )
         .subscribe()
         .await
         .unwrap();
