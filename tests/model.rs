@@ -1,5 +1,5 @@
 //! Model-based test: random sequences of send, receive/ack/drop (ordered group), claim/ack/
-//! nack/dead-letter/drop (work-queue group), lease expiry (manual clock), trim, redrive and
+//! nack/dead-letter/drop/extend (work-queue group), lease expiry (manual clock), trim, redrive and
 //! restart, checked step by step against a small reference model of what is delivered next,
 //! with which attempt, what is committed, what is dead-lettered and where the queue starts.
 
@@ -29,7 +29,9 @@ enum Op {
     WNack(usize),
     WDead(usize),
     WDrop(usize),
-    Expire,
+    WExtend(usize),
+    /// The clock moves 5 s (a lease is 10 s).
+    Tick,
     Trim,
     Redrive,
     Restart,
@@ -46,7 +48,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(Op::WNack),
         1 => any::<usize>().prop_map(Op::WDead),
         1 => any::<usize>().prop_map(Op::WDrop),
-        1 => Just(Op::Expire),
+        1 => any::<usize>().prop_map(Op::WExtend),
+        2 => Just(Op::Tick),
         1 => Just(Op::Trim),
         1 => Just(Op::Redrive),
         1 => Just(Op::Restart),
@@ -73,7 +76,8 @@ struct Model {
     // Work group: claimed sequences (below the frontier), the frontier, held jobs.
     w: BTreeMap<u64, (u32, W)>,
     w_frontier: u64,
-    w_held: Vec<(u64, u32, bool)>, // seq, attempt, lease expired
+    w_held: Vec<(u64, u32, bool, u64)>, // seq, attempt, lease expired, lease deadline (s)
+    now: u64,                           // clock seconds
     dlq: Vec<u64>,
     dlq_cursor: usize,
 }
@@ -211,13 +215,13 @@ async fn run(ops: Vec<Op>) {
                 let Some((seq, attempt)) = m.w_claim() else { continue };
                 let j = quick(r.w.next(), &ctx).await;
                 assert_eq!((j.seq(), j.attempt()), (seq, attempt), "{ctx}: {m:?}");
-                m.w_held.push((seq, attempt, false));
+                m.w_held.push((seq, attempt, false, m.now + LEASE.as_secs()));
                 r.w_held.push(j);
             }
             Op::WAck(i) | Op::WNack(i) | Op::WDead(i) | Op::WDrop(i) if !r.w_held.is_empty() => {
                 let i = i % r.w_held.len();
                 let j = r.w_held.swap_remove(i);
-                let (seq, attempt, expired) = m.w_held.swap_remove(i);
+                let (seq, attempt, expired, _) = m.w_held.swap_remove(i);
                 let res = match op {
                     Op::WAck(_) => Some(j.ack().await),
                     Op::WNack(_) => Some(j.fail("model").await),
@@ -251,10 +255,22 @@ async fn run(ops: Vec<Op>) {
                     _ => slot.1 = W::Available, // nack (due at once) or drop: claimable again
                 }
             }
-            Op::Expire => {
-                clock.advance(LEASE);
+            Op::WExtend(i) if !r.w_held.is_empty() => {
+                let i = i % r.w_held.len();
+                let res = r.w_held[i].extend(LEASE);
+                let h = &mut m.w_held[i];
+                if h.2 {
+                    assert!(matches!(res, Err(AckError::LeaseLost { .. })), "{ctx}: {res:?}");
+                } else {
+                    assert!(res.is_ok(), "{ctx}: {res:?}");
+                    h.3 = m.now + LEASE.as_secs();
+                }
+            }
+            Op::Tick => {
+                clock.advance(Duration::from_secs(5));
+                m.now += 5;
                 for h in &mut m.w_held {
-                    if !h.2 {
+                    if !h.2 && h.3 <= m.now {
                         h.2 = true;
                         m.w.get_mut(&h.0).unwrap().1 = W::Available;
                     }
@@ -285,7 +301,7 @@ async fn run(ops: Vec<Op>) {
                 m.o_redeliver.clear();
                 m.o_acked.clear();
                 m.o_next_new = m.o_committed.max(m.first - 1) + 1;
-                for (seq, _, expired) in m.w_held.drain(..) {
+                for (seq, _, expired, _) in m.w_held.drain(..) {
                     if !expired {
                         m.w.get_mut(&seq).unwrap().1 = W::Available;
                     }
@@ -304,7 +320,7 @@ async fn run(ops: Vec<Op>) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
     #[test]
     fn rockq_matches_the_model(ops in proptest::collection::vec(op(), 1..60)) {
