@@ -252,3 +252,38 @@ async fn the_background_task_trims_on_its_interval() {
     assert!(matches!(e, Event::Trimmed { deleted: 2, first_seq: 3, .. }));
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_work_group_resets_to_a_retained_sequence_and_its_claims_are_dropped() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("q").await.unwrap();
+    q.set_retention(Retention::Forever).await.unwrap();
+    q.send_batch(["a", "b", "c", "d"]).await.unwrap();
+    let group = q.work_group("w").unwrap();
+    {
+        let mut sub = group.subscribe().await.unwrap();
+        for _ in 0..3 {
+            next_job(&mut sub).await.ack().await.unwrap();
+        }
+        let held = next_job(&mut sub).await; // 4 claimed, attempt 1
+        assert!(matches!(group.reset_to(ResetTo::Sequence(2)).await, Err(ResetError::Active { .. })));
+        held.fail("x").await.unwrap(); // waiting for a retry: a claim record with attempt 1
+    }
+    assert_eq!(group.committed(), Some(3));
+    assert_eq!(group.reset_to(ResetTo::Sequence(2)).await.unwrap(), 2);
+    assert_eq!(group.committed(), Some(1));
+    assert!(matches!(group.reset_to(ResetTo::Sequence(9)).await, Err(ResetError::OutOfRetention { .. })));
+    let mut sub = group.subscribe().await.unwrap();
+    for expected in [b"b", b"c", b"d"] {
+        let j = next_job(&mut sub).await;
+        assert_eq!((j.payload().as_ref(), j.attempt()), (&expected[..], 1), "claims were dropped");
+        j.ack().await.unwrap();
+    }
+    drop(sub);
+    broker.shutdown().await.unwrap();
+    // The reset is durable.
+    let broker = open(dir.path()).await;
+    assert_eq!(broker.queue("q").await.unwrap().work_group("w").unwrap().committed(), Some(4));
+    broker.shutdown().await.unwrap();
+}

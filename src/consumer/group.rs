@@ -138,33 +138,7 @@ impl Group {
             return Err(ResetError::Active { group, queue });
         }
         let release = ActiveGuard(&group);
-        let first = self.queue.first_seq.load(Ordering::Acquire);
-        let next = self.queue.last_seq() + 1;
-        let seq = match to {
-            crate::ResetTo::Sequence(s) => s,
-            crate::ResetTo::Time(t) => {
-                let at = crate::retention::micros(t);
-                let (s, id) = (shared.clone(), self.queue.id);
-                let found = shared
-                    .runtime
-                    .spawn_blocking(move || {
-                        crate::store::first_enqueued_at(&s.engine.store, id, first, next - 1, at)
-                    })
-                    .await
-                    .map_err(|e| ResetError::Receive(crate::ReceiveError::Internal(e.to_string())))??;
-                match found {
-                    // Older than everything retained: the messages it asks for are gone.
-                    Some(s) if s == first && first > 1 => {
-                        return Err(ResetError::OutOfRetention { requested: 0, first, next });
-                    }
-                    Some(s) => s,
-                    None => next,
-                }
-            }
-        };
-        if !(first..=next).contains(&seq) {
-            return Err(ResetError::OutOfRetention { requested: seq, first, next });
-        }
+        let seq = crate::retention::reset_target(shared, &self.queue, to).await?;
         let (reply, rx) = oneshot::channel();
         let req = Request::ResetOffset { group: group.clone(), offset: seq - 1, reply };
         shared.tx.send(req).await.map_err(|_| ResetError::Shutdown)?;

@@ -162,6 +162,43 @@ pub(crate) fn spawn_background(shared: &Arc<Shared>, interval: Duration) {
     });
 }
 
+/// The sequence a reset to `to` starts at, if it is retained.
+pub(crate) async fn reset_target(
+    shared: &Arc<Shared>,
+    queue: &Arc<QueueState>,
+    to: ResetTo,
+) -> Result<u64, crate::error::ResetError> {
+    use crate::error::ResetError;
+    let first = queue.first_seq.load(Ordering::Acquire);
+    let next = queue.last_seq() + 1;
+    let seq = match to {
+        ResetTo::Sequence(s) => s,
+        ResetTo::Time(t) => {
+            let at = crate::retention::micros(t);
+            let (s, id) = (shared.clone(), queue.id);
+            let found = shared
+                .runtime
+                .spawn_blocking(move || {
+                    crate::store::first_enqueued_at(&s.engine.store, id, first, next - 1, at)
+                })
+                .await
+                .map_err(|e| ResetError::Receive(crate::ReceiveError::Internal(e.to_string())))??;
+            match found {
+                // Older than everything retained: the messages it asks for are gone.
+                Some(s) if s == first && first > 1 => {
+                    return Err(ResetError::OutOfRetention { requested: 0, first, next });
+                }
+                Some(s) => s,
+                None => next,
+            }
+        }
+    };
+    if !(first..=next).contains(&seq) {
+        return Err(ResetError::OutOfRetention { requested: seq, first, next });
+    }
+    Ok(seq)
+}
+
 /// Wall-clock microseconds of `t` (0 before the epoch).
 pub(crate) fn micros(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)

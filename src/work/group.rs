@@ -12,7 +12,7 @@ use super::state::WorkGroupState;
 use super::subscription::WorkSubscription;
 use crate::broker::Shared;
 use crate::consumer::StartFrom;
-use crate::error::{NameKind, SubscribeError};
+use crate::error::{NameKind, ResetError, SubscribeError};
 use crate::name::{self, MAX_NAME_LEN};
 use crate::registry::QueueState;
 use crate::store::keys;
@@ -186,6 +186,42 @@ impl WorkGroup {
     /// [`saturation_after`](WorkGroup::saturation_after).
     pub fn saturations(&self) -> u64 {
         self.state().map_or(0, |g| g.saturations.load(Ordering::Relaxed))
+    }
+
+    /// Replays: moves the group's offset so that claiming restarts at the given sequence, or
+    /// at the first message enqueued at or after the given time; every claim (attempt counts,
+    /// retry times, finished-above-the-offset marks) is dropped. The target must be retained.
+    /// Returns the sequence claiming restarts at.
+    ///
+    /// # Errors
+    ///
+    /// [`ResetError::Active`] while a subscription or pool of the group runs in this process
+    /// or one of its jobs is held, [`ResetError::NoSuchGroup`],
+    /// [`ResetError::OutOfRetention`], [`ResetError::Shutdown`], [`ResetError::Storage`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe in effect: the offset is either moved or not.
+    pub async fn reset_to(&self, to: crate::ResetTo) -> Result<u64, ResetError> {
+        if self.shared.is_closed() {
+            return Err(ResetError::Shutdown);
+        }
+        let names = || (self.name.to_string(), self.queue.name.to_string());
+        let Some(state) = self.state() else {
+            let (group, queue) = names();
+            return Err(ResetError::NoSuchGroup { group, queue });
+        };
+        if state.subscriptions.load(Ordering::Acquire) > 0 || state.leased() > 0 {
+            let (group, queue) = names();
+            return Err(ResetError::Active { group, queue });
+        }
+        let seq = crate::retention::reset_target(&self.shared, &self.queue, to).await?;
+        let (reply, rx) = oneshot::channel();
+        let req = Request::ResetWorkOffset { group: state, offset: seq - 1, reply };
+        self.shared.tx.send(req).await.map_err(|_| ResetError::Shutdown)?;
+        rx.await.map_err(|_| ResetError::Shutdown)??;
+        tracing::info!(group = %self.name, queue = %self.queue.name, seq, "rockq: work-queue group reset");
+        Ok(seq)
     }
 
     /// Starts receiving jobs. The group is created (durably) on first use.

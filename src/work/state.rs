@@ -46,6 +46,8 @@ pub(crate) struct WorkGroupState {
     pub skipped: AtomicU64,
     /// Times a subscription of this group waited on its in-flight bound for too long.
     pub saturations: AtomicU64,
+    /// Live subscriptions of this group in this process (a reset needs none).
+    pub subscriptions: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for WorkGroupState {
@@ -143,6 +145,7 @@ impl WorkGroupState {
             next_token: AtomicU64::new(seed),
             queued_acks: Mutex::new(Vec::new()),
             saturations: AtomicU64::new(0),
+            subscriptions: std::sync::atomic::AtomicUsize::new(0),
             skipped: AtomicU64::new(0),
         })
     }
@@ -338,6 +341,16 @@ impl WorkGroupState {
         for seq in seqs {
             d.slots.remove(seq);
         }
+    }
+
+    /// A reset made `offset` the group's offset: every claim is gone, claiming restarts after it.
+    pub fn reset(&self, offset: u64) {
+        let mut d = self.dispatch();
+        d.slots.clear();
+        d.frontier = offset + 1;
+        drop(d);
+        self.durable.store(offset, Ordering::SeqCst);
+        self.changed.notify_waiters();
     }
 
     /// Retention deleted everything up to `to`: forget it and never claim it.

@@ -68,6 +68,7 @@ impl std::fmt::Debug for WorkSubscription {
 
 impl WorkSubscription {
     pub(crate) fn new(shared: Arc<Shared>, group: Arc<WorkGroupState>, config: Arc<WorkConfig>) -> Self {
+        group.subscriptions.fetch_add(1, Ordering::AcqRel);
         let permits = Arc::new(Semaphore::new(config.max_in_flight));
         WorkSubscription {
             ctx: Arc::new(Ctx { shared, group, config, permits }),
@@ -86,6 +87,12 @@ impl WorkSubscription {
     /// Jobs this subscription holds (handed out or buffered, not settled).
     pub fn in_flight(&self) -> usize {
         self.ctx.config.max_in_flight - self.ctx.permits.available_permits()
+    }
+}
+
+impl Drop for WorkSubscription {
+    fn drop(&mut self) {
+        self.ctx.group.subscriptions.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

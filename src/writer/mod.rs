@@ -256,6 +256,9 @@ impl Writer {
                 Request::ResetOffset { group, offset, reply } => {
                     self.reset_offset(&mut wb, cfs.offsets, &mut r, group, offset, reply)
                 }
+                Request::ResetWorkOffset { group, offset, reply } => {
+                    self.reset_work_offset(&mut wb, &cfs, &mut r, group, offset, reply)
+                }
                 Request::Commit => {}
                 Request::Flush { reply } => r.flushes.push(reply),
                 Request::Shutdown { reply } => r.shutdown = Some(reply),
@@ -642,7 +645,7 @@ fn reject(req: Request, why: impl Fn() -> String, shutdown: bool) {
         Request::Trim { reply, .. } => {
             let _ = reply.send(Err(if shutdown { QueueError::Shutdown } else { QueueError::Failed(why()) }));
         }
-        Request::ResetOffset { reply, .. } => {
+        Request::ResetOffset { reply, .. } | Request::ResetWorkOffset { reply, .. } => {
             use crate::error::ResetError;
             let _ = reply.send(Err(if shutdown { ResetError::Shutdown } else { ResetError::Failed(why()) }));
         }

@@ -98,6 +98,12 @@ pub(crate) enum Request {
         offset: u64,
         reply: oneshot::Sender<Result<(), crate::error::ResetError>>,
     },
+    /// Set a work-queue group's offset (replay): its claims are deleted.
+    ResetWorkOffset {
+        group: Arc<WorkGroupState>,
+        offset: u64,
+        reply: oneshot::Sender<Result<(), crate::error::ResetError>>,
+    },
     /// Wake-up only: a group became dirty while the writer was idle.
     Commit,
     /// Reply once every acknowledgement recorded before this request is durable.

@@ -113,6 +113,32 @@ impl Writer {
         });
     }
 
+    pub(super) fn reset_work_offset(
+        &mut self,
+        wb: &mut WriteBatch,
+        cfs: &Cfs<'_>,
+        r: &mut Round,
+        group: Arc<crate::work::WorkGroupState>,
+        offset: u64,
+        reply: Sender<Result<(), ResetError>>,
+    ) {
+        {
+            let mut p = group.progress();
+            p.offset = offset;
+            p.done.clear();
+        }
+        let prefix = &group.claim_prefix;
+        wb.delete_range_cf(cfs.claims, keys::claim_key(prefix, 0), keys::claim_key(prefix, u64::MAX));
+        wb.delete_cf(cfs.claims, keys::claim_key(prefix, u64::MAX));
+        wb.put_cf(cfs.offsets, &group.key, records::encode_shared_offset(offset));
+        r.on_done(move |res| {
+            if res.is_ok() {
+                group.reset(offset);
+            }
+            let _ = reply.send(res.map_err(|e| ResetError::Storage(e.clone())));
+        });
+    }
+
     pub(super) fn reset_offset(
         &mut self,
         wb: &mut WriteBatch,
