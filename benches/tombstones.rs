@@ -242,15 +242,7 @@ fn naive_run(path: &Path, n: u64) -> NaiveResult {
     let mut o = rocksdb::Options::default();
     o.create_if_missing(true);
     let db = rocksdb::DB::open(&o, path).unwrap();
-    let mut seq = 1;
-    while seq <= n {
-        let mut wb = rocksdb::WriteBatch::default();
-        for s in seq..(seq + 1000).min(n + 1) {
-            wb.put(key(1, s), [7u8; 100]);
-        }
-        db.write(wb).unwrap();
-        seq += 1000;
-    }
+    fill_raw(&db, n);
     let mut seq = 1;
     while seq <= n {
         let mut wb = rocksdb::WriteBatch::default();
@@ -279,15 +271,7 @@ fn delete_variant(path: &Path, n: u64, range: bool) -> (Duration, Duration) {
     let mut o = rocksdb::Options::default();
     o.create_if_missing(true);
     let db = rocksdb::DB::open(&o, path).unwrap();
-    let mut seq = 1;
-    while seq <= n {
-        let mut wb = rocksdb::WriteBatch::default();
-        for s in seq..(seq + 1000).min(n + 1) {
-            wb.put(key(1, s), [7u8; 100]);
-        }
-        db.write(wb).unwrap();
-        seq += 1000;
-    }
+    fill_raw(&db, n);
     db.put(key(1, n + 1), [7u8; 100]).unwrap();
     let t = Instant::now();
     if range {
@@ -318,4 +302,17 @@ fn delete_variant(path: &Path, n: u64, range: bool) -> (Duration, Duration) {
         times.push(t.elapsed());
     }
     (deleted, median(times))
+}
+
+/// Puts messages 1..=n of queue 1 in batches of 1000.
+fn fill_raw(db: &rocksdb::DB, n: u64) {
+    let mut seq = 1;
+    while seq <= n {
+        let mut wb = rocksdb::WriteBatch::default();
+        for s in seq..(seq + 1000).min(n + 1) {
+            wb.put(key(1, s), [7u8; 100]);
+        }
+        db.write(wb).unwrap();
+        seq += 1000;
+    }
 }
