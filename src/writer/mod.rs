@@ -440,6 +440,24 @@ impl Writer {
         Some(seq)
     }
 
+    /// `WrongMode` if the group key exists (or is being created) in the other mode: a name is
+    /// ordered or work-queue on a queue, never both.
+    fn other_mode(
+        &self,
+        key: &[u8],
+        group: &str,
+        queue: &QueueState,
+        want_shared: bool,
+    ) -> Option<SubscribeError> {
+        let r = &self.engine.registry;
+        let existing = if want_shared {
+            (r.groups.contains_key(key) || self.groups.contains_key(key)).then_some("ordered")
+        } else {
+            (r.work_groups.contains_key(key) || self.work_groups.contains_key(key)).then_some("work-queue")
+        }?;
+        Some(SubscribeError::WrongMode { group: group.to_owned(), queue: queue.name.to_string(), existing })
+    }
+
     /// The initial offset of a new group starting at `start`.
     fn start_offset(&self, queue: &QueueState, start: StartFrom) -> Result<u64, SubscribeError> {
         let first = queue.first_seq.load(Ordering::SeqCst);
@@ -472,12 +490,8 @@ impl Writer {
             let _ = reply.send(Ok(g.clone()));
             return;
         }
-        if self.engine.registry.work_groups.contains_key(&key) || self.work_groups.contains_key(&key) {
-            let _ = reply.send(Err(SubscribeError::WrongMode {
-                group,
-                queue: queue.name.to_string(),
-                existing: "work-queue",
-            }));
+        if let Some(e) = self.other_mode(&key, &group, &queue, false) {
+            let _ = reply.send(Err(e));
             return;
         }
         if let Some((_, waiters)) = r.groups.iter_mut().find(|(g, _)| g.key == key) {

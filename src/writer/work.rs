@@ -35,12 +35,8 @@ impl Writer {
             let _ = reply.send(Ok(g.clone()));
             return;
         }
-        if self.engine.registry.groups.contains_key(&key) || self.groups.contains_key(&key) {
-            let _ = reply.send(Err(SubscribeError::WrongMode {
-                group,
-                queue: queue.name.to_string(),
-                existing: "ordered",
-            }));
+        if let Some(e) = self.other_mode(&key, &group, &queue, true) {
+            let _ = reply.send(Err(e));
             return;
         }
         if let Some((_, waiters)) = r.work_groups.iter_mut().find(|(g, _)| g.key == key) {
