@@ -5,6 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh
-cargo test --all-targets "$@"
-cargo test --doc "$@"
+cargo test --all-targets --features cli "$@"
+cargo test --doc --features cli "$@"
 cargo test --features failpoints --test faults "$@"

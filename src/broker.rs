@@ -51,6 +51,33 @@ impl Shared {
     }
 }
 
+/// Runs `tick` every `interval` on the broker's clock until shutdown, or until `tick` returns
+/// false. Holds the broker only weakly between ticks, so dropping every handle still closes it.
+pub(crate) fn spawn_periodic<F, Fut>(shared: &Arc<Shared>, interval: std::time::Duration, tick: F)
+where
+    F: Fn(Arc<Shared>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = bool> + Send + 'static,
+{
+    if interval.is_zero() {
+        return;
+    }
+    let weak = Arc::downgrade(shared);
+    let clock = shared.engine.clock().clone();
+    let closing = shared.closing.clone();
+    shared.runtime.spawn(async move {
+        loop {
+            tokio::select! {
+                _ = clock.sleep_until(clock.now() + interval) => {}
+                _ = closing.cancelled() => return,
+            }
+            let Some(shared) = weak.upgrade() else { return };
+            if !tick(shared).await {
+                return;
+            }
+        }
+    });
+}
+
 /// An open rockq database: the entry point for queues and groups.
 ///
 /// `Broker` is a cheap handle (`Clone` shares it). Call [`shutdown`](Broker::shutdown) before
@@ -150,7 +177,7 @@ impl Broker {
             .spawn_blocking(move || store::open(&path, &opts))
             .await
             .map_err(|e| OpenError::InvalidOption(format!("open task failed: {e}")))??;
-        let store::Loaded { queues, groups, claims } = loaded;
+        let store::Loaded { queues, groups, claims, settings } = loaded;
 
         let registry = Registry::default();
         for q in queues {
@@ -192,6 +219,17 @@ impl Broker {
         for g in registry.work_groups.iter() {
             g.restore(by_group.remove(&g.key).unwrap_or_default(), &options.clock);
         }
+        // Settings of a group that no longer exists (a removed group) are ignored.
+        for s in settings {
+            let key = keys::offset_key(&s.group, &s.queue);
+            if let Some(g) = registry.groups.get(&key) {
+                g.paused.store(s.settings.paused, Ordering::Relaxed);
+            }
+            if let Some(g) = registry.work_groups.get(&key) {
+                g.paused.store(s.settings.paused, Ordering::Relaxed);
+                *g.recorded_dlq.lock().unwrap_or_else(|p| p.into_inner()) = s.settings.dead_letter_queue;
+            }
+        }
 
         let engine = Arc::new(Engine {
             store,
@@ -231,6 +269,7 @@ impl Broker {
             }),
         };
         crate::retention::spawn_background(&broker.shared, options.retention_interval);
+        crate::telemetry::spawn_gauges(&broker.shared, options.metrics_interval);
         Ok(broker)
     }
 

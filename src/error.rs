@@ -433,6 +433,62 @@ pub enum ShutdownError {
     WriterPanicked,
 }
 
+/// Reading stats, pending claims, messages or dead letters for inspection failed. Nothing
+/// changed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InspectError {
+    /// No queue by that name.
+    #[error("queue {0:?} does not exist")]
+    NoSuchQueue(String),
+    /// No group by that name on that queue.
+    #[error("group {group:?} does not exist on queue {queue:?}")]
+    NoSuchGroup {
+        /// The group.
+        group: String,
+        /// The queue.
+        queue: String,
+    },
+    /// A name is invalid.
+    #[error(transparent)]
+    InvalidName(#[from] NameError),
+    /// A stored record could not be decoded.
+    #[error(transparent)]
+    Corrupt(#[from] CorruptionError),
+    /// RocksDB failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The broker (or inspector) was shut down.
+    #[error("database is closed")]
+    Shutdown,
+}
+
+/// Pausing or resuming a group failed. Nothing changed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PauseError {
+    /// The group has never subscribed on that queue.
+    #[error("group {group:?} does not exist on queue {queue:?}")]
+    NoSuchGroup {
+        /// The group.
+        group: String,
+        /// The queue.
+        queue: String,
+    },
+    /// A name is invalid.
+    #[error(transparent)]
+    InvalidName(#[from] NameError),
+    /// The broker was shut down.
+    #[error("broker is shut down")]
+    Shutdown,
+    /// Writing the group's settings record failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The broker stopped accepting writes after an earlier storage error.
+    #[error("broker stopped accepting writes after an earlier storage error: {0}")]
+    Failed(String),
+}
+
 /// Any rockq error.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -470,4 +526,10 @@ pub enum Error {
     /// See [`NameError`].
     #[error(transparent)]
     Name(#[from] NameError),
+    /// See [`InspectError`].
+    #[error(transparent)]
+    Inspect(#[from] InspectError),
+    /// See [`PauseError`].
+    #[error(transparent)]
+    Pause(#[from] PauseError),
 }

@@ -42,6 +42,7 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+mod admin;
 mod broker;
 mod clock;
 mod consumer;
@@ -56,16 +57,21 @@ mod producer;
 mod registry;
 mod retention;
 mod store;
+pub mod telemetry;
 mod work;
 mod writer;
 
+pub use admin::{
+    GroupMode, GroupStats, Inspector, PendingClaim, PendingState, QueueStats, Stats, StoredMessage,
+};
 pub use broker::{Broker, StorageStats, WriterStats};
 pub use bytes::Bytes;
 pub use clock::{Clock, ManualClock};
 pub use consumer::{Delivery, Group, StartFrom, Subscription};
 pub use error::{
-    AckError, CommitError, CorruptionError, Error, NameError, NameKind, OpenError, QueueError, ReceiveError,
-    RedriveError, ResetError, SendError, ShutdownError, StorageError, SubscribeError,
+    AckError, CommitError, CorruptionError, Error, InspectError, NameError, NameKind, OpenError, PauseError,
+    QueueError, ReceiveError, RedriveError, ResetError, SendError, ShutdownError, StorageError,
+    SubscribeError,
 };
 pub use events::Event;
 pub use message::Message;

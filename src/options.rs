@@ -60,6 +60,7 @@ pub struct Options {
     pub(crate) statistics: bool,
     pub(crate) clock: crate::Clock,
     pub(crate) retention_interval: std::time::Duration,
+    pub(crate) metrics_interval: std::time::Duration,
 }
 
 impl Default for Options {
@@ -74,6 +75,7 @@ impl Default for Options {
             statistics: false,
             clock: crate::Clock::default(),
             retention_interval: std::time::Duration::from_secs(10),
+            metrics_interval: std::time::Duration::from_secs(10),
         }
     }
 }
@@ -141,6 +143,16 @@ impl Options {
     /// `Duration::ZERO` turns it off ([`Broker::trim`] still works).
     pub fn retention_interval(mut self, every: std::time::Duration) -> Self {
         self.retention_interval = every;
+        self
+    }
+
+    /// How often the gauges of the `metrics` facade (lag, oldest un-acked age, in flight,
+    /// dead-letter depth, queue length and bytes) are refreshed, on the broker's clock.
+    /// Default 10 s; `Duration::ZERO` turns the refresh off (each
+    /// [`Broker::stats`](crate::Broker::stats) call still refreshes them). Counters and
+    /// histograms are always recorded as things happen.
+    pub fn metrics_interval(mut self, every: std::time::Duration) -> Self {
+        self.metrics_interval = every;
         self
     }
 

@@ -61,6 +61,10 @@ pub(crate) struct GroupState {
     pub active: AtomicBool,
     /// Messages this group never received because retention deleted them first.
     pub skipped: AtomicU64,
+    /// A paused group hands out nothing (persisted in its settings record).
+    pub paused: AtomicBool,
+    /// The live subscription, for in-flight counts in stats.
+    pub live: std::sync::Mutex<std::sync::Weak<crate::consumer::SubShared>>,
 }
 
 impl GroupState {
@@ -74,11 +78,19 @@ impl GroupState {
             dirty: AtomicBool::new(false),
             active: AtomicBool::new(false),
             skipped: AtomicU64::new(0),
+            paused: AtomicBool::new(false),
+            live: std::sync::Mutex::new(std::sync::Weak::new()),
         })
     }
 
     /// Records that everything up to `seq` is acknowledged. Returns true if the group just
     /// became dirty (the caller must then hand it to the writer).
+    /// Deliveries of the live subscription not yet acknowledged.
+    pub fn in_flight(&self) -> u64 {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner()).upgrade();
+        live.map_or(0, |s| s.in_flight())
+    }
+
     pub fn advance(&self, seq: u64) -> bool {
         self.acked.fetch_max(seq, Ordering::AcqRel);
         !self.dirty.swap(true, Ordering::AcqRel)

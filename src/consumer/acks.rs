@@ -108,6 +108,12 @@ impl SubShared {
         w.len() >= self.max_unacked
     }
 
+    /// Deliveries handed out and not acknowledged (handed-back ones wait, they are not out).
+    pub fn in_flight(&self) -> u64 {
+        let w = self.window();
+        w.acked.iter().filter(|a| !**a).count().saturating_sub(w.redeliver.len()) as u64
+    }
+
     pub fn window(&self) -> MutexGuard<'_, AckWindow> {
         self.window.lock().unwrap_or_else(|p| p.into_inner())
     }

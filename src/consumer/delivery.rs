@@ -113,6 +113,8 @@ impl Delivery {
             return Err(AckError::Shutdown);
         }
         if let Some(m) = self.msg.take() {
+            let g = &self.sub.group;
+            tracing::trace!(queue = %g.queue.name, group = %g.name, seq = m.seq, "rockq: acked");
             self.sub.ack(m.seq);
         }
         Ok(())

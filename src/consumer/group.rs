@@ -91,6 +91,39 @@ impl Group {
         self.shared.engine.registry.groups.get(&key).map(|g| g.durable.load(Ordering::Acquire))
     }
 
+    /// Pauses this group durably (see [`Broker::pause_group`](crate::Broker::pause_group)).
+    ///
+    /// # Errors
+    ///
+    /// [`PauseError::NoSuchGroup`](crate::PauseError::NoSuchGroup) if it never subscribed,
+    /// [`PauseError::Shutdown`](crate::PauseError::Shutdown),
+    /// [`PauseError::Storage`](crate::PauseError::Storage).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe in effect: the group is paused or not.
+    pub async fn pause(&self) -> Result<(), crate::PauseError> {
+        crate::admin::set_paused(&self.shared, &self.queue, &self.name, true).await
+    }
+
+    /// Resumes this group (see [`Broker::resume_group`](crate::Broker::resume_group)).
+    ///
+    /// # Errors
+    ///
+    /// As for `pause`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe in effect.
+    pub async fn resume(&self) -> Result<(), crate::PauseError> {
+        crate::admin::set_paused(&self.shared, &self.queue, &self.name, false).await
+    }
+
+    /// Whether this group is paused.
+    pub fn is_paused(&self) -> bool {
+        crate::admin::is_paused(&self.shared, &self.queue, &self.name)
+    }
+
     /// Messages this group never received because retention deleted them first (since open).
     pub fn skipped(&self) -> u64 {
         let key = keys::offset_key(&self.name, &self.queue.name);
@@ -210,7 +243,8 @@ impl Group {
         }
         let resume = group.acked.load(Ordering::Acquire) + 1;
         let first = self.queue.first_seq.load(Ordering::Acquire);
-        let sub = SubShared::new(self.shared.clone(), group, resume, self.max_unacked);
+        let sub = SubShared::new(self.shared.clone(), group.clone(), resume, self.max_unacked);
+        *group.live.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(&sub);
         // Retention may have deleted messages the group never received: jump (and report it).
         sub.skip_to(first);
         let start = resume.max(first);

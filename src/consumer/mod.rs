@@ -5,6 +5,7 @@ mod delivery;
 mod group;
 mod subscription;
 
+pub(crate) use acks::SubShared;
 pub use delivery::Delivery;
 pub use group::{Group, StartFrom};
 pub use subscription::Subscription;

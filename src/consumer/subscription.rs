@@ -66,6 +66,8 @@ pub struct Subscription {
     reading: Option<ReadTask>,
     read_batch: usize,
     done: bool,
+    /// Deliveries not yet added to the metrics counter (flushed once per batch).
+    delivered: u64,
 }
 
 impl std::fmt::Debug for Subscription {
@@ -92,6 +94,7 @@ impl Subscription {
             queue,
             read_batch,
             done: false,
+            delivered: 0,
         }
     }
 
@@ -121,11 +124,25 @@ impl Subscription {
         Ok(self.committed())
     }
 
-    fn deliver(&self, msg: RawMessage, count: u32) -> Poll<Option<Result<Delivery, Error>>> {
+    fn deliver(&mut self, msg: RawMessage, count: u32) -> Poll<Option<Result<Delivery, Error>>> {
+        self.delivered += 1;
+        // Flushed every 32 too, so a busy stream's counter never lags far behind its acks.
+        if self.delivered >= 32 {
+            self.flush_metrics();
+        }
+        let g = &self.sub.group;
+        tracing::trace!(queue = %g.queue.name, group = %g.name, seq = msg.seq, delivery = count, "rockq: delivered");
         Poll::Ready(Some(Ok(Delivery::new(msg, count, self.sub.clone()))))
     }
 
+    /// Adds the deliveries since the last flush to the metrics counter.
+    fn flush_metrics(&mut self) {
+        let g = &self.sub.group;
+        crate::telemetry::delivered(&g.queue.name, &g.name, "ordered", std::mem::take(&mut self.delivered));
+    }
+
     fn start_read(&mut self) {
+        self.flush_metrics();
         let from = self.next_read;
         let to = self.known_last.min(from.saturating_add(self.read_batch as u64 - 1));
         let shared = self.sub.shared.clone();
@@ -137,6 +154,7 @@ impl Subscription {
 
     /// Ends the stream, optionally with a last error item.
     fn finish(&mut self, last: Option<Error>) -> Poll<Option<Result<Delivery, Error>>> {
+        self.flush_metrics();
         self.done = true;
         self.buffer.clear();
         Poll::Ready(last.map(Err))
@@ -155,6 +173,17 @@ impl Stream for Subscription {
         loop {
             if this.sub.shared.is_closed() {
                 return this.finish(None);
+            }
+            if this.sub.group.paused.load(Ordering::Acquire) {
+                // Paused: hand out nothing. Resuming touches the queue's watch, waking us.
+                match this.changes.poll_next_unpin(cx) {
+                    Poll::Ready(Some(last)) => {
+                        this.known_last = this.known_last.max(last);
+                        continue;
+                    }
+                    Poll::Ready(None) => return this.finish(None),
+                    Poll::Pending => return Poll::Pending,
+                }
             }
             {
                 let mut w = this.sub.window();
@@ -224,8 +253,17 @@ impl Stream for Subscription {
                     continue;
                 }
                 Poll::Ready(None) => return this.finish(None),
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    this.flush_metrics();
+                    return Poll::Pending;
+                }
             }
         }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.flush_metrics();
     }
 }

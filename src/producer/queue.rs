@@ -242,8 +242,12 @@ impl Queue {
 
     async fn submit(&self, payloads: Payloads) -> Result<u64, SendError> {
         let (reply, rx) = oneshot::channel();
+        let count = payloads.len();
         let req = Request::Send { queue: self.state.clone(), payloads, reply };
         self.shared.tx.send(req).await.map_err(|_| SendError::Shutdown)?;
-        rx.await.map_err(|_| SendError::Shutdown)?
+        let first = rx.await.map_err(|_| SendError::Shutdown)??;
+        // Per message, so TRACE only: INFO stays quiet on the hot path.
+        tracing::trace!(queue = %self.state.name, seq = first, count, "rockq: sent");
+        Ok(first)
     }
 }

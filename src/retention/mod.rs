@@ -5,8 +5,8 @@
 
 mod policy;
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use policy::Retention;
@@ -139,24 +139,13 @@ pub(crate) async fn pass(shared: &Arc<Shared>, compact: Option<bool>) -> Result<
 /// Runs a pass every `interval` on the broker's clock until shutdown. Holds the broker only
 /// weakly, so dropping every handle still closes it.
 pub(crate) fn spawn_background(shared: &Arc<Shared>, interval: Duration) {
-    if interval.is_zero() {
-        return;
-    }
-    let weak: Weak<Shared> = Arc::downgrade(shared);
-    let clock = shared.engine.clock().clone();
-    let closing = shared.closing.clone();
-    shared.runtime.spawn(async move {
-        loop {
-            tokio::select! {
-                _ = clock.sleep_until(clock.now() + interval) => {}
-                _ = closing.cancelled() => return,
-            }
-            let Some(shared) = weak.upgrade() else { return };
-            if let Err(e) = pass(&shared, None).await {
-                if matches!(e, QueueError::Shutdown) {
-                    return;
-                }
+    crate::broker::spawn_periodic(shared, interval, |shared| async move {
+        match pass(&shared, None).await {
+            Ok(_) => true,
+            Err(QueueError::Shutdown) => false,
+            Err(e) => {
                 tracing::warn!(error = %e, "rockq: retention pass failed");
+                true
             }
         }
     });

@@ -6,6 +6,7 @@
 //! | `rockq.meta` | `format` | format marker |
 //! | `rockq.meta` | `queue:<name>` | queue record (id, first live seq) |
 //! | `rockq.meta` | `redrive:<dlq>` | redrive cursor (last dead letter moved out) |
+//! | `rockq.meta` | `group:<group>:<queue>` | group settings (paused, dead-letter queue) |
 //! | `rockq.offsets` | `consumer:<group>:<queue>` | offset record (last committed seq, mode) |
 //! | `rockq.claims` | `claim:<group>:<queue>:<seq u64 BE>` | claim record (work-queue groups) |
 //!
@@ -24,6 +25,7 @@ const QUEUE_PREFIX: &[u8] = b"queue:";
 const OFFSET_PREFIX: &[u8] = b"consumer:";
 const CLAIM_PREFIX: &[u8] = b"claim:";
 const REDRIVE_PREFIX: &[u8] = b"redrive:";
+const GROUP_PREFIX: &[u8] = b"group:";
 
 pub(crate) fn message_key(queue_id: u32, seq: u64) -> [u8; MESSAGE_KEY_LEN] {
     let mut k = [0u8; MESSAGE_KEY_LEN];
@@ -90,8 +92,30 @@ pub(crate) fn offset_key_range() -> (Vec<u8>, Vec<u8>) {
 
 /// Splits `consumer:<group>:<queue>` into `(group, queue)`.
 pub(crate) fn parse_offset_key(key: &[u8]) -> Result<(&str, &str), CorruptionError> {
-    let bad = || CorruptionError::new("offset key", key, "expected consumer:<group>:<queue>");
-    let rest = key.strip_prefix(OFFSET_PREFIX).ok_or_else(bad)?;
+    parse_pair(OFFSET_PREFIX, "offset key", key)
+}
+
+/// `group:<group>:<queue>`: the settings record of a group (either mode).
+pub(crate) fn group_key(group: &str, queue: &str) -> Vec<u8> {
+    [GROUP_PREFIX, group.as_bytes(), b":", queue.as_bytes()].concat()
+}
+
+pub(crate) fn group_key_range() -> (Vec<u8>, Vec<u8>) {
+    prefix_range(GROUP_PREFIX)
+}
+
+/// Splits `group:<group>:<queue>` into `(group, queue)`.
+pub(crate) fn parse_group_key(key: &[u8]) -> Result<(&str, &str), CorruptionError> {
+    parse_pair(GROUP_PREFIX, "group key", key)
+}
+
+fn parse_pair<'k>(
+    prefix: &[u8],
+    what: &'static str,
+    key: &'k [u8],
+) -> Result<(&'k str, &'k str), CorruptionError> {
+    let bad = || CorruptionError::new(what, key, "expected <prefix>:<group>:<queue>");
+    let rest = key.strip_prefix(prefix).ok_or_else(bad)?;
     let rest = std::str::from_utf8(rest).map_err(|_| bad())?;
     let (group, queue) = rest.split_once(':').ok_or_else(bad)?;
     if group.is_empty() || queue.is_empty() || queue.contains(':') {
@@ -188,6 +212,18 @@ mod tests {
             assert!(parse_offset_key(bad).is_err(), "{bad:?}");
         }
         let (lo, hi) = offset_key_range();
+        assert!(lo.as_slice() <= k.as_slice() && k.as_slice() < hi.as_slice());
+    }
+
+    #[test]
+    fn group_keys_round_trip_and_reject_garbage() {
+        let k = group_key("billing", "orders");
+        assert_eq!(k, b"group:billing:orders");
+        assert_eq!(parse_group_key(&k).unwrap(), ("billing", "orders"));
+        for bad in [&b"group:"[..], b"group::q", b"group:g:", b"consumer:g:q", b"group:g:q:r"] {
+            assert!(parse_group_key(bad).is_err(), "{bad:?}");
+        }
+        let (lo, hi) = group_key_range();
         assert!(lo.as_slice() <= k.as_slice() && k.as_slice() < hi.as_slice());
     }
 

@@ -17,7 +17,7 @@ use std::sync::{RwLock, RwLockReadGuard};
 
 use rocksdb::{ColumnFamily, DB};
 
-pub(crate) use open::{Loaded, open};
+pub(crate) use open::{Loaded, LoadedClaim, LoadedQueue, bounded, last_sequence, load, open, open_read_only};
 pub(crate) use read::{
     RawMessage, ReadOutcome, first_enqueued_at, get_envelope, last_enqueued_before, read_cursor, read_range,
     read_seqs,
@@ -41,6 +41,8 @@ pub(crate) struct Store {
     /// Kept for its statistics object, which RocksDB shares with the open database.
     rocks_opts: rocksdb::Options,
     statistics: bool,
+    /// Opened with `open_read_only`: never written, not even at close.
+    pub(crate) read_only: bool,
 }
 
 /// Handles of rockq's column families, valid while the read guard they came from is held.
@@ -78,6 +80,10 @@ impl Store {
     pub fn close(&self) -> Result<(), StorageError> {
         let db = self.db.write().unwrap_or_else(|poison| poison.into_inner()).take();
         match db {
+            Some(db) if self.read_only => {
+                drop(db);
+                Ok(())
+            }
             Some(db) => {
                 let synced = db.flush_wal(true);
                 drop(db);

@@ -40,12 +40,21 @@ pub(crate) struct LoadedClaim {
     pub record: records::ClaimRecord,
 }
 
+/// A group settings record as found at open.
+#[derive(Debug)]
+pub(crate) struct LoadedSettings {
+    pub group: String,
+    pub queue: String,
+    pub settings: records::GroupSettings,
+}
+
 /// Everything `open` loads besides the store itself.
 #[derive(Debug, Default)]
 pub(crate) struct Loaded {
     pub queues: Vec<LoadedQueue>,
     pub groups: Vec<LoadedGroup>,
     pub claims: Vec<LoadedClaim>,
+    pub settings: Vec<LoadedSettings>,
 }
 
 enum PathState {
@@ -128,12 +137,51 @@ pub(crate) fn open(path: &Path, o: &Options) -> Result<(Store, Loaded), OpenErro
         ColumnFamilyDescriptor::new(name, cf_opts)
     });
     let db = DB::open_cf_descriptors(&opts, path, descriptors).map_err(|e| map_open_error(path, e))?;
-    let loaded = load(&db, path)?;
+    let loaded = load(&db, path, true)?;
     let store = Store {
         db: RwLock::new(Some(db)),
         path: path.to_path_buf(),
         rocks_opts: opts,
         statistics: o.statistics,
+        read_only: false,
+    };
+    Ok((store, loaded))
+}
+
+/// Opens the database at `path` read-only: no lock is taken, so this works while another
+/// process has it open, and nothing is ever written (not even the format marker). It sees
+/// what was in the WAL and the SST files at this moment, not later writes. Blocking.
+pub(crate) fn open_read_only(path: &Path) -> Result<(Store, Loaded), OpenError> {
+    let not_ours = |reason: &str| OpenError::NotRockq { path: path.to_path_buf(), reason: reason.into() };
+    match inspect(path)? {
+        PathState::Missing | PathState::Empty => {
+            return Err(OpenError::NotFound { path: path.to_path_buf() });
+        }
+        PathState::RocksDb => {}
+    }
+    let cfs = DB::list_cf(&rocksdb::Options::default(), path).map_err(|e| map_open_error(path, e))?;
+    if !cfs.iter().any(|c| c == CF_META) {
+        return Err(not_ours("a RocksDB database without rockq's column families"));
+    }
+    if let Some(missing) = ALL_CFS.iter().find(|&&c| !cfs.iter().any(|have| have == c)) {
+        return Err(not_ours(&format!(
+            "column family {missing} is missing (written by an older rockq: open it read-write once)"
+        )));
+    }
+    let opts = rocks_options(&Options::default());
+    let descriptors = ALL_CFS.iter().map(|&name| {
+        let cf_opts = if name == CF_MESSAGES { messages_cf_options() } else { rocksdb::Options::default() };
+        ColumnFamilyDescriptor::new(name, cf_opts)
+    });
+    let db = DB::open_cf_descriptors_read_only(&opts, path, descriptors, false)
+        .map_err(|e| map_open_error(path, e))?;
+    let loaded = load(&db, path, false)?;
+    let store = Store {
+        db: RwLock::new(Some(db)),
+        path: path.to_path_buf(),
+        rocks_opts: opts,
+        statistics: false,
+        read_only: true,
     };
     Ok((store, loaded))
 }
@@ -155,7 +203,8 @@ fn cf<'a>(db: &'a DB, name: &str) -> Result<&'a rocksdb::ColumnFamily, OpenError
     })
 }
 
-fn load(db: &DB, path: &Path) -> Result<Loaded, OpenError> {
+/// Reads the registry. `writable`: a fresh database gets its format marker.
+pub(crate) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, OpenError> {
     let meta = cf(db, CF_META)?;
     let messages = cf(db, CF_MESSAGES)?;
     let offsets = cf(db, CF_OFFSETS)?;
@@ -186,6 +235,9 @@ fn load(db: &DB, path: &Path) -> Result<Loaded, OpenError> {
                     path: path.to_path_buf(),
                     reason: "rockq column families without a format marker".into(),
                 });
+            }
+            if !writable {
+                return Ok(Loaded::default());
             }
             let mut wo = rocksdb::WriteOptions::default();
             wo.set_sync(true);
@@ -230,12 +282,26 @@ fn load(db: &DB, path: &Path) -> Result<Loaded, OpenError> {
         let record = records::ClaimRecord::decode(&k, &v)?;
         claims.push(LoadedClaim { group: group.to_owned(), queue: queue.to_owned(), seq, record });
     }
-    Ok(Loaded { queues, groups, claims })
+
+    let mut settings = Vec::new();
+    let (lo, hi) = keys::group_key_range();
+    for item in db.iterator_cf_opt(meta, bounded(lo.clone(), hi), IteratorMode::From(&lo, Direction::Forward))
+    {
+        let (k, v) = item.map_err(StorageError)?;
+        let (group, queue) = keys::parse_group_key(&k)?;
+        let s = records::GroupSettings::decode(&k, &v)?;
+        settings.push(LoadedSettings { group: group.to_owned(), queue: queue.to_owned(), settings: s });
+    }
+    Ok(Loaded { queues, groups, claims, settings })
 }
 
 /// The last sequence of a queue: the tail holds no tombstones (retention deletes from the
 /// head), so a bounded `SeekToLast` is one cheap step.
-fn last_sequence(db: &DB, messages: &rocksdb::ColumnFamily, q: &QueueRecord) -> Result<u64, OpenError> {
+pub(crate) fn last_sequence(
+    db: &DB,
+    messages: &rocksdb::ColumnFamily,
+    q: &QueueRecord,
+) -> Result<u64, OpenError> {
     let lo = keys::message_key(q.id, q.first_seq).to_vec();
     let hi = keys::queue_upper_bound(q.id).to_vec();
     let mut it = db.raw_iterator_cf_opt(messages, bounded(lo, hi));

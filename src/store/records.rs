@@ -159,9 +159,16 @@ pub(crate) struct ClaimRecord {
     /// Earliest redelivery, wall-clock microseconds (Waiting only).
     pub not_before_micros: u64,
     pub last_error: String,
+    /// Who holds the current attempt (the subscription's consumer name; empty for records
+    /// written before version 2 or when nobody holds it).
+    pub holder: String,
 }
 
 const CLAIM_RECORD_V1: u8 = 1;
+/// Version 2 appends the holder: `<len u8><utf-8>`.
+const CLAIM_RECORD_V2: u8 = 2;
+/// Longest holder name kept in a claim record.
+pub(crate) const MAX_HOLDER_BYTES: usize = 255;
 const CLAIM_HEADER: usize = 1 + 1 + 4 + 8 + 8 + 8 + 4;
 /// Longest last-error text kept in a claim record.
 pub(crate) const MAX_ERROR_BYTES: usize = 4096;
@@ -181,8 +188,9 @@ pub(crate) fn truncate_utf8(s: &str, max: usize) -> &str {
 impl ClaimRecord {
     pub fn encode(&self) -> Vec<u8> {
         let err = truncate_utf8(&self.last_error, MAX_ERROR_BYTES).as_bytes();
-        let mut v = Vec::with_capacity(CLAIM_HEADER + err.len());
-        v.push(CLAIM_RECORD_V1);
+        let holder = truncate_utf8(&self.holder, MAX_HOLDER_BYTES).as_bytes();
+        let mut v = Vec::with_capacity(CLAIM_HEADER + err.len() + 1 + holder.len());
+        v.push(CLAIM_RECORD_V2);
         v.push(self.state as u8);
         v.extend_from_slice(&self.attempt.to_be_bytes());
         v.extend_from_slice(&self.token.to_be_bytes());
@@ -190,6 +198,8 @@ impl ClaimRecord {
         v.extend_from_slice(&self.not_before_micros.to_be_bytes());
         v.extend_from_slice(&(err.len() as u32).to_be_bytes());
         v.extend_from_slice(err);
+        v.push(holder.len() as u8);
+        v.extend_from_slice(holder);
         v
     }
 
@@ -198,7 +208,8 @@ impl ClaimRecord {
         if v.len() < CLAIM_HEADER {
             return Err(bad("shorter than the fixed header"));
         }
-        if v[0] != CLAIM_RECORD_V1 {
+        let version = v[0];
+        if version != CLAIM_RECORD_V1 && version != CLAIM_RECORD_V2 {
             return Err(bad("unknown version"));
         }
         let state = match v[1] {
@@ -214,11 +225,23 @@ impl ClaimRecord {
             u64::from_be_bytes(b)
         };
         let err_len = u32_at(30) as usize;
-        if v.len() != CLAIM_HEADER + err_len {
-            return Err(bad("error text length does not match"));
-        }
-        let last_error =
-            std::str::from_utf8(&v[CLAIM_HEADER..]).map_err(|_| bad("error text is not UTF-8"))?.to_owned();
+        let err_end = CLAIM_HEADER.checked_add(err_len).filter(|&e| e <= v.len());
+        let Some(err_end) = err_end else { return Err(bad("error text length does not match")) };
+        let holder = if version == CLAIM_RECORD_V1 {
+            if v.len() != err_end {
+                return Err(bad("error text length does not match"));
+            }
+            String::new()
+        } else {
+            let Some(&len) = v.get(err_end) else { return Err(bad("holder length missing")) };
+            if v.len() != err_end + 1 + len as usize {
+                return Err(bad("holder length does not match"));
+            }
+            std::str::from_utf8(&v[err_end + 1..]).map_err(|_| bad("holder is not UTF-8"))?.to_owned()
+        };
+        let last_error = std::str::from_utf8(&v[CLAIM_HEADER..err_end])
+            .map_err(|_| bad("error text is not UTF-8"))?
+            .to_owned();
         Ok(ClaimRecord {
             state,
             attempt: u32_at(2),
@@ -226,7 +249,49 @@ impl ClaimRecord {
             deadline_micros: u64_at(14),
             not_before_micros: u64_at(22),
             last_error,
+            holder,
         })
+    }
+}
+
+/// `group:<group>:<queue>` in the meta CF: settings of a group that outlive its handles.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct GroupSettings {
+    /// A paused group hands out nothing until resumed.
+    pub paused: bool,
+    /// The dead-letter queue a work-queue group last subscribed with (empty: not recorded).
+    pub dead_letter_queue: String,
+}
+
+const GROUP_SETTINGS_V1: u8 = 1;
+
+impl GroupSettings {
+    pub fn encode(&self) -> Vec<u8> {
+        let dlq = truncate_utf8(&self.dead_letter_queue, 255).as_bytes();
+        let mut v = Vec::with_capacity(3 + dlq.len());
+        v.push(GROUP_SETTINGS_V1);
+        v.push(u8::from(self.paused));
+        v.push(dlq.len() as u8);
+        v.extend_from_slice(dlq);
+        v
+    }
+
+    pub fn decode(key: &[u8], v: &[u8]) -> Result<Self, CorruptionError> {
+        let bad = |r: &str| CorruptionError::new("group settings", key, r);
+        let [version, paused, len, rest @ ..] = v else { return Err(bad("shorter than the header")) };
+        if *version != GROUP_SETTINGS_V1 {
+            return Err(bad("unknown version"));
+        }
+        let paused = match paused {
+            0 => false,
+            1 => true,
+            _ => return Err(bad("paused flag is not 0 or 1")),
+        };
+        if rest.len() != *len as usize {
+            return Err(bad("dead-letter queue length does not match"));
+        }
+        let dlq = std::str::from_utf8(rest).map_err(|_| bad("dead-letter queue is not UTF-8"))?;
+        Ok(GroupSettings { paused, dead_letter_queue: dlq.to_owned() })
     }
 }
 
@@ -289,6 +354,7 @@ mod tests {
             deadline_micros: 11,
             not_before_micros: 22,
             last_error: "boom é".into(),
+            holder: "worker-1".into(),
         };
         let v = c.encode();
         assert_eq!(ClaimRecord::decode(b"k", &v).unwrap(), c);
@@ -302,8 +368,35 @@ mod tests {
         let n = bad_utf8.len();
         bad_utf8[n - 1] = 0xff;
         assert!(ClaimRecord::decode(b"k", &bad_utf8).is_err());
-        let long = ClaimRecord { last_error: "é".repeat(MAX_ERROR_BYTES), ..c };
+        let long =
+            ClaimRecord { last_error: "é".repeat(MAX_ERROR_BYTES), holder: "h".repeat(300), ..c.clone() };
         let decoded = ClaimRecord::decode(b"k", &long.encode()).unwrap();
         assert!(decoded.last_error.len() <= MAX_ERROR_BYTES);
+        assert_eq!(decoded.holder.len(), MAX_HOLDER_BYTES);
+        // A version-1 record (before holders) still reads, with no holder.
+        let mut v1 = c.encode();
+        v1.truncate(v1.len() - 1 - c.holder.len());
+        v1[0] = 1;
+        assert_eq!(ClaimRecord::decode(b"k", &v1).unwrap(), ClaimRecord { holder: String::new(), ..c });
+    }
+
+    #[test]
+    fn group_settings_round_trip_and_reject_bad_bytes() {
+        let s = GroupSettings { paused: true, dead_letter_queue: "orders.dlq".into() };
+        let v = s.encode();
+        assert_eq!(GroupSettings::decode(b"k", &v).unwrap(), s);
+        for cut in 0..v.len() {
+            assert!(GroupSettings::decode(b"k", &v[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut bad_flag = v.clone();
+        bad_flag[1] = 2;
+        assert!(GroupSettings::decode(b"k", &bad_flag).is_err());
+        let mut bad_version = v;
+        bad_version[0] = 9;
+        assert!(GroupSettings::decode(b"k", &bad_version).is_err());
+        assert_eq!(
+            GroupSettings::decode(b"k", &GroupSettings::default().encode()).unwrap(),
+            GroupSettings::default()
+        );
     }
 }

@@ -80,7 +80,7 @@ fn micros(m: u64) -> SystemTime {
 }
 
 impl DeadLetter {
-    fn from_raw(msg: RawMessage) -> Self {
+    pub(crate) fn from_raw(msg: RawMessage) -> Self {
         let mut d = DeadLetter {
             dlq_seq: msg.seq,
             queue: None,

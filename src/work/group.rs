@@ -27,7 +27,12 @@ pub(crate) struct WorkConfig {
     pub max_in_flight: usize,
     pub claim_batch: usize,
     pub saturation_after: Duration,
+    /// Recorded as the holder of each claim (see [`WorkGroup::consumer_name`]).
+    pub consumer: Arc<str>,
 }
+
+/// Numbers the subscriptions of this process, for default consumer names.
+static NEXT_CONSUMER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// A work-queue consumer group on one queue: competing consumers, each message held by one of
 /// them at a time under a lease, retried with backoff, dead-lettered when it keeps failing.
@@ -68,6 +73,7 @@ pub struct WorkGroup {
     max_in_flight: usize,
     claim_batch: usize,
     saturation_after: Duration,
+    consumer: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for WorkGroup {
@@ -89,6 +95,7 @@ impl WorkGroup {
             max_in_flight: 256,
             claim_batch: 64,
             saturation_after: Duration::from_secs(1),
+            consumer: None,
         }
     }
 
@@ -143,6 +150,14 @@ impl WorkGroup {
         self
     }
 
+    /// The name recorded as the holder of this handle's claims, shown by
+    /// [`Broker::pending`](crate::Broker::pending) and `rockq pending`. Default
+    /// `<pid>-<n>`, with `n` numbering the subscriptions of this process. Cut to 255 bytes.
+    pub fn consumer_name(mut self, name: impl Into<String>) -> Self {
+        self.consumer = Some(Arc::from(name.into()));
+        self
+    }
+
     /// A worker pool of `concurrency` handlers on this group (at least 1).
     pub fn workers(&self, concurrency: usize) -> Workers {
         Workers::new(self.clone(), concurrency.max(1))
@@ -175,6 +190,39 @@ impl WorkGroup {
     /// Messages waiting for a retry.
     pub fn waiting(&self) -> usize {
         self.state().map_or(0, |g| g.waiting())
+    }
+
+    /// Pauses this group durably (see [`Broker::pause_group`](crate::Broker::pause_group)).
+    ///
+    /// # Errors
+    ///
+    /// [`PauseError::NoSuchGroup`](crate::PauseError::NoSuchGroup) if it never subscribed,
+    /// [`PauseError::Shutdown`](crate::PauseError::Shutdown),
+    /// [`PauseError::Storage`](crate::PauseError::Storage).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe in effect: the group is paused or not.
+    pub async fn pause(&self) -> Result<(), crate::PauseError> {
+        crate::admin::set_paused(&self.shared, &self.queue, &self.name, true).await
+    }
+
+    /// Resumes this group (see [`Broker::resume_group`](crate::Broker::resume_group)).
+    ///
+    /// # Errors
+    ///
+    /// As for `pause`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe in effect.
+    pub async fn resume(&self) -> Result<(), crate::PauseError> {
+        crate::admin::set_paused(&self.shared, &self.queue, &self.name, false).await
+    }
+
+    /// Whether this group is paused.
+    pub fn is_paused(&self) -> bool {
+        crate::admin::is_paused(&self.shared, &self.queue, &self.name)
     }
 
     /// Messages this group never finished because retention deleted them first (since open).
@@ -288,6 +336,25 @@ impl WorkGroup {
                 rx.await.map_err(|_| SubscribeError::Shutdown)??
             }
         };
+        // Record the dead-letter queue, so stats and tools know where this group's go.
+        let recorded = state.recorded_dlq.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if recorded != dlq {
+            let (reply, rx) = oneshot::channel();
+            let change = crate::writer::SettingsChange::DeadLetterQueue(dlq.clone());
+            let req = Request::GroupSettings {
+                queue: self.queue.clone(),
+                group: self.name.to_string(),
+                change,
+                reply,
+            };
+            self.shared.tx.send(req).await.map_err(|_| SubscribeError::Shutdown)?;
+            match rx.await.map_err(|_| SubscribeError::Shutdown)? {
+                Ok(()) => *state.recorded_dlq.lock().unwrap_or_else(|p| p.into_inner()) = dlq.clone(),
+                Err(crate::error::PauseError::Storage(e)) => return Err(SubscribeError::Storage(e)),
+                Err(crate::error::PauseError::Shutdown) => return Err(SubscribeError::Shutdown),
+                Err(e) => return Err(SubscribeError::Failed(e.to_string())),
+            }
+        }
         let config = Arc::new(WorkConfig {
             lease: self.lease,
             policy: self.policy.clone(),
@@ -295,6 +362,10 @@ impl WorkGroup {
             max_in_flight: self.max_in_flight,
             claim_batch: self.claim_batch,
             saturation_after: self.saturation_after,
+            consumer: self.consumer.clone().unwrap_or_else(|| {
+                let n = NEXT_CONSUMER.fetch_add(1, Ordering::Relaxed);
+                Arc::from(format!("{}-{n}", std::process::id()))
+            }),
         });
         tracing::debug!(group = %self.name, queue = %self.queue.name, "rockq: work-queue subscription");
         Ok(WorkSubscription::new(self.shared.clone(), state, config))

@@ -357,7 +357,10 @@ async fn run_one<H: Handler>(
     heartbeat: Option<Duration>,
     clock: crate::Clock,
 ) -> Done {
-    let work = AssertUnwindSafe(handler.handle(job.task())).catch_unwind();
+    // The handler's own events carry the job's coordinates (at DEBUG, so INFO costs nothing).
+    let span = tracing::debug_span!("rockq.job", queue = %job.queue(), group = %job.group(), seq = job.seq(), attempt = job.attempt());
+    let work =
+        AssertUnwindSafe(tracing::Instrument::instrument(handler.handle(job.task()), span)).catch_unwind();
     let result = match heartbeat {
         None => work.await,
         Some(lease) => {

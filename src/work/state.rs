@@ -48,6 +48,10 @@ pub(crate) struct WorkGroupState {
     pub saturations: AtomicU64,
     /// Live subscriptions of this group in this process (a reset needs none).
     pub subscriptions: std::sync::atomic::AtomicUsize,
+    /// A paused group claims nothing (persisted in its settings record).
+    pub paused: std::sync::atomic::AtomicBool,
+    /// The dead-letter queue recorded in the settings record (empty: none yet).
+    pub recorded_dlq: Mutex<String>,
 }
 
 impl std::fmt::Debug for WorkGroupState {
@@ -147,6 +151,8 @@ impl WorkGroupState {
             saturations: AtomicU64::new(0),
             subscriptions: std::sync::atomic::AtomicUsize::new(0),
             skipped: AtomicU64::new(0),
+            paused: std::sync::atomic::AtomicBool::new(false),
+            recorded_dlq: Mutex::new(String::new()),
         })
     }
 
@@ -365,6 +371,7 @@ impl WorkGroupState {
     /// Counts and reports a subscription or pool that stayed at its bound of `max` too long.
     pub fn report_saturation(&self, engine: &crate::engine::Engine, max: usize) {
         self.saturations.fetch_add(1, Ordering::Relaxed);
+        crate::telemetry::group_counter(crate::telemetry::SATURATED, &self.queue.name, &self.name, 1);
         tracing::warn!(
             queue = %self.queue.name,
             group = %self.name,

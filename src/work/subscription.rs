@@ -227,6 +227,15 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
         tokio::pin!(notified);
         notified.as_mut().enable();
         let last = *last_rx.borrow_and_update();
+        if group.paused.load(Ordering::Acquire) {
+            // Paused: claim nothing until resumed (the writer notifies `changed`).
+            tokio::select! {
+                _ = notified => {}
+                changed = last_rx.changed() => if changed.is_err() { return Ok(Some(Vec::new())) },
+                _ = shared.closing.cancelled() => return Ok(Some(Vec::new())),
+            }
+            continue;
+        }
         let take = group.take(clock.now(), permits.len(), last, cfg.lease, cfg.policy.max_attempts);
         for e in take.exhausted {
             // Attempts used up (a crash loop, or expired leases): dead-letter without delivering.
@@ -264,6 +273,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
                 deadline_micros: clock.wall_micros_at(c.deadline),
                 not_before_micros: 0,
                 last_error: String::new(),
+                holder: cfg.consumer.to_string(),
             };
             (c.seq, rec)
         })
@@ -310,7 +320,8 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
         let Some(c) = by_seq.remove(&msg.seq) else { continue };
         let (queue, gname) = (group.queue.name.clone(), group.name.clone());
         if c.expired {
-            tracing::debug!(%queue, group = %gname, seq = c.seq, attempt = c.attempt - 1, "rockq: lease expired");
+            tracing::info!(%queue, group = %gname, seq = c.seq, attempt = c.attempt - 1, "rockq: lease expired");
+            crate::telemetry::group_counter(crate::telemetry::LEASE_EXPIRED, &queue, &gname, 1);
             engine.emit(|| Event::LeaseExpired {
                 queue: queue.clone(),
                 group: gname.clone(),
@@ -318,6 +329,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
                 attempt: c.attempt - 1,
             });
         }
+        tracing::trace!(%queue, group = %gname, seq = c.seq, attempt = c.attempt, "rockq: delivered");
         engine.emit(|| Event::Delivered { queue, group: gname, seq: c.seq, attempt: c.attempt });
         let inner =
             JobInner::new(shared.clone(), group.clone(), cfg.clone(), msg, c.attempt, c.token, c.deadline);
@@ -325,5 +337,6 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
     }
     // Every claim now belongs to a job (whose drop releases it).
     guard.claims.clear();
+    crate::telemetry::delivered(&group.queue.name, &group.name, "work-queue", jobs.len() as u64);
     Ok(Some(jobs))
 }

@@ -20,6 +20,7 @@
 
 mod request;
 mod retention;
+mod settings;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -31,7 +32,7 @@ use tokio::sync::{mpsc, oneshot};
 
 mod work;
 
-pub(crate) use request::{Outcome, Payloads, RedriveItem, RedriveReply, Request};
+pub(crate) use request::{Outcome, Payloads, RedriveItem, RedriveReply, Request, SettingsChange};
 
 use crate::consumer::StartFrom;
 use crate::engine::Engine;
@@ -67,6 +68,8 @@ struct Writer {
     work_groups: HashMap<Vec<u8>, Arc<WorkGroupState>>,
     /// Redrive cursors this thread has written (read from disk on first use).
     cursors: HashMap<u32, u64>,
+    /// Group settings records this thread has written (read from disk on first use).
+    settings: HashMap<Vec<u8>, crate::store::records::GroupSettings>,
     /// The syncer (Fsync mode only).
     syncer: Option<(std::sync::mpsc::Sender<Round>, std::thread::JoinHandle<()>)>,
 }
@@ -90,7 +93,10 @@ struct Round {
     work_finished: Vec<(Arc<WorkGroupState>, Vec<u64>)>,
     done: Vec<OnDone>,
     sends: Vec<(Reply<u64, SendError>, u64)>,
-    touched: Vec<(Arc<QueueState>, u64)>,
+    /// Queues written this round: their last sequence and how many messages were appended.
+    touched: Vec<(Arc<QueueState>, u64, u64)>,
+    /// When the round's write started (for the commit-latency histogram).
+    started: Option<Instant>,
     queues: Vec<Created<QueueState, QueueError>>,
     groups: Vec<Created<GroupState, SubscribeError>>,
     commits: Vec<(Arc<GroupState>, u64)>,
@@ -140,6 +146,7 @@ impl Writer {
             groups: HashMap::new(),
             work_groups: HashMap::new(),
             cursors: HashMap::new(),
+            settings: HashMap::new(),
             syncer,
         }
     }
@@ -222,9 +229,13 @@ impl Writer {
                     }
                     let last_seq = *next - 1;
                     r.messages += payloads.len() as u64;
-                    match r.touched.iter_mut().find(|(q, _)| q.id == queue.id) {
-                        Some(t) => t.1 = last_seq,
-                        None => r.touched.push((queue, last_seq)),
+                    let n = payloads.len() as u64;
+                    match r.touched.iter_mut().find(|(q, _, _)| q.id == queue.id) {
+                        Some(t) => {
+                            t.1 = last_seq;
+                            t.2 += n;
+                        }
+                        None => r.touched.push((queue, last_seq, n)),
                     }
                     r.sends.push((reply, first));
                 }
@@ -259,6 +270,9 @@ impl Writer {
                 Request::ResetWorkOffset { group, offset, reply } => {
                     self.reset_work_offset(&mut wb, &cfs, &mut r, group, offset, reply)
                 }
+                Request::GroupSettings { queue, group, change, reply } => {
+                    self.group_settings(db, cfs.meta, &mut wb, &mut r, queue, group, change, reply)
+                }
                 Request::Commit => {}
                 Request::Flush { reply } => r.flushes.push(reply),
                 Request::Shutdown { reply } => r.shutdown = Some(reply),
@@ -272,17 +286,27 @@ impl Writer {
                 for &(seq, _) in &acks {
                     self.finish(&mut wb, cfs.claims, &mut r, &g, seq);
                 }
-                if self.engine.events.receiver_count() > 0 {
-                    let engine = self.engine.clone();
-                    r.on_done(move |res| {
-                        if res.is_ok() {
-                            for (seq, attempt) in acks {
-                                let (queue, group) = (g.queue.name.clone(), g.name.clone());
-                                engine.emit(|| crate::Event::Acked { queue, group, seq, attempt });
-                            }
+                let engine = self.engine.clone();
+                r.on_done(move |res| {
+                    if res.is_ok() {
+                        let (queue, group) = (&g.queue.name, &g.name);
+                        crate::telemetry::group_counter(
+                            crate::telemetry::ACKED,
+                            queue,
+                            group,
+                            acks.len() as u64,
+                        );
+                        for (seq, attempt) in acks {
+                            tracing::trace!(%queue, %group, seq, attempt, "rockq: acked");
+                            engine.emit(|| crate::Event::Acked {
+                                queue: queue.clone(),
+                                group: group.clone(),
+                                seq,
+                                attempt,
+                            });
                         }
-                    });
-                }
+                    }
+                });
             }
             // Coalesced offset commits: one record per dirty group per round. The flag is
             // cleared (an acquiring swap) before `acked` is read, so an ack racing with this
@@ -314,6 +338,9 @@ impl Writer {
             );
             self.batch_hint = wb.size_in_bytes().max(4096);
             let t = Instant::now();
+            r.started = Some(t);
+            let _span = tracing::debug_span!("rockq.write", messages = r.messages, offsets = r.commits.len())
+                .entered();
             let res =
                 crate::faults::check("rockq-writer-write").and_then(|()| db.write_opt(wb, &self.write_opts));
             self.engine.counters.write_nanos.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -433,9 +460,12 @@ impl Writer {
         wb.put_cf(messages, keys::message_key(queue.id, seq), value);
         *next += 1;
         r.messages += 1;
-        match r.touched.iter_mut().find(|(q, _)| q.id == queue.id) {
-            Some(t) => t.1 = seq,
-            None => r.touched.push((queue.clone(), seq)),
+        match r.touched.iter_mut().find(|(q, _, _)| q.id == queue.id) {
+            Some(t) => {
+                t.1 = seq;
+                t.2 += 1;
+            }
+            None => r.touched.push((queue.clone(), seq, 1)),
         }
         Some(seq)
     }
@@ -551,8 +581,17 @@ fn complete(engine: &Engine, r: Round) {
     c.rounds.fetch_add(1, Ordering::Relaxed);
     c.messages.fetch_add(r.messages, Ordering::Relaxed);
     c.offset_commits.fetch_add(r.commits.len() as u64, Ordering::Relaxed);
+    if let Some(t) = r.started {
+        crate::telemetry::round(r.messages, t.elapsed());
+    }
     for (g, v) in r.commits {
-        g.durable.fetch_max(v, Ordering::SeqCst);
+        let before = g.durable.fetch_max(v, Ordering::SeqCst);
+        crate::telemetry::group_counter(
+            crate::telemetry::ACKED,
+            &g.queue.name,
+            &g.name,
+            v.saturating_sub(before),
+        );
     }
     for (q, waiters) in r.queues {
         tracing::debug!(queue = %q.name, id = q.id, "rockq: queue created");
@@ -572,8 +611,9 @@ fn complete(engine: &Engine, r: Round) {
     }
     // Publish before replying, so a producer that sees its send resolve also sees it in
     // `Queue::last_seq`, and subscribers start reading while producers are being woken.
-    for (q, last) in r.touched {
+    for (q, last, n) in r.touched {
         q.last.send_replace(last);
+        crate::telemetry::produced(&q.name, n);
     }
     for (g, offset) in r.work_durable {
         g.durable.fetch_max(offset, Ordering::SeqCst);
@@ -666,6 +706,10 @@ fn reject(req: Request, why: impl Fn() -> String, shutdown: bool) {
         Request::Redrive { reply, .. } => {
             let _ =
                 reply.send(Err(if shutdown { RedriveError::Shutdown } else { RedriveError::Failed(why()) }));
+        }
+        Request::GroupSettings { reply, .. } => {
+            use crate::error::PauseError;
+            let _ = reply.send(Err(if shutdown { PauseError::Shutdown } else { PauseError::Failed(why()) }));
         }
         Request::Commit => {}
     }

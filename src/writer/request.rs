@@ -104,6 +104,13 @@ pub(crate) enum Request {
         offset: u64,
         reply: oneshot::Sender<Result<(), crate::error::ResetError>>,
     },
+    /// Change a group's settings record (pause, dead-letter queue).
+    GroupSettings {
+        queue: Arc<QueueState>,
+        group: String,
+        change: SettingsChange,
+        reply: oneshot::Sender<Result<(), crate::error::PauseError>>,
+    },
     /// Wake-up only: a group became dirty while the writer was idle.
     Commit,
     /// Reply once every acknowledgement recorded before this request is durable.
@@ -124,6 +131,14 @@ impl Request {
             _ => (0, 0),
         }
     }
+}
+
+/// One change to a group's settings; the writer applies it to the latest record, so
+/// concurrent changes of different fields do not undo each other.
+#[derive(Debug, Clone)]
+pub(crate) enum SettingsChange {
+    Paused(bool),
+    DeadLetterQueue(String),
 }
 
 /// What became of one attempt of a work-queue message.

@@ -106,7 +106,8 @@ impl Writer {
         let engine = self.engine.clone();
         r.on_done(move |res| {
             if res.is_ok() {
-                tracing::debug!(queue = %queue.name, deleted, first_seq = to + 1, "rockq: trimmed");
+                tracing::info!(queue = %queue.name, deleted, first_seq = to + 1, "rockq: trimmed");
+                crate::telemetry::queue_counter(crate::telemetry::TRIMMED, &queue.name, deleted);
                 engine.emit(|| Event::Trimmed { queue: queue.name.clone(), deleted, first_seq: to + 1 });
             }
             let _ = reply.send(res.map(|()| deleted).map_err(|e| QueueError::Storage(e.clone())));

@@ -16,6 +16,7 @@ use crate::message::Message;
 use crate::registry::QueueState;
 use crate::store::records::{self, ClaimRecord, ClaimState};
 use crate::store::{Cfs, envelope, get_envelope, keys};
+use crate::telemetry;
 use crate::work::{WorkGroupState, dlq_headers};
 
 impl Writer {
@@ -89,6 +90,7 @@ impl Writer {
                 deadline_micros: 0,
                 not_before_micros: 0,
                 last_error: String::new(),
+                holder: String::new(),
             };
             wb.put_cf(claims, keys::claim_key(&g.claim_prefix, seq), done.encode());
         }
@@ -124,6 +126,8 @@ impl Writer {
                 self.finish(wb, cfs.claims, r, &g, seq);
                 r.on_done(move |res| {
                     if res.is_ok() {
+                        tracing::trace!(%queue, %group, seq, attempt, "rockq: acked");
+                        telemetry::group_counter(telemetry::ACKED, &queue, &group, 1);
                         engine.emit(|| Event::Acked { queue, group, seq, attempt });
                     }
                     let _ = reply.send(res.map_err(|e| AckError::Storage(e.clone())));
@@ -134,7 +138,8 @@ impl Writer {
                 wb.put_cf(cfs.claims, keys::claim_key(&g.claim_prefix, seq), record.encode());
                 r.on_done(move |res| {
                     if res.is_ok() {
-                        tracing::debug!(%queue, %group, seq, attempt, ?delay, "rockq: retry scheduled");
+                        tracing::debug!(%queue, %group, seq, attempt, ?delay, %error, "rockq: retry scheduled");
+                        telemetry::group_counter(telemetry::RETRIED, &queue, &group, 1);
                         engine.emit(|| Event::Retried { queue, group, seq, attempt, delay, error });
                     }
                     let _ = reply.send(res.map_err(|e| AckError::Storage(e.clone())));
@@ -189,7 +194,8 @@ impl Writer {
                 self.finish(wb, cfs.claims, r, &g, seq);
                 r.on_done(move |res| {
                     if res.is_ok() {
-                        tracing::warn!(%queue, %group, seq, attempts = attempt, %reason, dlq = %dlq, dlq_seq, "rockq: dead-lettered");
+                        tracing::warn!(%queue, %group, seq, attempt, %reason, dlq = %dlq, dlq_seq, "rockq: dead-lettered");
+                        telemetry::group_counter(telemetry::DEAD_LETTERED, &queue, &group, 1);
                         engine.emit(|| Event::DeadLettered {
                             queue,
                             group,
@@ -264,6 +270,7 @@ impl Writer {
         let engine = self.engine.clone();
         r.on_done(move |res| {
             if res.is_ok() {
+                telemetry::queue_counter(telemetry::REDRIVEN, &dlq.name, events.len() as u64);
                 for (dlq_seq, queue, seq) in events {
                     engine.emit(|| Event::Redriven { dlq: dlq.name.clone(), dlq_seq, queue, seq });
                 }

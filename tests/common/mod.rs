@@ -23,7 +23,13 @@ pub async fn open(path: &Path) -> Broker {
 /// Test brokers run retention only when a test asks (`Broker::trim`), so that no background
 /// pass races a test's expectations.
 pub async fn open_with(path: &Path, durability: Durability) -> Broker {
-    Options::new().durability(durability).retention_interval(Duration::ZERO).open(path).await.expect("open")
+    Options::new()
+        .durability(durability)
+        .retention_interval(Duration::ZERO)
+        .metrics_interval(Duration::ZERO)
+        .open(path)
+        .await
+        .expect("open")
 }
 
 /// The next delivery, failing the test if the stream ends, errors or hangs.
@@ -82,6 +88,7 @@ pub async fn open_clock(path: &Path, clock: &rockq::ManualClock) -> Broker {
         .durability(Durability::Buffered)
         .clock(clock.clone())
         .retention_interval(Duration::ZERO)
+        .metrics_interval(Duration::ZERO)
         .open(path)
         .await
         .expect("open")

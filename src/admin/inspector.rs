@@ -1,0 +1,114 @@
+//! [`Inspector`]: read-only access for tools, alongside a running service.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::collect;
+use super::types::{PendingClaim, Stats, StoredMessage};
+use crate::error::{InspectError, OpenError};
+use crate::store::Store;
+
+/// A read-only view of a rockq database, for inspection tools such as `rockq stats`.
+///
+/// It opens RocksDB read-only, which takes no lock: it works while another process (the
+/// service) has the database open, and it never writes. It sees the database as it was when
+/// opened (SST files and the WAL at that moment); open a new one to see later writes.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), rockq::Error> {
+/// let inspector = rockq::Inspector::open("./data").await?;
+/// for g in inspector.stats().await?.groups {
+///     println!("{}/{}: lag {} ({:?})", g.queue, g.group, g.lag, g.oldest_unacked_age);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Inspector {
+    store: Arc<Store>,
+}
+
+impl std::fmt::Debug for Inspector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inspector").field("path", &self.store.path).finish()
+    }
+}
+
+impl Inspector {
+    /// Opens the database at `path` read-only.
+    ///
+    /// # Errors
+    ///
+    /// [`OpenError::NotFound`] if there is no database, [`OpenError::NotRockq`] for a path
+    /// rockq did not create, [`OpenError::IncompatibleVersion`], [`OpenError::Corrupt`],
+    /// [`OpenError::Storage`]. Never [`OpenError::Locked`]: no lock is taken.
+    pub async fn open(path: impl AsRef<Path>) -> Result<Inspector, OpenError> {
+        let path = path.as_ref().to_path_buf();
+        let (store, _) = tokio::task::spawn_blocking(move || crate::store::open_read_only(&path))
+            .await
+            .map_err(|e| OpenError::InvalidOption(format!("open task failed: {e}")))??;
+        Ok(Inspector { store: Arc::new(store) })
+    }
+
+    async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Store) -> Result<T, InspectError> + Send + 'static,
+    ) -> Result<T, InspectError> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || f(&store)).await.map_err(|_| InspectError::Shutdown)?
+    }
+
+    /// Every queue and group; see [`Broker::stats`](crate::Broker::stats).
+    ///
+    /// # Errors
+    ///
+    /// [`InspectError::Corrupt`], [`InspectError::Storage`].
+    pub async fn stats(&self) -> Result<Stats, InspectError> {
+        let now = crate::Clock::tokio().wall_micros();
+        self.run(move |s| collect::stats(s, now)).await
+    }
+
+    /// Claimed, unfinished messages of a work-queue group; see
+    /// [`Broker::pending`](crate::Broker::pending).
+    ///
+    /// # Errors
+    ///
+    /// [`InspectError::NoSuchGroup`], [`InspectError::InvalidName`], [`InspectError::Corrupt`],
+    /// [`InspectError::Storage`].
+    pub async fn pending(&self, group: &str, queue: &str) -> Result<Vec<PendingClaim>, InspectError> {
+        let (g, q) = (group.to_owned(), queue.to_owned());
+        let now = crate::Clock::tokio().wall_micros();
+        self.run(move |s| collect::pending(s, &g, &q, now)).await
+    }
+
+    /// Up to `limit` messages of `queue` from `from`; see [`Broker::peek`](crate::Broker::peek).
+    ///
+    /// # Errors
+    ///
+    /// [`InspectError::NoSuchQueue`], [`InspectError::InvalidName`], [`InspectError::Corrupt`],
+    /// [`InspectError::Storage`].
+    pub async fn peek(
+        &self,
+        queue: &str,
+        from: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<StoredMessage>, InspectError> {
+        let q = queue.to_owned();
+        self.run(move |s| collect::peek(s, &q, from, limit)).await
+    }
+
+    /// Up to `limit` dead letters of the queue `dlq` that were not redriven yet.
+    ///
+    /// # Errors
+    ///
+    /// As for [`peek`](Inspector::peek).
+    pub async fn dead_letters(
+        &self,
+        dlq: &str,
+        limit: usize,
+    ) -> Result<Vec<crate::DeadLetter>, InspectError> {
+        let q = dlq.to_owned();
+        self.run(move |s| collect::dead_letters(s, &q, limit)).await
+    }
+}

@@ -1,0 +1,146 @@
+//! What the admin operations report: plain data, so tools can print or serialise it.
+
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+
+/// A snapshot of every queue and group. See [`Broker::stats`](crate::Broker::stats).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Every queue, sorted by name.
+    pub queues: Vec<QueueStats>,
+    /// Every group, sorted by queue then group.
+    pub groups: Vec<GroupStats>,
+}
+
+/// One queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueStats {
+    /// The queue's name.
+    pub name: String,
+    /// First live sequence (retention moves it forward).
+    pub first_seq: u64,
+    /// Last written sequence (`first_seq - 1` when empty).
+    pub last_seq: u64,
+    /// Messages stored: `last_seq - first_seq + 1`.
+    pub len: u64,
+    /// Approximate bytes of the queue's messages in SST files. Recent writes still in the
+    /// memtable are not counted until RocksDB flushes them.
+    pub bytes_on_disk: u64,
+    /// The queue's retention policy.
+    pub retention: crate::Retention,
+    /// Age of the oldest stored message (`None` when empty).
+    pub oldest_age: Option<Duration>,
+}
+
+/// Which kind of consumer group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum GroupMode {
+    /// An ordered group ([`Group`](crate::Group)).
+    Ordered,
+    /// A work-queue group ([`WorkGroup`](crate::WorkGroup)).
+    WorkQueue,
+}
+
+impl GroupMode {
+    /// `"ordered"` or `"work-queue"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupMode::Ordered => "ordered",
+            GroupMode::WorkQueue => "work-queue",
+        }
+    }
+}
+
+/// One group on one queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GroupStats {
+    /// The group's name.
+    pub group: String,
+    /// The queue it consumes.
+    pub queue: String,
+    /// Ordered or work-queue.
+    pub mode: GroupMode,
+    /// Committed offset: everything up to it is acknowledged (or dead-lettered) durably.
+    pub committed: u64,
+    /// Messages stored after the offset that the group has not finished: the lag as a count.
+    pub lag: u64,
+    /// How long the oldest unfinished message has been in the queue: the lag as a time
+    /// (`None` when nothing is pending).
+    pub oldest_unacked_age: Option<Duration>,
+    /// Messages handed out and not yet finished. Work-queue groups: unexpired leases.
+    /// Ordered groups: unacknowledged deliveries of the live subscription (0 when read from
+    /// an [`Inspector`](crate::Inspector), which sees only the disk).
+    pub in_flight: u64,
+    /// Work-queue messages waiting for a retry (0 for ordered groups).
+    pub waiting_retry: u64,
+    /// The dead-letter queue of a work-queue group (the one it last subscribed with).
+    pub dead_letter_queue: Option<String>,
+    /// Dead letters in that queue not yet redriven (0 if it does not exist).
+    pub dlq_depth: u64,
+    /// Whether the group is paused.
+    pub paused: bool,
+}
+
+/// Where a pending work-queue message stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PendingState {
+    /// Held by a consumer whose lease has not expired.
+    Leased,
+    /// The lease ran out (or its holder's process stopped): claimable again.
+    Expired,
+    /// Failed; waiting for its retry time.
+    Waiting,
+}
+
+impl PendingState {
+    /// `"leased"`, `"expired"` or `"waiting"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PendingState::Leased => "leased",
+            PendingState::Expired => "expired",
+            PendingState::Waiting => "waiting",
+        }
+    }
+}
+
+/// A claimed, unfinished message of a work-queue group. See
+/// [`Broker::pending`](crate::Broker::pending).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PendingClaim {
+    /// The message's sequence.
+    pub seq: u64,
+    /// Leased, expired or waiting.
+    pub state: PendingState,
+    /// Attempts started, counting the current one.
+    pub attempt: u32,
+    /// The consumer holding it ([`WorkGroup::consumer_name`](crate::WorkGroup::consumer_name));
+    /// `None` when waiting or unknown.
+    pub holder: Option<String>,
+    /// When the lease ends (leased and expired claims).
+    pub lease_deadline: Option<SystemTime>,
+    /// When it may be delivered again (waiting claims).
+    pub retry_at: Option<SystemTime>,
+    /// The last error recorded for it, if any.
+    pub last_error: Option<String>,
+}
+
+/// A stored message, as [`Broker::peek`](crate::Broker::peek) shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoredMessage {
+    /// Its sequence.
+    pub seq: u64,
+    /// When it was sent.
+    pub enqueued_at: SystemTime,
+    /// Its headers.
+    pub headers: Vec<(String, Bytes)>,
+    /// Its payload.
+    pub payload: Bytes,
+}

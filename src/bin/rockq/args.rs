@@ -1,0 +1,136 @@
+//! The command line.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Inspect and operate a rockq database.
+#[derive(Debug, Parser)]
+#[command(name = "rockq", version, about, long_about = None)]
+pub struct Cli {
+    /// The database directory.
+    #[arg(long, env = "ROCKQ_DB", global = true, default_value = "./data")]
+    pub db: PathBuf,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Queues and groups: lengths, offsets, lag (count and age), in flight, DLQ depth, paused.
+    Stats,
+    /// Groups only, optionally of one queue.
+    Groups {
+        /// Only groups of this queue.
+        #[arg(long)]
+        queue: Option<String>,
+    },
+    /// Stored messages of a queue, without consuming them.
+    Peek {
+        /// The queue.
+        queue: String,
+        /// First sequence to show (default: the first stored).
+        #[arg(long)]
+        from: Option<u64>,
+        /// Most messages to show.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// In-flight and waiting claims of a work-queue group: holder, attempt, deadline.
+    Pending {
+        /// The group.
+        group: String,
+        /// The queue.
+        queue: String,
+    },
+    /// Dead-letter queues.
+    #[command(subcommand)]
+    Dlq(Dlq),
+    /// Consumer groups.
+    #[command(subcommand)]
+    Group(Group),
+    /// Runs a retention pass now and compacts what it deleted.
+    Trim,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Dlq {
+    /// Dead letters not yet redriven.
+    List {
+        /// The dead-letter queue (e.g. `orders.dlq`).
+        dlq: String,
+        /// Most dead letters to show.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// The oldest dead letter, in full.
+    Peek {
+        /// The dead-letter queue.
+        dlq: String,
+    },
+    /// Moves dead letters back to their origin queue (or `--to`), in atomic batches.
+    Redrive {
+        /// The dead-letter queue.
+        dlq: String,
+        /// Send them here instead of where each came from.
+        #[arg(long)]
+        to: Option<String>,
+        /// Most dead letters to move.
+        #[arg(long)]
+        limit: Option<u64>,
+        /// Most dead letters per second.
+        #[arg(long)]
+        rate: Option<f64>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Group {
+    /// Moves a group's offset (replay or skip). The group must have no live consumer.
+    Reset {
+        /// The group.
+        group: String,
+        /// The queue.
+        queue: String,
+        #[command(flatten)]
+        to: ResetTarget,
+    },
+    /// Pauses a group: nothing new is handed out until it is resumed.
+    Pause {
+        /// The group.
+        group: String,
+        /// The queue.
+        queue: String,
+    },
+    /// Resumes a paused group.
+    Resume {
+        /// The group.
+        group: String,
+        /// The queue.
+        queue: String,
+    },
+}
+
+/// Exactly one target.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct ResetTarget {
+    /// Start at this sequence.
+    #[arg(long)]
+    pub to_seq: Option<u64>,
+    /// Start at the first message sent at or after this time (Unix seconds).
+    #[arg(long)]
+    pub to_time: Option<u64>,
+    /// Start at the first message sent within this long ago (e.g. `90s`, `15m`, `2h`, `1d`).
+    #[arg(long, value_parser = crate::format::parse_duration)]
+    pub ago: Option<std::time::Duration>,
+    /// Start at the oldest stored message.
+    #[arg(long)]
+    pub earliest: bool,
+    /// Skip everything stored: start after the last message.
+    #[arg(long)]
+    pub latest: bool,
+}

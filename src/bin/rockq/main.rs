@@ -1,0 +1,30 @@
+//! `rockq`: inspect and operate a rockq database from the shell.
+//!
+//! Read-only commands (`stats`, `groups`, `peek`, `pending`, `dlq list`, `dlq peek`) open the
+//! database read-only, which takes no lock: they work while the service runs. Commands that
+//! change it (`dlq redrive`, `group reset|pause|resume`, `trim`) need it to themselves and fail
+//! with exit code 3 while another process holds it.
+
+mod args;
+mod format;
+mod run;
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let cli = args::Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run::run(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", e.message);
+            std::process::ExitCode::from(e.code)
+        }
+    }
+}

@@ -1,0 +1,438 @@
+//! Carrying out a command: opening the database the right way and printing the answer.
+
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use rockq::{Broker, Inspector, OpenError, ResetTo};
+use serde_json::json;
+
+use crate::args::{Cli, Command, Dlq, Group, ResetTarget};
+use crate::format::{self, table};
+
+/// A failure to report: its message and the process exit code.
+pub struct Failure {
+    pub message: String,
+    pub code: u8,
+}
+
+/// Exit code when the database is held by another process.
+const LOCKED: u8 = 3;
+
+impl<E: std::fmt::Display> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure { message: e.to_string(), code: 1 }
+    }
+}
+
+type Result<T> = std::result::Result<T, Failure>;
+
+pub async fn run(cli: Cli) -> Result<()> {
+    let (json, db) = (cli.json, cli.db.as_path());
+    match cli.command {
+        Command::Stats => stats(&inspect(db).await?, json, None, true).await,
+        Command::Groups { queue } => stats(&inspect(db).await?, json, queue.as_deref(), false).await,
+        Command::Peek { queue, from, limit } => peek(&inspect(db).await?, json, &queue, from, limit).await,
+        Command::Pending { group, queue } => pending(&inspect(db).await?, json, &group, &queue).await,
+        Command::Dlq(Dlq::List { dlq, limit }) => dlq_list(&inspect(db).await?, json, &dlq, limit).await,
+        Command::Dlq(Dlq::Peek { dlq }) => dlq_peek(&inspect(db).await?, json, &dlq).await,
+        Command::Dlq(Dlq::Redrive { ref dlq, ref to, limit, rate }) => {
+            let broker = exclusive(db, "dlq redrive").await?;
+            let res = redrive(&broker, json, dlq, to.clone(), limit, rate).await;
+            finish(broker, res).await
+        }
+        Command::Group(Group::Reset { ref group, ref queue, ref to }) => {
+            let broker = exclusive(db, "group reset").await?;
+            let res = reset(&broker, json, group, queue, to).await;
+            finish(broker, res).await
+        }
+        Command::Group(Group::Pause { ref group, ref queue }) => {
+            let broker = exclusive(db, "group pause").await?;
+            let res = broker.pause_group(group, queue).await.map_err(Failure::from);
+            let res = res.map(|()| {
+                say(json, json!({ "group": group, "queue": queue, "paused": true }), || {
+                    format!("paused group {group} on {queue}")
+                })
+            });
+            finish(broker, res).await
+        }
+        Command::Group(Group::Resume { ref group, ref queue }) => {
+            let broker = exclusive(db, "group resume").await?;
+            let res = broker.resume_group(group, queue).await.map_err(Failure::from);
+            let res = res.map(|()| {
+                say(json, json!({ "group": group, "queue": queue, "paused": false }), || {
+                    format!("resumed group {group} on {queue}")
+                })
+            });
+            finish(broker, res).await
+        }
+        Command::Trim => {
+            let broker = exclusive(db, "trim").await?;
+            let res = trim(&broker, json).await;
+            finish(broker, res).await
+        }
+    }
+}
+
+/// Read-only access: no lock taken, so it works beside a running service.
+async fn inspect(db: &Path) -> Result<Inspector> {
+    Inspector::open(db).await.map_err(|e| open_failure(db, e, "this command"))
+}
+
+/// Exclusive access, for commands that write.
+async fn exclusive(db: &Path, what: &str) -> Result<Broker> {
+    Broker::options().create_if_missing(false).open(db).await.map_err(|e| open_failure(db, e, what))
+}
+
+fn open_failure(db: &Path, e: OpenError, what: &str) -> Failure {
+    match e {
+        OpenError::Locked { .. } => Failure {
+            message: format!(
+                "database {} is locked by another process. `rockq {what}` changes the database and needs it to \
+                 itself: stop the service first, or call the library from it. Read-only commands (stats, groups, \
+                 peek, pending, dlq list, dlq peek) work while it runs.",
+                db.display()
+            ),
+            code: LOCKED,
+        },
+        OpenError::NotFound { .. } => Failure::from(format!(
+            "no database at {} (give the directory with --db or ROCKQ_DB)",
+            db.display()
+        )),
+        other => Failure::from(other),
+    }
+}
+
+/// Shuts the broker down cleanly whatever the command's outcome.
+async fn finish(broker: Broker, res: Result<()>) -> Result<()> {
+    let closed = broker.shutdown().await;
+    res?;
+    closed.map_err(Failure::from)
+}
+
+fn say(json: bool, value: serde_json::Value, text: impl FnOnce() -> String) {
+    if json {
+        println!("{value}");
+    } else {
+        println!("{}", text());
+    }
+}
+
+fn print_json(value: &serde_json::Value) {
+    println!("{}", serde_json::to_string_pretty(value).unwrap_or_default());
+}
+
+fn opt_secs(d: Option<Duration>) -> serde_json::Value {
+    d.map_or(serde_json::Value::Null, |d| json!(d.as_secs_f64()))
+}
+
+fn opt_micros(t: Option<SystemTime>) -> serde_json::Value {
+    t.map_or(serde_json::Value::Null, |t| json!(format::micros(t)))
+}
+
+async fn stats(inspector: &Inspector, json: bool, only_queue: Option<&str>, queues: bool) -> Result<()> {
+    let stats = inspector.stats().await?;
+    let groups: Vec<_> = stats.groups.iter().filter(|g| only_queue.is_none_or(|q| g.queue == q)).collect();
+    if json {
+        let groups: Vec<_> = groups
+            .iter()
+            .map(|g| {
+                json!({
+                    "group": g.group, "queue": g.queue, "mode": g.mode.as_str(), "committed": g.committed,
+                    "lag": g.lag, "oldest_unacked_age_secs": opt_secs(g.oldest_unacked_age),
+                    "in_flight": g.in_flight, "waiting_retry": g.waiting_retry,
+                    "dead_letter_queue": g.dead_letter_queue, "dlq_depth": g.dlq_depth, "paused": g.paused,
+                })
+            })
+            .collect();
+        let mut out = json!({ "groups": groups });
+        if queues {
+            out["queues"] = stats
+                .queues
+                .iter()
+                .map(|q| {
+                    json!({
+                        "name": q.name, "first_seq": q.first_seq, "last_seq": q.last_seq, "len": q.len,
+                        "bytes_on_disk": q.bytes_on_disk, "retention": format!("{:?}", q.retention),
+                        "oldest_age_secs": opt_secs(q.oldest_age),
+                    })
+                })
+                .collect();
+        }
+        print_json(&out);
+        return Ok(());
+    }
+    if queues {
+        let rows: Vec<_> = stats
+            .queues
+            .iter()
+            .map(|q| {
+                vec![
+                    q.name.clone(),
+                    q.first_seq.to_string(),
+                    q.last_seq.to_string(),
+                    q.len.to_string(),
+                    q.bytes_on_disk.to_string(),
+                    format::opt_duration(q.oldest_age),
+                    format!("{:?}", q.retention),
+                ]
+            })
+            .collect();
+        table(&["QUEUE", "FIRST", "LAST", "LEN", "BYTES", "OLDEST", "RETENTION"], &rows);
+        println!();
+    }
+    let rows: Vec<_> = groups
+        .iter()
+        .map(|g| {
+            vec![
+                g.queue.clone(),
+                g.group.clone(),
+                g.mode.as_str().to_owned(),
+                g.committed.to_string(),
+                g.lag.to_string(),
+                format::opt_duration(g.oldest_unacked_age),
+                g.in_flight.to_string(),
+                g.waiting_retry.to_string(),
+                match &g.dead_letter_queue {
+                    Some(d) => format!("{d} ({})", g.dlq_depth),
+                    None => "-".into(),
+                },
+                if g.paused { "paused".into() } else { "-".into() },
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "QUEUE",
+            "GROUP",
+            "MODE",
+            "COMMITTED",
+            "LAG",
+            "OLDEST UNACKED",
+            "IN FLIGHT",
+            "RETRYING",
+            "DLQ",
+            "PAUSED",
+        ],
+        &rows,
+    );
+    Ok(())
+}
+
+async fn peek(inspector: &Inspector, json: bool, queue: &str, from: Option<u64>, limit: usize) -> Result<()> {
+    let msgs = inspector.peek(queue, from, limit).await?;
+    if json {
+        let out: Vec<_> = msgs
+            .iter()
+            .map(|m| {
+                let headers: serde_json::Map<_, _> =
+                    m.headers.iter().map(|(k, v)| (k.clone(), json!(String::from_utf8_lossy(v)))).collect();
+                json!({
+                    "seq": m.seq, "enqueued_at_micros": format::micros(m.enqueued_at),
+                    "headers": headers, "payload": format::payload_json(&m.payload),
+                })
+            })
+            .collect();
+        print_json(&json!(out));
+        return Ok(());
+    }
+    let rows: Vec<_> = msgs
+        .iter()
+        .map(|m| {
+            vec![
+                m.seq.to_string(),
+                format::time(m.enqueued_at),
+                m.headers.len().to_string(),
+                format::payload(&m.payload, 60),
+            ]
+        })
+        .collect();
+    table(&["SEQ", "ENQUEUED", "HEADERS", "PAYLOAD"], &rows);
+    Ok(())
+}
+
+async fn pending(inspector: &Inspector, json: bool, group: &str, queue: &str) -> Result<()> {
+    let claims = inspector.pending(group, queue).await?;
+    if json {
+        let out: Vec<_> = claims
+            .iter()
+            .map(|c| {
+                json!({
+                    "seq": c.seq, "state": c.state.as_str(), "attempt": c.attempt, "holder": c.holder,
+                    "lease_deadline_micros": opt_micros(c.lease_deadline),
+                    "retry_at_micros": opt_micros(c.retry_at), "last_error": c.last_error,
+                })
+            })
+            .collect();
+        print_json(&json!(out));
+        return Ok(());
+    }
+    let rows: Vec<_> = claims
+        .iter()
+        .map(|c| {
+            vec![
+                c.seq.to_string(),
+                c.state.as_str().to_owned(),
+                c.attempt.to_string(),
+                c.holder.clone().unwrap_or_else(|| "-".into()),
+                format::opt_time(c.lease_deadline.or(c.retry_at)),
+                c.last_error.as_deref().map_or_else(|| "-".into(), |e| format::payload(e.as_bytes(), 50)),
+            ]
+        })
+        .collect();
+    table(&["SEQ", "STATE", "ATTEMPT", "HOLDER", "UNTIL", "LAST ERROR"], &rows);
+    Ok(())
+}
+
+fn dead_letter_json(d: &rockq::DeadLetter) -> serde_json::Value {
+    json!({
+        "dlq_seq": d.dlq_seq, "queue": d.queue, "seq": d.seq, "group": d.group, "attempts": d.attempts,
+        "reason": d.reason, "enqueued_at_micros": format::micros(d.enqueued_at),
+        "dead_lettered_at_micros": format::micros(d.dead_lettered_at),
+        "payload": format::payload_json(&d.payload),
+    })
+}
+
+async fn dlq_list(inspector: &Inspector, json: bool, dlq: &str, limit: usize) -> Result<()> {
+    let letters = inspector.dead_letters(dlq, limit).await?;
+    if json {
+        print_json(&json!(letters.iter().map(dead_letter_json).collect::<Vec<_>>()));
+        return Ok(());
+    }
+    let rows: Vec<_> = letters
+        .iter()
+        .map(|d| {
+            vec![
+                d.dlq_seq.to_string(),
+                match (&d.queue, d.seq) {
+                    (Some(q), Some(s)) => format!("{q}#{s}"),
+                    _ => "-".into(),
+                },
+                d.group.clone().unwrap_or_else(|| "-".into()),
+                d.attempts.to_string(),
+                format::time(d.dead_lettered_at),
+                format::payload(d.reason.as_bytes(), 50),
+            ]
+        })
+        .collect();
+    table(&["DLQ SEQ", "ORIGIN", "GROUP", "ATTEMPTS", "DEAD-LETTERED", "REASON"], &rows);
+    Ok(())
+}
+
+async fn dlq_peek(inspector: &Inspector, json: bool, dlq: &str) -> Result<()> {
+    let Some(d) = inspector.dead_letters(dlq, 1).await?.into_iter().next() else {
+        say(json, serde_json::Value::Null, || format!("{dlq} is empty"));
+        return Ok(());
+    };
+    if json {
+        print_json(&dead_letter_json(&d));
+        return Ok(());
+    }
+    let origin = match (&d.queue, d.seq) {
+        (Some(q), Some(s)) => format!("{q}#{s}"),
+        _ => "-".into(),
+    };
+    println!("dlq seq:        {}", d.dlq_seq);
+    println!("origin:         {origin}");
+    println!("group:          {}", d.group.as_deref().unwrap_or("-"));
+    println!("attempts:       {}", d.attempts);
+    println!("reason:         {}", d.reason);
+    println!("enqueued:       {}", format::time(d.enqueued_at));
+    println!("dead-lettered:  {}", format::time(d.dead_lettered_at));
+    for (k, v) in &d.headers {
+        println!("header {k}: {}", format::payload(v, 0));
+    }
+    println!("payload:        {}", format::payload(&d.payload, 0));
+    Ok(())
+}
+
+async fn redrive(
+    broker: &Broker,
+    json: bool,
+    dlq: &str,
+    to: Option<String>,
+    limit: Option<u64>,
+    rate: Option<f64>,
+) -> Result<()> {
+    if !broker.queue_names().iter().any(|q| q == dlq) {
+        return Err(Failure::from(format!("queue {dlq:?} does not exist")));
+    }
+    let letters = broker.dead_letters(dlq).await?;
+    let total = letters.len().await?.min(limit.unwrap_or(u64::MAX));
+    let bar = progress(json, total, "redriving");
+    // Batches of 256, each its own atomic redrive: the bar moves per batch, and an interrupted
+    // run resumes where it stopped (the redrive cursor is persisted with each batch).
+    let mut moved = 0u64;
+    while moved < total {
+        let mut opts = rockq::Redrive::new().limit((total - moved).min(256));
+        if let Some(t) = &to {
+            opts = opts.to(t.clone());
+        }
+        if let Some(r) = rate {
+            opts = opts.rate(r);
+        }
+        let n = letters.redrive(opts).await?;
+        if n == 0 {
+            break;
+        }
+        moved += n;
+        bar.set_position(moved);
+    }
+    bar.finish_and_clear();
+    say(json, json!({ "dlq": dlq, "moved": moved }), || format!("redrove {moved} dead letters from {dlq}"));
+    Ok(())
+}
+
+async fn reset(broker: &Broker, json: bool, group: &str, queue: &str, to: &ResetTarget) -> Result<()> {
+    let target = if let Some(s) = to.to_seq {
+        ResetTo::Sequence(s)
+    } else if let Some(t) = to.to_time {
+        ResetTo::Time(UNIX_EPOCH + Duration::from_secs(t))
+    } else if let Some(ago) = to.ago {
+        ResetTo::Time(SystemTime::now() - ago)
+    } else {
+        let q = broker.queue(queue).await?;
+        ResetTo::Sequence(if to.earliest { q.first_seq() } else { q.last_seq() + 1 })
+    };
+    let seq = broker.reset_group(group, queue, target).await?;
+    say(json, json!({ "group": group, "queue": queue, "next_seq": seq }), || {
+        format!("group {group} on {queue} now starts at sequence {seq}")
+    });
+    Ok(())
+}
+
+async fn trim(broker: &Broker, json: bool) -> Result<()> {
+    let bar = spinner(json, "trimming and compacting");
+    let report = broker.trim().await;
+    bar.finish_and_clear();
+    let r = report?;
+    say(
+        json,
+        json!({ "deleted": r.deleted, "bytes_before": r.bytes_before, "bytes_after": r.bytes_after, "compacted": r.compacted }),
+        || format!("deleted {} messages; {} → {} bytes on disk", r.deleted, r.bytes_before, r.bytes_after),
+    );
+    Ok(())
+}
+
+/// A progress bar on stderr, hidden under `--json` or when stderr is not a terminal.
+fn progress(json: bool, total: u64, what: &str) -> ProgressBar {
+    if json {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} ({per_sec}, eta {eta})") {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(what.to_owned());
+    bar
+}
+
+fn spinner(json: bool, what: &str) -> ProgressBar {
+    if json {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new_spinner();
+    bar.set_message(what.to_owned());
+    bar.enable_steady_tick(Duration::from_millis(100));
+    bar
+}

@@ -1,0 +1,115 @@
+//! Metrics, through the [`metrics`] facade: rockq records, the application's recorder
+//! (Prometheus, StatsD, …) exports. Without a recorder every call is a cheap no-op.
+//!
+//! Counters are bumped where the work is already batched — once per writer round, per read
+//! batch, per claim batch — never once per message on the hot path, so the facade's key lookup
+//! costs nothing measurable. Gauges (lag, oldest un-acked age, in flight, depth) are computed
+//! from [`Broker::stats`](crate::Broker::stats): every
+//! [`metrics_interval`](crate::Options::metrics_interval) and on every call to it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+
+use crate::broker::Shared;
+
+/// Messages appended, per queue.
+pub const PRODUCED: &str = "rockq_messages_produced_total";
+/// Messages handed to consumers, per queue, group and mode (redeliveries included).
+pub const DELIVERED: &str = "rockq_messages_delivered_total";
+/// Messages acknowledged (ordered: committed), per queue and group.
+pub const ACKED: &str = "rockq_messages_acked_total";
+/// Failed attempts scheduled for a retry, per queue and group.
+pub const RETRIED: &str = "rockq_messages_retried_total";
+/// Messages moved to a dead-letter queue, per queue and group.
+pub const DEAD_LETTERED: &str = "rockq_messages_dead_lettered_total";
+/// Leases that ran out before their holder settled, per queue and group.
+pub const LEASE_EXPIRED: &str = "rockq_lease_expirations_total";
+/// Dead letters moved back, per dead-letter queue.
+pub const REDRIVEN: &str = "rockq_messages_redriven_total";
+/// Messages deleted by retention, per queue.
+pub const TRIMMED: &str = "rockq_messages_trimmed_total";
+/// Times a consumer's in-flight bound stayed full, per queue and group.
+pub const SATURATED: &str = "rockq_consumer_saturations_total";
+/// Messages (and other records) in one writer round: the group-commit batch size.
+pub const BATCH_SIZE: &str = "rockq_writer_batch_messages";
+/// Seconds from a round's write starting to it being durable in the broker's mode.
+pub const COMMIT_LATENCY: &str = "rockq_writer_commit_seconds";
+/// Messages stored, per queue.
+pub const QUEUE_LENGTH: &str = "rockq_queue_messages";
+/// Approximate bytes on disk, per queue.
+pub const QUEUE_BYTES: &str = "rockq_queue_bytes";
+/// Lag as a count: messages after the offset not yet finished, per queue and group.
+pub const LAG: &str = "rockq_group_lag_messages";
+/// Lag as a time: age of the oldest unfinished message (0 when none), per queue and group.
+pub const OLDEST_UNACKED: &str = "rockq_group_oldest_unacked_seconds";
+/// Messages handed out and not finished, per queue and group.
+pub const IN_FLIGHT: &str = "rockq_group_in_flight";
+/// Work-queue messages waiting for a retry, per queue and group.
+pub const WAITING_RETRY: &str = "rockq_group_waiting_retry";
+/// Dead letters not yet redriven, per queue and group (work-queue groups).
+pub const DLQ_DEPTH: &str = "rockq_group_dlq_depth";
+/// 1 while the group is paused, per queue and group.
+pub const PAUSED: &str = "rockq_group_paused";
+
+pub(crate) fn produced(queue: &Arc<str>, n: u64) {
+    counter!(PRODUCED, "queue" => queue.clone()).increment(n);
+}
+
+pub(crate) fn delivered(queue: &Arc<str>, group: &Arc<str>, mode: &'static str, n: u64) {
+    if n > 0 {
+        counter!(DELIVERED, "queue" => queue.clone(), "group" => group.clone(), "mode" => mode).increment(n);
+    }
+}
+
+/// A per-(queue, group) counter.
+pub(crate) fn group_counter(name: &'static str, queue: &Arc<str>, group: &Arc<str>, n: u64) {
+    if n > 0 {
+        counter!(name, "queue" => queue.clone(), "group" => group.clone()).increment(n);
+    }
+}
+
+pub(crate) fn queue_counter(name: &'static str, queue: &Arc<str>, n: u64) {
+    if n > 0 {
+        counter!(name, "queue" => queue.clone()).increment(n);
+    }
+}
+
+pub(crate) fn round(messages: u64, latency: Duration) {
+    histogram!(BATCH_SIZE).record(messages as f64);
+    histogram!(COMMIT_LATENCY).record(latency.as_secs_f64());
+}
+
+/// Sets the gauges from a stats snapshot.
+pub(crate) fn publish(stats: &crate::Stats) {
+    for q in &stats.queues {
+        let name = q.name.clone();
+        gauge!(QUEUE_LENGTH, "queue" => name.clone()).set(q.len as f64);
+        gauge!(QUEUE_BYTES, "queue" => name).set(q.bytes_on_disk as f64);
+    }
+    for g in &stats.groups {
+        let labels = [("queue", g.queue.clone()), ("group", g.group.clone())];
+        gauge!(LAG, &labels).set(g.lag as f64);
+        gauge!(OLDEST_UNACKED, &labels).set(g.oldest_unacked_age.map_or(0.0, |d| d.as_secs_f64()));
+        gauge!(IN_FLIGHT, &labels).set(g.in_flight as f64);
+        gauge!(WAITING_RETRY, &labels).set(g.waiting_retry as f64);
+        gauge!(DLQ_DEPTH, &labels).set(g.dlq_depth as f64);
+        gauge!(PAUSED, &labels).set(if g.paused { 1.0 } else { 0.0 });
+    }
+}
+
+/// Refreshes the gauges every `interval` on the broker's clock until shutdown.
+pub(crate) fn spawn_gauges(shared: &Arc<Shared>, interval: Duration) {
+    crate::broker::spawn_periodic(shared, interval, |shared| async move {
+        let broker = crate::Broker { shared };
+        match broker.stats().await {
+            Ok(_) => true,
+            Err(crate::InspectError::Shutdown) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, "rockq: computing metrics gauges failed");
+                true
+            }
+        }
+    });
+}

@@ -1,0 +1,228 @@
+//! The `rockq` admin CLI, run as a separate process against databases these tests create with
+//! the library. `--json` output is parsed back and checked field by field.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+fn rockq(db: &Path) -> assert_cmd::Command {
+    let mut cmd = assert_cmd::Command::new(env!("CARGO_BIN_EXE_rockq"));
+    cmd.arg("--db").arg(db).env_remove("ROCKQ_DB").timeout(HANG_GUARD);
+    cmd
+}
+
+fn json(db: &Path, args: &[&str]) -> Value {
+    let out = rockq(db).arg("--json").args(args).assert().success().get_output().stdout.clone();
+    serde_json::from_slice(&out)
+        .unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {}", String::from_utf8_lossy(&out)))
+}
+
+fn text(db: &Path, args: &[&str]) -> String {
+    String::from_utf8(rockq(db).args(args).assert().success().get_output().stdout.clone()).unwrap()
+}
+
+/// Five orders (billing committed 2) and three jobs (one dead-lettered, one held by `cli-test`).
+async fn populate(broker: &rockq::Broker) -> (rockq::WorkSubscription, rockq::Job) {
+    let orders = broker.queue("orders").await.unwrap();
+    orders.send_batch(["o1", "o2", "o3", "o4", "o5"]).await.unwrap();
+    let mut sub = orders.group("billing").unwrap().subscribe().await.unwrap();
+    for d in take(&mut sub, 2).await {
+        d.ack().unwrap();
+    }
+    sub.commit().await.unwrap();
+    drop(sub);
+    let jobs = broker.queue("jobs").await.unwrap();
+    jobs.send_batch(["j1", "j2", "j3"]).await.unwrap();
+    let mut js = jobs
+        .work_group("workers")
+        .unwrap()
+        .consumer_name("cli-test")
+        .lease(Duration::from_secs(3600))
+        .claim_batch(2)
+        .max_in_flight(2)
+        .subscribe()
+        .await
+        .unwrap();
+    next_job(&mut js).await.dead_letter("malformed").await.unwrap();
+    let held = next_job(&mut js).await;
+    (js, held)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_commands_inspect_a_database_the_service_holds() {
+    let dir = tempdir();
+    let db = dir.path().to_path_buf();
+    let broker = open(&db).await;
+    let (_js, held) = populate(&broker).await;
+
+    let stats = json(&db, &["stats"]);
+    let queues = stats["queues"].as_array().unwrap();
+    let orders = queues.iter().find(|q| q["name"] == "orders").unwrap();
+    assert_eq!(
+        (orders["first_seq"].as_u64(), orders["last_seq"].as_u64(), orders["len"].as_u64()),
+        (Some(1), Some(5), Some(5))
+    );
+    let groups = stats["groups"].as_array().unwrap();
+    let billing = groups.iter().find(|g| g["group"] == "billing").unwrap();
+    assert_eq!(billing["mode"], "ordered");
+    assert_eq!((billing["committed"].as_u64(), billing["lag"].as_u64()), (Some(2), Some(3)));
+    assert!(billing["oldest_unacked_age_secs"].as_f64().is_some());
+    assert_eq!(billing["paused"], false);
+    let workers = groups.iter().find(|g| g["group"] == "workers").unwrap();
+    assert_eq!(workers["mode"], "work-queue");
+    assert_eq!(
+        (workers["committed"].as_u64(), workers["lag"].as_u64(), workers["in_flight"].as_u64()),
+        (Some(1), Some(2), Some(1))
+    );
+    assert_eq!(
+        (workers["dead_letter_queue"].as_str(), workers["dlq_depth"].as_u64()),
+        (Some("jobs.dlq"), Some(1))
+    );
+
+    let table = text(&db, &["stats"]);
+    assert!(
+        table.contains("QUEUE")
+            && table.contains("LAG")
+            && table.contains("billing")
+            && table.contains("jobs.dlq (1)"),
+        "{table}"
+    );
+
+    let only = json(&db, &["groups", "--queue", "jobs"]);
+    assert_eq!(only["groups"].as_array().unwrap().len(), 1);
+    assert!(only.get("queues").is_none());
+
+    let page = json(&db, &["peek", "orders", "--from", "2", "--limit", "2"]);
+    let seqs: Vec<u64> = page.as_array().unwrap().iter().map(|m| m["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, vec![2, 3]);
+    assert_eq!(page[0]["payload"]["text"], "o2");
+    assert!(text(&db, &["peek", "orders"]).contains("o5"));
+
+    let pending = json(&db, &["pending", "workers", "jobs"]);
+    let claims = pending.as_array().unwrap();
+    assert_eq!(claims.len(), 1, "{pending}");
+    assert_eq!(claims[0]["seq"].as_u64(), Some(held.seq()));
+    assert_eq!(
+        (claims[0]["state"].as_str(), claims[0]["holder"].as_str()),
+        (Some("leased"), Some("cli-test"))
+    );
+    assert_eq!(claims[0]["attempt"].as_u64(), Some(1));
+    assert!(claims[0]["lease_deadline_micros"].as_u64().unwrap() > 0);
+    assert!(text(&db, &["pending", "workers", "jobs"]).contains("cli-test"));
+
+    let letters = json(&db, &["dlq", "list", "jobs.dlq"]);
+    assert_eq!(letters.as_array().unwrap().len(), 1);
+    assert_eq!((letters[0]["queue"].as_str(), letters[0]["seq"].as_u64()), (Some("jobs"), Some(1)));
+    assert_eq!(
+        (letters[0]["reason"].as_str(), letters[0]["payload"]["text"].as_str()),
+        (Some("malformed"), Some("j1"))
+    );
+    let peeked = text(&db, &["dlq", "peek", "jobs.dlq"]);
+    assert!(peeked.contains("malformed") && peeked.contains("jobs#1"), "{peeked}");
+
+    // Reading changed nothing the service sees.
+    assert_eq!(broker.queue("orders").await.unwrap().group("billing").unwrap().committed(), Some(2));
+    drop(held);
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_that_write_refuse_a_locked_database_and_change_nothing() {
+    let dir = tempdir();
+    let db = dir.path().to_path_buf();
+    let broker = open(&db).await;
+    let (_js, held) = populate(&broker).await;
+    for args in [
+        &["group", "pause", "billing", "orders"][..],
+        &["group", "reset", "billing", "orders", "--earliest"],
+        &["dlq", "redrive", "jobs.dlq"],
+        &["trim"],
+    ] {
+        let out = rockq(&db).args(args).assert().code(3).get_output().clone();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("locked by another process") && err.contains("Read-only commands"),
+            "{args:?}: {err}"
+        );
+    }
+    let orders = broker.queue("orders").await.unwrap();
+    assert!(!orders.group("billing").unwrap().is_paused());
+    assert_eq!(orders.group("billing").unwrap().committed(), Some(2));
+    assert_eq!(broker.dead_letters("jobs.dlq").await.unwrap().len().await.unwrap(), 1);
+    drop(held);
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_resume_reset_redrive_and_trim_when_the_database_is_free() {
+    let dir = tempdir();
+    let db = dir.path().to_path_buf();
+    let broker = open(&db).await;
+    let (js, held) = populate(&broker).await;
+    drop(held);
+    drop(js);
+    broker.shutdown().await.unwrap();
+
+    assert_eq!(json(&db, &["group", "pause", "billing", "orders"])["paused"], true);
+    let stats = json(&db, &["stats"]);
+    let billing =
+        stats["groups"].as_array().unwrap().iter().find(|g| g["group"] == "billing").unwrap().clone();
+    assert_eq!(billing["paused"], true);
+    assert!(text(&db, &["groups"]).contains("paused"));
+    assert_eq!(json(&db, &["group", "resume", "billing", "orders"])["paused"], false);
+
+    assert_eq!(
+        json(&db, &["group", "reset", "billing", "orders", "--to-seq", "4"])["next_seq"].as_u64(),
+        Some(4)
+    );
+    assert_eq!(
+        json(&db, &["group", "reset", "billing", "orders", "--earliest"])["next_seq"].as_u64(),
+        Some(1)
+    );
+    assert_eq!(json(&db, &["dlq", "redrive", "jobs.dlq"])["moved"].as_u64(), Some(1));
+    let trimmed = json(&db, &["trim"]);
+    assert!(trimmed["bytes_after"].as_u64().is_some(), "{trimmed}");
+
+    // The library sees what the CLI did.
+    let broker = open(&db).await;
+    let orders = broker.queue("orders").await.unwrap();
+    assert!(!orders.group("billing").unwrap().is_paused());
+    assert_eq!(orders.group("billing").unwrap().committed(), Some(0));
+    let jobs = broker.queue("jobs").await.unwrap();
+    assert_eq!(jobs.last_seq(), 4, "the dead letter came back as jobs#4");
+    assert!(broker.dead_letters("jobs.dlq").await.unwrap().is_empty().await.unwrap());
+    broker.shutdown().await.unwrap();
+}
+
+#[test]
+fn bad_input_gets_a_clear_error_and_an_exit_code() {
+    let dir = tempdir();
+    let missing = dir.path().join("nope");
+    let out = rockq(&missing).arg("stats").assert().code(1).get_output().clone();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no database"), "{out:?}");
+    // Writing commands never create a database either.
+    rockq(&missing).args(["group", "pause", "g", "q"]).assert().code(1);
+    assert!(!missing.exists());
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let broker = open(dir.path()).await;
+        broker.queue("orders").await.unwrap();
+        broker.shutdown().await.unwrap();
+    });
+    let err = |args: &[&str]| {
+        let out = rockq(dir.path()).args(args).assert().code(1).get_output().clone();
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(err(&["peek", "missing"]).contains("does not exist"));
+    assert!(err(&["pending", "g", "orders"]).contains("does not exist"));
+    assert!(err(&["peek", "bad:name"]).contains("allowed are"));
+    assert!(err(&["group", "pause", "g", "orders"]).contains("does not exist"));
+    // Usage errors are clap's: exit code 2.
+    rockq(dir.path()).args(["group", "reset", "g", "orders"]).assert().code(2);
+    rockq(dir.path()).args(["frobnicate"]).assert().code(2);
+}
