@@ -195,7 +195,7 @@ pub(crate) fn pending(
             seq,
             state,
             attempt: c.attempt,
-            holder: (!c.holder.is_empty() && state != PendingState::Waiting).then_some(c.holder),
+            holder: (!c.holder.is_empty() && state != PendingState::Waiting).then(|| c.holder.to_string()),
             lease_deadline,
             retry_at,
             last_error: (!c.last_error.is_empty()).then_some(c.last_error),

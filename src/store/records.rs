@@ -161,7 +161,8 @@ pub(crate) struct ClaimRecord {
     pub last_error: String,
     /// Who holds the current attempt (the subscription's consumer name; empty for records
     /// written before version 2 or when nobody holds it).
-    pub holder: String,
+    /// Shared with the subscription's configuration: claiming does not allocate a copy.
+    pub holder: std::sync::Arc<str>,
 }
 
 const CLAIM_RECORD_V1: u8 = 1;
@@ -231,13 +232,13 @@ impl ClaimRecord {
             if v.len() != err_end {
                 return Err(bad("error text length does not match"));
             }
-            String::new()
+            std::sync::Arc::from("")
         } else {
             let Some(&len) = v.get(err_end) else { return Err(bad("holder length missing")) };
             if v.len() != err_end + 1 + len as usize {
                 return Err(bad("holder length does not match"));
             }
-            std::str::from_utf8(&v[err_end + 1..]).map_err(|_| bad("holder is not UTF-8"))?.to_owned()
+            std::str::from_utf8(&v[err_end + 1..]).map_err(|_| bad("holder is not UTF-8"))?.into()
         };
         let last_error = std::str::from_utf8(&v[CLAIM_HEADER..err_end])
             .map_err(|_| bad("error text is not UTF-8"))?
@@ -368,8 +369,11 @@ mod tests {
         let n = bad_utf8.len();
         bad_utf8[n - 1] = 0xff;
         assert!(ClaimRecord::decode(b"k", &bad_utf8).is_err());
-        let long =
-            ClaimRecord { last_error: "é".repeat(MAX_ERROR_BYTES), holder: "h".repeat(300), ..c.clone() };
+        let long = ClaimRecord {
+            last_error: "é".repeat(MAX_ERROR_BYTES),
+            holder: "h".repeat(300).into(),
+            ..c.clone()
+        };
         let decoded = ClaimRecord::decode(b"k", &long.encode()).unwrap();
         assert!(decoded.last_error.len() <= MAX_ERROR_BYTES);
         assert_eq!(decoded.holder.len(), MAX_HOLDER_BYTES);
@@ -377,7 +381,7 @@ mod tests {
         let mut v1 = c.encode();
         v1.truncate(v1.len() - 1 - c.holder.len());
         v1[0] = 1;
-        assert_eq!(ClaimRecord::decode(b"k", &v1).unwrap(), ClaimRecord { holder: String::new(), ..c });
+        assert_eq!(ClaimRecord::decode(b"k", &v1).unwrap(), ClaimRecord { holder: "".into(), ..c });
     }
 
     #[test]

@@ -360,7 +360,7 @@ impl Job {
                     deadline_micros: 0,
                     not_before_micros: clock.wall_micros_at(due),
                     last_error: error.clone(),
-                    holder: String::new(),
+                    holder: std::sync::Arc::from(""),
                 };
                 waiting = Some((due, error));
                 Outcome::Retry { record, delay }

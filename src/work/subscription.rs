@@ -273,7 +273,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
                 deadline_micros: clock.wall_micros_at(c.deadline),
                 not_before_micros: 0,
                 last_error: String::new(),
-                holder: cfg.consumer.to_string(),
+                holder: cfg.consumer.clone(),
             };
             (c.seq, rec)
         })

@@ -90,7 +90,7 @@ impl Writer {
                 deadline_micros: 0,
                 not_before_micros: 0,
                 last_error: String::new(),
-                holder: String::new(),
+                holder: Arc::from(""),
             };
             wb.put_cf(claims, keys::claim_key(&g.claim_prefix, seq), done.encode());
         }

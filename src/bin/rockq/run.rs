@@ -46,26 +46,8 @@ pub async fn run(cli: Cli) -> Result<()> {
             let res = reset(&broker, json, group, queue, to).await;
             finish(broker, res).await
         }
-        Command::Group(Group::Pause { ref group, ref queue }) => {
-            let broker = exclusive(db, "group pause").await?;
-            let res = broker.pause_group(group, queue).await.map_err(Failure::from);
-            let res = res.map(|()| {
-                say(json, json!({ "group": group, "queue": queue, "paused": true }), || {
-                    format!("paused group {group} on {queue}")
-                })
-            });
-            finish(broker, res).await
-        }
-        Command::Group(Group::Resume { ref group, ref queue }) => {
-            let broker = exclusive(db, "group resume").await?;
-            let res = broker.resume_group(group, queue).await.map_err(Failure::from);
-            let res = res.map(|()| {
-                say(json, json!({ "group": group, "queue": queue, "paused": false }), || {
-                    format!("resumed group {group} on {queue}")
-                })
-            });
-            finish(broker, res).await
-        }
+        Command::Group(Group::Pause { ref group, ref queue }) => pause(db, json, group, queue, true).await,
+        Command::Group(Group::Resume { ref group, ref queue }) => pause(db, json, group, queue, false).await,
         Command::Trim => {
             let broker = exclusive(db, "trim").await?;
             let res = trim(&broker, json).await;
@@ -344,6 +326,21 @@ async fn dlq_peek(inspector: &Inspector, json: bool, dlq: &str) -> Result<()> {
     }
     println!("payload:        {}", format::payload(&d.payload, 0));
     Ok(())
+}
+
+async fn pause(db: &Path, json: bool, group: &str, queue: &str, paused: bool) -> Result<()> {
+    let (verb, done) = if paused { ("group pause", "paused") } else { ("group resume", "resumed") };
+    let broker = exclusive(db, verb).await?;
+    let res = match paused {
+        true => broker.pause_group(group, queue).await,
+        false => broker.resume_group(group, queue).await,
+    };
+    let res = res.map_err(Failure::from).map(|()| {
+        say(json, json!({ "group": group, "queue": queue, "paused": paused }), || {
+            format!("{done} group {group} on {queue}")
+        })
+    });
+    finish(broker, res).await
 }
 
 async fn redrive(
