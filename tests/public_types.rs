@@ -47,6 +47,16 @@ fn public_types_are_send_and_sync() {
     send_sync::<Event>();
     send_sync::<Clock>();
     send_sync::<ManualClock>();
+    send_sync::<Inspector>();
+    send_sync::<Stats>();
+    send_sync::<QueueStats>();
+    send_sync::<GroupStats>();
+    send_sync::<GroupMode>();
+    send_sync::<PendingClaim>();
+    send_sync::<PendingState>();
+    send_sync::<StoredMessage>();
+    send_sync::<InspectError>();
+    send_sync::<PauseError>();
     unpin::<Subscription>();
     stream::<Subscription>();
     unpin::<WorkSubscription>();

@@ -296,7 +296,10 @@ impl Writer {
                             group,
                             acks.len() as u64,
                         );
-                        for (seq, attempt) in acks {
+                        // Per ack: only when someone listens (events or TRACE logging).
+                        let per_ack =
+                            engine.events.receiver_count() > 0 || tracing::enabled!(tracing::Level::TRACE);
+                        for (seq, attempt) in acks.into_iter().filter(|_| per_ack) {
                             tracing::trace!(%queue, %group, seq, attempt, "rockq: acked");
                             engine.emit(|| crate::Event::Acked {
                                 queue: queue.clone(),
