@@ -60,6 +60,7 @@ async fn read_only_commands_inspect_a_database_the_service_holds() {
     let (_js, held) = populate(&broker).await;
 
     let stats = json(&db, &["stats"]);
+    assert!(stats["bytes_on_disk"].as_u64().unwrap() > 0);
     let queues = stats["queues"].as_array().unwrap();
     let orders = queues.iter().find(|q| q["name"] == "orders").unwrap();
     assert_eq!(

@@ -140,7 +140,7 @@ pub(crate) fn stats(store: &Store, now_micros: u64) -> Result<Stats, InspectErro
         });
     }
     groups.sort_by(|a, b| (&a.queue, &a.group).cmp(&(&b.queue, &b.group)));
-    Ok(Stats { queues, groups })
+    Ok(Stats { queues, groups, bytes_on_disk: store::db_bytes(db, &cfs) })
 }
 
 /// The group's mode and committed offset, or `NoSuchGroup`.

@@ -12,6 +12,9 @@ pub struct Stats {
     pub queues: Vec<QueueStats>,
     /// Every group, sorted by queue then group.
     pub groups: Vec<GroupStats>,
+    /// Bytes of the whole database: live SST files of every column family plus the
+    /// memtables (which hold recent writes that per-queue figures do not count yet).
+    pub bytes_on_disk: u64,
 }
 
 /// One queue.

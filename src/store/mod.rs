@@ -45,6 +45,17 @@ pub(crate) struct Store {
     pub(crate) read_only: bool,
 }
 
+/// Bytes of live SST files over all column families, plus the memtables.
+pub(crate) fn db_bytes(db: &DB, cfs: &Cfs<'_>) -> u64 {
+    [cfs.messages, cfs.meta, cfs.offsets, cfs.claims]
+        .into_iter()
+        .map(|cf| {
+            let p = |name: &str| db.property_int_value_cf(cf, name).ok().flatten().unwrap_or(0);
+            p("rocksdb.live-sst-files-size") + p("rocksdb.size-all-mem-tables")
+        })
+        .sum()
+}
+
 /// Handles of rockq's column families, valid while the read guard they came from is held.
 pub(crate) struct Cfs<'a> {
     pub messages: &'a ColumnFamily,
@@ -97,14 +108,7 @@ impl Store {
     /// here), plus the memtables. Blocking.
     pub fn disk_bytes(&self) -> u64 {
         let guard = self.lock();
-        let Some((db, cfs)) = guard.get() else { return 0 };
-        [cfs.messages, cfs.meta, cfs.offsets, cfs.claims]
-            .into_iter()
-            .map(|cf| {
-                let p = |name: &str| db.property_int_value_cf(cf, name).ok().flatten().unwrap_or(0);
-                p("rocksdb.live-sst-files-size") + p("rocksdb.size-all-mem-tables")
-            })
-            .sum()
+        guard.get().map_or(0, |(db, cfs)| db_bytes(db, &cfs))
     }
 
     /// Compacts the messages of `queue_id` below `below` (a trimmed head) and the claims CF, so

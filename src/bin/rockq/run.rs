@@ -129,6 +129,7 @@ async fn stats(inspector: &Inspector, json: bool, only_queue: Option<&str>, queu
             .collect();
         let mut out = json!({ "groups": groups });
         if queues {
+            out["bytes_on_disk"] = json!(stats.bytes_on_disk);
             out["queues"] = stats
                 .queues
                 .iter()
@@ -161,6 +162,10 @@ async fn stats(inspector: &Inspector, json: bool, only_queue: Option<&str>, queu
             })
             .collect();
         table(&["QUEUE", "FIRST", "LAST", "LEN", "BYTES", "OLDEST", "RETENTION"], &rows);
+        println!(
+            "database: {} bytes (SST files and memtables; per-queue bytes count flushed SST files only)",
+            stats.bytes_on_disk
+        );
         println!();
     }
     let rows: Vec<_> = groups
