@@ -223,6 +223,11 @@ fn bad_input_gets_a_clear_error_and_an_exit_code() {
     assert!(err(&["pending", "g", "orders"]).contains("does not exist"));
     assert!(err(&["peek", "bad:name"]).contains("allowed are"));
     assert!(err(&["group", "pause", "g", "orders"]).contains("does not exist"));
+    for args in [&["group", "reset", "g", "other", "--earliest"][..], &["dlq", "redrive", "other.dlq"]] {
+        assert!(err(args).contains("does not exist"), "{args:?}");
+    }
+    let queues = json(dir.path(), &["stats"])["queues"].as_array().unwrap().len();
+    assert_eq!(queues, 1, "a failed command created a queue");
     // Usage errors are clap's: exit code 2.
     rockq(dir.path()).args(["group", "reset", "g", "orders"]).assert().code(2);
     rockq(dir.path()).args(["frobnicate"]).assert().code(2);

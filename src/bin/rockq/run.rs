@@ -386,6 +386,10 @@ async fn redrive(
 }
 
 async fn reset(broker: &Broker, json: bool, group: &str, queue: &str, to: &ResetTarget) -> Result<()> {
+    // `Broker::queue` would create a missing queue: bad input must change nothing.
+    if !broker.queue_names().iter().any(|q| q == queue) {
+        return Err(Failure::from(format!("group {group:?} does not exist on queue {queue:?}")));
+    }
     let target = if let Some(s) = to.to_seq {
         ResetTo::Sequence(s)
     } else if let Some(t) = to.to_time {
