@@ -13,6 +13,8 @@ use rockq::{Broker, Durability, Options};
 
 const PAYLOAD: usize = 100;
 const PRODUCERS: usize = 64;
+/// Sends each pipelined producer keeps in flight.
+const DEPTH: usize = 16;
 
 struct Row {
     name: String,
@@ -44,11 +46,37 @@ fn main() {
     let n = n / PRODUCERS as u64 * PRODUCERS as u64;
     let fsync_n = (n / 5).max(10_000) / PRODUCERS as u64 * PRODUCERS as u64;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    // Profiling aid: `ROCKQ_BENCH_ONLY=drain` runs only the work-group drain (Buffered).
-    if std::env::var("ROCKQ_BENCH_ONLY").as_deref() == Ok("drain") {
+    // Profiling aids: `ROCKQ_BENCH_ONLY=drain|produce|e2e` runs one Buffered benchmark, with
+    // the raw unsynced batch-1000 baseline beside it for the others.
+    if let Ok(only) = std::env::var("ROCKQ_BENCH_ONLY") {
         let root = tempfile::Builder::new().prefix("rockq-bench").tempdir().unwrap();
-        let secs = rt.block_on(drain(&root.path().join("drain"), Durability::Buffered, n, true));
-        println!("work-group drain, Buffered: {:.0} msg/s", n as f64 / secs);
+        let path = root.path().join(&only);
+        let secs = match only.as_str() {
+            "drain" => rt.block_on(drain(&path, Durability::Buffered, n, true)),
+            "produce" | "pipelined" => {
+                let depth = if only == "pipelined" { DEPTH } else { 1 };
+                let (secs, stats) = rt.block_on(produce(&path, Durability::Buffered, n, PRODUCERS, depth));
+                eprintln!(
+                    "  writer: {} rounds, mean batch {:.0}, {:.0}% of the time in RocksDB ({:.0} ns/msg)",
+                    stats.rounds,
+                    stats.messages as f64 / stats.rounds.max(1) as f64,
+                    100.0 * stats.write_time.as_secs_f64() / secs,
+                    stats.write_time.as_nanos() as f64 / stats.messages.max(1) as f64
+                );
+                secs
+            }
+            "e2e" => rt.block_on(end_to_end(&path, Durability::Buffered, n, 1)),
+            "e2e-pipelined" => rt.block_on(end_to_end(&path, Durability::Buffered, n, DEPTH)),
+            "e2e-fsync" => rt.block_on(end_to_end(&path, Durability::Fsync, n, 1)),
+            other => panic!("ROCKQ_BENCH_ONLY: unknown benchmark {other}"),
+        };
+        let rate = n as f64 / secs;
+        if only == "drain" {
+            println!("{only}, Buffered: {rate:.0} msg/s");
+        } else {
+            let raw = n as f64 / raw_write(&root.path().join("raw"), n, 1000, false);
+            println!("{only}, Buffered: {rate:.0} msg/s, raw {raw:.0} msg/s, {:.0}%", 100.0 * rate / raw);
+        }
         return;
     }
     let root = tempfile::Builder::new().prefix("rockq-bench").tempdir().unwrap();
@@ -72,39 +100,53 @@ fn main() {
     }
     let rate = |m: u64, s: f64| m as f64 / s;
 
-    // (a) 64 concurrent producers.
-    for (mode, count, base, base_name) in [
-        (Durability::Buffered, n, rate(n, raw_buf_1000), "raw unsynced b1000"),
-        (Durability::Fsync, fsync_n, rate(fsync_n, raw_sync_64), "raw fsync b64"),
-    ] {
-        let (secs, stats) = rt.block_on(produce(&dir(&format!("a-{mode:?}")), mode, count, PRODUCERS));
-        rows.push(Row {
-            name: format!("(a) produce, {PRODUCERS} producers, {mode:?}"),
-            messages: count,
-            secs,
-            baseline: Some((base_name.into(), base)),
-            note: format!(
+    // The ceiling of the handoff itself, with no storage at all: what awaited sends could reach
+    // if the writer cost nothing.
+    let secs = rt.block_on(handoff_ceiling(n));
+    rows.push(Row {
+        name: format!("handoff only, {PRODUCERS} tasks awaiting each"),
+        messages: n,
+        secs,
+        baseline: Some(("raw unsynced b1000".into(), rate(n, raw_buf_1000))),
+        note: "no storage: mpsc to a thread, oneshot back".into(),
+    });
+
+    // (a) 64 concurrent producers: each awaiting every send, then each keeping DEPTH sends in
+    // flight through `Queue::enqueue` receipts.
+    for (mode, count) in [(Durability::Buffered, n), (Durability::Fsync, fsync_n)] {
+        for depth in [1, DEPTH] {
+            let path = dir(&format!("a-{mode:?}-{depth}"));
+            let (secs, stats) = rt.block_on(produce(&path, mode, count, PRODUCERS, depth));
+            let how = if depth == 1 { "awaiting each".to_string() } else { format!("{depth} in flight") };
+            let note = format!(
                 "mean batch {:.0}, writer in RocksDB {:.0}% of the time",
                 stats.messages as f64 / stats.rounds.max(1) as f64,
                 100.0 * stats.write_time.as_secs_f64() / secs
-            ),
-        });
-    }
-    // Fsync also against the batch-1000 reference.
-    if let Some(r) = rows.last() {
-        let extra = Row {
-            name: format!("(a) produce, {PRODUCERS} producers, Fsync"),
-            messages: r.messages,
-            secs: r.secs,
-            baseline: Some(("raw fsync b1000".into(), rate(fsync_n, raw_sync_1000))),
-            note: "vs batch 1000".into(),
-        };
-        rows.push(extra);
+            );
+            let baselines: Vec<(&str, f64)> = match (mode, depth) {
+                (Durability::Buffered, _) => vec![("raw unsynced b1000", rate(n, raw_buf_1000))],
+                // Awaiting each, a round holds at most one send per producer: batch 64.
+                (Durability::Fsync, 1) => vec![
+                    ("raw fsync b64", rate(fsync_n, raw_sync_64)),
+                    ("raw fsync b1000", rate(fsync_n, raw_sync_1000)),
+                ],
+                (Durability::Fsync, _) => vec![("raw fsync b1000", rate(fsync_n, raw_sync_1000))],
+            };
+            for (i, (base_name, base)) in baselines.into_iter().enumerate() {
+                rows.push(Row {
+                    name: format!("(a) produce, {PRODUCERS} producers {how}, {mode:?}"),
+                    messages: count,
+                    secs,
+                    baseline: Some((base_name.into(), base)),
+                    note: if i == 0 { note.clone() } else { String::new() },
+                });
+            }
+        }
     }
 
     // (b) one producer awaiting each send, Fsync.
     let single_n = 2_000;
-    let (secs, _) = rt.block_on(produce(&dir("b"), Durability::Fsync, single_n, 1));
+    let (secs, _) = rt.block_on(produce(&dir("b"), Durability::Fsync, single_n, 1, 1));
     rows.push(Row {
         name: "(b) produce, 1 producer awaiting each, Fsync".into(),
         messages: single_n,
@@ -113,22 +155,25 @@ fn main() {
         note: String::new(),
     });
 
-    // (c) end to end.
+    // (c) end to end, with the producers of (a).
     for mode in [Durability::Buffered, Durability::Fsync] {
-        let count = if mode == Durability::Fsync { fsync_n } else { n };
-        let secs = rt.block_on(end_to_end(&dir(&format!("c-{mode:?}")), mode, count));
-        let (base_name, base) = if mode == Durability::Fsync {
-            ("raw fsync b64", rate(fsync_n, raw_sync_64))
-        } else {
-            ("raw unsynced b1000", rate(n, raw_buf_1000))
-        };
-        rows.push(Row {
-            name: format!("(c) produce→subscribe→ack, {mode:?}"),
-            messages: count,
-            secs,
-            baseline: Some((base_name.into(), base)),
-            note: String::new(),
-        });
+        for depth in [1, DEPTH] {
+            let count = if mode == Durability::Fsync { fsync_n } else { n };
+            let secs = rt.block_on(end_to_end(&dir(&format!("c-{mode:?}-{depth}")), mode, count, depth));
+            let (base_name, base) = match (mode, depth) {
+                (Durability::Buffered, _) => ("raw unsynced b1000", rate(n, raw_buf_1000)),
+                (Durability::Fsync, 1) => ("raw fsync b64", rate(fsync_n, raw_sync_64)),
+                (Durability::Fsync, _) => ("raw fsync b1000", rate(fsync_n, raw_sync_1000)),
+            };
+            let how = if depth == 1 { "awaiting each".to_string() } else { format!("{depth} in flight") };
+            rows.push(Row {
+                name: format!("(c) produce→subscribe→ack, {how}, {mode:?}"),
+                messages: count,
+                secs,
+                baseline: Some((base_name.into(), base)),
+                note: String::new(),
+            });
+        }
     }
 
     // (f) work-queue group: 8 workers drain a prefilled queue, claim + ack per message,
@@ -193,9 +238,19 @@ fn value(i: u64) -> Vec<u8> {
     v
 }
 
-/// Raw RocksDB: `n` keys `<queue u32><seq u64>` with 100-byte values, written in batches.
+/// Raw RocksDB: seconds to write `n` keys `<queue u32><seq u64>` with 100-byte values in
+/// batches; the median of three runs in fresh databases, because one run on this kind of
+/// machine swings by a third.
 fn raw_write(path: &Path, n: u64, batch: u64, sync: bool) -> f64 {
-    eprintln!("raw: {n} messages, batch {batch}, sync {sync}");
+    let mut runs: Vec<f64> =
+        (0..3).map(|i| raw_write_once(&path.join(i.to_string()), n, batch, sync)).collect();
+    runs.sort_by(f64::total_cmp);
+    let rates: Vec<f64> = runs.iter().map(|s| n as f64 / s).collect();
+    eprintln!("raw: {n} messages, batch {batch}, sync {sync}: {rates:.0?} msg/s");
+    runs[1]
+}
+
+fn raw_write_once(path: &Path, n: u64, batch: u64, sync: bool) -> f64 {
     let mut o = rocksdb::Options::default();
     o.create_if_missing(true);
     let db = rocksdb::DB::open(&o, path).unwrap();
@@ -221,8 +276,38 @@ async fn open(path: &Path, mode: Durability) -> Broker {
     Options::new().durability(mode).open(path).await.unwrap()
 }
 
-async fn produce(path: &Path, mode: Durability, n: u64, producers: usize) -> (f64, rockq::WriterStats) {
-    eprintln!("produce: {n} messages, {producers} producers, {mode:?}");
+/// One producer: `count` messages from `first`, awaiting each (`depth` 1) or keeping up to
+/// `depth` in flight through `Queue::enqueue` receipts.
+async fn send_all(q: rockq::Queue, first: u64, count: u64, depth: usize) {
+    if depth == 1 {
+        for i in 0..count {
+            q.send(value(first + i)).await.unwrap();
+        }
+        return;
+    }
+    let mut in_flight = std::collections::VecDeque::with_capacity(depth);
+    for i in 0..count {
+        if in_flight.len() == depth {
+            let receipt: rockq::SendReceipt = in_flight.pop_front().unwrap();
+            receipt.await.unwrap();
+        }
+        in_flight.push_back(q.enqueue(value(first + i)).await.unwrap());
+    }
+    for receipt in in_flight {
+        receipt.await.unwrap();
+    }
+}
+
+/// `producers` tasks send `n` messages between them. With `depth` 1 each awaits every send;
+/// with more, each keeps up to `depth` sends in flight through `Queue::enqueue` receipts.
+async fn produce(
+    path: &Path,
+    mode: Durability,
+    n: u64,
+    producers: usize,
+    depth: usize,
+) -> (f64, rockq::WriterStats) {
+    eprintln!("produce: {n} messages, {producers} producers, {depth} in flight each, {mode:?}");
     let broker = open(path, mode).await;
     let q = broker.queue("bench").await.unwrap();
     let start = Instant::now();
@@ -230,11 +315,7 @@ async fn produce(path: &Path, mode: Durability, n: u64, producers: usize) -> (f6
     let mut tasks = Vec::new();
     for p in 0..producers as u64 {
         let q = q.clone();
-        tasks.push(tokio::spawn(async move {
-            for i in 0..per {
-                q.send(value(p * per + i)).await.unwrap();
-            }
-        }));
+        tasks.push(tokio::spawn(send_all(q.clone(), p * per, per, depth)));
     }
     for t in tasks {
         t.await.unwrap();
@@ -245,8 +326,45 @@ async fn produce(path: &Path, mode: Durability, n: u64, producers: usize) -> (f6
     (secs, stats)
 }
 
-async fn end_to_end(path: &Path, mode: Durability, n: u64) -> f64 {
-    eprintln!("end to end: {n} messages, {mode:?}");
+/// 64 tasks each send a 100-byte buffer through a bounded channel to a plain thread and await
+/// a oneshot reply, exactly as `Queue::send` does, but the thread writes nothing: the
+/// ceiling of awaited sends on this machine, whatever the storage costs.
+async fn handoff_ceiling(n: u64) -> f64 {
+    use tokio::sync::{mpsc, oneshot};
+    eprintln!("handoff only: {n} messages, {PRODUCERS} producers");
+    let (tx, mut rx) = mpsc::channel::<(Vec<u8>, oneshot::Sender<u64>)>(4096);
+    let thread = std::thread::spawn(move || {
+        let mut seq = 0;
+        while let Some((payload, reply)) = rx.blocking_recv() {
+            std::hint::black_box(payload);
+            seq += 1;
+            let _ = reply.send(seq);
+        }
+    });
+    let start = Instant::now();
+    let per = n / PRODUCERS as u64;
+    let mut tasks = Vec::new();
+    for _ in 0..PRODUCERS {
+        let tx = tx.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..per {
+                let (reply, rx) = oneshot::channel();
+                tx.send((value(i), reply)).await.unwrap();
+                rx.await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    drop(tx);
+    thread.join().unwrap();
+    secs
+}
+
+async fn end_to_end(path: &Path, mode: Durability, n: u64, depth: usize) -> f64 {
+    eprintln!("end to end: {n} messages, {depth} in flight per producer, {mode:?}");
     let broker = open(path, mode).await;
     let q = broker.queue("bench").await.unwrap();
     let mut sub = q.group("consumers").unwrap().read_batch(1024).max_unacked(4096).subscribe().await.unwrap();
@@ -263,12 +381,7 @@ async fn end_to_end(path: &Path, mode: Durability, n: u64) -> f64 {
     let per = n / PRODUCERS as u64;
     let mut tasks = Vec::new();
     for p in 0..PRODUCERS as u64 {
-        let q = q.clone();
-        tasks.push(tokio::spawn(async move {
-            for i in 0..per {
-                q.send(value(p * per + i)).await.unwrap();
-            }
-        }));
+        tasks.push(tokio::spawn(send_all(q.clone(), p * per, per, depth)));
     }
     for t in tasks {
         t.await.unwrap();

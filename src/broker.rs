@@ -249,7 +249,7 @@ impl Broker {
             "rockq: opened"
         );
         let (tx, rx) = mpsc::channel(options.channel_capacity);
-        let handle = match writer::spawn(engine.clone(), rx) {
+        let handle = match writer::spawn(engine.clone(), rx, &runtime) {
             Ok(h) => h,
             Err(e) => {
                 let path = engine.store.path.clone();

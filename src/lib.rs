@@ -77,7 +77,7 @@ pub use events::Event;
 pub use message::Message;
 pub use name::MAX_NAME_LEN;
 pub use options::{Durability, Options};
-pub use producer::Queue;
+pub use producer::{Queue, SendReceipt};
 pub use retention::{ResetTo, Retention, TrimReport};
 pub use tokio_util::sync::CancellationToken;
 pub use work::{

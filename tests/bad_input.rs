@@ -34,6 +34,9 @@ async fn oversized_messages_and_bad_batches_write_nothing() {
     q.send(vec![0u8; 100]).await.unwrap();
     let err = q.send(vec![0u8; 101]).await.unwrap_err();
     assert!(matches!(err, SendError::MessageTooLarge { index: 0, size: 101, max: 100 }), "{err:?}");
+    // `enqueue` validates before queueing, like `send`.
+    let err = q.enqueue(vec![0u8; 101]).await.unwrap_err();
+    assert!(matches!(err, SendError::MessageTooLarge { index: 0, size: 101, max: 100 }), "{err:?}");
     // Headers count toward the limit.
     let err = q.send(rockq::Message::new(vec![0u8; 90]).header("k", vec![0u8; 20])).await.unwrap_err();
     assert!(matches!(err, SendError::MessageTooLarge { .. }), "{err:?}");
@@ -78,6 +81,7 @@ async fn use_after_shutdown_is_a_typed_error() {
     assert!(broker.is_shut_down());
     assert!(matches!(q.send("x").await, Err(SendError::Shutdown)));
     assert!(matches!(q.send_batch(["x"]).await, Err(SendError::Shutdown)));
+    assert!(matches!(q.enqueue("x").await, Err(SendError::Shutdown)));
     assert!(matches!(broker.queue("q").await, Err(QueueError::Shutdown)));
     assert!(matches!(broker.queue("new").await, Err(QueueError::Shutdown)));
     assert!(matches!(group.subscribe().await, Err(SubscribeError::Shutdown)));

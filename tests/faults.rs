@@ -96,6 +96,30 @@ async fn read_error_ends_the_stream_with_an_error() {
     broker.shutdown().await.unwrap();
 }
 
+/// `enqueue` returns once the message is queued; only its receipt waits for the sync.
+async fn enqueue_returns_before_the_sync_and_the_receipt_after_it() {
+    let dir = tempdir();
+    let broker = open_with(dir.path(), Durability::Fsync).await;
+    let q = broker.queue("q").await.unwrap();
+    fail::cfg("rockq-syncer-sync", "pause").unwrap();
+    let mut receipts = Vec::new();
+    for i in 0..5 {
+        // A hang guard, not a timing assertion: if `enqueue` waited for the held sync, the
+        // test would never end.
+        let enqueued = tokio::time::timeout(std::time::Duration::from_secs(60), q.enqueue(format!("m{i}")));
+        receipts.push(enqueued.await.expect("enqueue waited for the sync").unwrap());
+    }
+    for r in &mut receipts {
+        assert!(futures::poll!(r).is_pending(), "a receipt resolved before its sync");
+    }
+    assert_eq!(q.last_seq(), 0, "nothing is visible before its sync");
+    fail::remove("rockq-syncer-sync");
+    let seqs = futures::future::try_join_all(receipts).await.unwrap();
+    assert_eq!(seqs, [1, 2, 3, 4, 5]);
+    assert_eq!(q.last_seq(), 5);
+    broker.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_storage_errors() {
     let scenario = fail::FailScenario::setup();
@@ -103,5 +127,6 @@ async fn injected_storage_errors() {
     sync_error_under_fsync_fails_the_send().await;
     failed_outcome_write_leaves_the_claim_for_redelivery().await;
     read_error_ends_the_stream_with_an_error().await;
+    enqueue_returns_before_the_sync_and_the_receipt_after_it().await;
     scenario.teardown();
 }

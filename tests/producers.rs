@@ -83,3 +83,49 @@ async fn a_batch_is_contiguous_even_with_concurrent_single_sends() {
     }
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueued_messages_keep_the_order_of_the_enqueue_calls() {
+    const N: usize = 600;
+    const DEPTH: usize = 16;
+    let dir = tempdir();
+    let broker = open_with(dir.path(), rockq::Durability::Fsync).await;
+    let q = broker.queue("pipelined").await.unwrap();
+    // Another producer interleaves its sends with the pipelined ones.
+    let noise = {
+        let q = q.clone();
+        tokio::spawn(async move {
+            for i in 0..200 {
+                q.send(format!("noise-{i}")).await.unwrap();
+            }
+        })
+    };
+    let mut in_flight = std::collections::VecDeque::new();
+    let mut seqs = Vec::new();
+    for i in 0..N {
+        if in_flight.len() == DEPTH {
+            let receipt: rockq::SendReceipt = in_flight.pop_front().unwrap();
+            seqs.push(receipt.await.unwrap());
+        }
+        in_flight.push_back(q.enqueue(format!("p-{i}")).await.unwrap());
+    }
+    // A dropped receipt does not withdraw its message.
+    drop(q.enqueue("dropped-receipt").await.unwrap());
+    for receipt in in_flight {
+        seqs.push(receipt.await.unwrap());
+    }
+    let last = q.send("last").await.unwrap();
+    noise.await.unwrap();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "sequences follow the order of the enqueue calls");
+
+    let mut sub = q.group("g").unwrap().read_batch(128).subscribe().await.unwrap();
+    let all = take(&mut sub, last as usize).await;
+    let mine: Vec<String> = payloads(&all).into_iter().filter(|p| !p.starts_with("noise-")).collect();
+    let want: Vec<String> =
+        (0..N).map(|i| format!("p-{i}")).chain(["dropped-receipt".into(), "last".into()]).collect();
+    assert_eq!(mine, want);
+    for (i, seq) in seqs.iter().enumerate() {
+        assert_eq!(all[(*seq - 1) as usize].payload().as_ref(), format!("p-{i}").as_bytes());
+    }
+    broker.shutdown().await.unwrap();
+}

@@ -13,6 +13,8 @@ fn public_types_are_send_and_sync() {
     send_sync::<Options>();
     send_sync::<Durability>();
     send_sync::<Queue>();
+    send_sync::<SendReceipt>();
+    unpin::<SendReceipt>();
     send_sync::<Group>();
     send_sync::<StartFrom>();
     send_sync::<Subscription>();
@@ -77,6 +79,7 @@ fn futures_of_async_methods_are_send(b: &Broker, q: &Queue, g: &Group, s: &Subsc
     is_send(&b.shutdown());
     is_send(&q.send("m"));
     is_send(&q.send_batch(["m"]));
+    is_send(&q.enqueue("m"));
     is_send(&g.subscribe());
     is_send(&s.commit());
 }

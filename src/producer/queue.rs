@@ -10,6 +10,7 @@ use crate::Message;
 use crate::broker::Shared;
 use crate::consumer::Group;
 use crate::error::{NameError, NameKind, QueueError, SendError};
+use crate::producer::SendReceipt;
 use crate::registry::QueueState;
 use crate::store::envelope::{self, EncodeError};
 use crate::writer::{Payloads, Request};
@@ -92,6 +93,50 @@ impl Queue {
     /// # Ok(()) }
     /// ```
     pub async fn send(&self, message: impl Into<Message>) -> Result<u64, SendError> {
+        self.enqueue(message).await?.await
+    }
+
+    /// Hands one message to the writer and returns as soon as it is queued, with a
+    /// [`SendReceipt`] that resolves to its sequence once it is durable.
+    ///
+    /// This is [`send`](Queue::send) split at the point where the message's place is fixed.
+    /// A task that enqueues several messages before awaiting their receipts keeps them all in
+    /// flight — they share group commits, and the task is woken once per commit instead of
+    /// once per message — while their order is still the order of the `enqueue` calls:
+    /// messages enqueued one after another get increasing sequences. Nothing is durable, and
+    /// nothing is visible to consumers, before its receipt resolves.
+    ///
+    /// # Errors
+    ///
+    /// As [`send`](Queue::send): validation errors and [`SendError::Shutdown`] here; storage
+    /// errors from the receipt.
+    ///
+    /// # Cancel safety
+    ///
+    /// If this future is dropped before it completes, the message was not queued. Once it has
+    /// returned the receipt, the message will be written whether or not the receipt is
+    /// awaited. Applies backpressure: it waits while the writer's queue
+    /// ([`Options::channel_capacity`](crate::Options::channel_capacity)) is full.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::SendError> {
+    /// // Keep up to 16 sends in flight from one task, in order.
+    /// let mut in_flight = std::collections::VecDeque::new();
+    /// for i in 0..1000u32 {
+    ///     if in_flight.len() == 16 {
+    ///         let receipt: rockq::SendReceipt = in_flight.pop_front().unwrap();
+    ///         receipt.await?;
+    ///     }
+    ///     in_flight.push_back(queue.enqueue(i.to_be_bytes().to_vec()).await?);
+    /// }
+    /// for receipt in in_flight {
+    ///     receipt.await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn enqueue(&self, message: impl Into<Message>) -> Result<SendReceipt, SendError> {
         let value = self.encode(0, &message.into())?;
         self.submit(Payloads::One(value)).await
     }
@@ -137,7 +182,7 @@ impl Queue {
         if n == 0 {
             return Err(SendError::EmptyBatch);
         }
-        let first = self.submit(Payloads::Many(values)).await?;
+        let first = self.submit(Payloads::Many(values)).await?.await?;
         Ok(first..=first + n - 1)
     }
 
@@ -240,14 +285,10 @@ impl Queue {
         })
     }
 
-    async fn submit(&self, payloads: Payloads) -> Result<u64, SendError> {
+    async fn submit(&self, payloads: Payloads) -> Result<SendReceipt, SendError> {
         let (reply, rx) = oneshot::channel();
-        let count = payloads.len();
         let req = Request::Send { queue: self.state.clone(), payloads, reply };
         self.shared.tx.send(req).await.map_err(|_| SendError::Shutdown)?;
-        let first = rx.await.map_err(|_| SendError::Shutdown)??;
-        // Per message, so TRACE only: INFO stays quiet on the hot path.
-        tracing::trace!(queue = %self.state.name, seq = first, count, "rockq: sent");
-        Ok(first)
+        Ok(SendReceipt::new(rx, self.state.clone()))
     }
 }

@@ -102,7 +102,13 @@ fn rocks_options(o: &Options) -> rocksdb::Options {
 
 fn messages_cf_options() -> rocksdb::Options {
     let mut opts = rocksdb::Options::default();
-    opts.set_compression_type(DBCompressionType::Lz4);
+    // Most messages are consumed and trimmed while they are still in L0/L1: compressing them
+    // there spends CPU (at every flush, beside the writer) on data that is about to be
+    // deleted. Levels below hold the long-retained tail, where LZ4 pays for itself.
+    let mut levels = [DBCompressionType::Lz4; 7];
+    levels[0] = DBCompressionType::None;
+    levels[1] = DBCompressionType::None;
+    opts.set_compression_per_level(&levels);
     // The queue head is a dense run of deletes: mark an SST for compaction when half of any
     // 32k-entry window is tombstones (the recipe's CompactOnDeletionCollector).
     opts.add_compact_on_deletion_collector_factory(32 * 1024, 16 * 1024, 0.5);

@@ -49,8 +49,51 @@ use crate::work::WorkGroupState;
 pub(crate) fn spawn(
     engine: Arc<Engine>,
     rx: mpsc::Receiver<Request>,
+    runtime: &tokio::runtime::Handle,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new().name("rockq-writer".into()).spawn(move || Writer::new(engine, rx).run())
+    let completer = Completer::spawn(engine.clone(), runtime);
+    std::thread::Builder::new()
+        .name("rockq-writer".into())
+        .spawn(move || Writer::new(engine, rx, completer).run())
+}
+
+/// Completes rounds on a task of the broker's runtime, in the order they were written.
+///
+/// Why a task: completing a round wakes every producer waiting in it. Woken from a foreign
+/// thread, each wake is a push onto the runtime's shared inject queue (a lock) and often a
+/// syscall to unpark a worker; woken from a task already running on a worker, the producers go
+/// onto that worker's local run queue. One cross-thread wake per round replaces one per send,
+/// and the writer (or syncer) — the pipeline's bottleneck — goes straight back to appending.
+#[derive(Clone)]
+struct Completer {
+    tx: mpsc::UnboundedSender<(Round, Option<StorageError>)>,
+    engine: Arc<Engine>,
+}
+
+impl Completer {
+    fn spawn(engine: Arc<Engine>, runtime: &tokio::runtime::Handle) -> Self {
+        let (tx, mut rx) = mpsc::unbounded_channel::<(Round, Option<StorageError>)>();
+        let e = engine.clone();
+        runtime.spawn(async move {
+            while let Some((r, failed)) = rx.recv().await {
+                finish(&e, r, failed);
+            }
+        });
+        Completer { tx, engine }
+    }
+
+    /// Completes `r` after every round handed over before it: successfully, or with `failed`.
+    /// A failure closes the broker at once, before any later round is built. Runs inline if
+    /// the runtime is gone (its task was dropped), so no waiter is left hanging.
+    fn finish(&self, r: Round, failed: Option<StorageError>) {
+        if let Some(e) = &failed {
+            tracing::error!(error = %e, "rockq writer: write failed; refusing further writes");
+            *self.engine.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+        }
+        if let Err(mpsc::error::SendError((r, failed))) = self.tx.send((r, failed)) {
+            finish(&self.engine, r, failed);
+        }
+    }
 }
 
 struct Writer {
@@ -72,6 +115,7 @@ struct Writer {
     settings: HashMap<Vec<u8>, crate::store::records::GroupSettings>,
     /// The syncer (Fsync mode only).
     syncer: Option<(std::sync::mpsc::Sender<Round>, std::thread::JoinHandle<()>)>,
+    completer: Completer,
 }
 
 type Reply<T, E> = oneshot::Sender<Result<T, E>>;
@@ -93,6 +137,8 @@ struct Round {
     work_finished: Vec<(Arc<WorkGroupState>, Vec<u64>)>,
     done: Vec<OnDone>,
     sends: Vec<(Reply<u64, SendError>, u64)>,
+    /// The round's message buffers, already copied into the batch.
+    payloads: Vec<Payloads>,
     /// Queues written this round: their last sequence and how many messages were appended.
     touched: Vec<(Arc<QueueState>, u64, u64)>,
     /// When the round's write started (for the commit-latency histogram).
@@ -112,7 +158,7 @@ impl Round {
 }
 
 impl Writer {
-    fn new(engine: Arc<Engine>, rx: mpsc::Receiver<Request>) -> Self {
+    fn new(engine: Arc<Engine>, rx: mpsc::Receiver<Request>, completer: Completer) -> Self {
         let mut next_seq = HashMap::new();
         let mut max_id = 0;
         for q in engine.registry.queues.iter() {
@@ -122,10 +168,10 @@ impl Writer {
         // Fsync mode syncs on the syncer thread; the append itself never waits for the disk.
         let syncer = if engine.options.durability == Durability::Fsync {
             let (tx, rx) = std::sync::mpsc::channel();
-            let e = engine.clone();
+            let (e, c) = (engine.clone(), completer.clone());
             std::thread::Builder::new()
                 .name("rockq-syncer".into())
-                .spawn(move || sync_loop(&e, rx))
+                .spawn(move || sync_loop(&e, rx, &c))
                 .map(|h| (tx, h))
                 .inspect_err(|err| tracing::error!(%err, "rockq: no syncer thread; syncing inline"))
                 .ok()
@@ -148,6 +194,7 @@ impl Writer {
             cursors: HashMap::new(),
             settings: HashMap::new(),
             syncer,
+            completer,
         }
     }
 
@@ -238,6 +285,9 @@ impl Writer {
                         None => r.touched.push((queue, last_seq, n)),
                     }
                     r.sends.push((reply, first));
+                    // Freed on the completer: the buffers were allocated by producer tasks,
+                    // and the writer thread is the pipeline's bottleneck.
+                    r.payloads.push(payloads);
                 }
                 Request::CreateQueue { name, reply } => {
                     self.create_queue(&mut wb, cfs.meta, &mut r, name, reply)
@@ -375,10 +425,7 @@ impl Writer {
                     other => other,
                 };
                 drop(guard);
-                match result {
-                    Ok(()) => complete(&self.engine, r),
-                    Err(e) => fail(&self.engine, r, StorageError(e)),
-                }
+                self.completer.finish(r, result.err().map(StorageError));
             }
         }
         stop
@@ -551,7 +598,7 @@ impl Writer {
 
 /// Fsync mode: syncs the WAL once for every round the writer appended since the last sync, then
 /// completes those rounds in order. After a failed sync every later round fails too.
-fn sync_loop(engine: &Engine, rx: std::sync::mpsc::Receiver<Round>) {
+fn sync_loop(engine: &Engine, rx: std::sync::mpsc::Receiver<Round>, completer: &Completer) {
     let mut failed: Option<StorageError> = None;
     while let Ok(first) = rx.recv() {
         let mut rounds = vec![first];
@@ -570,10 +617,7 @@ fn sync_loop(engine: &Engine, rx: std::sync::mpsc::Receiver<Round>) {
             failed = synced.err();
         }
         for r in rounds {
-            match &failed {
-                None => complete(engine, r),
-                Some(e) => fail(engine, r, e.clone()),
-            }
+            completer.finish(r, failed.clone());
         }
     }
 }
@@ -636,10 +680,15 @@ fn complete(engine: &Engine, r: Round) {
     }
 }
 
-/// Fails a round whose write or sync failed, and makes the broker fail closed.
-fn fail(engine: &Engine, r: Round, e: StorageError) {
-    tracing::error!(error = %e, "rockq writer: write failed; refusing further writes");
-    *engine.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+fn finish(engine: &Engine, r: Round, failed: Option<StorageError>) {
+    match failed {
+        None => complete(engine, r),
+        Some(e) => fail(r, e),
+    }
+}
+
+/// Answers the waiters of a round whose write or sync failed (the broker is already closed).
+fn fail(r: Round, e: StorageError) {
     // Offsets in `r.commits` stay non-durable: `durable` is not advanced, and after a
     // reopen the group resumes from the last offset that did reach the disk.
     for (reply, _) in r.sends {
