@@ -202,3 +202,42 @@ async fn dead_letters_are_durable_across_restart() {
     drop(sub.next());
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_message_is_dead_lettered_with_its_raw_bytes_and_the_group_moves_on() {
+    // Regression: a stored message whose envelope does not decode made every claim of it fail
+    // the read, released the claim without counting an attempt, and so stalled the work group
+    // at that message forever (and its dead-letter write would have failed to decode it too).
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    broker.queue("jobs").await.unwrap().send_batch(["1", "2", "3"]).await.unwrap();
+    broker.shutdown().await.unwrap();
+    {
+        let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), dir.path()).unwrap();
+        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir.path(), &cfs).unwrap();
+        let messages = db.cf_handle("rockq.messages").unwrap();
+        let mut key = 1u32.to_be_bytes().to_vec();
+        key.extend_from_slice(&2u64.to_be_bytes());
+        db.put_cf(messages, key, [42u8, 0]).unwrap();
+    }
+    let broker = open(dir.path()).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let group = q.work_group("w").unwrap();
+    let mut sub = group.clone().claim_batch(1).subscribe().await.unwrap();
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        // A hang guard, not a timing assertion: before the fix this never returned.
+        let job =
+            tokio::time::timeout(Duration::from_secs(60), next_job(&mut sub)).await.expect("group stalled");
+        got.push(job.payload().clone());
+        job.ack().await.unwrap();
+    }
+    assert_eq!(got, ["1", "3"]);
+    let dlq = broker.dead_letters("jobs.dlq").await.unwrap();
+    let d = dlq.peek().await.unwrap().expect("the corrupted message is in the dead-letter queue");
+    assert_eq!((d.queue.as_deref(), d.seq, d.group.as_deref()), (Some("jobs"), Some(2), Some("w")));
+    assert_eq!(d.payload.as_ref(), [42u8, 0], "the stored bytes, as they were");
+    assert!(d.reason.contains("corrupt"), "{}", d.reason);
+    assert_eq!(group.committed(), Some(3), "the offset passed the dead-lettered message");
+    broker.shutdown().await.unwrap();
+}

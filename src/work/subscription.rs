@@ -171,6 +171,38 @@ impl Drop for ClaimGuard {
     }
 }
 
+/// Moves the claimed message `c`, whose stored record does not decode, to the group's
+/// dead-letter queue, fenced like a handler's outcome.
+async fn dead_letter_corrupt(
+    ctx: &Arc<Ctx>,
+    c: &Claimed,
+    err: &crate::error::CorruptionError,
+) -> Result<(), Error> {
+    let (shared, group) = (&ctx.shared, &ctx.group);
+    if group.begin_settle(c.seq, c.token, shared.engine.clock().now()).is_err() {
+        // The lease is gone already: whoever holds the message now meets the same record.
+        return Ok(());
+    }
+    tracing::warn!(queue = %group.queue.name, group = %group.name, seq = c.seq, error = %err,
+        "rockq: stored message is corrupted; dead-lettering it");
+    let outcome =
+        Outcome::DeadLetter { reason: format!("corrupted message: {err}"), dlq: ctx.config.dlq.clone() };
+    let (reply, rx) = oneshot::channel();
+    let req = Request::Settle { group: group.clone(), seq: c.seq, attempt: c.attempt, outcome, reply };
+    if shared.tx.send(req).await.is_err() {
+        group.revert(c.seq);
+        return Ok(());
+    }
+    match rx.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(AckError::Shutdown)) | Err(_) => Ok(()),
+        Ok(Err(e)) => {
+            group.revert(c.seq);
+            Err(e.into())
+        }
+    }
+}
+
 /// Claims the next batch of jobs. An empty result means the broker is shutting down.
 async fn fetch(ctx: Arc<Ctx>) -> Result<Vec<Job>, Error> {
     loop {
@@ -307,6 +339,19 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
         Ok(Err(ReceiveError::Gap { expected, .. }))
             if expected < group.queue.first_seq.load(Ordering::Acquire) =>
         {
+            return Ok(None);
+        }
+        Ok(Err(ReceiveError::Corrupt(err))) => {
+            let seq = store::keys::decode_message_key(err.key()).ok().map(|(_, seq)| seq);
+            let Some(c) = claimed.iter().find(|c| Some(c.seq) == seq) else {
+                return Err(ReceiveError::Corrupt(err).into());
+            };
+            // No attempt can ever deliver a record that does not decode, and releasing the
+            // claim would only fail the next read the same way (the group would stall on it):
+            // dead-letter it now — the writer keeps its raw bytes — and claim again. The other
+            // claims of this batch are released uncounted by the guard.
+            dead_letter_corrupt(ctx, c, &err).await?;
+            guard.claims.retain(|&(s, _)| s != c.seq);
             return Ok(None);
         }
         Ok(Err(e)) => return Err(e.into()),

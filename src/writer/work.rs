@@ -158,13 +158,13 @@ impl Writer {
                     }
                 };
                 let msg_key = keys::message_key(g.queue.id, seq);
-                let env = match envelope::decode(&msg_key, &stored) {
-                    Ok(env) => env,
-                    Err(e) => {
-                        let _ = reply.send(Err(AckError::Failed(e.to_string())));
-                        return;
-                    }
-                };
+                // A record that does not decode is dead-lettered as it is stored: its raw bytes
+                // become the payload, so nothing is lost and the group can move past it.
+                let env = envelope::decode(&msg_key, &stored).unwrap_or_else(|_| envelope::Envelope {
+                    enqueued_at_micros: 0,
+                    headers: Vec::new(),
+                    payload: Bytes::from(stored.to_vec()),
+                });
                 let dlq_queue = match self.ensure_queue(wb, cfs.meta, r, &dlq) {
                     Ok(q) => q,
                     Err(e) => {
