@@ -212,14 +212,7 @@ async fn a_corrupted_message_is_dead_lettered_with_its_raw_bytes_and_the_group_m
     let broker = open(dir.path()).await;
     broker.queue("jobs").await.unwrap().send_batch(["1", "2", "3"]).await.unwrap();
     broker.shutdown().await.unwrap();
-    {
-        let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), dir.path()).unwrap();
-        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir.path(), &cfs).unwrap();
-        let messages = db.cf_handle("rockq.messages").unwrap();
-        let mut key = 1u32.to_be_bytes().to_vec();
-        key.extend_from_slice(&2u64.to_be_bytes());
-        db.put_cf(messages, key, [42u8, 0]).unwrap();
-    }
+    corrupt_message(dir.path(), 1, 2, &[42, 0]);
     let broker = open(dir.path()).await;
     let q = broker.queue("jobs").await.unwrap();
     let group = q.work_group("w").unwrap();

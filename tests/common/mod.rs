@@ -120,3 +120,14 @@ pub async fn wait_event(
     .await
     .expect("hung waiting for an event")
 }
+
+/// Overwrites the stored record of message `seq` of the queue with id `queue_id` with `value`,
+/// through RocksDB directly (the broker must be shut down).
+pub fn corrupt_message(path: &Path, queue_id: u32, seq: u64, value: &[u8]) {
+    let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), path).unwrap();
+    let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), path, &cfs).unwrap();
+    let messages = db.cf_handle("rockq.messages").unwrap();
+    let mut key = queue_id.to_be_bytes().to_vec();
+    key.extend_from_slice(&seq.to_be_bytes());
+    db.put_cf(messages, key, value).unwrap();
+}
