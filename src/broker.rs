@@ -145,6 +145,12 @@ impl Broker {
     /// RocksDB is opened on a blocking thread; the registry of queues and groups and each
     /// queue's last sequence are loaded before this returns.
     ///
+    /// The broker belongs to the Tokio runtime it is opened in: consumer reads run on that
+    /// runtime's blocking pool, and a task on it completes the writer's group commits
+    /// (resolving sends, waking subscribers). Keep that runtime running while the broker is in
+    /// use; handles may be used from other runtimes' tasks too. If that runtime shuts down
+    /// first, the writer completes its commits itself.
+    ///
     /// # Errors
     ///
     /// [`OpenError::Locked`] if another process or broker has the database open,

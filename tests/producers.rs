@@ -129,3 +129,22 @@ async fn enqueued_messages_keep_the_order_of_the_enqueue_calls() {
     }
     broker.shutdown().await.unwrap();
 }
+
+#[test]
+fn sends_resolve_from_another_runtime_and_after_the_brokers_runtime_is_gone() {
+    let dir = tempdir();
+    let home = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let (broker, q) = home.block_on(async {
+        let broker = open(dir.path()).await;
+        let q = broker.queue("q").await.unwrap();
+        (broker, q)
+    });
+    let other = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    // Completed by the task on the broker's runtime, waking a task of this one.
+    assert_eq!(other.block_on(q.send("from another runtime")).unwrap(), 1);
+    assert_eq!(other.block_on(async { q.enqueue("enqueued").await.unwrap().await }).unwrap(), 2);
+    // With the broker's runtime gone, the writer completes its own commits.
+    drop(home);
+    assert_eq!(other.block_on(q.send("after")).unwrap(), 3);
+    drop(broker);
+}
