@@ -46,8 +46,8 @@ fn main() {
     let n = n / PRODUCERS as u64 * PRODUCERS as u64;
     let fsync_n = (n / 5).max(10_000) / PRODUCERS as u64 * PRODUCERS as u64;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    // Profiling aids: `ROCKQ_BENCH_ONLY=drain|produce|e2e` runs one Buffered benchmark, with
-    // the raw unsynced batch-1000 baseline beside it for the others.
+    // Profiling aids: `ROCKQ_BENCH_ONLY=drain|produce|pipelined|e2e|e2e-pipelined` runs one
+    // Buffered benchmark, with the raw unsynced batch-1000 baseline beside it for the others.
     if let Ok(only) = std::env::var("ROCKQ_BENCH_ONLY") {
         let root = tempfile::Builder::new().prefix("rockq-bench").tempdir().unwrap();
         let path = root.path().join(&only);
@@ -67,7 +67,6 @@ fn main() {
             }
             "e2e" => rt.block_on(end_to_end(&path, Durability::Buffered, n, 1)),
             "e2e-pipelined" => rt.block_on(end_to_end(&path, Durability::Buffered, n, DEPTH)),
-            "e2e-fsync" => rt.block_on(end_to_end(&path, Durability::Fsync, n, 1)),
             other => panic!("ROCKQ_BENCH_ONLY: unknown benchmark {other}"),
         };
         let rate = n as f64 / secs;
