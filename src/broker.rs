@@ -239,6 +239,11 @@ impl Broker {
 
         let engine = Arc::new(Engine {
             store,
+            inbox: writer::Inbox::new(
+                options.channel_capacity,
+                options.max_batch_messages,
+                options.max_batch_bytes,
+            ),
             registry,
             options: options.clone(),
             dirty: Mutex::new(Vec::new()),

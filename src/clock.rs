@@ -60,7 +60,7 @@ impl ManualClock {
         self.inner.offset.send_modify(|o| *o += d);
     }
 
-    /// The wall-clock time this clock stands at (what producers stamp messages with).
+    /// The wall-clock time this clock stands at (what the writer stamps messages with).
     pub fn wall_time(&self) -> SystemTime {
         self.inner.wall_base + *self.inner.offset.borrow()
     }

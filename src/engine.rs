@@ -14,6 +14,8 @@ use crate::store::Store;
 
 pub(crate) struct Engine {
     pub store: Store,
+    /// Where producers stage sends for the writer.
+    pub inbox: crate::writer::Inbox,
     pub registry: Registry,
     pub options: Options,
     /// Groups whose acknowledged offset moved since the writer last committed them.

@@ -173,7 +173,7 @@ pub enum QueueError {
 
 /// A send was rejected or failed. When this is returned, none of the messages of the call were
 /// made visible to consumers.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum SendError {
     /// The broker was shut down before the messages were written.

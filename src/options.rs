@@ -118,7 +118,10 @@ impl Options {
         self
     }
 
-    /// Requests that may wait for the writer before `send` applies backpressure. Default 4096.
+    /// Messages that may be staged for the writer before `send` and `enqueue` apply
+    /// backpressure (they wait until the writer takes the staged messages into a group
+    /// commit); it also bounds the writer's queue of other requests (claims, commits, group
+    /// changes). Default 4096.
     pub fn channel_capacity(mut self, n: usize) -> Self {
         self.channel_capacity = n;
         self

@@ -120,6 +120,72 @@ async fn enqueue_returns_before_the_sync_and_the_receipt_after_it() {
     broker.shutdown().await.unwrap();
 }
 
+/// Holds the writer inside its next write until the returned sender is used (or dropped):
+/// the receiver reports when it got there.
+fn hold_next_write() -> (std::sync::mpsc::Receiver<()>, std::sync::mpsc::Sender<()>) {
+    let (reached_tx, reached) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel::<()>();
+    let (reached_tx, release_rx) = (std::sync::Mutex::new(reached_tx), std::sync::Mutex::new(release_rx));
+    fail::cfg_callback("rockq-writer-write", move || {
+        let _ = reached_tx.lock().unwrap().send(());
+        let _ = release_rx.lock().unwrap().recv();
+    })
+    .unwrap();
+    (reached, release)
+}
+
+/// Backpressure is exact: while the writer is busy, producers can stage `channel_capacity`
+/// messages and the next `enqueue` waits for the writer to take them; then everything is
+/// written in the order it was staged.
+async fn enqueue_waits_while_channel_capacity_messages_are_staged() {
+    let dir = tempdir();
+    let broker = rockq::Options::new()
+        .channel_capacity(4)
+        .retention_interval(std::time::Duration::ZERO)
+        .open(dir.path())
+        .await
+        .unwrap();
+    let q = broker.queue("q").await.unwrap();
+    let (reached, release) = hold_next_write();
+    let mut receipts = vec![q.enqueue("m0").await.unwrap()];
+    tokio::task::spawn_blocking(move || reached.recv_timeout(HANG_GUARD).expect("writer never wrote"))
+        .await
+        .unwrap();
+    // The writer holds `m0` inside its write; its permit is back. Four more fit.
+    for i in 1..=4 {
+        let enqueued = tokio::time::timeout(HANG_GUARD, q.enqueue(format!("m{i}")));
+        receipts.push(enqueued.await.expect("enqueue waited below the capacity").unwrap());
+    }
+    let mut fifth = Box::pin(q.enqueue("m5"));
+    assert!(futures::poll!(&mut fifth).is_pending(), "a fifth staged message passed the capacity");
+    for r in &mut receipts {
+        assert!(futures::poll!(r).is_pending(), "resolved while the write is held");
+    }
+    fail::remove("rockq-writer-write");
+    release.send(()).unwrap();
+    receipts.push(tokio::time::timeout(HANG_GUARD, fifth).await.unwrap().unwrap());
+    let seqs = futures::future::try_join_all(receipts).await.unwrap();
+    assert_eq!(seqs, [1, 2, 3, 4, 5, 6], "written in the order staged");
+    broker.shutdown().await.unwrap();
+}
+
+/// Regression (staged sends share one completion per round): if the writer thread dies with
+/// sends staged or in hand, their receipts fail instead of waiting forever, and later sends
+/// are refused.
+async fn a_writer_panic_fails_pending_receipts_instead_of_hanging_them() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("q").await.unwrap();
+    assert_eq!(q.send("before").await.unwrap(), 1);
+    fail::cfg("rockq-writer-write", "panic").unwrap();
+    let in_hand = tokio::time::timeout(HANG_GUARD, q.send("in hand")).await.expect("receipt hung");
+    fail::remove("rockq-writer-write");
+    assert!(matches!(in_hand, Err(SendError::Shutdown | SendError::Failed(_))), "{in_hand:?}");
+    let after = tokio::time::timeout(HANG_GUARD, q.send("after")).await.expect("send hung");
+    assert!(matches!(after, Err(SendError::Failed(_))), "{after:?}");
+    assert!(matches!(broker.shutdown().await, Err(rockq::ShutdownError::WriterPanicked)));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_storage_errors() {
     let scenario = fail::FailScenario::setup();
@@ -128,5 +194,7 @@ async fn injected_storage_errors() {
     failed_outcome_write_leaves_the_claim_for_redelivery().await;
     read_error_ends_the_stream_with_an_error().await;
     enqueue_returns_before_the_sync_and_the_receipt_after_it().await;
+    enqueue_waits_while_channel_capacity_messages_are_staged().await;
+    a_writer_panic_fails_pending_receipts_instead_of_hanging_them().await;
     scenario.teardown();
 }

@@ -65,7 +65,9 @@ impl Delivery {
         self.headers().iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
 
-    /// When the producer sent the message (its wall clock).
+    /// When the message was sent: the broker's clock at the group commit that wrote it.
+    /// Along one queue these times never decrease (except for messages moved by a
+    /// redrive, which keep their original time).
     pub fn enqueued_at(&self) -> SystemTime {
         UNIX_EPOCH + Duration::from_micros(self.msg().map_or(0, |m| m.enqueued_at_micros))
     }

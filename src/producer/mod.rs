@@ -5,3 +5,4 @@ mod receipt;
 
 pub use queue::Queue;
 pub use receipt::SendReceipt;
+pub(crate) use receipt::{Completion, Settle};

@@ -4,8 +4,6 @@ use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use tokio::sync::oneshot;
-
 use crate::Message;
 use crate::broker::Shared;
 use crate::consumer::Group;
@@ -13,7 +11,7 @@ use crate::error::{NameError, NameKind, QueueError, SendError};
 use crate::producer::SendReceipt;
 use crate::registry::QueueState;
 use crate::store::envelope::{self, EncodeError};
-use crate::writer::{Payloads, Request};
+use crate::writer::Request;
 
 /// A handle to one queue. Cheap to clone; all clones send to the same queue.
 ///
@@ -80,9 +78,10 @@ impl Queue {
     ///
     /// # Cancel safety
     ///
-    /// If the future is dropped after the message reached the writer's queue, the message may
-    /// still be written; it is never written partially. Applies backpressure: it waits while the
-    /// writer's queue ([`Options::channel_capacity`](crate::Options::channel_capacity)) is full.
+    /// If the future is dropped after the message was staged for the writer, the message may
+    /// still be written; it is never written partially. Applies backpressure: it waits while
+    /// [`Options::channel_capacity`](crate::Options::channel_capacity) messages are already
+    /// staged.
     ///
     /// # Examples
     ///
@@ -115,8 +114,9 @@ impl Queue {
     ///
     /// If this future is dropped before it completes, the message was not queued. Once it has
     /// returned the receipt, the message will be written whether or not the receipt is
-    /// awaited. Applies backpressure: it waits while the writer's queue
-    /// ([`Options::channel_capacity`](crate::Options::channel_capacity)) is full.
+    /// awaited. Applies backpressure: it waits while
+    /// [`Options::channel_capacity`](crate::Options::channel_capacity) messages are already
+    /// staged for the writer.
     ///
     /// # Examples
     ///
@@ -137,8 +137,9 @@ impl Queue {
     /// # Ok(()) }
     /// ```
     pub async fn enqueue(&self, message: impl Into<Message>) -> Result<SendReceipt, SendError> {
-        let value = self.encode(0, &message.into())?;
-        self.submit(Payloads::One(value)).await
+        let message = message.into();
+        self.check(0, &message)?;
+        self.stage(std::slice::from_ref(&message)).await
     }
 
     /// Appends messages atomically: all of them get contiguous sequences and become visible
@@ -170,19 +171,21 @@ impl Queue {
         I::Item: Into<Message>,
     {
         let max = self.shared.engine.options.max_batch_messages;
-        let mut values = Vec::new();
+        let mut batch: Vec<Message> = Vec::new();
         for (index, m) in messages.into_iter().enumerate() {
             if index >= max {
                 let len = index + 1;
                 return Err(SendError::BatchTooLarge { len, max });
             }
-            values.push(self.encode(index, &m.into())?);
+            let m = m.into();
+            self.check(index, &m)?;
+            batch.push(m);
         }
-        let n = values.len() as u64;
-        if n == 0 {
+        if batch.is_empty() {
             return Err(SendError::EmptyBatch);
         }
-        let first = self.submit(Payloads::Many(values)).await?.await?;
+        let n = batch.len() as u64;
+        let first = self.stage(&batch).await?.await?;
         Ok(first..=first + n - 1)
     }
 
@@ -263,7 +266,9 @@ impl Queue {
         Ok(crate::WorkGroup::new(self.shared.clone(), self.state.clone(), name))
     }
 
-    fn encode(&self, index: usize, m: &Message) -> Result<Vec<u8>, SendError> {
+    /// Refuses a message before anything is staged: after shutdown, over the size limit, or
+    /// with headers that cannot be encoded.
+    fn check(&self, index: usize, m: &Message) -> Result<(), SendError> {
         if self.shared.is_closed() {
             return Err(SendError::Shutdown);
         }
@@ -272,10 +277,7 @@ impl Queue {
         if size > max {
             return Err(SendError::MessageTooLarge { index, size, max });
         }
-        // The broker's clock, so retention by age and replay by time agree with it (a
-        // `ManualClock` in tests).
-        let now = self.shared.engine.clock().wall_micros();
-        envelope::encode(m, now).map_err(|e| SendError::InvalidHeader {
+        envelope::validate(m).map_err(|e| SendError::InvalidHeader {
             index,
             reason: match e {
                 EncodeError::HeaderKeyTooLong => "key longer than 65535 bytes",
@@ -285,10 +287,12 @@ impl Queue {
         })
     }
 
-    async fn submit(&self, payloads: Payloads) -> Result<SendReceipt, SendError> {
-        let (reply, rx) = oneshot::channel();
-        let req = Request::Send { queue: self.state.clone(), payloads, reply };
-        self.shared.tx.send(req).await.map_err(|_| SendError::Shutdown)?;
-        Ok(SendReceipt::new(rx, self.state.clone()))
+    /// Stages checked messages in the writer's inbox as one send call.
+    async fn stage(&self, messages: &[Message]) -> Result<SendReceipt, SendError> {
+        let staging = self.shared.engine.inbox.push(&self.state, messages).await?;
+        if staging.nudge {
+            self.shared.nudge_writer();
+        }
+        Ok(SendReceipt::new(staging.done, staging.index))
     }
 }

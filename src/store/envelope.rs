@@ -12,6 +12,8 @@
 //! The payload is last so it needs no length prefix, and a message without headers costs ten
 //! bytes of overhead.
 
+use std::ops::Range;
+
 use bytes::Bytes;
 
 use crate::Message;
@@ -46,16 +48,42 @@ pub(crate) fn encoded_len(msg: &Message) -> usize {
 }
 
 pub(crate) fn encode(msg: &Message, enqueued_at_micros: u64) -> Result<Vec<u8>, EncodeError> {
+    validate(msg)?;
     let mut out = Vec::with_capacity(encoded_len(msg));
+    encode_into(msg, enqueued_at_micros, &mut out);
+    Ok(out)
+}
+
+/// Checks that `msg` can be encoded (header counts and lengths fit their fields), so that
+/// [`encode_into`] cannot fail half-way through a shared buffer.
+pub(crate) fn validate(msg: &Message) -> Result<(), EncodeError> {
+    if msg.headers.len() > usize::from(u16::MAX) {
+        return Err(EncodeError::TooManyHeaders);
+    }
+    for (k, v) in &msg.headers {
+        if k.len() > usize::from(u16::MAX) {
+            return Err(EncodeError::HeaderKeyTooLong);
+        }
+        if u32::try_from(v.len()).is_err() {
+            return Err(EncodeError::HeaderValueTooLong);
+        }
+    }
+    Ok(())
+}
+
+/// Appends the envelope of a [`validate`]d message to `out`. Lengths that do not fit their
+/// field are clamped rather than panicking, but `validate` has already refused them.
+pub(crate) fn encode_into(msg: &Message, enqueued_at_micros: u64, out: &mut Vec<u8>) {
+    out.reserve(encoded_len(msg));
     out.push(ENVELOPE_V1);
     out.push(if msg.headers.is_empty() { 0 } else { FLAG_HEADERS });
     out.extend_from_slice(&enqueued_at_micros.to_be_bytes());
     if !msg.headers.is_empty() {
-        let n = u16::try_from(msg.headers.len()).map_err(|_| EncodeError::TooManyHeaders)?;
+        let n = u16::try_from(msg.headers.len()).unwrap_or(u16::MAX);
         out.extend_from_slice(&n.to_be_bytes());
         for (k, v) in &msg.headers {
-            let kl = u16::try_from(k.len()).map_err(|_| EncodeError::HeaderKeyTooLong)?;
-            let vl = u32::try_from(v.len()).map_err(|_| EncodeError::HeaderValueTooLong)?;
+            let kl = u16::try_from(k.len()).unwrap_or(u16::MAX);
+            let vl = u32::try_from(v.len()).unwrap_or(u32::MAX);
             out.extend_from_slice(&kl.to_be_bytes());
             out.extend_from_slice(k.as_bytes());
             out.extend_from_slice(&vl.to_be_bytes());
@@ -63,7 +91,14 @@ pub(crate) fn encode(msg: &Message, enqueued_at_micros: u64) -> Result<Vec<u8>, 
         }
     }
     out.extend_from_slice(&msg.payload);
-    Ok(out)
+}
+
+/// Overwrites the enqueue timestamp of an encoded envelope (the writer stamps sends with the
+/// time of their group commit).
+pub(crate) fn stamp(envelope: &mut [u8], enqueued_at_micros: u64) {
+    if let Some(ts) = envelope.get_mut(2..FIXED_LEN) {
+        ts.copy_from_slice(&enqueued_at_micros.to_be_bytes());
+    }
 }
 
 /// A decoded envelope.
@@ -85,8 +120,36 @@ pub(crate) fn enqueued_micros(value: &[u8]) -> Option<u64> {
 }
 
 pub(crate) fn decode(key: &[u8], value: &[u8]) -> Result<Envelope, CorruptionError> {
+    let p = parse(key, value)?;
+    Ok(Envelope {
+        enqueued_at_micros: p.enqueued_at_micros,
+        headers: p.headers.into_iter().map(|(k, v)| (k, Bytes::copy_from_slice(&value[v]))).collect(),
+        payload: Bytes::copy_from_slice(&value[p.payload]),
+    })
+}
+
+/// As [`decode`], but the payload and header values are slices of `value`, sharing its
+/// buffer instead of copying (the read path hands out a whole batch from one buffer).
+pub(crate) fn decode_shared(key: &[u8], value: &Bytes) -> Result<Envelope, CorruptionError> {
+    let p = parse(key, value)?;
+    Ok(Envelope {
+        enqueued_at_micros: p.enqueued_at_micros,
+        headers: p.headers.into_iter().map(|(k, v)| (k, value.slice(v))).collect(),
+        payload: value.slice(p.payload),
+    })
+}
+
+/// Where the parts of an envelope lie within its value.
+struct Parsed {
+    enqueued_at_micros: u64,
+    headers: Vec<(String, Range<usize>)>,
+    payload: Range<usize>,
+}
+
+fn parse(key: &[u8], value: &[u8]) -> Result<Parsed, CorruptionError> {
     let bad = |reason: &str| CorruptionError::new("message", key, reason);
     let mut r = Reader { buf: value };
+    let at = |r: &Reader<'_>| value.len() - r.buf.len();
     let version = r.u8().ok_or_else(|| bad("empty value"))?;
     if version != ENVELOPE_V1 {
         return Err(bad(&format!("unknown envelope version {version}")));
@@ -106,11 +169,12 @@ pub(crate) fn decode(key: &[u8], value: &[u8]) -> Result<Envelope, CorruptionErr
             let k = std::str::from_utf8(k).map_err(|_| bad("header key is not UTF-8"))?;
             let vl = r.u32().ok_or_else(|| bad("truncated header value length"))?;
             let vl = usize::try_from(vl).map_err(|_| bad("header value length"))?;
-            let v = r.take(vl).ok_or_else(|| bad("truncated header value"))?;
-            headers.push((k.to_owned(), Bytes::copy_from_slice(v)));
+            let start = at(&r);
+            r.take(vl).ok_or_else(|| bad("truncated header value"))?;
+            headers.push((k.to_owned(), start..start + vl));
         }
     }
-    Ok(Envelope { enqueued_at_micros: ts, headers, payload: Bytes::copy_from_slice(r.buf) })
+    Ok(Parsed { enqueued_at_micros: ts, headers, payload: at(&r)..value.len() })
 }
 
 struct Reader<'a> {

@@ -49,39 +49,73 @@ pub(crate) fn read_range(
     let mut it = db.raw_iterator_cf_opt(cfs.messages, bounded(lo.clone(), hi));
     it.seek(&lo);
     let want = usize::try_from(to - from + 1).unwrap_or(usize::MAX);
-    let mut out = Vec::with_capacity(want);
-    let mut bytes = 0usize;
+    // Values are copied into one buffer and decoded afterwards as slices of it: one allocation
+    // per batch instead of one per payload. (A batch's buffer lives while any of its
+    // deliveries does; batches are bounded by `max_bytes`.)
+    let mut buf: Vec<u8> = Vec::new();
+    let mut ends: Vec<usize> = Vec::with_capacity(want.min(4096));
+    let mut bad: Option<ReceiveError> = None;
     let mut expected = from;
-    while out.len() < want && bytes < max_bytes {
+    while ends.len() < want && buf.len() < max_bytes {
         let Some((k, v)) = it.item() else { break };
-        match decode_one(queue_name, expected, k, v) {
-            Ok(msg) => out.push(msg),
-            // Hand out the good prefix first; the next read starts at the bad record and
-            // reports it.
-            Err(_) if !out.is_empty() => return Ok(ReadOutcome::Messages(out)),
-            Err(e) => return Err(e),
+        if let Err(e) = check_key(queue_name, expected, k) {
+            bad = Some(e);
+            break;
         }
-        bytes += v.len();
+        buf.extend_from_slice(v);
+        ends.push(buf.len());
         expected += 1;
         it.next();
     }
     it.status().map_err(StorageError)?;
-    if out.is_empty() {
+    drop(it);
+    drop(guard);
+    let buf = Bytes::from(buf);
+    let mut out = Vec::with_capacity(ends.len());
+    let mut start = 0;
+    for (seq, end) in (from..).zip(ends) {
+        let key = keys::message_key(queue_id, seq);
+        match envelope::decode_shared(&key, &buf.slice(start..end)) {
+            Ok(env) => out.push(RawMessage {
+                seq,
+                enqueued_at_micros: env.enqueued_at_micros,
+                headers: env.headers,
+                payload: env.payload,
+            }),
+            // Hand out the good prefix first; the next read starts at the bad record and
+            // reports it.
+            Err(_) if !out.is_empty() => return Ok(ReadOutcome::Messages(out)),
+            Err(e) => return Err(e.into()),
+        }
+        start = end;
+    }
+    match bad {
+        // The good prefix first, as above.
+        Some(_) if !out.is_empty() => Ok(ReadOutcome::Messages(out)),
+        Some(e) => Err(e),
         // The writer published `to` before we were asked to read it, so an empty read means
         // the key is missing.
-        return Err(ReceiveError::Gap { queue: queue_name.to_owned(), expected: from, found: None });
+        None if out.is_empty() => {
+            Err(ReceiveError::Gap { queue: queue_name.to_owned(), expected: from, found: None })
+        }
+        None => Ok(ReadOutcome::Messages(out)),
     }
-    Ok(ReadOutcome::Messages(out))
 }
 
-fn decode_one(queue_name: &str, expected: u64, k: &[u8], v: &[u8]) -> Result<RawMessage, ReceiveError> {
+/// The key of the next message must be `<queue, expected>`: anything else is a gap.
+fn check_key(queue_name: &str, expected: u64, k: &[u8]) -> Result<(), ReceiveError> {
     let (_, seq) = keys::decode_message_key(k)?;
     if seq != expected {
         return Err(ReceiveError::Gap { queue: queue_name.to_owned(), expected, found: Some(seq) });
     }
+    Ok(())
+}
+
+fn decode_one(queue_name: &str, expected: u64, k: &[u8], v: &[u8]) -> Result<RawMessage, ReceiveError> {
+    check_key(queue_name, expected, k)?;
     let env = envelope::decode(k, v)?;
     Ok(RawMessage {
-        seq,
+        seq: expected,
         enqueued_at_micros: env.enqueued_at_micros,
         headers: env.headers,
         payload: env.payload,

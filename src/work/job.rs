@@ -92,7 +92,9 @@ macro_rules! accessors {
             self.inner.attempt
         }
 
-        /// When the producer sent the message (its wall clock).
+        /// When the message was sent: the broker's clock at the group commit that wrote it.
+        /// Along one queue these times never decrease (except for messages moved by a
+        /// redrive, which keep their original time).
         pub fn enqueued_at(&self) -> SystemTime {
             UNIX_EPOCH + Duration::from_micros(self.inner.msg.enqueued_at_micros)
         }

@@ -18,6 +18,7 @@
 //! on the producer path. A write error makes the writer fail closed: nothing it allocated is
 //! reused, because nothing is written after a failure.
 
+mod inbox;
 mod request;
 mod retention;
 mod settings;
@@ -32,7 +33,10 @@ use tokio::sync::{mpsc, oneshot};
 
 mod work;
 
-pub(crate) use request::{Outcome, Payloads, RedriveItem, RedriveReply, Request, SettingsChange};
+pub(crate) use inbox::Inbox;
+pub(crate) use request::{Outcome, RedriveItem, RedriveReply, Request, SettingsChange};
+
+use inbox::Staged;
 
 use crate::consumer::StartFrom;
 use crate::engine::Engine;
@@ -41,8 +45,8 @@ use crate::error::{
 };
 use crate::options::Durability;
 use crate::registry::{GroupState, QueueState};
-use crate::store::keys;
 use crate::store::records::{self, QueueRecord};
+use crate::store::{envelope, keys};
 use crate::work::WorkGroupState;
 
 /// Starts the writer thread.
@@ -89,6 +93,10 @@ impl Completer {
         if let Some(e) = &failed {
             tracing::error!(error = %e, "rockq writer: write failed; refusing further writes");
             *self.engine.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+            // Sends staged behind the failed round are refused, and so is every later one.
+            for s in self.engine.inbox.close(Some(e.to_string())) {
+                s.settle.finish(Err(SendError::Failed(e.to_string())));
+            }
         }
         if let Err(mpsc::error::SendError((r, failed))) = self.tx.send((r, failed)) {
             finish(&self.engine, r, failed);
@@ -116,6 +124,22 @@ struct Writer {
     /// The syncer (Fsync mode only).
     syncer: Option<(std::sync::mpsc::Sender<Round>, std::thread::JoinHandle<()>)>,
     completer: Completer,
+    /// The enqueue time given to the last round's sends: stamps never go backwards, even if
+    /// the wall clock does.
+    last_stamp: u64,
+}
+
+impl Drop for Writer {
+    /// However the writer ends (a panic included), nothing staged is left waiting: the inbox
+    /// is closed and what it still holds fails (a round in hand fails with `Shutdown` as its
+    /// settle handle drops).
+    fn drop(&mut self) {
+        // After a clean stop the inbox is already closed and this takes nothing.
+        let why = "the writer thread stopped unexpectedly".to_string();
+        for s in self.engine.inbox.close(Some(why.clone())) {
+            s.settle.finish(Err(SendError::Failed(why.clone())));
+        }
+    }
 }
 
 type Reply<T, E> = oneshot::Sender<Result<T, E>>;
@@ -136,9 +160,9 @@ struct Round {
     /// Sequences finished this round, per group.
     work_finished: Vec<(Arc<WorkGroupState>, Vec<u64>)>,
     done: Vec<OnDone>,
-    sends: Vec<(Reply<u64, SendError>, u64)>,
-    /// The round's message buffers, already copied into the batch.
-    payloads: Vec<Payloads>,
+    /// Staged sends written this round, with the first sequence of each send call. Their
+    /// buffers are freed by the completer, off the writer thread.
+    staged: Vec<(Staged, Box<[u64]>)>,
     /// Queues written this round: their last sequence and how many messages were appended.
     touched: Vec<(Arc<QueueState>, u64, u64)>,
     /// When the round's write started (for the commit-latency histogram).
@@ -195,27 +219,38 @@ impl Writer {
             settings: HashMap::new(),
             syncer,
             completer,
+            last_stamp: 0,
         }
     }
 
     fn run(mut self) {
-        let max_msgs = self.engine.options.max_batch_messages;
-        let max_bytes = self.engine.options.max_batch_bytes;
+        // Requests per round; sends come through the inbox and are capped there.
+        let max_requests = self.engine.options.max_batch_messages;
         let mut pending: Vec<Request> = Vec::with_capacity(1024);
         loop {
-            let Some(first) = self.rx.blocking_recv() else {
-                // Every handle is gone: commit what the last acks left dirty, then exit.
-                self.round(&mut pending, true);
-                return;
-            };
-            let (mut msgs, mut bytes) = first.weight();
-            let mut stop = matches!(first, Request::Shutdown { .. });
-            pending.push(first);
-            while !stop && msgs < max_msgs && bytes < max_bytes {
+            match self.rx.try_recv() {
+                Ok(req) => pending.push(req),
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    // Every handle is gone: commit what the last acks left dirty, then exit.
+                    self.round(&mut pending, true);
+                    return;
+                }
+                // Nothing queued and nothing staged: block until a request or a producer's
+                // nudge arrives (the inbox now nudges on the next push).
+                Err(mpsc::error::TryRecvError::Empty) if self.engine.inbox.idle_if_empty() => {
+                    match self.rx.blocking_recv() {
+                        Some(req) => pending.push(req),
+                        None => {
+                            self.round(&mut pending, true);
+                            return;
+                        }
+                    }
+                }
+                Err(mpsc::error::TryRecvError::Empty) => {}
+            }
+            let mut stop = pending.iter().any(|r| matches!(r, Request::Shutdown { .. }));
+            while !stop && pending.len() < max_requests {
                 let Ok(req) = self.rx.try_recv() else { break };
-                let (m, b) = req.weight();
-                msgs += m;
-                bytes += b;
                 stop = matches!(req, Request::Shutdown { .. });
                 pending.push(req);
             }
@@ -248,6 +283,22 @@ impl Writer {
             return true;
         };
 
+        // Sends staged by producers, taken after this round's requests were received, so a
+        // request sees every send staged before it ("latest" offsets, for one). On the last
+        // round the inbox is closed and everything staged is written.
+        let stopping = last || pending.iter().any(|req| matches!(req, Request::Shutdown { .. }));
+        let staged = if stopping { engine.inbox.close(None) } else { engine.inbox.take() };
+        match &failed {
+            Some(f) => staged.into_iter().for_each(|s| s.settle.finish(Err(SendError::Failed(f.clone())))),
+            None if !staged.is_empty() => {
+                let now = self.stamp();
+                for s in staged {
+                    self.put_staged(&mut wb, cfs.messages, &mut r, s, now);
+                }
+            }
+            None => {}
+        }
+
         for req in pending.drain(..) {
             if r.shutdown.is_some() {
                 reject(req, || "broker is shut down".into(), true);
@@ -260,35 +311,6 @@ impl Writer {
                 continue;
             }
             match req {
-                Request::Send { queue, payloads, reply } => {
-                    let Some(next) = self.next_seq.get_mut(&queue.id) else {
-                        let _ = reply.send(Err(SendError::Failed(format!("unknown queue id {}", queue.id))));
-                        continue;
-                    };
-                    let first = *next;
-                    let mut put = |v: &[u8]| {
-                        wb.put_cf(cfs.messages, keys::message_key(queue.id, *next), v);
-                        *next += 1;
-                    };
-                    match &payloads {
-                        Payloads::One(v) => put(v),
-                        Payloads::Many(vs) => vs.iter().for_each(|v| put(v)),
-                    }
-                    let last_seq = *next - 1;
-                    r.messages += payloads.len() as u64;
-                    let n = payloads.len() as u64;
-                    match r.touched.iter_mut().find(|(q, _, _)| q.id == queue.id) {
-                        Some(t) => {
-                            t.1 = last_seq;
-                            t.2 += n;
-                        }
-                        None => r.touched.push((queue, last_seq, n)),
-                    }
-                    r.sends.push((reply, first));
-                    // Freed on the completer: the buffers were allocated by producer tasks,
-                    // and the writer thread is the pipeline's bottleneck.
-                    r.payloads.push(payloads);
-                }
                 Request::CreateQueue { name, reply } => {
                     self.create_queue(&mut wb, cfs.meta, &mut r, name, reply)
                 }
@@ -429,6 +451,60 @@ impl Writer {
             }
         }
         stop
+    }
+
+    /// The enqueue time of this round's sends: the broker's clock, never below the last stamp.
+    fn stamp(&mut self) -> u64 {
+        self.last_stamp = self.last_stamp.max(self.engine.clock().wall_micros());
+        self.last_stamp
+    }
+
+    /// Puts one staged round's messages into `wb` with sequences allocated in staging order,
+    /// stamped `now`.
+    fn put_staged(
+        &mut self,
+        wb: &mut WriteBatch,
+        messages: &rocksdb::ColumnFamily,
+        r: &mut Round,
+        mut s: Staged,
+        now: u64,
+    ) {
+        // Next sequence of each of the round's queues: one map lookup per queue, not per message.
+        let Some(mut next) =
+            s.queues.iter().map(|q| self.next_seq.get(&q.id).copied()).collect::<Option<Vec<u64>>>()
+        else {
+            // Unreachable: a queue handle exists only once the writer has registered the queue.
+            s.settle.finish(Err(SendError::Failed("send to a queue unknown to the writer".into())));
+            return;
+        };
+        let firsts = next.clone();
+        let mut seqs = Vec::with_capacity(s.sends.len());
+        let mut calls = s.sends.iter().peekable();
+        let mut start = 0;
+        for (i, &(q, end)) in s.msgs.iter().enumerate() {
+            let q = q as usize;
+            if calls.next_if(|&&first| first as usize == i).is_some() {
+                seqs.push(next[q]);
+            }
+            let env = &mut s.arena[start..end];
+            envelope::stamp(env, now);
+            wb.put_cf(messages, keys::message_key(s.queues[q].id, next[q]), &*env);
+            next[q] += 1;
+            start = end;
+        }
+        r.messages += s.msgs.len() as u64;
+        for ((queue, first), next) in s.queues.iter().zip(firsts).zip(next) {
+            self.next_seq.insert(queue.id, next);
+            let (last, n) = (next - 1, next - first);
+            match r.touched.iter_mut().find(|(q, _, _)| q.id == queue.id) {
+                Some(t) => {
+                    t.1 = last;
+                    t.2 += n;
+                }
+                None => r.touched.push((queue.clone(), last, n)),
+            }
+        }
+        r.staged.push((s, seqs.into_boxed_slice()));
     }
 
     fn create_queue(
@@ -671,12 +747,28 @@ fn complete(engine: &Engine, r: Round) {
     for f in r.done {
         f(Ok(()));
     }
-    for (reply, seq) in r.sends {
-        let _ = reply.send(Ok(seq));
+    let trace = tracing::enabled!(tracing::Level::TRACE);
+    for (s, seqs) in r.staged {
+        if trace {
+            trace_sent(&s, &seqs);
+        }
+        s.settle.finish(Ok(seqs));
     }
     r.flushes.into_iter().for_each(|f| drop(f.send(Ok(()))));
     if let Some(s) = r.shutdown {
         let _ = s.send(Ok(()));
+    }
+}
+
+/// One TRACE event per message of a staged round that became durable.
+fn trace_sent(s: &Staged, seqs: &[u64]) {
+    for (k, &first) in s.sends.iter().enumerate() {
+        let from = first as usize;
+        let to = s.sends.get(k + 1).map_or(s.msgs.len(), |&n| n as usize);
+        let Some(queue) = s.msgs.get(from).and_then(|&(q, _)| s.queues.get(q as usize)) else { continue };
+        for seq in (seqs[k]..).take(to.saturating_sub(from)) {
+            tracing::trace!(queue = %queue.name, seq, "rockq: sent");
+        }
     }
 }
 
@@ -691,8 +783,8 @@ fn finish(engine: &Engine, r: Round, failed: Option<StorageError>) {
 fn fail(r: Round, e: StorageError) {
     // Offsets in `r.commits` stay non-durable: `durable` is not advanced, and after a
     // reopen the group resumes from the last offset that did reach the disk.
-    for (reply, _) in r.sends {
-        let _ = reply.send(Err(SendError::Storage(e.clone())));
+    for (s, _) in r.staged {
+        s.settle.finish(Err(SendError::Storage(e.clone())));
     }
     for (_, waiters) in r.queues {
         waiters.into_iter().for_each(|w| drop(w.send(Err(QueueError::Storage(e.clone())))));
@@ -715,9 +807,6 @@ fn fail(r: Round, e: StorageError) {
 /// Answers a request that will not be carried out. `shutdown` picks the error family variant.
 fn reject(req: Request, why: impl Fn() -> String, shutdown: bool) {
     match req {
-        Request::Send { reply, .. } => {
-            let _ = reply.send(Err(if shutdown { SendError::Shutdown } else { SendError::Failed(why()) }));
-        }
         Request::CreateQueue { reply, .. } => {
             let _ = reply.send(Err(if shutdown { QueueError::Shutdown } else { QueueError::Failed(why()) }));
         }

@@ -5,42 +5,12 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use crate::consumer::StartFrom;
-use crate::error::{
-    AckError, CommitError, QueueError, RedriveError, SendError, StorageError, SubscribeError,
-};
+use crate::error::{AckError, CommitError, QueueError, RedriveError, StorageError, SubscribeError};
 use crate::registry::{GroupState, QueueState};
 use crate::store::records::ClaimRecord;
 use crate::work::WorkGroupState;
 
-/// Encoded envelopes of one send call. `One` avoids a `Vec` per single send.
-pub(crate) enum Payloads {
-    One(Vec<u8>),
-    Many(Vec<Vec<u8>>),
-}
-
-impl Payloads {
-    pub fn len(&self) -> usize {
-        match self {
-            Payloads::One(_) => 1,
-            Payloads::Many(v) => v.len(),
-        }
-    }
-
-    pub fn bytes(&self) -> usize {
-        match self {
-            Payloads::One(v) => v.len(),
-            Payloads::Many(v) => v.iter().map(Vec::len).sum(),
-        }
-    }
-}
-
 pub(crate) enum Request {
-    /// Append messages; reply with the first sequence (the rest follow contiguously).
-    Send {
-        queue: Arc<QueueState>,
-        payloads: Payloads,
-        reply: oneshot::Sender<Result<u64, SendError>>,
-    },
     CreateQueue {
         name: String,
         reply: oneshot::Sender<Result<Arc<QueueState>, QueueError>>,
@@ -121,16 +91,6 @@ pub(crate) enum Request {
     Shutdown {
         reply: oneshot::Sender<Result<(), StorageError>>,
     },
-}
-
-impl Request {
-    /// Messages and bytes this request adds to a WriteBatch, for the round's caps.
-    pub fn weight(&self) -> (usize, usize) {
-        match self {
-            Request::Send { payloads, .. } => (payloads.len(), payloads.bytes()),
-            _ => (0, 0),
-        }
-    }
 }
 
 /// One change to a group's settings; the writer applies it to the latest record, so

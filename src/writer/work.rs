@@ -172,7 +172,8 @@ impl Writer {
                         return;
                     }
                 };
-                let now = engine.clock().wall_micros();
+                // Stamped like a send, so times along the dead-letter queue never decrease.
+                let now = self.stamp();
                 let mut msg = Message { payload: env.payload, headers: env.headers };
                 for (k, v) in
                     dlq_headers(&g.queue.name, &g.name, seq, attempt, &reason, env.enqueued_at_micros)

@@ -1,0 +1,240 @@
+//! The writer's intake for sends: producers stage encoded messages here, the writer takes whole
+//! staged rounds at once.
+//!
+//! Why not one channel message per send: on two cores the produce path is CPU-bound, and a
+//! per-message channel push, pop, reply channel and buffer allocation cost more than RocksDB's
+//! own work for a small message. Here a send is a short critical section — encode the envelope
+//! into the open round's arena, note its queue and length — and the writer swaps the whole round
+//! out in one lock. Every send staged in a round shares one [`Completion`](crate::producer).
+//!
+//! Ordering: sends are staged in lock order, and the writer allocates sequences in staging
+//! order, so sends made one after another by one task get increasing sequences.
+//!
+//! Backpressure: a semaphore with `channel_capacity` permits, one per staged message, returned
+//! when the writer takes the round (so producers fill the next round while it writes).
+//!
+//! Wake-ups: the writer marks itself idle (under the lock, having found nothing staged) before
+//! it blocks on its request channel; the next push clears the mark and the pushing producer
+//! nudges the writer through the channel. A busy writer is never nudged.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::Semaphore;
+
+use crate::Message;
+use crate::error::SendError;
+use crate::producer::{Completion, Settle};
+use crate::registry::QueueState;
+use crate::store::envelope;
+
+/// One staged round: the messages of some send calls, encoded back to back.
+pub(crate) struct Staged {
+    /// Envelopes, back to back; the writer stamps their enqueue time.
+    pub arena: Vec<u8>,
+    /// Per message: its queue (an index into `queues`) and where its envelope ends in `arena`.
+    pub msgs: Vec<(u32, usize)>,
+    /// Per send call: the index of its first message in `msgs` (a call's messages are
+    /// contiguous and all for one queue).
+    pub sends: Vec<u32>,
+    /// The distinct queues of this round.
+    pub queues: Vec<Arc<QueueState>>,
+    /// Permits the round's messages hold (returned when the writer takes it).
+    permits: usize,
+    pub settle: Settle,
+    done: Arc<Completion>,
+}
+
+impl Staged {
+    fn new(arena_hint: usize, msgs_hint: usize) -> Self {
+        let (settle, done) = Settle::new();
+        Staged {
+            arena: Vec::with_capacity(arena_hint),
+            msgs: Vec::with_capacity(msgs_hint),
+            sends: Vec::with_capacity(msgs_hint),
+            queues: Vec::new(),
+            permits: 0,
+            settle,
+            done,
+        }
+    }
+}
+
+/// Why the inbox refuses sends.
+#[derive(Clone)]
+enum Closed {
+    Shutdown,
+    Failed(String),
+}
+
+struct State {
+    closed: Option<Closed>,
+    /// Full rounds, oldest first.
+    sealed: VecDeque<Staged>,
+    /// The round being filled.
+    open: Staged,
+    /// Messages staged in `sealed` and `open`.
+    staged: usize,
+    /// The writer found nothing staged and is blocking (or about to) on its channel: the next
+    /// push must nudge it.
+    writer_idle: bool,
+}
+
+/// Where a send was staged.
+pub(crate) struct Staging {
+    pub done: Arc<Completion>,
+    /// The send's position in its round.
+    pub index: usize,
+    /// The writer is idle: the caller must nudge it.
+    pub nudge: bool,
+}
+
+pub(crate) struct Inbox {
+    state: Mutex<State>,
+    space: Semaphore,
+    capacity: usize,
+    max_msgs: usize,
+    max_bytes: usize,
+}
+
+impl Inbox {
+    pub fn new(capacity: usize, max_msgs: usize, max_bytes: usize) -> Self {
+        Inbox {
+            state: Mutex::new(State {
+                closed: None,
+                sealed: VecDeque::new(),
+                open: Staged::new(0, 0),
+                staged: 0,
+                writer_idle: false,
+            }),
+            space: Semaphore::new(capacity),
+            capacity,
+            max_msgs,
+            max_bytes,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stages the messages of one send call for `queue`: they get contiguous sequences and are
+    /// written in one WriteBatch. The messages must have passed [`envelope::validate`] and the
+    /// size limit. Waits while `channel_capacity` messages are already staged.
+    ///
+    /// Cancel safe: nothing is staged until the last step, which does not await.
+    pub async fn push(&self, queue: &Arc<QueueState>, msgs: &[Message]) -> Result<Staging, SendError> {
+        // A call larger than the whole capacity would wait forever: it takes every permit.
+        let permits = msgs.len().clamp(1, self.capacity);
+        let n = u32::try_from(permits).unwrap_or(u32::MAX);
+        match self.space.acquire_many(n).await {
+            Ok(p) => p.forget(),
+            Err(_) => return Err(self.lock().closed.clone().map_or(SendError::Shutdown, into_error)),
+        }
+        let mut st = self.lock();
+        if let Some(c) = &st.closed {
+            let e = into_error(c.clone());
+            drop(st);
+            self.space.add_permits(permits);
+            return Err(e);
+        }
+        let bytes: usize = msgs.iter().map(envelope::encoded_len).sum();
+        let open = &st.open;
+        if !open.msgs.is_empty()
+            && (open.msgs.len() + msgs.len() > self.max_msgs || open.arena.len() + bytes > self.max_bytes)
+        {
+            let next = Staged::new(open.arena.capacity(), open.msgs.capacity());
+            let full = std::mem::replace(&mut st.open, next);
+            st.sealed.push_back(full);
+        }
+        st.staged += msgs.len();
+        let open = &mut st.open;
+        let q = match open.queues.iter().rposition(|have| Arc::ptr_eq(have, queue)) {
+            Some(i) => i,
+            None => {
+                open.queues.push(queue.clone());
+                open.queues.len() - 1
+            }
+        };
+        let q = u32::try_from(q).unwrap_or(u32::MAX);
+        let index = open.sends.len();
+        open.sends.push(u32::try_from(open.msgs.len()).unwrap_or(u32::MAX));
+        for m in msgs {
+            // Stamped by the writer at its group commit.
+            envelope::encode_into(m, 0, &mut open.arena);
+            open.msgs.push((q, open.arena.len()));
+        }
+        open.permits += permits;
+        let done = open.done.clone();
+        let nudge = std::mem::take(&mut st.writer_idle);
+        Ok(Staging { done, index, nudge })
+    }
+
+    /// Takes staged rounds, oldest first: at least one, then more while they fit in one
+    /// WriteBatch's caps. Their permits are returned at once, so producers stage the next
+    /// round while this one is written.
+    pub fn take(&self) -> Vec<Staged> {
+        let mut st = self.lock();
+        let mut out: Vec<Staged> = Vec::new();
+        let (mut msgs, mut bytes) = (0, 0);
+        loop {
+            let next = match st.sealed.front() {
+                Some(s) => s,
+                None if !st.open.msgs.is_empty() => &st.open,
+                None => break,
+            };
+            if !out.is_empty()
+                && (msgs + next.msgs.len() > self.max_msgs || bytes + next.arena.len() > self.max_bytes)
+            {
+                break;
+            }
+            let s = match st.sealed.pop_front() {
+                Some(s) => s,
+                None => {
+                    let fresh = Staged::new(st.open.arena.capacity(), st.open.msgs.capacity());
+                    std::mem::replace(&mut st.open, fresh)
+                }
+            };
+            msgs += s.msgs.len();
+            bytes += s.arena.len();
+            out.push(s);
+        }
+        st.staged -= msgs;
+        drop(st);
+        self.space.add_permits(out.iter().map(|s| s.permits).sum());
+        out
+    }
+
+    /// Marks the writer idle if nothing is staged; returns whether it did (the writer may then
+    /// block on its channel: the next push nudges it).
+    pub fn idle_if_empty(&self) -> bool {
+        let mut st = self.lock();
+        st.writer_idle = st.staged == 0;
+        st.writer_idle
+    }
+
+    /// Refuses further sends — with `failed`'s reason, or as shut down — and takes whatever is
+    /// still staged, all of it.
+    pub fn close(&self, failed: Option<String>) -> Vec<Staged> {
+        let mut st = self.lock();
+        if st.closed.is_none() {
+            st.closed = Some(failed.map_or(Closed::Shutdown, Closed::Failed));
+        }
+        let mut out: Vec<Staged> = st.sealed.drain(..).collect();
+        if !st.open.msgs.is_empty() {
+            out.push(std::mem::replace(&mut st.open, Staged::new(0, 0)));
+        }
+        st.staged = 0;
+        drop(st);
+        // Wakes producers waiting for space: they see the inbox closed.
+        self.space.close();
+        out
+    }
+}
+
+fn into_error(c: Closed) -> SendError {
+    match c {
+        Closed::Shutdown => SendError::Shutdown,
+        Closed::Failed(why) => SendError::Failed(why),
+    }
+}
