@@ -57,6 +57,7 @@ pub struct Options {
     pub(crate) max_batch_messages: usize,
     pub(crate) max_batch_bytes: usize,
     pub(crate) channel_capacity: usize,
+    pub(crate) writer_spin: std::time::Duration,
     pub(crate) statistics: bool,
     pub(crate) clock: crate::Clock,
     pub(crate) retention_interval: std::time::Duration,
@@ -72,6 +73,7 @@ impl Default for Options {
             max_batch_messages: 4096,
             max_batch_bytes: 16 << 20,
             channel_capacity: 4096,
+            writer_spin: std::time::Duration::from_micros(25),
             statistics: false,
             clock: crate::Clock::default(),
             retention_interval: std::time::Duration::from_secs(10),
@@ -124,6 +126,22 @@ impl Options {
     /// changes). Default 4096.
     pub fn channel_capacity(mut self, n: usize) -> Self {
         self.channel_capacity = n;
+        self
+    }
+
+    /// How long the writer thread keeps looking for new sends, yielding its core between looks,
+    /// before it sleeps — only right after a busy round (8 messages or more). Default 25 µs;
+    /// `Duration::ZERO` makes it sleep at once.
+    ///
+    /// Why: producers that each await their send come back in waves, a few microseconds after
+    /// their round completes. A writer that sleeps must then be woken by a system call and
+    /// rescheduled, and by then the whole wave is waiting, so rounds alternate with idle time
+    /// instead of overlapping; catching the wave early keeps both sides busy (measured on two
+    /// cores: 64 producers awaiting each send, +40–60 % throughput). Quiet traffic — rounds of a
+    /// few messages — never spins. RocksDB's own write thread does the same
+    /// (`write_thread_max_yield_usec`).
+    pub fn writer_spin(mut self, spin: std::time::Duration) -> Self {
+        self.writer_spin = spin;
         self
     }
 

@@ -91,6 +91,8 @@ pub(crate) struct Staging {
 
 pub(crate) struct Inbox {
     state: Mutex<State>,
+    /// Mirrors `State::staged > 0`, so the writer can look for work without the lock.
+    pending: std::sync::atomic::AtomicBool,
     space: Semaphore,
     capacity: usize,
     max_msgs: usize,
@@ -108,6 +110,7 @@ impl Inbox {
                 writer_idle: false,
             }),
             space: Semaphore::new(capacity),
+            pending: std::sync::atomic::AtomicBool::new(false),
             capacity,
             max_msgs,
             max_bytes,
@@ -148,6 +151,7 @@ impl Inbox {
             st.sealed.push_back(full);
         }
         st.staged += msgs.len();
+        self.pending.store(true, std::sync::atomic::Ordering::Release);
         let open = &mut st.open;
         let q = match open.queues.iter().rposition(|have| Arc::ptr_eq(have, queue)) {
             Some(i) => i,
@@ -200,9 +204,15 @@ impl Inbox {
             out.push(s);
         }
         st.staged -= msgs;
+        self.pending.store(st.staged > 0, std::sync::atomic::Ordering::Release);
         drop(st);
         self.space.add_permits(out.iter().map(|s| s.permits).sum());
         out
+    }
+
+    /// Whether anything is staged (a lock-free hint for the writer's brief wait).
+    pub fn has_staged(&self) -> bool {
+        self.pending.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Marks the writer idle if nothing is staged; returns whether it did (the writer may then
@@ -225,6 +235,7 @@ impl Inbox {
             out.push(std::mem::replace(&mut st.open, Staged::new(0, 0)));
         }
         st.staged = 0;
+        self.pending.store(false, std::sync::atomic::Ordering::Release);
         drop(st);
         // Wakes producers waiting for space: they see the inbox closed.
         self.space.close();

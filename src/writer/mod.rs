@@ -127,7 +127,12 @@ struct Writer {
     /// The enqueue time given to the last round's sends: stamps never go backwards, even if
     /// the wall clock does.
     last_stamp: u64,
+    /// Messages in the last round: a busy round is followed by a brief spin before sleeping.
+    last_round: u64,
 }
+
+/// A round of at least this many messages is "busy": more are probably on their way.
+const SPIN_AFTER: u64 = 8;
 
 impl Drop for Writer {
     /// However the writer ends (a panic included), nothing staged is left waiting: the inbox
@@ -220,6 +225,7 @@ impl Writer {
             syncer,
             completer,
             last_stamp: 0,
+            last_round: 0,
         }
     }
 
@@ -237,7 +243,9 @@ impl Writer {
                 }
                 // Nothing queued and nothing staged: block until a request or a producer's
                 // nudge arrives (the inbox now nudges on the next push).
-                Err(mpsc::error::TryRecvError::Empty) if self.engine.inbox.idle_if_empty() => {
+                Err(mpsc::error::TryRecvError::Empty)
+                    if !self.wait_briefly() && self.engine.inbox.idle_if_empty() =>
+                {
                     match self.rx.blocking_recv() {
                         Some(req) => pending.push(req),
                         None => {
@@ -258,6 +266,29 @@ impl Writer {
                 self.reject_remaining();
                 return;
             }
+        }
+    }
+
+    /// After a busy round, keeps looking for staged sends or requests for up to
+    /// `Options::writer_spin`, yielding the core between looks; true if work arrived. After a
+    /// quiet round it returns false at once and the writer sleeps (see `Options::writer_spin`).
+    fn wait_briefly(&self) -> bool {
+        let spin = self.engine.options.writer_spin;
+        if spin.is_zero() || self.last_round < SPIN_AFTER {
+            return false;
+        }
+        let deadline = Instant::now() + spin;
+        loop {
+            if self.engine.inbox.has_staged() || !self.rx.is_empty() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            for _ in 0..64 {
+                std::hint::spin_loop();
+            }
+            std::thread::yield_now();
         }
     }
 
@@ -402,6 +433,7 @@ impl Writer {
             }
         }
 
+        self.last_round = r.messages;
         let result = if wb.is_empty() {
             Ok(())
         } else {
