@@ -186,6 +186,43 @@ async fn a_writer_panic_fails_pending_receipts_instead_of_hanging_them() {
     assert!(matches!(broker.shutdown().await, Err(rockq::ShutdownError::WriterPanicked)));
 }
 
+/// Regression (the inbox): shutdown used to write everything still staged in one final
+/// WriteBatch, however far past `max_batch_bytes`. It writes them in capped rounds first.
+async fn shutdown_writes_a_staged_backlog_in_capped_rounds() {
+    let dir = tempdir();
+    let broker = rockq::Options::new()
+        .max_batch_bytes(1024)
+        .retention_interval(std::time::Duration::ZERO)
+        .open(dir.path())
+        .await
+        .unwrap();
+    let q = broker.queue("q").await.unwrap();
+    let (reached, release) = hold_next_write();
+    let mut receipts = vec![q.enqueue(vec![b'h'; 100]).await.unwrap()];
+    tokio::task::spawn_blocking(move || reached.recv_timeout(HANG_GUARD).expect("writer never wrote"))
+        .await
+        .unwrap();
+    // 40 sends of 100 B staged behind the held write: about 4 KiB, four times the cap.
+    for i in 0..40u8 {
+        receipts.push(q.enqueue(vec![i; 100]).await.unwrap());
+    }
+    let rounds_before = broker.writer_stats().rounds;
+    let shutdown = tokio::spawn({
+        let broker = broker.clone();
+        async move { broker.shutdown().await }
+    });
+    fail::remove("rockq-writer-write");
+    release.send(()).unwrap();
+    tokio::time::timeout(HANG_GUARD, shutdown).await.unwrap().unwrap().unwrap();
+    let seqs = futures::future::try_join_all(receipts).await.unwrap();
+    assert_eq!(seqs, (1..=41).collect::<Vec<u64>>());
+    let rounds = broker.writer_stats().rounds - rounds_before;
+    assert!(rounds >= 4, "41 messages of ~110 B under a 1 KiB cap took {rounds} rounds");
+    let broker = open(dir.path()).await;
+    assert_eq!(broker.queue("q").await.unwrap().last_seq(), 41);
+    broker.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_storage_errors() {
     let scenario = fail::FailScenario::setup();
@@ -195,6 +232,7 @@ async fn injected_storage_errors() {
     read_error_ends_the_stream_with_an_error().await;
     enqueue_returns_before_the_sync_and_the_receipt_after_it().await;
     enqueue_waits_while_channel_capacity_messages_are_staged().await;
+    shutdown_writes_a_staged_backlog_in_capped_rounds().await;
     a_writer_panic_fails_pending_receipts_instead_of_hanging_them().await;
     scenario.teardown();
 }

@@ -238,6 +238,7 @@ impl Writer {
                 Ok(req) => pending.push(req),
                 Err(mpsc::error::TryRecvError::Disconnected) => {
                     // Every handle is gone: commit what the last acks left dirty, then exit.
+                    self.drain_inbox();
                     self.round(&mut pending, true);
                     return;
                 }
@@ -249,6 +250,7 @@ impl Writer {
                     match self.rx.blocking_recv() {
                         Some(req) => pending.push(req),
                         None => {
+                            self.drain_inbox();
                             self.round(&mut pending, true);
                             return;
                         }
@@ -262,8 +264,22 @@ impl Writer {
                 stop = matches!(req, Request::Shutdown { .. });
                 pending.push(req);
             }
+            if stop {
+                self.drain_inbox();
+            }
             if self.round(&mut pending, false) {
                 self.reject_remaining();
+                return;
+            }
+        }
+    }
+
+    /// Before the last round: writes everything staged in rounds within the usual caps, so the
+    /// final round (which closes the inbox and takes what is left) is not one oversized batch.
+    /// Ends because new sends are refused once shutdown has begun or every handle is gone.
+    fn drain_inbox(&mut self) {
+        while self.engine.inbox.has_staged() {
+            if self.round(&mut Vec::new(), false) {
                 return;
             }
         }
