@@ -22,6 +22,8 @@ struct Row {
     messages: u64,
     secs: f64,
     baseline: Option<(String, f64)>,
+    /// The median of per-pair ratios, for rows run interleaved with their baseline.
+    paired: Option<f64>,
     note: String,
 }
 
@@ -110,7 +112,14 @@ fn main() {
         ("raw rocksdb, fsync, batch 64", fsync_n, raw_sync_64),
         ("raw rocksdb, fsync, batch 1", 2_000, raw_sync_1),
     ] {
-        rows.push(Row { name: name.into(), messages: m, secs, baseline: None, note: String::new() });
+        rows.push(Row {
+            name: name.into(),
+            messages: m,
+            secs,
+            baseline: None,
+            paired: None,
+            note: String::new(),
+        });
     }
     let rate = |m: u64, s: f64| m as f64 / s;
 
@@ -122,39 +131,35 @@ fn main() {
         messages: n,
         secs,
         baseline: Some(("raw unsynced b1000".into(), rate(n, raw_buf_1000))),
+        paired: None,
         note: "no storage: mpsc to a thread that writes nothing, oneshot back".into(),
     });
 
     // (a) 64 concurrent producers: each awaiting every send, then each keeping DEPTH sends in
-    // flight through `Queue::enqueue` receipts.
+    // flight through `Queue::enqueue` receipts. Each of three repetitions runs the raw
+    // baseline(s) and then rockq back to back, so drift of the machine between runs cancels in
+    // the ratios.
     for (mode, count) in [(Durability::Buffered, n), (Durability::Fsync, fsync_n)] {
         for depth in [1, DEPTH] {
             let path = dir(&format!("a-{mode:?}-{depth}"));
-            let (secs, stats) = median_of_3(|i| {
+            let how = if depth == 1 { "awaiting each".to_string() } else { format!("{depth} in flight") };
+            let bases = baselines(mode, depth);
+            let p = paired(&path, count, &bases, |i| {
                 rt.block_on(produce(&path.join(i.to_string()), mode, count, PRODUCERS, depth))
             });
-            let how = if depth == 1 { "awaiting each".to_string() } else { format!("{depth} in flight") };
             let note = format!(
                 "mean batch {:.0}, writer in RocksDB {:.0}% of the time",
-                stats.messages as f64 / stats.rounds.max(1) as f64,
-                100.0 * stats.write_time.as_secs_f64() / secs
+                p.stats.messages as f64 / p.stats.rounds.max(1) as f64,
+                100.0 * p.stats.write_time.as_secs_f64() / p.secs
             );
-            let baselines: Vec<(&str, f64)> = match (mode, depth) {
-                (Durability::Buffered, _) => vec![("raw unsynced b1000", rate(n, raw_buf_1000))],
-                // Awaiting each, a round holds at most one send per producer: batch 64.
-                (Durability::Fsync, 1) => vec![
-                    ("raw fsync b64", rate(fsync_n, raw_sync_64)),
-                    ("raw fsync b1000", rate(fsync_n, raw_sync_1000)),
-                ],
-                (Durability::Fsync, _) => vec![("raw fsync b1000", rate(fsync_n, raw_sync_1000))],
-            };
-            for (i, (base_name, base)) in baselines.into_iter().enumerate() {
+            for (k, (base_name, base, ratio)) in p.bases.into_iter().enumerate() {
                 rows.push(Row {
                     name: format!("(a) produce, {PRODUCERS} producers {how}, {mode:?}"),
                     messages: count,
-                    secs,
-                    baseline: Some((base_name.into(), base)),
-                    note: if i == 0 { note.clone() } else { String::new() },
+                    secs: p.secs,
+                    baseline: Some((base_name, base)),
+                    paired: Some(ratio),
+                    note: if k == 0 { note.clone() } else { String::new() },
                 });
             }
         }
@@ -168,29 +173,30 @@ fn main() {
         messages: single_n,
         secs,
         baseline: Some(("raw fsync b1".into(), rate(2_000, raw_sync_1))),
+        paired: None,
         note: String::new(),
     });
 
-    // (c) end to end, with the producers of (a).
+    // (c) end to end, with the producers of (a), interleaved with the baseline as in (a).
     for mode in [Durability::Buffered, Durability::Fsync] {
         for depth in [1, DEPTH] {
             let count = if mode == Durability::Fsync { fsync_n } else { n };
             let path = dir(&format!("c-{mode:?}-{depth}"));
-            let (secs, ()) =
-                median_of_3(|i| (rt.block_on(end_to_end(&path.join(i.to_string()), mode, count, depth)), ()));
-            let (base_name, base) = match (mode, depth) {
-                (Durability::Buffered, _) => ("raw unsynced b1000", rate(n, raw_buf_1000)),
-                (Durability::Fsync, 1) => ("raw fsync b64", rate(fsync_n, raw_sync_64)),
-                (Durability::Fsync, _) => ("raw fsync b1000", rate(fsync_n, raw_sync_1000)),
-            };
-            let how = if depth == 1 { "awaiting each".to_string() } else { format!("{depth} in flight") };
-            rows.push(Row {
-                name: format!("(c) produce→subscribe→ack, {how}, {mode:?}"),
-                messages: count,
-                secs,
-                baseline: Some((base_name.into(), base)),
-                note: String::new(),
+            let bases = baselines(mode, depth);
+            let p = paired(&path, count, &bases[..1], |i| {
+                (rt.block_on(end_to_end(&path.join(i.to_string()), mode, count, depth)), Default::default())
             });
+            let how = if depth == 1 { "awaiting each".to_string() } else { format!("{depth} in flight") };
+            for (base_name, base, ratio) in p.bases {
+                rows.push(Row {
+                    name: format!("(c) produce→subscribe→ack, {how}, {mode:?}"),
+                    messages: count,
+                    secs: p.secs,
+                    baseline: Some((base_name, base)),
+                    paired: Some(ratio),
+                    note: String::new(),
+                });
+            }
         }
     }
 
@@ -210,6 +216,7 @@ fn main() {
             messages: count,
             secs: ordered,
             baseline: Some((base_name.into(), base)),
+            paired: None,
             note: String::new(),
         });
         rows.push(Row {
@@ -217,6 +224,7 @@ fn main() {
             messages: count,
             secs: shared,
             baseline: Some((base_name.into(), base)),
+            paired: None,
             note: format!("{:.0}% of the ordered drain", 100.0 * ordered / shared),
         });
     }
@@ -228,7 +236,9 @@ fn main() {
     );
     for r in &rows {
         let (base, ratio) = match &r.baseline {
-            Some((name, b)) => (format!("{b:.0} ({name})"), format!("{:.0}%", 100.0 * r.rate() / b)),
+            Some((name, b)) => {
+                (format!("{b:.0} ({name})"), format!("{:.0}%", 100.0 * r.paired.unwrap_or(r.rate() / b)))
+            }
             None => (String::new(), String::new()),
         };
         println!("{:<46} {:>9} {:>12.0} {:>20} {:>7}  {}", r.name, r.messages, r.rate(), base, ratio, r.note);
@@ -248,6 +258,61 @@ fn main() {
     }
     // (e) peak RSS.
     println!("(e) peak RSS of the whole run: {} MiB", peak_rss_kib() / 1024);
+}
+
+/// Raw baselines for a produce row: `(label, batch, sync)`. Buffered rows compare with unsynced
+/// batches of 1000; awaiting each under Fsync, a round holds at most one send per producer, so
+/// batches of 64 first (and 1000 beside it); Fsync with sends in flight, batches of 1000.
+fn baselines(mode: Durability, depth: usize) -> Vec<(&'static str, u64, bool)> {
+    match (mode, depth) {
+        (Durability::Buffered, _) => vec![("raw unsynced b1000", 1000, false)],
+        (Durability::Fsync, 1) => {
+            vec![("raw fsync b64", PRODUCERS as u64, true), ("raw fsync b1000", 1000, true)]
+        }
+        (Durability::Fsync, _) => vec![("raw fsync b1000", 1000, true)],
+    }
+}
+
+/// A rockq benchmark run three times, each run right after one run of each raw baseline.
+struct Paired {
+    /// The median rockq time.
+    secs: f64,
+    /// Per baseline: label, median raw rate, median of the per-repetition ratios.
+    bases: Vec<(String, f64, f64)>,
+    /// Writer stats of the median rockq run.
+    stats: rockq::WriterStats,
+}
+
+fn paired(
+    path: &Path,
+    n: u64,
+    bases: &[(&str, u64, bool)],
+    mut run: impl FnMut(usize) -> (f64, rockq::WriterStats),
+) -> Paired {
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut raw: Vec<Vec<f64>> = vec![Vec::new(); bases.len()];
+    let mut ours: Vec<(f64, rockq::WriterStats)> = Vec::new();
+    for i in 0..3 {
+        for (k, &(_, batch, sync)) in bases.iter().enumerate() {
+            raw[k].push(raw_write_once(&path.join(format!("raw-{k}-{i}")), n, batch, sync));
+        }
+        ours.push(run(i));
+    }
+    let bases = bases
+        .iter()
+        .zip(&raw)
+        .map(|(&(label, _, _), raw)| {
+            let ratios: Vec<f64> = raw.iter().zip(&ours).map(|(r, (o, _))| r / o).collect();
+            let rates: Vec<f64> = raw.iter().map(|r| n as f64 / r).collect();
+            eprintln!("  paired with {label}: ratios {ratios:.2?}");
+            (label.to_string(), median(rates), median(ratios))
+        })
+        .collect();
+    let (secs, stats) = median_of_3(|i| ours[i]);
+    Paired { secs, bases, stats }
 }
 
 /// The run with the median time of three (each in a fresh database), with what it returned:

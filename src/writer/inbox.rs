@@ -46,6 +46,12 @@ pub(crate) struct Staged {
 }
 
 impl Staged {
+    /// An empty round sized like `prev` was used — capped, so that one huge message does not
+    /// make every later round allocate as much.
+    fn after(prev: &Staged) -> Self {
+        Staged::new(prev.arena.len().min(1 << 20), prev.msgs.len().min(4096))
+    }
+
     fn new(arena_hint: usize, msgs_hint: usize) -> Self {
         let (settle, done) = Settle::new();
         Staged {
@@ -146,7 +152,7 @@ impl Inbox {
         if !open.msgs.is_empty()
             && (open.msgs.len() + msgs.len() > self.max_msgs || open.arena.len() + bytes > self.max_bytes)
         {
-            let next = Staged::new(open.arena.capacity(), open.msgs.capacity());
+            let next = Staged::after(open);
             let full = std::mem::replace(&mut st.open, next);
             st.sealed.push_back(full);
         }
@@ -195,7 +201,7 @@ impl Inbox {
             let s = match st.sealed.pop_front() {
                 Some(s) => s,
                 None => {
-                    let fresh = Staged::new(st.open.arena.capacity(), st.open.msgs.capacity());
+                    let fresh = Staged::after(&st.open);
                     std::mem::replace(&mut st.open, fresh)
                 }
             };
