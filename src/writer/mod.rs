@@ -1,11 +1,12 @@
 //! The writer: one dedicated OS thread that owns every write to RocksDB.
 //!
-//! Each round it drains the request channel (up to the count and byte caps), turns every request
-//! into entries of one `WriteBatch` — messages with freshly allocated sequences, new queue and
-//! group records, and one offset record per dirty group — writes it with a single WAL append
-//! (and, under `Fsync`, a single fsync), then completes every waiting caller and wakes the
-//! subscribers of the queues it touched. Requests that arrive during the write wait in the
-//! channel and form the next round: that is the group commit.
+//! Each round it takes the requests waiting on its channel and the sends staged in its
+//! [`Inbox`] (up to the count and byte caps), turns them into entries of one `WriteBatch` —
+//! messages with freshly allocated sequences, new queue and group records, claims, and one
+//! offset record per dirty group — writes it with a single WAL append (and, under `Fsync`, a
+//! single fsync), then completes every waiting caller and wakes the subscribers of the queues
+//! it touched. Sends and requests that arrive during the write wait and form the next round:
+//! that is the group commit.
 //!
 //! Under `Durability::Fsync` the fsync is pipelined: the writer appends each round to the WAL
 //! without syncing and hands the round to the syncer thread, which fsyncs everything appended
@@ -14,8 +15,8 @@
 //! fsync covers every round written while the previous one ran. Nothing becomes visible to
 //! consumers or resolves a send before it is synced.
 //!
-//! Owning sequence allocation here means sequences are dense and monotonic without any lock
-//! on the producer path. A write error makes the writer fail closed: nothing it allocated is
+//! Owning sequence allocation here means sequences are dense and monotonic; producers only take
+//! the inbox's short staging lock. A write error makes the writer fail closed: nothing it allocated is
 //! reused, because nothing is written after a failure.
 
 mod inbox;
