@@ -120,9 +120,15 @@ async fn enqueue_returns_before_the_sync_and_the_receipt_after_it() {
     broker.shutdown().await.unwrap();
 }
 
-/// Holds the writer inside its next write until the returned sender is used (or dropped):
-/// the receiver reports when it got there.
-fn hold_next_write() -> (std::sync::mpsc::Receiver<()>, std::sync::mpsc::Sender<()>) {
+/// Opens a broker with `options`, sends one message and holds the writer inside the write
+/// of it until the returned sender is used (or dropped). Returns once the writer is held,
+/// with the queue and the held message's receipt.
+async fn held_writer(
+    path: &std::path::Path,
+    options: rockq::Options,
+) -> (rockq::Broker, rockq::Queue, rockq::SendReceipt, std::sync::mpsc::Sender<()>) {
+    let broker = options.retention_interval(std::time::Duration::ZERO).open(path).await.unwrap();
+    let q = broker.queue("q").await.unwrap();
     let (reached_tx, reached) = std::sync::mpsc::channel();
     let (release, release_rx) = std::sync::mpsc::channel::<()>();
     let (reached_tx, release_rx) = (std::sync::Mutex::new(reached_tx), std::sync::Mutex::new(release_rx));
@@ -131,7 +137,11 @@ fn hold_next_write() -> (std::sync::mpsc::Receiver<()>, std::sync::mpsc::Sender<
         let _ = release_rx.lock().unwrap().recv();
     })
     .unwrap();
-    (reached, release)
+    let held = q.enqueue(vec![b'h'; 100]).await.unwrap();
+    tokio::task::spawn_blocking(move || reached.recv_timeout(HANG_GUARD).expect("writer never wrote"))
+        .await
+        .unwrap();
+    (broker, q, held, release)
 }
 
 /// Backpressure is exact: while the writer is busy, producers can stage `channel_capacity`
@@ -139,19 +149,9 @@ fn hold_next_write() -> (std::sync::mpsc::Receiver<()>, std::sync::mpsc::Sender<
 /// written in the order it was staged.
 async fn enqueue_waits_while_channel_capacity_messages_are_staged() {
     let dir = tempdir();
-    let broker = rockq::Options::new()
-        .channel_capacity(4)
-        .retention_interval(std::time::Duration::ZERO)
-        .open(dir.path())
-        .await
-        .unwrap();
-    let q = broker.queue("q").await.unwrap();
-    let (reached, release) = hold_next_write();
-    let mut receipts = vec![q.enqueue("m0").await.unwrap()];
-    tokio::task::spawn_blocking(move || reached.recv_timeout(HANG_GUARD).expect("writer never wrote"))
-        .await
-        .unwrap();
-    // The writer holds `m0` inside its write; its permit is back. Four more fit.
+    let (broker, q, held, release) = held_writer(dir.path(), rockq::Options::new().channel_capacity(4)).await;
+    let mut receipts = vec![held];
+    // The writer holds the first message inside its write; its permit is back. Four more fit.
     for i in 1..=4 {
         let enqueued = tokio::time::timeout(HANG_GUARD, q.enqueue(format!("m{i}")));
         receipts.push(enqueued.await.expect("enqueue waited below the capacity").unwrap());
@@ -190,18 +190,9 @@ async fn a_writer_panic_fails_pending_receipts_instead_of_hanging_them() {
 /// WriteBatch, however far past `max_batch_bytes`. It writes them in capped rounds first.
 async fn shutdown_writes_a_staged_backlog_in_capped_rounds() {
     let dir = tempdir();
-    let broker = rockq::Options::new()
-        .max_batch_bytes(1024)
-        .retention_interval(std::time::Duration::ZERO)
-        .open(dir.path())
-        .await
-        .unwrap();
-    let q = broker.queue("q").await.unwrap();
-    let (reached, release) = hold_next_write();
-    let mut receipts = vec![q.enqueue(vec![b'h'; 100]).await.unwrap()];
-    tokio::task::spawn_blocking(move || reached.recv_timeout(HANG_GUARD).expect("writer never wrote"))
-        .await
-        .unwrap();
+    let (broker, q, held, release) =
+        held_writer(dir.path(), rockq::Options::new().max_batch_bytes(1024)).await;
+    let mut receipts = vec![held];
     // 40 sends of 100 B staged behind the held write: about 4 KiB, four times the cap.
     for i in 0..40u8 {
         receipts.push(q.enqueue(vec![i; 100]).await.unwrap());

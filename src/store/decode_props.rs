@@ -40,6 +40,30 @@ proptest! {
         }
     }
 
+    /// The read path decodes a batch's values as slices of one shared buffer: it must agree
+    /// with the copying decoder on every input, corrupt ones included.
+    #[test]
+    fn the_shared_decoder_agrees_with_the_copying_one(b in bytes(), lead in 0usize..8) {
+        let mut buf = vec![0xAB; lead];
+        buf.extend_from_slice(&b);
+        let shared = bytes::Bytes::from(buf).slice(lead..);
+        match (envelope::decode(b"k", &b), envelope::decode_shared(b"k", &shared)) {
+            (Ok(a), Ok(c)) => prop_assert_eq!(a, c),
+            (Err(_), Err(_)) => {}
+            (a, c) => prop_assert!(false, "copying {:?} but shared {:?}", a, c),
+        }
+        // And on valid envelopes with headers, sliced out of a larger buffer.
+        let msg = crate::Message::new(b.clone()).header("h", b.clone()).header("", "");
+        let enc = envelope::encode(&msg, 42).unwrap();
+        let mut buf = vec![0xAB; lead];
+        buf.extend_from_slice(&enc);
+        let shared = bytes::Bytes::from(buf).slice(lead..);
+        let decoded = envelope::decode_shared(b"k", &shared).unwrap();
+        prop_assert_eq!(&decoded, &envelope::decode(b"k", &enc).unwrap());
+        prop_assert_eq!(decoded.headers, msg.headers);
+        prop_assert_eq!(decoded.payload, msg.payload);
+    }
+
     #[test]
     fn claim_keys_round_trip(seq in any::<u64>(), g in "[A-Za-z0-9._-]{1,20}", q in "[A-Za-z0-9._-]{1,20}") {
         let k = keys::claim_key(&keys::claim_prefix(&g, &q), seq);

@@ -71,10 +71,10 @@ pub(crate) fn validate(msg: &Message) -> Result<(), EncodeError> {
     Ok(())
 }
 
-/// Appends the envelope of a [`validate`]d message to `out`. Lengths that do not fit their
-/// field are clamped rather than panicking, but `validate` has already refused them.
+/// Appends the envelope of a [`validate`]d message to `out` (the caller reserves the space:
+/// [`encoded_len`]). Lengths that do not fit their field are clamped rather than panicking,
+/// but `validate` has already refused them.
 pub(crate) fn encode_into(msg: &Message, enqueued_at_micros: u64, out: &mut Vec<u8>) {
-    out.reserve(encoded_len(msg));
     out.push(ENVELOPE_V1);
     out.push(if msg.headers.is_empty() { 0 } else { FLAG_HEADERS });
     out.extend_from_slice(&enqueued_at_micros.to_be_bytes());

@@ -169,6 +169,7 @@ impl Inbox {
         let q = u32::try_from(q).unwrap_or(u32::MAX);
         let index = open.sends.len();
         open.sends.push(u32::try_from(open.msgs.len()).unwrap_or(u32::MAX));
+        open.arena.reserve(bytes);
         for m in msgs {
             // Stamped by the writer at its group commit.
             envelope::encode_into(m, 0, &mut open.arena);
