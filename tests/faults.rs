@@ -120,15 +120,21 @@ async fn enqueue_returns_before_the_sync_and_the_receipt_after_it() {
     broker.shutdown().await.unwrap();
 }
 
-/// Opens a broker with `options`, sends one message and holds the writer inside the write
-/// of it until the returned sender is used (or dropped). Returns once the writer is held,
-/// with the queue and the held message's receipt.
+/// Opens a broker with `options` and queue "q" plus `more`, sends one message to "q" and
+/// holds the writer inside the write of it until the returned sender is used (or dropped).
+/// Returns once the writer is held, with the queues and the held message's receipt. (Nothing
+/// that goes through the writer — creating a queue, say — completes while it is held.)
 async fn held_writer(
     path: &std::path::Path,
     options: rockq::Options,
-) -> (rockq::Broker, rockq::Queue, rockq::SendReceipt, std::sync::mpsc::Sender<()>) {
+    more: &[&str],
+) -> (rockq::Broker, Vec<rockq::Queue>, rockq::SendReceipt, std::sync::mpsc::Sender<()>) {
     let broker = options.retention_interval(std::time::Duration::ZERO).open(path).await.unwrap();
-    let q = broker.queue("q").await.unwrap();
+    let mut queues = vec![broker.queue("q").await.unwrap()];
+    for name in more {
+        queues.push(broker.queue(name).await.unwrap());
+    }
+    let q = queues[0].clone();
     let (reached_tx, reached) = std::sync::mpsc::channel();
     let (release, release_rx) = std::sync::mpsc::channel::<()>();
     let (reached_tx, release_rx) = (std::sync::Mutex::new(reached_tx), std::sync::Mutex::new(release_rx));
@@ -141,7 +147,7 @@ async fn held_writer(
     tokio::task::spawn_blocking(move || reached.recv_timeout(HANG_GUARD).expect("writer never wrote"))
         .await
         .unwrap();
-    (broker, q, held, release)
+    (broker, queues, held, release)
 }
 
 /// Backpressure is exact: while the writer is busy, producers can stage `channel_capacity`
@@ -149,7 +155,9 @@ async fn held_writer(
 /// written in the order it was staged.
 async fn enqueue_waits_while_channel_capacity_messages_are_staged() {
     let dir = tempdir();
-    let (broker, q, held, release) = held_writer(dir.path(), rockq::Options::new().channel_capacity(4)).await;
+    let (broker, queues, held, release) =
+        held_writer(dir.path(), rockq::Options::new().channel_capacity(4), &[]).await;
+    let q = &queues[0];
     let mut receipts = vec![held];
     // The writer holds the first message inside its write; its permit is back. Four more fit.
     for i in 1..=4 {
@@ -190,8 +198,9 @@ async fn a_writer_panic_fails_pending_receipts_instead_of_hanging_them() {
 /// WriteBatch, however far past `max_batch_bytes`. It writes them in capped rounds first.
 async fn shutdown_writes_a_staged_backlog_in_capped_rounds() {
     let dir = tempdir();
-    let (broker, q, held, release) =
-        held_writer(dir.path(), rockq::Options::new().max_batch_bytes(1024)).await;
+    let (broker, queues, held, release) =
+        held_writer(dir.path(), rockq::Options::new().max_batch_bytes(1024), &[]).await;
+    let q = &queues[0];
     let mut receipts = vec![held];
     // 40 sends of 100 B staged behind the held write: about 4 KiB, four times the cap.
     for i in 0..40u8 {
@@ -214,6 +223,43 @@ async fn shutdown_writes_a_staged_backlog_in_capped_rounds() {
     broker.shutdown().await.unwrap();
 }
 
+/// One staged round holding sends to several queues (and a batch among them) gives each queue
+/// its own dense sequences, in staging order. The held write makes the mixed round certain.
+async fn a_round_mixing_queues_gives_each_queue_dense_sequences() {
+    let dir = tempdir();
+    let (broker, queues, held, release) = held_writer(dir.path(), rockq::Options::new(), &["b"]).await;
+    let (a, b) = (&queues[0], &queues[1]);
+    let mut receipts = Vec::new();
+    for i in 0..10 {
+        receipts.push(("q", a.enqueue(format!("a{i}")).await.unwrap()));
+        receipts.push(("b", b.enqueue(format!("b{i}")).await.unwrap()));
+    }
+    let batch = tokio::spawn({
+        let b = b.clone();
+        async move { b.send_batch(["x", "y", "z"]).await }
+    });
+    let tail = b.enqueue("b-last");
+    fail::remove("rockq-writer-write");
+    release.send(()).unwrap();
+    assert_eq!(held.await.unwrap(), 1);
+    let mut next = std::collections::HashMap::from([("q", 2u64), ("b", 1u64)]);
+    for (queue, r) in receipts {
+        let n = next.get_mut(queue).unwrap();
+        assert_eq!(r.await.unwrap(), *n, "queue {queue}");
+        *n += 1;
+    }
+    let tail = tail.await.unwrap().await.unwrap();
+    let batch = batch.await.unwrap().unwrap();
+    // The batch and the last send raced; both come after the ten, contiguous, without overlap.
+    assert_eq!(batch.end() - batch.start(), 2);
+    let mut after: Vec<u64> = batch.collect();
+    after.push(tail);
+    after.sort_unstable();
+    assert_eq!(after, [11, 12, 13, 14]);
+    assert_eq!((a.last_seq(), b.last_seq()), (11, 14));
+    broker.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_storage_errors() {
     let scenario = fail::FailScenario::setup();
@@ -224,6 +270,7 @@ async fn injected_storage_errors() {
     enqueue_returns_before_the_sync_and_the_receipt_after_it().await;
     enqueue_waits_while_channel_capacity_messages_are_staged().await;
     shutdown_writes_a_staged_backlog_in_capped_rounds().await;
+    a_round_mixing_queues_gives_each_queue_dense_sequences().await;
     a_writer_panic_fails_pending_receipts_instead_of_hanging_them().await;
     scenario.teardown();
 }
