@@ -79,6 +79,11 @@ impl Settle {
         (Settle(c.clone()), c)
     }
 
+    /// The completion the round's receipts wait on.
+    pub fn completion(&self) -> Arc<Completion> {
+        self.0.clone()
+    }
+
     /// Resolves every receipt of the round: `Ok` with the first sequence of each send.
     pub fn finish(self, outcome: Result<Box<[u64]>, SendError>) {
         self.set(outcome);

@@ -42,7 +42,6 @@ pub(crate) struct Staged {
     /// Permits the round's messages hold (returned when the writer takes it).
     permits: usize,
     pub settle: Settle,
-    done: Arc<Completion>,
 }
 
 impl Staged {
@@ -53,7 +52,7 @@ impl Staged {
     }
 
     fn new(arena_hint: usize, msgs_hint: usize) -> Self {
-        let (settle, done) = Settle::new();
+        let (settle, _) = Settle::new();
         Staged {
             arena: Vec::with_capacity(arena_hint),
             msgs: Vec::with_capacity(msgs_hint),
@@ -61,8 +60,14 @@ impl Staged {
             queues: Vec::new(),
             permits: 0,
             settle,
-            done,
         }
+    }
+}
+
+impl Staged {
+    /// Fails every send of the round with `why` (the broker no longer writes).
+    pub fn fail(self, why: &str) {
+        self.settle.finish(Err(SendError::Failed(why.to_owned())));
     }
 }
 
@@ -176,7 +181,7 @@ impl Inbox {
             open.msgs.push((q, open.arena.len()));
         }
         open.permits += permits;
-        let done = open.done.clone();
+        let done = open.settle.completion();
         let nudge = std::mem::take(&mut st.writer_idle);
         Ok(Staging { done, index, nudge })
     }
@@ -228,6 +233,14 @@ impl Inbox {
         let mut st = self.lock();
         st.writer_idle = st.staged == 0;
         st.writer_idle
+    }
+
+    /// Refuses every further send with `why` and fails whatever is still staged with it (after a
+    /// failed write, or when the writer thread ends without a clean stop).
+    pub fn fail(&self, why: &str) {
+        for s in self.close(Some(why.to_owned())) {
+            s.fail(why);
+        }
     }
 
     /// Refuses further sends — with `failed`'s reason, or as shut down — and takes whatever is

@@ -95,9 +95,7 @@ impl Completer {
             tracing::error!(error = %e, "rockq writer: write failed; refusing further writes");
             *self.engine.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
             // Sends staged behind the failed round are refused, and so is every later one.
-            for s in self.engine.inbox.close(Some(e.to_string())) {
-                s.settle.finish(Err(SendError::Failed(e.to_string())));
-            }
+            self.engine.inbox.fail(&e.to_string());
         }
         if let Err(mpsc::error::SendError((r, failed))) = self.tx.send((r, failed)) {
             finish(&self.engine, r, failed);
@@ -141,10 +139,7 @@ impl Drop for Writer {
     /// settle handle drops).
     fn drop(&mut self) {
         // After a clean stop the inbox is already closed and this takes nothing.
-        let why = "the writer thread stopped unexpectedly".to_string();
-        for s in self.engine.inbox.close(Some(why.clone())) {
-            s.settle.finish(Err(SendError::Failed(why.clone())));
-        }
+        self.engine.inbox.fail("the writer thread stopped unexpectedly");
     }
 }
 
@@ -337,7 +332,7 @@ impl Writer {
         let stopping = last || pending.iter().any(|req| matches!(req, Request::Shutdown { .. }));
         let staged = if stopping { engine.inbox.close(None) } else { engine.inbox.take() };
         match &failed {
-            Some(f) => staged.into_iter().for_each(|s| s.settle.finish(Err(SendError::Failed(f.clone())))),
+            Some(f) => staged.into_iter().for_each(|s| s.fail(f)),
             None if !staged.is_empty() => {
                 let now = self.stamp();
                 for s in staged {
@@ -523,7 +518,7 @@ impl Writer {
             s.queues.iter().map(|q| self.next_seq.get(&q.id).copied()).collect::<Option<Vec<u64>>>()
         else {
             // Unreachable: a queue handle exists only once the writer has registered the queue.
-            s.settle.finish(Err(SendError::Failed("send to a queue unknown to the writer".into())));
+            s.fail("send to a queue unknown to the writer");
             return;
         };
         let firsts = next.clone();
