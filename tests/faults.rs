@@ -134,7 +134,14 @@ async fn held_writer(
     for name in more {
         queues.push(broker.queue(name).await.unwrap());
     }
-    let q = queues[0].clone();
+    let (held, release) = hold_writer(&queues[0]).await;
+    (broker, queues, held, release)
+}
+
+/// Sends one message to `q` and holds the writer inside the write of it until the returned
+/// sender is used (or dropped); returns once the writer is held. Requests sent meanwhile wait
+/// in the channel and all go into the round after the held one.
+async fn hold_writer(q: &rockq::Queue) -> (rockq::SendReceipt, std::sync::mpsc::Sender<()>) {
     let (reached_tx, reached) = std::sync::mpsc::channel();
     let (release, release_rx) = std::sync::mpsc::channel::<()>();
     let (reached_tx, release_rx) = (std::sync::Mutex::new(reached_tx), std::sync::Mutex::new(release_rx));
@@ -147,7 +154,14 @@ async fn held_writer(
     tokio::task::spawn_blocking(move || reached.recv_timeout(HANG_GUARD).expect("writer never wrote"))
         .await
         .unwrap();
-    (broker, queues, held, release)
+    (held, release)
+}
+
+/// Lets a held writer go on (and stops holding later writes).
+async fn release_writer(held: rockq::SendReceipt, release: std::sync::mpsc::Sender<()>) {
+    fail::remove("rockq-writer-write");
+    release.send(()).unwrap();
+    held.await.unwrap();
 }
 
 /// Backpressure is exact: while the writer is busy, producers can stage `channel_capacity`
@@ -260,6 +274,191 @@ async fn a_round_mixing_queues_gives_each_queue_dense_sequences() {
     broker.shutdown().await.unwrap();
 }
 
+/// Fault (issue 13): a reset was undone by a commit pending in the same round. The writer
+/// applied `ResetOffset`, then its dirty-group loop wrote the old acknowledged offset to the
+/// same key in the same batch: on disk the group resumed after its old acks.
+async fn a_reset_wins_over_acks_not_yet_committed() {
+    let dir = tempdir();
+    {
+        let broker = open(dir.path()).await;
+        let (q, hold) = (broker.queue("q").await.unwrap(), broker.queue("hold").await.unwrap());
+        q.send_batch(["1", "2", "3", "4", "5"]).await.unwrap();
+        let group = q.group("g").unwrap();
+        let mut sub = group.subscribe().await.unwrap();
+        let ds = take(&mut sub, 5).await;
+        let (held, release) = hold_writer(&hold).await;
+        for d in ds {
+            d.ack().unwrap(); // dirty: committed by the writer's next round
+        }
+        drop(sub);
+        let mut reset = Box::pin(group.reset_to(rockq::ResetTo::Sequence(1)));
+        // One poll queues the reset behind the acks' wake-up: both land in the next round.
+        assert!(futures::poll!(&mut reset).is_pending());
+        release_writer(held, release).await;
+        assert_eq!(reset.await.unwrap(), 1);
+        assert_eq!(group.committed(), Some(0), "in memory");
+        broker.shutdown().await.unwrap();
+    }
+    let broker = open(dir.path()).await;
+    let q = broker.queue("q").await.unwrap();
+    assert_eq!(q.group("g").unwrap().committed(), Some(0), "on disk");
+    let mut sub = q.group("g").unwrap().subscribe().await.unwrap();
+    assert_eq!(next(&mut sub).await.seq(), 1);
+    drop(sub);
+    broker.shutdown().await.unwrap();
+}
+
+/// Fault (issue 13): `Group::reset_to` dropped after its request was queued freed the
+/// group's active slot at once, so a new subscriber started from the old offset and the reset
+/// then landed under it.
+async fn a_dropped_reset_keeps_the_group_until_it_lands() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let (q, hold) = (broker.queue("q").await.unwrap(), broker.queue("hold").await.unwrap());
+    q.send_batch(["1", "2", "3"]).await.unwrap();
+    let group = q.group("g").unwrap();
+    let mut sub = group.subscribe().await.unwrap();
+    for d in take(&mut sub, 3).await {
+        d.ack().unwrap();
+    }
+    assert_eq!(sub.commit().await.unwrap(), 3);
+    drop(sub);
+    let (held, release) = hold_writer(&hold).await;
+    let mut reset = Box::pin(group.reset_to(rockq::ResetTo::Sequence(2)));
+    assert!(futures::poll!(&mut reset).is_pending());
+    drop(reset);
+    assert!(
+        matches!(group.subscribe().await, Err(rockq::SubscribeError::AlreadySubscribed { .. })),
+        "the queued reset still holds the group"
+    );
+    release_writer(held, release).await;
+    // The writer released the group once the reset was durable.
+    let mut sub = tokio::time::timeout(HANG_GUARD, async {
+        loop {
+            match group.subscribe().await {
+                Ok(s) => return s,
+                Err(rockq::SubscribeError::AlreadySubscribed { .. }) => tokio::task::yield_now().await,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    })
+    .await
+    .expect("the group was never released");
+    assert_eq!(next(&mut sub).await.seq(), 2, "the subscriber starts where the reset put it");
+    drop(sub);
+    broker.shutdown().await.unwrap();
+}
+
+/// Fault (issue 13): acks a worker pool had queued when `WorkGroup::reset_to` ran were
+/// applied after the reset, in the same round, moving the offset (or writing `Done` records)
+/// above the reset offset.
+async fn a_work_group_reset_wins_over_queued_pool_acks() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = tempdir();
+    {
+        let broker = open(dir.path()).await;
+        let (q, hold) = (broker.queue("q").await.unwrap(), broker.queue("hold").await.unwrap());
+        q.send_batch(["1", "2", "3", "4", "5"]).await.unwrap();
+        let group = q.work_group("w").unwrap();
+        let (gate, started) = (Arc::new(tokio::sync::Semaphore::new(0)), Arc::new(AtomicUsize::new(0)));
+        let token = rockq::CancellationToken::new();
+        let pool = tokio::spawn({
+            let (gate, started) = (gate.clone(), started.clone());
+            group.workers(5).shutdown_on(token.clone()).run(move |_task: rockq::Task| {
+                let (gate, started) = (gate.clone(), started.clone());
+                async move {
+                    started.fetch_add(1, Ordering::SeqCst);
+                    gate.acquire().await.unwrap().forget();
+                    Ok(())
+                }
+            })
+        });
+        while started.load(Ordering::SeqCst) < 5 {
+            tokio::task::yield_now().await;
+        }
+        let (held, release) = hold_writer(&hold).await;
+        gate.add_permits(5); // the handlers return: five acks queued behind the held write
+        token.cancel();
+        // Once the pool has let go of its subscription and jobs, the reset is accepted and
+        // queued (a single poll sends it); before that it is refused as active.
+        let mut reset = loop {
+            let mut reset = Box::pin(group.reset_to(rockq::ResetTo::Sequence(1)));
+            match futures::poll!(&mut reset) {
+                std::task::Poll::Pending => break reset,
+                std::task::Poll::Ready(Err(rockq::ResetError::Active { .. })) => {
+                    tokio::task::yield_now().await
+                }
+                std::task::Poll::Ready(other) => panic!("{other:?}"),
+            }
+        };
+        release_writer(held, release).await;
+        assert_eq!(reset.as_mut().await.unwrap(), 1);
+        pool.await.unwrap().unwrap();
+        assert_eq!(group.committed(), Some(0), "in memory");
+        broker.shutdown().await.unwrap();
+    }
+    let broker = open(dir.path()).await;
+    let q = broker.queue("q").await.unwrap();
+    let group = q.work_group("w").unwrap();
+    assert_eq!(group.committed(), Some(0), "on disk");
+    let mut jobs = group.subscribe().await.unwrap();
+    for seq in 1..=5 {
+        let job = next_job(&mut jobs).await;
+        assert_eq!((job.seq(), job.attempt()), (seq, 1), "redelivered as new: the reset dropped attempts");
+        job.ack().await.unwrap();
+    }
+    drop(jobs);
+    broker.shutdown().await.unwrap();
+}
+
+/// Fault (issue 13): an `UntilAcked` trim was computed from durable offsets and applied later
+/// without a re-check, so a backwards reset or a new `Earliest` group in between lost
+/// messages. The syncer is held, so the reset and the group creation are written but not yet
+/// durable when the trim's cut is computed: the cut sees only the old offsets.
+async fn an_until_acked_trim_is_clamped_to_offsets_changed_since_its_cut() {
+    let dir = tempdir();
+    let broker = open_with(dir.path(), Durability::Fsync).await;
+    let q = broker.queue("q").await.unwrap();
+    q.set_retention(rockq::Retention::UntilAcked).await.unwrap();
+    q.send_batch((1..=10).map(|i| i.to_string())).await.unwrap();
+    let (g1, g2) = (q.group("g1").unwrap(), q.group("g2").unwrap());
+    let mut sub = g1.subscribe().await.unwrap();
+    for d in take(&mut sub, 10).await {
+        d.ack().unwrap();
+    }
+    assert_eq!(sub.commit().await.unwrap(), 10);
+    drop(sub);
+
+    fail::cfg("rockq-syncer-sync", "pause").unwrap();
+    let mut reset = Box::pin(g1.reset_to(rockq::ResetTo::Sequence(1)));
+    assert!(futures::poll!(&mut reset).is_pending(), "reset queued");
+    let mut create = Box::pin(g2.subscribe());
+    assert!(futures::poll!(&mut create).is_pending(), "new group queued");
+    // The cut comes from durable offsets: g1 still at 10, g2 not registered yet.
+    let trim = tokio::spawn({
+        let broker = broker.clone();
+        async move { broker.trim().await }
+    });
+    // Until the writer has applied the trim: a trim it lets through moves the first sequence
+    // as it enters the batch; one clamped to nothing is answered at once.
+    while !trim.is_finished() && q.first_seq() == 1 {
+        tokio::task::yield_now().await;
+    }
+    fail::remove("rockq-syncer-sync");
+    assert_eq!(reset.await.unwrap(), 1);
+    let mut sub2 = create.await.unwrap();
+    let report = trim.await.unwrap().unwrap();
+    assert_eq!(report.deleted, 0, "clamped to the reset and the new group: {report:?}");
+    assert_eq!(q.first_seq(), 1);
+    assert_eq!(next(&mut sub2).await.seq(), 1, "the new Earliest group gets everything");
+    drop(sub2);
+    let mut sub1 = g1.subscribe().await.unwrap();
+    assert_eq!(next(&mut sub1).await.seq(), 1, "the reset group replays from 1");
+    drop(sub1);
+    broker.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_storage_errors() {
     let scenario = fail::FailScenario::setup();
@@ -272,5 +471,9 @@ async fn injected_storage_errors() {
     shutdown_writes_a_staged_backlog_in_capped_rounds().await;
     a_round_mixing_queues_gives_each_queue_dense_sequences().await;
     a_writer_panic_fails_pending_receipts_instead_of_hanging_them().await;
+    a_reset_wins_over_acks_not_yet_committed().await;
+    a_dropped_reset_keeps_the_group_until_it_lands().await;
+    a_work_group_reset_wins_over_queued_pool_acks().await;
+    an_until_acked_trim_is_clamped_to_offsets_changed_since_its_cut().await;
     scenario.teardown();
 }

@@ -1,6 +1,7 @@
 //! Model-based test: random sequences of send, receive/ack/drop (ordered group), claim/ack/
-//! nack/dead-letter/drop/extend (work-queue group), lease expiry (manual clock), trim, redrive and
-//! restart, checked step by step against a small reference model of what is delivered next,
+//! nack/dead-letter/drop/extend (work-queue group), lease expiry (manual clock), trim, redrive,
+//! resets of either group, a stored record corrupted across a restart, and restart, checked
+//! step by step against a small reference model of what is delivered next,
 //! with which attempt, what is committed, what is dead-lettered and where the queue starts.
 
 mod common;
@@ -35,6 +36,13 @@ enum Op {
     Trim,
     Redrive,
     Restart,
+    /// Resets the ordered group to a retained sequence picked by the number.
+    OReset(u64),
+    /// Resets the work group likewise (its subscription and jobs let go first).
+    WReset(u64),
+    /// A restart during which one stored message that only the work group still needs is
+    /// overwritten with bytes that do not decode.
+    CorruptRestart(u64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -53,6 +61,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Trim),
         1 => Just(Op::Redrive),
         1 => Just(Op::Restart),
+        1 => any::<u64>().prop_map(Op::OReset),
+        1 => any::<u64>().prop_map(Op::WReset),
+        1 => any::<u64>().prop_map(Op::CorruptRestart),
     ]
 }
 
@@ -73,13 +84,17 @@ struct Model {
     o_next_new: u64,
     o_redeliver: BTreeSet<u64>,
     o_held: Vec<u64>,
-    // Work group: claimed sequences (below the frontier), the frontier, held jobs.
+    // Work group: its offset as last reset, claimed sequences (below the frontier), the
+    // frontier, held jobs.
+    w_base: u64,
     w: BTreeMap<u64, (u32, W)>,
     w_frontier: u64,
     w_held: Vec<(u64, u32, bool, u64)>, // seq, attempt, lease expired, lease deadline (s)
     now: u64,                           // clock seconds
     dlq: Vec<u64>,
     dlq_cursor: usize,
+    /// Stored records that do not decode (the ordered group never reads them again).
+    corrupt: BTreeSet<u64>,
 }
 
 impl Model {
@@ -96,14 +111,25 @@ impl Model {
         }
     }
     fn w_committed(&self) -> u64 {
-        let mut c = self.first - 1;
+        let mut c = (self.first - 1).max(self.w_base);
         while self.w.get(&(c + 1)).is_some_and(|s| s.1 == W::Done) {
             c += 1;
         }
         c
     }
-    /// What a claim does: dead-letters exhausted available messages below the one it claims.
+    /// What a claim does: dead-letters exhausted available messages below the one it claims,
+    /// and a claimed message that does not decode (then claims again).
     fn w_claim(&mut self) -> Option<(u64, u32)> {
+        loop {
+            let (seq, attempt) = self.w_claim_once()?;
+            if !self.corrupt.contains(&seq) {
+                return Some((seq, attempt));
+            }
+            self.w.get_mut(&seq).unwrap().1 = W::Done;
+            self.dlq.push(seq);
+        }
+    }
+    fn w_claim_once(&mut self) -> Option<(u64, u32)> {
         let target = self
             .w
             .iter()
@@ -142,6 +168,14 @@ async fn quick<T, E: std::fmt::Debug>(
         .expect("stream error")
 }
 
+/// Where a reset of either group can go: a retained sequence (and for the ordered group, one
+/// after every corrupt record, which an ordered stream rightly refuses to skip).
+fn reset_target(m: &Model, pick: u64, ordered: bool) -> Option<u64> {
+    let lo = if ordered { m.first.max(m.corrupt.last().map_or(0, |c| c + 1)) } else { m.first };
+    let hi = m.last + 1;
+    (lo <= hi).then(|| lo + pick % (hi - lo + 1))
+}
+
 struct Real {
     broker: Broker,
     q: rockq::Queue,
@@ -155,8 +189,12 @@ async fn open_real(path: &std::path::Path, clock: &ManualClock) -> Real {
     let broker = open_clock(path, clock).await;
     let q = broker.queue("q").await.unwrap();
     let o = q.group("o").unwrap().subscribe().await.unwrap();
-    let w = q
-        .work_group("w")
+    let w = work_sub(&q).await;
+    Real { broker, q, o, w, o_held: Vec::new(), w_held: Vec::new() }
+}
+
+async fn work_sub(q: &rockq::Queue) -> WorkSubscription {
+    q.work_group("w")
         .unwrap()
         .lease(LEASE)
         .max_in_flight(1) // no claims ahead: every claim is one the test asked for
@@ -169,8 +207,7 @@ async fn open_real(path: &std::path::Path, clock: &ManualClock) -> Real {
         )
         .subscribe()
         .await
-        .unwrap();
-    Real { broker, q, o, w, o_held: Vec::new(), w_held: Vec::new() }
+        .unwrap()
 }
 
 async fn run(ops: Vec<Op>) {
@@ -290,22 +327,64 @@ async fn run(ops: Vec<Op>) {
                 m.last += moved;
                 assert_eq!(r.q.last_seq(), m.last, "{ctx}");
             }
-            Op::Restart => {
+            Op::Restart | Op::CorruptRestart(_) => {
                 r.o.commit().await.unwrap();
                 let Real { broker, q, o, w, o_held, w_held } = r;
                 drop((q, o, w, o_held));
                 std::mem::forget(w_held); // as if the process died holding them: attempts stay counted
                 broker.shutdown().await.unwrap();
-                r = open_real(dir.path(), &clock).await;
-                m.o_held.clear();
-                m.o_redeliver.clear();
-                m.o_acked.clear();
-                m.o_next_new = m.o_committed.max(m.first - 1) + 1;
                 for (seq, _, expired, _) in m.w_held.drain(..) {
                     if !expired {
                         m.w.get_mut(&seq).unwrap().1 = W::Available;
                     }
                 }
+                if let Op::CorruptRestart(pick) = op {
+                    // Past the ordered group, not finished by the work group.
+                    let candidates: Vec<u64> = (m.first.max(m.w_committed() + 1)..=m.o_committed)
+                        .filter(|s| m.w.get(s).is_none_or(|(_, st)| *st == W::Available))
+                        .filter(|s| !m.corrupt.contains(s))
+                        .collect();
+                    if !candidates.is_empty() {
+                        let seq = candidates[(pick % candidates.len() as u64) as usize];
+                        corrupt_message(dir.path(), 1, seq, &[42, 0]);
+                        m.corrupt.insert(seq);
+                    }
+                }
+                r = open_real(dir.path(), &clock).await;
+                m.o_held.clear();
+                m.o_redeliver.clear();
+                m.o_acked.clear();
+                m.o_next_new = m.o_committed.max(m.first - 1) + 1;
+            }
+            Op::OReset(pick) => {
+                let Some(seq) = reset_target(&m, pick, true) else { continue };
+                // The subscription and its deliveries go (handed back, then reset away).
+                let Real { broker, q, o, w, o_held, w_held } = r;
+                drop((o, o_held));
+                let group = q.group("o").unwrap();
+                assert_eq!(group.reset_to(rockq::ResetTo::Sequence(seq)).await.unwrap(), seq, "{ctx}");
+                assert_eq!(group.committed(), Some(seq - 1), "{ctx}");
+                let o = group.subscribe().await.unwrap();
+                r = Real { broker, q, o, w, o_held: Vec::new(), w_held };
+                m.o_held.clear();
+                m.o_redeliver.clear();
+                m.o_acked.clear();
+                m.o_committed = seq - 1;
+                m.o_next_new = seq;
+            }
+            Op::WReset(pick) => {
+                let Some(seq) = reset_target(&m, pick, false) else { continue };
+                // Its subscription and jobs let go first (released, then reset away).
+                let Real { broker, q, o, w, o_held, w_held } = r;
+                drop((w, w_held));
+                let group = q.work_group("w").unwrap();
+                assert_eq!(group.reset_to(rockq::ResetTo::Sequence(seq)).await.unwrap(), seq, "{ctx}");
+                let w = work_sub(&q).await;
+                r = Real { broker, q, o, w, o_held, w_held: Vec::new() };
+                m.w_held.clear();
+                m.w.clear();
+                m.w_base = seq - 1;
+                m.w_frontier = seq;
             }
             _ => {}
         }

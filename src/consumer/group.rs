@@ -143,7 +143,9 @@ impl Group {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe in effect: the offset is either moved or not.
+    /// Cancel safe: dropped before the reset was queued, nothing changes; after, the reset
+    /// still lands, and no subscription of the group can start until it has (the group stays
+    /// held until the writer has made it durable).
     ///
     /// # Examples
     ///
@@ -170,13 +172,15 @@ impl Group {
             let (group, queue) = names();
             return Err(ResetError::Active { group, queue });
         }
-        let release = ActiveGuard(&group);
+        let mut release = ActiveGuard { group: &group, armed: true };
         let seq = crate::retention::reset_target(shared, &self.queue, to).await?;
         let (reply, rx) = oneshot::channel();
         let req = Request::ResetOffset { group: group.clone(), offset: seq - 1, reply };
         shared.tx.send(req).await.map_err(|_| ResetError::Shutdown)?;
+        // Queued: the writer releases the slot once the reset is durable (or refused), even if
+        // this future is dropped now.
+        release.armed = false;
         rx.await.map_err(|_| ResetError::Shutdown)??;
-        drop(release);
         tracing::info!(group = %self.name, queue = %self.queue.name, seq, "rockq: group reset");
         Ok(seq)
     }
@@ -253,11 +257,17 @@ impl Group {
     }
 }
 
-/// Releases a group's active slot taken for a reset.
-struct ActiveGuard<'a>(&'a crate::registry::GroupState);
+/// Releases a group's active slot taken for a reset, unless the reset request was queued
+/// (the writer releases it then).
+struct ActiveGuard<'a> {
+    group: &'a crate::registry::GroupState,
+    armed: bool,
+}
 
 impl Drop for ActiveGuard<'_> {
     fn drop(&mut self) {
-        self.0.active.store(false, Ordering::Release);
+        if self.armed {
+            self.group.active.store(false, Ordering::Release);
+        }
     }
 }

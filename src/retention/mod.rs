@@ -49,14 +49,16 @@ pub struct TrimReport {
 }
 
 /// The highest sequence of `q` its policy allows to delete now, if any.
-async fn cut(shared: &Arc<Shared>, q: &Arc<QueueState>) -> Result<Option<u64>, QueueError> {
+/// Returns it with the policy it was computed under.
+async fn cut(shared: &Arc<Shared>, q: &Arc<QueueState>) -> Result<Option<(u64, Retention)>, QueueError> {
     let engine = &shared.engine;
     let first = q.first_seq.load(Ordering::Acquire);
     let last = q.last_seq();
     if last < first {
         return Ok(None);
     }
-    let to = match q.retention() {
+    let policy = q.retention();
+    let to = match policy {
         Retention::Forever => None,
         Retention::UntilAcked => {
             // Durable offsets only: an ack not yet committed keeps its message.
@@ -88,7 +90,7 @@ async fn cut(shared: &Arc<Shared>, q: &Arc<QueueState>) -> Result<Option<u64>, Q
                 .map_err(|e| QueueError::Failed(format!("retention scan failed: {e}")))??
         }
     };
-    Ok(to.filter(|&t| t >= first))
+    Ok(to.filter(|&t| t >= first).map(|t| (t, policy)))
 }
 
 /// One retention pass over every queue; compacts what it trimmed if `compact`.
@@ -103,11 +105,11 @@ pub(crate) async fn pass(shared: &Arc<Shared>, compact: Option<bool>) -> Result<
     let queues: Vec<Arc<QueueState>> = shared.engine.registry.queues.iter().map(|q| q.clone()).collect();
     let mut compact_ranges = Vec::new();
     for q in queues {
-        let Some(to) = cut(shared, &q).await? else { continue };
+        let Some((to, policy)) = cut(shared, &q).await? else { continue };
         let (reply, rx) = oneshot::channel();
         shared
             .tx
-            .send(Request::Trim { queue: q.clone(), to, reply })
+            .send(Request::Trim { queue: q.clone(), to, policy, reply })
             .await
             .map_err(|_| QueueError::Shutdown)?;
         let deleted = rx.await.map_err(|_| QueueError::Shutdown)??;

@@ -23,7 +23,8 @@ const H_QUEUE: &str = "rockq-dlq-queue";
 const H_SEQ: &str = "rockq-dlq-seq";
 const H_GROUP: &str = "rockq-dlq-group";
 const H_ATTEMPTS: &str = "rockq-dlq-attempts";
-const H_REASON: &str = "rockq-dlq-reason";
+/// The header holding why a message was dead-lettered.
+pub(crate) const H_REASON: &str = "rockq-dlq-reason";
 const H_ENQUEUED: &str = "rockq-dlq-enqueued-at";
 const H_PREFIX: &str = "rockq-dlq-";
 

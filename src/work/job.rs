@@ -9,7 +9,7 @@ use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use super::group::WorkConfig;
-use super::state::WorkGroupState;
+use super::state::{SettlingGuard, WorkGroupState};
 use crate::broker::Shared;
 use crate::error::AckError;
 use crate::store::RawMessage;
@@ -23,6 +23,8 @@ pub(crate) struct JobInner {
     pub msg: RawMessage,
     pub attempt: u32,
     pub token: u64,
+    /// The group's reset epoch when it was claimed.
+    pub epoch: u64,
     deadline: Mutex<Instant>,
     /// Dropping the job gives the attempt back (set while the job sits unseen in a
     /// subscription's buffer, and by a worker pool stopping handlers at shutdown).
@@ -37,6 +39,7 @@ impl JobInner {
         msg: RawMessage,
         attempt: u32,
         token: u64,
+        epoch: u64,
         deadline: Instant,
     ) -> Arc<Self> {
         Arc::new(JobInner {
@@ -46,6 +49,7 @@ impl JobInner {
             msg,
             attempt,
             token,
+            epoch,
             deadline: Mutex::new(deadline),
             uncounted: AtomicBool::new(true),
         })
@@ -191,21 +195,6 @@ enum Kind {
     DeadLetter { reason: String },
 }
 
-/// Puts a message back to claimable if a settle is abandoned before its record was queued.
-struct Revert<'a> {
-    group: &'a WorkGroupState,
-    seq: u64,
-    armed: bool,
-}
-
-impl Drop for Revert<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.group.revert(self.seq);
-        }
-    }
-}
-
 impl Job {
     pub(crate) fn new(inner: Arc<JobInner>, permit: OwnedSemaphorePermit) -> Self {
         Job { inner, permit: Some(permit), settled: false }
@@ -340,14 +329,14 @@ impl Job {
         group.begin_settle(seq, inner.token, now).map_err(|_| AckError::LeaseLost { seq, attempt })?;
         if !wait && matches!(kind, Kind::Ack) {
             // Coalesced: the writer picks up every queued ack of the group in its next round.
-            if group.queue_ack(seq, attempt) {
+            if group.queue_ack(seq, attempt, inner.epoch) {
                 shared.engine.mark_work_dirty(group.clone());
                 shared.nudge_writer();
             }
             drop(self.permit.take());
             return Ok(());
         }
-        let mut revert = Revert { group, seq, armed: true };
+        let mut revert = SettlingGuard { group, seq, armed: true };
         let cfg = &inner.config;
         let mut waiting = None;
         let outcome = match kind {
@@ -374,7 +363,7 @@ impl Job {
             Kind::DeadLetter { reason } => Outcome::DeadLetter { reason, dlq: cfg.dlq.clone() },
         };
         let (reply, rx) = oneshot::channel();
-        let req = Request::Settle { group: group.clone(), seq, attempt, outcome, reply };
+        let req = Request::Settle { group: group.clone(), seq, attempt, epoch: inner.epoch, outcome, reply };
         shared.tx.send(req).await.map_err(|_| AckError::Shutdown)?;
         // Queued: from here on the writer applies it after every earlier write for `seq`, so
         // the message may become claimable again (a retry) without reordering records.
@@ -387,14 +376,10 @@ impl Job {
             // The writer still answers; nobody listens. A failed write fails the broker closed.
             return Ok(());
         }
+        // A refused outcome was reverted by the writer itself (reverting here could undo a
+        // newer holder's settle of the same message).
         match rx.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => {
-                if matches!(e, AckError::Failed(_)) {
-                    group.revert(seq);
-                }
-                Err(e)
-            }
+            Ok(res) => res,
             Err(_) => Err(AckError::Shutdown),
         }
     }

@@ -10,11 +10,11 @@ mod pool;
 mod state;
 mod subscription;
 
-pub(crate) use dlq::dlq_headers;
 pub use dlq::{DeadLetter, DeadLetters, Redrive};
+pub(crate) use dlq::{H_REASON as DLQ_REASON_HEADER, dlq_headers};
 pub use group::WorkGroup;
 pub use job::{Job, Task};
 pub use policy::RetryPolicy;
 pub use pool::{Handler, HandlerError, PoolReport, Workers};
-pub(crate) use state::WorkGroupState;
+pub(crate) use state::{QueuedAck, WorkGroupState};
 pub use subscription::WorkSubscription;

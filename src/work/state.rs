@@ -41,7 +41,7 @@ pub(crate) struct WorkGroupState {
     next_token: AtomicU64,
     /// Acks (sequence, attempt) queued for the writer's next round, coalesced like ordered
     /// offsets: one channel message per round instead of one per ack.
-    queued_acks: Mutex<Vec<(u64, u32)>>,
+    queued_acks: Mutex<Vec<QueuedAck>>,
     /// Messages this group never received because retention deleted them first.
     pub skipped: AtomicU64,
     /// Times a subscription of this group waited on its in-flight bound for too long.
@@ -52,6 +52,10 @@ pub(crate) struct WorkGroupState {
     pub paused: std::sync::atomic::AtomicBool,
     /// The dead-letter queue recorded in the settings record (empty: none yet).
     pub recorded_dlq: Mutex<String>,
+    /// Bumped by the writer when it applies a reset. Claims, outcomes and queued acks carry the
+    /// epoch they were claimed in, and the writer refuses those from before the last reset:
+    /// whatever was decided before a reset must not land after it.
+    epoch: AtomicU64,
 }
 
 impl std::fmt::Debug for WorkGroupState {
@@ -105,6 +109,8 @@ pub(crate) struct Claimed {
     pub deadline: Instant,
     /// Set if the previous holder's lease expired (for the `LeaseExpired` event).
     pub expired: bool,
+    /// The reset epoch it was claimed in.
+    pub epoch: u64,
 }
 
 /// A message that used up its attempts and must be dead-lettered instead of delivered.
@@ -113,6 +119,8 @@ pub(crate) struct Exhausted {
     pub seq: u64,
     pub attempt: u32,
     pub last_error: String,
+    /// The reset epoch it was marked in.
+    pub epoch: u64,
 }
 
 /// What one [`WorkGroupState::take`] produced.
@@ -123,6 +131,36 @@ pub(crate) struct Take {
     /// The earliest future lease deadline or retry time: when to look again.
     pub next_wake: Option<Instant>,
 }
+
+/// Puts a `Settling` message back to claimable if its outcome never reaches the writer (the
+/// future sending it was dropped, or the channel closed). Disarm it once the request is
+/// queued: from then on the writer owns the outcome, and reverts it itself if it refuses it.
+pub(crate) struct SettlingGuard<'a> {
+    pub group: &'a WorkGroupState,
+    pub seq: u64,
+    pub armed: bool,
+}
+
+impl Drop for SettlingGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.group.revert(self.seq);
+        }
+    }
+}
+
+/// An ack queued for the writer's next round.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QueuedAck {
+    pub seq: u64,
+    pub attempt: u32,
+    /// The reset epoch of the claim it settles.
+    pub epoch: u64,
+}
+
+/// How far ahead an instant is clamped when a duration would overflow `Instant` (about a
+/// century: "never" for any lease or retry).
+pub(crate) const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// Why a holder may no longer act on a message.
 #[derive(Debug, Clone, Copy)]
@@ -153,6 +191,7 @@ impl WorkGroupState {
             skipped: AtomicU64::new(0),
             paused: std::sync::atomic::AtomicBool::new(false),
             recorded_dlq: Mutex::new(String::new()),
+            epoch: AtomicU64::new(0),
         })
     }
 
@@ -218,7 +257,9 @@ impl WorkGroupState {
     ) -> Take {
         let mut out = Take::default();
         let mut d = self.dispatch();
-        let deadline = now + lease;
+        // Read under the dispatch lock, which the writer holds while it bumps it.
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let deadline = now.checked_add(lease).unwrap_or(now + FAR_FUTURE);
         // Retention may have deleted the head: nothing below the first live sequence is claimable.
         let first = self.queue.first_seq.load(Ordering::Acquire);
         d.frontier = d.frontier.max(first);
@@ -243,13 +284,13 @@ impl WorkGroupState {
                 } else {
                     slot.last_error.clone()
                 };
-                out.exhausted.push(Exhausted { seq, attempt: slot.attempt, last_error });
+                out.exhausted.push(Exhausted { seq, attempt: slot.attempt, last_error, epoch });
                 continue;
             }
             slot.attempt += 1;
             let token = self.next_token.fetch_add(1, Ordering::Relaxed);
             slot.state = SlotState::Leased { token, deadline };
-            out.claimed.push(Claimed { seq, attempt: slot.attempt, token, deadline, expired });
+            out.claimed.push(Claimed { seq, attempt: slot.attempt, token, deadline, expired, epoch });
         }
         while out.claimed.len() < max && d.frontier <= last_published {
             let seq = d.frontier;
@@ -259,7 +300,7 @@ impl WorkGroupState {
                 seq,
                 Slot { attempt: 1, state: SlotState::Leased { token, deadline }, last_error: String::new() },
             );
-            out.claimed.push(Claimed { seq, attempt: 1, token, deadline, expired: false });
+            out.claimed.push(Claimed { seq, attempt: 1, token, deadline, expired: false, epoch });
         }
         out
     }
@@ -330,15 +371,20 @@ impl WorkGroupState {
 
     /// Queues an ack (already fenced by `begin_settle`). Returns true if the queue was empty:
     /// the caller then hands the group to the writer.
-    pub fn queue_ack(&self, seq: u64, attempt: u32) -> bool {
+    pub fn queue_ack(&self, seq: u64, attempt: u32, epoch: u64) -> bool {
         let mut q = self.queued_acks.lock().unwrap_or_else(|p| p.into_inner());
-        q.push((seq, attempt));
+        q.push(QueuedAck { seq, attempt, epoch });
         q.len() == 1
     }
 
     /// The writer takes every queued ack.
-    pub fn take_queued_acks(&self) -> Vec<(u64, u32)> {
+    pub fn take_queued_acks(&self) -> Vec<QueuedAck> {
         std::mem::take(&mut *self.queued_acks.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The current reset epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
     }
 
     /// The writer made these sequences' outcomes durable: forget them.
@@ -349,13 +395,18 @@ impl WorkGroupState {
         }
     }
 
-    /// A reset made `offset` the group's offset: every claim is gone, claiming restarts after it.
+    /// Writer only, when it applies a reset to `offset`: every claim is forgotten, claiming
+    /// restarts after it, and the epoch moves on so that nothing decided before the reset
+    /// (claims, outcomes, queued acks still on their way to the writer) is applied after it.
+    /// Done on the writer thread as the reset enters its batch, not when it is durable, so a
+    /// claim made meanwhile already starts from the new offset.
     pub fn reset(&self, offset: u64) {
         let mut d = self.dispatch();
         d.slots.clear();
         d.frontier = offset + 1;
+        self.epoch.fetch_add(1, Ordering::AcqRel);
         drop(d);
-        self.durable.store(offset, Ordering::SeqCst);
+        drop(self.take_queued_acks());
         self.changed.notify_waiters();
     }
 

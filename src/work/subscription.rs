@@ -12,7 +12,7 @@ use tokio::sync::{Semaphore, oneshot};
 
 use super::group::WorkConfig;
 use super::job::{Job, JobInner};
-use super::state::{Claimed, WorkGroupState};
+use super::state::{Claimed, SettlingGuard, WorkGroupState};
 use crate::broker::Shared;
 use crate::error::{AckError, ReceiveError};
 use crate::store::records::{ClaimRecord, ClaimState};
@@ -156,6 +156,20 @@ impl Stream for WorkSubscription {
     }
 }
 
+/// Reverts the exhausted messages whose dead-letter request was not sent yet.
+struct ExhaustedGuard<'a> {
+    group: &'a WorkGroupState,
+    rest: Vec<u64>,
+}
+
+impl Drop for ExhaustedGuard<'_> {
+    fn drop(&mut self) {
+        for &seq in &self.rest {
+            self.group.revert(seq);
+        }
+    }
+}
+
 /// Releases claims (without counting the attempt) unless disarmed: a fetch dropped or failed
 /// between claiming and handing out leaves nothing held.
 struct ClaimGuard {
@@ -169,6 +183,23 @@ impl Drop for ClaimGuard {
             self.group.release(seq, token, false);
         }
     }
+}
+
+/// Queues the outcome `outcome` of the `Settling` message `seq` with the writer. If this
+/// future is dropped or the broker is closing before the request is queued, the message is put
+/// back to claimable; once queued, the writer reverts it itself if it refuses the outcome.
+async fn send_settle(
+    shared: &Shared,
+    group: &Arc<WorkGroupState>,
+    (seq, attempt, epoch): (u64, u32, u64),
+    outcome: Outcome,
+) -> Option<oneshot::Receiver<Result<(), AckError>>> {
+    let mut guard = SettlingGuard { group, seq, armed: true };
+    let (reply, rx) = oneshot::channel();
+    let req = Request::Settle { group: group.clone(), seq, attempt, epoch, outcome, reply };
+    shared.tx.send(req).await.ok()?;
+    guard.armed = false;
+    Some(rx)
 }
 
 /// Moves the claimed message `c`, whose stored record does not decode, to the group's
@@ -187,21 +218,18 @@ async fn dead_letter_corrupt(
         "rockq: stored message is corrupted; dead-lettering it");
     let outcome =
         Outcome::DeadLetter { reason: format!("corrupted message: {err}"), dlq: ctx.config.dlq.clone() };
-    let (reply, rx) = oneshot::channel();
-    let req = Request::Settle { group: group.clone(), seq: c.seq, attempt: c.attempt, outcome, reply };
-    if shared.tx.send(req).await.is_err() {
-        group.revert(c.seq);
+    let Some(rx) = send_settle(shared, group, (c.seq, c.attempt, c.epoch), outcome).await else {
         return Ok(());
-    }
+    };
     match rx.await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(AckError::Shutdown)) | Err(_) => Ok(()),
-        Ok(Err(e)) => {
-            group.revert(c.seq);
-            Err(e.into())
-        }
+        Ok(Ok(())) | Ok(Err(AckError::Shutdown | AckError::LeaseLost { .. })) | Err(_) => Ok(()),
+        Ok(Err(e)) => Err(e.into()),
     }
 }
+
+/// Upper bound on the bytes one claim reads, whatever `claim_batch × max_message_bytes` is (as
+/// for ordered reads): the claims beyond it are released and claimed again.
+const CLAIM_READ_BYTES: usize = 4 << 20;
 
 /// Claims the next batch of jobs. An empty result means the broker is shutting down.
 async fn fetch(ctx: Arc<Ctx>) -> Result<Vec<Job>, Error> {
@@ -269,17 +297,21 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
             continue;
         }
         let take = group.take(clock.now(), permits.len(), last, cfg.lease, cfg.policy.max_attempts);
-        for e in take.exhausted {
-            // Attempts used up (a crash loop, or expired leases): dead-letter without delivering.
+        // Attempts used up (a crash loop, or expired leases): dead-letter without delivering.
+        // Every one is already `Settling`: each is reverted unless its request gets queued
+        // (this future may be dropped while the channel is full).
+        let mut exhausted = take.exhausted.into_iter();
+        let mut pending = ExhaustedGuard { group, rest: Vec::new() };
+        while let Some(e) = exhausted.next() {
+            pending.rest = exhausted.as_slice().iter().map(|e| e.seq).collect();
             let reason = format!("{} attempts used up; last error: {}", e.attempt, e.last_error);
-            let (reply, _rx) = oneshot::channel();
             let outcome = Outcome::DeadLetter { reason, dlq: cfg.dlq.clone() };
-            let req =
-                Request::Settle { group: group.clone(), seq: e.seq, attempt: e.attempt, outcome, reply };
-            if shared.tx.send(req).await.is_err() {
+            // The writer answers; a refusal it reverts itself.
+            if send_settle(shared, group, (e.seq, e.attempt, e.epoch), outcome).await.is_none() {
                 return Ok(Some(Vec::new()));
             }
         }
+        pending.rest.clear();
         if !take.claimed.is_empty() {
             break take.claimed;
         }
@@ -310,8 +342,10 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
             (c.seq, rec)
         })
         .collect();
+    // One `take` under one lock: every claim of the batch has the same epoch.
+    let epoch = claimed.first().map_or(0, |c| c.epoch);
     let (reply, rx) = oneshot::channel();
-    if shared.tx.send(Request::Claim { group: group.clone(), claims: records, reply }).await.is_err() {
+    if shared.tx.send(Request::Claim { group: group.clone(), epoch, claims: records, reply }).await.is_err() {
         return Ok(Some(Vec::new()));
     }
     let mut seqs: Vec<u64> = claimed.iter().map(|c| c.seq).collect();
@@ -322,7 +356,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
         match (seqs.first(), seqs.last()) {
             // New messages come in runs: one bounded iterator reads each block once.
             (Some(&lo), Some(&hi)) if hi - lo + 1 == seqs.len() as u64 => {
-                store::read_range(store, &queue.name, queue.id, lo, hi, usize::MAX)
+                store::read_range(store, &queue.name, queue.id, lo, hi, CLAIM_READ_BYTES)
             }
             _ => store::read_seqs(store, &queue.name, queue.id, &seqs),
         }
@@ -331,6 +365,8 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
     match written {
         Ok(Ok(())) => {}
         Ok(Err(AckError::Shutdown)) | Err(_) => return Ok(Some(Vec::new())),
+        // A reset overtook the claim: the guard gives the claims back; claim again.
+        Ok(Err(AckError::LeaseLost { .. })) => return Ok(None),
         Ok(Err(e)) => return Err(e.into()),
     }
     let msgs = match read {
@@ -376,12 +412,23 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
         }
         tracing::trace!(%queue, group = %gname, seq = c.seq, attempt = c.attempt, "rockq: delivered");
         engine.emit(|| Event::Delivered { queue, group: gname, seq: c.seq, attempt: c.attempt });
-        let inner =
-            JobInner::new(shared.clone(), group.clone(), cfg.clone(), msg, c.attempt, c.token, c.deadline);
+        let inner = JobInner::new(
+            shared.clone(),
+            group.clone(),
+            cfg.clone(),
+            msg,
+            c.attempt,
+            c.token,
+            c.epoch,
+            c.deadline,
+        );
         jobs.push(Job::new(inner, permit));
     }
-    // Every claim now belongs to a job (whose drop releases it).
-    guard.claims.clear();
+    // Claims that became jobs are the jobs' to release. The rest — after a record that does
+    // not decode, or past the read's byte cap — were never read: the guard releases them
+    // uncounted, so they can be claimed again at once (the next read meets the bad record
+    // first and dead-letters only it).
+    guard.claims.retain(|(seq, _)| by_seq.contains_key(seq));
     crate::telemetry::delivered(&group.queue.name, &group.name, "work-queue", jobs.len() as u64);
     Ok(Some(jobs))
 }

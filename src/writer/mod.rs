@@ -363,13 +363,25 @@ impl Writer {
                 Request::CreateWorkGroup { queue, group, start, reply } => {
                     self.create_work_group(&mut wb, cfs.offsets, &mut r, queue, group, start, reply)
                 }
-                Request::Claim { group, claims, reply } => {
+                Request::Claim { group, epoch, claims, reply } => {
+                    // Claimed before a reset that is already in the batch: its records would
+                    // bring back attempts the reset dropped.
+                    if epoch != group.epoch() {
+                        let (seq, attempt) = claims.first().map_or((0, 0), |(s, c)| (*s, c.attempt));
+                        let _ = reply.send(Err(AckError::LeaseLost { seq, attempt }));
+                        continue;
+                    }
                     for (seq, rec) in &claims {
                         wb.put_cf(cfs.claims, keys::claim_key(&group.claim_prefix, *seq), rec.encode());
                     }
                     r.on_done(move |res| drop(reply.send(res.map_err(|e| AckError::Storage(e.clone())))));
                 }
-                Request::Settle { group, seq, attempt, outcome, reply } => {
+                Request::Settle { group, seq, attempt, epoch, outcome, reply } => {
+                    if epoch != group.epoch() {
+                        // Decided before a reset: the reset wins (and already forgot the slot).
+                        let _ = reply.send(Err(AckError::LeaseLost { seq, attempt }));
+                        continue;
+                    }
                     self.settle(db, &cfs, &mut wb, &mut r, group, seq, attempt, outcome, reply)
                 }
                 Request::Redrive { dlq, expected, last, items, reply } => {
@@ -378,7 +390,9 @@ impl Writer {
                 Request::SetRetention { queue, retention, reply } => {
                     self.set_retention(&mut wb, cfs.meta, &mut r, queue, retention, reply)
                 }
-                Request::Trim { queue, to, reply } => self.trim(&mut wb, &cfs, &mut r, queue, to, reply),
+                Request::Trim { queue, to, policy, reply } => {
+                    self.trim(&mut wb, &cfs, &mut r, queue, to, policy, reply)
+                }
                 Request::ResetOffset { group, offset, reply } => {
                     self.reset_offset(&mut wb, cfs.offsets, &mut r, group, offset, reply)
                 }
@@ -397,9 +411,12 @@ impl Writer {
         if failed.is_none() {
             // Acks queued in memory by worker pools.
             for g in self.engine.take_work_dirty() {
-                let acks = g.take_queued_acks();
-                for &(seq, _) in &acks {
-                    self.finish(&mut wb, cfs.claims, &mut r, &g, seq);
+                let epoch = g.epoch();
+                // Acks queued before a reset are dropped by it (see `WorkGroupState::reset`);
+                // one that raced past it still carries the old epoch.
+                let acks: Vec<_> = g.take_queued_acks().into_iter().filter(|a| a.epoch == epoch).collect();
+                for a in &acks {
+                    self.finish(&mut wb, cfs.claims, &mut r, &g, a.seq);
                 }
                 let engine = self.engine.clone();
                 r.on_done(move |res| {
@@ -414,7 +431,9 @@ impl Writer {
                         // Per ack: only when someone listens (events or TRACE logging).
                         let per_ack =
                             engine.events.receiver_count() > 0 || tracing::enabled!(tracing::Level::TRACE);
-                        for (seq, attempt) in acks.into_iter().filter(|_| per_ack) {
+                        for crate::work::QueuedAck { seq, attempt, .. } in
+                            acks.into_iter().filter(|_| per_ack)
+                        {
                             tracing::trace!(%queue, %group, seq, attempt, "rockq: acked");
                             engine.emit(|| crate::Event::Acked {
                                 queue: queue.clone(),
@@ -884,7 +903,13 @@ fn reject(req: Request, why: impl Fn() -> String, shutdown: bool) {
         Request::Trim { reply, .. } => {
             let _ = reply.send(Err(if shutdown { QueueError::Shutdown } else { QueueError::Failed(why()) }));
         }
-        Request::ResetOffset { reply, .. } | Request::ResetWorkOffset { reply, .. } => {
+        Request::ResetOffset { group, reply, .. } => {
+            use crate::error::ResetError;
+            // The reset held the group's active slot; it is released by whoever answers.
+            group.active.store(false, Ordering::Release);
+            let _ = reply.send(Err(if shutdown { ResetError::Shutdown } else { ResetError::Failed(why()) }));
+        }
+        Request::ResetWorkOffset { reply, .. } => {
             use crate::error::ResetError;
             let _ = reply.send(Err(if shutdown { ResetError::Shutdown } else { ResetError::Failed(why()) }));
         }

@@ -28,17 +28,21 @@ pub(crate) enum Request {
         start: StartFrom,
         reply: oneshot::Sender<Result<Arc<WorkGroupState>, SubscribeError>>,
     },
-    /// Persist claims (attempt counts) before their handlers run.
+    /// Persist claims (attempt counts) before their handlers run. Refused with `LeaseLost`
+    /// if the group was reset since `epoch`.
     Claim {
         group: Arc<WorkGroupState>,
+        epoch: u64,
         claims: Vec<(u64, ClaimRecord)>,
         reply: oneshot::Sender<Result<(), AckError>>,
     },
-    /// Record the outcome of one attempt.
+    /// Record the outcome of one attempt, claimed in reset epoch `epoch`. If the writer
+    /// refuses it, it puts the message back to claimable itself.
     Settle {
         group: Arc<WorkGroupState>,
         seq: u64,
         attempt: u32,
+        epoch: u64,
         outcome: Outcome,
         reply: oneshot::Sender<Result<(), AckError>>,
     },
@@ -57,9 +61,11 @@ pub(crate) enum Request {
         reply: oneshot::Sender<Result<(), QueueError>>,
     },
     /// Delete a queue's messages up to `to` (one range tombstone) and move its first sequence.
+    /// `to` was computed under `policy`: the writer re-checks it when it applies the trim.
     Trim {
         queue: Arc<QueueState>,
         to: u64,
+        policy: crate::Retention,
         reply: oneshot::Sender<Result<u64, QueueError>>,
     },
     /// Set an ordered group's offset (replay).

@@ -39,6 +39,30 @@ impl Writer {
         r.on_done(move |res| drop(reply.send(res.map_err(|e| QueueError::Storage(e.clone())))));
     }
 
+    /// The lowest offset of any group on `queue`, ordered or work-queue, as this thread knows
+    /// it now: resets and commits already in a batch count, and so do groups created but not
+    /// yet synced. `None` if the queue has no group.
+    fn min_group_offset(&self, queue: &QueueState) -> Option<u64> {
+        let r = &self.engine.registry;
+        let ordered = r
+            .groups
+            .iter()
+            .map(|g| g.clone())
+            .chain(self.groups.values().cloned())
+            .filter(|g| g.queue.id == queue.id)
+            // `acked` is set by a reset as it enters a batch; `durable` trails a commit.
+            .map(|g| g.acked.load(Ordering::SeqCst).min(g.durable.load(Ordering::SeqCst)));
+        let work = r
+            .work_groups
+            .iter()
+            .map(|g| g.clone())
+            .chain(self.work_groups.values().cloned())
+            .filter(|g| g.queue.id == queue.id)
+            .map(|g| g.progress().offset.min(g.durable.load(Ordering::SeqCst)));
+        ordered.chain(work).min()
+    }
+
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn trim(
         &mut self,
         wb: &mut WriteBatch,
@@ -46,11 +70,20 @@ impl Writer {
         r: &mut Round,
         queue: Arc<QueueState>,
         to: u64,
+        policy: crate::Retention,
         reply: Sender<Result<u64, QueueError>>,
     ) {
         let first = queue.first_seq.load(Ordering::SeqCst);
         let written = self.next_seq.get(&queue.id).map_or(queue.last_seq(), |n| n - 1);
-        let to = to.min(written);
+        let mut to = to.min(written);
+        // The cut was computed a while ago, from durable offsets. Re-checked here, where every
+        // offset change is ordered: a policy changed since voids it, and under `UntilAcked` a
+        // backwards reset or a new `Earliest` group since must keep its messages.
+        if queue.retention() != policy {
+            to = 0;
+        } else if policy == crate::Retention::UntilAcked {
+            to = to.min(self.min_group_offset(&queue).unwrap_or(0));
+        }
         if to < first {
             let _ = reply.send(Ok(0));
             return;
@@ -114,6 +147,17 @@ impl Writer {
         });
     }
 
+    /// A reset target was checked against retention when it was asked for; a trim applied
+    /// since may have deleted it.
+    fn still_retained(&self, queue: &QueueState, offset: u64) -> Result<(), ResetError> {
+        let first = queue.first_seq.load(Ordering::SeqCst);
+        if offset + 1 >= first {
+            return Ok(());
+        }
+        let next = self.next_seq.get(&queue.id).copied().unwrap_or(first);
+        Err(ResetError::OutOfRetention { requested: offset + 1, first, next })
+    }
+
     pub(super) fn reset_work_offset(
         &mut self,
         wb: &mut WriteBatch,
@@ -123,18 +167,34 @@ impl Writer {
         offset: u64,
         reply: Sender<Result<(), ResetError>>,
     ) {
+        // Checked again here: a subscription or job could have appeared since the caller
+        // looked, and nothing changes a group's claims between here and the batch's write.
+        if group.subscriptions.load(Ordering::Acquire) > 0 || group.leased() > 0 {
+            let (group, queue) = (group.name.to_string(), group.queue.name.to_string());
+            let _ = reply.send(Err(ResetError::Active { group, queue }));
+            return;
+        }
+        if let Err(e) = self.still_retained(&group.queue, offset) {
+            let _ = reply.send(Err(e));
+            return;
+        }
         {
             let mut p = group.progress();
             p.offset = offset;
             p.done.clear();
         }
+        // In memory now, not when durable: outcomes, claims and acks decided before the reset
+        // but arriving after it carry the old epoch and are refused; queued acks are dropped.
+        group.reset(offset);
         let prefix = &group.claim_prefix;
         wb.delete_range_cf(cfs.claims, keys::claim_key(prefix, 0), keys::claim_key(prefix, u64::MAX));
         wb.delete_cf(cfs.claims, keys::claim_key(prefix, u64::MAX));
         wb.put_cf(cfs.offsets, &group.key, records::encode_shared_offset(offset));
+        r.work_offsets.retain(|g| !Arc::ptr_eq(g, &group));
         r.on_done(move |res| {
             if res.is_ok() {
-                group.reset(offset);
+                // A reset may go backwards: store, not max.
+                group.durable.store(offset, Ordering::SeqCst);
             }
             let _ = reply.send(res.map_err(|e| ResetError::Storage(e.clone())));
         });
@@ -149,13 +209,24 @@ impl Writer {
         offset: u64,
         reply: Sender<Result<(), ResetError>>,
     ) {
+        if let Err(e) = self.still_retained(&group.queue, offset) {
+            group.active.store(false, Ordering::Release);
+            let _ = reply.send(Err(e));
+            return;
+        }
+        // Set here, before the round's commit loop reads it: acks made before the reset and
+        // not yet committed must not be written after it in the same batch (the reset holds
+        // the active slot, so no ack can arrive meanwhile).
+        group.acked.store(offset, Ordering::SeqCst);
         wb.put_cf(offsets, &group.key, records::encode_offset(offset));
         r.on_done(move |res| {
             if res.is_ok() {
-                // A reset may go backwards: store, not max.
-                group.acked.store(offset, Ordering::SeqCst);
+                // A reset may go backwards: store, not max. Runs after the round's commits.
                 group.durable.store(offset, Ordering::SeqCst);
             }
+            // The caller handed the active slot to the writer with the request, so that a
+            // dropped `reset_to` future cannot let a subscriber start before the reset lands.
+            group.active.store(false, Ordering::Release);
             let _ = reply.send(res.map_err(|e| ResetError::Storage(e.clone())));
         });
     }

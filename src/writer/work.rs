@@ -146,51 +146,77 @@ impl Writer {
                 });
             }
             Outcome::DeadLetter { reason, dlq } => {
+                // Every refusal below puts the message back to claimable (`refuse`): a
+                // `Settling` slot that nobody reverts would hold the group's offset (and
+                // retention) forever.
                 let stored = match get_envelope(db, cfs.messages, g.queue.id, seq) {
-                    Ok(Some(v)) => v,
-                    Ok(None) => {
-                        let _ = reply.send(Err(AckError::Failed(format!("message {seq} is missing"))));
-                        return;
-                    }
-                    Err(e) => {
-                        let _ = reply.send(Err(AckError::Storage(e)));
-                        return;
-                    }
+                    Ok(v) => v,
+                    Err(e) => return refuse(&g, seq, reply, AckError::Storage(e)),
                 };
                 let msg_key = keys::message_key(g.queue.id, seq);
-                // A record that does not decode is dead-lettered as it is stored: its raw bytes
-                // become the payload, so nothing is lost and the group can move past it.
-                let env = envelope::decode(&msg_key, &stored).unwrap_or_else(|_| envelope::Envelope {
-                    enqueued_at_micros: 0,
-                    headers: Vec::new(),
-                    payload: Bytes::from(stored.to_vec()),
-                });
+                let (env, reason) = match stored {
+                    Some(stored) => {
+                        // A record that does not decode is dead-lettered as it is stored: its
+                        // raw bytes become the payload, so nothing is lost and the group can
+                        // move past it.
+                        let env =
+                            envelope::decode(&msg_key, &stored).unwrap_or_else(|_| envelope::Envelope {
+                                enqueued_at_micros: 0,
+                                headers: Vec::new(),
+                                payload: Bytes::from(stored.to_vec()),
+                            });
+                        (env, reason)
+                    }
+                    None if seq < g.queue.first_seq.load(std::sync::atomic::Ordering::Acquire) => {
+                        // Retention deleted it meanwhile (and moved the group past it).
+                        let _ = reply.send(Ok(()));
+                        return;
+                    }
+                    // Gone from storage (outside rockq's doing): refusing would bring it back
+                    // as exhausted again and again; the group moves on and the dead-letter
+                    // queue records the loss.
+                    None => (
+                        envelope::Envelope {
+                            enqueued_at_micros: 0,
+                            headers: Vec::new(),
+                            payload: Bytes::new(),
+                        },
+                        format!("{reason} (the stored message was missing)"),
+                    ),
+                };
                 let dlq_queue = match self.ensure_queue(wb, cfs.meta, r, &dlq) {
                     Ok(q) => q,
                     Err(e) => {
-                        let _ = reply.send(Err(AckError::Failed(format!("dead-letter queue {dlq:?}: {e}"))));
-                        return;
+                        return refuse(
+                            &g,
+                            seq,
+                            reply,
+                            AckError::Failed(format!("dead-letter queue {dlq:?}: {e}")),
+                        );
                     }
                 };
                 // Stamped like a send, so times along the dead-letter queue never decrease.
                 let now = self.stamp();
-                let mut msg = Message { payload: env.payload, headers: env.headers };
-                for (k, v) in
-                    dlq_headers(&g.queue.name, &g.name, seq, attempt, &reason, env.enqueued_at_micros)
-                {
-                    msg.headers.push((k.to_owned(), Bytes::from(v)));
-                }
-                let value = match envelope::encode(&msg, now) {
+                let origin =
+                    dlq_headers(&g.queue.name, &g.name, seq, attempt, &reason, env.enqueued_at_micros);
+                let value = match dead_letter_envelope(env.payload, env.headers, origin, now) {
                     Ok(v) => v,
                     Err(e) => {
-                        let _ =
-                            reply.send(Err(AckError::Failed(format!("cannot encode dead letter: {e:?}"))));
-                        return;
+                        return refuse(
+                            &g,
+                            seq,
+                            reply,
+                            AckError::Failed(format!("cannot encode dead letter: {e:?}")),
+                        );
                     }
                 };
                 let Some(dlq_seq) = self.append(wb, cfs.messages, r, &dlq_queue, &value) else {
-                    let _ = reply.send(Err(AckError::Failed("dead-letter queue has no sequence".into())));
-                    return;
+                    return refuse(
+                        &g,
+                        seq,
+                        reply,
+                        AckError::Failed("dead-letter queue has no sequence".into()),
+                    );
                 };
                 self.finish(wb, cfs.claims, r, &g, seq);
                 r.on_done(move |res| {
@@ -279,4 +305,39 @@ impl Writer {
             let _ = reply.send(res.map(|()| moved).map_err(|e| RedriveError::Storage(e.clone())));
         });
     }
+}
+
+/// Answers a refused outcome and puts its message back to claimable.
+fn refuse(g: &WorkGroupState, seq: u64, reply: Sender<Result<(), AckError>>, e: AckError) {
+    g.revert(seq);
+    let _ = reply.send(Err(e));
+}
+
+/// The stored dead letter: the original payload and headers plus the `rockq-dlq-*` origin
+/// headers. A message whose headers leave no room for the origin ones (the envelope holds at
+/// most 65,535) is still dead-lettered — a message that cannot leave its group would stall it
+/// — with its original headers dropped, which the reason says.
+fn dead_letter_envelope(
+    payload: Bytes,
+    headers: Vec<(String, Bytes)>,
+    origin: [(&'static str, String); 6],
+    now: u64,
+) -> Result<Vec<u8>, envelope::EncodeError> {
+    let dropped = headers.len();
+    let mut msg = Message { payload, headers };
+    msg.headers.extend(origin.iter().map(|(k, v)| ((*k).to_owned(), Bytes::from(v.clone()))));
+    if let Ok(v) = envelope::encode(&msg, now) {
+        return Ok(v);
+    }
+    msg.headers.clear();
+    for (k, v) in origin {
+        let v = if k == crate::work::DLQ_REASON_HEADER {
+            format!("{v} (its {dropped} original headers were dropped: too many to keep beside these)")
+        } else {
+            v
+        };
+        msg.headers.push((k.to_owned(), Bytes::from(v)));
+    }
+    // Six headers of bounded length: this encodes.
+    envelope::encode(&msg, now)
 }
