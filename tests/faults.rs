@@ -459,6 +459,57 @@ async fn an_until_acked_trim_is_clamped_to_offsets_changed_since_its_cut() {
     broker.shutdown().await.unwrap();
 }
 
+/// Fault (issue 13): a subscription dropped while its claim loop waited on a full request
+/// channel to dead-letter an exhausted message left that message `Settling` forever: never
+/// finished, so the group's offset (and `UntilAcked` retention) never passed it again.
+async fn a_dead_letter_abandoned_on_a_full_channel_is_retried() {
+    let dir = tempdir();
+    let clock = rockq::ManualClock::new();
+    let broker = rockq::Options::new()
+        .channel_capacity(1)
+        .clock(clock.clone())
+        .retention_interval(std::time::Duration::ZERO)
+        .open(dir.path())
+        .await
+        .unwrap();
+    let (q, hold) = (broker.queue("q").await.unwrap(), broker.queue("hold").await.unwrap());
+    q.send("poison").await.unwrap();
+    let group = q
+        .work_group("w")
+        .unwrap()
+        .lease(std::time::Duration::from_secs(10))
+        .retry_policy(rockq::RetryPolicy::default().max_attempts(1))
+        .claim_batch(1);
+    let mut jobs = group.subscribe().await.unwrap();
+    std::mem::forget(next_job(&mut jobs).await); // only its lease can end it
+    let (held, release) = hold_writer(&hold).await;
+    // One request fills the channel (capacity 1) behind the held write.
+    let filler = tokio::spawn({
+        let broker = broker.clone();
+        async move { broker.queue("filler").await.map(|_| ()) }
+    });
+    clock.advance(std::time::Duration::from_secs(11));
+    // The lease ran out on the only attempt: the next claim marks the message for the dead-
+    // letter queue (it stops counting as leased) and blocks sending that to the full channel.
+    while group.in_flight() > 0 {
+        assert!(futures::poll!(jobs.next()).is_pending());
+        tokio::task::yield_now().await;
+    }
+    drop(jobs); // abandons the dead letter before it was queued
+    release_writer(held, release).await;
+    filler.await.unwrap().unwrap();
+
+    let mut jobs = group.subscribe().await.unwrap();
+    let sentinel = q.send("sentinel").await.unwrap();
+    let job = next_job(&mut jobs).await;
+    assert_eq!(job.seq(), sentinel);
+    job.ack().await.unwrap();
+    assert_eq!(group.committed(), Some(sentinel), "the abandoned message was dead-lettered after all");
+    assert_eq!(broker.dead_letters("q.dlq").await.unwrap().len().await.unwrap(), 1);
+    drop(jobs);
+    broker.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_storage_errors() {
     let scenario = fail::FailScenario::setup();
@@ -475,5 +526,6 @@ async fn injected_storage_errors() {
     a_dropped_reset_keeps_the_group_until_it_lands().await;
     a_work_group_reset_wins_over_queued_pool_acks().await;
     an_until_acked_trim_is_clamped_to_offsets_changed_since_its_cut().await;
+    a_dead_letter_abandoned_on_a_full_channel_is_retried().await;
     scenario.teardown();
 }
