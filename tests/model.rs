@@ -118,10 +118,17 @@ impl Model {
         c
     }
     /// What a claim does: dead-letters exhausted available messages below the one it claims,
-    /// and a claimed message that does not decode (then claims again).
+    /// and a claimed message that does not decode (then claims again). `None` when nothing can
+    /// be delivered: the test then does not poll the stream, so nothing at all changes (a
+    /// corrupt record meets its dead-lettering at the next claim that delivers something).
     fn w_claim(&mut self) -> Option<(u64, u32)> {
+        let (w, frontier, dlq) = (self.w.clone(), self.w_frontier, self.dlq.len());
         loop {
-            let (seq, attempt) = self.w_claim_once()?;
+            let Some((seq, attempt)) = self.w_claim_once() else {
+                (self.w, self.w_frontier) = (w, frontier);
+                self.dlq.truncate(dlq);
+                return None;
+            };
             if !self.corrupt.contains(&seq) {
                 return Some((seq, attempt));
             }
