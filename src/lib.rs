@@ -86,25 +86,92 @@ pub use work::{
 };
 
 /// Entry points for the cargo-fuzz targets in `fuzz/` (compiled only under `cargo fuzz`).
+///
+/// Each takes arbitrary bytes as a stored key or value. A decode error is fine; a panic, or a
+/// value that decodes but does not survive re-encoding, is a bug. The round trips check the
+/// other direction too: whatever decodes is a message or record the encoders can produce, so
+/// `encode` then `decode` gives back everything the decoders accept.
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing {
-    /// Decodes a stored message envelope.
+    use crate::store::{envelope, keys, records};
+
+    /// A stored message envelope, through both decoders of the read path.
     pub fn envelope(b: &[u8]) {
-        let _ = crate::store::envelope::decode(b"k", b);
+        let copied = envelope::decode(b"k", b);
+        // The read path slices a batch's values out of one buffer: it must agree with the copy.
+        let shared = envelope::decode_shared(b"k", &bytes::Bytes::copy_from_slice(b));
+        let timestamp = envelope::enqueued_micros(b);
+        let env = match (copied, shared) {
+            (Ok(a), Ok(c)) => {
+                assert_eq!(a, c, "shared and copying decoders disagree");
+                a
+            }
+            (Err(_), Err(_)) => return,
+            (a, c) => panic!("copying decoder gave {a:?}, shared one {c:?}"),
+        };
+        assert_eq!(timestamp, Some(env.enqueued_at_micros), "enqueued_micros disagrees with decode");
+        let msg = crate::Message { payload: env.payload.clone(), headers: env.headers.clone() };
+        let enc = envelope::encode(&msg, env.enqueued_at_micros).expect("a decoded envelope re-encodes");
+        assert_eq!(enc.len(), envelope::encoded_len(&msg));
+        assert_eq!(envelope::decode(b"k", &enc).expect("a re-encoded envelope decodes"), env);
     }
-    /// Decodes the records and keys rockq reads at open.
+
+    /// The records rockq reads at open and while claiming: each decoder on the same bytes.
     pub fn records(b: &[u8]) {
-        let _ = crate::store::records::ClaimRecord::decode(b"k", b);
-        let _ = crate::store::records::QueueRecord::decode(b"k", b);
-        let _ = crate::store::records::decode_offset(b"k", b);
-        let _ = crate::store::records::decode_cursor(b"k", b);
+        if let Ok(c) = records::ClaimRecord::decode(b"k", b) {
+            // Encoding cuts the error text to its cap (an over-long one only comes from disk).
+            let capped = records::truncate_utf8(&c.last_error, records::MAX_ERROR_BYTES).to_owned();
+            let again = records::ClaimRecord::decode(b"k", &c.encode()).expect("a claim re-encodes");
+            assert_eq!(again, records::ClaimRecord { last_error: capped, ..c });
+        }
+        if let Ok(q) = records::QueueRecord::decode(b"k", b) {
+            assert_eq!(
+                records::QueueRecord::decode(b"k", &q.encode()).expect("a queue record re-encodes"),
+                q
+            );
+        }
+        if let Ok(o) = records::decode_offset(b"k", b) {
+            let enc = if o.shared {
+                records::encode_shared_offset(o.committed)
+            } else {
+                records::encode_offset(o.committed)
+            };
+            assert_eq!(enc.as_slice(), b, "an offset record has one encoding");
+        }
+        if let Ok(c) = records::decode_cursor(b"k", b) {
+            assert_eq!(records::encode_cursor(c).as_slice(), b, "a redrive cursor has one encoding");
+        }
+        if let Ok(g) = records::GroupSettings::decode(b"k", b) {
+            assert_eq!(g.encode(), b, "group settings have one encoding");
+        }
+        if let Some(v) = records::decode_format(b) {
+            // The marker is the magic then the version byte, whatever the version.
+            let mut marker = records::encode_format();
+            if let Some(last) = marker.last_mut() {
+                *last = v;
+            }
+            assert_eq!(marker, b, "a format marker has one encoding");
+        }
     }
-    /// Parses keys.
+
+    /// Keys of every column family: whatever parses must be the key its builder makes.
     pub fn keys(b: &[u8]) {
-        let _ = crate::store::keys::decode_message_key(b);
-        let _ = crate::store::keys::parse_offset_key(b);
-        let _ = crate::store::keys::parse_claim_key(b);
+        if let Ok((q, s)) = keys::decode_message_key(b) {
+            assert_eq!(keys::message_key(q, s).as_slice(), b);
+        }
+        if let Ok((g, q)) = keys::parse_offset_key(b) {
+            assert_eq!(keys::offset_key(g, q), b);
+        }
+        if let Ok((g, q)) = keys::parse_group_key(b) {
+            assert_eq!(keys::group_key(g, q), b);
+        }
+        if let Ok((g, q, s)) = keys::parse_claim_key(b) {
+            assert_eq!(keys::claim_key(&keys::claim_prefix(g, q), s), b);
+        }
+        if let Ok(name) = keys::queue_name_from_key(b) {
+            assert_eq!(keys::queue_key(name), b);
+        }
     }
 }
 
