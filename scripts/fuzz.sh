@@ -4,22 +4,22 @@
 #
 #   scripts/fuzz.sh [TARGET|all] [SECONDS] [-- LIBFUZZER_ARGS...]
 #
-# TARGET is envelope, records or keys (default all, one after the other); SECONDS is each
+# TARGET is envelope, records, keys or roundtrip (default all, one after the other); SECONDS is each
 # target's run time (default 600). FUZZ_SANITIZER picks cargo fuzz's sanitizer (default
 # address; `none` builds faster and runs several times more executions per second).
 # New corpus entries go to fuzz/corpus/<target>/, crashes to fuzz/artifacts/<target>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-targets=(envelope records keys)
+targets=(envelope records keys roundtrip)
 which=${1:-all}
 seconds=${2:-600}
 shift $(($# < 2 ? $# : 2))
 [ "${1:-}" = "--" ] && shift
 case "$which" in
   all) ;;
-  envelope | records | keys) targets=("$which") ;;
-  *) echo "usage: $0 [envelope|records|keys|all] [SECONDS] [-- LIBFUZZER_ARGS...]" >&2; exit 2 ;;
+  envelope | records | keys | roundtrip) targets=("$which") ;;
+  *) echo "usage: $0 [envelope|records|keys|roundtrip|all] [SECONDS] [-- LIBFUZZER_ARGS...]" >&2; exit 2 ;;
 esac
 sanitizer=${FUZZ_SANITIZER:-address}
 
