@@ -3,14 +3,24 @@
 # does not call it.
 #
 #   scripts/fuzz.sh [TARGET|all] [SECONDS] [-- LIBFUZZER_ARGS...]
+#   scripts/fuzz.sh cmin [TARGET|all]     # minimizes fuzz/corpus/<target>/ in place
 #
-# TARGET is envelope, records, keys or roundtrip (default all, one after the other); SECONDS is each
-# target's run time (default 600). FUZZ_SANITIZER picks cargo fuzz's sanitizer (default
-# address; `none` builds faster and runs several times more executions per second).
+# TARGET is envelope, records, keys or roundtrip (default all, one after the other); SECONDS
+# is each target's run time (default 600). FUZZ_SANITIZER picks cargo fuzz's sanitizer
+# (default address; `none` builds faster and runs more executions per second).
 # New corpus entries go to fuzz/corpus/<target>/, crashes to fuzz/artifacts/<target>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+usage() {
+  echo "usage: $0 [cmin] [envelope|records|keys|roundtrip|all] [SECONDS] [-- LIBFUZZER_ARGS...]" >&2
+  exit 2
+}
+mode=run
+if [ "${1:-}" = cmin ]; then
+  mode=cmin
+  shift
+fi
 targets=(envelope records keys roundtrip)
 which=${1:-all}
 seconds=${2:-600}
@@ -19,8 +29,9 @@ shift $(($# < 2 ? $# : 2))
 case "$which" in
   all) ;;
   envelope | records | keys | roundtrip) targets=("$which") ;;
-  *) echo "usage: $0 [envelope|records|keys|roundtrip|all] [SECONDS] [-- LIBFUZZER_ARGS...]" >&2; exit 2 ;;
+  *) usage ;;
 esac
+[[ "$seconds" =~ ^[0-9]+$ ]] || usage
 sanitizer=${FUZZ_SANITIZER:-address}
 
 # libclang (bindgen) and a C++ toolchain; sets CARGO_TARGET_DIR to the per-machine cache.
@@ -59,6 +70,10 @@ fi
 cd fuzz
 for t in "${targets[@]}"; do
   mkdir -p "corpus/$t"
+  if [ "$mode" = cmin ]; then
+    cargo fuzz cmin -s "$sanitizer" "$t" "corpus/$t"
+    continue
+  fi
   echo "fuzz: $t for ${seconds}s (sanitizer: $sanitizer)" >&2
   cargo fuzz run -s "$sanitizer" "$t" "corpus/$t" -- -max_total_time="$seconds" -print_final_stats=1 "$@"
 done
