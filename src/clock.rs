@@ -10,6 +10,17 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 
+/// The longest delay rockq acts on: 100 years. Every duration a caller passes (a lease, a
+/// retry delay, a lease extension, a backoff, an interval, a timeout) is clamped to it, so that
+/// `Duration::MAX` means "effectively never" instead of overflowing `Instant` arithmetic (which
+/// panics). A delay this long never fires in practice; clamping keeps the input's meaning.
+pub(crate) const MAX_DELAY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// `d`, clamped to [`MAX_DELAY`].
+pub(crate) fn clamp_delay(d: Duration) -> Duration {
+    d.min(MAX_DELAY)
+}
+
 /// Where rockq reads the time for leases, backoff and delays. Chosen at open with
 /// [`Options::clock`](crate::Options::clock); the default is Tokio's clock.
 #[derive(Clone, Debug, Default)]
@@ -96,6 +107,15 @@ impl Clock {
         }
     }
 
+    /// The instant `d` from now, with `d` clamped to [`MAX_DELAY`] (never panics on overflow).
+    pub(crate) fn after(&self, d: Duration) -> Instant {
+        let now = self.now();
+        // 100 years fits every platform's `Instant`; the fallback only guards exotic ones.
+        now.checked_add(clamp_delay(d))
+            .or_else(|| now.checked_add(Duration::from_secs(365 * 24 * 3600)))
+            .unwrap_or(now)
+    }
+
     /// Wall-clock microseconds since the Unix epoch, for records written to disk.
     pub(crate) fn wall_micros(&self) -> u64 {
         let wall = match &self.manual {
@@ -120,7 +140,7 @@ impl Clock {
     /// retry times after a restart; past times map to now).
     pub(crate) fn instant_at_wall(&self, micros: u64) -> Instant {
         let wall = self.wall_micros();
-        self.now() + Duration::from_micros(micros.saturating_sub(wall))
+        self.after(Duration::from_micros(micros.saturating_sub(wall)))
     }
 
     /// Waits until the clock reaches `deadline`.

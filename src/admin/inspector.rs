@@ -66,7 +66,7 @@ impl Inspector {
     /// [`InspectError::Corrupt`], [`InspectError::Storage`].
     pub async fn stats(&self) -> Result<Stats, InspectError> {
         let now = crate::Clock::tokio().wall_micros();
-        self.run(move |s| collect::stats(s, now)).await
+        self.run(move |s| collect::stats(s, now, &collect::LiveLeases::new())).await
     }
 
     /// Claimed, unfinished messages of a work-queue group; see
@@ -79,7 +79,7 @@ impl Inspector {
     pub async fn pending(&self, group: &str, queue: &str) -> Result<Vec<PendingClaim>, InspectError> {
         let (g, q) = (group.to_owned(), queue.to_owned());
         let now = crate::Clock::tokio().wall_micros();
-        self.run(move |s| collect::pending(s, &g, &q, now)).await
+        self.run(move |s| collect::pending(s, &g, &q, now, &collect::LiveLeases::new())).await
     }
 
     /// Up to `limit` messages of `queue` from `from`; see [`Broker::peek`](crate::Broker::peek).
