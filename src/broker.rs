@@ -164,6 +164,13 @@ impl Broker {
     /// [`OpenError::IncompatibleVersion`], [`OpenError::Corrupt`] for an undecodable registry
     /// record, [`OpenError::Storage`] for other RocksDB errors.
     ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the only wait is for RocksDB to open on a blocking thread. If the future is
+    /// dropped meanwhile, that open still finishes (creating the database if it was missing)
+    /// and the database is closed again at once, so an immediate retry may briefly get
+    /// [`OpenError::Locked`]. No broker task is started.
+    ///
     /// # Examples
     ///
     /// ```no_run
@@ -300,6 +307,13 @@ impl Broker {
     ///
     /// [`QueueError::Shutdown`], [`QueueError::Storage`], [`QueueError::Failed`].
     ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe in effect: queues are trimmed one at a time, each in one atomic write. If
+    /// the future is dropped, the trims already handed to the writer land (a compaction
+    /// already started runs to its end), the other queues are left for the next pass; the
+    /// report is lost.
+    ///
     /// # Examples
     ///
     /// ```no_run
@@ -396,6 +410,10 @@ impl Broker {
     /// # Errors
     ///
     /// As for [`queue`](Broker::queue).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`queue`](Broker::queue): the queue may or may not have been created.
     pub async fn dead_letters(&self, name: &str) -> Result<crate::DeadLetters, QueueError> {
         let q = self.queue(name).await?;
         Ok(crate::DeadLetters::new(self.shared.clone(), q.state().clone()))

@@ -188,6 +188,10 @@ impl Options {
     /// # Errors
     ///
     /// See [`Broker::open`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`Broker::open`].
     pub async fn open(self, path: impl AsRef<Path>) -> Result<Broker, OpenError> {
         Broker::open_with(path.as_ref(), self).await
     }

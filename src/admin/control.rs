@@ -114,6 +114,11 @@ impl Broker {
     ///
     /// [`InspectError::Shutdown`], [`InspectError::Corrupt`], [`InspectError::Storage`].
     ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads (on a blocking thread, which finishes on its own). If the
+    /// future is dropped the figures are lost and the gauges are not refreshed.
+    ///
     /// # Examples
     ///
     /// ```no_run
@@ -148,6 +153,10 @@ impl Broker {
     /// [`InspectError::NoSuchGroup`], [`InspectError::InvalidName`],
     /// [`InspectError::Shutdown`], [`InspectError::Corrupt`], [`InspectError::Storage`].
     ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads; dropping the future loses the result.
+    ///
     /// # Examples
     ///
     /// ```no_run
@@ -170,6 +179,10 @@ impl Broker {
     ///
     /// [`InspectError::NoSuchQueue`], [`InspectError::InvalidName`],
     /// [`InspectError::Shutdown`], [`InspectError::Corrupt`], [`InspectError::Storage`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads; dropping the future loses the result.
     ///
     /// # Examples
     ///
@@ -227,6 +240,10 @@ impl Broker {
     /// # Errors
     ///
     /// As for [`pause_group`](Broker::pause_group).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`pause_group`](Broker::pause_group): the group is resumed or not.
     pub async fn resume_group(&self, group: &str, queue: &str) -> Result<(), PauseError> {
         self.set_paused(group, queue, false).await
     }

@@ -204,6 +204,10 @@ impl DeadLetters {
     /// # Errors
     ///
     /// [`RedriveError::Storage`] if the cursor cannot be read, [`RedriveError::Shutdown`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
     pub async fn len(&self) -> Result<u64, RedriveError> {
         Ok(self.queue.last_seq().saturating_sub(self.cursor().await?))
     }
@@ -213,6 +217,10 @@ impl DeadLetters {
     /// # Errors
     ///
     /// As for [`len`](DeadLetters::len).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
     pub async fn is_empty(&self) -> Result<bool, RedriveError> {
         Ok(self.len().await? == 0)
     }
@@ -222,6 +230,10 @@ impl DeadLetters {
     /// # Errors
     ///
     /// [`RedriveError::Receive`] if one cannot be read, [`RedriveError::Shutdown`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
     ///
     /// # Examples
     ///
@@ -243,6 +255,10 @@ impl DeadLetters {
     /// # Errors
     ///
     /// As for [`list`](DeadLetters::list).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
     pub async fn peek(&self) -> Result<Option<DeadLetter>, RedriveError> {
         Ok(self.list(1).await?.into_iter().next())
     }
