@@ -16,6 +16,10 @@ use tokio::sync::watch;
 /// panics). A delay this long never fires in practice; clamping keeps the input's meaning.
 pub(crate) const MAX_DELAY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
+/// How far a [`ManualClock`] may be advanced in total: far enough for any test, and with
+/// [`MAX_DELAY`] added on top still within every platform's `Instant` and `SystemTime`.
+const MAX_MANUAL_OFFSET: Duration = Duration::from_secs(1000 * 365 * 24 * 3600);
+
 /// `d`, clamped to [`MAX_DELAY`].
 pub(crate) fn clamp_delay(d: Duration) -> Duration {
     d.min(MAX_DELAY)
@@ -67,8 +71,10 @@ impl ManualClock {
     }
 
     /// Moves the clock forward by `d`, firing every lease expiry and retry that falls due.
+    /// `d` is clamped to 100 years (rockq's longest delay), and the clock stops 1,000 years
+    /// after its start, so that no amount of advancing overflows `Instant` or `SystemTime`.
     pub fn advance(&self, d: Duration) {
-        self.inner.offset.send_modify(|o| *o += d);
+        self.inner.offset.send_modify(|o| *o = o.saturating_add(clamp_delay(d)).min(MAX_MANUAL_OFFSET));
     }
 
     /// The wall-clock time this clock stands at (what the writer stamps messages with).

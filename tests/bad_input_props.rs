@@ -257,6 +257,14 @@ async fn run(i: Input) {
     clock.advance(PAST_EVERY_CLAMP);
     let moved = tokio::time::timeout(HANG_GUARD, redrive).await.unwrap().unwrap().unwrap();
     assert!(moved >= 2, "{moved}");
+
+    // The manual clock itself: advancing by `Duration::MAX` again and again saturates.
+    for _ in 0..20 {
+        clock.advance(Duration::MAX);
+    }
+    q.send("late").await.unwrap();
+    let _ = broker.stats().await.unwrap();
+    let _ = broker.pending("w", "q").await.unwrap();
     broker.shutdown().await.unwrap();
 }
 
