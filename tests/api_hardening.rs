@@ -221,3 +221,26 @@ async fn enqueue_times_never_go_back_across_a_restart() {
     );
     broker.shutdown().await.unwrap();
 }
+
+// Fault 7: `prefetch` defaulted to 64 whatever the concurrency, so a one-handler pool claimed
+// (and ran the leases of) 64 jobs while its docs said it held at most `concurrency`. Now the
+// default is `concurrency`, and the pool holds at most `concurrency + prefetch`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_holds_at_most_concurrency_plus_its_default_prefetch() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    q.send_batch((0..20).map(|i| format!("m{i}"))).await.unwrap();
+    let group = q.work_group("w").unwrap();
+    let (tx, mut started) = mpsc::unbounded_channel();
+    let pool = group.workers(1).spawn(stuck(tx));
+    started.recv().await.unwrap();
+    // The running job came from the pool's first claim, so that claim is complete: it held
+    // at most one batch (64 jobs before the fix, here at most concurrency + prefetch = 2).
+    let held = broker.pending("w", "jobs").await.unwrap().len();
+    assert!((1..=2).contains(&held), "the pool holds {held} jobs");
+    assert!(group.in_flight() <= 2, "{}", group.in_flight());
+    pool.abort();
+    broker.shutdown().await.unwrap();
+}
