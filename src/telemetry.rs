@@ -128,3 +128,18 @@ pub(crate) fn spawn_gauges(shared: &Arc<Shared>, interval: Duration) {
         }
     });
 }
+
+#[cfg(test)]
+mod tests {
+    // Fault 7: the metrics task ran a full `store::load` every interval with no recorder
+    // installed. The refresh now asks `recorder_installed` first; this pins the detection (no
+    // global recorder is ever installed in the library's unit tests).
+    #[test]
+    fn the_noop_recorder_counts_as_none_and_a_real_one_as_installed() {
+        assert!(!super::recorder_installed(), "nothing installed: the facade's no-op recorder");
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        metrics::with_local_recorder(&recorder, || {
+            assert!(super::recorder_installed(), "a real recorder is seen");
+        });
+    }
+}
