@@ -29,7 +29,12 @@ pub(crate) struct Shared {
     pub closing: tokio_util::sync::CancellationToken,
     /// Running worker pools; shutdown waits for them to drain.
     pools: tokio_util::task::TaskTracker,
+    /// The one shutdown, once begun: every caller of [`Broker::shutdown`] awaits it.
+    shutdown: Mutex<Option<ShutdownFuture>>,
 }
+
+/// The shared outcome of the shutdown task.
+type ShutdownFuture = futures::future::Shared<futures::future::BoxFuture<'static, Result<(), ShutdownError>>>;
 
 impl Shared {
     pub fn is_closed(&self) -> bool {
@@ -67,7 +72,7 @@ where
     shared.runtime.spawn(async move {
         loop {
             tokio::select! {
-                _ = clock.sleep_until(clock.now() + interval) => {}
+                _ = clock.sleep_until(clock.after(interval)) => {}
                 _ = closing.cancelled() => return,
             }
             let Some(shared) = weak.upgrade() else { return };
@@ -158,6 +163,13 @@ impl Broker {
     /// database, or a RocksDB database rockq did not create (it is left untouched),
     /// [`OpenError::IncompatibleVersion`], [`OpenError::Corrupt`] for an undecodable registry
     /// record, [`OpenError::Storage`] for other RocksDB errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the only wait is for RocksDB to open on a blocking thread. If the future is
+    /// dropped meanwhile, that open still finishes (creating the database if it was missing)
+    /// and the database is closed again at once, so an immediate retry may briefly get
+    /// [`OpenError::Locked`]. No broker task is started.
     ///
     /// # Examples
     ///
@@ -277,6 +289,7 @@ impl Broker {
                 writer: Mutex::new(Some(handle)),
                 closing: tokio_util::sync::CancellationToken::new(),
                 pools: tokio_util::task::TaskTracker::new(),
+                shutdown: Mutex::new(None),
             }),
         };
         crate::retention::spawn_background(&broker.shared, options.retention_interval);
@@ -293,6 +306,13 @@ impl Broker {
     /// # Errors
     ///
     /// [`QueueError::Shutdown`], [`QueueError::Storage`], [`QueueError::Failed`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe in effect: queues are trimmed one at a time, each in one atomic write. If
+    /// the future is dropped, the trims already handed to the writer land (a compaction
+    /// already started runs to its end), the other queues are left for the next pass; the
+    /// report is lost.
     ///
     /// # Examples
     ///
@@ -390,6 +410,10 @@ impl Broker {
     /// # Errors
     ///
     /// As for [`queue`](Broker::queue).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`queue`](Broker::queue): the queue may or may not have been created.
     pub async fn dead_letters(&self, name: &str) -> Result<crate::DeadLetters, QueueError> {
         let q = self.queue(name).await?;
         Ok(crate::DeadLetters::new(self.shared.clone(), q.state().clone()))
@@ -405,7 +429,8 @@ impl Broker {
     /// land). Then it refuses new sends and subscriptions, lets the writer finish every
     /// request queued before this call and commit every acknowledgement recorded so far, syncs
     /// the WAL (in both durability modes), joins the writer thread, ends all subscription
-    /// streams and closes RocksDB on a blocking thread. Calling it again returns `Ok(())`.
+    /// streams and closes RocksDB on a blocking thread. Every call — concurrent or later —
+    /// returns only once the database is closed, with the same result.
     ///
     /// Acknowledgements made after this returns fail with
     /// [`AckError::Shutdown`](crate::AckError::Shutdown); those messages are redelivered
@@ -416,11 +441,35 @@ impl Broker {
     /// [`ShutdownError::Storage`] if the final commit or the WAL sync failed (the database is
     /// still closed); [`ShutdownError::WriterPanicked`] if the writer thread had panicked.
     ///
+    /// [`ShutdownError::Internal`] if the shutdown task could not run to completion (the
+    /// runtime was shutting down).
+    ///
     /// # Cancel safety
     ///
-    /// Not cancel safe: if the future is dropped part-way, intake is already stopped and the
-    /// writer finishes on its own, but RocksDB is closed only when the last handle is dropped.
+    /// Cancel safe: the shutdown runs as a task of its own once begun, so dropping this future
+    /// does not interrupt it; calling `shutdown` again waits for that same shutdown.
     pub async fn shutdown(&self) -> Result<(), ShutdownError> {
+        // Fault 7: a second concurrent call used to return `Ok` while the first was still
+        // closing the database. Now every call awaits one shared task.
+        let shutdown = {
+            let mut slot = self.shared.shutdown.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert_with(|| {
+                use futures::FutureExt;
+                let this = self.clone();
+                let task = self.shared.runtime.spawn(async move { this.shutdown_once().await });
+                async move {
+                    task.await.unwrap_or_else(|e| Err(ShutdownError::Internal(format!("shutdown task: {e}"))))
+                }
+                .boxed()
+                .shared()
+            })
+            .clone()
+        };
+        shutdown.await
+    }
+
+    /// The shutdown itself; run once, by the task [`shutdown`](Broker::shutdown) starts.
+    async fn shutdown_once(&self) -> Result<(), ShutdownError> {
         if self.shared.is_closed() {
             return Ok(());
         }

@@ -10,6 +10,21 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 
+/// The longest delay rockq acts on: 100 years. Every duration a caller passes (a lease, a
+/// retry delay, a lease extension, a backoff, an interval, a timeout) is clamped to it, so that
+/// `Duration::MAX` means "effectively never" instead of overflowing `Instant` arithmetic (which
+/// panics). A delay this long never fires in practice; clamping keeps the input's meaning.
+pub(crate) const MAX_DELAY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// How far a [`ManualClock`] may be advanced in total: far enough for any test, and with
+/// [`MAX_DELAY`] added on top still within every platform's `Instant` and `SystemTime`.
+const MAX_MANUAL_OFFSET: Duration = Duration::from_secs(1000 * 365 * 24 * 3600);
+
+/// `d`, clamped to [`MAX_DELAY`].
+pub(crate) fn clamp_delay(d: Duration) -> Duration {
+    d.min(MAX_DELAY)
+}
+
 /// Where rockq reads the time for leases, backoff and delays. Chosen at open with
 /// [`Options::clock`](crate::Options::clock); the default is Tokio's clock.
 #[derive(Clone, Debug, Default)]
@@ -56,8 +71,10 @@ impl ManualClock {
     }
 
     /// Moves the clock forward by `d`, firing every lease expiry and retry that falls due.
+    /// `d` is clamped to 100 years (rockq's longest delay), and the clock stops 1,000 years
+    /// after its start, so that no amount of advancing overflows `Instant` or `SystemTime`.
     pub fn advance(&self, d: Duration) {
-        self.inner.offset.send_modify(|o| *o += d);
+        self.inner.offset.send_modify(|o| *o = o.saturating_add(clamp_delay(d)).min(MAX_MANUAL_OFFSET));
     }
 
     /// The wall-clock time this clock stands at (what the writer stamps messages with).
@@ -96,6 +113,15 @@ impl Clock {
         }
     }
 
+    /// The instant `d` from now, with `d` clamped to [`MAX_DELAY`] (never panics on overflow).
+    pub(crate) fn after(&self, d: Duration) -> Instant {
+        let now = self.now();
+        // 100 years fits every platform's `Instant`; the fallback only guards exotic ones.
+        now.checked_add(clamp_delay(d))
+            .or_else(|| now.checked_add(Duration::from_secs(365 * 24 * 3600)))
+            .unwrap_or(now)
+    }
+
     /// Wall-clock microseconds since the Unix epoch, for records written to disk.
     pub(crate) fn wall_micros(&self) -> u64 {
         let wall = match &self.manual {
@@ -120,7 +146,7 @@ impl Clock {
     /// retry times after a restart; past times map to now).
     pub(crate) fn instant_at_wall(&self, micros: u64) -> Instant {
         let wall = self.wall_micros();
-        self.now() + Duration::from_micros(micros.saturating_sub(wall))
+        self.after(Duration::from_micros(micros.saturating_sub(wall)))
     }
 
     /// Waits until the clock reaches `deadline`.

@@ -273,6 +273,10 @@ pub enum SubscribeError {
     /// The broker stopped accepting writes after an earlier error.
     #[error("broker stopped accepting writes after an earlier storage error: {0}")]
     Failed(String),
+    /// A setting is out of range (e.g. a worker pool's concurrency above
+    /// [`Workers::MAX_POOL`](crate::Workers::MAX_POOL)).
+    #[error("invalid option: {0}")]
+    InvalidOption(String),
 }
 
 /// An outcome (ack, nack, retry, dead-letter) or a lease extension could not be recorded.
@@ -422,7 +426,7 @@ pub enum ReceiveError {
 }
 
 /// Shutting down failed part-way. The database is closed regardless.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum ShutdownError {
     /// Flushing pending offset commits or syncing the WAL failed.
@@ -431,6 +435,9 @@ pub enum ShutdownError {
     /// The writer thread panicked.
     #[error("writer thread panicked")]
     WriterPanicked,
+    /// The shutdown task did not run to completion (the runtime was shutting down).
+    #[error("shutdown interrupted: {0}")]
+    Internal(String),
 }
 
 /// Reading stats, pending claims, messages or dead letters for inspection failed. Nothing

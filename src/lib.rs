@@ -81,8 +81,8 @@ pub use producer::{Queue, SendReceipt};
 pub use retention::{ResetTo, Retention, TrimReport};
 pub use tokio_util::sync::CancellationToken;
 pub use work::{
-    DeadLetter, DeadLetters, Handler, HandlerError, Job, PoolReport, Redrive, RetryPolicy, Task, WorkGroup,
-    WorkSubscription, Workers,
+    DeadLetter, DeadLetters, Handler, HandlerError, Job, PoolHandle, PoolReport, Redrive, RetryPolicy, Task,
+    WorkGroup, WorkSubscription, Workers,
 };
 
 /// Entry points for the cargo-fuzz targets in `fuzz/` (compiled only under `cargo fuzz`).

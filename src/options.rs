@@ -124,6 +124,9 @@ impl Options {
     /// backpressure (they wait until the writer takes the staged messages into a group
     /// commit); it also bounds the writer's queue of other requests (claims, commits, group
     /// changes). Default 4096.
+    ///
+    /// Checked at open: 0, or more than Tokio's semaphore limit (`usize::MAX >> 3`), makes
+    /// [`Broker::open`] return [`OpenError::InvalidOption`].
     pub fn channel_capacity(mut self, n: usize) -> Self {
         self.channel_capacity = n;
         self
@@ -131,7 +134,7 @@ impl Options {
 
     /// How long the writer thread keeps looking for new sends, yielding its core between looks,
     /// before it sleeps — only right after a busy round (8 messages or more). Default 25 µs;
-    /// `Duration::ZERO` makes it sleep at once.
+    /// `Duration::ZERO` makes it sleep at once; a spin over 100 years is clamped to 100 years.
     ///
     /// Why: producers that each await their send come back in waves, a few microseconds after
     /// their round completes. A writer that sleeps must then be woken by a system call and
@@ -141,7 +144,7 @@ impl Options {
     /// few messages — never spins. RocksDB's own write thread does the same
     /// (`write_thread_max_yield_usec`).
     pub fn writer_spin(mut self, spin: std::time::Duration) -> Self {
-        self.writer_spin = spin;
+        self.writer_spin = crate::clock::clamp_delay(spin);
         self
     }
 
@@ -161,9 +164,10 @@ impl Options {
 
     /// How often the background retention task trims queues by their
     /// [`Retention`](crate::Retention) policy (on the broker's clock). Default 10 s;
-    /// `Duration::ZERO` turns it off ([`Broker::trim`] still works).
+    /// `Duration::ZERO` turns it off ([`Broker::trim`] still works); an interval over 100 years
+    /// is clamped to 100 years (effectively off).
     pub fn retention_interval(mut self, every: std::time::Duration) -> Self {
-        self.retention_interval = every;
+        self.retention_interval = crate::clock::clamp_delay(every);
         self
     }
 
@@ -171,9 +175,11 @@ impl Options {
     /// dead-letter depth, queue length and bytes) are refreshed, on the broker's clock.
     /// Default 10 s; `Duration::ZERO` turns the refresh off (each
     /// [`Broker::stats`](crate::Broker::stats) call still refreshes them). Counters and
-    /// histograms are always recorded as things happen.
+    /// histograms are always recorded as things happen. An interval over 100 years is clamped
+    /// to 100 years (effectively off). While no `metrics` recorder is installed (the facade's
+    /// zero-sized no-op recorder is in place) the periodic refresh skips its work.
     pub fn metrics_interval(mut self, every: std::time::Duration) -> Self {
-        self.metrics_interval = every;
+        self.metrics_interval = crate::clock::clamp_delay(every);
         self
     }
 
@@ -182,6 +188,10 @@ impl Options {
     /// # Errors
     ///
     /// See [`Broker::open`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`Broker::open`].
     pub async fn open(self, path: impl AsRef<Path>) -> Result<Broker, OpenError> {
         Broker::open_with(path.as_ref(), self).await
     }
@@ -199,6 +209,10 @@ impl Options {
         }
         if self.channel_capacity == 0 {
             return bad("channel_capacity must be at least 1");
+        }
+        // The inbox's backpressure is a Tokio semaphore, which panics above this many permits.
+        if self.channel_capacity > tokio::sync::Semaphore::MAX_PERMITS {
+            return bad("channel_capacity must be at most usize::MAX >> 3");
         }
         Ok(())
     }

@@ -99,9 +99,24 @@ pub(crate) fn publish(stats: &crate::Stats) {
     }
 }
 
+/// Whether a `metrics` recorder is installed. The facade has no getter for that; without one
+/// it hands out its `NoopRecorder`, a zero-sized type, while a real recorder holds its registry
+/// or exporter state. So a zero-sized recorder counts as none (a recorder that keeps all its
+/// state in statics would have to call [`Broker::stats`](crate::Broker::stats) to refresh the
+/// gauges).
+fn recorder_installed() -> bool {
+    metrics::with_recorder(|r| std::mem::size_of_val(r) != 0)
+}
+
 /// Refreshes the gauges every `interval` on the broker's clock until shutdown.
 pub(crate) fn spawn_gauges(shared: &Arc<Shared>, interval: Duration) {
     crate::broker::spawn_periodic(shared, interval, |shared| async move {
+        if !recorder_installed() {
+            // Fault 7: the refresh costs a full registry scan (`store::load`) every interval;
+            // with nothing to record into, skip it. Checked every tick: a recorder may be
+            // installed later.
+            return true;
+        }
         let broker = crate::Broker { shared };
         match broker.stats().await {
             Ok(_) => true,
@@ -112,4 +127,19 @@ pub(crate) fn spawn_gauges(shared: &Arc<Shared>, interval: Duration) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    // Fault 7: the metrics task ran a full `store::load` every interval with no recorder
+    // installed. The refresh now asks `recorder_installed` first; this pins the detection (no
+    // global recorder is ever installed in the library's unit tests).
+    #[test]
+    fn the_noop_recorder_counts_as_none_and_a_real_one_as_installed() {
+        assert!(!super::recorder_installed(), "nothing installed: the facade's no-op recorder");
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        metrics::with_local_recorder(&recorder, || {
+            assert!(super::recorder_installed(), "a real recorder is seen");
+        });
+    }
 }

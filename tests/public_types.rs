@@ -41,6 +41,7 @@ fn public_types_are_send_and_sync() {
     send_sync::<RetryPolicy>();
     send_sync::<Workers>();
     send_sync::<PoolReport>();
+    send_sync::<PoolHandle>();
     send_sync::<HandlerError>();
     send_sync::<DeadLetters>();
     send_sync::<DeadLetter>();

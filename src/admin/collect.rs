@@ -40,6 +40,19 @@ fn age_of(
         .map(|ts| Duration::from_micros(now_micros.saturating_sub(ts))))
 }
 
+/// A live broker's in-memory leases, by group and queue: sequence → (attempt, deadline in
+/// wall-clock µs). Empty for a read-only [`Inspector`](crate::Inspector).
+pub(crate) type LiveLeases = HashMap<(String, String), HashMap<u64, (u32, u64)>>;
+
+/// The lease deadline of claim `c` on `seq`: the live one if this process holds that very
+/// attempt (it may have been extended since the record was written), else the record's.
+fn deadline_of(live: Option<&HashMap<u64, (u32, u64)>>, seq: u64, c: &records::ClaimRecord) -> u64 {
+    match live.and_then(|l| l.get(&seq)) {
+        Some(&(attempt, deadline)) if attempt == c.attempt => deadline,
+        _ => c.deadline_micros,
+    }
+}
+
 /// Dead letters not yet redriven out of the queue `dlq`.
 fn dlq_depth(db: &DB, cfs: &Cfs<'_>, q: &store::LoadedQueue) -> Result<u64, InspectError> {
     let key = keys::redrive_key(&q.name);
@@ -51,7 +64,7 @@ fn dlq_depth(db: &DB, cfs: &Cfs<'_>, q: &store::LoadedQueue) -> Result<u64, Insp
 }
 
 /// Every queue and group. `now_micros` is the broker clock's wall time.
-pub(crate) fn stats(store: &Store, now_micros: u64) -> Result<Stats, InspectError> {
+pub(crate) fn stats(store: &Store, now_micros: u64, live: &LiveLeases) -> Result<Stats, InspectError> {
     let guard = store.lock();
     let Some((db, cfs)) = guard.get() else { return Err(InspectError::Shutdown) };
     let loaded = store::load(db, &store.path, false).map_err(from_open)?;
@@ -92,6 +105,7 @@ pub(crate) fn stats(store: &Store, now_micros: u64) -> Result<Stats, InspectErro
         // Sequences finished above the offset, and claim counts (work-queue groups only).
         let mut done = BTreeSet::new();
         let (mut in_flight, mut waiting_retry) = (0u64, 0u64);
+        let live = live.get(&(g.group.clone(), g.queue.clone()));
         for c in claims.get(&(g.group.as_str(), g.queue.as_str())).into_iter().flatten() {
             if c.seq <= g.committed || c.seq < first {
                 continue; // left behind by a trim; ignored at open too
@@ -100,7 +114,7 @@ pub(crate) fn stats(store: &Store, now_micros: u64) -> Result<Stats, InspectErro
                 ClaimState::Done => {
                     done.insert(c.seq);
                 }
-                ClaimState::Leased if c.record.deadline_micros > now_micros => in_flight += 1,
+                ClaimState::Leased if deadline_of(live, c.seq, &c.record) > now_micros => in_flight += 1,
                 ClaimState::Leased => {}
                 ClaimState::Waiting => waiting_retry += 1,
             }
@@ -163,6 +177,7 @@ pub(crate) fn pending(
     group: &str,
     queue: &str,
     now_micros: u64,
+    live: &LiveLeases,
 ) -> Result<Vec<PendingClaim>, InspectError> {
     crate::name::validate(crate::error::NameKind::Group, group)?;
     crate::name::validate(crate::error::NameKind::Queue, queue)?;
@@ -175,6 +190,7 @@ pub(crate) fn pending(
     let prefix = keys::claim_prefix(group, queue);
     let lo = keys::claim_key(&prefix, rec.committed.saturating_add(1));
     let hi = keys::claim_key(&prefix, u64::MAX);
+    let live = live.get(&(group.to_owned(), queue.to_owned()));
     let mut out = Vec::new();
     let iter =
         db.iterator_cf_opt(cfs.claims, bounded(lo.clone(), hi), IteratorMode::From(&lo, Direction::Forward));
@@ -185,9 +201,9 @@ pub(crate) fn pending(
         let (state, lease_deadline, retry_at) = match c.state {
             ClaimState::Done => continue,
             ClaimState::Leased => {
-                let state =
-                    if c.deadline_micros > now_micros { PendingState::Leased } else { PendingState::Expired };
-                (state, Some(micros_to_time(c.deadline_micros)), None)
+                let deadline = deadline_of(live, seq, &c);
+                let state = if deadline > now_micros { PendingState::Leased } else { PendingState::Expired };
+                (state, Some(micros_to_time(deadline)), None)
             }
             ClaimState::Waiting => (PendingState::Waiting, None, Some(micros_to_time(c.not_before_micros))),
         };

@@ -53,6 +53,36 @@ pub(crate) fn is_paused(shared: &Shared, queue: &QueueState, group: &str) -> boo
 }
 
 impl Broker {
+    /// This process's live leases of every work group (or of `only`), in wall-clock µs.
+    ///
+    /// Why an overlay rather than a write: [`Job::extend`](crate::Job::extend) and the pool's
+    /// heartbeat move only the in-memory deadline, which is what fencing checks. Persisting
+    /// each extension would put a write per heartbeat on the writer and either make `extend`
+    /// wait (it is synchronous) or make the record lag when the writer's queue is full; and a
+    /// persisted deadline is never used again anyway (after a restart every lease is void, see
+    /// `WorkGroupState::restore`). So the live broker reports the deadlines fencing enforces;
+    /// a read-only [`Inspector`](crate::Inspector) sees the claim-time deadlines on disk.
+    fn live_leases(&self, only: Option<(&str, &str)>) -> collect::LiveLeases {
+        let clock = self.shared.engine.clock();
+        let mut out = collect::LiveLeases::new();
+        for entry in self.shared.engine.registry.work_groups.iter() {
+            let g = entry.value();
+            if only.is_some_and(|(group, queue)| *g.name != *group || *g.queue.name != *queue) {
+                continue;
+            }
+            let leases = g.live_leases();
+            if leases.is_empty() {
+                continue;
+            }
+            let map = leases
+                .into_iter()
+                .map(|(seq, attempt, t)| (seq, (attempt, clock.wall_micros_at(t))))
+                .collect();
+            out.insert((g.name.to_string(), g.queue.name.to_string()), map);
+        }
+        out
+    }
+
     async fn inspect<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Store, u64) -> Result<T, InspectError> + Send + 'static,
@@ -74,13 +104,20 @@ impl Broker {
     /// oldest unfinished message, in flight, waiting for retry, dead-letter depth, paused).
     ///
     /// The figures come from the records on disk, which a restart would also find; ordered
-    /// groups add the live subscription's unacknowledged deliveries as in flight. Costs one
+    /// groups add the live subscription's unacknowledged deliveries as in flight, and work
+    /// groups count a job as in flight by its live lease deadline in this process (so a lease
+    /// extended by [`Job::extend`](crate::Job::extend) or a pool's heartbeat counts). Costs one
     /// scan of the registry and claims and one point read per queue and group: meant for
     /// dashboards and tools, not for every message.
     ///
     /// # Errors
     ///
     /// [`InspectError::Shutdown`], [`InspectError::Corrupt`], [`InspectError::Storage`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads (on a blocking thread, which finishes on its own). If the
+    /// future is dropped the figures are lost and the gauges are not refreshed.
     ///
     /// # Examples
     ///
@@ -93,7 +130,8 @@ impl Broker {
     /// # Ok(()) }
     /// ```
     pub async fn stats(&self) -> Result<Stats, InspectError> {
-        let mut stats = self.inspect(collect::stats).await?;
+        let live = self.live_leases(None);
+        let mut stats = self.inspect(move |s, now| collect::stats(s, now, &live)).await?;
         let registry = &self.shared.engine.registry;
         for g in stats.groups.iter_mut().filter(|g| g.mode == GroupMode::Ordered) {
             if let Some(state) = registry.groups.get(&keys::offset_key(&g.group, &g.queue)) {
@@ -106,12 +144,18 @@ impl Broker {
 
     /// The claimed, unfinished messages of work-queue group `group` on `queue`: who holds
     /// each (its [consumer name](crate::WorkGroup::consumer_name)), which attempt, until when;
-    /// and those waiting for a retry. Empty for an ordered group.
+    /// and those waiting for a retry. Empty for an ordered group. Lease deadlines held in this
+    /// process are the live ones, extensions included (the records on disk keep the deadline
+    /// set at claim time).
     ///
     /// # Errors
     ///
     /// [`InspectError::NoSuchGroup`], [`InspectError::InvalidName`],
     /// [`InspectError::Shutdown`], [`InspectError::Corrupt`], [`InspectError::Storage`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads; dropping the future loses the result.
     ///
     /// # Examples
     ///
@@ -124,7 +168,8 @@ impl Broker {
     /// ```
     pub async fn pending(&self, group: &str, queue: &str) -> Result<Vec<PendingClaim>, InspectError> {
         let (g, q) = (group.to_owned(), queue.to_owned());
-        self.inspect(move |s, now| collect::pending(s, &g, &q, now)).await
+        let live = self.live_leases(Some((group, queue)));
+        self.inspect(move |s, now| collect::pending(s, &g, &q, now, &live)).await
     }
 
     /// Up to `limit` stored messages of `queue`, from sequence `from` (default: the first
@@ -134,6 +179,10 @@ impl Broker {
     ///
     /// [`InspectError::NoSuchQueue`], [`InspectError::InvalidName`],
     /// [`InspectError::Shutdown`], [`InspectError::Corrupt`], [`InspectError::Storage`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads; dropping the future loses the result.
     ///
     /// # Examples
     ///
@@ -191,6 +240,10 @@ impl Broker {
     /// # Errors
     ///
     /// As for [`pause_group`](Broker::pause_group).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`pause_group`](Broker::pause_group): the group is resumed or not.
     pub async fn resume_group(&self, group: &str, queue: &str) -> Result<(), PauseError> {
         self.set_paused(group, queue, false).await
     }

@@ -43,6 +43,11 @@ impl Inspector {
     /// [`OpenError::NotFound`] if there is no database, [`OpenError::NotRockq`] for a path
     /// rockq did not create, [`OpenError::IncompatibleVersion`], [`OpenError::Corrupt`],
     /// [`OpenError::Storage`]. Never [`OpenError::Locked`]: no lock is taken.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: if the future is dropped, the read-only open finishes on a blocking
+    /// thread and is closed again; nothing is written.
     pub async fn open(path: impl AsRef<Path>) -> Result<Inspector, OpenError> {
         let path = path.as_ref().to_path_buf();
         let (store, _) = tokio::task::spawn_blocking(move || crate::store::open_read_only(&path))
@@ -64,9 +69,13 @@ impl Inspector {
     /// # Errors
     ///
     /// [`InspectError::Corrupt`], [`InspectError::Storage`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
     pub async fn stats(&self) -> Result<Stats, InspectError> {
         let now = crate::Clock::tokio().wall_micros();
-        self.run(move |s| collect::stats(s, now)).await
+        self.run(move |s| collect::stats(s, now, &collect::LiveLeases::new())).await
     }
 
     /// Claimed, unfinished messages of a work-queue group; see
@@ -76,10 +85,14 @@ impl Inspector {
     ///
     /// [`InspectError::NoSuchGroup`], [`InspectError::InvalidName`], [`InspectError::Corrupt`],
     /// [`InspectError::Storage`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
     pub async fn pending(&self, group: &str, queue: &str) -> Result<Vec<PendingClaim>, InspectError> {
         let (g, q) = (group.to_owned(), queue.to_owned());
         let now = crate::Clock::tokio().wall_micros();
-        self.run(move |s| collect::pending(s, &g, &q, now)).await
+        self.run(move |s| collect::pending(s, &g, &q, now, &collect::LiveLeases::new())).await
     }
 
     /// Up to `limit` messages of `queue` from `from`; see [`Broker::peek`](crate::Broker::peek).
@@ -88,6 +101,10 @@ impl Inspector {
     ///
     /// [`InspectError::NoSuchQueue`], [`InspectError::InvalidName`], [`InspectError::Corrupt`],
     /// [`InspectError::Storage`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
     pub async fn peek(
         &self,
         queue: &str,
@@ -103,6 +120,10 @@ impl Inspector {
     /// # Errors
     ///
     /// As for [`peek`](Inspector::peek).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
     pub async fn dead_letters(
         &self,
         dlq: &str,

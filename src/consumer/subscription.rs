@@ -37,6 +37,13 @@ type ReadTask = JoinHandle<Result<ReadOutcome, ReceiveError>>;
 ///
 /// Works with every `StreamExt`/`TryStreamExt` combinator; acks may come in any order.
 ///
+/// # Cancel safety
+///
+/// `next()` (`StreamExt::next`) is cancel safe: a read in progress and the messages read ahead
+/// stay with the subscription, and a delivery is counted as handed out only when `next()`
+/// returns it. Dropping a `next()` future (a `select!` branch losing) loses no message; the
+/// next call continues in order.
+///
 /// # Examples
 ///
 /// ```no_run

@@ -19,8 +19,8 @@ use rocksdb::{ColumnFamily, DB};
 
 pub(crate) use open::{Loaded, LoadedClaim, LoadedQueue, bounded, last_sequence, load, open, open_read_only};
 pub(crate) use read::{
-    RawMessage, ReadOutcome, first_enqueued_at, get_envelope, last_enqueued_before, read_cursor, read_range,
-    read_seqs,
+    RawMessage, ReadOutcome, first_enqueued_at, get_envelope, last_enqueued_before, newest_stamp,
+    read_cursor, read_range, read_seqs,
 };
 
 use crate::error::StorageError;

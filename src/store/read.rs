@@ -158,6 +158,22 @@ pub(crate) fn get_envelope(
     db.get_cf(messages, keys::message_key(queue_id, seq)).map_err(StorageError)
 }
 
+/// The newest enqueue stamp among the last stored message of each of `queues` (id, last
+/// sequence); 0 if there is none. Blocking; read once by the writer at open, so that stamps
+/// never go back across a restart even if the wall clock stepped back meanwhile. A queue whose
+/// last message fails to read or decode is skipped: this is a floor, not a check.
+pub(crate) fn newest_stamp(store: &Store, queues: impl IntoIterator<Item = (u32, u64)>) -> u64 {
+    let guard = store.lock();
+    let Some((db, cfs)) = guard.get() else { return 0 };
+    queues
+        .into_iter()
+        .filter(|&(_, last)| last > 0)
+        .filter_map(|(id, last)| get_envelope(db, cfs.messages, id, last).ok().flatten())
+        .filter_map(|v| super::envelope::enqueued_micros(&v))
+        .max()
+        .unwrap_or(0)
+}
+
 /// The redrive cursor of dead-letter queue `dlq` (`None`: never redriven). Blocking.
 pub(crate) fn read_cursor(store: &Store, dlq: &str) -> Result<Option<u64>, crate::error::RedriveError> {
     let guard = store.lock();

@@ -151,7 +151,9 @@ impl Redrive {
         self
     }
 
-    /// At most this many messages per second (on the broker's clock).
+    /// At most this many messages per second (on the broker's clock). Zero, negative, NaN and
+    /// infinite rates mean unthrottled; a rate so small that the wait before a batch would
+    /// exceed 100 years waits 100 years.
     pub fn rate(mut self, per_second: f64) -> Self {
         self.rate = (per_second.is_finite() && per_second > 0.0).then_some(per_second);
         self
@@ -203,6 +205,10 @@ impl DeadLetters {
     /// # Errors
     ///
     /// [`RedriveError::Storage`] if the cursor cannot be read, [`RedriveError::Shutdown`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
     pub async fn len(&self) -> Result<u64, RedriveError> {
         Ok(self.queue.last_seq().saturating_sub(self.cursor().await?))
     }
@@ -212,6 +218,10 @@ impl DeadLetters {
     /// # Errors
     ///
     /// As for [`len`](DeadLetters::len).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
     pub async fn is_empty(&self) -> Result<bool, RedriveError> {
         Ok(self.len().await? == 0)
     }
@@ -221,6 +231,10 @@ impl DeadLetters {
     /// # Errors
     ///
     /// [`RedriveError::Receive`] if one cannot be read, [`RedriveError::Shutdown`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
     ///
     /// # Examples
     ///
@@ -242,6 +256,10 @@ impl DeadLetters {
     /// # Errors
     ///
     /// As for [`list`](DeadLetters::list).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
     pub async fn peek(&self) -> Result<Option<DeadLetter>, RedriveError> {
         Ok(self.list(1).await?.into_iter().next())
     }
@@ -314,7 +332,13 @@ impl DeadLetters {
             let Some(last) = msgs.last().map(|m| m.seq) else { break };
             if let Some(rate) = opts.rate {
                 // Paced before each batch after the first, so the last batch does not wait.
-                clock.sleep_until(started + Duration::from_secs_f64(moved as f64 / rate)).await;
+                // A tiny rate (say 1e-300/s) makes this quotient overflow `Duration`: such a
+                // pace is clamped to 100 years per batch rather than panicking.
+                let pace =
+                    Duration::try_from_secs_f64(moved as f64 / rate).unwrap_or(crate::clock::MAX_DELAY);
+                let due =
+                    started.checked_add(crate::clock::clamp_delay(pace)).unwrap_or_else(|| clock.after(pace));
+                clock.sleep_until(due).await;
             }
             let now = clock.wall_micros();
             let mut items = Vec::with_capacity(msgs.len());

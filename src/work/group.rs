@@ -99,6 +99,11 @@ impl WorkGroup {
         }
     }
 
+    /// The largest [`claim_batch`](WorkGroup::claim_batch): a claim takes one in-flight permit
+    /// per message and one claim record per message in a single write, so a batch this size
+    /// already amortises the write; larger ones would only hold leases longer.
+    pub const MAX_CLAIM_BATCH: usize = 4096;
+
     /// The group's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -111,9 +116,10 @@ impl WorkGroup {
     }
 
     /// Visibility timeout: how long a consumer holds a message before it may be delivered to
-    /// another one (with the attempt counted). Default 30 s, at least 1 ms.
+    /// another one (with the attempt counted). Default 30 s, at least 1 ms; a lease over 100
+    /// years is clamped to 100 years (`Duration::MAX` means "until settled or dropped").
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease.max(Duration::from_millis(1));
+        self.lease = crate::clock::clamp_delay(lease.max(Duration::from_millis(1)));
         self
     }
 
@@ -130,23 +136,26 @@ impl WorkGroup {
     }
 
     /// Most jobs one subscription holds at once (handed out and not settled). Default 256, at
-    /// least 1. A job waiting for a retry does not count.
+    /// least 1. A job waiting for a retry does not count. Values above `usize::MAX >> 3` (the
+    /// most permits a Tokio semaphore holds) are clamped to it: effectively unbounded.
     pub fn max_in_flight(mut self, n: usize) -> Self {
-        self.max_in_flight = n.max(1);
+        self.max_in_flight = n.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
         self
     }
 
-    /// Most messages claimed in one write. Default 64, at least 1.
+    /// Most messages claimed in one write. Default 64, at least 1, at most
+    /// [`MAX_CLAIM_BATCH`](WorkGroup::MAX_CLAIM_BATCH) (larger values are clamped to it).
     pub fn claim_batch(mut self, n: usize) -> Self {
-        self.claim_batch = n.max(1);
+        self.claim_batch = n.clamp(1, Self::MAX_CLAIM_BATCH);
         self
     }
 
     /// How long a subscription may wait on a full in-flight bound before it reports
     /// saturation (a `warn` event, [`Event::Saturated`](crate::Event::Saturated) and
-    /// [`WorkGroup::saturations`]). Default 1 s.
+    /// [`WorkGroup::saturations`]). Default 1 s; over 100 years is clamped to 100 years
+    /// (effectively never).
     pub fn saturation_after(mut self, d: Duration) -> Self {
-        self.saturation_after = d;
+        self.saturation_after = crate::clock::clamp_delay(d);
         self
     }
 

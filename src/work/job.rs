@@ -62,8 +62,10 @@ impl JobInner {
         if self.shared.is_closed() {
             return Err(AckError::Shutdown);
         }
-        self.group.extend(self.msg.seq, self.token, now, now + by).map_err(|_| lost)?;
-        *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = now + by;
+        // `by` is clamped to 100 years (`Duration::MAX` would overflow `Instant`).
+        let until = clock.after(by);
+        self.group.extend(self.msg.seq, self.token, now, until).map_err(|_| lost)?;
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = until;
         Ok(())
     }
 }
@@ -118,7 +120,8 @@ macro_rules! accessors {
             *self.inner.deadline.lock().unwrap_or_else(|p| p.into_inner())
         }
 
-        /// Extends the lease to `by` from now, so that a long handler keeps the message.
+        /// Extends the lease to `by` from now, so that a long handler keeps the message. `by` is
+        /// clamped to 100 years (so `Duration::MAX` means "until settled or dropped").
         ///
         /// # Errors
         ///
@@ -272,7 +275,8 @@ impl Job {
 
     /// This attempt failed: retry after exactly `delay` (overriding the backoff), or
     /// dead-letter if attempts are used up. While it waits the message holds no in-flight
-    /// slot and does not hold back later messages.
+    /// slot and does not hold back later messages. A `delay` over 100 years is clamped to 100
+    /// years.
     ///
     /// # Errors
     ///
@@ -342,8 +346,10 @@ impl Job {
         let outcome = match kind {
             Kind::Ack => Outcome::Ack,
             Kind::Retry { delay, error } if attempt < cfg.policy.max_attempts => {
-                let delay = delay.unwrap_or_else(|| cfg.policy.jittered_delay(attempt));
-                let due = now + delay;
+                // Clamped to 100 years: `Duration::MAX` would overflow `Instant` arithmetic.
+                let delay =
+                    crate::clock::clamp_delay(delay.unwrap_or_else(|| cfg.policy.jittered_delay(attempt)));
+                let due = clock.after(delay);
                 let record = ClaimRecord {
                     state: ClaimState::Waiting,
                     attempt,

@@ -4,6 +4,7 @@
 
 mod dlq;
 mod group;
+mod handle;
 mod job;
 mod policy;
 mod pool;
@@ -13,6 +14,7 @@ mod subscription;
 pub use dlq::{DeadLetter, DeadLetters, Redrive};
 pub(crate) use dlq::{H_REASON as DLQ_REASON_HEADER, dlq_headers};
 pub use group::WorkGroup;
+pub use handle::PoolHandle;
 pub use job::{Job, Task};
 pub use policy::RetryPolicy;
 pub use pool::{Handler, HandlerError, PoolReport, Workers};

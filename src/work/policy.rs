@@ -50,10 +50,11 @@ impl RetryPolicy {
         self
     }
 
-    /// First delay and the cap. Default 1 s and 5 min.
+    /// First delay and the cap. Default 1 s and 5 min. Each is clamped to 100 years (so
+    /// `Duration::MAX` means "effectively never"), and the cap is at least the first delay.
     pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
-        self.initial_backoff = initial;
-        self.max_backoff = max.max(initial);
+        self.initial_backoff = crate::clock::clamp_delay(initial);
+        self.max_backoff = crate::clock::clamp_delay(max).max(self.initial_backoff);
         self
     }
 
@@ -79,7 +80,10 @@ impl RetryPolicy {
         let exp = self.multiplier.powi(attempt.saturating_sub(1).min(1000) as i32);
         let secs = self.initial_backoff.as_secs_f64() * exp;
         let max = self.max_backoff.as_secs_f64();
-        Duration::from_secs_f64(if secs.is_finite() { secs.min(max) } else { max })
+        // `max` is at most 100 years, so this converts; the fallback only guards a future
+        // change of that bound (`from_secs_f64` panics on overflow).
+        Duration::try_from_secs_f64(if secs.is_finite() { secs.min(max) } else { max })
+            .unwrap_or(self.max_backoff)
     }
 
     /// The delay after failed attempt `attempt`, with jitter applied.

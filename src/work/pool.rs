@@ -1,5 +1,6 @@
 //! Worker pools: `group.workers(n).run(handler)`.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -56,9 +57,13 @@ impl HandlerError {
         HandlerError { action: Action::Retry, message: message.to_string() }
     }
 
-    /// Retry after exactly `delay` (dead-letter once attempts are used up).
+    /// Retry after exactly `delay` (dead-letter once attempts are used up). A `delay` over 100
+    /// years is clamped to 100 years.
     pub fn retry_after(message: impl std::fmt::Display, delay: Duration) -> Self {
-        HandlerError { action: Action::RetryAfter(delay), message: message.to_string() }
+        HandlerError {
+            action: Action::RetryAfter(crate::clock::clamp_delay(delay)),
+            message: message.to_string(),
+        }
     }
 
     /// Do not retry: dead-letter now.
@@ -128,18 +133,22 @@ pub struct PoolReport {
 
 /// A pool of concurrent handlers on one [`WorkGroup`]; see [`WorkGroup::workers`].
 ///
-/// At most `concurrency` handlers run at once (the pool's subscription holds at most that many
-/// jobs). Stopping — the [`shutdown_on`](Workers::shutdown_on) token, or
+/// At most `concurrency` handlers run at once, and the pool holds at most
+/// `concurrency + prefetch` jobs (running, or claimed and waiting for an idle handler; see
+/// [`prefetch`](Workers::prefetch), default `concurrency`). Stopping — the [`shutdown_on`](Workers::shutdown_on) token, or
 /// [`Broker::shutdown`](crate::Broker::shutdown), which waits for running pools — stops
 /// claiming, lets running handlers finish until the [drain timeout](Workers::drain_timeout),
 /// then stops the rest and releases their jobs **without** counting the attempt.
+///
+/// Run a pool in place with [`run`](Workers::run), or in the background with
+/// [`spawn`](Workers::spawn), which returns a [`PoolHandle`] to stop it.
 #[derive(Debug)]
 pub struct Workers {
-    group: WorkGroup,
+    pub(super) group: WorkGroup,
     concurrency: usize,
     prefetch: usize,
     heartbeat: bool,
-    token: CancellationToken,
+    pub(super) token: CancellationToken,
     drain_timeout: Duration,
 }
 
@@ -155,7 +164,11 @@ impl Workers {
         Workers {
             group,
             concurrency,
-            prefetch: 64,
+            // Why `concurrency`: a prefetched job's lease runs while it waits, and with one job
+            // waiting per handler it waits about one handler time, whatever the pool size (a
+            // fixed 64 made a one-handler pool hold jobs for 64 handler times). Claims still
+            // come in batches of `concurrency`.
+            prefetch: concurrency,
             heartbeat: false,
             token: CancellationToken::new(),
             drain_timeout: Duration::from_secs(30),
@@ -163,10 +176,12 @@ impl Workers {
     }
 
     /// Jobs claimed ahead of free handlers, so that claiming (one write per batch) overlaps
-    /// handling. Default 64. A prefetched job's lease runs while it waits; when a handler
-    /// starts it the lease is renewed to a full term. So with slow handlers keep
-    /// `prefetch / concurrency × handler time` well below the lease, or lower this (0 claims
-    /// only for idle handlers).
+    /// handling; the pool holds at most `concurrency + prefetch` jobs. Default `concurrency`
+    /// (one job waiting per handler), at most [`MAX_POOL`](Workers::MAX_POOL). A prefetched
+    /// job's lease runs while it waits; when a handler starts it the lease is renewed to a full
+    /// term. So with slow handlers keep `prefetch / concurrency × handler time` well below the
+    /// lease, or lower this (0 claims only for idle handlers, one job per claim write); raise
+    /// it for short handlers, where bigger claim batches save writes.
     pub fn prefetch(mut self, n: usize) -> Self {
         self.prefetch = n;
         self
@@ -185,24 +200,43 @@ impl Workers {
         self
     }
 
-    /// How long running handlers may take to finish once the pool stops. Default 30 s.
+    /// How long running handlers may take to finish once the pool stops. Default 30 s; a
+    /// timeout over 100 years is clamped to 100 years.
     pub fn drain_timeout(mut self, d: Duration) -> Self {
-        self.drain_timeout = d;
+        self.drain_timeout = crate::clock::clamp_delay(d);
         self
     }
+
+    /// The largest `concurrency` and [`prefetch`](Workers::prefetch) a pool accepts: each
+    /// handler is a task with a slot in the pool's channel, and each prefetched job holds a
+    /// lease.
+    pub const MAX_POOL: usize = 1 << 16;
 
     /// Runs the pool until it is stopped, then drains it.
     ///
     /// # Errors
     ///
-    /// A [`SubscribeError`](crate::SubscribeError) if the pool cannot subscribe, or the
-    /// subscription's error if a claimed message cannot be read (the pool drains first).
+    /// [`SubscribeError::InvalidOption`](crate::SubscribeError::InvalidOption) if
+    /// `concurrency` or `prefetch` exceeds [`MAX_POOL`](Workers::MAX_POOL) (nothing is
+    /// claimed); another [`SubscribeError`](crate::SubscribeError) if the pool cannot
+    /// subscribe, or the subscription's error if a claimed message cannot be read (the pool
+    /// drains first).
     ///
     /// # Cancel safety
     ///
-    /// Not cancel safe: dropping the future aborts running handlers, whose jobs are then
-    /// released with the attempt counted. Stop a pool with its token instead.
+    /// Dropping the future (a `select!` branch losing, `JoinHandle::abort`) stops the pool at
+    /// once without draining: it stops claiming, aborts running handlers and releases every job
+    /// it holds **without** counting the attempt (as a drain timeout does), so the jobs come
+    /// back with the same attempt number. Outcomes already recorded stay. To let running
+    /// handlers finish, stop the pool with its token or use [`spawn`](Workers::spawn) and
+    /// [`PoolHandle::shutdown`].
     pub async fn run<H: Handler>(self, handler: H) -> Result<PoolReport, Error> {
+        for (what, n) in [("concurrency", self.concurrency), ("prefetch", self.prefetch)] {
+            if n > Self::MAX_POOL {
+                let msg = format!("worker pool {what} {n} exceeds the maximum of {}", Self::MAX_POOL);
+                return Err(crate::SubscribeError::InvalidOption(msg).into());
+            }
+        }
         let shared = self.group.shared.clone();
         // Broker shutdown waits for this pool to drain.
         let Some(_running) = shared.pool_started() else {
@@ -223,23 +257,24 @@ impl Workers {
         let idle = Arc::new(tokio::sync::Semaphore::new(self.concurrency));
         let (job_tx, job_rx) =
             async_channel::bounded::<(Job, tokio::sync::OwnedSemaphorePermit)>(self.concurrency);
-        let current: Arc<Vec<std::sync::Mutex<Option<Task>>>> =
-            Arc::new((0..self.concurrency).map(|_| std::sync::Mutex::new(None)).collect());
-        let mut workers = JoinSet::new();
-        for i in 0..self.concurrency {
-            let (rx, handler, current, clock) =
-                (job_rx.clone(), handler.clone(), current.clone(), clock.clone());
-            workers.spawn(async move {
+        // Every job the pool holds outside the subscription's buffer (queued for a worker or
+        // running), by claim token. Registered by this dispatcher before the job is handed on,
+        // so when this future is dropped the guard below sees every one of them.
+        let held: Held = Arc::new(std::sync::Mutex::new(HashMap::new()));
+        let mut pool = PoolGuard { held: held.clone(), workers: JoinSet::new() };
+        for _ in 0..self.concurrency {
+            let (rx, handler, held, clock) = (job_rx.clone(), handler.clone(), held.clone(), clock.clone());
+            pool.workers.spawn(async move {
                 let mut report = PoolReport::default();
                 while let Ok((job, _idle)) = rx.recv().await {
-                    *lock(&current[i]) = Some(job.task());
+                    let token = job.inner().token;
                     match run_one(handler.clone(), job, heartbeat, clock.clone()).await {
                         Done::Acked => report.acked += 1,
                         Done::Failed => report.failed += 1,
                         Done::Panicked => report.panicked += 1,
                         Done::Unsettled => report.unsettled += 1,
                     }
-                    *lock(&current[i]) = None;
+                    lock(&held).remove(&token);
                 }
                 report
             });
@@ -257,8 +292,9 @@ impl Workers {
                     p
                 }
                 Err(_) => {
-                    let saturated_at =
-                        full_since.filter(|_| !reported).map(|t| t + self.group.saturation_threshold());
+                    let saturated_at = full_since
+                        .filter(|_| !reported)
+                        .map(|t| t.checked_add(self.group.saturation_threshold()).unwrap_or(t));
                     tokio::select! {
                         biased;
                         _ = self.token.cancelled() => break Ok(()),
@@ -297,6 +333,7 @@ impl Workers {
             // already-expired lease stays expired (the job then fails to settle and is
             // redelivered): fencing is never bypassed.
             let _ = job.extend(self.group.lease_duration());
+            lock(&held).insert(job.inner().token, job.task());
             if job_tx.send((job, permit)).await.is_err() {
                 break Ok(());
             }
@@ -306,6 +343,7 @@ impl Workers {
         job_tx.close();
         while let Ok((job, _)) = job_rx.try_recv() {
             job.inner().uncounted.store(true, Ordering::Release);
+            lock(&held).remove(&job.inner().token);
         }
         drop(job_rx);
         let mut report = PoolReport::default();
@@ -315,12 +353,12 @@ impl Workers {
             report.panicked += r.panicked;
             report.unsettled += r.unsettled;
         };
-        let deadline = clock.now() + self.drain_timeout;
-        while !workers.is_empty() {
+        let deadline = clock.after(self.drain_timeout);
+        while !pool.workers.is_empty() {
             tokio::select! {
-                Some(res) = workers.join_next() => if let Ok(r) = res { add(&mut report, r) },
+                Some(res) = pool.workers.join_next() => if let Ok(r) = res { add(&mut report, r) },
                 _ = clock.sleep_until(deadline) => {
-                    let running: Vec<Task> = current.iter().filter_map(|c| lock(c).clone()).collect();
+                    let running: Vec<Task> = lock(&held).values().cloned().collect();
                     tracing::warn!(
                         group = %self.group.name(),
                         running = running.len(),
@@ -329,8 +367,8 @@ impl Workers {
                     for task in &running {
                         task.inner().uncounted.store(true, Ordering::Release);
                     }
-                    workers.abort_all();
-                    while let Some(res) = workers.join_next().await {
+                    pool.workers.abort_all();
+                    while let Some(res) = pool.workers.join_next().await {
                         if let Ok(r) = res { add(&mut report, r) }
                     }
                     report.released += running.len() as u64;
@@ -344,6 +382,30 @@ impl Workers {
         }
         tracing::debug!(group = %self.group.name(), ?report, "rockq: worker pool stopped");
         result.map(|()| report)
+    }
+}
+
+/// The jobs a pool's workers hold, by claim token.
+type Held = Arc<std::sync::Mutex<HashMap<u64, Task>>>;
+
+/// Owns a running pool's worker tasks. Dropped with the `run` future — normally when they are
+/// all joined, so it has nothing to do — or when that future is cancelled mid-run.
+struct PoolGuard {
+    held: Held,
+    workers: JoinSet<PoolReport>,
+}
+
+impl Drop for PoolGuard {
+    fn drop(&mut self) {
+        // The pool was stopped from outside (its future dropped, its task aborted): nothing it
+        // holds was given a fair try, so every held job goes back without counting the attempt
+        // (pools used to count them, and with `max_attempts(1)` dead-letter them). Marked
+        // before the workers are aborted, so whenever an aborted handler's job drops, it is
+        // released uncounted; a job that was settled meanwhile ignores the mark.
+        for task in lock(&self.held).values() {
+            task.inner().uncounted.store(true, Ordering::Release);
+        }
+        self.workers.abort_all();
     }
 }
 
@@ -368,7 +430,7 @@ async fn run_one<H: Handler>(
             loop {
                 tokio::select! {
                     r = &mut work => break r,
-                    _ = clock.sleep_until(clock.now() + lease / 3) => {
+                    _ = clock.sleep_until(clock.after(lease / 3)) => {
                         if job.extend(lease).is_err() {
                             // Lost anyway; let the handler finish, its outcome will be refused.
                         }

@@ -445,4 +445,17 @@ impl WorkGroupState {
     pub fn waiting(&self) -> usize {
         self.dispatch().slots.values().filter(|s| matches!(s.state, SlotState::Waiting { .. })).count()
     }
+
+    /// The live leases of this process: sequence → (attempt, deadline). Extensions live only
+    /// here (see `admin::control`), so admin reads overlay them on the claim records.
+    pub fn live_leases(&self) -> Vec<(u64, u32, Instant)> {
+        let d = self.dispatch();
+        d.slots
+            .iter()
+            .filter_map(|(&seq, s)| match s.state {
+                SlotState::Leased { deadline, .. } => Some((seq, s.attempt, deadline)),
+                _ => None,
+            })
+            .collect()
+    }
 }

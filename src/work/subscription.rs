@@ -33,6 +33,14 @@ use crate::{Error, Event};
 /// [`saturation_after`](crate::WorkGroup::saturation_after), the stream reports it once per
 /// wait. The stream ends when the broker shuts down; it yields an `Err` and ends if a claimed
 /// message cannot be read.
+///
+/// # Cancel safety
+///
+/// `next()` (`StreamExt::next`) is cancel safe: a claim in progress and the jobs claimed ahead
+/// stay with the subscription, and a job counts as handed out only when `next()` returns it.
+/// Dropping a `next()` future (a `select!` branch losing) loses no job; the next call hands
+/// it out. Meanwhile the buffered jobs' leases run: one whose lease ran out before it was
+/// handed out is released without counting its attempt.
 pub struct WorkSubscription {
     ctx: Arc<Ctx>,
     buffer: VecDeque<Job>,

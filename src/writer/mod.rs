@@ -206,6 +206,11 @@ impl Writer {
         let mut write_opts = WriteOptions::default();
         // Without a syncer thread (it could not start), Fsync syncs inline.
         write_opts.set_sync(engine.options.durability == Durability::Fsync && syncer.is_none());
+        // Fault 7: stamps used to restart from the clock, going back if it stepped back.
+        let last_stamp = crate::store::newest_stamp(
+            &engine.store,
+            engine.registry.queues.iter().map(|q| (q.id, q.last_seq())).collect::<Vec<_>>(),
+        );
         Writer {
             engine,
             rx,
@@ -220,7 +225,7 @@ impl Writer {
             settings: HashMap::new(),
             syncer,
             completer,
-            last_stamp: 0,
+            last_stamp,
             last_round: 0,
         }
     }

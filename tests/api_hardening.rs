@@ -1,0 +1,246 @@
+//! Issue 13 (API hardening): cancellable worker pools, one shutdown for every caller, live
+//! leases in the admin reads, enqueue stamps across a restart, typed errors for bad sizes.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use rockq::{
+    Broker, Error, HandlerError, ManualClock, OpenError, Options, PendingState, RetryPolicy, SubscribeError,
+    Task,
+};
+use tokio::sync::mpsc;
+
+/// A handler that reports its job's sequence, then waits forever (until aborted).
+fn stuck(
+    tx: mpsc::UnboundedSender<u64>,
+) -> impl Fn(Task) -> futures::future::BoxFuture<'static, Result<(), HandlerError>> {
+    move |task: Task| {
+        let tx = tx.clone();
+        Box::pin(async move {
+            let _ = tx.send(task.seq());
+            futures::future::pending::<()>().await;
+            Ok(())
+        })
+    }
+}
+
+/// After a pool was stopped from outside, the job must come back with the same attempt and
+/// nothing may be dead-lettered (the group allows one attempt).
+async fn assert_released_uncounted(broker: &Broker, q: &rockq::Queue, seq: u64) {
+    let group = q.work_group("w").unwrap().retry_policy(RetryPolicy::default().max_attempts(1));
+    let mut sub = group.subscribe().await.unwrap();
+    let j = next_job(&mut sub).await;
+    assert_eq!((j.seq(), j.attempt()), (seq, 1), "the interrupted attempt was not counted");
+    j.ack().await.unwrap();
+    let dlq = broker.dead_letters("jobs.dlq").await.unwrap();
+    assert!(dlq.list(10).await.unwrap().is_empty(), "nothing was dead-lettered");
+}
+
+// Fault (issue 13, "Pools that can be cancelled"): dropping a `run` future — here as the
+// losing branch of a `select!` — counted the running job's attempt and skipped the drain, so
+// with max_attempts(1) the job was dead-lettered without a fair try.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_future_dropped_by_select_releases_its_job_without_counting() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let seq = q.send("a").await.unwrap();
+    let group = q.work_group("w").unwrap().retry_policy(RetryPolicy::default().max_attempts(1));
+    let (tx, mut started) = mpsc::unbounded_channel();
+    let run = group.workers(1).run(stuck(tx));
+    // The handler starts, then the pool future loses the race and is dropped mid-handler.
+    tokio::select! {
+        r = run => panic!("the pool stopped by itself: {r:?}"),
+        s = started.recv() => assert_eq!(s, Some(seq)),
+    }
+    assert_released_uncounted(&broker, &q, seq).await;
+    broker.shutdown().await.unwrap();
+}
+
+// Fault (issue 13, "Pools that can be cancelled"): `JoinHandle::abort` on a spawned `run`
+// counted the attempt of every job the pool held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aborted_run_task_releases_its_jobs_without_counting() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let seq = q.send("a").await.unwrap();
+    let group = q.work_group("w").unwrap().retry_policy(RetryPolicy::default().max_attempts(1));
+    let (tx, mut started) = mpsc::unbounded_channel();
+    let run = tokio::spawn(group.workers(1).run(stuck(tx)));
+    assert_eq!(started.recv().await, Some(seq));
+    run.abort();
+    assert!(run.await.unwrap_err().is_cancelled());
+    assert_released_uncounted(&broker, &q, seq).await;
+    broker.shutdown().await.unwrap();
+}
+
+// Issue 13: `PoolHandle::abort` stops at once and releases held jobs without counting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_handle_abort_releases_without_counting() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let seq = q.send("a").await.unwrap();
+    let group = q.work_group("w").unwrap().retry_policy(RetryPolicy::default().max_attempts(1));
+    let (tx, mut started) = mpsc::unbounded_channel();
+    let pool = group.workers(1).spawn(stuck(tx));
+    assert_eq!(started.recv().await, Some(seq));
+    pool.abort();
+    assert_released_uncounted(&broker, &q, seq).await;
+    broker.shutdown().await.unwrap();
+}
+
+// Issue 13: `Workers::spawn` + `PoolHandle::shutdown` drains and reports what ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_handle_shutdown_drains_and_reports_what_ran() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let mut events = broker.events();
+    let q = broker.queue("jobs").await.unwrap();
+    q.send_batch(["ok", "ok", "fail", "dead"]).await.unwrap();
+    let group = q
+        .work_group("w")
+        .unwrap()
+        .retry_policy(RetryPolicy::default().max_attempts(1).backoff(Duration::ZERO, Duration::ZERO));
+    let pool = group.workers(2).spawn(|task: Task| async move {
+        match task.payload().as_ref() {
+            b"fail" => Err(HandlerError::retry("no")),
+            b"dead" => Err(HandlerError::dead_letter("bad")),
+            _ => Ok(()),
+        }
+    });
+    let mut finished = 0;
+    while finished < 4 {
+        wait_event(&mut events, |e| {
+            matches!(e, rockq::Event::Acked { .. } | rockq::Event::DeadLettered { .. })
+        })
+        .await;
+        finished += 1;
+    }
+    let report = tokio::time::timeout(HANG_GUARD, pool.shutdown()).await.unwrap().unwrap();
+    assert_eq!(
+        (report.acked, report.failed, report.panicked, report.released, report.unsettled),
+        (2, 2, 0, 0, 0)
+    );
+    assert_eq!(group.committed(), Some(4));
+    broker.shutdown().await.unwrap();
+}
+
+// Issue 13: a pool whose size cannot be allocated is a typed error, not a panic or an OOM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_pools_are_a_typed_error() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let group = q.work_group("w").unwrap();
+    let handler = |_t: Task| async { Ok::<(), HandlerError>(()) };
+    let err = group.workers(usize::MAX).run(handler).await.unwrap_err();
+    assert!(matches!(err, Error::Subscribe(SubscribeError::InvalidOption(_))), "{err:?}");
+    let err = group.workers(1).prefetch(usize::MAX).spawn(handler).shutdown().await.unwrap_err();
+    assert!(matches!(err, Error::Subscribe(SubscribeError::InvalidOption(_))), "{err:?}");
+    let err = Options::new().channel_capacity(usize::MAX).open(tempdir().path()).await.unwrap_err();
+    assert!(matches!(err, OpenError::InvalidOption(_)), "{err:?}");
+    broker.shutdown().await.unwrap();
+}
+
+// Fault 7: a second concurrent `shutdown()` returned `Ok` before the database was closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_concurrent_shutdown_returns_only_once_the_database_is_closed() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    broker.queue("q").await.unwrap().send("a").await.unwrap();
+    let mut first = Box::pin(broker.shutdown());
+    // Start the first shutdown: it gets as far as waiting for the writer.
+    let _ = futures::poll!(&mut first);
+    broker.shutdown().await.unwrap();
+    // Returned: the database must be closed, so it can be opened again at once.
+    let reopened = Options::new().open(dir.path()).await;
+    assert!(reopened.is_ok(), "the database was still open: {:?}", reopened.err());
+    first.await.unwrap();
+    reopened.unwrap().shutdown().await.unwrap();
+}
+
+// Fault 7: `Job::extend` changed only memory, so `pending()` showed a live job as expired and
+// `stats()` did not count it as in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extended_leases_show_in_pending_and_stats() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    q.send("a").await.unwrap();
+    let group = q.work_group("w").unwrap().lease(Duration::from_secs(10));
+    let mut sub = group.subscribe().await.unwrap();
+    let job = next_job(&mut sub).await;
+    job.extend(Duration::from_secs(100)).unwrap();
+    clock.advance(Duration::from_secs(20));
+    let pending = broker.pending("w", "jobs").await.unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].state, PendingState::Leased, "{pending:?}");
+    let deadline = pending[0].lease_deadline.unwrap();
+    let expected = clock.wall_time() + Duration::from_secs(80);
+    let diff = deadline.duration_since(expected).unwrap_or_else(|e| e.duration());
+    assert!(diff < Duration::from_millis(5), "deadline {deadline:?}, expected {expected:?}");
+    let stats = broker.stats().await.unwrap();
+    let g = stats.groups.iter().find(|g| g.group == "w").unwrap();
+    assert_eq!(g.in_flight, 1, "the extended job is in flight");
+    job.ack().await.unwrap();
+    broker.shutdown().await.unwrap();
+}
+
+// Fault 7: enqueue stamps restarted from the wall clock at open, so a clock stepped back
+// between a shutdown and a reopen made `enqueued_at` go backwards along a queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_times_never_go_back_across_a_restart() {
+    let dir = tempdir();
+    let ahead = ManualClock::new();
+    ahead.advance(Duration::from_secs(3600));
+    let broker = open_clock(dir.path(), &ahead).await;
+    let q = broker.queue("q").await.unwrap();
+    q.send("before").await.unwrap();
+    broker.shutdown().await.unwrap();
+
+    // The clock is now an hour behind the last stamp.
+    let behind = ManualClock::new();
+    let broker = open_clock(dir.path(), &behind).await;
+    let q = broker.queue("q").await.unwrap();
+    q.send("after").await.unwrap();
+    let msgs = broker.peek("q", None, 10).await.unwrap();
+    assert_eq!(msgs.len(), 2);
+    assert!(
+        msgs[1].enqueued_at >= msgs[0].enqueued_at,
+        "{:?} < {:?}",
+        msgs[1].enqueued_at,
+        msgs[0].enqueued_at
+    );
+    broker.shutdown().await.unwrap();
+}
+
+// Fault 7: `prefetch` defaulted to 64 whatever the concurrency, so a one-handler pool claimed
+// (and ran the leases of) 64 jobs while its docs said it held at most `concurrency`. Now the
+// default is `concurrency`, and the pool holds at most `concurrency + prefetch`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_holds_at_most_concurrency_plus_its_default_prefetch() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    q.send_batch((0..20).map(|i| format!("m{i}"))).await.unwrap();
+    let group = q.work_group("w").unwrap();
+    let (tx, mut started) = mpsc::unbounded_channel();
+    let pool = group.workers(1).spawn(stuck(tx));
+    started.recv().await.unwrap();
+    // The running job came from the pool's first claim, so that claim is complete: it held
+    // at most one batch (64 jobs before the fix, here at most concurrency + prefetch = 2).
+    let held = broker.pending("w", "jobs").await.unwrap().len();
+    assert!((1..=2).contains(&held), "the pool holds {held} jobs");
+    assert!(group.in_flight() <= 2, "{}", group.in_flight());
+    pool.abort();
+    broker.shutdown().await.unwrap();
+}
