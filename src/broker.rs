@@ -195,7 +195,7 @@ impl Broker {
             .spawn_blocking(move || store::open(&path, &opts))
             .await
             .map_err(|e| OpenError::InvalidOption(format!("open task failed: {e}")))??;
-        let store::Loaded { queues, groups, claims, settings } = loaded;
+        let store::Loaded { queues, groups, claims, settings, deliveries } = loaded;
 
         let registry = Registry::default();
         for q in queues {
@@ -237,6 +237,37 @@ impl Broker {
         for g in registry.work_groups.iter() {
             g.restore(by_group.remove(&g.key).unwrap_or_default(), &options.clock);
         }
+        // Ordered groups' delivery counts and dead letters above their offsets.
+        let mut stale = Vec::new();
+        for d in deliveries {
+            let key = keys::offset_key(&d.group, &d.queue);
+            let Some(g) = registry.groups.get(&key).map(|g| g.clone()) else {
+                let k = keys::claim_key(&keys::ordered_prefix(&d.group, &d.queue), d.seq);
+                return Err(crate::error::CorruptionError::new(
+                    "delivery",
+                    &k,
+                    "names an ordered group that does not exist",
+                )
+                .into());
+            };
+            // At or below the offset, or of a trimmed message: moot, deleted by the writer's
+            // next round (the group is handed to it below).
+            let first = g.queue.first_seq.load(Ordering::Relaxed);
+            let floor = g.durable.load(Ordering::Relaxed).max(first.saturating_sub(1));
+            let mut rec = g.records();
+            rec.stored.insert(d.seq);
+            if d.seq <= floor {
+                if !stale.iter().any(|s: &Arc<GroupState>| Arc::ptr_eq(s, &g)) {
+                    stale.push(g.clone());
+                }
+            } else {
+                if d.record.dead_lettered {
+                    rec.dead.insert(d.seq);
+                } else {
+                    rec.failed.insert(d.seq, (d.record.deliveries, d.record.not_before_micros));
+                }
+            }
+        }
         // Settings of a group that no longer exists (a removed group) are ignored.
         for s in settings {
             let key = keys::offset_key(&s.group, &s.queue);
@@ -264,6 +295,11 @@ impl Broker {
             counters: Counters::default(),
             events: tokio::sync::broadcast::channel(4096).0,
         });
+        for g in stale {
+            if g.mark() {
+                engine.mark_dirty(g);
+            }
+        }
         tracing::info!(
             path = %engine.store.path.display(),
             queues = engine.registry.queues.len(),
@@ -385,7 +421,7 @@ impl Broker {
     }
 
     /// Work-queue lifecycle events (delivered, acked, retried, lease expired, dead-lettered,
-    /// redriven, saturated). Each receiver sees the events sent after it subscribed; see
+    /// redriven, saturated), and ordered groups' dead letters and skips. Each receiver sees the events sent after it subscribed; see
     /// [`Event`](crate::Event).
     ///
     /// # Examples

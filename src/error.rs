@@ -261,7 +261,9 @@ pub enum SubscribeError {
         existing: &'static str,
     },
     /// The group's default dead-letter queue name (`<queue>.dlq`) would be too long; set one
-    /// with [`WorkGroup::dead_letter_queue`](crate::WorkGroup::dead_letter_queue).
+    /// with [`WorkGroup::dead_letter_queue`](crate::WorkGroup::dead_letter_queue) (or
+    /// [`Group::dead_letter_queue`](crate::Group::dead_letter_queue) for an ordered group with
+    /// [`max_deliveries`](crate::Group::max_deliveries)).
     #[error("dead-letter queue name for queue {queue:?} is too long; set one explicitly")]
     DeadLetterName {
         /// The queue.

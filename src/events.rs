@@ -1,11 +1,11 @@
-//! [`Event`]: the lifecycle of messages (work-queue outcomes, retention), broadcast for tests and
-//! monitoring.
+//! [`Event`]: the lifecycle of messages (work-queue outcomes, ordered dead letters, retention),
+//! broadcast for tests and monitoring.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Something that happened to a message of a work-queue group. Subscribe with
-/// [`Broker::events`](crate::Broker::events).
+/// Something that happened to a message of a work-queue group (or, for `DeadLettered` and
+/// `Skipped`, of an ordered group too). Subscribe with [`Broker::events`](crate::Broker::events).
 ///
 /// Outcome events (`Acked`, `Retried`, `DeadLettered`, `Redriven`) are sent once the outcome is
 /// durable. The channel is bounded: a receiver that falls behind loses the oldest events
@@ -61,15 +61,16 @@ pub enum Event {
         /// The attempt whose lease expired.
         attempt: u32,
     },
-    /// A message was moved to the dead-letter queue.
+    /// A message was moved to the dead-letter queue, by a work-queue group or by an ordered
+    /// group's [`max_deliveries`](crate::Group::max_deliveries).
     DeadLettered {
         /// The queue.
         queue: Arc<str>,
-        /// The group.
+        /// The group that gave up on it (work-queue or ordered).
         group: Arc<str>,
         /// The message's sequence.
         seq: u64,
-        /// Attempts made.
+        /// Attempts made (ordered groups: deliveries).
         attempts: u32,
         /// Why.
         reason: String,

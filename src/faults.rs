@@ -2,7 +2,9 @@
 //! Without the feature every check compiles to nothing.
 //!
 //! Points: `rockq-writer-write` (the round's WriteBatch), `rockq-syncer-sync` (the pipelined WAL
-//! sync under `Fsync`), `rockq-read` (a consumer's batch read).
+//! sync under `Fsync`), `rockq-read` (a consumer's batch read), `rockq-trim-queued` (a
+//! retention pass has queued a trim with the writer: a test's callback learns the order of
+//! requests).
 
 /// Returns an injected storage error if the failpoint `name` is configured to `return`.
 #[cfg(feature = "failpoints")]
@@ -16,6 +18,16 @@ pub(crate) fn check(name: &str) -> Result<(), rocksdb::Error> {
 pub(crate) fn check(_name: &str) -> Result<(), rocksdb::Error> {
     Ok(())
 }
+
+/// Runs the callback configured for the failpoint `name`, if any (no error to inject).
+#[cfg(feature = "failpoints")]
+pub(crate) fn reached(name: &str) {
+    fail::fail_point!(name);
+}
+
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub(crate) fn reached(_name: &str) {}
 
 /// A genuine `rocksdb::Error` (the crate has no public constructor): opening a path that
 /// cannot exist without `create_if_missing` fails.

@@ -11,6 +11,8 @@
 //!   writes without polling.
 //! - **At-least-once**: a group's offset is committed only over a contiguous run of
 //!   acknowledged deliveries, so a crash or a dropped delivery causes redelivery, never loss.
+//!   A delivery can be redelivered later with [`Delivery::nack_after`], and a poison message
+//!   moved to a dead-letter queue after [`Group::max_deliveries`].
 //! - **Work-queue groups** ([`WorkGroup`]) give competing consumers [`Job`]s under leases, with
 //!   fencing, retries with backoff ([`RetryPolicy`]), dead-letter queues ([`DeadLetters`]) and
 //!   worker pools ([`Workers`]); attempt counts are written before a job is handed out, so they
@@ -153,6 +155,9 @@ pub mod fuzzing {
             }
             assert_eq!(marker, b, "a format marker has one encoding");
         }
+        if let Ok(d) = records::DeliveryRecord::decode(b"k", b) {
+            assert_eq!(d.encode().as_slice(), b, "a delivery record has one encoding");
+        }
     }
 
     /// A message as a send stages it: validated, encoded into a shared arena behind other sends,
@@ -272,6 +277,9 @@ pub mod fuzzing {
         }
         if let Ok(name) = keys::queue_name_from_key(b) {
             assert_eq!(keys::queue_key(name), b);
+        }
+        if let Ok((g, q, s)) = keys::parse_ordered_key(b) {
+            assert_eq!(keys::claim_key(&keys::ordered_prefix(g, q), s), b);
         }
     }
 }

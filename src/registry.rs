@@ -65,6 +65,8 @@ pub(crate) struct GroupState {
     pub paused: AtomicBool,
     /// The live subscription, for in-flight counts in stats.
     pub live: std::sync::Mutex<std::sync::Weak<crate::consumer::SubShared>>,
+    /// Delivery counts, redelivery times and dead letters above the offset (ordered groups).
+    pub records: std::sync::Mutex<crate::consumer::GroupRecords>,
 }
 
 impl GroupState {
@@ -80,17 +82,28 @@ impl GroupState {
             skipped: AtomicU64::new(0),
             paused: AtomicBool::new(false),
             live: std::sync::Mutex::new(std::sync::Weak::new()),
+            records: std::sync::Mutex::new(crate::consumer::GroupRecords::default()),
         })
     }
 
-    /// Records that everything up to `seq` is acknowledged. Returns true if the group just
-    /// became dirty (the caller must then hand it to the writer).
     /// Deliveries of the live subscription not yet acknowledged.
     pub fn in_flight(&self) -> u64 {
         let live = self.live.lock().unwrap_or_else(|p| p.into_inner()).upgrade();
         live.map_or(0, |s| s.in_flight())
     }
 
+    pub fn records(&self) -> std::sync::MutexGuard<'_, crate::consumer::GroupRecords> {
+        self.records.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks the group for the writer's next round. Returns true if it just became dirty (the
+    /// caller must then hand it to the writer).
+    pub fn mark(&self) -> bool {
+        !self.dirty.swap(true, Ordering::AcqRel)
+    }
+
+    /// Records that everything up to `seq` is acknowledged. Returns true if the group just
+    /// became dirty (the caller must then hand it to the writer).
     pub fn advance(&self, seq: u64) -> bool {
         self.acked.fetch_max(seq, Ordering::AcqRel);
         !self.dirty.swap(true, Ordering::AcqRel)

@@ -510,6 +510,95 @@ async fn a_dead_letter_abandoned_on_a_full_channel_is_retried() {
     broker.shutdown().await.unwrap();
 }
 
+/// Fault (issue 13, found when ordered dead letters met resets): a reset the writer refused —
+/// a trim applied between the caller's check and the reset's turn deleted its target — still
+/// dropped the group's delivery records, so delivery counts were lost (and a dead-lettered
+/// message above the offset would have been delivered again).
+async fn a_refused_reset_keeps_the_delivery_records() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let (q, hold) = (broker.queue("q").await.unwrap(), broker.queue("hold").await.unwrap());
+    q.set_retention(rockq::Retention::MaxLen(1)).await.unwrap();
+    q.send_batch(["1", "2", "3"]).await.unwrap();
+    let group = q.group("g").unwrap().max_deliveries(5);
+    let mut sub = group.subscribe().await.unwrap();
+    let mut ds = take(&mut sub, 3).await;
+    ds.pop().unwrap().nack(); // 3: one delivery came back, recorded
+    for d in ds {
+        d.ack().unwrap();
+    }
+    sub.commit().await.unwrap();
+    assert_eq!(sub.commit().await.unwrap(), 2);
+    drop(sub);
+
+    let (held, release) = hold_writer(&hold).await;
+    let (queued_tx, queued) = std::sync::mpsc::channel();
+    let queued_tx = std::sync::Mutex::new(queued_tx);
+    fail::cfg_callback("rockq-trim-queued", move || {
+        let _ = queued_tx.lock().unwrap().send(());
+    })
+    .unwrap();
+    // MaxLen(1) deletes 1 and 2; the trim is queued before the reset, which still sees 1.
+    let trim = tokio::spawn({
+        let broker = broker.clone();
+        async move { broker.trim().await }
+    });
+    tokio::task::spawn_blocking(move || queued.recv_timeout(HANG_GUARD).expect("trim never queued"))
+        .await
+        .unwrap();
+    fail::remove("rockq-trim-queued");
+    let mut reset = Box::pin(group.reset_to(rockq::ResetTo::Sequence(1)));
+    assert!(futures::poll!(&mut reset).is_pending(), "reset queued behind the trim");
+    release_writer(held, release).await;
+    assert!(
+        matches!(reset.await, Err(rockq::ResetError::OutOfRetention { first: 3, .. })),
+        "refused at its turn"
+    );
+    assert_eq!(trim.await.unwrap().unwrap().deleted, 2);
+    assert_eq!(group.committed(), Some(2), "the offset did not move");
+    let mut sub = group.subscribe().await.unwrap();
+    let d = next(&mut sub).await;
+    assert_eq!((d.seq(), d.delivery_count()), (3, 2), "its delivery count survived the refusal");
+    drop((d, sub));
+    broker.shutdown().await.unwrap();
+}
+
+/// Fault (found by the model test): an ordered dead letter's round wrote the copy and its mark,
+/// and the offset passed the message only in a later round; when none came (a shutdown's last
+/// round), acks above it were lost, and those messages were delivered again after a clean
+/// restart.
+async fn an_ordered_dead_letter_and_the_offset_past_it_are_one_write() {
+    let dir = tempdir();
+    {
+        let broker = open(dir.path()).await;
+        let (q, hold) = (broker.queue("q").await.unwrap(), broker.queue("hold").await.unwrap());
+        q.send_batch(["1", "2"]).await.unwrap();
+        let mut sub = q.group("g").unwrap().max_deliveries(1).subscribe().await.unwrap();
+        let mut ds = take(&mut sub, 2).await;
+        ds.pop().unwrap().ack().unwrap();
+        assert_eq!(sub.commit().await.unwrap(), 0, "1 is still out");
+        let (held, release) = hold_writer(&hold).await;
+        drop(ds); // 1 comes back with its last delivery: queued for dead-lettering
+        let mut commit = Box::pin(sub.commit());
+        assert!(futures::poll!(&mut commit).is_pending(), "queued behind the held write");
+        release_writer(held, release).await;
+        // The dead letter's round is the commit's round.
+        assert_eq!(commit.await.unwrap(), 2);
+        drop(sub);
+        broker.shutdown().await.unwrap();
+    }
+    let broker = open(dir.path()).await;
+    let q = broker.queue("q").await.unwrap();
+    assert_eq!(broker.dead_letters("q.dlq").await.unwrap().len().await.unwrap(), 1);
+    let group = q.group("g").unwrap();
+    assert_eq!(group.committed(), Some(2));
+    let mut sub = group.subscribe().await.unwrap();
+    q.send("3").await.unwrap();
+    assert_eq!(next(&mut sub).await.seq(), 3, "nothing delivered again");
+    drop(sub);
+    broker.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_storage_errors() {
     let scenario = fail::FailScenario::setup();
@@ -527,5 +616,7 @@ async fn injected_storage_errors() {
     a_work_group_reset_wins_over_queued_pool_acks().await;
     an_until_acked_trim_is_clamped_to_offsets_changed_since_its_cut().await;
     a_dead_letter_abandoned_on_a_full_channel_is_retried().await;
+    a_refused_reset_keeps_the_delivery_records().await;
+    an_ordered_dead_letter_and_the_offset_past_it_are_one_write().await;
     scenario.teardown();
 }

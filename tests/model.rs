@@ -1,8 +1,8 @@
-//! Model-based test: random sequences of send, receive/ack/drop (ordered group), claim/ack/
-//! nack/dead-letter/drop/extend (work-queue group), lease expiry (manual clock), trim, redrive,
-//! resets of either group, a stored record corrupted across a restart, and restart, checked
-//! step by step against a small reference model of what is delivered next,
-//! with which attempt, what is committed, what is dead-lettered and where the queue starts.
+//! Model-based test: random sequences of send, receive/ack/drop/nack/nack-after-a-delay
+//! (ordered group with `max_deliveries`), claim/ack/nack/dead-letter/drop/extend (work-queue
+//! group), lease expiry and redelivery delays (manual clock), trim, redrive, resets of either
+//! group, a stored record corrupted across a restart, and restart, checked step by step against a small reference model of what is delivered next, with which attempt
+//! or delivery count, what is committed, what is dead-lettered and where the queue starts.
 
 mod common;
 
@@ -18,6 +18,9 @@ use rockq::{
 
 const LEASE: Duration = Duration::from_secs(10);
 const MAX_ATTEMPTS: u32 = 3;
+/// The ordered group's `max_deliveries`, and its `nack_after` delay (one tick).
+const O_MAX: u32 = 3;
+const O_DELAY: u64 = 5;
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -25,6 +28,9 @@ enum Op {
     ORecv,
     OAck(usize),
     ODrop(usize),
+    ONack(usize),
+    /// `nack_after` 5 s (one tick).
+    ONackAfter(usize),
     WClaim,
     WAck(usize),
     WNack(usize),
@@ -51,6 +57,8 @@ fn op() -> impl Strategy<Value = Op> {
         3 => Just(Op::ORecv),
         2 => any::<usize>().prop_map(Op::OAck),
         1 => any::<usize>().prop_map(Op::ODrop),
+        1 => any::<usize>().prop_map(Op::ONack),
+        1 => any::<usize>().prop_map(Op::ONackAfter),
         3 => Just(Op::WClaim),
         2 => any::<usize>().prop_map(Op::WAck),
         1 => any::<usize>().prop_map(Op::WNack),
@@ -78,12 +86,19 @@ enum W {
 struct Model {
     last: u64,
     first: u64,
-    // Ordered group.
+    // Ordered group: acked (in memory) and dead-lettered (durable) above the offset.
     o_acked: BTreeSet<u64>,
+    o_dead: BTreeSet<u64>,
     o_committed: u64,
     o_next_new: u64,
     o_redeliver: BTreeSet<u64>,
-    o_held: Vec<u64>,
+    /// Nacked with a delay: seq → due (clock seconds). Persisted, so kept across restarts.
+    o_delayed: BTreeMap<u64, u64>,
+    /// Deliveries that came back without an ack, per message (persisted).
+    o_fails: BTreeMap<u64, u32>,
+    o_held: Vec<(u64, u32)>,
+    o_dlq: Vec<u64>,
+    o_dlq_cursor: usize,
     // Work group: its offset as last reset, claimed sequences (below the frontier), the
     // frontier, held jobs.
     w_base: u64,
@@ -101,14 +116,71 @@ impl Model {
     fn new() -> Self {
         Model { first: 1, o_next_new: 1, w_frontier: 1, ..Model::default() }
     }
-    fn o_next(&self) -> Option<u64> {
-        self.o_redeliver.first().copied().or((self.o_next_new <= self.last).then_some(self.o_next_new))
+    /// The next ordered delivery, taken: due delayed redeliveries join the handed-back ones,
+    /// which go first; new messages skip dead-lettered ones and wait if still delayed.
+    fn o_take_next(&mut self) -> Option<u64> {
+        let due: Vec<u64> = self
+            .o_delayed
+            .iter()
+            .filter(|(s, d)| **s < self.o_next_new && **d <= self.now)
+            .map(|(s, _)| *s)
+            .collect();
+        for s in due {
+            self.o_delayed.remove(&s);
+            self.o_redeliver.insert(s);
+        }
+        if let Some(s) = self.o_redeliver.pop_first() {
+            return Some(s);
+        }
+        while self.o_next_new <= self.last {
+            let s = self.o_next_new;
+            self.o_next_new += 1;
+            if s <= self.o_committed || self.o_dead.contains(&s) {
+                continue; // done for the group: never handed out
+            }
+            match self.o_delayed.get(&s) {
+                Some(&due) if due > self.now => continue, // waits in the window until due
+                Some(_) => {
+                    self.o_delayed.remove(&s);
+                }
+                None => {}
+            }
+            return Some(s);
+        }
+        None
+    }
+    fn o_count(&self, seq: u64) -> u32 {
+        self.o_fails.get(&seq).copied().unwrap_or(0) + 1
+    }
+    fn o_advance(&mut self) {
+        loop {
+            let s = self.o_committed + 1;
+            if !(self.o_acked.remove(&s) | self.o_dead.remove(&s)) {
+                break;
+            }
+            self.o_committed = s;
+        }
     }
     fn o_ack(&mut self, seq: u64) {
         self.o_acked.insert(seq);
-        while self.o_acked.remove(&(self.o_committed + 1)) {
-            self.o_committed += 1;
+        self.o_advance();
+    }
+    /// A held delivery came back without an ack: dead-lettered if it was the last one.
+    /// Returns whether it was.
+    fn o_comeback(&mut self, seq: u64, count: u32, delay: bool) -> bool {
+        if count >= O_MAX {
+            self.o_dead.insert(seq);
+            self.o_dlq.push(seq);
+            self.o_advance();
+            return true;
         }
+        self.o_fails.insert(seq, count);
+        if delay {
+            self.o_delayed.insert(seq, self.now + O_DELAY);
+        } else {
+            self.o_redeliver.insert(seq);
+        }
+        false
     }
     fn w_committed(&self) -> u64 {
         let mut c = (self.first - 1).max(self.w_base);
@@ -195,9 +267,13 @@ struct Real {
 async fn open_real(path: &std::path::Path, clock: &ManualClock) -> Real {
     let broker = open_clock(path, clock).await;
     let q = broker.queue("q").await.unwrap();
-    let o = q.group("o").unwrap().subscribe().await.unwrap();
+    let o = ordered_sub(&q).await;
     let w = work_sub(&q).await;
     Real { broker, q, o, w, o_held: Vec::new(), w_held: Vec::new() }
+}
+
+async fn ordered_sub(q: &rockq::Queue) -> Subscription {
+    q.group("o").unwrap().max_deliveries(O_MAX).dead_letter_queue("o.dlq").subscribe().await.unwrap()
 }
 
 async fn work_sub(q: &rockq::Queue) -> WorkSubscription {
@@ -231,26 +307,40 @@ async fn run(ops: Vec<Op>) {
                 m.last += u64::from(n);
             }
             Op::ORecv => {
-                let Some(expected) = m.o_next() else { continue };
+                let Some(expected) = m.o_take_next() else { continue };
                 let d = quick(r.o.next(), &ctx).await;
-                assert_eq!(d.seq(), expected, "{ctx}");
-                if !m.o_redeliver.remove(&expected) {
-                    m.o_next_new += 1;
-                }
-                m.o_held.push(expected);
+                let count = m.o_count(expected);
+                assert_eq!((d.seq(), d.delivery_count()), (expected, count), "{ctx}: {m:?}");
+                m.o_held.push((expected, count));
                 r.o_held.push(d);
             }
-            Op::OAck(i) | Op::ODrop(i) if !r.o_held.is_empty() => {
+            Op::OAck(i) | Op::ODrop(i) | Op::ONack(i) | Op::ONackAfter(i) if !r.o_held.is_empty() => {
                 let i = i % r.o_held.len();
                 let d = r.o_held.swap_remove(i);
-                let seq = m.o_held.swap_remove(i);
-                if matches!(op, Op::OAck(_)) {
-                    d.ack().unwrap();
-                    m.o_ack(seq);
-                    assert_eq!(r.o.commit().await.unwrap(), m.o_committed, "{ctx}");
-                } else {
-                    drop(d);
-                    m.o_redeliver.insert(seq);
+                let (seq, count) = m.o_held.swap_remove(i);
+                let dead = match op {
+                    Op::OAck(_) => {
+                        d.ack().unwrap();
+                        m.o_ack(seq);
+                        assert_eq!(r.o.commit().await.unwrap(), m.o_committed, "{ctx}");
+                        false
+                    }
+                    Op::ODrop(_) => {
+                        drop(d);
+                        m.o_comeback(seq, count, false)
+                    }
+                    Op::ONack(_) => {
+                        d.nack();
+                        m.o_comeback(seq, count, false)
+                    }
+                    _ => {
+                        d.nack_after(Duration::from_secs(O_DELAY));
+                        m.o_comeback(seq, count, true)
+                    }
+                };
+                if dead {
+                    // The dead letter, its mark and the offset past it are one batch.
+                    assert_eq!(r.o.commit().await.unwrap(), m.o_committed, "{ctx}: {m:?}");
                 }
             }
             // With `max_in_flight(1)` a second claim waits for the first job: claim only when
@@ -332,12 +422,23 @@ async fn run(ops: Vec<Op>) {
                 assert_eq!(moved as usize, m.dlq.len() - m.dlq_cursor, "{ctx}");
                 m.dlq_cursor = m.dlq.len();
                 m.last += moved;
+                // The ordered group's dead letters go back to the end of the queue too.
+                let odlq = r.broker.dead_letters("o.dlq").await.unwrap();
+                let moved = odlq.redrive(Redrive::new()).await.unwrap();
+                assert_eq!(moved as usize, m.o_dlq.len() - m.o_dlq_cursor, "{ctx}");
+                m.o_dlq_cursor = m.o_dlq.len();
+                m.last += moved;
                 assert_eq!(r.q.last_seq(), m.last, "{ctx}");
             }
             Op::Restart | Op::CorruptRestart(_) => {
                 r.o.commit().await.unwrap();
                 let Real { broker, q, o, w, o_held, w_held } = r;
+                // Held ordered deliveries are dropped, in order: each comes back (counted, or
+                // dead-lettered by the shutdown's last round).
                 drop((q, o, w, o_held));
+                for (seq, count) in std::mem::take(&mut m.o_held) {
+                    m.o_comeback(seq, count, false);
+                }
                 std::mem::forget(w_held); // as if the process died holding them: attempts stay counted
                 broker.shutdown().await.unwrap();
                 for (seq, _, expired, _) in m.w_held.drain(..) {
@@ -358,24 +459,34 @@ async fn run(ops: Vec<Op>) {
                     }
                 }
                 r = open_real(dir.path(), &clock).await;
-                m.o_held.clear();
+                // In memory only: handed-back deliveries and acks above the offset.
                 m.o_redeliver.clear();
                 m.o_acked.clear();
                 m.o_next_new = m.o_committed.max(m.first - 1) + 1;
             }
             Op::OReset(pick) => {
                 let Some(seq) = reset_target(&m, pick, true) else { continue };
-                // The subscription and its deliveries go (handed back, then reset away).
+                // Held deliveries are dropped first (each comes back: counted, or
+                // dead-lettered), and the commit that follows writes what that decided.
                 let Real { broker, q, o, w, o_held, w_held } = r;
-                drop((o, o_held));
+                drop(o_held);
+                for (seq, count) in std::mem::take(&mut m.o_held) {
+                    m.o_comeback(seq, count, false);
+                }
+                assert_eq!(o.commit().await.unwrap(), m.o_committed, "{ctx}: {m:?}");
+                drop(o);
                 let group = q.group("o").unwrap();
                 assert_eq!(group.reset_to(rockq::ResetTo::Sequence(seq)).await.unwrap(), seq, "{ctx}");
                 assert_eq!(group.committed(), Some(seq - 1), "{ctx}");
-                let o = group.subscribe().await.unwrap();
+                let o = ordered_sub(&q).await;
                 r = Real { broker, q, o, w, o_held: Vec::new(), w_held };
-                m.o_held.clear();
+                // Every delivery count, delay and dead-letter mark above the old offset goes
+                // with it; the dead letters already written stay.
                 m.o_redeliver.clear();
                 m.o_acked.clear();
+                m.o_dead.clear();
+                m.o_delayed.clear();
+                m.o_fails.clear();
                 m.o_committed = seq - 1;
                 m.o_next_new = seq;
             }
@@ -401,6 +512,9 @@ async fn run(ops: Vec<Op>) {
     assert_eq!(dlq.len().await.unwrap() as usize, m.dlq.len() - m.dlq_cursor);
     let origins: Vec<u64> = dlq.list(1000).await.unwrap().iter().map(|d| d.seq.unwrap()).collect();
     assert_eq!(origins, m.dlq[m.dlq_cursor..].to_vec());
+    let odlq = r.broker.dead_letters("o.dlq").await.unwrap();
+    let origins: Vec<u64> = odlq.list(1000).await.unwrap().iter().map(|d| d.seq.unwrap()).collect();
+    assert_eq!(origins, m.o_dlq[m.o_dlq_cursor..].to_vec(), "ordered dead letters, each once");
     std::mem::forget(r.w_held);
     r.broker.shutdown().await.unwrap();
 }

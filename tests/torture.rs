@@ -3,9 +3,12 @@
 //! starts it again. After every cycle:
 //! - every send that resolved `Ok` is present, and sequences have no holes and are never reused;
 //! - no group offset passes a message whose handler had not finished;
-//! - a work-queue message's attempt count never goes down (each delivery has a higher one).
+//! - a work-queue message's attempt count never goes down (each delivery has a higher one);
+//! - the ordered group's poison messages (every 50th) are nacked until `max_deliveries` moves
+//!   them to `t.dlq`: each at most once there, and never one the group acknowledged.
 //!
-//! A final clean run drains both groups: every sent message reached both (zero loss).
+//! A final clean run drains both groups: every sent message reached both, acknowledged or (the
+//! poison ones, ordered group) dead-lettered (zero loss).
 //! `cargo test --test torture` runs a short version; the long one (500 cycles, or
 //! `ROCKQ_TORTURE_CYCLES`) is `cargo test --test torture -- --ignored long_torture`.
 
@@ -18,6 +21,34 @@ use std::time::Duration;
 use common::*;
 use futures::StreamExt;
 use rockq::{Durability, Options, Retention, Task};
+
+/// The ordered group fails these every time: they end in `t.dlq`.
+fn is_poison(seq: u64) -> bool {
+    seq % 50 == 7
+}
+
+const ORDERED_MAX_DELIVERIES: u32 = 3;
+
+/// Origins of the ordered group's dead letters; each at most once.
+async fn ordered_dead_letters(broker: &rockq::Broker, cycle_no: usize) -> BTreeSet<u64> {
+    let mut origins = BTreeSet::new();
+    let mut from = 1;
+    loop {
+        let page = broker.peek("t.dlq", Some(from), 4096).await.unwrap_or_default();
+        let Some(last) = page.last().map(|m| m.seq) else { return origins };
+        for m in page {
+            let seq: u64 = m
+                .headers
+                .iter()
+                .find(|(k, _)| k == "rockq-dlq-seq")
+                .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse().ok())
+                .expect("dead letter origin");
+            assert!(is_poison(seq), "cycle {cycle_no}: {seq} was dead-lettered but never failed");
+            assert!(origins.insert(seq), "cycle {cycle_no}: {seq} was dead-lettered twice");
+        }
+        from = last + 1;
+    }
+}
 
 async fn open_fsync(path: &str) -> rockq::Broker {
     Options::new()
@@ -51,10 +82,15 @@ async fn helper_torture_child() {
             });
         }
     }
-    let o = q.group("o").unwrap().max_unacked(64);
+    let o = q.group("o").unwrap().max_unacked(64).max_deliveries(ORDERED_MAX_DELIVERIES);
     let mut ordered = o.subscribe().await.unwrap();
     tokio::spawn(async move {
         while let Some(Ok(d)) = ordered.next().await {
+            if is_poison(d.seq()) {
+                println!("NACK o {} {}", d.seq(), d.delivery_count());
+                d.nack();
+                continue;
+            }
             println!("DONE o {}", d.seq()); // the handler finished before the ack
             if d.ack().is_err() {
                 return;
@@ -181,7 +217,13 @@ async fn check(path: &str, seen: &Seen, cycle_no: usize) {
         d.ack().unwrap();
     }
     drop(sub);
-    for (name, done) in [("o", &seen.done_o), ("w", &seen.done_w)] {
+    let dead = ordered_dead_letters(&broker, cycle_no).await;
+    for seq in &dead {
+        assert!(!seen.done_o.contains_key(seq), "cycle {cycle_no}: {seq} was both acked and dead-lettered");
+    }
+    let mut done_o = seen.done_o.clone();
+    done_o.extend(dead.iter().map(|&s| (s, 1)));
+    for (name, done) in [("o", &done_o), ("w", &seen.done_w)] {
         let committed = if name == "o" {
             q.group(name).unwrap().committed()
         } else {
@@ -217,14 +259,20 @@ async fn torture(cycles: usize) {
         check(&path, &seen, c).await;
     }
     cycle(&path, &mut seen, None);
-    let lost_o: Vec<_> = seen.sent.iter().filter(|s| !seen.done_o.contains_key(s)).collect();
+    let broker = open_fsync(&path).await;
+    let dead = ordered_dead_letters(&broker, cycles).await;
+    broker.shutdown().await.unwrap();
+    let lost_o: Vec<_> =
+        seen.sent.iter().filter(|s| !seen.done_o.contains_key(s) && !dead.contains(s)).collect();
     let lost_w: Vec<_> = seen.sent.iter().filter(|s| !seen.done_w.contains_key(s)).collect();
     let duplicates: u32 = seen.done_o.values().chain(seen.done_w.values()).map(|n| n - 1).sum();
     println!(
-        "torture: cycles {cycles}, messages {}, lost {}, duplicates {duplicates}",
+        "torture: cycles {cycles}, messages {}, lost {}, duplicates {duplicates}, ordered dead letters {}",
         seen.sent.len(),
-        lost_o.len() + lost_w.len()
+        lost_o.len() + lost_w.len(),
+        dead.len()
     );
+    assert!(!dead.is_empty(), "no poison message was dead-lettered");
     assert!(lost_o.is_empty() && lost_w.is_empty(), "lost: ordered {lost_o:?}, work {lost_w:?}");
     // Redeliveries only come from what was in flight at a crash: handled but not yet durably
     // committed (the ordered window of 64 plus acks awaiting the next group commit; the pool's

@@ -5,15 +5,48 @@
 //! run of acknowledged sequences. The window remembers, for every delivered sequence above the
 //! offset, whether it was acknowledged.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use futures::task::AtomicWaker;
 
+use super::records::PendingRecord;
 use crate::broker::Shared;
 use crate::registry::GroupState;
 use crate::store::RawMessage;
+
+/// Longest wait [`Delivery::nack_after`](crate::Delivery::nack_after) takes; longer delays are
+/// clamped to it (documented there).
+pub(crate) const MAX_NACK_DELAY: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// How a delivery came back without an ack.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Comeback {
+    Dropped,
+    Nacked,
+    After(Duration),
+}
+
+impl Comeback {
+    fn describe(self) -> String {
+        match self {
+            Comeback::Dropped => "dropped without an ack".into(),
+            Comeback::Nacked => "nacked".into(),
+            Comeback::After(d) => format!("nacked with a delay of {d:?}"),
+        }
+    }
+}
+
+/// Poison-message settings of a subscription (`Group::max_deliveries`).
+#[derive(Debug, Clone)]
+pub(crate) struct PoisonConfig {
+    /// Deliveries after which a message that comes back is dead-lettered (`None`: never).
+    pub max_deliveries: Option<u32>,
+    /// Where it goes.
+    pub dlq: Arc<str>,
+}
 
 /// State shared by a [`Subscription`](crate::Subscription) and its outstanding
 /// [`Delivery`](crate::Delivery)s. The group's active-subscriber slot is released when the
@@ -26,81 +59,228 @@ pub(crate) struct SubShared {
     pub max_unacked: usize,
     /// The subscription's task, woken when an ack frees window space or a delivery comes back.
     pub waker: AtomicWaker,
+    pub poison: PoisonConfig,
 }
 
 pub(crate) struct AckWindow {
     /// Lowest sequence not yet acknowledged: the offset is `base - 1`.
     base: u64,
-    /// `acked[i]`: whether `base + i` was acknowledged. Covers every sequence handed out.
-    acked: VecDeque<bool>,
+    /// Sequence the next hand-out must have.
+    next: u64,
+    /// The handed-out sequences above the offset, as runs of consecutive sequences, oldest
+    /// first. Between two runs lies a range that retention deleted before it was handed out:
+    /// it counts as done without taking an entry, so a trim of any size costs nothing here.
+    /// When not empty, the first run starts at `base` with an unacknowledged sequence.
+    runs: VecDeque<Run>,
+    /// Entries in `runs`: sequences handed out beyond the offset (`max_unacked` bounds it).
+    len: usize,
     /// Deliveries dropped or nacked without an ack, to be handed out again, with the number of
     /// times each was delivered so far.
     pub redeliver: BTreeMap<u64, (RawMessage, u32)>,
+    /// Deliveries nacked with a delay, by due time: they join `redeliver` when due.
+    pub delayed: BTreeMap<(Instant, u64), (RawMessage, u32)>,
+    /// Counts from earlier subscriptions (and restarts) of messages not handed out yet:
+    /// deliveries that came back, and the wall-clock time (µs) before which not to deliver.
+    pub prior: BTreeMap<u64, (u32, u64)>,
+    /// Messages above the offset already dead-lettered: done without being handed out.
+    dead: BTreeSet<u64>,
+}
+
+/// Consecutive handed-out sequences from `start`: `acked[i]` is whether `start + i` was
+/// acknowledged.
+struct Run {
+    start: u64,
+    acked: VecDeque<bool>,
 }
 
 impl AckWindow {
-    /// Sequences handed out and not yet covered by the offset.
-    pub fn len(&self) -> usize {
-        self.acked.len()
+    fn new(start: u64) -> Self {
+        AckWindow {
+            base: start,
+            next: start,
+            runs: VecDeque::new(),
+            len: 0,
+            redeliver: BTreeMap::new(),
+            delayed: BTreeMap::new(),
+            prior: BTreeMap::new(),
+            dead: BTreeSet::new(),
+        }
     }
 
-    /// Records that the next sequence (`base + len`) was handed out.
+    /// Whether `seq` (the next to hand out) was dead-lettered before: it is then pushed and
+    /// acknowledged without being delivered.
+    pub fn is_dead(&self, seq: u64) -> bool {
+        !self.dead.is_empty() && self.dead.contains(&seq)
+    }
+
+    /// With nothing handed out beyond the offset, dead-lettered messages right after it are
+    /// done: the offset passes them without handing them out (so it does not wait for the
+    /// stream to reach them).
+    fn absorb_dead(&mut self) {
+        if self.dead.is_empty() {
+            return;
+        }
+        while self.runs.is_empty() && self.dead.first() == Some(&self.next) {
+            self.dead.pop_first();
+            self.next += 1;
+            self.base = self.next;
+        }
+        // Anything below is behind the offset already.
+        while self.dead.first().is_some_and(|&s| s < self.next) {
+            self.dead.pop_first();
+        }
+    }
+
+    /// Moves delayed deliveries due at `now` to `redeliver`.
+    pub fn release_due(&mut self, now: Instant) {
+        while let Some(entry) = self.delayed.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let ((_, seq), v) = entry.remove_entry();
+            self.redeliver.insert(seq, v);
+        }
+    }
+
+    /// When the first delayed delivery is due.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.delayed.first_key_value().map(|((t, _), _)| *t)
+    }
+
+    /// Sequences handed out and not yet covered by the offset.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Records that the next sequence (`next()`) was handed out.
     pub fn push(&mut self, seq: u64) {
-        debug_assert_eq!(seq, self.base + self.acked.len() as u64);
-        self.acked.push_back(false);
+        debug_assert_eq!(seq, self.next);
+        match self.runs.back_mut() {
+            Some(run) if run.start + run.acked.len() as u64 == seq => run.acked.push_back(false),
+            _ => self.runs.push_back(Run { start: seq, acked: VecDeque::from([false]) }),
+        }
+        self.next = seq + 1;
+        self.len += 1;
     }
 
     /// Sequence the next hand-out must have.
     pub fn next(&self) -> u64 {
-        self.base + self.acked.len() as u64
+        self.next
+    }
+
+    /// Handed-out sequences not acknowledged (handed-back ones included).
+    fn unacked(&self) -> usize {
+        self.runs.iter().map(|r| r.acked.iter().filter(|a| !**a).count()).sum()
     }
 
     /// Retention deleted everything below `first` that was not handed out yet: count those as
     /// done (nobody can receive them), and drop handed-back ones below it too. Returns the new
-    /// offset if the prefix grew.
+    /// offset if the prefix grew. Costs O(handed-back entries below `first`), whatever the
+    /// size of the trimmed range.
     pub fn skip_to(&mut self, first: u64) -> Option<u64> {
-        let gone: Vec<u64> = self.redeliver.range(..first).map(|(&s, _)| s).collect();
+        let before = self.base;
+        let keep = self.redeliver.split_off(&first);
+        let mut gone: Vec<u64> = std::mem::replace(&mut self.redeliver, keep).into_keys().collect();
+        if self.delayed.keys().any(|&(_, s)| s < first) {
+            let (below, keep) =
+                std::mem::take(&mut self.delayed).into_iter().partition(|((_, s), _)| *s < first);
+            self.delayed = keep;
+            gone.extend(below.into_keys().map(|(_, s)| s));
+        }
         for s in gone {
-            self.redeliver.remove(&s);
             self.ack(s);
         }
-        let before = self.base;
-        if self.acked.is_empty() {
-            self.base = self.base.max(first);
-        } else {
-            while self.next() < first {
-                self.acked.push_back(true);
-            }
-            while self.acked.front() == Some(&true) {
-                self.acked.pop_front();
-                self.base += 1;
+        self.prior = self.prior.split_off(&first);
+        if self.next < first {
+            // The skipped range needs no entry: the next hand-out starts a new run at `first`.
+            self.next = first;
+            if self.runs.is_empty() {
+                self.base = first;
             }
         }
+        self.absorb_dead();
         (self.base > before).then(|| self.base - 1)
     }
 
     /// Marks `seq` acknowledged; returns the new offset if the contiguous prefix grew.
     pub fn ack(&mut self, seq: u64) -> Option<u64> {
-        let idx = usize::try_from(seq.checked_sub(self.base)?).ok()?;
-        *self.acked.get_mut(idx)? = true;
-        let before = self.base;
-        while self.acked.front() == Some(&true) {
-            self.acked.pop_front();
-            self.base += 1;
+        // Almost always the first run; there is one more run per trim that happened while
+        // deliveries were out.
+        let run = self.runs.iter_mut().find(|r| r.start <= seq && seq - r.start < r.acked.len() as u64)?;
+        let slot = run.acked.get_mut(usize::try_from(seq - run.start).ok()?)?;
+        if *slot {
+            return None;
         }
+        *slot = true;
+        let before = self.base;
+        while let Some(run) = self.runs.front_mut() {
+            while run.acked.front() == Some(&true) {
+                run.acked.pop_front();
+                run.start += 1;
+                self.len -= 1;
+            }
+            if !run.acked.is_empty() {
+                self.base = run.start;
+                break;
+            }
+            self.runs.pop_front();
+            // Everything up to the next run (a trimmed range) or to `next` is done.
+            self.base = self.runs.front().map_or(self.next, |r| r.start);
+        }
+        self.absorb_dead();
         (self.base > before).then(|| self.base - 1)
     }
 }
 
 impl SubShared {
-    pub fn new(shared: Arc<Shared>, group: Arc<GroupState>, start: u64, max_unacked: usize) -> Arc<Self> {
-        Arc::new(SubShared {
+    /// A subscription starting at `start`, with the counts and dead letters the group
+    /// remembers above it.
+    pub fn new(
+        shared: Arc<Shared>,
+        group: Arc<GroupState>,
+        start: u64,
+        max_unacked: usize,
+        poison: PoisonConfig,
+    ) -> Arc<Self> {
+        let mut window = AckWindow::new(start);
+        {
+            let rec = group.records();
+            window.prior = rec.failed.range(start..).map(|(&s, &v)| (s, v)).collect();
+            window.dead = rec.dead.range(start..).copied().collect();
+        }
+        // Dead letters right after the offset are passed at once.
+        let advanced = {
+            window.absorb_dead();
+            (window.base > start).then(|| window.base - 1)
+        };
+        let sub = Arc::new(SubShared {
             shared,
             group,
-            window: Mutex::new(AckWindow { base: start, acked: VecDeque::new(), redeliver: BTreeMap::new() }),
+            window: Mutex::new(window),
             max_unacked,
             waker: AtomicWaker::new(),
-        })
+            poison,
+        });
+        sub.advanced(advanced);
+        sub
+    }
+
+    /// Hands a grown offset to the writer.
+    pub fn advanced(&self, offset: Option<u64>) {
+        if let Some(offset) = offset
+            && self.group.advance(offset)
+        {
+            self.shared.engine.mark_dirty(self.group.clone());
+            self.shared.nudge_writer();
+        }
+    }
+
+    /// Hands the group's pending records to the writer.
+    fn to_writer(&self) {
+        if self.group.mark() {
+            self.shared.engine.mark_dirty(self.group.clone());
+            self.shared.nudge_writer();
+        }
     }
 
     /// Whether the window is full: no new sequence may be handed out until the offset moves.
@@ -111,7 +291,7 @@ impl SubShared {
     /// Deliveries handed out and not acknowledged (handed-back ones wait, they are not out).
     pub fn in_flight(&self) -> u64 {
         let w = self.window();
-        w.acked.iter().filter(|a| !**a).count().saturating_sub(w.redeliver.len()) as u64
+        w.unacked().saturating_sub(w.redeliver.len() + w.delayed.len()) as u64
     }
 
     pub fn window(&self) -> MutexGuard<'_, AckWindow> {
@@ -136,12 +316,7 @@ impl SubShared {
                 to: first - 1,
             });
         }
-        if let Some(offset) = advanced
-            && self.group.advance(offset)
-        {
-            self.shared.engine.mark_dirty(self.group.clone());
-            self.shared.nudge_writer();
-        }
+        self.advanced(advanced);
     }
 
     /// Records an acknowledgement and, if the offset moved, hands the group to the writer.
@@ -164,8 +339,62 @@ impl SubShared {
         }
     }
 
-    /// Puts an unacknowledged delivery back to be handed out again.
-    pub fn give_back(&self, msg: RawMessage, delivered: u32) {
+    /// A delivery came back without an ack after being delivered `delivered` times: it is
+    /// handed out again (at once, or after the delay), and its count is persisted in the
+    /// writer's next round; or, if that was its last delivery, it is dead-lettered.
+    pub fn give_back(self: &Arc<Self>, msg: RawMessage, delivered: u32, how: Comeback) {
+        let seq = msg.seq;
+        let exhausted = self.poison.max_deliveries.is_some_and(|max| delivered >= max);
+        // After shutdown or a failed write nothing reaches the disk any more: the message is
+        // simply delivered again after the next open.
+        let writable = !self.shared.is_closed() && self.shared.engine.failure().is_none();
+        if exhausted && writable {
+            let noun = if delivered == 1 { "delivery" } else { "deliveries" };
+            let reason = format!("{delivered} {noun} used up; last: {}", how.describe());
+            let sub = self.clone();
+            self.group.records().pending.push(PendingRecord::DeadLetter {
+                msg,
+                deliveries: delivered,
+                reason,
+                sub,
+            });
+            self.to_writer();
+            return;
+        }
+        let clock = self.shared.engine.clock();
+        let (due, not_before_micros) = match how {
+            Comeback::After(d) if !d.is_zero() => {
+                let d = d.min(MAX_NACK_DELAY);
+                let now = clock.now();
+                // `now + d` cannot overflow for d <= MAX_NACK_DELAY on any real clock; if it
+                // did, the message is due at once rather than panicking.
+                let due = now.checked_add(d).unwrap_or(now);
+                let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+                (Some(due), clock.wall_micros().saturating_add(micros))
+            }
+            _ => (None, 0),
+        };
+        if writable {
+            {
+                let mut rec = self.group.records();
+                rec.failed.insert(seq, (delivered, not_before_micros));
+                rec.pending.push(PendingRecord::Failed { seq, deliveries: delivered, not_before_micros });
+            }
+            self.to_writer();
+        }
+        {
+            let mut w = self.window();
+            match due {
+                Some(due) => drop(w.delayed.insert((due, seq), (msg, delivered))),
+                None => drop(w.redeliver.insert(seq, (msg, delivered))),
+            }
+        }
+        self.waker.wake();
+    }
+
+    /// Puts a delivery back to be handed out again at once, counting nothing (a dead letter
+    /// that could not be written).
+    pub fn redeliver(&self, msg: RawMessage, delivered: u32) {
         self.window().redeliver.insert(msg.seq, (msg, delivered));
         self.waker.wake();
     }
@@ -182,7 +411,7 @@ mod tests {
     use super::*;
 
     fn window(base: u64) -> AckWindow {
-        AckWindow { base, acked: VecDeque::new(), redeliver: BTreeMap::new() }
+        AckWindow::new(base)
     }
 
     #[test]
@@ -244,6 +473,40 @@ mod tests {
         let mut empty = window(5);
         assert_eq!(empty.skip_to(8), Some(7));
         assert_eq!(empty.skip_to(6), None, "never backwards");
+    }
+
+    #[test]
+    fn a_huge_trim_takes_no_entry_per_trimmed_sequence() {
+        // Fault (issue 13): `skip_to` pushed one entry per trimmed sequence, so a trim of a
+        // billion messages behind one unacked delivery allocated a billion entries (and filled
+        // the window, stopping the stream until that delivery was acked).
+        let mut w = window(1);
+        (1..=3).for_each(|s| w.push(s));
+        let first = 1_000_000_001;
+        assert_eq!(w.skip_to(first), None, "1..=3 still unacked hold the offset");
+        assert_eq!(w.len(), 3, "only the handed-out sequences take entries");
+        assert_eq!(w.next(), first);
+        w.push(first);
+        w.push(first + 1);
+        assert_eq!(w.len(), 5);
+        assert_eq!(w.ack(first), None);
+        assert_eq!(w.ack(3), None);
+        assert_eq!(w.ack(2), None);
+        assert_eq!(w.ack(1), Some(first), "the trimmed range counts as done");
+        assert_eq!(w.len(), 1);
+        assert_eq!(w.ack(first + 1), Some(first + 1));
+        assert_eq!(w.len(), 0);
+        // Trims while deliveries are out, twice: each leaves one more run, no more.
+        let mut w = window(1);
+        w.push(1);
+        w.skip_to(1 << 40);
+        w.push(1 << 40);
+        w.skip_to(1 << 50);
+        w.push(1 << 50);
+        assert_eq!(w.len(), 3);
+        assert_eq!(w.ack(1 << 40), None);
+        assert_eq!(w.ack(1), Some((1 << 50) - 1));
+        assert_eq!(w.ack(1 << 50), Some(1 << 50));
     }
 
     #[test]

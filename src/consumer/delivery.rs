@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
-use super::acks::SubShared;
+use super::acks::{Comeback, SubShared};
 use crate::error::AckError;
 use crate::store::RawMessage;
 
@@ -13,8 +13,11 @@ use crate::store::RawMessage;
 ///
 /// Dropping a delivery without acknowledging it (or calling [`nack`](Delivery::nack)) hands it
 /// back: the subscription delivers it again before newer messages, or, if the subscription is
-/// gone, the group's next subscriber receives it. Delivery is at-least-once: a message is
-/// redelivered until an ack for it (and for everything before it) has been committed.
+/// gone, the group's next subscriber receives it. [`nack_after`](Delivery::nack_after) hands
+/// it back to be delivered again only after a delay, while newer messages flow. Delivery is
+/// at-least-once: a message is redelivered until an ack for it (and for everything before it)
+/// has been committed — or, with [`Group::max_deliveries`](crate::Group::max_deliveries), until
+/// it has been delivered that many times, when it moves to the group's dead-letter queue.
 #[must_use = "a delivery that is dropped without ack() is delivered again"]
 pub struct Delivery {
     msg: Option<RawMessage>,
@@ -82,8 +85,16 @@ impl Delivery {
         &self.sub.group.name
     }
 
-    /// How many times this subscription has handed out this message, starting at 1. Counted in
-    /// memory: after a restart it starts again at 1.
+    /// How many times the group has delivered this message, starting at 1.
+    ///
+    /// Every delivery that came back without an ack (nack, `nack_after`, drop) counts, also
+    /// across subscriptions and restarts: the count is persisted when the delivery comes back
+    /// (in the writer's next round, coalesced with other writes). Not counted across a crash:
+    /// a delivery still out when the process died (neither acked nor handed back), and a
+    /// comeback whose record the writer had not written yet. Under
+    /// [`Durability::Buffered`](crate::Durability::Buffered) a power loss can also roll back
+    /// records since the last WAL sync. So the count never overstates deliveries, and may
+    /// understate them after a crash.
     pub fn delivery_count(&self) -> u32 {
         self.delivery_count
     }
@@ -123,16 +134,55 @@ impl Delivery {
     }
 
     /// Hands the message back without acknowledging it: it is delivered again (to this
-    /// subscription, before newer messages). Same as dropping the delivery.
-    pub fn nack(self) {
-        drop(self);
+    /// subscription, before newer messages), or dead-lettered if this was its last delivery
+    /// ([`Group::max_deliveries`](crate::Group::max_deliveries)). Same as dropping the
+    /// delivery.
+    pub fn nack(mut self) {
+        self.give_back(Comeback::Nacked);
+    }
+
+    /// Hands the message back to be delivered again after `delay` on the broker's
+    /// [`Clock`](crate::Clock) (no polling: the stream wakes when it is due). Meanwhile the
+    /// subscription goes on with newer messages, within
+    /// [`max_unacked`](crate::Group::max_unacked): the group's order becomes "sequence order
+    /// except redeliveries", and its committed offset cannot pass the waiting message. The
+    /// redelivery time is persisted with the delivery count, so it holds across a restart too.
+    ///
+    /// If this was the message's last delivery
+    /// ([`Group::max_deliveries`](crate::Group::max_deliveries)) it is dead-lettered at once
+    /// instead. A zero delay is [`nack`](Delivery::nack); delays longer than a year are
+    /// clamped to a year.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(mut sub: rockq::Subscription) -> Result<(), rockq::Error> {
+    /// use futures::StreamExt;
+    /// use std::time::Duration;
+    /// while let Some(delivery) = sub.next().await {
+    ///     let delivery = delivery?;
+    ///     if delivery.payload().is_empty() {
+    ///         delivery.nack_after(Duration::from_secs(30)); // try again in 30 s
+    ///         continue;
+    ///     }
+    ///     delivery.ack()?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn nack_after(mut self, delay: Duration) {
+        let how = if delay.is_zero() { Comeback::Nacked } else { Comeback::After(delay) };
+        self.give_back(how);
+    }
+
+    fn give_back(&mut self, how: Comeback) {
+        if let Some(m) = self.msg.take() {
+            self.sub.give_back(m, self.delivery_count, how);
+        }
     }
 }
 
 impl Drop for Delivery {
     fn drop(&mut self) {
-        if let Some(m) = self.msg.take() {
-            self.sub.give_back(m, self.delivery_count);
-        }
+        self.give_back(Comeback::Dropped);
     }
 }

@@ -5,10 +5,10 @@ use std::sync::atomic::Ordering;
 
 use tokio::sync::oneshot;
 
-use super::acks::SubShared;
+use super::acks::{PoisonConfig, SubShared};
 use super::subscription::Subscription;
 use crate::broker::Shared;
-use crate::error::{ResetError, SubscribeError};
+use crate::error::{NameKind, ResetError, SubscribeError};
 use crate::registry::QueueState;
 use crate::store::keys;
 use crate::writer::Request;
@@ -39,6 +39,8 @@ pub struct Group {
     start: StartFrom,
     max_unacked: usize,
     read_batch: usize,
+    max_deliveries: Option<u32>,
+    dlq: Option<String>,
 }
 
 impl std::fmt::Debug for Group {
@@ -56,6 +58,8 @@ impl Group {
             start: StartFrom::Earliest,
             max_unacked: 1024,
             read_batch: 256,
+            max_deliveries: None,
+            dlq: None,
         }
     }
 
@@ -81,6 +85,66 @@ impl Group {
     pub fn read_batch(mut self, n: usize) -> Self {
         self.read_batch = n.max(1);
         self
+    }
+
+    /// Poison messages: a message whose `n`th delivery comes back without an ack (nacked,
+    /// [`nack_after`](crate::Delivery::nack_after), or dropped) is moved to the group's
+    /// [dead-letter queue](Group::dead_letter_queue) instead of being delivered again, and the
+    /// group goes on past it. Default: unlimited (a message is redelivered until acked).
+    /// `n` is at least 1 (0 counts as 1: dead-letter on the first failure).
+    ///
+    /// The move is one atomic write: the dead-letter copy (same format as a work group's:
+    /// original payload and headers plus `rockq-dlq-*` headers, `rockq-dlq-attempts` being the
+    /// deliveries) and a record marking the message done for this group, so a crash never
+    /// leaves both a dead letter and a redelivery. The offset passes it in the same write
+    /// unless an earlier delivery is still unacknowledged.
+    /// Deliveries are counted as [`Delivery::delivery_count`](crate::Delivery::delivery_count)
+    /// says: a delivery in flight when the process crashes is not counted, so a message that
+    /// crashes the process is not caught by this (use a [`WorkGroup`](crate::WorkGroup), whose
+    /// attempts are written before each delivery).
+    ///
+    /// Ordering: the group's sequence order then has holes where messages were
+    /// dead-lettered; a [redrive](crate::DeadLetters::redrive) appends them to the queue again
+    /// with new sequences, after everything already in it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let sub = queue.group("billing")?.max_deliveries(5).subscribe().await?; // then orders.dlq
+    /// # Ok(()) }
+    /// ```
+    pub fn max_deliveries(mut self, n: u32) -> Self {
+        self.max_deliveries = Some(n.max(1));
+        self
+    }
+
+    /// The dead-letter queue for [`max_deliveries`](Group::max_deliveries). Default
+    /// `<queue>.dlq`, like work groups (so [`Broker::dead_letters`](crate::Broker::dead_letters)
+    /// and redrive work on it unchanged). The name is validated at
+    /// [`subscribe`](Group::subscribe).
+    pub fn dead_letter_queue(mut self, name: impl Into<String>) -> Self {
+        self.dlq = Some(name.into());
+        self
+    }
+
+    /// The dead-letter settings of a subscription. The default queue name is checked only when
+    /// it is used, so a group without `max_deliveries` on a long queue name still subscribes.
+    fn poison_config(&self) -> Result<PoisonConfig, SubscribeError> {
+        let dlq = match &self.dlq {
+            Some(n) => {
+                crate::name::validate(NameKind::Queue, n)?;
+                Arc::from(n.as_str())
+            }
+            None => {
+                let n = format!("{}.dlq", self.queue.name);
+                if n.len() > crate::MAX_NAME_LEN && self.max_deliveries.is_some() {
+                    return Err(SubscribeError::DeadLetterName { queue: self.queue.name.to_string() });
+                }
+                Arc::from(n)
+            }
+        };
+        Ok(PoisonConfig { max_deliveries: self.max_deliveries, dlq })
     }
 
     /// The committed offset: every message up to and including it has been acknowledged and
@@ -195,7 +259,10 @@ impl Group {
     /// queue is alive (its stream or any of its deliveries): ordered mode has one active
     /// subscriber, and a second one is refused rather than queued as a standby.
     /// [`SubscribeError::SequenceOutOfRange`] for a bad [`StartFrom::Sequence`],
-    /// [`SubscribeError::Shutdown`], [`SubscribeError::Storage`].
+    /// [`SubscribeError::InvalidName`] for a bad [dead-letter queue](Group::dead_letter_queue)
+    /// name, [`SubscribeError::DeadLetterName`] if [`max_deliveries`](Group::max_deliveries) is
+    /// set and the default one would be too long, [`SubscribeError::Shutdown`],
+    /// [`SubscribeError::Storage`].
     ///
     /// # Cancel safety
     ///
@@ -216,6 +283,7 @@ impl Group {
         if self.shared.is_closed() {
             return Err(SubscribeError::Shutdown);
         }
+        let poison = self.poison_config()?;
         let key = keys::offset_key(&self.name, &self.queue.name);
         if self.shared.engine.registry.work_groups.contains_key(&key) {
             return Err(SubscribeError::WrongMode {
@@ -247,7 +315,7 @@ impl Group {
         }
         let resume = group.acked.load(Ordering::Acquire) + 1;
         let first = self.queue.first_seq.load(Ordering::Acquire);
-        let sub = SubShared::new(self.shared.clone(), group.clone(), resume, self.max_unacked);
+        let sub = SubShared::new(self.shared.clone(), group.clone(), resume, self.max_unacked, poison);
         *group.live.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(&sub);
         // Retention may have deleted messages the group never received: jump (and report it).
         sub.skip_to(first);

@@ -3,9 +3,11 @@
 mod acks;
 mod delivery;
 mod group;
+mod records;
 mod subscription;
 
 pub(crate) use acks::SubShared;
 pub use delivery::Delivery;
 pub use group::{Group, StartFrom};
+pub(crate) use records::{GroupRecords, PendingRecord};
 pub use subscription::Subscription;

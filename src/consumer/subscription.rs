@@ -5,13 +5,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use futures::{FutureExt, Stream, StreamExt};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::WatchStream;
 
-use super::acks::SubShared;
+use super::acks::{MAX_NACK_DELAY, SubShared};
 use super::delivery::Delivery;
 use crate::Error;
 use crate::error::{CommitError, ReceiveError};
@@ -23,6 +24,10 @@ use crate::writer::Request;
 const READ_BYTES: usize = 4 << 20;
 
 type ReadTask = JoinHandle<Result<ReadOutcome, ReceiveError>>;
+
+/// A wait on the broker's clock for the first delayed redelivery, with its deadline. (In a
+/// `Mutex` only to keep `Subscription: Sync`; it is polled through `&mut`, never locked.)
+type Timer = (Instant, std::sync::Mutex<Pin<Box<dyn std::future::Future<Output = ()> + Send>>>);
 
 /// The deliveries of one group on one queue, in sequence order: a
 /// `Stream<Item = Result<Delivery, Error>>`.
@@ -75,6 +80,8 @@ pub struct Subscription {
     done: bool,
     /// Deliveries not yet added to the metrics counter (flushed once per batch).
     delivered: u64,
+    /// Wakes the stream when the first `nack_after` redelivery is due.
+    timer: Option<Timer>,
 }
 
 impl std::fmt::Debug for Subscription {
@@ -102,6 +109,7 @@ impl Subscription {
             read_batch,
             done: false,
             delivered: 0,
+            timer: None,
         }
     }
 
@@ -159,6 +167,28 @@ impl Subscription {
         }));
     }
 
+    /// Polls the wait for the first delayed redelivery (re-armed when that changes). True if
+    /// it is due: the caller goes round again to hand it out.
+    fn poll_timer(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(due) = self.sub.window().next_due() else {
+            self.timer = None;
+            return false;
+        };
+        if self.timer.as_ref().is_none_or(|(at, _)| *at != due) {
+            let clock = self.sub.shared.engine.clock().clone();
+            let sleep: Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
+                Box::pin(async move { clock.sleep_until(due).await });
+            self.timer = Some((due, std::sync::Mutex::new(sleep)));
+        }
+        let fired = self.timer.as_mut().is_some_and(|(_, t)| {
+            t.get_mut().unwrap_or_else(|p| p.into_inner()).as_mut().poll(cx).is_ready()
+        });
+        if fired {
+            self.timer = None;
+        }
+        fired
+    }
+
     /// Ends the stream, optionally with a last error item.
     fn finish(&mut self, last: Option<Error>) -> Poll<Option<Result<Delivery, Error>>> {
         self.flush_metrics();
@@ -194,15 +224,48 @@ impl Stream for Subscription {
             }
             {
                 let mut w = this.sub.window();
+                if !w.delayed.is_empty() {
+                    w.release_due(this.sub.shared.engine.clock().now());
+                }
                 // Handed-back deliveries go first: they are older than anything buffered.
                 if let Some((_, (msg, count))) = w.redeliver.pop_first() {
                     drop(w);
-                    return this.deliver(msg, count + 1);
+                    return this.deliver(msg, count.saturating_add(1));
                 }
                 if !this.sub.is_full(&w)
                     && let Some(msg) = this.buffer.pop_front()
                 {
-                    w.push(msg.seq);
+                    let seq = msg.seq;
+                    if seq < w.next() {
+                        // Passed already: dead-lettered right after the offset.
+                        continue;
+                    }
+                    w.push(seq);
+                    if w.is_dead(seq) {
+                        // Dead-lettered by an earlier subscription: done, never delivered again.
+                        let advanced = w.ack(seq);
+                        drop(w);
+                        this.sub.advanced(advanced);
+                        continue;
+                    }
+                    let mut count = 1;
+                    if !w.prior.is_empty()
+                        && let Some((failed, not_before)) = w.prior.remove(&seq)
+                    {
+                        count = failed.saturating_add(1);
+                        let clock = this.sub.shared.engine.clock();
+                        let wall = clock.wall_micros();
+                        if not_before > wall {
+                            // Nacked with a delay before a restart: it still waits (never longer
+                            // than the longest delay, whatever the record says).
+                            let wait = Duration::from_micros(not_before - wall).min(MAX_NACK_DELAY);
+                            let now = clock.now();
+                            let due = now.checked_add(wait).unwrap_or(now);
+                            w.delayed.insert((due, seq), (msg, failed));
+                            drop(w);
+                            continue;
+                        }
+                    }
                     drop(w);
                     // Read the next batch while the consumer works through the second half of
                     // this one.
@@ -212,7 +275,7 @@ impl Stream for Subscription {
                     {
                         this.start_read();
                     }
-                    return this.deliver(msg, 1);
+                    return this.deliver(msg, count);
                 }
             }
             // Retention deleted the head past where this subscription stands: jump to the first
@@ -253,7 +316,10 @@ impl Stream for Subscription {
                 continue;
             }
             // Nothing to hand out now: wait for the writer (new messages or shutdown), an ack
-            // (window space, registered above) or the read in flight.
+            // (window space, registered above), the read in flight, or a delayed redelivery.
+            if this.poll_timer(cx) {
+                continue;
+            }
             match this.changes.poll_next_unpin(cx) {
                 Poll::Ready(Some(last)) => {
                     this.known_last = this.known_last.max(last);

@@ -112,6 +112,7 @@ pub(crate) async fn pass(shared: &Arc<Shared>, compact: Option<bool>) -> Result<
             .send(Request::Trim { queue: q.clone(), to, policy, reply })
             .await
             .map_err(|_| QueueError::Shutdown)?;
+        crate::faults::reached("rockq-trim-queued");
         let deleted = rx.await.map_err(|_| QueueError::Shutdown)??;
         if deleted > 0 {
             let first = q.first_seq.load(Ordering::Acquire);

@@ -9,6 +9,7 @@
 //! | `rockq.meta` | `group:<group>:<queue>` | group settings (paused, dead-letter queue) |
 //! | `rockq.offsets` | `consumer:<group>:<queue>` | offset record (last committed seq, mode) |
 //! | `rockq.claims` | `claim:<group>:<queue>:<seq u64 BE>` | claim record (work-queue groups) |
+//! | `rockq.claims` | `ordered:<group>:<queue>:<seq u64 BE>` | delivery record (ordered groups) |
 //!
 //! Big-endian fixed-width integers make byte order equal numeric order, so one queue's messages
 //! are contiguous and sorted, and `<queue_id + 1>` is an exclusive upper bound for all of them.
@@ -26,6 +27,7 @@ const OFFSET_PREFIX: &[u8] = b"consumer:";
 const CLAIM_PREFIX: &[u8] = b"claim:";
 const REDRIVE_PREFIX: &[u8] = b"redrive:";
 const GROUP_PREFIX: &[u8] = b"group:";
+const ORDERED_PREFIX: &[u8] = b"ordered:";
 
 pub(crate) fn message_key(queue_id: u32, seq: u64) -> [u8; MESSAGE_KEY_LEN] {
     let mut k = [0u8; MESSAGE_KEY_LEN];
@@ -165,6 +167,37 @@ pub(crate) fn parse_claim_key(key: &[u8]) -> Result<(&str, &str, u64), Corruptio
     Ok((group, queue, seq))
 }
 
+/// `ordered:<group>:<queue>:`, the prefix of an ordered group's delivery records.
+pub(crate) fn ordered_prefix(group: &str, queue: &str) -> Vec<u8> {
+    [ORDERED_PREFIX, group.as_bytes(), b":", queue.as_bytes(), b":"].concat()
+}
+
+/// `ordered:<group>:<queue>:<seq u64 BE>` (build with [`claim_key`] on an [`ordered_prefix`]).
+pub(crate) fn ordered_key_range() -> (Vec<u8>, Vec<u8>) {
+    prefix_range(ORDERED_PREFIX)
+}
+
+/// Splits an ordered delivery record's key into `(group, queue, seq)`.
+pub(crate) fn parse_ordered_key(key: &[u8]) -> Result<(&str, &str, u64), CorruptionError> {
+    let bad = || CorruptionError::new("delivery key", key, "expected ordered:<group>:<queue>:<seq>");
+    let rest = key.strip_prefix(ORDERED_PREFIX).ok_or_else(bad)?;
+    parse_seq_key(rest).ok_or_else(bad)
+}
+
+/// `<group>:<queue>:<seq u64 BE>` into its parts.
+fn parse_seq_key(rest: &[u8]) -> Option<(&str, &str, u64)> {
+    if rest.len() < 8 + 4 {
+        return None;
+    }
+    let (names, seq) = rest.split_at(rest.len() - 8);
+    let names = std::str::from_utf8(names.strip_suffix(b":")?).ok()?;
+    let (group, queue) = names.split_once(':')?;
+    if group.is_empty() || queue.is_empty() || queue.contains(':') {
+        return None;
+    }
+    Some((group, queue, u64::from_be_bytes(seq.try_into().ok()?)))
+}
+
 /// `redrive:<dlq>`: how far a dead-letter queue has been redriven.
 pub(crate) fn redrive_key(dlq: &str) -> Vec<u8> {
     [REDRIVE_PREFIX, dlq.as_bytes()].concat()
@@ -243,6 +276,23 @@ mod tests {
             b"x:g:q:12345678",
         ] {
             assert!(parse_claim_key(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn ordered_keys_round_trip_and_stay_apart_from_claims() {
+        let p = ordered_prefix("billing", "orders");
+        let k = claim_key(&p, 258);
+        assert_eq!(parse_ordered_key(&k).unwrap(), ("billing", "orders", 258));
+        assert!(claim_key(&p, 255) < claim_key(&p, 256));
+        let (lo, hi) = ordered_key_range();
+        assert!(lo.as_slice() <= k.as_slice() && k.as_slice() < hi.as_slice());
+        // Never inside the work groups' claim range, which open() loads as claims.
+        let (clo, chi) = claim_key_range();
+        assert!(!(clo.as_slice() <= k.as_slice() && k.as_slice() < chi.as_slice()));
+        assert!(parse_claim_key(&k).is_err());
+        for bad in [&b"ordered:"[..], b"ordered:g:q:1234567", b"ordered::q:12345678", b"claim:g:q:12345678"] {
+            assert!(parse_ordered_key(bad).is_err(), "{bad:?}");
         }
     }
 

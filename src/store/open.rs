@@ -40,6 +40,15 @@ pub(crate) struct LoadedClaim {
     pub record: records::ClaimRecord,
 }
 
+/// An ordered group's delivery record as found at open.
+#[derive(Debug)]
+pub(crate) struct LoadedDelivery {
+    pub group: String,
+    pub queue: String,
+    pub seq: u64,
+    pub record: records::DeliveryRecord,
+}
+
 /// A group settings record as found at open.
 #[derive(Debug)]
 pub(crate) struct LoadedSettings {
@@ -55,6 +64,7 @@ pub(crate) struct Loaded {
     pub groups: Vec<LoadedGroup>,
     pub claims: Vec<LoadedClaim>,
     pub settings: Vec<LoadedSettings>,
+    pub deliveries: Vec<LoadedDelivery>,
 }
 
 enum PathState {
@@ -289,6 +299,18 @@ pub(crate) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, OpenE
         claims.push(LoadedClaim { group: group.to_owned(), queue: queue.to_owned(), seq, record });
     }
 
+    // Ordered groups' delivery records: few (only messages whose deliveries came back).
+    let mut deliveries = Vec::new();
+    let (lo, hi) = keys::ordered_key_range();
+    for item in
+        db.iterator_cf_opt(claims_cf, bounded(lo.clone(), hi), IteratorMode::From(&lo, Direction::Forward))
+    {
+        let (k, v) = item.map_err(StorageError)?;
+        let (group, queue, seq) = keys::parse_ordered_key(&k)?;
+        let record = records::DeliveryRecord::decode(&k, &v)?;
+        deliveries.push(LoadedDelivery { group: group.to_owned(), queue: queue.to_owned(), seq, record });
+    }
+
     let mut settings = Vec::new();
     let (lo, hi) = keys::group_key_range();
     for item in db.iterator_cf_opt(meta, bounded(lo.clone(), hi), IteratorMode::From(&lo, Direction::Forward))
@@ -298,7 +320,7 @@ pub(crate) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, OpenE
         let s = records::GroupSettings::decode(&k, &v)?;
         settings.push(LoadedSettings { group: group.to_owned(), queue: queue.to_owned(), settings: s });
     }
-    Ok(Loaded { queues, groups, claims, settings })
+    Ok(Loaded { queues, groups, claims, settings, deliveries })
 }
 
 /// The last sequence of a queue: the tail holds no tombstones (retention deletes from the

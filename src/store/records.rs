@@ -255,6 +255,53 @@ impl ClaimRecord {
     }
 }
 
+/// `ordered:<group>:<queue>:<seq>` in the claims CF: what an ordered group knows about one
+/// message above its offset. Written only when a delivery comes back without an ack, or when
+/// the message is dead-lettered; deleted once the offset passes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DeliveryRecord {
+    /// Deliveries that came back without an ack (nacked or dropped).
+    pub deliveries: u32,
+    /// Not to be delivered again before this wall-clock time (µs; 0: at once).
+    pub not_before_micros: u64,
+    /// Moved to the dead-letter queue: done for this group, never delivered again.
+    pub dead_lettered: bool,
+}
+
+const DELIVERY_RECORD_V1: u8 = 1;
+const DELIVERY_RECORD_LEN: usize = 14;
+
+impl DeliveryRecord {
+    pub fn encode(&self) -> [u8; DELIVERY_RECORD_LEN] {
+        let mut v = [0u8; DELIVERY_RECORD_LEN];
+        v[0] = DELIVERY_RECORD_V1;
+        v[1] = if self.dead_lettered { 2 } else { 1 };
+        v[2..6].copy_from_slice(&self.deliveries.to_be_bytes());
+        v[6..].copy_from_slice(&self.not_before_micros.to_be_bytes());
+        v
+    }
+
+    pub fn decode(key: &[u8], v: &[u8]) -> Result<Self, CorruptionError> {
+        let bad = |r: &str| CorruptionError::new("delivery", key, r);
+        let v: &[u8; DELIVERY_RECORD_LEN] = v.try_into().map_err(|_| bad("wrong length"))?;
+        if v[0] != DELIVERY_RECORD_V1 {
+            return Err(bad("unknown version"));
+        }
+        let dead_lettered = match v[1] {
+            1 => false,
+            2 => true,
+            _ => return Err(bad("unknown state")),
+        };
+        let mut nb = [0u8; 8];
+        nb.copy_from_slice(&v[6..]);
+        Ok(DeliveryRecord {
+            deliveries: u32::from_be_bytes([v[2], v[3], v[4], v[5]]),
+            not_before_micros: u64::from_be_bytes(nb),
+            dead_lettered,
+        })
+    }
+}
+
 /// `group:<group>:<queue>` in the meta CF: settings of a group that outlive its handles.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct GroupSettings {
@@ -382,6 +429,26 @@ mod tests {
         v1.truncate(v1.len() - 1 - c.holder.len());
         v1[0] = 1;
         assert_eq!(ClaimRecord::decode(b"k", &v1).unwrap(), ClaimRecord { holder: "".into(), ..c });
+    }
+
+    #[test]
+    fn delivery_records_round_trip_and_reject_bad_bytes() {
+        for r in [
+            DeliveryRecord { deliveries: 3, not_before_micros: 0, dead_lettered: false },
+            DeliveryRecord { deliveries: u32::MAX, not_before_micros: u64::MAX, dead_lettered: true },
+        ] {
+            let v = r.encode();
+            assert_eq!(DeliveryRecord::decode(b"k", &v).unwrap(), r);
+            for cut in 0..v.len() {
+                assert!(DeliveryRecord::decode(b"k", &v[..cut]).is_err());
+            }
+            let mut bad = v;
+            bad[1] = 9;
+            assert!(DeliveryRecord::decode(b"k", &bad).is_err());
+            let mut bad = v;
+            bad[0] = 9;
+            assert!(DeliveryRecord::decode(b"k", &bad).is_err());
+        }
     }
 
     #[test]

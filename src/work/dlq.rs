@@ -60,9 +60,9 @@ pub struct DeadLetter {
     pub queue: Option<String>,
     /// Its sequence there.
     pub seq: Option<u64>,
-    /// The work-queue group that gave up on it.
+    /// The group that gave up on it (work-queue, or ordered with `max_deliveries`).
     pub group: Option<String>,
-    /// Attempts made.
+    /// Attempts made (deliveries, for an ordered group).
     pub attempts: u32,
     /// Why it was dead-lettered (the last error, or the reason given).
     pub reason: String,

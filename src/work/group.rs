@@ -253,7 +253,7 @@ impl WorkGroup {
     /// # Errors
     ///
     /// [`ResetError::Active`] while a subscription or pool of the group runs in this process
-    /// or one of its jobs is held, [`ResetError::NoSuchGroup`],
+    /// or one of its jobs is held under a lease not yet run out, [`ResetError::NoSuchGroup`],
     /// [`ResetError::OutOfRetention`], [`ResetError::Shutdown`], [`ResetError::Storage`].
     ///
     /// # Cancel safety
@@ -268,7 +268,7 @@ impl WorkGroup {
             let (group, queue) = names();
             return Err(ResetError::NoSuchGroup { group, queue });
         };
-        if state.subscriptions.load(Ordering::Acquire) > 0 || state.leased() > 0 {
+        if state.subscriptions.load(Ordering::Acquire) > 0 || state.held(self.shared.engine.clock().now()) {
             let (group, queue) = names();
             return Err(ResetError::Active { group, queue });
         }

@@ -12,7 +12,7 @@ mod state;
 mod subscription;
 
 pub use dlq::{DeadLetter, DeadLetters, Redrive};
-pub(crate) use dlq::{H_REASON as DLQ_REASON_HEADER, dlq_headers};
+pub(crate) use dlq::dlq_headers;
 pub use group::WorkGroup;
 pub use handle::PoolHandle;
 pub use job::{Job, Task};

@@ -441,6 +441,17 @@ impl WorkGroupState {
         self.dispatch().slots.values().filter(|s| matches!(s.state, SlotState::Leased { .. })).count()
     }
 
+    /// Whether a job of the group is held at `now`: under a lease not yet run out. An expired
+    /// lease is no one's any more (its holder's outcome is refused), and an outcome already
+    /// being written (`Settling`) carries the group's epoch, which a reset fences: neither keeps
+    /// a reset out.
+    pub fn held(&self, now: Instant) -> bool {
+        self.dispatch().slots.values().any(|s| match s.state {
+            SlotState::Leased { deadline, .. } => deadline > now,
+            SlotState::Settling | SlotState::Available | SlotState::Waiting { .. } => false,
+        })
+    }
+
     /// Messages waiting for a retry.
     pub fn waiting(&self) -> usize {
         self.dispatch().slots.values().filter(|s| matches!(s.state, SlotState::Waiting { .. })).count()

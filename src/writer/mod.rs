@@ -19,7 +19,9 @@
 //! the inbox's short staging lock. A write error makes the writer fail closed: nothing it allocated is
 //! reused, because nothing is written after a failure.
 
+mod dead_letter;
 mod inbox;
+mod ordered;
 mod request;
 mod retention;
 mod settings;
@@ -231,6 +233,12 @@ impl Writer {
     }
 
     fn run(mut self) {
+        self.rounds();
+        self.ordered_abandon();
+    }
+
+    /// Rounds until every handle is gone or a shutdown's last round ran.
+    fn rounds(&mut self) {
         // Requests per round; sends come through the inbox and are capped there.
         let max_requests = self.engine.options.max_batch_messages;
         let mut pending: Vec<Request> = Vec::with_capacity(1024);
@@ -399,7 +407,7 @@ impl Writer {
                     self.trim(&mut wb, &cfs, &mut r, queue, to, policy, reply)
                 }
                 Request::ResetOffset { group, offset, reply } => {
-                    self.reset_offset(&mut wb, cfs.offsets, &mut r, group, offset, reply)
+                    self.reset_offset(&mut wb, &cfs, &mut r, group, offset, reply)
                 }
                 Request::ResetWorkOffset { group, offset, reply } => {
                     self.reset_work_offset(&mut wb, &cfs, &mut r, group, offset, reply)
@@ -455,10 +463,19 @@ impl Writer {
             // either lands in the value read here or re-marks the group for the next round.
             for g in self.engine.take_dirty() {
                 g.dirty.swap(false, Ordering::AcqRel);
+                // Delivery counts and dead letters first (writer/ordered.rs): a dead letter
+                // counts its message acknowledged at once, so the offset below passes it in
+                // this same batch.
+                let before = g.acked.load(Ordering::SeqCst);
+                self.ordered_records(&mut wb, &cfs, &mut r, &g, before);
                 let acked = g.acked.load(Ordering::SeqCst);
                 if acked > g.durable.load(Ordering::SeqCst) {
                     wb.put_cf(cfs.offsets, &g.key, records::encode_offset(acked));
-                    r.commits.push((g, acked));
+                    r.commits.push((g.clone(), acked));
+                }
+                if acked > before {
+                    // Deletes the records the new offset passed (those just written too).
+                    self.ordered_records(&mut wb, &cfs, &mut r, &g, acked);
                 }
             }
             // Work-queue groups: one offset record per group whose offset moved this round.
@@ -467,6 +484,8 @@ impl Writer {
                 wb.put_cf(cfs.offsets, &g.key, records::encode_shared_offset(offset));
                 r.work_durable.push((g, offset));
             }
+        } else {
+            self.ordered_abandon();
         }
 
         self.last_round = r.messages;

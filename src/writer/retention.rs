@@ -97,6 +97,7 @@ impl Writer {
             keys::message_key(queue.id, to + 1),
         );
         wb.put_cf(cfs.meta, keys::queue_key(&queue.name), Self::queue_record(&queue).encode());
+        self.ordered_trimmed(wb, cfs.claims, &queue, to);
 
         // Work-queue groups behind the cut jump past it: their claims there go too.
         let behind: Vec<_> = self
@@ -169,7 +170,7 @@ impl Writer {
     ) {
         // Checked again here: a subscription or job could have appeared since the caller
         // looked, and nothing changes a group's claims between here and the batch's write.
-        if group.subscriptions.load(Ordering::Acquire) > 0 || group.leased() > 0 {
+        if group.subscriptions.load(Ordering::Acquire) > 0 || group.held(self.engine.clock().now()) {
             let (group, queue) = (group.name.to_string(), group.queue.name.to_string());
             let _ = reply.send(Err(ResetError::Active { group, queue }));
             return;
@@ -203,7 +204,7 @@ impl Writer {
     pub(super) fn reset_offset(
         &mut self,
         wb: &mut WriteBatch,
-        offsets: &rocksdb::ColumnFamily,
+        cfs: &Cfs<'_>,
         r: &mut Round,
         group: Arc<GroupState>,
         offset: u64,
@@ -218,7 +219,10 @@ impl Writer {
         // not yet committed must not be written after it in the same batch (the reset holds
         // the active slot, so no ack can arrive meanwhile).
         group.acked.store(offset, Ordering::SeqCst);
-        wb.put_cf(offsets, &group.key, records::encode_offset(offset));
+        // Its delivery records describe the old position: they go in the same batch (and
+        // only with a reset that lands).
+        self.ordered_reset(wb, cfs.claims, &group);
+        wb.put_cf(cfs.offsets, &group.key, records::encode_offset(offset));
         r.on_done(move |res| {
             if res.is_ok() {
                 // A reset may go backwards: store, not max. Runs after the round's commits.

@@ -12,12 +12,11 @@ use super::{Outcome, RedriveItem, RedriveReply, Round, Writer};
 use crate::Event;
 use crate::consumer::StartFrom;
 use crate::error::{AckError, RedriveError, StorageError, SubscribeError};
-use crate::message::Message;
 use crate::registry::QueueState;
 use crate::store::records::{self, ClaimRecord, ClaimState};
 use crate::store::{Cfs, envelope, get_envelope, keys};
 use crate::telemetry;
-use crate::work::{WorkGroupState, dlq_headers};
+use crate::work::WorkGroupState;
 
 impl Writer {
     #[allow(clippy::too_many_arguments)]
@@ -184,39 +183,11 @@ impl Writer {
                         format!("{reason} (the stored message was missing)"),
                     ),
                 };
-                let dlq_queue = match self.ensure_queue(wb, cfs.meta, r, &dlq) {
-                    Ok(q) => q,
-                    Err(e) => {
-                        return refuse(
-                            &g,
-                            seq,
-                            reply,
-                            AckError::Failed(format!("dead-letter queue {dlq:?}: {e}")),
-                        );
-                    }
-                };
-                // Stamped like a send, so times along the dead-letter queue never decrease.
-                let now = self.stamp();
-                let origin =
-                    dlq_headers(&g.queue.name, &g.name, seq, attempt, &reason, env.enqueued_at_micros);
-                let value = match dead_letter_envelope(env.payload, env.headers, origin, now) {
-                    Ok(v) => v,
-                    Err(e) => {
-                        return refuse(
-                            &g,
-                            seq,
-                            reply,
-                            AckError::Failed(format!("cannot encode dead letter: {e:?}")),
-                        );
-                    }
-                };
-                let Some(dlq_seq) = self.append(wb, cfs.messages, r, &dlq_queue, &value) else {
-                    return refuse(
-                        &g,
-                        seq,
-                        reply,
-                        AckError::Failed("dead-letter queue has no sequence".into()),
-                    );
+                let (dlq_seq, reason) = match self
+                    .append_dead_letter(wb, cfs, r, &g.queue, &g.name, seq, attempt, &reason, env, &dlq)
+                {
+                    Ok(done) => done,
+                    Err(e) => return refuse(&g, seq, reply, AckError::Failed(e)),
                 };
                 self.finish(wb, cfs.claims, r, &g, seq);
                 r.on_done(move |res| {
@@ -311,33 +282,4 @@ impl Writer {
 fn refuse(g: &WorkGroupState, seq: u64, reply: Sender<Result<(), AckError>>, e: AckError) {
     g.revert(seq);
     let _ = reply.send(Err(e));
-}
-
-/// The stored dead letter: the original payload and headers plus the `rockq-dlq-*` origin
-/// headers. A message whose headers leave no room for the origin ones (the envelope holds at
-/// most 65,535) is still dead-lettered — a message that cannot leave its group would stall it
-/// — with its original headers dropped, which the reason says.
-fn dead_letter_envelope(
-    payload: Bytes,
-    headers: Vec<(String, Bytes)>,
-    origin: [(&'static str, String); 6],
-    now: u64,
-) -> Result<Vec<u8>, envelope::EncodeError> {
-    let dropped = headers.len();
-    let mut msg = Message { payload, headers };
-    msg.headers.extend(origin.iter().map(|(k, v)| ((*k).to_owned(), Bytes::from(v.clone()))));
-    if let Ok(v) = envelope::encode(&msg, now) {
-        return Ok(v);
-    }
-    msg.headers.clear();
-    for (k, v) in origin {
-        let v = if k == crate::work::DLQ_REASON_HEADER {
-            format!("{v} (its {dropped} original headers were dropped: too many to keep beside these)")
-        } else {
-            v
-        };
-        msg.headers.push((k.to_owned(), Bytes::from(v)));
-    }
-    // Six headers of bounded length: this encodes.
-    envelope::encode(&msg, now)
 }
