@@ -9,7 +9,7 @@ use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use super::group::WorkConfig;
-use super::state::{SettlingGuard, WorkGroupState};
+use super::state::{Claimed, SettlingGuard, WorkGroupState};
 use crate::broker::Shared;
 use crate::error::AckError;
 use crate::store::RawMessage;
@@ -32,25 +32,23 @@ pub(crate) struct JobInner {
 }
 
 impl JobInner {
+    /// The job of `msg`, held under the claim `c`.
     pub fn new(
         shared: Arc<Shared>,
         group: Arc<WorkGroupState>,
         config: Arc<WorkConfig>,
         msg: RawMessage,
-        attempt: u32,
-        token: u64,
-        epoch: u64,
-        deadline: Instant,
+        c: &Claimed,
     ) -> Arc<Self> {
         Arc::new(JobInner {
             shared,
             group,
             config,
             msg,
-            attempt,
-            token,
-            epoch,
-            deadline: Mutex::new(deadline),
+            attempt: c.attempt,
+            token: c.token,
+            epoch: c.epoch,
+            deadline: Mutex::new(c.deadline),
             uncounted: AtomicBool::new(true),
         })
     }

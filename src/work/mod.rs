@@ -11,8 +11,8 @@ mod pool;
 mod state;
 mod subscription;
 
-pub use dlq::{DeadLetter, DeadLetters, Redrive};
 pub(crate) use dlq::dlq_headers;
+pub use dlq::{DeadLetter, DeadLetters, Redrive};
 pub use group::WorkGroup;
 pub use handle::PoolHandle;
 pub use job::{Job, Task};

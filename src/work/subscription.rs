@@ -420,16 +420,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
         }
         tracing::trace!(%queue, group = %gname, seq = c.seq, attempt = c.attempt, "rockq: delivered");
         engine.emit(|| Event::Delivered { queue, group: gname, seq: c.seq, attempt: c.attempt });
-        let inner = JobInner::new(
-            shared.clone(),
-            group.clone(),
-            cfg.clone(),
-            msg,
-            c.attempt,
-            c.token,
-            c.epoch,
-            c.deadline,
-        );
+        let inner = JobInner::new(shared.clone(), group.clone(), cfg.clone(), msg, &c);
         jobs.push(Job::new(inner, permit));
     }
     // Claims that became jobs are the jobs' to release. The rest — after a record that does

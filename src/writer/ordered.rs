@@ -69,7 +69,9 @@ impl Writer {
                 }
                 PendingRecord::DeadLetter { msg, deliveries, reason, sub } => {
                     let trimmed = msg.seq <= floor;
-                    self.ordered_dead_letter(wb, cfs, r, g, &prefix, msg, deliveries, reason, sub, offset, trimmed)
+                    self.ordered_dead_letter(
+                        wb, cfs, r, g, &prefix, msg, deliveries, reason, sub, offset, trimmed,
+                    )
                 }
             }
         }
@@ -220,8 +222,14 @@ impl Writer {
         for g in self.engine.take_dirty() {
             g.dirty.swap(false, std::sync::atomic::Ordering::AcqRel);
         }
-        let groups: Vec<Arc<GroupState>> =
-            self.engine.registry.groups.iter().map(|g| g.clone()).chain(self.groups.values().cloned()).collect();
+        let groups: Vec<Arc<GroupState>> = self
+            .engine
+            .registry
+            .groups
+            .iter()
+            .map(|g| g.clone())
+            .chain(self.groups.values().cloned())
+            .collect();
         for g in groups {
             // Taken under the lock, dropped after it (see `ordered_reset`).
             let pending = std::mem::take(&mut g.records().pending);
