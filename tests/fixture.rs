@@ -1,0 +1,213 @@
+//! On-disk compatibility: `tests/fixtures/v1/` is a database written by rockq's format 1 (the
+//! generator below, run once and committed). Every later version must open it and deliver
+//! exactly what it holds: messages with headers, an ordered group's offset, delivery count and
+//! dead letter, a work group's done, retrying, dead-lettered and abandoned claims, group
+//! settings, retention settings and a trimmed queue head. A change that breaks the format makes
+//! this test fail; such a change needs a new format version and a migration, not a new fixture.
+//!
+//! Regenerate (only with a new format version, into a new folder):
+//! `ROCKQ_WRITE_FIXTURE=tests/fixtures/v2 cargo test --test fixture -- --ignored write_fixture`
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use common::*;
+use rockq::{GroupMode, PendingState, Retention, RetryPolicy};
+
+const FIXTURE: &str = "tests/fixtures/v1";
+
+/// Copies the fixture to a temporary directory: the committed files are never opened for
+/// writing.
+fn copy_fixture() -> tempfile::TempDir {
+    let dir = tempdir();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(FIXTURE);
+    for entry in std::fs::read_dir(&src).expect("fixture folder") {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+    }
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_format_1_database_opens_and_delivers_what_it_holds() {
+    let dir = copy_fixture();
+    let broker = open(dir.path()).await;
+
+    // Queues, their bounds and retention settings.
+    let stats = broker.stats().await.unwrap();
+    let q = |name: &str| stats.queues.iter().find(|q| q.name == name).unwrap_or_else(|| panic!("{name}"));
+    assert_eq!((q("orders").first_seq, q("orders").last_seq), (1, 6));
+    assert_eq!(q("orders").retention, Retention::MaxLen(1000));
+    assert_eq!((q("events").first_seq, q("events").last_seq), (3, 3), "trimmed head stays trimmed");
+    assert_eq!(q("events").retention, Retention::UntilAcked);
+    let g = |group: &str, queue: &str| {
+        stats
+            .groups
+            .iter()
+            .find(|g| g.group == group && g.queue == queue)
+            .unwrap_or_else(|| panic!("{group}"))
+    };
+    assert!(g("audit", "orders").paused, "paused setting survives");
+    assert_eq!(g("ship", "orders").mode, GroupMode::WorkQueue);
+    assert_eq!(g("ship", "orders").dead_letter_queue.as_deref(), Some("ship.dlq"));
+
+    // Ordered group: offset past the dead letter, the delivery count of 4 continues.
+    let orders = broker.queue("orders").await.unwrap();
+    let billing = orders.group("billing").unwrap().max_deliveries(2).dead_letter_queue("billing.dlq");
+    assert_eq!(billing.committed(), Some(3));
+    let mut sub = billing.subscribe().await.unwrap();
+    let ds = take(&mut sub, 3).await;
+    let got: Vec<_> = ds
+        .iter()
+        .map(|d| (d.seq(), d.delivery_count(), String::from_utf8_lossy(d.payload()).into_owned()))
+        .collect();
+    assert_eq!(got, [(4, 2, "o4".into()), (5, 1, "o5".into()), (6, 1, "o6".into())]);
+    for d in ds {
+        d.ack().unwrap(); // dropped, 4 would use up its second delivery
+    }
+    assert_eq!(sub.commit().await.unwrap(), 6);
+    drop(sub);
+
+    // Every message of `orders`, headers and enqueue times included.
+    let mut replay = orders.group("replay").unwrap().subscribe().await.unwrap();
+    let all = take(&mut replay, 6).await;
+    assert_eq!(payloads(&all), ["o1", "o2", "o3", "o4", "o5", "o6"]);
+    assert_eq!(all[0].header("customer").map(|v| &v[..]), Some(&b"ada"[..]));
+    assert!(all[1].headers().is_empty());
+    let stamps: Vec<SystemTime> = all.iter().map(|d| d.enqueued_at()).collect();
+    assert!(stamps.windows(2).all(|w| w[0] <= w[1]), "enqueue times in order: {stamps:?}");
+    assert!(stamps[0] > SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000));
+    drop(replay);
+
+    // Work group: 1 acked, 2 failed once ("boom"), 3 dead-lettered, 4 abandoned by a process
+    // that died holding it (attempt counted); 5 and 6 never claimed.
+    let pending = broker.pending("ship", "orders").await.unwrap();
+    let p: Vec<_> = pending.iter().map(|c| (c.seq, c.attempt, c.state, c.last_error.clone())).collect();
+    assert_eq!(
+        p,
+        [(2, 1, PendingState::Waiting, Some("boom".to_string())), (4, 1, PendingState::Expired, None)],
+        "{pending:?}"
+    );
+    let ship = orders.work_group("ship").unwrap().lease(Duration::from_secs(30));
+    assert_eq!(ship.committed(), Some(1));
+    let mut jobs = ship.subscribe().await.unwrap();
+    let mut claimed = Vec::new();
+    for _ in 0..4 {
+        let job = next_job(&mut jobs).await;
+        claimed.push((job.seq(), job.attempt()));
+        job.ack().await.unwrap();
+    }
+    claimed.sort();
+    assert_eq!(claimed, [(2, 2), (4, 2), (5, 1), (6, 1)]);
+    drop(jobs);
+    assert_eq!(ship.committed(), Some(6));
+
+    // Dead letters of both kinds, with their origin.
+    for (dlq, seq, reason) in [("billing.dlq", 3, "deliveries used up"), ("ship.dlq", 3, "bad")] {
+        let letters = broker.dead_letters(dlq).await.unwrap().list(10).await.unwrap();
+        assert_eq!(letters.len(), 1, "{dlq}");
+        let d = &letters[0];
+        assert_eq!((d.queue.as_deref(), d.seq, &d.payload[..]), (Some("orders"), Some(seq), &b"o3"[..]));
+        assert!(d.reason.contains(reason), "{dlq}: {}", d.reason);
+    }
+
+    // `events`: the group that held the head back still starts after it.
+    let events = broker.queue("events").await.unwrap();
+    let mut sub = events.group("g").unwrap().subscribe().await.unwrap();
+    assert_eq!(next(&mut sub).await.seq(), 3);
+    drop(sub);
+
+    // And the database takes new writes after the old ones.
+    assert_eq!(orders.send("o7").await.unwrap(), 7);
+    broker.shutdown().await.unwrap();
+}
+
+/// Writes the fixture (see the module docs). Ignored: run by hand only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "writes a fixture; run by hand with ROCKQ_WRITE_FIXTURE=<folder>"]
+async fn write_fixture() {
+    let out = PathBuf::from(std::env::var("ROCKQ_WRITE_FIXTURE").expect("ROCKQ_WRITE_FIXTURE=<folder>"));
+    assert!(!out.exists(), "{} exists: fixtures are written once", out.display());
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+
+    let orders = broker.queue("orders").await.unwrap();
+    orders.set_retention(Retention::MaxLen(1000)).await.unwrap();
+    orders.send(rockq::Message::new("o1").header("customer", "ada")).await.unwrap();
+    orders.send_batch(["o2", "o3", "o4", "o5", "o6"]).await.unwrap();
+
+    // Ordered: 1 and 2 acked, 3 dead-lettered after two deliveries, 4 handed back once.
+    let billing = orders.group("billing").unwrap().max_deliveries(2).dead_letter_queue("billing.dlq");
+    let mut sub = billing.subscribe().await.unwrap();
+    let mut ds = take(&mut sub, 4).await;
+    let d4 = ds.pop().unwrap();
+    let d3 = ds.pop().unwrap();
+    for d in ds {
+        d.ack().unwrap();
+    }
+    d3.nack();
+    let d3 = next(&mut sub).await;
+    assert_eq!((d3.seq(), d3.delivery_count()), (3, 2));
+    d3.nack(); // the last delivery: dead-lettered
+    drop(d4); // counted: came back once
+    assert_eq!(sub.commit().await.unwrap(), 3);
+    drop(sub);
+
+    // A paused ordered group.
+    orders.group("audit").unwrap().subscribe().await.unwrap();
+    broker.pause_group("audit", "orders").await.unwrap();
+
+    // Work group: ack 1, fail 2 (retry due a second later), dead-letter 3, hold 4 and "die".
+    let ship = orders
+        .work_group("ship")
+        .unwrap()
+        .lease(Duration::from_secs(1)) // long gone when the fixture is read
+        .claim_batch(1)
+        .max_in_flight(4)
+        .dead_letter_queue("ship.dlq")
+        .retry_policy(
+            RetryPolicy::default()
+                .max_attempts(3)
+                .backoff(Duration::from_secs(1), Duration::from_secs(1))
+                .jitter(0.0),
+        );
+    let mut jobs = ship.subscribe().await.unwrap();
+    let j1 = next_job(&mut jobs).await;
+    let j2 = next_job(&mut jobs).await;
+    let j3 = next_job(&mut jobs).await;
+    let j4 = next_job(&mut jobs).await;
+    assert_eq!([j1.seq(), j2.seq(), j3.seq(), j4.seq()], [1, 2, 3, 4]);
+    j1.ack().await.unwrap();
+    j2.fail("boom").await.unwrap();
+    j3.dead_letter("bad").await.unwrap();
+    std::mem::forget(j4); // as if the process died holding it
+    std::mem::forget(jobs);
+
+    // `events`: UntilAcked, 2 of 3 acked, trimmed.
+    let events = broker.queue("events").await.unwrap();
+    events.set_retention(Retention::UntilAcked).await.unwrap();
+    events.send_batch(["e1", "e2", "e3"]).await.unwrap();
+    let mut sub = events.group("g").unwrap().subscribe().await.unwrap();
+    let ds = take(&mut sub, 2).await;
+    for d in ds {
+        d.ack().unwrap();
+    }
+    assert_eq!(sub.commit().await.unwrap(), 2);
+    drop(sub);
+    broker.trim().await.unwrap();
+    assert_eq!(events.first_seq(), 3);
+    broker.shutdown().await.unwrap();
+
+    // Everything but RocksDB's info logs and lock file.
+    std::fs::create_dir_all(&out).unwrap();
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name == "LOCK" || name.starts_with("LOG") {
+            continue;
+        }
+        std::fs::copy(entry.path(), out.join(&name)).unwrap();
+    }
+}
