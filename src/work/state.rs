@@ -470,3 +470,181 @@ impl WorkGroupState {
             .collect()
     }
 }
+
+/// The claim state machine on its own (without a broker): which slot moves where, and what
+/// each transition refuses. The end-to-end behaviour is in `tests/work_groups.rs` and the
+/// model test; these pin the rules one transition at a time.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(10);
+    const MAX: u32 = 3;
+
+    fn group(committed: u64) -> Arc<WorkGroupState> {
+        let queue = QueueState::new(1, "q", 1, 100, crate::Retention::Forever);
+        WorkGroupState::new("w", queue, committed)
+    }
+
+    fn seqs(t: &Take) -> Vec<(u64, u32)> {
+        t.claimed.iter().map(|c| (c.seq, c.attempt)).collect()
+    }
+
+    #[test]
+    fn claims_go_oldest_first_within_max_and_the_published_end() {
+        let g = group(0);
+        let now = Instant::now();
+        assert_eq!(seqs(&g.take(now, 2, 3, LEASE, MAX)), [(1, 1), (2, 1)]);
+        assert_eq!(seqs(&g.take(now, 2, 3, LEASE, MAX)), [(3, 1)], "nothing past the last published");
+        assert!(g.take(now, 2, 3, LEASE, MAX).claimed.is_empty());
+        // A released message goes before never-claimed ones.
+        let t = g.take(now, 1, 4, LEASE, MAX);
+        assert_eq!(seqs(&t), [(4, 1)]);
+        let token = t.claimed[0].token;
+        g.release(4, token, true);
+        assert_eq!(seqs(&g.take(now, 2, 5, LEASE, MAX)), [(4, 2), (5, 1)]);
+    }
+
+    #[test]
+    fn an_expired_lease_is_claimed_again_with_the_next_attempt_and_fences_the_old_holder() {
+        let g = group(0);
+        let now = Instant::now();
+        let old = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+        let t = g.take(now, 1, 1, LEASE, MAX);
+        assert!(t.claimed.is_empty());
+        assert_eq!(t.next_wake, Some(old.deadline), "look again when the lease runs out");
+        let later = now + LEASE;
+        let new = g.take(later, 1, 1, LEASE, MAX).claimed.remove(0);
+        assert_eq!((new.seq, new.attempt, new.expired), (1, 2, true));
+        assert!(g.begin_settle(1, old.token, later).is_err(), "the old holder lost it");
+        assert!(g.extend(1, old.token, later, later + LEASE).is_err());
+        g.release(1, old.token, false); // ignored: not the holder
+        assert_eq!(g.live_leases(), [(1, 2, new.deadline)]);
+        assert!(g.begin_settle(1, new.token, later).is_ok());
+    }
+
+    #[test]
+    fn releasing_uncounted_gives_the_attempt_back() {
+        let g = group(0);
+        let now = Instant::now();
+        let c = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+        g.release(1, c.token, false);
+        assert_eq!(seqs(&g.take(now, 1, 1, LEASE, MAX)), [(1, 1)]);
+    }
+
+    #[test]
+    fn a_settling_message_is_neither_claimed_nor_settled_twice_and_revert_frees_it() {
+        let g = group(0);
+        let now = Instant::now();
+        let c = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+        g.begin_settle(1, c.token, now).unwrap();
+        assert!(g.begin_settle(1, c.token, now).is_err());
+        let far = now + LEASE * 10;
+        assert!(g.take(far, 1, 1, LEASE, MAX).claimed.is_empty(), "no lease runs out while settling");
+        assert!(!g.held(far), "an outcome being written does not keep a reset out");
+        g.revert(1);
+        assert_eq!(seqs(&g.take(far, 1, 1, LEASE, MAX)), [(1, 2)]);
+    }
+
+    #[test]
+    fn a_retry_waits_until_due() {
+        let g = group(0);
+        let now = Instant::now();
+        let c = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+        g.begin_settle(1, c.token, now).unwrap();
+        let due = now + Duration::from_secs(5);
+        g.to_waiting(1, due, "boom".into());
+        assert_eq!(g.waiting(), 1);
+        let t = g.take(now, 1, 1, LEASE, MAX);
+        assert!(t.claimed.is_empty());
+        assert_eq!(t.next_wake, Some(due));
+        assert_eq!(seqs(&g.take(due, 1, 1, LEASE, MAX)), [(1, 2)]);
+    }
+
+    #[test]
+    fn a_message_out_of_attempts_is_handed_over_for_dead_lettering_once() {
+        let g = group(0);
+        let mut now = Instant::now();
+        for attempt in 1..=MAX {
+            let c = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+            assert_eq!(c.attempt, attempt);
+            now += LEASE; // each lease runs out
+        }
+        let t = g.take(now, 1, 2, LEASE, MAX);
+        assert_eq!(seqs(&t), [(2, 1)], "the claim goes on past it");
+        assert_eq!(t.exhausted.len(), 1);
+        assert_eq!((t.exhausted[0].seq, t.exhausted[0].attempt), (1, MAX));
+        assert_eq!(t.exhausted[0].last_error, "3 attempts used up");
+        assert!(g.take(now + LEASE * 10, 1, 2, LEASE, MAX).exhausted.is_empty(), "marked settling");
+    }
+
+    #[test]
+    fn extend_moves_only_a_live_lease_of_its_holder() {
+        let g = group(0);
+        let now = Instant::now();
+        let c = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+        assert!(g.extend(1, c.token + 1, now, now + LEASE * 3).is_err());
+        g.extend(1, c.token, now, now + LEASE * 3).unwrap();
+        assert!(g.take(now + LEASE * 2, 1, 1, LEASE, MAX).claimed.is_empty(), "still held");
+        assert!(g.held(now + LEASE * 2));
+        assert!(!g.held(now + LEASE * 3), "a lease that ran out is nobody's");
+    }
+
+    #[test]
+    fn a_reset_forgets_every_claim_moves_the_epoch_and_drops_queued_acks() {
+        let g = group(0);
+        let now = Instant::now();
+        let t = g.take(now, 3, 3, LEASE, MAX);
+        assert!(t.claimed.iter().all(|c| c.epoch == 0));
+        g.queue_ack(1, 1, 0);
+        g.reset(1);
+        assert_eq!(g.epoch(), 1);
+        assert!(g.take_queued_acks().is_empty());
+        assert_eq!(g.leased(), 0);
+        let t = g.take(now, 3, 3, LEASE, MAX);
+        assert_eq!(seqs(&t), [(2, 1), (3, 1)], "claiming restarts after the reset offset");
+        assert!(t.claimed.iter().all(|c| c.epoch == 1));
+    }
+
+    #[test]
+    fn nothing_below_the_queue_head_is_claimed() {
+        let g = group(0);
+        let now = Instant::now();
+        g.take(now, 2, 2, LEASE, MAX);
+        g.skip_to(5);
+        assert_eq!(g.leased(), 0);
+        assert_eq!(seqs(&g.take(now, 1, 6, LEASE, MAX)), [(6, 1)]);
+        g.queue.first_seq.store(8, Ordering::Release);
+        assert_eq!(seqs(&g.take(now, 1, 9, LEASE, MAX)), [(8, 1)], "head moved by retention");
+    }
+
+    #[test]
+    fn restore_rebuilds_slots_from_claim_records() {
+        let g = group(1);
+        let clock = Clock::tokio();
+        let rec = |state, attempt, not_before_micros, err: &str| ClaimRecord {
+            state,
+            attempt,
+            token: 7,
+            deadline_micros: 0,
+            not_before_micros,
+            last_error: err.into(),
+            holder: Arc::from(""),
+        };
+        let far = clock.wall_micros() + 3_600_000_000;
+        g.restore(
+            [
+                (1, rec(ClaimState::Done, 1, 0, "")),       // at the offset: ignored
+                (2, rec(ClaimState::Leased, 2, 0, "")),     // its holder died: claimable, attempt kept
+                (3, rec(ClaimState::Done, 1, 0, "")),       // finished above the offset
+                (5, rec(ClaimState::Waiting, 1, far, "x")), // waits for its retry
+            ],
+            &clock,
+        );
+        assert_eq!(g.progress().done.iter().copied().collect::<Vec<_>>(), [3]);
+        assert_eq!(g.waiting(), 1);
+        let now = clock.now();
+        // 4 was claimed in a batch that never reached the disk: claimable, no attempt counted.
+        assert_eq!(seqs(&g.take(now, 10, 6, LEASE, MAX)), [(2, 3), (4, 1), (6, 1)]);
+    }
+}
