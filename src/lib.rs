@@ -41,7 +41,8 @@
 //!
 //! See `docs/ARCHITECTURE.md` for the layers, the key layout and what each task owns.
 
-#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+#![deny(missing_docs, missing_debug_implementations)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 mod admin;

@@ -12,6 +12,9 @@
 //! The payload is last so it needs no length prefix, and a message without headers costs ten
 //! bytes of overhead.
 
+// Decoders read untrusted bytes: no indexing that could panic (the fuzz targets check it too).
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use std::ops::Range;
 
 use bytes::Bytes;
@@ -121,11 +124,16 @@ pub(crate) fn enqueued_micros(value: &[u8]) -> Option<u64> {
 
 pub(crate) fn decode(key: &[u8], value: &[u8]) -> Result<Envelope, CorruptionError> {
     let p = parse(key, value)?;
-    Ok(Envelope {
-        enqueued_at_micros: p.enqueued_at_micros,
-        headers: p.headers.into_iter().map(|(k, v)| (k, Bytes::copy_from_slice(&value[v]))).collect(),
-        payload: Bytes::copy_from_slice(&value[p.payload]),
-    })
+    // `parse` checked every range; `get` keeps that a check, not a panic, if it ever did not.
+    let slice = |r: std::ops::Range<usize>| {
+        value
+            .get(r)
+            .map(Bytes::copy_from_slice)
+            .ok_or_else(|| CorruptionError::new("message", key, "range out of bounds"))
+    };
+    let headers =
+        p.headers.into_iter().map(|(k, v)| Ok((k, slice(v)?))).collect::<Result<_, CorruptionError>>()?;
+    Ok(Envelope { enqueued_at_micros: p.enqueued_at_micros, headers, payload: slice(p.payload)? })
 }
 
 /// As [`decode`], but the payload and header values are slices of `value`, sharing its
@@ -191,7 +199,7 @@ impl<'a> Reader<'a> {
         Some(head)
     }
     fn u8(&mut self) -> Option<u8> {
-        self.take(1).map(|b| b[0])
+        self.take(1).and_then(|b| b.first().copied())
     }
     fn u16(&mut self) -> Option<u16> {
         self.take(2).and_then(|b| b.try_into().ok()).map(u16::from_be_bytes)

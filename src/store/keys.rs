@@ -14,6 +14,9 @@
 //! Big-endian fixed-width integers make byte order equal numeric order, so one queue's messages
 //! are contiguous and sorted, and `<queue_id + 1>` is an exclusive upper bound for all of them.
 
+// Decoders read untrusted bytes: no indexing that could panic (the fuzz targets check it too).
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use crate::error::CorruptionError;
 
 /// Length of a message key.

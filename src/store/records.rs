@@ -3,6 +3,9 @@
 //! Each starts with a version byte so a later release can change the layout and still read old
 //! databases.
 
+// Decoders read untrusted bytes: no indexing that could panic (the fuzz targets check it too).
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use crate::error::CorruptionError;
 
 /// Bumped when the on-disk layout changes incompatibly.
@@ -53,18 +56,14 @@ impl QueueRecord {
 
     pub fn decode(key: &[u8], v: &[u8]) -> Result<Self, CorruptionError> {
         let bad = |r: &str| CorruptionError::new("queue", key, r);
-        let u64_at = |i: usize| {
-            let mut s = [0u8; 8];
-            s.copy_from_slice(&v[i..i + 8]);
-            u64::from_be_bytes(s)
-        };
+        let u64_at = |i: usize| be_u64(v, i).ok_or_else(|| bad("truncated"));
         let retention = match (v.first(), v.len()) {
             (Some(&QUEUE_RECORD_V1), 13) => crate::Retention::default(),
-            (Some(&QUEUE_RECORD_V2), 22) => match v[13] {
-                0 => crate::Retention::UntilAcked,
-                1 => crate::Retention::MaxAge(std::time::Duration::from_micros(u64_at(14))),
-                2 => crate::Retention::MaxLen(u64_at(14)),
-                3 => crate::Retention::Forever,
+            (Some(&QUEUE_RECORD_V2), 22) => match v.get(13) {
+                Some(0) => crate::Retention::UntilAcked,
+                Some(1) => crate::Retention::MaxAge(std::time::Duration::from_micros(u64_at(14)?)),
+                Some(2) => crate::Retention::MaxLen(u64_at(14)?),
+                Some(3) => crate::Retention::Forever,
                 _ => return Err(bad("unknown retention policy")),
             },
             (Some(&QUEUE_RECORD_V1 | &QUEUE_RECORD_V2), _) => {
@@ -72,8 +71,8 @@ impl QueueRecord {
             }
             _ => return Err(bad("unknown version")),
         };
-        let id = u32::from_be_bytes([v[1], v[2], v[3], v[4]]);
-        let first_seq = u64_at(5);
+        let id = be_u32(v, 1).ok_or_else(|| bad("truncated"))?;
+        let first_seq = u64_at(5)?;
         if id == 0 || id == u32::MAX || first_seq == 0 {
             return Err(bad("id or first sequence out of range"));
         }
@@ -209,26 +208,22 @@ impl ClaimRecord {
         if v.len() < CLAIM_HEADER {
             return Err(bad("shorter than the fixed header"));
         }
-        let version = v[0];
-        if version != CLAIM_RECORD_V1 && version != CLAIM_RECORD_V2 {
+        let version = v.first().copied();
+        if version != Some(CLAIM_RECORD_V1) && version != Some(CLAIM_RECORD_V2) {
             return Err(bad("unknown version"));
         }
-        let state = match v[1] {
-            1 => ClaimState::Leased,
-            2 => ClaimState::Waiting,
-            3 => ClaimState::Done,
+        let state = match v.get(1) {
+            Some(1) => ClaimState::Leased,
+            Some(2) => ClaimState::Waiting,
+            Some(3) => ClaimState::Done,
             _ => return Err(bad("unknown state")),
         };
-        let u32_at = |i: usize| u32::from_be_bytes([v[i], v[i + 1], v[i + 2], v[i + 3]]);
-        let u64_at = |i: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&v[i..i + 8]);
-            u64::from_be_bytes(b)
-        };
-        let err_len = u32_at(30) as usize;
+        let u32_at = |i: usize| be_u32(v, i).ok_or_else(|| bad("truncated"));
+        let u64_at = |i: usize| be_u64(v, i).ok_or_else(|| bad("truncated"));
+        let err_len = u32_at(30)? as usize;
         let err_end = CLAIM_HEADER.checked_add(err_len).filter(|&e| e <= v.len());
         let Some(err_end) = err_end else { return Err(bad("error text length does not match")) };
-        let holder = if version == CLAIM_RECORD_V1 {
+        let holder = if version == Some(CLAIM_RECORD_V1) {
             if v.len() != err_end {
                 return Err(bad("error text length does not match"));
             }
@@ -238,17 +233,18 @@ impl ClaimRecord {
             if v.len() != err_end + 1 + len as usize {
                 return Err(bad("holder length does not match"));
             }
-            std::str::from_utf8(&v[err_end + 1..]).map_err(|_| bad("holder is not UTF-8"))?.into()
+            let holder = v.get(err_end + 1..).unwrap_or_default();
+            std::str::from_utf8(holder).map_err(|_| bad("holder is not UTF-8"))?.into()
         };
-        let last_error = std::str::from_utf8(&v[CLAIM_HEADER..err_end])
-            .map_err(|_| bad("error text is not UTF-8"))?
-            .to_owned();
+        let last_error = v.get(CLAIM_HEADER..err_end).ok_or_else(|| bad("truncated"))?;
+        let last_error =
+            std::str::from_utf8(last_error).map_err(|_| bad("error text is not UTF-8"))?.to_owned();
         Ok(ClaimRecord {
             state,
-            attempt: u32_at(2),
-            token: u64_at(6),
-            deadline_micros: u64_at(14),
-            not_before_micros: u64_at(22),
+            attempt: u32_at(2)?,
+            token: u64_at(6)?,
+            deadline_micros: u64_at(14)?,
+            not_before_micros: u64_at(22)?,
             last_error,
             holder,
         })
@@ -341,6 +337,17 @@ impl GroupSettings {
         let dlq = std::str::from_utf8(rest).map_err(|_| bad("dead-letter queue is not UTF-8"))?;
         Ok(GroupSettings { paused, dead_letter_queue: dlq.to_owned() })
     }
+}
+
+/// The big-endian `u32` at `i`, if the record is long enough (decoders never index: a short
+/// record is a corruption, not a panic).
+fn be_u32(v: &[u8], i: usize) -> Option<u32> {
+    v.get(i..i.checked_add(4)?)?.try_into().ok().map(u32::from_be_bytes)
+}
+
+/// The big-endian `u64` at `i`, if the record is long enough.
+fn be_u64(v: &[u8], i: usize) -> Option<u64> {
+    v.get(i..i.checked_add(8)?)?.try_into().ok().map(u64::from_be_bytes)
 }
 
 #[cfg(test)]
