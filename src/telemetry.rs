@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use metrics::{counter, gauge, histogram};
 
-use crate::broker::Shared;
+use crate::engine::Shared;
 
 /// Messages appended, per queue.
 pub const PRODUCED: &str = "rockq_messages_produced_total";
@@ -110,7 +110,7 @@ fn recorder_installed() -> bool {
 
 /// Refreshes the gauges every `interval` on the broker's clock until shutdown.
 pub(crate) fn spawn_gauges(shared: &Arc<Shared>, interval: Duration) {
-    crate::broker::spawn_periodic(shared, interval, |shared| async move {
+    crate::engine::spawn_periodic(shared, interval, |shared| async move {
         if !recorder_installed() {
             // Fault 7: the refresh costs a full registry scan (`store::load`) every interval;
             // with nothing to record into, skip it. Checked every tick: a recorder may be

@@ -8,7 +8,8 @@ use tokio::sync::oneshot;
 
 use super::collect;
 use super::types::{GroupMode, PendingClaim, Stats, StoredMessage};
-use crate::broker::{Broker, Shared};
+use crate::broker::Broker;
+use crate::engine::Shared;
 use crate::error::{InspectError, NameKind, PauseError, ResetError};
 use crate::registry::QueueState;
 use crate::store::{Store, keys};

@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 
 use futures::task::AtomicWaker;
 
-use super::records::PendingRecord;
-use crate::broker::Shared;
+use crate::engine::Shared;
 use crate::registry::GroupState;
 use crate::store::RawMessage;
 
@@ -404,6 +403,17 @@ impl Drop for SubShared {
     fn drop(&mut self) {
         self.group.active.store(false, Ordering::Release);
     }
+}
+
+/// A record the writer writes in its next round.
+pub(crate) enum PendingRecord {
+    /// A delivery came back without an ack: its count (and redelivery time) survive a restart.
+    Failed { seq: u64, deliveries: u32, not_before_micros: u64 },
+    /// The message used up its deliveries: move it to the dead-letter queue and mark it done
+    /// for the group, in one write. Holds the subscription (and so the group's active slot)
+    /// until that write is durable, so no new subscription can start below it and deliver it
+    /// again meanwhile.
+    DeadLetter { msg: RawMessage, deliveries: u32, reason: String, sub: Arc<SubShared> },
 }
 
 #[cfg(test)]

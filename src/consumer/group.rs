@@ -7,7 +7,7 @@ use tokio::sync::oneshot;
 
 use super::acks::{PoisonConfig, SubShared};
 use super::subscription::Subscription;
-use crate::broker::Shared;
+use crate::engine::Shared;
 use crate::error::{NameKind, ResetError, SubscribeError};
 use crate::registry::QueueState;
 use crate::store::keys;

@@ -6,8 +6,8 @@ mod group;
 mod records;
 mod subscription;
 
-pub(crate) use acks::SubShared;
+pub(crate) use acks::{PendingRecord, SubShared};
 pub use delivery::Delivery;
 pub use group::{Group, StartFrom};
-pub(crate) use records::{GroupRecords, PendingRecord};
+pub(crate) use records::GroupRecords;
 pub use subscription::Subscription;

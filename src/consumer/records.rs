@@ -5,10 +5,8 @@
 //! offset passes.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 
-use super::acks::SubShared;
-use crate::store::RawMessage;
+use super::acks::PendingRecord;
 
 /// One ordered group's per-message state (in `GroupState`).
 #[derive(Default)]
@@ -35,15 +33,4 @@ impl std::fmt::Debug for GroupRecords {
             .field("pending", &self.pending.len())
             .finish()
     }
-}
-
-/// A record the writer writes in its next round.
-pub(crate) enum PendingRecord {
-    /// A delivery came back without an ack: its count (and redelivery time) survive a restart.
-    Failed { seq: u64, deliveries: u32, not_before_micros: u64 },
-    /// The message used up its deliveries: move it to the dead-letter queue and mark it done
-    /// for the group, in one write. Holds the subscription (and so the group's active slot)
-    /// until that write is durable, so no new subscription can start below it and deliver it
-    /// again meanwhile.
-    DeadLetter { msg: RawMessage, deliveries: u32, reason: String, sub: Arc<SubShared> },
 }

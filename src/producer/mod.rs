@@ -5,4 +5,3 @@ mod receipt;
 
 pub use queue::Queue;
 pub use receipt::SendReceipt;
-pub(crate) use receipt::{Completion, Settle};

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::Message;
-use crate::broker::Shared;
 use crate::consumer::Group;
+use crate::engine::Shared;
 use crate::error::{NameError, NameKind, QueueError, SendError};
 use crate::producer::SendReceipt;
 use crate::registry::QueueState;

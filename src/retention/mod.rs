@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub use policy::Retention;
 use tokio::sync::oneshot;
 
-use crate::broker::Shared;
+use crate::engine::Shared;
 use crate::error::QueueError;
 use crate::registry::QueueState;
 use crate::store;
@@ -142,7 +142,7 @@ pub(crate) async fn pass(shared: &Arc<Shared>, compact: Option<bool>) -> Result<
 /// Runs a pass every `interval` on the broker's clock until shutdown. Holds the broker only
 /// weakly, so dropping every handle still closes it.
 pub(crate) fn spawn_background(shared: &Arc<Shared>, interval: Duration) {
-    crate::broker::spawn_periodic(shared, interval, |shared| async move {
+    crate::engine::spawn_periodic(shared, interval, |shared| async move {
         match pass(&shared, None).await {
             Ok(_) => true,
             Err(QueueError::Shutdown) => false,

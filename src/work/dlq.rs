@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
-use crate::broker::Shared;
+use crate::engine::Shared;
 use crate::error::{NameKind, ReceiveError, RedriveError};
 use crate::message::Message;
 use crate::registry::QueueState;

@@ -6,30 +6,17 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
+use super::config::WorkConfig;
 use super::policy::RetryPolicy;
-use super::pool::Workers;
 use super::state::WorkGroupState;
 use super::subscription::WorkSubscription;
-use crate::broker::Shared;
 use crate::consumer::StartFrom;
+use crate::engine::Shared;
 use crate::error::{NameKind, ResetError, SubscribeError};
 use crate::name::{self, MAX_NAME_LEN};
 use crate::registry::QueueState;
 use crate::store::keys;
 use crate::writer::Request;
-
-/// Settings a subscription and its jobs use.
-#[derive(Debug)]
-pub(crate) struct WorkConfig {
-    pub lease: Duration,
-    pub policy: RetryPolicy,
-    pub dlq: Arc<str>,
-    pub max_in_flight: usize,
-    pub claim_batch: usize,
-    pub saturation_after: Duration,
-    /// Recorded as the holder of each claim (see [`WorkGroup::consumer_name`]).
-    pub consumer: Arc<str>,
-}
 
 /// Numbers the subscriptions of this process, for default consumer names.
 static NEXT_CONSUMER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -165,11 +152,6 @@ impl WorkGroup {
     pub fn consumer_name(mut self, name: impl Into<String>) -> Self {
         self.consumer = Some(Arc::from(name.into()));
         self
-    }
-
-    /// A worker pool of `concurrency` handlers on this group (at least 1).
-    pub fn workers(&self, concurrency: usize) -> Workers {
-        Workers::new(self.clone(), concurrency.max(1))
     }
 
     pub(crate) fn saturation_threshold(&self) -> Duration {

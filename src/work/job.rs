@@ -8,9 +8,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
-use super::group::WorkConfig;
+use super::config::WorkConfig;
 use super::state::{Claimed, SettlingGuard, WorkGroupState};
-use crate::broker::Shared;
+use crate::engine::Shared;
 use crate::error::AckError;
 use crate::store::RawMessage;
 use crate::store::records::{ClaimRecord, ClaimState};

@@ -2,6 +2,7 @@
 //! backoff, dead-letter queues and worker pools, layered on claim records that the writer
 //! thread checks and writes atomically.
 
+mod config;
 mod dlq;
 mod group;
 mod handle;

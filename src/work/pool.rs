@@ -131,6 +131,14 @@ pub struct PoolReport {
     pub unsettled: u64,
 }
 
+// Defined here, beside the pool it builds, so that the group builder need not import it.
+impl WorkGroup {
+    /// A worker pool of `concurrency` handlers on this group (at least 1).
+    pub fn workers(&self, concurrency: usize) -> Workers {
+        Workers::new(self.clone(), concurrency.max(1))
+    }
+}
+
 /// A pool of concurrent handlers on one [`WorkGroup`]; see [`WorkGroup::workers`].
 ///
 /// At most `concurrency` handlers run at once, and the pool holds at most

@@ -10,10 +10,10 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, Stream};
 use tokio::sync::{Semaphore, oneshot};
 
-use super::group::WorkConfig;
+use super::config::WorkConfig;
 use super::job::{Job, JobInner};
 use super::state::{Claimed, SettlingGuard, WorkGroupState};
-use crate::broker::Shared;
+use crate::engine::Shared;
 use crate::error::{AckError, ReceiveError};
 use crate::store::records::{ClaimRecord, ClaimState};
 use crate::store::{self, ReadOutcome};

@@ -20,7 +20,6 @@
 //! reused, because nothing is written after a failure.
 
 mod dead_letter;
-mod inbox;
 mod ordered;
 mod request;
 mod retention;
@@ -36,10 +35,9 @@ use tokio::sync::{mpsc, oneshot};
 
 mod work;
 
-pub(crate) use inbox::Inbox;
 pub(crate) use request::{Outcome, RedriveItem, RedriveReply, Request, SettingsChange};
 
-use inbox::Staged;
+use crate::engine::Staged;
 
 use crate::consumer::StartFrom;
 use crate::engine::Engine;

@@ -1,9 +1,13 @@
 //! The engine: state shared by the public handles and the writer thread.
 //!
-//! Public handles hold a [`Shared`](crate::broker::Shared), which owns the writer's request
+//! Public handles hold a [`Shared`], which owns the writer's request
 //! channel; the writer holds only the `Engine`. When the last handle is dropped the channel
 //! closes and the writer finishes its last round and exits, so a broker dropped without
 //! `shutdown` still commits what it can and closes RocksDB off the async workers.
+
+mod completion;
+mod inbox;
+mod shared;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -12,10 +16,16 @@ use crate::options::Options;
 use crate::registry::{GroupState, Registry};
 use crate::store::Store;
 
+pub(crate) use completion::Completion;
+#[cfg(test)]
+pub(crate) use completion::Resolver;
+pub(crate) use inbox::{Inbox, Staged};
+pub(crate) use shared::{Shared, spawn_periodic};
+
 pub(crate) struct Engine {
     pub store: Store,
     /// Where producers stage sends for the writer.
-    pub inbox: crate::writer::Inbox,
+    pub inbox: Inbox,
     pub registry: Registry,
     pub options: Options,
     /// Groups whose acknowledged offset moved since the writer last committed them.

@@ -5,7 +5,7 @@
 //! per-message channel push, pop, reply channel and buffer allocation cost more than RocksDB's
 //! own work for a small message. Here a send is a short critical section — encode the envelope
 //! into the open round's arena, note its queue and length — and the writer swaps the whole round
-//! out in one lock. Every send staged in a round shares one [`Completion`](crate::producer).
+//! out in one lock. Every send staged in a round shares one `Completion`.
 //!
 //! Ordering: sends are staged in lock order, and the writer allocates sequences in staging
 //! order, so sends made one after another by one task get increasing sequences.
@@ -22,9 +22,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Semaphore;
 
+use super::completion::{Completion, Resolver};
 use crate::Message;
 use crate::error::SendError;
-use crate::producer::{Completion, Settle};
 use crate::registry::QueueState;
 use crate::store::envelope;
 
@@ -41,7 +41,7 @@ pub(crate) struct Staged {
     pub queues: Vec<Arc<QueueState>>,
     /// Permits the round's messages hold (returned when the writer takes it).
     permits: usize,
-    pub settle: Settle,
+    pub settle: Resolver,
 }
 
 impl Staged {
@@ -52,7 +52,7 @@ impl Staged {
     }
 
     fn new(arena_hint: usize, msgs_hint: usize) -> Self {
-        let (settle, _) = Settle::new();
+        let (settle, _) = Resolver::new();
         Staged {
             arena: Vec::with_capacity(arena_hint),
             msgs: Vec::with_capacity(msgs_hint),

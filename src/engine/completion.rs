@@ -1,0 +1,114 @@
+//! The completion of one staged writer round, shared by the round's
+//! [`SendReceipt`](crate::SendReceipt)s: the writer resolves it once for the whole round (the first sequence of
+//! each send, or the round's error) and wakes whoever waits. That is one allocation and one
+//! wake-up list per round instead of a oneshot channel per message.
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll, Waker};
+
+use crate::error::SendError;
+
+/// The outcome of one staged round: the first sequence of each send in it, in staging order.
+type Outcome = Result<Box<[u64]>, SendError>;
+
+/// The shared completion of one staged round.
+#[derive(Default)]
+pub(crate) struct Completion {
+    /// Set once, by [`Resolver`]. `OnceLock` publishes it with release/acquire ordering.
+    outcome: OnceLock<Outcome>,
+    /// Receipts waiting for the outcome. Taken (under the lock) right after the outcome is
+    /// set, so a receipt that finds no outcome under the lock is sure to be woken.
+    wakers: Mutex<Vec<Waker>>,
+}
+
+impl Completion {
+    /// Receipts registered to be woken (tests).
+    #[cfg(test)]
+    pub(crate) fn waiting(&self) -> usize {
+        self.wakers.lock().map_or(0, |w| w.len())
+    }
+
+    /// Whether the round's outcome is known.
+    pub(crate) fn is_resolved(&self) -> bool {
+        self.outcome.get().is_some()
+    }
+
+    fn result(&self, index: usize) -> Option<Result<u64, SendError>> {
+        self.outcome.get().map(|o| match o {
+            Ok(seqs) => seqs
+                .get(index)
+                .copied()
+                .ok_or_else(|| SendError::Failed(format!("no sequence for staged send {index}"))),
+            Err(e) => Err(e.clone()),
+        })
+    }
+
+    /// Ready with send `index`'s first sequence, or registers the task's waker. `slot`
+    /// remembers where this receipt's waker sits, so repeated polls replace it instead of
+    /// adding more.
+    pub(crate) fn poll(
+        &self,
+        index: usize,
+        slot: &mut Option<usize>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<u64, SendError>> {
+        if let Some(r) = self.result(index) {
+            return Poll::Ready(r);
+        }
+        let mut wakers = self.wakers.lock().unwrap_or_else(|p| p.into_inner());
+        // Checked again under the lock: `Resolver` sets the outcome before it takes the wakers.
+        if let Some(r) = self.result(index) {
+            return Poll::Ready(r);
+        }
+        match slot.and_then(|i| wakers.get_mut(i)) {
+            Some(w) => {
+                if !w.will_wake(cx.waker()) {
+                    w.clone_from(cx.waker());
+                }
+            }
+            None => {
+                wakers.push(cx.waker().clone());
+                *slot = Some(wakers.len() - 1);
+            }
+        }
+        Poll::Pending
+    }
+}
+
+/// The writer's side of a [`Completion`]: settles it exactly once. Dropped unsettled (the
+/// writer stopped or panicked with the round in hand), it fails the round with
+/// [`SendError::Shutdown`], so no receipt waits forever.
+pub(crate) struct Resolver(Arc<Completion>);
+
+impl Resolver {
+    pub fn new() -> (Self, Arc<Completion>) {
+        let c = Arc::new(Completion::default());
+        (Resolver(c.clone()), c)
+    }
+
+    /// The completion the round's receipts wait on.
+    pub fn completion(&self) -> Arc<Completion> {
+        self.0.clone()
+    }
+
+    /// Resolves every receipt of the round: `Ok` with the first sequence of each send.
+    pub fn finish(self, outcome: Result<Box<[u64]>, SendError>) {
+        self.set(outcome);
+    }
+
+    fn set(&self, outcome: Outcome) {
+        if self.0.outcome.set(outcome).is_err() {
+            return;
+        }
+        let wakers = std::mem::take(&mut *self.0.wakers.lock().unwrap_or_else(|p| p.into_inner()));
+        wakers.into_iter().for_each(Waker::wake);
+    }
+}
+
+impl Drop for Resolver {
+    fn drop(&mut self) {
+        if self.0.outcome.get().is_none() {
+            self.set(Err(SendError::Shutdown));
+        }
+    }
+}
