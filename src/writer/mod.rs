@@ -1,7 +1,7 @@
 //! The writer: one dedicated OS thread that owns every write to RocksDB.
 //!
 //! Each round it takes the requests waiting on its channel and the sends staged in its
-//! [`Inbox`] (up to the count and byte caps), turns them into entries of one `WriteBatch` —
+//! `Inbox` (`engine/inbox.rs`; up to the count and byte caps), turns them into entries of one `WriteBatch` —
 //! messages with freshly allocated sequences, new queue and group records, claims, and one
 //! offset record per dirty group — writes it with a single WAL append (and, under `Fsync`, a
 //! single fsync), then completes every waiting caller and wakes the subscribers of the queues
