@@ -34,3 +34,15 @@ impl std::fmt::Debug for GroupRecords {
             .finish()
     }
 }
+
+impl GroupRecords {
+    /// Forgets everything at or below `seq` (the offset passed it, or retention deleted it) and
+    /// returns the sequences whose records are on disk, for the writer to delete.
+    pub fn forget_through(&mut self, seq: u64) -> BTreeSet<u64> {
+        let above = seq.saturating_add(1);
+        self.failed = self.failed.split_off(&above);
+        self.dead = self.dead.split_off(&above);
+        let keep = self.stored.split_off(&above);
+        std::mem::replace(&mut self.stored, keep)
+    }
+}

@@ -46,11 +46,7 @@ impl Writer {
             if rec.pending.is_empty() && !passed_any {
                 return;
             }
-            let above = floor.saturating_add(1);
-            rec.failed = rec.failed.split_off(&above);
-            rec.dead = rec.dead.split_off(&above);
-            let keep = rec.stored.split_off(&above);
-            let passed = std::mem::replace(&mut rec.stored, keep);
+            let passed = rec.forget_through(floor);
             (std::mem::take(&mut rec.pending), passed)
         };
         let prefix = keys::ordered_prefix(&g.name, &g.queue.name);
@@ -186,24 +182,8 @@ impl Writer {
         queue: &QueueState,
         to: u64,
     ) {
-        let groups: Vec<Arc<GroupState>> = self
-            .engine
-            .registry
-            .groups
-            .iter()
-            .map(|g| g.clone())
-            .chain(self.groups.values().cloned())
-            .filter(|g| g.queue.id == queue.id)
-            .collect();
-        let above = to.saturating_add(1);
-        for g in groups {
-            let gone = {
-                let mut rec = g.records();
-                rec.failed = rec.failed.split_off(&above);
-                rec.dead = rec.dead.split_off(&above);
-                let keep = rec.stored.split_off(&above);
-                std::mem::replace(&mut rec.stored, keep)
-            };
+        for g in self.ordered_groups().into_iter().filter(|g| g.queue.id == queue.id) {
+            let gone = g.records().forget_through(to);
             if gone.is_empty() {
                 continue;
             }
@@ -222,18 +202,16 @@ impl Writer {
         for g in self.engine.take_dirty() {
             g.dirty.swap(false, std::sync::atomic::Ordering::AcqRel);
         }
-        let groups: Vec<Arc<GroupState>> = self
-            .engine
-            .registry
-            .groups
-            .iter()
-            .map(|g| g.clone())
-            .chain(self.groups.values().cloned())
-            .collect();
-        for g in groups {
+        for g in self.ordered_groups() {
             // Taken under the lock, dropped after it (see `ordered_reset`).
             let pending = std::mem::take(&mut g.records().pending);
             drop(pending);
         }
+    }
+
+    /// Every ordered group: the registry's and those this writer created, possibly not yet
+    /// synced into it (a group may come twice; every caller's work is idempotent).
+    fn ordered_groups(&self) -> Vec<Arc<GroupState>> {
+        self.engine.registry.groups.iter().map(|g| g.clone()).chain(self.groups.values().cloned()).collect()
     }
 }
