@@ -38,18 +38,35 @@ async fn assert_released_uncounted(broker: &Broker, q: &rockq::Queue, seq: u64) 
     assert!(dlq.list(10).await.unwrap().is_empty(), "nothing was dead-lettered");
 }
 
-// Fault (issue 13, "Pools that can be cancelled"): dropping a `run` future — here as the
-// losing branch of a `select!` — counted the running job's attempt and skipped the drain, so
-// with max_attempts(1) the job was dead-lettered without a fair try.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_future_dropped_by_select_releases_its_job_without_counting() {
+/// One job on queue `jobs`, a group `w` allowing one attempt, and the channel a `stuck`
+/// handler reports on.
+struct One {
+    _dir: tempfile::TempDir,
+    broker: Broker,
+    q: rockq::Queue,
+    seq: u64,
+    group: rockq::WorkGroup,
+    tx: mpsc::UnboundedSender<u64>,
+    started: mpsc::UnboundedReceiver<u64>,
+}
+
+async fn one_job() -> One {
     let dir = tempdir();
     let clock = ManualClock::new();
     let broker = open_clock(dir.path(), &clock).await;
     let q = broker.queue("jobs").await.unwrap();
     let seq = q.send("a").await.unwrap();
     let group = q.work_group("w").unwrap().retry_policy(RetryPolicy::default().max_attempts(1));
-    let (tx, mut started) = mpsc::unbounded_channel();
+    let (tx, started) = mpsc::unbounded_channel();
+    One { _dir: dir, broker, q, seq, group, tx, started }
+}
+
+// Fault (issue 13, "Pools that can be cancelled"): dropping a `run` future — here as the
+// losing branch of a `select!` — counted the running job's attempt and skipped the drain, so
+// with max_attempts(1) the job was dead-lettered without a fair try.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_future_dropped_by_select_releases_its_job_without_counting() {
+    let One { _dir, broker, q, seq, group, tx, mut started } = one_job().await;
     let run = group.workers(1).run(stuck(tx));
     // The handler starts, then the pool future loses the race and is dropped mid-handler.
     tokio::select! {
@@ -64,13 +81,7 @@ async fn a_run_future_dropped_by_select_releases_its_job_without_counting() {
 // counted the attempt of every job the pool held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_aborted_run_task_releases_its_jobs_without_counting() {
-    let dir = tempdir();
-    let clock = ManualClock::new();
-    let broker = open_clock(dir.path(), &clock).await;
-    let q = broker.queue("jobs").await.unwrap();
-    let seq = q.send("a").await.unwrap();
-    let group = q.work_group("w").unwrap().retry_policy(RetryPolicy::default().max_attempts(1));
-    let (tx, mut started) = mpsc::unbounded_channel();
+    let One { _dir, broker, q, seq, group, tx, mut started } = one_job().await;
     let run = tokio::spawn(group.workers(1).run(stuck(tx)));
     assert_eq!(started.recv().await, Some(seq));
     run.abort();
@@ -82,13 +93,7 @@ async fn an_aborted_run_task_releases_its_jobs_without_counting() {
 // Issue 13: `PoolHandle::abort` stops at once and releases held jobs without counting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_handle_abort_releases_without_counting() {
-    let dir = tempdir();
-    let clock = ManualClock::new();
-    let broker = open_clock(dir.path(), &clock).await;
-    let q = broker.queue("jobs").await.unwrap();
-    let seq = q.send("a").await.unwrap();
-    let group = q.work_group("w").unwrap().retry_policy(RetryPolicy::default().max_attempts(1));
-    let (tx, mut started) = mpsc::unbounded_channel();
+    let One { _dir, broker, q, seq, group, tx, mut started } = one_job().await;
     let pool = group.workers(1).spawn(stuck(tx));
     assert_eq!(started.recv().await, Some(seq));
     pool.abort();
