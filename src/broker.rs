@@ -183,13 +183,12 @@ impl Broker {
                 .into());
             };
             // At or below the offset, or of a trimmed message: moot, deleted by the writer's
-            // next round (the group is handed to it below).
-            let first = g.queue.first_seq.load(Ordering::Relaxed);
-            let floor = g.durable.load(Ordering::Relaxed).max(first.saturating_sub(1));
+            // next round (the group is marked dirty once, and handed to it below).
+            let floor = g.records_moot_through(g.durable.load(Ordering::Relaxed));
             let mut rec = g.records();
             rec.stored.insert(d.seq);
             if d.seq <= floor {
-                if !stale.iter().any(|s: &Arc<GroupState>| Arc::ptr_eq(s, &g)) {
+                if g.mark() {
                     stale.push(g.clone());
                 }
             } else {
@@ -228,9 +227,7 @@ impl Broker {
             events: tokio::sync::broadcast::channel(4096).0,
         });
         for g in stale {
-            if g.mark() {
-                engine.mark_dirty(g);
-            }
+            engine.mark_dirty(g);
         }
         tracing::info!(
             path = %engine.store.path.display(),

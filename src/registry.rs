@@ -102,6 +102,12 @@ impl GroupState {
         !self.dirty.swap(true, Ordering::AcqRel)
     }
 
+    /// The highest sequence whose delivery record is moot for a group at `offset`: the offset
+    /// passed it, or retention deleted its message.
+    pub fn records_moot_through(&self, offset: u64) -> u64 {
+        offset.max(self.queue.first_seq.load(Ordering::Acquire).saturating_sub(1))
+    }
+
     /// Records that everything up to `seq` is acknowledged. Returns true if the group just
     /// became dirty (the caller must then hand it to the writer).
     pub fn advance(&self, seq: u64) -> bool {

@@ -36,8 +36,7 @@ impl Writer {
         offset: u64,
     ) {
         // Records of messages retention deleted are moot too, wherever the offset is.
-        let first = g.queue.first_seq.load(std::sync::atomic::Ordering::Acquire);
-        let floor = offset.max(first.saturating_sub(1));
+        let floor = g.records_moot_through(offset);
         let (pending, passed) = {
             let mut rec = g.records();
             let passed_any = rec.stored.first().is_some_and(|&s| s <= floor)
