@@ -146,7 +146,22 @@ fn sends_resolve_from_another_runtime_and_after_the_brokers_runtime_is_gone() {
     // With the broker's runtime gone, the writer completes its own commits.
     drop(home);
     assert_eq!(other.block_on(q.send("after")).unwrap(), 3);
-    drop(broker);
+    drop((broker, q));
+    // The last handle is gone: the writer thread closes RocksDB on its own. Wait until it has
+    // (the directory is locked until then) before the test returns, so that the process does
+    // not exit while RocksDB is still closing (a crash in RocksDB's static teardown).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let reopened = loop {
+        match other.block_on(rockq::Broker::open(dir.path())) {
+            Err(rockq::OpenError::Locked { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::yield_now()
+            }
+            res => break res.expect("reopens once the dropped broker has closed"),
+        }
+    };
+    let q = other.block_on(reopened.queue("q")).unwrap();
+    assert_eq!(q.last_seq(), 3, "everything sent before the drop was written");
+    other.block_on(reopened.shutdown()).unwrap();
 }
 
 /// Truncated to the microseconds an envelope stores.
