@@ -55,17 +55,77 @@ pub enum NameError {
     },
 }
 
-/// An error reported by RocksDB. The message is RocksDB's own.
+/// An error reported by the storage engine (RocksDB). The message is RocksDB's own.
+///
+/// It carries the message only: no RocksDB type appears in rockq's public API, so the storage
+/// engine can be upgraded (or another engine added) without breaking callers.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("storage error: {0}")]
-pub struct StorageError(#[from] pub(crate) rocksdb::Error);
+#[error("storage error: {message}")]
+pub struct StorageError {
+    message: std::sync::Arc<str>,
+}
 
 impl StorageError {
+    /// Made by the store from RocksDB's error (and by failpoints in tests).
+    pub(crate) fn new(message: impl Into<std::sync::Arc<str>>) -> Self {
+        StorageError { message: message.into() }
+    }
+
     /// RocksDB's message for this error.
     pub fn message(&self) -> &str {
-        self.0.as_ref()
+        &self.message
     }
 }
+
+/// Why a write-path operation was not carried out, whatever the operation: the broker is
+/// shutting down, or an earlier write failed and it failed closed. One kind for every family;
+/// each family's error converts from it (`Shutdown` → its `Shutdown`, `Failed` → its `Failed`),
+/// so the engine refuses every request the same way.
+#[derive(Debug, Clone)]
+pub(crate) enum Closed {
+    /// Shutdown has begun, or every handle is gone: nothing new is accepted.
+    Shutdown,
+    /// The writer failed closed; nothing is written until the database is reopened.
+    Failed(Failure),
+}
+
+/// What made the writer fail closed, kept as it happened (not as a string), so that every later
+/// refusal can report the original cause.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum Failure {
+    /// A write or WAL sync failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// A writer-side thread ended without a clean stop (it panicked).
+    #[error("the {0} thread stopped unexpectedly")]
+    ThreadStopped(&'static str),
+    /// A request the writer cannot make sense of (a bug, not a user error).
+    #[error("{0}")]
+    Internal(&'static str),
+}
+
+macro_rules! refused_as {
+    ($($family:ident),*) => {$(
+        impl From<Closed> for $family {
+            fn from(c: Closed) -> Self {
+                match c {
+                    Closed::Shutdown => $family::Shutdown,
+                    Closed::Failed(f) => $family::Failed(f.to_string()),
+                }
+            }
+        }
+    )*};
+}
+refused_as!(
+    QueueError,
+    SendError,
+    SubscribeError,
+    AckError,
+    ResetError,
+    RedriveError,
+    CommitError,
+    PauseError
+);
 
 /// A record in the database could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

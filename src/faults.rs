@@ -6,16 +6,18 @@
 //! retention pass has queued a trim with the writer: a test's callback learns the order of
 //! requests).
 
+use crate::error::StorageError;
+
 /// Returns an injected storage error if the failpoint `name` is configured to `return`.
 #[cfg(feature = "failpoints")]
-pub(crate) fn check(name: &str) -> Result<(), rocksdb::Error> {
-    fail::fail_point!(name, |_| Err(injected(name)));
+pub(crate) fn check(name: &str) -> Result<(), StorageError> {
+    fail::fail_point!(name, |_| Err(StorageError::new(format!("IO error: failpoint {name}"))));
     Ok(())
 }
 
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub(crate) fn check(_name: &str) -> Result<(), rocksdb::Error> {
+pub(crate) fn check(_name: &str) -> Result<(), StorageError> {
     Ok(())
 }
 
@@ -28,15 +30,3 @@ pub(crate) fn reached(name: &str) {
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub(crate) fn reached(_name: &str) {}
-
-/// A genuine `rocksdb::Error` (the crate has no public constructor): opening a path that
-/// cannot exist without `create_if_missing` fails.
-#[cfg(feature = "failpoints")]
-fn injected(name: &str) -> rocksdb::Error {
-    let opts = rocksdb::Options::default();
-    match rocksdb::DB::open(&opts, format!("/nonexistent/rockq-failpoint/{name}")) {
-        Err(e) => e,
-        #[allow(clippy::panic)]
-        Ok(_) => panic!("failpoint {name}: could not produce an error"),
-    }
-}

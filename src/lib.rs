@@ -45,43 +45,53 @@
 #![deny(missing_docs, missing_debug_implementations)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
-mod admin;
+// Layers, top down; each imports only from the layers below it (`tests/layers.rs` checks it):
+// the handles (`broker`, `producer`, `consumer`, `work`, `inspector`), the engine (`engine`,
+// reached only through `engine::boundary`), the store (`store`, the only user of RocksDB), and
+// plain value types (the rest).
 mod broker;
-mod clock;
 mod consumer;
+mod inspector;
+mod producer;
+mod work;
+
 mod engine;
+
+mod store;
+
+mod clock;
 mod error;
 mod events;
 mod faults;
 mod message;
+mod model;
 mod name;
 mod options;
-mod producer;
-mod registry;
 mod retention;
-mod store;
+mod stats;
 pub mod telemetry;
-mod work;
-mod writer;
 
-pub use admin::{
-    GroupMode, GroupStats, Inspector, PendingClaim, PendingState, QueueStats, Stats, StoredMessage,
-};
-pub use broker::{Broker, StorageStats, WriterStats};
+pub use broker::Broker;
 pub use bytes::Bytes;
 pub use clock::{Clock, ManualClock};
-pub use consumer::{Delivery, Group, StartFrom, Subscription};
+pub use consumer::{Delivery, Group, Subscription};
 pub use error::{
     AckError, CommitError, CorruptionError, Error, InspectError, NameError, NameKind, OpenError, PauseError,
     QueueError, ReceiveError, RedriveError, ResetError, SendError, ShutdownError, StorageError,
     SubscribeError,
 };
 pub use events::Event;
+pub use inspector::Inspector;
 pub use message::Message;
+pub use model::StartFrom;
 pub use name::MAX_NAME_LEN;
 pub use options::{Durability, Options};
 pub use producer::{Queue, SendReceipt};
 pub use retention::{ResetTo, Retention, TrimReport};
+pub use stats::{
+    GroupMode, GroupStats, PendingClaim, PendingState, QueueStats, Stats, StorageStats, StoredMessage,
+    WriterStats,
+};
 pub use tokio_util::sync::CancellationToken;
 pub use work::{
     DeadLetter, DeadLetters, Handler, HandlerError, Job, PoolHandle, PoolReport, Redrive, RetryPolicy, Task,

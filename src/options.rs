@@ -1,8 +1,6 @@
 //! Broker configuration: [`Options`] and [`Durability`].
 
-use std::path::Path;
-
-use crate::{Broker, OpenError};
+use crate::error::OpenError;
 
 /// When a send is acknowledged relative to the disk.
 ///
@@ -181,19 +179,6 @@ impl Options {
     pub fn metrics_interval(mut self, every: std::time::Duration) -> Self {
         self.metrics_interval = crate::clock::clamp_delay(every);
         self
-    }
-
-    /// Opens (or creates) the database at `path` with these options.
-    ///
-    /// # Errors
-    ///
-    /// See [`Broker::open`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As for [`Broker::open`].
-    pub async fn open(self, path: impl AsRef<Path>) -> Result<Broker, OpenError> {
-        Broker::open_with(path.as_ref(), self).await
     }
 
     pub(crate) fn validate(&self) -> Result<(), OpenError> {

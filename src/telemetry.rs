@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use metrics::{counter, gauge, histogram};
 
-use crate::engine::Shared;
+use crate::stats::Stats;
 
 /// Messages appended, per queue.
 pub const PRODUCED: &str = "rockq_messages_produced_total";
@@ -82,7 +82,7 @@ pub(crate) fn round(messages: u64, latency: Duration) {
 }
 
 /// Sets the gauges from a stats snapshot.
-pub(crate) fn publish(stats: &crate::Stats) {
+pub(crate) fn publish(stats: &Stats) {
     for q in &stats.queues {
         let name = q.name.clone();
         gauge!(QUEUE_LENGTH, "queue" => name.clone()).set(q.len as f64);
@@ -104,29 +104,8 @@ pub(crate) fn publish(stats: &crate::Stats) {
 /// or exporter state. So a zero-sized recorder counts as none (a recorder that keeps all its
 /// state in statics would have to call [`Broker::stats`](crate::Broker::stats) to refresh the
 /// gauges).
-fn recorder_installed() -> bool {
+pub(crate) fn recorder_installed() -> bool {
     metrics::with_recorder(|r| std::mem::size_of_val(r) != 0)
-}
-
-/// Refreshes the gauges every `interval` on the broker's clock until shutdown.
-pub(crate) fn spawn_gauges(shared: &Arc<Shared>, interval: Duration) {
-    crate::engine::spawn_periodic(shared, interval, |shared| async move {
-        if !recorder_installed() {
-            // Fault 7: the refresh costs a full registry scan (`store::load`) every interval;
-            // with nothing to record into, skip it. Checked every tick: a recorder may be
-            // installed later.
-            return true;
-        }
-        let broker = crate::Broker { shared };
-        match broker.stats().await {
-            Ok(_) => true,
-            Err(crate::InspectError::Shutdown) => false,
-            Err(e) => {
-                tracing::warn!(error = %e, "rockq: computing metrics gauges failed");
-                true
-            }
-        }
-    });
 }
 
 #[cfg(test)]

@@ -12,9 +12,7 @@ use std::time::{Duration, Instant};
 
 use futures::task::AtomicWaker;
 
-use crate::engine::Shared;
-use crate::registry::GroupState;
-use crate::store::RawMessage;
+use crate::engine::boundary::{LiveSubscription, OrderedGroupState, PendingRecord, RawMessage, Shared};
 
 /// Longest wait [`Delivery::nack_after`](crate::Delivery::nack_after) takes; longer delays are
 /// clamped to it (documented there).
@@ -52,7 +50,7 @@ pub(crate) struct PoisonConfig {
 /// last of them is dropped, so acks from deliveries that outlive the stream still count.
 pub(crate) struct SubShared {
     pub shared: Arc<Shared>,
-    pub group: Arc<GroupState>,
+    pub group: Arc<OrderedGroupState>,
     window: Mutex<AckWindow>,
     /// Most sequences handed out beyond the offset (`Group::max_unacked`).
     pub max_unacked: usize,
@@ -236,7 +234,7 @@ impl SubShared {
     /// remembers above it.
     pub fn new(
         shared: Arc<Shared>,
-        group: Arc<GroupState>,
+        group: Arc<OrderedGroupState>,
         start: u64,
         max_unacked: usize,
         poison: PoisonConfig,
@@ -308,7 +306,7 @@ impl SubShared {
             let g = &self.group;
             g.skipped.fetch_add(first - from, Ordering::Relaxed);
             tracing::warn!(queue = %g.queue.name, group = %g.name, from, to = first - 1, "rockq: retention skipped messages a group had not received");
-            self.shared.engine.emit(|| crate::Event::Skipped {
+            self.shared.engine.emit(|| crate::events::Event::Skipped {
                 queue: g.queue.name.clone(),
                 group: g.name.clone(),
                 from,
@@ -399,21 +397,28 @@ impl SubShared {
     }
 }
 
+impl LiveSubscription for SubShared {
+    fn in_flight(&self) -> u64 {
+        SubShared::in_flight(self)
+    }
+
+    fn dead_letter_queue(&self) -> Arc<str> {
+        self.poison.dlq.clone()
+    }
+
+    fn ack(&self, seq: u64) {
+        SubShared::ack(self, seq)
+    }
+
+    fn redeliver(&self, msg: RawMessage, deliveries: u32) {
+        SubShared::redeliver(self, msg, deliveries)
+    }
+}
+
 impl Drop for SubShared {
     fn drop(&mut self) {
         self.group.active.store(false, Ordering::Release);
     }
-}
-
-/// A record the writer writes in its next round.
-pub(crate) enum PendingRecord {
-    /// A delivery came back without an ack: its count (and redelivery time) survive a restart.
-    Failed { seq: u64, deliveries: u32, not_before_micros: u64 },
-    /// The message used up its deliveries: move it to the dead-letter queue and mark it done
-    /// for the group, in one write. Holds the subscription (and so the group's active slot)
-    /// until that write is durable, so no new subscription can start below it and deliver it
-    /// again meanwhile.
-    DeadLetter { msg: RawMessage, deliveries: u32, reason: String, sub: Arc<SubShared> },
 }
 
 #[cfg(test)]

@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 
 use super::acks::{Comeback, SubShared};
+use crate::engine::boundary::RawMessage;
 use crate::error::AckError;
-use crate::store::RawMessage;
 
 /// A message delivered to a group, to be acknowledged with [`ack`](Delivery::ack).
 ///

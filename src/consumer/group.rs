@@ -7,24 +7,13 @@ use tokio::sync::oneshot;
 
 use super::acks::{PoisonConfig, SubShared};
 use super::subscription::Subscription;
-use crate::engine::Shared;
-use crate::error::{NameKind, ResetError, SubscribeError};
-use crate::registry::QueueState;
-use crate::store::keys;
-use crate::writer::Request;
-
-/// Where a group that has never subscribed starts. Ignored once the group exists: it then
-/// always resumes after its committed offset.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum StartFrom {
-    /// The oldest message still stored.
-    #[default]
-    Earliest,
-    /// Only messages sent after the group is created.
-    Latest,
-    /// This sequence (must be within `first_seq..=last_seq + 1`).
-    Sequence(u64),
-}
+use crate::engine::boundary::{
+    self, LiveSubscription, OrderedGroupState, OrderedRequest, QueueState, Request, Shared,
+};
+use crate::error::{NameKind, PauseError, ResetError, SubscribeError};
+use crate::model::StartFrom;
+use crate::name::MAX_NAME_LEN;
+use crate::retention::ResetTo;
 
 /// A consumer group on one queue, in ordered mode: one active subscriber at a time receives
 /// the queue's messages in sequence order and the group's offset records its progress.
@@ -130,6 +119,11 @@ impl Group {
 
     /// The dead-letter settings of a subscription. The default queue name is checked only when
     /// it is used, so a group without `max_deliveries` on a long queue name still subscribes.
+    /// The group's engine state, once it exists.
+    fn state(&self) -> Option<Arc<OrderedGroupState>> {
+        self.shared.engine.registry.ordered(&self.name, &self.queue.name)
+    }
+
     fn poison_config(&self) -> Result<PoisonConfig, SubscribeError> {
         let dlq = match &self.dlq {
             Some(n) => {
@@ -138,7 +132,7 @@ impl Group {
             }
             None => {
                 let n = format!("{}.dlq", self.queue.name);
-                if n.len() > crate::MAX_NAME_LEN && self.max_deliveries.is_some() {
+                if n.len() > MAX_NAME_LEN && self.max_deliveries.is_some() {
                     return Err(SubscribeError::DeadLetterName { queue: self.queue.name.to_string() });
                 }
                 Arc::from(n)
@@ -151,8 +145,7 @@ impl Group {
     /// the record is durable. `None` if the group has never subscribed; 0 if nothing is
     /// committed yet.
     pub fn committed(&self) -> Option<u64> {
-        let key = keys::offset_key(&self.name, &self.queue.name);
-        self.shared.engine.registry.groups.get(&key).map(|g| g.durable.load(Ordering::Acquire))
+        self.state().map(|g| g.durable.load(Ordering::Acquire))
     }
 
     /// Pauses this group durably (see [`Broker::pause_group`](crate::Broker::pause_group)).
@@ -166,8 +159,8 @@ impl Group {
     /// # Cancel safety
     ///
     /// Cancel safe in effect: the group is paused or not.
-    pub async fn pause(&self) -> Result<(), crate::PauseError> {
-        crate::admin::set_paused(&self.shared, &self.queue, &self.name, true).await
+    pub async fn pause(&self) -> Result<(), PauseError> {
+        self.shared.set_paused(&self.queue, &self.name, true).await
     }
 
     /// Resumes this group (see [`Broker::resume_group`](crate::Broker::resume_group)).
@@ -179,19 +172,18 @@ impl Group {
     /// # Cancel safety
     ///
     /// Cancel safe in effect.
-    pub async fn resume(&self) -> Result<(), crate::PauseError> {
-        crate::admin::set_paused(&self.shared, &self.queue, &self.name, false).await
+    pub async fn resume(&self) -> Result<(), PauseError> {
+        self.shared.set_paused(&self.queue, &self.name, false).await
     }
 
     /// Whether this group is paused.
     pub fn is_paused(&self) -> bool {
-        crate::admin::is_paused(&self.shared, &self.queue, &self.name)
+        self.shared.is_paused(&self.queue, &self.name)
     }
 
     /// Messages this group never received because retention deleted them first (since open).
     pub fn skipped(&self) -> u64 {
-        let key = keys::offset_key(&self.name, &self.queue.name);
-        self.shared.engine.registry.groups.get(&key).map_or(0, |g| g.skipped.load(Ordering::Relaxed))
+        self.state().map_or(0, |g| g.skipped.load(Ordering::Relaxed))
     }
 
     /// Replays: moves the group's committed offset so that its next subscription starts at the
@@ -220,14 +212,13 @@ impl Group {
     /// queue.group("billing")?.reset_to(rockq::ResetTo::Time(hour_ago)).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn reset_to(&self, to: crate::ResetTo) -> Result<u64, ResetError> {
+    pub async fn reset_to(&self, to: ResetTo) -> Result<u64, ResetError> {
         let shared = &self.shared;
         if shared.is_closed() {
             return Err(ResetError::Shutdown);
         }
-        let key = keys::offset_key(&self.name, &self.queue.name);
         let names = || (self.name.to_string(), self.queue.name.to_string());
-        let Some(group) = shared.engine.registry.groups.get(&key).map(|g| g.clone()) else {
+        let Some(group) = self.state() else {
             let (group, queue) = names();
             return Err(ResetError::NoSuchGroup { group, queue });
         };
@@ -237,9 +228,9 @@ impl Group {
             return Err(ResetError::Active { group, queue });
         }
         let mut release = ActiveGuard { group: &group, armed: true };
-        let seq = crate::retention::reset_target(shared, &self.queue, to).await?;
+        let seq = boundary::reset_target(shared, &self.queue, to).await?;
         let (reply, rx) = oneshot::channel();
-        let req = Request::ResetOffset { group: group.clone(), offset: seq - 1, reply };
+        let req = Request::Ordered(OrderedRequest::Reset { group: group.clone(), offset: seq - 1, reply });
         shared.tx.send(req).await.map_err(|_| ResetError::Shutdown)?;
         // Queued: the writer releases the slot once the reset is durable (or refused), even if
         // this future is dropped now.
@@ -284,25 +275,23 @@ impl Group {
             return Err(SubscribeError::Shutdown);
         }
         let poison = self.poison_config()?;
-        let key = keys::offset_key(&self.name, &self.queue.name);
-        if self.shared.engine.registry.work_groups.contains_key(&key) {
+        if self.shared.engine.registry.work(&self.name, &self.queue.name).is_some() {
             return Err(SubscribeError::WrongMode {
                 group: self.name.to_string(),
                 queue: self.queue.name.to_string(),
                 existing: "work-queue",
             });
         }
-        let existing = self.shared.engine.registry.groups.get(&key).map(|g| g.clone());
-        let group = match existing {
+        let group = match self.state() {
             Some(g) => g,
             None => {
                 let (reply, rx) = oneshot::channel();
-                let req = Request::CreateGroup {
+                let req = Request::Ordered(OrderedRequest::Create {
                     queue: self.queue.clone(),
                     group: self.name.to_string(),
                     start: self.start,
                     reply,
-                };
+                });
                 self.shared.tx.send(req).await.map_err(|_| SubscribeError::Shutdown)?;
                 rx.await.map_err(|_| SubscribeError::Shutdown)??
             }
@@ -316,7 +305,8 @@ impl Group {
         let resume = group.acked.load(Ordering::Acquire) + 1;
         let first = self.queue.first_seq.load(Ordering::Acquire);
         let sub = SubShared::new(self.shared.clone(), group.clone(), resume, self.max_unacked, poison);
-        *group.live.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(&sub);
+        let live: std::sync::Weak<dyn LiveSubscription> = Arc::downgrade(&sub) as _;
+        *group.live.lock().unwrap_or_else(|p| p.into_inner()) = Some(live);
         // Retention may have deleted messages the group never received: jump (and report it).
         sub.skip_to(first);
         let start = resume.max(first);
@@ -328,7 +318,7 @@ impl Group {
 /// Releases a group's active slot taken for a reset, unless the reset request was queued
 /// (the writer releases it then).
 struct ActiveGuard<'a> {
-    group: &'a crate::registry::GroupState,
+    group: &'a OrderedGroupState,
     armed: bool,
 }
 

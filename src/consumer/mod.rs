@@ -1,13 +1,11 @@
-//! The consumer side: ordered groups, their subscriptions (as `Stream`s) and deliveries.
+//! The consumer side: ordered groups, their subscriptions (as `Stream`s), deliveries, and each
+//! subscription's acknowledgement window (`acks.rs`).
 
 mod acks;
 mod delivery;
 mod group;
-mod records;
 mod subscription;
 
-pub(crate) use acks::{PendingRecord, SubShared};
 pub use delivery::Delivery;
-pub use group::{Group, StartFrom};
-pub(crate) use records::GroupRecords;
+pub use group::Group;
 pub use subscription::Subscription;

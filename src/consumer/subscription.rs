@@ -14,11 +14,8 @@ use tokio_stream::wrappers::WatchStream;
 
 use super::acks::{MAX_NACK_DELAY, SubShared};
 use super::delivery::Delivery;
-use crate::Error;
-use crate::error::{CommitError, ReceiveError};
-use crate::registry::QueueState;
-use crate::store::{self, RawMessage, ReadOutcome};
-use crate::writer::Request;
+use crate::engine::boundary::{self, QueueState, RawMessage, ReadOutcome, Request};
+use crate::error::{CommitError, Error, ReceiveError};
 
 /// Upper bound on the bytes of one storage read, whatever `read_batch` says.
 const READ_BYTES: usize = 4 << 20;
@@ -163,7 +160,7 @@ impl Subscription {
         let shared = self.sub.shared.clone();
         let queue = self.queue.clone();
         self.reading = Some(shared.runtime.clone().spawn_blocking(move || {
-            store::read_range(&shared.engine.store, &queue.name, queue.id, from, to, READ_BYTES)
+            boundary::read_range(&shared.engine.store, &queue.name, queue.id, from, to, READ_BYTES)
         }));
     }
 

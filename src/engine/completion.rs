@@ -92,7 +92,7 @@ impl Resolver {
     }
 
     /// Resolves every receipt of the round: `Ok` with the first sequence of each send.
-    pub fn finish(self, outcome: Result<Box<[u64]>, SendError>) {
+    pub fn resolve(self, outcome: Result<Box<[u64]>, SendError>) {
         self.set(outcome);
     }
 

@@ -23,9 +23,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Semaphore;
 
 use super::completion::{Completion, Resolver};
-use crate::Message;
-use crate::error::SendError;
-use crate::registry::QueueState;
+use super::registry::QueueState;
+use crate::error::{Closed, Failure, SendError};
+use crate::message::Message;
 use crate::store::envelope;
 
 /// One staged round: the messages of some send calls, encoded back to back.
@@ -41,7 +41,7 @@ pub(crate) struct Staged {
     pub queues: Vec<Arc<QueueState>>,
     /// Permits the round's messages hold (returned when the writer takes it).
     permits: usize,
-    pub settle: Resolver,
+    pub resolver: Resolver,
 }
 
 impl Staged {
@@ -52,30 +52,23 @@ impl Staged {
     }
 
     fn new(arena_hint: usize, msgs_hint: usize) -> Self {
-        let (settle, _) = Resolver::new();
+        let (resolver, _) = Resolver::new();
         Staged {
             arena: Vec::with_capacity(arena_hint),
             msgs: Vec::with_capacity(msgs_hint),
             sends: Vec::with_capacity(msgs_hint),
             queues: Vec::new(),
             permits: 0,
-            settle,
+            resolver,
         }
     }
 }
 
 impl Staged {
     /// Fails every send of the round with `why` (the broker no longer writes).
-    pub fn fail(self, why: &str) {
-        self.settle.finish(Err(SendError::Failed(why.to_owned())));
+    pub fn fail(self, why: &Failure) {
+        self.resolver.resolve(Err(Closed::Failed(why.clone()).into()));
     }
-}
-
-/// Why the inbox refuses sends.
-#[derive(Clone)]
-enum Closed {
-    Shutdown,
-    Failed(String),
 }
 
 struct State {
@@ -143,11 +136,11 @@ impl Inbox {
         let n = u32::try_from(permits).unwrap_or(u32::MAX);
         match self.space.acquire_many(n).await {
             Ok(p) => p.forget(),
-            Err(_) => return Err(self.lock().closed.clone().map_or(SendError::Shutdown, into_error)),
+            Err(_) => return Err(self.lock().closed.clone().map_or(SendError::Shutdown, SendError::from)),
         }
         let mut st = self.lock();
         if let Some(c) = &st.closed {
-            let e = into_error(c.clone());
+            let e = SendError::from(c.clone());
             drop(st);
             self.space.add_permits(permits);
             return Err(e);
@@ -181,7 +174,7 @@ impl Inbox {
             open.msgs.push((q, open.arena.len()));
         }
         open.permits += permits;
-        let done = open.settle.completion();
+        let done = open.resolver.completion();
         let nudge = std::mem::take(&mut st.writer_idle);
         Ok(Staging { done, index, nudge })
     }
@@ -237,15 +230,15 @@ impl Inbox {
 
     /// Refuses every further send with `why` and fails whatever is still staged with it (after a
     /// failed write, or when the writer thread ends without a clean stop).
-    pub fn fail(&self, why: &str) {
-        for s in self.close(Some(why.to_owned())) {
+    pub fn fail(&self, why: &Failure) {
+        for s in self.close(Some(why.clone())) {
             s.fail(why);
         }
     }
 
     /// Refuses further sends — with `failed`'s reason, or as shut down — and takes whatever is
     /// still staged, all of it.
-    pub fn close(&self, failed: Option<String>) -> Vec<Staged> {
+    pub fn close(&self, failed: Option<Failure>) -> Vec<Staged> {
         let mut st = self.lock();
         if st.closed.is_none() {
             st.closed = Some(failed.map_or(Closed::Shutdown, Closed::Failed));
@@ -260,12 +253,5 @@ impl Inbox {
         // Wakes producers waiting for space: they see the inbox closed.
         self.space.close();
         out
-    }
-}
-
-fn into_error(c: Closed) -> SendError {
-    match c {
-        Closed::Shutdown => SendError::Shutdown,
-        Closed::Failed(why) => SendError::Failed(why),
     }
 }

@@ -1,26 +1,45 @@
-//! The engine: state shared by the public handles and the writer thread.
+//! The engine: the state shared by the public handles and the writer thread, the writer, and
+//! the engine's background work (retention, completing rounds).
 //!
-//! Public handles hold a [`Shared`], which owns the writer's request
-//! channel; the writer holds only the `Engine`. When the last handle is dropped the channel
-//! closes and the writer finishes its last round and exits, so a broker dropped without
-//! `shutdown` still commits what it can and closes RocksDB off the async workers.
+//! The handles (`broker.rs`, `producer/`, `consumer/`, `work/`, `admin/`) reach the engine only
+//! through [`boundary`], which lists everything they may ask of it. Inside:
+//!
+//! - `registry/`: the in-memory state of queues and groups.
+//! - `request.rs`: the request set the writer applies.
+//! - `writer/`: the writer thread, its round, and the request handlers by concept.
+//! - `inbox.rs`, `completion.rs`: where producers stage sends, and how a round resolves them.
+//! - `shared.rs`: [`Shared`](shared::Shared), what every handle holds.
+//! - `open.rs`: building the engine from what the store loaded.
+//! - `retention.rs`: the retention pass and its background task.
+//! - `inspect.rs`: stats, pending claims and peeks computed from the store.
+//!
+//! Public handles hold a `Shared`, which owns the writer's request channel; the writer holds
+//! only the [`Engine`]. When the last handle is dropped the channel closes and the writer
+//! finishes its last round and exits, so a broker dropped without `shutdown` still commits
+//! what it can and closes RocksDB off the async workers.
 
+pub(crate) mod boundary;
 mod completion;
 mod inbox;
+mod inspect;
+mod open;
+mod registry;
+mod request;
+mod retention;
 mod shared;
+mod writer;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use self::inbox::Inbox;
+use self::registry::{OrderedGroupState, Registry, WorkGroupState};
+use crate::clock::Clock;
+use crate::error::Failure;
+use crate::events::Event;
 use crate::options::Options;
-use crate::registry::{GroupState, Registry};
+use crate::stats::WriterStats;
 use crate::store::Store;
-
-pub(crate) use completion::Completion;
-#[cfg(test)]
-pub(crate) use completion::Resolver;
-pub(crate) use inbox::{Inbox, Staged};
-pub(crate) use shared::{Shared, spawn_periodic};
 
 pub(crate) struct Engine {
     pub store: Store,
@@ -28,47 +47,55 @@ pub(crate) struct Engine {
     pub inbox: Inbox,
     pub registry: Registry,
     pub options: Options,
-    /// Groups whose acknowledged offset moved since the writer last committed them.
-    pub dirty: Mutex<Vec<Arc<GroupState>>>,
+    /// Ordered groups whose acknowledged offset moved since the writer last committed them.
+    pub dirty: Mutex<Vec<Arc<OrderedGroupState>>>,
     /// Work-queue groups with acks queued in memory (see `WorkGroupState::queue_ack`).
-    pub dirty_work: Mutex<Vec<Arc<crate::work::WorkGroupState>>>,
-    /// Set by the writer after a failed write: the broker fails closed.
-    pub failed: Mutex<Option<String>>,
+    pub dirty_work: Mutex<Vec<Arc<WorkGroupState>>>,
+    /// Set by the writer after a failed write: the broker fails closed, keeping the cause.
+    pub failed: Mutex<Option<Failure>>,
     pub counters: Counters,
-    /// Work-queue lifecycle events (see [`Broker::events`](crate::Broker::events)).
-    pub events: tokio::sync::broadcast::Sender<crate::Event>,
+    /// Lifecycle events (see [`Broker::events`](crate::Broker::events)).
+    pub events: tokio::sync::broadcast::Sender<Event>,
 }
 
 impl Engine {
     /// Broadcasts an event if anyone listens (building one is cheap; sending locks).
-    pub fn emit(&self, event: impl FnOnce() -> crate::Event) {
+    pub fn emit(&self, event: impl FnOnce() -> Event) {
         if self.events.receiver_count() > 0 {
             let _ = self.events.send(event());
         }
     }
 
-    pub fn clock(&self) -> &crate::Clock {
+    pub fn clock(&self) -> &Clock {
         &self.options.clock
     }
 
-    pub fn failure(&self) -> Option<String> {
+    /// Why the broker failed closed, if it did.
+    pub fn failure(&self) -> Option<Failure> {
         self.failed.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    pub fn mark_dirty(&self, group: Arc<GroupState>) {
+    /// Fails the broker closed: every later write request and send is refused with `why`, and
+    /// what is still staged fails with it.
+    pub fn fail(&self, why: Failure) {
+        *self.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
+        self.inbox.fail(&why);
+    }
+
+    pub fn mark_dirty(&self, group: Arc<OrderedGroupState>) {
         self.dirty.lock().unwrap_or_else(|p| p.into_inner()).push(group);
     }
 
     /// Hands a work-queue group with queued acks to the writer.
-    pub fn mark_work_dirty(&self, group: Arc<crate::work::WorkGroupState>) {
+    pub fn mark_work_dirty(&self, group: Arc<WorkGroupState>) {
         self.dirty_work.lock().unwrap_or_else(|p| p.into_inner()).push(group);
     }
 
-    pub fn take_work_dirty(&self) -> Vec<Arc<crate::work::WorkGroupState>> {
+    pub fn take_work_dirty(&self) -> Vec<Arc<WorkGroupState>> {
         std::mem::take(&mut *self.dirty_work.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    pub fn take_dirty(&self) -> Vec<Arc<GroupState>> {
+    pub fn take_dirty(&self) -> Vec<Arc<OrderedGroupState>> {
         std::mem::take(&mut *self.dirty.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
@@ -83,8 +110,8 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
-    pub fn snapshot(&self) -> crate::WriterStats {
-        crate::WriterStats {
+    pub fn snapshot(&self) -> WriterStats {
+        WriterStats {
             rounds: self.rounds.load(Ordering::Relaxed),
             messages: self.messages.load(Ordering::Relaxed),
             offset_commits: self.offset_commits.load(Ordering::Relaxed),

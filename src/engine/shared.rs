@@ -5,11 +5,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::Engine;
-use crate::error::ShutdownError;
-use crate::writer::Request;
+use super::registry::QueueState;
+use super::request::{Request, SettingsChange, SettingsRequest};
+use crate::error::{NameKind, PauseError, ShutdownError};
 
 /// The user-side half of the engine: what every public handle holds. Owns the writer's request
 /// channel, so the writer stops when the last handle is dropped.
@@ -42,6 +43,37 @@ impl Shared {
     /// has work queued and takes the dirty list in its next round anyway.
     pub fn nudge_writer(&self) {
         let _ = self.tx.try_send(Request::Commit);
+    }
+
+    /// Pauses or resumes `group` on `queue` (either mode), durably.
+    pub async fn set_paused(
+        &self,
+        queue: &Arc<QueueState>,
+        group: &str,
+        paused: bool,
+    ) -> Result<(), PauseError> {
+        crate::name::validate(NameKind::Group, group)?;
+        if self.is_closed() {
+            return Err(PauseError::Shutdown);
+        }
+        if !self.engine.registry.has_group(group, &queue.name) {
+            return Err(PauseError::NoSuchGroup { group: group.to_owned(), queue: queue.name.to_string() });
+        }
+        let (reply, rx) = oneshot::channel();
+        let change = SettingsChange::Paused(paused);
+        let req = SettingsRequest { queue: queue.clone(), group: group.to_owned(), change, reply };
+        self.tx.send(Request::Settings(req)).await.map_err(|_| PauseError::Shutdown)?;
+        rx.await.map_err(|_| PauseError::Shutdown)??;
+        let what = if paused { "rockq: group paused" } else { "rockq: group resumed" };
+        tracing::info!(%group, queue = %queue.name, "{what}");
+        Ok(())
+    }
+
+    /// Whether `group` on `queue` is paused (false if it does not exist).
+    pub fn is_paused(&self, queue: &QueueState, group: &str) -> bool {
+        let r = &self.engine.registry;
+        r.ordered(group, &queue.name).is_some_and(|g| g.paused.load(Ordering::Acquire))
+            || r.work(group, &queue.name).is_some_and(|g| g.paused.load(Ordering::Acquire))
     }
 
     /// Registers a running worker pool, unless shutdown has begun.

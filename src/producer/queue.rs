@@ -4,14 +4,13 @@ use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::Message;
+use super::SendReceipt;
 use crate::consumer::Group;
-use crate::engine::Shared;
+use crate::engine::boundary::{self, EncodeError, QueueState, Request, RetentionRequest, Shared};
 use crate::error::{NameError, NameKind, QueueError, SendError};
-use crate::producer::SendReceipt;
-use crate::registry::QueueState;
-use crate::store::envelope::{self, EncodeError};
-use crate::writer::Request;
+use crate::message::Message;
+use crate::retention::Retention;
+use crate::work::WorkGroup;
 
 /// A handle to one queue. Cheap to clone; all clones send to the same queue.
 ///
@@ -210,7 +209,7 @@ impl Queue {
     }
 
     /// The queue's retention policy.
-    pub fn retention(&self) -> crate::Retention {
+    pub fn retention(&self) -> Retention {
         self.state.retention()
     }
 
@@ -233,12 +232,13 @@ impl Queue {
     /// queue.set_retention(rockq::Retention::MaxAge(Duration::from_secs(24 * 3600))).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn set_retention(&self, retention: crate::Retention) -> Result<(), QueueError> {
+    pub async fn set_retention(&self, retention: Retention) -> Result<(), QueueError> {
         if self.shared.is_closed() {
             return Err(QueueError::Shutdown);
         }
         let (reply, rx) = tokio::sync::oneshot::channel();
-        let req = Request::SetRetention { queue: self.state.clone(), retention, reply };
+        let req =
+            Request::Retention(RetentionRequest::SetPolicy { queue: self.state.clone(), retention, reply });
         self.shared.tx.send(req).await.map_err(|_| QueueError::Shutdown)?;
         rx.await.map_err(|_| QueueError::Shutdown)?
     }
@@ -261,9 +261,9 @@ impl Queue {
     /// }
     /// # Ok(()) }
     /// ```
-    pub fn work_group(&self, name: &str) -> Result<crate::WorkGroup, NameError> {
+    pub fn work_group(&self, name: &str) -> Result<WorkGroup, NameError> {
         crate::name::validate(NameKind::Group, name)?;
-        Ok(crate::WorkGroup::new(self.shared.clone(), self.state.clone(), name))
+        Ok(WorkGroup::new(self.shared.clone(), self.state.clone(), name))
     }
 
     /// Refuses a message before anything is staged: after shutdown, over the size limit, or
@@ -273,11 +273,11 @@ impl Queue {
             return Err(SendError::Shutdown);
         }
         let max = self.shared.engine.options.max_message_bytes;
-        let size = envelope::body_len(m);
+        let size = boundary::body_len(m);
         if size > max {
             return Err(SendError::MessageTooLarge { index, size, max });
         }
-        envelope::validate(m).map_err(|e| SendError::InvalidHeader {
+        boundary::validate(m).map_err(|e| SendError::InvalidHeader {
             index,
             reason: match e {
                 EncodeError::HeaderKeyTooLong => "key longer than 65535 bytes",

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::engine::Completion;
+use crate::engine::boundary::Completion;
 use crate::error::SendError;
 
 /// A message accepted by the writer but not yet durable. Resolves to the message's sequence
@@ -54,7 +54,7 @@ impl Future for SendReceipt {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Resolver;
+    use crate::engine::boundary::Resolver;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::task::Wake;
     use std::task::Waker;
@@ -76,7 +76,7 @@ mod tests {
         assert!(Pin::new(&mut r).poll(&mut cx).is_pending());
         assert!(Pin::new(&mut r).poll(&mut cx).is_pending());
         assert_eq!(done.waiting(), 1, "a re-poll replaces, it does not add");
-        settle.finish(Ok(vec![7, 9].into_boxed_slice()));
+        settle.resolve(Ok(vec![7, 9].into_boxed_slice()));
         assert_eq!(count.0.load(Ordering::SeqCst), 1);
         assert!(matches!(Pin::new(&mut r).poll(&mut cx), Poll::Ready(Ok(9))));
     }

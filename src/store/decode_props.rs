@@ -17,8 +17,10 @@ proptest! {
     fn decoders_never_panic(b in bytes()) {
         let _ = envelope::decode(b"k", &b);
         let _ = envelope::enqueued_micros(&b);
-        let _ = records::ClaimRecord::decode(b"k", &b);
-        let _ = records::QueueRecord::decode(b"k", &b);
+        let _ = records::decode_claim(b"k", &b);
+        let _ = records::decode_queue(b"k", &b);
+        let _ = records::decode_mark(b"k", &b);
+        let _ = records::decode_settings(b"k", &b);
         let _ = records::decode_offset(b"k", &b);
         let _ = records::decode_cursor(b"k", &b);
         let _ = records::decode_format(&b);

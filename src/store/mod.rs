@@ -4,9 +4,11 @@
 //! Everything here is blocking FFI. Callers run it on the writer thread or in
 //! `spawn_blocking`, never on a Tokio worker.
 
+mod batch;
 #[cfg(test)]
 mod decode_props;
 pub(crate) mod envelope;
+mod inspect;
 pub(crate) mod keys;
 mod open;
 mod read;
@@ -17,13 +19,30 @@ use std::sync::{RwLock, RwLockReadGuard};
 
 use rocksdb::{ColumnFamily, DB};
 
-pub(crate) use open::{Loaded, LoadedClaim, LoadedQueue, bounded, last_sequence, load, open, open_read_only};
+pub(crate) use batch::{Batch, GroupKeys, WriteMode, group_id};
+pub(crate) use inspect::Snapshot;
+pub(crate) use open::{Loaded, LoadedClaim, LoadedQueue, open, open_read_only};
 pub(crate) use read::{
-    RawMessage, ReadOutcome, first_enqueued_at, get_envelope, last_enqueued_before, newest_stamp,
-    read_cursor, read_range, read_seqs,
+    RawMessage, ReadOutcome, first_enqueued_at, last_enqueued_before, newest_stamp, read_cursor, read_range,
+    read_seqs,
 };
 
-use crate::error::StorageError;
+use crate::error::{CorruptionError, StorageError};
+use crate::stats::StorageStats;
+
+/// RocksDB's error as ours (the message only: no RocksDB type leaves `store/`).
+pub(super) fn storage(e: rocksdb::Error) -> StorageError {
+    StorageError::new(e.into_string())
+}
+
+/// A read of a record failed: the storage engine failed, or the record does not decode.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReadError {
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error(transparent)]
+    Corrupt(#[from] CorruptionError),
+}
 
 pub(crate) const CF_MESSAGES: &str = "rockq.messages";
 pub(crate) const CF_META: &str = "rockq.meta";
@@ -46,7 +65,7 @@ pub(crate) struct Store {
 }
 
 /// Bytes of live SST files over all column families, plus the memtables.
-pub(crate) fn db_bytes(db: &DB, cfs: &Cfs<'_>) -> u64 {
+fn db_bytes(db: &DB, cfs: &Cfs<'_>) -> u64 {
     [cfs.messages, cfs.meta, cfs.offsets, cfs.claims]
         .into_iter()
         .map(|cf| {
@@ -57,7 +76,7 @@ pub(crate) fn db_bytes(db: &DB, cfs: &Cfs<'_>) -> u64 {
 }
 
 /// Handles of rockq's column families, valid while the read guard they came from is held.
-pub(crate) struct Cfs<'a> {
+pub(super) struct Cfs<'a> {
     pub messages: &'a ColumnFamily,
     pub meta: &'a ColumnFamily,
     pub offsets: &'a ColumnFamily,
@@ -68,8 +87,23 @@ pub(crate) struct Cfs<'a> {
 pub(crate) struct DbGuard<'a>(RwLockReadGuard<'a, Option<DB>>);
 
 impl DbGuard<'_> {
+    /// A batch for one writer round, or `None` once the database is closed.
+    pub fn batch(&self, capacity_bytes: usize) -> Option<Batch<'_>> {
+        let (db, cfs) = self.get()?;
+        Some(Batch::new(db, cfs, capacity_bytes))
+    }
+
+    /// Fsyncs the WAL: everything written before is durable against power loss. `Ok` once
+    /// closed (the close synced it).
+    pub fn sync_wal(&self) -> Result<(), StorageError> {
+        match self.0.as_ref() {
+            Some(db) => db.flush_wal(true).map_err(storage),
+            None => Ok(()),
+        }
+    }
+
     /// The database and its column families, or `None` once closed.
-    pub fn get(&self) -> Option<(&DB, Cfs<'_>)> {
+    pub(super) fn get(&self) -> Option<(&DB, Cfs<'_>)> {
         let db = self.0.as_ref()?;
         let cfs = Cfs {
             messages: db.cf_handle(CF_MESSAGES)?,
@@ -98,7 +132,7 @@ impl Store {
             Some(db) => {
                 let synced = db.flush_wal(true);
                 drop(db);
-                synced.map_err(StorageError::from)
+                synced.map_err(storage)
             }
             None => Ok(()),
         }
@@ -124,12 +158,12 @@ impl Store {
     }
 
     /// RocksDB's WAL counters, if statistics were enabled at open.
-    pub fn stats(&self) -> Option<crate::StorageStats> {
+    pub fn stats(&self) -> Option<StorageStats> {
         use rocksdb::statistics::Ticker;
         if !self.statistics {
             return None;
         }
-        Some(crate::StorageStats {
+        Some(StorageStats {
             wal_syncs: self.rocks_opts.get_ticker_count(Ticker::WalFileSynced),
             wal_bytes: self.rocks_opts.get_ticker_count(Ticker::WalFileBytes),
             writes_with_wal: self.rocks_opts.get_ticker_count(Ticker::WriteWithWal),

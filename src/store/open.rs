@@ -7,17 +7,18 @@ use std::sync::RwLock;
 use rocksdb::{ColumnFamilyDescriptor, DB, DBCompressionType, Direction, IteratorMode, ReadOptions};
 
 use super::keys::{self, FORMAT_KEY};
-use super::records::{self, FORMAT_VERSION, QueueRecord};
-use super::{ALL_CFS, CF_CLAIMS, CF_MESSAGES, CF_META, CF_OFFSETS, Store};
-use crate::error::{OpenError, StorageError};
+use super::records::{self, FORMAT_VERSION};
+use super::{ALL_CFS, CF_CLAIMS, CF_MESSAGES, CF_META, CF_OFFSETS, Store, storage};
+use crate::error::OpenError;
+use crate::model::{Claim, GroupOffset, GroupSettings, OrderedMark, QueueMeta};
 use crate::options::Options;
 
 /// A queue as found at open.
 #[derive(Debug)]
 pub(crate) struct LoadedQueue {
     pub name: String,
-    pub record: QueueRecord,
-    /// Last written sequence, `record.first_seq - 1` if the queue holds nothing.
+    pub meta: QueueMeta,
+    /// Last written sequence, `meta.first_seq - 1` if the queue holds nothing.
     pub last_seq: u64,
 }
 
@@ -26,35 +27,33 @@ pub(crate) struct LoadedQueue {
 pub(crate) struct LoadedGroup {
     pub group: String,
     pub queue: String,
-    pub committed: u64,
-    /// A work-queue (shared) group rather than an ordered one.
-    pub shared: bool,
+    pub offset: GroupOffset,
 }
 
-/// A claim record as found at open.
+/// A work-queue group's claim as found at open.
 #[derive(Debug)]
 pub(crate) struct LoadedClaim {
     pub group: String,
     pub queue: String,
     pub seq: u64,
-    pub record: records::ClaimRecord,
+    pub claim: Claim,
 }
 
-/// An ordered group's delivery record as found at open.
+/// An ordered group's mark as found at open.
 #[derive(Debug)]
-pub(crate) struct LoadedDelivery {
+pub(crate) struct LoadedMark {
     pub group: String,
     pub queue: String,
     pub seq: u64,
-    pub record: records::DeliveryRecord,
+    pub mark: OrderedMark,
 }
 
-/// A group settings record as found at open.
+/// A group's settings as found at open.
 #[derive(Debug)]
 pub(crate) struct LoadedSettings {
     pub group: String,
     pub queue: String,
-    pub settings: records::GroupSettings,
+    pub settings: GroupSettings,
 }
 
 /// Everything `open` loads besides the store itself.
@@ -64,7 +63,7 @@ pub(crate) struct Loaded {
     pub groups: Vec<LoadedGroup>,
     pub claims: Vec<LoadedClaim>,
     pub settings: Vec<LoadedSettings>,
-    pub deliveries: Vec<LoadedDelivery>,
+    pub marks: Vec<LoadedMark>,
 }
 
 enum PathState {
@@ -208,7 +207,7 @@ fn map_open_error(path: &Path, e: rocksdb::Error) -> OpenError {
     {
         OpenError::Locked { path: path.to_path_buf(), message: e.into_string() }
     } else {
-        OpenError::Storage(StorageError(e))
+        OpenError::Storage(storage(e))
     }
 }
 
@@ -220,13 +219,13 @@ fn cf<'a>(db: &'a DB, name: &str) -> Result<&'a rocksdb::ColumnFamily, OpenError
 }
 
 /// Reads the registry. `writable`: a fresh database gets its format marker.
-pub(crate) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, OpenError> {
+pub(super) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, OpenError> {
     let meta = cf(db, CF_META)?;
     let messages = cf(db, CF_MESSAGES)?;
     let offsets = cf(db, CF_OFFSETS)?;
     let claims_cf = cf(db, CF_CLAIMS)?;
 
-    match db.get_cf(meta, FORMAT_KEY).map_err(StorageError)? {
+    match db.get_cf(meta, FORMAT_KEY).map_err(storage)? {
         Some(v) => match records::decode_format(&v) {
             Some(FORMAT_VERSION) => {}
             Some(found) => return Err(OpenError::IncompatibleVersion { found, supported: FORMAT_VERSION }),
@@ -257,7 +256,7 @@ pub(crate) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, OpenE
             }
             let mut wo = rocksdb::WriteOptions::default();
             wo.set_sync(true);
-            db.put_cf_opt(meta, FORMAT_KEY, records::encode_format(), &wo).map_err(StorageError)?;
+            db.put_cf_opt(meta, FORMAT_KEY, records::encode_format(), &wo).map_err(storage)?;
         }
     }
 
@@ -265,11 +264,11 @@ pub(crate) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, OpenE
     let (lo, hi) = keys::queue_key_range();
     for item in db.iterator_cf_opt(meta, bounded(lo.clone(), hi), IteratorMode::From(&lo, Direction::Forward))
     {
-        let (k, v) = item.map_err(StorageError)?;
+        let (k, v) = item.map_err(storage)?;
         let name = keys::queue_name_from_key(&k)?.to_owned();
-        let record = QueueRecord::decode(&k, &v)?;
-        let last_seq = last_sequence(db, messages, &record)?;
-        queues.push(LoadedQueue { name, record, last_seq });
+        let meta = records::decode_queue(&k, &v)?;
+        let last_seq = last_sequence(db, messages, &meta)?;
+        queues.push(LoadedQueue { name, meta, last_seq });
     }
 
     let mut groups = Vec::new();
@@ -277,15 +276,10 @@ pub(crate) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, OpenE
     for item in
         db.iterator_cf_opt(offsets, bounded(lo.clone(), hi), IteratorMode::From(&lo, Direction::Forward))
     {
-        let (k, v) = item.map_err(StorageError)?;
+        let (k, v) = item.map_err(storage)?;
         let (group, queue) = keys::parse_offset_key(&k)?;
-        let rec = records::decode_offset(&k, &v)?;
-        groups.push(LoadedGroup {
-            group: group.to_owned(),
-            queue: queue.to_owned(),
-            committed: rec.committed,
-            shared: rec.shared,
-        });
+        let offset = records::decode_offset(&k, &v)?;
+        groups.push(LoadedGroup { group: group.to_owned(), queue: queue.to_owned(), offset });
     }
 
     let mut claims = Vec::new();
@@ -293,48 +287,48 @@ pub(crate) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, OpenE
     for item in
         db.iterator_cf_opt(claims_cf, bounded(lo.clone(), hi), IteratorMode::From(&lo, Direction::Forward))
     {
-        let (k, v) = item.map_err(StorageError)?;
+        let (k, v) = item.map_err(storage)?;
         let (group, queue, seq) = keys::parse_claim_key(&k)?;
-        let record = records::ClaimRecord::decode(&k, &v)?;
-        claims.push(LoadedClaim { group: group.to_owned(), queue: queue.to_owned(), seq, record });
+        let claim = records::decode_claim(&k, &v)?;
+        claims.push(LoadedClaim { group: group.to_owned(), queue: queue.to_owned(), seq, claim });
     }
 
-    // Ordered groups' delivery records: few (only messages whose deliveries came back).
-    let mut deliveries = Vec::new();
+    // Ordered groups' marks: few (only messages whose deliveries came back).
+    let mut marks = Vec::new();
     let (lo, hi) = keys::ordered_key_range();
     for item in
         db.iterator_cf_opt(claims_cf, bounded(lo.clone(), hi), IteratorMode::From(&lo, Direction::Forward))
     {
-        let (k, v) = item.map_err(StorageError)?;
+        let (k, v) = item.map_err(storage)?;
         let (group, queue, seq) = keys::parse_ordered_key(&k)?;
-        let record = records::DeliveryRecord::decode(&k, &v)?;
-        deliveries.push(LoadedDelivery { group: group.to_owned(), queue: queue.to_owned(), seq, record });
+        let mark = records::decode_mark(&k, &v)?;
+        marks.push(LoadedMark { group: group.to_owned(), queue: queue.to_owned(), seq, mark });
     }
 
     let mut settings = Vec::new();
     let (lo, hi) = keys::group_key_range();
     for item in db.iterator_cf_opt(meta, bounded(lo.clone(), hi), IteratorMode::From(&lo, Direction::Forward))
     {
-        let (k, v) = item.map_err(StorageError)?;
+        let (k, v) = item.map_err(storage)?;
         let (group, queue) = keys::parse_group_key(&k)?;
-        let s = records::GroupSettings::decode(&k, &v)?;
+        let s = records::decode_settings(&k, &v)?;
         settings.push(LoadedSettings { group: group.to_owned(), queue: queue.to_owned(), settings: s });
     }
-    Ok(Loaded { queues, groups, claims, settings, deliveries })
+    Ok(Loaded { queues, groups, claims, settings, marks })
 }
 
 /// The last sequence of a queue: the tail holds no tombstones (retention deletes from the
 /// head), so a bounded `SeekToLast` is one cheap step.
-pub(crate) fn last_sequence(
+pub(super) fn last_sequence(
     db: &DB,
     messages: &rocksdb::ColumnFamily,
-    q: &QueueRecord,
+    q: &QueueMeta,
 ) -> Result<u64, OpenError> {
     let lo = keys::message_key(q.id, q.first_seq).to_vec();
     let hi = keys::queue_upper_bound(q.id).to_vec();
     let mut it = db.raw_iterator_cf_opt(messages, bounded(lo, hi));
     it.seek_to_last();
-    it.status().map_err(StorageError)?;
+    it.status().map_err(storage)?;
     match it.key() {
         Some(k) => {
             let (id, seq) = keys::decode_message_key(k)?;
@@ -352,7 +346,7 @@ pub(crate) fn last_sequence(
     }
 }
 
-pub(crate) fn bounded(lo: Vec<u8>, hi: Vec<u8>) -> ReadOptions {
+pub(super) fn bounded(lo: Vec<u8>, hi: Vec<u8>) -> ReadOptions {
     let mut ro = ReadOptions::default();
     ro.set_iterate_lower_bound(lo);
     ro.set_iterate_upper_bound(hi);

@@ -2,10 +2,8 @@
 
 use bytes::Bytes;
 
-use super::Store;
-use super::envelope;
-use super::keys;
 use super::open::bounded;
+use super::{Store, envelope, keys, storage};
 use crate::error::{ReceiveError, StorageError};
 
 /// A message as read from storage.
@@ -43,7 +41,7 @@ pub(crate) fn read_range(
     let Some((db, cfs)) = guard.get() else {
         return Ok(ReadOutcome::Closed);
     };
-    crate::faults::check("rockq-read").map_err(StorageError)?;
+    crate::faults::check("rockq-read")?;
     let lo = keys::message_key(queue_id, from).to_vec();
     let hi = keys::message_upper_bound(queue_id, to);
     let mut it = db.raw_iterator_cf_opt(cfs.messages, bounded(lo.clone(), hi));
@@ -67,7 +65,7 @@ pub(crate) fn read_range(
         expected += 1;
         it.next();
     }
-    it.status().map_err(StorageError)?;
+    it.status().map_err(storage)?;
     drop(it);
     drop(guard);
     let buf = Bytes::from(buf);
@@ -140,22 +138,12 @@ pub(crate) fn read_seqs(
     let values = db.batched_multi_get_cf(cfs.messages, keys.iter().map(|k| k.as_slice()), true);
     let mut out = Vec::with_capacity(seqs.len());
     for ((&seq, k), v) in seqs.iter().zip(&keys).zip(values) {
-        let Some(v) = v.map_err(StorageError)? else {
+        let Some(v) = v.map_err(storage)? else {
             return Err(ReceiveError::Gap { queue: queue_name.to_owned(), expected: seq, found: None });
         };
         out.push(decode_one(queue_name, seq, k, &v)?);
     }
     Ok(ReadOutcome::Messages(out))
-}
-
-/// Reads one message's stored envelope, if present. Blocking; for the writer's dead-letter path.
-pub(crate) fn get_envelope(
-    db: &rocksdb::DB,
-    messages: &rocksdb::ColumnFamily,
-    queue_id: u32,
-    seq: u64,
-) -> Result<Option<Vec<u8>>, StorageError> {
-    db.get_cf(messages, keys::message_key(queue_id, seq)).map_err(StorageError)
 }
 
 /// The newest enqueue stamp among the last stored message of each of `queues` (id, last
@@ -168,7 +156,7 @@ pub(crate) fn newest_stamp(store: &Store, queues: impl IntoIterator<Item = (u32,
     queues
         .into_iter()
         .filter(|&(_, last)| last > 0)
-        .filter_map(|(id, last)| get_envelope(db, cfs.messages, id, last).ok().flatten())
+        .filter_map(|(id, last)| db.get_cf(cfs.messages, keys::message_key(id, last)).ok().flatten())
         .filter_map(|v| super::envelope::enqueued_micros(&v))
         .max()
         .unwrap_or(0)
@@ -181,7 +169,7 @@ pub(crate) fn read_cursor(store: &Store, dlq: &str) -> Result<Option<u64>, crate
         return Err(crate::error::RedriveError::Shutdown);
     };
     let key = keys::redrive_key(dlq);
-    match db.get_cf(cfs.meta, &key).map_err(StorageError)? {
+    match db.get_cf(cfs.meta, &key).map_err(storage)? {
         Some(v) => Ok(Some(super::records::decode_cursor(&key, &v).map_err(ReceiveError::from)?)),
         None => Ok(None),
     }
@@ -246,6 +234,6 @@ fn scan_timestamps(
         last = Some(seq);
         it.next();
     }
-    it.status().map_err(StorageError)?;
+    it.status().map_err(storage)?;
     Ok((last, None))
 }

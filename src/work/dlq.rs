@@ -12,43 +12,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
-use crate::engine::Shared;
+use crate::engine::boundary::{
+    self, QueueState, RawMessage, ReadOutcome, RedriveItem, Request, Shared, WorkRequest,
+};
 use crate::error::{NameKind, ReceiveError, RedriveError};
 use crate::message::Message;
-use crate::registry::QueueState;
-use crate::store::{self, RawMessage, ReadOutcome, envelope};
-use crate::writer::{RedriveItem, Request};
-
-const H_QUEUE: &str = "rockq-dlq-queue";
-const H_SEQ: &str = "rockq-dlq-seq";
-const H_GROUP: &str = "rockq-dlq-group";
-const H_ATTEMPTS: &str = "rockq-dlq-attempts";
-/// The header holding why a message was dead-lettered.
-pub(crate) const H_REASON: &str = "rockq-dlq-reason";
-const H_ENQUEUED: &str = "rockq-dlq-enqueued-at";
-const H_PREFIX: &str = "rockq-dlq-";
-
-/// The headers that record a dead letter's origin, appended to the original ones.
-pub(crate) fn dlq_headers(
-    queue: &str,
-    group: &str,
-    seq: u64,
-    attempts: u32,
-    reason: &str,
-    enqueued_micros: u64,
-) -> [(&'static str, String); 6] {
-    [
-        (H_QUEUE, queue.to_owned()),
-        (H_SEQ, seq.to_string()),
-        (H_GROUP, group.to_owned()),
-        (H_ATTEMPTS, attempts.to_string()),
-        (
-            H_REASON,
-            crate::store::records::truncate_utf8(reason, crate::store::records::MAX_ERROR_BYTES).to_owned(),
-        ),
-        (H_ENQUEUED, enqueued_micros.to_string()),
-    ]
-}
+use crate::model::dlq;
 
 /// One message in a dead-letter queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,13 +66,13 @@ impl DeadLetter {
         for (k, v) in msg.headers {
             let text = || String::from_utf8_lossy(&v).into_owned();
             match k.as_str() {
-                H_QUEUE => d.queue = Some(text()),
-                H_SEQ => d.seq = text().parse().ok(),
-                H_GROUP => d.group = Some(text()),
-                H_ATTEMPTS => d.attempts = text().parse().unwrap_or(0),
-                H_REASON => d.reason = text(),
-                H_ENQUEUED => d.enqueued_at = micros(text().parse().unwrap_or(0)),
-                _ if k.starts_with(H_PREFIX) => {}
+                dlq::QUEUE => d.queue = Some(text()),
+                dlq::SEQ => d.seq = text().parse().ok(),
+                dlq::GROUP => d.group = Some(text()),
+                dlq::ATTEMPTS => d.attempts = text().parse().unwrap_or(0),
+                dlq::REASON => d.reason = text(),
+                dlq::ENQUEUED => d.enqueued_at = micros(text().parse().unwrap_or(0)),
+                _ if k.starts_with(dlq::PREFIX) => {}
                 _ => d.headers.push((k, v)),
             }
         }
@@ -193,7 +162,7 @@ impl DeadLetters {
         let c = self
             .shared
             .runtime
-            .spawn_blocking(move || store::read_cursor(&shared.engine.store, &name))
+            .spawn_blocking(move || boundary::read_cursor(&shared.engine.store, &name))
             .await
             .map_err(|e| RedriveError::Receive(ReceiveError::Internal(e.to_string())))??;
         Ok(c.unwrap_or(0)
@@ -276,7 +245,7 @@ impl DeadLetters {
             .shared
             .runtime
             .spawn_blocking(move || {
-                store::read_range(&shared.engine.store, &q.name, q.id, from, to, 16 << 20)
+                boundary::read_range(&shared.engine.store, &q.name, q.id, from, to, 16 << 20)
             })
             .await
             .map_err(|e| RedriveError::Receive(ReceiveError::Internal(e.to_string())))??;
@@ -351,14 +320,20 @@ impl DeadLetters {
                 };
                 crate::name::validate(NameKind::Queue, &target)?;
                 let msg = Message { payload: d.payload, headers: d.headers };
-                let envelope = envelope::encode(&msg, now).map_err(|e| {
+                let envelope = boundary::encode_envelope(&msg, now).map_err(|e| {
                     RedriveError::Failed(format!("cannot re-encode dead letter {}: {e:?}", d.dlq_seq))
                 })?;
                 items.push(RedriveItem { dlq_seq: d.dlq_seq, target: Arc::from(target), envelope });
             }
             let n = items.len() as u64;
             let (reply, rx) = oneshot::channel();
-            let req = Request::Redrive { dlq: self.queue.clone(), expected: cursor, last, items, reply };
+            let req = Request::Work(WorkRequest::Redrive {
+                dlq: self.queue.clone(),
+                expected: cursor,
+                last,
+                items,
+                reply,
+            });
             self.shared.tx.send(req).await.map_err(|_| RedriveError::Shutdown)?;
             rx.await.map_err(|_| RedriveError::Shutdown)??;
             moved += n;

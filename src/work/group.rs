@@ -8,15 +8,14 @@ use tokio::sync::oneshot;
 
 use super::config::WorkConfig;
 use super::policy::RetryPolicy;
-use super::state::WorkGroupState;
 use super::subscription::WorkSubscription;
-use crate::consumer::StartFrom;
-use crate::engine::Shared;
-use crate::error::{NameKind, ResetError, SubscribeError};
+use crate::engine::boundary::{
+    self, QueueState, Request, SettingsChange, SettingsRequest, Shared, WorkGroupState, WorkRequest,
+};
+use crate::error::{NameKind, PauseError, ResetError, SubscribeError};
+use crate::model::StartFrom;
 use crate::name::{self, MAX_NAME_LEN};
-use crate::registry::QueueState;
-use crate::store::keys;
-use crate::writer::Request;
+use crate::retention::ResetTo;
 
 /// Numbers the subscriptions of this process, for default consumer names.
 static NEXT_CONSUMER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -163,8 +162,7 @@ impl WorkGroup {
     }
 
     fn state(&self) -> Option<Arc<WorkGroupState>> {
-        let key = keys::offset_key(&self.name, &self.queue.name);
-        self.shared.engine.registry.work_groups.get(&key).map(|g| g.clone())
+        self.shared.engine.registry.work(&self.name, &self.queue.name)
     }
 
     /// The committed offset: everything up to it is acked or dead-lettered, durably. `None` if
@@ -194,8 +192,8 @@ impl WorkGroup {
     /// # Cancel safety
     ///
     /// Cancel safe in effect: the group is paused or not.
-    pub async fn pause(&self) -> Result<(), crate::PauseError> {
-        crate::admin::set_paused(&self.shared, &self.queue, &self.name, true).await
+    pub async fn pause(&self) -> Result<(), PauseError> {
+        self.shared.set_paused(&self.queue, &self.name, true).await
     }
 
     /// Resumes this group (see [`Broker::resume_group`](crate::Broker::resume_group)).
@@ -207,13 +205,13 @@ impl WorkGroup {
     /// # Cancel safety
     ///
     /// Cancel safe in effect.
-    pub async fn resume(&self) -> Result<(), crate::PauseError> {
-        crate::admin::set_paused(&self.shared, &self.queue, &self.name, false).await
+    pub async fn resume(&self) -> Result<(), PauseError> {
+        self.shared.set_paused(&self.queue, &self.name, false).await
     }
 
     /// Whether this group is paused.
     pub fn is_paused(&self) -> bool {
-        crate::admin::is_paused(&self.shared, &self.queue, &self.name)
+        self.shared.is_paused(&self.queue, &self.name)
     }
 
     /// Messages this group never finished because retention deleted them first (since open).
@@ -241,7 +239,7 @@ impl WorkGroup {
     /// # Cancel safety
     ///
     /// Cancel safe in effect: the offset is either moved or not.
-    pub async fn reset_to(&self, to: crate::ResetTo) -> Result<u64, ResetError> {
+    pub async fn reset_to(&self, to: ResetTo) -> Result<u64, ResetError> {
         if self.shared.is_closed() {
             return Err(ResetError::Shutdown);
         }
@@ -254,9 +252,9 @@ impl WorkGroup {
             let (group, queue) = names();
             return Err(ResetError::Active { group, queue });
         }
-        let seq = crate::retention::reset_target(&self.shared, &self.queue, to).await?;
+        let seq = boundary::reset_target(&self.shared, &self.queue, to).await?;
         let (reply, rx) = oneshot::channel();
-        let req = Request::ResetWorkOffset { group: state, offset: seq - 1, reply };
+        let req = Request::Work(WorkRequest::Reset { group: state, offset: seq - 1, reply });
         self.shared.tx.send(req).await.map_err(|_| ResetError::Shutdown)?;
         rx.await.map_err(|_| ResetError::Shutdown)??;
         tracing::info!(group = %self.name, queue = %self.queue.name, seq, "rockq: work-queue group reset");
@@ -308,8 +306,7 @@ impl WorkGroup {
         let state = match self.state() {
             Some(g) => g,
             None => {
-                let key = keys::offset_key(&self.name, &self.queue.name);
-                if self.shared.engine.registry.groups.contains_key(&key) {
+                if self.shared.engine.registry.ordered(&self.name, &self.queue.name).is_some() {
                     return Err(SubscribeError::WrongMode {
                         group: self.name.to_string(),
                         queue: self.queue.name.to_string(),
@@ -317,12 +314,12 @@ impl WorkGroup {
                     });
                 }
                 let (reply, rx) = oneshot::channel();
-                let req = Request::CreateWorkGroup {
+                let req = Request::Work(WorkRequest::Create {
                     queue: self.queue.clone(),
                     group: self.name.to_string(),
                     start: self.start,
                     reply,
-                };
+                });
                 self.shared.tx.send(req).await.map_err(|_| SubscribeError::Shutdown)?;
                 rx.await.map_err(|_| SubscribeError::Shutdown)??
             }
@@ -331,18 +328,18 @@ impl WorkGroup {
         let recorded = state.recorded_dlq.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if recorded != dlq {
             let (reply, rx) = oneshot::channel();
-            let change = crate::writer::SettingsChange::DeadLetterQueue(dlq.clone());
-            let req = Request::GroupSettings {
+            let change = SettingsChange::DeadLetterQueue(dlq.clone());
+            let req = Request::Settings(SettingsRequest {
                 queue: self.queue.clone(),
                 group: self.name.to_string(),
                 change,
                 reply,
-            };
+            });
             self.shared.tx.send(req).await.map_err(|_| SubscribeError::Shutdown)?;
             match rx.await.map_err(|_| SubscribeError::Shutdown)? {
                 Ok(()) => *state.recorded_dlq.lock().unwrap_or_else(|p| p.into_inner()) = dlq.clone(),
-                Err(crate::error::PauseError::Storage(e)) => return Err(SubscribeError::Storage(e)),
-                Err(crate::error::PauseError::Shutdown) => return Err(SubscribeError::Shutdown),
+                Err(PauseError::Storage(e)) => return Err(SubscribeError::Storage(e)),
+                Err(PauseError::Shutdown) => return Err(SubscribeError::Shutdown),
                 Err(e) => return Err(SubscribeError::Failed(e.to_string())),
             }
         }

@@ -4,8 +4,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::pool::{Handler, PoolReport, Workers};
-use crate::Error;
-use crate::error::ReceiveError;
+use crate::error::{Error, ReceiveError};
 
 impl Workers {
     /// Starts the pool as a task on the broker's runtime and returns a handle to stop it.

@@ -9,12 +9,11 @@ use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use super::config::WorkConfig;
-use super::state::{Claimed, SettlingGuard, WorkGroupState};
-use crate::engine::Shared;
+use crate::engine::boundary::{
+    Claimed, Outcome, RawMessage, Request, SettlingGuard, Shared, WorkGroupState, WorkRequest,
+};
 use crate::error::AckError;
-use crate::store::RawMessage;
-use crate::store::records::{ClaimRecord, ClaimState};
-use crate::writer::{Outcome, Request};
+use crate::model::Claim;
 
 pub(crate) struct JobInner {
     pub shared: Arc<Shared>,
@@ -348,17 +347,14 @@ impl Job {
                 let delay =
                     crate::clock::clamp_delay(delay.unwrap_or_else(|| cfg.policy.jittered_delay(attempt)));
                 let due = clock.after(delay);
-                let record = ClaimRecord {
-                    state: ClaimState::Waiting,
+                let claim = Claim::Waiting {
                     attempt,
                     token: inner.token,
-                    deadline_micros: 0,
                     not_before_micros: clock.wall_micros_at(due),
                     last_error: error.clone(),
-                    holder: std::sync::Arc::from(""),
                 };
                 waiting = Some((due, error));
-                Outcome::Retry { record, delay }
+                Outcome::Retry { claim, delay }
             }
             Kind::Retry { error, .. } => Outcome::DeadLetter {
                 reason: format!("{attempt} attempts used up; last error: {error}"),
@@ -367,7 +363,14 @@ impl Job {
             Kind::DeadLetter { reason } => Outcome::DeadLetter { reason, dlq: cfg.dlq.clone() },
         };
         let (reply, rx) = oneshot::channel();
-        let req = Request::Settle { group: group.clone(), seq, attempt, epoch: inner.epoch, outcome, reply };
+        let req = Request::Work(WorkRequest::Outcome {
+            group: group.clone(),
+            seq,
+            attempt,
+            epoch: inner.epoch,
+            outcome,
+            reply,
+        });
         shared.tx.send(req).await.map_err(|_| AckError::Shutdown)?;
         // Queued: from here on the writer applies it after every earlier write for `seq`, so
         // the message may become claimable again (a retry) without reordering records.

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::group::WorkGroup;
 use super::job::{Job, PoolOutcome, Task};
-use crate::Error;
+use crate::error::Error;
 
 /// What a handler wants done with a failed job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,7 +224,7 @@ impl Workers {
     ///
     /// # Errors
     ///
-    /// [`SubscribeError::InvalidOption`](crate::SubscribeError::InvalidOption) if
+    /// [`SubscribeError::InvalidOption`](crate::error::SubscribeError::InvalidOption) if
     /// `concurrency` or `prefetch` exceeds [`MAX_POOL`](Workers::MAX_POOL) (nothing is
     /// claimed); another [`SubscribeError`](crate::SubscribeError) if the pool cannot
     /// subscribe, or the subscription's error if a claimed message cannot be read (the pool
@@ -242,13 +242,13 @@ impl Workers {
         for (what, n) in [("concurrency", self.concurrency), ("prefetch", self.prefetch)] {
             if n > Self::MAX_POOL {
                 let msg = format!("worker pool {what} {n} exceeds the maximum of {}", Self::MAX_POOL);
-                return Err(crate::SubscribeError::InvalidOption(msg).into());
+                return Err(crate::error::SubscribeError::InvalidOption(msg).into());
             }
         }
         let shared = self.group.shared.clone();
         // Broker shutdown waits for this pool to drain.
         let Some(_running) = shared.pool_started() else {
-            return Err(crate::SubscribeError::Shutdown.into());
+            return Err(crate::error::SubscribeError::Shutdown.into());
         };
         let in_flight = self.concurrency + self.prefetch;
         let mut sub =
@@ -385,7 +385,7 @@ impl Workers {
         }
         // Outcomes were queued without waiting; make them durable before reporting.
         let (reply, rx) = tokio::sync::oneshot::channel();
-        if shared.tx.send(crate::writer::Request::Flush { reply }).await.is_ok() {
+        if shared.tx.send(crate::engine::boundary::Request::Flush { reply }).await.is_ok() {
             let _ = rx.await;
         }
         tracing::debug!(group = %self.group.name(), ?report, "rockq: worker pool stopped");
@@ -425,7 +425,7 @@ async fn run_one<H: Handler>(
     handler: Arc<H>,
     job: Job,
     heartbeat: Option<Duration>,
-    clock: crate::Clock,
+    clock: crate::clock::Clock,
 ) -> Done {
     // The handler's own events carry the job's coordinates (at DEBUG, so INFO costs nothing).
     let span = tracing::debug_span!("rockq.job", queue = %job.queue(), group = %job.group(), seq = job.seq(), attempt = job.attempt());

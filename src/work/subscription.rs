@@ -12,13 +12,12 @@ use tokio::sync::{Semaphore, oneshot};
 
 use super::config::WorkConfig;
 use super::job::{Job, JobInner};
-use super::state::{Claimed, SettlingGuard, WorkGroupState};
-use crate::engine::Shared;
-use crate::error::{AckError, ReceiveError};
-use crate::store::records::{ClaimRecord, ClaimState};
-use crate::store::{self, ReadOutcome};
-use crate::writer::{Outcome, Request};
-use crate::{Error, Event};
+use crate::engine::boundary::{
+    self, Claimed, Outcome, ReadOutcome, Request, SettlingGuard, Shared, WorkGroupState, WorkRequest,
+};
+use crate::error::{AckError, CorruptionError, Error, ReceiveError};
+use crate::events::Event;
+use crate::model::Claim;
 
 /// The jobs of a work-queue group, as a `Stream<Item = Result<Job, Error>>`.
 ///
@@ -204,7 +203,8 @@ async fn send_settle(
 ) -> Option<oneshot::Receiver<Result<(), AckError>>> {
     let mut guard = SettlingGuard { group, seq, armed: true };
     let (reply, rx) = oneshot::channel();
-    let req = Request::Settle { group: group.clone(), seq, attempt, epoch, outcome, reply };
+    let req =
+        Request::Work(WorkRequest::Outcome { group: group.clone(), seq, attempt, epoch, outcome, reply });
     shared.tx.send(req).await.ok()?;
     guard.armed = false;
     Some(rx)
@@ -212,11 +212,7 @@ async fn send_settle(
 
 /// Moves the claimed message `c`, whose stored record does not decode, to the group's
 /// dead-letter queue, fenced like a handler's outcome.
-async fn dead_letter_corrupt(
-    ctx: &Arc<Ctx>,
-    c: &Claimed,
-    err: &crate::error::CorruptionError,
-) -> Result<(), Error> {
+async fn dead_letter_corrupt(ctx: &Arc<Ctx>, c: &Claimed, err: &CorruptionError) -> Result<(), Error> {
     let (shared, group) = (&ctx.shared, &ctx.group);
     if group.begin_settle(c.seq, c.token, shared.engine.clock().now()).is_err() {
         // The lease is gone already: whoever holds the message now meets the same record.
@@ -338,22 +334,20 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
     let records = claimed
         .iter()
         .map(|c| {
-            let rec = ClaimRecord {
-                state: ClaimState::Leased,
+            let claim = Claim::Leased {
                 attempt: c.attempt,
                 token: c.token,
                 deadline_micros: clock.wall_micros_at(c.deadline),
-                not_before_micros: 0,
-                last_error: String::new(),
                 holder: cfg.consumer.clone(),
             };
-            (c.seq, rec)
+            (c.seq, claim)
         })
         .collect();
     // One `take` under one lock: every claim of the batch has the same epoch.
     let epoch = claimed.first().map_or(0, |c| c.epoch);
     let (reply, rx) = oneshot::channel();
-    if shared.tx.send(Request::Claim { group: group.clone(), epoch, claims: records, reply }).await.is_err() {
+    let req = Request::Work(WorkRequest::Claim { group: group.clone(), epoch, claims: records, reply });
+    if shared.tx.send(req).await.is_err() {
         return Ok(Some(Vec::new()));
     }
     let mut seqs: Vec<u64> = claimed.iter().map(|c| c.seq).collect();
@@ -364,9 +358,9 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
         match (seqs.first(), seqs.last()) {
             // New messages come in runs: one bounded iterator reads each block once.
             (Some(&lo), Some(&hi)) if hi - lo + 1 == seqs.len() as u64 => {
-                store::read_range(store, &queue.name, queue.id, lo, hi, CLAIM_READ_BYTES)
+                boundary::read_range(store, &queue.name, queue.id, lo, hi, CLAIM_READ_BYTES)
             }
-            _ => store::read_seqs(store, &queue.name, queue.id, &seqs),
+            _ => boundary::read_seqs(store, &queue.name, queue.id, &seqs),
         }
     });
     let (written, read) = tokio::join!(rx, read);
@@ -386,7 +380,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
             return Ok(None);
         }
         Ok(Err(ReceiveError::Corrupt(err))) => {
-            let seq = store::keys::decode_message_key(err.key()).ok().map(|(_, seq)| seq);
+            let seq = boundary::message_seq(err.key());
             let Some(c) = claimed.iter().find(|c| Some(c.seq) == seq) else {
                 return Err(ReceiveError::Corrupt(err).into());
             };

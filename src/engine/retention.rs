@@ -3,50 +3,23 @@
 //! in one batch, `writer/retention.rs`); readers always start at the first live sequence, so the
 //! tombstones at a queue's head are never walked.
 
-mod policy;
-
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-pub use policy::Retention;
 use tokio::sync::oneshot;
 
-use crate::engine::Shared;
-use crate::error::QueueError;
-use crate::registry::QueueState;
+use super::registry::QueueState;
+use super::request::{Request, RetentionRequest};
+use super::shared::{Shared, spawn_periodic};
+use crate::error::{QueueError, ReceiveError, ResetError};
+use crate::retention::{ResetTo, Retention, TrimReport, micros};
 use crate::store;
-use crate::writer::Request;
 
 /// Most messages one pass scans to find a `MaxAge` cut (the rest waits for the next pass).
 const AGE_SCAN: usize = 1 << 20;
 /// A background pass that deleted at least this many messages compacts the trimmed ranges.
 const AUTO_COMPACT: u64 = 64 * 1024;
-
-/// Where a replay starts: see [`Group::reset_to`](crate::Group::reset_to).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResetTo {
-    /// Redeliver from this sequence on (it must still be retained).
-    Sequence(u64),
-    /// Redeliver from the first message enqueued at or after this time.
-    Time(SystemTime),
-}
-
-/// What one retention pass did ([`Broker::trim`](crate::Broker::trim)).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct TrimReport {
-    /// `(queue, messages deleted, new first sequence)` for every queue that was trimmed.
-    pub trimmed: Vec<(String, u64, u64)>,
-    /// Messages deleted in all.
-    pub deleted: u64,
-    /// Bytes of SST files and memtables before the pass.
-    pub bytes_before: u64,
-    /// Bytes after (and after compaction, if the pass compacted).
-    pub bytes_after: u64,
-    /// Whether the trimmed ranges were compacted.
-    pub compacted: bool,
-}
 
 /// The highest sequence of `q` its policy allows to delete now, if any.
 /// Returns it with the policy it was computed under.
@@ -64,13 +37,13 @@ async fn cut(shared: &Arc<Shared>, q: &Arc<QueueState>) -> Result<Option<(u64, R
             // Durable offsets only: an ack not yet committed keeps its message.
             let ordered = engine
                 .registry
-                .groups
+                .ordered
                 .iter()
                 .filter(|g| g.queue.id == q.id)
                 .map(|g| g.durable.load(Ordering::Acquire));
             let work = engine
                 .registry
-                .work_groups
+                .work
                 .iter()
                 .filter(|g| g.queue.id == q.id)
                 .map(|g| g.durable.load(Ordering::Acquire));
@@ -109,7 +82,7 @@ pub(crate) async fn pass(shared: &Arc<Shared>, compact: Option<bool>) -> Result<
         let (reply, rx) = oneshot::channel();
         shared
             .tx
-            .send(Request::Trim { queue: q.clone(), to, policy, reply })
+            .send(Request::Retention(RetentionRequest::Trim { queue: q.clone(), to, policy, reply }))
             .await
             .map_err(|_| QueueError::Shutdown)?;
         crate::faults::reached("rockq-trim-queued");
@@ -142,7 +115,7 @@ pub(crate) async fn pass(shared: &Arc<Shared>, compact: Option<bool>) -> Result<
 /// Runs a pass every `interval` on the broker's clock until shutdown. Holds the broker only
 /// weakly, so dropping every handle still closes it.
 pub(crate) fn spawn_background(shared: &Arc<Shared>, interval: Duration) {
-    crate::engine::spawn_periodic(shared, interval, |shared| async move {
+    spawn_periodic(shared, interval, |shared| async move {
         match pass(&shared, None).await {
             Ok(_) => true,
             Err(QueueError::Shutdown) => false,
@@ -159,22 +132,19 @@ pub(crate) async fn reset_target(
     shared: &Arc<Shared>,
     queue: &Arc<QueueState>,
     to: ResetTo,
-) -> Result<u64, crate::error::ResetError> {
-    use crate::error::ResetError;
+) -> Result<u64, ResetError> {
     let first = queue.first_seq.load(Ordering::Acquire);
     let next = queue.last_seq() + 1;
     let seq = match to {
         ResetTo::Sequence(s) => s,
         ResetTo::Time(t) => {
-            let at = crate::retention::micros(t);
+            let at = micros(t);
             let (s, id) = (shared.clone(), queue.id);
             let found = shared
                 .runtime
-                .spawn_blocking(move || {
-                    crate::store::first_enqueued_at(&s.engine.store, id, first, next - 1, at)
-                })
+                .spawn_blocking(move || store::first_enqueued_at(&s.engine.store, id, first, next - 1, at))
                 .await
-                .map_err(|e| ResetError::Receive(crate::ReceiveError::Internal(e.to_string())))??;
+                .map_err(|e| ResetError::Receive(ReceiveError::Internal(e.to_string())))??;
             match found {
                 // Older than everything retained: the messages it asks for are gone.
                 Some(s) if s == first && first > 1 => {
@@ -189,9 +159,4 @@ pub(crate) async fn reset_target(
         return Err(ResetError::OutOfRetention { requested: seq, first, next });
     }
     Ok(seq)
-}
-
-/// Wall-clock microseconds of `t` (0 before the epoch).
-pub(crate) fn micros(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
 }

@@ -3,10 +3,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::collect;
-use super::types::{PendingClaim, Stats, StoredMessage};
+use crate::clock::Clock;
+use crate::engine::boundary::{self, LiveLeases, Store};
 use crate::error::{InspectError, OpenError};
-use crate::store::Store;
+use crate::stats::{PendingClaim, Stats, StoredMessage};
+use crate::work::DeadLetter;
 
 /// A read-only view of a rockq database, for inspection tools such as `rockq stats`.
 ///
@@ -50,7 +51,7 @@ impl Inspector {
     /// thread and is closed again; nothing is written.
     pub async fn open(path: impl AsRef<Path>) -> Result<Inspector, OpenError> {
         let path = path.as_ref().to_path_buf();
-        let (store, _) = tokio::task::spawn_blocking(move || crate::store::open_read_only(&path))
+        let (store, _) = tokio::task::spawn_blocking(move || boundary::open_read_only(&path))
             .await
             .map_err(|e| OpenError::InvalidOption(format!("open task failed: {e}")))??;
         Ok(Inspector { store: Arc::new(store) })
@@ -74,8 +75,8 @@ impl Inspector {
     ///
     /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
     pub async fn stats(&self) -> Result<Stats, InspectError> {
-        let now = crate::Clock::tokio().wall_micros();
-        self.run(move |s| collect::stats(s, now, &collect::LiveLeases::new())).await
+        let now = Clock::tokio().wall_micros();
+        self.run(move |s| boundary::stats(s, now, &LiveLeases::new())).await
     }
 
     /// Claimed, unfinished messages of a work-queue group; see
@@ -91,8 +92,8 @@ impl Inspector {
     /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
     pub async fn pending(&self, group: &str, queue: &str) -> Result<Vec<PendingClaim>, InspectError> {
         let (g, q) = (group.to_owned(), queue.to_owned());
-        let now = crate::Clock::tokio().wall_micros();
-        self.run(move |s| collect::pending(s, &g, &q, now, &collect::LiveLeases::new())).await
+        let now = Clock::tokio().wall_micros();
+        self.run(move |s| boundary::pending(s, &g, &q, now, &LiveLeases::new())).await
     }
 
     /// Up to `limit` messages of `queue` from `from`; see [`Broker::peek`](crate::Broker::peek).
@@ -112,7 +113,7 @@ impl Inspector {
         limit: usize,
     ) -> Result<Vec<StoredMessage>, InspectError> {
         let q = queue.to_owned();
-        self.run(move |s| collect::peek(s, &q, from, limit)).await
+        self.run(move |s| boundary::peek(s, &q, from, limit)).await
     }
 
     /// Up to `limit` dead letters of the queue `dlq` that were not redriven yet.
@@ -124,12 +125,9 @@ impl Inspector {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
-    pub async fn dead_letters(
-        &self,
-        dlq: &str,
-        limit: usize,
-    ) -> Result<Vec<crate::DeadLetter>, InspectError> {
+    pub async fn dead_letters(&self, dlq: &str, limit: usize) -> Result<Vec<DeadLetter>, InspectError> {
         let q = dlq.to_owned();
-        self.run(move |s| collect::dead_letters(s, &q, limit)).await
+        let raw = self.run(move |s| boundary::dead_letters(s, &q, limit)).await?;
+        Ok(raw.into_iter().map(DeadLetter::from_raw).collect())
     }
 }

@@ -33,7 +33,7 @@ pub struct QueueStats {
     /// memtable are not counted until RocksDB flushes them.
     pub bytes_on_disk: u64,
     /// The queue's retention policy.
-    pub retention: crate::Retention,
+    pub retention: crate::retention::Retention,
     /// Age of the oldest stored message (`None` when empty).
     pub oldest_age: Option<Duration>,
 }
@@ -146,4 +146,28 @@ pub struct StoredMessage {
     pub headers: Vec<(String, Bytes)>,
     /// Its payload.
     pub payload: Bytes,
+}
+
+/// Counters of the writer thread since open ([`Broker::writer_stats`](crate::Broker::writer_stats)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// WriteBatches written (group commits).
+    pub rounds: u64,
+    /// Messages written.
+    pub messages: u64,
+    /// Offset records written.
+    pub offset_commits: u64,
+    /// Time spent inside RocksDB writes (including fsync).
+    pub write_time: std::time::Duration,
+}
+
+/// RocksDB's WAL counters (requires [`Options::statistics`](crate::Options::statistics)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StorageStats {
+    /// WAL fsyncs performed.
+    pub wal_syncs: u64,
+    /// Bytes appended to the WAL.
+    pub wal_bytes: u64,
+    /// Write calls that went through the WAL.
+    pub writes_with_wal: u64,
 }

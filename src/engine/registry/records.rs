@@ -1,12 +1,14 @@
 //! What an ordered group remembers about single messages above its offset, across its
 //! subscriptions: delivery counts of messages that came back without an ack, redelivery
 //! times, and messages already dead-lettered. Subscriptions add to it; the writer persists it
-//! (`ordered:<group>:<queue>:<seq>` records, see `writer/ordered.rs`) and forgets what the
+//! (marks, see `engine/writer/ordered.rs`) and forgets what the
 //! offset passes.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::acks::PendingRecord;
+use std::sync::Arc;
+
+use crate::store::RawMessage;
 
 /// One ordered group's per-message state (in `GroupState`).
 #[derive(Default)]
@@ -45,4 +47,29 @@ impl GroupRecords {
         let keep = self.stored.split_off(&above);
         std::mem::replace(&mut self.stored, keep)
     }
+}
+
+/// A record the writer writes in its next round.
+pub(crate) enum PendingRecord {
+    /// A delivery came back without an ack: its count (and redelivery time) survive a restart.
+    Failed { seq: u64, deliveries: u32, not_before_micros: u64 },
+    /// The message used up its deliveries: move it to the dead-letter queue and mark it done
+    /// for the group, in one write. Holds the subscription (and so the group's active slot)
+    /// until that write is durable, so no new subscription can start below it and deliver it
+    /// again meanwhile.
+    DeadLetter { msg: RawMessage, deliveries: u32, reason: String, sub: Arc<dyn LiveSubscription> },
+}
+
+/// What the engine needs of an ordered group's live subscription (the consumer's ack window),
+/// without depending on the consumer: how much it has out, and, for a dead letter it queued,
+/// where the message goes and how to count it done or hand it back.
+pub(crate) trait LiveSubscription: Send + Sync {
+    /// Deliveries handed out and not yet acknowledged.
+    fn in_flight(&self) -> u64;
+    /// The dead-letter queue of this subscription's group.
+    fn dead_letter_queue(&self) -> Arc<str>;
+    /// Counts `seq` acknowledged (it was dead-lettered in the batch being built).
+    fn ack(&self, seq: u64);
+    /// Hands `msg` out again (its dead letter could not be written), delivered `deliveries` times.
+    fn redeliver(&self, msg: RawMessage, deliveries: u32);
 }

@@ -1,19 +1,22 @@
-//! [`Broker`]: the handle to an open database.
+//! [`Broker`]: the handle to an open database. `admin.rs` holds its admin methods (stats,
+//! inspection, pause/resume, resets).
+
+mod admin;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
-use crate::engine::{Counters, Engine, Shared};
+use crate::engine::boundary::{self, QueueRequest, Request, Shared};
 use crate::error::{NameKind, OpenError, QueueError, ShutdownError};
+use crate::events::Event;
 use crate::options::Options;
 use crate::producer::Queue;
-use crate::registry::{GroupState, QueueState, Registry};
-use crate::store::{self, keys};
-use crate::work::WorkGroupState;
-use crate::writer::{self, Request};
+use crate::retention::TrimReport;
+use crate::stats::{StorageStats, WriterStats};
+use crate::work::DeadLetters;
 
 /// An open rockq database: the entry point for queues and groups.
 ///
@@ -52,28 +55,19 @@ impl std::fmt::Debug for Broker {
     }
 }
 
-/// Counters of the writer thread since open.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WriterStats {
-    /// WriteBatches written (group commits).
-    pub rounds: u64,
-    /// Messages written.
-    pub messages: u64,
-    /// Offset records written.
-    pub offset_commits: u64,
-    /// Time spent inside RocksDB writes (including fsync).
-    pub write_time: std::time::Duration,
-}
-
-/// RocksDB's WAL counters (requires [`Options::statistics`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StorageStats {
-    /// WAL fsyncs performed.
-    pub wal_syncs: u64,
-    /// Bytes appended to the WAL.
-    pub wal_bytes: u64,
-    /// Write calls that went through the WAL.
-    pub writes_with_wal: u64,
+impl Options {
+    /// Opens (or creates) the database at `path` with these options.
+    ///
+    /// # Errors
+    ///
+    /// See [`Broker::open`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`Broker::open`].
+    pub async fn open(self, path: impl AsRef<Path>) -> Result<Broker, OpenError> {
+        Broker::open_with(path.as_ref(), self).await
+    }
 }
 
 impl Broker {
@@ -120,146 +114,7 @@ impl Broker {
     }
 
     pub(crate) async fn open_with(path: &Path, options: Options) -> Result<Broker, OpenError> {
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| OpenError::NoRuntime)?;
-        let path = path.to_path_buf();
-        let opts = options.clone();
-        let (store, loaded) = runtime
-            .spawn_blocking(move || store::open(&path, &opts))
-            .await
-            .map_err(|e| OpenError::InvalidOption(format!("open task failed: {e}")))??;
-        let store::Loaded { queues, groups, claims, settings, deliveries } = loaded;
-
-        let registry = Registry::default();
-        for q in queues {
-            let state =
-                QueueState::new(q.record.id, &q.name, q.record.first_seq, q.last_seq, q.record.retention);
-            registry.queues.insert(state.name.clone(), state);
-        }
-        for g in groups {
-            // An offset for a queue that has no record cannot be produced by rockq.
-            let Some(queue) = registry.queues.get(g.queue.as_str()).map(|q| q.clone()) else {
-                return Err(crate::error::CorruptionError::new(
-                    "offset",
-                    &keys::offset_key(&g.group, &g.queue),
-                    "names a queue that does not exist",
-                )
-                .into());
-            };
-            let key = keys::offset_key(&g.group, &g.queue);
-            if g.shared {
-                registry.work_groups.insert(key, WorkGroupState::new(&g.group, queue, g.committed));
-            } else {
-                registry.groups.insert(key.clone(), GroupState::new(&g.group, queue, key, g.committed));
-            }
-        }
-        let mut by_group: std::collections::HashMap<Vec<u8>, Vec<_>> = std::collections::HashMap::new();
-        for c in claims {
-            let key = keys::offset_key(&c.group, &c.queue);
-            if !registry.work_groups.contains_key(&key) {
-                let ck = keys::claim_key(&keys::claim_prefix(&c.group, &c.queue), c.seq);
-                return Err(crate::error::CorruptionError::new(
-                    "claim",
-                    &ck,
-                    "names a group that does not exist",
-                )
-                .into());
-            }
-            by_group.entry(key).or_default().push((c.seq, c.record));
-        }
-        for g in registry.work_groups.iter() {
-            g.restore(by_group.remove(&g.key).unwrap_or_default(), &options.clock);
-        }
-        // Ordered groups' delivery counts and dead letters above their offsets.
-        let mut stale = Vec::new();
-        for d in deliveries {
-            let key = keys::offset_key(&d.group, &d.queue);
-            let Some(g) = registry.groups.get(&key).map(|g| g.clone()) else {
-                let k = keys::claim_key(&keys::ordered_prefix(&d.group, &d.queue), d.seq);
-                return Err(crate::error::CorruptionError::new(
-                    "delivery",
-                    &k,
-                    "names an ordered group that does not exist",
-                )
-                .into());
-            };
-            // At or below the offset, or of a trimmed message: moot, deleted by the writer's
-            // next round (the group is marked dirty once, and handed to it below).
-            let floor = g.records_moot_through(g.durable.load(Ordering::Relaxed));
-            let mut rec = g.records();
-            rec.stored.insert(d.seq);
-            if d.seq <= floor {
-                if g.mark() {
-                    stale.push(g.clone());
-                }
-            } else {
-                if d.record.dead_lettered {
-                    rec.dead.insert(d.seq);
-                } else {
-                    rec.failed.insert(d.seq, (d.record.deliveries, d.record.not_before_micros));
-                }
-            }
-        }
-        // Settings of a group that no longer exists (a removed group) are ignored.
-        for s in settings {
-            let key = keys::offset_key(&s.group, &s.queue);
-            if let Some(g) = registry.groups.get(&key) {
-                g.paused.store(s.settings.paused, Ordering::Relaxed);
-            }
-            if let Some(g) = registry.work_groups.get(&key) {
-                g.paused.store(s.settings.paused, Ordering::Relaxed);
-                *g.recorded_dlq.lock().unwrap_or_else(|p| p.into_inner()) = s.settings.dead_letter_queue;
-            }
-        }
-
-        let engine = Arc::new(Engine {
-            store,
-            inbox: crate::engine::Inbox::new(
-                options.channel_capacity,
-                options.max_batch_messages,
-                options.max_batch_bytes,
-            ),
-            registry,
-            options: options.clone(),
-            dirty: Mutex::new(Vec::new()),
-            dirty_work: Mutex::new(Vec::new()),
-            failed: Mutex::new(None),
-            counters: Counters::default(),
-            events: tokio::sync::broadcast::channel(4096).0,
-        });
-        for g in stale {
-            engine.mark_dirty(g);
-        }
-        tracing::info!(
-            path = %engine.store.path.display(),
-            queues = engine.registry.queues.len(),
-            groups = engine.registry.groups.len(),
-            durability = ?options.durability,
-            "rockq: opened"
-        );
-        let (tx, rx) = mpsc::channel(options.channel_capacity);
-        let handle = match writer::spawn(engine.clone(), rx, &runtime) {
-            Ok(h) => h,
-            Err(e) => {
-                let path = engine.store.path.clone();
-                let _ = engine.store.close();
-                return Err(OpenError::Io { path, source: e });
-            }
-        };
-        let broker = Broker {
-            shared: Arc::new(Shared {
-                engine,
-                tx,
-                closed: AtomicBool::new(false),
-                runtime,
-                writer: Mutex::new(Some(handle)),
-                closing: tokio_util::sync::CancellationToken::new(),
-                pools: tokio_util::task::TaskTracker::new(),
-                shutdown: Mutex::new(None),
-            }),
-        };
-        crate::retention::spawn_background(&broker.shared, options.retention_interval);
-        crate::telemetry::spawn_gauges(&broker.shared, options.metrics_interval);
-        Ok(broker)
+        Ok(Broker { shared: boundary::open(path, options).await? })
     }
 
     /// Runs one retention pass now: trims every queue as far as its
@@ -287,8 +142,8 @@ impl Broker {
     /// println!("deleted {}, {} → {} bytes", report.deleted, report.bytes_before, report.bytes_after);
     /// # Ok(()) }
     /// ```
-    pub async fn trim(&self) -> Result<crate::TrimReport, QueueError> {
-        crate::retention::pass(&self.shared, Some(true)).await
+    pub async fn trim(&self) -> Result<TrimReport, QueueError> {
+        boundary::retention_pass(&self.shared, Some(true)).await
     }
 
     /// Returns a handle to the queue `name`, creating it (durably) if it does not exist.
@@ -318,13 +173,13 @@ impl Broker {
         if self.shared.is_closed() {
             return Err(QueueError::Shutdown);
         }
-        if let Some(q) = self.shared.engine.registry.queues.get(name) {
-            return Ok(Queue::new(self.shared.clone(), q.clone()));
+        if let Some(q) = self.shared.engine.registry.queue(name) {
+            return Ok(Queue::new(self.shared.clone(), q));
         }
         let (reply, rx) = oneshot::channel();
         self.shared
             .tx
-            .send(Request::CreateQueue { name: name.to_owned(), reply })
+            .send(Request::Queue(QueueRequest::Create { name: name.to_owned(), reply }))
             .await
             .map_err(|_| QueueError::Shutdown)?;
         let state = rx.await.map_err(|_| QueueError::Shutdown)??;
@@ -365,7 +220,7 @@ impl Broker {
     /// }
     /// # }
     /// ```
-    pub fn events(&self) -> tokio::sync::broadcast::Receiver<crate::Event> {
+    pub fn events(&self) -> tokio::sync::broadcast::Receiver<Event> {
         self.shared.engine.events.subscribe()
     }
 
@@ -379,9 +234,9 @@ impl Broker {
     /// # Cancel safety
     ///
     /// As for [`queue`](Broker::queue): the queue may or may not have been created.
-    pub async fn dead_letters(&self, name: &str) -> Result<crate::DeadLetters, QueueError> {
+    pub async fn dead_letters(&self, name: &str) -> Result<DeadLetters, QueueError> {
         let q = self.queue(name).await?;
-        Ok(crate::DeadLetters::new(self.shared.clone(), q.state().clone()))
+        Ok(DeadLetters::new(self.shared.clone(), q.state().clone()))
     }
 
     /// Whether [`shutdown`](Broker::shutdown) has been called.

@@ -18,19 +18,17 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use super::queue::QueueState;
 use crate::clock::Clock;
-use crate::registry::QueueState;
-use crate::store::keys;
-use crate::store::records::{ClaimRecord, ClaimState};
+use crate::model::Claim;
+use crate::store::GroupKeys;
 
 /// One work-queue group on one queue.
 pub(crate) struct WorkGroupState {
     pub name: Arc<str>,
     pub queue: Arc<QueueState>,
-    /// `consumer:<group>:<queue>`.
-    pub key: Vec<u8>,
-    /// `claim:<group>:<queue>:`.
-    pub claim_prefix: Vec<u8>,
+    /// Its offset record and claims in the store.
+    pub keys: GroupKeys,
     /// Offset whose record is durable: every sequence up to it is acked or dead-lettered.
     pub durable: AtomicU64,
     dispatch: Mutex<Dispatch>,
@@ -168,8 +166,7 @@ pub(crate) struct Lost;
 
 impl WorkGroupState {
     pub fn new(name: &str, queue: Arc<QueueState>, committed: u64) -> Arc<Self> {
-        let key = keys::offset_key(name, &queue.name);
-        let claim_prefix = keys::claim_prefix(name, &queue.name);
+        let keys = GroupKeys::work(name, &queue.name);
         // Tokens only fence holders within one process lifetime; seeding from the wall clock
         // keeps the ones written to disk distinct across restarts too.
         let seed = std::time::SystemTime::now()
@@ -178,8 +175,7 @@ impl WorkGroupState {
         Arc::new(WorkGroupState {
             name: Arc::from(name),
             queue,
-            key,
-            claim_prefix,
+            keys,
             durable: AtomicU64::new(committed),
             dispatch: Mutex::new(Dispatch { slots: BTreeMap::new(), frontier: committed + 1 }),
             changed: Notify::new(),
@@ -206,26 +202,30 @@ impl WorkGroupState {
     /// Rebuilds the state from the claim records found at open. A lease from before the
     /// restart has no living holder, so its message is claimable at once; its attempt stays
     /// counted, which is what stops a message that crashes the process from looping forever.
-    pub fn restore(&self, claims: impl IntoIterator<Item = (u64, ClaimRecord)>, clock: &Clock) {
+    pub fn restore(&self, claims: impl IntoIterator<Item = (u64, Claim)>, clock: &Clock) {
         let mut d = self.dispatch();
         let mut p = self.progress();
         let committed = p.offset;
-        for (seq, rec) in claims {
+        for (seq, claim) in claims {
             if seq <= committed {
                 continue;
             }
             d.frontier = d.frontier.max(seq + 1);
-            let state = match rec.state {
-                ClaimState::Done => {
+            let slot = match claim {
+                Claim::Done => {
                     p.done.insert(seq);
                     continue;
                 }
-                ClaimState::Leased => SlotState::Available,
-                ClaimState::Waiting => {
-                    SlotState::Waiting { due: clock.instant_at_wall(rec.not_before_micros) }
+                Claim::Leased { attempt, .. } => {
+                    Slot { attempt, state: SlotState::Available, last_error: String::new() }
                 }
+                Claim::Waiting { attempt, not_before_micros, last_error, .. } => Slot {
+                    attempt,
+                    state: SlotState::Waiting { due: clock.instant_at_wall(not_before_micros) },
+                    last_error,
+                },
             };
-            d.slots.insert(seq, Slot { attempt: rec.attempt, state, last_error: rec.last_error });
+            d.slots.insert(seq, slot);
         }
         // Sequences below the frontier with no record were claimed in a batch that never
         // reached the disk: nobody holds them.
@@ -622,22 +622,15 @@ mod tests {
     fn restore_rebuilds_slots_from_claim_records() {
         let g = group(1);
         let clock = Clock::tokio();
-        let rec = |state, attempt, not_before_micros, err: &str| ClaimRecord {
-            state,
-            attempt,
-            token: 7,
-            deadline_micros: 0,
-            not_before_micros,
-            last_error: err.into(),
-            holder: Arc::from(""),
-        };
         let far = clock.wall_micros() + 3_600_000_000;
+        let leased = Claim::Leased { attempt: 2, token: 7, deadline_micros: 0, holder: Arc::from("") };
+        let waiting = Claim::Waiting { attempt: 1, token: 7, not_before_micros: far, last_error: "x".into() };
         g.restore(
             [
-                (1, rec(ClaimState::Done, 1, 0, "")),       // at the offset: ignored
-                (2, rec(ClaimState::Leased, 2, 0, "")),     // its holder died: claimable, attempt kept
-                (3, rec(ClaimState::Done, 1, 0, "")),       // finished above the offset
-                (5, rec(ClaimState::Waiting, 1, far, "x")), // waits for its retry
+                (1, Claim::Done), // at the offset: ignored
+                (2, leased),      // its holder died: claimable, attempt kept
+                (3, Claim::Done), // finished above the offset
+                (5, waiting),     // waits for its retry
             ],
             &clock,
         );

@@ -1,0 +1,162 @@
+//! Opening the engine: the store on a blocking thread, the registry rebuilt from what it
+//! loaded (queues, groups, claims, marks, settings), the writer thread and the retention task.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+
+use super::inbox::Inbox;
+use super::registry::{OrderedGroupState, QueueState, Registry, WorkGroupState};
+use super::shared::Shared;
+use super::{Counters, Engine, inspect, retention, writer};
+use crate::error::{CorruptionError, OpenError};
+use crate::model::GroupMode;
+use crate::options::Options;
+use crate::store::{self, GroupKeys, Loaded, group_id};
+
+/// Opens the database at `path` and starts the engine on the current Tokio runtime.
+pub(crate) async fn open(path: &Path, options: Options) -> Result<Arc<Shared>, OpenError> {
+    let runtime = tokio::runtime::Handle::try_current().map_err(|_| OpenError::NoRuntime)?;
+    let path = path.to_path_buf();
+    let opts = options.clone();
+    let (store, loaded) = runtime
+        .spawn_blocking(move || store::open(&path, &opts))
+        .await
+        .map_err(|e| OpenError::InvalidOption(format!("open task failed: {e}")))??;
+    let (registry, stale) = match restore(loaded, &options) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = store.close();
+            return Err(e);
+        }
+    };
+
+    let engine = Arc::new(Engine {
+        store,
+        inbox: Inbox::new(options.channel_capacity, options.max_batch_messages, options.max_batch_bytes),
+        registry,
+        options: options.clone(),
+        dirty: Mutex::new(Vec::new()),
+        dirty_work: Mutex::new(Vec::new()),
+        failed: Mutex::new(None),
+        counters: Counters::default(),
+        events: tokio::sync::broadcast::channel(4096).0,
+    });
+    for g in stale {
+        engine.mark_dirty(g);
+    }
+    tracing::info!(
+        path = %engine.store.path.display(),
+        queues = engine.registry.queues.len(),
+        groups = engine.registry.ordered.len() + engine.registry.work.len(),
+        durability = ?options.durability,
+        "rockq: opened"
+    );
+    let (tx, rx) = mpsc::channel(options.channel_capacity);
+    let handle = match writer::spawn(engine.clone(), rx, &runtime) {
+        Ok(h) => h,
+        Err(e) => {
+            let path = engine.store.path.clone();
+            let _ = engine.store.close();
+            return Err(OpenError::Io { path, source: e });
+        }
+    };
+    let shared = Arc::new(Shared {
+        engine,
+        tx,
+        closed: AtomicBool::new(false),
+        runtime,
+        writer: Mutex::new(Some(handle)),
+        closing: tokio_util::sync::CancellationToken::new(),
+        pools: tokio_util::task::TaskTracker::new(),
+        shutdown: Mutex::new(None),
+    });
+    retention::spawn_background(&shared, options.retention_interval);
+    inspect::spawn_gauges(&shared, options.metrics_interval);
+    Ok(shared)
+}
+
+/// The registry as the store loaded it, and the ordered groups whose marks found at open are
+/// moot (the writer's first round deletes them).
+fn restore(loaded: Loaded, options: &Options) -> Result<(Registry, Vec<Arc<OrderedGroupState>>), OpenError> {
+    let Loaded { queues, groups, claims, settings, marks } = loaded;
+    let registry = Registry::default();
+    for q in queues {
+        let state = QueueState::new(q.meta.id, &q.name, q.meta.first_seq, q.last_seq, q.meta.retention);
+        registry.queues.insert(state.name.clone(), state);
+    }
+    for g in groups {
+        // An offset for a queue that has no record cannot be produced by rockq.
+        let Some(queue) = registry.queue(&g.queue) else {
+            return Err(CorruptionError::new(
+                "offset",
+                &group_id(&g.group, &g.queue),
+                "names a queue that does not exist",
+            )
+            .into());
+        };
+        let id = group_id(&g.group, &g.queue);
+        match g.offset.mode {
+            GroupMode::WorkQueue => {
+                registry.work.insert(id, WorkGroupState::new(&g.group, queue, g.offset.committed));
+            }
+            GroupMode::Ordered => {
+                registry.ordered.insert(id, OrderedGroupState::new(&g.group, queue, g.offset.committed));
+            }
+        }
+    }
+    let mut by_group: std::collections::HashMap<Vec<u8>, Vec<_>> = std::collections::HashMap::new();
+    for c in claims {
+        let id = group_id(&c.group, &c.queue);
+        if !registry.work.contains_key(&id) {
+            let key = GroupKeys::work(&c.group, &c.queue).record(c.seq);
+            return Err(CorruptionError::new("claim", &key, "names a group that does not exist").into());
+        }
+        by_group.entry(id).or_default().push((c.seq, c.claim));
+    }
+    for g in registry.work.iter() {
+        g.restore(by_group.remove(g.keys.id()).unwrap_or_default(), &options.clock);
+    }
+    // Ordered groups' delivery counts and dead letters above their offsets.
+    let mut stale = Vec::new();
+    for m in marks {
+        let Some(g) = registry.ordered(&m.group, &m.queue) else {
+            let key = GroupKeys::ordered(&m.group, &m.queue).record(m.seq);
+            return Err(
+                CorruptionError::new("delivery", &key, "names an ordered group that does not exist").into()
+            );
+        };
+        // At or below the offset, or of a trimmed message: moot, deleted by the writer's next
+        // round (the group is marked dirty once, and handed to it).
+        let floor = g.records_moot_through(g.durable.load(Ordering::Relaxed));
+        let mut rec = g.records();
+        rec.stored.insert(m.seq);
+        if m.seq <= floor {
+            if g.mark() {
+                stale.push(g.clone());
+            }
+        } else {
+            match m.mark {
+                crate::model::OrderedMark::DeadLettered { .. } => {
+                    rec.dead.insert(m.seq);
+                }
+                crate::model::OrderedMark::CameBack { deliveries, not_before_micros } => {
+                    rec.failed.insert(m.seq, (deliveries, not_before_micros));
+                }
+            }
+        }
+    }
+    // Settings of a group that no longer exists (a removed group) are ignored.
+    for s in settings {
+        if let Some(g) = registry.ordered(&s.group, &s.queue) {
+            g.paused.store(s.settings.paused, Ordering::Relaxed);
+        }
+        if let Some(g) = registry.work(&s.group, &s.queue) {
+            g.paused.store(s.settings.paused, Ordering::Relaxed);
+            *g.recorded_dlq.lock().unwrap_or_else(|p| p.into_inner()) = s.settings.dead_letter_queue;
+        }
+    }
+    Ok((registry, stale))
+}

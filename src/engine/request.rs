@@ -1,0 +1,141 @@
+//! The request set: everything the handles ask the writer to do, grouped by concept. Each
+//! concept's requests are applied by that concept's file in `writer/` (`queue.rs`, `ordered.rs`,
+//! `work.rs`, `retention.rs`, `settings.rs`), which also refuses them when the writer will not
+//! carry them out; so adding a write request touches this file and that one.
+//!
+//! Every request carries a [`Reply`]. A request the writer refuses (after shutdown began, or
+//! once it failed closed) is answered with the family error made from [`Closed`], the one
+//! refusal every operation shares.
+
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use super::registry::{OrderedGroupState, QueueState, WorkGroupState};
+use crate::error::{
+    AckError, Closed, CommitError, PauseError, QueueError, RedriveError, ResetError, StorageError,
+    SubscribeError,
+};
+use crate::model::Claim;
+use crate::model::StartFrom;
+use crate::retention::Retention;
+
+/// Where the writer sends the outcome of one request.
+pub(crate) type Reply<T, E> = oneshot::Sender<Result<T, E>>;
+
+/// Answers `reply` with the refusal `why`, in the reply's own error family.
+pub(crate) fn refuse<T, E: From<Closed>>(reply: Reply<T, E>, why: &Closed) {
+    let _ = reply.send(Err(why.clone().into()));
+}
+
+/// One request to the writer.
+pub(crate) enum Request {
+    Queue(QueueRequest),
+    Ordered(OrderedRequest),
+    Work(WorkRequest),
+    Retention(RetentionRequest),
+    Settings(SettingsRequest),
+    /// Wake-up only: a group became dirty while the writer was idle.
+    Commit,
+    /// Reply once every acknowledgement recorded before this request is durable.
+    Flush {
+        reply: Reply<(), CommitError>,
+    },
+    /// Finish everything queued before this, sync the WAL, and stop.
+    Shutdown {
+        reply: Reply<(), StorageError>,
+    },
+}
+
+/// Queues (`writer/queue.rs`).
+pub(crate) enum QueueRequest {
+    /// Create queue `name` (or return the existing one).
+    Create { name: String, reply: Reply<Arc<QueueState>, QueueError> },
+}
+
+/// Ordered groups (`writer/ordered.rs`).
+pub(crate) enum OrderedRequest {
+    /// Create an ordered group (or return the existing one).
+    Create {
+        queue: Arc<QueueState>,
+        group: String,
+        start: StartFrom,
+        reply: Reply<Arc<OrderedGroupState>, SubscribeError>,
+    },
+    /// Set the group's offset (replay). The caller holds the group's active slot and hands it to
+    /// the writer, which releases it once the reset is answered.
+    Reset { group: Arc<OrderedGroupState>, offset: u64, reply: Reply<(), ResetError> },
+}
+
+/// Work-queue groups (`writer/work.rs`).
+pub(crate) enum WorkRequest {
+    /// Create a work-queue group (or return the existing one).
+    Create {
+        queue: Arc<QueueState>,
+        group: String,
+        start: StartFrom,
+        reply: Reply<Arc<WorkGroupState>, SubscribeError>,
+    },
+    /// Persist claims (attempt counts) before their handlers run. Refused with `LeaseLost` if
+    /// the group was reset since `epoch`.
+    Claim { group: Arc<WorkGroupState>, epoch: u64, claims: Vec<(u64, Claim)>, reply: Reply<(), AckError> },
+    /// Record the outcome of one attempt, claimed in reset epoch `epoch`. If the writer refuses
+    /// it, it puts the message back to claimable itself.
+    Outcome {
+        group: Arc<WorkGroupState>,
+        seq: u64,
+        attempt: u32,
+        epoch: u64,
+        outcome: Outcome,
+        reply: Reply<(), AckError>,
+    },
+    /// Move dead letters `(expected, last]` of `dlq` to their targets and advance its cursor.
+    Redrive { dlq: Arc<QueueState>, expected: u64, last: u64, items: Vec<RedriveItem>, reply: RedriveReply },
+    /// Set the group's offset (replay): its claims are deleted.
+    Reset { group: Arc<WorkGroupState>, offset: u64, reply: Reply<(), ResetError> },
+}
+
+/// Retention (`writer/retention.rs`).
+pub(crate) enum RetentionRequest {
+    /// Persist a queue's retention policy.
+    SetPolicy { queue: Arc<QueueState>, retention: Retention, reply: Reply<(), QueueError> },
+    /// Delete a queue's messages up to `to` (one range tombstone) and move its first sequence.
+    /// `to` was computed under `policy`: the writer re-checks it when it applies the trim.
+    Trim { queue: Arc<QueueState>, to: u64, policy: Retention, reply: Reply<u64, QueueError> },
+}
+
+/// Change a group's settings record (`writer/settings.rs`), either mode.
+pub(crate) struct SettingsRequest {
+    pub queue: Arc<QueueState>,
+    pub group: String,
+    pub change: SettingsChange,
+    pub reply: Reply<(), PauseError>,
+}
+
+/// One change to a group's settings; the writer applies it to the latest record, so
+/// concurrent changes of different fields do not undo each other.
+#[derive(Debug, Clone)]
+pub(crate) enum SettingsChange {
+    Paused(bool),
+    DeadLetterQueue(String),
+}
+
+/// What became of one attempt of a work-queue message.
+pub(crate) enum Outcome {
+    /// Finished: the offset may pass it.
+    Ack,
+    /// Failed; try again after `delay` (the claim holds the retry time and the error).
+    Retry { claim: Claim, delay: std::time::Duration },
+    /// Move it to the dead-letter queue `dlq`.
+    DeadLetter { reason: String, dlq: Arc<str> },
+}
+
+/// Answer to a redrive: the queue and new sequence of each moved message.
+pub(crate) type RedriveReply = Reply<Vec<(Arc<str>, u64)>, RedriveError>;
+
+/// One dead letter on its way back.
+pub(crate) struct RedriveItem {
+    pub dlq_seq: u64,
+    pub target: Arc<str>,
+    pub envelope: Vec<u8>,
+}

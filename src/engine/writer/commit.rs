@@ -1,0 +1,175 @@
+//! After a round's write: the syncer (Fsync mode's pipelined WAL sync) and the completer, which
+//! completes durable rounds in order — registry updates, publication, replies, wake-ups — or
+//! answers every waiter of a round that failed.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+
+use super::round::Completions;
+use crate::engine::Engine;
+use crate::engine::inbox::Staged;
+use crate::error::{CommitError, Failure, QueueError, SendError, StorageError, SubscribeError};
+use crate::telemetry;
+
+/// Completes rounds on a task of the broker's runtime, in the order they were written.
+///
+/// Why a task: completing a round wakes every producer waiting in it. Woken from a foreign
+/// thread, each wake is a push onto the runtime's shared inject queue (a lock) and often a
+/// syscall to unpark a worker; woken from a task already running on a worker, the producers go
+/// onto that worker's local run queue. One cross-thread wake per round replaces one per send,
+/// and the writer (or syncer) — the pipeline's bottleneck — goes straight back to appending.
+#[derive(Clone)]
+pub(super) struct Completer {
+    tx: mpsc::UnboundedSender<(Completions, Option<StorageError>)>,
+    engine: Arc<Engine>,
+}
+
+impl Completer {
+    pub fn spawn(engine: Arc<Engine>, runtime: &tokio::runtime::Handle) -> Self {
+        let (tx, mut rx) = mpsc::unbounded_channel::<(Completions, Option<StorageError>)>();
+        let e = engine.clone();
+        runtime.spawn(async move {
+            while let Some((c, failed)) = rx.recv().await {
+                settle(&e, c, failed);
+            }
+        });
+        Completer { tx, engine }
+    }
+
+    /// Completes a round after every round handed over before it: successfully, or with
+    /// `failed`. A failure closes the broker at once, before any later round is built. Runs
+    /// inline if the runtime is gone (its task was dropped), so no waiter is left hanging.
+    pub fn complete_after_earlier(&self, c: Completions, failed: Option<StorageError>) {
+        if let Some(e) = &failed {
+            tracing::error!(error = %e, "rockq writer: write failed; refusing further writes");
+            self.engine.fail(Failure::Storage(e.clone()));
+        }
+        if let Err(mpsc::error::SendError((c, failed))) = self.tx.send((c, failed)) {
+            settle(&self.engine, c, failed);
+        }
+    }
+}
+
+/// Fsync mode: syncs the WAL once for every round the writer appended since the last sync, then
+/// completes those rounds in order. After a failed sync every later round fails too.
+pub(super) fn sync_loop(engine: &Engine, rx: std::sync::mpsc::Receiver<Completions>, completer: &Completer) {
+    let mut failed: Option<StorageError> = None;
+    while let Ok(first) = rx.recv() {
+        let mut rounds = vec![first];
+        rounds.extend(rx.try_iter());
+        if failed.is_none() {
+            let t = Instant::now();
+            let synced =
+                crate::faults::check("rockq-syncer-sync").and_then(|()| engine.store.lock().sync_wal());
+            engine.counters.write_nanos.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            failed = synced.err();
+        }
+        for c in rounds {
+            completer.complete_after_earlier(c, failed.clone());
+        }
+    }
+}
+
+fn settle(engine: &Engine, c: Completions, failed: Option<StorageError>) {
+    match failed {
+        None => complete(engine, c),
+        Some(e) => fail(c, e),
+    }
+}
+
+/// Completes a round whose write is durable: registry updates, publication, replies.
+fn complete(engine: &Engine, c: Completions) {
+    let counters = &engine.counters;
+    counters.rounds.fetch_add(1, Ordering::Relaxed);
+    counters.messages.fetch_add(c.messages, Ordering::Relaxed);
+    counters.offset_commits.fetch_add(c.commits.len() as u64, Ordering::Relaxed);
+    if let Some(t) = c.started {
+        telemetry::round(c.messages, t.elapsed());
+    }
+    for (g, v) in c.commits {
+        let before = g.durable.fetch_max(v, Ordering::SeqCst);
+        telemetry::group_counter(telemetry::ACKED, &g.queue.name, &g.name, v.saturating_sub(before));
+    }
+    for (q, waiters) in c.queues {
+        tracing::debug!(queue = %q.name, id = q.id, "rockq: queue created");
+        engine.registry.queues.insert(q.name.clone(), q.clone());
+        waiters.into_iter().for_each(|w| drop(w.send(Ok(q.clone()))));
+    }
+    for (g, waiters) in c.ordered {
+        let committed = g.durable.load(Ordering::Relaxed);
+        tracing::debug!(group = %g.name, queue = %g.queue.name, committed, "rockq: group created");
+        engine.registry.ordered.insert(g.keys.id().to_vec(), g.clone());
+        waiters.into_iter().for_each(|w| drop(w.send(Ok(g.clone()))));
+    }
+    for (g, waiters) in c.work {
+        tracing::debug!(group = %g.name, queue = %g.queue.name, "rockq: work-queue group created");
+        engine.registry.work.insert(g.keys.id().to_vec(), g.clone());
+        waiters.into_iter().for_each(|w| drop(w.send(Ok(g.clone()))));
+    }
+    // Publish before replying, so a producer that sees its send resolve also sees it in
+    // `Queue::last_seq`, and subscribers start reading while producers are being woken.
+    for (q, last, n) in c.touched {
+        q.last.send_replace(last);
+        telemetry::produced(&q.name, n);
+    }
+    for (g, offset) in c.work_durable {
+        g.durable.fetch_max(offset, Ordering::SeqCst);
+    }
+    for (g, seqs) in c.work_finished {
+        g.finished(&seqs);
+    }
+    for f in c.callbacks {
+        f(Ok(()));
+    }
+    let trace = tracing::enabled!(tracing::Level::TRACE);
+    for (s, seqs) in c.staged {
+        if trace {
+            trace_sent(&s, &seqs);
+        }
+        s.resolver.resolve(Ok(seqs));
+    }
+    c.flushes.into_iter().for_each(|f| drop(f.send(Ok(()))));
+    if let Some(s) = c.shutdown {
+        let _ = s.send(Ok(()));
+    }
+}
+
+/// One TRACE event per message of a staged round that became durable.
+fn trace_sent(s: &Staged, seqs: &[u64]) {
+    for (k, &first) in s.sends.iter().enumerate() {
+        let from = first as usize;
+        let to = s.sends.get(k + 1).map_or(s.msgs.len(), |&n| n as usize);
+        let Some(queue) = s.msgs.get(from).and_then(|&(q, _)| s.queues.get(q as usize)) else { continue };
+        for seq in (seqs[k]..).take(to.saturating_sub(from)) {
+            tracing::trace!(queue = %queue.name, seq, "rockq: sent");
+        }
+    }
+}
+
+/// Answers the waiters of a round whose write or sync failed (the broker is already closed).
+fn fail(c: Completions, e: StorageError) {
+    // Offsets in `c.commits` stay non-durable: `durable` is not advanced, and after a reopen
+    // the group resumes from the last offset that did reach the disk.
+    for (s, _) in c.staged {
+        s.resolver.resolve(Err(SendError::Storage(e.clone())));
+    }
+    for (_, waiters) in c.queues {
+        waiters.into_iter().for_each(|w| drop(w.send(Err(QueueError::Storage(e.clone())))));
+    }
+    for (_, waiters) in c.ordered {
+        waiters.into_iter().for_each(|w| drop(w.send(Err(SubscribeError::Storage(e.clone())))));
+    }
+    for (_, waiters) in c.work {
+        waiters.into_iter().for_each(|w| drop(w.send(Err(SubscribeError::Storage(e.clone())))));
+    }
+    for f in c.callbacks {
+        f(Err(&e));
+    }
+    c.flushes.into_iter().for_each(|f| drop(f.send(Err(CommitError::Storage(e.clone())))));
+    if let Some(s) = c.shutdown {
+        let _ = s.send(Err(e));
+    }
+}

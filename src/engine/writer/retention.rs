@@ -1,0 +1,107 @@
+//! The writer's half of retention: persisting policies, and trimming a queue's head with one
+//! range tombstone and the new first sequence in the same batch (the marks and claims of the
+//! queue's groups below the cut go in it too).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::round::Round;
+use super::{ordered, work};
+use crate::engine::registry::QueueState;
+use crate::engine::request::{Reply, RetentionRequest, refuse};
+use crate::error::{Closed, QueueError};
+use crate::events::Event;
+use crate::model::QueueMeta;
+use crate::retention::Retention;
+use crate::telemetry;
+
+pub(super) fn apply(r: &mut Round<'_>, req: RetentionRequest) {
+    match req {
+        RetentionRequest::SetPolicy { queue, retention, reply } => set_policy(r, queue, retention, reply),
+        RetentionRequest::Trim { queue, to, policy, reply } => trim(r, queue, Cut { to, policy }, reply),
+    }
+}
+
+pub(super) fn refuse_request(req: RetentionRequest, why: &Closed) {
+    match req {
+        RetentionRequest::SetPolicy { reply, .. } => refuse(reply, why),
+        RetentionRequest::Trim { reply, .. } => refuse(reply, why),
+    }
+}
+
+fn meta(queue: &QueueState) -> QueueMeta {
+    QueueMeta {
+        id: queue.id,
+        first_seq: queue.first_seq.load(Ordering::SeqCst),
+        retention: queue.retention(),
+    }
+}
+
+fn set_policy(r: &mut Round<'_>, queue: Arc<QueueState>, retention: Retention, reply: Reply<(), QueueError>) {
+    // Only this thread changes policies and first sequences, so the record written here is the
+    // latest state.
+    *queue.retention.lock().unwrap_or_else(|p| p.into_inner()) = retention;
+    r.batch.put_queue(&queue.name, &meta(&queue));
+    r.on_done(move |res| drop(reply.send(res.map_err(|e| QueueError::Storage(e.clone())))));
+}
+
+/// The lowest offset of any group on `queue`, ordered or work-queue, as this thread knows it
+/// now: resets and commits already in a batch count, and so do groups created but not yet
+/// synced. `None` if the queue has no group.
+fn min_group_offset(r: &Round<'_>, queue: &QueueState) -> Option<u64> {
+    let ordered = r
+        .written
+        .ordered_groups(r.engine)
+        .into_iter()
+        .filter(|g| g.queue.id == queue.id)
+        // `acked` is set by a reset as it enters a batch; `durable` trails a commit.
+        .map(|g| g.acked.load(Ordering::SeqCst).min(g.durable.load(Ordering::SeqCst)));
+    let work = r
+        .written
+        .work_groups_of(r.engine, queue.id)
+        .into_iter()
+        .map(|g| g.progress().offset.min(g.durable.load(Ordering::SeqCst)));
+    ordered.chain(work).min()
+}
+
+/// A trim's cut: delete up to `to`, as computed under `policy`.
+struct Cut {
+    to: u64,
+    policy: Retention,
+}
+
+fn trim(r: &mut Round<'_>, queue: Arc<QueueState>, cut: Cut, reply: Reply<u64, QueueError>) {
+    let first = queue.first_seq.load(Ordering::SeqCst);
+    let written = r.written.next_seq.get(&queue.id).map_or(queue.last_seq(), |n| n - 1);
+    let mut to = cut.to.min(written);
+    // The cut was computed a while ago, from durable offsets. Re-checked here, where every
+    // offset change is ordered: a policy changed since voids it, and under `UntilAcked` a
+    // backwards reset or a new `Earliest` group since must keep its messages.
+    if queue.retention() != cut.policy {
+        to = 0;
+    } else if cut.policy == Retention::UntilAcked {
+        to = to.min(min_group_offset(r, &queue).unwrap_or(0));
+    }
+    if to < first {
+        let _ = reply.send(Ok(0));
+        return;
+    }
+    // Readers switch to the new first sequence before the range disappears, so none walks into
+    // deleted keys (a read already in flight that finds them gone re-checks it).
+    queue.first_seq.store(to + 1, Ordering::SeqCst);
+    r.batch.trim_messages(queue.id, first, to);
+    r.batch.put_queue(&queue.name, &meta(&queue));
+    ordered::trimmed(r, &queue, to);
+    // Work-queue groups behind the cut jump past it: their claims there go too.
+    work::trimmed(r, &queue, to);
+    let deleted = to - first + 1;
+    let engine = r.engine.clone();
+    r.on_done(move |res| {
+        if res.is_ok() {
+            tracing::info!(queue = %queue.name, deleted, first_seq = to + 1, "rockq: trimmed");
+            telemetry::queue_counter(telemetry::TRIMMED, &queue.name, deleted);
+            engine.emit(|| Event::Trimmed { queue: queue.name.clone(), deleted, first_seq: to + 1 });
+        }
+        let _ = reply.send(res.map(|()| deleted).map_err(|e| QueueError::Storage(e.clone())));
+    });
+}

@@ -1,0 +1,139 @@
+//! One writer round as the request handlers see it: the store batch they add domain operations
+//! to, what to do once the batch is durable (or has failed), and the writer's memory of what it
+//! wrote that the registry does not hold yet.
+//!
+//! Handlers (`queue.rs`, `ordered.rs`, `work.rs`, `retention.rs`, `settings.rs`) take a
+//! `&mut Round` and nothing else: no RocksDB type, no argument lists to thread through.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::engine::Engine;
+use crate::engine::inbox::Staged;
+use crate::engine::registry::{OrderedGroupState, QueueState, WorkGroupState};
+use crate::engine::request::Reply;
+use crate::error::{CommitError, QueueError, StorageError, SubscribeError};
+use crate::model::GroupSettings;
+use crate::store::Batch;
+
+/// The round being built.
+pub(crate) struct Round<'a> {
+    /// The round's writes: applied atomically, or not at all.
+    pub batch: Batch<'a>,
+    pub engine: &'a Arc<Engine>,
+    /// What earlier rounds wrote (see [`Written`]).
+    pub written: &'a mut Written,
+    /// What completing the round does.
+    pub done: Completions,
+}
+
+impl Round<'_> {
+    /// Runs `f` once the round is durable (`Ok`) or has failed.
+    pub fn on_done(&mut self, f: impl FnOnce(Result<(), &StorageError>) + Send + 'static) {
+        self.done.callbacks.push(Box::new(f));
+    }
+
+    /// The enqueue time of this round's messages: the broker's clock, never below the last
+    /// stamp, so times never decrease along a queue (not even when the wall clock steps back).
+    pub fn stamp(&mut self) -> u64 {
+        let w = &mut *self.written;
+        w.last_stamp = w.last_stamp.max(self.engine.clock().wall_micros());
+        w.last_stamp
+    }
+}
+
+/// What the writer has written that the registry may not hold yet (the round that wrote it may
+/// still be syncing), and the counters only it advances. A second request for a queue or group
+/// created in an earlier round waits for the same sync instead of creating it again.
+#[derive(Default)]
+pub(crate) struct Written {
+    /// Next sequence per queue id. Only the writer allocates.
+    pub next_seq: HashMap<u32, u64>,
+    pub next_queue_id: u32,
+    /// The enqueue time given to the last round's messages.
+    pub last_stamp: u64,
+    pub queues: HashMap<String, Arc<QueueState>>,
+    pub ordered: HashMap<Vec<u8>, Arc<OrderedGroupState>>,
+    pub work: HashMap<Vec<u8>, Arc<WorkGroupState>>,
+    /// Redrive cursors written (read from disk on first use), by dead-letter queue id.
+    pub cursors: HashMap<u32, u64>,
+    /// Group settings written (read from disk on first use), by (group, queue).
+    pub settings: HashMap<(String, Arc<str>), GroupSettings>,
+}
+
+impl Written {
+    /// Every ordered group: the registry's and those created but not yet registered (a group
+    /// may come twice; every caller's work is idempotent).
+    pub fn ordered_groups(&self, engine: &Engine) -> Vec<Arc<OrderedGroupState>> {
+        engine.registry.ordered.iter().map(|g| g.clone()).chain(self.ordered.values().cloned()).collect()
+    }
+
+    /// Every work-queue group of queue `queue_id`, registered or not yet.
+    pub fn work_groups_of(&self, engine: &Engine, queue_id: u32) -> Vec<Arc<WorkGroupState>> {
+        engine
+            .registry
+            .work
+            .iter()
+            .map(|g| g.clone())
+            .chain(self.work.values().cloned())
+            .filter(|g| g.queue.id == queue_id)
+            .collect()
+    }
+}
+
+/// Something created this round, with every caller waiting for it.
+pub(crate) type Created<T, E> = (Arc<T>, Vec<Reply<Arc<T>, E>>);
+
+/// Work to run once a round's write is durable (`Ok`) or has failed.
+pub(crate) type Callback = Box<dyn FnOnce(Result<(), &StorageError>) + Send>;
+
+/// What completing one round does, after its write succeeded (or failed): run on the
+/// completer, off the writer thread (`commit.rs`).
+#[derive(Default)]
+pub(crate) struct Completions {
+    /// Queues, ordered groups and work-queue groups created this round, with their waiters.
+    pub queues: Vec<Created<QueueState, QueueError>>,
+    pub ordered: Vec<Created<OrderedGroupState, SubscribeError>>,
+    pub work: Vec<Created<WorkGroupState, SubscribeError>>,
+    /// Staged sends written this round, with the first sequence of each send call. Their
+    /// buffers are freed by the completer, off the writer thread.
+    pub staged: Vec<(Staged, Box<[u64]>)>,
+    /// Queues appended to this round: their last sequence and how many messages were appended.
+    pub touched: Vec<(Arc<QueueState>, u64, u64)>,
+    /// Ordered offsets written this round.
+    pub commits: Vec<(Arc<OrderedGroupState>, u64)>,
+    /// Work-queue groups whose offset moved this round (their records are written last).
+    pub work_offsets: Vec<Arc<WorkGroupState>>,
+    /// Their new offsets, published before any reply of the round.
+    pub work_durable: Vec<(Arc<WorkGroupState>, u64)>,
+    /// Sequences finished this round, per work-queue group (forgotten in memory once durable).
+    pub work_finished: Vec<(Arc<WorkGroupState>, Vec<u64>)>,
+    pub callbacks: Vec<Callback>,
+    pub flushes: Vec<Reply<(), CommitError>>,
+    pub shutdown: Option<Reply<(), StorageError>>,
+    /// Messages appended this round.
+    pub messages: u64,
+    /// When the round's write started (for the commit-latency histogram).
+    pub started: Option<Instant>,
+}
+
+impl Completions {
+    /// Records that `queue` got messages up to `last`, `n` more this round.
+    pub fn touched(&mut self, queue: &Arc<QueueState>, last: u64, n: u64) {
+        match self.touched.iter_mut().find(|(q, _, _)| q.id == queue.id) {
+            Some(t) => {
+                t.1 = last;
+                t.2 += n;
+            }
+            None => self.touched.push((queue.clone(), last, n)),
+        }
+    }
+
+    /// Remembers that `g`'s offset moved this round (its record is written once, last).
+    pub fn work_offset_moved(&mut self, g: &Arc<WorkGroupState>) {
+        if !self.work_offsets.iter().any(|x| Arc::ptr_eq(x, g)) {
+            self.work_offsets.push(g.clone());
+        }
+    }
+}

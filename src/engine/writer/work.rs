@@ -1,0 +1,360 @@
+//! The writer's half of work-queue groups: creating them, persisting claims, recording outcomes
+//! (ack, retry, dead letter), moving offsets over finished sequences, resets and redriving dead
+//! letters. Each request becomes entries of the round's one batch, so a dead letter's copy, its
+//! claim deletion and the offset move are atomic.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+
+use super::dead_letter;
+use super::groups;
+use super::queue;
+use super::round::Round;
+use crate::engine::registry::{QueueState, QueuedAck, WorkGroupState};
+use crate::engine::request::{Outcome, RedriveItem, RedriveReply, Reply, WorkRequest, refuse};
+use crate::error::{AckError, Closed, RedriveError, ResetError};
+use crate::events::Event;
+use crate::model::{Claim, GroupMode, GroupOffset};
+use crate::store::{ReadError, envelope};
+use crate::telemetry;
+
+pub(super) fn apply(r: &mut Round<'_>, req: WorkRequest) {
+    match req {
+        WorkRequest::Create { queue, group, start, reply } => {
+            groups::create::<WorkGroupState>(r, queue, group, start, reply)
+        }
+        WorkRequest::Claim { group, epoch, claims, reply } => {
+            // Claimed before a reset that is already in the batch: its records would bring back
+            // attempts the reset dropped.
+            if epoch != group.epoch() {
+                let (seq, attempt) = claims.first().map_or((0, 0), |(s, c)| (*s, attempt_of(c)));
+                let _ = reply.send(Err(AckError::LeaseLost { seq, attempt }));
+                return;
+            }
+            for (seq, claim) in &claims {
+                r.batch.put_claim(&group.keys, *seq, claim);
+            }
+            r.on_done(move |res| drop(reply.send(res.map_err(|e| AckError::Storage(e.clone())))));
+        }
+        WorkRequest::Outcome { group, seq, attempt, epoch, outcome, reply } => {
+            if epoch != group.epoch() {
+                // Decided before a reset: the reset wins (and already forgot the slot).
+                let _ = reply.send(Err(AckError::LeaseLost { seq, attempt }));
+                return;
+            }
+            record_outcome(r, Attempt { group, seq, attempt }, outcome, reply)
+        }
+        WorkRequest::Redrive { dlq, expected, last, items, reply } => {
+            redrive(r, dlq, Cursor { expected, last }, items, reply)
+        }
+        WorkRequest::Reset { group, offset, reply } => reset(r, group, offset, reply),
+    }
+}
+
+pub(super) fn refuse_request(req: WorkRequest, why: &Closed) {
+    match req {
+        WorkRequest::Create { reply, .. } => refuse(reply, why),
+        WorkRequest::Claim { reply, .. } | WorkRequest::Outcome { reply, .. } => refuse(reply, why),
+        WorkRequest::Redrive { reply, .. } => refuse(reply, why),
+        WorkRequest::Reset { reply, .. } => refuse(reply, why),
+    }
+}
+
+fn attempt_of(c: &Claim) -> u32 {
+    match c {
+        Claim::Leased { attempt, .. } | Claim::Waiting { attempt, .. } => *attempt,
+        Claim::Done => 0,
+    }
+}
+
+/// Acks queued in memory by worker pools, coalesced like ordered offsets: every group with
+/// queued acks is finished in this round.
+pub(super) fn commit_queued_acks(r: &mut Round<'_>) {
+    for g in r.engine.take_work_dirty() {
+        let epoch = g.epoch();
+        // Acks queued before a reset are dropped by it (see `WorkGroupState::reset`); one that
+        // raced past it still carries the old epoch.
+        let acks: Vec<_> = g.take_queued_acks().into_iter().filter(|a| a.epoch == epoch).collect();
+        for a in &acks {
+            finish_seq(r, &g, a.seq);
+        }
+        let engine = r.engine.clone();
+        r.on_done(move |res| {
+            if res.is_err() {
+                return;
+            }
+            let (queue, group) = (&g.queue.name, &g.name);
+            telemetry::group_counter(telemetry::ACKED, queue, group, acks.len() as u64);
+            // Per ack: only when someone listens (events or TRACE logging).
+            let per_ack = engine.events.receiver_count() > 0 || tracing::enabled!(tracing::Level::TRACE);
+            for QueuedAck { seq, attempt, .. } in acks.into_iter().filter(|_| per_ack) {
+                tracing::trace!(%queue, %group, seq, attempt, "rockq: acked");
+                engine.emit(|| Event::Acked { queue: queue.clone(), group: group.clone(), seq, attempt });
+            }
+        });
+    }
+}
+
+/// One offset record per work-queue group whose offset moved this round, written last.
+pub(super) fn commit_offsets(r: &mut Round<'_>) {
+    for g in std::mem::take(&mut r.done.work_offsets) {
+        let offset = g.progress().offset;
+        r.batch.put_offset(&g.keys, GroupOffset { mode: GroupMode::WorkQueue, committed: offset });
+        r.done.work_durable.push((g, offset));
+    }
+}
+
+/// Marks `seq` finished (acked or dead-lettered): the offset moves over every contiguous
+/// finished sequence (their claims are deleted); a finished sequence above a gap keeps a
+/// `Done` claim so a restart does not deliver it again.
+fn finish_seq(r: &mut Round<'_>, g: &Arc<WorkGroupState>, seq: u64) {
+    let mut p = g.progress();
+    if seq <= p.offset || !p.done.insert(seq) {
+        return;
+    }
+    let before = p.offset;
+    while p.done.first() == Some(&(p.offset + 1)) {
+        p.done.pop_first();
+        p.offset += 1;
+        r.batch.delete_record(&g.keys, p.offset);
+    }
+    if p.done.contains(&seq) {
+        r.batch.put_claim(&g.keys, seq, &Claim::Done);
+    }
+    let moved = p.offset > before;
+    drop(p);
+    if moved {
+        r.done.work_offset_moved(g);
+    }
+    // Forgotten in memory once durable, per group in one lock (see `commit.rs`).
+    match r.done.work_finished.iter_mut().find(|(x, _)| Arc::ptr_eq(x, g)) {
+        Some((_, seqs)) => seqs.push(seq),
+        None => r.done.work_finished.push((g.clone(), vec![seq])),
+    }
+}
+
+/// One attempt of one message of a group.
+struct Attempt {
+    group: Arc<WorkGroupState>,
+    seq: u64,
+    attempt: u32,
+}
+
+fn record_outcome(r: &mut Round<'_>, at: Attempt, outcome: Outcome, reply: Reply<(), AckError>) {
+    let Attempt { group: g, seq, attempt } = at;
+    let engine = r.engine.clone();
+    let (queue, group) = (g.queue.name.clone(), g.name.clone());
+    match outcome {
+        Outcome::Ack => {
+            finish_seq(r, &g, seq);
+            r.on_done(move |res| {
+                if res.is_ok() {
+                    tracing::trace!(%queue, %group, seq, attempt, "rockq: acked");
+                    telemetry::group_counter(telemetry::ACKED, &queue, &group, 1);
+                    engine.emit(|| Event::Acked { queue, group, seq, attempt });
+                }
+                let _ = reply.send(res.map_err(|e| AckError::Storage(e.clone())));
+            });
+        }
+        Outcome::Retry { claim, delay } => {
+            let error = match &claim {
+                Claim::Waiting { last_error, .. } => last_error.clone(),
+                _ => String::new(),
+            };
+            r.batch.put_claim(&g.keys, seq, &claim);
+            r.on_done(move |res| {
+                if res.is_ok() {
+                    tracing::debug!(%queue, %group, seq, attempt, ?delay, %error, "rockq: retry scheduled");
+                    telemetry::group_counter(telemetry::RETRIED, &queue, &group, 1);
+                    engine.emit(|| Event::Retried { queue, group, seq, attempt, delay, error });
+                }
+                let _ = reply.send(res.map_err(|e| AckError::Storage(e.clone())));
+            });
+        }
+        Outcome::DeadLetter { reason, dlq } => {
+            // Every refusal below puts the message back to claimable (`refuse_outcome`): a
+            // `Settling` slot that nobody reverts would hold the group's offset (and
+            // retention) forever.
+            let stored = match r.batch.message(g.queue.id, seq) {
+                Ok(v) => v,
+                Err(e) => return refuse_outcome(&g, seq, reply, AckError::Storage(e)),
+            };
+            let (env, reason) = match stored {
+                // A message that does not decode is dead-lettered as it is stored: its raw
+                // bytes become the payload, so nothing is lost and the group can move past it.
+                Some(stored) => {
+                    let env = envelope::decode(b"", &stored).unwrap_or_else(|_| envelope::Envelope {
+                        enqueued_at_micros: 0,
+                        headers: Vec::new(),
+                        payload: Bytes::from(stored),
+                    });
+                    (env, reason)
+                }
+                None if seq < g.queue.first_seq.load(Ordering::Acquire) => {
+                    // Retention deleted it meanwhile (and moved the group past it).
+                    let _ = reply.send(Ok(()));
+                    return;
+                }
+                // Gone from storage (outside rockq's doing): refusing would bring it back as
+                // exhausted again and again; the group moves on and the dead-letter queue
+                // records the loss.
+                None => (
+                    envelope::Envelope { enqueued_at_micros: 0, headers: Vec::new(), payload: Bytes::new() },
+                    format!("{reason} (the stored message was missing)"),
+                ),
+            };
+            let origin = dead_letter::Origin { queue: &g.queue, group: &g.name, seq, attempts: attempt };
+            let (dlq_seq, reason) = match dead_letter::append(r, &origin, &reason, env, &dlq) {
+                Ok(done) => done,
+                Err(e) => return refuse_outcome(&g, seq, reply, AckError::Failed(e)),
+            };
+            finish_seq(r, &g, seq);
+            r.on_done(move |res| {
+                if res.is_ok() {
+                    tracing::warn!(%queue, %group, seq, attempt, %reason, dlq = %dlq, dlq_seq, "rockq: dead-lettered");
+                    telemetry::group_counter(telemetry::DEAD_LETTERED, &queue, &group, 1);
+                    engine.emit(|| Event::DeadLettered {
+                        queue,
+                        group,
+                        seq,
+                        attempts: attempt,
+                        reason,
+                        dlq,
+                        dlq_seq,
+                    });
+                }
+                let _ = reply.send(res.map_err(|e| AckError::Storage(e.clone())));
+            });
+        }
+    }
+}
+
+/// Answers a refused outcome and puts its message back to claimable.
+fn refuse_outcome(g: &WorkGroupState, seq: u64, reply: Reply<(), AckError>, e: AckError) {
+    g.revert(seq);
+    let _ = reply.send(Err(e));
+}
+
+/// The redrive cursor a request expects, and where it moves it.
+struct Cursor {
+    expected: u64,
+    last: u64,
+}
+
+fn redrive(
+    r: &mut Round<'_>,
+    dlq: Arc<QueueState>,
+    cursor: Cursor,
+    items: Vec<RedriveItem>,
+    reply: RedriveReply,
+) {
+    let current = match r.written.cursors.get(&dlq.id) {
+        Some(c) => *c,
+        None => match r.batch.cursor(&dlq.name) {
+            Ok(c) => c.unwrap_or(0),
+            Err(ReadError::Corrupt(e)) => {
+                let _ = reply.send(Err(RedriveError::Receive(e.into())));
+                return;
+            }
+            Err(ReadError::Storage(e)) => {
+                let _ = reply.send(Err(RedriveError::Storage(e)));
+                return;
+            }
+        },
+    };
+    if current != cursor.expected {
+        let _ = reply.send(Err(RedriveError::Conflict { dlq: dlq.name.to_string() }));
+        return;
+    }
+    // Resolve every target first, so a bad one leaves nothing half-written.
+    let mut targets = Vec::with_capacity(items.len());
+    for item in &items {
+        match queue::ensure(r, &item.target) {
+            Ok(q) => targets.push(q),
+            Err(e) => {
+                let _ = reply.send(Err(RedriveError::Failed(format!("target {:?}: {e}", item.target))));
+                return;
+            }
+        }
+    }
+    let mut moved = Vec::with_capacity(items.len());
+    let mut events = Vec::with_capacity(items.len());
+    for (item, q) in items.into_iter().zip(targets) {
+        let Some(seq) = queue::append(r, &q, &item.envelope) else { continue };
+        events.push((item.dlq_seq, q.name.clone(), seq));
+        moved.push((q.name.clone(), seq));
+    }
+    r.batch.put_cursor(&dlq.name, cursor.last);
+    r.written.cursors.insert(dlq.id, cursor.last);
+    let engine = r.engine.clone();
+    r.on_done(move |res| {
+        if res.is_ok() {
+            telemetry::queue_counter(telemetry::REDRIVEN, &dlq.name, events.len() as u64);
+            for (dlq_seq, queue, seq) in events {
+                engine.emit(|| Event::Redriven { dlq: dlq.name.clone(), dlq_seq, queue, seq });
+            }
+        }
+        let _ = reply.send(res.map(|()| moved).map_err(|e| RedriveError::Storage(e.clone())));
+    });
+}
+
+/// Sets a work-queue group's offset (replay): its claims are deleted.
+fn reset(r: &mut Round<'_>, group: Arc<WorkGroupState>, offset: u64, reply: Reply<(), ResetError>) {
+    // Checked again here: a subscription or job could have appeared since the caller looked,
+    // and nothing changes a group's claims between here and the batch's write.
+    if group.subscriptions.load(Ordering::Acquire) > 0 || group.held(r.engine.clock().now()) {
+        let (group, queue) = (group.name.to_string(), group.queue.name.to_string());
+        let _ = reply.send(Err(ResetError::Active { group, queue }));
+        return;
+    }
+    if let Err(e) = groups::still_retained(r, &group.queue, offset) {
+        let _ = reply.send(Err(e));
+        return;
+    }
+    {
+        let mut p = group.progress();
+        p.offset = offset;
+        p.done.clear();
+    }
+    // In memory now, not when durable: outcomes, claims and acks decided before the reset but
+    // arriving after it carry the old epoch and are refused; queued acks are dropped.
+    group.reset(offset);
+    r.batch.delete_all_records(&group.keys);
+    r.batch.put_offset(&group.keys, GroupOffset { mode: GroupMode::WorkQueue, committed: offset });
+    r.done.work_offsets.retain(|g| !Arc::ptr_eq(g, &group));
+    r.on_done(move |res| {
+        if res.is_ok() {
+            // A reset may go backwards: store, not max.
+            group.durable.store(offset, Ordering::SeqCst);
+        }
+        let _ = reply.send(res.map_err(|e| ResetError::Storage(e.clone())));
+    });
+}
+
+/// Every work-queue group of `queue` whose offset is behind `to` (a trim's cut) jumps past it:
+/// its claims there go with one range delete, in the trim's batch.
+pub(super) fn trimmed(r: &mut Round<'_>, queue: &QueueState, to: u64) {
+    for g in r.written.work_groups_of(r.engine, queue.id) {
+        let mut p = g.progress();
+        if p.offset >= to {
+            continue;
+        }
+        let from = p.offset + 1;
+        p.offset = to;
+        p.done = p.done.split_off(&(to + 1));
+        drop(p);
+        r.batch.delete_records_through(&g.keys, to);
+        r.done.work_offset_moved(&g);
+        let engine = r.engine.clone();
+        r.on_done(move |res| {
+            if res.is_ok() {
+                g.skip_to(to);
+                g.skipped.fetch_add(to - from + 1, Ordering::Relaxed);
+                tracing::warn!(queue = %g.queue.name, group = %g.name, from, to, "rockq: retention skipped messages a group had not finished");
+                engine.emit(|| Event::Skipped { queue: g.queue.name.clone(), group: g.name.clone(), from, to });
+            }
+        });
+    }
+}

@@ -1,0 +1,175 @@
+//! The write side of the store: one [`Batch`] per writer round, whose methods are the domain
+//! operations the writer performs (append a message, record a claim, commit an offset, trim a
+//! queue's head…). Keys, record layouts, column families and RocksDB's `WriteBatch` stay in
+//! here; the writer deals in queues, groups, sequences and domain values.
+//!
+//! Everything in a batch is applied atomically by [`Batch::write`]: one WAL append (and, with
+//! `sync`, one fsync).
+
+use rocksdb::{DB, WriteBatch, WriteOptions};
+
+use super::{Cfs, ReadError, keys, records, storage};
+use crate::error::StorageError;
+use crate::model::{Claim, GroupOffset, GroupSettings, OrderedMark, QueueMeta};
+
+/// The keys of one group, built once when the group is created or loaded: its offset record
+/// and the prefix of its per-message records (claims of a work-queue group, marks of an ordered
+/// group). The offset key doubles as the group's identity in the engine's registry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct GroupKeys {
+    offset: Vec<u8>,
+    records: Vec<u8>,
+}
+
+impl GroupKeys {
+    /// An ordered group: its per-message records are `ordered:` marks.
+    pub fn ordered(group: &str, queue: &str) -> Self {
+        GroupKeys { offset: keys::offset_key(group, queue), records: keys::ordered_prefix(group, queue) }
+    }
+
+    /// A work-queue group: its per-message records are `claim:` records.
+    pub fn work(group: &str, queue: &str) -> Self {
+        GroupKeys { offset: keys::offset_key(group, queue), records: keys::claim_prefix(group, queue) }
+    }
+
+    /// The group's identity: equal for the same (group, queue) whatever the mode.
+    pub fn id(&self) -> &[u8] {
+        &self.offset
+    }
+
+    /// The key of the group's claim or mark on `seq` (for error reports).
+    pub fn record(&self, seq: u64) -> Vec<u8> {
+        keys::claim_key(&self.records, seq)
+    }
+}
+
+/// The identity of (group, queue) in the engine's registry, without building a group's keys.
+pub(crate) fn group_id(group: &str, queue: &str) -> Vec<u8> {
+    keys::offset_key(group, queue)
+}
+
+/// One round's writes, applied atomically by [`write`](Batch::write). Reads through it see the
+/// database as last written (not the batch's own entries).
+pub(crate) struct Batch<'a> {
+    db: &'a DB,
+    cfs: Cfs<'a>,
+    wb: WriteBatch,
+}
+
+impl<'a> Batch<'a> {
+    pub(super) fn new(db: &'a DB, cfs: Cfs<'a>, capacity_bytes: usize) -> Self {
+        Batch { db, cfs, wb: WriteBatch::with_capacity_bytes(capacity_bytes) }
+    }
+
+    /// Appends message `seq` of queue `queue_id` (an encoded, stamped envelope).
+    #[inline]
+    pub fn put_message(&mut self, queue_id: u32, seq: u64, envelope: &[u8]) {
+        self.wb.put_cf(self.cfs.messages, keys::message_key(queue_id, seq), envelope);
+    }
+
+    /// Deletes messages `from..=through` of a queue with one range tombstone.
+    pub fn trim_messages(&mut self, queue_id: u32, from: u64, through: u64) {
+        self.wb.delete_range_cf(
+            self.cfs.messages,
+            keys::message_key(queue_id, from),
+            keys::message_key(queue_id, through.saturating_add(1)),
+        );
+    }
+
+    /// Writes queue `name`'s metadata (creation, a new first sequence, a new policy).
+    pub fn put_queue(&mut self, name: &str, meta: &QueueMeta) {
+        self.wb.put_cf(self.cfs.meta, keys::queue_key(name), records::encode_queue(meta));
+    }
+
+    /// Writes a group's offset record (creation, a commit, a reset).
+    pub fn put_offset(&mut self, group: &GroupKeys, offset: GroupOffset) {
+        self.wb.put_cf(self.cfs.offsets, &group.offset, records::encode_offset(&offset));
+    }
+
+    /// Writes a work-queue group's claim on message `seq`.
+    pub fn put_claim(&mut self, group: &GroupKeys, seq: u64, claim: &Claim) {
+        self.wb.put_cf(self.cfs.claims, group.record(seq), records::encode_claim(claim));
+    }
+
+    /// Writes an ordered group's mark on message `seq`.
+    pub fn put_mark(&mut self, group: &GroupKeys, seq: u64, mark: &OrderedMark) {
+        self.wb.put_cf(self.cfs.claims, group.record(seq), records::encode_mark(mark));
+    }
+
+    /// Deletes a group's claim or mark on message `seq`.
+    pub fn delete_record(&mut self, group: &GroupKeys, seq: u64) {
+        self.wb.delete_cf(self.cfs.claims, group.record(seq));
+    }
+
+    /// Deletes a group's claims or marks on every message up to `through`, with one range
+    /// tombstone.
+    pub fn delete_records_through(&mut self, group: &GroupKeys, through: u64) {
+        self.wb.delete_range_cf(self.cfs.claims, group.record(0), group.record(through.saturating_add(1)));
+    }
+
+    /// Deletes every claim or mark of a group (a range tombstone, plus the one key a range's
+    /// exclusive end cannot cover).
+    pub fn delete_all_records(&mut self, group: &GroupKeys) {
+        self.wb.delete_range_cf(self.cfs.claims, group.record(0), group.record(u64::MAX));
+        self.wb.delete_cf(self.cfs.claims, group.record(u64::MAX));
+    }
+
+    /// Writes the settings of `group` on `queue`.
+    pub fn put_settings(&mut self, group: &str, queue: &str, settings: &GroupSettings) {
+        self.wb.put_cf(self.cfs.meta, keys::group_key(group, queue), records::encode_settings(settings));
+    }
+
+    /// Writes how far dead-letter queue `dlq` has been redriven.
+    pub fn put_cursor(&mut self, dlq: &str, last: u64) {
+        self.wb.put_cf(self.cfs.meta, keys::redrive_key(dlq), records::encode_cursor(last));
+    }
+
+    /// The stored envelope of message `seq` of queue `queue_id`, if present.
+    pub fn message(&self, queue_id: u32, seq: u64) -> Result<Option<Vec<u8>>, StorageError> {
+        self.db.get_cf(self.cfs.messages, keys::message_key(queue_id, seq)).map_err(storage)
+    }
+
+    /// The settings record of `group` on `queue`, if any.
+    pub fn settings(&self, group: &str, queue: &str) -> Result<Option<GroupSettings>, ReadError> {
+        let key = keys::group_key(group, queue);
+        match self.db.get_cf(self.cfs.meta, &key).map_err(storage)? {
+            Some(v) => Ok(Some(records::decode_settings(&key, &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// How far dead-letter queue `dlq` has been redriven (`None`: never).
+    pub fn cursor(&self, dlq: &str) -> Result<Option<u64>, ReadError> {
+        let key = keys::redrive_key(dlq);
+        match self.db.get_cf(self.cfs.meta, &key).map_err(storage)? {
+            Some(v) => Ok(Some(records::decode_cursor(&key, &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.wb.is_empty()
+    }
+
+    /// Bytes the batch holds (sizes the next round's batch).
+    pub fn size_in_bytes(&self) -> usize {
+        self.wb.size_in_bytes()
+    }
+
+    /// Applies the batch atomically: one WAL append (fsynced first under a syncing `mode`).
+    pub fn write(self, mode: &WriteMode) -> Result<(), StorageError> {
+        crate::faults::check("rockq-writer-write")?;
+        self.db.write_opt(self.wb, &mode.0).map_err(storage)
+    }
+}
+
+/// Whether a batch's write fsyncs the WAL itself. Made once by the writer, not per round.
+pub(crate) struct WriteMode(WriteOptions);
+
+impl WriteMode {
+    pub fn new(sync: bool) -> Self {
+        let mut opts = WriteOptions::default();
+        opts.set_sync(sync);
+        WriteMode(opts)
+    }
+}

@@ -1,0 +1,97 @@
+//! The reads behind stats and inspection: the registry as it is on disk, queue sizes, enqueue
+//! times, offsets, cursors and claims. A live broker and a read-only inspector use the same
+//! reads, so they compute every figure the same way. Blocking.
+
+use rocksdb::{DB, Direction, IteratorMode};
+
+use super::open::{bounded, last_sequence, load};
+use super::{Cfs, DbGuard, Loaded, ReadError, envelope, keys, records, storage};
+use crate::error::{OpenError, StorageError};
+use crate::model::{Claim, GroupOffset, QueueMeta};
+
+/// A read view of the open database, valid while its guard is held.
+pub(crate) struct Snapshot<'a> {
+    db: &'a DB,
+    cfs: Cfs<'a>,
+    path: &'a std::path::Path,
+}
+
+impl DbGuard<'_> {
+    /// A read view for inspection, or `None` once the database is closed.
+    pub fn inspect<'a>(&'a self, path: &'a std::path::Path) -> Option<Snapshot<'a>> {
+        let (db, cfs) = self.get()?;
+        Some(Snapshot { db, cfs, path })
+    }
+}
+
+impl Snapshot<'_> {
+    /// Every queue, group, claim, mark and settings record.
+    pub fn load(&self) -> Result<Loaded, OpenError> {
+        load(self.db, self.path, false)
+    }
+
+    /// Approximate bytes of queue `queue_id`'s messages on disk.
+    pub fn queue_bytes(&self, queue_id: u32) -> u64 {
+        let lo = keys::message_key(queue_id, 0);
+        let hi = keys::queue_upper_bound(queue_id);
+        let sizes = self.db.get_approximate_sizes_cf(self.cfs.messages, &[rocksdb::Range::new(&lo, &hi)]);
+        sizes.first().copied().unwrap_or(0)
+    }
+
+    /// Bytes of the whole database: live SST files of every column family plus memtables.
+    pub fn db_bytes(&self) -> u64 {
+        super::db_bytes(self.db, &self.cfs)
+    }
+
+    /// When message `seq` of queue `queue_id` was enqueued (wall-clock µs), if it is stored.
+    pub fn enqueued_at(&self, queue_id: u32, seq: u64) -> Result<Option<u64>, StorageError> {
+        let v = self.db.get_cf(self.cfs.messages, keys::message_key(queue_id, seq)).map_err(storage)?;
+        Ok(v.as_deref().and_then(envelope::enqueued_micros))
+    }
+
+    /// How far dead-letter queue `dlq` has been redriven (`None`: never).
+    pub fn cursor(&self, dlq: &str) -> Result<Option<u64>, ReadError> {
+        let key = keys::redrive_key(dlq);
+        match self.db.get_cf(self.cfs.meta, &key).map_err(storage)? {
+            Some(v) => Ok(Some(records::decode_cursor(&key, &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The offset record of `group` on `queue`, if the group exists.
+    pub fn offset(&self, group: &str, queue: &str) -> Result<Option<GroupOffset>, ReadError> {
+        let key = keys::offset_key(group, queue);
+        match self.db.get_cf(self.cfs.offsets, &key).map_err(storage)? {
+            Some(v) => Ok(Some(records::decode_offset(&key, &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The claims of work-queue group `group` on `queue` above sequence `after`, in order.
+    pub fn claims_above(&self, group: &str, queue: &str, after: u64) -> Result<Vec<(u64, Claim)>, ReadError> {
+        let prefix = keys::claim_prefix(group, queue);
+        let lo = keys::claim_key(&prefix, after.saturating_add(1));
+        let hi = keys::claim_key(&prefix, u64::MAX);
+        let iter = self.db.iterator_cf_opt(
+            self.cfs.claims,
+            bounded(lo.clone(), hi),
+            IteratorMode::From(&lo, Direction::Forward),
+        );
+        let mut out = Vec::new();
+        for item in iter {
+            let (k, v) = item.map_err(storage)?;
+            let (_, _, seq) = keys::parse_claim_key(&k)?;
+            out.push((seq, records::decode_claim(&k, &v)?));
+        }
+        Ok(out)
+    }
+
+    /// Queue `name`'s metadata and last sequence, if it exists.
+    pub fn queue(&self, name: &str) -> Result<Option<(QueueMeta, u64)>, OpenError> {
+        let key = keys::queue_key(name);
+        let Some(v) = self.db.get_cf(self.cfs.meta, &key).map_err(storage)? else { return Ok(None) };
+        let meta = records::decode_queue(&key, &v)?;
+        let last = last_sequence(self.db, self.cfs.messages, &meta)?;
+        Ok(Some((meta, last)))
+    }
+}
