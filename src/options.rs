@@ -57,7 +57,7 @@ pub struct Options {
     pub(crate) channel_capacity: usize,
     pub(crate) writer_spin: std::time::Duration,
     pub(crate) statistics: bool,
-    pub(crate) clock: crate::Clock,
+    pub(crate) clock: crate::clock::Clock,
     pub(crate) retention_interval: std::time::Duration,
     pub(crate) metrics_interval: std::time::Duration,
 }
@@ -73,7 +73,7 @@ impl Default for Options {
             channel_capacity: 4096,
             writer_spin: std::time::Duration::from_micros(25),
             statistics: false,
-            clock: crate::Clock::default(),
+            clock: crate::clock::Clock::default(),
             retention_interval: std::time::Duration::from_secs(10),
             metrics_interval: std::time::Duration::from_secs(10),
         }
@@ -155,7 +155,7 @@ impl Options {
 
     /// The time source for leases, retry backoff and redrive pacing. Default: Tokio's clock.
     /// Pass a [`ManualClock`](crate::ManualClock) in tests to move time explicitly.
-    pub fn clock(mut self, clock: impl Into<crate::Clock>) -> Self {
+    pub fn clock(mut self, clock: impl Into<crate::clock::Clock>) -> Self {
         self.clock = clock.into();
         self
     }

@@ -8,7 +8,8 @@
 
 use rocksdb::{DB, WriteBatch, WriteOptions};
 
-use super::{Cfs, ReadError, keys, records, storage};
+use super::db::{Cfs, DbGuard, ReadError, storage};
+use super::{keys, records};
 use crate::error::StorageError;
 use crate::model::{Claim, GroupOffset, GroupSettings, OrderedMark, QueueMeta};
 
@@ -48,6 +49,14 @@ pub(crate) fn group_id(group: &str, queue: &str) -> Vec<u8> {
     keys::offset_key(group, queue)
 }
 
+impl DbGuard<'_> {
+    /// A batch for one writer round, or `None` once the database is closed.
+    pub fn batch(&self, capacity_bytes: usize) -> Option<Batch<'_>> {
+        let (db, cfs) = self.get()?;
+        Some(Batch::new(db, cfs, capacity_bytes))
+    }
+}
+
 /// One round's writes, applied atomically by [`write`](Batch::write). Reads through it see the
 /// database as last written (not the batch's own entries).
 pub(crate) struct Batch<'a> {
@@ -57,7 +66,7 @@ pub(crate) struct Batch<'a> {
 }
 
 impl<'a> Batch<'a> {
-    pub(super) fn new(db: &'a DB, cfs: Cfs<'a>, capacity_bytes: usize) -> Self {
+    fn new(db: &'a DB, cfs: Cfs<'a>, capacity_bytes: usize) -> Self {
         Batch { db, cfs, wb: WriteBatch::with_capacity_bytes(capacity_bytes) }
     }
 

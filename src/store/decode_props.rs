@@ -32,7 +32,7 @@ proptest! {
 
     #[test]
     fn corrupting_an_envelope_never_panics(payload in bytes(), flip in any::<(usize, u8)>()) {
-        let msg = crate::Message::new(payload).header("h", "v");
+        let msg = crate::message::Message::new(payload).header("h", "v");
         let mut enc = envelope::encode(&msg, 42).unwrap();
         let i = flip.0 % enc.len();
         enc[i] ^= flip.1 | 1;
@@ -55,7 +55,7 @@ proptest! {
             (a, c) => prop_assert!(false, "copying {:?} but shared {:?}", a, c),
         }
         // And on valid envelopes with headers, sliced out of a larger buffer.
-        let msg = crate::Message::new(b.clone()).header("h", b.clone()).header("", "");
+        let msg = crate::message::Message::new(b.clone()).header("h", b.clone()).header("", "");
         let enc = envelope::encode(&msg, 42).unwrap();
         let mut buf = vec![0xAB; lead];
         buf.extend_from_slice(&enc);

@@ -19,8 +19,8 @@ use std::ops::Range;
 
 use bytes::Bytes;
 
-use crate::Message;
 use crate::error::CorruptionError;
+use crate::message::Message;
 
 pub(crate) const ENVELOPE_V1: u8 = 1;
 const FLAG_HEADERS: u8 = 1;

@@ -4,8 +4,9 @@
 
 use rocksdb::{DB, Direction, IteratorMode};
 
-use super::open::{bounded, last_sequence, load};
-use super::{Cfs, DbGuard, Loaded, ReadError, envelope, keys, records, storage};
+use super::db::{Cfs, DbGuard, ReadError, storage};
+use super::open::{Loaded, bounded, last_sequence, load};
+use super::{envelope, keys, records};
 use crate::error::{OpenError, StorageError};
 use crate::model::{Claim, GroupOffset, QueueMeta};
 
@@ -40,7 +41,7 @@ impl Snapshot<'_> {
 
     /// Bytes of the whole database: live SST files of every column family plus memtables.
     pub fn db_bytes(&self) -> u64 {
-        super::db_bytes(self.db, &self.cfs)
+        super::db::db_bytes(self.db, &self.cfs)
     }
 
     /// When message `seq` of queue `queue_id` was enqueued (wall-clock µs), if it is stored.

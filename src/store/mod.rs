@@ -2,9 +2,16 @@
 //! is ours, loading the registry at start, and the blocking reads the consumers need.
 //!
 //! Everything here is blocking FFI. Callers run it on the writer thread or in
-//! `spawn_blocking`, never on a Tokio worker.
+//! `spawn_blocking`, never on a Tokio worker. This is the only module that uses RocksDB.
+//!
+//! - `db.rs`: the open database ([`Store`]) and its column families.
+//! - `open.rs`: opening, verifying a directory is ours, loading the registry.
+//! - `batch.rs`: the writer's domain operations, applied atomically per round.
+//! - `read.rs`: the consumers' bounded reads; `inspect.rs`: the reads behind stats.
+//! - `keys.rs`, `records.rs`, `envelope.rs`: the key layout and the codecs of every value.
 
 mod batch;
+mod db;
 #[cfg(test)]
 mod decode_props;
 pub(crate) mod envelope;
@@ -14,11 +21,6 @@ mod open;
 mod read;
 pub(crate) mod records;
 
-use std::path::PathBuf;
-use std::sync::{RwLock, RwLockReadGuard};
-
-use rocksdb::{ColumnFamily, DB};
-
 pub(crate) use batch::{Batch, GroupKeys, WriteMode, group_id};
 pub(crate) use inspect::Snapshot;
 pub(crate) use open::{Loaded, LoadedClaim, LoadedQueue, open, open_read_only};
@@ -27,146 +29,4 @@ pub(crate) use read::{
     read_seqs,
 };
 
-use crate::error::{CorruptionError, StorageError};
-use crate::stats::StorageStats;
-
-/// RocksDB's error as ours (the message only: no RocksDB type leaves `store/`).
-pub(super) fn storage(e: rocksdb::Error) -> StorageError {
-    StorageError::new(e.into_string())
-}
-
-/// A read of a record failed: the storage engine failed, or the record does not decode.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ReadError {
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    #[error(transparent)]
-    Corrupt(#[from] CorruptionError),
-}
-
-pub(crate) const CF_MESSAGES: &str = "rockq.messages";
-pub(crate) const CF_META: &str = "rockq.meta";
-pub(crate) const CF_OFFSETS: &str = "rockq.offsets";
-pub(crate) const CF_CLAIMS: &str = "rockq.claims";
-/// Column families this version opens. Missing ones are created at open, so a database from
-/// an older build (without `rockq.claims`) opens in a newer one.
-pub(crate) const ALL_CFS: [&str; 4] = [CF_MESSAGES, CF_META, CF_OFFSETS, CF_CLAIMS];
-
-/// The open database. The `RwLock` lets `shutdown` close RocksDB (take it out) while handles
-/// that still point here get a clean "closed" answer instead of a use-after-close.
-pub(crate) struct Store {
-    db: RwLock<Option<DB>>,
-    pub(crate) path: PathBuf,
-    /// Kept for its statistics object, which RocksDB shares with the open database.
-    rocks_opts: rocksdb::Options,
-    statistics: bool,
-    /// Opened with `open_read_only`: never written, not even at close.
-    pub(crate) read_only: bool,
-}
-
-/// Bytes of live SST files over all column families, plus the memtables.
-fn db_bytes(db: &DB, cfs: &Cfs<'_>) -> u64 {
-    [cfs.messages, cfs.meta, cfs.offsets, cfs.claims]
-        .into_iter()
-        .map(|cf| {
-            let p = |name: &str| db.property_int_value_cf(cf, name).ok().flatten().unwrap_or(0);
-            p("rocksdb.live-sst-files-size") + p("rocksdb.size-all-mem-tables")
-        })
-        .sum()
-}
-
-/// Handles of rockq's column families, valid while the read guard they came from is held.
-pub(super) struct Cfs<'a> {
-    pub messages: &'a ColumnFamily,
-    pub meta: &'a ColumnFamily,
-    pub offsets: &'a ColumnFamily,
-    pub claims: &'a ColumnFamily,
-}
-
-/// A read lock on the open database.
-pub(crate) struct DbGuard<'a>(RwLockReadGuard<'a, Option<DB>>);
-
-impl DbGuard<'_> {
-    /// A batch for one writer round, or `None` once the database is closed.
-    pub fn batch(&self, capacity_bytes: usize) -> Option<Batch<'_>> {
-        let (db, cfs) = self.get()?;
-        Some(Batch::new(db, cfs, capacity_bytes))
-    }
-
-    /// Fsyncs the WAL: everything written before is durable against power loss. `Ok` once
-    /// closed (the close synced it).
-    pub fn sync_wal(&self) -> Result<(), StorageError> {
-        match self.0.as_ref() {
-            Some(db) => db.flush_wal(true).map_err(storage),
-            None => Ok(()),
-        }
-    }
-
-    /// The database and its column families, or `None` once closed.
-    pub(super) fn get(&self) -> Option<(&DB, Cfs<'_>)> {
-        let db = self.0.as_ref()?;
-        let cfs = Cfs {
-            messages: db.cf_handle(CF_MESSAGES)?,
-            meta: db.cf_handle(CF_META)?,
-            offsets: db.cf_handle(CF_OFFSETS)?,
-            claims: db.cf_handle(CF_CLAIMS)?,
-        };
-        Some((db, cfs))
-    }
-}
-
-impl Store {
-    /// Locks the database for use. Cheap: an uncontended read lock.
-    pub fn lock(&self) -> DbGuard<'_> {
-        DbGuard(self.db.read().unwrap_or_else(|poison| poison.into_inner()))
-    }
-
-    /// Syncs the WAL and closes RocksDB. Waits for in-flight reads. Idempotent.
-    pub fn close(&self) -> Result<(), StorageError> {
-        let db = self.db.write().unwrap_or_else(|poison| poison.into_inner()).take();
-        match db {
-            Some(db) if self.read_only => {
-                drop(db);
-                Ok(())
-            }
-            Some(db) => {
-                let synced = db.flush_wal(true);
-                drop(db);
-                synced.map_err(storage)
-            }
-            None => Ok(()),
-        }
-    }
-
-    /// Bytes of live SST files over all column families (what compaction can reclaim shows
-    /// here), plus the memtables. Blocking.
-    pub fn disk_bytes(&self) -> u64 {
-        let guard = self.lock();
-        guard.get().map_or(0, |(db, cfs)| db_bytes(db, &cfs))
-    }
-
-    /// Compacts the messages of `queue_id` below `below` (a trimmed head) and the claims CF, so
-    /// deleted entries and their tombstones leave the disk. Blocking.
-    pub fn compact_trimmed(&self, queue_id: u32, below: u64) -> Result<(), StorageError> {
-        let guard = self.lock();
-        let Some((db, cfs)) = guard.get() else { return Ok(()) };
-        let lo = keys::message_key(queue_id, 0);
-        let hi = keys::message_key(queue_id, below);
-        db.compact_range_cf(cfs.messages, Some(&lo[..]), Some(&hi[..]));
-        db.compact_range_cf(cfs.claims, None::<&[u8]>, None::<&[u8]>);
-        Ok(())
-    }
-
-    /// RocksDB's WAL counters, if statistics were enabled at open.
-    pub fn stats(&self) -> Option<StorageStats> {
-        use rocksdb::statistics::Ticker;
-        if !self.statistics {
-            return None;
-        }
-        Some(StorageStats {
-            wal_syncs: self.rocks_opts.get_ticker_count(Ticker::WalFileSynced),
-            wal_bytes: self.rocks_opts.get_ticker_count(Ticker::WalFileBytes),
-            writes_with_wal: self.rocks_opts.get_ticker_count(Ticker::WriteWithWal),
-        })
-    }
-}
+pub(crate) use db::{ReadError, Store};

@@ -6,9 +6,9 @@ use std::sync::RwLock;
 
 use rocksdb::{ColumnFamilyDescriptor, DB, DBCompressionType, Direction, IteratorMode, ReadOptions};
 
+use super::db::{ALL_CFS, CF_CLAIMS, CF_MESSAGES, CF_META, CF_OFFSETS, Store, storage};
 use super::keys::{self, FORMAT_KEY};
 use super::records::{self, FORMAT_VERSION};
-use super::{ALL_CFS, CF_CLAIMS, CF_MESSAGES, CF_META, CF_OFFSETS, Store, storage};
 use crate::error::OpenError;
 use crate::model::{Claim, GroupOffset, GroupSettings, OrderedMark, QueueMeta};
 use crate::options::Options;

@@ -2,8 +2,9 @@
 
 use bytes::Bytes;
 
+use super::db::{Store, storage};
 use super::open::bounded;
-use super::{Store, envelope, keys, storage};
+use super::{envelope, keys};
 use crate::error::{ReceiveError, StorageError};
 
 /// A message as read from storage.

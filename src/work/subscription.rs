@@ -263,7 +263,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
             tokio::select! {
                 p = &mut acquire => p.map_err(internal)?,
                 _ = clock.sleep_until(clock.now() + cfg.saturation_after) => {
-                    group.report_saturation(engine, cfg.max_in_flight);
+                    group.report_saturation(&engine.events, cfg.max_in_flight);
                     tokio::select! {
                         p = &mut acquire => p.map_err(internal)?,
                         _ = shared.closing.cancelled() => return Ok(Some(Vec::new())),

@@ -20,6 +20,7 @@ use tokio::sync::Notify;
 
 use super::queue::QueueState;
 use crate::clock::Clock;
+use crate::events::Event;
 use crate::model::Claim;
 use crate::store::GroupKeys;
 
@@ -420,7 +421,7 @@ impl WorkGroupState {
     }
 
     /// Counts and reports a subscription or pool that stayed at its bound of `max` too long.
-    pub fn report_saturation(&self, engine: &crate::engine::Engine, max: usize) {
+    pub fn report_saturation(&self, events: &tokio::sync::broadcast::Sender<Event>, max: usize) {
         self.saturations.fetch_add(1, Ordering::Relaxed);
         crate::telemetry::group_counter(crate::telemetry::SATURATED, &self.queue.name, &self.name, 1);
         tracing::warn!(
@@ -429,11 +430,13 @@ impl WorkGroupState {
             max_in_flight = max,
             "rockq: work-queue consumer saturated: its in-flight bound stayed full"
         );
-        engine.emit(|| crate::Event::Saturated {
-            queue: self.queue.name.clone(),
-            group: self.name.clone(),
-            max_in_flight: max,
-        });
+        if events.receiver_count() > 0 {
+            let _ = events.send(Event::Saturated {
+                queue: self.queue.name.clone(),
+                group: self.name.clone(),
+                max_in_flight: max,
+            });
+        }
     }
 
     /// Messages currently leased.
@@ -482,7 +485,7 @@ mod tests {
     const MAX: u32 = 3;
 
     fn group(committed: u64) -> Arc<WorkGroupState> {
-        let queue = QueueState::new(1, "q", 1, 100, crate::Retention::Forever);
+        let queue = QueueState::new(1, "q", 1, 100, crate::retention::Retention::Forever);
         WorkGroupState::new("w", queue, committed)
     }
 
