@@ -78,6 +78,25 @@ pub(crate) async fn open(path: &Path, options: Options) -> Result<Arc<Shared>, O
     Ok(shared)
 }
 
+/// An engine over the database at `path` with no writer thread and no background tasks: the
+/// writer's round building, driven by hand in unit tests.
+#[cfg(test)]
+pub(crate) fn without_writer(path: &Path, options: Options) -> Arc<Engine> {
+    let (store, loaded) = store::open(path, &options).expect("open a test store");
+    let (registry, _) = restore(loaded, &options).expect("restore the registry");
+    Arc::new(Engine {
+        store,
+        inbox: Inbox::new(options.channel_capacity, options.max_batch_messages, options.max_batch_bytes),
+        registry,
+        options,
+        dirty: Mutex::new(Vec::new()),
+        dirty_work: Mutex::new(Vec::new()),
+        failed: Mutex::new(None),
+        counters: Counters::default(),
+        events: tokio::sync::broadcast::channel(16).0,
+    })
+}
+
 /// The registry as the store loaded it, and the ordered groups whose marks found at open are
 /// moot (the writer's first round deletes them).
 fn restore(loaded: Loaded, options: &Options) -> Result<(Registry, Vec<Arc<OrderedGroupState>>), OpenError> {

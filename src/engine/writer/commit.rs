@@ -81,7 +81,7 @@ fn settle(engine: &Engine, c: Completions, failed: Option<StorageError>) {
 }
 
 /// Completes a round whose write is durable: registry updates, publication, replies.
-fn complete(engine: &Engine, c: Completions) {
+pub(super) fn complete(engine: &Engine, c: Completions) {
     let counters = &engine.counters;
     counters.rounds.fetch_add(1, Ordering::Relaxed);
     counters.messages.fetch_add(c.messages, Ordering::Relaxed);

@@ -18,6 +18,8 @@ mod queue;
 mod retention;
 mod round;
 mod settings;
+#[cfg(test)]
+mod tests;
 mod work;
 
 use std::sync::Arc;
