@@ -99,7 +99,7 @@ fn crate_paths(line: &str) -> Vec<(String, Option<String>)> {
         let first = seg(after);
         let second = after.strip_prefix(&first).and_then(|r| r.strip_prefix("::")).map(seg);
         out.push((first, second.filter(|s| !s.is_empty())));
-        rest = &after[..];
+        rest = after;
     }
     out
 }

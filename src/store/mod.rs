@@ -15,6 +15,8 @@ mod db;
 #[cfg(test)]
 mod decode_props;
 pub(crate) mod envelope;
+#[cfg(fuzzing)]
+pub mod fuzzing;
 mod inspect;
 pub(crate) mod keys;
 mod open;
