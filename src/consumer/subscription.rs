@@ -187,7 +187,7 @@ impl Subscription {
     }
 
     /// Ends the stream, optionally with a last error item.
-    fn finish(&mut self, last: Option<Error>) -> Poll<Option<Result<Delivery, Error>>> {
+    fn end(&mut self, last: Option<Error>) -> Poll<Option<Result<Delivery, Error>>> {
         self.flush_metrics();
         self.done = true;
         self.buffer.clear();
@@ -206,7 +206,7 @@ impl Stream for Subscription {
         this.sub.waker.register(cx.waker());
         loop {
             if this.sub.shared.is_closed() {
-                return this.finish(None);
+                return this.end(None);
             }
             if this.sub.group.paused.load(Ordering::Acquire) {
                 // Paused: hand out nothing. Resuming touches the queue's watch, waking us.
@@ -215,7 +215,7 @@ impl Stream for Subscription {
                         this.known_last = this.known_last.max(last);
                         continue;
                     }
-                    Poll::Ready(None) => return this.finish(None),
+                    Poll::Ready(None) => return this.end(None),
                     Poll::Pending => return Poll::Pending,
                 }
             }
@@ -300,11 +300,11 @@ impl Stream for Subscription {
                             this.buffer.extend(msgs);
                             continue;
                         }
-                        Ok(Ok(ReadOutcome::Closed)) => return this.finish(None),
-                        Ok(Err(e)) => return this.finish(Some(e.into())),
+                        Ok(Ok(ReadOutcome::Closed)) => return this.end(None),
+                        Ok(Err(e)) => return this.end(Some(e.into())),
                         Err(join) => {
                             let e = ReceiveError::Internal(format!("read task failed: {join}"));
-                            return this.finish(Some(e.into()));
+                            return this.end(Some(e.into()));
                         }
                     }
                 }
@@ -322,7 +322,7 @@ impl Stream for Subscription {
                     this.known_last = this.known_last.max(last);
                     continue;
                 }
-                Poll::Ready(None) => return this.finish(None),
+                Poll::Ready(None) => return this.end(None),
                 Poll::Pending => {
                     this.flush_metrics();
                     return Poll::Pending;

@@ -67,7 +67,7 @@ mod tests {
     }
 
     #[test]
-    fn a_receipt_registers_once_and_is_woken_once_by_settle() {
+    fn a_receipt_registers_once_and_is_woken_once_by_its_resolver() {
         let (settle, done) = Resolver::new();
         let count = Arc::new(Count(AtomicUsize::new(0)));
         let waker = Waker::from(count.clone());

@@ -33,7 +33,7 @@ impl Completer {
         let e = engine.clone();
         runtime.spawn(async move {
             while let Some((c, failed)) = rx.recv().await {
-                settle(&e, c, failed);
+                complete_or_fail(&e, c, failed);
             }
         });
         Completer { tx, engine }
@@ -48,7 +48,7 @@ impl Completer {
             self.engine.fail(Failure::Storage(e.clone()));
         }
         if let Err(mpsc::error::SendError((c, failed))) = self.tx.send((c, failed)) {
-            settle(&self.engine, c, failed);
+            complete_or_fail(&self.engine, c, failed);
         }
     }
 }
@@ -73,7 +73,7 @@ pub(super) fn sync_loop(engine: &Engine, rx: std::sync::mpsc::Receiver<Completio
     }
 }
 
-fn settle(engine: &Engine, c: Completions, failed: Option<StorageError>) {
+fn complete_or_fail(engine: &Engine, c: Completions, failed: Option<StorageError>) {
     match failed {
         None => complete(engine, c),
         Some(e) => fail(c, e),
