@@ -190,6 +190,20 @@ async fn a_name_is_one_mode_even_before_its_creation_lands() {
     drop(ordered);
 }
 
+async fn ordered_group(fx: &mut Fixture) -> Arc<OrderedGroupState> {
+    let q = fx.queue("q");
+    let rx = fx.land(|r| {
+        let (reply, rx) = oneshot::channel();
+        let start = StartFrom::Earliest;
+        apply(
+            r,
+            Request::Ordered(OrderedRequest::Create { queue: q.clone(), group: "g".into(), start, reply }),
+        );
+        rx
+    });
+    rx.await.unwrap().unwrap()
+}
+
 async fn work_group(fx: &mut Fixture) -> Arc<WorkGroupState> {
     let q = fx.queue("q");
     let rx = fx.land(|r| {
@@ -277,17 +291,7 @@ async fn a_claim_or_outcome_from_before_a_reset_is_refused_with_lease_lost() {
 #[tokio::test]
 async fn dirty_ordered_groups_get_one_offset_record_each_per_round() {
     let mut fx = Fixture::new();
-    let q = fx.queue("q");
-    let rx = fx.land(|r| {
-        let (reply, rx) = oneshot::channel();
-        let start = StartFrom::Earliest;
-        apply(
-            r,
-            Request::Ordered(OrderedRequest::Create { queue: q.clone(), group: "g".into(), start, reply }),
-        );
-        rx
-    });
-    let g: Arc<OrderedGroupState> = rx.await.unwrap().unwrap();
+    let g = ordered_group(&mut fx).await;
     // Two acks move the offset; the group is handed to the writer once.
     assert!(g.advance(4));
     assert!(!g.advance(5));
@@ -307,17 +311,8 @@ async fn dirty_ordered_groups_get_one_offset_record_each_per_round() {
 #[tokio::test]
 async fn refusals_answer_every_family_with_its_own_error_and_release_a_held_slot() {
     let mut fx = Fixture::new();
-    let q = fx.queue("q");
-    let rx = fx.land(|r| {
-        let (reply, rx) = oneshot::channel();
-        let start = StartFrom::Earliest;
-        apply(
-            r,
-            Request::Ordered(OrderedRequest::Create { queue: q.clone(), group: "g".into(), start, reply }),
-        );
-        rx
-    });
-    let g = rx.await.unwrap().unwrap();
+    let g = ordered_group(&mut fx).await;
+    let q = g.queue.clone();
     let failed = Closed::Failed(Failure::Storage(StorageError::new("IO error: disk gone")));
 
     let (reply, create) = oneshot::channel();
