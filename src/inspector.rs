@@ -4,7 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::clock::Clock;
-use crate::engine::boundary::{self, LiveLeases, Store};
+use crate::engine::boundary::ReadOnly;
 use crate::error::{InspectError, OpenError};
 use crate::stats::{PendingClaim, Stats, StoredMessage};
 use crate::work::DeadLetter;
@@ -27,12 +27,12 @@ use crate::work::DeadLetter;
 /// ```
 #[derive(Clone)]
 pub struct Inspector {
-    store: Arc<Store>,
+    db: Arc<ReadOnly>,
 }
 
 impl std::fmt::Debug for Inspector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Inspector").field("path", &self.store.path).finish()
+        f.debug_struct("Inspector").field("path", &self.db.path()).finish()
     }
 }
 
@@ -51,18 +51,18 @@ impl Inspector {
     /// thread and is closed again; nothing is written.
     pub async fn open(path: impl AsRef<Path>) -> Result<Inspector, OpenError> {
         let path = path.as_ref().to_path_buf();
-        let (store, _) = tokio::task::spawn_blocking(move || boundary::open_read_only(&path))
+        let db = tokio::task::spawn_blocking(move || ReadOnly::open(&path))
             .await
             .map_err(|e| OpenError::InvalidOption(format!("open task failed: {e}")))??;
-        Ok(Inspector { store: Arc::new(store) })
+        Ok(Inspector { db: Arc::new(db) })
     }
 
     async fn run<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Store) -> Result<T, InspectError> + Send + 'static,
+        f: impl FnOnce(&ReadOnly) -> Result<T, InspectError> + Send + 'static,
     ) -> Result<T, InspectError> {
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || f(&store)).await.map_err(|_| InspectError::Shutdown)?
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || f(&db)).await.map_err(|_| InspectError::Shutdown)?
     }
 
     /// Every queue and group; see [`Broker::stats`](crate::Broker::stats).
@@ -76,7 +76,7 @@ impl Inspector {
     /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
     pub async fn stats(&self) -> Result<Stats, InspectError> {
         let now = Clock::tokio().wall_micros();
-        self.run(move |s| boundary::stats(s, now, &LiveLeases::new())).await
+        self.run(move |s| s.stats(now)).await
     }
 
     /// Claimed, unfinished messages of a work-queue group; see
@@ -93,7 +93,7 @@ impl Inspector {
     pub async fn pending(&self, group: &str, queue: &str) -> Result<Vec<PendingClaim>, InspectError> {
         let (g, q) = (group.to_owned(), queue.to_owned());
         let now = Clock::tokio().wall_micros();
-        self.run(move |s| boundary::pending(s, &g, &q, now, &LiveLeases::new())).await
+        self.run(move |s| s.pending(&g, &q, now)).await
     }
 
     /// Up to `limit` messages of `queue` from `from`; see [`Broker::peek`](crate::Broker::peek).
@@ -113,7 +113,7 @@ impl Inspector {
         limit: usize,
     ) -> Result<Vec<StoredMessage>, InspectError> {
         let q = queue.to_owned();
-        self.run(move |s| boundary::peek(s, &q, from, limit)).await
+        self.run(move |s| s.peek(&q, from, limit)).await
     }
 
     /// Up to `limit` dead letters of the queue `dlq` that were not redriven yet.
@@ -127,7 +127,7 @@ impl Inspector {
     /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
     pub async fn dead_letters(&self, dlq: &str, limit: usize) -> Result<Vec<DeadLetter>, InspectError> {
         let q = dlq.to_owned();
-        let raw = self.run(move |s| boundary::dead_letters(s, &q, limit)).await?;
+        let raw = self.run(move |s| s.dead_letters(&q, limit)).await?;
         Ok(raw.into_iter().map(DeadLetter::from_raw).collect())
     }
 }

@@ -94,7 +94,7 @@ pub(crate) fn truncate_utf8(s: &str, max: usize) -> &str {
 }
 
 /// The headers that record a dead letter's origin, appended to its original headers. Every one
-/// starts with [`DLQ_PREFIX`].
+/// starts with [`dlq::PREFIX`](self::dlq::PREFIX).
 pub(crate) mod dlq {
     /// Prefix of every dead-letter header.
     pub(crate) const PREFIX: &str = "rockq-dlq-";

@@ -145,7 +145,7 @@ impl Broker {
 
     async fn set_paused(&self, group: &str, queue: &str, paused: bool) -> Result<(), PauseError> {
         crate::name::validate(NameKind::Queue, queue)?;
-        let Some(q) = self.shared.engine.registry.queue(queue) else {
+        let Some(q) = self.shared.queue(queue) else {
             return Err(PauseError::NoSuchGroup { group: group.to_owned(), queue: queue.to_owned() });
         };
         self.shared.set_paused(&q, group, paused).await
@@ -170,8 +170,8 @@ impl Broker {
         {
             return Err(missing());
         }
-        let q = self.shared.engine.registry.queue(queue).ok_or_else(missing)?;
-        if self.shared.engine.registry.work(group, queue).is_some() {
+        let q = self.shared.queue(queue).ok_or_else(missing)?;
+        if self.shared.work_group(group, queue).is_some() {
             WorkGroup::new(self.shared.clone(), q, group).reset_to(to).await
         } else {
             Group::new(self.shared.clone(), q, group).reset_to(to).await

@@ -5,7 +5,6 @@ mod admin;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use tokio::sync::oneshot;
 
@@ -49,7 +48,7 @@ pub struct Broker {
 impl std::fmt::Debug for Broker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Broker")
-            .field("path", &self.shared.engine.store.path)
+            .field("path", &self.shared.path())
             .field("closed", &self.shared.is_closed())
             .finish()
     }
@@ -173,7 +172,7 @@ impl Broker {
         if self.shared.is_closed() {
             return Err(QueueError::Shutdown);
         }
-        if let Some(q) = self.shared.engine.registry.queue(name) {
+        if let Some(q) = self.shared.queue(name) {
             return Ok(Queue::new(self.shared.clone(), q));
         }
         let (reply, rx) = oneshot::channel();
@@ -188,20 +187,17 @@ impl Broker {
 
     /// Names of all queues, sorted.
     pub fn queue_names(&self) -> Vec<String> {
-        let mut names: Vec<String> =
-            self.shared.engine.registry.queues.iter().map(|q| q.name.to_string()).collect();
-        names.sort();
-        names
+        self.shared.queue_names()
     }
 
     /// Counters of the writer thread (group commits, messages, offset commits).
     pub fn writer_stats(&self) -> WriterStats {
-        self.shared.engine.counters.snapshot()
+        self.shared.writer_stats()
     }
 
     /// RocksDB WAL counters, if the broker was opened with [`Options::statistics`].
     pub fn storage_stats(&self) -> Option<StorageStats> {
-        self.shared.engine.store.stats()
+        self.shared.storage_stats()
     }
 
     /// Work-queue lifecycle events (delivered, acked, retried, lease expired, dead-lettered,
@@ -221,7 +217,7 @@ impl Broker {
     /// # }
     /// ```
     pub fn events(&self) -> tokio::sync::broadcast::Receiver<Event> {
-        self.shared.engine.events.subscribe()
+        self.shared.events().subscribe()
     }
 
     /// The dead-letter queue `name` (e.g. `"orders.dlq"`), created if missing: list, peek and
@@ -276,7 +272,7 @@ impl Broker {
             slot.get_or_insert_with(|| {
                 use futures::FutureExt;
                 let this = self.clone();
-                let task = self.shared.runtime.spawn(async move { this.shutdown_once().await });
+                let task = self.shared.runtime.spawn(async move { this.shared.close().await });
                 async move {
                     task.await.unwrap_or_else(|e| Err(ShutdownError::Internal(format!("shutdown task: {e}"))))
                 }
@@ -286,47 +282,5 @@ impl Broker {
             .clone()
         };
         shutdown.await
-    }
-
-    /// The shutdown itself; run once, by the task [`shutdown`](Broker::shutdown) starts.
-    async fn shutdown_once(&self) -> Result<(), ShutdownError> {
-        if self.shared.is_closed() {
-            return Ok(());
-        }
-        // Worker pools first: they stop claiming and drain (their acks still land).
-        self.shared.closing.cancel();
-        self.shared.pools.close();
-        self.shared.pools.wait().await;
-        if self.shared.closed.swap(true, Ordering::AcqRel) {
-            return Ok(());
-        }
-        let (reply, rx) = oneshot::channel();
-        let flushed = match self.shared.tx.send(Request::Shutdown { reply }).await {
-            Ok(()) => rx.await.unwrap_or(Ok(())),
-            Err(_) => Ok(()),
-        };
-        let handle = self.shared.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let engine = self.shared.engine.clone();
-        let joined = self
-            .shared
-            .runtime
-            .spawn_blocking(move || {
-                let joined = handle.map(|h| h.join().is_ok()).unwrap_or(true);
-                // Wake every subscriber so its stream observes the shutdown and ends.
-                for q in engine.registry.queues.iter() {
-                    q.last.send_modify(|_| {});
-                }
-                let closed = engine.store.close();
-                (joined, closed)
-            })
-            .await;
-        let (joined, closed) = joined.unwrap_or((false, Ok(())));
-        flushed?;
-        closed?;
-        if !joined {
-            return Err(ShutdownError::WriterPanicked);
-        }
-        tracing::info!(path = %self.shared.engine.store.path.display(), "rockq: shut down");
-        Ok(())
     }
 }

@@ -267,7 +267,7 @@ impl SubShared {
         if let Some(offset) = offset
             && self.group.advance(offset)
         {
-            self.shared.engine.mark_dirty(self.group.clone());
+            self.shared.mark_dirty(self.group.clone());
             self.shared.nudge_writer();
         }
     }
@@ -275,7 +275,7 @@ impl SubShared {
     /// Hands the group's pending records to the writer.
     fn to_writer(&self) {
         if self.group.mark() {
-            self.shared.engine.mark_dirty(self.group.clone());
+            self.shared.mark_dirty(self.group.clone());
             self.shared.nudge_writer();
         }
     }
@@ -306,7 +306,7 @@ impl SubShared {
             let g = &self.group;
             g.skipped.fetch_add(first - from, Ordering::Relaxed);
             tracing::warn!(queue = %g.queue.name, group = %g.name, from, to = first - 1, "rockq: retention skipped messages a group had not received");
-            self.shared.engine.emit(|| crate::events::Event::Skipped {
+            self.shared.emit(|| crate::events::Event::Skipped {
                 queue: g.queue.name.clone(),
                 group: g.name.clone(),
                 from,
@@ -325,7 +325,7 @@ impl SubShared {
         };
         if let Some(offset) = advanced {
             if self.group.advance(offset) {
-                self.shared.engine.mark_dirty(self.group.clone());
+                self.shared.mark_dirty(self.group.clone());
                 self.shared.nudge_writer();
             }
             // Only a stream stopped on a full window needs waking; waking on every ack would
@@ -344,7 +344,7 @@ impl SubShared {
         let exhausted = self.poison.max_deliveries.is_some_and(|max| delivered >= max);
         // After shutdown or a failed write nothing reaches the disk any more: the message is
         // simply delivered again after the next open.
-        let writable = !self.shared.is_closed() && self.shared.engine.failure().is_none();
+        let writable = self.shared.is_writable();
         if exhausted && writable {
             let noun = if delivered == 1 { "delivery" } else { "deliveries" };
             let reason = format!("{delivered} {noun} used up; last: {}", how.describe());
@@ -358,7 +358,7 @@ impl SubShared {
             self.to_writer();
             return;
         }
-        let clock = self.shared.engine.clock();
+        let clock = self.shared.clock();
         let (due, not_before_micros) = match how {
             Comeback::After(d) if !d.is_zero() => {
                 let d = d.min(MAX_NACK_DELAY);

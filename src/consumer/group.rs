@@ -117,13 +117,13 @@ impl Group {
         self
     }
 
-    /// The dead-letter settings of a subscription. The default queue name is checked only when
-    /// it is used, so a group without `max_deliveries` on a long queue name still subscribes.
     /// The group's engine state, once it exists.
     fn state(&self) -> Option<Arc<OrderedGroupState>> {
-        self.shared.engine.registry.ordered(&self.name, &self.queue.name)
+        self.shared.ordered_group(&self.name, &self.queue.name)
     }
 
+    /// The dead-letter settings of a subscription. The default queue name is checked only when
+    /// it is used, so a group without `max_deliveries` on a long queue name still subscribes.
     fn poison_config(&self) -> Result<PoisonConfig, SubscribeError> {
         let dlq = match &self.dlq {
             Some(n) => {
@@ -275,7 +275,7 @@ impl Group {
             return Err(SubscribeError::Shutdown);
         }
         let poison = self.poison_config()?;
-        if self.shared.engine.registry.work(&self.name, &self.queue.name).is_some() {
+        if self.shared.work_group(&self.name, &self.queue.name).is_some() {
             return Err(SubscribeError::WrongMode {
                 group: self.name.to_string(),
                 queue: self.queue.name.to_string(),

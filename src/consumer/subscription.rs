@@ -14,7 +14,7 @@ use tokio_stream::wrappers::WatchStream;
 
 use super::acks::{MAX_NACK_DELAY, SubShared};
 use super::delivery::Delivery;
-use crate::engine::boundary::{self, QueueState, RawMessage, ReadOutcome, Request};
+use crate::engine::boundary::{QueueState, RawMessage, ReadOutcome, Request};
 use crate::error::{CommitError, Error, ReceiveError};
 
 /// Upper bound on the bytes of one storage read, whatever `read_batch` says.
@@ -159,9 +159,9 @@ impl Subscription {
         let to = self.known_last.min(from.saturating_add(self.read_batch as u64 - 1));
         let shared = self.sub.shared.clone();
         let queue = self.queue.clone();
-        self.reading = Some(shared.runtime.clone().spawn_blocking(move || {
-            boundary::read_range(&shared.engine.store, &queue.name, queue.id, from, to, READ_BYTES)
-        }));
+        self.reading = Some(
+            shared.runtime.clone().spawn_blocking(move || shared.read_range(&queue, from, to, READ_BYTES)),
+        );
     }
 
     /// Polls the wait for the first delayed redelivery (re-armed when that changes). True if
@@ -172,7 +172,7 @@ impl Subscription {
             return false;
         };
         if self.timer.as_ref().is_none_or(|(at, _)| *at != due) {
-            let clock = self.sub.shared.engine.clock().clone();
+            let clock = self.sub.shared.clock().clone();
             let sleep: Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
                 Box::pin(async move { clock.sleep_until(due).await });
             self.timer = Some((due, std::sync::Mutex::new(sleep)));
@@ -222,7 +222,7 @@ impl Stream for Subscription {
             {
                 let mut w = this.sub.window();
                 if !w.delayed.is_empty() {
-                    w.release_due(this.sub.shared.engine.clock().now());
+                    w.release_due(this.sub.shared.clock().now());
                 }
                 // Handed-back deliveries go first: they are older than anything buffered.
                 if let Some((_, (msg, count))) = w.redeliver.pop_first() {
@@ -250,7 +250,7 @@ impl Stream for Subscription {
                         && let Some((failed, not_before)) = w.prior.remove(&seq)
                     {
                         count = failed.saturating_add(1);
-                        let clock = this.sub.shared.engine.clock();
+                        let clock = this.sub.shared.clock();
                         let wall = clock.wall_micros();
                         if not_before > wall {
                             // Nacked with a delay before a restart: it still waits (never longer

@@ -1,26 +1,30 @@
-//! The engine boundary: everything the public handles (`broker.rs`, `producer/`, `consumer/`,
-//! `work/`, `admin/`) may ask of the engine, in one list. Handles import engine items from here
-//! and nowhere else, and never touch `store/` directly (`tests/layers.rs` checks both).
+//! The engine boundary: everything the public handles (`broker/`, `producer/`, `consumer/`,
+//! `work/`, `inspector.rs`) may ask of the engine, in one list. Handles import engine items from
+//! here and nowhere else, never name `store/`, and never reach into the engine past [`Shared`]'s
+//! methods (its `engine` field is private to `engine/`). `tests/layers.rs` checks the first
+//! two; the compiler enforces the third.
 //!
 //! This is the seam along which a second, distributed engine will be added (see
 //! `docs/ARCHITECTURE.md`, "The engine boundary"): whatever it must provide is what this module
-//! lists. It has four parts.
+//! and [`Shared`]'s methods list. Four parts:
 //!
 //! 1. **Opening and the handle anchor**: [`open`] starts an engine (with its background tasks:
-//!    the writer, retention, metrics gauges) and returns the [`Shared`] every handle holds.
+//!    the writer, retention, metrics gauges) and returns the [`Shared`] every handle holds;
+//!    [`Shared::close`] stops it. [`ReadOnly`] opens a database for inspection only.
 //! 2. **The request set**: [`Request`] and its per-concept enums, sent to the writer over
-//!    `Shared::tx`, each answered on its reply channel; sends are staged in the engine's inbox
-//!    instead (`Shared::engine.inbox`) and resolve through a [`Completion`].
-//! 3. **Read operations**, all blocking (run them on the blocking pool): [`read_range`] and
-//!    [`read_seqs`] for consumers, [`read_cursor`] for redrive, the inspection reads
-//!    ([`stats`], [`pending`], [`peek`], [`dead_letters`]) over a [`Store`], and
-//!    [`open_read_only`] for an inspector; [`retention_pass`] and [`reset_target`] read and
-//!    then request.
-//! 4. **Wake-ups**: a queue's `watch` of its last published sequence
-//!    ([`QueueState::last`]: new messages, pauses, shutdown), a work group's `Notify`
-//!    ([`WorkGroupState::changed`]: releases, new retry times), a subscription's waker (set by
-//!    acks in the consumer's own window), the engine's event broadcast (`Engine::events`), and
-//!    `Shared::closing` (shutdown began).
+//!    `Shared::tx`, each answered on its reply channel; sends are staged with
+//!    [`Shared::stage`] and resolve through a [`Completion`]. Messages are checked with
+//!    [`validate`] and [`body_len`] on the caller's task first.
+//! 3. **Reads**, all blocking (run them on the blocking pool): [`Shared::read_range`],
+//!    [`Shared::read_seqs`], [`Shared::read_cursor`]; the inspection reads [`live_stats`],
+//!    [`live_pending`], [`live_peek`] and [`ReadOnly`]'s; [`retention_pass`] and
+//!    [`reset_target`] read and then request. Lookups: [`Shared::queue`],
+//!    [`Shared::ordered_group`], [`Shared::work_group`].
+//! 4. **Wake-ups**: a queue's `watch` of its last published sequence ([`QueueState::last`]:
+//!    new messages, pauses, shutdown), a work group's `Notify` ([`WorkGroupState::changed`]:
+//!    releases, new retry times), [`Shared::mark_dirty`] / [`Shared::mark_work_dirty`] plus
+//!    `Shared::nudge_writer` (acks for the writer's next round), the event broadcast
+//!    ([`Shared::events`]), and `Shared::closing` (shutdown began).
 //!
 //! The in-memory state the handles share with the engine ([`QueueState`],
 //! [`OrderedGroupState`], [`WorkGroupState`] and the claim state machine's values) is part of
@@ -30,9 +34,7 @@
 pub(crate) use super::completion::Completion;
 #[cfg(test)]
 pub(crate) use super::completion::Resolver;
-pub(crate) use super::inspect::{
-    LiveLeases, dead_letters, live_peek, live_pending, live_stats, peek, pending, stats,
-};
+pub(crate) use super::inspect::{ReadOnly, live_peek, live_pending, live_stats};
 pub(crate) use super::open::open;
 pub(crate) use super::registry::{
     Claimed, LiveSubscription, OrderedGroupState, PendingRecord, QueueState, SettlingGuard, WorkGroupState,
@@ -43,10 +45,8 @@ pub(crate) use super::request::{
 };
 pub(crate) use super::retention::{pass as retention_pass, reset_target};
 pub(crate) use super::shared::Shared;
-pub(crate) use crate::store::envelope::{EncodeError, body_len, encode as encode_envelope, validate};
-pub(crate) use crate::store::{
-    RawMessage, ReadOutcome, Store, open_read_only, read_cursor, read_range, read_seqs,
-};
+pub(crate) use crate::store::envelope::{EncodeError, body_len, validate};
+pub(crate) use crate::store::{RawMessage, ReadOutcome};
 
 /// The sequence in a message key, if `key` is one (to name the message behind a corruption
 /// error).

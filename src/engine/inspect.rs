@@ -67,7 +67,7 @@ fn dlq_depth(db: &Snapshot<'_>, q: &LoadedQueue) -> Result<u64, InspectError> {
 }
 
 /// Every queue and group. `now_micros` is the broker clock's wall time.
-pub(crate) fn stats(store: &Store, now_micros: u64, live: &LiveLeases) -> Result<Stats, InspectError> {
+fn stats(store: &Store, now_micros: u64, live: &LiveLeases) -> Result<Stats, InspectError> {
     let guard = store.lock();
     let Some(db) = guard.inspect(&store.path) else { return Err(InspectError::Shutdown) };
     let loaded = db.load().map_err(from_open)?;
@@ -163,7 +163,7 @@ pub(crate) fn stats(store: &Store, now_micros: u64, live: &LiveLeases) -> Result
 }
 
 /// The claimed, unfinished messages of a work-queue group (empty for an ordered group).
-pub(crate) fn pending(
+fn pending(
     store: &Store,
     group: &str,
     queue: &str,
@@ -237,7 +237,7 @@ fn read(store: &Store, queue: &str, id: u32, from: u64, to: u64) -> Result<Vec<R
 }
 
 /// Up to `limit` messages of `queue` from `from` (default: the first live one).
-pub(crate) fn peek(
+fn peek(
     store: &Store,
     queue: &str,
     from: Option<u64>,
@@ -261,7 +261,7 @@ pub(crate) fn peek(
 }
 
 /// Up to `limit` dead letters of `dlq` not yet redriven, as stored.
-pub(crate) fn dead_letters(store: &Store, dlq: &str, limit: usize) -> Result<Vec<RawMessage>, InspectError> {
+fn dead_letters(store: &Store, dlq: &str, limit: usize) -> Result<Vec<RawMessage>, InspectError> {
     let (rec, last) = queue_bounds(store, dlq)?;
     let cursor = match store::read_cursor(store, dlq) {
         Ok(c) => c.unwrap_or(0),
@@ -379,4 +379,49 @@ pub(crate) fn spawn_gauges(shared: &Arc<Shared>, interval: std::time::Duration) 
             }
         }
     });
+}
+
+/// A database opened read-only (no lock taken, never written), for an
+/// [`Inspector`](crate::Inspector): the same reads as a live broker's, without its leases.
+pub(crate) struct ReadOnly(Store);
+
+impl ReadOnly {
+    /// Opens the database at `path` read-only. Blocking.
+    pub fn open(path: &std::path::Path) -> Result<Self, OpenError> {
+        store::open_read_only(path).map(|(store, _)| ReadOnly(store))
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.0.path
+    }
+
+    /// Every queue and group at `now_micros`. Blocking.
+    pub fn stats(&self, now_micros: u64) -> Result<Stats, InspectError> {
+        stats(&self.0, now_micros, &LiveLeases::new())
+    }
+
+    /// The pending claims of one work group. Blocking.
+    pub fn pending(
+        &self,
+        group: &str,
+        queue: &str,
+        now_micros: u64,
+    ) -> Result<Vec<PendingClaim>, InspectError> {
+        pending(&self.0, group, queue, now_micros, &LiveLeases::new())
+    }
+
+    /// Up to `limit` stored messages of `queue` from `from`. Blocking.
+    pub fn peek(
+        &self,
+        queue: &str,
+        from: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<StoredMessage>, InspectError> {
+        peek(&self.0, queue, from, limit)
+    }
+
+    /// Up to `limit` dead letters of `dlq` not yet redriven, as stored. Blocking.
+    pub fn dead_letters(&self, dlq: &str, limit: usize) -> Result<Vec<RawMessage>, InspectError> {
+        dead_letters(&self.0, dlq, limit)
+    }
 }

@@ -1,8 +1,8 @@
 //! The engine: the state shared by the public handles and the writer thread, the writer, and
 //! the engine's background work (retention, completing rounds).
 //!
-//! The handles (`broker.rs`, `producer/`, `consumer/`, `work/`, `admin/`) reach the engine only
-//! through [`boundary`], which lists everything they may ask of it. Inside:
+//! The handles (`broker/`, `producer/`, `consumer/`, `work/`, `inspector.rs`) reach the engine
+//! only through [`boundary`], which lists everything they may ask of it. Inside:
 //!
 //! - `registry/`: the in-memory state of queues and groups.
 //! - `request.rs`: the request set the writer applies.

@@ -16,6 +16,7 @@ use crate::error::{
     AckError, Closed, CommitError, PauseError, QueueError, RedriveError, ResetError, StorageError,
     SubscribeError,
 };
+use crate::message::Message;
 use crate::model::Claim;
 use crate::model::StartFrom;
 use crate::retention::Retention;
@@ -133,9 +134,11 @@ pub(crate) enum Outcome {
 /// Answer to a redrive: the queue and new sequence of each moved message.
 pub(crate) type RedriveReply = Reply<Vec<(Arc<str>, u64)>, RedriveError>;
 
-/// One dead letter on its way back.
+/// One dead letter on its way back: its original payload and headers, appended to `target`
+/// stamped `enqueued_at_micros` (the redrive's time).
 pub(crate) struct RedriveItem {
     pub dlq_seq: u64,
     pub target: Arc<str>,
-    pub envelope: Vec<u8>,
+    pub message: Message,
+    pub enqueued_at_micros: u64,
 }

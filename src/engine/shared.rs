@@ -5,17 +5,28 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{mpsc, oneshot};
+use std::path::Path;
+
+use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::Engine;
-use super::registry::QueueState;
+use super::inbox::Staging;
+use super::registry::{OrderedGroupState, QueueState, WorkGroupState};
 use super::request::{Request, SettingsChange, SettingsRequest};
-use crate::error::{NameKind, PauseError, ShutdownError};
+use crate::clock::Clock;
+use crate::error::{NameKind, PauseError, ReceiveError, RedriveError, SendError, ShutdownError};
+use crate::events::Event;
+use crate::message::Message;
+use crate::options::Options;
+use crate::stats::{StorageStats, WriterStats};
+use crate::store::{self, ReadOutcome};
 
 /// The user-side half of the engine: what every public handle holds. Owns the writer's request
 /// channel, so the writer stops when the last handle is dropped.
 pub(crate) struct Shared {
-    pub engine: Arc<Engine>,
+    /// The engine itself: private to `engine/`, so what the handles may do is the methods
+    /// below (listed in `boundary.rs`).
+    pub(super) engine: Arc<Engine>,
     pub tx: mpsc::Sender<Request>,
     pub closed: AtomicBool,
     /// The runtime the broker was opened in: its blocking pool runs reads and the close.
@@ -37,6 +48,144 @@ type ShutdownFuture = futures::future::Shared<futures::future::BoxFuture<'static
 impl Shared {
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
+    }
+
+    /// Whether writes can still land: not shut down, and not failed closed.
+    pub fn is_writable(&self) -> bool {
+        !self.is_closed() && self.engine.failure().is_none()
+    }
+
+    /// The broker's clock: leases, retries, delays and enqueue times.
+    pub fn clock(&self) -> &Clock {
+        self.engine.clock()
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.engine.options
+    }
+
+    /// The database directory.
+    pub fn path(&self) -> &Path {
+        &self.engine.store.path
+    }
+
+    /// Queue `name`, if it exists.
+    pub fn queue(&self, name: &str) -> Option<Arc<QueueState>> {
+        self.engine.registry.queue(name)
+    }
+
+    /// Names of all queues, sorted.
+    pub fn queue_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.engine.registry.queues.iter().map(|q| q.name.to_string()).collect();
+        names.sort();
+        names
+    }
+
+    /// Ordered group `group` on `queue`, if it exists.
+    pub fn ordered_group(&self, group: &str, queue: &str) -> Option<Arc<OrderedGroupState>> {
+        self.engine.registry.ordered(group, queue)
+    }
+
+    /// Work-queue group `group` on `queue`, if it exists.
+    pub fn work_group(&self, group: &str, queue: &str) -> Option<Arc<WorkGroupState>> {
+        self.engine.registry.work(group, queue)
+    }
+
+    /// Stages one send call's messages for the writer's next round (see `Inbox::push`).
+    pub async fn stage(&self, queue: &Arc<QueueState>, msgs: &[Message]) -> Result<Staging, SendError> {
+        self.engine.inbox.push(queue, msgs).await
+    }
+
+    /// Hands an ordered group whose offset moved to the writer's next round.
+    pub fn mark_dirty(&self, group: Arc<OrderedGroupState>) {
+        self.engine.mark_dirty(group);
+    }
+
+    /// Hands a work-queue group with queued acks to the writer's next round.
+    pub fn mark_work_dirty(&self, group: Arc<WorkGroupState>) {
+        self.engine.mark_work_dirty(group);
+    }
+
+    /// The lifecycle event broadcast.
+    pub fn events(&self) -> &broadcast::Sender<Event> {
+        &self.engine.events
+    }
+
+    /// Broadcasts an event if anyone listens.
+    pub fn emit(&self, event: impl FnOnce() -> Event) {
+        self.engine.emit(event);
+    }
+
+    pub fn writer_stats(&self) -> WriterStats {
+        self.engine.counters.snapshot()
+    }
+
+    pub fn storage_stats(&self) -> Option<StorageStats> {
+        self.engine.store.stats()
+    }
+
+    /// Reads messages `from..=to` of `queue` (at most `max_bytes` of values). Blocking.
+    pub fn read_range(
+        &self,
+        queue: &QueueState,
+        from: u64,
+        to: u64,
+        max_bytes: usize,
+    ) -> Result<ReadOutcome, ReceiveError> {
+        store::read_range(&self.engine.store, &queue.name, queue.id, from, to, max_bytes)
+    }
+
+    /// Reads the messages at `seqs` (ascending) of `queue`. Blocking.
+    pub fn read_seqs(&self, queue: &QueueState, seqs: &[u64]) -> Result<ReadOutcome, ReceiveError> {
+        store::read_seqs(&self.engine.store, &queue.name, queue.id, seqs)
+    }
+
+    /// How far dead-letter queue `dlq` has been redriven. Blocking.
+    pub fn read_cursor(&self, dlq: &str) -> Result<Option<u64>, RedriveError> {
+        store::read_cursor(&self.engine.store, dlq)
+    }
+
+    /// Stops the engine: work subscriptions stop claiming and worker pools drain, new requests
+    /// are refused, the writer finishes everything queued before this and stops, subscribers
+    /// are woken to see the end, and the store is closed on the blocking pool.
+    pub async fn close(&self) -> Result<(), ShutdownError> {
+        if self.is_closed() {
+            return Ok(());
+        }
+        // Worker pools first: they stop claiming and drain (their acks still land).
+        self.closing.cancel();
+        self.pools.close();
+        self.pools.wait().await;
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let (reply, rx) = oneshot::channel();
+        let flushed = match self.tx.send(Request::Shutdown { reply }).await {
+            Ok(()) => rx.await.unwrap_or(Ok(())),
+            Err(_) => Ok(()),
+        };
+        let handle = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let engine = self.engine.clone();
+        let joined = self
+            .runtime
+            .spawn_blocking(move || {
+                let joined = handle.map(|h| h.join().is_ok()).unwrap_or(true);
+                // Wake every subscriber so its stream observes the shutdown and ends.
+                for q in engine.registry.queues.iter() {
+                    q.last.send_modify(|_| {});
+                }
+                let closed = engine.store.close();
+                (joined, closed)
+            })
+            .await;
+        let (joined, closed) = joined.unwrap_or((false, Ok(())));
+        flushed?;
+        closed?;
+        if !joined {
+            return Err(ShutdownError::WriterPanicked);
+        }
+        tracing::info!(path = %self.path().display(), "rockq: shut down");
+        Ok(())
     }
 
     /// Wakes the writer to commit dirty groups. Never blocks: if the channel is full the writer

@@ -169,7 +169,7 @@ impl Queue {
         I: IntoIterator,
         I::Item: Into<Message>,
     {
-        let max = self.shared.engine.options.max_batch_messages;
+        let max = self.shared.options().max_batch_messages;
         let mut batch: Vec<Message> = Vec::new();
         for (index, m) in messages.into_iter().enumerate() {
             if index >= max {
@@ -272,7 +272,7 @@ impl Queue {
         if self.shared.is_closed() {
             return Err(SendError::Shutdown);
         }
-        let max = self.shared.engine.options.max_message_bytes;
+        let max = self.shared.options().max_message_bytes;
         let size = boundary::body_len(m);
         if size > max {
             return Err(SendError::MessageTooLarge { index, size, max });
@@ -289,7 +289,7 @@ impl Queue {
 
     /// Stages checked messages in the writer's inbox as one send call.
     async fn stage(&self, messages: &[Message]) -> Result<SendReceipt, SendError> {
-        let staging = self.shared.engine.inbox.push(&self.state, messages).await?;
+        let staging = self.shared.stage(&self.state, messages).await?;
         if staging.nudge {
             self.shared.nudge_writer();
         }

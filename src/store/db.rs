@@ -66,6 +66,11 @@ pub(super) struct Cfs<'a> {
 pub(crate) struct DbGuard<'a>(pub(super) RwLockReadGuard<'a, Option<DB>>);
 
 impl DbGuard<'_> {
+    /// Whether the database is still open.
+    pub fn is_open(&self) -> bool {
+        self.0.is_some()
+    }
+
     /// Fsyncs the WAL: everything written before is durable against power loss. `Ok` once
     /// closed (the close synced it).
     pub fn sync_wal(&self) -> Result<(), StorageError> {

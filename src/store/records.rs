@@ -280,42 +280,78 @@ pub(crate) fn decode_claim(key: &[u8], v: &[u8]) -> Result<Claim, CorruptionErro
     ClaimRecord::decode(key, v).map(ClaimRecord::claim)
 }
 
-/// `ordered:<group>:<queue>:<seq>` in the claims CF: `version u8, state u8 (1 came back,
-/// 2 dead-lettered), deliveries u32, not_before µs u64`. Written only when a delivery comes
-/// back without an ack, or when the message is dead-lettered; deleted once the offset passes
-/// it.
+/// `ordered:<group>:<queue>:<seq>` in the claims CF, as laid out on disk: `version u8, state u8
+/// (1 came back, 2 dead-lettered), deliveries u32, not_before µs u64`. [`OrderedMark`] is what
+/// the engine sees. Written only when a delivery comes back without an ack, or when the message
+/// is dead-lettered; deleted once the offset passes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MarkRecord {
+    pub dead_lettered: bool,
+    pub deliveries: u32,
+    /// Not to be delivered again before this wall-clock time (µs; 0: at once). Written as 0
+    /// for a dead-lettered mark, which nothing delivers again.
+    pub not_before_micros: u64,
+}
+
 const MARK_RECORD_V1: u8 = 1;
 pub(crate) const MARK_RECORD_LEN: usize = 14;
 
+impl MarkRecord {
+    fn of(m: &OrderedMark) -> Self {
+        match *m {
+            OrderedMark::CameBack { deliveries, not_before_micros } => {
+                MarkRecord { dead_lettered: false, deliveries, not_before_micros }
+            }
+            OrderedMark::DeadLettered { deliveries } => {
+                MarkRecord { dead_lettered: true, deliveries, not_before_micros: 0 }
+            }
+        }
+    }
+
+    fn mark(self) -> OrderedMark {
+        let MarkRecord { dead_lettered, deliveries, not_before_micros } = self;
+        match dead_lettered {
+            false => OrderedMark::CameBack { deliveries, not_before_micros },
+            true => OrderedMark::DeadLettered { deliveries },
+        }
+    }
+
+    pub fn encode(&self) -> [u8; MARK_RECORD_LEN] {
+        let mut v = [0u8; MARK_RECORD_LEN];
+        v[0] = MARK_RECORD_V1;
+        v[1] = if self.dead_lettered { 2 } else { 1 };
+        v[2..6].copy_from_slice(&self.deliveries.to_be_bytes());
+        v[6..].copy_from_slice(&self.not_before_micros.to_be_bytes());
+        v
+    }
+
+    pub fn decode(key: &[u8], v: &[u8]) -> Result<Self, CorruptionError> {
+        let bad = |r: &str| CorruptionError::new("delivery", key, r);
+        let v: &[u8; MARK_RECORD_LEN] = v.try_into().map_err(|_| bad("wrong length"))?;
+        if v[0] != MARK_RECORD_V1 {
+            return Err(bad("unknown version"));
+        }
+        let dead_lettered = match v[1] {
+            1 => false,
+            2 => true,
+            _ => return Err(bad("unknown state")),
+        };
+        let mut nb = [0u8; 8];
+        nb.copy_from_slice(&v[6..]);
+        Ok(MarkRecord {
+            dead_lettered,
+            deliveries: u32::from_be_bytes([v[2], v[3], v[4], v[5]]),
+            not_before_micros: u64::from_be_bytes(nb),
+        })
+    }
+}
+
 pub(crate) fn encode_mark(m: &OrderedMark) -> [u8; MARK_RECORD_LEN] {
-    let (state, deliveries, not_before) = match *m {
-        OrderedMark::CameBack { deliveries, not_before_micros } => (1, deliveries, not_before_micros),
-        OrderedMark::DeadLettered { deliveries } => (2, deliveries, 0),
-    };
-    let mut v = [0u8; MARK_RECORD_LEN];
-    v[0] = MARK_RECORD_V1;
-    v[1] = state;
-    v[2..6].copy_from_slice(&deliveries.to_be_bytes());
-    v[6..].copy_from_slice(&not_before.to_be_bytes());
-    v
+    MarkRecord::of(m).encode()
 }
 
 pub(crate) fn decode_mark(key: &[u8], v: &[u8]) -> Result<OrderedMark, CorruptionError> {
-    let bad = |r: &str| CorruptionError::new("delivery", key, r);
-    let v: &[u8; MARK_RECORD_LEN] = v.try_into().map_err(|_| bad("wrong length"))?;
-    if v[0] != MARK_RECORD_V1 {
-        return Err(bad("unknown version"));
-    }
-    let deliveries = u32::from_be_bytes([v[2], v[3], v[4], v[5]]);
-    let mut nb = [0u8; 8];
-    nb.copy_from_slice(&v[6..]);
-    let not_before_micros = u64::from_be_bytes(nb);
-    match v[1] {
-        1 => Ok(OrderedMark::CameBack { deliveries, not_before_micros }),
-        // A dead-lettered mark keeps its stored time field; nothing reads it.
-        2 => Ok(OrderedMark::DeadLettered { deliveries }),
-        _ => Err(bad("unknown state")),
-    }
+    MarkRecord::decode(key, v).map(MarkRecord::mark)
 }
 
 /// `group:<group>:<queue>` in the meta CF: `version u8, paused u8, dlq length u8, dlq utf-8`.

@@ -162,7 +162,7 @@ impl DeadLetters {
         let c = self
             .shared
             .runtime
-            .spawn_blocking(move || boundary::read_cursor(&shared.engine.store, &name))
+            .spawn_blocking(move || shared.read_cursor(&name))
             .await
             .map_err(|e| RedriveError::Receive(ReceiveError::Internal(e.to_string())))??;
         Ok(c.unwrap_or(0)
@@ -244,9 +244,7 @@ impl DeadLetters {
         let out = self
             .shared
             .runtime
-            .spawn_blocking(move || {
-                boundary::read_range(&shared.engine.store, &q.name, q.id, from, to, 16 << 20)
-            })
+            .spawn_blocking(move || shared.read_range(&q, from, to, 16 << 20))
             .await
             .map_err(|e| RedriveError::Receive(ReceiveError::Internal(e.to_string())))??;
         match out {
@@ -284,7 +282,7 @@ impl DeadLetters {
         if let Some(t) = &opts.to {
             crate::name::validate(NameKind::Queue, t)?;
         }
-        let clock = self.shared.engine.clock().clone();
+        let clock = self.shared.clock().clone();
         let started = clock.now();
         let mut moved = 0u64;
         loop {
@@ -319,11 +317,16 @@ impl DeadLetters {
                     (None, None) => return Err(RedriveError::NoOrigin { seq: d.dlq_seq }),
                 };
                 crate::name::validate(NameKind::Queue, &target)?;
-                let msg = Message { payload: d.payload, headers: d.headers };
-                let envelope = boundary::encode_envelope(&msg, now).map_err(|e| {
+                let message = Message { payload: d.payload, headers: d.headers };
+                boundary::validate(&message).map_err(|e| {
                     RedriveError::Failed(format!("cannot re-encode dead letter {}: {e:?}", d.dlq_seq))
                 })?;
-                items.push(RedriveItem { dlq_seq: d.dlq_seq, target: Arc::from(target), envelope });
+                items.push(RedriveItem {
+                    dlq_seq: d.dlq_seq,
+                    target: Arc::from(target),
+                    message,
+                    enqueued_at_micros: now,
+                });
             }
             let n = items.len() as u64;
             let (reply, rx) = oneshot::channel();

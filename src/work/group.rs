@@ -162,7 +162,7 @@ impl WorkGroup {
     }
 
     fn state(&self) -> Option<Arc<WorkGroupState>> {
-        self.shared.engine.registry.work(&self.name, &self.queue.name)
+        self.shared.work_group(&self.name, &self.queue.name)
     }
 
     /// The committed offset: everything up to it is acked or dead-lettered, durably. `None` if
@@ -248,7 +248,7 @@ impl WorkGroup {
             let (group, queue) = names();
             return Err(ResetError::NoSuchGroup { group, queue });
         };
-        if state.subscriptions.load(Ordering::Acquire) > 0 || state.held(self.shared.engine.clock().now()) {
+        if state.subscriptions.load(Ordering::Acquire) > 0 || state.held(self.shared.clock().now()) {
             let (group, queue) = names();
             return Err(ResetError::Active { group, queue });
         }
@@ -306,7 +306,7 @@ impl WorkGroup {
         let state = match self.state() {
             Some(g) => g,
             None => {
-                if self.shared.engine.registry.ordered(&self.name, &self.queue.name).is_some() {
+                if self.shared.ordered_group(&self.name, &self.queue.name).is_some() {
                     return Err(SubscribeError::WrongMode {
                         group: self.name.to_string(),
                         queue: self.queue.name.to_string(),

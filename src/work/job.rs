@@ -53,7 +53,7 @@ impl JobInner {
     }
 
     fn extend(&self, by: Duration) -> Result<(), AckError> {
-        let clock = self.shared.engine.clock();
+        let clock = self.shared.clock();
         let now = clock.now();
         let lost = AckError::LeaseLost { seq: self.msg.seq, attempt: self.attempt };
         if self.shared.is_closed() {
@@ -324,14 +324,14 @@ impl Job {
         if shared.is_closed() {
             return Err(AckError::Shutdown);
         }
-        let clock = shared.engine.clock();
+        let clock = shared.clock();
         let now = clock.now();
         let group = &inner.group;
         group.begin_settle(seq, inner.token, now).map_err(|_| AckError::LeaseLost { seq, attempt })?;
         if !wait && matches!(kind, Kind::Ack) {
             // Coalesced: the writer picks up every queued ack of the group in its next round.
             if group.queue_ack(seq, attempt, inner.epoch) {
-                shared.engine.mark_work_dirty(group.clone());
+                shared.mark_work_dirty(group.clone());
                 shared.nudge_writer();
             }
             drop(self.permit.take());

@@ -255,7 +255,7 @@ impl Workers {
             self.group.clone().max_in_flight(in_flight).claim_batch(self.prefetch.max(1)).subscribe().await?;
         let handler = Arc::new(handler);
         let heartbeat = self.heartbeat.then(|| self.group.lease_duration());
-        let clock = shared.engine.clock().clone();
+        let clock = shared.clock().clone();
         let state = sub.state().clone();
 
         // `concurrency` long-lived worker tasks take jobs from a channel: one channel handoff
@@ -317,7 +317,7 @@ impl Workers {
                         },
                         _ = async { match saturated_at { Some(t) => clock.sleep_until(t).await, None => futures::future::pending().await } } => {
                             reported = true;
-                            state.report_saturation(&shared.engine.events, self.concurrency);
+                            state.report_saturation(&shared.events(), self.concurrency);
                             continue;
                         }
                     }

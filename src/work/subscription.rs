@@ -137,7 +137,7 @@ impl Stream for WorkSubscription {
                 {
                     *slot = Some(fetch(this.ctx.clone()).boxed());
                 }
-                if job.lease_deadline() <= this.ctx.shared.engine.clock().now() {
+                if job.lease_deadline() <= this.ctx.shared.clock().now() {
                     // Its lease ran out while it waited here: any outcome would be refused.
                     // Dropped unseen, it is released without counting (unless already re-claimed).
                     continue;
@@ -214,7 +214,7 @@ async fn send_settle(
 /// dead-letter queue, fenced like a handler's outcome.
 async fn dead_letter_corrupt(ctx: &Arc<Ctx>, c: &Claimed, err: &CorruptionError) -> Result<(), Error> {
     let (shared, group) = (&ctx.shared, &ctx.group);
-    if group.begin_settle(c.seq, c.token, shared.engine.clock().now()).is_err() {
+    if group.begin_settle(c.seq, c.token, shared.clock().now()).is_err() {
         // The lease is gone already: whoever holds the message now meets the same record.
         return Ok(());
     }
@@ -248,8 +248,7 @@ async fn fetch(ctx: Arc<Ctx>) -> Result<Vec<Job>, Error> {
 /// released); claim again.
 async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
     let shared = &ctx.shared;
-    let engine = &shared.engine;
-    let clock = engine.clock().clone();
+    let clock = shared.clock().clone();
     let group = &ctx.group;
     let cfg = &ctx.config;
     let internal = |e: tokio::sync::AcquireError| Error::from(ReceiveError::Internal(e.to_string()));
@@ -263,7 +262,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
             tokio::select! {
                 p = &mut acquire => p.map_err(internal)?,
                 _ = clock.sleep_until(clock.now() + cfg.saturation_after) => {
-                    group.report_saturation(&engine.events, cfg.max_in_flight);
+                    group.report_saturation(shared.events(), cfg.max_in_flight);
                     tokio::select! {
                         p = &mut acquire => p.map_err(internal)?,
                         _ = shared.closing.cancelled() => return Ok(Some(Vec::new())),
@@ -352,15 +351,14 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
     }
     let mut seqs: Vec<u64> = claimed.iter().map(|c| c.seq).collect();
     seqs.sort_unstable();
-    let (store_shared, queue) = (shared.clone(), group.queue.clone());
+    let (reader, queue) = (shared.clone(), group.queue.clone());
     let read = shared.runtime.spawn_blocking(move || {
-        let store = &store_shared.engine.store;
         match (seqs.first(), seqs.last()) {
             // New messages come in runs: one bounded iterator reads each block once.
             (Some(&lo), Some(&hi)) if hi - lo + 1 == seqs.len() as u64 => {
-                boundary::read_range(store, &queue.name, queue.id, lo, hi, CLAIM_READ_BYTES)
+                reader.read_range(&queue, lo, hi, CLAIM_READ_BYTES)
             }
-            _ => boundary::read_seqs(store, &queue.name, queue.id, &seqs),
+            _ => reader.read_seqs(&queue, &seqs),
         }
     });
     let (written, read) = tokio::join!(rx, read);
@@ -405,7 +403,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
         if c.expired {
             tracing::info!(%queue, group = %gname, seq = c.seq, attempt = c.attempt - 1, "rockq: lease expired");
             crate::telemetry::group_counter(crate::telemetry::LEASE_EXPIRED, &queue, &gname, 1);
-            engine.emit(|| Event::LeaseExpired {
+            shared.emit(|| Event::LeaseExpired {
                 queue: queue.clone(),
                 group: gname.clone(),
                 seq: c.seq,
@@ -413,7 +411,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
             });
         }
         tracing::trace!(%queue, group = %gname, seq = c.seq, attempt = c.attempt, "rockq: delivered");
-        engine.emit(|| Event::Delivered { queue, group: gname, seq: c.seq, attempt: c.attempt });
+        shared.emit(|| Event::Delivered { queue, group: gname, seq: c.seq, attempt: c.attempt });
         let inner = JobInner::new(shared.clone(), group.clone(), cfg.clone(), msg, &c);
         jobs.push(Job::new(inner, permit));
     }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::store::RawMessage;
 
-/// One ordered group's per-message state (in `GroupState`).
+/// One ordered group's per-message state (in `OrderedGroupState`).
 #[derive(Default)]
 pub(crate) struct GroupRecords {
     /// Messages above the offset whose deliveries came back without an ack: how many came

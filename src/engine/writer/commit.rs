@@ -62,8 +62,13 @@ pub(super) fn sync_loop(engine: &Engine, rx: std::sync::mpsc::Receiver<Completio
         rounds.extend(rx.try_iter());
         if failed.is_none() {
             let t = Instant::now();
-            let synced =
-                crate::faults::check("rockq-syncer-sync").and_then(|()| engine.store.lock().sync_wal());
+            // Checked under the lock and only while open, so a paused failpoint holds `close`.
+            let guard = engine.store.lock();
+            let synced = match guard.is_open() {
+                true => crate::faults::check("rockq-syncer-sync").and_then(|()| guard.sync_wal()),
+                false => Ok(()),
+            };
+            drop(guard);
             engine.counters.write_nanos.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
             failed = synced.err();
         }

@@ -280,8 +280,10 @@ impl Writer {
                 drop(guard);
                 if let Err(std::sync::mpsc::SendError(c)) = tx.send(c) {
                     // Only if the syncer panicked: dropping the round answers every waiter with
-                    // a shutdown error, and the broker refuses further writes.
-                    engine.fail(Failure::ThreadStopped("syncer"));
+                    // a shutdown error, and the broker refuses further writes (the writer fails
+                    // what is staged from its next round on).
+                    *engine.failed.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(Failure::Internal("syncer thread stopped"));
                     drop(c);
                 }
                 if stop {

@@ -268,7 +268,19 @@ fn redrive(
         let _ = reply.send(Err(RedriveError::Conflict { dlq: dlq.name.to_string() }));
         return;
     }
-    // Resolve every target first, so a bad one leaves nothing half-written.
+    // Encode every message and resolve every target first, so a bad one leaves nothing
+    // half-written.
+    let mut encoded = Vec::with_capacity(items.len());
+    for item in &items {
+        match envelope::encode(&item.message, item.enqueued_at_micros) {
+            Ok(v) => encoded.push(v),
+            Err(e) => {
+                let why = format!("cannot re-encode dead letter {}: {e:?}", item.dlq_seq);
+                let _ = reply.send(Err(RedriveError::Failed(why)));
+                return;
+            }
+        }
+    }
     let mut targets = Vec::with_capacity(items.len());
     for item in &items {
         match queue::ensure(r, &item.target) {
@@ -281,8 +293,8 @@ fn redrive(
     }
     let mut moved = Vec::with_capacity(items.len());
     let mut events = Vec::with_capacity(items.len());
-    for (item, q) in items.into_iter().zip(targets) {
-        let Some(seq) = queue::append(r, &q, &item.envelope) else { continue };
+    for ((item, q), value) in items.into_iter().zip(targets).zip(encoded) {
+        let Some(seq) = queue::append(r, &q, &value) else { continue };
         events.push((item.dlq_seq, q.name.clone(), seq));
         moved.push((q.name.clone(), seq));
     }
