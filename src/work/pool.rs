@@ -317,7 +317,7 @@ impl Workers {
                         },
                         _ = async { match saturated_at { Some(t) => clock.sleep_until(t).await, None => futures::future::pending().await } } => {
                             reported = true;
-                            state.report_saturation(&shared.events(), self.concurrency);
+                            state.report_saturation(shared.events(), self.concurrency);
                             continue;
                         }
                     }
