@@ -461,7 +461,7 @@ impl WorkGroupState {
     }
 
     /// The live leases of this process: sequence → (attempt, deadline). Extensions live only
-    /// here (see `admin::control`), so admin reads overlay them on the claim records.
+    /// here (see `engine/inspect.rs`), so admin reads overlay them on the claim records.
     pub fn live_leases(&self) -> Vec<(u64, u32, Instant)> {
         let d = self.dispatch();
         d.slots
