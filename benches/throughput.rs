@@ -5,6 +5,10 @@
 //! WriteBatches of 100-byte values with the same sync setting on the same machine. Raw
 //! baselines and the rows with targets, (a) and (c), are each the median of three runs.
 
+mod common;
+
+use common::{raw_write, raw_write_once, value};
+
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -12,7 +16,6 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use rockq::{Broker, Durability, Options};
 
-const PAYLOAD: usize = 100;
 const PRODUCERS: usize = 64;
 /// Sends each pipelined producer keeps in flight.
 const DEPTH: usize = 16;
@@ -90,7 +93,7 @@ fn main() {
         if only == "drain" {
             println!("{only}, Buffered: {rate:.0} msg/s");
         } else {
-            let raw = n as f64 / raw_write(&root.path().join("raw"), n, 1000, false);
+            let raw = n as f64 / raw_write(&root.path().join("raw"), n, 1000, false, false);
             println!("{only}, Buffered: {rate:.0} msg/s, raw {raw:.0} msg/s, {:.0}%", 100.0 * rate / raw);
         }
         return;
@@ -100,11 +103,11 @@ fn main() {
     let mut rows: Vec<Row> = Vec::new();
 
     // Raw RocksDB baselines.
-    let raw_buf_1000 = raw_write(&dir("raw-buf-1000"), n, 1000, false);
-    let raw_buf_64 = raw_write(&dir("raw-buf-64"), n, PRODUCERS as u64, false);
-    let raw_sync_1000 = raw_write(&dir("raw-sync-1000"), fsync_n, 1000, true);
-    let raw_sync_64 = raw_write(&dir("raw-sync-64"), fsync_n, PRODUCERS as u64, true);
-    let raw_sync_1 = raw_write(&dir("raw-sync-1"), 2_000, 1, true);
+    let raw_buf_1000 = raw_write(&dir("raw-buf-1000"), n, 1000, false, false);
+    let raw_buf_64 = raw_write(&dir("raw-buf-64"), n, PRODUCERS as u64, false, false);
+    let raw_sync_1000 = raw_write(&dir("raw-sync-1000"), fsync_n, 1000, true, false);
+    let raw_sync_64 = raw_write(&dir("raw-sync-64"), fsync_n, PRODUCERS as u64, true, false);
+    let raw_sync_1 = raw_write(&dir("raw-sync-1"), 2_000, 1, true, false);
     for (name, m, secs) in [
         ("raw rocksdb, unsynced, batch 1000", n, raw_buf_1000),
         ("raw rocksdb, unsynced, batch 64", n, raw_buf_64),
@@ -297,7 +300,7 @@ fn paired(
     let mut ours: Vec<(f64, rockq::WriterStats)> = Vec::new();
     for i in 0..3 {
         for (k, &(_, batch, sync)) in bases.iter().enumerate() {
-            raw[k].push(raw_write_once(&path.join(format!("raw-{k}-{i}")), n, batch, sync));
+            raw[k].push(raw_write_once(&path.join(format!("raw-{k}-{i}")), n, batch, sync, false));
         }
         ours.push(run(i));
     }
@@ -321,46 +324,6 @@ fn median_of_3<T>(mut run: impl FnMut(usize) -> (f64, T)) -> (f64, T) {
     let mut runs: Vec<(f64, T)> = (0..3).map(&mut run).collect();
     runs.sort_by(|a, b| a.0.total_cmp(&b.0));
     runs.swap_remove(1)
-}
-
-fn value(i: u64) -> Vec<u8> {
-    let mut v = vec![b'x'; PAYLOAD];
-    v[..8].copy_from_slice(&i.to_be_bytes());
-    v
-}
-
-/// Raw RocksDB: seconds to write `n` keys `<queue u32><seq u64>` with 100-byte values in
-/// batches; the median of three runs in fresh databases, because one run on this kind of
-/// machine swings by a third.
-fn raw_write(path: &Path, n: u64, batch: u64, sync: bool) -> f64 {
-    let mut runs: Vec<f64> =
-        (0..3).map(|i| raw_write_once(&path.join(i.to_string()), n, batch, sync)).collect();
-    runs.sort_by(f64::total_cmp);
-    let rates: Vec<f64> = runs.iter().map(|s| n as f64 / s).collect();
-    eprintln!("raw: {n} messages, batch {batch}, sync {sync}: {rates:.0?} msg/s");
-    runs[1]
-}
-
-fn raw_write_once(path: &Path, n: u64, batch: u64, sync: bool) -> f64 {
-    let mut o = rocksdb::Options::default();
-    o.create_if_missing(true);
-    let db = rocksdb::DB::open(&o, path).unwrap();
-    let mut wo = rocksdb::WriteOptions::default();
-    wo.set_sync(sync);
-    let start = Instant::now();
-    let mut seq = 1u64;
-    while seq <= n {
-        let mut wb = rocksdb::WriteBatch::default();
-        for _ in 0..batch.min(n - seq + 1) {
-            let mut k = [0u8; 12];
-            k[..4].copy_from_slice(&1u32.to_be_bytes());
-            k[4..].copy_from_slice(&seq.to_be_bytes());
-            wb.put(k, value(seq));
-            seq += 1;
-        }
-        db.write_opt(wb, &wo).unwrap();
-    }
-    start.elapsed().as_secs_f64()
 }
 
 async fn open(path: &Path, mode: Durability) -> Broker {

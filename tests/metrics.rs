@@ -172,4 +172,73 @@ async fn counters_gauges_and_histograms_follow_the_traffic() {
     assert!(batches > 10 && batches <= rounds, "{batches} samples for {rounds} rounds");
     assert_eq!(seen.value(m::COMMIT_LATENCY, &[]), Some(V::Histogram(batches)));
     broker.shutdown().await.unwrap();
+
+    periodic_gauges_agree_with_stats(&mut seen).await;
+}
+
+/// Issue 15: the periodic refresh used to load every claim from disk each tick; it now builds
+/// the gauges from memory (the claim index's counts) plus cached point reads. Whatever it
+/// computes must match what `Broker::stats` reads from disk.
+async fn periodic_gauges_agree_with_stats(seen: &mut Seen) {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = rockq::Options::new()
+        .durability(rockq::Durability::Buffered)
+        .clock(clock.clone())
+        .retention_interval(Duration::ZERO)
+        .metrics_interval(Duration::from_secs(10))
+        .open(dir.path())
+        .await
+        .unwrap();
+    let q = broker.queue("gauged").await.unwrap();
+    q.send_batch((0..8).map(|i| format!("m{i}"))).await.unwrap();
+    let mut ordered = q.group("reader").unwrap().subscribe().await.unwrap();
+    for d in take(&mut ordered, 3).await {
+        d.ack().unwrap();
+    }
+    ordered.commit().await.unwrap();
+    let mut js = q.work_group("pool").unwrap().claim_batch(4).max_in_flight(4).subscribe().await.unwrap();
+    let (a, b, c) = (next_job(&mut js).await, next_job(&mut js).await, next_job(&mut js).await);
+    b.ack().await.unwrap(); // finished above a gap (1 is still held)
+    c.retry_after(Duration::from_secs(3600)).await.unwrap(); // waiting
+    clock.advance(Duration::from_secs(5));
+
+    // The task ticks at 10 s on the broker clock; wait (bounded) for its first publication.
+    clock.advance(Duration::from_secs(10));
+    let (wl, ol) = ([("queue", "gauged"), ("group", "pool")], [("queue", "gauged"), ("group", "reader")]);
+    let mut published = false;
+    for _ in 0..500 {
+        seen.refresh();
+        if seen.value(m::WAITING_RETRY, &wl).is_some() {
+            published = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(published, "the periodic task published no gauges");
+    let gauges = |seen: &Seen, labels: &[(&str, &str)]| {
+        [m::LAG, m::IN_FLIGHT, m::WAITING_RETRY, m::DLQ_DEPTH, m::OLDEST_UNACKED]
+            .map(|n| seen.gauge(n, labels))
+    };
+    let (work, reader) = (gauges(seen, &wl), gauges(seen, &ol));
+    let length = seen.gauge(m::QUEUE_LENGTH, &[("queue", "gauged")]);
+
+    let stats = broker.stats().await.unwrap();
+    let g = |name: &str| stats.groups.iter().find(|g| g.group == name).unwrap().clone();
+    let expect = |g: &rockq::GroupStats| {
+        [g.lag, g.in_flight, g.waiting_retry, g.dlq_depth]
+            .map(|v| v as f64)
+            .to_vec()
+            .into_iter()
+            .chain([g.oldest_unacked_age.map_or(0.0, |d| d.as_secs_f64())])
+            .collect::<Vec<_>>()
+    };
+    let (pool, rd) = (g("pool"), g("reader"));
+    // 8 sent, 1 finished; held: 1 and the claimed-ahead 4; 3 waits.
+    assert_eq!((pool.lag, pool.in_flight, pool.waiting_retry), (7, 2, 1), "{pool:?}");
+    assert_eq!(work.to_vec(), expect(&pool), "work group gauges vs stats");
+    assert_eq!(reader.to_vec(), expect(&rd), "ordered group gauges vs stats");
+    assert_eq!(length, 8.0);
+    drop((a, js, ordered));
+    broker.shutdown().await.unwrap();
 }

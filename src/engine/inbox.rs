@@ -39,6 +39,8 @@ pub(crate) struct Staged {
     pub sends: Vec<u32>,
     /// The distinct queues of this round.
     pub queues: Vec<Arc<QueueState>>,
+    /// Index into `queues` by queue id: a round for thousands of queues finds each in O(1).
+    queue_at: std::collections::HashMap<u32, u32>,
     /// Permits the round's messages hold (returned when the writer takes it).
     permits: usize,
     pub resolver: Resolver,
@@ -58,6 +60,7 @@ impl Staged {
             msgs: Vec::with_capacity(msgs_hint),
             sends: Vec::with_capacity(msgs_hint),
             queues: Vec::new(),
+            queue_at: std::collections::HashMap::new(),
             permits: 0,
             resolver,
         }
@@ -157,14 +160,15 @@ impl Inbox {
         st.staged += msgs.len();
         self.pending.store(true, std::sync::atomic::Ordering::Release);
         let open = &mut st.open;
-        let q = match open.queues.iter().rposition(|have| Arc::ptr_eq(have, queue)) {
-            Some(i) => i,
+        let q = match open.queue_at.get(&queue.id) {
+            Some(&i) => i,
             None => {
+                let i = u32::try_from(open.queues.len()).unwrap_or(u32::MAX);
                 open.queues.push(queue.clone());
-                open.queues.len() - 1
+                open.queue_at.insert(queue.id, i);
+                i
             }
         };
-        let q = u32::try_from(q).unwrap_or(u32::MAX);
         let index = open.sends.len();
         open.sends.push(u32::try_from(open.msgs.len()).unwrap_or(u32::MAX));
         open.arena.reserve(bytes);

@@ -361,21 +361,42 @@ pub(crate) async fn live_peek(
     on_store(shared, move |s, _| peek(s, &q, from, limit)).await
 }
 
-/// Refreshes the metrics gauges every `interval` on the broker's clock until shutdown.
+/// Refreshes the metrics gauges every `interval` on the broker's clock until shutdown, from
+/// memory and a few cached point reads (`gauges.rs`), on the blocking pool.
 pub(crate) fn spawn_gauges(shared: &Arc<Shared>, interval: std::time::Duration) {
-    super::shared::spawn_periodic(shared, interval, |shared| async move {
-        if !crate::telemetry::recorder_installed() {
-            // Fault 7: the refresh costs a full registry scan (`store::load`) every interval;
-            // with nothing to record into, skip it. Checked every tick: a recorder may be
-            // installed later.
-            return true;
-        }
-        match live_stats(&shared).await {
-            Ok(_) => true,
-            Err(InspectError::Shutdown) => false,
-            Err(e) => {
-                tracing::warn!(error = %e, "rockq: computing metrics gauges failed");
-                true
+    let cache = Arc::new(std::sync::Mutex::new(super::gauges::GaugeCache::default()));
+    super::shared::spawn_periodic(shared, interval, move |shared| {
+        let cache = cache.clone();
+        async move {
+            if !crate::telemetry::recorder_installed() {
+                // Fault 7: with nothing to record into, skip the refresh. Checked every tick: a
+                // recorder may be installed later.
+                return true;
+            }
+            if shared.is_closed() {
+                return false;
+            }
+            let s = shared.clone();
+            let now = shared.engine.clock().wall_micros();
+            let refreshed = shared
+                .runtime
+                .spawn_blocking(move || {
+                    let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+                    super::gauges::snapshot(&s.engine, &mut cache, now)
+                })
+                .await
+                .map_err(|_| InspectError::Shutdown)
+                .and_then(|r| r);
+            match refreshed {
+                Ok(stats) => {
+                    crate::telemetry::publish(&stats);
+                    true
+                }
+                Err(InspectError::Shutdown) => false,
+                Err(e) => {
+                    tracing::warn!(error = %e, "rockq: computing metrics gauges failed");
+                    true
+                }
             }
         }
     });

@@ -20,8 +20,10 @@
 
 pub(crate) mod boundary;
 mod completion;
+mod gauges;
 mod inbox;
 mod inspect;
+mod keyed;
 mod open;
 mod registry;
 mod request;

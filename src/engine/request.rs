@@ -100,9 +100,18 @@ pub(crate) enum WorkRequest {
 pub(crate) enum RetentionRequest {
     /// Persist a queue's retention policy.
     SetPolicy { queue: Arc<QueueState>, retention: Retention, reply: Reply<(), QueueError> },
-    /// Delete a queue's messages up to `to` (one range tombstone) and move its first sequence.
-    /// `to` was computed under `policy`: the writer re-checks it when it applies the trim.
-    Trim { queue: Arc<QueueState>, to: u64, policy: Retention, reply: Reply<u64, QueueError> },
+    /// Delete each queue's messages up to its cut (one range tombstone each) and move its first
+    /// sequence, all in one round; the reply gives how many each trim deleted, in order. Each
+    /// cut was computed under its policy: the writer re-checks it when it applies the trim.
+    Trim { cuts: Vec<TrimCut>, reply: Reply<Vec<u64>, QueueError> },
+}
+
+/// One queue's cut in a [`RetentionRequest::Trim`]: delete up to `to`, as computed under
+/// `policy`.
+pub(crate) struct TrimCut {
+    pub queue: Arc<QueueState>,
+    pub to: u64,
+    pub policy: Retention,
 }
 
 /// Change a group's settings record (`writer/settings.rs`), either mode.

@@ -3,14 +3,16 @@
 //! in one batch, `writer/retention.rs`); readers always start at the first live sequence, so the
 //! tombstones at a queue's head are never walked.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
 
+use super::Engine;
 use super::registry::QueueState;
-use super::request::{Request, RetentionRequest};
+use super::request::{Request, RetentionRequest, TrimCut};
 use super::shared::{Shared, spawn_periodic};
 use crate::error::{QueueError, ReceiveError, ResetError};
 use crate::retention::{ResetTo, Retention, TrimReport, micros};
@@ -21,52 +23,51 @@ const AGE_SCAN: usize = 1 << 20;
 /// A background pass that deleted at least this many messages compacts the trimmed ranges.
 const AUTO_COMPACT: u64 = 64 * 1024;
 
-/// The highest sequence of `q` its policy allows to delete now, if any.
-/// Returns it with the policy it was computed under.
-async fn cut(shared: &Arc<Shared>, q: &Arc<QueueState>) -> Result<Option<(u64, Retention)>, QueueError> {
-    let engine = &shared.engine;
-    let first = q.first_seq.load(Ordering::Acquire);
-    let last = q.last_seq();
-    if last < first {
-        return Ok(None);
-    }
-    let policy = q.retention();
-    let to = match policy {
-        Retention::Forever => None,
-        Retention::UntilAcked => {
-            // Durable offsets only: an ack not yet committed keeps its message.
-            let ordered = engine
-                .registry
-                .ordered
-                .iter()
-                .filter(|g| g.queue.id == q.id)
-                .map(|g| g.durable.load(Ordering::Acquire));
-            let work = engine
-                .registry
-                .work
-                .iter()
-                .filter(|g| g.queue.id == q.id)
-                .map(|g| g.durable.load(Ordering::Acquire));
-            ordered.chain(work).min()
-        }
-        Retention::MaxLen(n) => last.checked_sub(n),
-        Retention::MaxAge(age) => {
-            let cutoff =
-                engine.clock().wall_micros().saturating_sub(age.as_micros().min(u64::MAX as u128) as u64);
-            let (s, id) = (shared.clone(), q.id);
-            shared
-                .runtime
-                .spawn_blocking(move || {
-                    store::last_enqueued_before(&s.engine.store, id, first, last, cutoff, AGE_SCAN)
-                })
-                .await
-                .map_err(|e| QueueError::Failed(format!("retention scan failed: {e}")))??
-        }
+/// Every queue's cut: the highest sequence its policy allows to delete now, with the policy
+/// it was computed under. One look at each queue and each group (O(queues + groups)); blocking,
+/// since a `MaxAge` cut reads the store, so it runs on the blocking pool.
+fn cuts(engine: &Engine) -> Result<Vec<TrimCut>, QueueError> {
+    // The lowest durable offset of each queue's groups (an ack not yet committed keeps its
+    // message), computed once for all queues.
+    let mut lowest: HashMap<u32, u64> = HashMap::new();
+    let mut note = |queue: u32, durable: u64| {
+        lowest.entry(queue).and_modify(|m| *m = (*m).min(durable)).or_insert(durable);
     };
-    Ok(to.filter(|&t| t >= first).map(|t| (t, policy)))
+    for g in engine.registry.ordered.iter() {
+        note(g.queue.id, g.durable.load(Ordering::Acquire));
+    }
+    for g in engine.registry.work.iter() {
+        note(g.queue.id, g.durable.load(Ordering::Acquire));
+    }
+    let mut out = Vec::new();
+    let queues: Vec<Arc<QueueState>> = engine.registry.queues.iter().map(|q| q.clone()).collect();
+    for q in queues {
+        let first = q.first_seq.load(Ordering::Acquire);
+        let last = q.last_seq();
+        if last < first {
+            continue;
+        }
+        let policy = q.retention();
+        let to = match policy {
+            Retention::Forever => None,
+            Retention::UntilAcked => lowest.get(&q.id).copied(),
+            Retention::MaxLen(n) => last.checked_sub(n),
+            Retention::MaxAge(age) => {
+                let cutoff =
+                    engine.clock().wall_micros().saturating_sub(age.as_micros().min(u64::MAX as u128) as u64);
+                store::last_enqueued_before(&engine.store, q.id, first, last, cutoff, AGE_SCAN)?
+            }
+        };
+        if let Some(to) = to.filter(|&t| t >= first) {
+            out.push(TrimCut { queue: q, to, policy });
+        }
+    }
+    Ok(out)
 }
 
-/// One retention pass over every queue; compacts what it trimmed if `compact`.
+/// One retention pass over every queue; compacts what it trimmed if `compact`. The cuts are
+/// computed on the blocking pool and every trim goes to the writer in one request: one round,
+/// one sync, however many queues.
 pub(crate) async fn pass(shared: &Arc<Shared>, compact: Option<bool>) -> Result<TrimReport, QueueError> {
     if shared.is_closed() {
         return Err(QueueError::Shutdown);
@@ -75,23 +76,30 @@ pub(crate) async fn pass(shared: &Arc<Shared>, compact: Option<bool>) -> Result<
         s.runtime.clone().spawn_blocking(move || s.engine.store.disk_bytes()).await.unwrap_or(0)
     };
     let mut report = TrimReport { bytes_before: bytes(shared.clone()).await, ..TrimReport::default() };
-    let queues: Vec<Arc<QueueState>> = shared.engine.registry.queues.iter().map(|q| q.clone()).collect();
+    let s = shared.clone();
+    let cuts = shared
+        .runtime
+        .spawn_blocking(move || cuts(&s.engine))
+        .await
+        .map_err(|e| QueueError::Failed(format!("retention scan failed: {e}")))??;
     let mut compact_ranges = Vec::new();
-    for q in queues {
-        let Some((to, policy)) = cut(shared, &q).await? else { continue };
+    if !cuts.is_empty() {
+        let queues: Vec<Arc<QueueState>> = cuts.iter().map(|c| c.queue.clone()).collect();
         let (reply, rx) = oneshot::channel();
         shared
             .tx
-            .send(Request::Retention(RetentionRequest::Trim { queue: q.clone(), to, policy, reply }))
+            .send(Request::Retention(RetentionRequest::Trim { cuts, reply }))
             .await
             .map_err(|_| QueueError::Shutdown)?;
         crate::faults::reached("rockq-trim-queued");
         let deleted = rx.await.map_err(|_| QueueError::Shutdown)??;
-        if deleted > 0 {
-            let first = q.first_seq.load(Ordering::Acquire);
-            report.trimmed.push((q.name.to_string(), deleted, first));
-            report.deleted += deleted;
-            compact_ranges.push((q.id, first));
+        for (q, deleted) in queues.into_iter().zip(deleted) {
+            if deleted > 0 {
+                let first = q.first_seq.load(Ordering::Acquire);
+                report.trimmed.push((q.name.to_string(), deleted, first));
+                report.deleted += deleted;
+                compact_ranges.push((q.id, first));
+            }
         }
     }
     let compact = compact.unwrap_or(report.deleted >= AUTO_COMPACT);

@@ -110,6 +110,12 @@ impl<'a> Batch<'a> {
         self.wb.delete_cf(self.cfs.claims, group.record(seq));
     }
 
+    /// Deletes a group's claims or marks on the messages `from..=through`, with one range
+    /// tombstone.
+    pub fn delete_records_between(&mut self, group: &GroupKeys, from: u64, through: u64) {
+        self.wb.delete_range_cf(self.cfs.claims, group.record(from), group.record(through.saturating_add(1)));
+    }
+
     /// Deletes a group's claims or marks on every message up to `through`, with one range
     /// tombstone.
     pub fn delete_records_through(&mut self, group: &GroupKeys, through: u64) {

@@ -9,8 +9,11 @@
 //! - `ordered.rs`, `records.rs`: an ordered group, and what it remembers about single messages
 //!   above its offset (the live subscription's acknowledgement window is the consumer's, seen
 //!   here through `LiveSubscription`).
-//! - `work.rs`: a work-queue group's claims, leases, retries and finished sequences.
+//! - `work.rs`: a work-queue group's claims, leases, retries and finished sequences, over
+//!   `dispatch.rs` (the claim index: ready, timers) and `finished.rs` (the finished bitmap).
 
+mod dispatch;
+mod finished;
 mod ordered;
 mod queue;
 mod records;

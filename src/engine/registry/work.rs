@@ -11,13 +11,14 @@
 //!   finished sequences above it. The writer moves the offset over contiguous finished
 //!   sequences and deletes their claim records in the same batch.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use super::dispatch::{Dispatch, Slot, SlotState};
+use super::finished::Finished;
 use super::queue::QueueState;
 use crate::clock::Clock;
 use crate::events::Event;
@@ -64,39 +65,30 @@ impl std::fmt::Debug for WorkGroupState {
 }
 
 /// Writer-side progress of a group.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Progress {
     pub offset: u64,
-    /// Finished sequences above `offset` (their claim records say `Done`).
-    pub done: BTreeSet<u64>,
+    /// Finished sequences above `offset` (their claim records say `Done`); its base is
+    /// `offset + 1`.
+    pub done: Finished,
 }
 
-#[derive(Debug)]
-struct Dispatch {
-    /// Every sequence above the offset that is not finished and below `frontier`.
-    slots: BTreeMap<u64, Slot>,
-    /// Sequences from here on were never claimed.
-    frontier: u64,
-}
+impl Progress {
+    /// Marks `seq` finished and moves the offset over the contiguous finished run; returns
+    /// whether `seq` was new (above the offset, not finished before).
+    pub fn finish(&mut self, seq: u64) -> bool {
+        if !self.done.insert(seq) {
+            return false;
+        }
+        self.offset = self.done.advance() - 1;
+        true
+    }
 
-#[derive(Debug, Clone)]
-struct Slot {
-    /// Attempts started so far.
-    attempt: u32,
-    state: SlotState,
-    last_error: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SlotState {
-    /// Claimable now (released, or left behind by a crash).
-    Available,
-    /// Held until `deadline` by the holder of `token`.
-    Leased { token: u64, deadline: Instant },
-    /// Waiting for a retry at `due`.
-    Waiting { due: Instant },
-    /// An outcome is being written; nobody may claim or settle it.
-    Settling,
+    /// Sets the offset to `offset`, forgetting what is finished at or below it.
+    pub fn move_to(&mut self, offset: u64) {
+        self.offset = offset;
+        self.done.rebase(offset + 1);
+    }
 }
 
 /// A message claimed for a subscriber.
@@ -178,9 +170,9 @@ impl WorkGroupState {
             queue,
             keys,
             durable: AtomicU64::new(committed),
-            dispatch: Mutex::new(Dispatch { slots: BTreeMap::new(), frontier: committed + 1 }),
+            dispatch: Mutex::new(Dispatch::new(committed + 1)),
             changed: Notify::new(),
-            progress: Mutex::new(Progress { offset: committed, done: BTreeSet::new() }),
+            progress: Mutex::new(Progress { offset: committed, done: Finished::new(committed + 1) }),
             next_token: AtomicU64::new(seed),
             queued_acks: Mutex::new(Vec::new()),
             saturations: AtomicU64::new(0),
@@ -200,9 +192,10 @@ impl WorkGroupState {
         self.progress.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Rebuilds the state from the claim records found at open. A lease from before the
-    /// restart has no living holder, so its message is claimable at once; its attempt stays
-    /// counted, which is what stops a message that crashes the process from looping forever.
+    /// Rebuilds the state from the claim records found at open (one pass, in sequence order).
+    /// A lease from before the restart has no living holder, so its message is claimable at
+    /// once; its attempt stays counted, which is what stops a message that crashes the process
+    /// from looping forever.
     pub fn restore(&self, claims: impl IntoIterator<Item = (u64, Claim)>, clock: &Clock) {
         let mut d = self.dispatch();
         let mut p = self.progress();
@@ -217,26 +210,19 @@ impl WorkGroupState {
                     p.done.insert(seq);
                     continue;
                 }
-                Claim::Leased { attempt, .. } => {
-                    Slot { attempt, state: SlotState::Available, last_error: String::new() }
-                }
+                Claim::Leased { attempt, .. } => Slot::available(attempt, String::new()),
                 Claim::Waiting { attempt, not_before_micros, last_error, .. } => Slot {
-                    attempt,
                     state: SlotState::Waiting { due: clock.instant_at_wall(not_before_micros) },
-                    last_error,
+                    ..Slot::available(attempt, last_error)
                 },
             };
-            d.slots.insert(seq, slot);
+            d.insert(seq, slot);
         }
         // Sequences below the frontier with no record were claimed in a batch that never
         // reached the disk: nobody holds them.
         for seq in committed + 1..d.frontier {
-            if !p.done.contains(&seq) {
-                d.slots.entry(seq).or_insert(Slot {
-                    attempt: 0,
-                    state: SlotState::Available,
-                    last_error: String::new(),
-                });
+            if !p.done.contains(seq) {
+                d.insert_missing(seq, Slot::available(0, String::new()));
             }
         }
     }
@@ -247,7 +233,8 @@ impl WorkGroupState {
 
     /// Claims up to `max` messages, oldest first: released ones, expired leases, due retries,
     /// then never-claimed sequences up to `last_published`. Messages whose attempts are used up
-    /// come back in `exhausted` (already marked settling) instead.
+    /// come back in `exhausted` (already marked settling) instead. O(log n) per message taken,
+    /// however many wait (see `dispatch.rs`).
     pub fn take(
         &self,
         now: Instant,
@@ -264,45 +251,43 @@ impl WorkGroupState {
         // Retention may have deleted the head: nothing below the first live sequence is claimable.
         let first = self.queue.first_seq.load(Ordering::Acquire);
         d.frontier = d.frontier.max(first);
-        for (&seq, slot) in d.slots.range_mut(first..) {
-            if out.claimed.len() >= max {
-                break;
-            }
-            let expired = match slot.state {
-                SlotState::Available => false,
-                SlotState::Leased { deadline, .. } if deadline <= now => true,
-                SlotState::Waiting { due } if due <= now => false,
-                SlotState::Leased { deadline: t, .. } | SlotState::Waiting { due: t } => {
-                    out.next_wake = Some(out.next_wake.map_or(t, |w| w.min(t)));
-                    continue;
-                }
-                SlotState::Settling => continue,
-            };
-            if slot.attempt >= max_attempts {
-                slot.state = SlotState::Settling;
+        d.fire_due(now);
+        while out.claimed.len() < max {
+            let Some(seq) = d.pop_ready(first) else { break };
+            let Some(slot) = d.get(seq) else { continue };
+            let (attempt, expired) = (slot.attempt, slot.expired);
+            if attempt >= max_attempts {
                 let last_error = if slot.last_error.is_empty() {
-                    format!("{} attempts used up", slot.attempt)
+                    format!("{attempt} attempts used up")
                 } else {
                     slot.last_error.clone()
                 };
-                out.exhausted.push(Exhausted { seq, attempt: slot.attempt, last_error, epoch });
+                // `pop_ready` left it settling.
+                out.exhausted.push(Exhausted { seq, attempt, last_error, epoch });
                 continue;
             }
-            slot.attempt += 1;
-            let token = self.next_token.fetch_add(1, Ordering::Relaxed);
-            slot.state = SlotState::Leased { token, deadline };
-            out.claimed.push(Claimed { seq, attempt: slot.attempt, token, deadline, expired, epoch });
+            let token = self.token();
+            d.set(seq, SlotState::Leased { token, deadline }, |s| {
+                s.attempt += 1;
+                s.expired = false;
+            });
+            out.claimed.push(Claimed { seq, attempt: attempt + 1, token, deadline, expired, epoch });
         }
         while out.claimed.len() < max && d.frontier <= last_published {
             let seq = d.frontier;
             d.frontier += 1;
             let token = self.token();
-            d.slots.insert(
+            d.insert(
                 seq,
-                Slot { attempt: 1, state: SlotState::Leased { token, deadline }, last_error: String::new() },
+                Slot {
+                    attempt: 1,
+                    state: SlotState::Leased { token, deadline },
+                    ..Slot::available(0, String::new())
+                },
             );
             out.claimed.push(Claimed { seq, attempt: 1, token, deadline, expired: false, epoch });
         }
+        out.next_wake = d.next_timer();
         out
     }
 
@@ -310,33 +295,28 @@ impl WorkGroupState {
     /// message was claimed again since.
     pub fn begin_settle(&self, seq: u64, token: u64, now: Instant) -> Result<(), Lost> {
         let mut d = self.dispatch();
-        match d.slots.get_mut(&seq) {
-            Some(slot) => match slot.state {
-                SlotState::Leased { token: t, deadline } if t == token && now < deadline => {
-                    slot.state = SlotState::Settling;
-                    Ok(())
-                }
-                _ => Err(Lost),
-            },
-            None => Err(Lost),
+        match d.get(seq).map(|s| s.state) {
+            Some(SlotState::Leased { token: t, deadline }) if t == token && now < deadline => {
+                d.set(seq, SlotState::Settling, |_| {});
+                Ok(())
+            }
+            _ => Err(Lost),
         }
     }
 
     /// A retry record was queued: the message waits until `due`.
     pub fn to_waiting(&self, seq: u64, due: Instant, error: String) {
-        if let Some(slot) = self.dispatch().slots.get_mut(&seq) {
-            slot.state = SlotState::Waiting { due };
-            slot.last_error = error;
-        }
+        self.dispatch().set(seq, SlotState::Waiting { due }, |s| s.last_error = error);
         self.changed.notify_waiters();
     }
 
     /// A settle was abandoned before its record was queued: the message is claimable again.
     pub fn revert(&self, seq: u64) {
-        if let Some(slot) = self.dispatch().slots.get_mut(&seq)
-            && slot.state == SlotState::Settling
         {
-            slot.state = SlotState::Available;
+            let mut d = self.dispatch();
+            if d.get(seq).is_some_and(|s| s.state == SlotState::Settling) {
+                d.set(seq, SlotState::Available, |_| {});
+            }
         }
         self.changed.notify_waiters();
     }
@@ -346,13 +326,12 @@ impl WorkGroupState {
     pub fn release(&self, seq: u64, token: u64, counted: bool) {
         {
             let mut d = self.dispatch();
-            if let Some(slot) = d.slots.get_mut(&seq)
-                && matches!(slot.state, SlotState::Leased { token: t, .. } if t == token)
-            {
-                slot.state = SlotState::Available;
-                if !counted {
-                    slot.attempt = slot.attempt.saturating_sub(1);
-                }
+            if matches!(d.get(seq).map(|s| s.state), Some(SlotState::Leased { token: t, .. }) if t == token) {
+                d.set(seq, SlotState::Available, |s| {
+                    if !counted {
+                        s.attempt = s.attempt.saturating_sub(1);
+                    }
+                });
             }
         }
         self.changed.notify_waiters();
@@ -361,9 +340,9 @@ impl WorkGroupState {
     /// Moves the holder's lease deadline to `until`.
     pub fn extend(&self, seq: u64, token: u64, now: Instant, until: Instant) -> Result<(), Lost> {
         let mut d = self.dispatch();
-        match d.slots.get_mut(&seq).map(|s| &mut s.state) {
-            Some(SlotState::Leased { token: t, deadline }) if *t == token && now < *deadline => {
-                *deadline = until;
+        match d.get(seq).map(|s| s.state) {
+            Some(SlotState::Leased { token: t, deadline }) if t == token && now < deadline => {
+                d.set(seq, SlotState::Leased { token, deadline: until }, |_| {});
                 Ok(())
             }
             _ => Err(Lost),
@@ -391,8 +370,8 @@ impl WorkGroupState {
     /// The writer made these sequences' outcomes durable: forget them.
     pub fn finished(&self, seqs: &[u64]) {
         let mut d = self.dispatch();
-        for seq in seqs {
-            d.slots.remove(seq);
+        for &seq in seqs {
+            d.remove(seq);
         }
     }
 
@@ -403,8 +382,7 @@ impl WorkGroupState {
     /// claim made meanwhile already starts from the new offset.
     pub fn reset(&self, offset: u64) {
         let mut d = self.dispatch();
-        d.slots.clear();
-        d.frontier = offset + 1;
+        d.clear(offset + 1);
         self.epoch.fetch_add(1, Ordering::AcqRel);
         drop(d);
         drop(self.take_queued_acks());
@@ -413,10 +391,7 @@ impl WorkGroupState {
 
     /// Retention deleted everything up to `to`: forget it and never claim it.
     pub fn skip_to(&self, to: u64) {
-        let mut d = self.dispatch();
-        d.slots.retain(|&seq, _| seq > to);
-        d.frontier = d.frontier.max(to + 1);
-        drop(d);
+        self.dispatch().drop_through(to);
         self.changed.notify_waiters();
     }
 
@@ -441,7 +416,7 @@ impl WorkGroupState {
 
     /// Messages currently leased.
     pub fn leased(&self) -> usize {
-        self.dispatch().slots.values().filter(|s| matches!(s.state, SlotState::Leased { .. })).count()
+        self.dispatch().leased()
     }
 
     /// Whether a job of the group is held at `now`: under a lease not yet run out. An expired
@@ -449,28 +424,27 @@ impl WorkGroupState {
     /// being written (`Settling`) carries the group's epoch, which a reset fences: neither keeps
     /// a reset out.
     pub fn held(&self, now: Instant) -> bool {
-        self.dispatch().slots.values().any(|s| match s.state {
-            SlotState::Leased { deadline, .. } => deadline > now,
-            SlotState::Settling | SlotState::Available | SlotState::Waiting { .. } => false,
-        })
+        self.dispatch().held(now)
     }
 
     /// Messages waiting for a retry.
     pub fn waiting(&self) -> usize {
-        self.dispatch().slots.values().filter(|s| matches!(s.state, SlotState::Waiting { .. })).count()
+        self.dispatch().waiting()
     }
 
     /// The live leases of this process: sequence → (attempt, deadline). Extensions live only
     /// here (see `engine/inspect.rs`), so admin reads overlay them on the claim records.
     pub fn live_leases(&self) -> Vec<(u64, u32, Instant)> {
-        let d = self.dispatch();
-        d.slots
-            .iter()
-            .filter_map(|(&seq, s)| match s.state {
-                SlotState::Leased { deadline, .. } => Some((seq, s.attempt, deadline)),
-                _ => None,
-            })
-            .collect()
+        let mut out: Vec<_> = self.dispatch().leases().collect();
+        out.sort_unstable_by_key(|l| l.0);
+        out
+    }
+
+    /// The sequences a claim at `now` could take: for tests.
+    #[cfg(test)]
+    pub fn claimable(&self, now: Instant) -> Vec<u64> {
+        let first = self.queue.first_seq.load(Ordering::Acquire);
+        self.dispatch().claimable(now, first)
     }
 }
 
@@ -637,10 +611,220 @@ mod tests {
             ],
             &clock,
         );
-        assert_eq!(g.progress().done.iter().copied().collect::<Vec<_>>(), [3]);
+        assert_eq!(g.progress().done.iter().collect::<Vec<_>>(), [3]);
         assert_eq!(g.waiting(), 1);
         let now = clock.now();
         // 4 was claimed in a batch that never reached the disk: claimable, no attempt counted.
         assert_eq!(seqs(&g.take(now, 10, 6, LEASE, MAX)), [(2, 3), (4, 1), (6, 1)]);
+    }
+}
+
+/// The claim index against the linear scan it replaced: random claims, acks, nacks, releases,
+/// extensions, reverts, resets, retention skips and clock moves, after each of which the two
+/// must agree on what is claimable, what a claim takes and what is held or waiting.
+#[cfg(test)]
+mod index_props {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(10);
+    const MAX: u32 = 3;
+
+    /// The reference: every slot in a map, every claim a walk from the first.
+    #[derive(Default)]
+    struct Model {
+        slots: BTreeMap<u64, (u32, SlotState, bool)>,
+        frontier: u64,
+    }
+
+    impl Model {
+        fn claimable(&self, now: Instant) -> Vec<u64> {
+            self.slots
+                .iter()
+                .filter(|(_, (_, st, _))| match *st {
+                    SlotState::Available => true,
+                    SlotState::Leased { deadline, .. } => deadline <= now,
+                    SlotState::Waiting { due } => due <= now,
+                    SlotState::Settling => false,
+                })
+                .map(|(&s, _)| s)
+                .collect()
+        }
+
+        /// (claimed (seq, attempt, expired), exhausted seqs) of a claim of `max`.
+        fn take(&mut self, now: Instant, max: usize, last: u64) -> (Vec<(u64, u32, bool)>, Vec<u64>) {
+            let (mut claimed, mut exhausted) = (Vec::new(), Vec::new());
+            // Every lease run out and retry due becomes claimable first (a lease that ran out
+            // is no longer counted leased, even if this claim does not take it).
+            for (_, st, expired) in self.slots.values_mut() {
+                match *st {
+                    SlotState::Leased { deadline, .. } if deadline <= now => {
+                        (*st, *expired) = (SlotState::Available, true)
+                    }
+                    SlotState::Waiting { due } if due <= now => *st = SlotState::Available,
+                    _ => {}
+                }
+            }
+            for (&seq, (attempt, st, was_expired)) in self.slots.iter_mut() {
+                if claimed.len() >= max {
+                    break;
+                }
+                if *st != SlotState::Available {
+                    continue;
+                }
+                let expired = std::mem::take(was_expired);
+                if *attempt >= MAX {
+                    *st = SlotState::Settling;
+                    exhausted.push(seq);
+                    continue;
+                }
+                *attempt += 1;
+                // The token and deadline are filled in from the real claim.
+                *st = SlotState::Leased { token: 0, deadline: now + LEASE };
+                claimed.push((seq, *attempt, expired));
+            }
+            while claimed.len() < max && self.frontier <= last {
+                let seq = self.frontier;
+                self.frontier += 1;
+                self.slots.insert(seq, (1, SlotState::Leased { token: 0, deadline: now + LEASE }, false));
+                claimed.push((seq, 1, false));
+            }
+            (claimed, exhausted)
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Take { max: usize, publish: u64 },
+        Ack(usize),
+        Nack { pick: usize, secs: u64 },
+        Release { pick: usize, counted: bool },
+        Extend { pick: usize, secs: u64 },
+        Revert(usize),
+        Advance(u64),
+        Reset,
+        Skip(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (1usize..6, 0u64..4).prop_map(|(max, publish)| Op::Take { max, publish }),
+            3 => any::<usize>().prop_map(Op::Ack),
+            2 => (any::<usize>(), 0u64..30).prop_map(|(pick, secs)| Op::Nack { pick, secs }),
+            1 => (any::<usize>(), any::<bool>()).prop_map(|(pick, counted)| Op::Release { pick, counted }),
+            1 => (any::<usize>(), 1u64..30).prop_map(|(pick, secs)| Op::Extend { pick, secs }),
+            1 => any::<usize>().prop_map(Op::Revert),
+            2 => (0u64..15).prop_map(Op::Advance),
+            1 => Just(Op::Reset),
+            1 => (0u64..3).prop_map(Op::Skip),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+        #[test]
+        fn the_index_claims_exactly_what_a_full_scan_would(ops in proptest::collection::vec(op(), 1..120)) {
+            let queue = QueueState::new(1, "q", 1, 0, crate::retention::Retention::Forever);
+            let g = WorkGroupState::new("w", queue, 0);
+            let mut m = Model { frontier: 1, ..Model::default() };
+            let mut now = Instant::now();
+            let mut last = 0u64;
+            // Live claims: (seq, token), as holders would keep them.
+            let mut held: Vec<(u64, u64)> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Take { max, publish } => {
+                        last += publish;
+                        let t = g.take(now, max, last, LEASE, MAX);
+                        let (claimed, exhausted) = m.take(now, max, last);
+                        let got: Vec<_> = t.claimed.iter().map(|c| (c.seq, c.attempt, c.expired)).collect();
+                        prop_assert_eq!(got, claimed);
+                        prop_assert_eq!(t.exhausted.iter().map(|e| e.seq).collect::<Vec<_>>(), exhausted);
+                        for c in &t.claimed {
+                            m.slots.insert(c.seq, (c.attempt, SlotState::Leased { token: c.token, deadline: c.deadline }, false));
+                            held.retain(|h| h.0 != c.seq);
+                            held.push((c.seq, c.token));
+                        }
+                        if t.claimed.is_empty() && t.exhausted.is_empty() {
+                            let wake = m.slots.values().filter_map(|(_, st, _)| match *st {
+                                SlotState::Leased { deadline, .. } => Some(deadline),
+                                SlotState::Waiting { due } => Some(due),
+                                _ => None,
+                            }).min();
+                            prop_assert_eq!(t.next_wake, wake);
+                        }
+                    }
+                    Op::Ack(pick) | Op::Nack { pick, .. } if !held.is_empty() => {
+                        let (seq, token) = held.remove(pick % held.len());
+                        let ok = g.begin_settle(seq, token, now).is_ok();
+                        let live = matches!(m.slots.get(&seq), Some((_, SlotState::Leased { token: t, deadline }, _)) if *t == token && now < *deadline);
+                        prop_assert_eq!(ok, live);
+                        if ok {
+                            if let Op::Nack { secs, .. } = op {
+                                let due = now + Duration::from_secs(secs);
+                                g.to_waiting(seq, due, "e".into());
+                                if let Some(s) = m.slots.get_mut(&seq) { s.1 = SlotState::Waiting { due }; }
+                            } else {
+                                g.finished(&[seq]);
+                                m.slots.remove(&seq);
+                            }
+                        }
+                    }
+                    Op::Release { pick, counted } if !held.is_empty() => {
+                        let (seq, token) = held.remove(pick % held.len());
+                        g.release(seq, token, counted);
+                        if let Some(s) = m.slots.get_mut(&seq)
+                            && matches!(s.1, SlotState::Leased { token: t, .. } if t == token)
+                        {
+                            s.1 = SlotState::Available;
+                            if !counted { s.0 = s.0.saturating_sub(1); }
+                        }
+                    }
+                    Op::Extend { pick, secs } if !held.is_empty() => {
+                        let (seq, token) = held[pick % held.len()];
+                        let until = now + Duration::from_secs(secs);
+                        let ok = g.extend(seq, token, now, until).is_ok();
+                        let live = matches!(m.slots.get(&seq), Some((_, SlotState::Leased { token: t, deadline }, _)) if *t == token && now < *deadline);
+                        prop_assert_eq!(ok, live);
+                        if ok && let Some(s) = m.slots.get_mut(&seq) {
+                            s.1 = SlotState::Leased { token, deadline: until };
+                        }
+                    }
+                    Op::Revert(pick) if !held.is_empty() => {
+                        // A settle abandoned before its record was queued.
+                        let (seq, token) = held.remove(pick % held.len());
+                        if g.begin_settle(seq, token, now).is_ok() {
+                            g.revert(seq);
+                            if let Some(s) = m.slots.get_mut(&seq) { s.1 = SlotState::Available; }
+                        }
+                    }
+                    Op::Advance(secs) => now += Duration::from_secs(secs),
+                    Op::Reset => {
+                        let to = m.frontier.saturating_sub(1) / 2;
+                        g.reset(to);
+                        m.slots.clear();
+                        m.frontier = to + 1;
+                        held.clear();
+                    }
+                    Op::Skip(n) => {
+                        let to = m.slots.keys().next().copied().unwrap_or(0) + n;
+                        g.skip_to(to);
+                        m.slots = m.slots.split_off(&(to + 1));
+                        m.frontier = m.frontier.max(to + 1);
+                    }
+                    _ => {}
+                }
+                prop_assert_eq!(g.claimable(now), m.claimable(now));
+                let leased = m.slots.values().filter(|s| matches!(s.1, SlotState::Leased { .. })).count();
+                let waiting = m.slots.values().filter(|s| matches!(s.1, SlotState::Waiting { .. })).count();
+                prop_assert_eq!(g.leased(), leased);
+                prop_assert_eq!(g.waiting(), waiting);
+                let held_now = m.slots.values().any(|s| matches!(s.1, SlotState::Leased { deadline, .. } if deadline > now));
+                prop_assert_eq!(g.held(now), held_now);
+            }
+        }
     }
 }

@@ -8,7 +8,8 @@ use std::sync::atomic::Ordering;
 
 use dashmap::DashMap;
 
-use super::round::{Created, Round, Written};
+use super::round::{Created, QueueGroups, Round, Written};
+use crate::engine::keyed::Keyed;
 use crate::engine::registry::{OrderedGroupState, QueueState, Registry, WorkGroupState};
 use crate::engine::request::Reply;
 use crate::error::{ResetError, SubscribeError};
@@ -22,7 +23,9 @@ pub(super) trait GroupKind: Sized + Send + Sync + 'static {
     fn keys(&self) -> &GroupKeys;
     fn registered(registry: &Registry) -> &DashMap<Vec<u8>, Arc<Self>>;
     fn written(written: &mut Written) -> &mut HashMap<Vec<u8>, Arc<Self>>;
-    fn created<'r>(r: &'r mut Round<'_>) -> &'r mut Vec<Created<Self, SubscribeError>>;
+    /// The groups of this kind on one queue, in the writer's index.
+    fn of_queue(groups: &mut QueueGroups) -> &mut Vec<Arc<Self>>;
+    fn created<'r>(r: &'r mut Round<'_>) -> &'r mut Keyed<Vec<u8>, Created<Self, SubscribeError>>;
 }
 
 impl GroupKind for OrderedGroupState {
@@ -39,7 +42,10 @@ impl GroupKind for OrderedGroupState {
     fn written(written: &mut Written) -> &mut HashMap<Vec<u8>, Arc<Self>> {
         &mut written.ordered
     }
-    fn created<'r>(r: &'r mut Round<'_>) -> &'r mut Vec<Created<Self, SubscribeError>> {
+    fn of_queue(groups: &mut QueueGroups) -> &mut Vec<Arc<Self>> {
+        &mut groups.ordered
+    }
+    fn created<'r>(r: &'r mut Round<'_>) -> &'r mut Keyed<Vec<u8>, Created<Self, SubscribeError>> {
         &mut r.done.ordered
     }
 }
@@ -58,7 +64,10 @@ impl GroupKind for WorkGroupState {
     fn written(written: &mut Written) -> &mut HashMap<Vec<u8>, Arc<Self>> {
         &mut written.work
     }
-    fn created<'r>(r: &'r mut Round<'_>) -> &'r mut Vec<Created<Self, SubscribeError>> {
+    fn of_queue(groups: &mut QueueGroups) -> &mut Vec<Arc<Self>> {
+        &mut groups.work
+    }
+    fn created<'r>(r: &'r mut Round<'_>) -> &'r mut Keyed<Vec<u8>, Created<Self, SubscribeError>> {
         &mut r.done.work
     }
 }
@@ -80,13 +89,13 @@ pub(super) fn create<G: GroupKind>(
         let _ = reply.send(Err(e));
         return;
     }
-    if let Some((_, waiters)) = G::created(r).iter_mut().find(|(g, _)| g.keys().id() == id.as_slice()) {
+    if let Some((_, waiters)) = G::created(r).get_mut(&id) {
         waiters.push(reply);
         return;
     }
     if let Some(g) = G::written(r.written).get(&id).cloned() {
         // Written in an earlier round whose sync is still running.
-        G::created(r).push((g, vec![reply]));
+        G::created(r).get_or_insert_with(id, || (g, Vec::new())).1.push(reply);
         return;
     }
     let committed = match start_offset(r, &queue, start) {
@@ -96,10 +105,12 @@ pub(super) fn create<G: GroupKind>(
             return;
         }
     };
+    let queue_id = queue.id;
     let state = G::new(&group, queue, committed);
+    G::of_queue(r.written.groups_of.entry(queue_id).or_default()).push(state.clone());
     r.batch.put_offset(state.keys(), GroupOffset { mode: G::MODE, committed });
-    G::written(r.written).insert(id, state.clone());
-    G::created(r).push((state, vec![reply]));
+    G::written(r.written).insert(id.clone(), state.clone());
+    G::created(r).get_or_insert_with(id, || (state, Vec::new())).1.push(reply);
 }
 
 /// `WrongMode` if the pair exists (or is being created) in the other mode: a name is ordered or

@@ -84,6 +84,7 @@ impl Writer {
             max_id = max_id.max(q.id);
         }
         written.next_queue_id = max_id + 1;
+        written.index_registry(&engine);
         // Fault 7: stamps used to restart from the clock, going back if it stepped back.
         written.last_stamp = crate::store::newest_stamp(
             &engine.store,

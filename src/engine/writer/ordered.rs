@@ -230,7 +230,7 @@ fn forget_marks(r: &mut Round<'_>, g: &OrderedGroupState) {
 /// Retention deleted `queue`'s messages up to `to`: the marks of every ordered group on it
 /// there go too.
 pub(super) fn trimmed(r: &mut Round<'_>, queue: &QueueState, to: u64) {
-    for g in r.written.ordered_groups(r.engine).into_iter().filter(|g| g.queue.id == queue.id) {
+    for g in r.written.ordered_groups_of(queue.id).to_vec() {
         for seq in g.records().forget_through(to) {
             r.batch.delete_record(&g.keys, seq);
         }

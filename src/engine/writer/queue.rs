@@ -37,19 +37,20 @@ fn create(
         let _ = reply.send(Ok(q));
         return;
     }
-    if let Some((_, waiters)) = r.done.queues.iter_mut().find(|(q, _)| *q.name == *name) {
+    let key: Arc<str> = Arc::from(name.as_str());
+    if let Some((_, waiters)) = r.done.queues.get_mut(&key) {
         waiters.push(reply);
         return;
     }
     if let Some(q) = r.written.queues.get(&name) {
         // Written in an earlier round whose sync is still running: answer after this round's
         // sync, which comes after that one.
-        r.done.queues.push((q.clone(), vec![reply]));
+        r.done.queues.get_or_insert_with(key, || (q.clone(), Vec::new())).1.push(reply);
         return;
     }
     match ensure(r, &name) {
         Ok(_) => {
-            if let Some((_, waiters)) = r.done.queues.iter_mut().find(|(q, _)| *q.name == *name) {
+            if let Some((_, waiters)) = r.done.queues.get_mut(&key) {
                 waiters.push(reply);
             }
         }
@@ -63,7 +64,7 @@ pub(super) fn ensure(r: &mut Round<'_>, name: &str) -> Result<Arc<QueueState>, Q
     if let Some(q) = r.engine.registry.queue(name) {
         return Ok(q);
     }
-    if let Some((q, _)) = r.done.queues.iter().find(|(q, _)| *q.name == *name) {
+    if let Some((q, _)) = r.done.queues.get(&Arc::from(name)) {
         return Ok(q.clone());
     }
     if let Some(q) = r.written.queues.get(name) {
@@ -79,7 +80,7 @@ pub(super) fn ensure(r: &mut Round<'_>, name: &str) -> Result<Arc<QueueState>, Q
     r.written.next_seq.insert(id, 1);
     let state = QueueState::new(id, name, 1, 0, Retention::default());
     r.written.queues.insert(name.to_owned(), state.clone());
-    r.done.queues.push((state.clone(), Vec::new()));
+    r.done.queues.get_or_insert_with(state.name.clone(), || (state.clone(), Vec::new()));
     Ok(state)
 }
 

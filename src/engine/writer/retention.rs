@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use super::round::Round;
 use super::{ordered, work};
 use crate::engine::registry::QueueState;
-use crate::engine::request::{Reply, RetentionRequest, refuse};
+use crate::engine::request::{Reply, RetentionRequest, TrimCut, refuse};
 use crate::error::{Closed, QueueError};
 use crate::events::Event;
 use crate::model::QueueMeta;
@@ -18,7 +18,12 @@ use crate::telemetry;
 pub(super) fn apply(r: &mut Round<'_>, req: RetentionRequest) {
     match req {
         RetentionRequest::SetPolicy { queue, retention, reply } => set_policy(r, queue, retention, reply),
-        RetentionRequest::Trim { queue, to, policy, reply } => trim(r, queue, Cut { to, policy }, reply),
+        RetentionRequest::Trim { cuts, reply } => {
+            let deleted = cuts.into_iter().map(|c| trim(r, c)).collect();
+            r.on_done(move |res| {
+                drop(reply.send(res.map(|()| deleted).map_err(|e| QueueError::Storage(e.clone()))))
+            });
+        }
     }
 }
 
@@ -51,26 +56,21 @@ fn set_policy(r: &mut Round<'_>, queue: Arc<QueueState>, retention: Retention, r
 fn min_group_offset(r: &Round<'_>, queue: &QueueState) -> Option<u64> {
     let ordered = r
         .written
-        .ordered_groups(r.engine)
-        .into_iter()
-        .filter(|g| g.queue.id == queue.id)
+        .ordered_groups_of(queue.id)
+        .iter()
         // `acked` is set by a reset as it enters a batch; `durable` trails a commit.
         .map(|g| g.acked.load(Ordering::SeqCst).min(g.durable.load(Ordering::SeqCst)));
     let work = r
         .written
-        .work_groups_of(r.engine, queue.id)
-        .into_iter()
+        .work_groups_of(queue.id)
+        .iter()
         .map(|g| g.progress().offset.min(g.durable.load(Ordering::SeqCst)));
     ordered.chain(work).min()
 }
 
-/// A trim's cut: delete up to `to`, as computed under `policy`.
-struct Cut {
-    to: u64,
-    policy: Retention,
-}
-
-fn trim(r: &mut Round<'_>, queue: Arc<QueueState>, cut: Cut, reply: Reply<u64, QueueError>) {
+/// Trims one queue in the round's batch; returns how many messages it deletes.
+fn trim(r: &mut Round<'_>, cut: TrimCut) -> u64 {
+    let queue = cut.queue;
     let first = queue.first_seq.load(Ordering::SeqCst);
     let written = r.written.next_seq.get(&queue.id).map_or(queue.last_seq(), |n| n - 1);
     let mut to = cut.to.min(written);
@@ -83,8 +83,7 @@ fn trim(r: &mut Round<'_>, queue: Arc<QueueState>, cut: Cut, reply: Reply<u64, Q
         to = to.min(min_group_offset(r, &queue).unwrap_or(0));
     }
     if to < first {
-        let _ = reply.send(Ok(0));
-        return;
+        return 0;
     }
     // Readers switch to the new first sequence before the range disappears, so none walks into
     // deleted keys (a read already in flight that finds them gone re-checks it).
@@ -102,6 +101,6 @@ fn trim(r: &mut Round<'_>, queue: Arc<QueueState>, cut: Cut, reply: Reply<u64, Q
             telemetry::queue_counter(telemetry::TRIMMED, &queue.name, deleted);
             engine.emit(|| Event::Trimmed { queue: queue.name.clone(), deleted, first_seq: to + 1 });
         }
-        let _ = reply.send(res.map(|()| deleted).map_err(|e| QueueError::Storage(e.clone())));
     });
+    deleted
 }

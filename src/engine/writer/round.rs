@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use crate::engine::Engine;
 use crate::engine::inbox::Staged;
+use crate::engine::keyed::Keyed;
 use crate::engine::registry::{OrderedGroupState, QueueState, WorkGroupState};
 use crate::engine::request::Reply;
 use crate::error::{CommitError, QueueError, StorageError, SubscribeError};
@@ -56,10 +57,20 @@ pub(crate) struct Written {
     pub queues: HashMap<String, Arc<QueueState>>,
     pub ordered: HashMap<Vec<u8>, Arc<OrderedGroupState>>,
     pub work: HashMap<Vec<u8>, Arc<WorkGroupState>>,
+    /// Every group, loaded at open or created since, by queue id: a trim touches the groups of
+    /// its queue without walking every group.
+    pub groups_of: HashMap<u32, QueueGroups>,
     /// Redrive cursors written (read from disk on first use), by dead-letter queue id.
     pub cursors: HashMap<u32, u64>,
     /// Group settings written (read from disk on first use), by (group, queue).
     pub settings: HashMap<(String, Arc<str>), GroupSettings>,
+}
+
+/// The groups of one queue.
+#[derive(Default)]
+pub(crate) struct QueueGroups {
+    pub ordered: Vec<Arc<OrderedGroupState>>,
+    pub work: Vec<Arc<WorkGroupState>>,
 }
 
 impl Written {
@@ -69,16 +80,24 @@ impl Written {
         engine.registry.ordered.iter().map(|g| g.clone()).chain(self.ordered.values().cloned()).collect()
     }
 
-    /// Every work-queue group of queue `queue_id`, registered or not yet.
-    pub fn work_groups_of(&self, engine: &Engine, queue_id: u32) -> Vec<Arc<WorkGroupState>> {
-        engine
-            .registry
-            .work
-            .iter()
-            .map(|g| g.clone())
-            .chain(self.work.values().cloned())
-            .filter(|g| g.queue.id == queue_id)
-            .collect()
+    /// Indexes every group of the registry (at the writer's start).
+    pub fn index_registry(&mut self, engine: &Engine) {
+        for g in engine.registry.ordered.iter() {
+            self.groups_of.entry(g.queue.id).or_default().ordered.push(g.clone());
+        }
+        for g in engine.registry.work.iter() {
+            self.groups_of.entry(g.queue.id).or_default().work.push(g.clone());
+        }
+    }
+
+    /// The ordered groups of queue `queue_id`, registered or not yet.
+    pub fn ordered_groups_of(&self, queue_id: u32) -> &[Arc<OrderedGroupState>] {
+        self.groups_of.get(&queue_id).map_or(&[], |g| &g.ordered)
+    }
+
+    /// The work-queue groups of queue `queue_id`, registered or not yet.
+    pub fn work_groups_of(&self, queue_id: u32) -> &[Arc<WorkGroupState>] {
+        self.groups_of.get(&queue_id).map_or(&[], |g| &g.work)
     }
 }
 
@@ -93,22 +112,22 @@ pub(crate) type Callback = Box<dyn FnOnce(Result<(), &StorageError>) + Send>;
 #[derive(Default)]
 pub(crate) struct Completions {
     /// Queues, ordered groups and work-queue groups created this round, with their waiters.
-    pub queues: Vec<Created<QueueState, QueueError>>,
-    pub ordered: Vec<Created<OrderedGroupState, SubscribeError>>,
-    pub work: Vec<Created<WorkGroupState, SubscribeError>>,
+    pub queues: Keyed<Arc<str>, Created<QueueState, QueueError>>,
+    pub ordered: Keyed<Vec<u8>, Created<OrderedGroupState, SubscribeError>>,
+    pub work: Keyed<Vec<u8>, Created<WorkGroupState, SubscribeError>>,
     /// Staged sends written this round, with the first sequence of each send call. Their
     /// buffers are freed by the completer, off the writer thread.
     pub staged: Vec<(Staged, Box<[u64]>)>,
     /// Queues appended to this round: their last sequence and how many messages were appended.
-    pub touched: Vec<(Arc<QueueState>, u64, u64)>,
+    pub touched: Keyed<u32, (Arc<QueueState>, u64, u64)>,
     /// Ordered offsets written this round.
     pub commits: Vec<(Arc<OrderedGroupState>, u64)>,
     /// Work-queue groups whose offset moved this round (their records are written last).
-    pub work_offsets: Vec<Arc<WorkGroupState>>,
+    pub work_offsets: Keyed<GroupPtr, Arc<WorkGroupState>>,
     /// Their new offsets, published before any reply of the round.
     pub work_durable: Vec<(Arc<WorkGroupState>, u64)>,
     /// Sequences finished this round, per work-queue group (forgotten in memory once durable).
-    pub work_finished: Vec<(Arc<WorkGroupState>, Vec<u64>)>,
+    pub work_finished: Keyed<GroupPtr, (Arc<WorkGroupState>, Vec<u64>)>,
     pub callbacks: Vec<Callback>,
     pub flushes: Vec<Reply<(), CommitError>>,
     pub shutdown: Option<Reply<(), StorageError>>,
@@ -121,19 +140,29 @@ pub(crate) struct Completions {
 impl Completions {
     /// Records that `queue` got messages up to `last`, `n` more this round.
     pub fn touched(&mut self, queue: &Arc<QueueState>, last: u64, n: u64) {
-        match self.touched.iter_mut().find(|(q, _, _)| q.id == queue.id) {
-            Some(t) => {
-                t.1 = last;
-                t.2 += n;
-            }
-            None => self.touched.push((queue.clone(), last, n)),
-        }
+        let t = self.touched.get_or_insert_with(queue.id, || (queue.clone(), last, 0));
+        t.1 = last;
+        t.2 += n;
     }
 
     /// Remembers that `g`'s offset moved this round (its record is written once, last).
     pub fn work_offset_moved(&mut self, g: &Arc<WorkGroupState>) {
-        if !self.work_offsets.iter().any(|x| Arc::ptr_eq(x, g)) {
-            self.work_offsets.push(g.clone());
-        }
+        self.work_offsets.get_or_insert_with(GroupPtr::of(g), || g.clone());
+    }
+
+    /// Remembers that `g` finished `seq` this round (forgotten in memory once durable).
+    pub fn work_finished(&mut self, g: &Arc<WorkGroupState>, seq: u64) {
+        self.work_finished.get_or_insert_with(GroupPtr::of(g), || (g.clone(), Vec::new())).1.push(seq);
+    }
+}
+
+/// A work-queue group's identity within one round: the address of its state (one state per
+/// group for the life of the broker).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct GroupPtr(usize);
+
+impl GroupPtr {
+    pub fn of(g: &Arc<WorkGroupState>) -> Self {
+        GroupPtr(Arc::as_ptr(g) as usize)
     }
 }

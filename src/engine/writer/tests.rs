@@ -89,7 +89,8 @@ async fn staged_sends_get_dense_sequences_in_staging_order_across_queues() {
     });
     // The first sequence of each send call, in staging order.
     assert_eq!(&*done.staged[0].1, &[1, 1, 3]);
-    let touched: Vec<_> = done.touched.iter().map(|(q, last, n)| (q.name.to_string(), *last, *n)).collect();
+    let touched: Vec<_> =
+        done.touched.values().iter().map(|(q, last, n)| (q.name.to_string(), *last, *n)).collect();
     assert_eq!(touched, [("a".to_owned(), 3, 3), ("b".to_owned(), 1, 1)]);
     assert_eq!(done.messages, 4);
     assert_eq!((fx.written.next_seq[&a.id], fx.written.next_seq[&b.id]), (4, 2));
@@ -129,7 +130,7 @@ async fn a_queue_asked_for_twice_is_created_once_and_answered_after_its_round() 
         (r1, r2)
     });
     assert_eq!(done.queues.len(), 1, "one queue record");
-    assert_eq!(done.queues[0].1.len(), 2, "both callers wait for it");
+    assert_eq!(done.queues.values()[0].1.len(), 2, "both callers wait for it");
     // Asked again before that round completed: joins it in the next round instead of
     // creating it again.
     let (r3, done2) = fx.round(|r| {

@@ -99,40 +99,44 @@ pub(super) fn commit_queued_acks(r: &mut Round<'_>) {
 
 /// One offset record per work-queue group whose offset moved this round, written last.
 pub(super) fn commit_offsets(r: &mut Round<'_>) {
-    for g in std::mem::take(&mut r.done.work_offsets) {
+    for g in r.done.work_offsets.take() {
         let offset = g.progress().offset;
         r.batch.put_offset(&g.keys, GroupOffset { mode: GroupMode::WorkQueue, committed: offset });
         r.done.work_durable.push((g, offset));
     }
 }
 
+/// An offset move over more sequences than this deletes their claim records with one range
+/// tombstone instead of one point delete each (a gap closing over a long finished run).
+const RANGE_DELETE_OVER: u64 = 32;
+
 /// Marks `seq` finished (acked or dead-lettered): the offset moves over every contiguous
-/// finished sequence (their claims are deleted); a finished sequence above a gap keeps a
-/// `Done` claim so a restart does not deliver it again.
+/// finished sequence, and their claims are deleted — one by one for a short move, with one
+/// range tombstone for a long one. A finished sequence above a gap keeps a `Done` claim so a
+/// restart does not deliver it again: O(1) per message however long the gap stays open.
 fn finish_seq(r: &mut Round<'_>, g: &Arc<WorkGroupState>, seq: u64) {
     let mut p = g.progress();
-    if seq <= p.offset || !p.done.insert(seq) {
+    let before = p.offset;
+    if seq <= before || !p.finish(seq) {
         return;
     }
-    let before = p.offset;
-    while p.done.first() == Some(&(p.offset + 1)) {
-        p.done.pop_first();
-        p.offset += 1;
-        r.batch.delete_record(&g.keys, p.offset);
-    }
-    if p.done.contains(&seq) {
+    let after = p.offset;
+    drop(p);
+    if after < seq {
         r.batch.put_claim(&g.keys, seq, &Claim::Done);
     }
-    let moved = p.offset > before;
-    drop(p);
-    if moved {
+    if after > before {
+        if after - before > RANGE_DELETE_OVER {
+            r.batch.delete_records_between(&g.keys, before + 1, after);
+        } else {
+            for s in before + 1..=after {
+                r.batch.delete_record(&g.keys, s);
+            }
+        }
         r.done.work_offset_moved(g);
     }
     // Forgotten in memory once durable, per group in one lock (see `commit.rs`).
-    match r.done.work_finished.iter_mut().find(|(x, _)| Arc::ptr_eq(x, g)) {
-        Some((_, seqs)) => seqs.push(seq),
-        None => r.done.work_finished.push((g.clone(), vec![seq])),
-    }
+    r.done.work_finished(g, seq);
 }
 
 /// One attempt of one message of a group.
@@ -325,17 +329,13 @@ fn reset(r: &mut Round<'_>, group: Arc<WorkGroupState>, offset: u64, reply: Repl
         let _ = reply.send(Err(e));
         return;
     }
-    {
-        let mut p = group.progress();
-        p.offset = offset;
-        p.done.clear();
-    }
+    group.progress().move_to(offset);
     // In memory now, not when durable: outcomes, claims and acks decided before the reset but
     // arriving after it carry the old epoch and are refused; queued acks are dropped.
     group.reset(offset);
     r.batch.delete_all_records(&group.keys);
     r.batch.put_offset(&group.keys, GroupOffset { mode: GroupMode::WorkQueue, committed: offset });
-    r.done.work_offsets.retain(|g| !Arc::ptr_eq(g, &group));
+    r.done.work_offsets.remove(&super::round::GroupPtr::of(&group));
     r.on_done(move |res| {
         if res.is_ok() {
             // A reset may go backwards: store, not max.
@@ -348,14 +348,13 @@ fn reset(r: &mut Round<'_>, group: Arc<WorkGroupState>, offset: u64, reply: Repl
 /// Every work-queue group of `queue` whose offset is behind `to` (a trim's cut) jumps past it:
 /// its claims there go with one range delete, in the trim's batch.
 pub(super) fn trimmed(r: &mut Round<'_>, queue: &QueueState, to: u64) {
-    for g in r.written.work_groups_of(r.engine, queue.id) {
+    for g in r.written.work_groups_of(queue.id).to_vec() {
         let mut p = g.progress();
         if p.offset >= to {
             continue;
         }
         let from = p.offset + 1;
-        p.offset = to;
-        p.done = p.done.split_off(&(to + 1));
+        p.move_to(to);
         drop(p);
         r.batch.delete_records_through(&g.keys, to);
         r.done.work_offset_moved(&g);

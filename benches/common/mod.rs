@@ -1,0 +1,59 @@
+//! What the benchmarks share: the payload and the raw-RocksDB baseline every table prints
+//! beside rockq's figures.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::time::Instant;
+
+/// Bytes of every benchmark payload (its size is what the tables report against).
+pub const PAYLOAD: usize = 100;
+
+/// Payload `i`: its number, then filler.
+pub fn value(i: u64) -> Vec<u8> {
+    let mut v = vec![b'x'; PAYLOAD];
+    v[..8].copy_from_slice(&i.to_be_bytes());
+    v
+}
+
+/// Raw RocksDB: seconds to write `n` keys `<queue u32><seq u64>` with 100-byte values in
+/// batches; the median of three runs in fresh databases, because one run on this kind of
+/// machine swings by a third. `settle` flushes the page cache to disk before each timed run
+/// (so the previous run's writeback does not land on this one).
+pub fn raw_write(path: &Path, n: u64, batch: u64, sync: bool, settle: bool) -> f64 {
+    let mut runs: Vec<f64> =
+        (0..3).map(|i| raw_write_once(&path.join(i.to_string()), n, batch, sync, settle)).collect();
+    runs.sort_by(f64::total_cmp);
+    let rates: Vec<f64> = runs.iter().map(|s| n as f64 / s).collect();
+    eprintln!("raw: {n} messages, batch {batch}, sync {sync}: {rates:.0?} msg/s");
+    runs[1]
+}
+
+pub fn raw_write_once(path: &Path, n: u64, batch: u64, sync: bool, settle: bool) -> f64 {
+    let mut o = rocksdb::Options::default();
+    o.create_if_missing(true);
+    let db = rocksdb::DB::open(&o, path).unwrap();
+    let mut wo = rocksdb::WriteOptions::default();
+    wo.set_sync(sync);
+    if settle {
+        sync_disk();
+    }
+    let start = Instant::now();
+    let mut seq = 1u64;
+    while seq <= n {
+        let mut wb = rocksdb::WriteBatch::default();
+        for _ in 0..batch.min(n - seq + 1) {
+            let mut k = [0u8; 12];
+            k[..4].copy_from_slice(&1u32.to_be_bytes());
+            k[4..].copy_from_slice(&seq.to_be_bytes());
+            wb.put(k, value(seq));
+            seq += 1;
+        }
+        db.write_opt(wb, &wo).unwrap();
+    }
+    start.elapsed().as_secs_f64()
+}
+
+/// Writes dirty pages out (`sync`), so one run's writeback does not slow the next.
+pub fn sync_disk() {
+    std::process::Command::new("sync").status().unwrap();
+}

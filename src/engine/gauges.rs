@@ -1,0 +1,125 @@
+//! The metrics gauges, refreshed from memory: queue bounds, offsets, lease and retry counts
+//! come from the registry (the claim index keeps its counts), and the few figures only the
+//! store knows are read incrementally — the enqueue time of a queue's or group's oldest
+//! message only when that message changed since the last tick, a dead-letter queue's redrive
+//! cursor once per queue. `Broker::stats` still reads everything from disk; this is the cheap
+//! periodic path (it used to run a full `store::load` of every claim each tick).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::Engine;
+use crate::error::InspectError;
+use crate::stats::{GroupMode, GroupStats, QueueStats, Stats};
+use crate::store::ReadError;
+
+/// What earlier ticks read: per queue id and sequence, its enqueue time (µs).
+#[derive(Default)]
+pub(crate) struct GaugeCache {
+    oldest: HashMap<(u32, u64), u64>,
+}
+
+/// The gauges' figures at the broker clock's wall time `now`. Blocking (a few point reads).
+pub(crate) fn snapshot(engine: &Engine, cache: &mut GaugeCache, now: u64) -> Result<Stats, InspectError> {
+    let guard = engine.store.lock();
+    let Some(db) = guard.inspect(&engine.store.path) else { return Err(InspectError::Shutdown) };
+    let mut seen = HashMap::new();
+    let mut age = |queue: u32, seq: u64| -> Result<Option<Duration>, InspectError> {
+        let at = match cache.oldest.get(&(queue, seq)) {
+            Some(&t) => Some(t),
+            None => db.enqueued_at(queue, seq).map_err(InspectError::Storage)?,
+        };
+        Ok(at.map(|t| {
+            seen.insert((queue, seq), t);
+            Duration::from_micros(now.saturating_sub(t))
+        }))
+    };
+    let mut queues = Vec::new();
+    let mut last_of = HashMap::new();
+    for q in engine.registry.queues.iter() {
+        let (first, last) = (q.first_seq.load(Ordering::Acquire), q.last_seq());
+        last_of.insert(q.name.clone(), (q.id, first, last));
+        queues.push(QueueStats {
+            name: q.name.to_string(),
+            first_seq: first,
+            last_seq: last,
+            len: (last + 1).saturating_sub(first),
+            bytes_on_disk: db.queue_bytes(q.id),
+            retention: q.retention(),
+            oldest_age: if last >= first { age(q.id, first)? } else { None },
+        });
+    }
+    let mut groups = Vec::new();
+    for g in engine.registry.ordered.iter() {
+        let (first, last) = (g.queue.first_seq.load(Ordering::Acquire), g.queue.last_seq());
+        let committed = g.durable.load(Ordering::Acquire);
+        let start = (committed + 1).max(first);
+        groups.push(GroupStats {
+            group: g.name.to_string(),
+            queue: g.queue.name.to_string(),
+            mode: GroupMode::Ordered,
+            committed,
+            lag: (last + 1).saturating_sub(start),
+            oldest_unacked_age: if last >= start { age(g.queue.id, start)? } else { None },
+            in_flight: g.in_flight(),
+            waiting_retry: 0,
+            dead_letter_queue: None,
+            dlq_depth: 0,
+            paused: g.paused.load(Ordering::Acquire),
+        });
+    }
+    let mut cursors: HashMap<Arc<str>, u64> = HashMap::new();
+    for g in engine.registry.work.iter() {
+        let (first, last) = (g.queue.first_seq.load(Ordering::Acquire), g.queue.last_seq());
+        let committed = g.durable.load(Ordering::Acquire);
+        let start = (committed + 1).max(first);
+        let finished = g.progress().done.len() as u64;
+        let dlq: Arc<str> = {
+            let recorded = g.recorded_dlq.lock().unwrap_or_else(|p| p.into_inner());
+            if recorded.is_empty() {
+                Arc::from(format!("{}.dlq", g.queue.name))
+            } else {
+                Arc::from(recorded.as_str())
+            }
+        };
+        let dlq_depth = match last_of.get(&dlq) {
+            Some(&(_, dlq_first, dlq_last)) => {
+                let cursor = match cursors.get(&dlq) {
+                    Some(&c) => c,
+                    None => {
+                        let c = db.cursor(&dlq).map_err(from_read)?.unwrap_or(0);
+                        cursors.insert(dlq.clone(), c);
+                        c
+                    }
+                };
+                dlq_last.saturating_sub(cursor.max(dlq_first - 1))
+            }
+            None => 0,
+        };
+        groups.push(GroupStats {
+            group: g.name.to_string(),
+            queue: g.queue.name.to_string(),
+            mode: GroupMode::WorkQueue,
+            committed,
+            lag: (last + 1).saturating_sub(start).saturating_sub(finished),
+            oldest_unacked_age: if last >= start { age(g.queue.id, start)? } else { None },
+            in_flight: g.leased() as u64,
+            waiting_retry: g.waiting() as u64,
+            dead_letter_queue: Some(dlq.to_string()),
+            dlq_depth,
+            paused: g.paused.load(Ordering::Acquire),
+        });
+    }
+    // Only what this tick used is kept: the cache never outgrows the queues and groups.
+    cache.oldest = seen;
+    Ok(Stats { queues, groups, bytes_on_disk: db.db_bytes() })
+}
+
+fn from_read(e: ReadError) -> InspectError {
+    match e {
+        ReadError::Corrupt(c) => InspectError::Corrupt(c),
+        ReadError::Storage(s) => InspectError::Storage(s),
+    }
+}

@@ -1,0 +1,217 @@
+//! The claim index of a work-queue group: every unfinished sequence above the offset that was
+//! ever claimed, indexed by what can happen to it next, so that no operation walks the
+//! sequences that merely wait.
+//!
+//! - `ready`: claimable now (released, reverted, left behind by a crash, or moved here when
+//!   its timer fired), in sequence order — a claim takes the smallest.
+//! - `timers`: `(instant, seq)` of every lease deadline and retry time — a claim first moves
+//!   the due ones to `ready`, and the first entry is when to look again.
+//! - settling sequences (an outcome on its way to the writer) are in neither.
+//!
+//! With a million retries waiting for a far-off time, a claim costs O(log n): it looks at the
+//! first timer and the first ready sequence, never at the waiting ones. Every transition goes
+//! through [`Dispatch::set`], which keeps the three views and the counters in step.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+#[derive(Debug, Clone)]
+pub(super) struct Slot {
+    /// Attempts started so far.
+    pub attempt: u32,
+    pub state: SlotState,
+    pub last_error: String,
+    /// Its previous holder's lease ran out (reported as `LeaseExpired` when claimed again).
+    pub expired: bool,
+}
+
+impl Slot {
+    pub fn available(attempt: u32, last_error: String) -> Self {
+        Slot { attempt, state: SlotState::Available, last_error, expired: false }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SlotState {
+    /// Claimable now.
+    Available,
+    /// Held until `deadline` by the holder of `token`.
+    Leased { token: u64, deadline: Instant },
+    /// Waiting for a retry at `due`.
+    Waiting { due: Instant },
+    /// An outcome is being written; nobody may claim or settle it.
+    Settling,
+}
+
+/// The slots and their indexes (see the module docs).
+#[derive(Debug)]
+pub(super) struct Dispatch {
+    slots: BTreeMap<u64, Slot>,
+    ready: BTreeSet<u64>,
+    timers: BTreeSet<(Instant, u64)>,
+    leased: usize,
+    waiting: usize,
+    /// Sequences from here on were never claimed.
+    pub frontier: u64,
+}
+
+impl Dispatch {
+    pub fn new(frontier: u64) -> Self {
+        Dispatch {
+            slots: BTreeMap::new(),
+            ready: BTreeSet::new(),
+            timers: BTreeSet::new(),
+            leased: 0,
+            waiting: 0,
+            frontier,
+        }
+    }
+
+    fn index(&mut self, seq: u64, state: SlotState) {
+        match state {
+            SlotState::Available => {
+                self.ready.insert(seq);
+            }
+            SlotState::Leased { deadline, .. } => {
+                self.timers.insert((deadline, seq));
+                self.leased += 1;
+            }
+            SlotState::Waiting { due } => {
+                self.timers.insert((due, seq));
+                self.waiting += 1;
+            }
+            SlotState::Settling => {}
+        }
+    }
+
+    fn unindex(&mut self, seq: u64, state: SlotState) {
+        match state {
+            SlotState::Available => {
+                self.ready.remove(&seq);
+            }
+            SlotState::Leased { deadline, .. } => {
+                self.timers.remove(&(deadline, seq));
+                self.leased -= 1;
+            }
+            SlotState::Waiting { due } => {
+                self.timers.remove(&(due, seq));
+                self.waiting -= 1;
+            }
+            SlotState::Settling => {}
+        }
+    }
+
+    /// Adds (or replaces) the slot of `seq`.
+    pub fn insert(&mut self, seq: u64, slot: Slot) {
+        let state = slot.state;
+        if let Some(old) = self.slots.insert(seq, slot) {
+            self.unindex(seq, old.state);
+        }
+        self.index(seq, state);
+    }
+
+    /// Inserts `slot` unless `seq` has one.
+    pub fn insert_missing(&mut self, seq: u64, slot: Slot) {
+        if !self.slots.contains_key(&seq) {
+            self.insert(seq, slot);
+        }
+    }
+
+    pub fn get(&self, seq: u64) -> Option<&Slot> {
+        self.slots.get(&seq)
+    }
+
+    /// Moves `seq` to `state` (nothing if it has no slot); `f` may change the rest of the slot.
+    pub fn set(&mut self, seq: u64, state: SlotState, f: impl FnOnce(&mut Slot)) {
+        let Some(slot) = self.slots.get_mut(&seq) else { return };
+        let old = std::mem::replace(&mut slot.state, state);
+        f(slot);
+        self.unindex(seq, old);
+        self.index(seq, state);
+    }
+
+    /// Forgets `seq`.
+    pub fn remove(&mut self, seq: u64) {
+        if let Some(old) = self.slots.remove(&seq) {
+            self.unindex(seq, old.state);
+        }
+    }
+
+    /// Moves every lease and retry due at `now` to `ready`: each timer fires once.
+    pub fn fire_due(&mut self, now: Instant) {
+        while let Some(&(t, seq)) = self.timers.first() {
+            if t > now {
+                break;
+            }
+            let expired = matches!(self.slots.get(&seq).map(|s| s.state), Some(SlotState::Leased { .. }));
+            self.set(seq, SlotState::Available, |s| s.expired = expired);
+        }
+    }
+
+    /// The smallest claimable sequence at or above `from`: taken out of `ready` (the caller
+    /// moves it on).
+    pub fn pop_ready(&mut self, from: u64) -> Option<u64> {
+        let seq = *self.ready.range(from..).next()?;
+        self.ready.remove(&seq);
+        // Out of `ready` and into nothing until the caller's `set`: settling for a moment.
+        if let Some(slot) = self.slots.get_mut(&seq) {
+            slot.state = SlotState::Settling;
+        }
+        Some(seq)
+    }
+
+    /// When the next lease runs out or the next retry is due.
+    pub fn next_timer(&self) -> Option<Instant> {
+        self.timers.first().map(|&(t, _)| t)
+    }
+
+    /// Forgets every slot; claiming restarts at `frontier`.
+    pub fn clear(&mut self, frontier: u64) {
+        *self = Dispatch::new(frontier);
+    }
+
+    /// Forgets every slot at or below `to`, and never claims it.
+    pub fn drop_through(&mut self, to: u64) {
+        let keep = self.slots.split_off(&to.saturating_add(1));
+        let gone = std::mem::replace(&mut self.slots, keep);
+        for (seq, slot) in gone {
+            self.unindex(seq, slot.state);
+        }
+        self.frontier = self.frontier.max(to.saturating_add(1));
+    }
+
+    /// Slots leased (including leases run out whose timer has not fired yet).
+    pub fn leased(&self) -> usize {
+        self.leased
+    }
+
+    /// Slots waiting for a retry.
+    pub fn waiting(&self) -> usize {
+        self.waiting
+    }
+
+    /// `(seq, attempt, deadline)` of every lease.
+    pub fn leases(&self) -> impl Iterator<Item = (u64, u32, Instant)> + '_ {
+        self.timers.iter().filter_map(|&(t, seq)| match self.slots.get(&seq) {
+            Some(s) if matches!(s.state, SlotState::Leased { .. }) => Some((seq, s.attempt, t)),
+            _ => None,
+        })
+    }
+
+    /// Whether any lease runs past `now`.
+    pub fn held(&self, now: Instant) -> bool {
+        use std::ops::Bound::{Excluded, Unbounded};
+        self.timers
+            .range((Excluded((now, u64::MAX)), Unbounded))
+            .any(|&(_, seq)| matches!(self.slots.get(&seq).map(|s| s.state), Some(SlotState::Leased { .. })))
+    }
+
+    /// The sequences a claim at `now` could take (above `from`), in order: for tests.
+    #[cfg(test)]
+    pub fn claimable(&self, now: Instant, from: u64) -> Vec<u64> {
+        let mut out: Vec<u64> = self.ready.range(from..).copied().collect();
+        out.extend(self.timers.iter().take_while(|(t, _)| *t <= now).map(|&(_, s)| s).filter(|&s| s >= from));
+        out.sort_unstable();
+        out
+    }
+}
