@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{raw_write, sync_disk, value};
+use common::{peak_rss_kib, raw_write, send_all, sync_disk, value};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -498,28 +498,6 @@ async fn produce_on(qs: &[Queue], n: u64, producers: usize, depth: usize) -> f64
     start.elapsed().as_secs_f64()
 }
 
-/// One producer: `count` messages from `first`, awaiting each (`depth` 1) or keeping up to
-/// `depth` in flight through `Queue::enqueue` receipts (as in throughput.rs).
-async fn send_all(q: Queue, first: u64, count: u64, depth: usize) {
-    if depth == 1 {
-        for i in 0..count {
-            q.send(value(first + i)).await.unwrap();
-        }
-        return;
-    }
-    let mut in_flight = std::collections::VecDeque::with_capacity(depth);
-    for i in 0..count {
-        if in_flight.len() == depth {
-            let receipt: rockq::SendReceipt = in_flight.pop_front().unwrap();
-            receipt.await.unwrap();
-        }
-        in_flight.push_back(q.enqueue(value(first + i)).await.unwrap());
-    }
-    for receipt in in_flight {
-        receipt.await.unwrap();
-    }
-}
-
 /// Appends `n` messages in batches of 4096 (untimed prefill).
 async fn fill(q: &Queue, n: u64) {
     let mut sent = 0;
@@ -711,15 +689,4 @@ fn rss_bytes() -> u64 {
         .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
         .unwrap_or(0)
         * 4096
-}
-
-fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
 }

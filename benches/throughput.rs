@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{raw_write, raw_write_once, value};
+use common::{peak_rss_kib, raw_write, raw_write_once, send_all, value};
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -330,28 +330,6 @@ async fn open(path: &Path, mode: Durability) -> Broker {
     Options::new().durability(mode).open(path).await.unwrap()
 }
 
-/// One producer: `count` messages from `first`, awaiting each (`depth` 1) or keeping up to
-/// `depth` in flight through `Queue::enqueue` receipts.
-async fn send_all(q: rockq::Queue, first: u64, count: u64, depth: usize) {
-    if depth == 1 {
-        for i in 0..count {
-            q.send(value(first + i)).await.unwrap();
-        }
-        return;
-    }
-    let mut in_flight = std::collections::VecDeque::with_capacity(depth);
-    for i in 0..count {
-        if in_flight.len() == depth {
-            let receipt: rockq::SendReceipt = in_flight.pop_front().unwrap();
-            receipt.await.unwrap();
-        }
-        in_flight.push_back(q.enqueue(value(first + i)).await.unwrap());
-    }
-    for receipt in in_flight {
-        receipt.await.unwrap();
-    }
-}
-
 /// `producers` tasks send `n` messages between them. With `depth` 1 each awaits every send;
 /// with more, each keeps up to `depth` sends in flight through `Queue::enqueue` receipts.
 async fn produce(
@@ -550,15 +528,4 @@ async fn latency(path: &Path, mode: Durability, rate: u64, seconds: u64) -> (Dur
     broker.shutdown().await.unwrap();
     let pick = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
     (pick(0.50), pick(0.99), *lat.last().unwrap())
-}
-
-fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
 }

@@ -1,5 +1,5 @@
-//! What the benchmarks share: the payload and the raw-RocksDB baseline every table prints
-//! beside rockq's figures.
+//! What the benchmarks share: the payload, the producer loop, and the raw-RocksDB baseline
+//! every table prints beside rockq's figures.
 #![allow(dead_code)]
 
 use std::path::Path;
@@ -56,4 +56,38 @@ pub fn raw_write_once(path: &Path, n: u64, batch: u64, sync: bool, settle: bool)
 /// Writes dirty pages out (`sync`), so one run's writeback does not slow the next.
 pub fn sync_disk() {
     std::process::Command::new("sync").status().unwrap();
+}
+
+/// One producer: `count` messages from `first`, awaiting each (`depth` 1) or keeping up to
+/// `depth` in flight through `Queue::enqueue` receipts.
+pub async fn send_all(q: rockq::Queue, first: u64, count: u64, depth: usize) {
+    if depth == 1 {
+        for i in 0..count {
+            q.send(value(first + i)).await.unwrap();
+        }
+        return;
+    }
+    let mut in_flight = std::collections::VecDeque::with_capacity(depth);
+    for i in 0..count {
+        if in_flight.len() == depth {
+            let receipt: rockq::SendReceipt = in_flight.pop_front().unwrap();
+            receipt.await.unwrap();
+        }
+        in_flight.push_back(q.enqueue(value(first + i)).await.unwrap());
+    }
+    for receipt in in_flight {
+        receipt.await.unwrap();
+    }
+}
+
+/// Peak resident memory of this process (KiB).
+pub fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
 }
