@@ -81,6 +81,11 @@ pub(crate) const MAX_ERROR_BYTES: usize = 4096;
 /// Longest holder (consumer) name kept in a claim record.
 pub(crate) const MAX_HOLDER_BYTES: usize = 255;
 
+/// The dead-letter queue a group of `queue` uses unless told otherwise: `<queue>.dlq`.
+pub(crate) fn default_dead_letter_queue(queue: &str) -> String {
+    format!("{queue}.dlq")
+}
+
 /// Cuts `s` to at most `max` bytes on a character boundary.
 pub(crate) fn truncate_utf8(s: &str, max: usize) -> &str {
     if s.len() <= max {

@@ -203,19 +203,21 @@ async fn periodic_gauges_agree_with_stats(seen: &mut Seen) {
     c.retry_after(Duration::from_secs(3600)).await.unwrap(); // waiting
     clock.advance(Duration::from_secs(5));
 
-    // The task ticks at 10 s on the broker clock; wait (bounded) for its first publication.
+    // The task ticks at 10 s on the broker clock; wait for its first publication.
     clock.advance(Duration::from_secs(10));
     let (wl, ol) = ([("queue", "gauged"), ("group", "pool")], [("queue", "gauged"), ("group", "reader")]);
-    let mut published = false;
-    for _ in 0..500 {
-        seen.refresh();
-        if seen.value(m::WAITING_RETRY, &wl).is_some() {
-            published = true;
-            break;
+    // No sleeping: the condition itself is awaited, only guarded against a hang.
+    let published = tokio::time::timeout(HANG_GUARD, async {
+        loop {
+            seen.refresh();
+            if seen.value(m::WAITING_RETRY, &wl).is_some() {
+                break;
+            }
+            tokio::task::yield_now().await;
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(published, "the periodic task published no gauges");
+    })
+    .await;
+    assert!(published.is_ok(), "the periodic task published no gauges");
     let gauges = |seen: &Seen, labels: &[(&str, &str)]| {
         [m::LAG, m::IN_FLIGHT, m::WAITING_RETRY, m::DLQ_DEPTH, m::OLDEST_UNACKED]
             .map(|n| seen.gauge(n, labels))

@@ -131,7 +131,7 @@ impl Group {
                 Arc::from(n.as_str())
             }
             None => {
-                let n = format!("{}.dlq", self.queue.name);
+                let n = crate::model::default_dead_letter_queue(&self.queue.name);
                 if n.len() > MAX_NAME_LEN && self.max_deliveries.is_some() {
                     return Err(SubscribeError::DeadLetterName { queue: self.queue.name.to_string() });
                 }

@@ -79,7 +79,7 @@ pub(crate) fn snapshot(engine: &Engine, cache: &mut GaugeCache, now: u64) -> Res
         let dlq: Arc<str> = {
             let recorded = g.recorded_dlq.lock().unwrap_or_else(|p| p.into_inner());
             if recorded.is_empty() {
-                Arc::from(format!("{}.dlq", g.queue.name))
+                Arc::from(crate::model::default_dead_letter_queue(&g.queue.name))
             } else {
                 Arc::from(recorded.as_str())
             }

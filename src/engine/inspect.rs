@@ -134,7 +134,7 @@ fn stats(store: &Store, now_micros: u64, live: &LiveLeases) -> Result<Stats, Ins
         let (dead_letter_queue, dlq_depth) = if mode == GroupMode::WorkQueue {
             let name = match setting.map(|s| s.dead_letter_queue.as_str()) {
                 Some(n) if !n.is_empty() => n.to_owned(),
-                _ => format!("{}.dlq", g.queue),
+                _ => crate::model::default_dead_letter_queue(&g.queue),
             };
             let depth = match by_name.get(name.as_str()) {
                 Some(d) => dlq_depth(&db, d)?,

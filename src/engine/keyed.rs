@@ -3,6 +3,7 @@
 //! used to search a `Vec` for each entry: quadratic in a round that touches thousands of
 //! queues or groups.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
 
@@ -23,12 +24,18 @@ impl<K, V> Default for Keyed<K, V> {
 
 impl<K: Hash + Eq + Clone, V> Keyed<K, V> {
     /// The value of `key`, if any.
-    pub fn get(&self, key: &K) -> Option<&V> {
+    pub fn get<Q: Hash + Eq + ?Sized>(&self, key: &Q) -> Option<&V>
+    where
+        K: Borrow<Q>,
+    {
         self.at.get(key).and_then(|&i| self.values.get(i))
     }
 
     /// The value of `key`, if any, to change.
-    pub fn get_mut(&mut self, key: &K) -> Option<&mut V> {
+    pub fn get_mut<Q: Hash + Eq + ?Sized>(&mut self, key: &Q) -> Option<&mut V>
+    where
+        K: Borrow<Q>,
+    {
         self.at.get(key).and_then(|&i| self.values.get_mut(i))
     }
 

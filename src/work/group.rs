@@ -296,7 +296,7 @@ impl WorkGroup {
                 n.clone()
             }
             None => {
-                let n = format!("{}.dlq", self.queue.name);
+                let n = crate::model::default_dead_letter_queue(&self.queue.name);
                 if n.len() > MAX_NAME_LEN {
                     return Err(SubscribeError::DeadLetterName { queue: self.queue.name.to_string() });
                 }

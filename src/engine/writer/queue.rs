@@ -37,20 +37,19 @@ fn create(
         let _ = reply.send(Ok(q));
         return;
     }
-    let key: Arc<str> = Arc::from(name.as_str());
-    if let Some((_, waiters)) = r.done.queues.get_mut(&key) {
+    if let Some((_, waiters)) = r.done.queues.get_mut(name.as_str()) {
         waiters.push(reply);
         return;
     }
     if let Some(q) = r.written.queues.get(&name) {
         // Written in an earlier round whose sync is still running: answer after this round's
         // sync, which comes after that one.
-        r.done.queues.get_or_insert_with(key, || (q.clone(), Vec::new())).1.push(reply);
+        r.done.queues.get_or_insert_with(q.name.clone(), || (q.clone(), Vec::new())).1.push(reply);
         return;
     }
     match ensure(r, &name) {
         Ok(_) => {
-            if let Some((_, waiters)) = r.done.queues.get_mut(&key) {
+            if let Some((_, waiters)) = r.done.queues.get_mut(name.as_str()) {
                 waiters.push(reply);
             }
         }
@@ -64,7 +63,7 @@ pub(super) fn ensure(r: &mut Round<'_>, name: &str) -> Result<Arc<QueueState>, Q
     if let Some(q) = r.engine.registry.queue(name) {
         return Ok(q);
     }
-    if let Some((q, _)) = r.done.queues.get(&Arc::from(name)) {
+    if let Some((q, _)) = r.done.queues.get(name) {
         return Ok(q.clone());
     }
     if let Some(q) = r.written.queues.get(name) {

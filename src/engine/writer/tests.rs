@@ -271,6 +271,44 @@ async fn finishing_above_a_gap_keeps_done_claims_and_closing_it_writes_one_offse
     assert_eq!(g.durable.load(Ordering::SeqCst), 4);
 }
 
+/// Issue 15: a gap closing over a long finished run deletes its claims with one range
+/// tombstone. The range must cover exactly the sequences the offset passed: the claim just
+/// above (still held) and the `done` claim above that must survive it.
+#[tokio::test]
+async fn a_long_gap_closes_with_one_range_delete_of_exactly_what_the_offset_passed() {
+    let mut fx = Fixture::new();
+    let g = work_group(&mut fx).await;
+    let leased =
+        |seq: u64| (seq, Claim::Leased { attempt: 1, token: 7, deadline_micros: 1, holder: "w".into() });
+    let (reply, claimed) = oneshot::channel();
+    let claims = (1..=60).map(leased).collect();
+    fx.land(|r| apply(r, Request::Work(WorkRequest::Claim { group: g.clone(), epoch: 0, claims, reply })));
+    claimed.await.unwrap().unwrap();
+
+    // Everything but 1 and 50 finishes: 2..=49 and 51..=60 wait above the gap as `done`.
+    let (_, done) = fx.round(|r| {
+        for seq in (2..=49).chain(51..=60) {
+            apply(r, ack(&g, seq).0);
+        }
+        work::commit_offsets(r);
+    });
+    commit::complete(&fx.engine, done);
+    assert_eq!(fx.loaded().claims.len(), 60);
+
+    // 1 finishes: the offset moves over 1..=49 (more than the point-delete limit).
+    let (_, done) = fx.round(|r| {
+        apply(r, ack(&g, 1).0);
+        work::commit_offsets(r);
+    });
+    commit::complete(&fx.engine, done);
+    let loaded = fx.loaded();
+    let left: Vec<_> = loaded.claims.into_iter().map(|c| (c.seq, c.claim)).collect();
+    let expected: Vec<_> = std::iter::once(leased(50)).chain((51..=60).map(|s| (s, Claim::Done))).collect();
+    assert_eq!(left, expected, "only what the offset passed is deleted");
+    let offset = loaded.groups.iter().find(|l| l.group == "w").map(|l| l.offset.committed);
+    assert_eq!(offset, Some(49));
+}
+
 #[tokio::test]
 async fn a_claim_or_outcome_from_before_a_reset_is_refused_with_lease_lost() {
     let mut fx = Fixture::new();
