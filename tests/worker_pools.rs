@@ -262,7 +262,9 @@ async fn the_heartbeat_keeps_a_long_handler_lease_alive() {
             }
         }
     };
-    let run = tokio::spawn(group.workers(1).heartbeat(true).shutdown_on(token.clone()).run(handler));
+    // No prefetch: the pool must not claim the sentinel below while its one handler is busy.
+    let pool = group.workers(1).prefetch(0).heartbeat(true).shutdown_on(token.clone());
+    let run = tokio::spawn(pool.run(handler));
     let task = tasks.recv().await.unwrap();
     // Four steps of 4 s: 16 s in all, well past the 9 s lease; the heartbeat (every 3 s)
     // extends it after each step. Each step waits until the extension happened.
@@ -321,5 +323,77 @@ async fn a_pool_whose_handlers_stay_busy_reports_saturation() {
     wait_event(&mut events, |e| matches!(e, Event::Acked { seq: 2, .. })).await;
     token.cancel();
     assert_eq!(run.await.unwrap().unwrap().acked, 2);
+    broker.shutdown().await.unwrap();
+}
+
+// Regression guard for the pool's shared feed: jobs go to whichever handler is free, so one
+// stuck job never holds up the jobs claimed with it (handing each worker a batch would).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_job_does_not_hold_up_the_jobs_claimed_with_it() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let payloads: Vec<String> =
+        std::iter::once("stuck".to_string()).chain((1..=40).map(|i| format!("m{i}"))).collect();
+    q.send_batch(payloads).await.unwrap();
+    let done = Arc::new(AtomicUsize::new(0));
+    let all = Arc::new(Notify::new());
+    let handler = {
+        let (done, all) = (done.clone(), all.clone());
+        move |task: Task| {
+            let (done, all) = (done.clone(), all.clone());
+            async move {
+                if task.payload().as_ref() == b"stuck" {
+                    futures::future::pending::<()>().await;
+                }
+                if done.fetch_add(1, Ordering::SeqCst) + 1 == 40 {
+                    all.notify_one();
+                }
+                Ok(())
+            }
+        }
+    };
+    // Prefetch 40: the stuck job and all the others are claimed in one batch.
+    let pool = q.work_group("w").unwrap().workers(2).prefetch(40).spawn(handler);
+    tokio::time::timeout(HANG_GUARD, all.notified())
+        .await
+        .expect("the other jobs waited behind the stuck one");
+    assert_eq!(done.load(Ordering::SeqCst), 40);
+    pool.abort();
+    broker.shutdown().await.unwrap();
+}
+
+// A pool with the default (adaptive) prefetch that drains a backlog, stopped by its token,
+// reports exactly the jobs it ran, commits them all, and leaves nothing leased: the permits it
+// holds back from its subscription are never jobs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adaptive_pool_drains_a_backlog_and_leaves_nothing_leased() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let n = 20_000u64;
+    for chunk in 0..(n / 1000) {
+        q.send_batch((0..1000).map(|i| format!("m{}", chunk * 1000 + i))).await.unwrap();
+    }
+    let done = Arc::new(AtomicUsize::new(0));
+    let token = CancellationToken::new();
+    let handler = {
+        let (done, token) = (done.clone(), token.clone());
+        move |_task: Task| {
+            if done.fetch_add(1, Ordering::SeqCst) + 1 == n as usize {
+                token.cancel();
+            }
+            async { Ok(()) }
+        }
+    };
+    let group = q.work_group("w").unwrap();
+    let report = tokio::time::timeout(HANG_GUARD, group.workers(4).shutdown_on(token).run(handler))
+        .await
+        .expect("pool hung")
+        .unwrap();
+    assert_eq!((report.acked, report.failed, report.unsettled), (n, 0, 0));
+    assert_eq!(group.committed(), Some(n));
+    assert_eq!(group.in_flight(), 0);
+    assert!(broker.pending("w", "jobs").await.unwrap().is_empty());
     broker.shutdown().await.unwrap();
 }

@@ -14,7 +14,7 @@ use tokio_stream::wrappers::WatchStream;
 
 use super::acks::{MAX_NACK_DELAY, SubShared};
 use super::delivery::Delivery;
-use crate::engine::boundary::{QueueState, RawMessage, ReadOutcome, Request};
+use crate::engine::boundary::{QueueState, RawMessage, ReadOutcome, Request, Watching};
 use crate::error::{CommitError, Error, ReceiveError};
 
 /// Upper bound on the bytes of one storage read, whatever `read_batch` says.
@@ -67,6 +67,8 @@ pub struct Subscription {
     sub: Arc<SubShared>,
     queue: Arc<QueueState>,
     changes: WatchStream<u64>,
+    /// Counts us as a watcher of the queue while `changes` lives.
+    _watching: Watching,
     /// Last sequence the writer published that we know of.
     known_last: u64,
     /// Next sequence to read from storage.
@@ -93,11 +95,12 @@ impl std::fmt::Debug for Subscription {
 
 impl Subscription {
     pub(crate) fn new(sub: Arc<SubShared>, queue: Arc<QueueState>, start: u64, read_batch: usize) -> Self {
-        let rx = queue.last.subscribe();
-        let known_last = *rx.borrow();
+        let (rx, watching) = queue.watch();
+        let known_last = queue.last_seq();
         Subscription {
             sub,
             changes: WatchStream::from_changes(rx),
+            _watching: watching,
             known_last,
             next_read: start,
             buffer: VecDeque::new(),
@@ -212,7 +215,7 @@ impl Stream for Subscription {
                 // Paused: hand out nothing. Resuming touches the queue's watch, waking us.
                 match this.changes.poll_next_unpin(cx) {
                     Poll::Ready(Some(last)) => {
-                        this.known_last = this.known_last.max(last);
+                        this.known_last = this.known_last.max(last).max(this.queue.last_seq());
                         continue;
                     }
                     Poll::Ready(None) => return this.end(None),
@@ -319,7 +322,7 @@ impl Stream for Subscription {
             }
             match this.changes.poll_next_unpin(cx) {
                 Poll::Ready(Some(last)) => {
-                    this.known_last = this.known_last.max(last);
+                    this.known_last = this.known_last.max(last).max(this.queue.last_seq());
                     continue;
                 }
                 Poll::Ready(None) => return this.end(None),

@@ -20,8 +20,8 @@
 //!    [`live_pending`], [`live_peek`] and [`ReadOnly`]'s; [`retention_pass`] and
 //!    [`reset_target`] read and then request. Lookups: [`Shared::queue`],
 //!    [`Shared::ordered_group`], [`Shared::work_group`].
-//! 4. **Wake-ups**: a queue's `watch` of its last published sequence ([`QueueState::last`]:
-//!    new messages, pauses, shutdown), a work group's `Notify` ([`WorkGroupState::changed`]:
+//! 4. **Wake-ups**: a queue's `watch` of its last published sequence ([`QueueState::watch`]:
+//!    new messages, pauses, shutdown; counted, so that queues nobody waits on skip the send), a work group's `Notify` ([`WorkGroupState::changed`]:
 //!    releases, new retry times), [`Shared::mark_dirty`] / [`Shared::mark_work_dirty`] plus
 //!    `Shared::nudge_writer` (acks for the writer's next round), the event broadcast
 //!    ([`Shared::events`]), and `Shared::closing` (shutdown began).
@@ -37,7 +37,8 @@ pub(crate) use super::completion::Resolver;
 pub(crate) use super::inspect::{ReadOnly, live_peek, live_pending, live_stats};
 pub(crate) use super::open::open;
 pub(crate) use super::registry::{
-    Claimed, LiveSubscription, OrderedGroupState, PendingRecord, QueueState, SettlingGuard, WorkGroupState,
+    Claimed, LiveSubscription, OrderedGroupState, PendingRecord, QueueState, SettlingGuard, Watching,
+    WorkGroupState,
 };
 pub(crate) use super::request::{
     OrderedRequest, Outcome, QueueRequest, RedriveItem, Request, RetentionRequest, SettingsChange,

@@ -40,7 +40,7 @@ pub(crate) struct Staged {
     /// The distinct queues of this round.
     pub queues: Vec<Arc<QueueState>>,
     /// Index into `queues` by queue id: a round for thousands of queues finds each in O(1).
-    queue_at: std::collections::HashMap<u32, u32>,
+    queue_at: rustc_hash::FxHashMap<u32, u32>,
     /// Permits the round's messages hold (returned when the writer takes it).
     permits: usize,
     pub resolver: Resolver,
@@ -50,7 +50,10 @@ impl Staged {
     /// An empty round sized like `prev` was used — capped, so that one huge message does not
     /// make every later round allocate as much.
     fn after(prev: &Staged) -> Self {
-        Staged::new(prev.arena.len().min(1 << 20), prev.msgs.len().min(4096))
+        let mut next = Staged::new(prev.arena.len().min(1 << 20), prev.msgs.len().min(4096));
+        // A round for thousands of queues would otherwise rehash its index a dozen times.
+        next.queue_at.reserve(prev.queues.len().min(4096));
+        next
     }
 
     fn new(arena_hint: usize, msgs_hint: usize) -> Self {
@@ -60,7 +63,7 @@ impl Staged {
             msgs: Vec::with_capacity(msgs_hint),
             sends: Vec::with_capacity(msgs_hint),
             queues: Vec::new(),
-            queue_at: std::collections::HashMap::new(),
+            queue_at: rustc_hash::FxHashMap::default(),
             permits: 0,
             resolver,
         }

@@ -3,8 +3,8 @@
 //! used to search a `Vec` for each entry: quadratic in a round that touches thousands of
 //! queues or groups.
 
+use rustc_hash::FxHashMap as HashMap;
 use std::borrow::Borrow;
-use std::collections::HashMap;
 use std::hash::Hash;
 
 /// Values in insertion order with a hash index by key.
@@ -18,7 +18,7 @@ pub(crate) struct Keyed<K, V> {
 
 impl<K, V> Default for Keyed<K, V> {
     fn default() -> Self {
-        Keyed { values: Vec::new(), keys: Vec::new(), at: HashMap::new() }
+        Keyed { values: Vec::new(), keys: Vec::new(), at: HashMap::default() }
     }
 }
 

@@ -172,7 +172,7 @@ impl Shared {
                 let joined = handle.map(|h| h.join().is_ok()).unwrap_or(true);
                 // Wake every subscriber so its stream observes the shutdown and ends.
                 for q in engine.registry.queues.iter() {
-                    q.last.send_modify(|_| {});
+                    q.poke();
                 }
                 let closed = engine.store.close();
                 (joined, closed)

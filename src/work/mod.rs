@@ -3,8 +3,10 @@
 //! and writes atomically. The claim state machine itself is the engine's
 //! (`engine/registry/work.rs`); these are the handles over it.
 
+mod adapt;
 mod config;
 mod dlq;
+mod feed;
 mod group;
 mod handle;
 mod job;

@@ -1,6 +1,5 @@
 //! Worker pools: `group.workers(n).run(handler)`.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -11,6 +10,8 @@ use futures::{FutureExt, StreamExt};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::adapt::{Adapt, MAX_AUTO_PREFETCH};
+use super::feed::Feed;
 use super::group::WorkGroup;
 use super::job::{Job, PoolOutcome, Task};
 use crate::error::Error;
@@ -143,7 +144,8 @@ impl WorkGroup {
 ///
 /// At most `concurrency` handlers run at once, and the pool holds at most
 /// `concurrency + prefetch` jobs (running, or claimed and waiting for an idle handler; see
-/// [`prefetch`](Workers::prefetch), default `concurrency`). Stopping — the [`shutdown_on`](Workers::shutdown_on) token, or
+/// [`prefetch`](Workers::prefetch), adaptive by default). Idle handlers take the next job
+/// from a shared feed, so a slow job never holds up others. Stopping — the [`shutdown_on`](Workers::shutdown_on) token, or
 /// [`Broker::shutdown`](crate::Broker::shutdown), which waits for running pools — stops
 /// claiming, lets running handlers finish until the [drain timeout](Workers::drain_timeout),
 /// then stops the rest and releases their jobs **without** counting the attempt.
@@ -154,7 +156,8 @@ impl WorkGroup {
 pub struct Workers {
     pub(super) group: WorkGroup,
     concurrency: usize,
-    prefetch: usize,
+    /// Fixed by the application; `None`: adaptive (see `adapt.rs`).
+    prefetch: Option<usize>,
     heartbeat: bool,
     pub(super) token: CancellationToken,
     drain_timeout: Duration,
@@ -172,26 +175,30 @@ impl Workers {
         Workers {
             group,
             concurrency,
-            // Why `concurrency`: a prefetched job's lease runs while it waits, and with one job
-            // waiting per handler it waits about one handler time, whatever the pool size (a
-            // fixed 64 made a one-handler pool hold jobs for 64 handler times). Claims still
-            // come in batches of `concurrency`.
-            prefetch: concurrency,
+            prefetch: None,
             heartbeat: false,
             token: CancellationToken::new(),
             drain_timeout: Duration::from_secs(30),
         }
     }
 
-    /// Jobs claimed ahead of free handlers, so that claiming (one write per batch) overlaps
-    /// handling; the pool holds at most `concurrency + prefetch` jobs. Default `concurrency`
-    /// (one job waiting per handler), at most [`MAX_POOL`](Workers::MAX_POOL). A prefetched
-    /// job's lease runs while it waits; when a handler starts it the lease is renewed to a full
-    /// term. So with slow handlers keep `prefetch / concurrency × handler time` well below the
-    /// lease, or lower this (0 claims only for idle handlers, one job per claim write); raise
-    /// it for short handlers, where bigger claim batches save writes.
+    /// Jobs claimed ahead of free handlers, so that claiming (one write and one read per
+    /// batch) overlaps handling; the pool holds at most `concurrency + prefetch` jobs, at most
+    /// [`MAX_POOL`](Workers::MAX_POOL) ahead.
+    ///
+    /// **Default: adaptive.** The pool starts with `concurrency` jobs ahead (one waiting per
+    /// handler) and keeps about 2 ms of work ahead at the rate its handlers finish jobs,
+    /// between `concurrency` and 1024: handlers that take milliseconds get `concurrency`,
+    /// handlers that take microseconds get big claim batches (an 8-worker pool of no-op
+    /// handlers drains about twice as fast with 1024 ahead as with 64). A stuck pool finishes
+    /// nothing, so it holds no more than `2 × concurrency`.
+    ///
+    /// Setting a number fixes it. A prefetched job's lease runs while it waits, and is
+    /// renewed to a full term when a handler starts it; so with slow handlers keep
+    /// `prefetch / concurrency × handler time` well below the lease. `0` claims only for idle
+    /// handlers (one claim write per free handler).
     pub fn prefetch(mut self, n: usize) -> Self {
-        self.prefetch = n;
+        self.prefetch = Some(n);
         self
     }
 
@@ -216,7 +223,7 @@ impl Workers {
     }
 
     /// The largest `concurrency` and [`prefetch`](Workers::prefetch) a pool accepts: each
-    /// handler is a task with a slot in the pool's channel, and each prefetched job holds a
+    /// handler is a task with a slot in the pool's feed, and each prefetched job holds a
     /// lease.
     pub const MAX_POOL: usize = 1 << 16;
 
@@ -239,7 +246,7 @@ impl Workers {
     /// handlers finish, stop the pool with its token or use [`spawn`](Workers::spawn) and
     /// [`PoolHandle::shutdown`].
     pub async fn run<H: Handler>(self, handler: H) -> Result<PoolReport, Error> {
-        for (what, n) in [("concurrency", self.concurrency), ("prefetch", self.prefetch)] {
+        for (what, n) in [("concurrency", self.concurrency), ("prefetch", self.prefetch.unwrap_or(0))] {
             if n > Self::MAX_POOL {
                 let msg = format!("worker pool {what} {n} exceeds the maximum of {}", Self::MAX_POOL);
                 return Err(crate::error::SubscribeError::InvalidOption(msg).into());
@@ -250,110 +257,103 @@ impl Workers {
         let Some(_running) = shared.pool_started() else {
             return Err(crate::error::SubscribeError::Shutdown.into());
         };
-        let in_flight = self.concurrency + self.prefetch;
+        // Adaptive: room for the largest prefetch, the part above the current one held back.
+        let (ahead, room) = match self.prefetch {
+            Some(n) => (n, n),
+            None => (self.concurrency, MAX_AUTO_PREFETCH.max(self.concurrency)),
+        };
+        let in_flight = self.concurrency + room;
         let mut sub =
-            self.group.clone().max_in_flight(in_flight).claim_batch(self.prefetch.max(1)).subscribe().await?;
+            self.group.clone().max_in_flight(in_flight).claim_batch(ahead.max(1)).subscribe().await?;
+        let mut adapt = self.prefetch.is_none().then(|| Adapt::new(sub.permits().clone(), ahead, room));
         let handler = Arc::new(handler);
         let heartbeat = self.heartbeat.then(|| self.group.lease_duration());
+        let lease = self.group.lease_duration();
         let clock = shared.clock().clone();
         let state = sub.state().clone();
 
-        // `concurrency` long-lived worker tasks take jobs from a channel: one channel handoff
-        // per job instead of a task spawn. A job is dispatched only with an idle-worker permit,
-        // so at most `concurrency` handlers run and the rest wait, claimed, in the
+        // `concurrency` long-lived worker tasks take jobs from a shared feed, which this
+        // dispatcher fills with whatever the subscription has ready (see `feed.rs`). At most
+        // `concurrency` handlers run; the rest wait, claimed, in the feed or the
         // subscription's buffer.
-        let idle = Arc::new(tokio::sync::Semaphore::new(self.concurrency));
-        let (job_tx, job_rx) =
-            async_channel::bounded::<(Job, tokio::sync::OwnedSemaphorePermit)>(self.concurrency);
-        // Every job the pool holds outside the subscription's buffer (queued for a worker or
-        // running), by claim token. Registered by this dispatcher before the job is handed on,
-        // so when this future is dropped the guard below sees every one of them.
-        let held: Held = Arc::new(std::sync::Mutex::new(HashMap::new()));
-        let mut pool = PoolGuard { held: held.clone(), workers: JoinSet::new() };
-        for _ in 0..self.concurrency {
-            let (rx, handler, held, clock) = (job_rx.clone(), handler.clone(), held.clone(), clock.clone());
+        let feed = Arc::new(Feed::new(self.concurrency));
+        let mut pool = PoolGuard { feed: feed.clone(), workers: JoinSet::new() };
+        for w in 0..self.concurrency {
+            let (feed, handler, clock) = (feed.clone(), handler.clone(), clock.clone());
             pool.workers.spawn(async move {
                 let mut report = PoolReport::default();
-                while let Ok((job, _idle)) = rx.recv().await {
-                    let token = job.inner().token;
+                while let Some(job) = feed.take(w, &clock).await {
+                    // The handler gets a full lease, however long the job waited. An
+                    // already-expired lease stays expired (the job then fails to settle and is
+                    // redelivered): fencing is never bypassed.
+                    let _ = job.extend(lease);
                     match run_one(handler.clone(), job, heartbeat, clock.clone()).await {
                         Done::Acked => report.acked += 1,
                         Done::Failed => report.failed += 1,
                         Done::Panicked => report.panicked += 1,
                         Done::Unsettled => report.unsettled += 1,
                     }
-                    lock(&held).remove(&token);
+                    feed.done(w);
                 }
                 report
             });
         }
 
-        // Saturation: every worker busy since `full_since` for longer than the group's
-        // threshold; reported once per episode.
-        let mut full_since: Option<std::time::Instant> = None;
-        let mut reported = false;
+        // Saturation: every worker busy since the feed's `full_since` for longer than the
+        // group's threshold; reported once per episode.
+        let mut reported = None;
+        let mut ready = Vec::new();
         let result = loop {
-            let permit = match idle.clone().try_acquire_owned() {
-                Ok(p) => {
-                    full_since = None;
-                    reported = false;
-                    p
-                }
-                Err(_) => {
-                    let saturated_at = full_since
-                        .filter(|_| !reported)
-                        .map(|t| t.checked_add(self.group.saturation_threshold()).unwrap_or(t));
-                    tokio::select! {
-                        biased;
-                        _ = self.token.cancelled() => break Ok(()),
-                        _ = shared.closing.cancelled() => break Ok(()),
-                        p = idle.clone().acquire_owned() => match p {
-                            Ok(p) => {
-                                full_since = None;
-                                reported = false;
-                                p
-                            }
-                            Err(_) => break Ok(()),
-                        },
-                        _ = async { match saturated_at { Some(t) => clock.sleep_until(t).await, None => futures::future::pending().await } } => {
-                            reported = true;
-                            state.report_saturation(shared.events(), self.concurrency);
-                            continue;
-                        }
-                    }
-                }
-            };
-            let job = tokio::select! {
+            let full_since = feed.full_since();
+            let has_room = feed.has_room();
+            let saturated_at = full_since
+                .filter(|&(episode, _)| reported != Some(episode))
+                .map(|(_, t)| t.checked_add(self.group.saturation_threshold()).unwrap_or(t));
+            tokio::select! {
                 biased;
                 _ = self.token.cancelled() => break Ok(()),
                 _ = shared.closing.cancelled() => break Ok(()),
-                item = sub.next() => match item {
+                _ = feed.room(), if !has_room => continue,
+                item = sub.next(), if has_room => match item {
                     None => break Ok(()),
                     Some(Err(e)) => break Err(e),
-                    Some(Ok(job)) => job,
+                    Some(Ok(job)) => ready.push(job),
                 },
-            };
-            // Every worker now busy: the episode starts before the handler can observe it.
-            if idle.available_permits() == 0 && full_since.is_none() {
-                full_since = Some(clock.now());
+                _ = feed.saturation_changed() => continue,
+                _ = async { match saturated_at { Some(t) => clock.sleep_until(t).await, None => futures::future::pending().await } } => {
+                    reported = full_since.map(|(episode, _)| episode);
+                    state.report_saturation(shared.events(), self.concurrency);
+                    continue;
+                }
             }
-            // The handler gets a full lease, however long the job waited in the buffer. An
-            // already-expired lease stays expired (the job then fails to settle and is
-            // redelivered): fencing is never bypassed.
-            let _ = job.extend(self.group.lease_duration());
-            lock(&held).insert(job.inner().token, job.task());
-            if job_tx.send((job, permit)).await.is_err() {
-                break Ok(());
+            // Everything else the subscription has ready goes in the same push.
+            let mut failed = None;
+            while ready.len() < self.concurrency
+                && let Some(item) = sub.next().now_or_never()
+            {
+                match item {
+                    Some(Ok(job)) => ready.push(job),
+                    Some(Err(e)) => failed = Some(Err(e)),
+                    None => failed = Some(Ok(())),
+                }
+                if failed.is_some() {
+                    break;
+                }
+            }
+            feed.push(std::mem::take(&mut ready));
+            if let Some(p) = adapt.as_mut().and_then(|a| a.tick(feed.completed(), std::time::Instant::now()))
+            {
+                sub.set_claim_batch(p.clamp(1, WorkGroup::MAX_CLAIM_BATCH));
+            }
+            if let Some(end) = failed {
+                break end;
             }
         };
         // Stop claiming; jobs claimed but not started are released without counting.
         drop(sub);
-        job_tx.close();
-        while let Ok((job, _)) = job_rx.try_recv() {
+        for job in feed.close() {
             job.inner().uncounted.store(true, Ordering::Release);
-            lock(&held).remove(&job.inner().token);
         }
-        drop(job_rx);
         let mut report = PoolReport::default();
         let add = |report: &mut PoolReport, r: PoolReport| {
             report.acked += r.acked;
@@ -366,7 +366,7 @@ impl Workers {
             tokio::select! {
                 Some(res) = pool.workers.join_next() => if let Ok(r) = res { add(&mut report, r) },
                 _ = clock.sleep_until(deadline) => {
-                    let running: Vec<Task> = lock(&held).values().cloned().collect();
+                    let running = feed.held();
                     tracing::warn!(
                         group = %self.group.name(),
                         running = running.len(),
@@ -393,13 +393,10 @@ impl Workers {
     }
 }
 
-/// The jobs a pool's workers hold, by claim token.
-type Held = Arc<std::sync::Mutex<HashMap<u64, Task>>>;
-
 /// Owns a running pool's worker tasks. Dropped with the `run` future — normally when they are
 /// all joined, so it has nothing to do — or when that future is cancelled mid-run.
 struct PoolGuard {
-    held: Held,
+    feed: Arc<Feed>,
     workers: JoinSet<PoolReport>,
 }
 
@@ -410,15 +407,14 @@ impl Drop for PoolGuard {
         // (pools used to count them, and with `max_attempts(1)` dead-letter them). Marked
         // before the workers are aborted, so whenever an aborted handler's job drops, it is
         // released uncounted; a job that was settled meanwhile ignores the mark.
-        for task in lock(&self.held).values() {
+        for task in self.feed.held() {
             task.inner().uncounted.store(true, Ordering::Release);
+        }
+        for job in self.feed.close() {
+            job.inner().uncounted.store(true, Ordering::Release);
         }
         self.workers.abort_all();
     }
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 async fn run_one<H: Handler>(

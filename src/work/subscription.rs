@@ -61,6 +61,8 @@ struct Ctx {
     group: Arc<WorkGroupState>,
     config: Arc<WorkConfig>,
     permits: Arc<Semaphore>,
+    /// The largest claim: `config.claim_batch`, unless a worker pool adapts it.
+    claim_batch: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for WorkSubscription {
@@ -78,7 +80,13 @@ impl WorkSubscription {
         group.subscriptions.fetch_add(1, Ordering::AcqRel);
         let permits = Arc::new(Semaphore::new(config.max_in_flight));
         WorkSubscription {
-            ctx: Arc::new(Ctx { shared, group, config, permits }),
+            ctx: Arc::new(Ctx {
+                claim_batch: std::sync::atomic::AtomicUsize::new(config.claim_batch),
+                shared,
+                group,
+                config,
+                permits,
+            }),
             buffer: VecDeque::new(),
             fetch: std::sync::Mutex::new(None),
             ending: false,
@@ -89,6 +97,16 @@ impl WorkSubscription {
 
     pub(crate) fn state(&self) -> &Arc<WorkGroupState> {
         &self.ctx.group
+    }
+
+    /// The in-flight permits, for a worker pool that holds some back (see `work/adapt.rs`).
+    pub(crate) fn permits(&self) -> &Arc<Semaphore> {
+        &self.ctx.permits
+    }
+
+    /// Changes the largest claim (a worker pool adapting its prefetch).
+    pub(crate) fn set_claim_batch(&self, n: usize) {
+        self.ctx.claim_batch.store(n.max(1), Ordering::Relaxed);
     }
 
     /// Jobs this subscription holds (handed out or buffered, not settled).
@@ -130,10 +148,10 @@ impl Stream for WorkSubscription {
                 if slot.is_none()
                     && !this.ending
                     && this.error.is_none()
-                    && this.buffer.len() <= this.ctx.config.claim_batch / 2
+                    && this.buffer.len() <= this.ctx.claim_batch() / 2
                     // Enough room for a worthwhile batch: claiming one message per write
                     // would make every message cost a round trip.
-                    && this.ctx.permits.available_permits() >= this.ctx.config.claim_batch.div_ceil(2)
+                    && this.ctx.permits.available_permits() >= this.ctx.claim_batch().div_ceil(2)
                 {
                     *slot = Some(fetch(this.ctx.clone()).boxed());
                 }
@@ -160,6 +178,12 @@ impl Stream for WorkSubscription {
             }
             return Poll::Pending;
         }
+    }
+}
+
+impl Ctx {
+    fn claim_batch(&self) -> usize {
+        self.claim_batch.load(Ordering::Relaxed)
     }
 }
 
@@ -273,14 +297,15 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
         }
     };
     let mut permits = vec![first];
-    while permits.len() < cfg.claim_batch {
+    let batch = ctx.claim_batch();
+    while permits.len() < batch {
         match ctx.permits.clone().try_acquire_owned() {
             Ok(p) => permits.push(p),
             Err(_) => break,
         }
     }
 
-    let mut last_rx = group.queue.last.subscribe();
+    let (mut last_rx, _watching) = group.queue.watch();
     let claimed: Vec<Claimed> = loop {
         if shared.is_closed() || shared.closing.is_cancelled() {
             return Ok(Some(Vec::new()));
@@ -289,7 +314,8 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
         let notified = group.changed.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let last = *last_rx.borrow_and_update();
+        last_rx.borrow_and_update();
+        let last = group.queue.last_seq();
         if group.paused.load(Ordering::Acquire) {
             // Paused: claim nothing until resumed (the writer notifies `changed`).
             tokio::select! {

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use dashmap::DashMap;
 
 pub(crate) use ordered::OrderedGroupState;
-pub(crate) use queue::QueueState;
+pub(crate) use queue::{QueueState, Watching};
 pub(crate) use records::{LiveSubscription, PendingRecord};
 pub(crate) use work::{Claimed, QueuedAck, SettlingGuard, WorkGroupState};
 

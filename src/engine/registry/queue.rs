@@ -1,8 +1,8 @@
-//! One queue's in-memory state: its id, first live sequence, published last sequence (the
+//! One queue's in-memory state: its id, first live sequence, published last sequence (and the
 //! `watch` channel its subscribers wait on) and retention policy.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use tokio::sync::watch;
 
@@ -15,9 +15,13 @@ pub(crate) struct QueueState {
     pub name: Arc<str>,
     /// First live sequence (retention moves it forward).
     pub first_seq: AtomicU64,
-    /// Last sequence written and visible to readers. The writer publishes after each round
-    /// that touched the queue; subscribers wait on it instead of polling.
-    pub last: watch::Sender<u64>,
+    /// Last sequence written and visible to readers: the writer publishes it after each round
+    /// that touched the queue.
+    last: AtomicU64,
+    /// Subscribers waiting on `wake` (see [`QueueState::publish`]).
+    watchers: AtomicUsize,
+    /// Wakes subscribers instead of polling; carries the last sequence published to it.
+    wake: watch::Sender<u64>,
     /// Retention policy (persisted in the queue record; the writer changes it).
     pub retention: std::sync::Mutex<Retention>,
 }
@@ -28,7 +32,9 @@ impl QueueState {
             id,
             name: Arc::from(name),
             first_seq: AtomicU64::new(first_seq),
-            last: watch::Sender::new(last_seq),
+            last: AtomicU64::new(last_seq),
+            watchers: AtomicUsize::new(0),
+            wake: watch::Sender::new(last_seq),
             retention: std::sync::Mutex::new(retention),
         })
     }
@@ -38,6 +44,75 @@ impl QueueState {
     }
 
     pub fn last_seq(&self) -> u64 {
-        *self.last.borrow()
+        self.last.load(Ordering::SeqCst)
+    }
+
+    /// Publishes `last` (the writer's completer, after a durable round) and wakes the
+    /// subscribers, if there are any.
+    ///
+    /// Why the count: a watch send takes its lock and notifies eight `Notify`s even with no
+    /// receiver, and a round for thousands of queues publishes each. Skipping it loses no
+    /// wake-up: the store of `last` and the load of `watchers` here, and the increment of
+    /// `watchers` and the load of `last` in [`QueueState::watch`], are all `SeqCst`. If this
+    /// load sees no watcher, the watcher's later load of `last` sees this store; if it sees
+    /// one, the send either reaches the watcher's receiver or happened before it subscribed
+    /// (and so before its look at `last`).
+    pub fn publish(&self, last: u64) {
+        self.last.store(last, Ordering::SeqCst);
+        if self.watchers.load(Ordering::SeqCst) > 0 {
+            self.wake.send_replace(last);
+        }
+    }
+
+    /// Wakes every subscriber (to re-check a pause flag, or see the broker closed).
+    pub fn poke(&self) {
+        self.wake.send_replace(self.last_seq());
+    }
+
+    /// Subscribes to wake-ups: the receiver, and a guard that counts it as a watcher while it
+    /// lives (keep the two together). Look at [`QueueState::last_seq`] after this, and again
+    /// after each wake-up: the receiver's own value may be older than it.
+    pub fn watch(self: &Arc<Self>) -> (watch::Receiver<u64>, Watching) {
+        self.watchers.fetch_add(1, Ordering::SeqCst);
+        let guard = Watching(self.clone());
+        (self.wake.subscribe(), guard)
+    }
+}
+
+/// Counts one subscriber of a queue's wake-ups while it lives ([`QueueState::watch`]).
+#[derive(Debug)]
+pub(crate) struct Watching(Arc<QueueState>);
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.0.watchers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_publish_without_watchers_is_seen_by_the_next_one_and_later_ones_wake_it() {
+        let q = QueueState::new(1, "q", 1, 0, Retention::default());
+        q.publish(5);
+        assert_eq!(q.last_seq(), 5);
+        let (mut rx, watching) = q.watch();
+        assert_eq!(q.watchers.load(Ordering::SeqCst), 1);
+        // The receiver may hold an older value; the atomic is current.
+        assert_eq!(q.last_seq(), 5);
+        q.publish(9);
+        rx.changed().await.unwrap();
+        assert_eq!(*rx.borrow_and_update(), 9);
+        drop(watching);
+        assert_eq!(q.watchers.load(Ordering::SeqCst), 0);
+        // No watcher: nothing is sent, the value still moves.
+        q.publish(12);
+        assert!(!rx.has_changed().unwrap());
+        assert_eq!(q.last_seq(), 12);
+        // A poke always wakes, with the current value.
+        q.poke();
+        assert_eq!(*rx.borrow_and_update(), 12);
     }
 }

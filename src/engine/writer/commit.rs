@@ -117,7 +117,7 @@ pub(super) fn complete(engine: &Engine, c: Completions) {
     // Publish before replying, so a producer that sees its send resolve also sees it in
     // `Queue::last_seq`, and subscribers start reading while producers are being woken.
     for (q, last, n) in c.touched {
-        q.last.send_replace(last);
+        q.publish(last);
         telemetry::produced(&q.name, n);
     }
     for (g, offset) in c.work_durable {

@@ -50,7 +50,7 @@ impl Round<'_> {
 #[derive(Default)]
 pub(crate) struct Written {
     /// Next sequence per queue id. Only the writer allocates.
-    pub next_seq: HashMap<u32, u64>,
+    pub next_seq: rustc_hash::FxHashMap<u32, u64>,
     pub next_queue_id: u32,
     /// The enqueue time given to the last round's messages.
     pub last_stamp: u64,

@@ -51,7 +51,7 @@ pub(super) fn apply(r: &mut Round<'_>, req: SettingsRequest) {
                 g.changed.notify_waiters();
             }
             // Subscribers re-check the flag when the queue's watch changes.
-            queue.last.send_modify(|_| {});
+            queue.poke();
         }
         let _ = reply.send(res.map_err(|e| PauseError::Storage(e.clone())));
     });
