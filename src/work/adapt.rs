@@ -73,15 +73,17 @@ impl Adapt {
             let given = self.reserve.as_mut().and_then(|r| r.split(next - self.prefetch))?;
             drop(given);
         } else if next < self.prefetch {
-            // Only free permits can be taken back; if jobs hold them, try again later.
-            let take = u32::try_from(self.prefetch - next).unwrap_or(u32::MAX);
-            match self.permits.clone().try_acquire_many_owned(take) {
-                Ok(p) => match &mut self.reserve {
-                    Some(r) => r.merge(p),
-                    None => self.reserve = Some(p),
-                },
-                Err(_) => return None,
+            // Only free permits can be taken back (jobs hold the rest): as many as are free
+            // now, the rest at later ticks.
+            let free = self.permits.available_permits().min(self.prefetch - next);
+            let taken = u32::try_from(free).ok().filter(|&n| n > 0)?;
+            let p = self.permits.clone().try_acquire_many_owned(taken).ok()?;
+            match &mut self.reserve {
+                Some(r) => r.merge(p),
+                None => self.reserve = Some(p),
             }
+            self.prefetch -= free;
+            return Some(self.prefetch);
         } else {
             return None;
         }
@@ -142,14 +144,16 @@ mod tests {
     }
 
     #[test]
-    fn it_shrinks_only_by_permits_no_job_holds() {
+    fn it_shrinks_only_by_the_permits_no_job_holds() {
         let (mut a, permits, t0) = pool(8, 1024);
         assert_eq!(a.tick(1_000_000, t0 + Duration::from_millis(20)), Some(1024));
-        // Jobs hold all but 100 of the 1024 permits: taking 512 back must wait.
+        // Jobs hold all but 100 of the 1024 permits: of the 512 to take back, 100 now.
         let held = permits.clone().try_acquire_many_owned(924).unwrap();
-        assert_eq!(a.tick(1_000_000, t0 + Duration::from_millis(40)), None);
+        assert_eq!(a.tick(1_000_000, t0 + Duration::from_millis(40)), Some(924));
+        assert_eq!(permits.available_permits(), 0);
         drop(held);
-        assert_eq!(a.tick(1_000_000, t0 + Duration::from_millis(60)), Some(512));
-        assert_eq!(permits.available_permits(), 512);
+        // Still slow: half of 924, all of it free now.
+        assert_eq!(a.tick(1_000_000, t0 + Duration::from_millis(60)), Some(462));
+        assert_eq!(permits.available_permits(), 462);
     }
 }

@@ -93,13 +93,19 @@ impl Feed {
                     if let Some(slot) = jobs.running.get_mut(w) {
                         *slot = Some(job.task());
                     }
-                    if jobs.waiting.len() == self.workers / 2 {
-                        self.room.notify_one();
-                    }
-                    if self.busy.fetch_add(1, Ordering::AcqRel) + 1 == self.workers {
+                    let room = jobs.waiting.len() == self.workers / 2;
+                    let full = self.busy.fetch_add(1, Ordering::AcqRel) + 1 == self.workers;
+                    if full {
                         jobs.episodes += 1;
                         jobs.full_since = Some((jobs.episodes, clock.now()));
-                        drop(jobs);
+                    }
+                    drop(jobs);
+                    if room {
+                        self.room.notify_one();
+                    }
+                    // Only a start wakes the dispatcher (to arm its timer): an end is seen when
+                    // the timer fires, so fast handlers flipping `busy` cost no wake-ups.
+                    if full {
                         self.saturation.notify_one();
                     }
                     return Some(job);
@@ -119,11 +125,8 @@ impl Feed {
         if let Some(slot) = jobs.running.get_mut(w) {
             *slot = None;
         }
-        let was_full = self.busy.fetch_sub(1, Ordering::AcqRel) == self.workers;
-        if was_full {
+        if self.busy.fetch_sub(1, Ordering::AcqRel) == self.workers {
             jobs.full_since = None;
-            drop(jobs);
-            self.saturation.notify_one();
         }
     }
 
@@ -133,7 +136,8 @@ impl Feed {
         self.lock().waiting.len() < self.workers
     }
 
-    /// Resolves once the waiting jobs fell to half the workers (or fewer).
+    /// Resolves once the waiting jobs fell to half the workers (or fewer) — or spuriously:
+    /// the caller looks at [`Feed::has_room`] again.
     pub async fn room(&self) {
         self.room.notified().await;
     }
@@ -148,7 +152,7 @@ impl Feed {
         self.lock().full_since
     }
 
-    /// Resolves when `full_since` may have changed.
+    /// Resolves when a saturation episode may have started.
     pub async fn saturation_changed(&self) {
         self.saturation.notified().await;
     }

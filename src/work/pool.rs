@@ -188,10 +188,12 @@ impl Workers {
     ///
     /// **Default: adaptive.** The pool starts with `concurrency` jobs ahead (one waiting per
     /// handler) and keeps about 2 ms of work ahead at the rate its handlers finish jobs,
-    /// between `concurrency` and 1024: handlers that take milliseconds get `concurrency`,
-    /// handlers that take microseconds get big claim batches (an 8-worker pool of no-op
-    /// handlers drains about twice as fast with 1024 ahead as with 64). A stuck pool finishes
-    /// nothing, so it holds no more than `2 × concurrency`.
+    /// between `concurrency` and 1024 (or exactly `concurrency` if that is more): handlers
+    /// that take milliseconds get `concurrency`, handlers that take microseconds get big claim
+    /// batches (an 8-worker pool of no-op handlers drains about twice as fast with 1024 ahead
+    /// as with 64). When handlers slow down, the prefetch halves every 10 ms down to
+    /// `concurrency`, as far as unclaimed room allows: jobs already claimed stay with the pool.
+    /// A pool stuck from the start holds at most `2 × concurrency` jobs.
     ///
     /// Setting a number fixes it. A prefetched job's lease runs while it waits, and is
     /// renewed to a full term when a handler starts it; so with slow handlers keep
@@ -262,10 +264,12 @@ impl Workers {
             Some(n) => (n, n),
             None => (self.concurrency, MAX_AUTO_PREFETCH.max(self.concurrency)),
         };
+        let limit = self.concurrency + ahead;
         let in_flight = self.concurrency + room;
         let mut sub =
             self.group.clone().max_in_flight(in_flight).claim_batch(ahead.max(1)).subscribe().await?;
         let mut adapt = self.prefetch.is_none().then(|| Adapt::new(sub.permits().clone(), ahead, room));
+        sub.set_limit(limit, ahead.max(1));
         let handler = Arc::new(handler);
         let heartbeat = self.heartbeat.then(|| self.group.lease_duration());
         let lease = self.group.lease_duration();
@@ -304,6 +308,10 @@ impl Workers {
         let mut reported = None;
         let mut ready = Vec::new();
         let result = loop {
+            if let Some(p) = adapt.as_mut().and_then(|a| a.tick(feed.completed(), std::time::Instant::now()))
+            {
+                sub.set_limit(self.concurrency + p, p.clamp(1, WorkGroup::MAX_CLAIM_BATCH));
+            }
             let full_since = feed.full_since();
             let has_room = feed.has_room();
             let saturated_at = full_since
@@ -321,8 +329,12 @@ impl Workers {
                 },
                 _ = feed.saturation_changed() => continue,
                 _ = async { match saturated_at { Some(t) => clock.sleep_until(t).await, None => futures::future::pending().await } } => {
-                    reported = full_since.map(|(episode, _)| episode);
-                    state.report_saturation(shared.events(), self.concurrency);
+                    // Only if that episode is still going (ends do not wake this loop).
+                    let now = feed.full_since();
+                    if now.is_some() && now.map(|(e, _)| e) == full_since.map(|(e, _)| e) {
+                        reported = now.map(|(episode, _)| episode);
+                        state.report_saturation(shared.events(), self.concurrency);
+                    }
                     continue;
                 }
             }
@@ -341,10 +353,6 @@ impl Workers {
                 }
             }
             feed.push(std::mem::take(&mut ready));
-            if let Some(p) = adapt.as_mut().and_then(|a| a.tick(feed.completed(), std::time::Instant::now()))
-            {
-                sub.set_claim_batch(p.clamp(1, WorkGroup::MAX_CLAIM_BATCH));
-            }
             if let Some(end) = failed {
                 break end;
             }

@@ -63,6 +63,9 @@ struct Ctx {
     permits: Arc<Semaphore>,
     /// The largest claim: `config.claim_batch`, unless a worker pool adapts it.
     claim_batch: std::sync::atomic::AtomicUsize,
+    /// The in-flight bound in force: `config.max_in_flight`, less what a worker pool holds
+    /// back (see `work/adapt.rs`).
+    limit: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for WorkSubscription {
@@ -82,6 +85,7 @@ impl WorkSubscription {
         WorkSubscription {
             ctx: Arc::new(Ctx {
                 claim_batch: std::sync::atomic::AtomicUsize::new(config.claim_batch),
+                limit: std::sync::atomic::AtomicUsize::new(config.max_in_flight),
                 shared,
                 group,
                 config,
@@ -104,14 +108,16 @@ impl WorkSubscription {
         &self.ctx.permits
     }
 
-    /// Changes the largest claim (a worker pool adapting its prefetch).
-    pub(crate) fn set_claim_batch(&self, n: usize) {
-        self.ctx.claim_batch.store(n.max(1), Ordering::Relaxed);
+    /// Sets the in-flight bound in force and the largest claim (a worker pool adapting its
+    /// prefetch; it holds back the permits above `limit`).
+    pub(crate) fn set_limit(&self, limit: usize, claim_batch: usize) {
+        self.ctx.limit.store(limit, Ordering::Relaxed);
+        self.ctx.claim_batch.store(claim_batch.max(1), Ordering::Relaxed);
     }
 
     /// Jobs this subscription holds (handed out or buffered, not settled).
     pub fn in_flight(&self) -> usize {
-        self.ctx.config.max_in_flight - self.ctx.permits.available_permits()
+        self.ctx.limit.load(Ordering::Relaxed).saturating_sub(self.ctx.permits.available_permits())
     }
 }
 
@@ -286,7 +292,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
             tokio::select! {
                 p = &mut acquire => p.map_err(internal)?,
                 _ = clock.sleep_until(clock.now() + cfg.saturation_after) => {
-                    group.report_saturation(shared.events(), cfg.max_in_flight);
+                    group.report_saturation(shared.events(), ctx.limit.load(Ordering::Relaxed));
                     tokio::select! {
                         p = &mut acquire => p.map_err(internal)?,
                         _ = shared.closing.cancelled() => return Ok(Some(Vec::new())),
