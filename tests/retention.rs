@@ -287,3 +287,41 @@ async fn a_work_group_resets_to_a_retained_sequence_and_its_claims_are_dropped()
     assert_eq!(broker.queue("q").await.unwrap().work_group("w").unwrap().committed(), Some(4));
     broker.shutdown().await.unwrap();
 }
+
+// Regression: a trim that moved a work group's offset up to its cut stopped there, even when
+// every message right above the cut was already finished (acked while the head waited for a
+// retry). The offset stayed behind a run of finished messages — lag counted them, their
+// `done` records stayed on disk — until some later message finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trim_past_a_waiting_head_moves_the_offset_over_the_finished_run_above_it() {
+    let dir = tempdir();
+    {
+        let broker = open(dir.path()).await;
+        let q = broker.queue("q").await.unwrap();
+        q.send_batch((1..=20).map(|i| format!("m{i}"))).await.unwrap();
+        let group = q.work_group("w").unwrap();
+        let mut w = group.subscribe().await.unwrap();
+        let head = next_job(&mut w).await;
+        assert_eq!(head.seq(), 1);
+        head.retry_after(Duration::from_secs(86_400)).await.unwrap();
+        for _ in 2..=20 {
+            next_job(&mut w).await.ack().await.unwrap();
+        }
+        drop(w);
+        assert_eq!(group.committed(), Some(0), "the waiting head holds the offset");
+        // Keep 19: the trim deletes only the waiting head.
+        q.set_retention(Retention::MaxLen(19)).await.unwrap();
+        assert_eq!(broker.trim().await.unwrap().deleted, 1);
+        assert_eq!(group.committed(), Some(20), "the offset moves over the finished run");
+        assert_eq!(group.skipped(), 1);
+        assert!(broker.pending("w", "q").await.unwrap().is_empty());
+        broker.shutdown().await.unwrap();
+    }
+    let broker = open(dir.path()).await;
+    let q = broker.queue("q").await.unwrap();
+    assert_eq!(q.work_group("w").unwrap().committed(), Some(20));
+    let stats = broker.stats().await.unwrap();
+    let g = stats.groups.iter().find(|g| g.group == "w").unwrap();
+    assert_eq!(g.lag, 0);
+    broker.shutdown().await.unwrap();
+}

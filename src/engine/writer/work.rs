@@ -354,9 +354,11 @@ pub(super) fn trimmed(r: &mut Round<'_>, queue: &QueueState, to: u64) {
             continue;
         }
         let from = p.offset + 1;
-        p.move_to(to);
+        // Past `to` too, over messages finished while the trimmed head waited: their `done`
+        // records go in the same range delete.
+        let offset = p.trim_to(to);
         drop(p);
-        r.batch.delete_records_through(&g.keys, to);
+        r.batch.delete_records_through(&g.keys, offset);
         r.done.work_offset_moved(&g);
         let engine = r.engine.clone();
         r.on_done(move |res| {
