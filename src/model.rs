@@ -86,6 +86,18 @@ pub(crate) fn default_dead_letter_queue(queue: &str) -> String {
     format!("{queue}.dlq")
 }
 
+/// Refuses a group's dead-letter queue that is the group's own queue: every dead letter would
+/// be appended where the group reads it, and delivered (and fail) again, for ever.
+pub(crate) fn check_dead_letter_queue(queue: &str, group: &str, dlq: &str) -> Result<(), String> {
+    if dlq == queue {
+        return Err(format!(
+            "group {group} on queue {queue}: the dead-letter queue cannot be the group's own queue \
+             (dead letters would be delivered to it again)"
+        ));
+    }
+    Ok(())
+}
+
 /// Cuts `s` to at most `max` bytes on a character boundary.
 pub(crate) fn truncate_utf8(s: &str, max: usize) -> &str {
     if s.len() <= max {

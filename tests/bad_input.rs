@@ -212,3 +212,22 @@ async fn a_database_held_by_another_process_is_locked() {
     assert!(child.wait().unwrap().success());
     Broker::open(dir.path()).await.unwrap().shutdown().await.unwrap();
 }
+
+// A group whose dead-letter queue was its own queue appended every dead letter where the group
+// reads, so a poison message came back, failed and was appended again, for ever. Refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_cannot_dead_letter_into_its_own_queue() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let err = q.work_group("w").unwrap().dead_letter_queue("jobs").subscribe().await.unwrap_err();
+    assert!(matches!(&err, SubscribeError::InvalidOption(m) if m.contains("own queue")), "{err:?}");
+    let err =
+        q.group("o").unwrap().max_deliveries(2).dead_letter_queue("jobs").subscribe().await.unwrap_err();
+    assert!(matches!(&err, SubscribeError::InvalidOption(m) if m.contains("own queue")), "{err:?}");
+    // Nothing was created.
+    assert!(broker.stats().await.unwrap().groups.is_empty());
+    // Another queue is fine.
+    q.work_group("w").unwrap().dead_letter_queue("jobs.graveyard").subscribe().await.unwrap();
+    broker.shutdown().await.unwrap();
+}

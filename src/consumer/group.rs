@@ -111,7 +111,8 @@ impl Group {
     /// The dead-letter queue for [`max_deliveries`](Group::max_deliveries). Default
     /// `<queue>.dlq`, like work groups (so [`Broker::dead_letters`](crate::Broker::dead_letters)
     /// and redrive work on it unchanged). The name is validated at
-    /// [`subscribe`](Group::subscribe).
+    /// [`subscribe`](Group::subscribe), which refuses the group's own queue
+    /// ([`SubscribeError::InvalidOption`]): its dead letters would come back to it.
     pub fn dead_letter_queue(mut self, name: impl Into<String>) -> Self {
         self.dlq = Some(name.into());
         self
@@ -128,6 +129,8 @@ impl Group {
         let dlq = match &self.dlq {
             Some(n) => {
                 crate::name::validate(NameKind::Queue, n)?;
+                crate::model::check_dead_letter_queue(&self.queue.name, &self.name, n)
+                    .map_err(SubscribeError::InvalidOption)?;
                 Arc::from(n.as_str())
             }
             None => {

@@ -115,7 +115,9 @@ impl WorkGroup {
         self
     }
 
-    /// The dead-letter queue. Default `<queue>.dlq`. The name is validated at subscribe.
+    /// The dead-letter queue. Default `<queue>.dlq`. The name is validated at subscribe, which
+    /// refuses the group's own queue ([`SubscribeError::InvalidOption`]): its dead letters
+    /// would come back to it.
     pub fn dead_letter_queue(mut self, name: impl Into<String>) -> Self {
         self.dlq = Some(name.into());
         self
@@ -293,6 +295,8 @@ impl WorkGroup {
         let dlq = match &self.dlq {
             Some(n) => {
                 name::validate(NameKind::Queue, n)?;
+                crate::model::check_dead_letter_queue(&self.queue.name, &self.name, n)
+                    .map_err(SubscribeError::InvalidOption)?;
                 n.clone()
             }
             None => {
