@@ -5,7 +5,7 @@ use crate::error::OpenError;
 /// When a send is acknowledged relative to the disk.
 ///
 /// Both modes write every message to RocksDB's write-ahead log (WAL) before the send resolves;
-/// they differ in whether the WAL is fsynced first. A clean [`Broker::shutdown`] syncs the WAL in
+/// they differ in whether the WAL is fsynced first. A clean [`Broker::shutdown`](crate::Broker::shutdown) syncs the WAL in
 /// both modes.
 ///
 /// | mode | process crash (kill -9, panic, OOM) | power loss / kernel panic |
@@ -32,7 +32,7 @@ pub enum Durability {
     Buffered,
 }
 
-/// Options for opening a [`Broker`].
+/// Options for opening a [`Broker`](crate::Broker).
 ///
 /// # Examples
 ///
@@ -124,7 +124,7 @@ impl Options {
     /// changes). Default 4096.
     ///
     /// Checked at open: 0, or more than Tokio's semaphore limit (`usize::MAX >> 3`), makes
-    /// [`Broker::open`] return [`OpenError::InvalidOption`].
+    /// [`Broker::open`](crate::Broker::open) return [`OpenError::InvalidOption`].
     pub fn channel_capacity(mut self, n: usize) -> Self {
         self.channel_capacity = n;
         self
@@ -146,7 +146,7 @@ impl Options {
         self
     }
 
-    /// Collect RocksDB statistics, readable through [`Broker::storage_stats`]. Costs a few
+    /// Collect RocksDB statistics, readable through [`Broker::storage_stats`](crate::Broker::storage_stats). Costs a few
     /// percent of write throughput. Default off.
     pub fn statistics(mut self, yes: bool) -> Self {
         self.statistics = yes;
@@ -162,7 +162,7 @@ impl Options {
 
     /// How often the background retention task trims queues by their
     /// [`Retention`](crate::Retention) policy (on the broker's clock). Default 10 s;
-    /// `Duration::ZERO` turns it off ([`Broker::trim`] still works); an interval over 100 years
+    /// `Duration::ZERO` turns it off ([`Broker::trim`](crate::Broker::trim) still works); an interval over 100 years
     /// is clamped to 100 years (effectively off).
     pub fn retention_interval(mut self, every: std::time::Duration) -> Self {
         self.retention_interval = crate::clock::clamp_delay(every);

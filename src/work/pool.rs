@@ -151,7 +151,7 @@ impl WorkGroup {
 /// then stops the rest and releases their jobs **without** counting the attempt.
 ///
 /// Run a pool in place with [`run`](Workers::run), or in the background with
-/// [`spawn`](Workers::spawn), which returns a [`PoolHandle`] to stop it.
+/// [`spawn`](Workers::spawn), which returns a [`PoolHandle`](crate::PoolHandle) to stop it.
 #[derive(Debug)]
 pub struct Workers {
     pub(super) group: WorkGroup,
@@ -246,7 +246,7 @@ impl Workers {
     /// it holds **without** counting the attempt (as a drain timeout does), so the jobs come
     /// back with the same attempt number. Outcomes already recorded stay. To let running
     /// handlers finish, stop the pool with its token or use [`spawn`](Workers::spawn) and
-    /// [`PoolHandle::shutdown`].
+    /// [`PoolHandle::shutdown`](crate::PoolHandle::shutdown).
     pub async fn run<H: Handler>(self, handler: H) -> Result<PoolReport, Error> {
         for (what, n) in [("concurrency", self.concurrency), ("prefetch", self.prefetch.unwrap_or(0))] {
             if n > Self::MAX_POOL {
