@@ -249,3 +249,49 @@ async fn a_pool_holds_at_most_concurrency_plus_its_default_prefetch() {
     pool.abort();
     broker.shutdown().await.unwrap();
 }
+
+// The pool's feed: jobs claimed ahead and waiting for a worker (not only the running one) are
+// also the pool's to give back, uncounted, when it is aborted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aborted_pool_releases_its_waiting_jobs_without_counting_too() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let seqs = q.send_batch((1..=5).map(|i| format!("m{i}"))).await.unwrap();
+    let group = q.work_group("w").unwrap().retry_policy(RetryPolicy::default().max_attempts(1));
+    let (tx, mut started) = mpsc::unbounded_channel();
+    // One stuck handler; its first claim (a batch of four) puts one job in its hands, one in
+    // its feed and two in its subscription's buffer.
+    let pool = group.workers(1).prefetch(4).spawn(stuck(tx));
+    assert_eq!(started.recv().await, Some(*seqs.start()));
+    tokio::time::timeout(HANG_GUARD, async {
+        while group.in_flight() < 4 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the pool did not claim ahead");
+    pool.abort();
+    // Every one comes back at attempt 1 (one attempt allowed: a counted one would have been
+    // dead-lettered instead).
+    let mut sub = q
+        .work_group("w")
+        .unwrap()
+        .retry_policy(RetryPolicy::default().max_attempts(1))
+        .subscribe()
+        .await
+        .unwrap();
+    // (In any order: the aborted pool's task gives them back as it unwinds.)
+    let mut got = Vec::new();
+    for _ in seqs.clone() {
+        let j = next_job(&mut sub).await;
+        got.push((j.seq(), j.attempt()));
+        j.ack().await.unwrap();
+    }
+    got.sort_unstable();
+    assert_eq!(got, seqs.map(|s| (s, 1)).collect::<Vec<_>>(), "an attempt was counted");
+    let dlq = broker.dead_letters("jobs.dlq").await.unwrap();
+    assert!(dlq.list(10).await.unwrap().is_empty(), "nothing was dead-lettered");
+    broker.shutdown().await.unwrap();
+}
