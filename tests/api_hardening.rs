@@ -275,13 +275,7 @@ async fn an_aborted_pool_releases_its_waiting_jobs_without_counting_too() {
     pool.abort();
     // Every one comes back at attempt 1 (one attempt allowed: a counted one would have been
     // dead-lettered instead).
-    let mut sub = q
-        .work_group("w")
-        .unwrap()
-        .retry_policy(RetryPolicy::default().max_attempts(1))
-        .subscribe()
-        .await
-        .unwrap();
+    let mut sub = group.subscribe().await.unwrap();
     // (In any order: the aborted pool's task gives them back as it unwinds.)
     let mut got = Vec::new();
     for _ in seqs.clone() {
