@@ -124,7 +124,8 @@ refused_as!(
     ResetError,
     RedriveError,
     CommitError,
-    PauseError
+    PauseError,
+    ScheduleError
 );
 
 /// A record in the database could not be decoded.
@@ -231,6 +232,44 @@ pub enum QueueError {
     Failed(String),
 }
 
+/// Why a recurring schedule was refused.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScheduleError {
+    /// The cron expression does not parse, or never fires.
+    #[error("invalid cron expression {expr:?}: {reason}")]
+    InvalidCron {
+        /// The expression given.
+        expr: String,
+        /// What the parser said.
+        reason: String,
+    },
+    /// The interval is zero.
+    #[error("a schedule's interval must be longer than zero")]
+    ZeroInterval,
+    /// The schedule or queue name is invalid.
+    #[error(transparent)]
+    InvalidName(#[from] NameError),
+    /// The message cannot be sent (too large, bad header or key, or delayed).
+    #[error(transparent)]
+    Message(#[from] SendError),
+    /// No schedule has this name.
+    #[error("no schedule named {0:?}")]
+    NotFound(String),
+    /// The broker was shut down.
+    #[error("broker is shut down")]
+    Shutdown,
+    /// Writing the schedule failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// A stored record does not decode.
+    #[error(transparent)]
+    Corrupt(#[from] CorruptionError),
+    /// The broker stopped accepting writes after an earlier error.
+    #[error("broker stopped accepting writes after an earlier storage error: {0}")]
+    Failed(String),
+}
+
 /// A send was rejected or failed. When this is returned, none of the messages of the call were
 /// made visible to consumers.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -270,6 +309,29 @@ pub enum SendError {
         /// The configured maximum ([`Options::max_batch_messages`](crate::Options::max_batch_messages)).
         max: usize,
     },
+    /// An ordering or idempotency key is empty or longer than
+    /// [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes.
+    #[error("message {index} has an invalid key: {reason}")]
+    InvalidKey {
+        /// Position of the message within the call (0 for `send`).
+        index: usize,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// The message needs [`Queue::submit`](crate::Queue::submit): it is delayed (it has no
+    /// sequence until it is due) or has an idempotency key (a duplicate has no new sequence,
+    /// nor a place in a contiguous range).
+    #[error("message {index} {reason}: send it with Queue::submit")]
+    NeedsSubmit {
+        /// Position of the message within the call (0 for `send`).
+        index: usize,
+        /// Why.
+        reason: &'static str,
+    },
+    /// Reading the queue's dedup records failed while checking an idempotency key (nothing
+    /// was written).
+    #[error(transparent)]
+    Corrupt(#[from] CorruptionError),
     /// The write failed. The broker fails closed after a write error: later sends return
     /// [`SendError::Failed`] until it is reopened.
     #[error(transparent)]
@@ -601,4 +663,7 @@ pub enum Error {
     /// See [`PauseError`].
     #[error(transparent)]
     Pause(#[from] PauseError),
+    /// See [`ScheduleError`].
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
 }

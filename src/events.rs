@@ -120,4 +120,16 @@ pub enum Event {
         /// The in-flight bound that was hit.
         max_in_flight: usize,
     },
+    /// A recurring schedule fired: its message was appended (or, for a missed firing under
+    /// [`Missed::Skip`](crate::Missed::Skip), dropped: `seq` is `None`).
+    ScheduleFired {
+        /// The schedule.
+        schedule: Arc<str>,
+        /// The queue it sends to.
+        queue: Arc<str>,
+        /// The appended message's sequence (`None`: the firing was missed and skipped).
+        seq: Option<u64>,
+        /// Firings that were missed (0 for an on-time firing).
+        missed: u64,
+    },
 }

@@ -130,4 +130,35 @@ impl Inspector {
         let raw = self.run(move |s| s.dead_letters(&q, limit)).await?;
         Ok(raw.into_iter().map(DeadLetter::from_raw).collect())
     }
+
+    /// Delayed messages waiting to fall due; see [`Broker::scheduled`](crate::Broker::scheduled).
+    ///
+    /// # Errors
+    ///
+    /// As for [`peek`](Inspector::peek).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
+    pub async fn scheduled(
+        &self,
+        queue: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<crate::schedule::ScheduledInfo>, InspectError> {
+        let q = queue.map(str::to_owned);
+        self.run(move |s| s.scheduled(q.as_deref(), limit)).await
+    }
+
+    /// Every recurring schedule; see [`Broker::schedules`](crate::Broker::schedules).
+    ///
+    /// # Errors
+    ///
+    /// As for [`peek`](Inspector::peek).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
+    pub async fn schedules(&self) -> Result<Vec<crate::schedule::ScheduleInfo>, InspectError> {
+        self.run(|s| s.schedules()).await
+    }
 }

@@ -68,6 +68,8 @@ mod model;
 mod name;
 mod options;
 mod retention;
+mod schedule;
+mod sent;
 mod stats;
 pub mod telemetry;
 
@@ -77,17 +79,19 @@ pub use clock::{Clock, ManualClock};
 pub use consumer::{Delivery, Group, Subscription};
 pub use error::{
     AckError, CommitError, CorruptionError, Error, InspectError, NameError, NameKind, OpenError, PauseError,
-    QueueError, ReceiveError, RedriveError, ResetError, SendError, ShutdownError, StorageError,
-    SubscribeError,
+    QueueError, ReceiveError, RedriveError, ResetError, ScheduleError, SendError, ShutdownError,
+    StorageError, SubscribeError,
 };
 pub use events::Event;
 pub use inspector::Inspector;
-pub use message::Message;
+pub use message::{MAX_KEY_LEN, Message};
 pub use model::StartFrom;
 pub use name::MAX_NAME_LEN;
 pub use options::{Durability, Options};
 pub use producer::{Queue, SendReceipt};
 pub use retention::{ResetTo, Retention, TrimReport};
+pub use schedule::{Missed, Recurrence, ScheduleInfo, ScheduledInfo};
+pub use sent::{Original, ScheduledMessage, Sent};
 pub use stats::{
     GroupMode, GroupStats, PendingClaim, PendingState, QueueStats, Stats, StorageStats, StoredMessage,
     WriterStats,

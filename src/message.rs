@@ -1,4 +1,7 @@
-//! [`Message`]: what a producer sends — a payload plus optional headers.
+//! [`Message`]: what a producer sends — a payload plus optional headers, and the job-queue
+//! options a send may carry: a delivery time, an idempotency key and an ordering key.
+
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 
@@ -20,12 +23,30 @@ use bytes::Bytes;
 pub struct Message {
     pub(crate) payload: Bytes,
     pub(crate) headers: Vec<(String, Bytes)>,
+    /// Ordering key (stored in the envelope).
+    pub(crate) key: Option<String>,
+    /// Idempotency key (stored in the envelope and in the queue's dedup index).
+    pub(crate) idempotency_key: Option<String>,
+    /// When the message becomes visible, if not at once.
+    pub(crate) due: Option<Due>,
 }
+
+/// When a delayed message becomes visible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Due {
+    /// This long after the send (on the broker's clock).
+    After(Duration),
+    /// At this wall-clock time (on the broker's clock).
+    At(SystemTime),
+}
+
+/// The longest ordering or idempotency key, in bytes.
+pub const MAX_KEY_LEN: usize = 1024;
 
 impl Message {
     /// A message with this payload and no headers.
     pub fn new(payload: impl Into<Bytes>) -> Self {
-        Message { payload: payload.into(), headers: Vec::new() }
+        Message { payload: payload.into(), ..Message::default() }
     }
 
     /// Adds a header. Keys need not be unique; order is preserved. A key may be at most
@@ -43,6 +64,84 @@ impl Message {
     /// The headers, in insertion order.
     pub fn headers(&self) -> &[(String, Bytes)] {
         &self.headers
+    }
+
+    /// Delays the message: it becomes visible to every group `delay` after the send, on the
+    /// broker's [`Clock`](crate::Clock). There is no upper bound (delays are clamped to 100
+    /// years). Until then it waits in the broker's schedule, where it can be cancelled or
+    /// rescheduled ([`Queue::cancel`](crate::Queue::cancel),
+    /// [`Queue::reschedule`](crate::Queue::reschedule)); when it falls due it is appended to
+    /// the queue and gets its sequence then, so sequences stay dense and in order of
+    /// visibility. Send delayed messages with [`Queue::submit`](crate::Queue::submit), which
+    /// returns their schedule id.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let reminder = rockq::Message::new("renew").deliver_after(Duration::from_secs(3600));
+    /// # drop(reminder);
+    /// ```
+    pub fn deliver_after(mut self, delay: Duration) -> Self {
+        self.due = Some(Due::After(crate::clock::clamp_delay(delay)));
+        self
+    }
+
+    /// Delays the message until wall-clock time `at` (on the broker's clock); see
+    /// [`deliver_after`](Message::deliver_after). A time in the past delivers at once.
+    pub fn deliver_at(mut self, at: SystemTime) -> Self {
+        self.due = Some(Due::At(at));
+        self
+    }
+
+    /// Sets an idempotency key: within the queue's dedup window
+    /// ([`Queue::set_dedup_window`](crate::Queue::set_dedup_window), 5 minutes unless set), a
+    /// second message with the same key is not written, and
+    /// [`Queue::submit`](crate::Queue::submit) reports it as
+    /// [`Sent::Duplicate`](crate::Sent::Duplicate) with the original's sequence. Non-empty, at
+    /// most [`MAX_KEY_LEN`] bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let m = rockq::Message::new("charge").idempotency_key("order-42/charge");
+    /// assert_eq!(m.get_idempotency_key(), Some("order-42/charge"));
+    /// ```
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// Sets an ordering key, stored with the message: every group sees it as
+    /// [`Delivery::key`](crate::Delivery::key) / [`Job::key`](crate::Job::key), and a redrive
+    /// keeps it. (Per-key ordering in work-queue groups, which hands out messages with the same
+    /// key one at a time, is not built yet: today the key is carried, not enforced.)
+    /// Non-empty, at most [`MAX_KEY_LEN`] bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let m = rockq::Message::new("debit 10").key("account-7");
+    /// assert_eq!(m.get_key(), Some("account-7"));
+    /// ```
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// The ordering key, if set.
+    pub fn get_key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    /// The idempotency key, if set.
+    pub fn get_idempotency_key(&self) -> Option<&str> {
+        self.idempotency_key.as_deref()
+    }
+
+    /// Whether the message is delayed.
+    pub fn is_delayed(&self) -> bool {
+        self.due.is_some()
     }
 }
 

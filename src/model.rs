@@ -33,6 +33,42 @@ pub(crate) struct QueueMeta {
     /// Sequences below this were deleted by retention (or never existed).
     pub first_seq: u64,
     pub retention: Retention,
+    /// How long an idempotency key is remembered.
+    pub dedup_window: std::time::Duration,
+}
+
+/// How long an idempotency key is remembered unless the queue sets its own window (SQS's
+/// five minutes).
+pub(crate) const DEFAULT_DEDUP_WINDOW: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// An idempotency key's record: what became of the first message with it, and until when a
+/// second one is a duplicate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DedupRecord {
+    pub original: crate::sent::Original,
+    pub expires_micros: u64,
+}
+
+/// A recurring schedule as stored: its recurrence, its message, and when it fires next. The
+/// writer rewrites it in the batch that delivers a firing, so each firing happens once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ScheduleRecord {
+    /// Its id in the due index (`t<due><RECURRING><id>`).
+    pub id: u64,
+    pub queue: String,
+    pub recurrence: crate::schedule::Recurrence,
+    /// Interval schedules fire at `anchor + k·interval`.
+    pub anchor_micros: u64,
+    pub paused: bool,
+    /// The due entry it has (0: none — paused, or it never fires again).
+    pub next_micros: u64,
+    pub fired: u64,
+    pub missed_firings: u64,
+    /// Last delivery: its time and sequence (0: never).
+    pub last_micros: u64,
+    pub last_seq: u64,
+    /// The message it sends, encoded.
+    pub envelope: Vec<u8>,
 }
 
 /// A group's committed offset: every sequence up to it is finished for the group (0: none).

@@ -48,6 +48,8 @@ pub struct TrimReport {
     pub bytes_after: u64,
     /// Whether the trimmed ranges were compacted.
     pub compacted: bool,
+    /// Idempotency keys forgotten because their dedup window had passed.
+    pub dedup_expired: u64,
 }
 
 /// Wall-clock microseconds of `t` (0 before the epoch).

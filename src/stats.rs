@@ -36,6 +36,12 @@ pub struct QueueStats {
     pub retention: crate::retention::Retention,
     /// Age of the oldest stored message (`None` when empty).
     pub oldest_age: Option<Duration>,
+    /// Delayed messages waiting to fall due ([`Message::deliver_after`](crate::Message::deliver_after)).
+    pub scheduled: u64,
+    /// When the earliest of them is due.
+    pub next_due: Option<std::time::SystemTime>,
+    /// How long the queue remembers idempotency keys.
+    pub dedup_window: Duration,
 }
 
 /// Which kind of consumer group.

@@ -32,6 +32,14 @@ pub const REDRIVEN: &str = "rockq_messages_redriven_total";
 pub const TRIMMED: &str = "rockq_messages_trimmed_total";
 /// Times a consumer's in-flight bound stayed full, per queue and group.
 pub const SATURATED: &str = "rockq_consumer_saturations_total";
+/// Delayed messages appended when they fell due, per queue.
+pub const SCHEDULED_DELIVERED: &str = "rockq_scheduled_delivered_total";
+/// Messages sent by recurring schedules, per queue and schedule.
+pub const SCHEDULE_FIRED: &str = "rockq_schedule_fired_total";
+/// Sends found to be duplicates of an idempotency key (nothing written), per queue.
+pub const DEDUP_HITS: &str = "rockq_dedup_hits_total";
+/// Delayed messages waiting to fall due, per queue (gauge).
+pub const SCHEDULED_DEPTH: &str = "rockq_queue_scheduled";
 /// Messages (and other records) in one writer round: the group-commit batch size.
 pub const BATCH_SIZE: &str = "rockq_writer_batch_messages";
 /// Seconds from a round's write starting to it being durable in the broker's mode.
@@ -86,6 +94,7 @@ pub(crate) fn publish(stats: &Stats) {
     for q in &stats.queues {
         let name = q.name.clone();
         gauge!(QUEUE_LENGTH, "queue" => name.clone()).set(q.len as f64);
+        gauge!(SCHEDULED_DEPTH, "queue" => name.clone()).set(q.scheduled as f64);
         gauge!(QUEUE_BYTES, "queue" => name).set(q.bytes_on_disk as f64);
     }
     for g in &stats.groups {

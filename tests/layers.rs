@@ -27,6 +27,8 @@ const VALUES: &[&str] = &[
     "name",
     "options",
     "retention",
+    "schedule",
+    "sent",
     "stats",
     "telemetry",
 ];

@@ -58,6 +58,14 @@ fn public_types_are_send_and_sync() {
     send_sync::<PendingClaim>();
     send_sync::<PendingState>();
     send_sync::<StoredMessage>();
+    send_sync::<Sent>();
+    send_sync::<Original>();
+    send_sync::<ScheduledMessage>();
+    send_sync::<Recurrence>();
+    send_sync::<Missed>();
+    send_sync::<ScheduleInfo>();
+    send_sync::<ScheduledInfo>();
+    send_sync::<ScheduleError>();
     send_sync::<InspectError>();
     send_sync::<PauseError>();
     unpin::<Subscription>();

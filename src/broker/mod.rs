@@ -2,6 +2,7 @@
 //! inspection, pause/resume, resets).
 
 mod admin;
+mod schedules;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -34,19 +34,28 @@
 pub(crate) use super::completion::Completion;
 #[cfg(test)]
 pub(crate) use super::completion::Resolver;
-pub(crate) use super::inspect::{ReadOnly, live_peek, live_pending, live_stats};
+pub(crate) use super::inspect::{
+    ReadOnly, live_peek, live_pending, live_scheduled, live_schedules, live_stats,
+};
 pub(crate) use super::open::open;
 pub(crate) use super::registry::{
     Claimed, LiveSubscription, OrderedGroupState, PendingRecord, QueueState, SettlingGuard, Watching,
     WorkGroupState,
 };
 pub(crate) use super::request::{
-    OrderedRequest, Outcome, QueueRequest, RedriveItem, Request, RetentionRequest, SettingsChange,
-    SettingsRequest, WorkRequest,
+    OrderedRequest, Outcome, QueueRequest, RedriveItem, Request, RetentionRequest, ScheduleRequest,
+    SettingsChange, SettingsRequest, Submission, WorkRequest,
 };
 pub(crate) use super::retention::{pass as retention_pass, reset_target};
 pub(crate) use super::shared::Shared;
 pub(crate) use crate::store::envelope::{EncodeError, body_len, validate};
+
+/// A checked message's envelope (the writer stamps its time).
+pub(crate) fn encode(m: &crate::message::Message) -> Vec<u8> {
+    let mut out = Vec::with_capacity(crate::store::envelope::encoded_len(m));
+    crate::store::envelope::encode_into(m, 0, &mut out);
+    out
+}
 pub(crate) use crate::store::{RawMessage, ReadOutcome};
 
 /// The sequence in a message key, if `key` is one (to name the message behind a corruption

@@ -15,6 +15,7 @@ use crate::error::{
     CorruptionError, InspectError, NameKind, OpenError, ReceiveError, RedriveError, StorageError,
 };
 use crate::model::{Claim, GroupMode, GroupSettings, QueueMeta};
+use crate::schedule::{ScheduleInfo, ScheduledInfo};
 use crate::stats::{GroupStats, PendingClaim, PendingState, QueueStats, Stats, StoredMessage};
 use crate::store::{self, LoadedQueue, RawMessage, ReadError, ReadOutcome, Snapshot, Store};
 
@@ -72,10 +73,12 @@ fn stats(store: &Store, now_micros: u64, live: &LiveLeases) -> Result<Stats, Ins
     let Some(db) = guard.inspect(&store.path) else { return Err(InspectError::Shutdown) };
     let loaded = db.load().map_err(from_open)?;
 
+    let scheduled = db.scheduled_counts().map_err(from_read)?;
     let mut queues = Vec::with_capacity(loaded.queues.len());
     for q in &loaded.queues {
         let (first, last) = (q.meta.first_seq, q.last_seq);
         let oldest_age = if last >= first { age_of(&db, q.meta.id, first, now_micros)? } else { None };
+        let (count, next) = scheduled.get(&q.meta.id).copied().unwrap_or((0, u64::MAX));
         queues.push(QueueStats {
             name: q.name.clone(),
             first_seq: first,
@@ -84,6 +87,9 @@ fn stats(store: &Store, now_micros: u64, live: &LiveLeases) -> Result<Stats, Ins
             bytes_on_disk: db.queue_bytes(q.meta.id),
             retention: q.meta.retention,
             oldest_age,
+            scheduled: count,
+            next_due: (count > 0).then(|| crate::schedule::time_of(next)),
+            dedup_window: q.meta.dedup_window,
         });
     }
     queues.sort_by(|a, b| a.name.cmp(&b.name));
@@ -258,6 +264,74 @@ fn peek(
             payload: m.payload,
         })
         .collect())
+}
+
+/// Up to `limit` delayed messages of `queue` (all queues: `None`), in schedule-id order.
+fn scheduled(store: &Store, queue: Option<&str>, limit: usize) -> Result<Vec<ScheduledInfo>, InspectError> {
+    let guard = store.lock();
+    let Some(db) = guard.inspect(&store.path) else { return Err(InspectError::Shutdown) };
+    let loaded = db.load().map_err(from_open)?;
+    let names: HashMap<u32, &str> = loaded.queues.iter().map(|q| (q.meta.id, q.name.as_str())).collect();
+    let id = match queue {
+        Some(name) => Some(
+            loaded
+                .queues
+                .iter()
+                .find(|q| q.name == name)
+                .map(|q| q.meta.id)
+                .ok_or_else(|| InspectError::NoSuchQueue(name.to_owned()))?,
+        ),
+        None => None,
+    };
+    let mut out = Vec::new();
+    for (queue_id, id, due, env) in db.list_scheduled(id, limit).map_err(from_read)? {
+        let env = store::envelope::decode(&id.to_be_bytes(), &env)?;
+        out.push(ScheduledInfo {
+            id,
+            queue: names.get(&queue_id).map_or_else(|| format!("#{queue_id}"), |n| (*n).to_owned()),
+            due: micros_to_time(due),
+            sent_at: micros_to_time(env.enqueued_at_micros),
+            payload_len: env.payload.len(),
+            key: env.key,
+        });
+    }
+    Ok(out)
+}
+
+/// Every recurring schedule.
+fn schedules(store: &Store) -> Result<Vec<ScheduleInfo>, InspectError> {
+    let guard = store.lock();
+    let Some(db) = guard.inspect(&store.path) else { return Err(InspectError::Shutdown) };
+    Ok(db
+        .list_schedules()
+        .map_err(from_read)?
+        .into_iter()
+        .map(|(name, r)| ScheduleInfo {
+            name,
+            recurrence: r.recurrence.describe(),
+            missed: r.recurrence.missed,
+            next: (r.next_micros != 0).then(|| micros_to_time(r.next_micros)),
+            paused: r.paused,
+            fired: r.fired,
+            missed_firings: r.missed_firings,
+            last: (r.last_seq != 0).then(|| (micros_to_time(r.last_micros), r.last_seq)),
+            queue: r.queue,
+        })
+        .collect())
+}
+
+/// A live broker's delayed messages (see [`scheduled`]).
+pub(crate) async fn live_scheduled(
+    shared: &Arc<Shared>,
+    queue: Option<String>,
+    limit: usize,
+) -> Result<Vec<ScheduledInfo>, InspectError> {
+    on_store(shared, move |s, _| scheduled(s, queue.as_deref(), limit)).await
+}
+
+/// A live broker's recurring schedules.
+pub(crate) async fn live_schedules(shared: &Arc<Shared>) -> Result<Vec<ScheduleInfo>, InspectError> {
+    on_store(shared, move |s, _| schedules(s)).await
 }
 
 /// Up to `limit` dead letters of `dlq` not yet redriven, as stored.
@@ -439,6 +513,16 @@ impl ReadOnly {
         limit: usize,
     ) -> Result<Vec<StoredMessage>, InspectError> {
         peek(&self.0, queue, from, limit)
+    }
+
+    /// Delayed messages (see [`scheduled`]).
+    pub fn scheduled(&self, queue: Option<&str>, limit: usize) -> Result<Vec<ScheduledInfo>, InspectError> {
+        scheduled(&self.0, queue, limit)
+    }
+
+    /// Recurring schedules.
+    pub fn schedules(&self) -> Result<Vec<ScheduleInfo>, InspectError> {
+        schedules(&self.0)
     }
 
     /// Up to `limit` dead letters of `dlq` not yet redriven, as stored. Blocking.

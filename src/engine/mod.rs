@@ -29,6 +29,7 @@ mod registry;
 mod request;
 mod retention;
 mod shared;
+mod timer;
 mod writer;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -58,6 +59,8 @@ pub(crate) struct Engine {
     pub counters: Counters,
     /// Lifecycle events (see [`Broker::events`](crate::Broker::events)).
     pub events: tokio::sync::broadcast::Sender<Event>,
+    /// When the schedule's next entry is due (`timer.rs`).
+    pub timer: Arc<timer::Timer>,
 }
 
 impl Engine {

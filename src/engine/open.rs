@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 use super::inbox::Inbox;
 use super::registry::{OrderedGroupState, QueueState, Registry, WorkGroupState};
 use super::shared::Shared;
+use super::timer::Timer;
 use super::{Counters, Engine, inspect, retention, writer};
 use crate::error::{CorruptionError, OpenError};
 use crate::model::GroupMode;
@@ -25,6 +26,7 @@ pub(crate) async fn open(path: &Path, options: Options) -> Result<Arc<Shared>, O
         .spawn_blocking(move || store::open(&path, &opts))
         .await
         .map_err(|e| OpenError::InvalidOption(format!("open task failed: {e}")))??;
+    let timer = Arc::new(Timer::new(loaded.first_due, loaded.next_scheduled_id));
     let (registry, stale) = match restore(loaded, &options) {
         Ok(r) => r,
         Err(e) => {
@@ -43,6 +45,7 @@ pub(crate) async fn open(path: &Path, options: Options) -> Result<Arc<Shared>, O
         failed: Mutex::new(None),
         counters: Counters::default(),
         events: tokio::sync::broadcast::channel(4096).0,
+        timer: timer.clone(),
     });
     for g in stale {
         engine.mark_dirty(g);
@@ -74,6 +77,7 @@ pub(crate) async fn open(path: &Path, options: Options) -> Result<Arc<Shared>, O
         shutdown: Mutex::new(None),
     });
     retention::spawn_background(&shared, options.retention_interval);
+    super::timer::spawn(&shared, timer);
     inspect::spawn_gauges(&shared, options.metrics_interval);
     Ok(shared)
 }
@@ -83,6 +87,7 @@ pub(crate) async fn open(path: &Path, options: Options) -> Result<Arc<Shared>, O
 #[cfg(test)]
 pub(crate) fn without_writer(path: &Path, options: Options) -> Arc<Engine> {
     let (store, loaded) = store::open(path, &options).expect("open a test store");
+    let timer = Arc::new(Timer::new(loaded.first_due, loaded.next_scheduled_id));
     let (registry, _) = restore(loaded, &options).expect("restore the registry");
     Arc::new(Engine {
         store,
@@ -94,16 +99,18 @@ pub(crate) fn without_writer(path: &Path, options: Options) -> Arc<Engine> {
         failed: Mutex::new(None),
         counters: Counters::default(),
         events: tokio::sync::broadcast::channel(16).0,
+        timer,
     })
 }
 
 /// The registry as the store loaded it, and the ordered groups whose marks found at open are
 /// moot (the writer's first round deletes them).
 fn restore(loaded: Loaded, options: &Options) -> Result<(Registry, Vec<Arc<OrderedGroupState>>), OpenError> {
-    let Loaded { queues, groups, claims, settings, marks } = loaded;
+    let Loaded { queues, groups, claims, settings, marks, .. } = loaded;
     let registry = Registry::default();
     for q in queues {
         let state = QueueState::new(q.meta.id, &q.name, q.meta.first_seq, q.last_seq, q.meta.retention);
+        state.set_dedup_window(q.meta.dedup_window);
         registry.queues.insert(state.name.clone(), state);
     }
     for g in groups {

@@ -12,14 +12,16 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use super::registry::{OrderedGroupState, QueueState, WorkGroupState};
+use crate::error::ScheduleError;
 use crate::error::{
-    AckError, Closed, CommitError, PauseError, QueueError, RedriveError, ResetError, StorageError,
+    AckError, Closed, CommitError, PauseError, QueueError, RedriveError, ResetError, SendError, StorageError,
     SubscribeError,
 };
 use crate::message::Message;
-use crate::model::Claim;
 use crate::model::StartFrom;
+use crate::model::{Claim, ScheduleRecord};
 use crate::retention::Retention;
+use crate::sent::{ScheduledMessage, Sent};
 
 /// Where the writer sends the outcome of one request.
 pub(crate) type Reply<T, E> = oneshot::Sender<Result<T, E>>;
@@ -36,6 +38,7 @@ pub(crate) enum Request {
     Work(WorkRequest),
     Retention(RetentionRequest),
     Settings(SettingsRequest),
+    Schedule(ScheduleRequest),
     /// Wake-up only: a group became dirty while the writer was idle.
     Commit,
     /// Reply once every acknowledgement recorded before this request is durable.
@@ -52,6 +55,42 @@ pub(crate) enum Request {
 pub(crate) enum QueueRequest {
     /// Create queue `name` (or return the existing one).
     Create { name: String, reply: Reply<Arc<QueueState>, QueueError> },
+    /// Persist how long the queue remembers idempotency keys.
+    SetDedupWindow { queue: Arc<QueueState>, window: std::time::Duration, reply: Reply<(), QueueError> },
+}
+
+/// Delayed messages, idempotent sends and recurring schedules (`writer/schedule.rs`).
+pub(crate) enum ScheduleRequest {
+    /// The messages of one submit call for `queue`: each is appended now, scheduled, or found a
+    /// duplicate of an earlier one, all in one batch.
+    Submit { queue: Arc<QueueState>, msgs: Vec<Submission>, reply: Reply<Vec<Sent>, SendError> },
+    /// Take delayed message `id` of `queue` out of the schedule; `false` if it is not there.
+    Cancel { queue: Arc<QueueState>, id: u64, reply: Reply<bool, ScheduleError> },
+    /// Move delayed message `id` of `queue` to `due` (µs); `None` if it is not scheduled.
+    Reschedule {
+        queue: Arc<QueueState>,
+        id: u64,
+        due: u64,
+        reply: Reply<Option<ScheduledMessage>, ScheduleError>,
+    },
+    /// The timer found something due: append what is due (a bounded amount per round).
+    Fire,
+    /// Create or replace recurring schedule `name` (its id, anchor and next firing are set by
+    /// the writer).
+    Upsert { name: String, record: ScheduleRecord, reply: Reply<Option<u64>, ScheduleError> },
+    /// Pause or resume recurring schedule `name`.
+    Pause { name: String, paused: bool, reply: Reply<(), ScheduleError> },
+    /// Delete recurring schedule `name`; `false` if there is none.
+    Delete { name: String, reply: Reply<bool, ScheduleError> },
+}
+
+/// One message of a submit call, checked and encoded by the caller.
+pub(crate) struct Submission {
+    /// Its envelope (the writer stamps it).
+    pub envelope: Vec<u8>,
+    /// When it is due (µs since the epoch), if delayed.
+    pub due: Option<u64>,
+    pub idempotency_key: Option<String>,
 }
 
 /// Ordered groups (`writer/ordered.rs`).
@@ -104,6 +143,10 @@ pub(crate) enum RetentionRequest {
     /// sequence, all in one round; the reply gives how many each trim deleted, in order. Each
     /// cut was computed under its policy: the writer re-checks it when it applies the trim.
     Trim { cuts: Vec<TrimCut>, reply: Reply<Vec<u64>, QueueError> },
+    /// Forget expired idempotency keys `(expires, queue id, key)`, read from the expiry index
+    /// in its order; each is deleted only if its record still has that expiry. The reply gives
+    /// how many were deleted.
+    ExpireDedup { expired: Vec<(u64, u32, Vec<u8>)>, reply: Reply<u64, QueueError> },
 }
 
 /// One queue's cut in a [`RetentionRequest::Trim`]: delete up to `to`, as computed under

@@ -234,6 +234,13 @@ impl Shared {
     }
 }
 
+/// The last handle is gone: the background tasks (retention, the schedule's timer) stop with it.
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.closing.cancel();
+    }
+}
+
 /// Runs `tick` every `interval` on the broker's clock until shutdown, or until `tick` returns
 /// false. Holds the broker only weakly between ticks, so dropping every handle still closes it.
 pub(crate) fn spawn_periodic<F, Fut>(shared: &Arc<Shared>, interval: std::time::Duration, tick: F)

@@ -6,11 +6,18 @@ use std::sync::atomic::Ordering;
 
 use super::SendReceipt;
 use crate::consumer::Group;
-use crate::engine::boundary::{self, EncodeError, QueueState, Request, RetentionRequest, Shared};
-use crate::error::{NameError, NameKind, QueueError, SendError};
-use crate::message::Message;
+use crate::engine::boundary::{
+    self, EncodeError, QueueRequest, QueueState, Request, RetentionRequest, ScheduleRequest, Shared,
+    Submission,
+};
+use crate::error::ScheduleError;
+use crate::error::{InspectError, NameError, NameKind, QueueError, SendError};
+use crate::message::{Due, Message};
 use crate::retention::Retention;
+use crate::schedule::ScheduledInfo;
+use crate::sent::{Original, ScheduledMessage, Sent};
 use crate::work::WorkGroup;
+use std::time::Duration;
 
 /// A handle to one queue. Cheap to clone; all clones send to the same queue.
 ///
@@ -91,6 +98,15 @@ impl Queue {
     /// # Ok(()) }
     /// ```
     pub async fn send(&self, message: impl Into<Message>) -> Result<u64, SendError> {
+        let message = message.into();
+        if message.idempotency_key.is_some() {
+            Self::plain(0, &message, true)?;
+            // A duplicate answers with the original's sequence.
+            return match self.submit(message).await? {
+                Sent::Appended(seq) | Sent::Duplicate(Original::Appended(seq)) => Ok(seq),
+                _ => Err(SendError::NeedsSubmit { index: 0, reason: "duplicates a delayed message" }),
+            };
+        }
         self.enqueue(message).await?.await
     }
 
@@ -138,6 +154,7 @@ impl Queue {
     pub async fn enqueue(&self, message: impl Into<Message>) -> Result<SendReceipt, SendError> {
         let message = message.into();
         self.check(0, &message)?;
+        Self::plain(0, &message, false)?;
         self.stage(std::slice::from_ref(&message)).await
     }
 
@@ -178,6 +195,7 @@ impl Queue {
             }
             let m = m.into();
             self.check(index, &m)?;
+            Self::plain(index, &m, false)?;
             batch.push(m);
         }
         if batch.is_empty() {
@@ -283,8 +301,218 @@ impl Queue {
                 EncodeError::HeaderKeyTooLong => "key longer than 65535 bytes",
                 EncodeError::TooManyHeaders => "more than 65535 headers",
                 EncodeError::HeaderValueTooLong => "value longer than 4 GiB",
+                EncodeError::KeyEmpty | EncodeError::KeyTooLong => {
+                    return SendError::InvalidKey {
+                        index,
+                        reason: if matches!(e, EncodeError::KeyEmpty) {
+                            "empty"
+                        } else {
+                            "longer than MAX_KEY_LEN bytes"
+                        },
+                    };
+                }
             },
         })
+    }
+
+    /// Refuses, for the calls that return sequences, a message that needs
+    /// [`submit`](Queue::submit).
+    fn plain(index: usize, m: &Message, dedup_ok: bool) -> Result<(), SendError> {
+        if m.due.is_some() {
+            return Err(SendError::NeedsSubmit {
+                index,
+                reason: "is delayed (it gets no sequence until due)",
+            });
+        }
+        if m.idempotency_key.is_some() && !dedup_ok {
+            return Err(SendError::NeedsSubmit {
+                index,
+                reason: "has an idempotency key (a duplicate gets no sequence of its own)",
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks and encodes the messages of a submit call and hands them to the writer.
+    async fn submit_checked(&self, msgs: Vec<Message>) -> Result<Vec<Sent>, SendError> {
+        let clock = self.shared.clock();
+        let subs = msgs
+            .iter()
+            .map(|m| {
+                let due = m.due.map(|d| match d {
+                    Due::After(delay) => {
+                        clock.wall_micros().saturating_add(delay.as_micros().min(u128::from(u64::MAX)) as u64)
+                    }
+                    Due::At(at) => crate::retention::micros(at),
+                });
+                Submission { envelope: boundary::encode(m), due, idempotency_key: m.idempotency_key.clone() }
+            })
+            .collect();
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let req = Request::Schedule(ScheduleRequest::Submit { queue: self.state.clone(), msgs: subs, reply });
+        self.shared.tx.send(req).await.map_err(|_| SendError::Shutdown)?;
+        rx.await.map_err(|_| SendError::Shutdown)?
+    }
+
+    /// Sends one message whatever it carries — a delay, an idempotency key — and says what
+    /// became of it, once durable: appended (with its sequence), scheduled (with its schedule
+    /// id and due time), or a duplicate of an earlier message with the same idempotency key
+    /// (nothing written; the original's sequence or schedule id).
+    ///
+    /// The idempotency check and the write are one step of the writer: of two sends with the
+    /// same key, however close, exactly one is written. A delayed message becomes visible when
+    /// it is due and gets its sequence then (see
+    /// [`Message::deliver_after`](crate::Message::deliver_after)).
+    ///
+    /// # Errors
+    ///
+    /// As [`send`](Queue::send), plus [`SendError::InvalidKey`]; [`SendError::Corrupt`] if the
+    /// key's dedup record does not decode.
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped after the message was handed to the writer, it may still be
+    /// written (and its key recorded): submit it again with the same idempotency key to learn
+    /// which.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use std::time::Duration;
+    /// use rockq::{Message, Sent};
+    /// let later = queue.submit(Message::new("remind").deliver_after(Duration::from_secs(60))).await?;
+    /// if let Sent::Scheduled(s) = later {
+    ///     queue.cancel(s.id).await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn submit(&self, message: impl Into<Message>) -> Result<Sent, SendError> {
+        let message = message.into();
+        self.check(0, &message)?;
+        let mut sent = self.submit_checked(vec![message]).await?;
+        sent.pop().ok_or_else(|| SendError::Failed("the writer answered no outcome".into()))
+    }
+
+    /// [`submit`](Queue::submit) for several messages, atomically: every outcome is written in
+    /// one batch, or none is. Outcomes come in the order of the messages. A key that appears
+    /// twice in the call is a duplicate the second time.
+    ///
+    /// # Errors
+    ///
+    /// As [`send_batch`](Queue::send_batch) and [`submit`](Queue::submit).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`submit`](Queue::submit).
+    pub async fn submit_batch<I>(&self, messages: I) -> Result<Vec<Sent>, SendError>
+    where
+        I: IntoIterator,
+        I::Item: Into<Message>,
+    {
+        let max = self.shared.options().max_batch_messages;
+        let mut batch: Vec<Message> = Vec::new();
+        for (index, m) in messages.into_iter().enumerate() {
+            if index >= max {
+                return Err(SendError::BatchTooLarge { len: index + 1, max });
+            }
+            let m = m.into();
+            self.check(index, &m)?;
+            batch.push(m);
+        }
+        if batch.is_empty() {
+            return Err(SendError::EmptyBatch);
+        }
+        self.submit_checked(batch).await
+    }
+
+    /// Takes delayed message `id` out of the schedule before it is due. Returns `false` if it
+    /// is not scheduled on this queue (it fell due already, was cancelled, or never was).
+    ///
+    /// # Errors
+    ///
+    /// [`ScheduleError::Shutdown`], [`ScheduleError::Storage`], [`ScheduleError::Failed`].
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped, the cancel may or may not have happened.
+    pub async fn cancel(&self, id: u64) -> Result<bool, ScheduleError> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let req = Request::Schedule(ScheduleRequest::Cancel { queue: self.state.clone(), id, reply });
+        self.schedule_request(req, rx).await
+    }
+
+    /// Moves delayed message `id` to `due` (a time in the past delivers it at once). Returns
+    /// its new place, or `None` if it is not scheduled on this queue.
+    ///
+    /// # Errors
+    ///
+    /// As [`cancel`](Queue::cancel).
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped, the move may or may not have happened.
+    pub async fn reschedule(
+        &self,
+        id: u64,
+        due: std::time::SystemTime,
+    ) -> Result<Option<ScheduledMessage>, ScheduleError> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let due = crate::retention::micros(due);
+        let req =
+            Request::Schedule(ScheduleRequest::Reschedule { queue: self.state.clone(), id, due, reply });
+        self.schedule_request(req, rx).await
+    }
+
+    async fn schedule_request<T>(
+        &self,
+        req: Request,
+        rx: tokio::sync::oneshot::Receiver<Result<T, ScheduleError>>,
+    ) -> Result<T, ScheduleError> {
+        if self.shared.is_closed() {
+            return Err(ScheduleError::Shutdown);
+        }
+        self.shared.tx.send(req).await.map_err(|_| ScheduleError::Shutdown)?;
+        rx.await.map_err(|_| ScheduleError::Shutdown)?
+    }
+
+    /// Delayed messages waiting on this queue, in schedule-id order, at most `limit`.
+    /// Blocking reads run on the blocking pool.
+    ///
+    /// # Errors
+    ///
+    /// [`InspectError`] if the store cannot be read or the broker is shut down.
+    pub async fn scheduled(&self, limit: usize) -> Result<Vec<ScheduledInfo>, InspectError> {
+        boundary::live_scheduled(&self.shared, Some(self.state.name.to_string()), limit).await
+    }
+
+    /// How long the queue remembers idempotency keys (default 5 minutes).
+    pub fn dedup_window(&self) -> Duration {
+        self.state.dedup_window()
+    }
+
+    /// Sets and persists how long the queue remembers idempotency keys. Applies to keys
+    /// recorded from now on; the retention pass forgets expired ones in bulk.
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::Shutdown`], [`QueueError::Storage`], [`QueueError::Failed`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe in effect: the window is either set or not.
+    pub async fn set_dedup_window(&self, window: Duration) -> Result<(), QueueError> {
+        if self.shared.is_closed() {
+            return Err(QueueError::Shutdown);
+        }
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let req = Request::Queue(QueueRequest::SetDedupWindow {
+            queue: self.state.clone(),
+            window: crate::clock::clamp_delay(window),
+            reply,
+        });
+        self.shared.tx.send(req).await.map_err(|_| QueueError::Shutdown)?;
+        rx.await.map_err(|_| QueueError::Shutdown)?
     }
 
     /// Stages checked messages in the writer's inbox as one send call.

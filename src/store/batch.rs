@@ -60,9 +60,9 @@ impl DbGuard<'_> {
 /// One round's writes, applied atomically by [`write`](Batch::write). Reads through it see the
 /// database as last written (not the batch's own entries).
 pub(crate) struct Batch<'a> {
-    db: &'a DB,
-    cfs: Cfs<'a>,
-    wb: WriteBatch,
+    pub(super) db: &'a DB,
+    pub(super) cfs: Cfs<'a>,
+    pub(super) wb: WriteBatch,
 }
 
 impl<'a> Batch<'a> {

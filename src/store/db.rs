@@ -27,9 +27,14 @@ pub(super) const CF_MESSAGES: &str = "rockq.messages";
 pub(super) const CF_META: &str = "rockq.meta";
 pub(super) const CF_OFFSETS: &str = "rockq.offsets";
 pub(super) const CF_CLAIMS: &str = "rockq.claims";
+/// Delayed messages and recurring schedules (`keys.rs`).
+pub(super) const CF_SCHEDULED: &str = "rockq.scheduled";
+/// Idempotency keys and their expiry index (`keys.rs`).
+pub(super) const CF_DEDUP: &str = "rockq.dedup";
 /// Column families this version opens. Missing ones are created at open, so a database from
-/// an older build (without `rockq.claims`) opens in a newer one.
-pub(super) const ALL_CFS: [&str; 4] = [CF_MESSAGES, CF_META, CF_OFFSETS, CF_CLAIMS];
+/// an older build (without `rockq.claims`, or the format-1 ones without `rockq.scheduled` and
+/// `rockq.dedup`) opens in a newer one.
+pub(super) const ALL_CFS: [&str; 6] = [CF_MESSAGES, CF_META, CF_OFFSETS, CF_CLAIMS, CF_SCHEDULED, CF_DEDUP];
 
 /// The open database. The `RwLock` lets `shutdown` close RocksDB (take it out) while handles
 /// that still point here get a clean "closed" answer instead of a use-after-close.
@@ -45,7 +50,7 @@ pub(crate) struct Store {
 
 /// Bytes of live SST files over all column families, plus the memtables.
 pub(super) fn db_bytes(db: &DB, cfs: &Cfs<'_>) -> u64 {
-    [cfs.messages, cfs.meta, cfs.offsets, cfs.claims]
+    [cfs.messages, cfs.meta, cfs.offsets, cfs.claims, cfs.scheduled, cfs.dedup]
         .into_iter()
         .map(|cf| {
             let p = |name: &str| db.property_int_value_cf(cf, name).ok().flatten().unwrap_or(0);
@@ -60,6 +65,8 @@ pub(super) struct Cfs<'a> {
     pub meta: &'a ColumnFamily,
     pub offsets: &'a ColumnFamily,
     pub claims: &'a ColumnFamily,
+    pub scheduled: &'a ColumnFamily,
+    pub dedup: &'a ColumnFamily,
 }
 
 /// A read lock on the open database.
@@ -88,6 +95,8 @@ impl DbGuard<'_> {
             meta: db.cf_handle(CF_META)?,
             offsets: db.cf_handle(CF_OFFSETS)?,
             claims: db.cf_handle(CF_CLAIMS)?,
+            scheduled: db.cf_handle(CF_SCHEDULED)?,
+            dedup: db.cf_handle(CF_DEDUP)?,
         };
         Some((db, cfs))
     }

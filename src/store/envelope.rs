@@ -1,16 +1,21 @@
 //! The message envelope: how a [`Message`] is stored as a RocksDB value.
 //!
 //! ```text
-//! [0]      format version (1)
-//! [1]      flags: bit 0 = headers present; other bits must be zero
+//! [0]      envelope version (2; version 1 is still read)
+//! [1]      flags: bit 0 = headers present, bit 1 = ordering key present,
+//!          bit 2 = idempotency key present (version 2 only); other bits must be zero
 //! [2..10]  enqueue time, microseconds since the Unix epoch, u64 BE
+//! if key:  u16 BE length, key (UTF-8)
+//! if idempotency key: u16 BE length, key (UTF-8)
 //! if headers: u16 BE count, then per header: u16 BE key length, key (UTF-8),
 //!             u32 BE value length, value
 //! rest     payload
 //! ```
 //!
-//! The payload is last so it needs no length prefix, and a message without headers costs ten
-//! bytes of overhead.
+//! The payload is last so it needs no length prefix, and a plain message costs ten bytes of
+//! overhead. Version 1 (rockq's first format) is version 2 without the key flags; both decode.
+//! A scheduled message waits in the schedule as the same envelope, its time field holding the
+//! time it was sent; it is stamped again when it is appended.
 
 // Decoders read untrusted bytes: no indexing that could panic (the fuzz targets check it too).
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
@@ -23,7 +28,10 @@ use crate::error::CorruptionError;
 use crate::message::Message;
 
 pub(crate) const ENVELOPE_V1: u8 = 1;
+pub(crate) const ENVELOPE_V2: u8 = 2;
 const FLAG_HEADERS: u8 = 1;
+const FLAG_KEY: u8 = 2;
+const FLAG_IDEMPOTENCY: u8 = 4;
 const FIXED_LEN: usize = 10;
 
 /// Why a message cannot be encoded.
@@ -32,6 +40,8 @@ pub(crate) enum EncodeError {
     HeaderKeyTooLong,
     TooManyHeaders,
     HeaderValueTooLong,
+    KeyEmpty,
+    KeyTooLong,
 }
 
 /// Size of the payload and headers as stored: what `max_message_bytes` limits. Computed
@@ -42,7 +52,8 @@ pub(crate) fn body_len(msg: &Message) -> usize {
     } else {
         2 + msg.headers.iter().map(|(k, v)| 2 + k.len() + 4 + v.len()).sum::<usize>()
     };
-    headers + msg.payload.len()
+    let keys: usize = [&msg.key, &msg.idempotency_key].into_iter().flatten().map(|k| 2 + k.len()).sum();
+    headers + keys + msg.payload.len()
 }
 
 /// Size the stored envelope will have.
@@ -63,6 +74,14 @@ pub(crate) fn validate(msg: &Message) -> Result<(), EncodeError> {
     if msg.headers.len() > usize::from(u16::MAX) {
         return Err(EncodeError::TooManyHeaders);
     }
+    for k in [&msg.key, &msg.idempotency_key].into_iter().flatten() {
+        if k.is_empty() {
+            return Err(EncodeError::KeyEmpty);
+        }
+        if k.len() > crate::message::MAX_KEY_LEN {
+            return Err(EncodeError::KeyTooLong);
+        }
+    }
     for (k, v) in &msg.headers {
         if k.len() > usize::from(u16::MAX) {
             return Err(EncodeError::HeaderKeyTooLong);
@@ -78,9 +97,21 @@ pub(crate) fn validate(msg: &Message) -> Result<(), EncodeError> {
 /// [`encoded_len`]). Lengths that do not fit their field are clamped rather than panicking,
 /// but `validate` has already refused them.
 pub(crate) fn encode_into(msg: &Message, enqueued_at_micros: u64, out: &mut Vec<u8>) {
-    out.push(ENVELOPE_V1);
-    out.push(if msg.headers.is_empty() { 0 } else { FLAG_HEADERS });
+    out.push(ENVELOPE_V2);
+    let mut flags = if msg.headers.is_empty() { 0 } else { FLAG_HEADERS };
+    if msg.key.is_some() {
+        flags |= FLAG_KEY;
+    }
+    if msg.idempotency_key.is_some() {
+        flags |= FLAG_IDEMPOTENCY;
+    }
+    out.push(flags);
     out.extend_from_slice(&enqueued_at_micros.to_be_bytes());
+    for k in [&msg.key, &msg.idempotency_key].into_iter().flatten() {
+        let kl = u16::try_from(k.len()).unwrap_or(u16::MAX);
+        out.extend_from_slice(&kl.to_be_bytes());
+        out.extend_from_slice(k.as_bytes());
+    }
     if !msg.headers.is_empty() {
         let n = u16::try_from(msg.headers.len()).unwrap_or(u16::MAX);
         out.extend_from_slice(&n.to_be_bytes());
@@ -105,17 +136,32 @@ pub(crate) fn stamp(envelope: &mut [u8], enqueued_at_micros: u64) {
 }
 
 /// A decoded envelope.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Envelope {
     pub enqueued_at_micros: u64,
+    pub key: Option<String>,
+    pub idempotency_key: Option<String>,
     pub headers: Vec<(String, Bytes)>,
     pub payload: Bytes,
+}
+
+impl Envelope {
+    /// The message again (a redrive or a scheduled message appends it anew).
+    pub fn into_message(self) -> Message {
+        Message {
+            payload: self.payload,
+            headers: self.headers,
+            key: self.key,
+            idempotency_key: self.idempotency_key,
+            due: None,
+        }
+    }
 }
 
 /// Decodes a stored value. `key` is only used to describe a corruption.
 /// The enqueue timestamp of a stored envelope, reading only its fixed header.
 pub(crate) fn enqueued_micros(value: &[u8]) -> Option<u64> {
-    if value.first() != Some(&ENVELOPE_V1) {
+    if !matches!(value.first(), Some(&(ENVELOPE_V1 | ENVELOPE_V2))) {
         return None;
     }
     let ts: [u8; 8] = value.get(2..10)?.try_into().ok()?;
@@ -133,7 +179,13 @@ pub(crate) fn decode(key: &[u8], value: &[u8]) -> Result<Envelope, CorruptionErr
     };
     let headers =
         p.headers.into_iter().map(|(k, v)| Ok((k, slice(v)?))).collect::<Result<_, CorruptionError>>()?;
-    Ok(Envelope { enqueued_at_micros: p.enqueued_at_micros, headers, payload: slice(p.payload)? })
+    Ok(Envelope {
+        enqueued_at_micros: p.enqueued_at_micros,
+        key: p.key,
+        idempotency_key: p.idempotency_key,
+        headers,
+        payload: slice(p.payload)?,
+    })
 }
 
 /// As [`decode`], but the payload and header values are slices of `value`, sharing its
@@ -142,6 +194,8 @@ pub(crate) fn decode_shared(key: &[u8], value: &Bytes) -> Result<Envelope, Corru
     let p = parse(key, value)?;
     Ok(Envelope {
         enqueued_at_micros: p.enqueued_at_micros,
+        key: p.key,
+        idempotency_key: p.idempotency_key,
         headers: p.headers.into_iter().map(|(k, v)| (k, value.slice(v))).collect(),
         payload: value.slice(p.payload),
     })
@@ -150,6 +204,8 @@ pub(crate) fn decode_shared(key: &[u8], value: &Bytes) -> Result<Envelope, Corru
 /// Where the parts of an envelope lie within its value.
 struct Parsed {
     enqueued_at_micros: u64,
+    key: Option<String>,
+    idempotency_key: Option<String>,
     headers: Vec<(String, Range<usize>)>,
     payload: Range<usize>,
 }
@@ -159,14 +215,27 @@ fn parse(key: &[u8], value: &[u8]) -> Result<Parsed, CorruptionError> {
     let mut r = Reader { buf: value };
     let at = |r: &Reader<'_>| value.len() - r.buf.len();
     let version = r.u8().ok_or_else(|| bad("empty value"))?;
-    if version != ENVELOPE_V1 {
-        return Err(bad(&format!("unknown envelope version {version}")));
-    }
+    let known = match version {
+        ENVELOPE_V1 => FLAG_HEADERS,
+        ENVELOPE_V2 => FLAG_HEADERS | FLAG_KEY | FLAG_IDEMPOTENCY,
+        _ => return Err(bad(&format!("unknown envelope version {version}"))),
+    };
     let flags = r.u8().ok_or_else(|| bad("truncated flags"))?;
-    if flags & !FLAG_HEADERS != 0 {
+    if flags & !known != 0 {
         return Err(bad(&format!("unknown flags {flags:#04x}")));
     }
     let ts = r.u64().ok_or_else(|| bad("truncated timestamp"))?;
+    let mut text = |present: bool, what: &str| -> Result<Option<String>, CorruptionError> {
+        if !present {
+            return Ok(None);
+        }
+        let n = r.u16().ok_or_else(|| bad(&format!("truncated {what} length")))?;
+        let k = r.take(usize::from(n)).ok_or_else(|| bad(&format!("truncated {what}")))?;
+        let k = std::str::from_utf8(k).map_err(|_| bad(&format!("{what} is not UTF-8")))?;
+        Ok(Some(k.to_owned()))
+    };
+    let key = text(flags & FLAG_KEY != 0, "key")?;
+    let idempotency_key = text(flags & FLAG_IDEMPOTENCY != 0, "idempotency key")?;
     let mut headers = Vec::new();
     if flags & FLAG_HEADERS != 0 {
         let n = r.u16().ok_or_else(|| bad("truncated header count"))?;
@@ -182,7 +251,7 @@ fn parse(key: &[u8], value: &[u8]) -> Result<Parsed, CorruptionError> {
             headers.push((k.to_owned(), start..start + vl));
         }
     }
-    Ok(Parsed { enqueued_at_micros: ts, headers, payload: at(&r)..value.len() })
+    Ok(Parsed { enqueued_at_micros: ts, key, idempotency_key, headers, payload: at(&r)..value.len() })
 }
 
 struct Reader<'a> {
@@ -234,8 +303,32 @@ mod tests {
     }
 
     #[test]
+    fn keys_round_trip_and_version_1_still_decodes() {
+        let m = Message::new("p").key("acct-7").idempotency_key("op-1").header("h", "v");
+        let enc = encode(&m, 5).unwrap();
+        assert_eq!(enc.len(), encoded_len(&m));
+        let dec = decode(b"k", &enc).unwrap();
+        assert_eq!((dec.key.as_deref(), dec.idempotency_key.as_deref()), (Some("acct-7"), Some("op-1")));
+        assert_eq!(dec.clone().into_message(), m);
+        // Version 1 bytes, as rockq's first format wrote them: headers flag, time, headers, payload.
+        let mut v1 = vec![ENVELOPE_V1, FLAG_HEADERS];
+        v1.extend_from_slice(&9u64.to_be_bytes());
+        v1.extend_from_slice(&[0, 1, 0, 1, b'a', 0, 0, 0, 1, b'b']);
+        v1.extend_from_slice(b"old");
+        let dec = decode(b"k", &v1).unwrap();
+        assert_eq!((dec.enqueued_at_micros, dec.payload.as_ref(), dec.key), (9, &b"old"[..], None));
+        assert_eq!(enqueued_micros(&v1), Some(9));
+        // A version 1 record cannot carry the version 2 flags.
+        v1[1] = FLAG_KEY;
+        assert!(decode(b"k", &v1).is_err());
+        assert!(matches!(validate(&Message::new("x").key("")), Err(EncodeError::KeyEmpty)));
+        let long = "k".repeat(crate::message::MAX_KEY_LEN + 1);
+        assert!(matches!(validate(&Message::new("x").idempotency_key(long)), Err(EncodeError::KeyTooLong)));
+    }
+
+    #[test]
     fn every_truncation_and_bad_version_is_an_error_not_a_panic() {
-        let rich = Message::new("payload").header("key", "value");
+        let rich = Message::new("payload").header("key", "value").key("k").idempotency_key("i");
         let enc = encode(&rich, 1).unwrap();
         // Truncations inside the fixed part and the headers must fail; truncations inside the
         // payload are indistinguishable from a shorter payload, by design of the layout.

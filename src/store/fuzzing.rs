@@ -29,7 +29,7 @@ pub fn envelope(b: &[u8]) {
         (a, c) => panic!("copying decoder gave {a:?}, shared one {c:?}"),
     };
     assert_eq!(timestamp, Some(env.enqueued_at_micros), "enqueued_micros disagrees with decode");
-    let msg = crate::message::Message { payload: env.payload.clone(), headers: env.headers.clone() };
+    let msg = env.clone().into_message();
     let enc = envelope::encode(&msg, env.enqueued_at_micros).expect("a decoded envelope re-encodes");
     assert_eq!(enc.len(), envelope::encoded_len(&msg));
     assert_eq!(envelope::decode(b"k", &enc).expect("a re-encoded envelope decodes"), env);
@@ -151,7 +151,7 @@ pub fn records_round_trip(id: u32, first_seq: u64, policy: u8, value: u64, pause
         2 => Retention::MaxLen(value),
         _ => Retention::Forever,
     };
-    let q = QueueMeta { id, first_seq, retention };
+    let q = QueueMeta { id, first_seq, retention, dedup_window: std::time::Duration::from_micros(value) };
     let back = records::decode_queue(b"k", &records::encode_queue(&q));
     if id == 0 || id == u32::MAX || first_seq == 0 {
         assert!(back.is_err(), "an out-of-range queue record decoded: {back:?}");

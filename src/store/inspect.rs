@@ -12,8 +12,8 @@ use crate::model::{Claim, GroupOffset, QueueMeta};
 
 /// A read view of the open database, valid while its guard is held.
 pub(crate) struct Snapshot<'a> {
-    db: &'a DB,
-    cfs: Cfs<'a>,
+    pub(super) db: &'a DB,
+    pub(super) cfs: Cfs<'a>,
     path: &'a std::path::Path,
 }
 

@@ -10,6 +10,12 @@
 //! | `rockq.offsets` | `consumer:<group>:<queue>` | offset record (last committed seq, mode) |
 //! | `rockq.claims` | `claim:<group>:<queue>:<seq u64 BE>` | claim record (work-queue groups) |
 //! | `rockq.claims` | `ordered:<group>:<queue>:<seq u64 BE>` | delivery record (ordered groups) |
+//! | `rockq.meta` | `scheduled-id` | next schedule id |
+//! | `rockq.scheduled` | `t<due u64 BE><queue_id u32 BE><id u64 BE>` | delayed message envelope, or a recurring schedule's name (queue id `u32::MAX`) |
+//! | `rockq.scheduled` | `i<queue_id u32 BE><id u64 BE>` | due time of a delayed message (cancel, reschedule) |
+//! | `rockq.scheduled` | `s:<name>` | recurring schedule record |
+//! | `rockq.dedup` | `k<queue_id u32 BE><idempotency key>` | dedup record (original, expiry) |
+//! | `rockq.dedup` | `x<expires u64 BE><queue_id u32 BE><idempotency key>` | expiry index (empty) |
 //!
 //! Big-endian fixed-width integers make byte order equal numeric order, so one queue's messages
 //! are contiguous and sorted, and `<queue_id + 1>` is an exclusive upper bound for all of them.
@@ -206,6 +212,121 @@ pub(crate) fn redrive_key(dlq: &str) -> Vec<u8> {
     [REDRIVE_PREFIX, dlq.as_bytes()].concat()
 }
 
+/// Key of the next schedule id in the meta column family.
+pub(crate) const SCHEDULED_ID_KEY: &[u8] = b"scheduled-id";
+/// Queue id of the due entries of recurring schedules (no queue has it: see the registry).
+pub(crate) const RECURRING: u32 = u32::MAX;
+
+/// `t<due><queue_id><id>`: the due index, in due order.
+pub(crate) fn due_key(due: u64, queue_id: u32, id: u64) -> [u8; 21] {
+    let mut k = [0u8; 21];
+    k[0] = b't';
+    k[1..9].copy_from_slice(&due.to_be_bytes());
+    k[9..13].copy_from_slice(&queue_id.to_be_bytes());
+    k[13..].copy_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// Splits a due key into `(due, queue_id, id)`.
+pub(crate) fn parse_due_key(key: &[u8]) -> Result<(u64, u32, u64), CorruptionError> {
+    let bad = || CorruptionError::new("due key", key, "expected t<due><queue><id>");
+    let arr: &[u8; 21] = key.try_into().map_err(|_| bad())?;
+    let (tag, rest) = arr.split_first().ok_or_else(bad)?;
+    if *tag != b't' {
+        return Err(bad());
+    }
+    let (due, rest) = rest.split_at(8);
+    let (queue, id) = rest.split_at(4);
+    Ok((
+        u64::from_be_bytes(due.try_into().map_err(|_| bad())?),
+        u32::from_be_bytes(queue.try_into().map_err(|_| bad())?),
+        u64::from_be_bytes(id.try_into().map_err(|_| bad())?),
+    ))
+}
+
+/// Every due key up to and including time `through`: `[t, t<through + 1>)`.
+pub(crate) fn due_range() -> (Vec<u8>, Vec<u8>) {
+    (b"t".to_vec(), b"u".to_vec())
+}
+
+/// `i<queue_id><id>`: a delayed message's due time, by id.
+pub(crate) fn scheduled_id_key(queue_id: u32, id: u64) -> [u8; 13] {
+    let mut k = [0u8; 13];
+    k[0] = b'i';
+    k[1..5].copy_from_slice(&queue_id.to_be_bytes());
+    k[5..].copy_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// Every id key of one queue (`None`: of every queue).
+pub(crate) fn scheduled_id_range(queue_id: Option<u32>) -> (Vec<u8>, Vec<u8>) {
+    match queue_id {
+        Some(q) => ([&b"i"[..], &q.to_be_bytes()].concat(), [&b"i"[..], &(q + 1).to_be_bytes()].concat()),
+        None => (b"i".to_vec(), b"j".to_vec()),
+    }
+}
+
+/// Splits an id key into `(queue_id, id)`.
+pub(crate) fn parse_scheduled_id_key(key: &[u8]) -> Result<(u32, u64), CorruptionError> {
+    let bad = || CorruptionError::new("scheduled id key", key, "expected i<queue><id>");
+    let arr: &[u8; 13] = key.try_into().map_err(|_| bad())?;
+    let (tag, rest) = arr.split_first().ok_or_else(bad)?;
+    if *tag != b'i' {
+        return Err(bad());
+    }
+    let (queue, id) = rest.split_at(4);
+    Ok((
+        u32::from_be_bytes(queue.try_into().map_err(|_| bad())?),
+        u64::from_be_bytes(id.try_into().map_err(|_| bad())?),
+    ))
+}
+
+/// `s:<name>`: a recurring schedule.
+pub(crate) fn schedule_key(name: &str) -> Vec<u8> {
+    [&b"s:"[..], name.as_bytes()].concat()
+}
+
+pub(crate) fn schedule_key_range() -> (Vec<u8>, Vec<u8>) {
+    prefix_range(b"s:")
+}
+
+pub(crate) fn schedule_name_from_key(key: &[u8]) -> Result<&str, CorruptionError> {
+    key.strip_prefix(b"s:")
+        .and_then(|n| std::str::from_utf8(n).ok())
+        .ok_or_else(|| CorruptionError::new("schedule key", key, "bad prefix or not UTF-8"))
+}
+
+/// `k<queue_id><key>`: an idempotency key's record.
+pub(crate) fn dedup_key(queue_id: u32, key: &[u8]) -> Vec<u8> {
+    [&b"k"[..], &queue_id.to_be_bytes(), key].concat()
+}
+
+/// `x<expires><queue_id><key>`: the expiry index, in expiry order.
+pub(crate) fn dedup_expiry_key(expires: u64, queue_id: u32, key: &[u8]) -> Vec<u8> {
+    [&b"x"[..], &expires.to_be_bytes(), &queue_id.to_be_bytes(), key].concat()
+}
+
+/// Every expiry key below time `before`: `[x, x<before>)`.
+pub(crate) fn dedup_expired_range(before: u64) -> (Vec<u8>, Vec<u8>) {
+    (b"x".to_vec(), [&b"x"[..], &before.to_be_bytes()].concat())
+}
+
+/// Splits an expiry key into `(expires, queue_id, key)`.
+pub(crate) fn parse_dedup_expiry_key(key: &[u8]) -> Result<(u64, u32, &[u8]), CorruptionError> {
+    let bad = || CorruptionError::new("dedup expiry key", key, "expected x<expires><queue><key>");
+    let rest = key.strip_prefix(b"x").ok_or_else(bad)?;
+    if rest.len() < 12 {
+        return Err(bad());
+    }
+    let (expires, rest) = rest.split_at(8);
+    let (queue, k) = rest.split_at(4);
+    Ok((
+        u64::from_be_bytes(expires.try_into().map_err(|_| bad())?),
+        u32::from_be_bytes(queue.try_into().map_err(|_| bad())?),
+        k,
+    ))
+}
+
 /// `[prefix, prefix with its last byte incremented)`: every key starting with `prefix`.
 fn prefix_range(prefix: &[u8]) -> (Vec<u8>, Vec<u8>) {
     let mut end = prefix.to_vec();
@@ -297,6 +418,27 @@ mod tests {
         for bad in [&b"ordered:"[..], b"ordered:g:q:1234567", b"ordered::q:12345678", b"claim:g:q:12345678"] {
             assert!(parse_ordered_key(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn schedule_and_dedup_keys_round_trip_and_sort_by_time() {
+        let k = due_key(5, 7, 9);
+        assert_eq!(parse_due_key(&k).unwrap(), (5, 7, 9));
+        assert!(due_key(5, u32::MAX, u64::MAX) < due_key(6, 0, 0));
+        let (lo, hi) = due_range();
+        assert!(lo.as_slice() <= k.as_slice() && k.as_slice() < hi.as_slice());
+        assert!(parse_due_key(&k[..20]).is_err());
+        let i = scheduled_id_key(7, 9);
+        assert_eq!(parse_scheduled_id_key(&i).unwrap(), (7, 9));
+        let (lo, hi) = scheduled_id_range(Some(7));
+        assert!(lo.as_slice() <= i.as_slice() && i.as_slice() < hi.as_slice());
+        assert!(scheduled_id_key(8, 0).as_slice() >= hi.as_slice());
+        assert_eq!(schedule_name_from_key(&schedule_key("nightly")).unwrap(), "nightly");
+        let x = dedup_expiry_key(100, 3, b"op-1");
+        assert_eq!(parse_dedup_expiry_key(&x).unwrap(), (100, 3, &b"op-1"[..]));
+        let (lo, hi) = dedup_expired_range(101);
+        assert!(lo.as_slice() <= x.as_slice() && x.as_slice() < hi.as_slice());
+        assert!(x.as_slice() >= dedup_expired_range(100).1.as_slice(), "not expired before its time");
     }
 
     #[test]

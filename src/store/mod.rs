@@ -8,6 +8,7 @@
 //! - `open.rs`: opening, verifying a directory is ours, loading the registry.
 //! - `batch.rs`: the writer's domain operations, applied atomically per round.
 //! - `read.rs`: the consumers' bounded reads; `inspect.rs`: the reads behind stats.
+//! - `scheduled.rs`: delayed messages, recurring schedules and idempotency keys.
 //! - `keys.rs`, `records.rs`, `envelope.rs`: the key layout and the codecs of every value.
 
 mod batch;
@@ -22,6 +23,7 @@ pub(crate) mod keys;
 mod open;
 mod read;
 pub(crate) mod records;
+mod scheduled;
 
 pub(crate) use batch::{Batch, GroupKeys, WriteMode, group_id};
 pub(crate) use inspect::Snapshot;
@@ -32,3 +34,5 @@ pub(crate) use read::{
 };
 
 pub(crate) use db::{ReadError, Store};
+pub(crate) use keys::RECURRING;
+pub(crate) use scheduled::DueEntry;

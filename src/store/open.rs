@@ -6,7 +6,7 @@ use std::sync::RwLock;
 
 use rocksdb::{ColumnFamilyDescriptor, DB, DBCompressionType, Direction, IteratorMode, ReadOptions};
 
-use super::db::{ALL_CFS, CF_CLAIMS, CF_MESSAGES, CF_META, CF_OFFSETS, Store, storage};
+use super::db::{ALL_CFS, CF_CLAIMS, CF_MESSAGES, CF_META, CF_OFFSETS, ReadError, Store, storage};
 use super::keys::{self, FORMAT_KEY};
 use super::records::{self, FORMAT_VERSION};
 use crate::error::OpenError;
@@ -64,6 +64,10 @@ pub(crate) struct Loaded {
     pub claims: Vec<LoadedClaim>,
     pub settings: Vec<LoadedSettings>,
     pub marks: Vec<LoadedMark>,
+    /// The next schedule id to hand out (1 on a fresh database).
+    pub next_scheduled_id: u64,
+    /// The earliest entry of the due index (a delayed message or a recurring firing).
+    pub first_due: Option<u64>,
 }
 
 enum PathState {
@@ -237,6 +241,15 @@ pub(super) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, OpenE
     match db.get_cf(meta, FORMAT_KEY).map_err(storage)? {
         Some(v) => match records::decode_format(&v) {
             Some(FORMAT_VERSION) => {}
+            // Format 1 is format 2 without delayed messages, dedup records and envelope keys:
+            // it reads as it is, and is marked 2 at the first writable open (so that an older
+            // rockq refuses it instead of misreading version-2 envelopes).
+            Some(1) if writable => {
+                let mut wo = rocksdb::WriteOptions::default();
+                wo.set_sync(true);
+                db.put_cf_opt(meta, FORMAT_KEY, records::encode_format(), &wo).map_err(storage)?;
+            }
+            Some(1) => {}
             Some(found) => return Err(OpenError::IncompatibleVersion { found, supported: FORMAT_VERSION }),
             None => {
                 return Err(OpenError::NotRockq {
@@ -323,7 +336,16 @@ pub(super) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, OpenE
         let s = records::decode_settings(&k, &v)?;
         settings.push(LoadedSettings { group: group.to_owned(), queue: queue.to_owned(), settings: s });
     }
-    Ok(Loaded { queues, groups, claims, settings, marks })
+    let scheduled = cf(db, super::db::CF_SCHEDULED)?;
+    let next_scheduled_id = match db.get_cf(meta, keys::SCHEDULED_ID_KEY).map_err(storage)? {
+        Some(v) => super::scheduled::decode_u64(keys::SCHEDULED_ID_KEY, &v)?,
+        None => 1,
+    };
+    let first_due = super::scheduled::first_due(db, scheduled).map_err(|e| match e {
+        ReadError::Storage(s) => OpenError::Storage(s),
+        ReadError::Corrupt(c) => OpenError::Corrupt(c),
+    })?;
+    Ok(Loaded { queues, groups, claims, settings, marks, next_scheduled_id, first_due })
 }
 
 /// The last sequence of a queue: the tail holds no tombstones (retention deletes from the

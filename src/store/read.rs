@@ -12,8 +12,35 @@ use crate::error::{ReceiveError, StorageError};
 pub(crate) struct RawMessage {
     pub seq: u64,
     pub enqueued_at_micros: u64,
+    pub key: Option<String>,
+    pub idempotency_key: Option<String>,
     pub headers: Vec<(String, Bytes)>,
     pub payload: Bytes,
+}
+
+impl RawMessage {
+    /// Message `seq` as decoded from its envelope.
+    pub fn new(seq: u64, env: envelope::Envelope) -> Self {
+        RawMessage {
+            seq,
+            enqueued_at_micros: env.enqueued_at_micros,
+            key: env.key,
+            idempotency_key: env.idempotency_key,
+            headers: env.headers,
+            payload: env.payload,
+        }
+    }
+
+    /// Its envelope again (a dead letter copies it).
+    pub fn envelope(&self) -> envelope::Envelope {
+        envelope::Envelope {
+            enqueued_at_micros: self.enqueued_at_micros,
+            key: self.key.clone(),
+            idempotency_key: self.idempotency_key.clone(),
+            headers: self.headers.clone(),
+            payload: self.payload.clone(),
+        }
+    }
 }
 
 /// Outcome of a batch read when the store has been closed under it.
@@ -75,12 +102,7 @@ pub(crate) fn read_range(
     for (seq, end) in (from..).zip(ends) {
         let key = keys::message_key(queue_id, seq);
         match envelope::decode_shared(&key, &buf.slice(start..end)) {
-            Ok(env) => out.push(RawMessage {
-                seq,
-                enqueued_at_micros: env.enqueued_at_micros,
-                headers: env.headers,
-                payload: env.payload,
-            }),
+            Ok(env) => out.push(RawMessage::new(seq, env)),
             // Hand out the good prefix first; the next read starts at the bad record and
             // reports it.
             Err(_) if !out.is_empty() => return Ok(ReadOutcome::Messages(out)),
@@ -112,13 +134,7 @@ fn check_key(queue_name: &str, expected: u64, k: &[u8]) -> Result<(), ReceiveErr
 
 fn decode_one(queue_name: &str, expected: u64, k: &[u8], v: &[u8]) -> Result<RawMessage, ReceiveError> {
     check_key(queue_name, expected, k)?;
-    let env = envelope::decode(k, v)?;
-    Ok(RawMessage {
-        seq: expected,
-        enqueued_at_micros: env.enqueued_at_micros,
-        headers: env.headers,
-        payload: env.payload,
-    })
+    Ok(RawMessage::new(expected, envelope::decode(k, v)?))
 }
 
 /// Reads the messages at `seqs` (sorted ascending) with one batched multi-get: the work-queue

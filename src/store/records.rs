@@ -18,7 +18,7 @@ use crate::model::{
 use crate::retention::Retention;
 
 /// Bumped when the on-disk layout changes incompatibly.
-pub(crate) const FORMAT_VERSION: u8 = 1;
+pub(crate) const FORMAT_VERSION: u8 = 2;
 const FORMAT_MAGIC: &[u8] = b"rockq";
 
 pub(crate) fn encode_format() -> Vec<u8> {
@@ -35,13 +35,15 @@ pub(crate) fn decode_format(value: &[u8]) -> Option<u8> {
 
 /// `queue:<name>` → the queue's numeric id, first live sequence and retention policy:
 /// `version u8, id u32, first_seq u64, policy kind u8, policy value u64` (version 2; version 1
-/// ends after `first_seq` and reads as the default policy).
+/// ends after `first_seq` and reads as the default policy). Version 3 adds the dedup window,
+/// `u64` µs, at the end (versions 1 and 2 read with the default window).
 const QUEUE_RECORD_V1: u8 = 1;
 const QUEUE_RECORD_V2: u8 = 2;
+const QUEUE_RECORD_V3: u8 = 3;
 
-pub(crate) fn encode_queue(q: &QueueMeta) -> [u8; 22] {
-    let mut v = [0u8; 22];
-    v[0] = QUEUE_RECORD_V2;
+pub(crate) fn encode_queue(q: &QueueMeta) -> [u8; 30] {
+    let mut v = [0u8; 30];
+    v[0] = QUEUE_RECORD_V3;
     v[1..5].copy_from_slice(&q.id.to_be_bytes());
     v[5..13].copy_from_slice(&q.first_seq.to_be_bytes());
     let (kind, value) = match q.retention {
@@ -51,7 +53,8 @@ pub(crate) fn encode_queue(q: &QueueMeta) -> [u8; 22] {
         Retention::Forever => (3, 0),
     };
     v[13] = kind;
-    v[14..].copy_from_slice(&value.to_be_bytes());
+    v[14..22].copy_from_slice(&value.to_be_bytes());
+    v[22..].copy_from_slice(&(q.dedup_window.as_micros().min(u128::from(u64::MAX)) as u64).to_be_bytes());
     v
 }
 
@@ -60,14 +63,14 @@ pub(crate) fn decode_queue(key: &[u8], v: &[u8]) -> Result<QueueMeta, Corruption
     let u64_at = |i: usize| be_u64(v, i).ok_or_else(|| bad("truncated"));
     let retention = match (v.first(), v.len()) {
         (Some(&QUEUE_RECORD_V1), 13) => Retention::default(),
-        (Some(&QUEUE_RECORD_V2), 22) => match v.get(13) {
+        (Some(&QUEUE_RECORD_V2), 22) | (Some(&QUEUE_RECORD_V3), 30) => match v.get(13) {
             Some(0) => Retention::UntilAcked,
             Some(1) => Retention::MaxAge(std::time::Duration::from_micros(u64_at(14)?)),
             Some(2) => Retention::MaxLen(u64_at(14)?),
             Some(3) => Retention::Forever,
             _ => return Err(bad("unknown retention policy")),
         },
-        (Some(&QUEUE_RECORD_V1 | &QUEUE_RECORD_V2), _) => {
+        (Some(&QUEUE_RECORD_V1 | &QUEUE_RECORD_V2 | &QUEUE_RECORD_V3), _) => {
             return Err(bad("wrong length for its version"));
         }
         _ => return Err(bad("unknown version")),
@@ -77,7 +80,11 @@ pub(crate) fn decode_queue(key: &[u8], v: &[u8]) -> Result<QueueMeta, Corruption
     if id == 0 || id == u32::MAX || first_seq == 0 {
         return Err(bad("id or first sequence out of range"));
     }
-    Ok(QueueMeta { id, first_seq, retention })
+    let dedup_window = match v.first() {
+        Some(&QUEUE_RECORD_V3) => std::time::Duration::from_micros(u64_at(22)?),
+        _ => crate::model::DEFAULT_DEDUP_WINDOW,
+    };
+    Ok(QueueMeta { id, first_seq, retention, dedup_window })
 }
 
 /// `consumer:<group>:<queue>` → `version u8, committed u64`. The version is the group's mode:
@@ -408,13 +415,23 @@ mod tests {
             Retention::MaxLen(1000),
             Retention::Forever,
         ] {
-            let q = QueueMeta { id: 7, first_seq: 42, retention };
+            let q = QueueMeta {
+                id: 7,
+                first_seq: 42,
+                retention,
+                dedup_window: std::time::Duration::from_secs(9),
+            };
             assert_eq!(decode_queue(b"k", &encode_queue(&q)).unwrap(), q);
-            for cut in 0..22 {
+            for cut in 0..30 {
                 assert!(decode_queue(b"k", &encode_queue(&q)[..cut]).is_err());
             }
         }
-        let q = QueueMeta { id: 7, first_seq: 42, retention: Retention::Forever };
+        let q = QueueMeta {
+            id: 7,
+            first_seq: 42,
+            retention: Retention::Forever,
+            dedup_window: crate::model::DEFAULT_DEDUP_WINDOW,
+        };
         let mut zero_id = encode_queue(&q);
         zero_id[1..5].fill(0);
         assert!(decode_queue(b"k", &zero_id).is_err());

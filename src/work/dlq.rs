@@ -43,6 +43,8 @@ pub struct DeadLetter {
     pub payload: Bytes,
     /// The original headers (without the `rockq-dlq-*` ones).
     pub headers: Vec<(String, Bytes)>,
+    /// The original ordering key ([`Message::key`](crate::Message::key)), kept by a redrive.
+    pub key: Option<String>,
 }
 
 fn micros(m: u64) -> SystemTime {
@@ -62,6 +64,7 @@ impl DeadLetter {
             dead_lettered_at: micros(msg.enqueued_at_micros),
             payload: msg.payload,
             headers: Vec::new(),
+            key: msg.key,
         };
         for (k, v) in msg.headers {
             let text = || String::from_utf8_lossy(&v).into_owned();
@@ -317,7 +320,10 @@ impl DeadLetters {
                     (None, None) => return Err(RedriveError::NoOrigin { seq: d.dlq_seq }),
                 };
                 crate::name::validate(NameKind::Queue, &target)?;
-                let message = Message { payload: d.payload, headers: d.headers };
+                // The ordering key goes back with it; the idempotency key does not (a redrive is
+                // deliberate, and it would be a duplicate of the original within its window).
+                let message =
+                    Message { payload: d.payload, headers: d.headers, key: d.key, ..Message::default() };
                 boundary::validate(&message).map_err(|e| {
                     RedriveError::Failed(format!("cannot re-encode dead letter {}: {e:?}", d.dlq_seq))
                 })?;

@@ -85,6 +85,17 @@ macro_rules! accessors {
             &self.inner.msg.headers
         }
 
+        /// The ordering key the producer set ([`Message::key`](crate::Message::key)).
+        pub fn key(&self) -> Option<&str> {
+            self.inner.msg.key.as_deref()
+        }
+
+        /// The idempotency key the producer set
+        /// ([`Message::idempotency_key`](crate::Message::idempotency_key)).
+        pub fn idempotency_key(&self) -> Option<&str> {
+            self.inner.msg.idempotency_key.as_deref()
+        }
+
         /// The first header named `key`.
         pub fn header(&self, key: &str) -> Option<&Bytes> {
             self.headers().iter().find(|(k, _)| k == key).map(|(_, v)| v)

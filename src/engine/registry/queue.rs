@@ -24,6 +24,9 @@ pub(crate) struct QueueState {
     wake: watch::Sender<u64>,
     /// Retention policy (persisted in the queue record; the writer changes it).
     pub retention: std::sync::Mutex<Retention>,
+    /// How long idempotency keys are remembered, µs (persisted in the queue record; the writer
+    /// changes it).
+    dedup_window: AtomicU64,
 }
 
 impl QueueState {
@@ -36,7 +39,19 @@ impl QueueState {
             watchers: AtomicUsize::new(0),
             wake: watch::Sender::new(last_seq),
             retention: std::sync::Mutex::new(retention),
+            dedup_window: AtomicU64::new(crate::model::DEFAULT_DEDUP_WINDOW.as_micros() as u64),
         })
+    }
+
+    /// How long the queue remembers idempotency keys.
+    pub fn dedup_window(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(self.dedup_window.load(Ordering::Relaxed))
+    }
+
+    /// Sets the window (at open from the record; by the writer when it persists a change).
+    pub fn set_dedup_window(&self, window: std::time::Duration) {
+        let micros = window.as_micros().min(u128::from(u64::MAX)) as u64;
+        self.dedup_window.store(micros, Ordering::Relaxed);
     }
 
     pub fn retention(&self) -> Retention {

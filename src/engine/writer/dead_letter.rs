@@ -7,7 +7,6 @@ use bytes::Bytes;
 use super::queue;
 use super::round::Round;
 use crate::engine::registry::QueueState;
-use crate::message::Message;
 use crate::model::dlq;
 use crate::store::envelope;
 
@@ -38,7 +37,8 @@ pub(super) fn append(
 ) -> Result<(u64, String), String> {
     let dlq_queue = queue::ensure(r, dlq).map_err(|e| format!("dead-letter queue {dlq:?}: {e}"))?;
     let mut reason = reason.to_owned();
-    let mut msg = Message { payload: env.payload, headers: env.headers };
+    let enqueued_at_micros = env.enqueued_at_micros;
+    let mut msg = env.into_message();
     let room = usize::from(u16::MAX) - DLQ_HEADERS;
     if msg.headers.len() > room {
         let dropped = msg.headers.len() - room;
@@ -47,7 +47,7 @@ pub(super) fn append(
             .push_str(&format!(" ({dropped} original headers dropped: a dead letter keeps at most {room})"));
     }
     let Origin { queue, group, seq, attempts } = *origin;
-    for (k, v) in dlq::headers(&queue.name, group, seq, attempts, &reason, env.enqueued_at_micros) {
+    for (k, v) in dlq::headers(&queue.name, group, seq, attempts, &reason, enqueued_at_micros) {
         msg.headers.push((k.to_owned(), Bytes::from(v)));
     }
     // Stamped like a send, so times along the dead-letter queue never decrease.

@@ -17,6 +17,7 @@ mod ordered;
 mod queue;
 mod retention;
 mod round;
+mod schedule;
 mod settings;
 #[cfg(test)]
 mod tests;
@@ -29,7 +30,7 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 
 use self::commit::Completer;
-use self::round::{Completions, Round, Written};
+use self::round::{Completions, Round, RoundJobs, Written};
 use super::Engine;
 use super::request::{Request, refuse};
 use crate::error::{Closed, Failure};
@@ -84,6 +85,7 @@ impl Writer {
             max_id = max_id.max(q.id);
         }
         written.next_queue_id = max_id + 1;
+        written.next_scheduled_id = engine.timer.first_id;
         written.index_registry(&engine);
         // Fault 7: stamps used to restart from the clock, going back if it stepped back.
         written.last_stamp = crate::store::newest_stamp(
@@ -212,8 +214,13 @@ impl Writer {
             }
             return true;
         };
-        let mut r =
-            Round { batch, engine: &engine, written: &mut self.written, done: Completions::default() };
+        let mut r = Round {
+            batch,
+            engine: &engine,
+            written: &mut self.written,
+            done: Completions::default(),
+            jobs: RoundJobs::default(),
+        };
 
         // Sends staged by producers, taken after this round's requests were received, so a
         // request sees every send staged before it ("latest" offsets, for one). On the last
@@ -317,6 +324,7 @@ fn apply(r: &mut Round<'_>, req: Request) {
         Request::Work(w) => work::apply(r, w),
         Request::Retention(t) => retention::apply(r, t),
         Request::Settings(s) => settings::apply(r, s),
+        Request::Schedule(s) => schedule::apply(r, s),
         Request::Commit => {}
         Request::Flush { reply } => r.done.flushes.push(reply),
         Request::Shutdown { reply } => r.done.shutdown = Some(reply),
@@ -331,6 +339,7 @@ fn refuse_request(req: Request, why: &Closed) {
         Request::Work(w) => work::refuse_request(w, why),
         Request::Retention(t) => retention::refuse_request(t, why),
         Request::Settings(s) => settings::refuse_request(s, why),
+        Request::Schedule(s) => schedule::refuse_request(s, why),
         Request::Commit => {}
         Request::Flush { reply } => refuse(reply, why),
         // Whoever asked to stop is told it is stopped.

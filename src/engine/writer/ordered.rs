@@ -23,7 +23,7 @@ use crate::engine::request::{OrderedRequest, Reply, refuse};
 use crate::error::{Closed, ResetError};
 use crate::events::Event;
 use crate::model::{GroupMode, GroupOffset, OrderedMark};
-use crate::store::{RawMessage, envelope};
+use crate::store::RawMessage;
 use crate::telemetry;
 
 pub(super) fn apply(r: &mut Round<'_>, req: OrderedRequest) {
@@ -128,11 +128,7 @@ fn dead_letter_one(
         return;
     }
     // The subscription holds the message as delivered: no need to read it back.
-    let env = envelope::Envelope {
-        enqueued_at_micros: msg.enqueued_at_micros,
-        headers: msg.headers.clone(),
-        payload: msg.payload.clone(),
-    };
+    let env = msg.envelope();
     let dlq = sub.dead_letter_queue();
     let origin = dead_letter::Origin { queue: &g.queue, group: &g.name, seq, attempts: deliveries };
     match dead_letter::append(r, &origin, &reason, env, &dlq) {

@@ -19,12 +19,19 @@ use crate::store::envelope;
 pub(super) fn apply(r: &mut Round<'_>, req: QueueRequest) {
     match req {
         QueueRequest::Create { name, reply } => create(r, name, reply),
+        QueueRequest::SetDedupWindow { queue, window, reply } => {
+            // Only this thread changes queue records, so the one written here is the latest.
+            queue.set_dedup_window(window);
+            r.batch.put_queue(&queue.name, &super::retention::meta(&queue));
+            r.on_done(move |res| drop(reply.send(res.map_err(|e| QueueError::Storage(e.clone())))));
+        }
     }
 }
 
 pub(super) fn refuse_request(req: QueueRequest, why: &Closed) {
     match req {
         QueueRequest::Create { reply, .. } => refuse(reply, why),
+        QueueRequest::SetDedupWindow { reply, .. } => refuse(reply, why),
     }
 }
 
@@ -75,10 +82,19 @@ pub(super) fn ensure(r: &mut Round<'_>, name: &str) -> Result<Arc<QueueState>, Q
     }
     let id = r.written.next_queue_id;
     r.written.next_queue_id += 1;
-    r.batch.put_queue(name, &QueueMeta { id, first_seq: 1, retention: Retention::default() });
+    r.batch.put_queue(
+        name,
+        &QueueMeta {
+            id,
+            first_seq: 1,
+            retention: Retention::default(),
+            dedup_window: crate::model::DEFAULT_DEDUP_WINDOW,
+        },
+    );
     r.written.next_seq.insert(id, 1);
     let state = QueueState::new(id, name, 1, 0, Retention::default());
     r.written.queues.insert(name.to_owned(), state.clone());
+    r.written.queue_ids.insert(id, state.clone());
     r.done.queues.get_or_insert_with(state.name.clone(), || (state.clone(), Vec::new()));
     Ok(state)
 }

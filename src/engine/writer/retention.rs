@@ -30,21 +30,59 @@ pub(super) fn apply(r: &mut Round<'_>, req: RetentionRequest) {
                 drop(reply.send(res.map(|()| deleted).map_err(|e| QueueError::Storage(e.clone()))))
             });
         }
+        RetentionRequest::ExpireDedup { expired, reply } => {
+            let deleted = expire_dedup(r, expired);
+            r.on_done(move |res| {
+                drop(reply.send(res.map(|()| deleted).map_err(|e| QueueError::Storage(e.clone()))))
+            });
+        }
     }
+}
+
+/// Deletes the idempotency keys whose records still carry the expiry the index listed them
+/// under (a key sent again after it expired has a new record, and stays), then the listed
+/// part of the expiry index with one range tombstone. Returns how many keys went.
+fn expire_dedup(r: &mut Round<'_>, expired: Vec<(u64, u32, Vec<u8>)>) -> u64 {
+    let mut deleted = 0;
+    let Some((e, q, k)) = expired.last().cloned() else { return 0 };
+    for (expires, queue_id, key) in expired {
+        // Recorded again in this very round: the store does not show it yet.
+        if let Ok(text) = std::str::from_utf8(&key)
+            && r.jobs.dedup.contains_key(&(queue_id, text.to_owned()))
+        {
+            continue;
+        }
+        match r.batch.dedup(queue_id, &key) {
+            Ok(Some(rec)) if rec.expires_micros == expires => {
+                r.batch.delete_dedup(queue_id, &key);
+                deleted += 1;
+            }
+            Ok(_) => {}
+            // Its index entry goes all the same; the record is checked again (and still
+            // honoured only within its window) whenever the key comes back.
+            Err(err) => {
+                tracing::warn!(queue_id, error = %err, "rockq: an idempotency key's record does not read")
+            }
+        }
+    }
+    r.batch.delete_dedup_expiry_through(e, q, &k);
+    deleted
 }
 
 pub(super) fn refuse_request(req: RetentionRequest, why: &Closed) {
     match req {
         RetentionRequest::SetPolicy { reply, .. } => refuse(reply, why),
         RetentionRequest::Trim { reply, .. } => refuse(reply, why),
+        RetentionRequest::ExpireDedup { reply, .. } => refuse(reply, why),
     }
 }
 
-fn meta(queue: &QueueState) -> QueueMeta {
+pub(super) fn meta(queue: &QueueState) -> QueueMeta {
     QueueMeta {
         id: queue.id,
         first_seq: queue.first_seq.load(Ordering::SeqCst),
         retention: queue.retention(),
+        dedup_window: queue.dedup_window(),
     }
 }
 

@@ -27,6 +27,27 @@ pub(crate) struct Round<'a> {
     pub written: &'a mut Written,
     /// What completing the round does.
     pub done: Completions,
+    /// Schedule and dedup entries changed in this round, which reads of the store do not see
+    /// yet (see [`RoundJobs`]).
+    pub jobs: RoundJobs,
+}
+
+/// A due entry's time and value, as this round wrote it.
+pub(crate) type DueAndValue = (u64, Vec<u8>);
+
+/// The round's own changes to the schedule and the dedup index. The writer reads those
+/// through the store, which shows the last written batch, not this one: without this overlay a
+/// cancel and a firing of the same message in one round would both succeed, and two sends
+/// with one idempotency key in one round would both be written.
+#[derive(Default)]
+pub(crate) struct RoundJobs {
+    /// Delayed messages (and recurring firings, under queue id `RECURRING`) whose due entry
+    /// this round wrote (`Some`: due time and envelope) or deleted (`None`).
+    pub scheduled: rustc_hash::FxHashMap<(u32, u64), Option<DueAndValue>>,
+    /// Idempotency keys recorded this round, by queue id.
+    pub dedup: rustc_hash::FxHashMap<(u32, String), crate::sent::Original>,
+    /// Recurring schedules written (`Some`) or deleted (`None`) this round.
+    pub schedules: std::collections::HashMap<String, Option<crate::model::ScheduleRecord>>,
 }
 
 impl Round<'_> {
@@ -54,6 +75,10 @@ pub(crate) struct Written {
     pub next_queue_id: u32,
     /// The enqueue time given to the last round's messages.
     pub last_stamp: u64,
+    /// The next schedule id (persisted whenever one is handed out).
+    pub next_scheduled_id: u64,
+    /// Every queue by id, loaded at open or created since (a due entry names its queue by id).
+    pub queue_ids: rustc_hash::FxHashMap<u32, Arc<QueueState>>,
     pub queues: HashMap<String, Arc<QueueState>>,
     pub ordered: HashMap<Vec<u8>, Arc<OrderedGroupState>>,
     pub work: HashMap<Vec<u8>, Arc<WorkGroupState>>,
@@ -80,8 +105,11 @@ impl Written {
         engine.registry.ordered.iter().map(|g| g.clone()).chain(self.ordered.values().cloned()).collect()
     }
 
-    /// Indexes every group of the registry (at the writer's start).
+    /// Indexes every queue and group of the registry (at the writer's start).
     pub fn index_registry(&mut self, engine: &Engine) {
+        for q in engine.registry.queues.iter() {
+            self.queue_ids.insert(q.id, q.clone());
+        }
         for g in engine.registry.ordered.iter() {
             self.groups_of.entry(g.queue.id).or_default().ordered.push(g.clone());
         }

@@ -40,8 +40,13 @@ impl Fixture {
         let engine = self.engine.clone();
         let guard = engine.store.lock();
         let batch = guard.batch(4096).expect("open store");
-        let mut r =
-            Round { batch, engine: &engine, written: &mut self.written, done: Completions::default() };
+        let mut r = Round {
+            batch,
+            engine: &engine,
+            written: &mut self.written,
+            done: Completions::default(),
+            jobs: super::round::RoundJobs::default(),
+        };
         let out = f(&mut r);
         let Round { batch, done, .. } = r;
         batch.write(&WriteMode::new(false)).expect("write the round");

@@ -190,9 +190,8 @@ fn record_outcome(r: &mut Round<'_>, at: Attempt, outcome: Outcome, reply: Reply
                 // bytes become the payload, so nothing is lost and the group can move past it.
                 Some(stored) => {
                     let env = envelope::decode(b"", &stored).unwrap_or_else(|_| envelope::Envelope {
-                        enqueued_at_micros: 0,
-                        headers: Vec::new(),
                         payload: Bytes::from(stored),
+                        ..envelope::Envelope::default()
                     });
                     (env, reason)
                 }
@@ -204,10 +203,7 @@ fn record_outcome(r: &mut Round<'_>, at: Attempt, outcome: Outcome, reply: Reply
                 // Gone from storage (outside rockq's doing): refusing would bring it back as
                 // exhausted again and again; the group moves on and the dead-letter queue
                 // records the loss.
-                None => (
-                    envelope::Envelope { enqueued_at_micros: 0, headers: Vec::new(), payload: Bytes::new() },
-                    format!("{reason} (the stored message was missing)"),
-                ),
+                None => (envelope::Envelope::default(), format!("{reason} (the stored message was missing)")),
             };
             let origin = dead_letter::Origin { queue: &g.queue, group: &g.name, seq, attempts: attempt };
             let (dlq_seq, reason) = match dead_letter::append(r, &origin, &reason, env, &dlq) {

@@ -1,0 +1,421 @@
+//! The writer's half of delayed messages, idempotent sends and recurring schedules.
+//!
+//! - **Submit**: each message of a call is checked against the queue's dedup index (a duplicate
+//!   writes nothing), then appended now or put into the due index, and its idempotency key
+//!   recorded — all in the round's one batch, so two producers racing with one key cannot both
+//!   win, and a crash leaves either the message and its key or neither.
+//! - **Fire**: what is due moves from the due index into its queue (delete + append in one
+//!   batch): a delayed message gets its sequence when it becomes visible, so ordered groups see
+//!   dense, time-ordered sequences. A recurring schedule's next firing is written in the batch
+//!   that delivers the current one, so each firing happens once across crashes.
+//! - **Cancel / reschedule** of delayed messages; **upsert / pause / delete** of recurring ones.
+//!
+//! Reads here see the store as of the last round; [`RoundJobs`](super::round::RoundJobs) holds
+//! this round's own changes, and every lookup checks it first.
+
+use std::sync::Arc;
+
+use super::queue;
+use super::round::Round;
+use crate::engine::registry::QueueState;
+use crate::engine::request::{Reply, ScheduleRequest, Submission, refuse};
+use crate::error::ScheduleError;
+use crate::error::{Closed, SendError};
+use crate::events::Event;
+use crate::model::{DedupRecord, ScheduleRecord};
+use crate::schedule::Missed;
+use crate::sent::{Original, ScheduledMessage, Sent};
+use crate::store::{DueEntry, RECURRING, ReadError, envelope};
+use crate::telemetry;
+
+pub(super) fn apply(r: &mut Round<'_>, req: ScheduleRequest) {
+    match req {
+        ScheduleRequest::Submit { queue, msgs, reply } => submit(r, &queue, msgs, reply),
+        ScheduleRequest::Cancel { queue, id, reply } => {
+            let res = cancel(r, &queue, id);
+            answer(r, reply, res);
+        }
+        ScheduleRequest::Reschedule { queue, id, due, reply } => {
+            let res = reschedule(r, &queue, id, due);
+            answer(r, reply, res);
+        }
+        ScheduleRequest::Fire => fire(r),
+        ScheduleRequest::Upsert { name, record, reply } => {
+            let res = upsert(r, name, record);
+            answer(r, reply, res);
+        }
+        ScheduleRequest::Pause { name, paused, reply } => {
+            let res = pause(r, &name, paused);
+            answer(r, reply, res);
+        }
+        ScheduleRequest::Delete { name, reply } => {
+            let res = delete(r, &name);
+            answer(r, reply, res);
+        }
+    }
+}
+
+pub(super) fn refuse_request(req: ScheduleRequest, why: &Closed) {
+    match req {
+        ScheduleRequest::Submit { reply, .. } => refuse(reply, why),
+        ScheduleRequest::Cancel { reply, .. } => refuse(reply, why),
+        ScheduleRequest::Reschedule { reply, .. } => refuse(reply, why),
+        ScheduleRequest::Fire => {}
+        ScheduleRequest::Upsert { reply, .. } => refuse(reply, why),
+        ScheduleRequest::Pause { reply, .. } => refuse(reply, why),
+        ScheduleRequest::Delete { reply, .. } => refuse(reply, why),
+    }
+}
+
+/// Answers once the round is durable; at once if the request failed before writing anything.
+fn answer<T: Send + 'static>(
+    r: &mut Round<'_>,
+    reply: Reply<T, ScheduleError>,
+    res: Result<T, ScheduleError>,
+) {
+    match res {
+        Ok(v) => r.on_done(move |res| {
+            drop(reply.send(res.map(|()| v).map_err(|e| ScheduleError::Storage(e.clone()))))
+        }),
+        Err(e) => drop(reply.send(Err(e))),
+    }
+}
+
+fn read_error(e: ReadError) -> ScheduleError {
+    match e {
+        ReadError::Storage(s) => ScheduleError::Storage(s),
+        ReadError::Corrupt(c) => ScheduleError::Corrupt(c),
+    }
+}
+
+/// A fresh schedule id, persisted in this batch so it is never handed out again.
+fn next_id(r: &mut Round<'_>) -> u64 {
+    let id = r.written.next_scheduled_id;
+    r.written.next_scheduled_id += 1;
+    r.batch.put_next_scheduled_id(r.written.next_scheduled_id);
+    id
+}
+
+fn submit(
+    r: &mut Round<'_>,
+    queue: &Arc<QueueState>,
+    msgs: Vec<Submission>,
+    reply: Reply<Vec<Sent>, SendError>,
+) {
+    let now = r.stamp();
+    let window = queue.dedup_window().as_micros().min(u128::from(u64::MAX)) as u64;
+    // Checked before anything is written, so a read error refuses the whole call unwritten.
+    let mut originals = Vec::with_capacity(msgs.len());
+    for m in &msgs {
+        let found = match &m.idempotency_key {
+            Some(k) => match lookup_dedup(r, queue.id, k, now) {
+                Ok(found) => found,
+                Err(e) => {
+                    let _ = reply.send(Err(match e {
+                        ReadError::Storage(s) => SendError::Storage(s),
+                        ReadError::Corrupt(c) => SendError::Corrupt(c),
+                    }));
+                    return;
+                }
+            },
+            None => None,
+        };
+        originals.push(found);
+    }
+    let mut sent = Vec::with_capacity(msgs.len());
+    let mut hits = 0;
+    for (m, found) in msgs.into_iter().zip(originals) {
+        // A key seen earlier in this very call counts too.
+        let found = found.or_else(|| {
+            m.idempotency_key.as_ref().and_then(|k| r.jobs.dedup.get(&(queue.id, k.clone())).copied())
+        });
+        if let Some(original) = found {
+            hits += 1;
+            sent.push(Sent::Duplicate(original));
+            continue;
+        }
+        let Submission { mut envelope, due, idempotency_key } = m;
+        let outcome = match due {
+            Some(due) if due > now => {
+                let id = next_id(r);
+                // The time field holds when it was sent; it is stamped again when it fires.
+                envelope::stamp(&mut envelope, now);
+                r.batch.put_scheduled(queue.id, id, due, &envelope);
+                r.jobs.scheduled.insert((queue.id, id), Some((due, envelope)));
+                r.engine.timer.offer(due);
+                Original::Scheduled(id)
+            }
+            _ => {
+                envelope::stamp(&mut envelope, now);
+                match queue::append(r, queue, &envelope) {
+                    Some(seq) => Original::Appended(seq),
+                    None => {
+                        // Unreachable: a queue handle exists only once the writer registered it.
+                        let _ = reply
+                            .send(Err(SendError::Failed("send to a queue unknown to the writer".into())));
+                        return;
+                    }
+                }
+            }
+        };
+        if let Some(k) = idempotency_key {
+            let record = DedupRecord { original: outcome, expires_micros: now.saturating_add(window) };
+            r.batch.put_dedup(queue.id, k.as_bytes(), &record);
+            r.jobs.dedup.insert((queue.id, k), outcome);
+        }
+        sent.push(match outcome {
+            Original::Appended(seq) => Sent::Appended(seq),
+            Original::Scheduled(id) => {
+                let due = r.jobs.scheduled.get(&(queue.id, id)).and_then(|e| e.as_ref().map(|(d, _)| *d));
+                Sent::Scheduled(ScheduledMessage { id, due: crate::schedule::time_of(due.unwrap_or(now)) })
+            }
+        });
+    }
+    let name = queue.name.clone();
+    r.on_done(move |res| {
+        if res.is_ok() {
+            telemetry::queue_counter(telemetry::DEDUP_HITS, &name, hits);
+        }
+        let _ = reply.send(res.map(|()| sent).map_err(|e| SendError::Storage(e.clone())));
+    });
+}
+
+/// The original of idempotency key `key` if it is still within its window at `now` (this
+/// round's records first).
+fn lookup_dedup(r: &Round<'_>, queue_id: u32, key: &str, now: u64) -> Result<Option<Original>, ReadError> {
+    if let Some(o) = r.jobs.dedup.get(&(queue_id, key.to_owned())) {
+        return Ok(Some(*o));
+    }
+    Ok(r.batch.dedup(queue_id, key.as_bytes())?.filter(|d| d.expires_micros > now).map(|d| d.original))
+}
+
+/// Where delayed message `id` stands: its due time and envelope, or `None` if it is not
+/// scheduled (fired, cancelled, or never was).
+fn lookup_scheduled(r: &Round<'_>, queue_id: u32, id: u64) -> Result<Option<(u64, Vec<u8>)>, ReadError> {
+    if let Some(e) = r.jobs.scheduled.get(&(queue_id, id)) {
+        return Ok(e.clone());
+    }
+    r.batch.scheduled(queue_id, id)
+}
+
+fn cancel(r: &mut Round<'_>, queue: &QueueState, id: u64) -> Result<bool, ScheduleError> {
+    let Some((due, _)) = lookup_scheduled(r, queue.id, id).map_err(read_error)? else { return Ok(false) };
+    r.batch.delete_scheduled(queue.id, id, due);
+    r.jobs.scheduled.insert((queue.id, id), None);
+    Ok(true)
+}
+
+fn reschedule(
+    r: &mut Round<'_>,
+    queue: &QueueState,
+    id: u64,
+    due: u64,
+) -> Result<Option<ScheduledMessage>, ScheduleError> {
+    let Some((old, env)) = lookup_scheduled(r, queue.id, id).map_err(read_error)? else { return Ok(None) };
+    r.batch.delete_due(old, queue.id, id);
+    r.batch.put_scheduled(queue.id, id, due, &env);
+    r.jobs.scheduled.insert((queue.id, id), Some((due, env)));
+    r.engine.timer.offer(due);
+    Ok(Some(ScheduledMessage { id, due: crate::schedule::time_of(due) }))
+}
+
+/// Appends what is due, at most one batch's worth, and tells the timer when to look next.
+fn fire(r: &mut Round<'_>) {
+    let now = r.stamp();
+    let limit = r.engine.options.max_batch_messages;
+    let touched = &r.jobs.scheduled;
+    let read = r.batch.due_entries(now, limit, |q, id| touched.contains_key(&(q, id)));
+    let (entries, next) = match read {
+        Ok(found) => found,
+        Err(e) => {
+            // Try again in a second rather than spin on a failing read.
+            tracing::error!(error = %e, "rockq: reading the schedule failed");
+            r.engine.timer.set(Some(now.saturating_add(1_000_000)));
+            return;
+        }
+    };
+    let mut delivered: rustc_hash::FxHashMap<u32, (Arc<QueueState>, u64)> = Default::default();
+    for e in entries {
+        if e.queue_id == RECURRING {
+            fire_recurring(r, e, now);
+            continue;
+        }
+        let DueEntry { due, queue_id, id, value: mut env } = e;
+        r.batch.delete_scheduled(queue_id, id, due);
+        r.jobs.scheduled.insert((queue_id, id), None);
+        let Some(queue) = r.written.queue_ids.get(&queue_id).cloned() else {
+            // Queues are never deleted: only a foreign write can cause this. Dropping the entry
+            // keeps the timer from spinning on it.
+            tracing::error!(queue_id, id, "rockq: a scheduled message names no queue; dropped");
+            continue;
+        };
+        envelope::stamp(&mut env, now);
+        if queue::append(r, &queue, &env).is_some() {
+            delivered.entry(queue_id).or_insert_with(|| (queue.clone(), 0)).1 += 1;
+        }
+    }
+    // The earliest entry this round wrote counts too (the store does not show it yet).
+    let written = r.jobs.scheduled.values().flatten().map(|(due, _)| *due).min();
+    let next = match (next, written) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    r.engine.timer.set(next);
+    if !delivered.is_empty() {
+        r.on_done(move |res| {
+            if res.is_ok() {
+                for (queue, n) in delivered.into_values() {
+                    telemetry::queue_counter(telemetry::SCHEDULED_DELIVERED, &queue.name, n);
+                }
+            }
+        });
+    }
+}
+
+/// One firing of a recurring schedule: deliver its message (unless the firing was missed and
+/// the schedule skips missed ones), and write its next firing — in this batch.
+fn fire_recurring(r: &mut Round<'_>, e: DueEntry, now: u64) {
+    r.batch.delete_due(e.due, RECURRING, e.id);
+    r.jobs.scheduled.insert((RECURRING, e.id), None);
+    let Ok(name) = String::from_utf8(e.value) else {
+        tracing::error!(id = e.id, "rockq: a recurring firing has no valid schedule name; dropped");
+        return;
+    };
+    let mut rec = match lookup_schedule(r, &name) {
+        Ok(Some(rec)) if rec.id == e.id && rec.next_micros == e.due && !rec.paused => rec,
+        // Replaced, paused or deleted since this entry was written: it is stale.
+        Ok(_) => return,
+        Err(err) => {
+            tracing::error!(schedule = %name, error = %err, "rockq: reading a schedule failed; firing dropped");
+            return;
+        }
+    };
+    let grace = rec.recurrence.grace.as_micros().min(u128::from(u64::MAX)) as u64;
+    let next = rec.recurrence.next_after(now, rec.anchor_micros);
+    // Firings after this one that also fell due by now were missed (the process was down, or
+    // busy): they fold into this one. This one is missed too if it comes later than its grace.
+    let skipped = rec.recurrence.firings_between(e.due, now, rec.anchor_micros, 1_000_000);
+    let late = now.saturating_sub(e.due) > grace;
+    let deliver = !late || rec.recurrence.missed == Missed::CatchUpOnce;
+    // Firings that got no message of their own.
+    let missed = if deliver { skipped } else { skipped + 1 };
+    let mut seq = None;
+    if deliver {
+        match queue::ensure(r, &rec.queue) {
+            Ok(q) => {
+                let mut env = rec.envelope.clone();
+                envelope::stamp(&mut env, now);
+                seq = queue::append(r, &q, &env);
+            }
+            Err(err) => {
+                tracing::error!(schedule = %name, queue = %rec.queue, error = %err, "rockq: schedule cannot send")
+            }
+        }
+    }
+    if let Some(s) = seq {
+        rec.fired += 1;
+        rec.last_micros = now;
+        rec.last_seq = s;
+    }
+    rec.missed_firings += missed;
+    rec.next_micros = next.unwrap_or(0);
+    if let Some(n) = next {
+        r.batch.put_firing(rec.id, n, &name);
+        r.jobs.scheduled.insert((RECURRING, rec.id), Some((n, name.clone().into_bytes())));
+    }
+    r.batch.put_schedule(&name, &rec);
+    let (queue, engine) = (Arc::<str>::from(rec.queue.as_str()), r.engine.clone());
+    r.jobs.schedules.insert(name.clone(), Some(rec));
+    r.on_done(move |res| {
+        if res.is_err() {
+            return;
+        }
+        let schedule = Arc::<str>::from(name);
+        if seq.is_some() {
+            metrics::counter!(telemetry::SCHEDULE_FIRED, "queue" => queue.clone(), "schedule" => schedule.clone())
+                .increment(1);
+        }
+        tracing::debug!(%schedule, %queue, ?seq, missed, "rockq: schedule fired");
+        engine.emit(|| Event::ScheduleFired { schedule, queue, seq, missed });
+    });
+}
+
+/// Recurring schedule `name` as this round sees it.
+fn lookup_schedule(r: &Round<'_>, name: &str) -> Result<Option<ScheduleRecord>, ReadError> {
+    if let Some(rec) = r.jobs.schedules.get(name) {
+        return Ok(rec.clone());
+    }
+    r.batch.schedule(name)
+}
+
+/// Takes schedule `rec`'s pending firing out of the due index.
+fn unarm(r: &mut Round<'_>, rec: &ScheduleRecord) {
+    if rec.next_micros != 0 {
+        r.batch.delete_due(rec.next_micros, RECURRING, rec.id);
+        r.jobs.scheduled.insert((RECURRING, rec.id), None);
+    }
+}
+
+/// Puts schedule `rec`'s firing after `now` into the due index.
+fn arm(r: &mut Round<'_>, name: &str, rec: &mut ScheduleRecord, now: u64) {
+    rec.next_micros = rec.recurrence.next_after(now, rec.anchor_micros).unwrap_or(0);
+    if rec.next_micros != 0 {
+        r.batch.put_firing(rec.id, rec.next_micros, name);
+        r.jobs.scheduled.insert((RECURRING, rec.id), Some((rec.next_micros, name.as_bytes().to_vec())));
+        r.engine.timer.offer(rec.next_micros);
+    }
+}
+
+/// Creates or replaces schedule `name`; returns its next firing (µs), if any. A replaced
+/// schedule keeps its counters and paused state, and starts its recurrence from now.
+fn upsert(r: &mut Round<'_>, name: String, mut rec: ScheduleRecord) -> Result<Option<u64>, ScheduleError> {
+    let now = r.stamp();
+    if let Some(old) = lookup_schedule(r, &name).map_err(read_error)? {
+        unarm(r, &old);
+        rec.paused = old.paused;
+        rec.fired = old.fired;
+        rec.missed_firings = old.missed_firings;
+        rec.last_micros = old.last_micros;
+        rec.last_seq = old.last_seq;
+    }
+    // A fresh id: entries of the old version still in flight this round can never match it.
+    rec.id = next_id(r);
+    rec.anchor_micros = now;
+    rec.next_micros = 0;
+    if !rec.paused {
+        arm(r, &name, &mut rec, now);
+    }
+    let next = Some(rec.next_micros).filter(|&n| n != 0);
+    r.batch.put_schedule(&name, &rec);
+    r.jobs.schedules.insert(name, Some(rec));
+    Ok(next)
+}
+
+fn pause(r: &mut Round<'_>, name: &str, paused: bool) -> Result<(), ScheduleError> {
+    let now = r.stamp();
+    let Some(mut rec) = lookup_schedule(r, name).map_err(read_error)? else {
+        return Err(ScheduleError::NotFound(name.to_owned()));
+    };
+    if rec.paused == paused {
+        return Ok(());
+    }
+    rec.paused = paused;
+    if paused {
+        unarm(r, &rec);
+        rec.next_micros = 0;
+    } else {
+        // Firings while paused are not missed ones: it resumes with the next after now.
+        arm(r, name, &mut rec, now);
+    }
+    r.batch.put_schedule(name, &rec);
+    r.jobs.schedules.insert(name.to_owned(), Some(rec));
+    Ok(())
+}
+
+fn delete(r: &mut Round<'_>, name: &str) -> Result<bool, ScheduleError> {
+    let Some(rec) = lookup_schedule(r, name).map_err(read_error)? else { return Ok(false) };
+    unarm(r, &rec);
+    r.batch.delete_schedule(name);
+    r.jobs.schedules.insert(name.to_owned(), None);
+    Ok(true)
+}

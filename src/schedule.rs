@@ -1,0 +1,213 @@
+//! Recurring schedules as values: [`Recurrence`] (a cron expression or a fixed interval, and what
+//! to do about firings missed while the process was down) and [`ScheduleInfo`].
+
+use std::str::FromStr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::error::ScheduleError;
+
+/// How often a recurring schedule fires, and what happens to firings missed while the broker was
+/// not running (or too busy to fire them on time).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use rockq::{Missed, Recurrence};
+///
+/// let hourly = Recurrence::cron("0 0 * * * *")?; // sec min hour day-of-month month day-of-week
+/// let every_5_min = Recurrence::cron("*/5 * * * *")?; // five fields: seconds are 0
+/// let tick = Recurrence::every(Duration::from_secs(30)).on_missed(Missed::Skip);
+/// # drop((hourly, every_5_min, tick));
+/// # Ok::<(), rockq::ScheduleError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recurrence {
+    pub(crate) kind: RecurrenceKind,
+    pub(crate) missed: Missed,
+    pub(crate) grace: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RecurrenceKind {
+    /// A cron expression (normalised to six or seven fields), in UTC.
+    Cron(String),
+    /// A fixed interval from the schedule's creation.
+    Every(Duration),
+}
+
+/// What a recurring schedule does with firings that were due while it could not fire (the
+/// process was down, or the firing came more than its grace late).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Missed {
+    /// Deliver one message for all the missed firings, then continue with the next firing after
+    /// now (the default: a daily report after an outage is sent once, not skipped and not
+    /// sent once per missed day).
+    #[default]
+    CatchUpOnce,
+    /// Drop the missed firings: continue with the next firing after now.
+    Skip,
+}
+
+impl Recurrence {
+    /// A cron expression, evaluated in UTC. Six fields (`sec min hour day-of-month month
+    /// day-of-week`) or seven (with a year); five fields are the classic form, firing at second 0.
+    ///
+    /// # Errors
+    ///
+    /// [`ScheduleError::InvalidCron`] if it does not parse or has no future firing.
+    pub fn cron(expr: &str) -> Result<Self, ScheduleError> {
+        let fields = expr.split_whitespace().count();
+        let normal = if fields == 5 { format!("0 {}", expr.trim()) } else { expr.trim().to_owned() };
+        let bad = |reason: String| ScheduleError::InvalidCron { expr: expr.to_owned(), reason };
+        let parsed = cron::Schedule::from_str(&normal).map_err(|e| bad(e.to_string()))?;
+        if parsed.upcoming(chrono::Utc).next().is_none() {
+            return Err(bad("it never fires again".into()));
+        }
+        Ok(Recurrence { kind: RecurrenceKind::Cron(normal), missed: Missed::default(), grace: DEFAULT_GRACE })
+    }
+
+    /// Every `interval`, the first firing one interval after the schedule is created.
+    /// Intervals are clamped to 100 years.
+    ///
+    /// # Errors
+    ///
+    /// None here; a zero interval is refused by [`Broker::schedule`](crate::Broker::schedule)
+    /// with [`ScheduleError::ZeroInterval`].
+    pub fn every(interval: Duration) -> Self {
+        Recurrence {
+            kind: RecurrenceKind::Every(crate::clock::clamp_delay(interval)),
+            missed: Missed::default(),
+            grace: DEFAULT_GRACE,
+        }
+    }
+
+    /// What to do with missed firings (default [`Missed::CatchUpOnce`]).
+    pub fn on_missed(mut self, missed: Missed) -> Self {
+        self.missed = missed;
+        self
+    }
+
+    /// How late a firing may come and still count as on time (default 60 s). A firing later than
+    /// this is *missed* and follows [`on_missed`](Recurrence::on_missed).
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = crate::clock::clamp_delay(grace);
+        self
+    }
+
+    /// The first firing strictly after `after_micros` (µs since the Unix epoch); `None` if
+    /// there is none (a cron expression whose last year has passed).
+    pub(crate) fn next_after(&self, after_micros: u64, anchor_micros: u64) -> Option<u64> {
+        match &self.kind {
+            RecurrenceKind::Every(d) => {
+                let step = d.as_micros().min(u128::from(u64::MAX)) as u64;
+                if step == 0 {
+                    return None;
+                }
+                // Firings are anchor + k·step; the first one after `after_micros`.
+                let k = after_micros.saturating_sub(anchor_micros) / step + 1;
+                Some(anchor_micros.saturating_add(k.saturating_mul(step)))
+            }
+            RecurrenceKind::Cron(expr) => {
+                let parsed = cron::Schedule::from_str(expr).ok()?;
+                let next = parsed.after(&to_datetime(after_micros)?).next()?;
+                u64::try_from(next.timestamp_micros()).ok()
+            }
+        }
+    }
+
+    /// How many firings fall in `(after, through]`, counting at most `cap`.
+    pub(crate) fn firings_between(&self, after: u64, through: u64, anchor_micros: u64, cap: u64) -> u64 {
+        if through <= after {
+            return 0;
+        }
+        match &self.kind {
+            RecurrenceKind::Every(d) => {
+                let step = (d.as_micros().min(u128::from(u64::MAX)) as u64).max(1);
+                let k = |t: u64| t.saturating_sub(anchor_micros) / step;
+                (k(through) - k(after)).min(cap)
+            }
+            RecurrenceKind::Cron(expr) => {
+                let Ok(parsed) = cron::Schedule::from_str(expr) else { return 0 };
+                let Some(start) = to_datetime(after) else { return 0 };
+                let mut n = 0;
+                for t in parsed.after(&start) {
+                    if n >= cap || u64::try_from(t.timestamp_micros()).map_or(true, |t| t > through) {
+                        break;
+                    }
+                    n += 1;
+                }
+                n
+            }
+        }
+    }
+
+    /// The expression as shown in listings (`cron: …` or `every …`).
+    pub(crate) fn describe(&self) -> String {
+        match &self.kind {
+            RecurrenceKind::Cron(e) => format!("cron {e}"),
+            RecurrenceKind::Every(d) => format!("every {d:?}"),
+        }
+    }
+}
+
+fn to_datetime(micros: u64) -> Option<chrono::DateTime<chrono::Utc>> {
+    let secs = i64::try_from(micros / 1_000_000).ok()?;
+    chrono::DateTime::from_timestamp(secs, ((micros % 1_000_000) * 1000) as u32)
+}
+
+impl From<Duration> for Recurrence {
+    fn from(interval: Duration) -> Self {
+        Recurrence::every(interval)
+    }
+}
+
+/// How late a firing may be and still count as on time, unless set.
+pub(crate) const DEFAULT_GRACE: Duration = Duration::from_secs(60);
+
+/// A recurring schedule, as listed by [`Broker::schedules`](crate::Broker::schedules).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ScheduleInfo {
+    /// Its name.
+    pub name: String,
+    /// The queue it sends to.
+    pub queue: String,
+    /// Its recurrence (`cron …` or `every …`).
+    pub recurrence: String,
+    /// What it does with missed firings.
+    pub missed: Missed,
+    /// When it fires next (`None` while paused, or if it never fires again).
+    pub next: Option<SystemTime>,
+    /// Whether it is paused.
+    pub paused: bool,
+    /// Messages it has delivered.
+    pub fired: u64,
+    /// Firings it dropped as missed ([`Missed::Skip`]) or folded into one catch-up.
+    pub missed_firings: u64,
+    /// When it last delivered, and the sequence of that message.
+    pub last: Option<(SystemTime, u64)>,
+}
+
+/// A delayed message as listed by [`Broker::scheduled`](crate::Broker::scheduled).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ScheduledInfo {
+    /// Its schedule id.
+    pub id: u64,
+    /// The queue it will be appended to.
+    pub queue: String,
+    /// When it is due.
+    pub due: SystemTime,
+    /// When it was sent.
+    pub sent_at: SystemTime,
+    /// Its payload size in bytes.
+    pub payload_len: usize,
+    /// Its ordering key, if any.
+    pub key: Option<String>,
+}
+
+pub(crate) fn time_of(micros: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_micros(micros)
+}
