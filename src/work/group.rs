@@ -60,6 +60,7 @@ pub struct WorkGroup {
     claim_batch: usize,
     saturation_after: Duration,
     consumer: Option<Arc<str>>,
+    ordered_by_key: bool,
 }
 
 impl std::fmt::Debug for WorkGroup {
@@ -82,6 +83,7 @@ impl WorkGroup {
             claim_batch: 64,
             saturation_after: Duration::from_secs(1),
             consumer: None,
+            ordered_by_key: false,
         }
     }
 
@@ -152,6 +154,36 @@ impl WorkGroup {
     /// `<pid>-<n>`, with `n` numbering the subscriptions of this process. Cut to 255 bytes.
     pub fn consumer_name(mut self, name: impl Into<String>) -> Self {
         self.consumer = Some(Arc::from(name.into()));
+        self
+    }
+
+    /// Per-key ordering: a message with an ordering key ([`Message::key`](crate::Message::key))
+    /// is not handed out while an earlier message with the same key is leased, waiting for a
+    /// retry or being settled; messages with different keys (and messages without a key) run
+    /// in parallel. So the handlers of one key run one at a time, in sequence order — as long
+    /// as each finishes within its lease (a worker pool's heartbeat extends it): a lease that
+    /// runs out hands the message to another consumer while the first may still be running,
+    /// as without keys. A dead-lettered message releases its key: the next one goes.
+    ///
+    /// Applies to the whole group in this process once any subscription asks for it (set it on
+    /// every subscription of the group). Claims stay O(log n) however many messages wait behind
+    /// busy keys; at most 65 536 of them are held in memory, after which claiming waits for
+    /// keys to free up (a hot key can then hold back other keys behind it in the queue).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// queue.send(rockq::Message::new("debit 10").key("account-7")).await?;
+    /// let group = queue.work_group("ledger")?.ordered_by_key(true);
+    /// group.workers(16).run(|task: rockq::Task| async move {
+    ///     println!("{:?}: {}", task.key(), task.seq()); // one at a time per account
+    ///     Ok(())
+    /// }).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn ordered_by_key(mut self, on: bool) -> Self {
+        self.ordered_by_key = on;
         self
     }
 
@@ -359,6 +391,9 @@ impl WorkGroup {
                 Arc::from(format!("{}-{n}", std::process::id()))
             }),
         });
+        if self.ordered_by_key {
+            state.set_keyed();
+        }
         tracing::debug!(group = %self.name, queue = %self.queue.name, "rockq: work-queue subscription");
         Ok(WorkSubscription::new(self.shared.clone(), state, config))
     }

@@ -10,6 +10,7 @@ mod feed;
 mod group;
 mod handle;
 mod job;
+mod keyed;
 mod policy;
 mod pool;
 mod subscription;

@@ -331,6 +331,15 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
             }
             continue;
         }
+        // Ordered by key: read the keys of what may be claimed next (see `keyed.rs`).
+        let learned = match group.keyed() {
+            true => match super::keyed::learn(shared, group, last).await? {
+                super::keyed::Learned::Closed => return Ok(Some(Vec::new())),
+                super::keyed::Learned::Progress => true,
+                super::keyed::Learned::Nothing => false,
+            },
+            false => false,
+        };
         let take = group.take(clock.now(), permits.len(), last, cfg.lease, cfg.policy.max_attempts);
         // Attempts used up (a crash loop, or expired leases): dead-letter without delivering.
         // Every one is already `Settling`: each is reverted unless its request gets queued
@@ -349,6 +358,10 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
         pending.rest.clear();
         if !take.claimed.is_empty() {
             break take.claimed;
+        }
+        if learned {
+            // More keys may be readable, or the ones just read made something claimable.
+            continue;
         }
         let wake = take.next_wake;
         tokio::select! {

@@ -82,6 +82,28 @@ pub fn spawn_helper(name: &str, env: &[(&str, &str)]) -> std::process::Child {
     cmd.spawn().expect("spawn helper")
 }
 
+/// Opens the database again after a broker was dropped without a shutdown: its writer closes
+/// RocksDB on its own thread, so the lock is retried until it is released (bounded by
+/// `HANG_GUARD`).
+pub async fn reopen_after_drop(path: &Path) -> Broker {
+    let deadline = std::time::Instant::now() + HANG_GUARD;
+    loop {
+        let opened = Options::new()
+            .retention_interval(Duration::ZERO)
+            .metrics_interval(Duration::ZERO)
+            .open(path)
+            .await;
+        match opened {
+            Ok(b) => return b,
+            Err(rockq::OpenError::Locked { .. }) if std::time::Instant::now() < deadline => {
+                tokio::task::yield_now().await;
+                std::thread::yield_now();
+            }
+            Err(e) => panic!("reopen: {e}"),
+        }
+    }
+}
+
 /// Opens a Buffered broker whose leases and backoff run on `clock`.
 pub async fn open_clock(path: &Path, clock: &rockq::ManualClock) -> Broker {
     Options::new()

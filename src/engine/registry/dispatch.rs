@@ -8,9 +8,15 @@
 //!   the due ones to `ready`, and the first entry is when to look again.
 //! - settling sequences (an outcome on its way to the writer) are in neither.
 //!
-//! With a million retries waiting for a far-off time, a claim costs O(log n): it looks at the
-//! first timer and the first ready sequence, never at the waiting ones. Every transition goes
-//! through [`Dispatch::set`], which keeps the three views and the counters in step.
+//! - parked sequences (per-key ordering: an earlier message with the same key is unfinished)
+//!   are in neither; `keys` lists each key's unfinished sequences, and only the first of them
+//!   (the key's head) is ever anything but parked. When the head is forgotten (finished), the
+//!   next one becomes claimable.
+//!
+//! With a million retries waiting for a far-off time, or a million messages parked behind
+//! busy keys, a claim costs O(log n): it looks at the first timer and the first ready
+//! sequence, never at the waiting or parked ones. Every transition goes through
+//! [`Dispatch::set`], which keeps the views and the counters in step.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
@@ -23,11 +29,16 @@ pub(super) struct Slot {
     pub last_error: String,
     /// Its previous holder's lease ran out (reported as `LeaseExpired` when claimed again).
     pub expired: bool,
+    /// Its ordering key's hash, in a group ordered by key.
+    pub key: Option<u64>,
+    /// Whether `key` was read from the message (slots restored at open, or claimed before the
+    /// group was ordered by key, do not know it yet).
+    pub key_known: bool,
 }
 
 impl Slot {
     pub fn available(attempt: u32, last_error: String) -> Self {
-        Slot { attempt, state: SlotState::Available, last_error, expired: false }
+        Slot { attempt, state: SlotState::Available, last_error, expired: false, key: None, key_known: false }
     }
 }
 
@@ -41,6 +52,8 @@ pub(super) enum SlotState {
     Waiting { due: Instant },
     /// An outcome is being written; nobody may claim or settle it.
     Settling,
+    /// Waits for an earlier message with the same ordering key to finish.
+    Parked,
 }
 
 /// The slots and their indexes (see the module docs).
@@ -51,7 +64,12 @@ pub(super) struct Dispatch {
     timers: BTreeSet<(Instant, u64)>,
     leased: usize,
     waiting: usize,
-    /// Sequences from here on were never claimed.
+    parked: usize,
+    /// Slots that do not know their key.
+    unknown: usize,
+    /// Each ordering key's unfinished sequences (slots whose key is known).
+    keys: rustc_hash::FxHashMap<u64, BTreeSet<u64>>,
+    /// Sequences from here on were never claimed (nor, in a group ordered by key, learned).
     pub frontier: u64,
 }
 
@@ -63,6 +81,9 @@ impl Dispatch {
             timers: BTreeSet::new(),
             leased: 0,
             waiting: 0,
+            parked: 0,
+            unknown: 0,
+            keys: Default::default(),
             frontier,
         }
     }
@@ -80,6 +101,7 @@ impl Dispatch {
                 self.timers.insert((due, seq));
                 self.waiting += 1;
             }
+            SlotState::Parked => self.parked += 1,
             SlotState::Settling => {}
         }
     }
@@ -97,6 +119,7 @@ impl Dispatch {
                 self.timers.remove(&(due, seq));
                 self.waiting -= 1;
             }
+            SlotState::Parked => self.parked -= 1,
             SlotState::Settling => {}
         }
     }
@@ -104,7 +127,9 @@ impl Dispatch {
     /// Adds (or replaces) the slot of `seq`.
     pub fn insert(&mut self, seq: u64, slot: Slot) {
         let state = slot.state;
+        self.unknown += usize::from(!slot.key_known);
         if let Some(old) = self.slots.insert(seq, slot) {
+            self.unknown -= usize::from(!old.key_known);
             self.unindex(seq, old.state);
         }
         self.index(seq, state);
@@ -130,11 +155,90 @@ impl Dispatch {
         self.index(seq, state);
     }
 
-    /// Forgets `seq`.
-    pub fn remove(&mut self, seq: u64) {
-        if let Some(old) = self.slots.remove(&seq) {
-            self.unindex(seq, old.state);
+    /// Forgets `seq`. Returns whether that made a parked sequence claimable.
+    pub fn remove(&mut self, seq: u64) -> bool {
+        match self.slots.remove(&seq) {
+            Some(old) => {
+                self.unknown -= usize::from(!old.key_known);
+                self.unindex(seq, old.state);
+                self.forget_key(seq, old.key)
+            }
+            None => false,
         }
+    }
+
+    /// Takes `seq` out of its key's list; if it was the key's head, the next one is claimable
+    /// now. Returns whether one became claimable.
+    fn forget_key(&mut self, seq: u64, key: Option<u64>) -> bool {
+        let Some(k) = key else { return false };
+        let Some(list) = self.keys.get_mut(&k) else { return false };
+        let was_head = list.first() == Some(&seq);
+        list.remove(&seq);
+        let next = list.first().copied();
+        if list.is_empty() {
+            self.keys.remove(&k);
+        }
+        match next {
+            Some(next) if was_head && self.slots.get(&next).is_some_and(|s| s.state == SlotState::Parked) => {
+                self.set(next, SlotState::Available, |_| {});
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Adds never-claimed sequence `seq` (the frontier) with ordering key `key`: claimable if
+    /// its key has no unfinished earlier message, parked behind it otherwise.
+    pub fn learn(&mut self, seq: u64, key: Option<u64>) {
+        debug_assert_eq!(seq, self.frontier);
+        self.frontier = seq + 1;
+        let mut slot = Slot { key, key_known: true, ..Slot::available(0, String::new()) };
+        if let Some(k) = key {
+            let list = self.keys.entry(k).or_default();
+            if !list.is_empty() {
+                slot.state = SlotState::Parked;
+            }
+            list.insert(seq);
+        }
+        self.insert(seq, slot);
+    }
+
+    /// Sets the ordering key of a slot that did not know it (restored at open). Called in
+    /// sequence order over all such slots, before anything learned after them, so a key's
+    /// lowest slot stays as it is and the later ones park.
+    pub fn assign_key(&mut self, seq: u64, key: Option<u64>) {
+        let Some(slot) = self.slots.get_mut(&seq) else { return };
+        if slot.key_known {
+            return;
+        }
+        slot.key_known = true;
+        self.unknown -= 1;
+        slot.key = key;
+        let Some(k) = key else { return };
+        let list = self.keys.entry(k).or_default();
+        let behind = list.first().is_some_and(|&head| head < seq);
+        list.insert(seq);
+        if behind && slot.state == SlotState::Available {
+            self.set(seq, SlotState::Parked, |_| {});
+        }
+    }
+
+    /// Sequences whose slot does not know its key yet, in order.
+    pub fn unknown_keys(&self) -> Vec<u64> {
+        if self.unknown == 0 {
+            return Vec::new();
+        }
+        self.slots.iter().filter(|(_, s)| !s.key_known).map(|(&seq, _)| seq).collect()
+    }
+
+    /// Whether any slot does not know its key.
+    pub fn has_unknown_keys(&self) -> bool {
+        self.unknown > 0
+    }
+
+    /// Slots parked behind an earlier message of their key.
+    pub fn parked(&self) -> usize {
+        self.parked
     }
 
     /// Moves every lease and retry due at `now` to `ready`: each timer fires once.
@@ -175,7 +279,10 @@ impl Dispatch {
         let keep = self.slots.split_off(&to.saturating_add(1));
         let gone = std::mem::replace(&mut self.slots, keep);
         for (seq, slot) in gone {
+            self.unknown -= usize::from(!slot.key_known);
             self.unindex(seq, slot.state);
+            // In order: each key's next head is promoted once its earlier ones are gone.
+            self.forget_key(seq, slot.key);
         }
         self.frontier = self.frontier.max(to.saturating_add(1));
     }

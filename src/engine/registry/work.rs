@@ -56,6 +56,9 @@ pub(crate) struct WorkGroupState {
     /// epoch they were claimed in, and the writer refuses those from before the last reset:
     /// whatever was decided before a reset must not land after it.
     epoch: AtomicU64,
+    /// Ordered by key: a message is not claimed while an earlier one with the same ordering
+    /// key is unfinished (set by the first subscription that asks; see `set_keyed`).
+    keyed: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for WorkGroupState {
@@ -190,7 +193,63 @@ impl WorkGroupState {
             paused: std::sync::atomic::AtomicBool::new(false),
             recorded_dlq: Mutex::new(String::new()),
             epoch: AtomicU64::new(0),
+            keyed: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Orders the group by key from now on, for every subscription of it in this process.
+    pub fn set_keyed(&self) {
+        self.keyed.store(true, Ordering::Release);
+    }
+
+    /// Whether the group is ordered by key.
+    pub fn keyed(&self) -> bool {
+        self.keyed.load(Ordering::Acquire)
+    }
+
+    /// Slots whose ordering key is not known yet (restored at open, or claimed before the
+    /// group was ordered by key): a keyed claim reads their keys first.
+    pub fn unknown_keys(&self) -> Vec<u64> {
+        self.dispatch().unknown_keys()
+    }
+
+    /// Sets the keys read for slots that did not know theirs (in sequence order).
+    pub fn assign_keys(&self, keys: impl IntoIterator<Item = (u64, Option<u64>)>) {
+        let mut d = self.dispatch();
+        for (seq, key) in keys {
+            d.assign_key(seq, key);
+        }
+    }
+
+    /// The never-claimed sequences a keyed claim should read the keys of next: from the
+    /// frontier, at most `max`, up to `last_published`; `None` if there are none, or if
+    /// `max_parked` messages are parked already (memory stays bounded behind a hot key).
+    pub fn learn_window(&self, last_published: u64, max: u64, max_parked: usize) -> Option<(u64, u64)> {
+        let mut d = self.dispatch();
+        let first = self.queue.first_seq.load(Ordering::Acquire);
+        d.frontier = d.frontier.max(first);
+        if d.parked() >= max_parked || d.frontier > last_published || max == 0 {
+            return None;
+        }
+        Some((d.frontier, last_published.min(d.frontier + max - 1)))
+    }
+
+    /// Adds never-claimed sequences with their keys, read from the frontier on (a part another
+    /// subscription learned meanwhile is skipped). Returns how many were added.
+    pub fn learn(&self, keys: impl IntoIterator<Item = (u64, Option<u64>)>) -> usize {
+        let mut d = self.dispatch();
+        let mut n = 0;
+        for (seq, key) in keys {
+            if seq < d.frontier {
+                continue;
+            }
+            if seq > d.frontier {
+                break;
+            }
+            d.learn(seq, key);
+            n += 1;
+        }
+        n
     }
 
     fn dispatch(&self) -> MutexGuard<'_, Dispatch> {
@@ -264,7 +323,10 @@ impl WorkGroupState {
         let first = self.queue.first_seq.load(Ordering::Acquire);
         d.frontier = d.frontier.max(first);
         d.fire_due(now);
-        while out.claimed.len() < max {
+        // Ordered by key, a slot whose key is unknown may have to park: nothing is claimed
+        // until the claimer has read them all.
+        let blocked = self.keyed() && d.has_unknown_keys();
+        while !blocked && out.claimed.len() < max {
             let Some(seq) = d.pop_ready(first) else { break };
             let Some(slot) = d.get(seq) else { continue };
             let (attempt, expired) = (slot.attempt, slot.expired);
@@ -285,7 +347,10 @@ impl WorkGroupState {
             });
             out.claimed.push(Claimed { seq, attempt: attempt + 1, token, deadline, expired, epoch });
         }
-        while out.claimed.len() < max && d.frontier <= last_published {
+        // Ordered by key: never-claimed sequences are learned (with their keys) before they
+        // can be claimed, and only from `ready`; none until every slot knows its key.
+        let keyed = self.keyed();
+        while !keyed && out.claimed.len() < max && d.frontier <= last_published {
             let seq = d.frontier;
             d.frontier += 1;
             let token = self.token();
@@ -379,11 +444,18 @@ impl WorkGroupState {
         self.epoch.load(Ordering::Acquire)
     }
 
-    /// The writer made these sequences' outcomes durable: forget them.
+    /// The writer made these sequences' outcomes durable: forget them. A key whose head
+    /// finished hands its next message to the claimers.
     pub fn finished(&self, seqs: &[u64]) {
-        let mut d = self.dispatch();
-        for &seq in seqs {
-            d.remove(seq);
+        let mut promoted = false;
+        {
+            let mut d = self.dispatch();
+            for &seq in seqs {
+                promoted |= d.remove(seq);
+            }
+        }
+        if promoted {
+            self.changed.notify_waiters();
         }
     }
 
@@ -630,6 +702,78 @@ mod tests {
         assert_eq!(seqs(&g.take(now, 10, 6, LEASE, MAX)), [(2, 3), (4, 1), (6, 1)]);
     }
 
+    /// Per-key ordering: only a key's first unfinished message is ever claimable.
+    #[test]
+    fn a_keyed_group_parks_each_message_behind_its_keys_unfinished_head() {
+        let g = group(0);
+        g.set_keyed();
+        let now = Instant::now();
+        let (a, b) = (Some(1), Some(2));
+        assert_eq!(g.learn([(1, a), (2, a), (3, b), (4, a), (5, None), (6, b)]), 6);
+        assert!(g.take(now, 10, 6, LEASE, MAX).claimed.iter().all(|c| c.seq != 2));
+        // Claimed: 1 (a's head), 3 (b's head), 5 (no key). Parked: 2, 4, 6.
+        assert_eq!(g.live_leases().iter().map(|l| l.0).collect::<Vec<_>>(), [1, 3, 5]);
+        // A retry keeps its key busy.
+        let token = |seq: u64| {
+            g.dispatch()
+                .get(seq)
+                .map(|s| match s.state {
+                    SlotState::Leased { token, .. } => token,
+                    _ => 0,
+                })
+                .unwrap()
+        };
+        g.begin_settle(3, token(3), now).unwrap();
+        let due = now + Duration::from_secs(1);
+        g.to_waiting(3, due, "boom".into());
+        assert!(g.take(now, 10, 6, LEASE, MAX).claimed.is_empty(), "6 waits behind 3's retry");
+        // 1 finishes: 2 is next for a, and only 2.
+        g.begin_settle(1, token(1), now).unwrap();
+        g.finished(&[1]);
+        assert_eq!(seqs(&g.take(now, 10, 6, LEASE, MAX)), [(2, 1)]);
+        // 3's retry comes due: claimed again (attempt 2), 6 still parked.
+        assert_eq!(seqs(&g.take(due, 10, 6, LEASE, MAX)), [(3, 2)]);
+        // Dead-lettering (finishing) 3 releases b: 6 goes.
+        g.finished(&[3]);
+        assert_eq!(seqs(&g.take(due, 10, 6, LEASE, MAX)), [(6, 1)]);
+        // Retention dropping 2 (a's head) promotes 4.
+        g.skip_to(2);
+        assert_eq!(seqs(&g.take(due, 10, 6, LEASE, MAX)), [(4, 1)]);
+    }
+
+    /// After a restart the restored slots do not know their keys: nothing is claimed until
+    /// they are read, and then a key's later slots park behind its first.
+    #[test]
+    fn restored_slots_are_rekeyed_before_anything_is_claimed() {
+        let g = group(0);
+        g.set_keyed();
+        let clock = Clock::tokio();
+        let leased = |attempt| Claim::Leased { attempt, token: 7, deadline_micros: 0, holder: Arc::from("") };
+        g.restore([(1, leased(1)), (3, leased(1))], &clock); // 2 never reached the disk
+        let now = clock.now();
+        assert!(g.take(now, 10, 3, LEASE, MAX).claimed.is_empty(), "keys unknown: nothing claimed");
+        assert_eq!(g.unknown_keys(), [1, 2, 3]);
+        g.assign_keys([(1, Some(9)), (2, Some(9)), (3, Some(4))]);
+        assert!(g.unknown_keys().is_empty());
+        assert_eq!(seqs(&g.take(now, 10, 3, LEASE, MAX)), [(1, 2), (3, 2)], "2 parks behind 1");
+        g.finished(&[1]);
+        assert_eq!(seqs(&g.take(now, 10, 3, LEASE, MAX)), [(2, 1)]);
+    }
+
+    /// The learning window starts at the frontier, stops at the published end, and stops
+    /// altogether while too many messages are parked.
+    #[test]
+    fn the_learning_window_is_bounded_by_the_published_end_and_the_parked_cap() {
+        let g = group(0);
+        g.set_keyed();
+        assert_eq!(g.learn_window(10, 4, 100), Some((1, 4)));
+        assert_eq!(g.learn([(1, Some(1)), (2, Some(1)), (3, Some(1))]), 3);
+        assert_eq!(g.learn([(2, Some(1)), (4, Some(1))]), 1, "learned parts are skipped");
+        assert_eq!(g.learn_window(10, 100, 100), Some((5, 10)));
+        assert_eq!(g.learn_window(10, 100, 3), None, "three parked: no more reading ahead");
+        assert_eq!(g.learn_window(4, 100, 100), None, "nothing published past the frontier");
+    }
+
     // Regression: trims used to leave the offset below a run of finished messages right above
     // it; a database in that state is healed at open.
     #[test]
@@ -673,7 +817,7 @@ mod index_props {
                     SlotState::Available => true,
                     SlotState::Leased { deadline, .. } => deadline <= now,
                     SlotState::Waiting { due } => due <= now,
-                    SlotState::Settling => false,
+                    SlotState::Settling | SlotState::Parked => false,
                 })
                 .map(|(&s, _)| s)
                 .collect()
