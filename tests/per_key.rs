@@ -165,13 +165,32 @@ async fn a_thousand_keys_run_one_at_a_time_in_order_through_a_pool_of_16_and_a_c
         assert!(v.is_empty(), "{} violations before the crash, first: {:?}", v.len(), &v[..v.len().min(5)]);
     }
 
-    let tracker = tracker.restart(total);
+    // Reopened first: once the old writer has closed the database, every ack it made durable
+    // was preceded by its handler marking the message done, so the copy below sees all of them
+    // (an aborted handler may still finish on another thread after `abort`).
     let broker = reopen_after_drop(dir.path()).await;
+    let tracker = tracker.restart(total);
     let q = broker.queue("accounts").await.unwrap();
     let pool = run_pool(&q, tracker.clone()).await;
-    tokio::time::timeout(HANG_GUARD * 5, tracker.stop.cancelled())
-        .await
-        .expect("phase 2 hung: a key starved");
+    if tokio::time::timeout(HANG_GUARD * 5, tracker.stop.cancelled()).await.is_err() {
+        // Say where it stalled before failing.
+        let stats = broker.stats().await.unwrap();
+        let pending = broker.pending("ledger", "accounts").await.unwrap();
+        let stuck: Vec<_> = tracker
+            .keys
+            .iter()
+            .enumerate()
+            .filter_map(|(k, key)| key.lock().unwrap().done.iter().position(|d| !d).map(|n| (k, n)))
+            .take(10)
+            .collect();
+        panic!(
+            "phase 2 hung: finished {} of {total}; group {:?}; {} pending, first {:?}; stuck keys (key, first unfinished) {stuck:?}",
+            tracker.finished.load(Ordering::SeqCst),
+            stats.groups.iter().find(|g| g.group == "ledger"),
+            pending.len(),
+            pending.first(),
+        );
+    }
     pool.shutdown().await.unwrap();
     {
         let v = tracker.violations.lock().unwrap();
