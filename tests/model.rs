@@ -3,6 +3,10 @@
 //! group), lease expiry and redelivery delays (manual clock), trim, redrive, resets of either
 //! group, a stored record corrupted across a restart, and restart, checked step by step against a small reference model of what is delivered next, with which attempt
 //! or delivery count, what is committed, what is dead-lettered and where the queue starts.
+//!
+//! A second model (`job_features_match_the_model`, below) covers the job-queue features:
+//! delayed sends, cancels, reschedules, idempotency keys and keyed messages in a group ordered
+//! by key, with ticks, retention passes and restarts.
 
 mod common;
 
@@ -526,5 +530,270 @@ proptest! {
     fn rockq_matches_the_model(ops in proptest::collection::vec(op(), 1..60)) {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         rt.block_on(run(ops));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The job-queue features against their own reference model: delayed sends (due after some
+// ticks), cancels and reschedules, idempotency keys within a dedup window, and keyed messages
+// claimed by a work group ordered by key (three subscriptions holding one job each), with
+// ticks, retention passes and restarts. An ordered group reads everything appended, so every
+// firing is checked as it lands: which message, in which order, with which key.
+
+const J_WINDOW: u64 = 20; // dedup window, seconds
+const J_TICK: u64 = 5;
+
+#[derive(Debug, Clone)]
+enum JOp {
+    /// Payload id, delay in ticks (0: now), ordering key, idempotency key.
+    Send {
+        delay: u8,
+        key: Option<u8>,
+        idem: Option<u8>,
+    },
+    Cancel(usize),
+    Reschedule(usize, u8),
+    Tick,
+    Trim,
+    Restart,
+    /// Claim with keyed subscription `i % 3` if it holds nothing.
+    KClaim(usize),
+    KAck(usize),
+}
+
+fn jop() -> impl Strategy<Value = JOp> {
+    prop_oneof![
+        6 => (0u8..4, proptest::option::of(0u8..3), proptest::option::of(0u8..4))
+            .prop_map(|(delay, key, idem)| JOp::Send { delay, key, idem }),
+        1 => any::<usize>().prop_map(JOp::Cancel),
+        1 => (any::<usize>(), 0u8..4).prop_map(|(i, d)| JOp::Reschedule(i, d)),
+        3 => Just(JOp::Tick),
+        1 => Just(JOp::Trim),
+        1 => Just(JOp::Restart),
+        3 => any::<usize>().prop_map(JOp::KClaim),
+        3 => any::<usize>().prop_map(JOp::KAck),
+    ]
+}
+
+#[derive(Default, Debug)]
+struct JModel {
+    now: u64,
+    /// Appended messages: (payload, ordering key), index = seq - 1.
+    log: Vec<(u32, Option<u8>)>,
+    /// How many of them the ordered reader has checked.
+    read: usize,
+    /// Scheduled: id → (due seconds, payload, key).
+    scheduled: BTreeMap<u64, (u64, u32, Option<u8>)>,
+    /// Idempotency key → (original, expires seconds).
+    dedup: BTreeMap<u8, (rockq::Original, u64)>,
+    /// Keyed work group: finished seqs, and the seq each subscription holds.
+    k_done: BTreeSet<u64>,
+    k_held: [Option<u64>; 3],
+    next_payload: u32,
+}
+
+impl JModel {
+    /// Fires what is due at `now`, in (due, id) order.
+    fn fire(&mut self) {
+        let mut due: Vec<(u64, u64)> =
+            self.scheduled.iter().filter(|(_, v)| v.0 <= self.now).map(|(&id, v)| (v.0, id)).collect();
+        due.sort_unstable();
+        for (_, id) in due {
+            let (_, payload, key) = self.scheduled.remove(&id).unwrap();
+            self.log.push((payload, key));
+        }
+    }
+
+    /// The seq a keyed claim takes: the smallest unfinished, unheld one whose key has no
+    /// unfinished earlier message.
+    fn k_next(&self) -> Option<u64> {
+        let held: BTreeSet<u64> = self.k_held.iter().flatten().copied().collect();
+        let mut busy = BTreeSet::new();
+        for (i, &(_, key)) in self.log.iter().enumerate() {
+            let seq = i as u64 + 1;
+            if self.k_done.contains(&seq) {
+                continue;
+            }
+            let blocked = key.is_some_and(|k| busy.contains(&k));
+            if let Some(k) = key {
+                busy.insert(k);
+            }
+            if !blocked && !held.contains(&seq) {
+                return Some(seq);
+            }
+        }
+        None
+    }
+}
+
+struct JReal {
+    broker: Broker,
+    q: rockq::Queue,
+    reader: Subscription,
+    k: Vec<WorkSubscription>,
+    k_jobs: Vec<Option<Job>>,
+}
+
+async fn j_open(path: &std::path::Path, clock: &ManualClock) -> JReal {
+    let broker = open_clock(path, clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    q.set_dedup_window(Duration::from_secs(J_WINDOW)).await.unwrap();
+    let reader = q.group("reader").unwrap().subscribe().await.unwrap();
+    let mut k = Vec::new();
+    for _ in 0..3 {
+        let sub = q
+            .work_group("k")
+            .unwrap()
+            .ordered_by_key(true)
+            .lease(Duration::from_secs(3600))
+            .max_in_flight(1)
+            .claim_batch(1)
+            .subscribe()
+            .await
+            .unwrap();
+        k.push(sub);
+    }
+    JReal { broker, q, reader, k, k_jobs: vec![None, None, None] }
+}
+
+/// Reads what the model appended since the last check, through the ordered reader.
+async fn j_check_log(r: &mut JReal, m: &mut JModel, ctx: &str) {
+    while m.read < m.log.len() {
+        let d = quick(r.reader.next(), ctx).await;
+        let (payload, key) = m.log[m.read];
+        let want_key = key.map(|k| format!("k{k}"));
+        assert_eq!(
+            (d.seq(), u32::from_be_bytes(d.payload()[..4].try_into().unwrap()), d.key()),
+            (m.read as u64 + 1, payload, want_key.as_deref()),
+            "{ctx}"
+        );
+        d.ack().unwrap();
+        m.read += 1;
+    }
+    assert_eq!(r.q.last_seq(), m.log.len() as u64, "{ctx}: nothing else was appended");
+}
+
+async fn j_run(ops: Vec<JOp>) {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let mut r = j_open(dir.path(), &clock).await;
+    let mut m = JModel::default();
+    for (step, op) in ops.into_iter().enumerate() {
+        let ctx = format!("step {step}: {op:?}");
+        match op {
+            JOp::Send { delay, key, idem } => {
+                let payload = m.next_payload;
+                m.next_payload += 1;
+                let mut msg = rockq::Message::new(payload.to_be_bytes().to_vec());
+                if let Some(k) = key {
+                    msg = msg.key(format!("k{k}"));
+                }
+                if let Some(i) = idem {
+                    msg = msg.idempotency_key(format!("i{i}"));
+                }
+                if delay > 0 {
+                    msg = msg.deliver_after(Duration::from_secs(u64::from(delay) * J_TICK));
+                }
+                let sent = r.q.submit(msg).await.unwrap();
+                let live =
+                    idem.and_then(|i| m.dedup.get(&i).filter(|(_, exp)| *exp > m.now).map(|(o, _)| *o));
+                if let Some(original) = live {
+                    assert_eq!(sent, rockq::Sent::Duplicate(original), "{ctx}");
+                    continue;
+                }
+                let original = if delay > 0 {
+                    let rockq::Sent::Scheduled(s) = sent else { panic!("{ctx}: {sent:?}") };
+                    assert!(!m.scheduled.contains_key(&s.id), "{ctx}: ids are unique");
+                    m.scheduled.insert(s.id, (m.now + u64::from(delay) * J_TICK, payload, key));
+                    rockq::Original::Scheduled(s.id)
+                } else {
+                    m.log.push((payload, key));
+                    assert_eq!(sent, rockq::Sent::Appended(m.log.len() as u64), "{ctx}");
+                    rockq::Original::Appended(m.log.len() as u64)
+                };
+                if let Some(i) = idem {
+                    m.dedup.insert(i, (original, m.now + J_WINDOW));
+                }
+            }
+            JOp::Cancel(pick) => {
+                // Any id: a scheduled one, or one that fired or never was.
+                let ids: Vec<u64> = m.scheduled.keys().copied().collect();
+                let id = if ids.is_empty() { pick as u64 % 50 } else { ids[pick % ids.len()] };
+                let cancelled = r.q.cancel(id).await.unwrap();
+                assert_eq!(cancelled, m.scheduled.remove(&id).is_some(), "{ctx}");
+            }
+            JOp::Reschedule(pick, ticks) => {
+                let ids: Vec<u64> = m.scheduled.keys().copied().collect();
+                if ids.is_empty() {
+                    continue;
+                }
+                let id = ids[pick % ids.len()];
+                let due = m.now + u64::from(ticks) * J_TICK;
+                let at = clock.wall_time() + Duration::from_secs(u64::from(ticks) * J_TICK);
+                let moved = r.q.reschedule(id, at).await.unwrap();
+                assert_eq!(moved.map(|s| s.id), Some(id), "{ctx}");
+                m.scheduled.get_mut(&id).unwrap().0 = due;
+                if ticks == 0 {
+                    // Due now: it fires without a tick.
+                    m.fire();
+                }
+            }
+            JOp::Tick => {
+                clock.advance(Duration::from_secs(J_TICK));
+                m.now += J_TICK;
+                m.fire();
+            }
+            JOp::Trim => {
+                r.broker.trim().await.unwrap();
+                m.dedup.retain(|_, (_, exp)| *exp > m.now);
+            }
+            JOp::Restart => {
+                j_check_log(&mut r, &mut m, &ctx).await;
+                r.reader.commit().await.unwrap();
+                let JReal { broker, q, reader, k, k_jobs } = r;
+                // Held keyed jobs die with the process: their messages come back to the group
+                // (their keys stay busy until they are claimed again and finished).
+                std::mem::forget(k_jobs);
+                drop((q, reader, k));
+                broker.shutdown().await.unwrap();
+                m.k_held = [None; 3];
+                r = j_open(dir.path(), &clock).await;
+                let stats = r.broker.stats().await.unwrap();
+                let q = stats.queues.iter().find(|q| q.name == "jobs").unwrap();
+                assert_eq!(q.scheduled, m.scheduled.len() as u64, "{ctx}: the schedule survives");
+            }
+            JOp::KClaim(i) => {
+                let i = i % 3;
+                if r.k_jobs[i].is_some() {
+                    continue;
+                }
+                // Everything due must have landed before the claim looks.
+                j_check_log(&mut r, &mut m, &ctx).await;
+                let Some(seq) = m.k_next() else { continue };
+                let j = quick(r.k[i].next(), &ctx).await;
+                assert_eq!(j.seq(), seq, "{ctx}: {m:?}");
+                m.k_held[i] = Some(seq);
+                r.k_jobs[i] = Some(j);
+            }
+            JOp::KAck(i) => {
+                let i = i % 3;
+                let Some(j) = r.k_jobs[i].take() else { continue };
+                j.ack().await.unwrap();
+                m.k_done.insert(m.k_held[i].take().unwrap());
+            }
+        }
+        j_check_log(&mut r, &mut m, &ctx).await;
+    }
+    std::mem::forget(r.k_jobs);
+    r.broker.shutdown().await.unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn job_features_match_the_model(ops in proptest::collection::vec(jop(), 1..60)) {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(j_run(ops));
     }
 }
