@@ -1,12 +1,15 @@
-//! On-disk compatibility: `tests/fixtures/v1/` is a database written by rockq's format 1 (the
-//! generator below, run once and committed). Every later version must open it and deliver
-//! exactly what it holds: messages with headers, an ordered group's offset, delivery count and
-//! dead letter, a work group's done, retrying, dead-lettered and abandoned claims, group
-//! settings, retention settings and a trimmed queue head. A change that breaks the format makes
-//! this test fail; such a change needs a new format version and a migration, not a new fixture.
+//! On-disk compatibility: `tests/fixtures/v1/` is a database written by rockq's format 1, and
+//! `tests/fixtures/v2/` one written by format 2 (the generator below, run once per format and
+//! committed). Every later version must open both and deliver exactly what they hold: messages
+//! with headers, an ordered group's offset, delivery count and dead letter, a work group's
+//! done, retrying, dead-lettered and abandoned claims, group settings, retention settings and
+//! a trimmed queue head; and in format 2, delayed messages, a recurring schedule, idempotency
+//! keys and keyed messages held by a group ordered by key. A change that breaks the format
+//! makes this test fail; such a change needs a new format version and a migration, not a new
+//! fixture.
 //!
 //! Regenerate (only with a new format version, into a new folder):
-//! `ROCKQ_WRITE_FIXTURE=tests/fixtures/v2 cargo test --test fixture -- --ignored write_fixture`
+//! `ROCKQ_WRITE_FIXTURE=tests/fixtures/v3 cargo test --test fixture -- --ignored write_fixture`
 
 mod common;
 
@@ -16,13 +19,11 @@ use std::time::{Duration, SystemTime};
 use common::*;
 use rockq::{GroupMode, PendingState, Retention, RetryPolicy};
 
-const FIXTURE: &str = "tests/fixtures/v1";
-
-/// Copies the fixture to a temporary directory: the committed files are never opened for
+/// Copies fixture `name` to a temporary directory: the committed files are never opened for
 /// writing.
-fn copy_fixture() -> tempfile::TempDir {
+fn copy_fixture(name: &str) -> tempfile::TempDir {
     let dir = tempdir();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(FIXTURE);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
     for entry in std::fs::read_dir(&src).expect("fixture folder") {
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
@@ -32,8 +33,80 @@ fn copy_fixture() -> tempfile::TempDir {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_format_1_database_opens_and_delivers_what_it_holds() {
-    let dir = copy_fixture();
+    let dir = copy_fixture("v1");
+    check_format_1_content(dir.path()).await;
+    // Upgraded in place: the job-queue features work on it.
     let broker = open(dir.path()).await;
+    let orders = broker.queue("orders").await.unwrap();
+    assert_eq!(orders.dedup_window(), Duration::from_secs(300), "the default window");
+    let sent = orders.submit(rockq::Message::new("o8").idempotency_key("k")).await.unwrap();
+    assert_eq!(sent, rockq::Sent::Appended(8));
+    assert!(orders.submit(rockq::Message::new("o8").idempotency_key("k")).await.unwrap().is_duplicate());
+    let later =
+        orders.submit(rockq::Message::new("o9").deliver_after(Duration::from_secs(3600))).await.unwrap();
+    assert!(matches!(later, rockq::Sent::Scheduled(_)));
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_format_2_database_opens_and_delivers_what_it_holds() {
+    let dir = copy_fixture("v2");
+    check_format_1_content(dir.path()).await;
+    let broker = open(dir.path()).await;
+    // Delayed messages: one a year out (written at fixture time, so still pending), with its
+    // key and headers; one cancelled before the fixture was taken.
+    let reminders = broker.queue("reminders").await.unwrap();
+    let pending = reminders.scheduled(10).await.unwrap();
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!((pending[0].key.as_deref(), pending[0].payload_len), (Some("user-7"), 5));
+    assert!(reminders.reschedule(pending[0].id, SystemTime::UNIX_EPOCH).await.unwrap().is_some());
+    let mut sub = reminders.group("g").unwrap().subscribe().await.unwrap();
+    let d = next(&mut sub).await;
+    assert_eq!(
+        (d.payload().as_ref(), d.key(), d.header("h").map(|v| v.to_vec())),
+        (&b"renew"[..], Some("user-7"), Some(b"v".to_vec()))
+    );
+    drop(sub);
+    // The recurring schedule, its counters and its queue.
+    let schedules = broker.schedules().await.unwrap();
+    assert_eq!(schedules.len(), 1);
+    let s = &schedules[0];
+    assert_eq!(
+        (s.name.as_str(), s.queue.as_str(), s.paused, s.recurrence.as_str()),
+        ("nightly", "reports", true, "cron 0 0 3 * * *")
+    );
+    broker.resume_schedule("nightly").await.unwrap();
+    assert!(broker.schedules().await.unwrap()[0].next.is_some());
+    // Idempotency keys, remembered for a century, and the queue's window.
+    let payments = broker.queue("payments").await.unwrap();
+    assert_eq!(payments.dedup_window(), Duration::from_secs(100 * 365 * 24 * 3600));
+    assert_eq!(
+        payments.submit(rockq::Message::new("again").idempotency_key("order-1")).await.unwrap(),
+        rockq::Sent::Duplicate(rockq::Original::Appended(1))
+    );
+    // Keyed messages: a group ordered by key held 1 (key a) when the process died; 2 (a) waits
+    // behind it after the restart, 3 (b) does not.
+    let ledger = broker.queue("ledger").await.unwrap();
+    let group = ledger.work_group("books").unwrap().ordered_by_key(true).max_in_flight(10);
+    let mut jobs = group.subscribe().await.unwrap();
+    let first = next_job(&mut jobs).await;
+    let second = next_job(&mut jobs).await;
+    let mut got =
+        [(first.seq(), first.key().map(str::to_owned)), (second.seq(), second.key().map(str::to_owned))];
+    got.sort();
+    assert_eq!(got, [(1, Some("a".to_string())), (3, Some("b".to_string()))]);
+    first.ack().await.unwrap();
+    let third = next_job(&mut jobs).await;
+    assert_eq!((third.seq(), third.key()), (2, Some("a")));
+    third.ack().await.unwrap();
+    second.ack().await.unwrap();
+    drop(jobs);
+    broker.shutdown().await.unwrap();
+}
+
+/// What both fixtures hold from format 1 on.
+async fn check_format_1_content(path: &Path) {
+    let broker = open(path).await;
 
     // Queues, their bounds and retention settings.
     let stats = broker.stats().await.unwrap();
@@ -198,6 +271,49 @@ async fn write_fixture() {
     drop(sub);
     broker.trim().await.unwrap();
     assert_eq!(events.first_seq(), 3);
+
+    // Format 2. Delayed messages: one a year out (with a key and a header), one cancelled.
+    let reminders = broker.queue("reminders").await.unwrap();
+    let year = Duration::from_secs(365 * 24 * 3600);
+    reminders
+        .submit(rockq::Message::new("renew").key("user-7").header("h", "v").deliver_after(year))
+        .await
+        .unwrap();
+    let gone = reminders.submit(rockq::Message::new("gone").deliver_after(year)).await.unwrap();
+    let rockq::Sent::Scheduled(gone) = gone else { panic!("{gone:?}") };
+    assert!(reminders.cancel(gone.id).await.unwrap());
+    // A recurring schedule, paused.
+    broker
+        .schedule("nightly", rockq::Recurrence::cron("0 0 3 * * *").unwrap(), "reports", "build")
+        .await
+        .unwrap();
+    broker.pause_schedule("nightly").await.unwrap();
+    // An idempotency key remembered for a century.
+    let payments = broker.queue("payments").await.unwrap();
+    payments.set_dedup_window(Duration::from_secs(100 * 365 * 24 * 3600)).await.unwrap();
+    payments.submit(rockq::Message::new("charge").idempotency_key("order-1")).await.unwrap();
+    // Keyed messages; a group ordered by key holds the first when the process "dies".
+    let ledger = broker.queue("ledger").await.unwrap();
+    ledger
+        .send_batch([
+            rockq::Message::new("a1").key("a"),
+            rockq::Message::new("a2").key("a"),
+            rockq::Message::new("b1").key("b"),
+        ])
+        .await
+        .unwrap();
+    let books = ledger
+        .work_group("books")
+        .unwrap()
+        .ordered_by_key(true)
+        .lease(Duration::from_secs(1))
+        .claim_batch(1)
+        .max_in_flight(1);
+    let mut held = books.subscribe().await.unwrap();
+    let j = next_job(&mut held).await;
+    assert_eq!(j.seq(), 1);
+    std::mem::forget(j);
+    std::mem::forget(held);
     broker.shutdown().await.unwrap();
 
     // Everything but RocksDB's info logs and lock file.
