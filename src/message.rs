@@ -112,11 +112,11 @@ impl Message {
         self
     }
 
-    /// Sets an ordering key, stored with the message: every group sees it as
+    /// Sets an ordering key, stored with the message. A work-queue group with
+    /// [`ordered_by_key`](crate::WorkGroup::ordered_by_key) hands out messages with the same key
+    /// one at a time, in sequence order; every group sees the key as
     /// [`Delivery::key`](crate::Delivery::key) / [`Job::key`](crate::Job::key), and a redrive
-    /// keeps it. (Per-key ordering in work-queue groups, which hands out messages with the same
-    /// key one at a time, is not built yet: today the key is carried, not enforced.)
-    /// Non-empty, at most [`MAX_KEY_LEN`] bytes.
+    /// keeps it. Non-empty, at most [`MAX_KEY_LEN`] bytes.
     ///
     /// # Examples
     ///

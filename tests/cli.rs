@@ -131,6 +131,118 @@ async fn read_only_commands_inspect_a_database_the_service_holds() {
     broker.shutdown().await.unwrap();
 }
 
+fn micros(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64
+}
+
+/// Delayed messages and recurring schedules of a running service (on a `ManualClock`, so every
+/// time is known), as `scheduled`, `schedules` and `stats` show them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduled_and_schedules_list_delayed_messages_and_recurring_schedules() {
+    use rockq::{Message, Recurrence, Sent};
+    let dir = tempdir();
+    let db = dir.path().to_path_buf();
+    let clock = rockq::ManualClock::new();
+    let broker = open_clock(&db, &clock).await;
+    let delayed = |s: Sent| match s {
+        Sent::Scheduled(m) => m,
+        other => panic!("expected a scheduled message, got {other:?}"),
+    };
+    let reminders = broker.queue("reminders").await.unwrap();
+    let renew = Message::new("renew plan").key("cust-7").deliver_after(Duration::from_secs(3600));
+    let renew = delayed(reminders.submit(renew).await.unwrap());
+    let later = Message::new("later").deliver_after(Duration::from_secs(7200));
+    let later = delayed(reminders.submit(later).await.unwrap());
+    let other = broker.queue("other").await.unwrap();
+    let soon = Message::new("x").deliver_after(Duration::from_secs(1800));
+    let soon = delayed(other.submit(soon).await.unwrap());
+    let sent_at = clock.wall_time();
+
+    // An interval schedule that fired once, and a paused cron schedule.
+    let mut events = broker.events();
+    let first = broker.schedule("tick", Duration::from_secs(300), "ticks", "tick").await.unwrap().unwrap();
+    broker.schedule("nightly", Recurrence::cron("0 0 2 * * *").unwrap(), "reports", "build").await.unwrap();
+    broker.pause_schedule("nightly").await.unwrap();
+    clock.advance(Duration::from_secs(300));
+    wait_event(&mut events, |e| matches!(e, rockq::Event::ScheduleFired { seq: Some(1), .. })).await;
+    assert_eq!(broker.schedules().await.unwrap().iter().map(|s| s.fired).sum::<u64>(), 1);
+
+    // Every queue's delayed messages, in id order.
+    let all = json(&db, &["scheduled"]);
+    let all = all.as_array().unwrap();
+    let ids: Vec<u64> = all.iter().map(|m| m["id"].as_u64().unwrap()).collect();
+    let mut want = vec![renew.id, later.id, soon.id];
+    want.sort_unstable();
+    assert_eq!(ids, want, "{all:?}");
+    let m = all.iter().find(|m| m["id"].as_u64() == Some(renew.id)).unwrap();
+    assert_eq!((m["queue"].as_str(), m["key"].as_str()), (Some("reminders"), Some("cust-7")));
+    assert_eq!(m["payload_bytes"].as_u64(), Some(10));
+    assert_eq!(m["due_micros"].as_u64(), Some(micros(renew.due)));
+    assert_eq!(m["sent_at_micros"].as_u64(), Some(micros(sent_at)));
+    assert_eq!(micros(renew.due) - micros(sent_at), 3_600_000_000);
+    let m = all.iter().find(|m| m["id"].as_u64() == Some(later.id)).unwrap();
+    assert!(m["key"].is_null(), "{m}");
+
+    // One queue, and --limit.
+    let only = json(&db, &["scheduled", "reminders"]);
+    let only: Vec<u64> = only.as_array().unwrap().iter().map(|m| m["id"].as_u64().unwrap()).collect();
+    assert_eq!(only, vec![renew.id, later.id]);
+    assert_eq!(json(&db, &["scheduled", "reminders", "--limit", "1"]).as_array().unwrap().len(), 1);
+    let table = text(&db, &["scheduled", "reminders"]);
+    assert!(table.starts_with("ID") && table.contains("DUE") && table.contains("KEY"), "{table}");
+    let row =
+        table.lines().find(|l| l.starts_with(&renew.id.to_string())).unwrap_or_else(|| panic!("{table}"));
+    assert!(row.contains("reminders") && row.contains("cust-7") && row.contains(" 10 "), "{row}");
+    assert!(!table.contains("other"), "{table}");
+
+    // Recurring schedules, by name.
+    let list = json(&db, &["schedules"]);
+    let list = list.as_array().unwrap();
+    let names: Vec<&str> = list.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["nightly", "tick"]);
+    let (nightly, tick) = (&list[0], &list[1]);
+    assert_eq!(
+        (nightly["queue"].as_str(), nightly["recurrence"].as_str(), nightly["paused"].as_bool()),
+        (Some("reports"), Some("cron 0 0 2 * * *"), Some(true))
+    );
+    assert!(nightly["next_micros"].is_null() && nightly["last_seq"].is_null(), "{nightly}");
+    assert_eq!(nightly["fired"].as_u64(), Some(0));
+    assert_eq!(
+        (tick["queue"].as_str(), tick["recurrence"].as_str(), tick["paused"].as_bool()),
+        (Some("ticks"), Some("every 300s"), Some(false))
+    );
+    assert_eq!((tick["fired"].as_u64(), tick["missed_firings"].as_u64()), (Some(1), Some(0)));
+    assert_eq!((tick["last_micros"].as_u64(), tick["last_seq"].as_u64()), (Some(micros(first)), Some(1)));
+    assert_eq!(tick["next_micros"].as_u64(), Some(micros(first + Duration::from_secs(300))));
+    assert_eq!(tick["on_missed"], "catch-up-once");
+    let table = text(&db, &["schedules"]);
+    let row = table.lines().find(|l| l.starts_with("tick")).unwrap_or_else(|| panic!("{table}"));
+    assert!(row.contains("ticks") && row.contains("every 300s") && row.contains("(#1)"), "{row}");
+    let row = table.lines().find(|l| l.starts_with("nightly")).unwrap_or_else(|| panic!("{table}"));
+    assert!(row.contains("paused") && row.contains("cron 0 0 2 * * *"), "{row}");
+
+    // Stats count them per queue, with the next due time.
+    let stats = json(&db, &["stats"]);
+    let queue =
+        |name: &str| stats["queues"].as_array().unwrap().iter().find(|q| q["name"] == name).unwrap().clone();
+    let r = queue("reminders");
+    assert_eq!((r["scheduled"].as_u64(), r["next_due_micros"].as_u64()), (Some(2), Some(micros(renew.due))));
+    assert_eq!(queue("other")["scheduled"].as_u64(), Some(1));
+    assert!(queue("ticks")["next_due_micros"].is_null());
+    let table = text(&db, &["stats"]);
+    assert!(table.contains("SCHEDULED") && table.contains("NEXT DUE"), "{table}");
+
+    // An unknown queue is an error, not an empty list.
+    let out = rockq(&db).args(["scheduled", "missing"]).assert().code(1).get_output().clone();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(r#"queue "missing" does not exist"#), "{err}");
+    assert!(out.stdout.is_empty());
+
+    // Nothing changed: the service still holds all three.
+    assert_eq!(broker.scheduled(None, 10).await.unwrap().len(), 3);
+    broker.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_that_write_refuse_a_locked_database_and_change_nothing() {
     let dir = tempdir();

@@ -268,6 +268,9 @@ fn peek(
 
 /// Up to `limit` delayed messages of `queue` (all queues: `None`), in schedule-id order.
 fn scheduled(store: &Store, queue: Option<&str>, limit: usize) -> Result<Vec<ScheduledInfo>, InspectError> {
+    if let Some(name) = queue {
+        crate::name::validate(crate::error::NameKind::Queue, name)?;
+    }
     let guard = store.lock();
     let Some(db) = guard.inspect(&store.path) else { return Err(InspectError::Shutdown) };
     let loaded = db.load().map_err(from_open)?;

@@ -20,7 +20,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Queues and groups: lengths, offsets, lag (count and age), in flight, DLQ depth, paused.
+    /// Queues and groups: lengths, offsets, delayed messages, lag (count and age), in flight, DLQ
+    /// depth, paused.
     Stats,
     /// Groups only, optionally of one queue.
     Groups {
@@ -39,6 +40,16 @@ pub enum Command {
         #[arg(long, default_value_t = 20)]
         limit: usize,
     },
+    /// Delayed messages waiting to fall due, optionally of one queue: id, due time, size, key.
+    Scheduled {
+        /// Only delayed messages of this queue.
+        queue: Option<String>,
+        /// Most delayed messages to show.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// Recurring schedules: recurrence, next firing, paused, firings so far.
+    Schedules,
     /// In-flight and waiting claims of a work-queue group: holder, attempt, deadline.
     Pending {
         /// The group.

@@ -33,6 +33,10 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Stats => stats(&inspect(db).await?, json, None, true).await,
         Command::Groups { queue } => stats(&inspect(db).await?, json, queue.as_deref(), false).await,
         Command::Peek { queue, from, limit } => peek(&inspect(db).await?, json, &queue, from, limit).await,
+        Command::Scheduled { queue, limit } => {
+            scheduled(&inspect(db).await?, json, queue.as_deref(), limit).await
+        }
+        Command::Schedules => schedules(&inspect(db).await?, json).await,
         Command::Pending { group, queue } => pending(&inspect(db).await?, json, &group, &queue).await,
         Command::Dlq(Dlq::List { dlq, limit }) => dlq_list(&inspect(db).await?, json, &dlq, limit).await,
         Command::Dlq(Dlq::Peek { dlq }) => dlq_peek(&inspect(db).await?, json, &dlq).await,
@@ -72,7 +76,7 @@ fn open_failure(db: &Path, e: OpenError, what: &str) -> Failure {
             message: format!(
                 "database {} is locked by another process. `rockq {what}` changes the database and needs it to \
                  itself: stop the service first, or call the library from it. Read-only commands (stats, groups, \
-                 peek, pending, dlq list, dlq peek) work while it runs.",
+                 peek, scheduled, schedules, pending, dlq list, dlq peek) work while it runs.",
                 db.display()
             ),
             code: LOCKED,
@@ -137,7 +141,9 @@ async fn stats(inspector: &Inspector, json: bool, only_queue: Option<&str>, queu
                     json!({
                         "name": q.name, "first_seq": q.first_seq, "last_seq": q.last_seq, "len": q.len,
                         "bytes_on_disk": q.bytes_on_disk, "retention": format!("{:?}", q.retention),
-                        "oldest_age_secs": opt_secs(q.oldest_age),
+                        "oldest_age_secs": opt_secs(q.oldest_age), "scheduled": q.scheduled,
+                        "next_due_micros": opt_micros(q.next_due),
+                        "dedup_window_secs": q.dedup_window.as_secs_f64(),
                     })
                 })
                 .collect();
@@ -157,11 +163,16 @@ async fn stats(inspector: &Inspector, json: bool, only_queue: Option<&str>, queu
                     q.len.to_string(),
                     q.bytes_on_disk.to_string(),
                     format::opt_duration(q.oldest_age),
+                    q.scheduled.to_string(),
+                    format::opt_time(q.next_due),
                     format!("{:?}", q.retention),
                 ]
             })
             .collect();
-        table(&["QUEUE", "FIRST", "LAST", "LEN", "BYTES", "OLDEST", "RETENTION"], &rows);
+        table(
+            &["QUEUE", "FIRST", "LAST", "LEN", "BYTES", "OLDEST", "SCHEDULED", "NEXT DUE", "RETENTION"],
+            &rows,
+        );
         println!(
             "database: {} bytes (SST files and memtables; per-queue bytes count flushed SST files only)",
             stats.bytes_on_disk
@@ -235,6 +246,82 @@ async fn peek(inspector: &Inspector, json: bool, queue: &str, from: Option<u64>,
         })
         .collect();
     table(&["SEQ", "ENQUEUED", "HEADERS", "PAYLOAD"], &rows);
+    Ok(())
+}
+
+async fn scheduled(inspector: &Inspector, json: bool, queue: Option<&str>, limit: usize) -> Result<()> {
+    let msgs = inspector.scheduled(queue, limit).await?;
+    if json {
+        let out: Vec<_> = msgs
+            .iter()
+            .map(|m| {
+                json!({
+                    "id": m.id, "queue": m.queue, "due_micros": format::micros(m.due),
+                    "sent_at_micros": format::micros(m.sent_at), "payload_bytes": m.payload_len, "key": m.key,
+                })
+            })
+            .collect();
+        print_json(&json!(out));
+        return Ok(());
+    }
+    let rows: Vec<_> = msgs
+        .iter()
+        .map(|m| {
+            vec![
+                m.id.to_string(),
+                m.queue.clone(),
+                format::time(m.due),
+                format::time(m.sent_at),
+                m.payload_len.to_string(),
+                m.key.as_deref().map_or_else(|| "-".into(), |k| format::payload(k.as_bytes(), 40)),
+            ]
+        })
+        .collect();
+    table(&["ID", "QUEUE", "DUE", "SENT", "BYTES", "KEY"], &rows);
+    Ok(())
+}
+
+/// `catch-up-once` or `skip`.
+fn missed_str(m: rockq::Missed) -> &'static str {
+    match m {
+        rockq::Missed::Skip => "skip",
+        _ => "catch-up-once",
+    }
+}
+
+async fn schedules(inspector: &Inspector, json: bool) -> Result<()> {
+    let all = inspector.schedules().await?;
+    if json {
+        let out: Vec<_> = all
+            .iter()
+            .map(|s| {
+                json!({
+                    "name": s.name, "queue": s.queue, "recurrence": s.recurrence, "on_missed": missed_str(s.missed),
+                    "next_micros": opt_micros(s.next), "paused": s.paused, "fired": s.fired,
+                    "missed_firings": s.missed_firings, "last_micros": opt_micros(s.last.map(|(t, _)| t)),
+                    "last_seq": s.last.map(|(_, seq)| seq),
+                })
+            })
+            .collect();
+        print_json(&json!(out));
+        return Ok(());
+    }
+    let rows: Vec<_> = all
+        .iter()
+        .map(|s| {
+            vec![
+                s.name.clone(),
+                s.queue.clone(),
+                s.recurrence.clone(),
+                format::opt_time(s.next),
+                if s.paused { "paused".into() } else { "-".into() },
+                s.fired.to_string(),
+                s.missed_firings.to_string(),
+                s.last.map_or_else(|| "-".into(), |(t, seq)| format!("{} (#{seq})", format::time(t))),
+            ]
+        })
+        .collect();
+    table(&["NAME", "QUEUE", "RECURRENCE", "NEXT", "PAUSED", "FIRED", "MISSED", "LAST"], &rows);
     Ok(())
 }
 
