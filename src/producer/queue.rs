@@ -102,7 +102,8 @@ impl Queue {
         if message.idempotency_key.is_some() {
             Self::plain(0, &message, true)?;
             // A duplicate answers with the original's sequence.
-            return match self.submit(message).await? {
+            // Boxed: the plain path's future stays as small as it was.
+            return match Box::pin(self.submit(message)).await? {
                 Sent::Appended(seq) | Sent::Duplicate(Original::Appended(seq)) => Ok(seq),
                 _ => Err(SendError::NeedsSubmit { index: 0, reason: "duplicates a delayed message" }),
             };
