@@ -10,7 +10,8 @@
 //! Each rockq row and its plain counterpart run alternately, three times each (this machine
 //! drifts by a third between runs); the tables print medians.
 //!
-//! `cargo bench --bench jobs`; `ROCKQ_BENCH_N` sets the message count (default 200k).
+//! `cargo bench --bench jobs`; `ROCKQ_BENCH_N` sets the message count (default 200k),
+//! `ROCKQ_BENCH_ONLY=produce|delayed|drain` runs one part.
 
 mod common;
 
@@ -37,59 +38,67 @@ fn main() {
     let root = tempfile::Builder::new().prefix("rockq-bench-jobs").tempdir().unwrap();
     let dir = |name: String| root.path().join(name);
 
+    let only = std::env::var("ROCKQ_BENCH_ONLY").ok();
+    let run = |part: &str| only.as_deref().is_none_or(|o| o == part);
     let raw64 = n as f64 / raw_write(&dir("raw-64".into()), n, PRODUCERS, false, false);
     let raw1000 = n as f64 / raw_write(&dir("raw-1000".into()), n, 1000, false, false);
     println!("raw rocksdb, unsynced: batch 64 {raw64:.0} msg/s, batch 1000 {raw1000:.0} msg/s");
 
     // Produce: plain vs unique idempotency keys, alternating.
-    let (mut plain, mut keyed) = (Vec::new(), Vec::new());
-    for i in 0..REPS {
-        plain.push(rt.block_on(produce(&dir(format!("p-plain-{i}")), n, false)));
-        keyed.push(rt.block_on(produce(&dir(format!("p-keyed-{i}")), n, true)));
+    if run("produce") {
+        let (mut plain, mut keyed) = (Vec::new(), Vec::new());
+        for i in 0..REPS {
+            plain.push(rt.block_on(produce(&dir(format!("p-plain-{i}")), n, false)));
+            keyed.push(rt.block_on(produce(&dir(format!("p-keyed-{i}")), n, true)));
+        }
+        let (p, k) = (median(plain), median(keyed));
+        println!(
+            "produce, 64 producers awaiting each, Buffered: plain {:.0} msg/s ({:.0}% of raw b64), unique idempotency keys {:.0} msg/s ({:.0}% of raw b64): +{:.2} µs per message",
+            n as f64 / p,
+            100.0 * n as f64 / p / raw64,
+            n as f64 / k,
+            100.0 * n as f64 / k / raw64,
+            (k - p) / n as f64 * 1e6
+        );
     }
-    let (p, k) = (median(plain), median(keyed));
-    println!(
-        "produce, 64 producers awaiting each, Buffered: plain {:.0} msg/s ({:.0}% of raw b64), unique idempotency keys {:.0} msg/s ({:.0}% of raw b64): +{:.2} µs per message",
-        n as f64 / p,
-        100.0 * n as f64 / p / raw64,
-        n as f64 / k,
-        100.0 * n as f64 / k / raw64,
-        (k - p) / n as f64 * 1e6
-    );
 
     // Delayed: submit n delayed messages (they pile up in the schedule), then let them fall due
     // at once and time the firing until all are appended; beside plain sends of n messages.
-    let (mut submit, mut fire, mut sends) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..REPS {
-        let (s, f) = rt.block_on(delayed(&dir(format!("d-{i}")), n));
-        submit.push(s);
-        fire.push(f);
-        sends.push(rt.block_on(produce(&dir(format!("d-plain-{i}")), n, false)));
+    if run("delayed") {
+        let (mut submit, mut fire, mut sends) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..REPS {
+            let (s, f) = rt.block_on(delayed(&dir(format!("d-{i}")), n));
+            submit.push(s);
+            fire.push(f);
+            sends.push(rt.block_on(produce(&dir(format!("d-plain-{i}")), n, false)));
+        }
+        let (s, f, pl) = (median(submit), median(fire), median(sends));
+        println!(
+            "delayed: submit {:.0} msg/s, firing a due backlog {:.0} msg/s ({:.0}% of raw b1000); plain sends {:.0} msg/s",
+            n as f64 / s,
+            n as f64 / f,
+            100.0 * n as f64 / f / raw1000,
+            n as f64 / pl
+        );
     }
-    let (s, f, pl) = (median(submit), median(fire), median(sends));
-    println!(
-        "delayed: submit {:.0} msg/s, firing a due backlog {:.0} msg/s ({:.0}% of raw b1000); plain sends {:.0} msg/s",
-        n as f64 / s,
-        n as f64 / f,
-        100.0 * n as f64 / f / raw1000,
-        n as f64 / pl
-    );
 
     // Pool drain: no keys vs 1,000 keys ordered by key, alternating.
-    let (mut free, mut keys) = (Vec::new(), Vec::new());
-    for i in 0..REPS {
-        free.push(rt.block_on(drain(&dir(format!("w-free-{i}")), n, false)));
-        keys.push(rt.block_on(drain(&dir(format!("w-keys-{i}")), n, true)));
+    if run("drain") {
+        let (mut free, mut keys) = (Vec::new(), Vec::new());
+        for i in 0..REPS {
+            free.push(rt.block_on(drain(&dir(format!("w-free-{i}")), n, false)));
+            keys.push(rt.block_on(drain(&dir(format!("w-keys-{i}")), n, true)));
+        }
+        let (a, b) = (median(free), median(keys));
+        println!(
+            "pool of 8 drains a backlog, Buffered: no keys {:.0} msg/s ({:.0}% of raw b1000), 1,000 keys ordered by key {:.0} msg/s ({:.0}% of raw b1000, {:.0}% of no keys)",
+            n as f64 / a,
+            100.0 * n as f64 / a / raw1000,
+            n as f64 / b,
+            100.0 * n as f64 / b / raw1000,
+            100.0 * a / b
+        );
     }
-    let (a, b) = (median(free), median(keys));
-    println!(
-        "pool of 8 drains a backlog, Buffered: no keys {:.0} msg/s ({:.0}% of raw b1000), 1,000 keys ordered by key {:.0} msg/s ({:.0}% of raw b1000, {:.0}% of no keys)",
-        n as f64 / a,
-        100.0 * n as f64 / a / raw1000,
-        n as f64 / b,
-        100.0 * n as f64 / b / raw1000,
-        100.0 * a / b
-    );
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
