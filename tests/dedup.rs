@@ -79,10 +79,16 @@ async fn racing_producers_with_one_key_write_exactly_one_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_survive_a_restart_expire_with_the_window_and_are_forgotten_in_bulk() {
+    for mode in [rockq::Durability::Buffered, rockq::Durability::Fsync] {
+        survive_and_expire(mode).await;
+    }
+}
+
+async fn survive_and_expire(mode: rockq::Durability) {
     let dir = tempdir();
     let clock = ManualClock::new();
     {
-        let broker = open_clock(dir.path(), &clock).await;
+        let broker = open_clock_mode(dir.path(), &clock, mode).await;
         let q = broker.queue("payments").await.unwrap();
         assert_eq!(q.dedup_window(), Duration::from_secs(300), "SQS's five minutes by default");
         q.set_dedup_window(Duration::from_secs(60)).await.unwrap();
@@ -91,7 +97,7 @@ async fn keys_survive_a_restart_expire_with_the_window_and_are_forgotten_in_bulk
         }
         broker.shutdown().await.unwrap();
     }
-    let broker = open_clock(dir.path(), &clock).await;
+    let broker = open_clock_mode(dir.path(), &clock, mode).await;
     let q = broker.queue("payments").await.unwrap();
     assert_eq!(q.dedup_window(), Duration::from_secs(60), "the window is persisted");
     assert_eq!(broker.stats().await.unwrap().queues[0].dedup_window, Duration::from_secs(60));

@@ -108,10 +108,16 @@ async fn cancel_and_reschedule_act_only_on_what_is_still_scheduled() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scheduled_messages_survive_a_restart_and_fire_once() {
+    for mode in [rockq::Durability::Buffered, rockq::Durability::Fsync] {
+        survive_a_restart(mode).await;
+    }
+}
+
+async fn survive_a_restart(mode: rockq::Durability) {
     let dir = tempdir();
     let clock = ManualClock::new();
     let (id, keep) = {
-        let broker = open_clock(dir.path(), &clock).await;
+        let broker = open_clock_mode(dir.path(), &clock, mode).await;
         let q = broker.queue("jobs").await.unwrap();
         let gone =
             scheduled(q.submit(Message::new("gone").deliver_after(Duration::from_secs(5))).await.unwrap());
@@ -128,7 +134,7 @@ async fn scheduled_messages_survive_a_restart_and_fire_once() {
         broker.shutdown().await.unwrap();
         (gone.id, keep)
     };
-    let broker = open_clock(dir.path(), &clock).await;
+    let broker = open_clock_mode(dir.path(), &clock, mode).await;
     let q = broker.queue("jobs").await.unwrap();
     assert_eq!(broker.stats().await.unwrap().queues[0].scheduled, 2);
     let mut sub = q.group("g").unwrap().subscribe().await.unwrap();
@@ -143,7 +149,7 @@ async fn scheduled_messages_survive_a_restart_and_fire_once() {
     broker.shutdown().await.unwrap();
 
     // Reopened again: it fired once, and ids are never handed out twice.
-    let broker = open_clock(dir.path(), &clock).await;
+    let broker = open_clock_mode(dir.path(), &clock, mode).await;
     let q = broker.queue("jobs").await.unwrap();
     assert_eq!(q.last_seq(), 2);
     let fresh = scheduled(q.submit(Message::new("x").deliver_after(Duration::from_secs(1))).await.unwrap());

@@ -106,8 +106,13 @@ pub async fn reopen_after_drop(path: &Path) -> Broker {
 
 /// Opens a Buffered broker whose leases and backoff run on `clock`.
 pub async fn open_clock(path: &Path, clock: &rockq::ManualClock) -> Broker {
+    open_clock_mode(path, clock, Durability::Buffered).await
+}
+
+/// Opens a broker in `mode` whose leases, backoff and delays run on `clock`.
+pub async fn open_clock_mode(path: &Path, clock: &rockq::ManualClock, mode: Durability) -> Broker {
     Options::new()
-        .durability(Durability::Buffered)
+        .durability(mode)
         .clock(clock.clone())
         .retention_interval(Duration::ZERO)
         .metrics_interval(Duration::ZERO)
