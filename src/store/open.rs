@@ -6,7 +6,9 @@ use std::sync::RwLock;
 
 use rocksdb::{ColumnFamilyDescriptor, DB, DBCompressionType, Direction, IteratorMode, ReadOptions};
 
-use super::db::{ALL_CFS, CF_CLAIMS, CF_MESSAGES, CF_META, CF_OFFSETS, ReadError, Store, storage};
+use super::db::{
+    ALL_CFS, CF_CLAIMS, CF_MESSAGES, CF_META, CF_OFFSETS, CF_SCHEDULED, ReadError, Store, storage,
+};
 use super::keys::{self, FORMAT_KEY};
 use super::records::{self, FORMAT_VERSION};
 use crate::error::OpenError;
@@ -137,6 +139,23 @@ fn messages_cf_options() -> rocksdb::Options {
     }
 }
 
+/// The scheduled CF's due index is consumed from its head like a queue: the same collector
+/// marks an SST for compaction once its head is mostly tombstones.
+fn scheduled_cf_options() -> rocksdb::Options {
+    let mut opts = rocksdb::Options::default();
+    opts.add_compact_on_deletion_collector_factory(32 * 1024, 16 * 1024, 0.5);
+    opts
+}
+
+/// Options of column family `name`.
+fn cf_options(name: &str) -> rocksdb::Options {
+    match name {
+        CF_MESSAGES => messages_cf_options(),
+        CF_SCHEDULED => scheduled_cf_options(),
+        _ => rocksdb::Options::default(),
+    }
+}
+
 /// Opens the database at `path`. Blocking.
 pub(crate) fn open(path: &Path, o: &Options) -> Result<(Store, Loaded), OpenError> {
     o.validate()?;
@@ -160,10 +179,7 @@ pub(crate) fn open(path: &Path, o: &Options) -> Result<(Store, Loaded), OpenErro
     }
 
     let opts = rocks_options(o);
-    let descriptors = ALL_CFS.iter().map(|&name| {
-        let cf_opts = if name == CF_MESSAGES { messages_cf_options() } else { rocksdb::Options::default() };
-        ColumnFamilyDescriptor::new(name, cf_opts)
-    });
+    let descriptors = ALL_CFS.iter().map(|&name| ColumnFamilyDescriptor::new(name, cf_options(name)));
     let db = DB::open_cf_descriptors(&opts, path, descriptors).map_err(|e| map_open_error(path, e))?;
     let loaded = load(&db, path, true)?;
     let store = Store {
@@ -197,10 +213,7 @@ pub(crate) fn open_read_only(path: &Path) -> Result<(Store, Loaded), OpenError> 
         )));
     }
     let opts = rocks_options(&Options::default());
-    let descriptors = ALL_CFS.iter().map(|&name| {
-        let cf_opts = if name == CF_MESSAGES { messages_cf_options() } else { rocksdb::Options::default() };
-        ColumnFamilyDescriptor::new(name, cf_opts)
-    });
+    let descriptors = ALL_CFS.iter().map(|&name| ColumnFamilyDescriptor::new(name, cf_options(name)));
     let db = DB::open_cf_descriptors_read_only(&opts, path, descriptors, false)
         .map_err(|e| map_open_error(path, e))?;
     let loaded = load(&db, path, false)?;

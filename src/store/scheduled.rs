@@ -265,16 +265,23 @@ impl Batch<'_> {
         }
     }
 
-    /// Due entries up to time `through`, earliest first, at most `limit`, leaving out those
-    /// `skip` names (changed earlier in this round); and the due time of the first entry left
-    /// in the index after them (`None`: nothing else is scheduled).
+    /// Due entries from time `from` up to time `through`, earliest first, at most `limits.0`
+    /// of them and about `limits.1` bytes, leaving out those `skip` names (changed earlier in
+    /// this round); and the due time of the first entry left in the index after them (`None`:
+    /// nothing else is scheduled).
     pub fn due_entries(
         &self,
+        from: u64,
         through: u64,
-        limit: usize,
+        limits: (usize, usize),
         skip: impl Fn(u32, u64) -> bool,
     ) -> Result<(Vec<DueEntry>, Option<u64>), ReadError> {
-        let (lo, hi) = keys::due_range();
+        let (limit, max_bytes) = limits;
+        // From the writer's floor, not the start of the index: the entries fired before it are
+        // tombstones, and a seek past them never walks them (the queue-head problem again).
+        let lo = keys::due_key(from, 0, 0).to_vec();
+        let (_, hi) = keys::due_range();
+        let mut bytes = 0;
         let it = self.db.iterator_cf_opt(
             self.cfs.scheduled,
             bounded(lo.clone(), hi),
@@ -287,9 +294,10 @@ impl Batch<'_> {
             if skip(queue_id, id) {
                 continue;
             }
-            if due > through || out.len() >= limit {
+            if due > through || out.len() >= limit || (bytes >= max_bytes && !out.is_empty()) {
                 return Ok((out, Some(due)));
             }
+            bytes += v.len();
             out.push(DueEntry { due, queue_id, id, value: v.into_vec() });
         }
         Ok((out, None))

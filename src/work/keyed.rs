@@ -16,8 +16,8 @@ use crate::error::{Error, ReceiveError};
 
 /// Messages one learning step reads.
 const LEARN_BATCH: u64 = 1024;
-/// Parked messages beyond which a group stops reading ahead (memory stays bounded behind a hot
-/// key).
+/// Messages read ahead and not handed out (parked, or claimable) beyond which a group stops
+/// reading ahead: memory stays bounded behind a hot key or a slow consumer.
 pub(crate) const MAX_PARKED: usize = 65_536;
 /// Bytes one learning read may return (the keys sit in the envelopes).
 const LEARN_BYTES: usize = 4 << 20;
@@ -60,10 +60,25 @@ pub(super) async fn learn(
             let keys = match read {
                 Ok(Ok(ReadOutcome::Messages(msgs))) => keys_of(&msgs),
                 Ok(Ok(ReadOutcome::Closed)) | Err(_) => return Ok(Learned::Closed),
-                // Deleted by retention, or not decodable: no key (the claim path deals with a
-                // corrupt record when it reads the message to deliver it).
+                // One record is gone (retention) or does not decode: read them one by one, so
+                // that only that one goes without a key (the claim path deals with a corrupt
+                // record when it reads it to deliver it).
                 Ok(Err(ReceiveError::Gap { .. } | ReceiveError::Corrupt(_))) => {
-                    chunk.iter().map(|&seq| (seq, None)).collect()
+                    let (s, g, seqs) = (shared.clone(), group.clone(), chunk.to_vec());
+                    let one_by_one = shared.runtime.spawn_blocking(move || {
+                        seqs.iter()
+                            .map(|&seq| match s.read_seqs(&g.queue, &[seq]) {
+                                Ok(ReadOutcome::Messages(m)) => {
+                                    (seq, key_hash(m.first().and_then(|m| m.key.as_deref())))
+                                }
+                                _ => (seq, None),
+                            })
+                            .collect::<Vec<_>>()
+                    });
+                    match one_by_one.await {
+                        Ok(keys) => keys,
+                        Err(_) => return Ok(Learned::Closed),
+                    }
                 }
                 Ok(Err(e)) => return Err(e.into()),
             };
@@ -80,7 +95,14 @@ pub(super) async fn learn(
         Ok(Ok(ReadOutcome::Messages(msgs))) => keys_of(&msgs),
         Ok(Ok(ReadOutcome::Closed)) | Err(_) => return Ok(Learned::Closed),
         // Retention deleted the head meanwhile: the next window starts past it.
-        Ok(Err(ReceiveError::Gap { .. })) => return Ok(Learned::Progress),
+        Ok(Err(ReceiveError::Gap { .. }))
+            if from < group.queue.first_seq.load(std::sync::atomic::Ordering::Acquire) =>
+        {
+            return Ok(Learned::Progress);
+        }
+        // Missing although retained (outside rockq's doing): learned without a key, so the
+        // group does not stall on it; the claim path reports it.
+        Ok(Err(ReceiveError::Gap { .. })) => vec![(from, None)],
         // The record at `from` does not decode: learn it without a key; the claim path
         // dead-letters it.
         Ok(Err(ReceiveError::Corrupt(_))) => vec![(from, None)],

@@ -216,10 +216,25 @@ impl Dispatch {
         slot.key = key;
         let Some(k) = key else { return };
         let list = self.keys.entry(k).or_default();
-        let behind = list.first().is_some_and(|&head| head < seq);
+        let old_head = list.first().copied();
         list.insert(seq);
-        if behind && slot.state == SlotState::Available {
-            self.set(seq, SlotState::Parked, |_| {});
+        let parkable = |s: &Slot| matches!(s.state, SlotState::Available | SlotState::Waiting { .. });
+        match old_head {
+            // Behind its key's head: it waits (a retry it was waiting for is due when it is
+            // its turn).
+            Some(head) if head < seq => {
+                if self.slots.get(&seq).is_some_and(parkable) {
+                    self.set(seq, SlotState::Parked, |_| {});
+                }
+            }
+            // Ahead of what was the head (a slot claimed without keys, found after later ones
+            // were read): the old head waits behind it, unless it is held already.
+            Some(head) => {
+                if self.slots.get(&head).is_some_and(parkable) {
+                    self.set(head, SlotState::Parked, |_| {});
+                }
+            }
+            None => {}
         }
     }
 
@@ -236,9 +251,9 @@ impl Dispatch {
         self.unknown > 0
     }
 
-    /// Slots parked behind an earlier message of their key.
-    pub fn parked(&self) -> usize {
-        self.parked
+    /// Slots read ahead and not handed out: parked, or claimable now.
+    pub fn unclaimed(&self) -> usize {
+        self.parked + self.ready.len()
     }
 
     /// Moves every lease and retry due at `now` to `ready`: each timer fires once.

@@ -223,12 +223,13 @@ impl WorkGroupState {
 
     /// The never-claimed sequences a keyed claim should read the keys of next: from the
     /// frontier, at most `max`, up to `last_published`; `None` if there are none, or if
-    /// `max_parked` messages are parked already (memory stays bounded behind a hot key).
-    pub fn learn_window(&self, last_published: u64, max: u64, max_parked: usize) -> Option<(u64, u64)> {
+    /// `max_ahead` messages read ahead are not handed out yet (parked or claimable: memory stays
+    /// bounded, behind a hot key or a slow consumer).
+    pub fn learn_window(&self, last_published: u64, max: u64, max_ahead: usize) -> Option<(u64, u64)> {
         let mut d = self.dispatch();
         let first = self.queue.first_seq.load(Ordering::Acquire);
         d.frontier = d.frontier.max(first);
-        if d.parked() >= max_parked || d.frontier > last_published || max == 0 {
+        if d.unclaimed() >= max_ahead || d.frontier > last_published || max == 0 {
             return None;
         }
         Some((d.frontier, last_published.min(d.frontier + max - 1)))
@@ -758,6 +759,32 @@ mod tests {
         assert_eq!(seqs(&g.take(now, 10, 3, LEASE, MAX)), [(1, 2), (3, 2)], "2 parks behind 1");
         g.finished(&[1]);
         assert_eq!(seqs(&g.take(now, 10, 3, LEASE, MAX)), [(2, 1)]);
+    }
+
+    /// Regression (review of issue 16): a slot claimed before the group was ordered by key,
+    /// whose key is read after later ones were learned, goes first and the learned head waits;
+    /// and a restored retry behind its key's head parks instead of firing on its own.
+    #[test]
+    fn late_assigned_keys_keep_the_order_whatever_the_slots_states() {
+        let g = group(0);
+        let now = Instant::now();
+        let c = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0); // no keys yet: 1 claimed
+        g.release(1, c.token, false);
+        g.set_keyed();
+        g.learn([(2, Some(5))]);
+        g.assign_keys([(1, Some(5))]);
+        assert_eq!(seqs(&g.take(now, 10, 2, LEASE, MAX)), [(1, 1)], "2 waits behind 1");
+
+        let g = group(0);
+        g.set_keyed();
+        let clock = Clock::tokio();
+        let soon = clock.wall_micros() + 1_000_000;
+        let waiting =
+            |attempt| Claim::Waiting { attempt, token: 7, not_before_micros: soon, last_error: "x".into() };
+        g.restore([(1, waiting(1)), (2, waiting(1))], &clock);
+        g.assign_keys([(1, Some(5)), (2, Some(5))]);
+        let later = clock.now() + Duration::from_secs(2);
+        assert_eq!(seqs(&g.take(later, 10, 2, LEASE, MAX)), [(1, 2)], "2's retry waits behind 1");
     }
 
     /// The learning window starts at the frontier, stops at the published end, and stops

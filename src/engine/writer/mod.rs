@@ -92,6 +92,10 @@ impl Writer {
             &engine.store,
             engine.registry.queues.iter().map(|q| (q.id, q.last_seq())).collect::<Vec<_>>(),
         );
+        // Nothing is due before the earliest entry, and nothing new will be before the last
+        // stamp: firing reads the due index from here.
+        let stamp = written.last_stamp;
+        written.due_floor = engine.timer.next().map_or(stamp, |first| first.min(stamp));
         // Fsync mode syncs on the syncer thread; the append itself never waits for the disk.
         let syncer = if engine.options.durability == Durability::Fsync {
             let (tx, rx) = std::sync::mpsc::channel();

@@ -77,6 +77,8 @@ pub(crate) struct Written {
     pub last_stamp: u64,
     /// The next schedule id (persisted whenever one is handed out).
     pub next_scheduled_id: u64,
+    /// No due entry is earlier than this (µs): firing reads the due index from here.
+    pub due_floor: u64,
     /// Every queue by id, loaded at open or created since (a due entry names its queue by id).
     pub queue_ids: rustc_hash::FxHashMap<u32, Arc<QueueState>>,
     pub queues: HashMap<String, Arc<QueueState>>,

@@ -211,6 +211,9 @@ fn reschedule(
     id: u64,
     due: u64,
 ) -> Result<Option<ScheduledMessage>, ScheduleError> {
+    // Never below the round's stamp (a time in the past is due now): the due index's floor
+    // (see `fire`) relies on it.
+    let due = due.max(r.stamp());
     let Some((old, env)) = lookup_scheduled(r, queue.id, id).map_err(read_error)? else { return Ok(None) };
     r.batch.delete_due(old, queue.id, id);
     r.batch.put_scheduled(queue.id, id, due, &env);
@@ -222,9 +225,10 @@ fn reschedule(
 /// Appends what is due, at most one batch's worth, and tells the timer when to look next.
 fn fire(r: &mut Round<'_>) {
     let now = r.stamp();
-    let limit = r.engine.options.max_batch_messages;
+    let limits = (r.engine.options.max_batch_messages, r.engine.options.max_batch_bytes);
     let touched = &r.jobs.scheduled;
-    let read = r.batch.due_entries(now, limit, |q, id| touched.contains_key(&(q, id)));
+    let floor = r.written.due_floor;
+    let read = r.batch.due_entries(floor, now, limits, |q, id| touched.contains_key(&(q, id)));
     let (entries, next) = match read {
         Ok(found) => found,
         Err(e) => {
@@ -235,6 +239,12 @@ fn fire(r: &mut Round<'_>) {
         }
     };
     let mut delivered: rustc_hash::FxHashMap<u32, (Arc<QueueState>, u64)> = Default::default();
+    // Everything below the last entry fired now is gone (fired, or moved this round): later
+    // reads start there. No entry is ever written below it: new due times are after the round's
+    // stamp, which never goes back.
+    if let Some(last) = entries.last() {
+        r.written.due_floor = r.written.due_floor.max(last.due);
+    }
     for e in entries {
         if e.queue_id == RECURRING {
             fire_recurring(r, e, now);
