@@ -99,7 +99,8 @@ impl Message {
     /// second message with the same key is not written, and
     /// [`Queue::submit`](crate::Queue::submit) reports it as
     /// [`Sent::Duplicate`](crate::Sent::Duplicate) with the original's sequence. Non-empty, at
-    /// most [`MAX_KEY_LEN`] bytes.
+    /// most [`MAX_KEY_LEN`] bytes. The window runs from the original's *send*, also for a
+    /// delayed original: give a key that must outlive a long delay a window longer than it.
     ///
     /// # Examples
     ///

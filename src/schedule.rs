@@ -117,28 +117,43 @@ impl Recurrence {
         }
     }
 
-    /// How many firings fall in `(after, through]`, counting at most `cap`.
-    pub(crate) fn firings_between(&self, after: u64, through: u64, anchor_micros: u64, cap: u64) -> u64 {
+    /// How many firings fall in `(after, through]` (counting at most `cap`), and the last of
+    /// those counted (`after` if none).
+    pub(crate) fn firings_between(
+        &self,
+        after: u64,
+        through: u64,
+        anchor_micros: u64,
+        cap: u64,
+    ) -> (u64, u64) {
         if through <= after {
-            return 0;
+            return (0, after);
         }
         match &self.kind {
             RecurrenceKind::Every(d) => {
                 let step = (d.as_micros().min(u128::from(u64::MAX)) as u64).max(1);
                 let k = |t: u64| t.saturating_sub(anchor_micros) / step;
-                (k(through) - k(after)).min(cap)
+                let n = k(through) - k(after);
+                let last = if n == 0 {
+                    after
+                } else {
+                    anchor_micros.saturating_add(k(through).saturating_mul(step))
+                };
+                (n.min(cap), last)
             }
             RecurrenceKind::Cron(expr) => {
-                let Ok(parsed) = cron::Schedule::from_str(expr) else { return 0 };
-                let Some(start) = to_datetime(after) else { return 0 };
-                let mut n = 0;
+                let Ok(parsed) = cron::Schedule::from_str(expr) else { return (0, after) };
+                let Some(start) = to_datetime(after) else { return (0, after) };
+                let (mut n, mut last) = (0, after);
                 for t in parsed.after(&start) {
-                    if n >= cap || u64::try_from(t.timestamp_micros()).map_or(true, |t| t > through) {
+                    let Ok(t) = u64::try_from(t.timestamp_micros()) else { break };
+                    if n >= cap || t > through {
                         break;
                     }
                     n += 1;
+                    last = t;
                 }
-                n
+                (n, last)
             }
         }
     }

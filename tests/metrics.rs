@@ -197,11 +197,30 @@ async fn periodic_gauges_agree_with_stats(seen: &mut Seen) {
         d.ack().unwrap();
     }
     ordered.commit().await.unwrap();
+    // Delayed messages: three scheduled, one cancelled, one fired (the gauge is the writer's
+    // running count, never a scan of the schedule).
+    let later = |secs| rockq::Message::new("later").deliver_after(Duration::from_secs(secs));
+    let mut ids = Vec::new();
+    for secs in [1, 3600, 7200] {
+        match q.submit(later(secs)).await.unwrap() {
+            rockq::Sent::Scheduled(s) => ids.push(s.id),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(q.cancel(ids[2]).await.unwrap());
     let mut js = q.work_group("pool").unwrap().claim_batch(4).max_in_flight(4).subscribe().await.unwrap();
     let (a, b, c) = (next_job(&mut js).await, next_job(&mut js).await, next_job(&mut js).await);
     b.ack().await.unwrap(); // finished above a gap (1 is still held)
     c.retry_after(Duration::from_secs(3600)).await.unwrap(); // waiting
     clock.advance(Duration::from_secs(5));
+    // The delayed message due after 1 s fires now: wait for it to land before the gauges tick.
+    let fired = tokio::time::timeout(HANG_GUARD, async {
+        while q.last_seq() < 9 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(fired.is_ok(), "the delayed message never fired");
 
     // The task ticks at 10 s on the broker clock; wait for its first publication.
     clock.advance(Duration::from_secs(10));
@@ -224,6 +243,7 @@ async fn periodic_gauges_agree_with_stats(seen: &mut Seen) {
     };
     let (work, reader) = (gauges(seen, &wl), gauges(seen, &ol));
     let length = seen.gauge(m::QUEUE_LENGTH, &[("queue", "gauged")]);
+    let scheduled = seen.gauge(m::SCHEDULED_DEPTH, &[("queue", "gauged")]);
 
     let stats = broker.stats().await.unwrap();
     let g = |name: &str| stats.groups.iter().find(|g| g.group == name).unwrap().clone();
@@ -236,11 +256,14 @@ async fn periodic_gauges_agree_with_stats(seen: &mut Seen) {
             .collect::<Vec<_>>()
     };
     let (pool, rd) = (g("pool"), g("reader"));
-    // 8 sent, 1 finished; held: 1 and the claimed-ahead 4; 3 waits.
-    assert_eq!((pool.lag, pool.in_flight, pool.waiting_retry), (7, 2, 1), "{pool:?}");
+    // 8 sent and 1 fired, 1 finished; held: 1 and the claimed-ahead 4; 3 waits.
+    assert_eq!((pool.lag, pool.in_flight, pool.waiting_retry), (8, 2, 1), "{pool:?}");
     assert_eq!(work.to_vec(), expect(&pool), "work group gauges vs stats");
     assert_eq!(reader.to_vec(), expect(&rd), "ordered group gauges vs stats");
-    assert_eq!(length, 8.0);
+    // The delayed message due after 1 s fired during the 15 s advanced: 9 stored, 1 waiting.
+    assert_eq!(length, 9.0);
+    assert_eq!(scheduled, 1.0, "one delayed message still waits");
+    assert_eq!(stats.queues.iter().find(|q| q.name == "gauged").unwrap().scheduled, 1);
     drop((a, js, ordered));
     broker.shutdown().await.unwrap();
 }

@@ -70,8 +70,13 @@ impl Broker {
         if size > max {
             return Err(SendError::MessageTooLarge { index: 0, size, max }.into());
         }
-        boundary::validate(&message)
-            .map_err(|_| SendError::InvalidHeader { index: 0, reason: "cannot be encoded" })?;
+        boundary::validate(&message).map_err(|e| match e {
+            boundary::EncodeError::KeyEmpty => SendError::InvalidKey { index: 0, reason: "empty" },
+            boundary::EncodeError::KeyTooLong => {
+                SendError::InvalidKey { index: 0, reason: "longer than MAX_KEY_LEN bytes" }
+            }
+            _ => SendError::InvalidHeader { index: 0, reason: "cannot be encoded" },
+        })?;
         let record = ScheduleRecord {
             id: 0,
             queue: queue.to_owned(),

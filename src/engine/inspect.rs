@@ -73,7 +73,7 @@ fn stats(store: &Store, now_micros: u64, live: &LiveLeases) -> Result<Stats, Ins
     let Some(db) = guard.inspect(&store.path) else { return Err(InspectError::Shutdown) };
     let loaded = db.load().map_err(from_open)?;
 
-    let scheduled = db.scheduled_counts().map_err(from_read)?;
+    let scheduled = &loaded.scheduled;
     let mut queues = Vec::with_capacity(loaded.queues.len());
     for q in &loaded.queues {
         let (first, last) = (q.meta.first_seq, q.last_seq);

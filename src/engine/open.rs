@@ -106,11 +106,13 @@ pub(crate) fn without_writer(path: &Path, options: Options) -> Arc<Engine> {
 /// The registry as the store loaded it, and the ordered groups whose marks found at open are
 /// moot (the writer's first round deletes them).
 fn restore(loaded: Loaded, options: &Options) -> Result<(Registry, Vec<Arc<OrderedGroupState>>), OpenError> {
-    let Loaded { queues, groups, claims, settings, marks, .. } = loaded;
+    let Loaded { queues, groups, claims, settings, marks, scheduled, .. } = loaded;
     let registry = Registry::default();
     for q in queues {
         let state = QueueState::new(q.meta.id, &q.name, q.meta.first_seq, q.last_seq, q.meta.retention);
         state.set_dedup_window(q.meta.dedup_window);
+        let waiting = scheduled.get(&q.meta.id).map_or(0, |s| s.0);
+        state.scheduled.store(waiting, std::sync::atomic::Ordering::Relaxed);
         registry.queues.insert(state.name.clone(), state);
     }
     for g in groups {

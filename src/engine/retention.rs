@@ -121,37 +121,46 @@ pub(crate) async fn pass(shared: &Arc<Shared>, compact: Option<bool>) -> Result<
     Ok(report)
 }
 
-/// Most expired idempotency keys one pass forgets (the rest waits for the next pass).
-const DEDUP_SCAN: usize = 64 * 1024;
+/// Expired idempotency keys one writer round forgets: small enough that the round's point
+/// reads do not hold up the producers behind it; a pass goes on, round after round, until the
+/// expiry index has nothing expired left.
+const DEDUP_CHUNK: usize = 8192;
 
 /// Forgets idempotency keys whose window has passed: read from the expiry index (in expiry
 /// order, so the scan touches only expired entries) on the blocking pool, deleted by the
-/// writer in one round.
+/// writer a chunk per round. Returns how many went.
 async fn expire_dedup(shared: &Arc<Shared>) -> Result<u64, QueueError> {
-    let s = shared.clone();
-    let expired = shared
-        .runtime
-        .spawn_blocking(move || {
-            let guard = s.engine.store.lock();
-            let Some(db) = guard.inspect(&s.engine.store.path) else { return Ok(Vec::new()) };
-            db.expired_dedup(s.engine.clock().wall_micros(), DEDUP_SCAN)
-        })
-        .await
-        .map_err(|e| QueueError::Failed(format!("dedup expiry scan failed: {e}")))?
-        .map_err(|e| match e {
-            store::ReadError::Storage(s) => QueueError::Storage(s),
-            store::ReadError::Corrupt(c) => QueueError::Failed(c.to_string()),
-        })?;
-    if expired.is_empty() {
-        return Ok(0);
+    let mut total = 0;
+    loop {
+        let s = shared.clone();
+        let expired = shared
+            .runtime
+            .spawn_blocking(move || {
+                let guard = s.engine.store.lock();
+                let Some(db) = guard.inspect(&s.engine.store.path) else { return Ok(Vec::new()) };
+                db.expired_dedup(s.engine.clock().wall_micros(), DEDUP_CHUNK)
+            })
+            .await
+            .map_err(|e| QueueError::Failed(format!("dedup expiry scan failed: {e}")))?
+            .map_err(|e| match e {
+                store::ReadError::Storage(s) => QueueError::Storage(s),
+                store::ReadError::Corrupt(c) => QueueError::Failed(c.to_string()),
+            })?;
+        let last_chunk = expired.len() < DEDUP_CHUNK;
+        if expired.is_empty() {
+            return Ok(total);
+        }
+        let (reply, rx) = oneshot::channel();
+        shared
+            .tx
+            .send(Request::Retention(RetentionRequest::ExpireDedup { expired, reply }))
+            .await
+            .map_err(|_| QueueError::Shutdown)?;
+        total += rx.await.map_err(|_| QueueError::Shutdown)??;
+        if last_chunk {
+            return Ok(total);
+        }
     }
-    let (reply, rx) = oneshot::channel();
-    shared
-        .tx
-        .send(Request::Retention(RetentionRequest::ExpireDedup { expired, reply }))
-        .await
-        .map_err(|_| QueueError::Shutdown)?;
-    rx.await.map_err(|_| QueueError::Shutdown)?
 }
 
 /// Runs a pass every `interval` on the broker's clock until shutdown. Holds the broker only

@@ -77,10 +77,12 @@ impl Queue {
     ///
     /// # Errors
     ///
-    /// [`SendError::MessageTooLarge`] and [`SendError::InvalidHeader`] before anything is
-    /// queued; [`SendError::Shutdown`] after [`Broker::shutdown`](crate::Broker::shutdown);
-    /// [`SendError::Storage`] if the write failed, after which the broker fails closed
-    /// ([`SendError::Failed`]).
+    /// [`SendError::MessageTooLarge`], [`SendError::InvalidHeader`] and
+    /// [`SendError::InvalidKey`] before anything is queued; [`SendError::NeedsSubmit`] for a
+    /// delayed message, and for one whose idempotency key names a *delayed* original (it has
+    /// no sequence yet); [`SendError::Shutdown`] after
+    /// [`Broker::shutdown`](crate::Broker::shutdown); [`SendError::Storage`] if the write
+    /// failed, after which the broker fails closed ([`SendError::Failed`]).
     ///
     /// # Cancel safety
     ///
@@ -340,12 +342,7 @@ impl Queue {
         let subs = msgs
             .iter()
             .map(|m| {
-                let due = m.due.map(|d| match d {
-                    Due::After(delay) => {
-                        clock.wall_micros().saturating_add(delay.as_micros().min(u128::from(u64::MAX)) as u64)
-                    }
-                    Due::At(at) => crate::retention::micros(at),
-                });
+                let due = m.due.map(|d| due_micros(clock, d));
                 Submission { envelope: boundary::encode(m), due, idempotency_key: m.idempotency_key.clone() }
             })
             .collect();
@@ -430,6 +427,9 @@ impl Queue {
     /// Takes delayed message `id` out of the schedule before it is due. Returns `false` if it
     /// is not scheduled on this queue (it fell due already, was cancelled, or never was).
     ///
+    /// Its idempotency key, if it had one, stays recorded until its window ends: a resend with
+    /// that key is still a duplicate (of the cancelled message).
+    ///
     /// # Errors
     ///
     /// [`ScheduleError::Shutdown`], [`ScheduleError::Storage`], [`ScheduleError::Failed`].
@@ -459,7 +459,7 @@ impl Queue {
         due: std::time::SystemTime,
     ) -> Result<Option<ScheduledMessage>, ScheduleError> {
         let (reply, rx) = tokio::sync::oneshot::channel();
-        let due = crate::retention::micros(due);
+        let due = due_micros(self.shared.clock(), Due::At(due));
         let req =
             Request::Schedule(ScheduleRequest::Reschedule { queue: self.state.clone(), id, due, reply });
         self.schedule_request(req, rx).await
@@ -524,4 +524,18 @@ impl Queue {
         }
         Ok(SendReceipt::new(staging.done, staging.index))
     }
+}
+
+/// A delivery time in wall-clock µs on `clock`, at most 100 years ahead (rockq's longest delay;
+/// a time beyond what `u64` µs can hold would otherwise wrap around to "now").
+fn due_micros(clock: &crate::clock::Clock, due: Due) -> u64 {
+    let now = clock.wall_micros();
+    let latest = now.saturating_add(crate::clock::MAX_DELAY.as_micros() as u64);
+    match due {
+        Due::After(delay) => now.saturating_add(delay.as_micros().min(u128::from(u64::MAX)) as u64),
+        Due::At(at) => at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros().min(u128::from(u64::MAX)) as u64),
+    }
+    .min(latest)
 }

@@ -70,6 +70,8 @@ pub(crate) struct Loaded {
     pub next_scheduled_id: u64,
     /// The earliest entry of the due index (a delayed message or a recurring firing).
     pub first_due: Option<u64>,
+    /// Per queue id: delayed messages waiting, and the earliest due time.
+    pub scheduled: std::collections::HashMap<u32, (u64, u64)>,
 }
 
 enum PathState {
@@ -358,7 +360,20 @@ pub(super) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, OpenE
         ReadError::Storage(s) => OpenError::Storage(s),
         ReadError::Corrupt(c) => OpenError::Corrupt(c),
     })?;
-    Ok(Loaded { queues, groups, claims, settings, marks, next_scheduled_id, first_due })
+    let scheduled_counts = super::scheduled::scheduled_counts(db, scheduled).map_err(|e| match e {
+        ReadError::Storage(s) => OpenError::Storage(s),
+        ReadError::Corrupt(c) => OpenError::Corrupt(c),
+    })?;
+    Ok(Loaded {
+        queues,
+        groups,
+        claims,
+        settings,
+        marks,
+        next_scheduled_id,
+        first_due,
+        scheduled: scheduled_counts,
+    })
 }
 
 /// The last sequence of a queue: the tail holds no tombstones (retention deletes from the

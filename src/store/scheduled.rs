@@ -170,6 +170,22 @@ pub(crate) fn decode_schedule(key: &[u8], v: &[u8]) -> Result<ScheduleRecord, Co
     })
 }
 
+/// Per queue id: how many delayed messages wait, and the earliest due time. One pass over the
+/// id index (at open, and for `Broker::stats`; the gauges use the writer's running count).
+pub(super) fn scheduled_counts(db: &DB, cf: &ColumnFamily) -> Result<HashMap<u32, (u64, u64)>, ReadError> {
+    let (lo, hi) = keys::scheduled_id_range(None);
+    let mut out: HashMap<u32, (u64, u64)> = HashMap::new();
+    for item in db.iterator_cf_opt(cf, bounded(lo.clone(), hi), IteratorMode::From(&lo, Direction::Forward)) {
+        let (k, v) = item.map_err(storage)?;
+        let (q, _) = keys::parse_scheduled_id_key(&k)?;
+        let due = decode_u64(&k, &v)?;
+        let e = out.entry(q).or_insert((0, u64::MAX));
+        e.0 += 1;
+        e.1 = e.1.min(due);
+    }
+    Ok(out)
+}
+
 /// The earliest due entry's time (read at open: it arms the timer).
 pub(super) fn first_due(db: &DB, cf: &ColumnFamily) -> Result<Option<u64>, ReadError> {
     let (lo, hi) = keys::due_range();
@@ -370,26 +386,6 @@ impl Snapshot<'_> {
             {
                 out.push((q, id, due, env));
             }
-        }
-        Ok(out)
-    }
-
-    /// Per queue id: how many delayed messages wait, and the earliest due time. One pass over
-    /// the id index.
-    pub fn scheduled_counts(&self) -> Result<HashMap<u32, (u64, u64)>, ReadError> {
-        let (lo, hi) = keys::scheduled_id_range(None);
-        let mut out: HashMap<u32, (u64, u64)> = HashMap::new();
-        for item in self.db.iterator_cf_opt(
-            self.cfs.scheduled,
-            bounded(lo.clone(), hi),
-            IteratorMode::From(&lo, Direction::Forward),
-        ) {
-            let (k, v) = item.map_err(storage)?;
-            let (q, _) = keys::parse_scheduled_id_key(&k)?;
-            let due = decode_u64(&k, &v)?;
-            let e = out.entry(q).or_insert((0, u64::MAX));
-            e.0 += 1;
-            e.1 = e.1.min(due);
         }
         Ok(out)
     }

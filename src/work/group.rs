@@ -167,8 +167,10 @@ impl WorkGroup {
     ///
     /// Applies to the whole group in this process once any subscription asks for it (set it on
     /// every subscription of the group). Claims stay O(log n) however many messages wait behind
-    /// busy keys; at most 65 536 of them are held in memory, after which claiming waits for
-    /// keys to free up (a hot key can then hold back other keys behind it in the queue).
+    /// busy keys; at most 65 536 messages read ahead and not handed out are held in memory,
+    /// after which reading ahead waits for them to go (a hot key can then hold back other keys
+    /// behind it in the queue). A retention trim (`MaxLen`, `MaxAge`) that deletes a message
+    /// while it is being handled releases its key at once.
     ///
     /// # Examples
     ///

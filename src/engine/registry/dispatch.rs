@@ -219,22 +219,16 @@ impl Dispatch {
         let old_head = list.first().copied();
         list.insert(seq);
         let parkable = |s: &Slot| matches!(s.state, SlotState::Available | SlotState::Waiting { .. });
-        match old_head {
-            // Behind its key's head: it waits (a retry it was waiting for is due when it is
-            // its turn).
-            Some(head) if head < seq => {
-                if self.slots.get(&seq).is_some_and(parkable) {
-                    self.set(seq, SlotState::Parked, |_| {});
-                }
-            }
-            // Ahead of what was the head (a slot claimed without keys, found after later ones
-            // were read): the old head waits behind it, unless it is held already.
-            Some(head) => {
-                if self.slots.get(&head).is_some_and(parkable) {
-                    self.set(head, SlotState::Parked, |_| {});
-                }
-            }
-            None => {}
+        // Behind its key's head, it waits (a retry it was waiting for is due when it is its
+        // turn); ahead of what was the head (a slot claimed without keys, found after later ones
+        // were read), the old head waits behind it, unless it is held already.
+        let wait = match old_head {
+            Some(head) if head < seq => Some(seq),
+            Some(head) => Some(head),
+            None => None,
+        };
+        if let Some(w) = wait.filter(|w| self.slots.get(w).is_some_and(parkable)) {
+            self.set(w, SlotState::Parked, |_| {});
         }
     }
 

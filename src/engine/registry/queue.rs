@@ -27,6 +27,9 @@ pub(crate) struct QueueState {
     /// How long idempotency keys are remembered, µs (persisted in the queue record; the writer
     /// changes it).
     dedup_window: AtomicU64,
+    /// Delayed messages waiting for this queue, as the writer counts them (for the gauges;
+    /// counted from the store at open).
+    pub scheduled: AtomicU64,
 }
 
 impl QueueState {
@@ -40,7 +43,17 @@ impl QueueState {
             wake: watch::Sender::new(last_seq),
             retention: std::sync::Mutex::new(retention),
             dedup_window: AtomicU64::new(crate::model::DEFAULT_DEDUP_WINDOW.as_micros() as u64),
+            scheduled: AtomicU64::new(0),
         })
+    }
+
+    /// The writer scheduled (`+1`) or took out (`-1`) a delayed message of this queue.
+    pub fn count_scheduled(&self, up: bool) {
+        if up {
+            self.scheduled.fetch_add(1, Ordering::Relaxed);
+        } else {
+            let _ = self.scheduled.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        }
     }
 
     /// How long the queue remembers idempotency keys.

@@ -143,6 +143,7 @@ fn submit(
                 r.batch.put_scheduled(queue.id, id, due, &envelope);
                 r.jobs.scheduled.insert((queue.id, id), Some((due, envelope)));
                 r.engine.timer.offer(due);
+                queue.count_scheduled(true);
                 Original::Scheduled(id)
             }
             _ => {
@@ -202,6 +203,7 @@ fn cancel(r: &mut Round<'_>, queue: &QueueState, id: u64) -> Result<bool, Schedu
     let Some((due, _)) = lookup_scheduled(r, queue.id, id).map_err(read_error)? else { return Ok(false) };
     r.batch.delete_scheduled(queue.id, id, due);
     r.jobs.scheduled.insert((queue.id, id), None);
+    queue.count_scheduled(false);
     Ok(true)
 }
 
@@ -242,12 +244,15 @@ fn fire(r: &mut Round<'_>) {
     // Everything below the last entry fired now is gone (fired, or moved this round): later
     // reads start there. No entry is ever written below it: new due times are after the round's
     // stamp, which never goes back.
-    if let Some(last) = entries.last() {
-        r.written.due_floor = r.written.due_floor.max(last.due);
-    }
+    let last_due = entries.last().map(|e| e.due);
+    // An entry left in place (its schedule could not be read) holds the floor and the timer.
+    let mut kept: Option<u64> = None;
     for e in entries {
         if e.queue_id == RECURRING {
-            fire_recurring(r, e, now);
+            let due = e.due;
+            if !fire_recurring(r, e, now) {
+                kept = Some(kept.map_or(due, |k| k.min(due)));
+            }
             continue;
         }
         let DueEntry { due, queue_id, id, value: mut env } = e;
@@ -259,17 +264,20 @@ fn fire(r: &mut Round<'_>) {
             tracing::error!(queue_id, id, "rockq: a scheduled message names no queue; dropped");
             continue;
         };
+        queue.count_scheduled(false);
         envelope::stamp(&mut env, now);
         if queue::append(r, &queue, &env).is_some() {
             delivered.entry(queue_id).or_insert_with(|| (queue.clone(), 0)).1 += 1;
         }
     }
-    // The earliest entry this round wrote counts too (the store does not show it yet).
+    if let Some(last) = last_due {
+        r.written.due_floor = r.written.due_floor.max(kept.unwrap_or(last));
+    }
+    // The earliest entry this round wrote counts too (the store does not show it yet); a kept
+    // one is tried again in a second, not at once (the read failed).
     let written = r.jobs.scheduled.values().flatten().map(|(due, _)| *due).min();
-    let next = match (next, written) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
+    let retry = kept.map(|_| now.saturating_add(1_000_000));
+    let next = [next, written, retry].into_iter().flatten().min();
     r.engine.timer.set(next);
     if !delivered.is_empty() {
         r.on_done(move |res| {
@@ -284,28 +292,37 @@ fn fire(r: &mut Round<'_>) {
 
 /// One firing of a recurring schedule: deliver its message (unless the firing was missed and
 /// the schedule skips missed ones), and write its next firing — in this batch.
-fn fire_recurring(r: &mut Round<'_>, e: DueEntry, now: u64) {
-    r.batch.delete_due(e.due, RECURRING, e.id);
-    r.jobs.scheduled.insert((RECURRING, e.id), None);
+/// Returns false if the entry was left in place to be tried again (its schedule's record could
+/// not be read: dropping the entry would stop the schedule for good).
+fn fire_recurring(r: &mut Round<'_>, e: DueEntry, now: u64) -> bool {
     let Ok(name) = String::from_utf8(e.value) else {
         tracing::error!(id = e.id, "rockq: a recurring firing has no valid schedule name; dropped");
-        return;
+        r.batch.delete_due(e.due, RECURRING, e.id);
+        r.jobs.scheduled.insert((RECURRING, e.id), None);
+        return true;
     };
-    let mut rec = match lookup_schedule(r, &name) {
+    let found = lookup_schedule(r, &name);
+    if let Err(err) = &found {
+        tracing::error!(schedule = %name, error = %err, "rockq: reading a schedule failed; retrying");
+        return false;
+    }
+    r.batch.delete_due(e.due, RECURRING, e.id);
+    r.jobs.scheduled.insert((RECURRING, e.id), None);
+    let mut rec = match found {
         Ok(Some(rec)) if rec.id == e.id && rec.next_micros == e.due && !rec.paused => rec,
         // Replaced, paused or deleted since this entry was written: it is stale.
-        Ok(_) => return,
-        Err(err) => {
-            tracing::error!(schedule = %name, error = %err, "rockq: reading a schedule failed; firing dropped");
-            return;
-        }
+        _ => return true,
     };
     let grace = rec.recurrence.grace.as_micros().min(u128::from(u64::MAX)) as u64;
     let next = rec.recurrence.next_after(now, rec.anchor_micros);
     // Firings after this one that also fell due by now were missed (the process was down, or
     // busy): they fold into this one. This one is missed too if it comes later than its grace.
-    let skipped = rec.recurrence.firings_between(e.due, now, rec.anchor_micros, 1_000_000);
-    let late = now.saturating_sub(e.due) > grace;
+    // Counted up to a cap: a per-second cron after weeks down would otherwise walk millions of
+    // firings on the writer thread (the count then says "at least").
+    let (skipped, latest) = rec.recurrence.firings_between(e.due, now, rec.anchor_micros, 10_000);
+    // On time if the latest firing due by now is within its grace (a firing missed an hour ago
+    // does not make the one due a moment ago late).
+    let late = now.saturating_sub(latest) > grace;
     let deliver = !late || rec.recurrence.missed == Missed::CatchUpOnce;
     // Firings that got no message of their own.
     let missed = if deliver { skipped } else { skipped + 1 };
@@ -348,6 +365,7 @@ fn fire_recurring(r: &mut Round<'_>, e: DueEntry, now: u64) {
         tracing::debug!(%schedule, %queue, ?seq, missed, "rockq: schedule fired");
         engine.emit(|| Event::ScheduleFired { schedule, queue, seq, missed });
     });
+    true
 }
 
 /// Recurring schedule `name` as this round sees it.
