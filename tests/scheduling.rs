@@ -249,16 +249,18 @@ async fn an_interval_schedule_fires_once_per_interval_and_can_be_paused_resumed_
 async fn firings_missed_while_down_follow_the_schedules_policy() {
     let dir = tempdir();
     let clock = ManualClock::new();
+    let every = || Recurrence::every(Duration::from_secs(60));
     {
         let broker = open_clock(dir.path(), &clock).await;
-        broker.schedule("once", Recurrence::every(Duration::from_secs(60)), "catch", "c").await.unwrap();
-        broker
-            .schedule("skip", Recurrence::every(Duration::from_secs(60)).on_missed(Missed::Skip), "skip", "s")
-            .await
-            .unwrap();
+        broker.schedule("once", every(), "catch", "c").await.unwrap();
+        // Skips missed firings, and a firing 10 s late is missed.
+        let strict = every().on_missed(Missed::Skip).grace(Duration::from_secs(10));
+        broker.schedule("skip", strict, "skip", "s").await.unwrap();
+        // Skips too, with the default 60 s grace.
+        broker.schedule("recent", every().on_missed(Missed::Skip), "recent", "r").await.unwrap();
         broker.shutdown().await.unwrap();
     }
-    // Down for ten minutes and a half: ten firings of each were missed.
+    // Down for ten and a half minutes: ten firings of each fell due, the last 30 s ago.
     clock.advance(Duration::from_secs(630));
     let broker = open_clock(dir.path(), &clock).await;
     let catch = broker.queue("catch").await.unwrap();
@@ -267,15 +269,19 @@ async fn firings_missed_while_down_follow_the_schedules_policy() {
     assert_eq!(d.payload().as_ref(), b"c", "one catch-up message");
     d.ack().unwrap();
     assert_next_is_sentinel(&catch, &mut sub).await;
+    // The last firing was within the default grace: "recent" sends it and skips the nine
+    // before (the firing due a moment ago is not late because earlier ones were missed).
+    let recent = broker.queue("recent").await.unwrap();
+    let mut rsub = recent.group("g").unwrap().subscribe().await.unwrap();
+    assert_eq!(next(&mut rsub).await.payload().as_ref(), b"r");
     let skip = broker.queue("skip").await.unwrap();
     let list = broker.schedules().await.unwrap();
-    let (once, skipped) = (&list[0], &list[1]);
-    assert_eq!((once.name.as_str(), once.fired, once.missed_firings), ("once", 1, 9));
-    assert_eq!((skipped.name.as_str(), skipped.fired, skipped.missed_firings), ("skip", 0, 10));
+    let summary: Vec<_> = list.iter().map(|s| (s.name.as_str(), s.fired, s.missed_firings)).collect();
+    assert_eq!(summary, [("once", 1, 9), ("recent", 1, 9), ("skip", 0, 10)]);
     assert_eq!(skip.last_seq(), 0, "nothing sent for skipped firings");
-    // Both continue on their grid: 11 minutes after creation.
-    let next_at = skipped.next.unwrap();
-    assert_eq!(once.next, Some(next_at));
+    // All continue on their grid: 11 minutes after creation.
+    let next_at = list[2].next.unwrap();
+    assert!(list.iter().all(|s| s.next == Some(next_at)));
     clock.advance(Duration::from_secs(30));
     let mut ssub = skip.group("g").unwrap().subscribe().await.unwrap();
     let d = next(&mut ssub).await;
