@@ -31,9 +31,9 @@
 //! the boundary too: a second engine keeps the same state machine and feeds it from its own
 //! store.
 
-pub(crate) use super::completion::Completion;
 #[cfg(test)]
 pub(crate) use super::completion::Resolver;
+pub(crate) use super::completion::{Completion, staged_sent};
 pub(crate) use super::inspect::{
     ReadOnly, live_peek, live_pending, live_scheduled, live_schedules, live_stats,
 };

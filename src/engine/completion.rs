@@ -7,9 +7,36 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 
 use crate::error::SendError;
+use crate::sent::{Original, Sent};
 
-/// The outcome of one staged round: the first sequence of each send in it, in staging order.
+/// The outcome of one staged round: the first sequence of each send in it, in staging order
+/// (or, for a send whose idempotency key was a duplicate, its original: see [`staged_sent`]).
 type Outcome = Result<Box<[u64]>, SendError>;
+
+/// Flags a send's value in a round's outcome as a duplicate: the rest is the original's
+/// sequence, or with [`OF_SCHEDULED`] its schedule id. Sequences and schedule ids stay far below
+/// 2^62 (a queue appending a billion messages a second would take 146 years to get there).
+const DUPLICATE: u64 = 1 << 63;
+const OF_SCHEDULED: u64 = 1 << 62;
+
+/// The value a duplicate send resolves with.
+pub(crate) fn duplicate_value(original: Original) -> u64 {
+    match original {
+        Original::Appended(seq) => DUPLICATE | seq,
+        Original::Scheduled(id) => DUPLICATE | OF_SCHEDULED | id,
+    }
+}
+
+/// What a staged send's value says happened to it.
+pub(crate) fn staged_sent(value: u64) -> Sent {
+    if value & DUPLICATE == 0 {
+        Sent::Appended(value)
+    } else if value & OF_SCHEDULED != 0 {
+        Sent::Duplicate(Original::Scheduled(value & !(DUPLICATE | OF_SCHEDULED)))
+    } else {
+        Sent::Duplicate(Original::Appended(value & !DUPLICATE))
+    }
+}
 
 /// The shared completion of one staged round.
 #[derive(Default)]

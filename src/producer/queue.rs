@@ -15,7 +15,7 @@ use crate::error::{InspectError, NameError, NameKind, QueueError, SendError};
 use crate::message::{Due, Message};
 use crate::retention::Retention;
 use crate::schedule::ScheduledInfo;
-use crate::sent::{Original, ScheduledMessage, Sent};
+use crate::sent::{ScheduledMessage, Sent};
 use crate::work::WorkGroup;
 use std::time::Duration;
 
@@ -100,16 +100,6 @@ impl Queue {
     /// # Ok(()) }
     /// ```
     pub async fn send(&self, message: impl Into<Message>) -> Result<u64, SendError> {
-        let message = message.into();
-        if message.idempotency_key.is_some() {
-            Self::plain(0, &message, true)?;
-            // A duplicate answers with the original's sequence.
-            // Boxed: the plain path's future stays as small as it was.
-            return match Box::pin(self.submit(message)).await? {
-                Sent::Appended(seq) | Sent::Duplicate(Original::Appended(seq)) => Ok(seq),
-                _ => Err(SendError::NeedsSubmit { index: 0, reason: "duplicates a delayed message" }),
-            };
-        }
         self.enqueue(message).await?.await
     }
 
@@ -157,7 +147,8 @@ impl Queue {
     pub async fn enqueue(&self, message: impl Into<Message>) -> Result<SendReceipt, SendError> {
         let message = message.into();
         self.check(0, &message)?;
-        Self::plain(0, &message, false)?;
+        // A single message may carry an idempotency key: the writer checks it as it appends.
+        Self::plain(0, &message, true)?;
         self.stage(std::slice::from_ref(&message)).await
     }
 
@@ -388,6 +379,11 @@ impl Queue {
     pub async fn submit(&self, message: impl Into<Message>) -> Result<Sent, SendError> {
         let message = message.into();
         self.check(0, &message)?;
+        if message.due.is_none() {
+            // Not delayed: staged like a plain send (one shared round), the key checked by the
+            // writer as it appends.
+            return self.stage(std::slice::from_ref(&message)).await?.sent().await;
+        }
         let mut sent = self.submit_checked(vec![message]).await?;
         sent.pop().ok_or_else(|| SendError::Failed("the writer answered no outcome".into()))
     }

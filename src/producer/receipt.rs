@@ -8,8 +8,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::engine::boundary::Completion;
+use crate::engine::boundary::{Completion, staged_sent};
 use crate::error::SendError;
+use crate::sent::{Original, Sent};
 
 /// A message accepted by the writer but not yet durable. Resolves to the message's sequence
 /// once it is, exactly as [`Queue::send`](crate::Queue::send) would have.
@@ -39,7 +40,16 @@ impl SendReceipt {
     }
 }
 
+impl SendReceipt {
+    /// What became of the send, once durable (for `Queue::submit`).
+    pub(crate) async fn sent(mut self) -> Result<Sent, SendError> {
+        std::future::poll_fn(|cx| self.done.poll(self.index, &mut self.slot, cx)).await.map(staged_sent)
+    }
+}
+
 impl Future for SendReceipt {
+    /// The message's sequence; for a message whose idempotency key was a duplicate, its
+    /// original's sequence (nothing was written).
     type Output = Result<u64, SendError>;
 
     /// # Cancel safety
@@ -47,7 +57,12 @@ impl Future for SendReceipt {
     /// Cancel safe: the message's fate does not depend on the receipt being polled.
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
-        this.done.poll(this.index, &mut this.slot, cx)
+        this.done.poll(this.index, &mut this.slot, cx).map(|r| {
+            r.and_then(|v| match staged_sent(v) {
+                Sent::Appended(seq) | Sent::Duplicate(Original::Appended(seq)) => Ok(seq),
+                _ => Err(SendError::NeedsSubmit { index: 0, reason: "duplicates a delayed message" }),
+            })
+        })
     }
 }
 

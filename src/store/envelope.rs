@@ -135,6 +135,22 @@ pub(crate) fn stamp(envelope: &mut [u8], enqueued_at_micros: u64) {
     }
 }
 
+/// The idempotency key of an encoded envelope, read from its fixed header and key fields only
+/// (the writer checks staged sends with it). `None` if it has none or does not parse.
+pub(crate) fn idempotency_key(envelope: &[u8]) -> Option<&str> {
+    let flags = *envelope.get(1)?;
+    if envelope.first() != Some(&ENVELOPE_V2) || flags & FLAG_IDEMPOTENCY == 0 {
+        return None;
+    }
+    let mut r = Reader { buf: envelope.get(FIXED_LEN..)? };
+    if flags & FLAG_KEY != 0 {
+        let n = r.u16()?;
+        r.take(usize::from(n))?;
+    }
+    let n = r.u16()?;
+    std::str::from_utf8(r.take(usize::from(n))?).ok()
+}
+
 /// A decoded envelope.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Envelope {
@@ -310,6 +326,12 @@ mod tests {
         let dec = decode(b"k", &enc).unwrap();
         assert_eq!((dec.key.as_deref(), dec.idempotency_key.as_deref()), (Some("acct-7"), Some("op-1")));
         assert_eq!(dec.clone().into_message(), m);
+        assert_eq!(idempotency_key(&enc), Some("op-1"));
+        assert_eq!(
+            idempotency_key(&encode(&Message::new("p").idempotency_key("k2"), 1).unwrap()),
+            Some("k2")
+        );
+        assert_eq!(idempotency_key(&encode(&Message::new("p").key("only"), 1).unwrap()), None);
         // Version 1 bytes, as rockq's first format wrote them: headers flag, time, headers, payload.
         let mut v1 = vec![ENVELOPE_V1, FLAG_HEADERS];
         v1.extend_from_slice(&9u64.to_be_bytes());

@@ -8,13 +8,16 @@
 use std::sync::Arc;
 
 use super::round::Round;
+use crate::engine::completion::duplicate_value;
 use crate::engine::inbox::Staged;
 use crate::engine::registry::QueueState;
 use crate::engine::request::{QueueRequest, refuse};
 use crate::error::{Closed, QueueError};
 use crate::model::QueueMeta;
 use crate::retention::Retention;
+use crate::sent::Original;
 use crate::store::envelope;
+use crate::telemetry;
 
 pub(super) fn apply(r: &mut Round<'_>, req: QueueRequest) {
     match req {
@@ -125,18 +128,39 @@ pub(super) fn put_staged(r: &mut Round<'_>, mut s: Staged, now: u64) {
     let mut seqs = Vec::with_capacity(s.sends.len());
     let mut calls = s.sends.iter().peekable();
     let mut start = 0;
+    let (mut written, mut hits) = (0u64, Vec::new());
     for (i, &(q, end)) in s.msgs.iter().enumerate() {
         let q = q as usize;
-        if calls.next_if(|&&first| first as usize == i).is_some() {
+        let first_of_call = calls.next_if(|&&first| first as usize == i).is_some();
+        let env = &mut s.arena[start..end];
+        start = end;
+        // A send with an idempotency key is a call of one message (the handles see to it).
+        if let Some(key) = envelope::idempotency_key(env) {
+            let queue = &s.queues[q];
+            if let Some(original) =
+                super::schedule::dedup_check(r, queue, key, now, Original::Appended(next[q]))
+            {
+                seqs.push(duplicate_value(original));
+                hits.push(queue.clone());
+                continue;
+            }
+        }
+        if first_of_call {
             seqs.push(next[q]);
         }
-        let env = &mut s.arena[start..end];
         envelope::stamp(env, now);
         r.batch.put_message(s.queues[q].id, next[q], env);
         next[q] += 1;
-        start = end;
+        written += 1;
     }
-    r.done.messages += s.msgs.len() as u64;
+    if !hits.is_empty() {
+        r.on_done(move |res| {
+            if res.is_ok() {
+                hits.iter().for_each(|q| telemetry::queue_counter(telemetry::DEDUP_HITS, &q.name, 1));
+            }
+        });
+    }
+    r.done.messages += written;
     for ((queue, first), next) in s.queues.iter().zip(firsts).zip(next) {
         r.written.next_seq.insert(queue.id, next);
         r.done.touched(queue, next - 1, next - first);

@@ -48,7 +48,7 @@ fn expire_dedup(r: &mut Round<'_>, expired: Vec<(u64, u32, Vec<u8>)>) -> u64 {
     for (expires, queue_id, key) in expired {
         // Recorded again in this very round: the store does not show it yet.
         if let Ok(text) = std::str::from_utf8(&key)
-            && r.jobs.dedup.contains_key(&(queue_id, text.to_owned()))
+            && r.jobs.dedup(queue_id, text).is_some()
         {
             continue;
         }

@@ -32,6 +32,13 @@ pub(crate) struct Round<'a> {
     pub jobs: RoundJobs,
 }
 
+impl RoundJobs {
+    /// The original recorded this round for idempotency key `key` of queue `queue_id`.
+    pub fn dedup(&self, queue_id: u32, key: &str) -> Option<crate::sent::Original> {
+        self.dedup.get(&queue_id).and_then(|m| m.get(key)).copied()
+    }
+}
+
 /// A due entry's time and value, as this round wrote it.
 pub(crate) type DueAndValue = (u64, Vec<u8>);
 
@@ -44,8 +51,9 @@ pub(crate) struct RoundJobs {
     /// Delayed messages (and recurring firings, under queue id `RECURRING`) whose due entry
     /// this round wrote (`Some`: due time and envelope) or deleted (`None`).
     pub scheduled: rustc_hash::FxHashMap<(u32, u64), Option<DueAndValue>>,
-    /// Idempotency keys recorded this round, by queue id.
-    pub dedup: rustc_hash::FxHashMap<(u32, String), crate::sent::Original>,
+    /// Idempotency keys recorded this round, by queue id then key (found by `&str`, without
+    /// an allocation per lookup).
+    pub dedup: rustc_hash::FxHashMap<u32, rustc_hash::FxHashMap<String, crate::sent::Original>>,
     /// Recurring schedules written (`Some`) or deleted (`None`) this round.
     pub schedules: std::collections::HashMap<String, Option<crate::model::ScheduleRecord>>,
 }

@@ -103,7 +103,6 @@ fn submit(
     reply: Reply<Vec<Sent>, SendError>,
 ) {
     let now = r.stamp();
-    let window = queue.dedup_window().as_micros().min(u128::from(u64::MAX)) as u64;
     // Checked before anything is written, so a read error refuses the whole call unwritten.
     let mut originals = Vec::with_capacity(msgs.len());
     for m in &msgs {
@@ -126,9 +125,7 @@ fn submit(
     let mut hits = 0;
     for (m, found) in msgs.into_iter().zip(originals) {
         // A key seen earlier in this very call counts too.
-        let found = found.or_else(|| {
-            m.idempotency_key.as_ref().and_then(|k| r.jobs.dedup.get(&(queue.id, k.clone())).copied())
-        });
+        let found = found.or_else(|| m.idempotency_key.as_deref().and_then(|k| r.jobs.dedup(queue.id, k)));
         if let Some(original) = found {
             hits += 1;
             sent.push(Sent::Duplicate(original));
@@ -160,9 +157,7 @@ fn submit(
             }
         };
         if let Some(k) = idempotency_key {
-            let record = DedupRecord { original: outcome, expires_micros: now.saturating_add(window) };
-            r.batch.put_dedup(queue.id, k.as_bytes(), &record);
-            r.jobs.dedup.insert((queue.id, k), outcome);
+            record_dedup(r, queue, k, outcome, now);
         }
         sent.push(match outcome {
             Original::Appended(seq) => Sent::Appended(seq),
@@ -181,11 +176,42 @@ fn submit(
     });
 }
 
+/// Records idempotency key `key` of `queue` for `original`, for the queue's window from `now`.
+fn record_dedup(r: &mut Round<'_>, queue: &QueueState, key: String, original: Original, now: u64) {
+    let window = queue.dedup_window().as_micros().min(u128::from(u64::MAX)) as u64;
+    let record = DedupRecord { original, expires_micros: now.saturating_add(window) };
+    r.batch.put_dedup(queue.id, key.as_bytes(), &record);
+    r.jobs.dedup.entry(queue.id).or_default().insert(key, original);
+}
+
+/// The idempotency check of a staged send (`queue.rs`): the original if `key` is a duplicate
+/// within its window — nothing is to be written — or else `None`, with the key recorded for
+/// `appending` in this batch. A record that cannot be read counts as absent (and is logged):
+/// a storage read failing here is followed by the write failing, which fails the broker
+/// closed; a corrupt record is overwritten.
+pub(super) fn dedup_check(
+    r: &mut Round<'_>,
+    queue: &QueueState,
+    key: &str,
+    now: u64,
+    appending: Original,
+) -> Option<Original> {
+    match lookup_dedup(r, queue.id, key, now) {
+        Ok(Some(original)) => return Some(original),
+        Ok(None) => {}
+        Err(e) => {
+            tracing::error!(queue = %queue.name, error = %e, "rockq: an idempotency key's record does not read")
+        }
+    }
+    record_dedup(r, queue, key.to_owned(), appending, now);
+    None
+}
+
 /// The original of idempotency key `key` if it is still within its window at `now` (this
 /// round's records first).
 fn lookup_dedup(r: &Round<'_>, queue_id: u32, key: &str, now: u64) -> Result<Option<Original>, ReadError> {
-    if let Some(o) = r.jobs.dedup.get(&(queue_id, key.to_owned())) {
-        return Ok(Some(*o));
+    if let Some(o) = r.jobs.dedup(queue_id, key) {
+        return Ok(Some(o));
     }
     Ok(r.batch.dedup(queue_id, key.as_bytes())?.filter(|d| d.expires_micros > now).map(|d| d.original))
 }
