@@ -445,14 +445,20 @@ impl WorkGroupState {
         self.epoch.load(Ordering::Acquire)
     }
 
-    /// The writer made these sequences' outcomes durable: forget them. A key whose head
-    /// finished hands its next message to the claimers.
-    pub fn finished(&self, seqs: &[u64]) {
+    /// The writer made these outcomes `(seq, epoch finished in)` durable: forget them. A key
+    /// whose head finished hands its next message to the claimers. One finished before a reset
+    /// that has been applied since is skipped: the reset already forgot it, and the slot now
+    /// under that sequence is a new claim's.
+    pub fn finished(&self, seqs: &[(u64, u64)]) {
         let mut promoted = false;
         {
             let mut d = self.dispatch();
-            for &seq in seqs {
-                promoted |= d.remove(seq);
+            // Read under the dispatch lock, which the writer holds while it bumps it.
+            let epoch = self.epoch.load(Ordering::Acquire);
+            for &(seq, finished_in) in seqs {
+                if finished_in == epoch {
+                    promoted |= d.remove(seq);
+                }
             }
         }
         if promoted {
@@ -730,12 +736,12 @@ mod tests {
         assert!(g.take(now, 10, 6, LEASE, MAX).claimed.is_empty(), "6 waits behind 3's retry");
         // 1 finishes: 2 is next for a, and only 2.
         g.begin_settle(1, token(1), now).unwrap();
-        g.finished(&[1]);
+        g.finished(&[(1, g.epoch())]);
         assert_eq!(seqs(&g.take(now, 10, 6, LEASE, MAX)), [(2, 1)]);
         // 3's retry comes due: claimed again (attempt 2), 6 still parked.
         assert_eq!(seqs(&g.take(due, 10, 6, LEASE, MAX)), [(3, 2)]);
         // Dead-lettering (finishing) 3 releases b: 6 goes.
-        g.finished(&[3]);
+        g.finished(&[(3, g.epoch())]);
         assert_eq!(seqs(&g.take(due, 10, 6, LEASE, MAX)), [(6, 1)]);
         // Retention dropping 2 (a's head) promotes 4.
         g.skip_to(2);
@@ -757,7 +763,7 @@ mod tests {
         g.assign_keys([(1, Some(9)), (2, Some(9)), (3, Some(4))]);
         assert!(g.unknown_keys().is_empty());
         assert_eq!(seqs(&g.take(now, 10, 3, LEASE, MAX)), [(1, 2), (3, 2)], "2 parks behind 1");
-        g.finished(&[1]);
+        g.finished(&[(1, g.epoch())]);
         assert_eq!(seqs(&g.take(now, 10, 3, LEASE, MAX)), [(2, 1)]);
     }
 
@@ -785,6 +791,24 @@ mod tests {
         g.assign_keys([(1, Some(5)), (2, Some(5))]);
         let later = clock.now() + Duration::from_secs(2);
         assert_eq!(seqs(&g.take(later, 10, 2, LEASE, MAX)), [(1, 2)], "2's retry waits behind 1");
+    }
+
+    /// Regression (review of issue 16): a round that finished a message was still syncing when
+    /// a reset was applied and the message claimed again; completing the old round removed the
+    /// new claim's slot. Finishes carry their epoch now.
+    #[test]
+    fn a_finish_from_before_a_reset_does_not_remove_the_new_claim() {
+        let g = group(0);
+        let now = Instant::now();
+        let c = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+        g.begin_settle(1, c.token, now).unwrap();
+        let finished_in = g.epoch();
+        g.reset(0);
+        let again = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+        assert_eq!(again.seq, 1);
+        g.finished(&[(1, finished_in)]); // the old round completes now
+        assert_eq!(g.leased(), 1, "the new claim keeps its slot");
+        assert!(g.begin_settle(1, again.token, now).is_ok());
     }
 
     /// The learning window starts at the frontier, stops at the published end, and stops
@@ -964,7 +988,7 @@ mod index_props {
                                 g.to_waiting(seq, due, "e".into());
                                 if let Some(s) = m.slots.get_mut(&seq) { s.1 = SlotState::Waiting { due }; }
                             } else {
-                                g.finished(&[seq]);
+                                g.finished(&[(seq, g.epoch())]);
                                 m.slots.remove(&seq);
                             }
                         }

@@ -148,7 +148,7 @@ fn trace_sent(s: &Staged, seqs: &[u64]) {
         let from = first as usize;
         let to = s.sends.get(k + 1).map_or(s.msgs.len(), |&n| n as usize);
         let Some(queue) = s.msgs.get(from).and_then(|&(q, _)| s.queues.get(q as usize)) else { continue };
-        if let crate::sent::Sent::Duplicate(original) = super::super::completion::staged_sent(seqs[k]) {
+        if let crate::sent::Sent::Duplicate(original) = crate::engine::completion::staged_sent(seqs[k]) {
             tracing::trace!(queue = %queue.name, ?original, "rockq: duplicate not sent");
             continue;
         }

@@ -165,7 +165,7 @@ pub(crate) struct Completions {
     /// Their new offsets, published before any reply of the round.
     pub work_durable: Vec<(Arc<WorkGroupState>, u64)>,
     /// Sequences finished this round, per work-queue group (forgotten in memory once durable).
-    pub work_finished: Keyed<GroupPtr, (Arc<WorkGroupState>, Vec<u64>)>,
+    pub work_finished: Keyed<GroupPtr, (Arc<WorkGroupState>, Vec<(u64, u64)>)>,
     pub callbacks: Vec<Callback>,
     pub flushes: Vec<Reply<(), CommitError>>,
     pub shutdown: Option<Reply<(), StorageError>>,
@@ -190,7 +190,13 @@ impl Completions {
 
     /// Remembers that `g` finished `seq` this round (forgotten in memory once durable).
     pub fn work_finished(&mut self, g: &Arc<WorkGroupState>, seq: u64) {
-        self.work_finished.get_or_insert_with(GroupPtr::of(g), || (g.clone(), Vec::new())).1.push(seq);
+        // With the reset epoch it was finished in: a reset applied before the round completes
+        // makes it moot (see `WorkGroupState::finished`).
+        let epoch = g.epoch();
+        self.work_finished
+            .get_or_insert_with(GroupPtr::of(g), || (g.clone(), Vec::new()))
+            .1
+            .push((seq, epoch));
     }
 }
 
