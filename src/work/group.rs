@@ -170,7 +170,7 @@ impl WorkGroup {
     /// busy keys; at most 65 536 messages read ahead and not handed out are held in memory,
     /// after which reading ahead waits for them to go (a hot key can then hold back other keys
     /// behind it in the queue). A retention trim (`MaxLen`, `MaxAge`) that deletes a message
-    /// while it is being handled releases its key at once.
+    /// while it is leased keeps its key's place until that lease runs out.
     ///
     /// # Examples
     ///

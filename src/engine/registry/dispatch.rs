@@ -69,6 +69,11 @@ pub(super) struct Dispatch {
     unknown: usize,
     /// Each ordering key's unfinished sequences (slots whose key is known).
     keys: rustc_hash::FxHashMap<u64, BTreeSet<u64>>,
+    /// Keyed messages retention deleted while they were leased: their holder may still be
+    /// running, so each keeps its key's place until its lease runs out — `(deadline, seq)`,
+    /// with the key by sequence.
+    ghosts: BTreeSet<(Instant, u64)>,
+    ghost_keys: rustc_hash::FxHashMap<u64, u64>,
     /// Sequences from here on were never claimed (nor, in a group ordered by key, learned).
     pub frontier: u64,
 }
@@ -84,6 +89,8 @@ impl Dispatch {
             parked: 0,
             unknown: 0,
             keys: Default::default(),
+            ghosts: BTreeSet::new(),
+            ghost_keys: Default::default(),
             frontier,
         }
     }
@@ -252,6 +259,15 @@ impl Dispatch {
 
     /// Moves every lease and retry due at `now` to `ready`: each timer fires once.
     pub fn fire_due(&mut self, now: Instant) {
+        // Deleted messages whose lease ran out give their key's place up.
+        while let Some(&(t, seq)) = self.ghosts.first() {
+            if t > now {
+                break;
+            }
+            self.ghosts.remove(&(t, seq));
+            let key = self.ghost_keys.remove(&seq);
+            self.forget_key(seq, key);
+        }
         while let Some(&(t, seq)) = self.timers.first() {
             if t > now {
                 break;
@@ -275,7 +291,9 @@ impl Dispatch {
 
     /// When the next lease runs out or the next retry is due.
     pub fn next_timer(&self) -> Option<Instant> {
-        self.timers.first().map(|&(t, _)| t)
+        let timer = self.timers.first().map(|&(t, _)| t);
+        let ghost = self.ghosts.first().map(|&(t, _)| t);
+        timer.into_iter().chain(ghost).min()
     }
 
     /// Forgets every slot; claiming restarts at `frontier`.
@@ -290,8 +308,19 @@ impl Dispatch {
         for (seq, slot) in gone {
             self.unknown -= usize::from(!slot.key_known);
             self.unindex(seq, slot.state);
-            // In order: each key's next head is promoted once its earlier ones are gone.
-            self.forget_key(seq, slot.key);
+            match (slot.key, slot.state) {
+                // Deleted under a live lease: its handler may still be running, and the next
+                // message of its key must not start beside it. It keeps the key's place until
+                // the lease runs out (its holder can no longer settle or extend it).
+                (Some(k), SlotState::Leased { deadline, .. }) => {
+                    self.ghosts.insert((deadline, seq));
+                    self.ghost_keys.insert(seq, k);
+                }
+                // In order: each key's next head is promoted once its earlier ones are gone.
+                (key, _) => {
+                    self.forget_key(seq, key);
+                }
+            }
         }
         self.frontier = self.frontier.max(to.saturating_add(1));
     }

@@ -743,9 +743,11 @@ mod tests {
         // Dead-lettering (finishing) 3 releases b: 6 goes.
         g.finished(&[(3, g.epoch())]);
         assert_eq!(seqs(&g.take(due, 10, 6, LEASE, MAX)), [(6, 1)]);
-        // Retention dropping 2 (a's head) promotes 4.
+        // Retention dropping 2 (a's head, leased) promotes 4 once 2's lease has run out.
         g.skip_to(2);
-        assert_eq!(seqs(&g.take(due, 10, 6, LEASE, MAX)), [(4, 1)]);
+        assert!(g.take(due, 10, 6, LEASE, MAX).claimed.is_empty());
+        // (5, without a key, was leased at the same time: its lease ran out too.)
+        assert_eq!(seqs(&g.take(now + LEASE, 10, 6, LEASE, MAX)), [(4, 1), (5, 2)]);
     }
 
     /// After a restart the restored slots do not know their keys: nothing is claimed until
@@ -809,6 +811,25 @@ mod tests {
         g.finished(&[(1, finished_in)]); // the old round completes now
         assert_eq!(g.leased(), 1, "the new claim keeps its slot");
         assert!(g.begin_settle(1, again.token, now).is_ok());
+    }
+
+    /// Regression (review of issue 16): retention deleting a keyed message while it was leased
+    /// released its key at once, so the next message of the key ran beside the first one's
+    /// handler. It now keeps the key's place until its lease runs out.
+    #[test]
+    fn a_trim_through_a_leased_keyed_message_holds_its_key_until_the_lease_ends() {
+        let g = group(0);
+        g.set_keyed();
+        let now = Instant::now();
+        g.learn([(1, Some(7)), (2, Some(7))]);
+        let held = g.take(now, 10, 2, LEASE, MAX).claimed;
+        assert_eq!(held.iter().map(|c| c.seq).collect::<Vec<_>>(), [1]);
+        g.queue.first_seq.store(2, Ordering::Release);
+        g.skip_to(1); // retention deleted 1 under its live lease
+        let t = g.take(now, 10, 2, LEASE, MAX);
+        assert!(t.claimed.is_empty(), "2 waits while 1's handler may run");
+        assert_eq!(t.next_wake, Some(held[0].deadline), "look again when that lease ends");
+        assert_eq!(seqs(&g.take(held[0].deadline, 10, 2, LEASE, MAX)), [(2, 1)]);
     }
 
     /// The learning window starts at the frontier, stops at the published end, and stops

@@ -39,6 +39,9 @@ impl RoundJobs {
     }
 }
 
+/// A sequence a work group finished, with the reset epoch it was finished in.
+pub(crate) type Finish = (u64, u64);
+
 /// A due entry's time and value, as this round wrote it.
 pub(crate) type DueAndValue = (u64, Vec<u8>);
 
@@ -165,7 +168,7 @@ pub(crate) struct Completions {
     /// Their new offsets, published before any reply of the round.
     pub work_durable: Vec<(Arc<WorkGroupState>, u64)>,
     /// Sequences finished this round, per work-queue group (forgotten in memory once durable).
-    pub work_finished: Keyed<GroupPtr, (Arc<WorkGroupState>, Vec<(u64, u64)>)>,
+    pub work_finished: Keyed<GroupPtr, (Arc<WorkGroupState>, Vec<Finish>)>,
     pub callbacks: Vec<Callback>,
     pub flushes: Vec<Reply<(), CommitError>>,
     pub shutdown: Option<Reply<(), StorageError>>,
