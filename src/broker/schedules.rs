@@ -91,12 +91,8 @@ impl Broker {
             envelope: boundary::encode(&message),
         };
         let (reply, rx) = tokio::sync::oneshot::channel();
-        let next = self
-            .schedule_request(
-                Request::Schedule(ScheduleRequest::Upsert { name: name.to_owned(), record, reply }),
-                rx,
-            )
-            .await?;
+        let req = Request::Schedule(ScheduleRequest::Upsert { name: name.to_owned(), record, reply });
+        let next = self.shared.ask(req, rx).await?;
         Ok(next.map(time_of))
     }
 
@@ -131,7 +127,7 @@ impl Broker {
         crate::name::validate(NameKind::Queue, name)?;
         let (reply, rx) = tokio::sync::oneshot::channel();
         let req = Request::Schedule(ScheduleRequest::Pause { name: name.to_owned(), paused, reply });
-        self.schedule_request(req, rx).await
+        self.shared.ask(req, rx).await
     }
 
     /// Deletes recurring schedule `name`; `false` if there is none. Messages it already sent
@@ -148,7 +144,7 @@ impl Broker {
         crate::name::validate(NameKind::Queue, name)?;
         let (reply, rx) = tokio::sync::oneshot::channel();
         let req = Request::Schedule(ScheduleRequest::Delete { name: name.to_owned(), reply });
-        self.schedule_request(req, rx).await
+        self.shared.ask(req, rx).await
     }
 
     /// Every recurring schedule, by name: its recurrence, next firing, paused state and counts.
@@ -180,17 +176,5 @@ impl Broker {
         limit: usize,
     ) -> Result<Vec<ScheduledInfo>, InspectError> {
         boundary::live_scheduled(&self.shared, queue.map(str::to_owned), limit).await
-    }
-
-    async fn schedule_request<T>(
-        &self,
-        req: Request,
-        rx: tokio::sync::oneshot::Receiver<Result<T, ScheduleError>>,
-    ) -> Result<T, ScheduleError> {
-        if self.shared.is_closed() {
-            return Err(ScheduleError::Shutdown);
-        }
-        self.shared.tx.send(req).await.map_err(|_| ScheduleError::Shutdown)?;
-        rx.await.map_err(|_| ScheduleError::Shutdown)?
     }
 }

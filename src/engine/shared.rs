@@ -188,6 +188,21 @@ impl Shared {
         Ok(())
     }
 
+    /// Hands `req` to the writer and waits for its answer on `rx`: refused in the reply's own
+    /// error family once the broker is closed, or if the writer is gone.
+    pub async fn ask<T, E: From<crate::error::Closed>>(
+        &self,
+        req: Request,
+        rx: oneshot::Receiver<Result<T, E>>,
+    ) -> Result<T, E> {
+        let gone = || E::from(crate::error::Closed::Shutdown);
+        if self.is_closed() {
+            return Err(gone());
+        }
+        self.tx.send(req).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
+    }
+
     /// Wakes the writer to commit dirty groups. Never blocks: if the channel is full the writer
     /// has work queued and takes the dirty list in its next round anyway.
     pub fn nudge_writer(&self) {

@@ -436,7 +436,7 @@ impl Queue {
     pub async fn cancel(&self, id: u64) -> Result<bool, ScheduleError> {
         let (reply, rx) = tokio::sync::oneshot::channel();
         let req = Request::Schedule(ScheduleRequest::Cancel { queue: self.state.clone(), id, reply });
-        self.schedule_request(req, rx).await
+        self.shared.ask(req, rx).await
     }
 
     /// Moves delayed message `id` to `due` (a time in the past delivers it at once). Returns
@@ -458,19 +458,7 @@ impl Queue {
         let due = due_micros(self.shared.clock(), Due::At(due));
         let req =
             Request::Schedule(ScheduleRequest::Reschedule { queue: self.state.clone(), id, due, reply });
-        self.schedule_request(req, rx).await
-    }
-
-    async fn schedule_request<T>(
-        &self,
-        req: Request,
-        rx: tokio::sync::oneshot::Receiver<Result<T, ScheduleError>>,
-    ) -> Result<T, ScheduleError> {
-        if self.shared.is_closed() {
-            return Err(ScheduleError::Shutdown);
-        }
-        self.shared.tx.send(req).await.map_err(|_| ScheduleError::Shutdown)?;
-        rx.await.map_err(|_| ScheduleError::Shutdown)?
+        self.shared.ask(req, rx).await
     }
 
     /// Delayed messages waiting on this queue, in schedule-id order, at most `limit`.

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::sync::{RwLock, RwLockReadGuard};
 
-use rocksdb::{ColumnFamily, DB};
+use rocksdb::{ColumnFamily, DB, ReadOptions};
 
 use super::keys;
 use crate::error::{CorruptionError, StorageError};
@@ -156,4 +156,13 @@ impl Store {
             writes_with_wal: self.rocks_opts.get_ticker_count(Ticker::WriteWithWal),
         })
     }
+}
+
+/// Read options bounding an iterator to `[lo, hi)` (iterate_lower_bound / upper_bound): it never
+/// walks entries outside, tombstones included.
+pub(super) fn bounded(lo: Vec<u8>, hi: Vec<u8>) -> ReadOptions {
+    let mut ro = ReadOptions::default();
+    ro.set_iterate_lower_bound(lo);
+    ro.set_iterate_upper_bound(hi);
+    ro
 }

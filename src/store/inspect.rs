@@ -4,11 +4,12 @@
 
 use rocksdb::{DB, Direction, IteratorMode};
 
+use super::db::bounded;
 use super::db::{Cfs, DbGuard, ReadError, storage};
-use super::open::{Loaded, bounded, last_sequence, load};
-use super::{envelope, keys, records};
+use super::open::{Loaded, last_sequence, load};
+use super::{envelope, keys, records, scheduled};
 use crate::error::{OpenError, StorageError};
-use crate::model::{Claim, GroupOffset, QueueMeta};
+use crate::model::{Claim, GroupOffset, QueueMeta, ScheduleRecord};
 
 /// A read view of the open database, valid while its guard is held.
 pub(crate) struct Snapshot<'a> {
@@ -94,5 +95,75 @@ impl Snapshot<'_> {
         let meta = records::decode_queue(&key, &v)?;
         let last = last_sequence(self.db, self.cfs.messages, &meta)?;
         Ok(Some((meta, last)))
+    }
+}
+
+/// The schedule and dedup reads behind listings and expiry.
+impl Snapshot<'_> {
+    /// Idempotency keys that expired before `before`: `(expires, queue_id, key)`, oldest
+    /// first, at most `limit`.
+    pub fn expired_dedup(&self, before: u64, limit: usize) -> Result<Vec<(u64, u32, Vec<u8>)>, ReadError> {
+        let (lo, hi) = keys::dedup_expired_range(before);
+        let mut out = Vec::new();
+        for item in self.db.iterator_cf_opt(
+            self.cfs.dedup,
+            bounded(lo.clone(), hi),
+            IteratorMode::From(&lo, Direction::Forward),
+        ) {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, _) = item.map_err(storage)?;
+            let (expires, queue_id, key) = keys::parse_dedup_expiry_key(&k)?;
+            out.push((expires, queue_id, key.to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// Delayed messages of `queue_id` (or of every queue), in id order, at most `limit`:
+    /// `(queue_id, id, due, envelope)`.
+    pub fn list_scheduled(
+        &self,
+        queue_id: Option<u32>,
+        limit: usize,
+    ) -> Result<Vec<scheduled::ScheduledEntry>, ReadError> {
+        let (lo, hi) = keys::scheduled_id_range(queue_id);
+        let mut out = Vec::new();
+        for item in self.db.iterator_cf_opt(
+            self.cfs.scheduled,
+            bounded(lo.clone(), hi),
+            IteratorMode::From(&lo, Direction::Forward),
+        ) {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = item.map_err(storage)?;
+            let (q, id) = keys::parse_scheduled_id_key(&k)?;
+            let due = scheduled::decode_u64(&k, &v)?;
+            // Written in the same batch as its id entry: a miss means it fired or was
+            // cancelled between the two reads.
+            if let Some(env) =
+                self.db.get_cf(self.cfs.scheduled, keys::due_key(due, q, id)).map_err(storage)?
+            {
+                out.push((q, id, due, env));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every recurring schedule, by name.
+    pub fn list_schedules(&self) -> Result<Vec<(String, ScheduleRecord)>, ReadError> {
+        let (lo, hi) = keys::schedule_key_range();
+        let mut out = Vec::new();
+        for item in self.db.iterator_cf_opt(
+            self.cfs.scheduled,
+            bounded(lo.clone(), hi),
+            IteratorMode::From(&lo, Direction::Forward),
+        ) {
+            let (k, v) = item.map_err(storage)?;
+            let name = keys::schedule_name_from_key(&k)?.to_owned();
+            out.push((name, scheduled::decode_schedule(&k, &v)?));
+        }
+        Ok(out)
     }
 }

@@ -4,10 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 
-use rocksdb::{ColumnFamilyDescriptor, DB, DBCompressionType, Direction, IteratorMode, ReadOptions};
+use rocksdb::{ColumnFamilyDescriptor, DB, DBCompressionType, Direction, IteratorMode};
 
 use super::db::{
-    ALL_CFS, CF_CLAIMS, CF_MESSAGES, CF_META, CF_OFFSETS, CF_SCHEDULED, ReadError, Store, storage,
+    ALL_CFS, CF_CLAIMS, CF_MESSAGES, CF_META, CF_OFFSETS, CF_SCHEDULED, ReadError, Store, bounded, storage,
 };
 use super::keys::{self, FORMAT_KEY};
 use super::records::{self, FORMAT_VERSION};
@@ -403,11 +403,4 @@ pub(super) fn last_sequence(
         }
         None => Ok(q.first_seq - 1),
     }
-}
-
-pub(super) fn bounded(lo: Vec<u8>, hi: Vec<u8>) -> ReadOptions {
-    let mut ro = ReadOptions::default();
-    ro.set_iterate_lower_bound(lo);
-    ro.set_iterate_upper_bound(hi);
-    ro
 }

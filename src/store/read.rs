@@ -2,8 +2,8 @@
 
 use bytes::Bytes;
 
+use super::db::bounded;
 use super::db::{Store, storage};
-use super::open::bounded;
 use super::{envelope, keys};
 use crate::error::{ReceiveError, StorageError};
 

@@ -8,10 +8,12 @@
 //! - `round.rs`: the round as handlers see it (store batch, completions, the writer's memory).
 //! - `commit.rs`: after the write — the syncer (Fsync) and the completer.
 //! - `queue.rs`, `groups.rs`, `ordered.rs`, `work.rs`, `retention.rs`, `settings.rs`,
-//!   `dead_letter.rs`: the requests of each concept, applied and refused.
+//!   `dead_letter.rs`, `schedule.rs`: the requests of each concept, applied and refused;
+//!   `dedup.rs`: idempotency keys, for staged sends and submits.
 
 mod commit;
 mod dead_letter;
+mod dedup;
 mod groups;
 mod ordered;
 mod queue;

@@ -18,6 +18,7 @@ use crate::retention::Retention;
 use crate::sent::Original;
 use crate::store::envelope;
 use crate::telemetry;
+use std::sync::atomic::Ordering;
 
 pub(super) fn apply(r: &mut Round<'_>, req: QueueRequest) {
     match req {
@@ -25,7 +26,7 @@ pub(super) fn apply(r: &mut Round<'_>, req: QueueRequest) {
         QueueRequest::SetDedupWindow { queue, window, reply } => {
             // Only this thread changes queue records, so the one written here is the latest.
             queue.set_dedup_window(window);
-            r.batch.put_queue(&queue.name, &super::retention::meta(&queue));
+            r.batch.put_queue(&queue.name, &meta(&queue));
             r.on_done(move |res| drop(reply.send(res.map_err(|e| QueueError::Storage(e.clone())))));
         }
     }
@@ -137,9 +138,7 @@ pub(super) fn put_staged(r: &mut Round<'_>, mut s: Staged, now: u64) {
         // A send with an idempotency key is a call of one message (the handles see to it).
         if let Some(key) = envelope::idempotency_key(env) {
             let queue = &s.queues[q];
-            if let Some(original) =
-                super::schedule::dedup_check(r, queue, key, now, Original::Appended(next[q]))
-            {
+            if let Some(original) = super::dedup::check(r, queue, key, now, Original::Appended(next[q])) {
                 seqs.push(duplicate_value(original));
                 hits.push(queue.clone());
                 continue;
@@ -166,4 +165,14 @@ pub(super) fn put_staged(r: &mut Round<'_>, mut s: Staged, now: u64) {
         r.done.touched(queue, next - 1, next - first);
     }
     r.done.staged.push((s, seqs.into_boxed_slice()));
+}
+
+/// The record of `queue` as it stands (only this thread changes queue records).
+pub(super) fn meta(queue: &QueueState) -> QueueMeta {
+    QueueMeta {
+        id: queue.id,
+        first_seq: queue.first_seq.load(Ordering::SeqCst),
+        retention: queue.retention(),
+        dedup_window: queue.dedup_window(),
+    }
 }

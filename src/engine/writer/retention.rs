@@ -11,7 +11,7 @@ use crate::engine::registry::QueueState;
 use crate::engine::request::{Reply, RetentionRequest, TrimCut, refuse};
 use crate::error::{Closed, QueueError};
 use crate::events::Event;
-use crate::model::QueueMeta;
+
 use crate::retention::Retention;
 use crate::telemetry;
 
@@ -77,20 +77,11 @@ pub(super) fn refuse_request(req: RetentionRequest, why: &Closed) {
     }
 }
 
-pub(super) fn meta(queue: &QueueState) -> QueueMeta {
-    QueueMeta {
-        id: queue.id,
-        first_seq: queue.first_seq.load(Ordering::SeqCst),
-        retention: queue.retention(),
-        dedup_window: queue.dedup_window(),
-    }
-}
-
 fn set_policy(r: &mut Round<'_>, queue: Arc<QueueState>, retention: Retention, reply: Reply<(), QueueError>) {
     // Only this thread changes policies and first sequences, so the record written here is the
     // latest state.
     *queue.retention.lock().unwrap_or_else(|p| p.into_inner()) = retention;
-    r.batch.put_queue(&queue.name, &meta(&queue));
+    r.batch.put_queue(&queue.name, &super::queue::meta(&queue));
     r.on_done(move |res| drop(reply.send(res.map_err(|e| QueueError::Storage(e.clone())))));
 }
 
@@ -133,7 +124,7 @@ fn trim(r: &mut Round<'_>, cut: TrimCut) -> u64 {
     // deleted keys (a read already in flight that finds them gone re-checks it).
     queue.first_seq.store(to + 1, Ordering::SeqCst);
     r.batch.trim_messages(queue.id, first, to);
-    r.batch.put_queue(&queue.name, &meta(&queue));
+    r.batch.put_queue(&queue.name, &super::queue::meta(&queue));
     ordered::trimmed(r, &queue, to);
     // Work-queue groups behind the cut jump past it: their claims there go too.
     work::trimmed(r, &queue, to);

@@ -22,7 +22,7 @@ use crate::engine::request::{Reply, ScheduleRequest, Submission, refuse};
 use crate::error::ScheduleError;
 use crate::error::{Closed, SendError};
 use crate::events::Event;
-use crate::model::{DedupRecord, ScheduleRecord};
+use crate::model::ScheduleRecord;
 use crate::schedule::Missed;
 use crate::sent::{Original, ScheduledMessage, Sent};
 use crate::store::{DueEntry, RECURRING, ReadError, envelope};
@@ -107,7 +107,7 @@ fn submit(
     let mut originals = Vec::with_capacity(msgs.len());
     for m in &msgs {
         let found = match &m.idempotency_key {
-            Some(k) => match lookup_dedup(r, queue.id, k, now) {
+            Some(k) => match super::dedup::lookup(r, queue.id, k, now) {
                 Ok(found) => found,
                 Err(e) => {
                     let _ = reply.send(Err(match e {
@@ -157,7 +157,7 @@ fn submit(
             }
         };
         if let Some(k) = idempotency_key {
-            record_dedup(r, queue, k, outcome, now);
+            super::dedup::record(r, queue, k, outcome, now);
         }
         sent.push(match outcome {
             Original::Appended(seq) => Sent::Appended(seq),
@@ -174,46 +174,6 @@ fn submit(
         }
         let _ = reply.send(res.map(|()| sent).map_err(|e| SendError::Storage(e.clone())));
     });
-}
-
-/// Records idempotency key `key` of `queue` for `original`, for the queue's window from `now`.
-fn record_dedup(r: &mut Round<'_>, queue: &QueueState, key: String, original: Original, now: u64) {
-    let window = queue.dedup_window().as_micros().min(u128::from(u64::MAX)) as u64;
-    let record = DedupRecord { original, expires_micros: now.saturating_add(window) };
-    r.batch.put_dedup(queue.id, key.as_bytes(), &record);
-    r.jobs.dedup.entry(queue.id).or_default().insert(key, original);
-}
-
-/// The idempotency check of a staged send (`queue.rs`): the original if `key` is a duplicate
-/// within its window — nothing is to be written — or else `None`, with the key recorded for
-/// `appending` in this batch. A record that cannot be read counts as absent (and is logged):
-/// a storage read failing here is followed by the write failing, which fails the broker
-/// closed; a corrupt record is overwritten.
-pub(super) fn dedup_check(
-    r: &mut Round<'_>,
-    queue: &QueueState,
-    key: &str,
-    now: u64,
-    appending: Original,
-) -> Option<Original> {
-    match lookup_dedup(r, queue.id, key, now) {
-        Ok(Some(original)) => return Some(original),
-        Ok(None) => {}
-        Err(e) => {
-            tracing::error!(queue = %queue.name, error = %e, "rockq: an idempotency key's record does not read")
-        }
-    }
-    record_dedup(r, queue, key.to_owned(), appending, now);
-    None
-}
-
-/// The original of idempotency key `key` if it is still within its window at `now` (this
-/// round's records first).
-fn lookup_dedup(r: &Round<'_>, queue_id: u32, key: &str, now: u64) -> Result<Option<Original>, ReadError> {
-    if let Some(o) = r.jobs.dedup(queue_id, key) {
-        return Ok(Some(o));
-    }
-    Ok(r.batch.dedup(queue_id, key.as_bytes())?.filter(|d| d.expires_micros > now).map(|d| d.original))
 }
 
 /// Where delayed message `id` stands: its due time and envelope, or `None` if it is not
