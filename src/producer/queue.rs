@@ -245,14 +245,10 @@ impl Queue {
     /// # Ok(()) }
     /// ```
     pub async fn set_retention(&self, retention: Retention) -> Result<(), QueueError> {
-        if self.shared.is_closed() {
-            return Err(QueueError::Shutdown);
-        }
         let (reply, rx) = tokio::sync::oneshot::channel();
         let req =
             Request::Retention(RetentionRequest::SetPolicy { queue: self.state.clone(), retention, reply });
-        self.shared.tx.send(req).await.map_err(|_| QueueError::Shutdown)?;
-        rx.await.map_err(|_| QueueError::Shutdown)?
+        self.shared.ask(req, rx).await
     }
 
     /// Names a work-queue (shared) consumer group on this queue: competing consumers with
@@ -487,17 +483,10 @@ impl Queue {
     ///
     /// Cancel safe in effect: the window is either set or not.
     pub async fn set_dedup_window(&self, window: Duration) -> Result<(), QueueError> {
-        if self.shared.is_closed() {
-            return Err(QueueError::Shutdown);
-        }
         let (reply, rx) = tokio::sync::oneshot::channel();
-        let req = Request::Queue(QueueRequest::SetDedupWindow {
-            queue: self.state.clone(),
-            window: crate::clock::clamp_delay(window),
-            reply,
-        });
-        self.shared.tx.send(req).await.map_err(|_| QueueError::Shutdown)?;
-        rx.await.map_err(|_| QueueError::Shutdown)?
+        let window = crate::clock::clamp_delay(window);
+        let req = Request::Queue(QueueRequest::SetDedupWindow { queue: self.state.clone(), window, reply });
+        self.shared.ask(req, rx).await
     }
 
     /// Stages checked messages in the writer's inbox as one send call.
