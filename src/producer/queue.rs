@@ -180,21 +180,7 @@ impl Queue {
         I: IntoIterator,
         I::Item: Into<Message>,
     {
-        let max = self.shared.options().max_batch_messages;
-        let mut batch: Vec<Message> = Vec::new();
-        for (index, m) in messages.into_iter().enumerate() {
-            if index >= max {
-                let len = index + 1;
-                return Err(SendError::BatchTooLarge { len, max });
-            }
-            let m = m.into();
-            self.check(index, &m)?;
-            Self::plain(index, &m, false)?;
-            batch.push(m);
-        }
-        if batch.is_empty() {
-            return Err(SendError::EmptyBatch);
-        }
+        let batch = self.checked_batch(messages, true)?;
         let n = batch.len() as u64;
         let first = self.stage(&batch).await?.await?;
         Ok(first..=first + n - 1)
@@ -305,6 +291,33 @@ impl Queue {
         })
     }
 
+    /// The messages of a batch call, each checked, before anything is staged: at most
+    /// `max_batch_messages`, at least one; `plain` refuses those that need `submit` (a range of
+    /// sequences cannot hold a delayed message or a duplicate).
+    fn checked_batch<I>(&self, messages: I, plain: bool) -> Result<Vec<Message>, SendError>
+    where
+        I: IntoIterator,
+        I::Item: Into<Message>,
+    {
+        let max = self.shared.options().max_batch_messages;
+        let mut batch: Vec<Message> = Vec::new();
+        for (index, m) in messages.into_iter().enumerate() {
+            if index >= max {
+                return Err(SendError::BatchTooLarge { len: index + 1, max });
+            }
+            let m = m.into();
+            self.check(index, &m)?;
+            if plain {
+                Self::plain(index, &m, false)?;
+            }
+            batch.push(m);
+        }
+        if batch.is_empty() {
+            return Err(SendError::EmptyBatch);
+        }
+        Ok(batch)
+    }
+
     /// Refuses, for the calls that return sequences, a message that needs
     /// [`submit`](Queue::submit).
     fn plain(index: usize, m: &Message, dedup_ok: bool) -> Result<(), SendError> {
@@ -400,19 +413,7 @@ impl Queue {
         I: IntoIterator,
         I::Item: Into<Message>,
     {
-        let max = self.shared.options().max_batch_messages;
-        let mut batch: Vec<Message> = Vec::new();
-        for (index, m) in messages.into_iter().enumerate() {
-            if index >= max {
-                return Err(SendError::BatchTooLarge { len: index + 1, max });
-            }
-            let m = m.into();
-            self.check(index, &m)?;
-            batch.push(m);
-        }
-        if batch.is_empty() {
-            return Err(SendError::EmptyBatch);
-        }
+        let batch = self.checked_batch(messages, false)?;
         self.submit_checked(batch).await
     }
 
