@@ -2,7 +2,7 @@
 //! random failures (retried). For every key, handlers run strictly one at a time and start in
 //! sequence order; every message of every key finishes (no key starves); and a crash half-way
 //! (the pool aborted, the broker dropped without a shutdown) keeps it: after the restart the
-//! restored claims are re-keyed before anything is claimed.
+//! restored claims are re-keyed before anything is claimed. In both durability modes.
 
 mod common;
 
@@ -142,10 +142,16 @@ async fn run_pool(q: &rockq::Queue, t: Arc<Tracker>) -> rockq::PoolHandle {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_keys_run_one_at_a_time_in_order_through_a_pool_of_16_and_a_crash() {
+    for mode in [rockq::Durability::Buffered, rockq::Durability::Fsync] {
+        thousand_keys(mode).await;
+    }
+}
+
+async fn thousand_keys(mode: rockq::Durability) {
     let dir = tempdir();
     let total = KEYS * PER_KEY;
     let tracker = {
-        let broker = open(dir.path()).await;
+        let broker = open_with(dir.path(), mode).await;
         let q = broker.queue("accounts").await.unwrap();
         for chunk in workload().chunks(1000) {
             let batch = chunk.iter().map(|&(k, n)| Message::new(format!("{k}:{n}")).key(format!("key-{k}")));
@@ -168,7 +174,7 @@ async fn a_thousand_keys_run_one_at_a_time_in_order_through_a_pool_of_16_and_a_c
     // Reopened first: once the old writer has closed the database, every ack it made durable
     // was preceded by its handler marking the message done, so the copy below sees all of them
     // (an aborted handler may still finish on another thread after `abort`).
-    let broker = reopen_after_drop(dir.path()).await;
+    let broker = reopen_after_drop_mode(dir.path(), mode).await;
     let tracker = tracker.restart(total);
     let q = broker.queue("accounts").await.unwrap();
     let pool = run_pool(&q, tracker.clone()).await;

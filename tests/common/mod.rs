@@ -86,9 +86,15 @@ pub fn spawn_helper(name: &str, env: &[(&str, &str)]) -> std::process::Child {
 /// RocksDB on its own thread, so the lock is retried until it is released (bounded by
 /// `HANG_GUARD`).
 pub async fn reopen_after_drop(path: &Path) -> Broker {
+    reopen_after_drop_mode(path, Durability::Buffered).await
+}
+
+/// [`reopen_after_drop`] in `mode`.
+pub async fn reopen_after_drop_mode(path: &Path, mode: Durability) -> Broker {
     let deadline = std::time::Instant::now() + HANG_GUARD;
     loop {
         let opened = Options::new()
+            .durability(mode)
             .retention_interval(Duration::ZERO)
             .metrics_interval(Duration::ZERO)
             .open(path)
