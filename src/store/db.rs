@@ -166,3 +166,14 @@ pub(super) fn bounded(lo: Vec<u8>, hi: Vec<u8>) -> ReadOptions {
     ro.set_iterate_upper_bound(hi);
     ro
 }
+
+/// Every entry of `cf` in `[lo, hi)`, in key order, through an iterator bounded to that range.
+pub(super) fn scan<'a>(
+    db: &'a DB,
+    cf: &ColumnFamily,
+    lo: Vec<u8>,
+    hi: Vec<u8>,
+) -> rocksdb::DBIteratorWithThreadMode<'a, DB> {
+    let from = lo.clone();
+    db.iterator_cf_opt(cf, bounded(lo, hi), rocksdb::IteratorMode::From(&from, rocksdb::Direction::Forward))
+}

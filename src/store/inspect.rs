@@ -5,7 +5,7 @@
 use rocksdb::{DB, Direction, IteratorMode};
 
 use super::db::bounded;
-use super::db::{Cfs, DbGuard, ReadError, storage};
+use super::db::{Cfs, DbGuard, ReadError, scan, storage};
 use super::open::{Loaded, last_sequence, load};
 use super::{envelope, keys, records, scheduled};
 use crate::error::{OpenError, StorageError};
@@ -105,11 +105,7 @@ impl Snapshot<'_> {
     pub fn expired_dedup(&self, before: u64, limit: usize) -> Result<Vec<(u64, u32, Vec<u8>)>, ReadError> {
         let (lo, hi) = keys::dedup_expired_range(before);
         let mut out = Vec::new();
-        for item in self.db.iterator_cf_opt(
-            self.cfs.dedup,
-            bounded(lo.clone(), hi),
-            IteratorMode::From(&lo, Direction::Forward),
-        ) {
+        for item in scan(self.db, self.cfs.dedup, lo, hi) {
             if out.len() >= limit {
                 break;
             }
@@ -129,11 +125,7 @@ impl Snapshot<'_> {
     ) -> Result<Vec<scheduled::ScheduledEntry>, ReadError> {
         let (lo, hi) = keys::scheduled_id_range(queue_id);
         let mut out = Vec::new();
-        for item in self.db.iterator_cf_opt(
-            self.cfs.scheduled,
-            bounded(lo.clone(), hi),
-            IteratorMode::From(&lo, Direction::Forward),
-        ) {
+        for item in scan(self.db, self.cfs.scheduled, lo, hi) {
             if out.len() >= limit {
                 break;
             }
@@ -155,11 +147,7 @@ impl Snapshot<'_> {
     pub fn list_schedules(&self) -> Result<Vec<(String, ScheduleRecord)>, ReadError> {
         let (lo, hi) = keys::schedule_key_range();
         let mut out = Vec::new();
-        for item in self.db.iterator_cf_opt(
-            self.cfs.scheduled,
-            bounded(lo.clone(), hi),
-            IteratorMode::From(&lo, Direction::Forward),
-        ) {
+        for item in scan(self.db, self.cfs.scheduled, lo, hi) {
             let (k, v) = item.map_err(storage)?;
             let name = keys::schedule_name_from_key(&k)?.to_owned();
             out.push((name, scheduled::decode_schedule(&k, &v)?));

@@ -12,11 +12,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use rocksdb::{ColumnFamily, DB, Direction, IteratorMode};
+use rocksdb::{ColumnFamily, DB};
 
 use super::batch::Batch;
-use super::db::bounded;
-use super::db::{ReadError, storage};
+use super::db::{ReadError, scan, storage};
 use super::keys;
 use crate::error::CorruptionError;
 use crate::model::{DedupRecord, ScheduleRecord};
@@ -174,7 +173,7 @@ pub(crate) fn decode_schedule(key: &[u8], v: &[u8]) -> Result<ScheduleRecord, Co
 pub(super) fn scheduled_counts(db: &DB, cf: &ColumnFamily) -> Result<HashMap<u32, (u64, u64)>, ReadError> {
     let (lo, hi) = keys::scheduled_id_range(None);
     let mut out: HashMap<u32, (u64, u64)> = HashMap::new();
-    for item in db.iterator_cf_opt(cf, bounded(lo.clone(), hi), IteratorMode::From(&lo, Direction::Forward)) {
+    for item in scan(db, cf, lo, hi) {
         let (k, v) = item.map_err(storage)?;
         let (q, _) = keys::parse_scheduled_id_key(&k)?;
         let due = decode_u64(&k, &v)?;
@@ -188,8 +187,7 @@ pub(super) fn scheduled_counts(db: &DB, cf: &ColumnFamily) -> Result<HashMap<u32
 /// The earliest due entry's time (read at open: it arms the timer).
 pub(super) fn first_due(db: &DB, cf: &ColumnFamily) -> Result<Option<u64>, ReadError> {
     let (lo, hi) = keys::due_range();
-    match db.iterator_cf_opt(cf, bounded(lo.clone(), hi), IteratorMode::From(&lo, Direction::Forward)).next()
-    {
+    match scan(db, cf, lo, hi).next() {
         Some(item) => {
             let (k, _) = item.map_err(storage)?;
             Ok(Some(keys::parse_due_key(&k)?.0))
@@ -297,11 +295,7 @@ impl Batch<'_> {
         let lo = keys::due_key(from, 0, 0).to_vec();
         let (_, hi) = keys::due_range();
         let mut bytes = 0;
-        let it = self.db.iterator_cf_opt(
-            self.cfs.scheduled,
-            bounded(lo.clone(), hi),
-            IteratorMode::From(&lo, Direction::Forward),
-        );
+        let it = scan(self.db, self.cfs.scheduled, lo, hi);
         let mut out = Vec::new();
         for item in it {
             let (k, v) = item.map_err(storage)?;
