@@ -600,7 +600,7 @@ async fn claim_latency(q: &Queue, n: u64) -> (Duration, Duration) {
         let start = Instant::now();
         let job = jobs.next().await.unwrap().unwrap();
         lat.push(start.elapsed());
-        job.ack().await.unwrap();
+        job.ack_durable().await.unwrap();
     }
     lat.sort_unstable();
     let pick = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];

@@ -40,7 +40,7 @@ async fn main() -> Result<(), rockq::Error> {
             job.seq(),
             job.attempt()
         );
-        job.ack().await?;
+        job.ack()?;
     }
     broker.shutdown().await?;
     Ok(())

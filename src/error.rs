@@ -328,6 +328,17 @@ pub enum SendError {
         /// Why.
         reason: &'static str,
     },
+    /// A typed send's codec could not encode a value (nothing was sent).
+    #[error("message {index} does not encode with codec {codec:?}: {source}")]
+    Encode {
+        /// Position of the value within the call (0 for `send`).
+        index: usize,
+        /// The codec's [name](crate::Codec::NAME).
+        codec: &'static str,
+        /// The codec's error.
+        #[source]
+        source: std::sync::Arc<dyn std::error::Error + Send + Sync>,
+    },
     /// Reading the queue's dedup records failed while checking an idempotency key (nothing
     /// was written).
     #[error(transparent)]

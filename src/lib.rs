@@ -60,6 +60,7 @@ mod engine;
 mod store;
 
 mod clock;
+mod codec;
 mod error;
 mod events;
 mod faults;
@@ -76,6 +77,11 @@ pub mod telemetry;
 pub use broker::Broker;
 pub use bytes::Bytes;
 pub use clock::{Clock, ManualClock};
+#[cfg(feature = "json")]
+pub use codec::Json;
+#[cfg(feature = "postcard")]
+pub use codec::Postcard;
+pub use codec::{BoxError, CODEC_HEADER, Codec, DecodeError};
 pub use consumer::{Delivery, Group, Subscription};
 pub use error::{
     AckError, CommitError, CorruptionError, Error, InspectError, NameError, NameKind, OpenError, PauseError,
@@ -88,7 +94,7 @@ pub use message::{MAX_KEY_LEN, Message};
 pub use model::StartFrom;
 pub use name::MAX_NAME_LEN;
 pub use options::{Durability, Options};
-pub use producer::{Queue, SendReceipt};
+pub use producer::{Queue, SendReceipt, TypedQueue};
 pub use retention::{ResetTo, Retention, TrimReport};
 pub use schedule::{Missed, Recurrence, ScheduleInfo, ScheduledInfo};
 pub use sent::{Original, ScheduledMessage, Sent};
@@ -98,8 +104,8 @@ pub use stats::{
 };
 pub use tokio_util::sync::CancellationToken;
 pub use work::{
-    DeadLetter, DeadLetters, Handler, HandlerError, Job, PoolHandle, PoolReport, Redrive, RetryPolicy, Task,
-    WorkGroup, WorkSubscription, Workers,
+    DeadLetter, DeadLetters, Handler, HandlerError, HandlerResultExt, IntoHandler, IntoTypedHandler, Job,
+    PoolHandle, PoolReport, Redrive, RetryPolicy, Task, WorkGroup, WorkSubscription, Workers,
 };
 
 /// Entry points for the cargo-fuzz targets in `fuzz/` (compiled only under `cargo fuzz`).

@@ -97,8 +97,8 @@ async fn stats_and_pending_show_work_group_leases_holders_retries_and_dead_lette
     let j2 = next_job(&mut sub).await;
     let j3 = next_job(&mut sub).await;
     assert_eq!((j1.seq(), j2.seq(), j3.seq()), (1, 2, 3));
-    j1.dead_letter("bad input").await.unwrap();
-    j2.fail("downstream 503").await.unwrap();
+    j1.dead_letter_durable("bad input").await.unwrap();
+    j2.fail_durable("downstream 503").await.unwrap();
 
     let now = clock.wall_time();
     let pending = broker.pending("workers", "jobs").await.unwrap();

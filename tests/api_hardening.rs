@@ -33,7 +33,7 @@ async fn assert_released_uncounted(broker: &Broker, q: &rockq::Queue, seq: u64) 
     let mut sub = group.subscribe().await.unwrap();
     let j = next_job(&mut sub).await;
     assert_eq!((j.seq(), j.attempt()), (seq, 1), "the interrupted attempt was not counted");
-    j.ack().await.unwrap();
+    j.ack_durable().await.unwrap();
     let dlq = broker.dead_letters("jobs.dlq").await.unwrap();
     assert!(dlq.list(10).await.unwrap().is_empty(), "nothing was dead-lettered");
 }
@@ -195,7 +195,7 @@ async fn extended_leases_show_in_pending_and_stats() {
     let stats = broker.stats().await.unwrap();
     let g = stats.groups.iter().find(|g| g.group == "w").unwrap();
     assert_eq!(g.in_flight, 1, "the extended job is in flight");
-    job.ack().await.unwrap();
+    job.ack_durable().await.unwrap();
     broker.shutdown().await.unwrap();
 }
 
@@ -281,7 +281,7 @@ async fn an_aborted_pool_releases_its_waiting_jobs_without_counting_too() {
     for _ in seqs.clone() {
         let j = next_job(&mut sub).await;
         got.push((j.seq(), j.attempt()));
-        j.ack().await.unwrap();
+        j.ack_durable().await.unwrap();
     }
     got.sort_unstable();
     assert_eq!(got, seqs.map(|s| (s, 1)).collect::<Vec<_>>(), "an attempt was counted");

@@ -208,20 +208,20 @@ async fn run(i: Input) {
         .retry_policy(policy);
     let mut sub = group.subscribe().await.unwrap();
     let job = next_job(&mut sub).await;
-    let _ = job.lease_deadline();
+    let _ = job.lease_remaining();
     job.extend(i.extend).unwrap();
     let _ = broker.pending("w", "q").await.unwrap();
     let _ = broker.stats().await.unwrap();
-    match job.retry_after(i.retry_after).await {
+    match job.retry_after_durable(i.retry_after).await {
         Ok(()) => {}
         // `extend(0)` ends the lease now: the outcome is refused, typed.
         Err(rockq::AckError::LeaseLost { .. }) => assert!(i.extend.is_zero(), "{i:?}"),
         Err(e) => panic!("{e:?}"),
     }
     let job = next_job(&mut sub).await;
-    job.nack().await.unwrap(); // backoff from the policy
+    job.nack_durable().await.unwrap(); // backoff from the policy
     let job = next_job(&mut sub).await;
-    job.dead_letter("one").await.unwrap();
+    job.dead_letter_durable("one").await.unwrap();
     drop(sub);
     let _ = broker.pending("w", "q").await.unwrap();
 
@@ -244,7 +244,7 @@ async fn run(i: Input) {
     // Redrive pacing with any rate: two dead letters, so the second batch is paced.
     let mut sub = q.work_group("x").unwrap().subscribe().await.unwrap();
     for _ in 0..2 {
-        next_job(&mut sub).await.dead_letter("two").await.unwrap();
+        next_job(&mut sub).await.dead_letter_durable("two").await.unwrap();
     }
     drop(sub);
     let mut events = broker.events();

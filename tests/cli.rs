@@ -47,7 +47,7 @@ async fn populate(broker: &rockq::Broker) -> (rockq::WorkSubscription, rockq::Jo
         .subscribe()
         .await
         .unwrap();
-    next_job(&mut js).await.dead_letter("malformed").await.unwrap();
+    next_job(&mut js).await.dead_letter_durable("malformed").await.unwrap();
     let held = next_job(&mut js).await;
     (js, held)
 }

@@ -22,7 +22,7 @@ async fn dead_letter_all(broker: &rockq::Broker, payloads: &[&str]) -> Vec<u64> 
         .await
         .unwrap();
     for _ in &seqs {
-        next_job(&mut sub).await.fail("boom").await.unwrap();
+        next_job(&mut sub).await.fail_durable("boom").await.unwrap();
     }
     seqs
 }
@@ -41,11 +41,11 @@ async fn a_dead_letter_keeps_origin_payload_headers_attempts_error_and_times() {
             .jitter(0.0),
     );
     let mut sub = group.subscribe().await.unwrap();
-    next_job(&mut sub).await.fail("first error").await.unwrap();
+    next_job(&mut sub).await.fail_durable("first error").await.unwrap();
     clock.advance(Duration::from_secs(1));
     let j = next_job(&mut sub).await;
     assert_eq!(j.attempt(), 2);
-    j.fail("second error").await.unwrap();
+    j.fail_durable("second error").await.unwrap();
     assert_eq!(group.committed(), Some(seq), "the offset moved in the same write");
 
     let dlq = broker.dead_letters("jobs.dlq").await.unwrap();
@@ -69,7 +69,7 @@ async fn dead_letter_now_skips_the_remaining_attempts() {
     let q = broker.queue("jobs").await.unwrap();
     q.send("poison").await.unwrap();
     let mut sub = q.work_group("w").unwrap().dead_letter_queue("graveyard").subscribe().await.unwrap();
-    next_job(&mut sub).await.dead_letter("cannot parse").await.unwrap();
+    next_job(&mut sub).await.dead_letter_durable("cannot parse").await.unwrap();
     let d = broker.dead_letters("graveyard").await.unwrap().peek().await.unwrap().unwrap();
     assert_eq!((d.attempts, d.reason.as_str()), (1, "cannot parse"));
     broker.shutdown().await.unwrap();
@@ -110,7 +110,7 @@ async fn redrive_moves_dead_letters_back_to_their_origin_with_new_sequences() {
         assert_eq!((j.payload().as_ref(), j.attempt()), (payload.as_bytes(), 1));
         assert!(j.seq() > *old.last().unwrap());
         assert!(j.header("rockq-dlq-queue").is_none(), "dead-letter headers are stripped");
-        j.ack().await.unwrap();
+        j.ack_durable().await.unwrap();
     }
     broker.shutdown().await.unwrap();
 }
@@ -223,7 +223,7 @@ async fn a_corrupted_message_is_dead_lettered_with_its_raw_bytes_and_the_group_m
         let job =
             tokio::time::timeout(Duration::from_secs(60), next_job(&mut sub)).await.expect("group stalled");
         got.push(job.payload().clone());
-        job.ack().await.unwrap();
+        job.ack_durable().await.unwrap();
     }
     assert_eq!(got, ["1", "3"]);
     let dlq = broker.dead_letters("jobs.dlq").await.unwrap();

@@ -65,7 +65,7 @@ async fn failed_outcome_write_leaves_the_claim_for_redelivery() {
         let mut sub = q.work_group("w").unwrap().subscribe().await.unwrap();
         let job = next_job(&mut sub).await;
         fail::cfg("rockq-writer-write", "return").unwrap();
-        assert!(matches!(job.ack().await, Err(AckError::Storage(_))));
+        assert!(matches!(job.ack_durable().await, Err(AckError::Storage(_))));
         fail::remove("rockq-writer-write");
         let _ = broker.shutdown().await;
     }
@@ -74,7 +74,7 @@ async fn failed_outcome_write_leaves_the_claim_for_redelivery() {
     let mut sub = q.work_group("w").unwrap().subscribe().await.unwrap();
     let job = next_job(&mut sub).await;
     assert_eq!((job.seq(), job.attempt()), (seq, 2), "at-least-once: redelivered, attempt kept");
-    job.ack().await.unwrap();
+    job.ack_durable().await.unwrap();
     broker.shutdown().await.unwrap();
 }
 
@@ -406,7 +406,7 @@ async fn a_work_group_reset_wins_over_queued_pool_acks() {
     for seq in 1..=5 {
         let job = next_job(&mut jobs).await;
         assert_eq!((job.seq(), job.attempt()), (seq, 1), "redelivered as new: the reset dropped attempts");
-        job.ack().await.unwrap();
+        job.ack_durable().await.unwrap();
     }
     drop(jobs);
     broker.shutdown().await.unwrap();
@@ -503,7 +503,7 @@ async fn a_dead_letter_abandoned_on_a_full_channel_is_retried() {
     let sentinel = q.send("sentinel").await.unwrap();
     let job = next_job(&mut jobs).await;
     assert_eq!(job.seq(), sentinel);
-    job.ack().await.unwrap();
+    job.ack_durable().await.unwrap();
     assert_eq!(group.committed(), Some(sentinel), "the abandoned message was dead-lettered after all");
     assert_eq!(broker.dead_letters("q.dlq").await.unwrap().len().await.unwrap(), 1);
     drop(jobs);

@@ -95,11 +95,11 @@ async fn a_format_2_database_opens_and_delivers_what_it_holds() {
         [(first.seq(), first.key().map(str::to_owned)), (second.seq(), second.key().map(str::to_owned))];
     got.sort();
     assert_eq!(got, [(1, Some("a".to_string())), (3, Some("b".to_string()))]);
-    first.ack().await.unwrap();
+    first.ack_durable().await.unwrap();
     let third = next_job(&mut jobs).await;
     assert_eq!((third.seq(), third.key()), (2, Some("a")));
-    third.ack().await.unwrap();
-    second.ack().await.unwrap();
+    third.ack_durable().await.unwrap();
+    second.ack_durable().await.unwrap();
     drop(jobs);
     broker.shutdown().await.unwrap();
 }
@@ -170,7 +170,7 @@ async fn check_format_1_content(path: &Path) {
     for _ in 0..4 {
         let job = next_job(&mut jobs).await;
         claimed.push((job.seq(), job.attempt()));
-        job.ack().await.unwrap();
+        job.ack_durable().await.unwrap();
     }
     claimed.sort();
     assert_eq!(claimed, [(2, 2), (4, 2), (5, 1), (6, 1)]);
@@ -252,9 +252,9 @@ async fn write_fixture() {
     let j3 = next_job(&mut jobs).await;
     let j4 = next_job(&mut jobs).await;
     assert_eq!([j1.seq(), j2.seq(), j3.seq(), j4.seq()], [1, 2, 3, 4]);
-    j1.ack().await.unwrap();
-    j2.fail("boom").await.unwrap();
-    j3.dead_letter("bad").await.unwrap();
+    j1.ack_durable().await.unwrap();
+    j2.fail_durable("boom").await.unwrap();
+    j3.dead_letter_durable("bad").await.unwrap();
     std::mem::forget(j4); // as if the process died holding it
     std::mem::forget(jobs);
 

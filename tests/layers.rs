@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 const HANDLES: &[&str] = &["broker", "producer", "consumer", "work", "inspector"];
 const VALUES: &[&str] = &[
     "clock",
+    "codec",
     "error",
     "events",
     "faults",

@@ -114,20 +114,20 @@ async fn counters_gauges_and_histograms_follow_the_traffic() {
         .max_in_flight(3);
     let mut js = wg.subscribe().await.unwrap();
     let (a, b, c) = (next_job(&mut js).await, next_job(&mut js).await, next_job(&mut js).await);
-    a.ack().await.unwrap();
-    b.fail("boom").await.unwrap();
+    a.ack_durable().await.unwrap();
+    b.fail_durable("boom").await.unwrap();
     drop(c); // counted attempt, released
     // Hold the leased job past its lease so the next claim sees an expiry.
     clock.advance(Duration::from_secs(2));
     let b2 = next_job(&mut js).await;
     let c2 = next_job(&mut js).await;
     assert_eq!((b2.seq(), c2.seq()), (2, 3));
-    b2.dead_letter("giving up").await.unwrap();
+    b2.dead_letter_durable("giving up").await.unwrap();
     clock.advance(Duration::from_secs(31));
     // c2's lease expired: the next claim takes it over.
     let c3 = next_job(&mut js).await;
     assert_eq!((c3.seq(), c3.attempt()), (3, 3));
-    c3.ack().await.unwrap();
+    c3.ack_durable().await.unwrap();
     drop(js);
     let wl = [("queue", "jobs"), ("group", "workers")];
     assert_eq!(seen.counter(m::ACKED, &wl), 2);
@@ -210,8 +210,8 @@ async fn periodic_gauges_agree_with_stats(seen: &mut Seen) {
     assert!(q.cancel(ids[2]).await.unwrap());
     let mut js = q.work_group("pool").unwrap().claim_batch(4).max_in_flight(4).subscribe().await.unwrap();
     let (a, b, c) = (next_job(&mut js).await, next_job(&mut js).await, next_job(&mut js).await);
-    b.ack().await.unwrap(); // finished above a gap (1 is still held)
-    c.retry_after(Duration::from_secs(3600)).await.unwrap(); // waiting
+    b.ack_durable().await.unwrap(); // finished above a gap (1 is still held)
+    c.retry_after_durable(Duration::from_secs(3600)).await.unwrap(); // waiting
     clock.advance(Duration::from_secs(5));
     // The delayed message due after 1 s fires now: wait for it to land before the gauges tick.
     let fired = tokio::time::timeout(HANG_GUARD, async {

@@ -361,9 +361,9 @@ async fn run(ops: Vec<Op>) {
                 let j = r.w_held.swap_remove(i);
                 let (seq, attempt, expired, _) = m.w_held.swap_remove(i);
                 let res = match op {
-                    Op::WAck(_) => Some(j.ack().await),
-                    Op::WNack(_) => Some(j.fail("model").await),
-                    Op::WDead(_) => Some(j.dead_letter("model").await),
+                    Op::WAck(_) => Some(j.ack_durable().await),
+                    Op::WNack(_) => Some(j.fail_durable("model").await),
+                    Op::WDead(_) => Some(j.dead_letter_durable("model").await),
                     _ => {
                         drop(j);
                         None
@@ -778,7 +778,7 @@ async fn j_run(ops: Vec<JOp>) {
             JOp::KAck(i) => {
                 let i = i % 3;
                 let Some(j) = r.k_jobs[i].take() else { continue };
-                j.ack().await.unwrap();
+                j.ack_durable().await.unwrap();
                 m.k_done.insert(m.k_held[i].take().unwrap());
             }
         }

@@ -31,7 +31,7 @@ async fn until_acked_deletes_only_what_every_group_finished_and_never_a_claimed_
         if j.seq() == 4 {
             held = Some(j);
         } else {
-            j.ack().await.unwrap();
+            j.ack_durable().await.unwrap();
         }
     }
 
@@ -40,7 +40,7 @@ async fn until_acked_deletes_only_what_every_group_finished_and_never_a_claimed_
     assert_eq!(q.first_seq(), 4);
     let held = held.unwrap();
     assert_eq!(held.seq(), 4);
-    held.ack().await.unwrap();
+    held.ack_durable().await.unwrap();
     broker.trim().await.unwrap();
     assert_eq!(q.first_seq(), 6, "now b (offset 5) holds the head");
 
@@ -82,7 +82,7 @@ async fn max_len_trims_unconsumed_messages_and_groups_behind_skip_with_an_event(
     let first = next(&mut ordered).await; // 1, handed out and still unacked
     let mut w = q.work_group("w").unwrap().subscribe().await.unwrap();
     let job = next_job(&mut w).await;
-    job.ack().await.unwrap();
+    job.ack_durable().await.unwrap();
     drop(w);
 
     let report = broker.trim().await.unwrap();
@@ -264,11 +264,11 @@ async fn a_work_group_resets_to_a_retained_sequence_and_its_claims_are_dropped()
     {
         let mut sub = group.subscribe().await.unwrap();
         for _ in 0..3 {
-            next_job(&mut sub).await.ack().await.unwrap();
+            next_job(&mut sub).await.ack_durable().await.unwrap();
         }
         let held = next_job(&mut sub).await; // 4 claimed, attempt 1
         assert!(matches!(group.reset_to(ResetTo::Sequence(2)).await, Err(ResetError::Active { .. })));
-        held.fail("x").await.unwrap(); // waiting for a retry: a claim record with attempt 1
+        held.fail_durable("x").await.unwrap(); // waiting for a retry: a claim record with attempt 1
     }
     assert_eq!(group.committed(), Some(3));
     assert_eq!(group.reset_to(ResetTo::Sequence(2)).await.unwrap(), 2);
@@ -278,7 +278,7 @@ async fn a_work_group_resets_to_a_retained_sequence_and_its_claims_are_dropped()
     for expected in [b"b", b"c", b"d"] {
         let j = next_job(&mut sub).await;
         assert_eq!((j.payload().as_ref(), j.attempt()), (&expected[..], 1), "claims were dropped");
-        j.ack().await.unwrap();
+        j.ack_durable().await.unwrap();
     }
     drop(sub);
     broker.shutdown().await.unwrap();
@@ -303,9 +303,9 @@ async fn a_trim_past_a_waiting_head_moves_the_offset_over_the_finished_run_above
         let mut w = group.subscribe().await.unwrap();
         let head = next_job(&mut w).await;
         assert_eq!(head.seq(), 1);
-        head.retry_after(Duration::from_secs(86_400)).await.unwrap();
+        head.retry_after_durable(Duration::from_secs(86_400)).await.unwrap();
         for _ in 2..=20 {
-            next_job(&mut w).await.ack().await.unwrap();
+            next_job(&mut w).await.ack_durable().await.unwrap();
         }
         drop(w);
         assert_eq!(group.committed(), Some(0), "the waiting head holds the offset");

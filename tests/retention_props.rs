@@ -87,7 +87,7 @@ async fn run(ops: Vec<Op>) {
                 if !jobs.is_empty() {
                     let job = jobs.swap_remove(i % jobs.len());
                     if ack {
-                        job.ack().await.unwrap();
+                        job.ack_durable().await.unwrap();
                     } else {
                         drop(job); // released: claimable again
                         claimable += 1;

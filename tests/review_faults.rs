@@ -32,7 +32,7 @@ async fn a_corrupt_record_mid_batch_strands_none_of_the_claims_after_it() {
     for _ in 0..4 {
         let job = next_job(&mut jobs).await;
         seen.push((job.seq(), job.attempt()));
-        job.ack().await.unwrap();
+        job.ack_durable().await.unwrap();
     }
     // Nobody's lease ran out (the clock never moved): 4 and 5 come on their first attempt.
     assert_eq!(seen, [(1, 1), (2, 1), (4, 1), (5, 1)]);
@@ -72,7 +72,7 @@ async fn a_message_whose_dead_letter_cannot_hold_its_headers_still_leaves_the_gr
     // 1: dead-lettered by the consumer.
     let job = next_job(&mut jobs).await;
     assert_eq!(job.seq(), 1);
-    job.dead_letter("poison").await.expect("the dead letter is written, headers dropped");
+    job.dead_letter_durable("poison").await.expect("the dead letter is written, headers dropped");
 
     // 2: its lease runs out on its only attempt, so the next claim dead-letters it unseen.
     let job = next_job(&mut jobs).await;
@@ -82,7 +82,7 @@ async fn a_message_whose_dead_letter_cannot_hold_its_headers_still_leaves_the_gr
     let sentinel = q.send("sentinel").await.unwrap();
     let job = next_job(&mut jobs).await;
     assert_eq!(job.seq(), sentinel);
-    job.ack().await.unwrap();
+    job.ack_durable().await.unwrap();
     assert_eq!(group.committed(), Some(sentinel), "both stuffed messages left the group");
 
     let letters = broker.dead_letters("q.dlq").await.unwrap().list(10).await.unwrap();
@@ -124,7 +124,7 @@ async fn one_claim_reads_at_most_four_mib_and_releases_the_rest_unread() {
         [&first, &second, &third].iter().map(|j| (j.seq(), j.attempt(), j.payload().len())).collect();
     assert_eq!(got, [(1, 1, 3 << 20), (2, 1, 3 << 20), (3, 1, 3 << 20)], "released uncounted");
     for j in [first, second, third] {
-        j.ack().await.unwrap();
+        j.ack_durable().await.unwrap();
     }
     drop(jobs);
     broker.shutdown().await.unwrap();
@@ -145,12 +145,12 @@ async fn a_work_group_reset_is_not_kept_out_by_a_lease_that_ran_out() {
     let job = next_job(&mut jobs).await;
     drop(jobs);
     clock.advance(Duration::from_secs(11));
-    assert!(matches!(job.ack().await, Err(rockq::AckError::LeaseLost { .. })));
+    assert!(matches!(job.ack_durable().await, Err(rockq::AckError::LeaseLost { .. })));
     assert_eq!(group.reset_to(rockq::ResetTo::Sequence(1)).await.unwrap(), 1);
     let mut jobs = group.subscribe().await.unwrap();
     let job = next_job(&mut jobs).await;
     assert_eq!((job.seq(), job.attempt()), (1, 1), "the reset dropped the old attempt");
-    job.ack().await.unwrap();
+    job.ack_durable().await.unwrap();
     drop(jobs);
     broker.shutdown().await.unwrap();
 }

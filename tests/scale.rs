@@ -28,7 +28,7 @@ async fn a_large_waiting_backlog_survives_a_restart_and_does_not_block_fresh_wor
         let group = q.work_group("w").unwrap().claim_batch(512).max_in_flight(1024);
         let mut js = group.subscribe().await.unwrap();
         for _ in 0..BACKLOG {
-            next_job(&mut js).await.retry_after(RETRY_IN).await.unwrap();
+            next_job(&mut js).await.retry_after_durable(RETRY_IN).await.unwrap();
         }
         assert_eq!(group.waiting(), BACKLOG as usize);
         drop(js);
@@ -43,13 +43,13 @@ async fn a_large_waiting_backlog_survives_a_restart_and_does_not_block_fresh_wor
     let mut js = group.subscribe().await.unwrap();
     let job = next_job(&mut js).await;
     assert_eq!((job.seq(), job.attempt()), (fresh, 1), "the fresh message, not a waiting one");
-    job.ack().await.unwrap();
+    job.ack_durable().await.unwrap();
     // Due: every one comes back, oldest first, with its second attempt.
     clock.advance(RETRY_IN);
     for seq in 1..=BACKLOG {
         let job = next_job(&mut js).await;
         assert_eq!((job.seq(), job.attempt()), (seq, 2));
-        job.ack().await.unwrap();
+        job.ack_durable().await.unwrap();
     }
     assert_eq!(group.waiting(), 0);
     drop(js);
@@ -73,9 +73,9 @@ async fn a_gap_closing_over_thousands_of_finished_messages_moves_the_offset_at_o
         let mut js = group.subscribe().await.unwrap();
         let head = next_job(&mut js).await;
         assert_eq!(head.seq(), 1);
-        head.retry_after(Duration::from_secs(60)).await.unwrap();
+        head.retry_after_durable(Duration::from_secs(60)).await.unwrap();
         for _ in 2..=n {
-            next_job(&mut js).await.ack().await.unwrap();
+            next_job(&mut js).await.ack_durable().await.unwrap();
         }
         assert_eq!(group.committed(), Some(0), "the head holds the offset");
         let pending = broker.pending("w", "jobs").await.unwrap();
@@ -85,7 +85,7 @@ async fn a_gap_closing_over_thousands_of_finished_messages_moves_the_offset_at_o
         clock.advance(Duration::from_secs(60));
         let head = next_job(&mut js).await;
         assert_eq!((head.seq(), head.attempt()), (1, 2));
-        head.ack().await.unwrap();
+        head.ack_durable().await.unwrap();
         assert_eq!(group.committed(), Some(n), "the offset jumped over the finished run");
         assert!(broker.pending("w", "jobs").await.unwrap().is_empty());
         drop(js);

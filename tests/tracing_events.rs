@@ -79,8 +79,8 @@ async fn lifecycle_events_carry_fields_and_info_has_no_per_message_noise() {
     );
     let mut js = wg.subscribe().await.unwrap();
     let (a, b) = (next_job(&mut js).await, next_job(&mut js).await);
-    a.fail("flaky").await.unwrap();
-    b.dead_letter("poison").await.unwrap();
+    a.fail_durable("flaky").await.unwrap();
+    b.dead_letter_durable("poison").await.unwrap();
     drop(js);
     broker.trim().await.unwrap();
     broker.shutdown().await.unwrap();

@@ -43,7 +43,7 @@ async fn helper_consume_and_abort_on_poison() {
                     std::process::abort();
                 }
                 let payload = String::from_utf8(job.payload().to_vec()).unwrap();
-                job.ack().await.unwrap();
+                job.ack_durable().await.unwrap();
                 println!("ACK {payload}");
             }
             // A dead-lettering (done by the subscription itself) also moves the offset.

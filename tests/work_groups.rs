@@ -38,7 +38,7 @@ async fn competing_consumers_get_each_message_exactly_once_in_a_clean_run() {
                 };
                 assert_eq!(job.attempt(), 1);
                 let seq = job.seq();
-                job.ack().await.unwrap();
+                job.ack_durable().await.unwrap();
                 let mut s = seen.lock().unwrap();
                 *s.entry(seq).or_default() += 1;
                 if s.len() as u64 == n {
@@ -80,10 +80,10 @@ async fn an_expired_lease_redelivers_with_the_next_attempt_and_fences_the_old_ho
 
     // The old holder can no longer do anything with it, whatever it tries.
     assert!(matches!(old.extend(Duration::from_secs(60)), Err(AckError::LeaseLost { attempt: 1, .. })));
-    assert!(matches!(old.ack().await, Err(AckError::LeaseLost { .. })));
+    assert!(matches!(old.ack_durable().await, Err(AckError::LeaseLost { .. })));
     assert_eq!(group.committed(), Some(0), "a fenced ack must not move the offset");
 
-    new.ack().await.unwrap();
+    new.ack_durable().await.unwrap();
     assert_eq!(group.committed(), Some(seq));
     broker.shutdown().await.unwrap();
 }
@@ -98,10 +98,10 @@ async fn an_expired_lease_fences_even_if_nobody_claimed_the_message_again() {
     let mut sub = q.work_group("w").unwrap().lease(Duration::from_secs(5)).subscribe().await.unwrap();
     let job = next_job(&mut sub).await;
     clock.advance(Duration::from_secs(5));
-    assert!(matches!(job.nack().await, Err(AckError::LeaseLost { .. })));
+    assert!(matches!(job.nack_durable().await, Err(AckError::LeaseLost { .. })));
     let again = next_job(&mut sub).await;
     assert_eq!(again.attempt(), 2);
-    again.ack().await.unwrap();
+    again.ack_durable().await.unwrap();
     broker.shutdown().await.unwrap();
 }
 
@@ -124,8 +124,8 @@ async fn extend_keeps_the_lease_past_its_original_deadline() {
     let sentinel = q.send("sentinel").await.unwrap();
     let other = next_job(&mut b).await;
     assert_eq!(other.seq(), sentinel);
-    job.ack().await.unwrap();
-    other.ack().await.unwrap();
+    job.ack_durable().await.unwrap();
+    other.ack_durable().await.unwrap();
     assert_eq!(group.committed(), Some(sentinel));
     assert!(seq < sentinel);
     broker.shutdown().await.unwrap();
@@ -145,7 +145,7 @@ async fn a_nacked_message_waits_for_its_backoff_without_holding_a_slot_or_blocki
 
     let a = next_job(&mut sub).await;
     assert_eq!(a.seq(), *first.start());
-    a.fail("flaky").await.unwrap();
+    a.fail_durable("flaky").await.unwrap();
     let retried = wait_event(&mut events, |e| matches!(e, Event::Retried { .. })).await;
     assert!(
         matches!(retried, Event::Retried { attempt: 1, delay, ref error, .. } if delay == Duration::from_secs(10) && error == "flaky")
@@ -156,14 +156,14 @@ async fn a_nacked_message_waits_for_its_backoff_without_holding_a_slot_or_blocki
     for expected in [b"b", b"c"] {
         let j = next_job(&mut sub).await;
         assert_eq!(j.payload().as_ref(), expected);
-        j.ack().await.unwrap();
+        j.ack_durable().await.unwrap();
     }
     assert_eq!(group.committed(), Some(0), "the offset waits for a");
 
     clock.advance(Duration::from_secs(10));
     let a2 = next_job(&mut sub).await;
     assert_eq!((a2.seq(), a2.attempt()), (*first.start(), 2));
-    a2.ack().await.unwrap();
+    a2.ack_durable().await.unwrap();
     assert_eq!(group.committed(), Some(*first.end()));
     broker.shutdown().await.unwrap();
 }
@@ -177,17 +177,17 @@ async fn retry_after_overrides_the_backoff() {
     let seq = q.send("x").await.unwrap();
     let group = q.work_group("w").unwrap().retry_policy(no_jitter(5, Duration::from_secs(3600)));
     let mut sub = group.subscribe().await.unwrap();
-    next_job(&mut sub).await.retry_after(Duration::from_secs(3)).await.unwrap();
+    next_job(&mut sub).await.retry_after_durable(Duration::from_secs(3)).await.unwrap();
 
     clock.advance(Duration::from_secs(2));
     let sentinel = q.send("sentinel").await.unwrap();
     let s = next_job(&mut sub).await;
     assert_eq!(s.seq(), sentinel, "not due yet");
-    s.ack().await.unwrap();
+    s.ack_durable().await.unwrap();
     clock.advance(Duration::from_secs(1));
     let again = next_job(&mut sub).await;
     assert_eq!((again.seq(), again.attempt()), (seq, 2));
-    again.ack().await.unwrap();
+    again.ack_durable().await.unwrap();
     broker.shutdown().await.unwrap();
 }
 
@@ -233,8 +233,8 @@ async fn attempts_and_finished_messages_survive_a_restart() {
         let [j1, j2, j3] = jobs;
         assert_eq!(j1.seq(), s1);
         // 2 and 3 finish above the gap that 1 leaves; 1 is still held when the process stops.
-        j2.ack().await.unwrap();
-        j3.ack().await.unwrap();
+        j2.ack_durable().await.unwrap();
+        j3.ack_durable().await.unwrap();
         std::mem::forget(j1); // as if the process died while handling it
         broker.shutdown().await.unwrap();
     }
@@ -245,13 +245,13 @@ async fn attempts_and_finished_messages_survive_a_restart() {
     let mut sub = group.subscribe().await.unwrap();
     let j1 = next_job(&mut sub).await;
     assert_eq!((j1.seq(), j1.attempt()), (s1, 2), "the attempt from before the restart counts");
-    j1.ack().await.unwrap();
+    j1.ack_durable().await.unwrap();
     assert_eq!(group.committed(), Some(s3), "2 and 3 were already finished");
     // Nothing else comes back: the next job is the sentinel.
     let sentinel = q.send("sentinel").await.unwrap();
     let s = next_job(&mut sub).await;
     assert_eq!(s.seq(), sentinel);
-    s.ack().await.unwrap();
+    s.ack_durable().await.unwrap();
     broker.shutdown().await.unwrap();
 }
 
@@ -264,7 +264,7 @@ async fn a_retry_time_survives_a_restart() {
         let q = broker.queue("jobs").await.unwrap();
         seq = q.send("x").await.unwrap();
         let mut sub = q.work_group("w").unwrap().subscribe().await.unwrap();
-        next_job(&mut sub).await.retry_after(Duration::from_secs(3600)).await.unwrap();
+        next_job(&mut sub).await.retry_after_durable(Duration::from_secs(3600)).await.unwrap();
         broker.shutdown().await.unwrap();
     }
     let clock = ManualClock::new();
@@ -276,11 +276,11 @@ async fn a_retry_time_survives_a_restart() {
     let sentinel = q.send("sentinel").await.unwrap();
     let s = next_job(&mut sub).await;
     assert_eq!(s.seq(), sentinel, "the retry is not due after a restart");
-    s.ack().await.unwrap();
+    s.ack_durable().await.unwrap();
     clock.advance(Duration::from_secs(3600));
     let j = next_job(&mut sub).await;
     assert_eq!((j.seq(), j.attempt()), (seq, 2));
-    j.ack().await.unwrap();
+    j.ack_durable().await.unwrap();
     broker.shutdown().await.unwrap();
 }
 
@@ -299,7 +299,7 @@ async fn ordered_and_work_groups_are_independent_and_a_name_keeps_its_mode() {
             d.ack().unwrap();
             let j = next_job(&mut work).await;
             assert_eq!(j.seq(), seq);
-            j.ack().await.unwrap();
+            j.ack_durable().await.unwrap();
         }
         assert!(matches!(
             q.work_group("audit").unwrap().subscribe().await,
@@ -344,10 +344,10 @@ async fn a_full_in_flight_bound_is_reported_as_saturation() {
         _ = &mut pending => panic!("a job came through a full bound"),
     }
     assert_eq!(group.saturations(), 1);
-    held.ack().await.unwrap();
+    held.ack_durable().await.unwrap();
     let b = tokio::time::timeout(HANG_GUARD, pending).await.unwrap().unwrap().unwrap();
     assert_eq!(b.payload().as_ref(), b"b");
-    b.ack().await.unwrap();
+    b.ack_durable().await.unwrap();
     broker.shutdown().await.unwrap();
 }
 
@@ -361,12 +361,12 @@ async fn jobs_claimed_but_never_handed_out_are_released_without_counting() {
     let mut sub = group.subscribe().await.unwrap();
     let a = next_job(&mut sub).await; // b and c were claimed with it
     drop(sub);
-    a.ack().await.unwrap();
+    a.ack_durable().await.unwrap();
     let mut sub = group.subscribe().await.unwrap();
     for payload in [b"b", b"c"] {
         let j = next_job(&mut sub).await;
         assert_eq!((j.payload().as_ref(), j.attempt()), (&payload[..], 1));
-        j.ack().await.unwrap();
+        j.ack_durable().await.unwrap();
     }
     broker.shutdown().await.unwrap();
 }
@@ -381,7 +381,7 @@ async fn outcomes_after_shutdown_are_refused() {
     let j = next_job(&mut sub).await;
     broker.shutdown().await.unwrap();
     assert!(matches!(j.extend(Duration::from_secs(1)), Err(AckError::Shutdown)));
-    assert!(matches!(j.ack().await, Err(AckError::Shutdown)));
+    assert!(matches!(j.ack_durable().await, Err(AckError::Shutdown)));
     assert!(sub.next().await.is_none(), "the stream ends at shutdown");
     assert!(matches!(q.work_group("w").unwrap().subscribe().await, Err(SubscribeError::Shutdown)));
 }
@@ -451,6 +451,8 @@ async fn no_two_consumers_hold_a_message_under_valid_leases_and_one_ack_wins() {
                     j = sub.next() => j.expect("stream ended").expect("stream error"),
                     _ = stop.cancelled() => return,
                 };
+                // The exact deadline (not `lease_remaining`, which would race the clock).
+                #[allow(deprecated)]
                 let (seq, attempt, deadline) = (job.seq(), job.attempt(), job.lease_deadline());
                 {
                     let mut h = holders.lock().unwrap();
@@ -469,7 +471,7 @@ async fn no_two_consumers_hold_a_message_under_valid_leases_and_one_ack_wins() {
                 }
                 match next_rand() % 10 {
                     0..=5 => {
-                        let ok = job.ack().await.is_ok();
+                        let ok = job.ack_durable().await.is_ok();
                         settle(&wins, seq, ok, &stop);
                     }
                     6 | 7 => {
@@ -490,7 +492,7 @@ async fn no_two_consumers_hold_a_message_under_valid_leases_and_one_ack_wins() {
                     && let Some(job) = stalled.pop()
                 {
                     let seq = job.seq();
-                    let ok = job.ack().await.is_ok();
+                    let ok = job.ack_durable().await.is_ok();
                     settle(&wins, seq, ok, &stop);
                 }
             }

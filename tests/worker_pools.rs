@@ -105,7 +105,11 @@ async fn a_pool_runs_exactly_its_concurrency_at_once() {
 }
 
 /// Handler that reports its start and then waits for `go` (or forever, for payload "stuck").
-fn gated(started: mpsc::UnboundedSender<u64>, go: Arc<Notify>) -> impl rockq::Handler {
+fn gated(
+    started: mpsc::UnboundedSender<u64>,
+    go: Arc<Notify>,
+) -> impl Fn(Task) -> futures::future::BoxFuture<'static, Result<(), HandlerError>> + Send + Sync + 'static {
+    use futures::FutureExt;
     move |task: Task| {
         let (started, go) = (started.clone(), go.clone());
         async move {
@@ -120,6 +124,7 @@ fn gated(started: mpsc::UnboundedSender<u64>, go: Arc<Notify>) -> impl rockq::Ha
             notified.await;
             Ok(())
         }
+        .boxed()
     }
 }
 
@@ -165,7 +170,7 @@ async fn handlers_still_running_at_the_drain_deadline_are_released_without_count
     let mut sub = group.subscribe().await.unwrap();
     let j = next_job(&mut sub).await;
     assert_eq!((j.seq(), j.attempt()), (seq, 1), "the stopped attempt was not counted");
-    j.ack().await.unwrap();
+    j.ack_durable().await.unwrap();
     broker.shutdown().await.unwrap();
 }
 
@@ -202,7 +207,7 @@ struct Upper(Arc<std::sync::Mutex<Vec<String>>>);
 
 #[async_trait::async_trait]
 impl rockq::Handler for Upper {
-    async fn handle(&self, task: Task) -> Result<(), HandlerError> {
+    async fn handle(&self, task: Task, _: &Arc<()>) -> Result<(), HandlerError> {
         let text = std::str::from_utf8(task.payload())?;
         self.0.lock().unwrap().push(text.to_uppercase());
         Ok(())
@@ -269,10 +274,10 @@ async fn the_heartbeat_keeps_a_long_handler_lease_alive() {
     // Four steps of 4 s: 16 s in all, well past the 9 s lease; the heartbeat (every 3 s)
     // extends it after each step. Each step waits until the extension happened.
     for _ in 0..4 {
-        let before = task.lease_deadline();
         clock.advance(Duration::from_secs(4));
+        // The clock stands still between advances: a renewed lease has exactly 9 s left.
         tokio::time::timeout(HANG_GUARD, async {
-            while task.lease_deadline() <= before {
+            while task.lease_remaining() < Duration::from_secs(9) {
                 tokio::task::yield_now().await;
             }
         })
@@ -283,7 +288,7 @@ async fn the_heartbeat_keeps_a_long_handler_lease_alive() {
     let sentinel = q.send("sentinel").await.unwrap();
     let s = next_job(&mut other).await;
     assert_eq!(s.seq(), sentinel, "the heartbeated message stayed with its holder");
-    s.ack().await.unwrap();
+    s.ack_durable().await.unwrap();
     go.notify_one();
     tokio::time::timeout(HANG_GUARD, async {
         while group.committed() != Some(sentinel) {

@@ -389,6 +389,24 @@ impl SubShared {
         self.waker.wake();
     }
 
+    /// The application gave up on a delivery: it moves to the group's dead-letter queue with
+    /// `reason` in the writer's next round (as an exhausted delivery does).
+    pub fn dead_letter(self: &Arc<Self>, msg: RawMessage, delivered: u32, reason: String) -> bool {
+        if !self.shared.is_writable() {
+            // Nothing reaches the disk any more: delivered again after the next open.
+            return false;
+        }
+        let sub = self.clone();
+        self.group.records().pending.push(PendingRecord::DeadLetter {
+            msg,
+            deliveries: delivered,
+            reason,
+            sub,
+        });
+        self.to_writer();
+        true
+    }
+
     /// Puts a delivery back to be handed out again at once, counting nothing (a dead letter
     /// that could not be written).
     pub fn redeliver(&self, msg: RawMessage, delivered: u32) {

@@ -79,6 +79,53 @@ impl Delivery {
         self.headers().iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
 
+    /// Decodes the payload as a `T` with the codec its [`CODEC_HEADER`](crate::CODEC_HEADER)
+    /// header names (JSON for a payload without one): the counterpart of a
+    /// [`TypedQueue`](crate::TypedQueue) send.
+    ///
+    /// # Errors
+    ///
+    /// [`DecodeError`](crate::DecodeError) if the payload is not a valid `T`, or the codec is
+    /// unknown or its feature is off. The delivery is untouched: ack, nack or
+    /// [`dead_letter`](Delivery::dead_letter) it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(delivery: rockq::Delivery) -> Result<(), rockq::Error> {
+    /// #[derive(serde::Deserialize)]
+    /// struct Order { id: u64 }
+    /// match delivery.decode::<Order>() {
+    ///     Ok(order) => { println!("order {}", order.id); delivery.ack()?; }
+    ///     Err(e) => delivery.dead_letter(e.to_string())?,
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, crate::codec::DecodeError> {
+        let codec = self.header(crate::codec::CODEC_HEADER).map(|b| &b[..]);
+        crate::codec::decode_stamped(self.queue(), self.seq(), codec, self.payload())
+    }
+
+    /// Decodes the payload as a `T` with `codec`, whatever its header says.
+    ///
+    /// # Errors
+    ///
+    /// [`DecodeError`](crate::DecodeError) if the payload is not a valid `T` in that format.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(delivery: rockq::Delivery) -> Result<(), rockq::Error> {
+    /// let ids: Vec<u64> = delivery.decode_with(&rockq::Json)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn decode_with<T: serde::de::DeserializeOwned, C: crate::codec::Codec>(
+        &self,
+        codec: &C,
+    ) -> Result<T, crate::codec::DecodeError> {
+        crate::codec::decode_with(self.queue(), self.seq(), codec, self.payload())
+    }
+
     /// When the message was sent: the broker's clock at the group commit that wrote it.
     /// Along one queue these times never decrease (except for messages moved by a
     /// redrive, which keep their original time).
@@ -110,10 +157,13 @@ impl Delivery {
         self.delivery_count
     }
 
-    /// Acknowledges the message. The group's committed offset advances once every message
-    /// before this one is acknowledged too; commits are coalesced by the writer, so this does
-    /// not wait for the disk (use [`Subscription::commit`](crate::Subscription::commit) to
-    /// wait).
+    /// Acknowledges the message and returns at once: the ack is **queued**. The group's
+    /// committed offset advances once every message before this one is acknowledged too; the
+    /// writer commits offsets in its next round, coalesced with other writes. A crash before
+    /// that commit delivers the message again (at-least-once). To wait until the ack is
+    /// durable, use [`ack_durable`](Delivery::ack_durable).
+    ///
+    /// The same contract as [`Job::ack`](crate::Job::ack) on work-queue groups.
     ///
     /// # Errors
     ///
@@ -140,6 +190,82 @@ impl Delivery {
             let g = &self.sub.group;
             tracing::trace!(queue = %g.queue.name, group = %g.name, seq = m.seq, "rockq: acked");
             self.sub.ack(m.seq);
+        }
+        Ok(())
+    }
+
+    /// Acknowledges the message and waits until the ack is **durable**: the group's committed
+    /// offset covers this message in the broker's [`Durability`](crate::Durability) sense.
+    /// An ordered group's offset is contiguous, so this also waits for every earlier
+    /// delivery of the group to be acknowledged (or dead-lettered); awaiting it while holding
+    /// an earlier delivery unacknowledged never resolves.
+    ///
+    /// The same contract as [`Job::ack_durable`](crate::Job::ack_durable).
+    ///
+    /// # Errors
+    ///
+    /// [`AckError::Shutdown`] if the broker is (or gets) shut down first.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the ack is recorded before the first await; dropping the future only
+    /// stops the waiting.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(delivery: rockq::Delivery) -> Result<(), rockq::Error> {
+    /// // An external side effect that must not be repeated for this message ...
+    /// delivery.ack_durable().await?; // ... is followed by a durable offset.
+    /// # Ok(()) }
+    /// ```
+    pub async fn ack_durable(self) -> Result<(), AckError> {
+        let (sub, seq) = (self.sub.clone(), self.seq());
+        self.ack()?;
+        let g = &sub.group;
+        loop {
+            let moved = g.durable_moved.notified();
+            tokio::pin!(moved);
+            moved.as_mut().enable();
+            if g.durable.load(std::sync::atomic::Ordering::Acquire) >= seq {
+                return Ok(());
+            }
+            if sub.shared.is_closed() {
+                return Err(AckError::Shutdown);
+            }
+            tokio::select! {
+                _ = moved => {}
+                _ = sub.shared.closing.cancelled() => {}
+            }
+        }
+    }
+
+    /// Gives up on the message now: it moves to the group's dead-letter queue
+    /// ([`Group::dead_letter_queue`](crate::Group::dead_letter_queue), `<queue>.dlq` by
+    /// default) with `reason`, and the group's offset can pass it. Queued like
+    /// [`ack`](Delivery::ack): the writer moves it in its next round.
+    ///
+    /// The same contract as [`Job::dead_letter`](crate::Job::dead_letter).
+    ///
+    /// # Errors
+    ///
+    /// [`AckError::Shutdown`] if the broker was shut down (or failed); the message will be
+    /// redelivered after the next open.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(delivery: rockq::Delivery) -> Result<(), rockq::Error> {
+    /// if delivery.payload().is_empty() {
+    ///     delivery.dead_letter("empty payload")?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn dead_letter(mut self, reason: impl std::fmt::Display) -> Result<(), AckError> {
+        if let Some(m) = self.msg.take() {
+            if !self.sub.dead_letter(m, self.delivery_count, reason.to_string()) {
+                return Err(AckError::Shutdown);
+            }
         }
         Ok(())
     }

@@ -2,6 +2,8 @@
 
 mod queue;
 mod receipt;
+mod typed;
 
 pub use queue::Queue;
 pub use receipt::SendReceipt;
+pub use typed::TypedQueue;

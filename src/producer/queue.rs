@@ -251,7 +251,7 @@ impl Queue {
     /// use futures::StreamExt;
     /// let mut jobs = queue.work_group("resize")?.subscribe().await?;
     /// while let Some(job) = jobs.next().await {
-    ///     job?.ack().await?;
+    ///     job?.ack()?;
     /// }
     /// # Ok(()) }
     /// ```

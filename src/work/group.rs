@@ -318,7 +318,7 @@ impl WorkGroup {
     /// use futures::StreamExt;
     /// let mut jobs = queue.work_group("mailer")?.subscribe().await?;
     /// if let Some(job) = jobs.next().await {
-    ///     job?.ack().await?;
+    ///     job?.ack()?;
     /// }
     /// # Ok(()) }
     /// ```

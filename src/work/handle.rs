@@ -3,10 +3,11 @@
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::pool::{Handler, PoolReport, Workers};
+use super::handler::{IntoHandler, IntoTypedHandler};
+use super::pool::{PoolReport, Workers};
 use crate::error::{Error, ReceiveError};
 
-impl Workers {
+impl<S: Send + Sync + 'static> Workers<S> {
     /// Starts the pool as a task on the broker's runtime and returns a handle to stop it.
     /// The pool runs exactly as [`run`](Workers::run) does (the
     /// [`shutdown_on`](Workers::shutdown_on) token and [`Broker::shutdown`](crate::Broker::shutdown)
@@ -25,13 +26,40 @@ impl Workers {
     /// println!("{} acked", report.acked);
     /// # Ok(()) }
     /// ```
-    pub fn spawn<H: Handler>(self, handler: H) -> PoolHandle {
+    pub fn spawn<H, M>(self, handler: H) -> PoolHandle
+    where
+        H: IntoHandler<S, M>,
+    {
         // A child token: stopping this pool leaves a caller's shared token alone, and
         // cancelling the caller's token still stops it.
         let stop = self.token.child_token();
         let runtime = self.group.shared.runtime.clone();
         let workers = self.shutdown_on(stop.clone());
+        // Converted here: the pool's future must not hold `H` (a closure need not be `Sync`
+        // until it is a handler).
+        let handler = handler.into_handler();
         PoolHandle { stop, task: Some(runtime.spawn(workers.run(handler))) }
+    }
+
+    /// Starts the pool as a task, as [`spawn`](Workers::spawn), with a typed handler, as
+    /// [`run_typed`](Workers::run_typed).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let pool = queue.work_group("ids")?.workers(2).spawn_typed(|id: u64, _task: rockq::Task| async move {
+    ///     println!("{id}");
+    ///     Ok(())
+    /// });
+    /// pool.shutdown().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn spawn_typed<T, H, M>(self, handler: H) -> PoolHandle
+    where
+        H: IntoTypedHandler<T, S, M>,
+    {
+        self.spawn(handler.into_typed_handler())
     }
 }
 

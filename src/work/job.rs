@@ -101,6 +101,41 @@ macro_rules! accessors {
             self.headers().iter().find(|(k, _)| k == key).map(|(_, v)| v)
         }
 
+        /// Decodes the payload as a `T` with the codec its
+        /// [`CODEC_HEADER`](crate::CODEC_HEADER) header names (JSON without one): the
+        /// counterpart of a [`TypedQueue`](crate::TypedQueue) send. A pool's
+        /// [`run_typed`](crate::Workers::run_typed) does this for its handler.
+        ///
+        /// # Errors
+        ///
+        /// [`DecodeError`](crate::DecodeError) if the payload is not a valid `T`, or the codec
+        /// is unknown or its feature is off.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # fn demo(task: rockq::Task) -> Result<(), rockq::HandlerError> {
+        /// let ids: Vec<u64> = task.decode()?;
+        /// # Ok(()) }
+        /// ```
+        pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, crate::codec::DecodeError> {
+            let codec = self.header(crate::codec::CODEC_HEADER).map(|b| &b[..]);
+            crate::codec::decode_stamped(self.queue(), self.seq(), codec, self.payload())
+        }
+
+        /// Decodes the payload as a `T` with `codec`, whatever its header says.
+        ///
+        /// # Errors
+        ///
+        /// [`DecodeError`](crate::DecodeError) if the payload is not a valid `T` in that
+        /// format.
+        pub fn decode_with<T: serde::de::DeserializeOwned, C: crate::codec::Codec>(
+            &self,
+            codec: &C,
+        ) -> Result<T, crate::codec::DecodeError> {
+            crate::codec::decode_with(self.queue(), self.seq(), codec, self.payload())
+        }
+
         /// This attempt's number, from 1. Counted durably: attempts made before a crash count.
         pub fn attempt(&self) -> u32 {
             self.inner.attempt
@@ -123,7 +158,32 @@ macro_rules! accessors {
             &self.inner.group.name
         }
 
-        /// When the lease ends, on the broker's [`Clock`](crate::Clock).
+        /// How long this holder's lease still runs (zero once it has expired), measured on
+        /// the broker's [`Clock`](crate::Clock). Extending the lease ([`extend`](Self::extend),
+        /// a pool's heartbeat) renews it.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # async fn demo(job: rockq::Job) -> Result<(), rockq::Error> {
+        /// use std::time::Duration;
+        /// if job.lease_remaining() < Duration::from_secs(5) {
+        ///     job.extend(Duration::from_secs(30))?;
+        /// }
+        /// # job.ack()?;
+        /// # Ok(()) }
+        /// ```
+        pub fn lease_remaining(&self) -> Duration {
+            let deadline = *self.inner.deadline.lock().unwrap_or_else(|p| p.into_inner());
+            deadline.saturating_duration_since(self.inner.shared.clock().now())
+        }
+
+        /// When the lease ends, as an `Instant` on the broker's [`Clock`](crate::Clock) (which
+        /// is not `Instant::now()`'s clock under a `ManualClock`).
+        #[deprecated(
+            since = "0.2.0",
+            note = "use lease_remaining(): an Instant on the broker's clock is easy to misuse"
+        )]
         pub fn lease_deadline(&self) -> Instant {
             *self.inner.deadline.lock().unwrap_or_else(|p| p.into_inner())
         }
@@ -144,6 +204,13 @@ macro_rules! accessors {
 /// A message leased to this consumer by a work-queue group. Settle it with one of
 /// [`ack`](Job::ack), [`nack`](Job::nack), [`fail`](Job::fail),
 /// [`retry_after`](Job::retry_after) or [`dead_letter`](Job::dead_letter).
+///
+/// **The ack contract** (the same on ordered groups' [`Delivery`](crate::Delivery)): each
+/// outcome is checked against the lease and **queued** when the method returns — `ack()` at
+/// once, the others once the writer's queue took them — and written in the writer's next
+/// round; a crash before that write only means a redelivery. Each has a `_durable` twin
+/// ([`ack_durable`](Job::ack_durable), [`nack_durable`](Job::nack_durable), …) that returns
+/// once the outcome is durable.
 ///
 /// Only the current holder can settle or extend: once the lease has expired (see
 /// [`WorkGroup::lease`](crate::WorkGroup::lease)) every one of them returns
@@ -222,8 +289,58 @@ impl Job {
         Task { inner: self.inner.clone() }
     }
 
-    /// The message is done: the group's offset moves past it once every earlier message is
-    /// done too. Returns once the outcome is durable (in the broker's durability mode).
+    /// The message is done, and this returns at once: the ack is **queued**, fenced by the
+    /// lease now (a lost lease is refused here, and nothing changes). The writer records it in
+    /// its next round, coalesced with other acks; the group's offset moves past the message
+    /// once every earlier message is done too. A crash before that write delivers the message
+    /// again (at-least-once). To wait until the ack is durable use
+    /// [`ack_durable`](Job::ack_durable).
+    ///
+    /// The same contract as [`Delivery::ack`](crate::Delivery::ack) on ordered groups.
+    ///
+    /// # Errors
+    ///
+    /// [`AckError::LeaseLost`] if the lease expired first: nothing changes, and the message
+    /// is (or will be) delivered again. [`AckError::Shutdown`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use futures::StreamExt;
+    /// let mut jobs = queue.work_group("mailer")?.subscribe().await?;
+    /// while let Some(job) = jobs.next().await {
+    ///     let job = job?;
+    ///     // ... send the mail ...
+    ///     job.ack()?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn ack(mut self) -> Result<(), AckError> {
+        self.settled = true;
+        let inner = &self.inner;
+        let (seq, attempt) = (inner.msg.seq, inner.attempt);
+        let shared = &inner.shared;
+        if shared.is_closed() {
+            return Err(AckError::Shutdown);
+        }
+        let group = &inner.group;
+        group
+            .begin_settle(seq, inner.token, shared.clock().now())
+            .map_err(|_| AckError::LeaseLost { seq, attempt })?;
+        // Coalesced: the writer picks up every queued ack of the group in its next round.
+        if group.queue_ack(seq, attempt, inner.epoch) {
+            shared.mark_work_dirty(group.clone());
+            shared.nudge_writer();
+        }
+        drop(self.permit.take());
+        Ok(())
+    }
+
+    /// The message is done; returns once the ack is **durable** (in the broker's
+    /// [`Durability`](crate::Durability) sense). The same contract as
+    /// [`Delivery::ack_durable`](crate::Delivery::ack_durable), except that a work group's
+    /// ack does not wait for earlier messages.
     ///
     /// # Errors
     ///
@@ -239,66 +356,110 @@ impl Job {
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
-    /// use futures::StreamExt;
-    /// let mut jobs = queue.work_group("mailer")?.subscribe().await?;
-    /// while let Some(job) = jobs.next().await {
-    ///     let job = job?;
-    ///     // ... send the mail ...
-    ///     job.ack().await?;
-    /// }
+    /// # async fn demo(job: rockq::Job) -> Result<(), rockq::Error> {
+    /// // ... charge the card ...
+    /// job.ack_durable().await?; // a crash from here on does not charge twice
     /// # Ok(()) }
     /// ```
-    pub async fn ack(self) -> Result<(), AckError> {
+    pub async fn ack_durable(self) -> Result<(), AckError> {
         self.settle(true, Kind::Ack).await
     }
 
     /// This attempt failed: retry after the group's backoff, or dead-letter the message if it
-    /// has used up its attempts. Same as [`fail`](Job::fail) without an error text.
+    /// has used up its attempts. Same as [`fail`](Job::fail) without an error text. Returns
+    /// once the outcome is **queued** to the writer (fenced by the lease now, applied in
+    /// order); use [`nack_durable`](Job::nack_durable) to wait until it is durable.
     ///
     /// # Errors
     ///
-    /// As for [`ack`](Job::ack).
+    /// [`AckError::LeaseLost`] (nothing changes), [`AckError::Shutdown`].
     ///
     /// # Cancel safety
     ///
-    /// As for [`ack`](Job::ack).
+    /// If the future is dropped before the outcome was queued, the message is released (and
+    /// the attempt counts); after that, the outcome is applied regardless.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(job: rockq::Job) -> Result<(), rockq::Error> {
+    /// job.nack().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn nack(self) -> Result<(), AckError> {
+        self.settle(false, Kind::Retry { delay: None, error: "nacked".into() }).await
+    }
+
+    /// [`nack`](Job::nack), returning once the outcome is durable.
+    ///
+    /// # Errors
+    ///
+    /// As [`ack_durable`](Job::ack_durable).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`ack_durable`](Job::ack_durable).
+    pub async fn nack_durable(self) -> Result<(), AckError> {
         self.settle(true, Kind::Retry { delay: None, error: "nacked".into() }).await
     }
 
     /// This attempt failed with `error` (kept in the claim record and, eventually, the dead
     /// letter): retry after the group's backoff, or dead-letter if attempts are used up.
+    /// Queued like [`nack`](Job::nack).
     ///
     /// # Errors
     ///
-    /// As for [`ack`](Job::ack).
+    /// As [`nack`](Job::nack).
     ///
     /// # Cancel safety
     ///
-    /// As for [`ack`](Job::ack).
+    /// As [`nack`](Job::nack).
     pub async fn fail(self, error: impl std::fmt::Display) -> Result<(), AckError> {
+        self.settle(false, Kind::Retry { delay: None, error: error.to_string() }).await
+    }
+
+    /// [`fail`](Job::fail), returning once the outcome is durable.
+    ///
+    /// # Errors
+    ///
+    /// As [`ack_durable`](Job::ack_durable).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`ack_durable`](Job::ack_durable).
+    pub async fn fail_durable(self, error: impl std::fmt::Display) -> Result<(), AckError> {
         self.settle(true, Kind::Retry { delay: None, error: error.to_string() }).await
     }
 
     /// This attempt failed: retry after exactly `delay` (overriding the backoff), or
     /// dead-letter if attempts are used up. While it waits the message holds no in-flight
     /// slot and does not hold back later messages. A `delay` over 100 years is clamped to 100
-    /// years.
+    /// years. Queued like [`nack`](Job::nack).
     ///
     /// # Errors
     ///
-    /// As for [`ack`](Job::ack).
+    /// As [`nack`](Job::nack).
     ///
     /// # Cancel safety
     ///
-    /// As for [`ack`](Job::ack).
+    /// As [`nack`](Job::nack).
     pub async fn retry_after(self, delay: Duration) -> Result<(), AckError> {
-        self.settle(
-            true,
-            Kind::Retry { delay: Some(delay), error: format!("retry requested after {delay:?}") },
-        )
-        .await
+        let error = format!("retry requested after {delay:?}");
+        self.settle(false, Kind::Retry { delay: Some(delay), error }).await
+    }
+
+    /// [`retry_after`](Job::retry_after), returning once the outcome is durable.
+    ///
+    /// # Errors
+    ///
+    /// As [`ack_durable`](Job::ack_durable).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`ack_durable`](Job::ack_durable).
+    pub async fn retry_after_durable(self, delay: Duration) -> Result<(), AckError> {
+        let error = format!("retry requested after {delay:?}");
+        self.settle(true, Kind::Retry { delay: Some(delay), error }).await
     }
 
     /// For worker pools: records the handler's outcome and returns once it is queued to the
@@ -314,16 +475,30 @@ impl Job {
     }
 
     /// Gives up on the message now: it moves to the group's dead-letter queue with `reason`,
-    /// in the same atomic write that finishes it here.
+    /// in the same atomic write that finishes it here. Queued like [`nack`](Job::nack).
     ///
     /// # Errors
     ///
-    /// As for [`ack`](Job::ack).
+    /// As [`nack`](Job::nack).
     ///
     /// # Cancel safety
     ///
-    /// As for [`ack`](Job::ack).
+    /// As [`nack`](Job::nack).
     pub async fn dead_letter(self, reason: impl Into<String>) -> Result<(), AckError> {
+        self.settle(false, Kind::DeadLetter { reason: reason.into() }).await
+    }
+
+    /// [`dead_letter`](Job::dead_letter), returning once the message is durably in the
+    /// dead-letter queue.
+    ///
+    /// # Errors
+    ///
+    /// As [`ack_durable`](Job::ack_durable).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`ack_durable`](Job::ack_durable).
+    pub async fn dead_letter_durable(self, reason: impl Into<String>) -> Result<(), AckError> {
         self.settle(true, Kind::DeadLetter { reason: reason.into() }).await
     }
 

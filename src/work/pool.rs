@@ -1,6 +1,5 @@
 //! Worker pools: `group.workers(n).run(handler)`.
 
-use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -13,108 +12,9 @@ use tokio_util::sync::CancellationToken;
 use super::adapt::{Adapt, MAX_AUTO_PREFETCH};
 use super::feed::Feed;
 use super::group::WorkGroup;
-use super::job::{Job, PoolOutcome, Task};
+use super::handler::{Action, Handler, IntoHandler, IntoTypedHandler};
+use super::job::{Job, PoolOutcome};
 use crate::error::Error;
-
-/// What a handler wants done with a failed job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Action {
-    Retry,
-    RetryAfter(Duration),
-    DeadLetter,
-}
-
-/// A handler's failure, and what to do about it: retry with the group's backoff (the default,
-/// and what `?` on any `std::error::Error` gives), retry after a given delay, or dead-letter
-/// now.
-///
-/// Like `anyhow::Error`, this type does not implement `std::error::Error`, so that every error
-/// type converts into it with `?`.
-///
-/// # Examples
-///
-/// ```
-/// use std::time::Duration;
-/// use rockq::{HandlerError, Task};
-///
-/// async fn handle(task: Task) -> Result<(), HandlerError> {
-///     let text = std::str::from_utf8(task.payload())
-///         .map_err(|e| HandlerError::dead_letter(format!("not UTF-8: {e}")))?;
-///     if text == "later" {
-///         return Err(HandlerError::retry_after("upstream busy", Duration::from_secs(5)));
-///     }
-///     let _n: u32 = text.parse()?; // a parse error retries with backoff
-///     Ok(())
-/// }
-/// ```
-pub struct HandlerError {
-    action: Action,
-    message: String,
-}
-
-impl HandlerError {
-    /// Retry with the group's backoff (dead-letter once attempts are used up).
-    pub fn retry(message: impl std::fmt::Display) -> Self {
-        HandlerError { action: Action::Retry, message: message.to_string() }
-    }
-
-    /// Retry after exactly `delay` (dead-letter once attempts are used up). A `delay` over 100
-    /// years is clamped to 100 years.
-    pub fn retry_after(message: impl std::fmt::Display, delay: Duration) -> Self {
-        HandlerError {
-            action: Action::RetryAfter(crate::clock::clamp_delay(delay)),
-            message: message.to_string(),
-        }
-    }
-
-    /// Do not retry: dead-letter now.
-    pub fn dead_letter(message: impl std::fmt::Display) -> Self {
-        HandlerError { action: Action::DeadLetter, message: message.to_string() }
-    }
-
-    /// The error text.
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-}
-
-impl std::fmt::Debug for HandlerError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "HandlerError({:?}, {:?})", self.action, self.message)
-    }
-}
-
-impl std::fmt::Display for HandlerError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {
-    fn from(e: E) -> Self {
-        HandlerError::retry(e)
-    }
-}
-
-/// A job handler for a worker pool: an `async fn(Task) -> Result<(), HandlerError>` closure
-/// or a type implementing this trait. `Ok` acks the job; `Err` decides between retry and
-/// dead-letter (see [`HandlerError`]); a panic counts as a failed attempt.
-#[async_trait::async_trait]
-pub trait Handler: Send + Sync + 'static {
-    /// Handles one job.
-    async fn handle(&self, task: Task) -> Result<(), HandlerError>;
-}
-
-#[async_trait::async_trait]
-impl<F, Fut> Handler for F
-where
-    F: Fn(Task) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
-{
-    async fn handle(&self, task: Task) -> Result<(), HandlerError> {
-        (self)(task).await
-    }
-}
 
 /// What a worker pool did, returned when it stops.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -135,6 +35,17 @@ pub struct PoolReport {
 // Defined here, beside the pool it builds, so that the group builder need not import it.
 impl WorkGroup {
     /// A worker pool of `concurrency` handlers on this group (at least 1).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let report = queue.work_group("mailer")?.workers(8).run(|task: rockq::Task| async move {
+    ///     println!("sending #{}", task.seq());
+    ///     Ok(())
+    /// }).await?;
+    /// # Ok(()) }
+    /// ```
     pub fn workers(&self, concurrency: usize) -> Workers {
         Workers::new(self.clone(), concurrency.max(1))
     }
@@ -152,9 +63,11 @@ impl WorkGroup {
 ///
 /// Run a pool in place with [`run`](Workers::run), or in the background with
 /// [`spawn`](Workers::spawn), which returns a [`PoolHandle`](crate::PoolHandle) to stop it.
-#[derive(Debug)]
-pub struct Workers {
+///
+/// `S` is the state every handler shares ([`state`](Workers::state)); `()` without one.
+pub struct Workers<S = ()> {
     pub(super) group: WorkGroup,
+    state: Arc<S>,
     concurrency: usize,
     /// Fixed by the application; `None`: adaptive (see `adapt.rs`).
     prefetch: Option<usize>,
@@ -170,15 +83,69 @@ enum Done {
     Unsettled,
 }
 
+impl<S> std::fmt::Debug for Workers<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Workers")
+            .field("group", &self.group)
+            .field("concurrency", &self.concurrency)
+            .field("prefetch", &self.prefetch)
+            .field("heartbeat", &self.heartbeat)
+            .field("drain_timeout", &self.drain_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Workers {
+    /// The largest `concurrency` and [`prefetch`](Workers::prefetch) a pool accepts: each
+    /// handler is a task with a slot in the pool's feed, and each prefetched job holds a
+    /// lease.
+    pub const MAX_POOL: usize = 1 << 16;
+
     pub(crate) fn new(group: WorkGroup, concurrency: usize) -> Self {
         Workers {
             group,
+            state: Arc::new(()),
             concurrency,
             prefetch: None,
             heartbeat: false,
             token: CancellationToken::new(),
             drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl<S: Send + Sync + 'static> Workers<S> {
+    /// Shares `state` with every handler: closures get it as a second argument, an
+    /// `Arc<S>` (`|task: Task, db: Arc<Db>| async move { … }`), and [`Handler`]s as
+    /// `handle(&self, task, &Arc<S>)`. The pool keeps it in one `Arc`; nothing is cloned per
+    /// job but the `Arc` a closure receives.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use std::sync::{Arc, atomic::{AtomicU64, Ordering}};
+    /// struct Counters { seen: AtomicU64 }
+    ///
+    /// queue.work_group("count")?
+    ///     .workers(4)
+    ///     .state(Counters { seen: AtomicU64::new(0) })
+    ///     .run(|_task: rockq::Task, c: Arc<Counters>| async move {
+    ///         c.seen.fetch_add(1, Ordering::Relaxed);
+    ///         Ok(())
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn state<S2: Send + Sync + 'static>(self, state: S2) -> Workers<S2> {
+        Workers {
+            group: self.group,
+            state: Arc::new(state),
+            concurrency: self.concurrency,
+            prefetch: self.prefetch,
+            heartbeat: self.heartbeat,
+            token: self.token,
+            drain_timeout: self.drain_timeout,
         }
     }
 
@@ -224,11 +191,6 @@ impl Workers {
         self
     }
 
-    /// The largest `concurrency` and [`prefetch`](Workers::prefetch) a pool accepts: each
-    /// handler is a task with a slot in the pool's feed, and each prefetched job holds a
-    /// lease.
-    pub const MAX_POOL: usize = 1 << 16;
-
     /// Runs the pool until it is stopped, then drains it.
     ///
     /// # Errors
@@ -247,10 +209,13 @@ impl Workers {
     /// back with the same attempt number. Outcomes already recorded stay. To let running
     /// handlers finish, stop the pool with its token or use [`spawn`](Workers::spawn) and
     /// [`PoolHandle::shutdown`](crate::PoolHandle::shutdown).
-    pub async fn run<H: Handler>(self, handler: H) -> Result<PoolReport, Error> {
+    pub async fn run<H, M>(self, handler: H) -> Result<PoolReport, Error>
+    where
+        H: IntoHandler<S, M>,
+    {
         for (what, n) in [("concurrency", self.concurrency), ("prefetch", self.prefetch.unwrap_or(0))] {
-            if n > Self::MAX_POOL {
-                let msg = format!("worker pool {what} {n} exceeds the maximum of {}", Self::MAX_POOL);
+            if n > Workers::MAX_POOL {
+                let msg = format!("worker pool {what} {n} exceeds the maximum of {}", Workers::MAX_POOL);
                 return Err(crate::error::SubscribeError::InvalidOption(msg).into());
             }
         }
@@ -270,7 +235,7 @@ impl Workers {
             self.group.clone().max_in_flight(in_flight).claim_batch(ahead.max(1)).subscribe().await?;
         let mut adapt = self.prefetch.is_none().then(|| Adapt::new(sub.permits().clone(), ahead, room));
         sub.set_limit(limit, ahead.max(1));
-        let handler = Arc::new(handler);
+        let handler = Arc::new(handler.into_handler());
         let heartbeat = self.heartbeat.then(|| self.group.lease_duration());
         let lease = self.group.lease_duration();
         let clock = shared.clock().clone();
@@ -283,7 +248,8 @@ impl Workers {
         let feed = Arc::new(Feed::new(self.concurrency));
         let mut pool = PoolGuard { feed: feed.clone(), workers: JoinSet::new() };
         for w in 0..self.concurrency {
-            let (feed, handler, clock) = (feed.clone(), handler.clone(), clock.clone());
+            let (feed, handler, clock, app) =
+                (feed.clone(), handler.clone(), clock.clone(), self.state.clone());
             pool.workers.spawn(async move {
                 let mut report = PoolReport::default();
                 while let Some(job) = feed.take(w, &clock).await {
@@ -291,7 +257,7 @@ impl Workers {
                     // already-expired lease stays expired (the job then fails to settle and is
                     // redelivered): fencing is never bypassed.
                     let _ = job.extend(lease);
-                    match run_one(handler.clone(), job, heartbeat, clock.clone()).await {
+                    match run_one(handler.as_ref(), &app, job, heartbeat, clock.clone()).await {
                         Done::Acked => report.acked += 1,
                         Done::Failed => report.failed += 1,
                         Done::Panicked => report.panicked += 1,
@@ -399,6 +365,43 @@ impl Workers {
         tracing::debug!(group = %self.group.name(), ?report, "rockq: worker pool stopped");
         result.map(|()| report)
     }
+
+    /// Runs the pool with a handler that takes the payload decoded as a `T` (with the codec
+    /// its [`CODEC_HEADER`](crate::CODEC_HEADER) names, as [`Task::decode`](crate::Task::decode)):
+    /// `|order: Order, task: Task| async { … }`, or with [state](Workers::state)
+    /// `|order: Order, task: Task, state: Arc<S>| async { … }`.
+    ///
+    /// A payload that does not decode is **dead-lettered at once**, with the
+    /// [`DecodeError`](crate::DecodeError) as the reason: no attempt could ever decode it, so
+    /// no retries are spent on it. Everything else is as [`run`](Workers::run).
+    ///
+    /// # Errors
+    ///
+    /// As [`run`](Workers::run).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`run`](Workers::run).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// #[derive(serde::Deserialize)]
+    /// struct Order { id: u64, total_cents: u64 }
+    ///
+    /// queue.work_group("billing")?.workers(4).run_typed(|order: Order, _task: rockq::Task| async move {
+    ///     println!("charging {} for order {}", order.total_cents, order.id);
+    ///     Ok(())
+    /// }).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_typed<T, H, M>(self, handler: H) -> Result<PoolReport, Error>
+    where
+        H: IntoTypedHandler<T, S, M>,
+    {
+        self.run(handler.into_typed_handler()).await
+    }
 }
 
 /// Owns a running pool's worker tasks. Dropped with the `run` future — normally when they are
@@ -425,16 +428,17 @@ impl Drop for PoolGuard {
     }
 }
 
-async fn run_one<H: Handler>(
-    handler: Arc<H>,
+async fn run_one<S: Send + Sync + 'static, H: Handler<S>>(
+    handler: &H,
+    state: &Arc<S>,
     job: Job,
     heartbeat: Option<Duration>,
     clock: crate::clock::Clock,
 ) -> Done {
     // The handler's own events carry the job's coordinates (at DEBUG, so INFO costs nothing).
     let span = tracing::debug_span!("rockq.job", queue = %job.queue(), group = %job.group(), seq = job.seq(), attempt = job.attempt());
-    let work =
-        AssertUnwindSafe(tracing::Instrument::instrument(handler.handle(job.task()), span)).catch_unwind();
+    let work = AssertUnwindSafe(tracing::Instrument::instrument(handler.handle(job.task(), state), span))
+        .catch_unwind();
     let result = match heartbeat {
         None => work.await,
         Some(lease) => {
@@ -454,10 +458,14 @@ async fn run_one<H: Handler>(
     let (outcome, done) = match result {
         Ok(Ok(())) => (PoolOutcome::Ack, Done::Acked),
         Ok(Err(e)) => {
+            // The whole source chain: it is what an operator reads in the claim's last error
+            // and the dead letter's reason.
+            tracing::debug!(queue = %job.queue(), group = %job.group(), seq = job.seq(), attempt = job.attempt(), error = %e, action = ?e.action, "rockq: handler failed");
+            let error = e.message().to_owned();
             let outcome = match e.action {
-                Action::Retry => PoolOutcome::Retry { delay: None, error: e.message },
-                Action::RetryAfter(d) => PoolOutcome::Retry { delay: Some(d), error: e.message },
-                Action::DeadLetter => PoolOutcome::DeadLetter { reason: e.message },
+                Action::Retry => PoolOutcome::Retry { delay: None, error },
+                Action::RetryAfter(d) => PoolOutcome::Retry { delay: Some(d), error },
+                Action::DeadLetter => PoolOutcome::DeadLetter { reason: error },
             };
             (outcome, Done::Failed)
         }

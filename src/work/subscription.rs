@@ -161,7 +161,7 @@ impl Stream for WorkSubscription {
                 {
                     *slot = Some(fetch(this.ctx.clone()).boxed());
                 }
-                if job.lease_deadline() <= this.ctx.shared.clock().now() {
+                if job.lease_remaining().is_zero() {
                     // Its lease ran out while it waited here: any outcome would be refused.
                     // Dropped unseen, it is released without counting (unless already re-claimed).
                     continue;

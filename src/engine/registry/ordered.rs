@@ -20,6 +20,8 @@ pub(crate) struct OrderedGroupState {
     pub acked: AtomicU64,
     /// Highest sequence whose offset record is durable (in the mode's sense).
     pub durable: AtomicU64,
+    /// Notified when `durable` moves (`Delivery::ack_durable` waits on it).
+    pub durable_moved: tokio::sync::Notify,
     /// Set when `acked` moved and the writer has not yet picked the group up.
     pub dirty: AtomicBool,
     /// An ordered group has at most one active subscription per queue.
@@ -42,6 +44,7 @@ impl OrderedGroupState {
             queue,
             acked: AtomicU64::new(committed),
             durable: AtomicU64::new(committed),
+            durable_moved: tokio::sync::Notify::new(),
             dirty: AtomicBool::new(false),
             active: AtomicBool::new(false),
             skipped: AtomicU64::new(0),

@@ -96,6 +96,9 @@ pub(super) fn complete(engine: &Engine, c: Completions) {
     }
     for (g, v) in c.commits {
         let before = g.durable.fetch_max(v, Ordering::SeqCst);
+        if v > before {
+            g.durable_moved.notify_waiters();
+        }
         telemetry::group_counter(telemetry::ACKED, &g.queue.name, &g.name, v.saturating_sub(before));
     }
     for (q, waiters) in c.queues {

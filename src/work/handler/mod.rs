@@ -1,0 +1,155 @@
+//! What a worker pool runs per job: the [`Handler`] trait, the closures and services that
+//! become one ([`IntoHandler`]), and the handler's error ([`HandlerError`]).
+
+mod error;
+#[cfg(feature = "tower")]
+mod service;
+mod typed;
+
+use std::future::Future;
+use std::sync::Arc;
+
+pub(crate) use error::Action;
+pub use error::{HandlerError, HandlerResultExt};
+pub use typed::IntoTypedHandler;
+
+use super::job::Task;
+
+/// A job handler for a worker pool, with access to the pool's shared state `S` (see
+/// [`Workers::state`](crate::Workers::state); `()` without one), which the pool keeps in an
+/// `Arc` and lends to every call. `Ok` acks the job; `Err`
+/// decides between retry and dead-letter (see [`HandlerError`]); a panic counts as a failed
+/// attempt.
+///
+/// Closures are handlers too (see [`IntoHandler`]): `|task: Task| async { … }`, and with state
+/// `|task: Task, state: Arc<S>| async { … }`.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use rockq::{Handler, HandlerError, Task};
+///
+/// struct Db { table: String }
+/// struct Insert;
+///
+/// #[async_trait::async_trait]
+/// impl Handler<Db> for Insert {
+///     async fn handle(&self, task: Task, db: &Arc<Db>) -> Result<(), HandlerError> {
+///         println!("insert #{} into {}", task.seq(), db.table);
+///         Ok(())
+///     }
+/// }
+/// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+/// queue.work_group("inserts")?.workers(4).state(Db { table: "orders".into() }).run(Insert).await?;
+/// # Ok(()) }
+/// ```
+#[async_trait::async_trait]
+pub trait Handler<S: Send + Sync + 'static = ()>: Send + Sync + 'static {
+    /// Handles one job.
+    async fn handle(&self, task: Task, state: &Arc<S>) -> Result<(), HandlerError>;
+}
+
+/// Anything a worker pool can run: a [`Handler`], an `async` closure taking a [`Task`] (and,
+/// optionally, the pool's state as an `Arc<S>`), or with the `tower` feature a
+/// `tower::Service<Task, Response = ()>`. `M` only tells the forms apart; it is inferred.
+pub trait IntoHandler<S: Send + Sync + 'static, M>: Send + 'static {
+    /// The handler it becomes.
+    type Handler: Handler<S>;
+
+    /// Makes the handler.
+    fn into_handler(self) -> Self::Handler;
+}
+
+/// Tells the forms of [`IntoHandler`] apart (never named by users).
+pub(crate) mod markers {
+    /// A [`Handler`](super::Handler) itself.
+    #[derive(Debug)]
+    pub enum IsHandler {}
+    /// `Fn(Task) -> Fut`.
+    #[derive(Debug)]
+    pub enum TaskFn {}
+    /// `Fn(Task, Arc<S>) -> Fut`.
+    #[derive(Debug)]
+    pub enum TaskStateFn {}
+    /// `tower::Service<Task>`.
+    #[cfg(feature = "tower")]
+    #[derive(Debug)]
+    pub enum Service {}
+}
+
+impl<S: Send + Sync + 'static, H: Handler<S>> IntoHandler<S, markers::IsHandler> for H {
+    type Handler = H;
+
+    fn into_handler(self) -> H {
+        self
+    }
+}
+
+/// A closure `Fn(Task) -> Fut` as a handler (it ignores the state).
+pub struct FnHandler<F>(F);
+
+impl<F> std::fmt::Debug for FnHandler<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FnHandler")
+    }
+}
+
+#[async_trait::async_trait]
+impl<S, F, Fut> Handler<S> for FnHandler<F>
+where
+    S: Send + Sync + 'static,
+    F: Fn(Task) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    async fn handle(&self, task: Task, _: &Arc<S>) -> Result<(), HandlerError> {
+        (self.0)(task).await
+    }
+}
+
+impl<S, F, Fut> IntoHandler<S, markers::TaskFn> for F
+where
+    S: Send + Sync + 'static,
+    F: Fn(Task) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    type Handler = FnHandler<F>;
+
+    fn into_handler(self) -> FnHandler<F> {
+        FnHandler(self)
+    }
+}
+
+/// A closure `Fn(Task, Arc<S>) -> Fut` as a handler: the pool hands it its state.
+pub struct StateFnHandler<F>(F);
+
+impl<F> std::fmt::Debug for StateFnHandler<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StateFnHandler")
+    }
+}
+
+#[async_trait::async_trait]
+impl<S, F, Fut> Handler<S> for StateFnHandler<F>
+where
+    S: Send + Sync + 'static,
+    F: Fn(Task, Arc<S>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    async fn handle(&self, task: Task, state: &Arc<S>) -> Result<(), HandlerError> {
+        (self.0)(task, state.clone()).await
+    }
+}
+
+impl<S, F, Fut> IntoHandler<S, markers::TaskStateFn> for F
+where
+    S: Send + Sync + 'static,
+    F: Fn(Task, Arc<S>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    type Handler = StateFnHandler<F>;
+
+    fn into_handler(self) -> StateFnHandler<F> {
+        StateFnHandler(self)
+    }
+}
