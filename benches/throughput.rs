@@ -268,11 +268,11 @@ fn main() {
 /// batches of 64 first (and 1000 beside it); Fsync with sends in flight, batches of 1000.
 fn baselines(mode: Durability, depth: usize) -> Vec<(&'static str, u64, bool)> {
     match (mode, depth) {
-        (Durability::Buffered, _) => vec![("raw unsynced b1000", 1000, false)],
         (Durability::Fsync, 1) => {
             vec![("raw fsync b64", PRODUCERS as u64, true), ("raw fsync b1000", 1000, true)]
         }
         (Durability::Fsync, _) => vec![("raw fsync b1000", 1000, true)],
+        _ => vec![("raw unsynced b1000", 1000, false)],
     }
 }
 

@@ -9,7 +9,7 @@ use rockq::{Broker, Message, Original, Sent};
 
 #[tokio::main]
 async fn main() -> Result<(), rockq::Error> {
-    let dir = tempfile::tempdir().map_err(|e| rockq::OpenError::Io { path: "tmp".into(), source: e })?;
+    let dir = tempfile::tempdir()?;
     let broker = Broker::open(dir.path()).await?;
     let payments = broker.queue("payments").await?;
     println!("dedup window: {:?}", payments.dedup_window());

@@ -26,7 +26,7 @@ fn from_now(t: Option<SystemTime>) -> String {
 
 #[tokio::main]
 async fn main() -> Result<(), rockq::Error> {
-    let dir = tempfile::tempdir().map_err(|e| rockq::OpenError::Io { path: "tmp".into(), source: e })?;
+    let dir = tempfile::tempdir()?;
     let broker = Broker::open(dir.path()).await?;
     let reminders = broker.queue("reminders").await?;
     let start = Instant::now();

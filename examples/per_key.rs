@@ -14,7 +14,7 @@ const PER_KEY: u32 = 5;
 
 #[tokio::main]
 async fn main() -> Result<(), rockq::Error> {
-    let dir = tempfile::tempdir().map_err(|e| rockq::OpenError::Io { path: "tmp".into(), source: e })?;
+    let dir = tempfile::tempdir()?;
     let broker = Broker::open(dir.path()).await?;
     let ledger = broker.queue("ledger").await?;
 

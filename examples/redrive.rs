@@ -7,7 +7,7 @@ use rockq::{Broker, Redrive, RetryPolicy};
 
 #[tokio::main]
 async fn main() -> Result<(), rockq::Error> {
-    let dir = tempfile::tempdir().map_err(|e| rockq::OpenError::Io { path: "tmp".into(), source: e })?;
+    let dir = tempfile::tempdir()?;
     let broker = Broker::open(dir.path()).await?;
     let payments = broker.queue("payments").await?;
     payments.send_batch(["pay 10", "pay 20", "pay 30"]).await?;

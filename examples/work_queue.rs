@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use rockq::{Broker, CancellationToken, Event, HandlerError, RetryPolicy, Task};
+use rockq::{Broker, CancellationToken, Event, HandlerError, HandlerResultExt, RetryPolicy, Task};
 
 #[tokio::main]
 async fn main() -> Result<(), rockq::Error> {
-    let dir = tempfile::tempdir().map_err(|e| rockq::OpenError::Io { path: "tmp".into(), source: e })?;
+    let dir = tempfile::tempdir()?;
     let broker = Broker::open(dir.path()).await?;
     let emails = broker.queue("emails").await?;
     emails.send_batch(["to:ada", "to:grace", "flaky:linus", "poison", "to:barbara"]).await?;
@@ -47,7 +47,7 @@ async fn main() -> Result<(), rockq::Error> {
     let handler = move |task: Task| {
         let flaky_calls = flaky_calls.clone();
         async move {
-            let text = std::str::from_utf8(task.payload()).map_err(HandlerError::dead_letter)?;
+            let text = std::str::from_utf8(task.payload()).dead_letter()?;
             match text {
                 "poison" => Err(HandlerError::retry(format!("cannot render attempt {}", task.attempt()))),
                 t if t.starts_with("flaky:") && flaky_calls.fetch_add(1, Ordering::SeqCst) < 1 => {

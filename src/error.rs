@@ -89,6 +89,46 @@ pub(crate) enum Closed {
     Failed(Failure),
 }
 
+/// The broker stopped accepting writes after an earlier error (it **fails closed**: nothing
+/// more is written until the database is reopened, so no later write can land out of order
+/// after a lost one). The same kind in every operation family's `Failed` variant; it keeps the
+/// original cause — [`storage_error`](FailedError::storage_error) is RocksDB's error when a
+/// write or WAL sync failed — and reports it as its `source()`.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("broker stopped accepting writes after an earlier error")]
+pub struct FailedError {
+    #[source]
+    cause: Failure,
+}
+
+impl FailedError {
+    /// A failure outside the storage engine (a broken invariant, a task that died), with
+    /// what happened.
+    pub(crate) fn internal(what: impl Into<String>) -> Self {
+        FailedError { cause: Failure::Other(what.into()) }
+    }
+
+    /// The storage error that made the broker fail closed, if that is what happened.
+    pub fn storage_error(&self) -> Option<&StorageError> {
+        match &self.cause {
+            Failure::Storage(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<Failure> for FailedError {
+    fn from(cause: Failure) -> Self {
+        FailedError { cause }
+    }
+}
+
+impl From<StorageError> for FailedError {
+    fn from(e: StorageError) -> Self {
+        FailedError { cause: Failure::Storage(e) }
+    }
+}
+
 /// What made the writer fail closed, kept as it happened (not as a string), so that every later
 /// refusal can report the original cause.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -102,6 +142,9 @@ pub(crate) enum Failure {
     /// A request the writer cannot make sense of (a bug, not a user error).
     #[error("{0}")]
     Internal(&'static str),
+    /// Anything else, described.
+    #[error("{0}")]
+    Other(String),
 }
 
 macro_rules! refused_as {
@@ -110,7 +153,7 @@ macro_rules! refused_as {
             fn from(c: Closed) -> Self {
                 match c {
                     Closed::Shutdown => $family::Shutdown,
-                    Closed::Failed(f) => $family::Failed(f.to_string()),
+                    Closed::Failed(f) => $family::Failed(f.into()),
                 }
             }
         }
@@ -224,12 +267,15 @@ pub enum QueueError {
     /// The queue registry is full (2³² − 2 queues).
     #[error("no queue ids left")]
     TooManyQueues,
+    /// A stored record (e.g. a dedup record the retention pass reads) does not decode.
+    #[error(transparent)]
+    Corrupt(#[from] CorruptionError),
     /// Writing the queue's registry record failed.
     #[error(transparent)]
     Storage(#[from] StorageError),
     /// The broker stopped accepting writes after an earlier error.
-    #[error("broker stopped accepting writes after an earlier storage error: {0}")]
-    Failed(String),
+    #[error(transparent)]
+    Failed(FailedError),
 }
 
 /// Why a recurring schedule was refused.
@@ -266,8 +312,8 @@ pub enum ScheduleError {
     #[error(transparent)]
     Corrupt(#[from] CorruptionError),
     /// The broker stopped accepting writes after an earlier error.
-    #[error("broker stopped accepting writes after an earlier storage error: {0}")]
-    Failed(String),
+    #[error(transparent)]
+    Failed(FailedError),
 }
 
 /// A send was rejected or failed. When this is returned, none of the messages of the call were
@@ -348,8 +394,8 @@ pub enum SendError {
     #[error(transparent)]
     Storage(#[from] StorageError),
     /// An earlier write failed and the broker stopped accepting writes.
-    #[error("broker stopped accepting writes after an earlier storage error: {0}")]
-    Failed(String),
+    #[error(transparent)]
+    Failed(FailedError),
 }
 
 /// [`Group::subscribe`](crate::Group::subscribe) failed. Nothing was written.
@@ -406,8 +452,8 @@ pub enum SubscribeError {
     #[error(transparent)]
     Storage(#[from] StorageError),
     /// The broker stopped accepting writes after an earlier error.
-    #[error("broker stopped accepting writes after an earlier storage error: {0}")]
-    Failed(String),
+    #[error(transparent)]
+    Failed(FailedError),
     /// A setting is out of range (e.g. a worker pool's concurrency above
     /// [`Workers::MAX_POOL`](crate::Workers::MAX_POOL)).
     #[error("invalid option: {0}")]
@@ -436,8 +482,8 @@ pub enum AckError {
     #[error(transparent)]
     Storage(#[from] StorageError),
     /// The broker stopped accepting writes after an earlier error.
-    #[error("broker stopped accepting writes after an earlier storage error: {0}")]
-    Failed(String),
+    #[error(transparent)]
+    Failed(FailedError),
 }
 
 /// [`Group::reset_to`](crate::Group::reset_to) failed. Nothing changed.
@@ -481,8 +527,8 @@ pub enum ResetError {
     #[error(transparent)]
     Storage(#[from] StorageError),
     /// The broker stopped accepting writes after an earlier error.
-    #[error("broker stopped accepting writes after an earlier storage error: {0}")]
-    Failed(String),
+    #[error(transparent)]
+    Failed(FailedError),
 }
 
 /// Redriving dead letters failed. Batches moved before the error stay moved (each batch is
@@ -515,8 +561,8 @@ pub enum RedriveError {
     #[error(transparent)]
     Storage(#[from] StorageError),
     /// The broker stopped accepting writes after an earlier error.
-    #[error("broker stopped accepting writes after an earlier storage error: {0}")]
-    Failed(String),
+    #[error(transparent)]
+    Failed(FailedError),
 }
 
 /// Waiting for acknowledgements to be committed failed.
@@ -530,8 +576,8 @@ pub enum CommitError {
     #[error(transparent)]
     Storage(#[from] StorageError),
     /// The broker stopped accepting writes after an earlier error.
-    #[error("broker stopped accepting writes after an earlier storage error: {0}")]
-    Failed(String),
+    #[error(transparent)]
+    Failed(FailedError),
 }
 
 /// An error yielded by a [`Subscription`](crate::Subscription) stream. The stream ends after
@@ -627,8 +673,8 @@ pub enum PauseError {
     #[error(transparent)]
     Storage(#[from] StorageError),
     /// The broker stopped accepting writes after an earlier storage error.
-    #[error("broker stopped accepting writes after an earlier storage error: {0}")]
-    Failed(String),
+    #[error(transparent)]
+    Failed(FailedError),
 }
 
 /// Any rockq error.
@@ -677,4 +723,80 @@ pub enum Error {
     /// See [`ScheduleError`].
     #[error(transparent)]
     Schedule(#[from] ScheduleError),
+    /// See [`DecodeError`](crate::DecodeError).
+    #[error(transparent)]
+    Decode(#[from] crate::codec::DecodeError),
+    /// An I/O error of the application's own (e.g. creating the directory for a broker), so
+    /// that `?` works on it in a function returning `rockq::Error`.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    /// Whether the broker (or inspector) was shut down: the operation was refused because
+    /// shutdown has begun, and will not succeed until the database is opened again.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), rockq::Error> {
+    /// # let dir = tempfile::tempdir()?;
+    /// let broker = rockq::Broker::open(dir.path()).await?;
+    /// let q = broker.queue("q").await?;
+    /// broker.shutdown().await?;
+    /// let e = rockq::Error::from(q.send("late").await.unwrap_err());
+    /// assert!(e.is_shutdown() && !e.is_retryable());
+    /// # Ok(()) }
+    /// ```
+    pub fn is_shutdown(&self) -> bool {
+        match self {
+            Error::Queue(QueueError::Shutdown)
+            | Error::Send(SendError::Shutdown)
+            | Error::Subscribe(SubscribeError::Shutdown)
+            | Error::Ack(AckError::Shutdown)
+            | Error::Commit(CommitError::Shutdown)
+            | Error::Redrive(RedriveError::Shutdown)
+            | Error::Reset(ResetError::Shutdown)
+            | Error::Inspect(InspectError::Shutdown)
+            | Error::Pause(PauseError::Shutdown)
+            | Error::Schedule(ScheduleError::Shutdown) => true,
+            _ => false,
+        }
+    }
+
+    /// Whether trying the same operation again later, unchanged, may succeed: a conflict with
+    /// something that ends on its own (another subscription of an ordered group still
+    /// active, a reset while a subscription is active, a concurrent redrive, a lease lost to
+    /// expiry — the message comes back and can be handled again). Not retryable: bad input,
+    /// shutdown, a failed-closed broker (reopen it), corruption, decode errors.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let lost = rockq::Error::from(rockq::AckError::LeaseLost { seq: 7, attempt: 1 });
+    /// assert!(lost.is_retryable());
+    /// ```
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::Subscribe(SubscribeError::AlreadySubscribed { .. })
+                | Error::Reset(ResetError::Active { .. })
+                | Error::Redrive(RedriveError::Conflict { .. })
+                | Error::Ack(AckError::LeaseLost { .. })
+        )
+    }
+
+    /// The storage error at the root of this error, if any: RocksDB's own, directly or as the
+    /// cause a failed-closed broker keeps.
+    pub fn storage_error(&self) -> Option<&StorageError> {
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(e) = next {
+            if let Some(s) = e.downcast_ref::<StorageError>() {
+                return Some(s);
+            }
+            next = e.source();
+        }
+        None
+    }
 }

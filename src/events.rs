@@ -133,3 +133,43 @@ pub enum Event {
         missed: u64,
     },
 }
+
+impl Event {
+    /// The queue the event is about (for `Redriven`, the queue the message moved to).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let e = rockq::Event::Trimmed { queue: "orders".into(), deleted: 9, first_seq: 10 };
+    /// assert_eq!(e.queue(), "orders");
+    /// assert_eq!(e.group(), None);
+    /// ```
+    pub fn queue(&self) -> &str {
+        match self {
+            Event::Delivered { queue, .. }
+            | Event::Acked { queue, .. }
+            | Event::Retried { queue, .. }
+            | Event::LeaseExpired { queue, .. }
+            | Event::DeadLettered { queue, .. }
+            | Event::Redriven { queue, .. }
+            | Event::Skipped { queue, .. }
+            | Event::Trimmed { queue, .. }
+            | Event::Saturated { queue, .. }
+            | Event::ScheduleFired { queue, .. } => queue,
+        }
+    }
+
+    /// The group the event is about, if it is about one.
+    pub fn group(&self) -> Option<&str> {
+        match self {
+            Event::Delivered { group, .. }
+            | Event::Acked { group, .. }
+            | Event::Retried { group, .. }
+            | Event::LeaseExpired { group, .. }
+            | Event::DeadLettered { group, .. }
+            | Event::Skipped { group, .. }
+            | Event::Saturated { group, .. } => Some(group),
+            Event::Redriven { .. } | Event::Trimmed { .. } | Event::ScheduleFired { .. } => None,
+        }
+    }
+}

@@ -74,7 +74,7 @@ mod sent;
 mod stats;
 pub mod telemetry;
 
-pub use broker::Broker;
+pub use broker::{Broker, EventStream};
 pub use bytes::Bytes;
 pub use clock::{Clock, ManualClock};
 #[cfg(feature = "json")]
@@ -82,8 +82,9 @@ pub use codec::Json;
 #[cfg(feature = "postcard")]
 pub use codec::Postcard;
 pub use codec::{BoxError, CODEC_HEADER, Codec, DecodeError};
-pub use consumer::{Delivery, Group, Subscription};
+pub use consumer::{Decoded, Delivery, Group, Subscription};
 pub use error::{
+    FailedError,
     AckError, CommitError, CorruptionError, Error, InspectError, NameError, NameKind, OpenError, PauseError,
     QueueError, ReceiveError, RedriveError, ResetError, ScheduleError, SendError, ShutdownError,
     StorageError, SubscribeError,

@@ -15,6 +15,7 @@ pub use crate::stats::GroupMode;
 /// Where a group that has never subscribed starts. Ignored once the group exists: it then
 /// always resumes after its committed offset.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StartFrom {
     /// The oldest message still stored.
     #[default]

@@ -22,6 +22,7 @@ use crate::error::OpenError;
 /// Offset commits (acks) follow the same mode: under `Buffered`, acknowledged progress since the
 /// last sync may be lost in a power failure, which causes redelivery, never loss.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Durability {
     /// A send resolves only after the WAL holding it has been fsynced. Group commit shares one
     /// fsync among every send that arrived while the previous one was in progress.

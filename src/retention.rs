@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// range tombstone per trim and the queue's first sequence moves past them, so readers never
 /// walk deleted entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Retention {
     /// Delete a message once every group of the queue has finished it (its offset passed it; a
     /// work-queue group's offset never passes a claimed message). A queue without groups keeps
@@ -27,6 +28,7 @@ pub enum Retention {
 
 /// Where a replay starts: see [`Group::reset_to`](crate::Group::reset_to).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ResetTo {
     /// Redeliver from this sequence on (it must still be retained).
     Sequence(u64),

@@ -2,7 +2,10 @@
 //! inspection, pause/resume, resets).
 
 mod admin;
+mod events;
 mod schedules;
+
+pub use events::EventStream;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -2,10 +2,12 @@
 //! subscription's acknowledgement window (`acks.rs`).
 
 mod acks;
+mod decoded;
 mod delivery;
 mod group;
 mod subscription;
 
+pub use decoded::Decoded;
 pub use delivery::Delivery;
 pub use group::Group;
 pub use subscription::Subscription;

@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 
-use crate::error::SendError;
+use crate::error::{FailedError, SendError};
 use crate::sent::{Original, Sent};
 
 /// The outcome of one staged round: the first sequence of each send in it, in staging order
@@ -65,7 +65,7 @@ impl Completion {
             Ok(seqs) => seqs
                 .get(index)
                 .copied()
-                .ok_or_else(|| SendError::Failed(format!("no sequence for staged send {index}"))),
+                .ok_or_else(|| SendError::Failed(FailedError::internal(format!("no sequence for staged send {index}")))),
             Err(e) => Err(e.clone()),
         })
     }

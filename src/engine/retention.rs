@@ -14,7 +14,7 @@ use super::Engine;
 use super::registry::QueueState;
 use super::request::{Request, RetentionRequest, TrimCut};
 use super::shared::{Shared, spawn_periodic};
-use crate::error::{QueueError, ReceiveError, ResetError};
+use crate::error::{FailedError, QueueError, ReceiveError, ResetError};
 use crate::retention::{ResetTo, Retention, TrimReport, micros};
 use crate::store;
 
@@ -81,7 +81,7 @@ pub(crate) async fn pass(shared: &Arc<Shared>, compact: Option<bool>) -> Result<
         .runtime
         .spawn_blocking(move || cuts(&s.engine))
         .await
-        .map_err(|e| QueueError::Failed(format!("retention scan failed: {e}")))??;
+        .map_err(|e| QueueError::Failed(FailedError::internal(format!("retention scan failed: {e}"))))??;
     let mut compact_ranges = Vec::new();
     if !cuts.is_empty() {
         let queues: Vec<Arc<QueueState>> = cuts.iter().map(|c| c.queue.clone()).collect();
@@ -113,7 +113,7 @@ pub(crate) async fn pass(shared: &Arc<Shared>, compact: Option<bool>) -> Result<
                     .try_for_each(|(id, below)| s.engine.store.compact_trimmed(id, below))
             })
             .await
-            .map_err(|e| QueueError::Failed(format!("compaction task failed: {e}")))??;
+            .map_err(|e| QueueError::Failed(FailedError::internal(format!("compaction task failed: {e}"))))??;
         report.compacted = true;
     }
     report.dedup_expired = expire_dedup(shared).await?;
@@ -141,10 +141,10 @@ async fn expire_dedup(shared: &Arc<Shared>) -> Result<u64, QueueError> {
                 db.expired_dedup(s.engine.clock().wall_micros(), DEDUP_CHUNK)
             })
             .await
-            .map_err(|e| QueueError::Failed(format!("dedup expiry scan failed: {e}")))?
+            .map_err(|e| QueueError::Failed(FailedError::internal(format!("dedup expiry scan failed: {e}"))))?
             .map_err(|e| match e {
                 store::ReadError::Storage(s) => QueueError::Storage(s),
-                store::ReadError::Corrupt(c) => QueueError::Failed(c.to_string()),
+                store::ReadError::Corrupt(c) => QueueError::Corrupt(c),
             })?;
         let last_chunk = expired.len() < DEDUP_CHUNK;
         if expired.is_empty() {

@@ -20,7 +20,7 @@ use super::round::Round;
 use crate::engine::registry::QueueState;
 use crate::engine::request::{Reply, ScheduleRequest, Submission, refuse};
 use crate::error::ScheduleError;
-use crate::error::{Closed, SendError};
+use crate::error::{Closed, FailedError, SendError};
 use crate::events::Event;
 use crate::model::ScheduleRecord;
 use crate::schedule::Missed;
@@ -150,7 +150,7 @@ fn submit(
                     None => {
                         // Unreachable: a queue handle exists only once the writer registered it.
                         let _ = reply
-                            .send(Err(SendError::Failed("send to a queue unknown to the writer".into())));
+                            .send(Err(SendError::Failed(FailedError::internal("send to a queue unknown to the writer"))));
                         return;
                     }
                 }

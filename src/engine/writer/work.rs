@@ -14,7 +14,7 @@ use super::queue;
 use super::round::Round;
 use crate::engine::registry::{QueueState, QueuedAck, WorkGroupState};
 use crate::engine::request::{Outcome, RedriveItem, RedriveReply, Reply, WorkRequest, refuse};
-use crate::error::{AckError, Closed, RedriveError, ResetError};
+use crate::error::{AckError, Closed, FailedError, RedriveError, ResetError};
 use crate::events::Event;
 use crate::model::{Claim, GroupMode, GroupOffset};
 use crate::store::{ReadError, envelope};
@@ -208,7 +208,7 @@ fn record_outcome(r: &mut Round<'_>, at: Attempt, outcome: Outcome, reply: Reply
             let origin = dead_letter::Origin { queue: &g.queue, group: &g.name, seq, attempts: attempt };
             let (dlq_seq, reason) = match dead_letter::append(r, &origin, &reason, env, &dlq) {
                 Ok(done) => done,
-                Err(e) => return refuse_outcome(&g, seq, reply, AckError::Failed(e)),
+                Err(e) => return refuse_outcome(&g, seq, reply, AckError::Failed(FailedError::internal(e))),
             };
             finish_seq(r, &g, seq);
             r.on_done(move |res| {
@@ -276,7 +276,7 @@ fn redrive(
             Ok(v) => encoded.push(v),
             Err(e) => {
                 let why = format!("cannot re-encode dead letter {}: {e:?}", item.dlq_seq);
-                let _ = reply.send(Err(RedriveError::Failed(why)));
+                let _ = reply.send(Err(RedriveError::Failed(FailedError::internal(why))));
                 return;
             }
         }
@@ -286,7 +286,7 @@ fn redrive(
         match queue::ensure(r, &item.target) {
             Ok(q) => targets.push(q),
             Err(e) => {
-                let _ = reply.send(Err(RedriveError::Failed(format!("target {:?}: {e}", item.target))));
+                let _ = reply.send(Err(RedriveError::Failed(FailedError::internal(format!("target {:?}: {e}", item.target)))));
                 return;
             }
         }
