@@ -84,9 +84,8 @@ pub use codec::Postcard;
 pub use codec::{BoxError, CODEC_HEADER, Codec, DecodeError};
 pub use consumer::{Decoded, Delivery, Group, Subscription};
 pub use error::{
-    FailedError,
-    AckError, CommitError, CorruptionError, Error, InspectError, NameError, NameKind, OpenError, PauseError,
-    QueueError, ReceiveError, RedriveError, ResetError, ScheduleError, SendError, ShutdownError,
+    AckError, CommitError, CorruptionError, Error, FailedError, InspectError, NameError, NameKind, OpenError,
+    PauseError, QueueError, ReceiveError, RedriveError, ResetError, ScheduleError, SendError, ShutdownError,
     StorageError, SubscribeError,
 };
 pub use events::Event;

@@ -207,7 +207,7 @@ struct Upper(Arc<std::sync::Mutex<Vec<String>>>);
 
 #[async_trait::async_trait]
 impl rockq::Handler for Upper {
-    async fn handle(&self, task: Task, _: &Arc<()>) -> Result<(), HandlerError> {
+    async fn handle(&self, task: Task, _: &()) -> Result<(), HandlerError> {
         let text = std::str::from_utf8(task.payload())?;
         self.0.lock().unwrap().push(text.to_uppercase());
         Ok(())

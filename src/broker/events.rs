@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
-use futures::{Stream, StreamExt};
+use futures::{Future, Stream, StreamExt};
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 
@@ -18,13 +18,15 @@ use crate::events::Event;
 /// Like [`Broker::events`], it sees the events sent after it was made, and a stream that
 /// falls behind the bounded channel loses the oldest ones: they are skipped (never an error
 /// that ends the stream) and counted in [`missed`](EventStream::missed), with a warning in the
-/// log. The stream ends when the broker is shut down.
+/// log. The stream ends when the broker is shut down (after the events sent before).
 ///
 /// # Cancel safety
 ///
 /// `next()` is cancel safe: an event is taken from the channel only when returned.
 pub struct EventStream {
     inner: BroadcastStream<Event>,
+    /// Ends the stream at shutdown even while handles keep the channel's sender alive.
+    closing: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
     queue: Option<Arc<str>>,
     group: Option<Arc<str>>,
     missed: Arc<AtomicU64>,
@@ -61,6 +63,7 @@ impl Broker {
     pub fn event_stream(&self) -> EventStream {
         EventStream {
             inner: BroadcastStream::new(self.shared.events().subscribe()),
+            closing: Box::pin(self.shared.closing.clone().cancelled_owned()),
             queue: None,
             group: None,
             missed: Arc::default(),
@@ -108,7 +111,8 @@ impl Stream for EventStream {
                     tracing::warn!(missed = n, "rockq: event stream fell behind; events lost");
                 }
                 Poll::Ready(None) => return Poll::Ready(None),
-                Poll::Pending => return Poll::Pending,
+                // Events sent before the shutdown were taken above; nothing comes after it.
+                Poll::Pending => return this.closing.as_mut().poll(cx).map(|()| None),
             }
         }
     }

@@ -224,6 +224,40 @@ impl Broker {
         self.shared.events().subscribe()
     }
 
+    /// Waits until everything queued so far is durable: acks and other outcomes
+    /// ([`Job::ack`](crate::Job::ack), [`Delivery::ack`](crate::Delivery::ack), …), offset
+    /// commits and dead letters. The `_durable` methods wait for one outcome; this waits for
+    /// all of them, e.g. before reporting a batch as done.
+    ///
+    /// # Errors
+    ///
+    /// [`CommitError::Shutdown`](crate::CommitError::Shutdown) after shutdown;
+    /// [`CommitError::Storage`](crate::CommitError::Storage) if the write failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future does not undo or delay anything.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker, jobs: Vec<rockq::Job>) -> Result<(), rockq::Error> {
+    /// for job in jobs {
+    ///     job.ack()?;
+    /// }
+    /// broker.flush().await?; // every ack above is durable now
+    /// # Ok(()) }
+    /// ```
+    pub async fn flush(&self) -> Result<(), crate::error::CommitError> {
+        use crate::error::CommitError;
+        if self.shared.is_closed() {
+            return Err(CommitError::Shutdown);
+        }
+        let (reply, rx) = oneshot::channel();
+        self.shared.tx.send(Request::Flush { reply }).await.map_err(|_| CommitError::Shutdown)?;
+        rx.await.map_err(|_| CommitError::Shutdown)?
+    }
+
     /// The dead-letter queue `name` (e.g. `"orders.dlq"`), created if missing: list, peek and
     /// redrive its messages.
     ///

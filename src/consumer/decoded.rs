@@ -31,7 +31,10 @@ pub struct Decoded<T> {
 
 impl<T> std::fmt::Debug for Decoded<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Decoded").field("type", &std::any::type_name::<T>()).field("inner", &self.inner).finish()
+        f.debug_struct("Decoded")
+            .field("type", &std::any::type_name::<T>())
+            .field("inner", &self.inner)
+            .finish()
     }
 }
 

@@ -62,10 +62,9 @@ impl Completion {
 
     fn result(&self, index: usize) -> Option<Result<u64, SendError>> {
         self.outcome.get().map(|o| match o {
-            Ok(seqs) => seqs
-                .get(index)
-                .copied()
-                .ok_or_else(|| SendError::Failed(FailedError::internal(format!("no sequence for staged send {index}")))),
+            Ok(seqs) => seqs.get(index).copied().ok_or_else(|| {
+                SendError::Failed(FailedError::internal(format!("no sequence for staged send {index}")))
+            }),
             Err(e) => Err(e.clone()),
         })
     }

@@ -77,11 +77,10 @@ pub(crate) async fn pass(shared: &Arc<Shared>, compact: Option<bool>) -> Result<
     };
     let mut report = TrimReport { bytes_before: bytes(shared.clone()).await, ..TrimReport::default() };
     let s = shared.clone();
-    let cuts = shared
-        .runtime
-        .spawn_blocking(move || cuts(&s.engine))
-        .await
-        .map_err(|e| QueueError::Failed(FailedError::internal(format!("retention scan failed: {e}"))))??;
+    let cuts =
+        shared.runtime.spawn_blocking(move || cuts(&s.engine)).await.map_err(|e| {
+            QueueError::Failed(FailedError::internal(format!("retention scan failed: {e}")))
+        })??;
     let mut compact_ranges = Vec::new();
     if !cuts.is_empty() {
         let queues: Vec<Arc<QueueState>> = cuts.iter().map(|c| c.queue.clone()).collect();
@@ -113,7 +112,9 @@ pub(crate) async fn pass(shared: &Arc<Shared>, compact: Option<bool>) -> Result<
                     .try_for_each(|(id, below)| s.engine.store.compact_trimmed(id, below))
             })
             .await
-            .map_err(|e| QueueError::Failed(FailedError::internal(format!("compaction task failed: {e}"))))??;
+            .map_err(|e| {
+                QueueError::Failed(FailedError::internal(format!("compaction task failed: {e}")))
+            })??;
         report.compacted = true;
     }
     report.dedup_expired = expire_dedup(shared).await?;

@@ -394,7 +394,9 @@ impl Queue {
             return self.stage(std::slice::from_ref(&message)).await?.sent().await;
         }
         let mut sent = self.submit_checked(vec![message]).await?;
-        sent.pop().ok_or_else(|| SendError::Failed(crate::error::FailedError::internal("the writer answered no outcome")))
+        sent.pop().ok_or_else(|| {
+            SendError::Failed(crate::error::FailedError::internal("the writer answered no outcome"))
+        })
     }
 
     /// [`submit`](Queue::submit) for several messages, atomically: every outcome is written in

@@ -325,7 +325,10 @@ impl DeadLetters {
                 let message =
                     Message { payload: d.payload, headers: d.headers, key: d.key, ..Message::default() };
                 boundary::validate(&message).map_err(|e| {
-                    RedriveError::Failed(crate::error::FailedError::internal(format!("cannot re-encode dead letter {}: {e:?}", d.dlq_seq)))
+                    RedriveError::Failed(crate::error::FailedError::internal(format!(
+                        "cannot re-encode dead letter {}: {e:?}",
+                        d.dlq_seq
+                    )))
                 })?;
                 items.push(RedriveItem {
                     dlq_seq: d.dlq_seq,

@@ -378,7 +378,9 @@ impl WorkGroup {
                 Ok(()) => *state.recorded_dlq.lock().unwrap_or_else(|p| p.into_inner()) = dlq.clone(),
                 Err(PauseError::Storage(e)) => return Err(SubscribeError::Storage(e)),
                 Err(PauseError::Shutdown) => return Err(SubscribeError::Shutdown),
-                Err(e) => return Err(SubscribeError::Failed(crate::error::FailedError::internal(e.to_string()))),
+                Err(e) => {
+                    return Err(SubscribeError::Failed(crate::error::FailedError::internal(e.to_string())));
+                }
             }
         }
         let config = Arc::new(WorkConfig {

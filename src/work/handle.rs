@@ -7,7 +7,7 @@ use super::handler::{IntoHandler, IntoTypedHandler};
 use super::pool::{PoolReport, Workers};
 use crate::error::{Error, ReceiveError};
 
-impl<S: Send + Sync + 'static> Workers<S> {
+impl<S: Clone + Send + Sync + 'static> Workers<S> {
     /// Starts the pool as a task on the broker's runtime and returns a handle to stop it.
     /// The pool runs exactly as [`run`](Workers::run) does (the
     /// [`shutdown_on`](Workers::shutdown_on) token and [`Broker::shutdown`](crate::Broker::shutdown)

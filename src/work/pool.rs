@@ -67,7 +67,7 @@ impl WorkGroup {
 /// `S` is the state every handler shares ([`state`](Workers::state)); `()` without one.
 pub struct Workers<S = ()> {
     pub(super) group: WorkGroup,
-    state: Arc<S>,
+    state: S,
     concurrency: usize,
     /// Fixed by the application; `None`: adaptive (see `adapt.rs`).
     prefetch: Option<usize>,
@@ -104,7 +104,7 @@ impl Workers {
     pub(crate) fn new(group: WorkGroup, concurrency: usize) -> Self {
         Workers {
             group,
-            state: Arc::new(()),
+            state: (),
             concurrency,
             prefetch: None,
             heartbeat: false,
@@ -114,11 +114,12 @@ impl Workers {
     }
 }
 
-impl<S: Send + Sync + 'static> Workers<S> {
-    /// Shares `state` with every handler: closures get it as a second argument, an
-    /// `Arc<S>` (`|task: Task, db: Arc<Db>| async move { … }`), and [`Handler`]s as
-    /// `handle(&self, task, &Arc<S>)`. The pool keeps it in one `Arc`; nothing is cloned per
-    /// job but the `Arc` a closure receives.
+impl<S: Clone + Send + Sync + 'static> Workers<S> {
+    /// Shares `state` with every handler, as axum's `State` does: [`Handler`]s get it as
+    /// `handle(&self, task, &S)`, closures a clone as their last argument
+    /// (`|task: Task, db: Db| async move { … }`). Each worker holds one clone; a closure gets
+    /// a clone per job, so make `S` cheap to clone — an `Arc<…>`, or a handle that is one
+    /// inside (a connection pool, a channel sender).
     ///
     /// # Examples
     ///
@@ -127,9 +128,10 @@ impl<S: Send + Sync + 'static> Workers<S> {
     /// use std::sync::{Arc, atomic::{AtomicU64, Ordering}};
     /// struct Counters { seen: AtomicU64 }
     ///
+    /// let counters = Arc::new(Counters { seen: AtomicU64::new(0) });
     /// queue.work_group("count")?
     ///     .workers(4)
-    ///     .state(Counters { seen: AtomicU64::new(0) })
+    ///     .state(counters.clone())
     ///     .run(|_task: rockq::Task, c: Arc<Counters>| async move {
     ///         c.seen.fetch_add(1, Ordering::Relaxed);
     ///         Ok(())
@@ -137,10 +139,10 @@ impl<S: Send + Sync + 'static> Workers<S> {
     ///     .await?;
     /// # Ok(()) }
     /// ```
-    pub fn state<S2: Send + Sync + 'static>(self, state: S2) -> Workers<S2> {
+    pub fn state<S2: Clone + Send + Sync + 'static>(self, state: S2) -> Workers<S2> {
         Workers {
             group: self.group,
-            state: Arc::new(state),
+            state,
             concurrency: self.concurrency,
             prefetch: self.prefetch,
             heartbeat: self.heartbeat,
@@ -430,7 +432,7 @@ impl Drop for PoolGuard {
 
 async fn run_one<S: Send + Sync + 'static, H: Handler<S>>(
     handler: &H,
-    state: &Arc<S>,
+    state: &S,
     job: Job,
     heartbeat: Option<Duration>,
     clock: crate::clock::Clock,

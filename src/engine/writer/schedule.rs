@@ -149,8 +149,9 @@ fn submit(
                     Some(seq) => Original::Appended(seq),
                     None => {
                         // Unreachable: a queue handle exists only once the writer registered it.
-                        let _ = reply
-                            .send(Err(SendError::Failed(FailedError::internal("send to a queue unknown to the writer"))));
+                        let _ = reply.send(Err(SendError::Failed(FailedError::internal(
+                            "send to a queue unknown to the writer",
+                        ))));
                         return;
                     }
                 }

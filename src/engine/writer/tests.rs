@@ -371,7 +371,10 @@ async fn refusals_answer_every_family_with_its_own_error_and_release_a_held_slot
     );
     match sub.await.unwrap() {
         Err(SubscribeError::Failed(why)) => {
-            assert!(why.storage_error().is_some_and(|e| e.message().contains("disk gone")), "keeps the cause: {why:?}")
+            assert!(
+                why.storage_error().is_some_and(|e| e.message().contains("disk gone")),
+                "keeps the cause: {why:?}"
+            )
         }
         other => panic!("{other:?}"),
     }

@@ -286,7 +286,10 @@ fn redrive(
         match queue::ensure(r, &item.target) {
             Ok(q) => targets.push(q),
             Err(e) => {
-                let _ = reply.send(Err(RedriveError::Failed(FailedError::internal(format!("target {:?}: {e}", item.target)))));
+                let _ = reply.send(Err(RedriveError::Failed(FailedError::internal(format!(
+                    "target {:?}: {e}",
+                    item.target
+                )))));
                 return;
             }
         }

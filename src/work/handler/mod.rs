@@ -7,7 +7,6 @@ mod service;
 mod typed;
 
 use std::future::Future;
-use std::sync::Arc;
 
 pub(crate) use error::Action;
 pub use error::{HandlerError, HandlerResultExt};
@@ -16,13 +15,12 @@ pub use typed::IntoTypedHandler;
 use super::job::Task;
 
 /// A job handler for a worker pool, with access to the pool's shared state `S` (see
-/// [`Workers::state`](crate::Workers::state); `()` without one), which the pool keeps in an
-/// `Arc` and lends to every call. `Ok` acks the job; `Err`
+/// [`Workers::state`](crate::Workers::state); `()` without one), lent to every call. `Ok` acks the job; `Err`
 /// decides between retry and dead-letter (see [`HandlerError`]); a panic counts as a failed
 /// attempt.
 ///
 /// Closures are handlers too (see [`IntoHandler`]): `|task: Task| async { … }`, and with state
-/// `|task: Task, state: Arc<S>| async { … }`.
+/// `|task: Task, state: S| async { … }` (a clone of the state per call).
 ///
 /// # Examples
 ///
@@ -34,24 +32,25 @@ use super::job::Task;
 /// struct Insert;
 ///
 /// #[async_trait::async_trait]
-/// impl Handler<Db> for Insert {
+/// impl Handler<Arc<Db>> for Insert {
 ///     async fn handle(&self, task: Task, db: &Arc<Db>) -> Result<(), HandlerError> {
 ///         println!("insert #{} into {}", task.seq(), db.table);
 ///         Ok(())
 ///     }
 /// }
 /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
-/// queue.work_group("inserts")?.workers(4).state(Db { table: "orders".into() }).run(Insert).await?;
+/// let db = Arc::new(Db { table: "orders".into() });
+/// queue.work_group("inserts")?.workers(4).state(db).run(Insert).await?;
 /// # Ok(()) }
 /// ```
 #[async_trait::async_trait]
 pub trait Handler<S: Send + Sync + 'static = ()>: Send + Sync + 'static {
     /// Handles one job.
-    async fn handle(&self, task: Task, state: &Arc<S>) -> Result<(), HandlerError>;
+    async fn handle(&self, task: Task, state: &S) -> Result<(), HandlerError>;
 }
 
 /// Anything a worker pool can run: a [`Handler`], an `async` closure taking a [`Task`] (and,
-/// optionally, the pool's state as an `Arc<S>`), or with the `tower` feature a
+/// optionally, a clone of the pool's state `S`), or with the `tower` feature a
 /// `tower::Service<Task, Response = ()>`. `M` only tells the forms apart; it is inferred.
 pub trait IntoHandler<S: Send + Sync + 'static, M>: Send + 'static {
     /// The handler it becomes.
@@ -69,7 +68,7 @@ pub(crate) mod markers {
     /// `Fn(Task) -> Fut`.
     #[derive(Debug)]
     pub enum TaskFn {}
-    /// `Fn(Task, Arc<S>) -> Fut`.
+    /// `Fn(Task, S) -> Fut`.
     #[derive(Debug)]
     pub enum TaskStateFn {}
     /// `tower::Service<Task>`.
@@ -102,7 +101,7 @@ where
     F: Fn(Task) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
 {
-    async fn handle(&self, task: Task, _: &Arc<S>) -> Result<(), HandlerError> {
+    async fn handle(&self, task: Task, _: &S) -> Result<(), HandlerError> {
         (self.0)(task).await
     }
 }
@@ -120,7 +119,7 @@ where
     }
 }
 
-/// A closure `Fn(Task, Arc<S>) -> Fut` as a handler: the pool hands it its state.
+/// A closure `Fn(Task, S) -> Fut` as a handler: the pool hands it its state.
 pub struct StateFnHandler<F>(F);
 
 impl<F> std::fmt::Debug for StateFnHandler<F> {
@@ -132,19 +131,19 @@ impl<F> std::fmt::Debug for StateFnHandler<F> {
 #[async_trait::async_trait]
 impl<S, F, Fut> Handler<S> for StateFnHandler<F>
 where
-    S: Send + Sync + 'static,
-    F: Fn(Task, Arc<S>) -> Fut + Send + Sync + 'static,
+    S: Clone + Send + Sync + 'static,
+    F: Fn(Task, S) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
 {
-    async fn handle(&self, task: Task, state: &Arc<S>) -> Result<(), HandlerError> {
+    async fn handle(&self, task: Task, state: &S) -> Result<(), HandlerError> {
         (self.0)(task, state.clone()).await
     }
 }
 
 impl<S, F, Fut> IntoHandler<S, markers::TaskStateFn> for F
 where
-    S: Send + Sync + 'static,
-    F: Fn(Task, Arc<S>) -> Fut + Send + Sync + 'static,
+    S: Clone + Send + Sync + 'static,
+    F: Fn(Task, S) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
 {
     type Handler = StateFnHandler<F>;

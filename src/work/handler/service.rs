@@ -2,8 +2,6 @@
 //! timeout, concurrency-limit, rate-limit, load-shed and tracing layers apply to jobs as they
 //! do to requests in axum or tonic.
 
-use std::sync::Arc;
-
 use tokio::sync::Mutex;
 use tower::Service;
 
@@ -34,7 +32,7 @@ where
     Svc::Error: Into<BoxError>,
     Svc::Future: Send + 'static,
 {
-    async fn handle(&self, task: Task, _: &Arc<S>) -> Result<(), HandlerError> {
+    async fn handle(&self, task: Task, _: &S) -> Result<(), HandlerError> {
         let call = {
             let mut svc = self.svc.lock().await;
             match futures::future::poll_fn(|cx| svc.poll_ready(cx)).await {

@@ -3,7 +3,6 @@
 
 use std::future::Future;
 use std::marker::PhantomData;
-use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 
@@ -11,7 +10,7 @@ use super::{Handler, HandlerError};
 use crate::work::job::Task;
 
 /// A closure a pool's [`run_typed`](crate::Workers::run_typed) runs: `Fn(T, Task) -> Fut`, or
-/// `Fn(T, Task, Arc<S>) -> Fut` with the pool's state. `M` only tells the forms apart; it is
+/// `Fn(T, Task, S) -> Fut` with the pool's state. `M` only tells the forms apart; it is
 /// inferred.
 pub trait IntoTypedHandler<T, S: Send + Sync + 'static, M>: Send + 'static {
     /// The handler it becomes: it decodes the payload, dead-letters it at once if it does not
@@ -27,7 +26,7 @@ pub(crate) mod markers {
     /// `Fn(T, Task) -> Fut`.
     #[derive(Debug)]
     pub enum ValueFn {}
-    /// `Fn(T, Task, Arc<S>) -> Fut`.
+    /// `Fn(T, Task, S) -> Fut`.
     #[derive(Debug)]
     pub enum ValueStateFn {}
 }
@@ -58,7 +57,7 @@ where
     F: Fn(T, Task) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
 {
-    async fn handle(&self, task: Task, _: &Arc<S>) -> Result<(), HandlerError> {
+    async fn handle(&self, task: Task, _: &S) -> Result<(), HandlerError> {
         let value = decode::<T>(&task)?;
         (self.f)(value, task).await
     }
@@ -82,11 +81,11 @@ where
 impl<T, S, F, Fut> Handler<S> for TypedHandler<T, F, markers::ValueStateFn>
 where
     T: DeserializeOwned + Send + 'static,
-    S: Send + Sync + 'static,
-    F: Fn(T, Task, Arc<S>) -> Fut + Send + Sync + 'static,
+    S: Clone + Send + Sync + 'static,
+    F: Fn(T, Task, S) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
 {
-    async fn handle(&self, task: Task, state: &Arc<S>) -> Result<(), HandlerError> {
+    async fn handle(&self, task: Task, state: &S) -> Result<(), HandlerError> {
         let value = decode::<T>(&task)?;
         (self.f)(value, task, state.clone()).await
     }
@@ -95,8 +94,8 @@ where
 impl<T, S, F, Fut> IntoTypedHandler<T, S, markers::ValueStateFn> for F
 where
     T: DeserializeOwned + Send + 'static,
-    S: Send + Sync + 'static,
-    F: Fn(T, Task, Arc<S>) -> Fut + Send + Sync + 'static,
+    S: Clone + Send + Sync + 'static,
+    F: Fn(T, Task, S) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
 {
     type Handler = TypedHandler<T, F, markers::ValueStateFn>;
