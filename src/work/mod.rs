@@ -11,7 +11,6 @@ mod group;
 mod handle;
 mod job;
 mod keyed;
-mod policy;
 mod pool;
 mod subscription;
 
@@ -19,6 +18,5 @@ pub use dlq::{DeadLetter, DeadLetters, Redrive};
 pub use group::WorkGroup;
 pub use handle::PoolHandle;
 pub use job::{Job, Task};
-pub use policy::RetryPolicy;
 pub use pool::{Handler, HandlerError, PoolReport, Workers};
 pub use subscription::WorkSubscription;

@@ -271,8 +271,7 @@ impl Workers {
         let mut adapt = self.prefetch.is_none().then(|| Adapt::new(sub.permits().clone(), ahead, room));
         sub.set_limit(limit, ahead.max(1));
         let handler = Arc::new(handler);
-        let heartbeat = self.heartbeat.then(|| self.group.lease_duration());
-        let lease = self.group.lease_duration();
+        let heartbeat = self.heartbeat;
         let clock = shared.clock().clone();
         let state = sub.state().clone();
 
@@ -290,7 +289,8 @@ impl Workers {
                     // The handler gets a full lease, however long the job waited. An
                     // already-expired lease stays expired (the job then fails to settle and is
                     // redelivered): fencing is never bypassed.
-                    let _ = job.extend(lease);
+                    // The group's lease now: an update applies to the next job started.
+                    let _ = job.extend(job.group_lease());
                     match run_one(handler.clone(), job, heartbeat, clock.clone()).await {
                         Done::Acked => report.acked += 1,
                         Done::Failed => report.failed += 1,
@@ -425,21 +425,18 @@ impl Drop for PoolGuard {
     }
 }
 
-async fn run_one<H: Handler>(
-    handler: Arc<H>,
-    job: Job,
-    heartbeat: Option<Duration>,
-    clock: crate::clock::Clock,
-) -> Done {
+async fn run_one<H: Handler>(handler: Arc<H>, job: Job, heartbeat: bool, clock: crate::clock::Clock) -> Done {
     // The handler's own events carry the job's coordinates (at DEBUG, so INFO costs nothing).
     let span = tracing::debug_span!("rockq.job", queue = %job.queue(), group = %job.group(), seq = job.seq(), attempt = job.attempt());
     let work =
         AssertUnwindSafe(tracing::Instrument::instrument(handler.handle(job.task()), span)).catch_unwind();
     let result = match heartbeat {
-        None => work.await,
-        Some(lease) => {
+        false => work.await,
+        true => {
             tokio::pin!(work);
             loop {
+                // Read at each beat, so a settings update changes the beat of running jobs.
+                let lease = job.group_lease();
                 tokio::select! {
                     r = &mut work => break r,
                     _ = clock.sleep_until(clock.after(lease / 3)) => {
