@@ -398,7 +398,8 @@ pub enum SendError {
     Failed(FailedError),
 }
 
-/// [`Group::subscribe`](crate::Group::subscribe) failed. Nothing was written.
+/// [`Group::subscribe`](crate::Group::subscribe), [`WorkGroup::subscribe`](crate::WorkGroup::subscribe)
+/// or [`WorkGroup::update`](crate::WorkGroup::update) failed. Nothing was written.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SubscribeError {
@@ -455,9 +456,34 @@ pub enum SubscribeError {
     #[error(transparent)]
     Failed(FailedError),
     /// A setting is out of range (e.g. a worker pool's concurrency above
-    /// [`Workers::MAX_POOL`](crate::Workers::MAX_POOL)).
+    /// [`Workers::MAX_POOL`](crate::Workers::MAX_POOL), or a
+    /// [lease](crate::WorkGroup::lease) under 1 ms).
     #[error("invalid option: {0}")]
     InvalidOption(String),
+    /// A setting this [`WorkGroup`](crate::WorkGroup) handle sets explicitly differs from the
+    /// one stored with the group (by its first subscribe, or its last
+    /// [`update`](crate::WorkGroup::update)). Nothing was written. Leave the setting unset to
+    /// run with the stored value, or change the stored one with `update`.
+    #[error(
+        "work group {group:?} on queue {queue:?} is stored with {setting} = {stored}, but this \
+         handle sets {requested}; leave it unset to use the stored value, or change it with \
+         WorkGroup::update"
+    )]
+    SettingsMismatch {
+        /// The queue.
+        queue: String,
+        /// The group.
+        group: String,
+        /// The setting that differs: `"lease"`, `"retry_policy.max_attempts"`,
+        /// `"retry_policy.initial_backoff"`, `"retry_policy.max_backoff"`,
+        /// `"retry_policy.multiplier"`, `"retry_policy.jitter"`, `"dead_letter_queue"` or
+        /// `"ordered_by_key"`.
+        setting: &'static str,
+        /// The stored value, as text.
+        stored: String,
+        /// The value this handle sets, as text.
+        requested: String,
+    },
 }
 
 /// An outcome (ack, nack, retry, dead-letter) or a lease extension could not be recorded.

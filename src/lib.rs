@@ -69,10 +69,12 @@ mod model;
 mod name;
 mod options;
 mod retention;
+mod retry;
 mod schedule;
 mod sent;
 mod stats;
 pub mod telemetry;
+mod work_settings;
 
 pub use broker::{Broker, EventStream};
 pub use bytes::Bytes;
@@ -96,6 +98,7 @@ pub use name::MAX_NAME_LEN;
 pub use options::{Durability, Options};
 pub use producer::{Queue, SendReceipt, TypedQueue};
 pub use retention::{ResetTo, Retention, TrimReport};
+pub use retry::RetryPolicy;
 pub use schedule::{Missed, Recurrence, ScheduleInfo, ScheduledInfo};
 pub use sent::{Original, ScheduledMessage, Sent};
 pub use stats::{
@@ -105,7 +108,7 @@ pub use stats::{
 pub use tokio_util::sync::CancellationToken;
 pub use work::{
     DeadLetter, DeadLetters, Handler, HandlerError, HandlerResultExt, IntoHandler, IntoTypedHandler, Job,
-    PoolHandle, PoolReport, Redrive, RetryPolicy, Task, WorkGroup, WorkSubscription, Workers,
+    PoolHandle, PoolReport, Redrive, Task, WorkGroup, WorkSubscription, Workers,
 };
 
 /// Entry points for the cargo-fuzz targets in `fuzz/` (compiled only under `cargo fuzz`).

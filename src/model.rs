@@ -85,8 +85,23 @@ pub(crate) struct GroupOffset {
 pub(crate) struct GroupSettings {
     /// A paused group hands out nothing until resumed.
     pub paused: bool,
-    /// The dead-letter queue a work-queue group last subscribed with (empty: not recorded).
+    /// A work group's dead-letter queue (empty: not recorded). Records written before the
+    /// work terms were stored hold the queue the group last subscribed with.
     pub dead_letter_queue: String,
+    /// A work group's lease, retry policy and key ordering; `None` for an ordered group, and
+    /// for a work group whose record predates them (the next subscribe stores them).
+    pub work: Option<WorkTerms>,
+}
+
+/// What a work group stores besides its dead-letter queue: every subscription of the group,
+/// in any process, runs with these (see `work_settings.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct WorkTerms {
+    /// How long a claim is held before the message may go to another consumer.
+    pub lease: std::time::Duration,
+    pub policy: crate::retry::RetryPolicy,
+    /// Messages with the same ordering key are handed out one at a time.
+    pub ordered_by_key: bool,
 }
 
 /// Where one message above a work group's offset stands.

@@ -87,12 +87,31 @@ pub struct GroupStats {
     pub in_flight: u64,
     /// Work-queue messages waiting for a retry (0 for ordered groups).
     pub waiting_retry: u64,
-    /// The dead-letter queue of a work-queue group (the one it last subscribed with).
+    /// The dead-letter queue of a work-queue group, as stored with it (`None` for ordered
+    /// groups).
     pub dead_letter_queue: Option<String>,
     /// Dead letters in that queue not yet redriven (0 if it does not exist).
     pub dlq_depth: u64,
     /// Whether the group is paused.
     pub paused: bool,
+    /// The lease stored with a work-queue group ([`WorkGroup::lease`](crate::WorkGroup::lease)).
+    /// `None` for ordered groups, and for a work group created by an older build that has not
+    /// subscribed since (its first subscribe stores it).
+    pub lease: Option<Duration>,
+    /// The retry policy stored with a work-queue group
+    /// ([`WorkGroup::retry_policy`](crate::WorkGroup::retry_policy)); `None` as for `lease`.
+    pub retry_policy: Option<crate::retry::RetryPolicy>,
+    /// Whether a work-queue group is stored as
+    /// [ordered by key](crate::WorkGroup::ordered_by_key) (`false` when nothing is stored).
+    pub ordered_by_key: bool,
+}
+
+impl GroupStats {
+    /// The most attempts per message of a work-queue group, as stored (`None` when no
+    /// [`retry_policy`](GroupStats::retry_policy) is).
+    pub fn max_attempts(&self) -> Option<u32> {
+        self.retry_policy.as_ref().map(|p| p.attempts())
+    }
 }
 
 /// Where a pending work-queue message stands.

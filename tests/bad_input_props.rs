@@ -206,6 +206,15 @@ async fn run(i: Input) {
         .max_in_flight(i.max_in_flight)
         .claim_batch(i.claim_batch)
         .retry_policy(policy);
+    // A lease under 1 ms is refused, typed, and stores nothing; the shortest one is taken.
+    let group = if i.lease < Duration::from_millis(1) {
+        let refused = group.subscribe().await;
+        assert!(matches!(refused, Err(SubscribeError::InvalidOption(_))), "{refused:?}");
+        assert_eq!(group.committed(), None, "nothing written");
+        group.lease(Duration::from_millis(1))
+    } else {
+        group
+    };
     let mut sub = group.subscribe().await.unwrap();
     let job = next_job(&mut sub).await;
     let _ = job.lease_remaining();

@@ -83,8 +83,23 @@ async fn read_only_commands_inspect_a_database_the_service_holds() {
         (workers["dead_letter_queue"].as_str(), workers["dlq_depth"].as_u64()),
         (Some("jobs.dlq"), Some(1))
     );
+    // The settings stored with the work group: its lease and the default retry policy.
+    assert_eq!(workers["lease_secs"].as_f64(), Some(3600.0));
+    assert_eq!(
+        (
+            workers["retry_policy"]["max_attempts"].as_u64(),
+            workers["retry_policy"]["initial_backoff_secs"].as_f64()
+        ),
+        (Some(5), Some(1.0))
+    );
+    assert_eq!(workers["ordered_by_key"], false);
+    assert!(billing["lease_secs"].is_null() && billing["retry_policy"].is_null(), "ordered: none stored");
 
     let table = text(&db, &["stats"]);
+    assert!(
+        table.contains("LEASE") && table.contains("1h00m") && table.contains("5 (1.0s..5m00s)"),
+        "{table}"
+    );
     assert!(
         table.contains("QUEUE")
             && table.contains("LAG")

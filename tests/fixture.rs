@@ -125,6 +125,8 @@ async fn check_format_1_content(path: &Path) {
     assert!(g("audit", "orders").paused, "paused setting survives");
     assert_eq!(g("ship", "orders").mode, GroupMode::WorkQueue);
     assert_eq!(g("ship", "orders").dead_letter_queue.as_deref(), Some("ship.dlq"));
+    // Written before work groups stored their lease and retry policy: none stored yet.
+    assert_eq!((g("ship", "orders").lease, g("ship", "orders").retry_policy.as_ref()), (None, None));
 
     // Ordered group: offset past the dead letter, the delivery count of 4 continues.
     let orders = broker.queue("orders").await.unwrap();
@@ -176,6 +178,14 @@ async fn check_format_1_content(path: &Path) {
     assert_eq!(claimed, [(2, 2), (4, 2), (5, 1), (6, 1)]);
     drop(jobs);
     assert_eq!(ship.committed(), Some(6));
+    // That subscribe stored the group's settings: its lease, the default policy, and the
+    // dead-letter queue the old record named (not set on the handle).
+    let stats = broker.stats().await.unwrap();
+    let ship_stats = stats.groups.iter().find(|g| g.group == "ship").unwrap();
+    assert_eq!(
+        (ship_stats.lease, ship_stats.retry_policy.clone(), ship_stats.dead_letter_queue.as_deref()),
+        (Some(Duration::from_secs(30)), Some(RetryPolicy::default()), Some("ship.dlq"))
+    );
 
     // Dead letters of both kinds, with their origin.
     for (dlq, seq, reason) in [("billing.dlq", 3, "deliveries used up"), ("ship.dlq", 3, "bad")] {

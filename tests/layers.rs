@@ -28,10 +28,12 @@ const VALUES: &[&str] = &[
     "name",
     "options",
     "retention",
+    "retry",
     "schedule",
     "sent",
     "stats",
     "telemetry",
+    "work_settings",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -44,7 +44,7 @@ pub(crate) use super::registry::{
 };
 pub(crate) use super::request::{
     OrderedRequest, Outcome, QueueRequest, RedriveItem, Request, RetentionRequest, ScheduleRequest,
-    SettingsChange, SettingsRequest, Submission, WorkRequest,
+    SettingsMode, Submission, WorkRequest, WorkSettingsRequest,
 };
 pub(crate) use super::retention::{pass as retention_pass, reset_target};
 pub(crate) use super::shared::Shared;

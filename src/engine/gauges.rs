@@ -72,6 +72,9 @@ pub(crate) fn snapshot(engine: &Engine, cache: &mut GaugeCache, now: u64) -> Res
             dead_letter_queue: None,
             dlq_depth: 0,
             paused: g.paused.load(Ordering::Acquire),
+            lease: None,
+            retry_policy: None,
+            ordered_by_key: false,
         });
     }
     let mut cursors: HashMap<Arc<str>, u64> = HashMap::new();
@@ -80,13 +83,10 @@ pub(crate) fn snapshot(engine: &Engine, cache: &mut GaugeCache, now: u64) -> Res
         let committed = g.durable.load(Ordering::Acquire);
         let start = (committed + 1).max(first);
         let finished = g.progress().done.len() as u64;
-        let dlq: Arc<str> = {
-            let recorded = g.recorded_dlq.lock().unwrap_or_else(|p| p.into_inner());
-            if recorded.is_empty() {
-                Arc::from(crate::model::default_dead_letter_queue(&g.queue.name))
-            } else {
-                Arc::from(recorded.as_str())
-            }
+        let settings = g.settings();
+        let dlq: Arc<str> = match &settings {
+            Some(s) => s.dead_letter_queue.clone(),
+            None => g.recorded_dlq(),
         };
         let dlq_depth = match last_of.get(&dlq) {
             Some(&(_, dlq_first, dlq_last)) => {
@@ -114,6 +114,9 @@ pub(crate) fn snapshot(engine: &Engine, cache: &mut GaugeCache, now: u64) -> Res
             dead_letter_queue: Some(dlq.to_string()),
             dlq_depth,
             paused: g.paused.load(Ordering::Acquire),
+            lease: settings.as_ref().map(|s| s.lease),
+            retry_policy: settings.as_ref().map(|s| s.policy.clone()),
+            ordered_by_key: settings.as_ref().is_some_and(|s| s.ordered_by_key),
         });
     }
     // Only what this tick used is kept: the cache never outgrows the queues and groups.

@@ -137,6 +137,8 @@ fn stats(store: &Store, now_micros: u64, live: &LiveLeases) -> Result<Stats, Ins
             None => None,
         };
         let mode = g.offset.mode;
+        // Only a work group stores terms; an ordered group's record never has them.
+        let terms = setting.and_then(|s| s.work.as_ref()).filter(|_| mode == GroupMode::WorkQueue);
         let (dead_letter_queue, dlq_depth) = if mode == GroupMode::WorkQueue {
             let name = match setting.map(|s| s.dead_letter_queue.as_str()) {
                 Some(n) if !n.is_empty() => n.to_owned(),
@@ -162,6 +164,9 @@ fn stats(store: &Store, now_micros: u64, live: &LiveLeases) -> Result<Stats, Ins
             dead_letter_queue,
             dlq_depth,
             paused: setting.is_some_and(|s| s.paused),
+            lease: terms.map(|t| t.lease),
+            retry_policy: terms.map(|t| t.policy.clone()),
+            ordered_by_key: terms.is_some_and(|t| t.ordered_by_key),
         });
     }
     groups.sort_by(|a, b| (&a.queue, &a.group).cmp(&(&b.queue, &b.group)));

@@ -16,6 +16,7 @@ use crate::error::{CorruptionError, OpenError};
 use crate::model::GroupMode;
 use crate::options::Options;
 use crate::store::{self, GroupKeys, Loaded, group_id};
+use crate::work_settings::WorkSettings;
 
 /// Opens the database at `path` and starts the engine on the current Tokio runtime.
 pub(crate) async fn open(path: &Path, options: Options) -> Result<Arc<Shared>, OpenError> {
@@ -183,7 +184,12 @@ fn restore(loaded: Loaded, options: &Options) -> Result<(Registry, Vec<Arc<Order
         }
         if let Some(g) = registry.work(&s.group, &s.queue) {
             g.paused.store(s.settings.paused, Ordering::Relaxed);
-            *g.recorded_dlq.lock().unwrap_or_else(|p| p.into_inner()) = s.settings.dead_letter_queue;
+            // Stored terms are what every subscription runs with; a record without them (an
+            // older build's) only names a dead-letter queue, adopted by the next subscribe.
+            match WorkSettings::stored(&s.settings, &s.queue) {
+                Some(w) => g.set_settings(Arc::new(w)),
+                None => g.set_recorded_dlq(s.settings.dead_letter_queue),
+            }
         }
     }
     Ok((registry, stale))

@@ -22,6 +22,7 @@ use crate::model::StartFrom;
 use crate::model::{Claim, ScheduleRecord};
 use crate::retention::Retention;
 use crate::sent::{ScheduledMessage, Sent};
+use crate::work_settings::{RequestedWork, WorkSettings};
 
 /// Where the writer sends the outcome of one request.
 pub(crate) type Reply<T, E> = oneshot::Sender<Result<T, E>>;
@@ -38,6 +39,7 @@ pub(crate) enum Request {
     Work(WorkRequest),
     Retention(RetentionRequest),
     Settings(SettingsRequest),
+    WorkSettings(WorkSettingsRequest),
     Schedule(ScheduleRequest),
     /// Wake-up only: a group became dirty while the writer was idle.
     Commit,
@@ -170,7 +172,26 @@ pub(crate) struct SettingsRequest {
 #[derive(Debug, Clone)]
 pub(crate) enum SettingsChange {
     Paused(bool),
-    DeadLetterQueue(String),
+}
+
+/// Resolve what a work-group handle set explicitly against the group's latest settings record
+/// and store the result (`writer/settings.rs`). The reply is the settings the group runs with,
+/// installed in `group` once durable.
+pub(crate) struct WorkSettingsRequest {
+    pub group: Arc<WorkGroupState>,
+    pub requested: RequestedWork,
+    pub mode: SettingsMode,
+    pub reply: Reply<Arc<WorkSettings>, SubscribeError>,
+}
+
+/// How a [`WorkSettingsRequest`] treats settings already stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SettingsMode {
+    /// A subscribe: keep the stored settings; an explicit value that differs is refused with
+    /// `SettingsMismatch`. Stores the requested ones (defaults for unset) only if none are.
+    Adopt,
+    /// `WorkGroup::update`: replace the stored values with the explicit ones.
+    Update,
 }
 
 /// What became of one attempt of a work-queue message.

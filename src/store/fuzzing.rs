@@ -68,7 +68,12 @@ pub fn records(b: &[u8]) {
         assert_eq!(records::encode_cursor(c).as_slice(), b, "a redrive cursor has one encoding");
     }
     if let Ok(g) = records::decode_settings(b"k", b) {
-        assert_eq!(records::encode_settings(&g), b, "group settings have one encoding");
+        let enc = records::encode_settings(&g);
+        // The current version has one encoding; an older one is rewritten in it.
+        if b.first() == enc.first() {
+            assert_eq!(enc, b, "group settings have one encoding");
+        }
+        assert_eq!(records::decode_settings(b"k", &enc).ok(), Some(g), "group settings re-encode");
     }
     if let Some(v) = records::decode_format(b) {
         // The marker is the magic then the version byte, whatever the version.
@@ -158,11 +163,11 @@ pub fn records_round_trip(id: u32, first_seq: u64, policy: u8, value: u64, pause
     } else {
         assert_eq!(back.expect("an encoded queue record decodes"), q);
     }
-    let g = GroupSettings { paused, dead_letter_queue: dlq.to_owned() };
+    let g = GroupSettings { paused, dead_letter_queue: dlq.to_owned(), work: None };
     let back =
         records::decode_settings(b"k", &records::encode_settings(&g)).expect("encoded group settings decode");
     let dlq = truncate_utf8(dlq, 255);
-    assert_eq!(back, GroupSettings { paused, dead_letter_queue: dlq.to_owned() });
+    assert_eq!(back, GroupSettings { paused, dead_letter_queue: dlq.to_owned(), work: None });
     for mode in [GroupMode::Ordered, GroupMode::WorkQueue] {
         let o = GroupOffset { mode, committed: value };
         assert_eq!(records::decode_offset(b"k", &records::encode_offset(&o)).ok(), Some(o));

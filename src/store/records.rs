@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::error::CorruptionError;
 use crate::model::{
     Claim, GroupMode, GroupOffset, GroupSettings, MAX_ERROR_BYTES, MAX_HOLDER_BYTES, OrderedMark, QueueMeta,
-    truncate_utf8,
+    WorkTerms, truncate_utf8,
 };
 use crate::retention::Retention;
 
@@ -361,23 +361,44 @@ pub(crate) fn decode_mark(key: &[u8], v: &[u8]) -> Result<OrderedMark, Corruptio
     MarkRecord::decode(key, v).map(MarkRecord::mark)
 }
 
-/// `group:<group>:<queue>` in the meta CF: `version u8, paused u8, dlq length u8, dlq utf-8`.
+/// `group:<group>:<queue>` in the meta CF: `version u8, paused u8, dlq length u8, dlq utf-8`
+/// (version 1), then, from version 2, `terms u8` (0: none stored, 1: a work group's terms
+/// follow): `lease ns u64, max attempts u32, initial backoff ns u64, max backoff ns u64,
+/// multiplier f64 bits u64, jitter f64 bits u64, ordered by key u8`. Durations are whole
+/// nanoseconds, so a stored value compares equal to the one a handle sets (each is at most 100
+/// years, which fits). Version 1 reads as "no terms stored".
 const GROUP_SETTINGS_V1: u8 = 1;
+const GROUP_SETTINGS_V2: u8 = 2;
+const WORK_TERMS_LEN: usize = 8 + 4 + 8 + 8 + 8 + 8 + 1;
 
 pub(crate) fn encode_settings(s: &GroupSettings) -> Vec<u8> {
     let dlq = truncate_utf8(&s.dead_letter_queue, 255).as_bytes();
-    let mut v = Vec::with_capacity(3 + dlq.len());
-    v.push(GROUP_SETTINGS_V1);
+    let mut v = Vec::with_capacity(4 + dlq.len() + WORK_TERMS_LEN);
+    v.push(GROUP_SETTINGS_V2);
     v.push(u8::from(s.paused));
     v.push(dlq.len() as u8);
     v.extend_from_slice(dlq);
+    match &s.work {
+        None => v.push(0),
+        Some(t) => {
+            v.push(1);
+            let nanos = |d: std::time::Duration| d.as_nanos().min(u128::from(u64::MAX)) as u64;
+            v.extend_from_slice(&nanos(t.lease).to_be_bytes());
+            v.extend_from_slice(&t.policy.attempts().to_be_bytes());
+            v.extend_from_slice(&nanos(t.policy.initial_delay()).to_be_bytes());
+            v.extend_from_slice(&nanos(t.policy.max_delay()).to_be_bytes());
+            v.extend_from_slice(&t.policy.growth().to_bits().to_be_bytes());
+            v.extend_from_slice(&t.policy.jitter_fraction().to_bits().to_be_bytes());
+            v.push(u8::from(t.ordered_by_key));
+        }
+    }
     v
 }
 
 pub(crate) fn decode_settings(key: &[u8], v: &[u8]) -> Result<GroupSettings, CorruptionError> {
     let bad = |r: &str| CorruptionError::new("group settings", key, r);
     let [version, paused, len, rest @ ..] = v else { return Err(bad("shorter than the header")) };
-    if *version != GROUP_SETTINGS_V1 {
+    if *version != GROUP_SETTINGS_V1 && *version != GROUP_SETTINGS_V2 {
         return Err(bad("unknown version"));
     }
     let paused = match paused {
@@ -385,11 +406,45 @@ pub(crate) fn decode_settings(key: &[u8], v: &[u8]) -> Result<GroupSettings, Cor
         1 => true,
         _ => return Err(bad("paused flag is not 0 or 1")),
     };
-    if rest.len() != *len as usize {
-        return Err(bad("dead-letter queue length does not match"));
+    let (dlq, terms) = match *version {
+        GROUP_SETTINGS_V1 if rest.len() == *len as usize => (rest, &[][..]),
+        GROUP_SETTINGS_V2 if rest.len() > *len as usize => rest.split_at(*len as usize),
+        _ => return Err(bad("dead-letter queue length does not match")),
+    };
+    let dlq = std::str::from_utf8(dlq).map_err(|_| bad("dead-letter queue is not UTF-8"))?;
+    let work = match terms {
+        [] | [0] => None,
+        [1, t @ ..] if t.len() == WORK_TERMS_LEN => {
+            Some(decode_terms(t).ok_or_else(|| bad("work terms out of range"))?)
+        }
+        _ => return Err(bad("work terms flag or length is wrong")),
+    };
+    // A version-1 record has no terms byte; a version-2 one always has it.
+    if *version == GROUP_SETTINGS_V2 && terms.is_empty() {
+        return Err(bad("work terms flag missing"));
     }
-    let dlq = std::str::from_utf8(rest).map_err(|_| bad("dead-letter queue is not UTF-8"))?;
-    Ok(GroupSettings { paused, dead_letter_queue: dlq.to_owned() })
+    Ok(GroupSettings { paused, dead_letter_queue: dlq.to_owned(), work })
+}
+
+/// A work group's terms (`WORK_TERMS_LEN` bytes), if every field is one a handle can set.
+fn decode_terms(t: &[u8]) -> Option<WorkTerms> {
+    let nanos = |i| be_u64(t, i).map(std::time::Duration::from_nanos);
+    let lease = nanos(0)?;
+    let policy = crate::retry::RetryPolicy::from_parts(
+        be_u32(t, 8)?,
+        nanos(12)?,
+        nanos(20)?,
+        f64::from_bits(be_u64(t, 28)?),
+        f64::from_bits(be_u64(t, 36)?),
+    );
+    let ordered_by_key = match t.get(44)? {
+        0 => false,
+        1 => true,
+        _ => return None,
+    };
+    let max = crate::clock::clamp_delay(std::time::Duration::MAX);
+    let lease_ok = (crate::work_settings::MIN_LEASE..=max).contains(&lease);
+    (lease_ok && policy.is_valid()).then_some(WorkTerms { lease, policy, ordered_by_key })
 }
 
 /// The big-endian `u32` at `i`, if the record is long enough (decoders never index: a short
@@ -540,21 +595,93 @@ mod tests {
 
     #[test]
     fn group_settings_round_trip_and_reject_bad_bytes() {
-        let s = GroupSettings { paused: true, dead_letter_queue: "orders.dlq".into() };
-        let v = encode_settings(&s);
-        assert_eq!(decode_settings(b"k", &v).unwrap(), s);
-        for cut in 0..v.len() {
-            assert!(decode_settings(b"k", &v[..cut]).is_err(), "cut at {cut}");
+        let terms = WorkTerms {
+            lease: std::time::Duration::new(45, 123),
+            policy: crate::retry::RetryPolicy::default().max_attempts(3).multiplier(1.5).jitter(0.0),
+            ordered_by_key: true,
+        };
+        for s in [
+            GroupSettings { paused: true, dead_letter_queue: "orders.dlq".into(), work: None },
+            GroupSettings { paused: false, dead_letter_queue: "orders.dlq".into(), work: Some(terms) },
+        ] {
+            let v = encode_settings(&s);
+            assert_eq!(v[0], GROUP_SETTINGS_V2);
+            assert_eq!(decode_settings(b"k", &v).unwrap(), s);
+            for cut in 0..v.len() {
+                assert!(decode_settings(b"k", &v[..cut]).is_err(), "cut at {cut}");
+            }
+            let mut bad_flag = v.clone();
+            bad_flag[1] = 2;
+            assert!(decode_settings(b"k", &bad_flag).is_err());
+            let mut bad_version = v.clone();
+            bad_version[0] = 9;
+            assert!(decode_settings(b"k", &bad_version).is_err());
+            let mut longer = v;
+            longer.push(0);
+            assert!(decode_settings(b"k", &longer).is_err());
         }
-        let mut bad_flag = v.clone();
-        bad_flag[1] = 2;
-        assert!(decode_settings(b"k", &bad_flag).is_err());
-        let mut bad_version = v;
-        bad_version[0] = 9;
-        assert!(decode_settings(b"k", &bad_version).is_err());
         assert_eq!(
             decode_settings(b"k", &encode_settings(&GroupSettings::default())).unwrap(),
             GroupSettings::default()
         );
+    }
+
+    /// The version-2 layout, byte for byte: a change here is a format change.
+    #[test]
+    fn group_settings_version_2_layout_is_pinned() {
+        let terms = WorkTerms {
+            lease: std::time::Duration::from_secs(2),
+            policy: crate::retry::RetryPolicy::default()
+                .max_attempts(3)
+                .backoff(std::time::Duration::from_secs(1), std::time::Duration::from_secs(4))
+                .multiplier(2.0)
+                .jitter(0.5),
+            ordered_by_key: true,
+        };
+        let s = GroupSettings { paused: true, dead_letter_queue: "d".into(), work: Some(terms) };
+        let mut want = vec![2, 1, 1, b'd', 1];
+        want.extend_from_slice(&2_000_000_000u64.to_be_bytes());
+        want.extend_from_slice(&3u32.to_be_bytes());
+        want.extend_from_slice(&1_000_000_000u64.to_be_bytes());
+        want.extend_from_slice(&4_000_000_000u64.to_be_bytes());
+        want.extend_from_slice(&2.0f64.to_bits().to_be_bytes());
+        want.extend_from_slice(&0.5f64.to_bits().to_be_bytes());
+        want.push(1);
+        assert_eq!(encode_settings(&s), want);
+        assert_eq!(decode_settings(b"k", &want).unwrap(), s);
+    }
+
+    #[test]
+    fn group_settings_of_the_first_version_still_read_without_terms() {
+        let v1 = [&[GROUP_SETTINGS_V1, 1, 6][..], b"my.dlq"].concat();
+        let s = decode_settings(b"k", &v1).unwrap();
+        assert_eq!(s, GroupSettings { paused: true, dead_letter_queue: "my.dlq".into(), work: None });
+        assert!(decode_settings(b"k", &[&v1[..], &[0]].concat()).is_err(), "v1 has no terms byte");
+    }
+
+    #[test]
+    fn work_terms_out_of_range_are_corrupt() {
+        let terms = WorkTerms {
+            lease: std::time::Duration::from_secs(1),
+            policy: crate::retry::RetryPolicy::default(),
+            ordered_by_key: false,
+        };
+        let good = encode_settings(&GroupSettings { work: Some(terms), ..GroupSettings::default() });
+        let at = good.len() - WORK_TERMS_LEN;
+        let patch = |i: usize, bytes: &[u8]| {
+            let mut v = good.clone();
+            v[at + i..at + i + bytes.len()].copy_from_slice(bytes);
+            v
+        };
+        for (what, v) in [
+            ("zero lease", patch(0, &0u64.to_be_bytes())),
+            ("zero attempts", patch(8, &0u32.to_be_bytes())),
+            ("NaN multiplier", patch(28, &f64::NAN.to_bits().to_be_bytes())),
+            ("jitter above 1", patch(36, &2.0f64.to_bits().to_be_bytes())),
+            ("max backoff below initial", patch(20, &0u64.to_be_bytes())),
+            ("keyed flag 2", patch(44, &[2])),
+        ] {
+            assert!(decode_settings(b"k", &v).is_err(), "{what}");
+        }
     }
 }

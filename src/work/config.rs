@@ -1,21 +1,34 @@
-//! What a work-group handle's settings become once it subscribes: one shared, immutable
-//! configuration read by the subscription, its jobs and worker pools (kept apart from the
-//! builder in `group.rs`, so that they need not import it).
+//! What a work-group handle's settings become once it subscribes: one shared configuration
+//! read by the subscription, its jobs and worker pools (kept apart from the builder in
+//! `group.rs`, so that they need not import it).
+//!
+//! The group's stored settings (lease, retry policy, dead-letter queue, key ordering) are not
+//! copied here: they live in the engine's group state, which a durable `WorkGroup::update`
+//! replaces, and are read each time a claim or an outcome is decided. Only this handle's own
+//! limits are fixed at subscribe.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::policy::RetryPolicy;
+use crate::engine::boundary::WorkGroupState;
+use crate::work_settings::WorkSettings;
 
 /// Settings a subscription and its jobs use.
 #[derive(Debug)]
 pub(crate) struct WorkConfig {
-    pub lease: Duration,
-    pub policy: RetryPolicy,
-    pub dlq: Arc<str>,
+    /// The group's settings as resolved at subscribe; what `settings` falls back to (the
+    /// group's state always has them once a subscribe resolved them).
+    pub resolved: Arc<WorkSettings>,
     pub max_in_flight: usize,
     pub claim_batch: usize,
     pub saturation_after: Duration,
     /// Recorded as the holder of each claim (see [`WorkGroup::consumer_name`]).
     pub consumer: Arc<str>,
+}
+
+impl WorkConfig {
+    /// The group's stored settings now: what a claim or outcome decided at this moment uses.
+    pub fn settings(&self, group: &WorkGroupState) -> Arc<WorkSettings> {
+        group.settings().unwrap_or_else(|| self.resolved.clone())
+    }
 }

@@ -7,15 +7,16 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use super::config::WorkConfig;
-use super::policy::RetryPolicy;
 use super::subscription::WorkSubscription;
 use crate::engine::boundary::{
-    self, QueueState, Request, SettingsChange, SettingsRequest, Shared, WorkGroupState, WorkRequest,
+    self, QueueState, Request, SettingsMode, Shared, WorkGroupState, WorkRequest, WorkSettingsRequest,
 };
 use crate::error::{NameKind, PauseError, ResetError, SubscribeError};
 use crate::model::StartFrom;
 use crate::name::{self, MAX_NAME_LEN};
 use crate::retention::ResetTo;
+use crate::retry::RetryPolicy;
+use crate::work_settings::{MIN_LEASE, RequestedWork, WorkSettings};
 
 /// Numbers the subscriptions of this process, for default consumer names.
 static NEXT_CONSUMER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -30,7 +31,25 @@ static NEXT_CONSUMER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 /// crashes. A queue can have ordered [`Group`](crate::Group)s and work groups at the same
 /// time; a group name is either one or the other on a queue.
 ///
-/// Settings below apply to the subscriptions made from this handle; they are not stored.
+/// **Stored settings.** The [lease](WorkGroup::lease), [retry policy](WorkGroup::retry_policy),
+/// [dead-letter queue](WorkGroup::dead_letter_queue) and [key ordering](WorkGroup::ordered_by_key)
+/// are stored with the group (its `group:<group>:<queue>` record), like a JetStream consumer's
+/// config, so every process sharing the database over time runs the group the same way:
+///
+/// - the group's first [`subscribe`](WorkGroup::subscribe) stores them, defaults for the ones
+///   not set;
+/// - a later subscribe (in this or another process, after a restart) runs with the stored
+///   values for every setting it leaves unset: `queue.work_group("mailer")?.subscribe()` is
+///   enough to join a group configured elsewhere;
+/// - a setting set explicitly must equal the stored one, or the subscribe fails with
+///   [`SubscribeError::SettingsMismatch`] naming it and both values, and writes nothing;
+/// - [`update`](WorkGroup::update) changes the stored values explicitly, and every
+///   subscription and worker pool of the group in this process follows from then on.
+///
+/// The other settings ([`max_in_flight`](WorkGroup::max_in_flight),
+/// [`claim_batch`](WorkGroup::claim_batch), [`saturation_after`](WorkGroup::saturation_after),
+/// [`consumer_name`](WorkGroup::consumer_name)) are per handle and not stored;
+/// [`start_from`](WorkGroup::start_from) applies only when the group is created.
 ///
 /// # Examples
 ///
@@ -53,14 +72,15 @@ pub struct WorkGroup {
     queue: Arc<QueueState>,
     name: Arc<str>,
     start: StartFrom,
-    lease: Duration,
-    policy: RetryPolicy,
+    /// The stored settings this handle sets explicitly (`None`: adopt the stored value).
+    lease: Option<Duration>,
+    policy: Option<RetryPolicy>,
     dlq: Option<String>,
+    ordered_by_key: Option<bool>,
     max_in_flight: usize,
     claim_batch: usize,
     saturation_after: Duration,
     consumer: Option<Arc<str>>,
-    ordered_by_key: bool,
 }
 
 impl std::fmt::Debug for WorkGroup {
@@ -76,14 +96,14 @@ impl WorkGroup {
             queue,
             name: Arc::from(name),
             start: StartFrom::Earliest,
-            lease: Duration::from_secs(30),
-            policy: RetryPolicy::default(),
+            lease: None,
+            policy: None,
             dlq: None,
+            ordered_by_key: None,
             max_in_flight: 256,
             claim_batch: 64,
             saturation_after: Duration::from_secs(1),
             consumer: None,
-            ordered_by_key: false,
         }
     }
 
@@ -104,22 +124,29 @@ impl WorkGroup {
     }
 
     /// Visibility timeout: how long a consumer holds a message before it may be delivered to
-    /// another one (with the attempt counted). Default 30 s, at least 1 ms; a lease over 100
-    /// years is clamped to 100 years (`Duration::MAX` means "until settled or dropped").
+    /// another one (with the attempt counted). **Stored with the group** (see
+    /// [`WorkGroup`]): unset, a subscribe uses the stored lease (30 s for a new group); set,
+    /// it must equal the stored one unless applied with [`update`](WorkGroup::update). At
+    /// least 1 ms: a shorter lease is refused at subscribe and update
+    /// ([`SubscribeError::InvalidOption`]); one over 100 years is clamped to 100 years
+    /// (`Duration::MAX` means "until settled or dropped").
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = crate::clock::clamp_delay(lease.max(Duration::from_millis(1)));
+        self.lease = Some(crate::clock::clamp_delay(lease));
         self
     }
 
-    /// Attempts and backoff. Default [`RetryPolicy::default`] (5 attempts).
+    /// Attempts and backoff, as one setting: **stored with the group** like the
+    /// [lease](WorkGroup::lease) (a set policy must equal the stored one field by field).
+    /// Default for a new group [`RetryPolicy::default`] (5 attempts).
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
-        self.policy = policy;
+        self.policy = Some(policy);
         self
     }
 
-    /// The dead-letter queue. Default `<queue>.dlq`. The name is validated at subscribe, which
-    /// refuses the group's own queue ([`SubscribeError::InvalidOption`]): its dead letters
-    /// would come back to it.
+    /// The dead-letter queue, **stored with the group** like the [lease](WorkGroup::lease).
+    /// Default for a new group `<queue>.dlq` (or the one an older build recorded). The name is
+    /// validated at subscribe, which refuses the group's own queue
+    /// ([`SubscribeError::InvalidOption`]): its dead letters would come back to it.
     pub fn dead_letter_queue(mut self, name: impl Into<String>) -> Self {
         self.dlq = Some(name.into());
         self
@@ -165,8 +192,10 @@ impl WorkGroup {
     /// runs out hands the message to another consumer while the first may still be running,
     /// as without keys. A dead-lettered message releases its key: the next one goes.
     ///
-    /// Applies to the whole group in this process once any subscription asks for it (set it on
-    /// every subscription of the group). Claims stay O(log n) however many messages wait behind
+    /// **Stored with the group** like the [lease](WorkGroup::lease) (default for a new group:
+    /// off), so it applies to every subscription of the group. Turned off by an
+    /// [`update`](WorkGroup::update), messages already waiting behind their key's earlier
+    /// message still wait for it; nothing waits after that. Claims stay O(log n) however many messages wait behind
     /// busy keys; at most 65 536 messages read ahead and not handed out are held in memory,
     /// after which reading ahead waits for them to go (a hot key can then hold back other keys
     /// behind it in the queue). A retention trim (`MaxLen`, `MaxAge`) that deletes a message
@@ -185,16 +214,12 @@ impl WorkGroup {
     /// # Ok(()) }
     /// ```
     pub fn ordered_by_key(mut self, on: bool) -> Self {
-        self.ordered_by_key = on;
+        self.ordered_by_key = Some(on);
         self
     }
 
     pub(crate) fn saturation_threshold(&self) -> Duration {
         self.saturation_after
-    }
-
-    pub(crate) fn lease_duration(&self) -> Duration {
-        self.lease
     }
 
     fn state(&self) -> Option<Arc<WorkGroupState>> {
@@ -297,25 +322,32 @@ impl WorkGroup {
         Ok(seq)
     }
 
-    /// Starts receiving jobs. The group is created (durably) on first use.
+    /// Starts receiving jobs. The group is created (durably) on first use, and its settings
+    /// are stored with it then (see [`WorkGroup`]): settings this handle leaves unset take the
+    /// stored values, settings it sets must equal them.
     ///
     /// # Errors
     ///
-    /// [`SubscribeError::WrongMode`] if the name is an ordered group on this queue,
-    /// [`SubscribeError::InvalidName`] for a bad dead-letter queue name,
+    /// [`SubscribeError::SettingsMismatch`] if a setting this handle sets explicitly differs
+    /// from the stored one (nothing is written; use [`update`](WorkGroup::update) to change
+    /// it), [`SubscribeError::InvalidOption`] for a lease under 1 ms or the group's own queue
+    /// as its dead-letter queue, [`SubscribeError::WrongMode`] if the name is an ordered group
+    /// on this queue, [`SubscribeError::InvalidName`] for a bad dead-letter queue name,
     /// [`SubscribeError::DeadLetterName`] if the default one would be too long,
     /// [`SubscribeError::SequenceOutOfRange`], [`SubscribeError::Shutdown`],
     /// [`SubscribeError::Storage`].
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: a dropped future holds no claims (the group may have been created).
+    /// Cancel safe: a dropped future holds no claims (the group, and its settings, may have
+    /// been stored).
     ///
     /// # Examples
     ///
     /// ```no_run
     /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
     /// use futures::StreamExt;
+    /// // Runs with the lease, retry policy and dead-letter queue stored with the group.
     /// let mut jobs = queue.work_group("mailer")?.subscribe().await?;
     /// if let Some(job) = jobs.next().await {
     ///     job?.ack()?;
@@ -326,67 +358,19 @@ impl WorkGroup {
         if self.shared.is_closed() {
             return Err(SubscribeError::Shutdown);
         }
-        let dlq = match &self.dlq {
-            Some(n) => {
-                name::validate(NameKind::Queue, n)?;
-                crate::model::check_dead_letter_queue(&self.queue.name, &self.name, n)
-                    .map_err(SubscribeError::InvalidOption)?;
-                n.clone()
-            }
-            None => {
-                let n = crate::model::default_dead_letter_queue(&self.queue.name);
-                if n.len() > MAX_NAME_LEN {
-                    return Err(SubscribeError::DeadLetterName { queue: self.queue.name.to_string() });
-                }
-                n
-            }
+        let requested = self.requested()?;
+        let state = self.create().await?;
+        // Known in memory once stored (read at open, or installed by the writer): checked here
+        // without a write. Otherwise the writer stores them, or finds a racing handle did.
+        let settings = match state.settings() {
+            Some(stored) => match requested.mismatch(&stored) {
+                Some(m) => return Err(m.into_error(&self.name, &self.queue.name)),
+                None => stored,
+            },
+            None => self.store(&state, requested, SettingsMode::Adopt).await?,
         };
-        let state = match self.state() {
-            Some(g) => g,
-            None => {
-                if self.shared.ordered_group(&self.name, &self.queue.name).is_some() {
-                    return Err(SubscribeError::WrongMode {
-                        group: self.name.to_string(),
-                        queue: self.queue.name.to_string(),
-                        existing: "ordered",
-                    });
-                }
-                let (reply, rx) = oneshot::channel();
-                let req = Request::Work(WorkRequest::Create {
-                    queue: self.queue.clone(),
-                    group: self.name.to_string(),
-                    start: self.start,
-                    reply,
-                });
-                self.shared.tx.send(req).await.map_err(|_| SubscribeError::Shutdown)?;
-                rx.await.map_err(|_| SubscribeError::Shutdown)??
-            }
-        };
-        // Record the dead-letter queue, so stats and tools know where this group's go.
-        let recorded = state.recorded_dlq.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if recorded != dlq {
-            let (reply, rx) = oneshot::channel();
-            let change = SettingsChange::DeadLetterQueue(dlq.clone());
-            let req = Request::Settings(SettingsRequest {
-                queue: self.queue.clone(),
-                group: self.name.to_string(),
-                change,
-                reply,
-            });
-            self.shared.tx.send(req).await.map_err(|_| SubscribeError::Shutdown)?;
-            match rx.await.map_err(|_| SubscribeError::Shutdown)? {
-                Ok(()) => *state.recorded_dlq.lock().unwrap_or_else(|p| p.into_inner()) = dlq.clone(),
-                Err(PauseError::Storage(e)) => return Err(SubscribeError::Storage(e)),
-                Err(PauseError::Shutdown) => return Err(SubscribeError::Shutdown),
-                Err(e) => {
-                    return Err(SubscribeError::Failed(crate::error::FailedError::internal(e.to_string())));
-                }
-            }
-        }
         let config = Arc::new(WorkConfig {
-            lease: self.lease,
-            policy: self.policy.clone(),
-            dlq: Arc::from(dlq),
+            resolved: settings,
             max_in_flight: self.max_in_flight,
             claim_batch: self.claim_batch,
             saturation_after: self.saturation_after,
@@ -395,10 +379,123 @@ impl WorkGroup {
                 Arc::from(format!("{}-{n}", std::process::id()))
             }),
         });
-        if self.ordered_by_key {
-            state.set_keyed();
-        }
         tracing::debug!(group = %self.name, queue = %self.queue.name, "rockq: work-queue subscription");
         Ok(WorkSubscription::new(self.shared.clone(), state, config))
+    }
+
+    /// Stores the settings this handle sets explicitly ([`lease`](WorkGroup::lease),
+    /// [`retry_policy`](WorkGroup::retry_policy), [`dead_letter_queue`](WorkGroup::dead_letter_queue),
+    /// [`ordered_by_key`](WorkGroup::ordered_by_key)) as the group's, in one atomic write; the
+    /// ones it leaves unset keep their stored values. Creates the group (from
+    /// [`start_from`](WorkGroup::start_from)) if it does not exist, with defaults for the
+    /// unset ones.
+    ///
+    /// Once it returns, the new values are durable and every subscription and worker pool of
+    /// the group in this process uses them for what it decides from then on: claims take the
+    /// new lease, a pool's heartbeat and the lease a worker gives a job it starts follow it,
+    /// outcomes use the new retry policy (delay and attempt limit) and dead-letter queue, and
+    /// key ordering turns on or off. Jobs already handed out keep the lease they were claimed
+    /// with until extended. Another process sees the new values when it opens the database
+    /// (a database is held by one process at a time).
+    ///
+    /// # Errors
+    ///
+    /// [`SubscribeError::InvalidOption`] for a lease under 1 ms or the group's own queue as
+    /// its dead-letter queue, [`SubscribeError::InvalidName`] for a bad dead-letter queue
+    /// name, [`SubscribeError::DeadLetterName`] if the default one would be too long,
+    /// [`SubscribeError::WrongMode`] if the name is an ordered group on this queue,
+    /// [`SubscribeError::SequenceOutOfRange`] (creating it), [`SubscribeError::Shutdown`],
+    /// [`SubscribeError::Storage`]. Nothing is changed when it fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe in effect: the settings are either stored or not (a dropped future may
+    /// still have them stored, and installed, once the write lands).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use std::time::Duration;
+    /// // Lengthen the stored lease; the stored retry policy and dead-letter queue stay.
+    /// queue.work_group("mailer")?.lease(Duration::from_secs(120)).update().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn update(&self) -> Result<(), SubscribeError> {
+        if self.shared.is_closed() {
+            return Err(SubscribeError::Shutdown);
+        }
+        let requested = self.requested()?;
+        let state = self.create().await?;
+        let s = self.store(&state, requested, SettingsMode::Update).await?;
+        tracing::info!(group = %self.name, queue = %self.queue.name, lease = ?s.lease,
+            max_attempts = s.policy.attempts(), dlq = %s.dead_letter_queue, ordered_by_key = s.ordered_by_key,
+            "rockq: work-queue group settings updated");
+        Ok(())
+    }
+
+    /// The stored settings this handle sets, checked.
+    fn requested(&self) -> Result<RequestedWork, SubscribeError> {
+        if let Some(l) = self.lease
+            && l < MIN_LEASE
+        {
+            return Err(SubscribeError::InvalidOption(format!(
+                "work group {} on queue {}: lease {l:?} is shorter than the minimum of {MIN_LEASE:?}",
+                self.name, self.queue.name
+            )));
+        }
+        if let Some(n) = &self.dlq {
+            name::validate(NameKind::Queue, n)?;
+            crate::model::check_dead_letter_queue(&self.queue.name, &self.name, n)
+                .map_err(SubscribeError::InvalidOption)?;
+        }
+        Ok(RequestedWork {
+            lease: self.lease,
+            policy: self.policy.clone(),
+            dead_letter_queue: self.dlq.clone(),
+            ordered_by_key: self.ordered_by_key,
+        })
+    }
+
+    /// The group's state, creating the group (durably) if it does not exist.
+    async fn create(&self) -> Result<Arc<WorkGroupState>, SubscribeError> {
+        if let Some(g) = self.state() {
+            return Ok(g);
+        }
+        if self.shared.ordered_group(&self.name, &self.queue.name).is_some() {
+            return Err(SubscribeError::WrongMode {
+                group: self.name.to_string(),
+                queue: self.queue.name.to_string(),
+                existing: "ordered",
+            });
+        }
+        // Refused before anything is written: a new group would need the default name.
+        let default_dlq = crate::model::default_dead_letter_queue(&self.queue.name);
+        if self.dlq.is_none() && default_dlq.len() > MAX_NAME_LEN {
+            return Err(SubscribeError::DeadLetterName { queue: self.queue.name.to_string() });
+        }
+        let (reply, rx) = oneshot::channel();
+        let req = Request::Work(WorkRequest::Create {
+            queue: self.queue.clone(),
+            group: self.name.to_string(),
+            start: self.start,
+            reply,
+        });
+        self.shared.tx.send(req).await.map_err(|_| SubscribeError::Shutdown)?;
+        rx.await.map_err(|_| SubscribeError::Shutdown)?
+    }
+
+    /// Has the writer resolve `requested` against the group's latest record and store the
+    /// result; returns the settings the group runs with, installed once durable.
+    async fn store(
+        &self,
+        state: &Arc<WorkGroupState>,
+        requested: RequestedWork,
+        mode: SettingsMode,
+    ) -> Result<Arc<WorkSettings>, SubscribeError> {
+        let (reply, rx) = oneshot::channel();
+        let req = Request::WorkSettings(WorkSettingsRequest { group: state.clone(), requested, mode, reply });
+        self.shared.tx.send(req).await.map_err(|_| SubscribeError::Shutdown)?;
+        rx.await.map_err(|_| SubscribeError::Shutdown)?
     }
 }

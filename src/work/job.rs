@@ -282,6 +282,11 @@ impl Job {
         &self.inner
     }
 
+    /// The group's stored lease now (a worker pool extends by it).
+    pub(crate) fn group_lease(&self) -> Duration {
+        self.inner.config.settings(&self.inner.group).lease
+    }
+
     accessors!();
 
     /// A read-only handle on this job (for a handler, or for logging after a move).
@@ -524,11 +529,12 @@ impl Job {
             return Ok(());
         }
         let mut revert = SettlingGuard { group, seq, armed: true };
-        let cfg = &inner.config;
+        // The group's settings now: an update applies to outcomes decided after it.
+        let cfg = inner.config.settings(group);
         let mut waiting = None;
         let outcome = match kind {
             Kind::Ack => Outcome::Ack,
-            Kind::Retry { delay, error } if attempt < cfg.policy.max_attempts => {
+            Kind::Retry { delay, error } if attempt < cfg.policy.attempts() => {
                 // Clamped to 100 years: `Duration::MAX` would overflow `Instant` arithmetic.
                 let delay =
                     crate::clock::clamp_delay(delay.unwrap_or_else(|| cfg.policy.jittered_delay(attempt)));
@@ -544,9 +550,9 @@ impl Job {
             }
             Kind::Retry { error, .. } => Outcome::DeadLetter {
                 reason: format!("{attempt} attempts used up; last error: {error}"),
-                dlq: cfg.dlq.clone(),
+                dlq: cfg.dead_letter_queue.clone(),
             },
-            Kind::DeadLetter { reason } => Outcome::DeadLetter { reason, dlq: cfg.dlq.clone() },
+            Kind::DeadLetter { reason } => Outcome::DeadLetter { reason, dlq: cfg.dead_letter_queue.clone() },
         };
         let (reply, rx) = oneshot::channel();
         let req = Request::Work(WorkRequest::Outcome {

@@ -12,7 +12,6 @@ mod handle;
 mod handler;
 mod job;
 mod keyed;
-mod policy;
 mod pool;
 mod subscription;
 
@@ -21,6 +20,5 @@ pub use group::WorkGroup;
 pub use handle::PoolHandle;
 pub use handler::{Handler, HandlerError, HandlerResultExt, IntoHandler, IntoTypedHandler};
 pub use job::{Job, Task};
-pub use policy::RetryPolicy;
 pub use pool::{PoolReport, Workers};
 pub use subscription::WorkSubscription;

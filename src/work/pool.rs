@@ -238,8 +238,7 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
         let mut adapt = self.prefetch.is_none().then(|| Adapt::new(sub.permits().clone(), ahead, room));
         sub.set_limit(limit, ahead.max(1));
         let handler = Arc::new(handler.into_handler());
-        let heartbeat = self.heartbeat.then(|| self.group.lease_duration());
-        let lease = self.group.lease_duration();
+        let heartbeat = self.heartbeat;
         let clock = shared.clock().clone();
         let state = sub.state().clone();
 
@@ -258,7 +257,8 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
                     // The handler gets a full lease, however long the job waited. An
                     // already-expired lease stays expired (the job then fails to settle and is
                     // redelivered): fencing is never bypassed.
-                    let _ = job.extend(lease);
+                    // The group's lease now: an update applies to the next job started.
+                    let _ = job.extend(job.group_lease());
                     match run_one(handler.as_ref(), &app, job, heartbeat, clock.clone()).await {
                         Done::Acked => report.acked += 1,
                         Done::Failed => report.failed += 1,
@@ -434,7 +434,7 @@ async fn run_one<S: Send + Sync + 'static, H: Handler<S>>(
     handler: &H,
     state: &S,
     job: Job,
-    heartbeat: Option<Duration>,
+    heartbeat: bool,
     clock: crate::clock::Clock,
 ) -> Done {
     // The handler's own events carry the job's coordinates (at DEBUG, so INFO costs nothing).
@@ -442,10 +442,12 @@ async fn run_one<S: Send + Sync + 'static, H: Handler<S>>(
     let work = AssertUnwindSafe(tracing::Instrument::instrument(handler.handle(job.task(), state), span))
         .catch_unwind();
     let result = match heartbeat {
-        None => work.await,
-        Some(lease) => {
+        false => work.await,
+        true => {
             tokio::pin!(work);
             loop {
+                // Read at each beat, so a settings update changes the beat of running jobs.
+                let lease = job.group_lease();
                 tokio::select! {
                     r = &mut work => break r,
                     _ = clock.sleep_until(clock.after(lease / 3)) => {

@@ -250,8 +250,10 @@ async fn dead_letter_corrupt(ctx: &Arc<Ctx>, c: &Claimed, err: &CorruptionError)
     }
     tracing::warn!(queue = %group.queue.name, group = %group.name, seq = c.seq, error = %err,
         "rockq: stored message is corrupted; dead-lettering it");
-    let outcome =
-        Outcome::DeadLetter { reason: format!("corrupted message: {err}"), dlq: ctx.config.dlq.clone() };
+    let outcome = Outcome::DeadLetter {
+        reason: format!("corrupted message: {err}"),
+        dlq: ctx.config.settings(group).dead_letter_queue.clone(),
+    };
     let Some(rx) = send_settle(shared, group, (c.seq, c.attempt, c.epoch), outcome).await else {
         return Ok(());
     };
@@ -340,7 +342,9 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
             },
             false => false,
         };
-        let take = group.take(clock.now(), permits.len(), last, cfg.lease, cfg.policy.max_attempts);
+        // Read per claim: an update of the group's settings applies to the next claim.
+        let settings = cfg.settings(group);
+        let take = group.take(clock.now(), permits.len(), last, settings.lease, settings.policy.attempts());
         // Attempts used up (a crash loop, or expired leases): dead-letter without delivering.
         // Every one is already `Settling`: each is reverted unless its request gets queued
         // (this future may be dropped while the channel is full).
@@ -349,7 +353,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
         while let Some(e) = exhausted.next() {
             pending.rest = exhausted.as_slice().iter().map(|e| e.seq).collect();
             let reason = format!("{} attempts used up; last error: {}", e.attempt, e.last_error);
-            let outcome = Outcome::DeadLetter { reason, dlq: cfg.dlq.clone() };
+            let outcome = Outcome::DeadLetter { reason, dlq: settings.dead_letter_queue.clone() };
             // The writer answers; a refusal it reverts itself.
             if send_settle(shared, group, (e.seq, e.attempt, e.epoch), outcome).await.is_none() {
                 return Ok(Some(Vec::new()));

@@ -128,6 +128,12 @@ async fn stats(inspector: &Inspector, json: bool, only_queue: Option<&str>, queu
                     "lag": g.lag, "oldest_unacked_age_secs": opt_secs(g.oldest_unacked_age),
                     "in_flight": g.in_flight, "waiting_retry": g.waiting_retry,
                     "dead_letter_queue": g.dead_letter_queue, "dlq_depth": g.dlq_depth, "paused": g.paused,
+                    "lease_secs": opt_secs(g.lease), "retry_policy": g.retry_policy.as_ref().map(|p| json!({
+                        "max_attempts": p.attempts(), "initial_backoff_secs": p.initial_delay().as_secs_f64(),
+                        "max_backoff_secs": p.max_delay().as_secs_f64(), "multiplier": p.growth(),
+                        "jitter": p.jitter_fraction(),
+                    })),
+                    "ordered_by_key": g.ordered_by_key,
                 })
             })
             .collect();
@@ -196,6 +202,15 @@ async fn stats(inspector: &Inspector, json: bool, only_queue: Option<&str>, queu
                     None => "-".into(),
                 },
                 if g.paused { "paused".into() } else { "-".into() },
+                format::opt_duration(g.lease),
+                g.retry_policy.as_ref().map_or_else(
+                    || "-".into(),
+                    |p| {
+                        let (lo, hi) = (format::duration(p.initial_delay()), format::duration(p.max_delay()));
+                        format!("{} ({lo}..{hi})", p.attempts())
+                    },
+                ),
+                if g.ordered_by_key { "by key".into() } else { "-".into() },
             ]
         })
         .collect();
@@ -211,6 +226,9 @@ async fn stats(inspector: &Inspector, json: bool, only_queue: Option<&str>, queu
             "RETRYING",
             "DLQ",
             "PAUSED",
+            "LEASE",
+            "ATTEMPTS (BACKOFF)",
+            "ORDER",
         ],
         &rows,
     );

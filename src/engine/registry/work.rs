@@ -24,6 +24,7 @@ use crate::clock::Clock;
 use crate::events::Event;
 use crate::model::Claim;
 use crate::store::GroupKeys;
+use crate::work_settings::WorkSettings;
 
 /// One work-queue group on one queue.
 pub(crate) struct WorkGroupState {
@@ -50,8 +51,13 @@ pub(crate) struct WorkGroupState {
     pub subscriptions: std::sync::atomic::AtomicUsize,
     /// A paused group claims nothing (persisted in its settings record).
     pub paused: std::sync::atomic::AtomicBool,
-    /// The dead-letter queue recorded in the settings record (empty: none yet).
-    pub recorded_dlq: Mutex<String>,
+    /// The group's stored settings (`None` until they are read at open or first stored).
+    /// Replaced by the writer once a change is durable; claims and outcomes read them when
+    /// they are decided, so a durable `WorkGroup::update` applies to every decision after it.
+    settings: Mutex<Option<Arc<WorkSettings>>>,
+    /// The dead-letter queue a record without stored terms names (an older build's; empty:
+    /// none), for stats until the group's first subscribe stores its settings.
+    recorded_dlq: Mutex<String>,
     /// Bumped by the writer when it applies a reset. Claims, outcomes and queued acks carry the
     /// epoch they were claimed in, and the writer refuses those from before the last reset:
     /// whatever was decided before a reset must not land after it.
@@ -191,15 +197,46 @@ impl WorkGroupState {
             subscriptions: std::sync::atomic::AtomicUsize::new(0),
             skipped: AtomicU64::new(0),
             paused: std::sync::atomic::AtomicBool::new(false),
+            settings: Mutex::new(None),
             recorded_dlq: Mutex::new(String::new()),
             epoch: AtomicU64::new(0),
             keyed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
-    /// Orders the group by key from now on, for every subscription of it in this process.
-    pub fn set_keyed(&self) {
-        self.keyed.store(true, Ordering::Release);
+    /// Orders the group by key from now on (or stops), for every subscription of it in this
+    /// process. Turning it off leaves messages parked behind their key's head parked until
+    /// that head finishes; nothing is parked after that.
+    pub fn set_keyed(&self, on: bool) {
+        self.keyed.store(on, Ordering::Release);
+    }
+
+    /// The group's stored settings, if known (see `settings`).
+    pub fn settings(&self) -> Option<Arc<WorkSettings>> {
+        self.settings.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Installs the stored settings (read at open, or durably written): claims and outcomes
+    /// decided from now on use them. Claimers are woken, as key ordering may have changed.
+    pub fn set_settings(&self, settings: Arc<WorkSettings>) {
+        self.set_keyed(settings.ordered_by_key);
+        *self.settings.lock().unwrap_or_else(|p| p.into_inner()) = Some(settings);
+        self.changed.notify_waiters();
+    }
+
+    /// Records the dead-letter queue a record without stored terms names.
+    pub fn set_recorded_dlq(&self, name: String) {
+        *self.recorded_dlq.lock().unwrap_or_else(|p| p.into_inner()) = name;
+    }
+
+    /// The dead-letter queue to report while no settings are stored: the recorded one, or the
+    /// default.
+    pub fn recorded_dlq(&self) -> Arc<str> {
+        let recorded = self.recorded_dlq.lock().unwrap_or_else(|p| p.into_inner());
+        match recorded.as_str() {
+            "" => Arc::from(crate::model::default_dead_letter_queue(&self.queue.name)),
+            n => Arc::from(n),
+        }
     }
 
     /// Whether the group is ordered by key.
@@ -713,7 +750,7 @@ mod tests {
     #[test]
     fn a_keyed_group_parks_each_message_behind_its_keys_unfinished_head() {
         let g = group(0);
-        g.set_keyed();
+        g.set_keyed(true);
         let now = Instant::now();
         let (a, b) = (Some(1), Some(2));
         assert_eq!(g.learn([(1, a), (2, a), (3, b), (4, a), (5, None), (6, b)]), 6);
@@ -755,7 +792,7 @@ mod tests {
     #[test]
     fn restored_slots_are_rekeyed_before_anything_is_claimed() {
         let g = group(0);
-        g.set_keyed();
+        g.set_keyed(true);
         let clock = Clock::tokio();
         let leased = |attempt| Claim::Leased { attempt, token: 7, deadline_micros: 0, holder: Arc::from("") };
         g.restore([(1, leased(1)), (3, leased(1))], &clock); // 2 never reached the disk
@@ -778,13 +815,13 @@ mod tests {
         let now = Instant::now();
         let c = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0); // no keys yet: 1 claimed
         g.release(1, c.token, false);
-        g.set_keyed();
+        g.set_keyed(true);
         g.learn([(2, Some(5))]);
         g.assign_keys([(1, Some(5))]);
         assert_eq!(seqs(&g.take(now, 10, 2, LEASE, MAX)), [(1, 1)], "2 waits behind 1");
 
         let g = group(0);
-        g.set_keyed();
+        g.set_keyed(true);
         let clock = Clock::tokio();
         let soon = clock.wall_micros() + 1_000_000;
         let waiting =
@@ -819,7 +856,7 @@ mod tests {
     #[test]
     fn a_trim_through_a_leased_keyed_message_holds_its_key_until_the_lease_ends() {
         let g = group(0);
-        g.set_keyed();
+        g.set_keyed(true);
         let now = Instant::now();
         g.learn([(1, Some(7)), (2, Some(7))]);
         let held = g.take(now, 10, 2, LEASE, MAX).claimed;
@@ -837,7 +874,7 @@ mod tests {
     #[test]
     fn the_learning_window_is_bounded_by_the_published_end_and_the_parked_cap() {
         let g = group(0);
-        g.set_keyed();
+        g.set_keyed(true);
         assert_eq!(g.learn_window(10, 4, 100), Some((1, 4)));
         assert_eq!(g.learn([(1, Some(1)), (2, Some(1)), (3, Some(1))]), 3);
         assert_eq!(g.learn([(2, Some(1)), (4, Some(1))]), 1, "learned parts are skipped");

@@ -330,6 +330,7 @@ fn apply(r: &mut Round<'_>, req: Request) {
         Request::Work(w) => work::apply(r, w),
         Request::Retention(t) => retention::apply(r, t),
         Request::Settings(s) => settings::apply(r, s),
+        Request::WorkSettings(s) => settings::apply_work(r, s),
         Request::Schedule(s) => schedule::apply(r, s),
         Request::Commit => {}
         Request::Flush { reply } => r.done.flushes.push(reply),
@@ -345,6 +346,7 @@ fn refuse_request(req: Request, why: &Closed) {
         Request::Work(w) => work::refuse_request(w, why),
         Request::Retention(t) => retention::refuse_request(t, why),
         Request::Settings(s) => settings::refuse_request(s, why),
+        Request::WorkSettings(s) => refuse(s.reply, why),
         Request::Schedule(s) => schedule::refuse_request(s, why),
         Request::Commit => {}
         Request::Flush { reply } => refuse(reply, why),

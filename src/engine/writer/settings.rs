@@ -1,48 +1,56 @@
-//! The writer's half of group settings: pause flags and recorded dead-letter queues, for either
-//! mode. A change is applied to the latest record (the writer's own copy, read from disk on
-//! first use), so concurrent changes of different fields do not undo each other.
+//! The writer's half of group settings, for either mode: pause flags, and a work group's
+//! stored settings (lease, retry policy, dead-letter queue, key ordering). A change is applied
+//! to the latest record (the writer's own copy, read from disk on first use), so concurrent
+//! changes of different fields do not undo each other, and a pause never erases a lease.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::round::Round;
-use crate::engine::request::{SettingsChange, SettingsRequest, refuse};
-use crate::error::{Closed, PauseError};
+use crate::engine::request::{SettingsChange, SettingsMode, SettingsRequest, WorkSettingsRequest, refuse};
+use crate::error::{Closed, PauseError, StorageError, SubscribeError};
 use crate::model::GroupSettings;
 use crate::store::ReadError;
+use crate::work_settings::WorkSettings;
+
+/// The latest settings record of `group` on `queue`: this writer's copy, else the disk's.
+fn current(r: &Round<'_>, group: &str, queue: &str) -> Result<GroupSettings, StorageError> {
+    if let Some(s) = r.written.settings.get(&(group.to_owned(), Arc::from(queue))) {
+        return Ok(s.clone());
+    }
+    match r.batch.settings(group, queue) {
+        Ok(s) => Ok(s.unwrap_or_default()),
+        // A record we cannot read is replaced rather than left to block every later change;
+        // the caller's change is the newest intent anyway.
+        Err(ReadError::Corrupt(e)) => {
+            tracing::warn!(error = %e, "rockq: replacing an undecodable group settings record");
+            Ok(GroupSettings::default())
+        }
+        Err(ReadError::Storage(e)) => Err(e),
+    }
+}
 
 pub(super) fn apply(r: &mut Round<'_>, req: SettingsRequest) {
     let SettingsRequest { queue, group, change, reply } = req;
-    let id = (group.clone(), queue.name.clone());
-    let current = match r.written.settings.get(&id) {
-        Some(s) => s.clone(),
-        None => match r.batch.settings(&group, &queue.name) {
-            Ok(s) => s.unwrap_or_default(),
-            // A record we cannot read is replaced rather than left to block every later change;
-            // the caller's change is the newest intent anyway.
-            Err(ReadError::Corrupt(e)) => {
-                tracing::warn!(error = %e, "rockq: replacing an undecodable group settings record");
-                GroupSettings::default()
-            }
-            Err(ReadError::Storage(e)) => {
-                let _ = reply.send(Err(PauseError::Storage(e)));
-                return;
-            }
-        },
+    let current = match current(r, &group, &queue.name) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = reply.send(Err(PauseError::Storage(e)));
+            return;
+        }
     };
     let mut next = current.clone();
     match &change {
         SettingsChange::Paused(p) => next.paused = *p,
-        SettingsChange::DeadLetterQueue(n) => next.dead_letter_queue = n.clone(),
     }
     if next != current {
         r.batch.put_settings(&group, &queue.name, &next);
     }
-    r.written.settings.insert(id, next);
+    r.written.settings.insert((group.clone(), queue.name.clone()), next);
     let engine = r.engine.clone();
     r.on_done(move |res| {
-        if res.is_ok()
-            && let SettingsChange::Paused(p) = change
-        {
+        if res.is_ok() {
+            let SettingsChange::Paused(p) = change;
             if let Some(g) = engine.registry.ordered(&group, &queue.name) {
                 g.paused.store(p, Ordering::SeqCst);
             }
@@ -59,4 +67,48 @@ pub(super) fn apply(r: &mut Round<'_>, req: SettingsRequest) {
 
 pub(super) fn refuse_request(req: SettingsRequest, why: &Closed) {
     refuse(req.reply, why);
+}
+
+/// Resolves a work-group handle's explicit settings against the latest record (see
+/// `work_settings.rs` for the rule) and stores the result if it changed. Resolving here, on
+/// the one writer thread, is what makes "the first subscribe stores, later ones must match"
+/// hold between handles racing each other.
+pub(super) fn apply_work(r: &mut Round<'_>, req: WorkSettingsRequest) {
+    let WorkSettingsRequest { group, requested, mode, reply } = req;
+    let queue = group.queue.clone();
+    let current = match current(r, &group.name, &queue.name) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = reply.send(Err(SubscribeError::Storage(e)));
+            return;
+        }
+    };
+    let next = match (WorkSettings::stored(&current, &queue.name), mode) {
+        (Some(stored), SettingsMode::Adopt) => match requested.mismatch(&stored) {
+            Some(m) => {
+                let _ = reply.send(Err(m.into_error(&group.name, &queue.name)));
+                return;
+            }
+            None => stored,
+        },
+        (Some(stored), SettingsMode::Update) => requested.applied_to(&stored),
+        (None, _) => requested.initial(&current, &queue.name),
+    };
+    // Only a default name can be too long: an explicit one was validated by the handle.
+    if next.dead_letter_queue.len() > crate::name::MAX_NAME_LEN {
+        let _ = reply.send(Err(SubscribeError::DeadLetterName { queue: queue.name.to_string() }));
+        return;
+    }
+    let record = next.stored_in(&current);
+    if record != current {
+        r.batch.put_settings(&group.name, &queue.name, &record);
+    }
+    r.written.settings.insert((group.name.to_string(), queue.name.clone()), record);
+    let next = Arc::new(next);
+    r.on_done(move |res| {
+        if res.is_ok() {
+            group.set_settings(next.clone());
+        }
+        let _ = reply.send(res.map(|()| next).map_err(|e| SubscribeError::Storage(e.clone())));
+    });
 }

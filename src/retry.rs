@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 /// Retry policy of a work-queue group: at most `max_attempts` deliveries, with exponential
-/// backoff and jitter between them. After the last attempt fails (or its lease expires, or the
+/// backoff and jitter between them. It is stored with the group (see
+/// [`WorkGroup::retry_policy`](crate::WorkGroup::retry_policy)). After the last attempt fails (or its lease expires, or the
 /// process crashes during it) the message goes to the dead-letter queue.
 ///
 /// The delay before attempt `n + 1` is `min(max_backoff, initial_backoff · multiplier^(n-1))`,
@@ -29,6 +30,11 @@ pub struct RetryPolicy {
     pub(crate) multiplier: f64,
     pub(crate) jitter: f64,
 }
+
+// Its two floats are never NaN: the builder maps non-finite input to a finite value and the
+// stored record's decoder refuses one, so `==` is reflexive and `Eq` holds (which lets
+// `GroupStats` carry a policy and stay `Eq`).
+impl Eq for RetryPolicy {}
 
 impl Default for RetryPolicy {
     /// 5 attempts, backoff from 1 s doubling up to 5 min, 20 % jitter.
@@ -73,6 +79,53 @@ impl RetryPolicy {
     /// The configured maximum number of attempts.
     pub fn attempts(&self) -> u32 {
         self.max_attempts
+    }
+
+    /// The first delay of the backoff.
+    pub fn initial_delay(&self) -> Duration {
+        self.initial_backoff
+    }
+
+    /// The cap of the backoff.
+    pub fn max_delay(&self) -> Duration {
+        self.max_backoff
+    }
+
+    /// The growth factor per attempt.
+    pub fn growth(&self) -> f64 {
+        self.multiplier
+    }
+
+    /// The fraction of each delay that is randomised away.
+    pub fn jitter_fraction(&self) -> f64 {
+        self.jitter
+    }
+
+    /// A policy with exactly these values, unchecked: the stored record's decoder builds it,
+    /// then refuses it unless [`is_valid`](RetryPolicy::is_valid).
+    pub(crate) fn from_parts(
+        max_attempts: u32,
+        initial_backoff: Duration,
+        max_backoff: Duration,
+        multiplier: f64,
+        jitter: f64,
+    ) -> Self {
+        RetryPolicy { max_attempts, initial_backoff, max_backoff, multiplier, jitter }
+    }
+
+    /// Whether a policy read back from storage is one the builder can make: a record that
+    /// breaks these bounds is corrupt, and would otherwise reach `Duration` and float
+    /// arithmetic unchecked.
+    pub(crate) fn is_valid(&self) -> bool {
+        let max = crate::clock::clamp_delay(Duration::MAX);
+        self.max_attempts >= 1
+            && self.initial_backoff <= max
+            && self.max_backoff <= max
+            && self.max_backoff >= self.initial_backoff
+            && self.multiplier.is_finite()
+            && self.multiplier >= 1.0
+            && self.jitter.is_finite()
+            && (0.0..=1.0).contains(&self.jitter)
     }
 
     /// The delay after failed attempt `attempt` (1-based), before jitter.
