@@ -1,7 +1,9 @@
 //! [`Broker`]: the handle to an open database. `admin.rs` holds its admin methods (stats,
-//! inspection, pause/resume, resets).
+//! inspection, pause/resume, resets); `lifecycle.rs` looking queues up, deleting and purging
+//! queues and groups.
 
 mod admin;
+mod lifecycle;
 mod schedules;
 
 use std::path::Path;

@@ -118,7 +118,9 @@ impl Delivery {
     /// # Errors
     ///
     /// [`AckError::Shutdown`] if the broker was shut down; the message will be redelivered
-    /// after the next open.
+    /// after the next open. [`AckError::Deleted`] if the group or its queue was deleted
+    /// meanwhile (nothing is written). An ack of a message purged meanwhile succeeds and
+    /// changes nothing.
     ///
     /// # Examples
     ///
@@ -135,6 +137,12 @@ impl Delivery {
     pub fn ack(mut self) -> Result<(), AckError> {
         if self.sub.shared.is_closed() {
             return Err(AckError::Shutdown);
+        }
+        let g = &self.sub.group;
+        if g.is_deleted() {
+            // Dropped without a comeback: there is no group left to redeliver it to.
+            self.msg = None;
+            return Err(AckError::Deleted { queue: g.queue.name.to_string(), group: g.name.to_string() });
         }
         if let Some(m) = self.msg.take() {
             let g = &self.sub.group;
@@ -186,6 +194,10 @@ impl Delivery {
     }
 
     fn give_back(&mut self, how: Comeback) {
+        // A deleted group has nobody to redeliver to and nothing to record.
+        if self.sub.group.is_deleted() {
+            self.msg = None;
+        }
         if let Some(m) = self.msg.take() {
             self.sub.give_back(m, self.delivery_count, how);
         }

@@ -12,6 +12,11 @@ use crate::store::ReadError;
 
 pub(super) fn apply(r: &mut Round<'_>, req: SettingsRequest) {
     let SettingsRequest { queue, group, change, reply } = req;
+    if queue.is_deleted() {
+        // Its groups' records are gone: a settings record would outlive them.
+        let _ = reply.send(Err(PauseError::NoSuchGroup { group, queue: queue.name.to_string() }));
+        return;
+    }
     let id = (group.clone(), queue.name.clone());
     let current = match r.written.settings.get(&id) {
         Some(s) => s.clone(),
