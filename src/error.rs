@@ -270,6 +270,14 @@ pub enum QueueError {
     /// A stored record (e.g. a dedup record the retention pass reads) does not decode.
     #[error(transparent)]
     Corrupt(#[from] CorruptionError),
+    /// The queue was deleted ([`Broker::delete_queue`](crate::Broker::delete_queue)) after
+    /// this handle was made. Get a new handle with [`Broker::queue`](crate::Broker::queue),
+    /// which creates it afresh.
+    #[error("queue {queue:?} was deleted")]
+    Deleted {
+        /// The queue.
+        queue: String,
+    },
     /// Writing the queue's registry record failed.
     #[error(transparent)]
     Storage(#[from] StorageError),
@@ -347,6 +355,14 @@ pub enum SendError {
     /// `send_batch` was called with no messages.
     #[error("send_batch needs at least one message")]
     EmptyBatch,
+    /// The queue was deleted ([`Broker::delete_queue`](crate::Broker::delete_queue)) before
+    /// the messages were written: nothing of this call was written. A send that resolved
+    /// before the deletion was written, and deleted with the queue.
+    #[error("queue {queue:?} was deleted")]
+    QueueDeleted {
+        /// The queue.
+        queue: String,
+    },
     /// `send_batch` was called with more messages than one atomic write may hold.
     #[error("batch of {len} messages exceeds the maximum of {max}")]
     BatchTooLarge {
@@ -415,6 +431,13 @@ pub enum SubscribeError {
     AlreadySubscribed {
         /// The group.
         group: String,
+        /// The queue.
+        queue: String,
+    },
+    /// The queue was deleted after this handle was made; get a new one with
+    /// [`Broker::queue`](crate::Broker::queue).
+    #[error("queue {queue:?} was deleted")]
+    QueueDeleted {
         /// The queue.
         queue: String,
     },
@@ -507,6 +530,15 @@ pub enum AckError {
     /// Writing the outcome failed (the broker then fails closed).
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// The group (or its queue) was deleted while the message was out: there is nothing
+    /// left to settle, and nothing was written.
+    #[error("group {group:?} on queue {queue:?} was deleted")]
+    Deleted {
+        /// The queue.
+        queue: String,
+        /// The group.
+        group: String,
+    },
     /// The broker stopped accepting writes after an earlier error.
     #[error(transparent)]
     Failed(FailedError),
@@ -574,6 +606,12 @@ pub enum RedriveError {
         /// The dead-letter queue.
         dlq: String,
     },
+    /// The dead-letter queue was deleted after this handle was made.
+    #[error("dead-letter queue {dlq:?} was deleted")]
+    Deleted {
+        /// The dead-letter queue.
+        dlq: String,
+    },
     /// A dead letter has no origin queue header and no target was given.
     #[error("dead letter {seq} has no origin queue; redrive it with an explicit target")]
     NoOrigin {
@@ -630,6 +668,16 @@ pub enum ReceiveError {
     /// The background read task failed unexpectedly.
     #[error("internal error: {0}")]
     Internal(String),
+    /// The group (or its queue) was deleted ([`Broker::delete_queue`](crate::Broker::delete_queue),
+    /// [`Broker::delete_group`](crate::Broker::delete_group)): the stream (or worker pool) ends
+    /// after this. Deliveries still out fail to settle with [`AckError::Deleted`].
+    #[error("group {group:?} on queue {queue:?} was deleted")]
+    Deleted {
+        /// The queue.
+        queue: String,
+        /// The group.
+        group: String,
+    },
 }
 
 /// Shutting down failed part-way. The database is closed regardless.

@@ -359,3 +359,49 @@ fn bad_input_gets_a_clear_error_and_an_exit_code() {
     rockq(dir.path()).args(["group", "reset", "g", "orders"]).assert().code(2);
     rockq(dir.path()).args(["frobnicate"]).assert().code(2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_queue_purge_and_delete_group_need_yes_and_an_exclusive_open() {
+    let dir = tempdir();
+    let db = dir.path().to_path_buf();
+    let broker = open(&db).await;
+    let (_js, held) = populate(&broker).await;
+    // Held by this process: refused with the lock's exit code, nothing changed.
+    for args in [
+        &["delete-queue", "orders", "--yes"][..],
+        &["purge", "orders", "--yes"],
+        &["delete-group", "orders", "billing", "--yes"],
+    ] {
+        rockq(&db).args(args).assert().code(3);
+    }
+    assert_eq!(broker.get_queue("orders").unwrap().len(), 5);
+    drop(held);
+    drop(_js);
+    broker.shutdown().await.unwrap();
+
+    // Without --yes and without a terminal: refused before anything is opened.
+    for args in
+        [&["delete-queue", "orders"][..], &["purge", "orders"], &["delete-group", "orders", "billing"]]
+    {
+        let out = rockq(&db).args(args).write_stdin("y\n").assert().code(2).get_output().clone();
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--yes"), "{args:?}");
+    }
+    // Missing queue or group: an error, nothing created.
+    rockq(&db).args(["purge", "missing", "--yes"]).assert().code(1);
+    rockq(&db).args(["delete-queue", "missing", "--yes"]).assert().code(1);
+    rockq(&db).args(["delete-group", "orders", "missing", "--yes"]).assert().code(1);
+    rockq(&db).args(["delete-group", "bad name", "g", "--yes"]).assert().code(1);
+
+    assert_eq!(json(&db, &["delete-group", "orders", "billing", "--yes"])["deleted"], true);
+    assert_eq!(json(&db, &["purge", "orders", "--yes"])["purged"].as_u64(), Some(5));
+    assert_eq!(json(&db, &["delete-queue", "jobs", "--yes"])["deleted"], true);
+
+    let broker = open(&db).await;
+    assert!(broker.get_queue("missing").is_none());
+    assert!(broker.get_queue("jobs").is_none());
+    let orders = broker.get_queue("orders").unwrap();
+    assert_eq!((orders.len(), orders.first_seq()), (0, 6));
+    let stats = broker.stats().await.unwrap();
+    assert!(stats.groups.iter().all(|g| g.group != "billing" && g.queue != "jobs"), "{:?}", stats.groups);
+    broker.shutdown().await.unwrap();
+}

@@ -1,8 +1,10 @@
 //! [`Broker`]: the handle to an open database. `admin.rs` holds its admin methods (stats,
-//! inspection, pause/resume, resets).
+//! inspection, pause/resume, resets); `lifecycle.rs` looking queues up, deleting and purging
+//! queues and groups.
 
 mod admin;
 mod events;
+mod lifecycle;
 mod schedules;
 
 pub use events::EventStream;

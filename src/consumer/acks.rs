@@ -302,6 +302,8 @@ impl SubShared {
             let from = w.next();
             (from, w.skip_to(first))
         };
+        // A purge asked for its range to go: only what retention deleted counts as skipped.
+        let from = from.max(self.group.queue.purged_through.load(Ordering::Acquire).saturating_add(1));
         if first > from {
             let g = &self.group;
             g.skipped.fetch_add(first - from, Ordering::Relaxed);

@@ -168,7 +168,9 @@ impl Delivery {
     /// # Errors
     ///
     /// [`AckError::Shutdown`] if the broker was shut down; the message will be redelivered
-    /// after the next open.
+    /// after the next open. [`AckError::Deleted`] if the group or its queue was deleted
+    /// meanwhile (nothing is written). An ack of a message purged meanwhile succeeds and
+    /// changes nothing.
     ///
     /// # Examples
     ///
@@ -185,6 +187,12 @@ impl Delivery {
     pub fn ack(mut self) -> Result<(), AckError> {
         if self.sub.shared.is_closed() {
             return Err(AckError::Shutdown);
+        }
+        let g = &self.sub.group;
+        if g.is_deleted() {
+            // Dropped without a comeback: there is no group left to redeliver it to.
+            self.msg = None;
+            return Err(AckError::Deleted { queue: g.queue.name.to_string(), group: g.name.to_string() });
         }
         if let Some(m) = self.msg.take() {
             let g = &self.sub.group;
@@ -204,7 +212,8 @@ impl Delivery {
     ///
     /// # Errors
     ///
-    /// [`AckError::Shutdown`] if the broker is (or gets) shut down first.
+    /// [`AckError::Shutdown`] if the broker is (or gets) shut down first;
+    /// [`AckError::Deleted`] if the group or its queue is (or gets) deleted first.
     ///
     /// # Cancel safety
     ///
@@ -223,6 +232,8 @@ impl Delivery {
         let (sub, seq) = (self.sub.clone(), self.seq());
         self.ack()?;
         let g = &sub.group;
+        // A deletion pokes the queue's watch, not the offset: wake on both.
+        let (mut poked, _watching) = g.queue.watch();
         loop {
             let moved = g.durable_moved.notified();
             tokio::pin!(moved);
@@ -233,8 +244,12 @@ impl Delivery {
             if sub.shared.is_closed() {
                 return Err(AckError::Shutdown);
             }
+            if g.is_deleted() {
+                return Err(AckError::Deleted { queue: g.queue.name.to_string(), group: g.name.to_string() });
+            }
             tokio::select! {
                 _ = moved => {}
+                _ = poked.changed() => {}
                 _ = sub.shared.closing.cancelled() => {}
             }
         }
@@ -250,7 +265,8 @@ impl Delivery {
     /// # Errors
     ///
     /// [`AckError::Shutdown`] if the broker was shut down (or failed); the message will be
-    /// redelivered after the next open.
+    /// redelivered after the next open. [`AckError::Deleted`] if the group or its queue was
+    /// deleted.
     ///
     /// # Examples
     ///
@@ -262,6 +278,10 @@ impl Delivery {
     /// # Ok(()) }
     /// ```
     pub fn dead_letter(mut self, reason: impl std::fmt::Display) -> Result<(), AckError> {
+        let g = &self.sub.group;
+        if g.is_deleted() {
+            return Err(AckError::Deleted { queue: g.queue.name.to_string(), group: g.name.to_string() });
+        }
         if let Some(m) = self.msg.take() {
             if !self.sub.dead_letter(m, self.delivery_count, reason.to_string()) {
                 return Err(AckError::Shutdown);
@@ -312,6 +332,10 @@ impl Delivery {
     }
 
     fn give_back(&mut self, how: Comeback) {
+        // A deleted group has nobody to redeliver to and nothing to record.
+        if self.sub.group.is_deleted() {
+            self.msg = None;
+        }
         if let Some(m) = self.msg.take() {
             self.sub.give_back(m, self.delivery_count, how);
         }

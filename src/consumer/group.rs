@@ -10,7 +10,7 @@ use super::subscription::Subscription;
 use crate::engine::boundary::{
     self, LiveSubscription, OrderedGroupState, OrderedRequest, QueueState, Request, Shared,
 };
-use crate::error::{NameKind, PauseError, ResetError, SubscribeError};
+use crate::error::{NameKind, PauseError, QueueError, ResetError, SubscribeError};
 use crate::model::StartFrom;
 use crate::name::MAX_NAME_LEN;
 use crate::retention::ResetTo;
@@ -189,6 +189,34 @@ impl Group {
         self.state().map_or(0, |g| g.skipped.load(Ordering::Relaxed))
     }
 
+    /// Deletes this group with everything of it, as
+    /// [`Broker::delete_group`](crate::Broker::delete_group) does; `false` if it does not
+    /// exist (or its queue was deleted since this handle was made: a queue created again
+    /// under the name is another queue, and its group of this name is left alone).
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::Shutdown`], [`QueueError::Storage`], [`QueueError::Failed`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe in effect: once the request reached the writer, the group is deleted
+    /// whether or not the future is still awaited.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// queue.group("retired")?.delete().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn delete(&self) -> Result<bool, QueueError> {
+        if self.queue.is_deleted() {
+            return Ok(false);
+        }
+        self.shared.delete_group(&self.queue.name, &self.name).await
+    }
+
     /// Replays: moves the group's committed offset so that its next subscription starts at the
     /// given sequence, or at the first message enqueued at or after the given time. The
     /// target must still be retained. Returns the sequence the next subscription starts at.
@@ -276,6 +304,9 @@ impl Group {
     pub async fn subscribe(&self) -> Result<Subscription, SubscribeError> {
         if self.shared.is_closed() {
             return Err(SubscribeError::Shutdown);
+        }
+        if self.queue.is_deleted() {
+            return Err(SubscribeError::QueueDeleted { queue: self.queue.name.to_string() });
         }
         let poison = self.poison_config()?;
         if self.shared.work_group(&self.name, &self.queue.name).is_some() {

@@ -211,6 +211,21 @@ impl Stream for Subscription {
             if this.sub.shared.is_closed() {
                 return this.end(None);
             }
+            if this.sub.group.is_deleted() {
+                let g = &this.sub.group;
+                let e = ReceiveError::Deleted { queue: g.queue.name.to_string(), group: g.name.to_string() };
+                return this.end(Some(e.into()));
+            }
+            // A purge deleted messages read ahead (or handed back) but not handed out yet: they
+            // are gone for the group too (the window counts them done without an entry).
+            // Retention's trims keep what was read, as they always did.
+            let purged = this.queue.purged_through.load(Ordering::Acquire);
+            if this.buffer.front().is_some_and(|m| m.seq <= purged) {
+                while this.buffer.front().is_some_and(|m| m.seq <= purged) {
+                    this.buffer.pop_front();
+                }
+                this.sub.skip_to(purged.saturating_add(1));
+            }
             if this.sub.group.paused.load(Ordering::Acquire) {
                 // Paused: hand out nothing. Resuming touches the queue's watch, waking us.
                 match this.changes.poll_next_unpin(cx) {

@@ -43,8 +43,8 @@ pub(crate) use super::registry::{
     WorkGroupState,
 };
 pub(crate) use super::request::{
-    OrderedRequest, Outcome, QueueRequest, RedriveItem, Request, RetentionRequest, ScheduleRequest,
-    SettingsMode, Submission, WorkRequest, WorkSettingsRequest,
+    LifecycleRequest, OrderedRequest, Outcome, QueueRequest, RedriveItem, Request, RetentionRequest,
+    ScheduleRequest, SettingsMode, Submission, WorkRequest, WorkSettingsRequest,
 };
 pub(crate) use super::retention::{pass as retention_pass, reset_target};
 pub(crate) use super::shared::Shared;

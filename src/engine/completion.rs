@@ -19,6 +19,11 @@ type Outcome = Result<Box<[u64]>, SendError>;
 const DUPLICATE: u64 = 1 << 63;
 const OF_SCHEDULED: u64 = 1 << 62;
 
+/// The value of a send to a queue deleted before its round was written (nothing of it was
+/// written): the send resolves with `SendError::QueueDeleted`. Never a sequence or a
+/// duplicate's value (both stay below 2^62).
+pub(crate) const DELETED_VALUE: u64 = u64::MAX;
+
 /// The value a duplicate send resolves with.
 pub(crate) fn duplicate_value(original: Original) -> u64 {
     match original {
@@ -38,6 +43,9 @@ pub(crate) fn staged_sent(value: u64) -> Sent {
     }
 }
 
+/// Sends of a round refused for a deleted queue: `(index in the round, queue name)`.
+pub(crate) type DeletedSends = Box<[(usize, Arc<str>)]>;
+
 /// The shared completion of one staged round.
 #[derive(Default)]
 pub(crate) struct Completion {
@@ -46,6 +54,9 @@ pub(crate) struct Completion {
     /// Receipts waiting for the outcome. Taken (under the lock) right after the outcome is
     /// set, so a receipt that finds no outcome under the lock is sure to be woken.
     wakers: Mutex<Vec<Waker>>,
+    /// The sends of the round refused because their queue was deleted, by index, with the
+    /// queue's name (set by the writer before it resolves the round; empty almost always).
+    deleted: OnceLock<DeletedSends>,
 }
 
 impl Completion {
@@ -60,11 +71,25 @@ impl Completion {
         self.outcome.get().is_some()
     }
 
+    /// Records which sends of the round were refused for a deleted queue (before it resolves).
+    pub(crate) fn note_deleted(&self, sends: DeletedSends) {
+        let _ = self.deleted.set(sends);
+    }
+
+    fn deleted_queue(&self, index: usize) -> String {
+        let sends = self.deleted.get().map_or(&[][..], |s| &s[..]);
+        sends.iter().find(|(i, _)| *i == index).map_or_else(String::new, |(_, q)| q.to_string())
+    }
+
     fn result(&self, index: usize) -> Option<Result<u64, SendError>> {
         self.outcome.get().map(|o| match o {
-            Ok(seqs) => seqs.get(index).copied().ok_or_else(|| {
-                SendError::Failed(FailedError::internal(format!("no sequence for staged send {index}")))
-            }),
+            Ok(seqs) => match seqs.get(index).copied() {
+                Some(DELETED_VALUE) => Err(SendError::QueueDeleted { queue: self.deleted_queue(index) }),
+                Some(v) => Ok(v),
+                None => Err(SendError::Failed(FailedError::internal(format!(
+                    "no sequence for staged send {index}"
+                )))),
+            },
             Err(e) => Err(e.clone()),
         })
     }

@@ -1,6 +1,6 @@
 //! The request set: everything the handles ask the writer to do, grouped by concept. Each
 //! concept's requests are applied by that concept's file in `writer/` (`queue.rs`, `ordered.rs`,
-//! `work.rs`, `retention.rs`, `settings.rs`), which also refuses them when the writer will not
+//! `work.rs`, `retention.rs`, `settings.rs`, `lifecycle.rs`), which also refuses them when the writer will not
 //! carry them out; so adding a write request touches this file and that one.
 //!
 //! Every request carries a [`Reply`]. A request the writer refuses (after shutdown began, or
@@ -41,6 +41,7 @@ pub(crate) enum Request {
     Settings(SettingsRequest),
     WorkSettings(WorkSettingsRequest),
     Schedule(ScheduleRequest),
+    Lifecycle(LifecycleRequest),
     /// Wake-up only: a group became dirty while the writer was idle.
     Commit,
     /// Reply once every acknowledgement recorded before this request is durable.
@@ -59,6 +60,18 @@ pub(crate) enum QueueRequest {
     Create { name: String, reply: Reply<Arc<QueueState>, QueueError> },
     /// Persist how long the queue remembers idempotency keys.
     SetDedupWindow { queue: Arc<QueueState>, window: std::time::Duration, reply: Reply<(), QueueError> },
+}
+
+/// Deleting and purging queues and groups (`writer/lifecycle.rs`). Each is one batch; names
+/// were validated by the caller.
+pub(crate) enum LifecycleRequest {
+    /// Delete queue `name` with everything of it; `false` if there is none.
+    DeleteQueue { name: String, reply: Reply<bool, QueueError> },
+    /// Delete every message of queue `name` and move every group past them; the reply gives
+    /// how many were deleted. Refused with `Deleted` if there is no such queue.
+    PurgeQueue { name: String, reply: Reply<u64, QueueError> },
+    /// Delete group `group` on queue `queue`, either mode; `false` if there is none.
+    DeleteGroup { queue: String, group: String, reply: Reply<bool, QueueError> },
 }
 
 /// Delayed messages, idempotent sends and recurring schedules (`writer/schedule.rs`).

@@ -188,6 +188,18 @@ impl Shared {
         Ok(())
     }
 
+    /// Asks the writer to delete group `group` on `queue`, either mode (names checked by the
+    /// caller); `false` if there is none.
+    pub async fn delete_group(&self, queue: &str, group: &str) -> Result<bool, crate::error::QueueError> {
+        let (reply, rx) = oneshot::channel();
+        let req = Request::Lifecycle(super::request::LifecycleRequest::DeleteGroup {
+            queue: queue.to_owned(),
+            group: group.to_owned(),
+            reply,
+        });
+        self.ask(req, rx).await
+    }
+
     /// Hands `req` to the writer and waits for its answer on `rx`: refused in the reply's own
     /// error family once the broker is closed, or if the writer is gone.
     pub async fn ask<T, E: From<crate::error::Closed>>(

@@ -266,6 +266,9 @@ impl Queue {
         if self.shared.is_closed() {
             return Err(SendError::Shutdown);
         }
+        if self.state.is_deleted() {
+            return Err(SendError::QueueDeleted { queue: self.state.name.to_string() });
+        }
         let max = self.shared.options().max_message_bytes;
         let size = boundary::body_len(m);
         if size > max {

@@ -11,6 +11,7 @@
 //! | `rockq.claims` | `claim:<group>:<queue>:<seq u64 BE>` | claim record (work-queue groups) |
 //! | `rockq.claims` | `ordered:<group>:<queue>:<seq u64 BE>` | delivery record (ordered groups) |
 //! | `rockq.meta` | `scheduled-id` | next schedule id |
+//! | `rockq.meta` | `queue-id` | lowest queue id never handed out (written when a queue is deleted) |
 //! | `rockq.scheduled` | `t<due u64 BE><queue_id u32 BE><id u64 BE>` | delayed message envelope, or a recurring schedule's name (queue id `u32::MAX`) |
 //! | `rockq.scheduled` | `i<queue_id u32 BE><id u64 BE>` | due time of a delayed message (cancel, reschedule) |
 //! | `rockq.scheduled` | `s:<name>` | recurring schedule record |
@@ -214,6 +215,10 @@ pub(crate) fn redrive_key(dlq: &str) -> Vec<u8> {
 
 /// Key of the next schedule id in the meta column family.
 pub(crate) const SCHEDULED_ID_KEY: &[u8] = b"scheduled-id";
+/// Key of the lowest queue id never handed out, in the meta column family: written when a queue
+/// is deleted, so that its id is not handed out again after a restart (ids are otherwise
+/// recovered from the highest id among the queue records, which the deleted one left).
+pub(crate) const NEXT_QUEUE_ID_KEY: &[u8] = b"queue-id";
 /// Queue id of the due entries of recurring schedules (no queue has it: see the registry).
 pub(crate) const RECURRING: u32 = u32::MAX;
 

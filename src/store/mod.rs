@@ -9,6 +9,7 @@
 //! - `batch.rs`: the writer's domain operations, applied atomically per round.
 //! - `read.rs`: the consumers' bounded reads; `inspect.rs`: the reads behind stats.
 //! - `scheduled.rs`: delayed messages, recurring schedules and idempotency keys.
+//! - `lifecycle.rs`: deleting every record of a queue or a group.
 //! - `keys.rs`, `records.rs`, `envelope.rs`: the key layout and the codecs of every value.
 
 mod batch;
@@ -20,6 +21,7 @@ pub(crate) mod envelope;
 pub mod fuzzing;
 mod inspect;
 pub(crate) mod keys;
+mod lifecycle;
 mod open;
 mod read;
 pub(crate) mod records;
@@ -35,4 +37,5 @@ pub(crate) use read::{
 
 pub(crate) use db::{ReadError, Store};
 pub(crate) use keys::RECURRING;
+pub(crate) use lifecycle::next_queue_id;
 pub(crate) use scheduled::DueEntry;

@@ -11,7 +11,7 @@ use super::subscription::WorkSubscription;
 use crate::engine::boundary::{
     self, QueueState, Request, SettingsMode, Shared, WorkGroupState, WorkRequest, WorkSettingsRequest,
 };
-use crate::error::{NameKind, PauseError, ResetError, SubscribeError};
+use crate::error::{NameKind, PauseError, QueueError, ResetError, SubscribeError};
 use crate::model::StartFrom;
 use crate::name::{self, MAX_NAME_LEN};
 use crate::retention::ResetTo;
@@ -286,6 +286,34 @@ impl WorkGroup {
         self.state().map_or(0, |g| g.saturations.load(Ordering::Relaxed))
     }
 
+    /// Deletes this group with everything of it, as
+    /// [`Broker::delete_group`](crate::Broker::delete_group) does; `false` if it does not
+    /// exist (or its queue was deleted since this handle was made: a queue created again
+    /// under the name is another queue, and its group of this name is left alone).
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::Shutdown`], [`QueueError::Storage`], [`QueueError::Failed`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe in effect: once the request reached the writer, the group is deleted
+    /// whether or not the future is still awaited.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// queue.work_group("retired")?.delete().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn delete(&self) -> Result<bool, QueueError> {
+        if self.queue.is_deleted() {
+            return Ok(false);
+        }
+        self.shared.delete_group(&self.queue.name, &self.name).await
+    }
+
     /// Replays: moves the group's offset so that claiming restarts at the given sequence, or
     /// at the first message enqueued at or after the given time; every claim (attempt counts,
     /// retry times, finished-above-the-offset marks) is dropped. The target must be retained.
@@ -357,6 +385,9 @@ impl WorkGroup {
     pub async fn subscribe(&self) -> Result<WorkSubscription, SubscribeError> {
         if self.shared.is_closed() {
             return Err(SubscribeError::Shutdown);
+        }
+        if self.queue.is_deleted() {
+            return Err(SubscribeError::QueueDeleted { queue: self.queue.name.to_string() });
         }
         let requested = self.requested()?;
         let state = self.create().await?;

@@ -59,6 +59,9 @@ impl JobInner {
         if self.shared.is_closed() {
             return Err(AckError::Shutdown);
         }
+        if self.group.is_deleted() {
+            return Err(deleted(&self.group));
+        }
         // `by` is clamped to 100 years (`Duration::MAX` would overflow `Instant`).
         let until = clock.after(by);
         self.group.extend(self.msg.seq, self.token, now, until).map_err(|_| lost)?;
@@ -305,8 +308,9 @@ impl Job {
     ///
     /// # Errors
     ///
-    /// [`AckError::LeaseLost`] if the lease expired first: nothing changes, and the message
-    /// is (or will be) delivered again. [`AckError::Shutdown`].
+    /// [`AckError::LeaseLost`] if the lease expired first (or the message was purged): nothing
+    /// changes, and the message is (or will be) delivered again. [`AckError::Deleted`] if the
+    /// group or its queue was deleted. [`AckError::Shutdown`].
     ///
     /// # Examples
     ///
@@ -330,6 +334,9 @@ impl Job {
             return Err(AckError::Shutdown);
         }
         let group = &inner.group;
+        if group.is_deleted() {
+            return Err(deleted(group));
+        }
         group
             .begin_settle(seq, inner.token, shared.clock().now())
             .map_err(|_| AckError::LeaseLost { seq, attempt })?;
@@ -350,8 +357,10 @@ impl Job {
     /// # Errors
     ///
     /// [`AckError::LeaseLost`] if the lease expired first: nothing changes, and the message
-    /// is (or will be) delivered again. [`AckError::Shutdown`], [`AckError::Storage`],
-    /// [`AckError::Failed`].
+    /// is (or will be) delivered again; also if the message was purged meanwhile
+    /// ([`Broker::purge_queue`](crate::Broker::purge_queue)). [`AckError::Deleted`] if the
+    /// group or its queue was deleted (nothing is written). [`AckError::Shutdown`],
+    /// [`AckError::Storage`], [`AckError::Failed`].
     ///
     /// # Cancel safety
     ///
@@ -518,6 +527,9 @@ impl Job {
         let clock = shared.clock();
         let now = clock.now();
         let group = &inner.group;
+        if group.is_deleted() {
+            return Err(deleted(group));
+        }
         group.begin_settle(seq, inner.token, now).map_err(|_| AckError::LeaseLost { seq, attempt })?;
         if !wait && matches!(kind, Kind::Ack) {
             // Coalesced: the writer picks up every queued ack of the group in its next round.
@@ -591,4 +603,9 @@ impl Drop for Job {
             self.inner.group.release(self.inner.msg.seq, self.inner.token, counted);
         }
     }
+}
+
+/// The refusal of a settle or extension once the job's group (or queue) was deleted.
+fn deleted(g: &WorkGroupState) -> AckError {
+    AckError::Deleted { queue: g.queue.name.to_string(), group: g.name.to_string() }
 }

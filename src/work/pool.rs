@@ -201,7 +201,9 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
     /// `concurrency` or `prefetch` exceeds [`MAX_POOL`](Workers::MAX_POOL) (nothing is
     /// claimed); another [`SubscribeError`](crate::SubscribeError) if the pool cannot
     /// subscribe, or the subscription's error if a claimed message cannot be read (the pool
-    /// drains first).
+    /// drains first); [`ReceiveError::Deleted`](crate::ReceiveError::Deleted) once the group
+    /// or its queue is deleted (running handlers are aborted at once: none of their outcomes
+    /// could be recorded).
     ///
     /// # Cancel safety
     ///
@@ -289,6 +291,11 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
                 biased;
                 _ = self.token.cancelled() => break Ok(()),
                 _ = shared.closing.cancelled() => break Ok(()),
+                // With every worker busy the subscription is not polled: its end is seen here.
+                _ = state.wait_deleted() => {
+                    let (queue, group) = (state.queue.name.to_string(), state.name.to_string());
+                    break Err(crate::error::ReceiveError::Deleted { queue, group }.into());
+                }
                 _ = feed.room(), if !has_room => continue,
                 item = sub.next(), if has_room => match item {
                     None => break Ok(()),
@@ -337,7 +344,8 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
             report.panicked += r.panicked;
             report.unsettled += r.unsettled;
         };
-        let deadline = clock.after(self.drain_timeout);
+        // A deleted group's handlers are not waited for: no outcome of theirs can be recorded.
+        let deadline = if state.is_deleted() { clock.now() } else { clock.after(self.drain_timeout) };
         while !pool.workers.is_empty() {
             tokio::select! {
                 Some(res) = pool.workers.join_next() => if let Ok(r) = res { add(&mut report, r) },

@@ -136,6 +136,12 @@ impl Stream for WorkSubscription {
             if this.done {
                 return Poll::Ready(None);
             }
+            if this.ctx.group.is_deleted() {
+                // Jobs claimed and not handed out are dropped (they could not settle anyway).
+                this.buffer.clear();
+                this.done = true;
+                return Poll::Ready(Some(Err(deleted(&this.ctx.group).into())));
+            }
             let slot = this.fetch.get_mut().unwrap_or_else(|p| p.into_inner());
             // Drive the claim in progress, if any.
             if let Some(fut) = slot.as_mut()
@@ -161,6 +167,11 @@ impl Stream for WorkSubscription {
                 {
                     *slot = Some(fetch(this.ctx.clone()).boxed());
                 }
+                if job.seq() < this.ctx.group.queue.first_seq.load(Ordering::Acquire) {
+                    // Purged (or trimmed) while it waited here: the group moved past it.
+                    // Dropped unseen, it is released without counting.
+                    continue;
+                }
                 if job.lease_remaining().is_zero() {
                     // Its lease ran out while it waited here: any outcome would be refused.
                     // Dropped unseen, it is released without counting (unless already re-claimed).
@@ -185,6 +196,11 @@ impl Stream for WorkSubscription {
             return Poll::Pending;
         }
     }
+}
+
+/// The error a deleted group's subscription ends with.
+fn deleted(g: &WorkGroupState) -> ReceiveError {
+    ReceiveError::Deleted { queue: g.queue.name.to_string(), group: g.name.to_string() }
 }
 
 impl Ctx {
@@ -318,6 +334,9 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
         if shared.is_closed() || shared.closing.is_cancelled() {
             return Ok(Some(Vec::new()));
         }
+        if group.is_deleted() {
+            return Err(deleted(group).into());
+        }
         // Registered before looking, so a release between the look and the wait is not missed.
         let notified = group.changed.notified();
         tokio::pin!(notified);
@@ -416,6 +435,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
         Ok(Err(AckError::Shutdown)) | Err(_) => return Ok(Some(Vec::new())),
         // A reset overtook the claim: the guard gives the claims back; claim again.
         Ok(Err(AckError::LeaseLost { .. })) => return Ok(None),
+        Ok(Err(AckError::Deleted { .. })) => return Err(deleted(group).into()),
         Ok(Err(e)) => return Err(e.into()),
     }
     let msgs = match read {

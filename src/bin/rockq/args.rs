@@ -65,6 +65,37 @@ pub enum Command {
     Group(Group),
     /// Runs a retention pass now and compacts what it deleted.
     Trim,
+    /// Deletes a queue with all its messages, groups, delayed messages and idempotency keys.
+    DeleteQueue {
+        /// The queue.
+        queue: String,
+        #[command(flatten)]
+        confirm: Confirm,
+    },
+    /// Deletes every message of a queue and moves every group past them.
+    Purge {
+        /// The queue.
+        queue: String,
+        #[command(flatten)]
+        confirm: Confirm,
+    },
+    /// Deletes a group (offset, claims, delivery records, settings), either mode.
+    DeleteGroup {
+        /// The queue.
+        queue: String,
+        /// The group.
+        group: String,
+        #[command(flatten)]
+        confirm: Confirm,
+    },
+}
+
+/// Confirmation of a destructive command.
+#[derive(Debug, Args)]
+pub struct Confirm {
+    /// Do not ask: required when stdin is not a terminal.
+    #[arg(long)]
+    pub yes: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -2,11 +2,14 @@
 //!
 //! Read-only commands (`stats`, `groups`, `peek`, `pending`, `scheduled`, `schedules`,
 //! `dlq list`, `dlq peek`) open the database read-only, which takes no lock: they work while the service runs. Commands that
-//! change it (`dlq redrive`, `group reset|pause|resume`, `trim`) need it to themselves and fail
-//! with exit code 3 while another process holds it.
+//! change it (`dlq redrive`, `group reset|pause|resume`, `trim`, `delete-queue`, `purge`,
+//! `delete-group`) need it to themselves and fail with exit code 3 while another process holds
+//! it. The destructive ones (`delete-queue`, `purge`, `delete-group`) ask for confirmation on a
+//! terminal and need `--yes` otherwise (exit code 2 without it).
 
 mod args;
 mod format;
+mod lifecycle;
 mod run;
 
 use clap::Parser;

@@ -25,7 +25,7 @@ impl<E: std::fmt::Display> From<E> for Failure {
     }
 }
 
-type Result<T> = std::result::Result<T, Failure>;
+pub(crate) type Result<T> = std::result::Result<T, Failure>;
 
 pub async fn run(cli: Cli) -> Result<()> {
     let (json, db) = (cli.json, cli.db.as_path());
@@ -52,6 +52,13 @@ pub async fn run(cli: Cli) -> Result<()> {
         }
         Command::Group(Group::Pause { ref group, ref queue }) => pause(db, json, group, queue, true).await,
         Command::Group(Group::Resume { ref group, ref queue }) => pause(db, json, group, queue, false).await,
+        Command::DeleteQueue { ref queue, ref confirm } => {
+            crate::lifecycle::delete_queue(db, json, queue, confirm).await
+        }
+        Command::Purge { ref queue, ref confirm } => crate::lifecycle::purge(db, json, queue, confirm).await,
+        Command::DeleteGroup { ref queue, ref group, ref confirm } => {
+            crate::lifecycle::delete_group(db, json, queue, group, confirm).await
+        }
         Command::Trim => {
             let broker = exclusive(db, "trim").await?;
             let res = trim(&broker, json).await;
@@ -66,7 +73,7 @@ async fn inspect(db: &Path) -> Result<Inspector> {
 }
 
 /// Exclusive access, for commands that write.
-async fn exclusive(db: &Path, what: &str) -> Result<Broker> {
+pub(crate) async fn exclusive(db: &Path, what: &str) -> Result<Broker> {
     Broker::options().create_if_missing(false).open(db).await.map_err(|e| open_failure(db, e, what))
 }
 
@@ -90,13 +97,13 @@ fn open_failure(db: &Path, e: OpenError, what: &str) -> Failure {
 }
 
 /// Shuts the broker down cleanly whatever the command's outcome.
-async fn finish(broker: Broker, res: Result<()>) -> Result<()> {
+pub(crate) async fn finish(broker: Broker, res: Result<()>) -> Result<()> {
     let closed = broker.shutdown().await;
     res?;
     closed.map_err(Failure::from)
 }
 
-fn say(json: bool, value: serde_json::Value, text: impl FnOnce() -> String) {
+pub(crate) fn say(json: bool, value: serde_json::Value, text: impl FnOnce() -> String) {
     if json {
         println!("{value}");
     } else {

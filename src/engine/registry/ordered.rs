@@ -34,6 +34,8 @@ pub(crate) struct OrderedGroupState {
     pub live: std::sync::Mutex<Option<std::sync::Weak<dyn LiveSubscription>>>,
     /// Delivery counts, redelivery times and dead letters above the offset (ordered groups).
     pub records: std::sync::Mutex<GroupRecords>,
+    /// Set by the writer as the group's deletion (or its queue's) enters a batch.
+    deleted: AtomicBool,
 }
 
 impl OrderedGroupState {
@@ -51,7 +53,20 @@ impl OrderedGroupState {
             paused: AtomicBool::new(false),
             live: std::sync::Mutex::new(None),
             records: std::sync::Mutex::new(GroupRecords::default()),
+            deleted: AtomicBool::new(false),
         })
+    }
+
+    /// Whether the group, or its queue, was deleted: its subscription ends and its
+    /// acknowledgements are refused (a group created again under the name is a new state).
+    pub fn is_deleted(&self) -> bool {
+        self.deleted.load(Ordering::Acquire) || self.queue.is_deleted()
+    }
+
+    /// The writer deleted the group: marks it and wakes its subscription.
+    pub fn mark_deleted(&self) {
+        self.deleted.store(true, Ordering::Release);
+        self.queue.poke();
     }
 
     /// Deliveries of the live subscription not yet acknowledged.

@@ -2,7 +2,7 @@
 //! `watch` channel its subscribers wait on) and retention policy.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use tokio::sync::watch;
 
@@ -30,6 +30,13 @@ pub(crate) struct QueueState {
     /// Delayed messages waiting for this queue, as the writer counts them (for the gauges;
     /// counted from the store at open).
     pub scheduled: AtomicU64,
+    /// Set by the writer as the queue's deletion enters a batch: handles refuse to send,
+    /// subscriptions end, and the writer refuses every later request naming this state (a
+    /// queue created again under the name is a new state with a new id).
+    deleted: AtomicBool,
+    /// Everything up to here was purged (`Broker::purge_queue`): a subscription passing over
+    /// it does not count those messages as skipped by retention.
+    pub purged_through: AtomicU64,
 }
 
 impl QueueState {
@@ -44,7 +51,20 @@ impl QueueState {
             retention: std::sync::Mutex::new(retention),
             dedup_window: AtomicU64::new(crate::model::DEFAULT_DEDUP_WINDOW.as_micros() as u64),
             scheduled: AtomicU64::new(0),
+            deleted: AtomicBool::new(false),
+            purged_through: AtomicU64::new(0),
         })
+    }
+
+    /// Whether the queue was deleted (this state is then dead for good).
+    pub fn is_deleted(&self) -> bool {
+        self.deleted.load(Ordering::Acquire)
+    }
+
+    /// The writer deleted the queue: marks it and wakes every subscriber, which sees it.
+    pub fn mark_deleted(&self) {
+        self.deleted.store(true, Ordering::Release);
+        self.poke();
     }
 
     /// The writer scheduled (`+1`) or took out (`-1`) a delayed message of this queue.

@@ -62,6 +62,8 @@ pub(crate) struct WorkGroupState {
     /// epoch they were claimed in, and the writer refuses those from before the last reset:
     /// whatever was decided before a reset must not land after it.
     epoch: AtomicU64,
+    /// Set by the writer as the group's deletion (or its queue's) enters a batch.
+    deleted: std::sync::atomic::AtomicBool,
     /// Ordered by key: a message is not claimed while an earlier one with the same ordering
     /// key is unfinished (set by the first subscription that asks; see `set_keyed`).
     keyed: std::sync::atomic::AtomicBool,
@@ -200,6 +202,7 @@ impl WorkGroupState {
             settings: Mutex::new(None),
             recorded_dlq: Mutex::new(String::new()),
             epoch: AtomicU64::new(0),
+            deleted: std::sync::atomic::AtomicBool::new(false),
             keyed: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -237,6 +240,32 @@ impl WorkGroupState {
             "" => Arc::from(crate::model::default_dead_letter_queue(&self.queue.name)),
             n => Arc::from(n),
         }
+    }
+
+    /// Whether the group, or its queue, was deleted: its subscriptions end and its outcomes
+    /// are refused (a group created again under the name is a new state).
+    pub fn is_deleted(&self) -> bool {
+        self.deleted.load(Ordering::Acquire) || self.queue.is_deleted()
+    }
+
+    /// Completes once the group (or its queue) is deleted: a worker pool whose feed is full
+    /// polls no subscription, and waits on this as well.
+    pub async fn wait_deleted(&self) {
+        loop {
+            // Created before the look: `notify_waiters` wakes it even if not polled yet.
+            let notified = self.changed.notified();
+            if self.is_deleted() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// The writer deleted the group: marks it and wakes its subscriptions, which see it.
+    pub fn mark_deleted(&self) {
+        self.deleted.store(true, Ordering::Release);
+        self.changed.notify_waiters();
+        self.queue.poke();
     }
 
     /// Whether the group is ordered by key.

@@ -103,18 +103,26 @@ pub(super) fn complete(engine: &Engine, c: Completions) {
     }
     for (q, waiters) in c.queues {
         tracing::debug!(queue = %q.name, id = q.id, "rockq: queue created");
-        engine.registry.queues.insert(q.name.clone(), q.clone());
+        // Deleted in the round that created it: its waiters get the deleted state, whose
+        // handles refuse every use.
+        if !q.is_deleted() {
+            engine.registry.queues.insert(q.name.clone(), q.clone());
+        }
         waiters.into_iter().for_each(|w| drop(w.send(Ok(q.clone()))));
     }
     for (g, waiters) in c.ordered {
         let committed = g.durable.load(Ordering::Relaxed);
         tracing::debug!(group = %g.name, queue = %g.queue.name, committed, "rockq: group created");
-        engine.registry.ordered.insert(g.keys.id().to_vec(), g.clone());
+        if !g.is_deleted() {
+            engine.registry.ordered.insert(g.keys.id().to_vec(), g.clone());
+        }
         waiters.into_iter().for_each(|w| drop(w.send(Ok(g.clone()))));
     }
     for (g, waiters) in c.work {
         tracing::debug!(group = %g.name, queue = %g.queue.name, "rockq: work-queue group created");
-        engine.registry.work.insert(g.keys.id().to_vec(), g.clone());
+        if !g.is_deleted() {
+            engine.registry.work.insert(g.keys.id().to_vec(), g.clone());
+        }
         waiters.into_iter().for_each(|w| drop(w.send(Ok(g.clone()))));
     }
     // Publish before replying, so a producer that sees its send resolve also sees it in

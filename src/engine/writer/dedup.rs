@@ -13,7 +13,7 @@ pub(super) fn record(r: &mut Round<'_>, queue: &QueueState, key: String, origina
     let window = queue.dedup_window().as_micros().min(u128::from(u64::MAX)) as u64;
     let record = DedupRecord { original, expires_micros: now.saturating_add(window) };
     r.batch.put_dedup(queue.id, key.as_bytes(), &record);
-    r.jobs.dedup.entry(queue.id).or_default().insert(key, original);
+    r.jobs.dedup.entry(queue.id).or_default().insert(key, (original, record.expires_micros));
 }
 
 /// The idempotency check of a staged send (`queue.rs`): the original if `key` is a duplicate

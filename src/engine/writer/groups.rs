@@ -80,6 +80,10 @@ pub(super) fn create<G: GroupKind>(
     start: StartFrom,
     reply: Reply<Arc<G>, SubscribeError>,
 ) {
+    if queue.is_deleted() {
+        let _ = reply.send(Err(SubscribeError::QueueDeleted { queue: queue.name.to_string() }));
+        return;
+    }
     let id = crate::store::group_id(&group, &queue.name);
     if let Some(g) = G::registered(&r.engine.registry).get(&id) {
         let _ = reply.send(Ok(g.clone()));

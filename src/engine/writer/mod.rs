@@ -9,12 +9,14 @@
 //! - `commit.rs`: after the write — the syncer (Fsync) and the completer.
 //! - `queue.rs`, `groups.rs`, `ordered.rs`, `work.rs`, `retention.rs`, `settings.rs`,
 //!   `dead_letter.rs`, `schedule.rs`: the requests of each concept, applied and refused;
-//!   `dedup.rs`: idempotency keys, for staged sends and submits.
+//!   `dedup.rs`: idempotency keys, for staged sends and submits; `lifecycle.rs`: deleting
+//!   and purging queues and groups.
 
 mod commit;
 mod dead_letter;
 mod dedup;
 mod groups;
+mod lifecycle;
 mod ordered;
 mod queue;
 mod retention;
@@ -86,7 +88,12 @@ impl Writer {
             written.next_seq.insert(q.id, q.last_seq() + 1);
             max_id = max_id.max(q.id);
         }
-        written.next_queue_id = max_id + 1;
+        // A deleted queue's id is never handed out again: the last deletion persisted the
+        // lowest id never used, which may be above every remaining queue's.
+        let persisted = crate::store::next_queue_id(&engine.store)
+            .inspect_err(|err| tracing::error!(%err, "rockq: the next queue id does not read"))
+            .unwrap_or(0);
+        written.next_queue_id = (max_id + 1).max(persisted);
         written.next_scheduled_id = engine.timer.first_id;
         written.index_registry(&engine);
         // Fault 7: stamps used to restart from the clock, going back if it stepped back.
@@ -332,6 +339,7 @@ fn apply(r: &mut Round<'_>, req: Request) {
         Request::Settings(s) => settings::apply(r, s),
         Request::WorkSettings(s) => settings::apply_work(r, s),
         Request::Schedule(s) => schedule::apply(r, s),
+        Request::Lifecycle(l) => lifecycle::apply(r, l),
         Request::Commit => {}
         Request::Flush { reply } => r.done.flushes.push(reply),
         Request::Shutdown { reply } => r.done.shutdown = Some(reply),
@@ -348,6 +356,7 @@ fn refuse_request(req: Request, why: &Closed) {
         Request::Settings(s) => settings::refuse_request(s, why),
         Request::WorkSettings(s) => refuse(s.reply, why),
         Request::Schedule(s) => schedule::refuse_request(s, why),
+        Request::Lifecycle(l) => lifecycle::refuse_request(l, why),
         Request::Commit => {}
         Request::Flush { reply } => refuse(reply, why),
         // Whoever asked to stop is told it is stopped.

@@ -52,6 +52,13 @@ pub(super) fn refuse_request(req: OrderedRequest, why: &Closed) {
 pub(super) fn commit_dirty(r: &mut Round<'_>) {
     for g in r.engine.take_dirty() {
         g.dirty.swap(false, Ordering::AcqRel);
+        if g.is_deleted() {
+            // Its records are gone: nothing of it is written again. Queued records are
+            // dropped (a queued dead letter holds its subscription).
+            let pending = std::mem::take(&mut g.records().pending);
+            drop(pending);
+            continue;
+        }
         // Delivery counts and dead letters first: a dead letter counts its message
         // acknowledged at once, so the offset below passes it in this same batch.
         let before = g.acked.load(Ordering::SeqCst);
@@ -180,6 +187,12 @@ fn dead_letter_one(
 
 /// Sets an ordered group's offset (replay), re-checking that the target is still retained.
 fn reset(r: &mut Round<'_>, group: Arc<OrderedGroupState>, offset: u64, reply: Reply<(), ResetError>) {
+    if group.is_deleted() {
+        group.active.store(false, Ordering::Release);
+        let (group, queue) = (group.name.to_string(), group.queue.name.to_string());
+        let _ = reply.send(Err(ResetError::NoSuchGroup { group, queue }));
+        return;
+    }
     if let Err(e) = groups::still_retained(r, &group.queue, offset) {
         group.active.store(false, Ordering::Release);
         let _ = reply.send(Err(e));

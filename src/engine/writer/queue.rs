@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use super::round::Round;
-use crate::engine::completion::duplicate_value;
+use crate::engine::completion::{DELETED_VALUE, duplicate_value};
 use crate::engine::inbox::Staged;
 use crate::engine::registry::QueueState;
 use crate::engine::request::{QueueRequest, refuse};
@@ -24,6 +24,10 @@ pub(super) fn apply(r: &mut Round<'_>, req: QueueRequest) {
     match req {
         QueueRequest::Create { name, reply } => create(r, name, reply),
         QueueRequest::SetDedupWindow { queue, window, reply } => {
+            if queue.is_deleted() {
+                let _ = reply.send(Err(QueueError::Deleted { queue: queue.name.to_string() }));
+                return;
+            }
             // Only this thread changes queue records, so the one written here is the latest.
             queue.set_dedup_window(window);
             r.batch.put_queue(&queue.name, &meta(&queue));
@@ -118,23 +122,32 @@ pub(super) fn append(r: &mut Round<'_>, queue: &Arc<QueueState>, envelope: &[u8]
 /// `now`.
 pub(super) fn put_staged(r: &mut Round<'_>, mut s: Staged, now: u64) {
     // Next sequence of each of the round's queues: one map lookup per queue, not per message.
-    let Some(mut next) =
-        s.queues.iter().map(|q| r.written.next_seq.get(&q.id).copied()).collect::<Option<Vec<u64>>>()
-    else {
-        // Unreachable: a queue handle exists only once the writer has registered the queue.
-        s.fail(&crate::error::Failure::Internal("send to a queue unknown to the writer"));
-        return;
-    };
+    // A queue deleted before this round has none (a queue handle exists only once the writer
+    // has registered its queue): its sends are refused, the others of the round written.
+    let mut next: Vec<u64> = Vec::with_capacity(s.queues.len());
+    let mut gone: Vec<bool> = Vec::with_capacity(s.queues.len());
+    for q in &s.queues {
+        let n = r.written.next_seq.get(&q.id).copied().filter(|_| !q.is_deleted());
+        next.push(n.unwrap_or(0));
+        gone.push(n.is_none());
+    }
     let firsts = next.clone();
     let mut seqs = Vec::with_capacity(s.sends.len());
     let mut calls = s.sends.iter().peekable();
     let mut start = 0;
-    let (mut written, mut hits) = (0u64, Vec::new());
+    let (mut written, mut hits, mut refused) = (0u64, Vec::new(), Vec::new());
     for (i, &(q, end)) in s.msgs.iter().enumerate() {
         let q = q as usize;
         let first_of_call = calls.next_if(|&&first| first as usize == i).is_some();
         let env = &mut s.arena[start..end];
         start = end;
+        if gone[q] {
+            if first_of_call {
+                refused.push((seqs.len(), s.queues[q].name.clone()));
+                seqs.push(DELETED_VALUE);
+            }
+            continue;
+        }
         // A send with an idempotency key is a call of one message (the handles see to it).
         if let Some(key) = envelope::idempotency_key(env) {
             let queue = &s.queues[q];
@@ -159,8 +172,14 @@ pub(super) fn put_staged(r: &mut Round<'_>, mut s: Staged, now: u64) {
             }
         });
     }
+    if !refused.is_empty() {
+        s.resolver.completion().note_deleted(refused.into_boxed_slice());
+    }
     r.done.messages += written;
-    for ((queue, first), next) in s.queues.iter().zip(firsts).zip(next) {
+    for (((queue, first), next), gone) in s.queues.iter().zip(firsts).zip(next).zip(gone) {
+        if gone {
+            continue;
+        }
         r.written.next_seq.insert(queue.id, next);
         r.done.touched(queue, next - 1, next - first);
     }

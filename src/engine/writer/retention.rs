@@ -78,6 +78,11 @@ pub(super) fn refuse_request(req: RetentionRequest, why: &Closed) {
 }
 
 fn set_policy(r: &mut Round<'_>, queue: Arc<QueueState>, retention: Retention, reply: Reply<(), QueueError>) {
+    if queue.is_deleted() {
+        // Its record is gone: writing it would bring the queue back.
+        let _ = reply.send(Err(QueueError::Deleted { queue: queue.name.to_string() }));
+        return;
+    }
     // Only this thread changes policies and first sequences, so the record written here is the
     // latest state.
     *queue.retention.lock().unwrap_or_else(|p| p.into_inner()) = retention;
@@ -106,6 +111,9 @@ fn min_group_offset(r: &Round<'_>, queue: &QueueState) -> Option<u64> {
 /// Trims one queue in the round's batch; returns how many messages it deletes.
 fn trim(r: &mut Round<'_>, cut: TrimCut) -> u64 {
     let queue = cut.queue;
+    if queue.is_deleted() {
+        return 0;
+    }
     let first = queue.first_seq.load(Ordering::SeqCst);
     let written = r.written.next_seq.get(&queue.id).map_or(queue.last_seq(), |n| n - 1);
     let mut to = cut.to.min(written);
@@ -127,7 +135,7 @@ fn trim(r: &mut Round<'_>, cut: TrimCut) -> u64 {
     r.batch.put_queue(&queue.name, &super::queue::meta(&queue));
     ordered::trimmed(r, &queue, to);
     // Work-queue groups behind the cut jump past it: their claims there go too.
-    work::trimmed(r, &queue, to);
+    work::trimmed(r, &queue, to, true);
     let deleted = to - first + 1;
     let engine = r.engine.clone();
     r.on_done(move |res| {

@@ -35,7 +35,7 @@ pub(crate) struct Round<'a> {
 impl RoundJobs {
     /// The original recorded this round for idempotency key `key` of queue `queue_id`.
     pub fn dedup(&self, queue_id: u32, key: &str) -> Option<crate::sent::Original> {
-        self.dedup.get(&queue_id).and_then(|m| m.get(key)).copied()
+        self.dedup.get(&queue_id).and_then(|m| m.get(key)).map(|&(original, _)| original)
     }
 }
 
@@ -55,8 +55,9 @@ pub(crate) struct RoundJobs {
     /// this round wrote (`Some`: due time and envelope) or deleted (`None`).
     pub scheduled: rustc_hash::FxHashMap<(u32, u64), Option<DueAndValue>>,
     /// Idempotency keys recorded this round, by queue id then key (found by `&str`, without
-    /// an allocation per lookup).
-    pub dedup: rustc_hash::FxHashMap<u32, rustc_hash::FxHashMap<String, crate::sent::Original>>,
+    /// an allocation per lookup), with the expiry each was recorded with (a queue deleted in
+    /// the same round deletes their expiry entries too).
+    pub dedup: rustc_hash::FxHashMap<u32, rustc_hash::FxHashMap<String, (crate::sent::Original, u64)>>,
     /// Recurring schedules written (`Some`) or deleted (`None`) this round.
     pub schedules: std::collections::HashMap<String, Option<crate::model::ScheduleRecord>>,
 }

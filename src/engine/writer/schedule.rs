@@ -31,6 +31,9 @@ use crate::telemetry;
 pub(super) fn apply(r: &mut Round<'_>, req: ScheduleRequest) {
     match req {
         ScheduleRequest::Submit { queue, msgs, reply } => submit(r, &queue, msgs, reply),
+        // A deleted queue's delayed messages went with it.
+        ScheduleRequest::Cancel { queue, reply, .. } if queue.is_deleted() => drop(reply.send(Ok(false))),
+        ScheduleRequest::Reschedule { queue, reply, .. } if queue.is_deleted() => drop(reply.send(Ok(None))),
         ScheduleRequest::Cancel { queue, id, reply } => {
             let res = cancel(r, &queue, id);
             answer(r, reply, res);
@@ -102,6 +105,10 @@ fn submit(
     msgs: Vec<Submission>,
     reply: Reply<Vec<Sent>, SendError>,
 ) {
+    if queue.is_deleted() {
+        let _ = reply.send(Err(SendError::QueueDeleted { queue: queue.name.to_string() }));
+        return;
+    }
     let now = r.stamp();
     // Checked before anything is written, so a read error refuses the whole call unwritten.
     let mut originals = Vec::with_capacity(msgs.len());
@@ -246,8 +253,9 @@ fn fire(r: &mut Round<'_>) {
         r.batch.delete_scheduled(queue_id, id, due);
         r.jobs.scheduled.insert((queue_id, id), None);
         let Some(queue) = r.written.queue_ids.get(&queue_id).cloned() else {
-            // Queues are never deleted: only a foreign write can cause this. Dropping the entry
-            // keeps the timer from spinning on it.
+            // A deleted queue's entries go with it (and this round's overlay hides them from
+            // the read above): only a foreign write can cause this. Dropping the entry keeps
+            // the timer from spinning on it.
             tracing::error!(queue_id, id, "rockq: a scheduled message names no queue; dropped");
             continue;
         };

@@ -32,6 +32,11 @@ fn current(r: &Round<'_>, group: &str, queue: &str) -> Result<GroupSettings, Sto
 
 pub(super) fn apply(r: &mut Round<'_>, req: SettingsRequest) {
     let SettingsRequest { queue, group, change, reply } = req;
+    if queue.is_deleted() {
+        // Its groups' records are gone: a settings record would outlive them.
+        let _ = reply.send(Err(PauseError::NoSuchGroup { group, queue: queue.name.to_string() }));
+        return;
+    }
     let current = match current(r, &group, &queue.name) {
         Ok(s) => s,
         Err(e) => {

@@ -26,6 +26,10 @@ pub(super) fn apply(r: &mut Round<'_>, req: WorkRequest) {
             groups::create::<WorkGroupState>(r, queue, group, start, reply)
         }
         WorkRequest::Claim { group, epoch, claims, reply } => {
+            if group.is_deleted() {
+                let _ = reply.send(Err(deleted(&group)));
+                return;
+            }
             // Claimed before a reset that is already in the batch: its records would bring back
             // attempts the reset dropped.
             if epoch != group.epoch() {
@@ -33,12 +37,20 @@ pub(super) fn apply(r: &mut Round<'_>, req: WorkRequest) {
                 let _ = reply.send(Err(AckError::LeaseLost { seq, attempt }));
                 return;
             }
-            for (seq, claim) in &claims {
+            // A claim at or below the offset (a purge or trim moved it meanwhile) would be a
+            // record nothing ever deletes.
+            let offset = group.progress().offset;
+            for (seq, claim) in claims.iter().filter(|(seq, _)| *seq > offset) {
                 r.batch.put_claim(&group.keys, *seq, claim);
             }
             r.on_done(move |res| drop(reply.send(res.map_err(|e| AckError::Storage(e.clone())))));
         }
         WorkRequest::Outcome { group, seq, attempt, epoch, outcome, reply } => {
+            if group.is_deleted() {
+                // Nothing to revert: the group's memory is gone with it.
+                let _ = reply.send(Err(deleted(&group)));
+                return;
+            }
             if epoch != group.epoch() {
                 // Decided before a reset: the reset wins (and already forgot the slot).
                 let _ = reply.send(Err(AckError::LeaseLost { seq, attempt }));
@@ -62,6 +74,11 @@ pub(super) fn refuse_request(req: WorkRequest, why: &Closed) {
     }
 }
 
+/// The refusal of an outcome or claim of a deleted group.
+fn deleted(g: &WorkGroupState) -> AckError {
+    AckError::Deleted { queue: g.queue.name.to_string(), group: g.name.to_string() }
+}
+
 fn attempt_of(c: &Claim) -> u32 {
     match c {
         Claim::Leased { attempt, .. } | Claim::Waiting { attempt, .. } => *attempt,
@@ -73,6 +90,11 @@ fn attempt_of(c: &Claim) -> u32 {
 /// queued acks is finished in this round.
 pub(super) fn commit_queued_acks(r: &mut Round<'_>) {
     for g in r.engine.take_work_dirty() {
+        if g.is_deleted() {
+            // Its offset record is gone: an ack must not write it back.
+            drop(g.take_queued_acks());
+            continue;
+        }
         let epoch = g.epoch();
         // Acks queued before a reset are dropped by it (see `WorkGroupState::reset`); one that
         // raced past it still carries the old epoch.
@@ -100,6 +122,9 @@ pub(super) fn commit_queued_acks(r: &mut Round<'_>) {
 /// One offset record per work-queue group whose offset moved this round, written last.
 pub(super) fn commit_offsets(r: &mut Round<'_>) {
     for g in r.done.work_offsets.take() {
+        if g.is_deleted() {
+            continue;
+        }
         let offset = g.progress().offset;
         r.batch.put_offset(&g.keys, GroupOffset { mode: GroupMode::WorkQueue, committed: offset });
         r.done.work_durable.push((g, offset));
@@ -161,6 +186,10 @@ fn record_outcome(r: &mut Round<'_>, at: Attempt, outcome: Outcome, reply: Reply
                 }
                 let _ = reply.send(res.map_err(|e| AckError::Storage(e.clone())));
             });
+        }
+        Outcome::Retry { .. } if seq <= g.progress().offset => {
+            // A purge or trim moved the group past it while its handler ran: nothing to retry.
+            let _ = reply.send(Ok(()));
         }
         Outcome::Retry { claim, delay } => {
             let error = match &claim {
@@ -250,6 +279,10 @@ fn redrive(
     items: Vec<RedriveItem>,
     reply: RedriveReply,
 ) {
+    if dlq.is_deleted() {
+        let _ = reply.send(Err(RedriveError::Deleted { dlq: dlq.name.to_string() }));
+        return;
+    }
     let current = match r.written.cursors.get(&dlq.id) {
         Some(c) => *c,
         None => match r.batch.cursor(&dlq.name) {
@@ -317,6 +350,11 @@ fn redrive(
 
 /// Sets a work-queue group's offset (replay): its claims are deleted.
 fn reset(r: &mut Round<'_>, group: Arc<WorkGroupState>, offset: u64, reply: Reply<(), ResetError>) {
+    if group.is_deleted() {
+        let (group, queue) = (group.name.to_string(), group.queue.name.to_string());
+        let _ = reply.send(Err(ResetError::NoSuchGroup { group, queue }));
+        return;
+    }
     // Checked again here: a subscription or job could have appeared since the caller looked,
     // and nothing changes a group's claims between here and the batch's write.
     if group.subscriptions.load(Ordering::Acquire) > 0 || group.held(r.engine.clock().now()) {
@@ -344,9 +382,11 @@ fn reset(r: &mut Round<'_>, group: Arc<WorkGroupState>, offset: u64, reply: Repl
     });
 }
 
-/// Every work-queue group of `queue` whose offset is behind `to` (a trim's cut) jumps past it:
-/// its claims there go with one range delete, in the trim's batch.
-pub(super) fn trimmed(r: &mut Round<'_>, queue: &QueueState, to: u64) {
+/// Every work-queue group of `queue` whose offset is behind `to` (a trim's cut, or a purge's
+/// last sequence) jumps past it: its claims there go with one range delete, in the trim's
+/// batch. Retention reports what a group had not finished as skipped (`report`); a purge,
+/// which asked for it, does not.
+pub(super) fn trimmed(r: &mut Round<'_>, queue: &QueueState, to: u64, report: bool) {
     for g in r.written.work_groups_of(queue.id).to_vec() {
         let mut p = g.progress();
         if p.offset >= to {
@@ -361,7 +401,9 @@ pub(super) fn trimmed(r: &mut Round<'_>, queue: &QueueState, to: u64) {
         r.done.work_offset_moved(&g);
         let engine = r.engine.clone();
         r.on_done(move |res| {
-            if res.is_ok() {
+            if res.is_ok() && !report {
+                g.skip_to(to);
+            } else if res.is_ok() {
                 g.skip_to(to);
                 g.skipped.fetch_add(to - from + 1, Ordering::Relaxed);
                 tracing::warn!(queue = %g.queue.name, group = %g.name, from, to, "rockq: retention skipped messages a group had not finished");
