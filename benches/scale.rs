@@ -626,7 +626,7 @@ async fn drain(path: &Path, mode: Durability, n: u64, workers: Option<(usize, Op
         None => {
             let start = Instant::now();
             let mut sub =
-                q.group("ordered").unwrap().read_batch(1024).max_unacked(4096).subscribe().await.unwrap();
+                q.group("ordered").unwrap().read_batch(1024).max_in_flight(4096).subscribe().await.unwrap();
             for _ in 0..n {
                 sub.next().await.unwrap().unwrap().ack().unwrap();
             }

@@ -399,7 +399,8 @@ async fn end_to_end(path: &Path, mode: Durability, n: u64, depth: usize) -> f64 
     eprintln!("end to end: {n} messages, {depth} in flight per producer, {mode:?}");
     let broker = open(path, mode).await;
     let q = broker.queue("bench").await.unwrap();
-    let mut sub = q.group("consumers").unwrap().read_batch(1024).max_unacked(4096).subscribe().await.unwrap();
+    let mut sub =
+        q.group("consumers").unwrap().read_batch(1024).max_in_flight(4096).subscribe().await.unwrap();
     let start = Instant::now();
     let consumer = tokio::spawn(async move {
         let mut got = 0u64;
@@ -463,7 +464,7 @@ async fn drain(path: &Path, mode: Durability, n: u64, shared: bool) -> f64 {
         assert_eq!(group.committed(), Some(n));
     } else {
         let mut sub =
-            q.group("ordered").unwrap().read_batch(1024).max_unacked(4096).subscribe().await.unwrap();
+            q.group("ordered").unwrap().read_batch(1024).max_in_flight(4096).subscribe().await.unwrap();
         for _ in 0..n {
             sub.next().await.unwrap().unwrap().ack().unwrap();
         }

@@ -160,7 +160,8 @@ async fn rockq_run(path: &Path, n: u64) -> RockqResult {
         sent += k;
     }
     eprintln!("rockq: consume {n}");
-    let mut sub = q.group("consumer").unwrap().read_batch(1024).max_unacked(4096).subscribe().await.unwrap();
+    let mut sub =
+        q.group("consumer").unwrap().read_batch(1024).max_in_flight(4096).subscribe().await.unwrap();
     for _ in 0..n {
         sub.next().await.unwrap().unwrap().ack().unwrap();
     }

@@ -14,7 +14,7 @@ async fn main() -> Result<(), rockq::Error> {
     let jobs = broker.queue("thumbnails").await?;
     jobs.send_batch((0..1000).map(|i| format!("image-{i}.png"))).await?;
 
-    let sub = jobs.group("resizer")?.max_unacked(256).subscribe().await?;
+    let sub = jobs.group("resizer")?.max_in_flight(256).subscribe().await?;
     let started = std::time::Instant::now();
     let done: usize = sub
         .take(1000)

@@ -90,7 +90,7 @@ impl Inspector {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
-    pub async fn pending(&self, group: &str, queue: &str) -> Result<Vec<PendingClaim>, InspectError> {
+    pub async fn pending(&self, queue: &str, group: &str) -> Result<Vec<PendingClaim>, InspectError> {
         let (g, q) = (group.to_owned(), queue.to_owned());
         let now = Clock::tokio().wall_micros();
         self.run(move |s| s.pending(&g, &q, now)).await

@@ -48,7 +48,7 @@ async fn stats_report_lag_as_count_and_age_in_flight_and_paused_for_an_ordered_g
     assert_eq!((g.dead_letter_queue.as_deref(), g.dlq_depth), (None, 0));
 
     // Pause: nothing new is handed out, durably across a restart.
-    broker.pause_group("billing", "orders").await.unwrap();
+    broker.pause_group("orders", "billing").await.unwrap();
     assert!(orders.group("billing").unwrap().is_paused());
     assert!(futures::poll!(sub.next()).is_pending(), "a paused group delivered");
     assert!(group(&broker.stats().await.unwrap(), "orders", "billing").paused);
@@ -66,7 +66,7 @@ async fn stats_report_lag_as_count_and_age_in_flight_and_paused_for_an_ordered_g
     assert_eq!((g.committed, g.lag, g.paused), (4, 6, true));
 
     // Resume wakes the waiting subscription.
-    broker.resume_group("billing", "orders").await.unwrap();
+    broker.resume_group("orders", "billing").await.unwrap();
     assert_eq!(next(&mut sub).await.seq(), 5);
     assert!(!group(&broker.stats().await.unwrap(), "orders", "billing").paused);
     broker.shutdown().await.unwrap();
@@ -90,7 +90,7 @@ async fn stats_and_pending_show_work_group_leases_holders_retries_and_dead_lette
                 .backoff(Duration::from_secs(10), Duration::from_secs(10))
                 .jitter(0.0),
         )
-        .claim_batch(3)
+        .read_batch(3)
         .max_in_flight(3);
     let mut sub = wg.subscribe().await.unwrap();
     let j1 = next_job(&mut sub).await;
@@ -101,7 +101,7 @@ async fn stats_and_pending_show_work_group_leases_holders_retries_and_dead_lette
     j2.fail_durable("downstream 503").await.unwrap();
 
     let now = clock.wall_time();
-    let pending = broker.pending("workers", "jobs").await.unwrap();
+    let pending = broker.pending("jobs", "workers").await.unwrap();
     assert_eq!(pending.len(), 2, "{pending:?}");
     let (p2, p3) = (&pending[0], &pending[1]);
     assert_eq!((p2.seq, p2.state, p2.attempt), (2, PendingState::Waiting, 1));
@@ -120,13 +120,13 @@ async fn stats_and_pending_show_work_group_leases_holders_retries_and_dead_lette
 
     // Once the lease runs out the claim shows as expired, and no longer as in flight.
     clock.advance(Duration::from_secs(31));
-    let pending = broker.pending("workers", "jobs").await.unwrap();
+    let pending = broker.pending("jobs", "workers").await.unwrap();
     assert_eq!(pending[1].state, PendingState::Expired);
     assert_eq!(group(&broker.stats().await.unwrap(), "jobs", "workers").in_flight, 0);
     drop(j3);
 
     // A paused work group claims nothing; resuming hands out the next job.
-    broker.pause_group("workers", "jobs").await.unwrap();
+    broker.pause_group("jobs", "workers").await.unwrap();
     assert!(wg.is_paused());
     assert!(futures::poll!(sub.next()).is_pending(), "a paused work group claimed");
     wg.resume().await.unwrap();
@@ -156,21 +156,21 @@ async fn peek_reads_without_moving_any_group_and_errors_are_typed() {
 
     assert!(matches!(broker.peek("nope", None, 1).await, Err(InspectError::NoSuchQueue(_))));
     assert!(matches!(broker.peek("bad name", None, 1).await, Err(InspectError::InvalidName(_))));
-    assert!(matches!(broker.pending("nope", "events").await, Err(InspectError::NoSuchGroup { .. })));
-    assert!(broker.pending("g", "events").await.unwrap().is_empty(), "ordered groups have no claims");
-    assert!(matches!(broker.pause_group("nope", "events").await, Err(PauseError::NoSuchGroup { .. })));
-    assert!(matches!(broker.pause_group("g", "nope").await, Err(PauseError::NoSuchGroup { .. })));
-    assert!(matches!(broker.pause_group("a:b", "events").await, Err(PauseError::InvalidName(_))));
+    assert!(matches!(broker.pending("events", "nope").await, Err(InspectError::NoSuchGroup { .. })));
+    assert!(broker.pending("events", "g").await.unwrap().is_empty(), "ordered groups have no claims");
+    assert!(matches!(broker.pause_group("events", "nope").await, Err(PauseError::NoSuchGroup { .. })));
+    assert!(matches!(broker.pause_group("nope", "g").await, Err(PauseError::NoSuchGroup { .. })));
+    assert!(matches!(broker.pause_group("events", "a:b").await, Err(PauseError::InvalidName(_))));
     assert!(matches!(
-        broker.reset_group("nope", "events", rockq::ResetTo::Sequence(1)).await,
+        broker.reset_group("events", "nope", rockq::ResetTo::Sequence(1)).await,
         Err(rockq::ResetError::NoSuchGroup { .. })
     ));
     drop(sub);
-    assert_eq!(broker.reset_group("g", "events", rockq::ResetTo::Sequence(1)).await.unwrap(), 1);
+    assert_eq!(broker.reset_group("events", "g", rockq::ResetTo::Sequence(1)).await.unwrap(), 1);
     assert_eq!(q.group("g").unwrap().committed(), Some(0));
     broker.shutdown().await.unwrap();
     assert!(matches!(broker.stats().await, Err(InspectError::Shutdown)));
-    assert!(matches!(broker.pause_group("g", "events").await, Err(PauseError::Shutdown)));
+    assert!(matches!(broker.pause_group("events", "g").await, Err(PauseError::Shutdown)));
 }
 
 #[tokio::test]
@@ -182,7 +182,7 @@ async fn inspector_reads_a_database_another_broker_holds_and_writes_nothing() {
     let mut sub = q.group("billing").unwrap().subscribe().await.unwrap();
     next(&mut sub).await.ack().unwrap();
     sub.commit().await.unwrap();
-    broker.pause_group("billing", "orders").await.unwrap();
+    broker.pause_group("orders", "billing").await.unwrap();
 
     // The broker holds the lock; the inspector takes none.
     let inspector = Inspector::open(dir.path()).await.expect("read-only open while locked");

@@ -185,7 +185,7 @@ async fn extended_leases_show_in_pending_and_stats() {
     let job = next_job(&mut sub).await;
     job.extend(Duration::from_secs(100)).unwrap();
     clock.advance(Duration::from_secs(20));
-    let pending = broker.pending("w", "jobs").await.unwrap();
+    let pending = broker.pending("jobs", "w").await.unwrap();
     assert_eq!(pending.len(), 1);
     assert_eq!(pending[0].state, PendingState::Leased, "{pending:?}");
     let deadline = pending[0].lease_deadline.unwrap();
@@ -243,7 +243,7 @@ async fn a_pool_holds_at_most_concurrency_plus_its_default_prefetch() {
     started.recv().await.unwrap();
     // The running job came from the pool's first claim, so that claim is complete: it held
     // at most one batch (64 jobs before the fix, here at most concurrency + prefetch = 2).
-    let held = broker.pending("w", "jobs").await.unwrap().len();
+    let held = broker.pending("jobs", "w").await.unwrap().len();
     assert!((1..=2).contains(&held), "the pool holds {held} jobs");
     assert!(group.in_flight() <= 2, "{}", group.in_flight());
     pool.abort();

@@ -186,8 +186,14 @@ async fn run(i: Input) {
 
     // Ordered group settings.
     FULL_RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let mut ordered =
-        q.group("o").unwrap().read_batch(i.read_batch).max_unacked(i.max_unacked).subscribe().await.unwrap();
+    let mut ordered = q
+        .group("o")
+        .unwrap()
+        .read_batch(i.read_batch)
+        .max_in_flight(i.max_unacked)
+        .subscribe()
+        .await
+        .unwrap();
     next(&mut ordered).await.ack().unwrap();
     drop(ordered);
 
@@ -204,7 +210,7 @@ async fn run(i: Input) {
         .lease(i.lease)
         .saturation_after(i.saturation_after)
         .max_in_flight(i.max_in_flight)
-        .claim_batch(i.claim_batch)
+        .read_batch(i.claim_batch)
         .retry_policy(policy);
     // A lease under 1 ms is refused, typed, and stores nothing; the shortest one is taken.
     let group = if i.lease < Duration::from_millis(1) {
@@ -219,7 +225,7 @@ async fn run(i: Input) {
     let job = next_job(&mut sub).await;
     let _ = job.lease_remaining();
     job.extend(i.extend).unwrap();
-    let _ = broker.pending("w", "q").await.unwrap();
+    let _ = broker.pending("q", "w").await.unwrap();
     let _ = broker.stats().await.unwrap();
     match job.retry_after_durable(i.retry_after).await {
         Ok(()) => {}
@@ -232,7 +238,7 @@ async fn run(i: Input) {
     let job = next_job(&mut sub).await;
     job.dead_letter_durable("one").await.unwrap();
     drop(sub);
-    let _ = broker.pending("w", "q").await.unwrap();
+    let _ = broker.pending("q", "w").await.unwrap();
 
     // A worker pool with extreme sizes and delays.
     let delay = i.handler_delay;
@@ -273,7 +279,7 @@ async fn run(i: Input) {
     }
     q.send("late").await.unwrap();
     let _ = broker.stats().await.unwrap();
-    let _ = broker.pending("w", "q").await.unwrap();
+    let _ = broker.pending("q", "w").await.unwrap();
     broker.shutdown().await.unwrap();
 }
 

@@ -42,7 +42,7 @@ async fn populate(broker: &rockq::Broker) -> (rockq::WorkSubscription, rockq::Jo
         .unwrap()
         .consumer_name("cli-test")
         .lease(Duration::from_secs(3600))
-        .claim_batch(2)
+        .read_batch(2)
         .max_in_flight(2)
         .subscribe()
         .await
@@ -118,7 +118,7 @@ async fn read_only_commands_inspect_a_database_the_service_holds() {
     assert_eq!(page[0]["payload"]["text"], "o2");
     assert!(text(&db, &["peek", "orders"]).contains("o5"));
 
-    let pending = json(&db, &["pending", "workers", "jobs"]);
+    let pending = json(&db, &["pending", "jobs", "workers"]);
     let claims = pending.as_array().unwrap();
     assert_eq!(claims.len(), 1, "{pending}");
     assert_eq!(claims[0]["seq"].as_u64(), Some(held.seq()));
@@ -128,7 +128,7 @@ async fn read_only_commands_inspect_a_database_the_service_holds() {
     );
     assert_eq!(claims[0]["attempt"].as_u64(), Some(1));
     assert!(claims[0]["lease_deadline_micros"].as_u64().unwrap() > 0);
-    assert!(text(&db, &["pending", "workers", "jobs"]).contains("cli-test"));
+    assert!(text(&db, &["pending", "jobs", "workers"]).contains("cli-test"));
 
     let letters = json(&db, &["dlq", "list", "jobs.dlq"]);
     assert_eq!(letters.as_array().unwrap().len(), 1);
@@ -265,8 +265,8 @@ async fn commands_that_write_refuse_a_locked_database_and_change_nothing() {
     let broker = open(&db).await;
     let (_js, held) = populate(&broker).await;
     for args in [
-        &["group", "pause", "billing", "orders"][..],
-        &["group", "reset", "billing", "orders", "--earliest"],
+        &["group", "pause", "orders", "billing"][..],
+        &["group", "reset", "orders", "billing", "--earliest"],
         &["dlq", "redrive", "jobs.dlq"],
         &["trim"],
     ] {
@@ -295,20 +295,20 @@ async fn pause_resume_reset_redrive_and_trim_when_the_database_is_free() {
     drop(js);
     broker.shutdown().await.unwrap();
 
-    assert_eq!(json(&db, &["group", "pause", "billing", "orders"])["paused"], true);
+    assert_eq!(json(&db, &["group", "pause", "orders", "billing"])["paused"], true);
     let stats = json(&db, &["stats"]);
     let billing =
         stats["groups"].as_array().unwrap().iter().find(|g| g["group"] == "billing").unwrap().clone();
     assert_eq!(billing["paused"], true);
     assert!(text(&db, &["groups"]).contains("paused"));
-    assert_eq!(json(&db, &["group", "resume", "billing", "orders"])["paused"], false);
+    assert_eq!(json(&db, &["group", "resume", "orders", "billing"])["paused"], false);
 
     assert_eq!(
-        json(&db, &["group", "reset", "billing", "orders", "--to-seq", "4"])["next_seq"].as_u64(),
+        json(&db, &["group", "reset", "orders", "billing", "--to-seq", "4"])["next_seq"].as_u64(),
         Some(4)
     );
     assert_eq!(
-        json(&db, &["group", "reset", "billing", "orders", "--earliest"])["next_seq"].as_u64(),
+        json(&db, &["group", "reset", "orders", "billing", "--earliest"])["next_seq"].as_u64(),
         Some(1)
     );
     assert_eq!(json(&db, &["dlq", "redrive", "jobs.dlq"])["moved"].as_u64(), Some(1));
@@ -333,7 +333,7 @@ fn bad_input_gets_a_clear_error_and_an_exit_code() {
     let out = rockq(&missing).arg("stats").assert().code(1).get_output().clone();
     assert!(String::from_utf8_lossy(&out.stderr).contains("no database"), "{out:?}");
     // Writing commands never create a database either.
-    rockq(&missing).args(["group", "pause", "g", "q"]).assert().code(1);
+    rockq(&missing).args(["group", "pause", "q", "g"]).assert().code(1);
     assert!(!missing.exists());
 
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -347,16 +347,16 @@ fn bad_input_gets_a_clear_error_and_an_exit_code() {
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
     assert!(err(&["peek", "missing"]).contains("does not exist"));
-    assert!(err(&["pending", "g", "orders"]).contains("does not exist"));
+    assert!(err(&["pending", "orders", "g"]).contains("does not exist"));
     assert!(err(&["peek", "bad:name"]).contains("allowed are"));
-    assert!(err(&["group", "pause", "g", "orders"]).contains("does not exist"));
-    for args in [&["group", "reset", "g", "other", "--earliest"][..], &["dlq", "redrive", "other.dlq"]] {
+    assert!(err(&["group", "pause", "orders", "g"]).contains("does not exist"));
+    for args in [&["group", "reset", "other", "g", "--earliest"][..], &["dlq", "redrive", "other.dlq"]] {
         assert!(err(args).contains("does not exist"), "{args:?}");
     }
     let queues = json(dir.path(), &["stats"])["queues"].as_array().unwrap().len();
     assert_eq!(queues, 1, "a failed command created a queue");
     // Usage errors are clap's: exit code 2.
-    rockq(dir.path()).args(["group", "reset", "g", "orders"]).assert().code(2);
+    rockq(dir.path()).args(["group", "reset", "orders", "g"]).assert().code(2);
     rockq(dir.path()).args(["frobnicate"]).assert().code(2);
 }
 

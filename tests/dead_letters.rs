@@ -216,7 +216,7 @@ async fn a_corrupted_message_is_dead_lettered_with_its_raw_bytes_and_the_group_m
     let broker = open(dir.path()).await;
     let q = broker.queue("jobs").await.unwrap();
     let group = q.work_group("w").unwrap();
-    let mut sub = group.clone().claim_batch(1).subscribe().await.unwrap();
+    let mut sub = group.clone().read_batch(1).subscribe().await.unwrap();
     let mut got = Vec::new();
     for _ in 0..2 {
         // A hang guard, not a timing assertion: before the fix this never returned.

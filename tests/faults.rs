@@ -479,7 +479,7 @@ async fn a_dead_letter_abandoned_on_a_full_channel_is_retried() {
         .unwrap()
         .lease(std::time::Duration::from_secs(10))
         .retry_policy(rockq::RetryPolicy::default().max_attempts(1))
-        .claim_batch(1);
+        .read_batch(1);
     let mut jobs = group.subscribe().await.unwrap();
     std::mem::forget(next_job(&mut jobs).await); // only its lease can end it
     let (held, release) = hold_writer(&hold).await;

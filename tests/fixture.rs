@@ -158,7 +158,7 @@ async fn check_format_1_content(path: &Path) {
 
     // Work group: 1 acked, 2 failed once ("boom"), 3 dead-lettered, 4 abandoned by a process
     // that died holding it (attempt counted); 5 and 6 never claimed.
-    let pending = broker.pending("ship", "orders").await.unwrap();
+    let pending = broker.pending("orders", "ship").await.unwrap();
     let p: Vec<_> = pending.iter().map(|c| (c.seq, c.attempt, c.state, c.last_error.clone())).collect();
     assert_eq!(
         p,
@@ -240,14 +240,14 @@ async fn write_fixture() {
 
     // A paused ordered group.
     orders.group("audit").unwrap().subscribe().await.unwrap();
-    broker.pause_group("audit", "orders").await.unwrap();
+    broker.pause_group("orders", "audit").await.unwrap();
 
     // Work group: ack 1, fail 2 (retry due a second later), dead-letter 3, hold 4 and "die".
     let ship = orders
         .work_group("ship")
         .unwrap()
         .lease(Duration::from_secs(1)) // long gone when the fixture is read
-        .claim_batch(1)
+        .read_batch(1)
         .max_in_flight(4)
         .dead_letter_queue("ship.dlq")
         .retry_policy(
@@ -317,7 +317,7 @@ async fn write_fixture() {
         .unwrap()
         .ordered_by_key(true)
         .lease(Duration::from_secs(1))
-        .claim_batch(1)
+        .read_batch(1)
         .max_in_flight(1);
     let mut held = books.subscribe().await.unwrap();
     let j = next_job(&mut held).await;

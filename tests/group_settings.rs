@@ -112,7 +112,7 @@ async fn a_reopened_broker_runs_a_plain_handle_with_the_stored_settings() {
 
         let broker = reopen_clock_after_drop(dir.path(), &clock, mode).await;
         let q = broker.queue("mail").await.unwrap();
-        let plain = q.work_group("mailer").unwrap().claim_batch(1);
+        let plain = q.work_group("mailer").unwrap().read_batch(1);
         let mut a = plain.subscribe().await.unwrap();
         let mut b = plain.subscribe().await.unwrap();
 
@@ -363,7 +363,7 @@ async fn a_live_subscription_claims_with_the_updated_lease() {
     let clock = ManualClock::new();
     let broker = open_clock(dir.path(), &clock).await;
     let q = broker.queue("mail").await.unwrap();
-    let group = q.work_group("mailer").unwrap().claim_batch(1);
+    let group = q.work_group("mailer").unwrap().read_batch(1);
     let mut a = group.clone().lease(Duration::from_secs(3600)).subscribe().await.unwrap();
     let mut b = group.subscribe().await.unwrap();
 
@@ -456,7 +456,7 @@ async fn pause_resume_and_reset_keep_the_stored_settings() {
         let terms =
             |s: &GroupStats| (s.lease, s.retry_policy.clone(), s.dead_letter_queue.clone(), s.ordered_by_key);
 
-        broker.pause_group("mailer", "mail").await.unwrap();
+        broker.pause_group("mail", "mailer").await.unwrap();
         let paused = group_stats(&broker, "mailer", "mail").await;
         assert!(paused.paused);
         assert_eq!(terms(&paused), terms(&stored), "{mode:?}: a pause kept them");
@@ -469,7 +469,7 @@ async fn pause_resume_and_reset_keep_the_stored_settings() {
         assert_eq!(terms(&after), terms(&stored), "{mode:?}: restored with the pause");
         let q = broker.queue("mail").await.unwrap();
         q.work_group("mailer").unwrap().resume().await.unwrap();
-        broker.reset_group("mailer", "mail", rockq::ResetTo::Sequence(1)).await.unwrap();
+        broker.reset_group("mail", "mailer", rockq::ResetTo::Sequence(1)).await.unwrap();
         assert_eq!(terms(&group_stats(&broker, "mailer", "mail").await), terms(&stored), "{mode:?}");
         // Still enforced: the stored lease, not a default, is what a new handle must match.
         let other = q.work_group("mailer").unwrap().lease(Duration::from_secs(30)).subscribe().await;

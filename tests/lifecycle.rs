@@ -110,7 +110,7 @@ async fn populate(broker: &rockq::Broker, name: &str) {
     let held = next_job(&mut jobs).await;
     std::mem::forget(held); // its claim record stays
     drop(jobs);
-    broker.pause_group("w", name).await.unwrap();
+    broker.pause_group(name, "w").await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -278,7 +278,7 @@ async fn purge_moves_idle_groups_and_outstanding_acks_are_no_ops() {
     for g in stats.groups.iter().filter(|g| g.group != "idle") {
         assert_eq!(g.committed, 10, "{} moved past the purge", g.group);
     }
-    let pending = broker.pending("w", "q").await.unwrap();
+    let pending = broker.pending("q", "w").await.unwrap();
     assert!(pending.iter().all(|p| p.seq > 10), "no claim is left in the purged range: {pending:?}");
     assert_eq!(broker.purge_queue("missing").await.unwrap(), 0);
     drop(idle);
@@ -354,7 +354,7 @@ async fn delete_group_ends_only_that_group_and_a_new_subscribe_starts_fresh() {
     next(&mut stays).await.ack().unwrap();
     let out = next_job(&mut gone_jobs).await;
     next_job(&mut stay_jobs).await.ack_durable().await.unwrap();
-    broker.pause_group("gone-w", "q").await.unwrap();
+    broker.pause_group("q", "gone-w").await.unwrap();
     let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
     let pool = tokio::spawn(q.work_group("gone-p").unwrap().workers(1).run(move |_t: Task| {
         let tx = started_tx.clone();

@@ -110,7 +110,7 @@ async fn counters_gauges_and_histograms_follow_the_traffic() {
                 .backoff(Duration::from_secs(1), Duration::from_secs(1))
                 .jitter(0.0),
         )
-        .claim_batch(3)
+        .read_batch(3)
         .max_in_flight(3);
     let mut js = wg.subscribe().await.unwrap();
     let (a, b, c) = (next_job(&mut js).await, next_job(&mut js).await, next_job(&mut js).await);
@@ -157,7 +157,7 @@ async fn counters_gauges_and_histograms_follow_the_traffic() {
     assert_eq!(seen.gauge(m::DLQ_DEPTH, &wl), 0.0);
     assert_eq!(seen.gauge(m::QUEUE_LENGTH, &[("queue", "jobs")]), 1.0);
     assert_eq!(seen.gauge(m::PAUSED, &og), 0.0);
-    broker.pause_group("billing", "orders").await.unwrap();
+    broker.pause_group("orders", "billing").await.unwrap();
     broker.stats().await.unwrap();
     seen.refresh();
     assert_eq!(seen.gauge(m::PAUSED, &og), 1.0);
@@ -208,7 +208,7 @@ async fn periodic_gauges_agree_with_stats(seen: &mut Seen) {
         }
     }
     assert!(q.cancel(ids[2]).await.unwrap());
-    let mut js = q.work_group("pool").unwrap().claim_batch(4).max_in_flight(4).subscribe().await.unwrap();
+    let mut js = q.work_group("pool").unwrap().read_batch(4).max_in_flight(4).subscribe().await.unwrap();
     let (a, b, c) = (next_job(&mut js).await, next_job(&mut js).await, next_job(&mut js).await);
     b.ack_durable().await.unwrap(); // finished above a gap (1 is still held)
     c.retry_after_durable(Duration::from_secs(3600)).await.unwrap(); // waiting

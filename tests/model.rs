@@ -285,7 +285,7 @@ async fn work_sub(q: &rockq::Queue) -> WorkSubscription {
         .unwrap()
         .lease(LEASE)
         .max_in_flight(1) // no claims ahead: every claim is one the test asked for
-        .claim_batch(1)
+        .read_batch(1)
         .retry_policy(
             RetryPolicy::default()
                 .max_attempts(MAX_ATTEMPTS)
@@ -647,7 +647,7 @@ async fn j_open(path: &std::path::Path, clock: &ManualClock) -> JReal {
             .ordered_by_key(true)
             .lease(Duration::from_secs(3600))
             .max_in_flight(1)
-            .claim_batch(1)
+            .read_batch(1)
             .subscribe()
             .await
             .unwrap();

@@ -159,7 +159,7 @@ async fn unacked_deliveries_are_bounded() {
     let broker = open(dir.path()).await;
     let q = broker.queue("q").await.unwrap();
     q.send_batch((1..=10).map(|i| i.to_string())).await.unwrap();
-    let mut sub = q.group("g").unwrap().max_unacked(3).subscribe().await.unwrap();
+    let mut sub = q.group("g").unwrap().max_in_flight(3).subscribe().await.unwrap();
     let mut held = take(&mut sub, 3).await;
     // Out-of-order acks do not free the window: 2 is acked but 1 still holds the offset.
     held.remove(1).ack().unwrap();

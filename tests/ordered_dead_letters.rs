@@ -58,7 +58,7 @@ async fn a_waiting_message_holds_the_window_max_unacked_bounds_how_far_the_strea
     let broker = open_clock(dir.path(), &clock).await;
     let q = broker.queue("q").await.unwrap();
     q.send_batch(["a", "b", "c", "d"]).await.unwrap();
-    let mut sub = q.group("g").unwrap().max_unacked(3).subscribe().await.unwrap();
+    let mut sub = q.group("g").unwrap().max_in_flight(3).subscribe().await.unwrap();
     next(&mut sub).await.nack_after(Duration::from_secs(5));
     let b = next(&mut sub).await;
     let c = next(&mut sub).await;

@@ -181,7 +181,7 @@ async fn thousand_keys(mode: rockq::Durability) {
     if tokio::time::timeout(HANG_GUARD * 5, tracker.stop.cancelled()).await.is_err() {
         // Say where it stalled before failing.
         let stats = broker.stats().await.unwrap();
-        let pending = broker.pending("ledger", "accounts").await.unwrap();
+        let pending = broker.pending("accounts", "ledger").await.unwrap();
         let stuck: Vec<_> = tracker
             .keys
             .iter()

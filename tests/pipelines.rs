@@ -11,7 +11,7 @@ async fn buffer_unordered_acks_out_of_order_and_commits_everything() {
     let broker = open(dir.path()).await;
     let q = broker.queue("q").await.unwrap();
     q.send_batch((0..500).map(|i| i.to_string())).await.unwrap();
-    let sub = q.group("g").unwrap().max_unacked(64).subscribe().await.unwrap();
+    let sub = q.group("g").unwrap().max_in_flight(64).subscribe().await.unwrap();
     let seqs: Vec<u64> = sub
         .take(500)
         .map_ok(|d| async move {

@@ -24,7 +24,7 @@ async fn until_acked_deletes_only_what_every_group_finished_and_never_a_claimed_
     take(&mut b, 5).await.into_iter().for_each(|d| d.ack().unwrap());
     b.commit().await.unwrap();
     // Work group w: 1..=3 acked, 4 claimed and held, 5 acked (above the gap).
-    let mut w = q.work_group("w").unwrap().claim_batch(1).subscribe().await.unwrap();
+    let mut w = q.work_group("w").unwrap().read_batch(1).subscribe().await.unwrap();
     let mut held = None;
     for _ in 0..5 {
         let j = next_job(&mut w).await;
@@ -215,7 +215,7 @@ async fn trimming_a_large_consumed_backlog_returns_the_space() {
     for _ in 0..40 {
         q.send_batch((0..1000).map(|_| payload.clone())).await.unwrap();
     }
-    let mut g = q.group("g").unwrap().read_batch(1024).max_unacked(4096).subscribe().await.unwrap();
+    let mut g = q.group("g").unwrap().read_batch(1024).max_in_flight(4096).subscribe().await.unwrap();
     for _ in 0..40_000 {
         next(&mut g).await.ack().unwrap();
     }
@@ -314,7 +314,7 @@ async fn a_trim_past_a_waiting_head_moves_the_offset_over_the_finished_run_above
         assert_eq!(broker.trim().await.unwrap().deleted, 1);
         assert_eq!(group.committed(), Some(20), "the offset moves over the finished run");
         assert_eq!(group.skipped(), 1);
-        assert!(broker.pending("w", "q").await.unwrap().is_empty());
+        assert!(broker.pending("q", "w").await.unwrap().is_empty());
         broker.shutdown().await.unwrap();
     }
     let broker = open(dir.path()).await;

@@ -48,7 +48,7 @@ async fn run(ops: Vec<Op>) {
     let q = broker.queue("q").await.unwrap();
     let groups = [q.group("g0").unwrap(), q.group("g1").unwrap()];
     let mut subs = [groups[0].subscribe().await.unwrap(), groups[1].subscribe().await.unwrap()];
-    let work = q.work_group("w").unwrap().claim_batch(1);
+    let work = q.work_group("w").unwrap().read_batch(1);
     let mut jobs_sub = work.subscribe().await.unwrap();
     let mut sent = 0u64;
     let mut received = [0u64; 2];

@@ -25,8 +25,7 @@ async fn a_corrupt_record_mid_batch_strands_none_of_the_claims_after_it() {
     corrupt_message(dir.path(), 1, 3, &[42, 0]);
     let broker = open_clock(dir.path(), &clock).await;
     let q = broker.queue("q").await.unwrap();
-    let group =
-        q.work_group("w").unwrap().retry_policy(RetryPolicy::default().max_attempts(1)).claim_batch(5);
+    let group = q.work_group("w").unwrap().retry_policy(RetryPolicy::default().max_attempts(1)).read_batch(5);
     let mut jobs = group.subscribe().await.unwrap();
     let mut seen = Vec::new();
     for _ in 0..4 {
@@ -66,7 +65,7 @@ async fn a_message_whose_dead_letter_cannot_hold_its_headers_still_leaves_the_gr
         .unwrap()
         .lease(Duration::from_secs(10))
         .retry_policy(RetryPolicy::default().max_attempts(1))
-        .claim_batch(1);
+        .read_batch(1);
     let mut jobs = group.subscribe().await.unwrap();
 
     // 1: dead-lettered by the consumer.
@@ -113,7 +112,7 @@ async fn one_claim_reads_at_most_four_mib_and_releases_the_rest_unread() {
     let q = broker.queue("q").await.unwrap();
     let big = vec![7u8; 3 << 20];
     q.send_batch([big.clone(), big.clone(), big.clone()]).await.unwrap();
-    let group = q.work_group("w").unwrap().start_from(StartFrom::Earliest).claim_batch(3).max_in_flight(3);
+    let group = q.work_group("w").unwrap().start_from(StartFrom::Earliest).read_batch(3).max_in_flight(3);
     let mut jobs = group.subscribe().await.unwrap();
     let first = next_job(&mut jobs).await;
     // 3 MiB + 3 MiB crosses the cap: the batch read stops at two, the third claim is let go.

@@ -25,7 +25,7 @@ async fn a_large_waiting_backlog_survives_a_restart_and_does_not_block_fresh_wor
             q.send_batch((0..1000).map(|i| format!("m{}", sent + i))).await.unwrap();
             sent += 1000;
         }
-        let group = q.work_group("w").unwrap().claim_batch(512).max_in_flight(1024);
+        let group = q.work_group("w").unwrap().read_batch(512).max_in_flight(1024);
         let mut js = group.subscribe().await.unwrap();
         for _ in 0..BACKLOG {
             next_job(&mut js).await.retry_after_durable(RETRY_IN).await.unwrap();
@@ -36,7 +36,7 @@ async fn a_large_waiting_backlog_survives_a_restart_and_does_not_block_fresh_wor
     }
     let broker = open_clock(dir.path(), &clock).await;
     let q = broker.queue("jobs").await.unwrap();
-    let group = q.work_group("w").unwrap().claim_batch(512).max_in_flight(1024);
+    let group = q.work_group("w").unwrap().read_batch(512).max_in_flight(1024);
     assert_eq!(group.waiting(), BACKLOG as usize, "every retry still waits after the restart");
     assert_eq!(group.committed(), Some(0));
     let fresh = q.send("fresh").await.unwrap();
@@ -69,7 +69,7 @@ async fn a_gap_closing_over_thousands_of_finished_messages_moves_the_offset_at_o
         let broker = open_clock(dir.path(), &clock).await;
         let q = broker.queue("jobs").await.unwrap();
         q.send_batch((0..n).map(|i| format!("m{i}"))).await.unwrap();
-        let group = q.work_group("w").unwrap().claim_batch(256).max_in_flight(512);
+        let group = q.work_group("w").unwrap().read_batch(256).max_in_flight(512);
         let mut js = group.subscribe().await.unwrap();
         let head = next_job(&mut js).await;
         assert_eq!(head.seq(), 1);
@@ -78,7 +78,7 @@ async fn a_gap_closing_over_thousands_of_finished_messages_moves_the_offset_at_o
             next_job(&mut js).await.ack_durable().await.unwrap();
         }
         assert_eq!(group.committed(), Some(0), "the head holds the offset");
-        let pending = broker.pending("w", "jobs").await.unwrap();
+        let pending = broker.pending("jobs", "w").await.unwrap();
         assert_eq!(pending.len(), 1, "only the head is pending: {:?}", pending.first());
         let stats = broker.stats().await.unwrap();
         assert_eq!(stats.groups[0].lag, 1, "finished messages above the gap are not lag");
@@ -87,7 +87,7 @@ async fn a_gap_closing_over_thousands_of_finished_messages_moves_the_offset_at_o
         assert_eq!((head.seq(), head.attempt()), (1, 2));
         head.ack_durable().await.unwrap();
         assert_eq!(group.committed(), Some(n), "the offset jumped over the finished run");
-        assert!(broker.pending("w", "jobs").await.unwrap().is_empty());
+        assert!(broker.pending("jobs", "w").await.unwrap().is_empty());
         drop(js);
         broker.shutdown().await.unwrap();
     }

@@ -96,7 +96,7 @@ async fn shutdown_ends_a_stream_stopped_on_a_full_window() {
     let broker = open(dir.path()).await;
     let q = broker.queue("q").await.unwrap();
     q.send_batch(["1", "2", "3"]).await.unwrap();
-    let mut sub = q.group("g").unwrap().max_unacked(1).subscribe().await.unwrap();
+    let mut sub = q.group("g").unwrap().max_in_flight(1).subscribe().await.unwrap();
     let held = next(&mut sub).await;
     let waiter = tokio::spawn(async move { sub.next().await.is_none() });
     tokio::task::yield_now().await;

@@ -82,7 +82,7 @@ async fn helper_torture_child() {
             });
         }
     }
-    let o = q.group("o").unwrap().max_unacked(64).max_deliveries(ORDERED_MAX_DELIVERIES);
+    let o = q.group("o").unwrap().max_in_flight(64).max_deliveries(ORDERED_MAX_DELIVERIES);
     let mut ordered = o.subscribe().await.unwrap();
     tokio::spawn(async move {
         while let Some(Ok(d)) = ordered.next().await {
@@ -207,7 +207,7 @@ async fn check(path: &str, seen: &Seen, cycle_no: usize) {
         .group(&format!("check{cycle_no}"))
         .unwrap()
         .read_batch(1024)
-        .max_unacked(1 << 20)
+        .max_in_flight(1 << 20)
         .subscribe()
         .await
         .unwrap();

@@ -30,7 +30,7 @@ async fn helper_consume_and_abort_on_poison() {
         .work_group("w")
         .unwrap()
         .max_in_flight(1)
-        .claim_batch(1)
+        .read_batch(1)
         .retry_policy(RetryPolicy::default().max_attempts(MAX_ATTEMPTS));
     let mut sub = group.subscribe().await.unwrap();
     println!("ROCKQ-READY");

@@ -28,7 +28,7 @@ async fn competing_consumers_get_each_message_exactly_once_in_a_clean_run() {
     let stop = rockq::CancellationToken::new();
     let mut tasks = Vec::new();
     for _ in 0..4 {
-        let mut sub = q.work_group("w").unwrap().claim_batch(8).subscribe().await.unwrap();
+        let mut sub = q.work_group("w").unwrap().read_batch(8).subscribe().await.unwrap();
         let (seen, stop) = (seen.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
             loop {
@@ -357,7 +357,7 @@ async fn jobs_claimed_but_never_handed_out_are_released_without_counting() {
     let broker = open(dir.path()).await;
     let q = broker.queue("jobs").await.unwrap();
     q.send_batch(["a", "b", "c"]).await.unwrap();
-    let group = q.work_group("w").unwrap().claim_batch(3);
+    let group = q.work_group("w").unwrap().read_batch(3);
     let mut sub = group.subscribe().await.unwrap();
     let a = next_job(&mut sub).await; // b and c were claimed with it
     drop(sub);
@@ -416,7 +416,7 @@ async fn no_two_consumers_hold_a_message_under_valid_leases_and_one_ack_wins() {
     q.send_batch((0..n).map(|i| format!("{i}"))).await.unwrap();
     let lease = Duration::from_secs(10);
     let group =
-        q.work_group("w").unwrap().lease(lease).claim_batch(4).retry_policy(no_jitter(1000, Duration::ZERO));
+        q.work_group("w").unwrap().lease(lease).read_batch(4).retry_policy(no_jitter(1000, Duration::ZERO));
 
     // Per sequence: each holder's lease deadline, or None once it let go (dropped).
     type Holders = HashMap<u64, Vec<(u32, Option<Instant>)>>;

@@ -399,6 +399,6 @@ async fn an_adaptive_pool_drains_a_backlog_and_leaves_nothing_leased() {
     assert_eq!((report.acked, report.failed, report.unsettled), (n, 0, 0));
     assert_eq!(group.committed(), Some(n));
     assert_eq!(group.in_flight(), 0);
-    assert!(broker.pending("w", "jobs").await.unwrap().is_empty());
+    assert!(broker.pending("jobs", "w").await.unwrap().is_empty());
     broker.shutdown().await.unwrap();
 }

@@ -44,7 +44,8 @@ impl Broker {
         boundary::live_stats(&self.shared).await
     }
 
-    /// The claimed, unfinished messages of work-queue group `group` on `queue`: who holds
+    /// The claimed, unfinished messages of work-queue group `group` on `queue` (queue first,
+    /// as in every admin call): who holds
     /// each (its [consumer name](crate::WorkGroup::consumer_name)), which attempt, until when;
     /// and those waiting for a retry. Empty for an ordered group. Lease deadlines held in this
     /// process are the live ones, extensions included (the records on disk keep the deadline
@@ -63,12 +64,12 @@ impl Broker {
     ///
     /// ```no_run
     /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
-    /// for p in broker.pending("mailer", "emails").await? {
+    /// for p in broker.pending("emails", "mailer").await? {
     ///     println!("#{} attempt {} held by {:?} until {:?}", p.seq, p.attempt, p.holder, p.lease_deadline);
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn pending(&self, group: &str, queue: &str) -> Result<Vec<PendingClaim>, InspectError> {
+    pub async fn pending(&self, queue: &str, group: &str) -> Result<Vec<PendingClaim>, InspectError> {
         boundary::live_pending(&self.shared, group, queue).await
     }
 
@@ -120,13 +121,13 @@ impl Broker {
     ///
     /// ```no_run
     /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
-    /// broker.pause_group("billing", "orders").await?;
+    /// broker.pause_group("orders", "billing").await?;
     /// // ... fix the downstream system ...
-    /// broker.resume_group("billing", "orders").await?;
+    /// broker.resume_group("orders", "billing").await?;
     /// # Ok(()) }
     /// ```
-    pub async fn pause_group(&self, group: &str, queue: &str) -> Result<(), PauseError> {
-        self.set_paused(group, queue, true).await
+    pub async fn pause_group(&self, queue: &str, group: &str) -> Result<(), PauseError> {
+        self.set_paused(queue, group, true).await
     }
 
     /// Resumes a group paused by [`pause_group`](Broker::pause_group); waiting subscriptions
@@ -139,11 +140,11 @@ impl Broker {
     /// # Cancel safety
     ///
     /// As for [`pause_group`](Broker::pause_group): the group is resumed or not.
-    pub async fn resume_group(&self, group: &str, queue: &str) -> Result<(), PauseError> {
-        self.set_paused(group, queue, false).await
+    pub async fn resume_group(&self, queue: &str, group: &str) -> Result<(), PauseError> {
+        self.set_paused(queue, group, false).await
     }
 
-    async fn set_paused(&self, group: &str, queue: &str, paused: bool) -> Result<(), PauseError> {
+    async fn set_paused(&self, queue: &str, group: &str, paused: bool) -> Result<(), PauseError> {
         crate::name::validate(NameKind::Queue, queue)?;
         let Some(q) = self.shared.queue(queue) else {
             return Err(PauseError::NoSuchGroup { group: group.to_owned(), queue: queue.to_owned() });
@@ -163,7 +164,7 @@ impl Broker {
     /// # Cancel safety
     ///
     /// Cancel safe in effect: the offset is either moved or not.
-    pub async fn reset_group(&self, group: &str, queue: &str, to: ResetTo) -> Result<u64, ResetError> {
+    pub async fn reset_group(&self, queue: &str, group: &str, to: ResetTo) -> Result<u64, ResetError> {
         let missing = || ResetError::NoSuchGroup { group: group.to_owned(), queue: queue.to_owned() };
         if crate::name::validate(NameKind::Queue, queue).is_err()
             || crate::name::validate(NameKind::Group, group).is_err()

@@ -301,7 +301,7 @@ impl Delivery {
     /// Hands the message back to be delivered again after `delay` on the broker's
     /// [`Clock`](crate::Clock) (no polling: the stream wakes when it is due). Meanwhile the
     /// subscription goes on with newer messages, within
-    /// [`max_unacked`](crate::Group::max_unacked): the group's order becomes "sequence order
+    /// [`max_in_flight`](crate::Group::max_in_flight): the group's order becomes "sequence order
     /// except redeliveries", and its committed offset cannot pass the waiting message. The
     /// redelivery time is persisted with the delivery count, so it holds across a restart too.
     ///

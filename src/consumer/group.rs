@@ -64,13 +64,29 @@ impl Group {
     }
 
     /// Most deliveries a subscription hands out beyond the committed offset (acknowledged out
-    /// of order or not at all) before it waits for acks. Default 1024, at least 1.
-    pub fn max_unacked(mut self, n: usize) -> Self {
+    /// of order or not at all) before it waits for acks. Default 1024, at least 1. The same
+    /// knob as [`WorkGroup::max_in_flight`](crate::WorkGroup::max_in_flight).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let sub = queue.group("audit")?.max_in_flight(64).read_batch(64).subscribe().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn max_in_flight(mut self, n: usize) -> Self {
         self.max_unacked = n.max(1);
         self
     }
 
-    /// Most messages read from storage at once. Default 256, at least 1.
+    /// Renamed [`max_in_flight`](Group::max_in_flight), the name work groups use too.
+    #[deprecated(since = "0.2.0", note = "renamed max_in_flight, as on WorkGroup")]
+    pub fn max_unacked(self, n: usize) -> Self {
+        self.max_in_flight(n)
+    }
+
+    /// Most messages read from storage at once. Default 256, at least 1. The same knob as
+    /// [`WorkGroup::read_batch`](crate::WorkGroup::read_batch).
     pub fn read_batch(mut self, n: usize) -> Self {
         self.read_batch = n.max(1);
         self

@@ -31,7 +31,7 @@ type Timer = (Instant, std::sync::Mutex<Pin<Box<dyn std::future::Future<Output =
 ///
 /// Reads happen in batches on Tokio's blocking pool with bounded iterators, one batch ahead of
 /// the consumer. When caught up, the stream waits for the writer to publish new messages of
-/// this queue — no polling. At most [`Group::max_unacked`](crate::Group::max_unacked)
+/// this queue — no polling. At most [`Group::max_in_flight`](crate::Group::max_in_flight)
 /// deliveries are outstanding beyond the committed offset; past that the stream waits for acks.
 ///
 /// The stream ends (`None`) when the broker shuts down. It yields an `Err` and then ends if a

@@ -153,18 +153,33 @@ impl WorkGroup {
     }
 
     /// Most jobs one subscription holds at once (handed out and not settled). Default 256, at
-    /// least 1. A job waiting for a retry does not count. Values above `usize::MAX >> 3` (the
+    /// least 1. The same knob as [`Group::max_in_flight`](crate::Group::max_in_flight). A job waiting for a retry does not count. Values above `usize::MAX >> 3` (the
     /// most permits a Tokio semaphore holds) are clamped to it: effectively unbounded.
     pub fn max_in_flight(mut self, n: usize) -> Self {
         self.max_in_flight = n.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
         self
     }
 
-    /// Most messages claimed in one write. Default 64, at least 1, at most
-    /// [`MAX_CLAIM_BATCH`](WorkGroup::MAX_CLAIM_BATCH) (larger values are clamped to it).
-    pub fn claim_batch(mut self, n: usize) -> Self {
+    /// Most messages read and claimed in one write. Default 64, at least 1, at most
+    /// [`MAX_CLAIM_BATCH`](WorkGroup::MAX_CLAIM_BATCH) (larger values are clamped to it). The
+    /// same knob as [`Group::read_batch`](crate::Group::read_batch).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let jobs = queue.work_group("mailer")?.max_in_flight(32).read_batch(16).subscribe().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn read_batch(mut self, n: usize) -> Self {
         self.claim_batch = n.clamp(1, Self::MAX_CLAIM_BATCH);
         self
+    }
+
+    /// Renamed [`read_batch`](WorkGroup::read_batch), the name ordered groups use too.
+    #[deprecated(since = "0.2.0", note = "renamed read_batch, as on Group")]
+    pub fn claim_batch(self, n: usize) -> Self {
+        self.read_batch(n)
     }
 
     /// How long a subscription may wait on a full in-flight bound before it reports

@@ -236,7 +236,7 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
         let limit = self.concurrency + ahead;
         let in_flight = self.concurrency + room;
         let mut sub =
-            self.group.clone().max_in_flight(in_flight).claim_batch(ahead.max(1)).subscribe().await?;
+            self.group.clone().max_in_flight(in_flight).read_batch(ahead.max(1)).subscribe().await?;
         let mut adapt = self.prefetch.is_none().then(|| Adapt::new(sub.permits().clone(), ahead, room));
         sub.set_limit(limit, ahead.max(1));
         let handler = Arc::new(handler.into_handler());

@@ -52,10 +52,10 @@ pub enum Command {
     Schedules,
     /// In-flight and waiting claims of a work-queue group: holder, attempt, deadline.
     Pending {
-        /// The group.
-        group: String,
         /// The queue.
         queue: String,
+        /// The group.
+        group: String,
     },
     /// Dead-letter queues.
     #[command(subcommand)]
@@ -133,26 +133,26 @@ pub enum Dlq {
 pub enum Group {
     /// Moves a group's offset (replay or skip). The group must have no live consumer.
     Reset {
-        /// The group.
-        group: String,
         /// The queue.
         queue: String,
+        /// The group.
+        group: String,
         #[command(flatten)]
         to: ResetTarget,
     },
     /// Pauses a group: nothing new is handed out until it is resumed.
     Pause {
-        /// The group.
-        group: String,
         /// The queue.
         queue: String,
+        /// The group.
+        group: String,
     },
     /// Resumes a paused group.
     Resume {
-        /// The group.
-        group: String,
         /// The queue.
         queue: String,
+        /// The group.
+        group: String,
     },
 }
 

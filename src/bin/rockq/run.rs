@@ -351,7 +351,7 @@ async fn schedules(inspector: &Inspector, json: bool) -> Result<()> {
 }
 
 async fn pending(inspector: &Inspector, json: bool, group: &str, queue: &str) -> Result<()> {
-    let claims = inspector.pending(group, queue).await?;
+    let claims = inspector.pending(queue, group).await?;
     if json {
         let out: Vec<_> = claims
             .iter()
@@ -449,8 +449,8 @@ async fn pause(db: &Path, json: bool, group: &str, queue: &str, paused: bool) ->
     let (verb, done) = if paused { ("group pause", "paused") } else { ("group resume", "resumed") };
     let broker = exclusive(db, verb).await?;
     let res = match paused {
-        true => broker.pause_group(group, queue).await,
-        false => broker.resume_group(group, queue).await,
+        true => broker.pause_group(queue, group).await,
+        false => broker.resume_group(queue, group).await,
     };
     let res = res.map_err(Failure::from).map(|()| {
         say(json, json!({ "group": group, "queue": queue, "paused": paused }), || {
@@ -512,7 +512,7 @@ async fn reset(broker: &Broker, json: bool, group: &str, queue: &str, to: &Reset
         let q = broker.queue(queue).await?;
         ResetTo::Sequence(if to.earliest { q.first_seq() } else { q.last_seq() + 1 })
     };
-    let seq = broker.reset_group(group, queue, target).await?;
+    let seq = broker.reset_group(queue, group, target).await?;
     say(json, json!({ "group": group, "queue": queue, "next_seq": seq }), || {
         format!("group {group} on {queue} now starts at sequence {seq}")
     });
