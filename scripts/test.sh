@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh
-cargo test --all-targets --features cli "$@"
-cargo test --doc --features cli "$@"
+# Every optional feature but the failpoints: the CLI, the postcard codec, tower handlers.
+features="cli,postcard,tower"
+cargo test --all-targets --features "$features" "$@"
+cargo test --doc --features "$features" "$@"
 cargo test --features failpoints --test faults "$@"

@@ -20,21 +20,30 @@
 //! - **Durability** is chosen at open; see [`Durability`] for exactly what survives a process
 //!   crash and a power loss.
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), rockq::Error> {
+//! - **Typed jobs**: [`Queue::typed`] sends values through a [`Codec`] (JSON by default,
+//!   [`Postcard`] with the `postcard` feature); [`Workers::run_typed`] hands handlers the
+//!   decoded value and shared [state](Workers::state); [`HandlerError`] takes any error with
+//!   `?` and keeps its cause chain; with the `tower` feature any `tower::Service` is a handler.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), rockq::Error> {
 //! use futures::StreamExt;
 //!
-//! let broker = rockq::Broker::open("./data").await?;
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path();
+//! let broker = rockq::Broker::open(path).await?;
 //! let orders = broker.queue("orders").await?;
 //! orders.send("order #1").await?;
 //!
 //! let mut billing = orders.group("billing")?.subscribe().await?;
 //! while let Some(delivery) = billing.next().await {
 //!     let delivery = delivery?;
-//!     println!("{} {:?}", delivery.seq(), delivery.payload());
-//!     delivery.ack()?;
-//!     # break;
+//!     assert_eq!(delivery.payload(), "order #1");
+//!     delivery.ack_durable().await?; // or ack(): queued, returns at once
+//!     break;
 //! }
+//! assert_eq!(billing.committed(), 1);
 //! broker.shutdown().await?;
 //! # Ok(()) }
 //! ```

@@ -6,6 +6,8 @@ use rockq::*;
 fn send_sync<T: Send + Sync>() {}
 fn unpin<T: Unpin>() {}
 fn stream<S: futures::Stream<Item = Result<Delivery, Error>>>() {}
+fn event_stream<S: futures::Stream<Item = Event>>() {}
+fn decoded_stream<S: futures::Stream<Item = Result<(u64, Delivery), Error>>>() {}
 
 #[test]
 fn public_types_are_send_and_sync() {
@@ -58,6 +60,16 @@ fn public_types_are_send_and_sync() {
     send_sync::<PendingClaim>();
     send_sync::<PendingState>();
     send_sync::<StoredMessage>();
+    // Typed jobs, handler state, events as a stream, errors (issue 17).
+    send_sync::<TypedQueue<u64, Json>>();
+    send_sync::<Decoded<u64>>();
+    unpin::<Decoded<u64>>();
+    send_sync::<EventStream>();
+    unpin::<EventStream>();
+    send_sync::<DecodeError>();
+    send_sync::<FailedError>();
+    send_sync::<Json>();
+    send_sync::<Workers<std::sync::Arc<u64>>>();
     send_sync::<Sent>();
     send_sync::<Original>();
     send_sync::<ScheduledMessage>();
@@ -70,6 +82,8 @@ fn public_types_are_send_and_sync() {
     send_sync::<PauseError>();
     unpin::<Subscription>();
     stream::<Subscription>();
+    event_stream::<EventStream>();
+    decoded_stream::<Decoded<u64>>();
     unpin::<WorkSubscription>();
     work_stream::<WorkSubscription>();
 }
@@ -98,7 +112,9 @@ fn futures_of_async_methods_are_send(b: &Broker, q: &Queue, g: &Group, s: &Subsc
 async fn work_futures_are_send(w: &WorkGroup, j: Job, d: &DeadLetters) {
     is_send(&w.subscribe());
     is_send(&w.workers(2).run(|_t: Task| async { Ok(()) }));
-    is_send(&j.ack());
+    is_send(&j.ack_durable());
+    is_send(&w.workers(2).run_typed(|_v: u64, _t: Task| async { Ok(()) }));
+    is_send(&w.workers(2).state(std::sync::Arc::new(1u8)).run(|_t: Task, _s: std::sync::Arc<u8>| async { Ok(()) }));
     is_send(&d.len());
     is_send(&d.list(10));
     is_send(&d.redrive(Redrive::new()));

@@ -140,6 +140,15 @@ impl Broker {
     /// # Cancel safety
     ///
     /// As for [`pause_group`](Broker::pause_group): the group is resumed or not.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// broker.pause_group("orders", "billing").await?;
+    /// broker.resume_group("orders", "billing").await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn resume_group(&self, queue: &str, group: &str) -> Result<(), PauseError> {
         self.set_paused(queue, group, false).await
     }
@@ -164,6 +173,18 @@ impl Broker {
     /// # Cancel safety
     ///
     /// Cancel safe in effect: the offset is either moved or not.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// use std::time::{Duration, SystemTime};
+    /// // Replay the last hour for `billing` (its subscriptions must be dropped first).
+    /// let an_hour_ago = SystemTime::now() - Duration::from_secs(3600);
+    /// let next = broker.reset_group("orders", "billing", rockq::ResetTo::Time(an_hour_ago)).await?;
+    /// println!("billing restarts at #{next}");
+    /// # Ok(()) }
+    /// ```
     pub async fn reset_group(&self, queue: &str, group: &str, to: ResetTo) -> Result<u64, ResetError> {
         let missing = || ResetError::NoSuchGroup { group: group.to_owned(), queue: queue.to_owned() };
         if crate::name::validate(NameKind::Queue, queue).is_err()

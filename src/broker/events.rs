@@ -73,6 +73,18 @@ impl Broker {
 
 impl EventStream {
     /// Only events about `queue` (see [`Event::queue`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) {
+    /// use futures::StreamExt;
+    /// let mut orders = broker.event_stream().queue("orders");
+    /// while let Some(event) = orders.next().await {
+    ///     assert_eq!(event.queue(), "orders");
+    /// }
+    /// # }
+    /// ```
     pub fn queue(mut self, queue: &str) -> Self {
         self.queue = Some(Arc::from(queue));
         self
@@ -80,6 +92,18 @@ impl EventStream {
 
     /// Only events about group `group` (see [`Event::group`]; events about no group are
     /// left out).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) {
+    /// use futures::StreamExt;
+    /// let mut billing = broker.event_stream().queue("orders").group("billing");
+    /// while let Some(event) = billing.next().await {
+    ///     assert_eq!(event.group(), Some("billing"));
+    /// }
+    /// # }
+    /// ```
     pub fn group(mut self, group: &str) -> Self {
         self.group = Some(Arc::from(group));
         self
@@ -87,6 +111,18 @@ impl EventStream {
 
     /// Events lost because this stream fell behind the channel (of any queue or group: the
     /// filter runs after the channel).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) {
+    /// use futures::StreamExt;
+    /// let mut events = broker.event_stream();
+    /// while let Some(event) = events.next().await {
+    ///     println!("{event:?} ({} missed so far)", events.missed());
+    /// }
+    /// # }
+    /// ```
     pub fn missed(&self) -> u64 {
         self.missed.load(Ordering::Relaxed)
     }

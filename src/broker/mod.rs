@@ -70,6 +70,17 @@ impl Options {
     /// # Cancel safety
     ///
     /// As for [`Broker::open`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), rockq::OpenError> {
+    /// let broker = rockq::Options::new()
+    ///     .durability(rockq::Durability::Buffered)
+    ///     .open("./data")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn open(self, path: impl AsRef<Path>) -> Result<Broker, OpenError> {
         Broker::open_with(path.as_ref(), self).await
     }
@@ -114,6 +125,14 @@ impl Broker {
     }
 
     /// Starts configuring a broker; same as [`Options::new`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), rockq::OpenError> {
+    /// let broker = rockq::Broker::options().statistics(true).open("./data").await?;
+    /// # Ok(()) }
+    /// ```
     pub fn options() -> Options {
         Options::new()
     }
@@ -192,16 +211,45 @@ impl Broker {
     }
 
     /// Names of all queues, sorted.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// broker.queue("orders").await?;
+    /// assert!(broker.queue_names().contains(&"orders".to_string()));
+    /// # Ok(()) }
+    /// ```
     pub fn queue_names(&self) -> Vec<String> {
         self.shared.queue_names()
     }
 
     /// Counters of the writer thread (group commits, messages, offset commits).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(broker: rockq::Broker) {
+    /// let w = broker.writer_stats();
+    /// println!("{} messages in {} group commits", w.messages, w.rounds);
+    /// # }
+    /// ```
     pub fn writer_stats(&self) -> WriterStats {
         self.shared.writer_stats()
     }
 
     /// RocksDB WAL counters, if the broker was opened with [`Options::statistics`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), rockq::OpenError> {
+    /// let broker = rockq::Options::new().statistics(true).open("./data").await?;
+    /// if let Some(s) = broker.storage_stats() {
+    ///     println!("{} WAL syncs, {} WAL bytes", s.wal_syncs, s.wal_bytes);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn storage_stats(&self) -> Option<StorageStats> {
         self.shared.storage_stats()
     }
@@ -270,12 +318,31 @@ impl Broker {
     /// # Cancel safety
     ///
     /// As for [`queue`](Broker::queue): the queue may or may not have been created.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// let dlq = broker.dead_letters("orders.dlq").await?;
+    /// println!("{} dead letters", dlq.len().await?);
+    /// # Ok(()) }
+    /// ```
     pub async fn dead_letters(&self, name: &str) -> Result<DeadLetters, QueueError> {
         let q = self.queue(name).await?;
         Ok(DeadLetters::new(self.shared.clone(), q.state().clone()))
     }
 
     /// Whether [`shutdown`](Broker::shutdown) has been called.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// assert!(!broker.is_shut_down());
+    /// broker.shutdown().await?;
+    /// assert!(broker.is_shut_down());
+    /// # Ok(()) }
+    /// ```
     pub fn is_shut_down(&self) -> bool {
         self.shared.is_closed()
     }
@@ -304,6 +371,16 @@ impl Broker {
     ///
     /// Cancel safe: the shutdown runs as a task of its own once begun, so dropping this future
     /// does not interrupt it; calling `shutdown` again waits for that same shutdown.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// let orders = broker.queue("orders").await?;
+    /// orders.send("last order").await?;
+    /// broker.shutdown().await?; // everything above is durable and the database is closed
+    /// # Ok(()) }
+    /// ```
     pub async fn shutdown(&self) -> Result<(), ShutdownError> {
         // Fault 7: a second concurrent call used to return `Ok` while the first was still
         // closing the database. Now every call awaits one shared task.

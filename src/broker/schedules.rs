@@ -106,6 +106,14 @@ impl Broker {
     /// # Cancel safety
     ///
     /// If the future is dropped, the pause may or may not have happened.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// broker.pause_schedule("nightly-report").await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn pause_schedule(&self, name: &str) -> Result<(), ScheduleError> {
         self.set_schedule_paused(name, true).await
     }
@@ -119,6 +127,15 @@ impl Broker {
     /// # Cancel safety
     ///
     /// If the future is dropped, the resume may or may not have happened.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// broker.pause_schedule("nightly-report").await?;
+    /// broker.resume_schedule("nightly-report").await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn resume_schedule(&self, name: &str) -> Result<(), ScheduleError> {
         self.set_schedule_paused(name, false).await
     }
@@ -140,6 +157,16 @@ impl Broker {
     /// # Cancel safety
     ///
     /// If the future is dropped, the delete may or may not have happened.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// if !broker.delete_schedule("heartbeat").await? {
+    ///     println!("no schedule named heartbeat");
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn delete_schedule(&self, name: &str) -> Result<bool, ScheduleError> {
         crate::name::validate(NameKind::Queue, name)?;
         let (reply, rx) = tokio::sync::oneshot::channel();
@@ -156,6 +183,16 @@ impl Broker {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// for s in broker.schedules().await? {
+    ///     println!("{} -> {}: {} (next {:?}, fired {})", s.name, s.queue, s.recurrence, s.next, s.fired);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn schedules(&self) -> Result<Vec<ScheduleInfo>, InspectError> {
         boundary::live_schedules(&self.shared).await
     }
@@ -170,6 +207,16 @@ impl Broker {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// for m in broker.scheduled(Some("reminders"), 100).await? {
+    ///     println!("#{} due at {:?}", m.id, m.due);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn scheduled(
         &self,
         queue: Option<&str>,
