@@ -60,6 +60,13 @@ struct ManualInner {
 
 impl ManualClock {
     /// A manual clock standing at the current time.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let clock = rockq::ManualClock::new();
+    /// assert_eq!(clock.elapsed(), std::time::Duration::ZERO);
+    /// ```
     pub fn new() -> Self {
         ManualClock {
             inner: Arc::new(ManualInner {
@@ -73,16 +80,46 @@ impl ManualClock {
     /// Moves the clock forward by `d`, firing every lease expiry and retry that falls due.
     /// `d` is clamped to 100 years (rockq's longest delay), and the clock stops 1,000 years
     /// after its start, so that no amount of advancing overflows `Instant` or `SystemTime`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let clock = rockq::ManualClock::new();
+    /// let before = clock.wall_time();
+    /// clock.advance(Duration::from_secs(90));
+    /// assert_eq!(clock.wall_time().duration_since(before).unwrap(), Duration::from_secs(90));
+    /// ```
     pub fn advance(&self, d: Duration) {
         self.inner.offset.send_modify(|o| *o = o.saturating_add(clamp_delay(d)).min(MAX_MANUAL_OFFSET));
     }
 
     /// The wall-clock time this clock stands at (what the writer stamps messages with).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let clock = rockq::ManualClock::new();
+    /// let start = clock.wall_time();
+    /// clock.advance(Duration::from_secs(1));
+    /// assert!(clock.wall_time() > start);
+    /// ```
     pub fn wall_time(&self) -> SystemTime {
         self.inner.wall_base + *self.inner.offset.borrow()
     }
 
     /// Time advanced so far.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let clock = rockq::ManualClock::new();
+    /// clock.advance(Duration::from_secs(5));
+    /// clock.advance(Duration::from_secs(5));
+    /// assert_eq!(clock.elapsed(), Duration::from_secs(10));
+    /// ```
     pub fn elapsed(&self) -> Duration {
         *self.inner.offset.borrow()
     }
@@ -102,6 +139,13 @@ impl From<ManualClock> for Clock {
 
 impl Clock {
     /// Tokio's clock (the default).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let options = rockq::Options::new().clock(rockq::Clock::tokio());
+    /// # drop(options);
+    /// ```
     pub fn tokio() -> Self {
         Clock { manual: None }
     }

@@ -42,6 +42,13 @@ pub trait Codec: Clone + Send + Sync + 'static {
     ///
     /// The format's error when `value` cannot be represented (e.g. a map with non-string keys
     /// in JSON).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use rockq::{Codec, Json};
+    /// assert_eq!(Json.encode(&("a", 1)).unwrap(), br#"["a",1]"#);
+    /// ```
     fn encode<T: Serialize + ?Sized>(&self, value: &T) -> Result<Vec<u8>, BoxError>;
 
     /// Decodes a `T` from `bytes`.
@@ -49,6 +56,15 @@ pub trait Codec: Clone + Send + Sync + 'static {
     /// # Errors
     ///
     /// The format's error when `bytes` is not a valid `T`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use rockq::{Codec, Json};
+    /// let pair: (String, u8) = Json.decode(br#"["a",1]"#).unwrap();
+    /// assert_eq!(pair, ("a".to_string(), 1));
+    /// assert!(Json.decode::<u8>(b"not json").is_err());
+    /// ```
     fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, BoxError>;
 }
 
@@ -112,21 +128,61 @@ impl DecodeError {
     }
 
     /// The queue of the message.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(task: rockq::Task) {
+    /// if let Err(e) = task.decode::<Vec<u64>>() {
+    ///     eprintln!("{}#{} is not {} in {}", e.queue(), e.seq(), e.type_name(), e.codec());
+    /// }
+    /// # }
+    /// ```
     pub fn queue(&self) -> &str {
         &self.queue
     }
 
     /// The message's sequence.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(task: rockq::Task) {
+    /// if let Err(e) = task.decode::<Vec<u64>>() {
+    ///     assert_eq!(e.seq(), task.seq());
+    /// }
+    /// # }
+    /// ```
     pub fn seq(&self) -> u64 {
         self.seq
     }
 
     /// The codec named by the message's header (or the one assumed without a header).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(task: rockq::Task) {
+    /// if let Err(e) = task.decode::<Vec<u64>>() {
+    ///     eprintln!("payload is not valid {}", e.codec()); // e.g. "json"
+    /// }
+    /// # }
+    /// ```
     pub fn codec(&self) -> &str {
         &self.codec
     }
 
     /// The Rust type it was decoded as.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(task: rockq::Task) {
+    /// if let Err(e) = task.decode::<Vec<u64>>() {
+    ///     assert_eq!(e.type_name(), std::any::type_name::<Vec<u64>>());
+    /// }
+    /// # }
+    /// ```
     pub fn type_name(&self) -> &'static str {
         self.type_name
     }
@@ -149,6 +205,8 @@ pub(crate) fn decode_stamped<T: DeserializeOwned>(
         Some(raw) => String::from_utf8_lossy(raw).into_owned(),
     };
     let fail = |e: BoxError| DecodeError::new(queue, seq, &name, std::any::type_name::<T>(), e);
+    // Without any codec feature nothing reads the payload.
+    let _ = payload;
     let result: Result<T, BoxError> = match name.as_str() {
         #[cfg(feature = "json")]
         "json" => Json.decode(payload),
@@ -173,13 +231,10 @@ pub(crate) fn decode_with<T: DeserializeOwned, C: Codec>(
 }
 
 fn known() -> Vec<&'static str> {
-    #[allow(unused_mut)]
-    let mut v = Vec::new();
-    #[cfg(feature = "json")]
-    v.push("json");
-    #[cfg(feature = "postcard")]
-    v.push("postcard");
-    v
+    [cfg!(feature = "json").then_some("json"), cfg!(feature = "postcard").then_some("postcard")]
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 #[cfg(all(test, feature = "json"))]

@@ -72,6 +72,16 @@ impl StorageError {
     }
 
     /// RocksDB's message for this error.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) {
+    /// if let Err(rockq::SendError::Storage(e)) = queue.send("x").await {
+    ///     eprintln!("RocksDB: {}", e.message());
+    /// }
+    /// # }
+    /// ```
     pub fn message(&self) -> &str {
         &self.message
     }
@@ -109,6 +119,18 @@ impl FailedError {
     }
 
     /// The storage error that made the broker fail closed, if that is what happened.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) {
+    /// if let Err(rockq::SendError::Failed(failed)) = queue.send("x").await {
+    ///     if let Some(cause) = failed.storage_error() {
+    ///         eprintln!("failed closed after a RocksDB error: {}", cause.message());
+    ///     }
+    /// }
+    /// # }
+    /// ```
     pub fn storage_error(&self) -> Option<&StorageError> {
         match &self.cause {
             Failure::Storage(e) => Some(e),
@@ -186,11 +208,31 @@ impl CorruptionError {
     }
 
     /// The kind of record (`"message"`, `"queue"`, `"offset"`, …).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() {
+    /// if let Err(rockq::OpenError::Corrupt(e)) = rockq::Broker::open("./data").await {
+    ///     eprintln!("corrupt {} record at {:02x?}", e.record_kind(), e.key());
+    /// }
+    /// # }
+    /// ```
     pub fn record_kind(&self) -> &'static str {
         self.what
     }
 
     /// The raw key of the corrupted record.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() {
+    /// if let Err(rockq::OpenError::Corrupt(e)) = rockq::Broker::open("./data").await {
+    ///     eprintln!("corrupt {} record at {:02x?}", e.record_kind(), e.key());
+    /// }
+    /// # }
+    /// ```
     pub fn key(&self) -> &[u8] {
         &self.key
     }
@@ -824,19 +866,19 @@ impl Error {
     /// # Ok(()) }
     /// ```
     pub fn is_shutdown(&self) -> bool {
-        match self {
+        matches!(
+            self,
             Error::Queue(QueueError::Shutdown)
-            | Error::Send(SendError::Shutdown)
-            | Error::Subscribe(SubscribeError::Shutdown)
-            | Error::Ack(AckError::Shutdown)
-            | Error::Commit(CommitError::Shutdown)
-            | Error::Redrive(RedriveError::Shutdown)
-            | Error::Reset(ResetError::Shutdown)
-            | Error::Inspect(InspectError::Shutdown)
-            | Error::Pause(PauseError::Shutdown)
-            | Error::Schedule(ScheduleError::Shutdown) => true,
-            _ => false,
-        }
+                | Error::Send(SendError::Shutdown)
+                | Error::Subscribe(SubscribeError::Shutdown)
+                | Error::Ack(AckError::Shutdown)
+                | Error::Commit(CommitError::Shutdown)
+                | Error::Redrive(RedriveError::Shutdown)
+                | Error::Reset(ResetError::Shutdown)
+                | Error::Inspect(InspectError::Shutdown)
+                | Error::Pause(PauseError::Shutdown)
+                | Error::Schedule(ScheduleError::Shutdown)
+        )
     }
 
     /// Whether trying the same operation again later, unchanged, may succeed: a conflict with
@@ -863,6 +905,18 @@ impl Error {
 
     /// The storage error at the root of this error, if any: RocksDB's own, directly or as the
     /// cause a failed-closed broker keeps.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) {
+    /// if let Err(e) = queue.send("x").await.map_err(rockq::Error::from) {
+    ///     if let Some(storage) = e.storage_error() {
+    ///         eprintln!("RocksDB: {}", storage.message());
+    ///     }
+    /// }
+    /// # }
+    /// ```
     pub fn storage_error(&self) -> Option<&StorageError> {
         let mut next: Option<&(dyn std::error::Error + 'static)> = Some(self);
         while let Some(e) = next {

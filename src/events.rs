@@ -160,6 +160,15 @@ impl Event {
     }
 
     /// The group the event is about, if it is about one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let acked = rockq::Event::Acked { queue: "orders".into(), group: "billing".into(), seq: 7, attempt: 1 };
+    /// assert_eq!(acked.group(), Some("billing"));
+    /// let trimmed = rockq::Event::Trimmed { queue: "orders".into(), deleted: 9, first_seq: 10 };
+    /// assert_eq!(trimmed.group(), None);
+    /// ```
     pub fn group(&self) -> Option<&str> {
         match self {
             Event::Delivered { group, .. }

@@ -49,6 +49,15 @@ impl Inspector {
     ///
     /// Cancel safe: if the future is dropped, the read-only open finishes on a blocking
     /// thread and is closed again; nothing is written.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), rockq::Error> {
+    /// // Works while a broker in another process has the database open.
+    /// let inspector = rockq::Inspector::open("./data").await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn open(path: impl AsRef<Path>) -> Result<Inspector, OpenError> {
         let path = path.as_ref().to_path_buf();
         let db = tokio::task::spawn_blocking(move || ReadOnly::open(&path))
@@ -74,6 +83,20 @@ impl Inspector {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(inspector: rockq::Inspector) -> Result<(), rockq::Error> {
+    /// let stats = inspector.stats().await?;
+    /// for q in &stats.queues {
+    ///     println!("{}: {} messages", q.name, q.len);
+    /// }
+    /// for g in &stats.groups {
+    ///     println!("{}/{}: lag {}", g.queue, g.group, g.lag);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn stats(&self) -> Result<Stats, InspectError> {
         let now = Clock::tokio().wall_micros();
         self.run(move |s| s.stats(now)).await
@@ -90,6 +113,16 @@ impl Inspector {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(inspector: rockq::Inspector) -> Result<(), rockq::Error> {
+    /// for claim in inspector.pending("thumbnails", "resizer").await? {
+    ///     println!("#{} {} (attempt {})", claim.seq, claim.state.as_str(), claim.attempt);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn pending(&self, queue: &str, group: &str) -> Result<Vec<PendingClaim>, InspectError> {
         let (g, q) = (group.to_owned(), queue.to_owned());
         let now = Clock::tokio().wall_micros();
@@ -106,6 +139,16 @@ impl Inspector {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(inspector: rockq::Inspector) -> Result<(), rockq::Error> {
+    /// for m in inspector.peek("orders", None, 10).await? {
+    ///     println!("#{}: {:?}", m.seq, m.payload);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn peek(
         &self,
         queue: &str,
@@ -125,6 +168,16 @@ impl Inspector {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(inspector: rockq::Inspector) -> Result<(), rockq::Error> {
+    /// for d in inspector.dead_letters("orders.dlq", 20).await? {
+    ///     println!("#{}: {} after {} attempts", d.dlq_seq, d.reason, d.attempts);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn dead_letters(&self, dlq: &str, limit: usize) -> Result<Vec<DeadLetter>, InspectError> {
         let q = dlq.to_owned();
         let raw = self.run(move |s| s.dead_letters(&q, limit)).await?;
@@ -140,6 +193,16 @@ impl Inspector {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(inspector: rockq::Inspector) -> Result<(), rockq::Error> {
+    /// for m in inspector.scheduled(None, 100).await? {
+    ///     println!("{} #{} due at {:?}", m.queue, m.id, m.due);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn scheduled(
         &self,
         queue: Option<&str>,
@@ -158,6 +221,16 @@ impl Inspector {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(inspector: rockq::Inspector) -> Result<(), rockq::Error> {
+    /// for s in inspector.schedules().await? {
+    ///     println!("{}: {} (paused: {})", s.name, s.recurrence, s.paused);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn schedules(&self) -> Result<Vec<crate::schedule::ScheduleInfo>, InspectError> {
         self.run(|s| s.schedules()).await
     }

@@ -45,23 +45,54 @@ pub const MAX_KEY_LEN: usize = 1024;
 
 impl Message {
     /// A message with this payload and no headers.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let m = rockq::Message::new("hello");
+    /// assert_eq!(m.payload(), "hello");
+    /// assert!(m.headers().is_empty());
+    /// ```
     pub fn new(payload: impl Into<Bytes>) -> Self {
         Message { payload: payload.into(), ..Message::default() }
     }
 
     /// Adds a header. Keys need not be unique; order is preserved. A key may be at most
     /// 65 535 bytes and a message at most 65 535 headers.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let m = rockq::Message::new("{}").header("content-type", "application/json").header("trace-id", "abc");
+    /// assert_eq!(m.headers()[0].0, "content-type");
+    /// assert_eq!(m.headers().len(), 2);
+    /// ```
     pub fn header(mut self, key: impl Into<String>, value: impl Into<Bytes>) -> Self {
         self.headers.push((key.into(), value.into()));
         self
     }
 
     /// The payload.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let m = rockq::Message::new(vec![1u8, 2, 3]);
+    /// assert_eq!(&m.payload()[..], &[1, 2, 3]);
+    /// ```
     pub fn payload(&self) -> &Bytes {
         &self.payload
     }
 
     /// The headers, in insertion order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let m = rockq::Message::new("x").header("a", "1").header("a", "2");
+    /// let values: Vec<_> = m.headers().iter().map(|(_, v)| v.clone()).collect();
+    /// assert_eq!(values, ["1", "2"]); // duplicates kept, in order
+    /// ```
     pub fn headers(&self) -> &[(String, Bytes)] {
         &self.headers
     }
@@ -89,6 +120,15 @@ impl Message {
 
     /// Delays the message until wall-clock time `at` (on the broker's clock); see
     /// [`deliver_after`](Message::deliver_after). A time in the past delivers at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, SystemTime};
+    /// let tomorrow = SystemTime::now() + Duration::from_secs(24 * 3600);
+    /// let m = rockq::Message::new("renew").deliver_at(tomorrow);
+    /// assert!(m.is_delayed());
+    /// ```
     pub fn deliver_at(mut self, at: SystemTime) -> Self {
         self.due = Some(Due::At(at));
         self
@@ -131,16 +171,38 @@ impl Message {
     }
 
     /// The ordering key, if set.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(rockq::Message::new("x").key("account-7").get_key(), Some("account-7"));
+    /// assert_eq!(rockq::Message::new("x").get_key(), None);
+    /// ```
     pub fn get_key(&self) -> Option<&str> {
         self.key.as_deref()
     }
 
     /// The idempotency key, if set.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let m = rockq::Message::new("charge").idempotency_key("order-42/charge");
+    /// assert_eq!(m.get_idempotency_key(), Some("order-42/charge"));
+    /// ```
     pub fn get_idempotency_key(&self) -> Option<&str> {
         self.idempotency_key.as_deref()
     }
 
     /// Whether the message is delayed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// assert!(!rockq::Message::new("now").is_delayed());
+    /// assert!(rockq::Message::new("later").deliver_after(Duration::from_secs(60)).is_delayed());
+    /// ```
     pub fn is_delayed(&self) -> bool {
         self.due.is_some()
     }

@@ -83,23 +83,57 @@ impl Default for Options {
 
 impl Options {
     /// The defaults: [`Durability::Fsync`], create if missing, 1 MiB messages.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let options = rockq::Options::new();
+    /// # drop(options);
+    /// ```
     pub fn new() -> Self {
         Self::default()
     }
 
     /// Durability of sends and offset commits. Default [`Durability::Fsync`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use rockq::{Durability, Options};
+    /// // Survive a process crash, not a power loss; no fsync per group commit.
+    /// let options = Options::new().durability(Durability::Buffered);
+    /// # drop(options);
+    /// ```
     pub fn durability(mut self, durability: Durability) -> Self {
         self.durability = durability;
         self
     }
 
     /// Create the database if the path does not exist or is an empty directory. Default `true`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let refused = rockq::Options::new().create_if_missing(false).open(dir.path()).await;
+    /// assert!(refused.is_err()); // nothing there yet
+    /// # Ok(()) }
+    /// ```
     pub fn create_if_missing(mut self, yes: bool) -> Self {
         self.create_if_missing = yes;
         self
     }
 
     /// Largest accepted message (payload plus headers), in bytes. Default 1 MiB; at most 64 MiB.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let options = rockq::Options::new().max_message_bytes(8 * 1024 * 1024);
+    /// # drop(options);
+    /// ```
     pub fn max_message_bytes(mut self, bytes: usize) -> Self {
         self.max_message_bytes = bytes;
         self
@@ -107,6 +141,13 @@ impl Options {
 
     /// Most messages the writer puts in one WriteBatch (one group commit), and so the most one
     /// `send_batch` call may carry. Default 4096.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let options = rockq::Options::new().max_batch_messages(1024);
+    /// # drop(options);
+    /// ```
     pub fn max_batch_messages(mut self, n: usize) -> Self {
         self.max_batch_messages = n;
         self
@@ -114,6 +155,13 @@ impl Options {
 
     /// Byte budget of one WriteBatch; the writer starts a new round once it is reached (a single
     /// larger request still goes through alone). Default 16 MiB.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let options = rockq::Options::new().max_batch_bytes(4 * 1024 * 1024);
+    /// # drop(options);
+    /// ```
     pub fn max_batch_bytes(mut self, bytes: usize) -> Self {
         self.max_batch_bytes = bytes;
         self
@@ -126,6 +174,13 @@ impl Options {
     ///
     /// Checked at open: 0, or more than Tokio's semaphore limit (`usize::MAX >> 3`), makes
     /// [`Broker::open`](crate::Broker::open) return [`OpenError::InvalidOption`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let options = rockq::Options::new().channel_capacity(16_384);
+    /// # drop(options);
+    /// ```
     pub fn channel_capacity(mut self, n: usize) -> Self {
         self.channel_capacity = n;
         self
@@ -142,6 +197,15 @@ impl Options {
     /// cores: 64 producers awaiting each send, +40–60 % throughput). Quiet traffic — rounds of a
     /// few messages — never spins. RocksDB's own write thread does the same
     /// (`write_thread_max_yield_usec`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// // A mostly idle service: never spin, leave the core to others.
+    /// let options = rockq::Options::new().writer_spin(Duration::ZERO);
+    /// # drop(options);
+    /// ```
     pub fn writer_spin(mut self, spin: std::time::Duration) -> Self {
         self.writer_spin = crate::clock::clamp_delay(spin);
         self
@@ -149,6 +213,18 @@ impl Options {
 
     /// Collect RocksDB statistics, readable through [`Broker::storage_stats`](crate::Broker::storage_stats). Costs a few
     /// percent of write throughput. Default off.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let broker = rockq::Options::new().statistics(true).open(dir.path()).await?;
+    /// assert!(broker.storage_stats().is_some());
+    /// broker.shutdown().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn statistics(mut self, yes: bool) -> Self {
         self.statistics = yes;
         self
@@ -156,6 +232,14 @@ impl Options {
 
     /// The time source for leases, retry backoff and redrive pacing. Default: Tokio's clock.
     /// Pass a [`ManualClock`](crate::ManualClock) in tests to move time explicitly.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let clock = rockq::ManualClock::new();
+    /// let options = rockq::Options::new().clock(clock.clone());
+    /// # drop(options);
+    /// ```
     pub fn clock(mut self, clock: impl Into<crate::clock::Clock>) -> Self {
         self.clock = clock.into();
         self
@@ -165,6 +249,14 @@ impl Options {
     /// [`Retention`](crate::Retention) policy (on the broker's clock). Default 10 s;
     /// `Duration::ZERO` turns it off ([`Broker::trim`](crate::Broker::trim) still works); an interval over 100 years
     /// is clamped to 100 years (effectively off).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let options = rockq::Options::new().retention_interval(Duration::from_secs(60));
+    /// # drop(options);
+    /// ```
     pub fn retention_interval(mut self, every: std::time::Duration) -> Self {
         self.retention_interval = crate::clock::clamp_delay(every);
         self
@@ -177,6 +269,14 @@ impl Options {
     /// histograms are always recorded as things happen. An interval over 100 years is clamped
     /// to 100 years (effectively off). While no `metrics` recorder is installed (the facade's
     /// zero-sized no-op recorder is in place) the periodic refresh skips its work.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let options = rockq::Options::new().metrics_interval(Duration::from_secs(5));
+    /// # drop(options);
+    /// ```
     pub fn metrics_interval(mut self, every: std::time::Duration) -> Self {
         self.metrics_interval = crate::clock::clamp_delay(every);
         self

@@ -51,6 +51,14 @@ impl Default for RetryPolicy {
 
 impl RetryPolicy {
     /// Most deliveries of one message, counting the first. At least 1. Default 5.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let policy = rockq::RetryPolicy::default().max_attempts(3);
+    /// assert_eq!(policy.attempts(), 3);
+    /// assert_eq!(rockq::RetryPolicy::default().max_attempts(0).attempts(), 1);
+    /// ```
     pub fn max_attempts(mut self, n: u32) -> Self {
         self.max_attempts = n.max(1);
         self
@@ -58,6 +66,15 @@ impl RetryPolicy {
 
     /// First delay and the cap. Default 1 s and 5 min. Each is clamped to 100 years (so
     /// `Duration::MAX` means "effectively never"), and the cap is at least the first delay.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let policy = rockq::RetryPolicy::default().backoff(Duration::from_millis(100), Duration::from_secs(10));
+    /// assert_eq!(policy.initial_delay(), Duration::from_millis(100));
+    /// assert_eq!(policy.max_delay(), Duration::from_secs(10));
+    /// ```
     pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.initial_backoff = crate::clock::clamp_delay(initial);
         self.max_backoff = crate::clock::clamp_delay(max).max(self.initial_backoff);
@@ -65,38 +82,87 @@ impl RetryPolicy {
     }
 
     /// Growth factor per attempt, at least 1. Default 2.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let policy = rockq::RetryPolicy::default().backoff(Duration::from_secs(1), Duration::from_secs(60)).multiplier(3.0);
+    /// assert_eq!(policy.delay_after(3), Duration::from_secs(9));
+    /// ```
     pub fn multiplier(mut self, m: f64) -> Self {
         self.multiplier = if m.is_finite() { m.max(1.0) } else { 1.0 };
         self
     }
 
     /// Fraction of each delay that is randomised away, in `0.0..=1.0`. Default 0.2.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let exact = rockq::RetryPolicy::default().jitter(0.0);
+    /// assert_eq!(exact.jitter_fraction(), 0.0);
+    /// assert_eq!(rockq::RetryPolicy::default().jitter(7.0).jitter_fraction(), 1.0); // clamped
+    /// ```
     pub fn jitter(mut self, j: f64) -> Self {
         self.jitter = if j.is_finite() { j.clamp(0.0, 1.0) } else { 0.0 };
         self
     }
 
     /// The configured maximum number of attempts.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(rockq::RetryPolicy::default().attempts(), 5);
+    /// ```
     pub fn attempts(&self) -> u32 {
         self.max_attempts
     }
 
     /// The first delay of the backoff.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// assert_eq!(rockq::RetryPolicy::default().initial_delay(), Duration::from_secs(1));
+    /// ```
     pub fn initial_delay(&self) -> Duration {
         self.initial_backoff
     }
 
     /// The cap of the backoff.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// assert_eq!(rockq::RetryPolicy::default().max_delay(), Duration::from_secs(300));
+    /// ```
     pub fn max_delay(&self) -> Duration {
         self.max_backoff
     }
 
     /// The growth factor per attempt.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(rockq::RetryPolicy::default().growth(), 2.0);
+    /// assert_eq!(rockq::RetryPolicy::default().multiplier(0.5).growth(), 1.0); // at least 1
+    /// ```
     pub fn growth(&self) -> f64 {
         self.multiplier
     }
 
     /// The fraction of each delay that is randomised away.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(rockq::RetryPolicy::default().jitter_fraction(), 0.2);
+    /// ```
     pub fn jitter_fraction(&self) -> f64 {
         self.jitter
     }
@@ -129,6 +195,16 @@ impl RetryPolicy {
     }
 
     /// The delay after failed attempt `attempt` (1-based), before jitter.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let policy = rockq::RetryPolicy::default(); // 1 s, doubling, capped at 5 min
+    /// assert_eq!(policy.delay_after(1), Duration::from_secs(1));
+    /// assert_eq!(policy.delay_after(4), Duration::from_secs(8));
+    /// assert_eq!(policy.delay_after(20), Duration::from_secs(300));
+    /// ```
     pub fn delay_after(&self, attempt: u32) -> Duration {
         let exp = self.multiplier.powi(attempt.saturating_sub(1).min(1000) as i32);
         let secs = self.initial_backoff.as_secs_f64() * exp;

@@ -57,6 +57,16 @@ impl Recurrence {
     /// # Errors
     ///
     /// [`ScheduleError::InvalidCron`] if it does not parse or has no future firing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use rockq::Recurrence;
+    /// let nightly = Recurrence::cron("0 0 2 * * *")?; // 02:00:00 UTC every day
+    /// let hourly = Recurrence::cron("15 * * * *")?; // five fields: minute 15 of every hour
+    /// assert!(Recurrence::cron("not a cron").is_err());
+    /// # Ok::<(), rockq::ScheduleError>(())
+    /// ```
     pub fn cron(expr: &str) -> Result<Self, ScheduleError> {
         let fields = expr.split_whitespace().count();
         let normal = if fields == 5 { format!("0 {}", expr.trim()) } else { expr.trim().to_owned() };
@@ -75,6 +85,16 @@ impl Recurrence {
     ///
     /// None here; a zero interval is refused by [`Broker::schedule`](crate::Broker::schedule)
     /// with [`ScheduleError::ZeroInterval`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// use std::time::Duration;
+    /// use rockq::Recurrence;
+    /// broker.schedule("heartbeat", Recurrence::every(Duration::from_secs(30)), "pings", "ping").await?;
+    /// # Ok(()) }
+    /// ```
     pub fn every(interval: Duration) -> Self {
         Recurrence {
             kind: RecurrenceKind::Every(crate::clock::clamp_delay(interval)),
@@ -84,6 +104,16 @@ impl Recurrence {
     }
 
     /// What to do with missed firings (default [`Missed::CatchUpOnce`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use rockq::{Missed, Recurrence};
+    /// // A ping is worthless late: drop the firings missed while the broker was down.
+    /// let pings = Recurrence::every(Duration::from_secs(30)).on_missed(Missed::Skip);
+    /// # drop(pings);
+    /// ```
     pub fn on_missed(mut self, missed: Missed) -> Self {
         self.missed = missed;
         self
@@ -91,6 +121,16 @@ impl Recurrence {
 
     /// How late a firing may come and still count as on time (default 60 s). A firing later than
     /// this is *missed* and follows [`on_missed`](Recurrence::on_missed).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use rockq::Recurrence;
+    /// let report = Recurrence::cron("0 0 2 * * *")?.grace(Duration::from_secs(15 * 60));
+    /// # drop(report);
+    /// # Ok::<(), rockq::ScheduleError>(())
+    /// ```
     pub fn grace(mut self, grace: Duration) -> Self {
         self.grace = crate::clock::clamp_delay(grace);
         self

@@ -31,6 +31,15 @@ pub enum Sent {
 
 impl Sent {
     /// The sequence, if the message (or, for a duplicate, its original) was appended.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use rockq::{Original, Sent};
+    /// assert_eq!(Sent::Appended(7).seq(), Some(7));
+    /// assert_eq!(Sent::Duplicate(Original::Appended(7)).seq(), Some(7));
+    /// assert_eq!(Sent::Duplicate(Original::Scheduled(3)).seq(), None); // still waiting
+    /// ```
     pub fn seq(&self) -> Option<u64> {
         match self {
             Sent::Appended(s) | Sent::Duplicate(Original::Appended(s)) => Some(*s),
@@ -39,6 +48,14 @@ impl Sent {
     }
 
     /// Whether nothing was written because the message was a duplicate.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use rockq::{Original, Sent};
+    /// assert!(Sent::Duplicate(Original::Appended(7)).is_duplicate());
+    /// assert!(!Sent::Appended(8).is_duplicate());
+    /// ```
     pub fn is_duplicate(&self) -> bool {
         matches!(self, Sent::Duplicate(_))
     }

@@ -56,6 +56,13 @@ pub enum GroupMode {
 
 impl GroupMode {
     /// `"ordered"` or `"work-queue"`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(rockq::GroupMode::WorkQueue.as_str(), "work-queue");
+    /// assert_eq!(rockq::GroupMode::Ordered.as_str(), "ordered");
+    /// ```
     pub fn as_str(self) -> &'static str {
         match self {
             GroupMode::Ordered => "ordered",
@@ -109,6 +116,18 @@ pub struct GroupStats {
 impl GroupStats {
     /// The most attempts per message of a work-queue group, as stored (`None` when no
     /// [`retry_policy`](GroupStats::retry_policy) is).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// for g in broker.stats().await?.groups {
+    ///     if let Some(n) = g.max_attempts() {
+    ///         println!("{}/{}: up to {n} attempts", g.queue, g.group);
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn max_attempts(&self) -> Option<u32> {
         self.retry_policy.as_ref().map(|p| p.attempts())
     }
@@ -128,6 +147,13 @@ pub enum PendingState {
 
 impl PendingState {
     /// `"leased"`, `"expired"` or `"waiting"`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(rockq::PendingState::Leased.as_str(), "leased");
+    /// assert_eq!(rockq::PendingState::Waiting.as_str(), "waiting");
+    /// ```
     pub fn as_str(self) -> &'static str {
         match self {
             PendingState::Leased => "leased",

@@ -114,7 +114,11 @@ async fn work_futures_are_send(w: &WorkGroup, j: Job, d: &DeadLetters) {
     is_send(&w.workers(2).run(|_t: Task| async { Ok(()) }));
     is_send(&j.ack_durable());
     is_send(&w.workers(2).run_typed(|_v: u64, _t: Task| async { Ok(()) }));
-    is_send(&w.workers(2).state(std::sync::Arc::new(1u8)).run(|_t: Task, _s: std::sync::Arc<u8>| async { Ok(()) }));
+    is_send(
+        &w.workers(2)
+            .state(std::sync::Arc::new(1u8))
+            .run(|_t: Task, _s: std::sync::Arc<u8>| async { Ok(()) }),
+    );
     is_send(&d.len());
     is_send(&d.list(10));
     is_send(&d.redrive(Redrive::new()));

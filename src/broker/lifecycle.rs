@@ -139,7 +139,9 @@ impl Broker {
     /// the group anew, starting where its `start_from` says.
     ///
     /// Purging a group (skipping everything it has not consumed) is
-    /// [`reset_group`](Broker::reset_group) to [`ResetTo::Latest`](crate::ResetTo::Latest).
+    /// [`reset_group`](Broker::reset_group) to
+    /// [`ResetTo::Sequence`](crate::ResetTo::Sequence) of the queue's
+    /// [`last_seq`](crate::Queue::last_seq) + 1.
     ///
     /// # Errors
     ///

@@ -67,6 +67,17 @@ impl Subscription {
 impl<T> Decoded<T> {
     /// The underlying subscription (for [`commit`](Subscription::commit) and
     /// [`committed`](Subscription::committed)).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// #[derive(serde::Deserialize)]
+    /// struct Order { id: u64 }
+    /// let orders = queue.group("billing")?.subscribe().await?.decoded::<Order>();
+    /// println!("committed up to #{}", orders.subscription().committed());
+    /// # Ok(()) }
+    /// ```
     pub fn subscription(&self) -> &Subscription {
         &self.inner
     }

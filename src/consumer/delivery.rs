@@ -49,32 +49,86 @@ impl Delivery {
     }
 
     /// The message's sequence in its queue.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(delivery: rockq::Delivery) -> Result<(), rockq::Error> {
+    /// println!("{}#{} for {}", delivery.queue(), delivery.seq(), delivery.group());
+    /// delivery.ack()?;
+    /// # Ok(()) }
+    /// ```
     pub fn seq(&self) -> u64 {
         self.msg().map_or(0, |m| m.seq)
     }
 
     /// The payload.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(delivery: rockq::Delivery) -> Result<(), rockq::Error> {
+    /// let text = String::from_utf8_lossy(delivery.payload()).into_owned();
+    /// delivery.ack()?;
+    /// # Ok(()) }
+    /// ```
     pub fn payload(&self) -> &Bytes {
         self.msg().map_or(&EMPTY, |m| &m.payload)
     }
 
     /// The headers, in the order they were added.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(delivery: &rockq::Delivery) {
+    /// for (name, value) in delivery.headers() {
+    ///     println!("{name}: {value:?}");
+    /// }
+    /// # }
+    /// ```
     pub fn headers(&self) -> &[(String, Bytes)] {
         self.msg().map_or(&[][..], |m| m.headers.as_slice())
     }
 
     /// The ordering key the producer set ([`Message::key`](crate::Message::key)).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(delivery: &rockq::Delivery) {
+    /// if let Some(account) = delivery.key() {
+    ///     println!("update for {account}");
+    /// }
+    /// # }
+    /// ```
     pub fn key(&self) -> Option<&str> {
         self.msg().and_then(|m| m.key.as_deref())
     }
 
     /// The idempotency key the producer set
     /// ([`Message::idempotency_key`](crate::Message::idempotency_key)).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(delivery: &rockq::Delivery) {
+    /// let op = delivery.idempotency_key().unwrap_or("-");
+    /// # }
+    /// ```
     pub fn idempotency_key(&self) -> Option<&str> {
         self.msg().and_then(|m| m.idempotency_key.as_deref())
     }
 
     /// The first header named `key`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(delivery: &rockq::Delivery) {
+    /// let trace = delivery.header("trace-id").map(|v| String::from_utf8_lossy(v).into_owned());
+    /// # }
+    /// ```
     pub fn header(&self, key: &str) -> Option<&Bytes> {
         self.headers().iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
@@ -129,16 +183,41 @@ impl Delivery {
     /// When the message was sent: the broker's clock at the group commit that wrote it.
     /// Along one queue these times never decrease (except for messages moved by a
     /// redrive, which keep their original time).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(delivery: &rockq::Delivery) {
+    /// let age = delivery.enqueued_at().elapsed().unwrap_or_default();
+    /// println!("delivered {age:?} after it was sent");
+    /// # }
+    /// ```
     pub fn enqueued_at(&self) -> SystemTime {
         UNIX_EPOCH + Duration::from_micros(self.msg().map_or(0, |m| m.enqueued_at_micros))
     }
 
     /// The queue this message is from.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(delivery: &rockq::Delivery) {
+    /// println!("{}/{}#{}", delivery.queue(), delivery.group(), delivery.seq());
+    /// # }
+    /// ```
     pub fn queue(&self) -> &str {
         &self.sub.group.queue.name
     }
 
     /// The group it was delivered to.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(delivery: &rockq::Delivery) {
+    /// println!("{}/{}#{}", delivery.queue(), delivery.group(), delivery.seq());
+    /// # }
+    /// ```
     pub fn group(&self) -> &str {
         &self.sub.group.name
     }
@@ -153,6 +232,18 @@ impl Delivery {
     /// [`Durability::Buffered`](crate::Durability::Buffered) a power loss can also roll back
     /// records since the last WAL sync. So the count never overstates deliveries, and may
     /// understate them after a crash.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(delivery: rockq::Delivery) -> Result<(), rockq::Error> {
+    /// if delivery.delivery_count() > 3 {
+    ///     delivery.dead_letter("failed 3 times")?;
+    /// } else {
+    ///     delivery.ack()?;
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn delivery_count(&self) -> u32 {
         self.delivery_count
     }
@@ -282,10 +373,10 @@ impl Delivery {
         if g.is_deleted() {
             return Err(AckError::Deleted { queue: g.queue.name.to_string(), group: g.name.to_string() });
         }
-        if let Some(m) = self.msg.take() {
-            if !self.sub.dead_letter(m, self.delivery_count, reason.to_string()) {
-                return Err(AckError::Shutdown);
-            }
+        if let Some(m) = self.msg.take()
+            && !self.sub.dead_letter(m, self.delivery_count, reason.to_string())
+        {
+            return Err(AckError::Shutdown);
         }
         Ok(())
     }
@@ -294,6 +385,18 @@ impl Delivery {
     /// subscription, before newer messages), or dead-lettered if this was its last delivery
     /// ([`Group::max_deliveries`](crate::Group::max_deliveries)). Same as dropping the
     /// delivery.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(delivery: rockq::Delivery) -> Result<(), rockq::Error> {
+    /// if delivery.payload().is_empty() {
+    ///     delivery.nack(); // delivered again
+    /// } else {
+    ///     delivery.ack()?;
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn nack(mut self) {
         self.give_back(Comeback::Nacked);
     }

@@ -53,11 +53,30 @@ impl Group {
     }
 
     /// The group's name.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(queue: rockq::Queue) -> Result<(), rockq::NameError> {
+    /// let group = queue.group("billing")?;
+    /// assert_eq!(group.name(), "billing");
+    /// # Ok(()) }
+    /// ```
     pub fn name(&self) -> &str {
         &self.name
     }
 
     /// Where to start if the group does not exist yet. Default [`StartFrom::Earliest`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use rockq::StartFrom;
+    /// // A new group that only sees messages sent from now on.
+    /// let sub = queue.group("live-view")?.start_from(StartFrom::Latest).subscribe().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn start_from(mut self, start: StartFrom) -> Self {
         self.start = start;
         self
@@ -80,6 +99,16 @@ impl Group {
     }
 
     /// Renamed [`max_in_flight`](Group::max_in_flight), the name work groups use too.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// #[allow(deprecated)]
+    /// let group = queue.group("audit")?.max_unacked(64);
+    /// let group = queue.group("audit")?.max_in_flight(64); // the new name
+    /// # Ok(()) }
+    /// ```
     #[deprecated(since = "0.2.0", note = "renamed max_in_flight, as on WorkGroup")]
     pub fn max_unacked(self, n: usize) -> Self {
         self.max_in_flight(n)
@@ -87,6 +116,15 @@ impl Group {
 
     /// Most messages read from storage at once. Default 256, at least 1. The same knob as
     /// [`WorkGroup::read_batch`](crate::WorkGroup::read_batch).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// // Small messages, read in large batches.
+    /// let sub = queue.group("indexer")?.read_batch(1024).subscribe().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn read_batch(mut self, n: usize) -> Self {
         self.read_batch = n.max(1);
         self
@@ -129,6 +167,19 @@ impl Group {
     /// and redrive work on it unchanged). The name is validated at
     /// [`subscribe`](Group::subscribe), which refuses the group's own queue
     /// ([`SubscribeError::InvalidOption`]): its dead letters would come back to it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let sub = queue
+    ///     .group("billing")?
+    ///     .max_deliveries(5)
+    ///     .dead_letter_queue("billing.poison")
+    ///     .subscribe()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn dead_letter_queue(mut self, name: impl Into<String>) -> Self {
         self.dlq = Some(name.into());
         self
@@ -163,6 +214,18 @@ impl Group {
     /// The committed offset: every message up to and including it has been acknowledged and
     /// the record is durable. `None` if the group has never subscribed; 0 if nothing is
     /// committed yet.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let group = queue.group("billing")?;
+    /// match group.committed() {
+    ///     Some(offset) => println!("billing is past #{offset}"),
+    ///     None => println!("billing never subscribed"),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn committed(&self) -> Option<u64> {
         self.state().map(|g| g.durable.load(Ordering::Acquire))
     }
@@ -178,6 +241,16 @@ impl Group {
     /// # Cancel safety
     ///
     /// Cancel safe in effect: the group is paused or not.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let group = queue.group("billing")?;
+    /// group.pause().await?;
+    /// assert!(group.is_paused());
+    /// # Ok(()) }
+    /// ```
     pub async fn pause(&self) -> Result<(), PauseError> {
         self.shared.set_paused(&self.queue, &self.name, true).await
     }
@@ -191,16 +264,48 @@ impl Group {
     /// # Cancel safety
     ///
     /// Cancel safe in effect.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let group = queue.group("billing")?;
+    /// group.pause().await?;
+    /// group.resume().await?;
+    /// assert!(!group.is_paused());
+    /// # Ok(()) }
+    /// ```
     pub async fn resume(&self) -> Result<(), PauseError> {
         self.shared.set_paused(&self.queue, &self.name, false).await
     }
 
     /// Whether this group is paused.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// if queue.group("billing")?.is_paused() {
+    ///     println!("billing is paused");
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn is_paused(&self) -> bool {
         self.shared.is_paused(&self.queue, &self.name)
     }
 
     /// Messages this group never received because retention deleted them first (since open).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let lost = queue.group("billing")?.skipped();
+    /// if lost > 0 {
+    ///     eprintln!("retention deleted {lost} messages before billing read them");
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn skipped(&self) -> u64 {
         self.state().map_or(0, |g| g.skipped.load(Ordering::Relaxed))
     }

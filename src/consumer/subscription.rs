@@ -114,6 +114,18 @@ impl Subscription {
     }
 
     /// The group's committed offset as last made durable.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(mut sub: rockq::Subscription) -> Result<(), rockq::Error> {
+    /// use futures::StreamExt;
+    /// if let Some(delivery) = sub.next().await {
+    ///     delivery?.ack_durable().await?;
+    /// }
+    /// println!("committed up to #{}", sub.committed());
+    /// # Ok(()) }
+    /// ```
     pub fn committed(&self) -> u64 {
         self.sub.group.durable.load(Ordering::Acquire)
     }
@@ -128,6 +140,20 @@ impl Subscription {
     /// # Cancel safety
     ///
     /// Cancel safe: dropping the future does not undo or delay the commit.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(mut sub: rockq::Subscription) -> Result<(), rockq::Error> {
+    /// use futures::StreamExt;
+    /// for _ in 0..100 {
+    ///     let Some(delivery) = sub.next().await else { break };
+    ///     delivery?.ack()?; // queued, returns at once
+    /// }
+    /// let offset = sub.commit().await?; // now durable
+    /// println!("committed up to #{offset}");
+    /// # Ok(()) }
+    /// ```
     pub async fn commit(&self) -> Result<u64, CommitError> {
         let shared = &self.sub.shared;
         if shared.is_closed() {

@@ -44,26 +44,76 @@ impl Queue {
     }
 
     /// The queue's name.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// let orders = broker.queue("orders").await?;
+    /// assert_eq!(orders.name(), "orders");
+    /// # Ok(()) }
+    /// ```
     pub fn name(&self) -> &str {
         &self.state.name
     }
 
     /// The first live sequence: the oldest message still stored is at or after it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(queue: rockq::Queue) {
+    /// println!("stored: #{}..=#{}", queue.first_seq(), queue.last_seq());
+    /// # }
+    /// ```
     pub fn first_seq(&self) -> u64 {
         self.state.first_seq.load(Ordering::Acquire)
     }
 
     /// The last sequence written (0 if nothing was ever sent).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let seq = queue.send("hello").await?;
+    /// assert_eq!(queue.last_seq(), seq);
+    /// # Ok(()) }
+    /// ```
     pub fn last_seq(&self) -> u64 {
         self.state.last_seq()
     }
 
     /// Number of messages stored (not yet removed by retention).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), rockq::Error> {
+    /// # let dir = tempfile::tempdir()?;
+    /// let broker = rockq::Broker::open(dir.path()).await?;
+    /// let queue = broker.queue("orders").await?;
+    /// queue.send_batch(["a", "b", "c"]).await?;
+    /// assert_eq!(queue.len(), 3);
+    /// # broker.shutdown().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn len(&self) -> u64 {
         (self.last_seq() + 1).saturating_sub(self.first_seq())
     }
 
     /// Whether the queue stores no messages.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// if queue.is_empty() {
+    ///     queue.send("first").await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -207,6 +257,16 @@ impl Queue {
     }
 
     /// The queue's retention policy.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(queue: rockq::Queue) {
+    /// if let rockq::Retention::MaxLen(n) = queue.retention() {
+    ///     println!("{} keeps its last {n} messages", queue.name());
+    /// }
+    /// # }
+    /// ```
     pub fn retention(&self) -> Retention {
         self.state.retention()
     }
@@ -413,6 +473,25 @@ impl Queue {
     /// # Cancel safety
     ///
     /// As [`submit`](Queue::submit).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use rockq::{Message, Sent};
+    /// let outcomes = queue
+    ///     .submit_batch([
+    ///         Message::new("charge").idempotency_key("order-42/charge"),
+    ///         Message::new("email").idempotency_key("order-42/email"),
+    ///     ])
+    ///     .await?;
+    /// for sent in outcomes {
+    ///     if let Sent::Duplicate(original) = sent {
+    ///         println!("already sent: {original:?}");
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn submit_batch<I>(&self, messages: I) -> Result<Vec<Sent>, SendError>
     where
         I: IntoIterator,
@@ -435,6 +514,19 @@ impl Queue {
     /// # Cancel safety
     ///
     /// If the future is dropped, the cancel may or may not have happened.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use std::time::Duration;
+    /// use rockq::{Message, Sent};
+    /// let sent = queue.submit(Message::new("reminder").deliver_after(Duration::from_secs(3600))).await?;
+    /// if let Sent::Scheduled(s) = sent {
+    ///     assert!(queue.cancel(s.id).await?);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn cancel(&self, id: u64) -> Result<bool, ScheduleError> {
         let (reply, rx) = tokio::sync::oneshot::channel();
         let req = Request::Schedule(ScheduleRequest::Cancel { queue: self.state.clone(), id, reply });
@@ -451,6 +543,21 @@ impl Queue {
     /// # Cancel safety
     ///
     /// If the future is dropped, the move may or may not have happened.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use std::time::{Duration, SystemTime};
+    /// use rockq::{Message, Sent};
+    /// let sent = queue.submit(Message::new("reminder").deliver_after(Duration::from_secs(3600))).await?;
+    /// if let Sent::Scheduled(s) = sent {
+    ///     // Sooner: in ten minutes.
+    ///     let moved = queue.reschedule(s.id, SystemTime::now() + Duration::from_secs(600)).await?;
+    ///     assert!(moved.is_some());
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn reschedule(
         &self,
         id: u64,
@@ -469,11 +576,29 @@ impl Queue {
     /// # Errors
     ///
     /// [`InspectError`] if the store cannot be read or the broker is shut down.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// for m in queue.scheduled(50).await? {
+    ///     println!("#{}: {} bytes due at {:?}", m.id, m.payload_len, m.due);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn scheduled(&self, limit: usize) -> Result<Vec<ScheduledInfo>, InspectError> {
         boundary::live_scheduled(&self.shared, Some(self.state.name.to_string()), limit).await
     }
 
     /// How long the queue remembers idempotency keys (default 5 minutes).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(queue: rockq::Queue) {
+    /// println!("keys remembered for {:?}", queue.dedup_window());
+    /// # }
+    /// ```
     pub fn dedup_window(&self) -> Duration {
         self.state.dedup_window()
     }
@@ -488,6 +613,15 @@ impl Queue {
     /// # Cancel safety
     ///
     /// Cancel safe in effect: the window is either set or not.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use std::time::Duration;
+    /// queue.set_dedup_window(Duration::from_secs(24 * 3600)).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn set_dedup_window(&self, window: Duration) -> Result<(), QueueError> {
         let (reply, rx) = tokio::sync::oneshot::channel();
         let window = crate::clock::clamp_delay(window);

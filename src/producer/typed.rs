@@ -94,6 +94,16 @@ impl Queue {
 
 impl<T: Serialize, C: Codec> TypedQueue<T, C> {
     /// The untyped queue.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let ids = queue.typed::<Vec<u64>>();
+    /// ids.send(&vec![1, 2, 3]).await?;
+    /// println!("{} now holds {} messages", ids.queue().name(), ids.queue().len());
+    /// # Ok(()) }
+    /// ```
     pub fn queue(&self) -> &Queue {
         &self.queue
     }

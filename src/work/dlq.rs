@@ -101,23 +101,62 @@ impl Default for Redrive {
 
 impl Redrive {
     /// Every dead letter, back to its origin queue.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// let dlq = broker.dead_letters("orders.dlq").await?;
+    /// let moved = dlq.redrive(rockq::Redrive::new()).await?; // all of them, back to their queues
+    /// # Ok(()) }
+    /// ```
     pub fn new() -> Self {
         Self::default()
     }
 
     /// Send them to this queue instead (created if missing).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// let dlq = broker.dead_letters("orders.dlq").await?;
+    /// // Park them in a quarantine queue for manual inspection.
+    /// dlq.redrive(rockq::Redrive::new().to("orders.quarantine")).await?;
+    /// # Ok(()) }
+    /// ```
     pub fn to(mut self, queue: impl Into<String>) -> Self {
         self.to = Some(queue.into());
         self
     }
 
     /// Move at most `n`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// let dlq = broker.dead_letters("orders.dlq").await?;
+    /// // Try a few first, to see whether the fix works.
+    /// let moved = dlq.redrive(rockq::Redrive::new().limit(10)).await?;
+    /// assert!(moved <= 10);
+    /// # Ok(()) }
+    /// ```
     pub fn limit(mut self, n: u64) -> Self {
         self.limit = Some(n);
         self
     }
 
     /// Dead letters per atomic batch (at least 1). Default 256.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// let dlq = broker.dead_letters("orders.dlq").await?;
+    /// dlq.redrive(rockq::Redrive::new().batch(32)).await?; // large messages: smaller batches
+    /// # Ok(()) }
+    /// ```
     pub fn batch(mut self, n: usize) -> Self {
         self.batch = n.max(1);
         self
@@ -126,6 +165,16 @@ impl Redrive {
     /// At most this many messages per second (on the broker's clock). Zero, negative, NaN and
     /// infinite rates mean unthrottled; a rate so small that the wait before a batch would
     /// exceed 100 years waits 100 years.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// let dlq = broker.dead_letters("orders.dlq").await?;
+    /// // Don't flood the consumers that just recovered: 50 messages a second.
+    /// dlq.redrive(rockq::Redrive::new().rate(50.0)).await?;
+    /// # Ok(()) }
+    /// ```
     pub fn rate(mut self, per_second: f64) -> Self {
         self.rate = (per_second.is_finite() && per_second > 0.0).then_some(per_second);
         self
@@ -155,6 +204,15 @@ impl DeadLetters {
     }
 
     /// The dead-letter queue's name.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// let dlq = broker.dead_letters("orders.dlq").await?;
+    /// assert_eq!(dlq.name(), "orders.dlq");
+    /// # Ok(()) }
+    /// ```
     pub fn name(&self) -> &str {
         &self.queue.name
     }
@@ -181,6 +239,17 @@ impl DeadLetters {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(dlq: rockq::DeadLetters) -> Result<(), rockq::Error> {
+    /// let n = dlq.len().await?;
+    /// if n > 0 {
+    ///     eprintln!("{n} dead letters in {}", dlq.name());
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn len(&self) -> Result<u64, RedriveError> {
         Ok(self.queue.last_seq().saturating_sub(self.cursor().await?))
     }
@@ -194,6 +263,17 @@ impl DeadLetters {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(dlq: rockq::DeadLetters) -> Result<(), rockq::Error> {
+    /// if !dlq.is_empty().await? {
+    ///     dlq.redrive(rockq::Redrive::new()).await?;
+    /// }
+    /// assert!(dlq.is_empty().await?);
+    /// # Ok(()) }
+    /// ```
     pub async fn is_empty(&self) -> Result<bool, RedriveError> {
         Ok(self.len().await? == 0)
     }
@@ -232,6 +312,16 @@ impl DeadLetters {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(dlq: rockq::DeadLetters) -> Result<(), rockq::Error> {
+    /// if let Some(d) = dlq.peek().await? {
+    ///     println!("oldest: {:?}#{:?}: {}", d.queue, d.seq, d.reason);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn peek(&self) -> Result<Option<DeadLetter>, RedriveError> {
         Ok(self.list(1).await?.into_iter().next())
     }

@@ -113,11 +113,30 @@ impl WorkGroup {
     pub const MAX_CLAIM_BATCH: usize = 4096;
 
     /// The group's name.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(queue: rockq::Queue) -> Result<(), rockq::NameError> {
+    /// let group = queue.work_group("thumbnails")?;
+    /// assert_eq!(group.name(), "thumbnails");
+    /// # Ok(()) }
+    /// ```
     pub fn name(&self) -> &str {
         &self.name
     }
 
     /// Where the group starts if it does not exist yet. Default [`StartFrom::Earliest`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use rockq::StartFrom;
+    /// // A new group: skip the backlog, only work on messages sent from now on.
+    /// let jobs = queue.work_group("mailer")?.start_from(StartFrom::Latest).subscribe().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn start_from(mut self, start: StartFrom) -> Self {
         self.start = start;
         self
@@ -130,6 +149,16 @@ impl WorkGroup {
     /// least 1 ms: a shorter lease is refused at subscribe and update
     /// ([`SubscribeError::InvalidOption`]); one over 100 years is clamped to 100 years
     /// (`Duration::MAX` means "until settled or dropped").
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use std::time::Duration;
+    /// // Transcoding takes minutes: hold each job for 10 minutes before another consumer may take it.
+    /// let jobs = queue.work_group("transcode")?.lease(Duration::from_secs(600)).subscribe().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(crate::clock::clamp_delay(lease));
         self
@@ -138,6 +167,18 @@ impl WorkGroup {
     /// Attempts and backoff, as one setting: **stored with the group** like the
     /// [lease](WorkGroup::lease) (a set policy must equal the stored one field by field).
     /// Default for a new group [`RetryPolicy::default`] (5 attempts).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use std::time::Duration;
+    /// let policy = rockq::RetryPolicy::default()
+    ///     .max_attempts(8)
+    ///     .backoff(Duration::from_millis(500), Duration::from_secs(60));
+    /// let jobs = queue.work_group("webhooks")?.retry_policy(policy).subscribe().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
         self.policy = Some(policy);
         self
@@ -147,6 +188,14 @@ impl WorkGroup {
     /// Default for a new group `<queue>.dlq` (or the one an older build recorded). The name is
     /// validated at subscribe, which refuses the group's own queue
     /// ([`SubscribeError::InvalidOption`]): its dead letters would come back to it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let jobs = queue.work_group("webhooks")?.dead_letter_queue("webhooks.failed").subscribe().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn dead_letter_queue(mut self, name: impl Into<String>) -> Self {
         self.dlq = Some(name.into());
         self
@@ -155,6 +204,15 @@ impl WorkGroup {
     /// Most jobs one subscription holds at once (handed out and not settled). Default 256, at
     /// least 1. The same knob as [`Group::max_in_flight`](crate::Group::max_in_flight). A job waiting for a retry does not count. Values above `usize::MAX >> 3` (the
     /// most permits a Tokio semaphore holds) are clamped to it: effectively unbounded.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// // At most 4 jobs at a time from this subscription (a slow external API).
+    /// let jobs = queue.work_group("geocode")?.max_in_flight(4).subscribe().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn max_in_flight(mut self, n: usize) -> Self {
         self.max_in_flight = n.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
         self
@@ -177,6 +235,16 @@ impl WorkGroup {
     }
 
     /// Renamed [`read_batch`](WorkGroup::read_batch), the name ordered groups use too.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// #[allow(deprecated)]
+    /// let group = queue.work_group("mailer")?.claim_batch(16);
+    /// let group = queue.work_group("mailer")?.read_batch(16); // the new name
+    /// # Ok(()) }
+    /// ```
     #[deprecated(since = "0.2.0", note = "renamed read_batch, as on Group")]
     pub fn claim_batch(self, n: usize) -> Self {
         self.read_batch(n)
@@ -186,6 +254,19 @@ impl WorkGroup {
     /// saturation (a `warn` event, [`Event::Saturated`](crate::Event::Saturated) and
     /// [`WorkGroup::saturations`]). Default 1 s; over 100 years is clamped to 100 years
     /// (effectively never).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use std::time::Duration;
+    /// let group = queue.work_group("mailer")?.saturation_after(Duration::from_secs(10));
+    /// let jobs = group.subscribe().await?;
+    /// if group.saturations() > 0 {
+    ///     eprintln!("mailer is at its in-flight bound");
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn saturation_after(mut self, d: Duration) -> Self {
         self.saturation_after = crate::clock::clamp_delay(d);
         self
@@ -194,6 +275,14 @@ impl WorkGroup {
     /// The name recorded as the holder of this handle's claims, shown by
     /// [`Broker::pending`](crate::Broker::pending) and `rockq pending`. Default
     /// `<pid>-<n>`, with `n` numbering the subscriptions of this process. Cut to 255 bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let jobs = queue.work_group("mailer")?.consumer_name("mailer-host-3").subscribe().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn consumer_name(mut self, name: impl Into<String>) -> Self {
         self.consumer = Some(Arc::from(name.into()));
         self
@@ -243,16 +332,44 @@ impl WorkGroup {
 
     /// The committed offset: everything up to it is acked or dead-lettered, durably. `None` if
     /// the group was never subscribed.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// if let Some(offset) = queue.work_group("mailer")?.committed() {
+    ///     println!("mailer is done up to #{offset} ({} behind)", queue.last_seq() - offset);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn committed(&self) -> Option<u64> {
         self.state().map(|g| g.durable.load(Ordering::Acquire))
     }
 
     /// Messages currently leased to consumers of this group (in this process).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let group = queue.work_group("mailer")?;
+    /// println!("{} leased, {} waiting for a retry", group.in_flight(), group.waiting());
+    /// # Ok(()) }
+    /// ```
     pub fn in_flight(&self) -> usize {
         self.state().map_or(0, |g| g.leased())
     }
 
     /// Messages waiting for a retry.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let group = queue.work_group("mailer")?;
+    /// println!("{} leased, {} waiting for a retry", group.in_flight(), group.waiting());
+    /// # Ok(()) }
+    /// ```
     pub fn waiting(&self) -> usize {
         self.state().map_or(0, |g| g.waiting())
     }
@@ -268,6 +385,16 @@ impl WorkGroup {
     /// # Cancel safety
     ///
     /// Cancel safe in effect: the group is paused or not.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let group = queue.work_group("mailer")?;
+    /// group.pause().await?; // e.g. while the mail server is down
+    /// assert!(group.is_paused());
+    /// # Ok(()) }
+    /// ```
     pub async fn pause(&self) -> Result<(), PauseError> {
         self.shared.set_paused(&self.queue, &self.name, true).await
     }
@@ -281,22 +408,62 @@ impl WorkGroup {
     /// # Cancel safety
     ///
     /// Cancel safe in effect.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let group = queue.work_group("mailer")?;
+    /// group.resume().await?;
+    /// assert!(!group.is_paused());
+    /// # Ok(()) }
+    /// ```
     pub async fn resume(&self) -> Result<(), PauseError> {
         self.shared.set_paused(&self.queue, &self.name, false).await
     }
 
     /// Whether this group is paused.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// if queue.work_group("mailer")?.is_paused() {
+    ///     println!("mailer is paused");
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn is_paused(&self) -> bool {
         self.shared.is_paused(&self.queue, &self.name)
     }
 
     /// Messages this group never finished because retention deleted them first (since open).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let lost = queue.work_group("mailer")?.skipped();
+    /// if lost > 0 {
+    ///     eprintln!("retention deleted {lost} messages before mailer finished them");
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn skipped(&self) -> u64 {
         self.state().map_or(0, |g| g.skipped.load(Ordering::Relaxed))
     }
 
     /// Times a subscription of this group waited on a full in-flight bound for longer than
     /// [`saturation_after`](WorkGroup::saturation_after).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let group = queue.work_group("mailer")?;
+    /// println!("saturated {} times since open", group.saturations());
+    /// # Ok(()) }
+    /// ```
     pub fn saturations(&self) -> u64 {
         self.state().map_or(0, |g| g.saturations.load(Ordering::Relaxed))
     }
@@ -343,6 +510,17 @@ impl WorkGroup {
     /// # Cancel safety
     ///
     /// Cancel safe in effect: the offset is either moved or not.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use rockq::ResetTo;
+    /// // Reprocess from #1000 (no subscription of the group may be running).
+    /// let next = queue.work_group("indexer")?.reset_to(ResetTo::Sequence(1000)).await?;
+    /// assert_eq!(next, 1000);
+    /// # Ok(()) }
+    /// ```
     pub async fn reset_to(&self, to: ResetTo) -> Result<u64, ResetError> {
         if self.shared.is_closed() {
             return Err(ResetError::Shutdown);

@@ -92,6 +92,20 @@ impl PoolHandle {
     ///
     /// Cancel safe: dropping the future leaves the pool stopping in the background (its drain
     /// still runs); only the report is lost.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(group: rockq::WorkGroup) -> Result<(), rockq::Error> {
+    /// let pool = group.workers(8).spawn(|task: rockq::Task| async move {
+    ///     println!("{}", task.seq());
+    ///     Ok(())
+    /// });
+    /// // ... later, e.g. on SIGTERM:
+    /// let report = pool.shutdown().await?; // running handlers finish first
+    /// println!("{} acked, {} failed", report.acked, report.failed);
+    /// # Ok(()) }
+    /// ```
     pub async fn shutdown(mut self) -> Result<PoolReport, Error> {
         self.stop.cancel();
         match self.task.take() {
@@ -103,6 +117,15 @@ impl PoolHandle {
     /// Stops the pool now without draining: claiming stops, running handlers are aborted and
     /// every job the pool holds is released **without** counting the attempt. Returns at once;
     /// the jobs are released as the aborted handlers unwind.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(group: rockq::WorkGroup) {
+    /// let pool = group.workers(8).spawn(|task: rockq::Task| async move { Ok(()) });
+    /// pool.abort(); // no drain: held jobs come back without counting the attempt
+    /// # }
+    /// ```
     pub fn abort(mut self) {
         self.stop.cancel();
         if let Some(task) = self.task.take() {
@@ -111,6 +134,18 @@ impl PoolHandle {
     }
 
     /// Whether the pool has stopped (its report is ready).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(group: rockq::WorkGroup) -> Result<(), rockq::Error> {
+    /// let pool = group.workers(8).spawn(|task: rockq::Task| async move { Ok(()) });
+    /// if pool.is_finished() {
+    ///     // It stopped on its own (an error, or the group was deleted): see why.
+    ///     let report = pool.shutdown().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn is_finished(&self) -> bool {
         self.task.as_ref().is_none_or(|t| t.is_finished())
     }

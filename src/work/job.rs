@@ -74,32 +74,84 @@ impl JobInner {
 macro_rules! accessors {
     () => {
         /// The message's sequence in its queue.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # fn demo(task: rockq::Task) {
+        /// println!("{}#{} in {}", task.queue(), task.seq(), task.group());
+        /// # }
+        /// ```
         pub fn seq(&self) -> u64 {
             self.inner.msg.seq
         }
 
         /// The payload.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # fn demo(task: rockq::Task) {
+        /// let text = String::from_utf8_lossy(task.payload());
+        /// # }
+        /// ```
         pub fn payload(&self) -> &Bytes {
             &self.inner.msg.payload
         }
 
         /// The headers, in the order they were added.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # fn demo(task: rockq::Task) {
+        /// for (name, value) in task.headers() {
+        ///     println!("{name}: {value:?}");
+        /// }
+        /// # }
+        /// ```
         pub fn headers(&self) -> &[(String, Bytes)] {
             &self.inner.msg.headers
         }
 
         /// The ordering key the producer set ([`Message::key`](crate::Message::key)).
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # fn demo(task: rockq::Task) {
+        /// if let Some(account) = task.key() {
+        ///     println!("next step for {account}");
+        /// }
+        /// # }
+        /// ```
         pub fn key(&self) -> Option<&str> {
             self.inner.msg.key.as_deref()
         }
 
         /// The idempotency key the producer set
         /// ([`Message::idempotency_key`](crate::Message::idempotency_key)).
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # fn demo(task: rockq::Task) {
+        /// let op = task.idempotency_key().unwrap_or("-");
+        /// # }
+        /// ```
         pub fn idempotency_key(&self) -> Option<&str> {
             self.inner.msg.idempotency_key.as_deref()
         }
 
         /// The first header named `key`.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # fn demo(task: rockq::Task) {
+        /// let trace = task.header("trace-id").map(|v| String::from_utf8_lossy(v).into_owned());
+        /// # }
+        /// ```
         pub fn header(&self, key: &str) -> Option<&Bytes> {
             self.headers().iter().find(|(k, _)| k == key).map(|(_, v)| v)
         }
@@ -132,6 +184,14 @@ macro_rules! accessors {
         ///
         /// [`DecodeError`](crate::DecodeError) if the payload is not a valid `T` in that
         /// format.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # fn demo(task: rockq::Task) -> Result<(), rockq::HandlerError> {
+        /// let ids: Vec<u64> = task.decode_with(&rockq::Json)?;
+        /// # Ok(()) }
+        /// ```
         pub fn decode_with<T: serde::de::DeserializeOwned, C: crate::codec::Codec>(
             &self,
             codec: &C,
@@ -140,6 +200,16 @@ macro_rules! accessors {
         }
 
         /// This attempt's number, from 1. Counted durably: attempts made before a crash count.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # fn demo(task: rockq::Task) {
+        /// if task.attempt() > 1 {
+        ///     eprintln!("{}#{}: attempt {}", task.queue(), task.seq(), task.attempt());
+        /// }
+        /// # }
+        /// ```
         pub fn attempt(&self) -> u32 {
             self.inner.attempt
         }
@@ -147,16 +217,41 @@ macro_rules! accessors {
         /// When the message was sent: the broker's clock at the group commit that wrote it.
         /// Along one queue these times never decrease (except for messages moved by a
         /// redrive, which keep their original time).
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # fn demo(task: rockq::Task) {
+        /// let waited = task.enqueued_at().elapsed().unwrap_or_default();
+        /// println!("picked up after {waited:?}");
+        /// # }
+        /// ```
         pub fn enqueued_at(&self) -> SystemTime {
             UNIX_EPOCH + Duration::from_micros(self.inner.msg.enqueued_at_micros)
         }
 
         /// The queue.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # fn demo(task: rockq::Task) {
+        /// println!("{}/{}#{}", task.queue(), task.group(), task.seq());
+        /// # }
+        /// ```
         pub fn queue(&self) -> &str {
             &self.inner.group.queue.name
         }
 
         /// The work-queue group.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # fn demo(task: rockq::Task) {
+        /// println!("{}/{}#{}", task.queue(), task.group(), task.seq());
+        /// # }
+        /// ```
         pub fn group(&self) -> &str {
             &self.inner.group.name
         }
@@ -183,6 +278,16 @@ macro_rules! accessors {
 
         /// When the lease ends, as an `Instant` on the broker's [`Clock`](crate::Clock) (which
         /// is not `Instant::now()`'s clock under a `ManualClock`).
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # fn demo(task: rockq::Task) {
+        /// #[allow(deprecated)]
+        /// let deadline = task.lease_deadline();
+        /// let remaining = task.lease_remaining(); // prefer this
+        /// # }
+        /// ```
         #[deprecated(
             since = "0.2.0",
             note = "use lease_remaining(): an Instant on the broker's clock is easy to misuse"
@@ -198,6 +303,17 @@ macro_rules! accessors {
         ///
         /// [`AckError::LeaseLost`] if the lease already expired (the message may be with
         /// another consumer now); [`AckError::Shutdown`].
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # async fn demo(job: rockq::Job) -> Result<(), rockq::Error> {
+        /// use std::time::Duration;
+        /// // A long step: keep the message for another 5 minutes.
+        /// job.extend(Duration::from_secs(300))?;
+        /// job.ack()?;
+        /// # Ok(()) }
+        /// ```
         pub fn extend(&self, by: Duration) -> Result<(), AckError> {
             self.inner.extend(by)
         }
@@ -293,6 +409,16 @@ impl Job {
     accessors!();
 
     /// A read-only handle on this job (for a handler, or for logging after a move).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(job: rockq::Job) -> Result<(), rockq::Error> {
+    /// let task = job.task();
+    /// job.ack()?;
+    /// println!("acked {}#{}", task.queue(), task.seq()); // still readable after the move
+    /// # Ok(()) }
+    /// ```
     pub fn task(&self) -> Task {
         Task { inner: self.inner.clone() }
     }
@@ -413,6 +539,14 @@ impl Job {
     /// # Cancel safety
     ///
     /// As [`ack_durable`](Job::ack_durable).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(job: rockq::Job) -> Result<(), rockq::Error> {
+    /// job.nack_durable().await?; // durably released for another attempt
+    /// # Ok(()) }
+    /// ```
     pub async fn nack_durable(self) -> Result<(), AckError> {
         self.settle(true, Kind::Retry { delay: None, error: "nacked".into() }).await
     }
@@ -428,6 +562,17 @@ impl Job {
     /// # Cancel safety
     ///
     /// As [`nack`](Job::nack).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(job: rockq::Job) -> Result<(), rockq::Error> {
+    /// match std::str::from_utf8(job.payload()) {
+    ///     Ok(_) => job.ack()?,
+    ///     Err(e) => job.fail(e).await?, // retried after the group's backoff
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn fail(self, error: impl std::fmt::Display) -> Result<(), AckError> {
         self.settle(false, Kind::Retry { delay: None, error: error.to_string() }).await
     }
@@ -441,6 +586,14 @@ impl Job {
     /// # Cancel safety
     ///
     /// As [`ack_durable`](Job::ack_durable).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(job: rockq::Job) -> Result<(), rockq::Error> {
+    /// job.fail_durable("upstream returned 503").await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn fail_durable(self, error: impl std::fmt::Display) -> Result<(), AckError> {
         self.settle(true, Kind::Retry { delay: None, error: error.to_string() }).await
     }
@@ -457,6 +610,16 @@ impl Job {
     /// # Cancel safety
     ///
     /// As [`nack`](Job::nack).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(job: rockq::Job) -> Result<(), rockq::Error> {
+    /// use std::time::Duration;
+    /// // Rate-limited upstream: try again in a minute.
+    /// job.retry_after(Duration::from_secs(60)).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn retry_after(self, delay: Duration) -> Result<(), AckError> {
         let error = format!("retry requested after {delay:?}");
         self.settle(false, Kind::Retry { delay: Some(delay), error }).await
@@ -471,6 +634,15 @@ impl Job {
     /// # Cancel safety
     ///
     /// As [`ack_durable`](Job::ack_durable).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(job: rockq::Job) -> Result<(), rockq::Error> {
+    /// use std::time::Duration;
+    /// job.retry_after_durable(Duration::from_secs(60)).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn retry_after_durable(self, delay: Duration) -> Result<(), AckError> {
         let error = format!("retry requested after {delay:?}");
         self.settle(true, Kind::Retry { delay: Some(delay), error }).await
@@ -498,6 +670,16 @@ impl Job {
     /// # Cancel safety
     ///
     /// As [`nack`](Job::nack).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(job: rockq::Job) -> Result<(), rockq::Error> {
+    /// if job.payload().is_empty() {
+    ///     job.dead_letter("empty payload").await?; // no point retrying
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn dead_letter(self, reason: impl Into<String>) -> Result<(), AckError> {
         self.settle(false, Kind::DeadLetter { reason: reason.into() }).await
     }
@@ -512,6 +694,14 @@ impl Job {
     /// # Cancel safety
     ///
     /// As [`ack_durable`](Job::ack_durable).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(job: rockq::Job) -> Result<(), rockq::Error> {
+    /// job.dead_letter_durable("unknown schema version").await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn dead_letter_durable(self, reason: impl Into<String>) -> Result<(), AckError> {
         self.settle(true, Kind::DeadLetter { reason: reason.into() }).await
     }

@@ -168,6 +168,15 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
     /// renewed to a full term when a handler starts it; so with slow handlers keep
     /// `prefetch / concurrency × handler time` well below the lease. `0` claims only for idle
     /// handlers (one claim write per free handler).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(group: rockq::WorkGroup) -> Result<(), rockq::Error> {
+    /// // Slow handlers and a short lease: claim only for idle handlers.
+    /// group.workers(4).prefetch(0).run(|task: rockq::Task| async move { Ok(()) }).await?;
+    /// # Ok(()) }
+    /// ```
     pub fn prefetch(mut self, n: usize) -> Self {
         self.prefetch = Some(n);
         self
@@ -175,12 +184,35 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
 
     /// Extend each job's lease automatically (every third of the lease) while its handler
     /// runs. Default off.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(group: rockq::WorkGroup) -> Result<(), rockq::Error> {
+    /// // Handlers that may outlive the lease keep their jobs.
+    /// group.workers(4).heartbeat(true).run(|task: rockq::Task| async move { Ok(()) }).await?;
+    /// # Ok(()) }
+    /// ```
     pub fn heartbeat(mut self, on: bool) -> Self {
         self.heartbeat = on;
         self
     }
 
     /// Stop when `token` is cancelled.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(group: rockq::WorkGroup) -> Result<(), rockq::Error> {
+    /// let stop = rockq::CancellationToken::new();
+    /// let on_signal = stop.clone();
+    /// tokio::spawn(async move {
+    ///     let _ = tokio::signal::ctrl_c().await;
+    ///     on_signal.cancel();
+    /// });
+    /// let report = group.workers(8).shutdown_on(stop).run(|task: rockq::Task| async move { Ok(()) }).await?;
+    /// # Ok(()) }
+    /// ```
     pub fn shutdown_on(mut self, token: CancellationToken) -> Self {
         self.token = token;
         self
@@ -188,6 +220,19 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
 
     /// How long running handlers may take to finish once the pool stops. Default 30 s; a
     /// timeout over 100 years is clamped to 100 years.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(group: rockq::WorkGroup) -> Result<(), rockq::Error> {
+    /// use std::time::Duration;
+    /// let pool = group
+    ///     .workers(8)
+    ///     .drain_timeout(Duration::from_secs(5))
+    ///     .spawn(|task: rockq::Task| async move { Ok(()) });
+    /// let report = pool.shutdown().await?; // waits at most 5 s for running handlers
+    /// # Ok(()) }
+    /// ```
     pub fn drain_timeout(mut self, d: Duration) -> Self {
         self.drain_timeout = crate::clock::clamp_delay(d);
         self
@@ -213,6 +258,24 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
     /// back with the same attempt number. Outcomes already recorded stay. To let running
     /// handlers finish, stop the pool with its token or use [`spawn`](Workers::spawn) and
     /// [`PoolHandle::shutdown`](crate::PoolHandle::shutdown).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let report = queue
+    ///     .work_group("mailer")?
+    ///     .workers(16)
+    ///     .run(|task: rockq::Task| async move {
+    ///         if task.payload().is_empty() {
+    ///             return Err(rockq::HandlerError::dead_letter("empty message"));
+    ///         }
+    ///         Ok(())
+    ///     })
+    ///     .await?;
+    /// println!("{} acked, {} failed", report.acked, report.failed);
+    /// # Ok(()) }
+    /// ```
     pub async fn run<H, M>(self, handler: H) -> Result<PoolReport, Error>
     where
         H: IntoHandler<S, M>,

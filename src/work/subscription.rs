@@ -116,6 +116,20 @@ impl WorkSubscription {
     }
 
     /// Jobs this subscription holds (handed out or buffered, not settled).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use futures::StreamExt;
+    /// let mut jobs = queue.work_group("mailer")?.max_in_flight(8).subscribe().await?;
+    /// if let Some(job) = jobs.next().await {
+    ///     let job = job?;
+    ///     assert!(jobs.in_flight() >= 1); // this job is held until settled
+    ///     job.ack()?;
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn in_flight(&self) -> usize {
         self.ctx.limit.load(Ordering::Relaxed).saturating_sub(self.ctx.permits.available_permits())
     }

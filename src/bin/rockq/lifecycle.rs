@@ -9,7 +9,7 @@ use rockq::Broker;
 use serde_json::json;
 
 use crate::args::Confirm;
-use crate::run::{Failure, Result, exclusive, finish, say};
+use crate::session::{Failure, Result, exclusive, finish, say};
 
 /// Exit code of a destructive command refused for want of a confirmation.
 const NOT_CONFIRMED: u8 = 2;

@@ -11,6 +11,7 @@ mod args;
 mod format;
 mod lifecycle;
 mod run;
+mod session;
 
 use clap::Parser;
 

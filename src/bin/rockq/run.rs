@@ -4,28 +4,12 @@ use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use rockq::{Broker, Inspector, OpenError, ResetTo};
+use rockq::{Broker, Inspector, ResetTo};
 use serde_json::json;
 
 use crate::args::{Cli, Command, Dlq, Group, ResetTarget};
 use crate::format::{self, table};
-
-/// A failure to report: its message and the process exit code.
-pub struct Failure {
-    pub message: String,
-    pub code: u8,
-}
-
-/// Exit code when the database is held by another process.
-const LOCKED: u8 = 3;
-
-impl<E: std::fmt::Display> From<E> for Failure {
-    fn from(e: E) -> Self {
-        Failure { message: e.to_string(), code: 1 }
-    }
-}
-
-pub(crate) type Result<T> = std::result::Result<T, Failure>;
+use crate::session::{Failure, Result, exclusive, finish, inspect, say};
 
 pub async fn run(cli: Cli) -> Result<()> {
     let (json, db) = (cli.json, cli.db.as_path());
@@ -64,50 +48,6 @@ pub async fn run(cli: Cli) -> Result<()> {
             let res = trim(&broker, json).await;
             finish(broker, res).await
         }
-    }
-}
-
-/// Read-only access: no lock taken, so it works beside a running service.
-async fn inspect(db: &Path) -> Result<Inspector> {
-    Inspector::open(db).await.map_err(|e| open_failure(db, e, "this command"))
-}
-
-/// Exclusive access, for commands that write.
-pub(crate) async fn exclusive(db: &Path, what: &str) -> Result<Broker> {
-    Broker::options().create_if_missing(false).open(db).await.map_err(|e| open_failure(db, e, what))
-}
-
-fn open_failure(db: &Path, e: OpenError, what: &str) -> Failure {
-    match e {
-        OpenError::Locked { .. } => Failure {
-            message: format!(
-                "database {} is locked by another process. `rockq {what}` changes the database and needs it to \
-                 itself: stop the service first, or call the library from it. Read-only commands (stats, groups, \
-                 peek, scheduled, schedules, pending, dlq list, dlq peek) work while it runs.",
-                db.display()
-            ),
-            code: LOCKED,
-        },
-        OpenError::NotFound { .. } => Failure::from(format!(
-            "no database at {} (give the directory with --db or ROCKQ_DB)",
-            db.display()
-        )),
-        other => Failure::from(other),
-    }
-}
-
-/// Shuts the broker down cleanly whatever the command's outcome.
-pub(crate) async fn finish(broker: Broker, res: Result<()>) -> Result<()> {
-    let closed = broker.shutdown().await;
-    res?;
-    closed.map_err(Failure::from)
-}
-
-pub(crate) fn say(json: bool, value: serde_json::Value, text: impl FnOnce() -> String) {
-    if json {
-        println!("{value}");
-    } else {
-        println!("{}", text());
     }
 }
 

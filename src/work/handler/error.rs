@@ -107,6 +107,16 @@ impl HandlerError {
     }
 
     /// The same error, dead-lettered now instead.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let e = rockq::HandlerError::from_error(std::io::Error::other("bad magic bytes"));
+    /// assert!(!e.is_dead_letter());
+    /// let e = e.into_dead_letter();
+    /// assert!(e.is_dead_letter());
+    /// assert_eq!(e.message(), "bad magic bytes");
+    /// ```
     pub fn into_dead_letter(self) -> Self {
         self.with_action(Action::DeadLetter)
     }
@@ -117,16 +127,38 @@ impl HandlerError {
     }
 
     /// The error text with its source chain, `outer: cause: root cause`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(rockq::HandlerError::retry("upstream 503").message(), "upstream 503");
+    /// ```
     pub fn message(&self) -> &str {
         &self.message
     }
 
     /// The wrapped error, if it was made from one (for downcasting).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let e = rockq::HandlerError::from_error(std::io::Error::other("disk full"));
+    /// let io = e.source().and_then(|s| s.downcast_ref::<std::io::Error>()).unwrap();
+    /// assert_eq!(io.kind(), std::io::ErrorKind::Other);
+    /// assert!(rockq::HandlerError::retry("no source").source().is_none());
+    /// ```
     pub fn source(&self) -> Option<&(dyn StdError + Send + Sync + 'static)> {
         self.source.as_deref()
     }
 
     /// Whether it asks for a dead letter rather than a retry.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(rockq::HandlerError::dead_letter("malformed").is_dead_letter());
+    /// assert!(!rockq::HandlerError::retry("timeout").is_dead_letter());
+    /// ```
     pub fn is_dead_letter(&self) -> bool {
         self.action == Action::DeadLetter
     }
@@ -222,6 +254,14 @@ pub trait HandlerResultExt<T> {
     /// # Errors
     ///
     /// The error, as a [`HandlerError`] that retries.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use rockq::HandlerResultExt;
+    /// let e = "x".parse::<u32>().retry().unwrap_err();
+    /// assert!(!e.is_dead_letter());
+    /// ```
     fn retry(self) -> Result<T, HandlerError>;
 
     /// On error: retry after exactly `delay`.
@@ -229,6 +269,16 @@ pub trait HandlerResultExt<T> {
     /// # Errors
     ///
     /// The error, as a [`HandlerError`] that retries after `delay`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use rockq::HandlerResultExt;
+    /// let r: Result<(), std::io::Error> = Err(std::io::Error::other("rate limited"));
+    /// let e = r.retry_after(Duration::from_secs(30)).unwrap_err();
+    /// assert_eq!(e.message(), "rate limited");
+    /// ```
     fn retry_after(self, delay: Duration) -> Result<T, HandlerError>;
 
     /// On error: dead-letter now, with the error's chain as the reason.
@@ -236,6 +286,14 @@ pub trait HandlerResultExt<T> {
     /// # Errors
     ///
     /// The error, as a [`HandlerError`] that dead-letters.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use rockq::HandlerResultExt;
+    /// let e = "x".parse::<u32>().dead_letter().unwrap_err();
+    /// assert!(e.is_dead_letter());
+    /// ```
     fn dead_letter(self) -> Result<T, HandlerError>;
 }
 

@@ -46,6 +46,25 @@ use super::job::Task;
 #[async_trait::async_trait]
 pub trait Handler<S: Send + Sync + 'static = ()>: Send + Sync + 'static {
     /// Handles one job.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use rockq::{Handler, HandlerError, Task};
+    ///
+    /// struct Log;
+    ///
+    /// #[async_trait::async_trait]
+    /// impl Handler for Log {
+    ///     async fn handle(&self, task: Task, _state: &()) -> Result<(), HandlerError> {
+    ///         println!("{}#{}", task.queue(), task.seq());
+    ///         Ok(())
+    ///     }
+    /// }
+    /// # async fn demo(group: rockq::WorkGroup) -> Result<(), rockq::Error> {
+    /// group.workers(4).run(Log).await?;
+    /// # Ok(()) }
+    /// ```
     async fn handle(&self, task: Task, state: &S) -> Result<(), HandlerError>;
 }
 
@@ -57,6 +76,18 @@ pub trait IntoHandler<S: Send + Sync + 'static, M>: Send + 'static {
     type Handler: Handler<S>;
 
     /// Makes the handler.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use rockq::{IntoHandler, Task};
+    /// // Pools call this; a closure becomes a `Handler` without any wrapping by hand.
+    /// let handler = IntoHandler::<(), _>::into_handler(|task: Task| async move {
+    ///     println!("{}", task.seq());
+    ///     Ok(())
+    /// });
+    /// # drop(handler);
+    /// ```
     fn into_handler(self) -> Self::Handler;
 }
 

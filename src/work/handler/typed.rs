@@ -18,6 +18,18 @@ pub trait IntoTypedHandler<T, S: Send + Sync + 'static, M>: Send + 'static {
     type Handler: Handler<S>;
 
     /// Makes the handler.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use rockq::{IntoTypedHandler, Task};
+    /// // Pools call this from `run_typed`; the closure gets the decoded value.
+    /// let handler = IntoTypedHandler::<Vec<u64>, (), _>::into_typed_handler(|ids: Vec<u64>, task: Task| async move {
+    ///     println!("{} ids in #{}", ids.len(), task.seq());
+    ///     Ok(())
+    /// });
+    /// # drop(handler);
+    /// ```
     fn into_typed_handler(self) -> Self::Handler;
 }
 
