@@ -122,6 +122,30 @@ pub struct DecodeError {
     source: BoxError,
 }
 
+/// Whether a decode failed for want of the codec (unknown name, or its feature off), which a
+/// fixed deployment can decode, or on the payload itself, which nothing ever will.
+impl DecodeError {
+    /// Whether the codec the message names is unknown to this build (not compiled in, or
+    /// misspelt): the payload itself may be fine, and a build with the codec can decode it.
+    /// Typed pools retry such messages and typed streams stop at them, instead of
+    /// dead-lettering them.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(delivery: rockq::Delivery) {
+    /// if let Err(e) = delivery.decode::<u64>() {
+    ///     if e.is_unknown_codec() {
+    ///         eprintln!("deploy a build with codec {}", e.codec());
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub fn is_unknown_codec(&self) -> bool {
+        self.source.is::<UnknownCodec>()
+    }
+}
+
 impl DecodeError {
     pub(crate) fn new(queue: &str, seq: u64, codec: &str, type_name: &'static str, source: BoxError) -> Self {
         DecodeError { queue: queue.to_owned(), seq, codec: codec.to_owned(), type_name, source }

@@ -483,6 +483,15 @@ pub enum SubscribeError {
         /// The queue.
         queue: String,
     },
+    /// The group was deleted ([`Broker::delete_group`](crate::Broker::delete_group)) while
+    /// this call was on its way: nothing was written. Subscribing again creates it afresh.
+    #[error("group {group:?} on queue {queue:?} was deleted meanwhile")]
+    GroupDeleted {
+        /// The queue.
+        queue: String,
+        /// The group.
+        group: String,
+    },
     /// [`StartFrom::Sequence`](crate::StartFrom::Sequence) names a sequence outside
     /// `first..=last + 1` of the queue.
     #[error("sequence {requested} is outside the queue's range {first}..={next}")]
@@ -883,15 +892,16 @@ impl Error {
 
     /// Whether trying the same operation again later, unchanged, may succeed: a conflict with
     /// something that ends on its own (another subscription of an ordered group still
-    /// active, a reset while a subscription is active, a concurrent redrive, a lease lost to
-    /// expiry — the message comes back and can be handled again). Not retryable: bad input,
-    /// shutdown, a failed-closed broker (reopen it), corruption, decode errors.
+    /// active, a reset while a subscription is active, a concurrent redrive). Not retryable:
+    /// bad input, shutdown, a failed-closed broker (reopen it), corruption, decode errors, and
+    /// a lost lease (settling that job again fails again; the message itself comes back to
+    /// be handled anew).
     ///
     /// # Examples
     ///
     /// ```
     /// let lost = rockq::Error::from(rockq::AckError::LeaseLost { seq: 7, attempt: 1 });
-    /// assert!(lost.is_retryable());
+    /// assert!(!lost.is_retryable());
     /// ```
     pub fn is_retryable(&self) -> bool {
         matches!(
@@ -899,7 +909,6 @@ impl Error {
             Error::Subscribe(SubscribeError::AlreadySubscribed { .. })
                 | Error::Reset(ResetError::Active { .. })
                 | Error::Redrive(RedriveError::Conflict { .. })
-                | Error::Ack(AckError::LeaseLost { .. })
         )
     }
 

@@ -33,6 +33,27 @@ async fn write_error_fails_the_call_and_the_broker_closed_then_reopen_recovers()
     broker.shutdown().await.unwrap();
 }
 
+/// Regression (review of issue 17): `Delivery::ack_durable` waited forever once the broker
+/// failed closed, as no offset becomes durable after a write error.
+async fn ack_durable_ends_when_the_broker_fails_closed() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("q").await.unwrap();
+    q.send_batch(["a", "b"]).await.unwrap();
+    let mut sub = q.group("g").unwrap().subscribe().await.unwrap();
+    let (a, b) = (next(&mut sub).await, next(&mut sub).await);
+    // Waiting on `a`, still out: the offset cannot cover `b` yet.
+    let waiting = tokio::spawn(b.ack_durable());
+    fail::cfg("rockq-writer-write", "return").unwrap();
+    assert!(matches!(q.send("x").await, Err(SendError::Storage(_))));
+    fail::remove("rockq-writer-write");
+    let res =
+        tokio::time::timeout(std::time::Duration::from_secs(30), waiting).await.expect("ack_durable hung");
+    assert!(matches!(res.unwrap(), Err(AckError::Failed(_))));
+    drop(a);
+    let _ = broker.shutdown().await;
+}
+
 async fn sync_error_under_fsync_fails_the_send() {
     let dir = tempdir();
     {
@@ -603,6 +624,7 @@ async fn an_ordered_dead_letter_and_the_offset_past_it_are_one_write() {
 async fn injected_storage_errors() {
     let scenario = fail::FailScenario::setup();
     write_error_fails_the_call_and_the_broker_closed_then_reopen_recovers().await;
+    ack_durable_ends_when_the_broker_fails_closed().await;
     sync_error_under_fsync_fails_the_send().await;
     failed_outcome_write_leaves_the_claim_for_redelivery().await;
     read_error_ends_the_stream_with_an_error().await;

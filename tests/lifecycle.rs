@@ -491,3 +491,57 @@ async fn bad_input_and_missing_names_change_nothing() {
     assert_eq!(broker.get_queue("q").unwrap().len(), 1);
     broker.shutdown().await.unwrap();
 }
+
+/// Regression (review of issue 17): a handle made before a queue was deleted reached the group
+/// of the same name on the queue created again under that name, and a reset through it moved
+/// the new group's offset past messages it never received.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_handle_cannot_reset_or_reconfigure_a_recreated_queues_group() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let old = broker.queue("q").await.unwrap();
+    old.send_batch((0..50).map(|i| i.to_string())).await.unwrap();
+    let (old_work, old_ordered) = (old.work_group("w").unwrap(), old.group("o").unwrap());
+    drop(old_work.subscribe().await.unwrap());
+    drop(old_ordered.subscribe().await.unwrap());
+    assert!(broker.delete_queue("q").await.unwrap());
+
+    let new = broker.queue("q").await.unwrap();
+    new.send_batch(["a", "b", "c"]).await.unwrap();
+    drop(new.work_group("w").unwrap().subscribe().await.unwrap());
+    drop(new.group("o").unwrap().subscribe().await.unwrap());
+    let to = rockq::ResetTo::Sequence(4);
+    assert!(old_work.reset_to(to).await.is_err(), "a stale work-group handle must not reset the new group");
+    assert!(old_ordered.reset_to(to).await.is_err(), "nor a stale ordered handle");
+    assert!(old_work.committed().is_none() && old_ordered.committed().is_none());
+    assert!(old_work.clone().lease(Duration::from_secs(1)).update().await.is_err());
+    // The new groups still deliver all three.
+    let mut jobs = new.work_group("w").unwrap().subscribe().await.unwrap();
+    for _ in 0..3 {
+        next_job(&mut jobs).await.ack_durable().await.unwrap();
+    }
+    let mut sub = new.group("o").unwrap().subscribe().await.unwrap();
+    assert_eq!(payloads(&take(&mut sub, 3).await), ["a", "b", "c"]);
+    broker.shutdown().await.unwrap();
+}
+
+/// Regression (review of issue 17): a delivery handed back (nacked) before a purge was
+/// delivered again after it, though the purge deleted it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_also_drops_deliveries_waiting_to_be_redelivered() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("q").await.unwrap();
+    q.send_batch(["old-1", "old-2"]).await.unwrap();
+    let mut sub = q.group("g").unwrap().subscribe().await.unwrap();
+    let (a, b) = (next(&mut sub).await, next(&mut sub).await);
+    a.nack();
+    b.nack_after(Duration::from_secs(3600));
+    assert_eq!(broker.purge_queue("q").await.unwrap(), 2);
+    q.send("new").await.unwrap();
+    let d = next(&mut sub).await;
+    assert_eq!(d.payload().as_ref(), b"new", "nothing purged comes back");
+    d.ack_durable().await.unwrap();
+    assert_eq!(sub.committed(), 3);
+    broker.shutdown().await.unwrap();
+}

@@ -302,3 +302,41 @@ async fn a_tower_service_can_dead_letter_through_its_layers() {
     assert_eq!((dead.len(), dead[0].attempts, dead[0].reason.as_str()), (1, 1, "malformed invoice"));
     broker.shutdown().await.unwrap();
 }
+
+/// Regression (review of issue 17): a message naming a codec this build lacks was
+/// dead-lettered at once, so one misbuilt consumer emptied the queue into the DLQ. It is a
+/// deployment problem, not the message's: pools retry it, typed streams stop at it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_codec_this_build_lacks_is_retried_or_stops_the_stream_instead_of_dead_lettering() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("q").await.unwrap();
+    q.send(rockq::Message::new("<order/>").header(rockq::CODEC_HEADER, "xml")).await.unwrap();
+
+    let mut ordered = q.group("g").unwrap().subscribe().await.unwrap().decoded::<Order>();
+    match ordered.next().await.unwrap() {
+        Err(rockq::Error::Decode(e)) => assert!(e.is_unknown_codec() && e.codec() == "xml", "{e}"),
+        other => panic!("expected a decode error, got {other:?}"),
+    }
+    assert!(ordered.next().await.is_none(), "the stream stops at it");
+    drop(ordered);
+
+    let stop = CancellationToken::new();
+    let watcher = stop_after(&broker, "w", 1, stop.clone());
+    let group = q.work_group("w").unwrap().retry_policy(quick_retries(2));
+    group.workers(1).shutdown_on(stop).run_typed(|_o: Order, _t: Task| async { Ok(()) }).await.unwrap();
+    let events = watcher.await.unwrap();
+    assert!(
+        matches!(
+            events.iter().find(|e| !matches!(e, Event::Delivered { .. })),
+            Some(Event::Retried { attempt: 1, .. })
+        ),
+        "retried first, not dead-lettered at once: {events:?}"
+    );
+    // The ordered group never dead-lettered it: the only dead letter is the pool's, after its
+    // attempts were used up.
+    let dead = broker.dead_letters("q.dlq").await.unwrap().list(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!((dead[0].group.as_deref(), dead[0].attempts), (Some("w"), 2));
+    broker.shutdown().await.unwrap();
+}

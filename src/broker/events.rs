@@ -18,14 +18,16 @@ use crate::events::Event;
 /// Like [`Broker::events`], it sees the events sent after it was made, and a stream that
 /// falls behind the bounded channel loses the oldest ones: they are skipped (never an error
 /// that ends the stream) and counted in [`missed`](EventStream::missed), with a warning in the
-/// log. The stream ends when the broker is shut down (after the events sent before).
+/// log. The stream ends when [`Broker::shutdown`] has completed, after the last events (those
+/// of pools draining and of the final flush).
 ///
 /// # Cancel safety
 ///
 /// `next()` is cancel safe: an event is taken from the channel only when returned.
 pub struct EventStream {
     inner: BroadcastStream<Event>,
-    /// Ends the stream at shutdown even while handles keep the channel's sender alive.
+    /// Ends the stream once shutdown is complete (pools drained, the writer stopped: no event
+    /// comes after), even while handles keep the channel's sender alive.
     closing: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
     queue: Option<Arc<str>>,
     group: Option<Arc<str>>,
@@ -63,7 +65,7 @@ impl Broker {
     pub fn event_stream(&self) -> EventStream {
         EventStream {
             inner: BroadcastStream::new(self.shared.events().subscribe()),
-            closing: Box::pin(self.shared.closing.clone().cancelled_owned()),
+            closing: Box::pin(self.shared.stopped.clone().cancelled_owned()),
             queue: None,
             group: None,
             missed: Arc::default(),
@@ -147,7 +149,7 @@ impl Stream for EventStream {
                     tracing::warn!(missed = n, "rockq: event stream fell behind; events lost");
                 }
                 Poll::Ready(None) => return Poll::Ready(None),
-                // Events sent before the shutdown were taken above; nothing comes after it.
+                // Everything sent before the writer stopped was taken above.
                 Poll::Pending => return this.closing.as_mut().poll(cx).map(|()| None),
             }
         }

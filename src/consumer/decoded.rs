@@ -18,14 +18,18 @@ use crate::error::Error;
 /// queue, with the [`DecodeError`](crate::DecodeError) as the reason, as
 /// [`Delivery::dead_letter`] does) and yielded as `Err(Error::Decode(..))`; the stream then
 /// goes on with the next message. No later attempt could decode it, and an ordered group must
-/// not stop on it forever; the dead letter keeps it, for a fix and a redrive. Other errors end
-/// the stream as they end a [`Subscription`].
+/// not stop on it forever; the dead letter keeps it, for a fix and a redrive. A message whose
+/// codec this build lacks ([`DecodeError::is_unknown_codec`](crate::DecodeError::is_unknown_codec))
+/// is not the message's fault: it is yielded as the error, handed back, and the stream ends
+/// (as after a read error), so a consumer built with the codec gets it. Other errors end the
+/// stream as they end a [`Subscription`].
 ///
 /// # Cancel safety
 ///
 /// As [`Subscription`]: `next()` is cancel safe.
 pub struct Decoded<T> {
     inner: Subscription,
+    ended: bool,
     _t: PhantomData<fn() -> T>,
 }
 
@@ -60,7 +64,7 @@ impl Subscription {
     /// # Ok(()) }
     /// ```
     pub fn decoded<T: DeserializeOwned>(self) -> Decoded<T> {
-        Decoded { inner: self, _t: PhantomData }
+        Decoded { inner: self, ended: false, _t: PhantomData }
     }
 }
 
@@ -88,9 +92,20 @@ impl<T: DeserializeOwned> Stream for Decoded<T> {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(None);
+        }
         match this.inner.poll_next_unpin(cx) {
             Poll::Ready(Some(Ok(delivery))) => Poll::Ready(Some(match delivery.decode::<T>() {
                 Ok(value) => Ok((value, delivery)),
+                Err(e) if e.is_unknown_codec() => {
+                    // A build without the codec: nothing is wrong with the message. It goes
+                    // back (dropped) and the stream ends, as after a read error: a consumer
+                    // with the codec delivers it.
+                    this.ended = true;
+                    drop(delivery);
+                    Err(Error::Decode(e))
+                }
                 Err(e) => {
                     tracing::warn!(queue = %delivery.queue(), group = %delivery.group(), seq = delivery.seq(), error = %e, "rockq: payload does not decode; dead-lettered");
                     // After a shutdown the delivery comes back at the next open instead.

@@ -304,7 +304,8 @@ impl Delivery {
     /// # Errors
     ///
     /// [`AckError::Shutdown`] if the broker is (or gets) shut down first;
-    /// [`AckError::Deleted`] if the group or its queue is (or gets) deleted first.
+    /// [`AckError::Failed`] if it fails closed first (a write error); [`AckError::Deleted`] if
+    /// the group or its queue is (or gets) deleted first.
     ///
     /// # Cancel safety
     ///
@@ -334,6 +335,10 @@ impl Delivery {
             }
             if sub.shared.is_closed() {
                 return Err(AckError::Shutdown);
+            }
+            if let Some(failed) = sub.shared.failed() {
+                // Failed closed: the offset will not become durable in this process.
+                return Err(AckError::Failed(failed));
             }
             if g.is_deleted() {
                 return Err(AckError::Deleted { queue: g.queue.name.to_string(), group: g.name.to_string() });

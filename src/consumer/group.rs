@@ -187,7 +187,8 @@ impl Group {
 
     /// The group's engine state, once it exists.
     fn state(&self) -> Option<Arc<OrderedGroupState>> {
-        self.shared.ordered_group(&self.name, &self.queue.name)
+        // Only this handle's queue (see `WorkGroup::state`).
+        self.shared.ordered_group(&self.name, &self.queue.name).filter(|g| Arc::ptr_eq(&g.queue, &self.queue))
     }
 
     /// The dead-letter settings of a subscription. The default queue name is checked only when

@@ -77,6 +77,8 @@ pub struct Subscription {
     reading: Option<ReadTask>,
     read_batch: usize,
     done: bool,
+    /// The queue's purge mark last applied to the handed-back deliveries.
+    purge_seen: u64,
     /// Deliveries not yet added to the metrics counter (flushed once per batch).
     delivered: u64,
     /// Wakes the stream when the first `nack_after` redelivery is due.
@@ -108,6 +110,7 @@ impl Subscription {
             queue,
             read_batch,
             done: false,
+            purge_seen: 0,
             delivered: 0,
             timer: None,
         }
@@ -250,6 +253,12 @@ impl Stream for Subscription {
                 while this.buffer.front().is_some_and(|m| m.seq <= purged) {
                     this.buffer.pop_front();
                 }
+                this.sub.skip_to(purged.saturating_add(1));
+            }
+            if purged > this.purge_seen {
+                // Handed back before the purge (nacked, delayed) and not in the buffer: gone
+                // too, counted done (`skip_to` drops them from the window).
+                this.purge_seen = purged;
                 this.sub.skip_to(purged.saturating_add(1));
             }
             if this.sub.group.paused.load(Ordering::Acquire) {

@@ -85,6 +85,10 @@ impl Engine {
     pub fn fail(&self, why: Failure) {
         *self.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
         self.inbox.fail(&why);
+        // No offset becomes durable any more: wake whoever waits for one to see the failure.
+        for g in self.registry.ordered.iter() {
+            g.value().durable_moved.notify_waiters();
+        }
     }
 
     pub fn mark_dirty(&self, group: Arc<OrderedGroupState>) {

@@ -74,6 +74,7 @@ pub(crate) async fn open(path: &Path, options: Options) -> Result<Arc<Shared>, O
         runtime,
         writer: Mutex::new(Some(handle)),
         closing: tokio_util::sync::CancellationToken::new(),
+        stopped: tokio_util::sync::CancellationToken::new(),
         pools: tokio_util::task::TaskTracker::new(),
         shutdown: Mutex::new(None),
     });

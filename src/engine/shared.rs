@@ -36,6 +36,8 @@ pub(crate) struct Shared {
     /// Cancelled when shutdown begins: work-queue subscriptions stop claiming and worker pools
     /// drain, while acks are still accepted.
     pub closing: tokio_util::sync::CancellationToken,
+    /// Cancelled once shutdown is complete: the writer has stopped, so no event comes after.
+    pub stopped: tokio_util::sync::CancellationToken,
     /// Running worker pools; shutdown waits for them to drain.
     pub pools: tokio_util::task::TaskTracker,
     /// The one shutdown, once begun: every caller of [`Broker::shutdown`](crate::Broker::shutdown) awaits it.
@@ -53,6 +55,11 @@ impl Shared {
     /// Whether writes can still land: not shut down, and not failed closed.
     pub fn is_writable(&self) -> bool {
         !self.is_closed() && self.engine.failure().is_none()
+    }
+
+    /// Why the broker failed closed, if it did.
+    pub fn failed(&self) -> Option<crate::error::FailedError> {
+        self.engine.failure().map(Into::into)
     }
 
     /// The broker's clock: leases, retries, delays and enqueue times.
@@ -179,6 +186,7 @@ impl Shared {
             })
             .await;
         let (joined, closed) = joined.unwrap_or((false, Ok(())));
+        self.stopped.cancel();
         flushed?;
         closed?;
         if !joined {

@@ -327,7 +327,9 @@ impl WorkGroup {
     }
 
     fn state(&self) -> Option<Arc<WorkGroupState>> {
-        self.shared.work_group(&self.name, &self.queue.name)
+        // Only this handle's queue: after a delete, a queue created again under the name is
+        // another queue, and a stale handle must not move or reconfigure its groups.
+        self.shared.work_group(&self.name, &self.queue.name).filter(|g| Arc::ptr_eq(&g.queue, &self.queue))
     }
 
     /// The committed offset: everything up to it is acked or dead-lettered, durably. `None` if

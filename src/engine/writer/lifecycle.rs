@@ -122,6 +122,12 @@ fn delete_queue(r: &mut Round<'_>, name: &str, reply: Reply<bool, QueueError>) {
     r.written.next_seq.remove(&id);
     r.written.queues.remove(name);
     r.written.queue_ids.remove(&id);
+    // Created earlier in this round: answer its creators now (with the deleted state, which
+    // refuses everything), so that the completer does not register it after all, and a create
+    // later in this round makes a new queue.
+    if let Some((q, waiters)) = r.done.queues.remove(&queue.name) {
+        waiters.into_iter().for_each(|w| drop(w.send(Ok(q.clone()))));
+    }
     r.engine.registry.queues.remove_if(name, |_, q| Arc::ptr_eq(q, &queue));
     r.batch.put_next_queue_id(r.written.next_queue_id);
     queue.mark_deleted();
@@ -141,6 +147,10 @@ fn forget_ordered(r: &mut Round<'_>, g: &Arc<OrderedGroupState>) {
     let id = g.keys.id().to_vec();
     r.written.ordered.remove(&id);
     r.engine.registry.ordered.remove_if(&id, |_, s| Arc::ptr_eq(s, g));
+    // Created earlier in this round: not registered after all (see `delete_queue`).
+    if let Some((created, waiters)) = r.done.ordered.remove(&id) {
+        waiters.into_iter().for_each(|w| drop(w.send(Ok(created.clone()))));
+    }
     let pending = std::mem::take(&mut g.records().pending);
     drop(pending);
 }
@@ -152,6 +162,9 @@ fn forget_work(r: &mut Round<'_>, g: &Arc<WorkGroupState>) {
     let id = g.keys.id().to_vec();
     r.written.work.remove(&id);
     r.engine.registry.work.remove_if(&id, |_, s| Arc::ptr_eq(s, g));
+    if let Some((created, waiters)) = r.done.work.remove(&id) {
+        waiters.into_iter().for_each(|w| drop(w.send(Ok(created.clone()))));
+    }
     r.done.work_offsets.remove(&super::round::GroupPtr::of(g));
     drop(g.take_queued_acks());
 }

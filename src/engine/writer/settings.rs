@@ -81,6 +81,17 @@ pub(super) fn refuse_request(req: SettingsRequest, why: &Closed) {
 pub(super) fn apply_work(r: &mut Round<'_>, req: WorkSettingsRequest) {
     let WorkSettingsRequest { group, requested, mode, reply } = req;
     let queue = group.queue.clone();
+    if group.is_deleted() {
+        // Written now, the record would outlive the group and be adopted by (or refuse) a
+        // group created again under the name.
+        let (q, g) = (queue.name.to_string(), group.name.to_string());
+        let e = match queue.is_deleted() {
+            true => SubscribeError::QueueDeleted { queue: q },
+            false => SubscribeError::GroupDeleted { queue: q, group: g },
+        };
+        let _ = reply.send(Err(e));
+        return;
+    }
     let current = match current(r, &group.name, &queue.name) {
         Ok(s) => s,
         Err(e) => {

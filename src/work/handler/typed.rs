@@ -55,10 +55,15 @@ impl<T, F, M> std::fmt::Debug for TypedHandler<T, F, M> {
     }
 }
 
-/// The payload as a `T`, or the dead-letter decision: a payload that does not decode now will
-/// not decode on a retry either, so retrying would only burn attempts.
+/// The payload as a `T`, or the decision: a payload that does not decode now will not decode
+/// on a retry either, so retrying would only burn attempts — dead-letter it. A codec this
+/// build lacks is a deployment problem, not the message's: retry (with backoff), so that a
+/// fixed consumer gets it, rather than dead-letter every message on a misbuilt one.
 fn decode<T: DeserializeOwned>(task: &Task) -> Result<T, HandlerError> {
-    task.decode::<T>().map_err(|e| HandlerError::from_error(e).into_dead_letter())
+    task.decode::<T>().map_err(|e| match e.is_unknown_codec() {
+        true => HandlerError::from_error(e),
+        false => HandlerError::from_error(e).into_dead_letter(),
+    })
 }
 
 #[async_trait::async_trait]
