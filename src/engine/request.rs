@@ -68,7 +68,7 @@ pub(crate) enum LifecycleRequest {
     /// Delete queue `name` with everything of it; `false` if there is none.
     DeleteQueue { name: String, reply: Reply<bool, QueueError> },
     /// Delete every message of queue `name` and move every group past them; the reply gives
-    /// how many were deleted. Refused with `Deleted` if there is no such queue.
+    /// how many were deleted. 0 if there is no such queue.
     PurgeQueue { name: String, reply: Reply<u64, QueueError> },
     /// Delete group `group` on queue `queue`, either mode; `false` if there is none.
     DeleteGroup { queue: String, group: String, reply: Reply<bool, QueueError> },
