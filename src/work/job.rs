@@ -52,6 +52,11 @@ impl JobInner {
         })
     }
 
+    /// When this holder's lease ends, on the broker's clock.
+    pub(crate) fn deadline(&self) -> Instant {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn extend(&self, by: Duration) -> Result<(), AckError> {
         let clock = self.shared.clock();
         let now = clock.now();

@@ -516,15 +516,23 @@ async fn run_one<S: Send + Sync + 'static, H: Handler<S>>(
         false => work.await,
         true => {
             tokio::pin!(work);
+            // A beat a third of a lease after the last extension, counted from the extension
+            // itself (its deadline), not from whenever this loop comes round again: a clock
+            // that moves meanwhile must not push the beat past the lease's end.
+            let beat = |lease: Duration| job.inner().deadline().checked_sub(lease - lease / 3);
+            let mut next = beat(job.group_lease()).unwrap_or_else(|| clock.now());
             loop {
-                // Read at each beat, so a settings update changes the beat of running jobs.
-                let lease = job.group_lease();
                 tokio::select! {
                     r = &mut work => break r,
-                    _ = clock.sleep_until(clock.after(lease / 3)) => {
+                    _ = clock.sleep_until(next) => {
+                        // Read at each beat, so a settings update changes the beat of running jobs.
+                        let lease = job.group_lease();
                         if job.extend(lease).is_err() {
                             // Lost anyway; let the handler finish, its outcome will be refused.
+                            next = clock.after(lease / 3);
+                            continue;
                         }
+                        next = beat(lease).unwrap_or_else(|| clock.after(lease / 3));
                     }
                 }
             }
