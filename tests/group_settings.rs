@@ -32,24 +32,7 @@ async fn group_stats(broker: &Broker, group: &str, queue: &str) -> GroupStats {
 /// Opens `path` on `clock` in `mode` after a broker on it was dropped without a shutdown (its
 /// writer releases the lock on its own thread: retried, bounded by `HANG_GUARD`).
 async fn reopen_clock_after_drop(path: &Path, clock: &ManualClock, mode: Durability) -> Broker {
-    let deadline = std::time::Instant::now() + HANG_GUARD;
-    loop {
-        let opened = Options::new()
-            .durability(mode)
-            .clock(clock.clone())
-            .retention_interval(Duration::ZERO)
-            .metrics_interval(Duration::ZERO)
-            .open(path)
-            .await;
-        match opened {
-            Ok(b) => return b,
-            Err(rockq::OpenError::Locked { .. }) if std::time::Instant::now() < deadline => {
-                tokio::task::yield_now().await;
-                std::thread::yield_now();
-            }
-            Err(e) => panic!("reopen: {e}"),
-        }
-    }
+    reopen_after_drop_with(path, || Options::new().durability(mode).clock(clock.clone())).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -350,14 +350,7 @@ impl SubShared {
         if exhausted && writable {
             let noun = if delivered == 1 { "delivery" } else { "deliveries" };
             let reason = format!("{delivered} {noun} used up; last: {}", how.describe());
-            let sub = self.clone();
-            self.group.records().pending.push(PendingRecord::DeadLetter {
-                msg,
-                deliveries: delivered,
-                reason,
-                sub,
-            });
-            self.to_writer();
+            self.dead_letter(msg, delivered, reason);
             return;
         }
         let clock = self.shared.clock();
@@ -391,8 +384,9 @@ impl SubShared {
         self.waker.wake();
     }
 
-    /// The application gave up on a delivery: it moves to the group's dead-letter queue with
-    /// `reason` in the writer's next round (as an exhausted delivery does).
+    /// A delivery gives up (the application's `Delivery::dead_letter`, or its last delivery
+    /// came back): it moves to the group's dead-letter queue with `reason` in the writer's
+    /// next round. `false` (and nothing recorded) once nothing reaches the disk any more.
     pub fn dead_letter(self: &Arc<Self>, msg: RawMessage, delivered: u32, reason: String) -> bool {
         if !self.shared.is_writable() {
             // Nothing reaches the disk any more: delivered again after the next open.

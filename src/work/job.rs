@@ -658,7 +658,7 @@ impl Job {
     /// it returns; a crash before the write only means a redelivery.
     pub(crate) async fn settle_queued(self, outcome: PoolOutcome) -> Result<(), AckError> {
         let kind = match outcome {
-            PoolOutcome::Ack => Kind::Ack,
+            PoolOutcome::Ack => return self.ack(),
             PoolOutcome::Retry { delay, error } => Kind::Retry { delay, error },
             PoolOutcome::DeadLetter { reason } => Kind::DeadLetter { reason },
         };
@@ -726,15 +726,6 @@ impl Job {
             return Err(deleted(group));
         }
         group.begin_settle(seq, inner.token, now).map_err(|_| AckError::LeaseLost { seq, attempt })?;
-        if !wait && matches!(kind, Kind::Ack) {
-            // Coalesced: the writer picks up every queued ack of the group in its next round.
-            if group.queue_ack(seq, attempt, inner.epoch) {
-                shared.mark_work_dirty(group.clone());
-                shared.nudge_writer();
-            }
-            drop(self.permit.take());
-            return Ok(());
-        }
         let mut revert = SettlingGuard { group, seq, armed: true };
         // The group's settings now: an update applies to outcomes decided after it.
         let cfg = inner.config.settings(group);

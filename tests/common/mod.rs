@@ -91,14 +91,15 @@ pub async fn reopen_after_drop(path: &Path) -> Broker {
 
 /// [`reopen_after_drop`] in `mode`.
 pub async fn reopen_after_drop_mode(path: &Path, mode: Durability) -> Broker {
+    reopen_after_drop_with(path, || Options::new().durability(mode)).await
+}
+
+/// [`reopen_after_drop`] with `options()` (background tasks off, as everywhere in the tests).
+pub async fn reopen_after_drop_with(path: &Path, options: impl Fn() -> Options) -> Broker {
     let deadline = std::time::Instant::now() + HANG_GUARD;
     loop {
-        let opened = Options::new()
-            .durability(mode)
-            .retention_interval(Duration::ZERO)
-            .metrics_interval(Duration::ZERO)
-            .open(path)
-            .await;
+        let opened =
+            options().retention_interval(Duration::ZERO).metrics_interval(Duration::ZERO).open(path).await;
         match opened {
             Ok(b) => return b,
             Err(rockq::OpenError::Locked { .. }) if std::time::Instant::now() < deadline => {
