@@ -7,11 +7,14 @@ use std::path::PathBuf;
 
 /// What kind of name failed validation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum NameKind {
     /// A queue name.
     Queue,
     /// A consumer-group name.
     Group,
+    /// A keyspace name ([`Broker::kv`](crate::Broker::kv)).
+    Keyspace,
 }
 
 impl std::fmt::Display for NameKind {
@@ -19,6 +22,7 @@ impl std::fmt::Display for NameKind {
         f.write_str(match self {
             NameKind::Queue => "queue",
             NameKind::Group => "group",
+            NameKind::Keyspace => "keyspace",
         })
     }
 }
@@ -190,7 +194,9 @@ refused_as!(
     RedriveError,
     CommitError,
     PauseError,
-    ScheduleError
+    ScheduleError,
+    KvError,
+    TxError
 );
 
 /// A record in the database could not be decoded.
@@ -802,6 +808,126 @@ pub enum PauseError {
     Failed(FailedError),
 }
 
+/// Creating or reading a keyspace ([`Broker::kv`](crate::Broker::kv),
+/// [`Keyspace::get`](crate::Keyspace::get), [`Keyspace::scan`](crate::Keyspace::scan)) failed.
+/// Nothing was written.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum KvError {
+    /// The broker was shut down.
+    #[error("broker is shut down")]
+    Shutdown,
+    /// The keyspace name is invalid (the rules of queue names).
+    #[error(transparent)]
+    InvalidName(#[from] NameError),
+    /// A key is empty or longer than [`MAX_KV_KEY_LEN`](crate::MAX_KV_KEY_LEN) bytes.
+    #[error("invalid key: {reason}")]
+    InvalidKey {
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A stored entry does not decode.
+    #[error(transparent)]
+    Corrupt(#[from] CorruptionError),
+    /// The storage engine failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The broker stopped accepting writes after an earlier error.
+    #[error(transparent)]
+    Failed(FailedError),
+}
+
+/// A transaction ([`Broker::transaction`](crate::Broker::transaction)) or a keyspace write
+/// ([`Keyspace::put`](crate::Keyspace::put), [`Keyspace::compare_and_set`](crate::Keyspace::compare_and_set),
+/// which are one-operation transactions) failed. **Nothing of it was applied**: no ack, no
+/// send, no write. The jobs it held are released (their attempts count) and its ordered
+/// deliveries handed back, so their messages are delivered again.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum TxError {
+    /// The broker was shut down.
+    #[error("broker is shut down")]
+    Shutdown,
+    /// A condition on a key did not hold when the transaction was applied (optimistic
+    /// concurrency: someone else changed it since it was read). Read again and retry.
+    #[error("keyspace {keyspace:?}: key {key:02x?} expected {expected}, found {}", found.map_or("absent".to_string(), |r| format!("revision {r}")))]
+    Conflict {
+        /// The keyspace.
+        keyspace: String,
+        /// The key.
+        key: Vec<u8>,
+        /// What the transaction expected.
+        expected: crate::entry::Expect,
+        /// The key's revision when the transaction was applied (`None`: absent).
+        found: Option<u64>,
+    },
+    /// A work-queue job's lease was lost before the commit (it expired, or the message was
+    /// claimed again, purged or reset), or an ordered delivery's group moved past it (a purge
+    /// or reset): the transaction cannot ack it, so it applies nothing.
+    #[error("queue {queue:?} group {group:?}: sequence {seq} is no longer held by this transaction")]
+    LeaseLost {
+        /// The queue.
+        queue: String,
+        /// The group.
+        group: String,
+        /// The message's sequence.
+        seq: u64,
+    },
+    /// A group the transaction acks on, or its queue, was deleted.
+    #[error("group {group:?} on queue {queue:?} was deleted")]
+    GroupDeleted {
+        /// The queue.
+        queue: String,
+        /// The group.
+        group: String,
+    },
+    /// A queue the transaction sends to was deleted.
+    #[error("queue {queue:?} was deleted")]
+    QueueDeleted {
+        /// The queue.
+        queue: String,
+    },
+    /// A key is empty or too long, a value or message too large, a message's headers or keys
+    /// invalid, or the transaction holds more than [`MAX_TX_OPS`](crate::MAX_TX_OPS)
+    /// operations or something of another broker. Refused before anything was sent to the
+    /// writer.
+    #[error("invalid transaction: {reason}")]
+    Invalid {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A record the transaction had to read does not decode.
+    #[error(transparent)]
+    Corrupt(#[from] CorruptionError),
+    /// The write failed (the broker then fails closed).
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The broker stopped accepting writes after an earlier error.
+    #[error(transparent)]
+    Failed(FailedError),
+}
+
+impl TxError {
+    /// Whether this is a [`Conflict`](TxError::Conflict): retrying the whole read-modify-write
+    /// may succeed.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, TxError::Conflict { .. })
+    }
+}
+
+impl From<KvError> for TxError {
+    fn from(e: KvError) -> Self {
+        match e {
+            KvError::Shutdown => TxError::Shutdown,
+            KvError::InvalidKey { reason } => TxError::Invalid { reason: reason.into() },
+            KvError::InvalidName(n) => TxError::Invalid { reason: n.to_string() },
+            KvError::Corrupt(c) => TxError::Corrupt(c),
+            KvError::Storage(s) => TxError::Storage(s),
+            KvError::Failed(f) => TxError::Failed(f),
+        }
+    }
+}
+
 /// Any rockq error.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -848,6 +974,12 @@ pub enum Error {
     /// See [`ScheduleError`].
     #[error(transparent)]
     Schedule(#[from] ScheduleError),
+    /// See [`KvError`].
+    #[error(transparent)]
+    Kv(#[from] KvError),
+    /// See [`TxError`].
+    #[error(transparent)]
+    Tx(#[from] TxError),
     /// See [`DecodeError`](crate::DecodeError).
     #[error(transparent)]
     Decode(#[from] crate::codec::DecodeError),
@@ -887,6 +1019,8 @@ impl Error {
                 | Error::Inspect(InspectError::Shutdown)
                 | Error::Pause(PauseError::Shutdown)
                 | Error::Schedule(ScheduleError::Shutdown)
+                | Error::Kv(KvError::Shutdown)
+                | Error::Tx(TxError::Shutdown)
         )
     }
 
@@ -909,6 +1043,7 @@ impl Error {
             Error::Subscribe(SubscribeError::AlreadySubscribed { .. })
                 | Error::Reset(ResetError::Active { .. })
                 | Error::Redrive(RedriveError::Conflict { .. })
+                | Error::Tx(TxError::Conflict { .. })
         )
     }
 

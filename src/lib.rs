@@ -61,7 +61,9 @@
 mod broker;
 mod consumer;
 mod inspector;
+mod kv;
 mod producer;
+mod txn;
 mod work;
 
 mod engine;
@@ -70,6 +72,7 @@ mod store;
 
 mod clock;
 mod codec;
+mod entry;
 mod error;
 mod events;
 mod faults;
@@ -94,13 +97,15 @@ pub use codec::Json;
 pub use codec::Postcard;
 pub use codec::{BoxError, CODEC_HEADER, Codec, DecodeError};
 pub use consumer::{Decoded, Delivery, Group, Subscription};
+pub use entry::{Entry, Expect, MAX_KV_KEY_LEN, MAX_TX_OPS};
 pub use error::{
-    AckError, CommitError, CorruptionError, Error, FailedError, InspectError, NameError, NameKind, OpenError,
-    PauseError, QueueError, ReceiveError, RedriveError, ResetError, ScheduleError, SendError, ShutdownError,
-    StorageError, SubscribeError,
+    AckError, CommitError, CorruptionError, Error, FailedError, InspectError, KvError, NameError, NameKind,
+    OpenError, PauseError, QueueError, ReceiveError, RedriveError, ResetError, ScheduleError, SendError,
+    ShutdownError, StorageError, SubscribeError, TxError,
 };
 pub use events::Event;
 pub use inspector::Inspector;
+pub use kv::{Keyspace, Scan};
 pub use message::{MAX_KEY_LEN, Message};
 pub use model::StartFrom;
 pub use name::MAX_NAME_LEN;
@@ -111,10 +116,11 @@ pub use retry::RetryPolicy;
 pub use schedule::{Missed, Recurrence, ScheduleInfo, ScheduledInfo};
 pub use sent::{Original, ScheduledMessage, Sent};
 pub use stats::{
-    GroupMode, GroupStats, PendingClaim, PendingState, QueueStats, Stats, StorageStats, StoredMessage,
-    WriterStats,
+    GroupMode, GroupStats, KeyspaceStats, PendingClaim, PendingState, QueueStats, Stats, StorageStats,
+    StoredMessage, WriterStats,
 };
 pub use tokio_util::sync::CancellationToken;
+pub use txn::{Committed, TaskTx, Transaction};
 pub use work::{
     DeadLetter, DeadLetters, Handler, HandlerError, HandlerResultExt, IntoHandler, IntoTypedHandler, Job,
     PoolHandle, PoolReport, Redrive, Task, WorkGroup, WorkSubscription, Workers,

@@ -126,6 +126,10 @@ pub(crate) enum OrderedMark {
     CameBack { deliveries: u32, not_before_micros: u64 },
     /// Moved to the dead-letter queue after `deliveries` deliveries: done for the group.
     DeadLettered { deliveries: u32 },
+    /// Acknowledged by a transaction while an earlier delivery was still out: done for the
+    /// group (the transaction's writes and this mark landed together), though the offset
+    /// cannot pass it yet.
+    Acked,
 }
 
 /// Longest last-error text kept in a claim record or a dead letter's reason.

@@ -15,6 +15,18 @@ pub struct Stats {
     /// Bytes of the whole database: live SST files of every column family plus the
     /// memtables (which hold recent writes that per-queue figures do not count yet).
     pub bytes_on_disk: u64,
+    /// Every keyspace ([`Broker::kv`](crate::Broker::kv)), sorted by name.
+    pub keyspaces: Vec<KeyspaceStats>,
+}
+
+/// One keyspace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyspaceStats {
+    /// The keyspace's name.
+    pub name: String,
+    /// Keys it holds, as of the last durable write that changed the count.
+    pub keys: u64,
 }
 
 /// One queue.

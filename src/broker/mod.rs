@@ -4,6 +4,7 @@
 
 mod admin;
 mod events;
+mod kv;
 mod lifecycle;
 mod schedules;
 

@@ -450,6 +450,40 @@ impl Delivery {
     }
 }
 
+/// A transaction's view of a delivery: checked before the transaction goes to the writer,
+/// then handed over whole (see `Transaction::commit`).
+impl Delivery {
+    /// The broker this delivery belongs to.
+    pub(crate) fn shared(&self) -> &Arc<crate::engine::boundary::Shared> {
+        &self.sub.shared
+    }
+
+    /// Why a transaction cannot ack this delivery now, if it cannot.
+    pub(crate) fn tx_refusal(&self) -> Option<crate::error::TxError> {
+        let g = &self.sub.group;
+        if g.is_deleted() {
+            return Some(crate::error::TxError::GroupDeleted {
+                queue: g.queue.name.to_string(),
+                group: g.name.to_string(),
+            });
+        }
+        None
+    }
+
+    /// Hands the delivery to a transaction: from here the writer acks it, or hands it back to
+    /// its subscription if it refuses the transaction (dropping this no longer does).
+    pub(crate) fn into_tx(mut self) -> Option<crate::engine::boundary::TxDelivery> {
+        let msg = self.msg.take()?;
+        let sub: Arc<dyn crate::engine::boundary::LiveSubscription> = self.sub.clone();
+        Some(crate::engine::boundary::TxDelivery {
+            group: self.sub.group.clone(),
+            sub,
+            msg,
+            deliveries: self.delivery_count,
+        })
+    }
+}
+
 impl Drop for Delivery {
     fn drop(&mut self) {
         self.give_back(Comeback::Dropped);

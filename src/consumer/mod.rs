@@ -6,6 +6,7 @@ mod decoded;
 mod delivery;
 mod group;
 mod subscription;
+mod txn;
 
 pub use decoded::Decoded;
 pub use delivery::Delivery;

@@ -39,12 +39,13 @@ pub(crate) use super::inspect::{
 };
 pub(crate) use super::open::open;
 pub(crate) use super::registry::{
-    Claimed, LiveSubscription, OrderedGroupState, PendingRecord, QueueState, SettlingGuard, Watching,
-    WorkGroupState,
+    Claimed, KeyspaceState, LiveSubscription, OrderedGroupState, PendingRecord, QueueState, SettlingGuard,
+    Watching, WorkGroupState,
 };
 pub(crate) use super::request::{
-    LifecycleRequest, OrderedRequest, Outcome, QueueRequest, RedriveItem, Request, RetentionRequest,
-    ScheduleRequest, SettingsMode, Submission, WorkRequest, WorkSettingsRequest,
+    KvRequest, KvWrite, LifecycleRequest, OrderedRequest, Outcome, QueueRequest, RedriveItem, Request,
+    RetentionRequest, ScheduleRequest, SettingsMode, Submission, TxApplied, TxDelivery, TxJob, TxRequest,
+    TxSend, WorkRequest, WorkSettingsRequest,
 };
 pub(crate) use super::retention::{pass as retention_pass, reset_target};
 pub(crate) use super::shared::Shared;
@@ -56,7 +57,7 @@ pub(crate) fn encode(m: &crate::message::Message) -> Vec<u8> {
     crate::store::envelope::encode_into(m, 0, &mut out);
     out
 }
-pub(crate) use crate::store::{RawMessage, ReadOutcome};
+pub(crate) use crate::store::{RawEntry, RawMessage, ReadOutcome, prefix_end};
 
 /// The sequence in a message key, if `key` is one (to name the message behind a corruption
 /// error).

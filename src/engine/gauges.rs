@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use super::Engine;
 use crate::error::InspectError;
-use crate::stats::{GroupMode, GroupStats, QueueStats, Stats};
+use crate::stats::{GroupMode, GroupStats, KeyspaceStats, QueueStats, Stats};
 use crate::store::ReadError;
 
 /// What earlier ticks read: per queue id and sequence, its enqueue time (µs).
@@ -121,7 +121,14 @@ pub(crate) fn snapshot(engine: &Engine, cache: &mut GaugeCache, now: u64) -> Res
     }
     // Only what this tick used is kept: the cache never outgrows the queues and groups.
     cache.oldest = seen;
-    Ok(Stats { queues, groups, bytes_on_disk: db.db_bytes() })
+    let mut keyspaces: Vec<KeyspaceStats> = engine
+        .registry
+        .keyspaces
+        .iter()
+        .map(|k| KeyspaceStats { name: k.name.to_string(), keys: k.keys() })
+        .collect();
+    keyspaces.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Stats { queues, groups, bytes_on_disk: db.db_bytes(), keyspaces })
 }
 
 fn from_read(e: ReadError) -> InspectError {

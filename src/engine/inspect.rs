@@ -16,7 +16,7 @@ use crate::error::{
 };
 use crate::model::{Claim, GroupMode, GroupSettings, QueueMeta};
 use crate::schedule::{ScheduleInfo, ScheduledInfo};
-use crate::stats::{GroupStats, PendingClaim, PendingState, QueueStats, Stats, StoredMessage};
+use crate::stats::{GroupStats, KeyspaceStats, PendingClaim, PendingState, QueueStats, Stats, StoredMessage};
 use crate::store::{self, LoadedQueue, RawMessage, ReadError, ReadOutcome, Snapshot, Store};
 
 fn from_open(e: OpenError) -> InspectError {
@@ -170,7 +170,10 @@ fn stats(store: &Store, now_micros: u64, live: &LiveLeases) -> Result<Stats, Ins
         });
     }
     groups.sort_by(|a, b| (&a.queue, &a.group).cmp(&(&b.queue, &b.group)));
-    Ok(Stats { queues, groups, bytes_on_disk: db.db_bytes() })
+    let mut keyspaces: Vec<KeyspaceStats> =
+        loaded.keyspaces.iter().map(|k| KeyspaceStats { name: k.name.clone(), keys: k.keys }).collect();
+    keyspaces.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Stats { queues, groups, bytes_on_disk: db.db_bytes(), keyspaces })
 }
 
 /// The claimed, unfinished messages of a work-queue group (empty for an ordered group).

@@ -108,8 +108,13 @@ pub(crate) fn without_writer(path: &Path, options: Options) -> Arc<Engine> {
 /// The registry as the store loaded it, and the ordered groups whose marks found at open are
 /// moot (the writer's first round deletes them).
 fn restore(loaded: Loaded, options: &Options) -> Result<(Registry, Vec<Arc<OrderedGroupState>>), OpenError> {
-    let Loaded { queues, groups, claims, settings, marks, scheduled, .. } = loaded;
+    let Loaded { queues, groups, claims, settings, marks, scheduled, keyspaces, kv_revision, .. } = loaded;
     let registry = Registry::default();
+    for k in keyspaces {
+        let state = super::registry::KeyspaceState::new(k.id, &k.name, k.keys);
+        registry.keyspaces.insert(state.name.clone(), state);
+    }
+    registry.kv_revision.store(kv_revision, std::sync::atomic::Ordering::Relaxed);
     for q in queues {
         let state = QueueState::new(q.meta.id, &q.name, q.meta.first_seq, q.last_seq, q.meta.retention);
         state.set_dedup_window(q.meta.dedup_window);
@@ -169,7 +174,7 @@ fn restore(loaded: Loaded, options: &Options) -> Result<(Registry, Vec<Arc<Order
             }
         } else {
             match m.mark {
-                crate::model::OrderedMark::DeadLettered { .. } => {
+                crate::model::OrderedMark::DeadLettered { .. } | crate::model::OrderedMark::Acked => {
                     rec.dead.insert(m.seq);
                 }
                 crate::model::OrderedMark::CameBack { deliveries, not_before_micros } => {

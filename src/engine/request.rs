@@ -11,11 +11,11 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::registry::{OrderedGroupState, QueueState, WorkGroupState};
+use super::registry::{KeyspaceState, LiveSubscription, OrderedGroupState, QueueState, WorkGroupState};
 use crate::error::ScheduleError;
 use crate::error::{
-    AckError, Closed, CommitError, PauseError, QueueError, RedriveError, ResetError, SendError, StorageError,
-    SubscribeError,
+    AckError, Closed, CommitError, KvError, PauseError, QueueError, RedriveError, ResetError, SendError,
+    StorageError, SubscribeError, TxError,
 };
 use crate::message::Message;
 use crate::model::StartFrom;
@@ -42,6 +42,10 @@ pub(crate) enum Request {
     WorkSettings(WorkSettingsRequest),
     Schedule(ScheduleRequest),
     Lifecycle(LifecycleRequest),
+    /// Keyspaces (`writer/txn.rs`).
+    Kv(KvRequest),
+    /// A transaction (`writer/txn.rs`).
+    Tx(TxRequest),
     /// Wake-up only: a group became dirty while the writer was idle.
     Commit,
     /// Reply once every acknowledgement recorded before this request is durable.
@@ -227,4 +231,65 @@ pub(crate) struct RedriveItem {
     pub target: Arc<str>,
     pub message: Message,
     pub enqueued_at_micros: u64,
+}
+
+/// Keyspaces (`writer/txn.rs`).
+pub(crate) enum KvRequest {
+    /// Create keyspace `name` (or return the existing one).
+    Create { name: String, reply: Reply<Arc<KeyspaceState>, KvError> },
+}
+
+/// One transaction, checked on the caller's task (sizes, keys) and applied by the writer as
+/// part of one batch: every condition is checked first, and either everything is applied or
+/// nothing is.
+pub(crate) struct TxRequest {
+    pub writes: Vec<KvWrite>,
+    pub sends: Vec<TxSend>,
+    pub jobs: Vec<TxJob>,
+    pub deliveries: Vec<TxDelivery>,
+    pub reply: Reply<TxApplied, TxError>,
+}
+
+/// A write to a keyspace (`value: None` deletes), or only a condition (`condition_only`).
+pub(crate) struct KvWrite {
+    pub keyspace: Arc<KeyspaceState>,
+    pub key: Vec<u8>,
+    pub value: Option<Vec<u8>>,
+    pub expect: Option<crate::entry::Expect>,
+    /// Checks `expect` and writes nothing.
+    pub condition_only: bool,
+}
+
+/// A message a transaction sends.
+pub(crate) struct TxSend {
+    pub queue: Arc<QueueState>,
+    pub msg: Submission,
+}
+
+/// A work-queue job a transaction acks: the caller began settling it (fenced by its lease
+/// then); a refused transaction gives the lease back to `token` until `deadline`.
+pub(crate) struct TxJob {
+    pub group: Arc<WorkGroupState>,
+    pub seq: u64,
+    pub attempt: u32,
+    pub token: u64,
+    pub epoch: u64,
+    pub deadline: std::time::Instant,
+}
+
+/// An ordered delivery a transaction acks. The request owns it: a refused transaction hands
+/// it back to its subscription.
+pub(crate) struct TxDelivery {
+    pub group: Arc<OrderedGroupState>,
+    pub sub: Arc<dyn LiveSubscription>,
+    pub msg: crate::store::RawMessage,
+    pub deliveries: u32,
+}
+
+/// What an applied transaction reports: the revision its writes got (`None`: it wrote no key)
+/// and the outcome of each send, in order.
+#[derive(Debug)]
+pub(crate) struct TxApplied {
+    pub revision: Option<u64>,
+    pub sent: Vec<Sent>,
 }

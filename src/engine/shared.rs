@@ -147,6 +147,40 @@ impl Shared {
         store::read_seqs(&self.engine.store, &queue.name, queue.id, seqs)
     }
 
+    /// Keyspace `name`, if it exists.
+    pub fn keyspace(&self, name: &str) -> Option<Arc<super::registry::KeyspaceState>> {
+        self.engine.registry.keyspace(name)
+    }
+
+    /// Every keyspace, sorted by name.
+    pub fn keyspaces(&self) -> Vec<Arc<super::registry::KeyspaceState>> {
+        let mut all: Vec<_> = self.engine.registry.keyspaces.iter().map(|k| k.clone()).collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
+    /// `key` of keyspace `keyspace`: its revision and value. Blocking.
+    pub fn kv_get(&self, keyspace: u32, key: &[u8]) -> Result<Option<(u64, Vec<u8>)>, crate::error::KvError> {
+        if self.is_closed() {
+            return Err(crate::error::KvError::Shutdown);
+        }
+        store::kv_get(&self.engine.store, keyspace, key).map_err(kv_read_error)
+    }
+
+    /// Up to `limit` entries of keyspace `keyspace` in `[from, to)`, in key order. Blocking.
+    pub fn kv_scan(
+        &self,
+        keyspace: u32,
+        from: &[u8],
+        to: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<store::RawEntry>, crate::error::KvError> {
+        if self.is_closed() {
+            return Err(crate::error::KvError::Shutdown);
+        }
+        store::kv_scan(&self.engine.store, keyspace, from, to, limit).map_err(kv_read_error)
+    }
+
     /// How far dead-letter queue `dlq` has been redriven. Blocking.
     pub fn read_cursor(&self, dlq: &str) -> Result<Option<u64>, RedriveError> {
         store::read_cursor(&self.engine.store, dlq)
@@ -301,4 +335,11 @@ where
             }
         }
     });
+}
+
+fn kv_read_error(e: store::ReadError) -> crate::error::KvError {
+    match e {
+        store::ReadError::Storage(s) => crate::error::KvError::Storage(s),
+        store::ReadError::Corrupt(c) => crate::error::KvError::Corrupt(c),
+    }
 }

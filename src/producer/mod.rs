@@ -2,6 +2,7 @@
 
 mod queue;
 mod receipt;
+mod txn;
 mod typed;
 
 pub use queue::Queue;

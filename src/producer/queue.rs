@@ -399,6 +399,20 @@ impl Queue {
         Ok(())
     }
 
+    /// For a transaction: message `m` checked like a submit's (at position `index`) and
+    /// encoded, with the queue's state and the broker it belongs to.
+    pub(crate) fn transactional(
+        &self,
+        index: usize,
+        m: Message,
+    ) -> Result<(Arc<Shared>, Arc<QueueState>, Submission), SendError> {
+        self.check(index, &m)?;
+        let due = m.due.map(|d| due_micros(self.shared.clock(), d));
+        let sub =
+            Submission { envelope: boundary::encode(&m), due, idempotency_key: m.idempotency_key.clone() };
+        Ok((self.shared.clone(), self.state.clone(), sub))
+    }
+
     /// Checks and encodes the messages of a submit call and hands them to the writer.
     async fn submit_checked(&self, msgs: Vec<Message>) -> Result<Vec<Sent>, SendError> {
         let clock = self.shared.clock();

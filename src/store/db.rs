@@ -52,6 +52,7 @@ pub(crate) struct Store {
 pub(super) fn db_bytes(db: &DB, cfs: &Cfs<'_>) -> u64 {
     [cfs.messages, cfs.meta, cfs.offsets, cfs.claims, cfs.scheduled, cfs.dedup]
         .into_iter()
+        .chain(cfs.kv)
         .map(|cf| {
             let p = |name: &str| db.property_int_value_cf(cf, name).ok().flatten().unwrap_or(0);
             p("rocksdb.live-sst-files-size") + p("rocksdb.size-all-mem-tables")
@@ -67,6 +68,8 @@ pub(super) struct Cfs<'a> {
     pub claims: &'a ColumnFamily,
     pub scheduled: &'a ColumnFamily,
     pub dedup: &'a ColumnFamily,
+    /// Keyspace entries (`kv.rs`): absent only in an older database opened read-only.
+    pub kv: Option<&'a ColumnFamily>,
 }
 
 /// A read lock on the open database.
@@ -97,6 +100,7 @@ impl DbGuard<'_> {
             claims: db.cf_handle(CF_CLAIMS)?,
             scheduled: db.cf_handle(CF_SCHEDULED)?,
             dedup: db.cf_handle(CF_DEDUP)?,
+            kv: db.cf_handle(super::kv::CF_KV),
         };
         Some((db, cfs))
     }

@@ -10,6 +10,7 @@
 //! - `read.rs`: the consumers' bounded reads; `inspect.rs`: the reads behind stats.
 //! - `scheduled.rs`: delayed messages, recurring schedules and idempotency keys.
 //! - `lifecycle.rs`: deleting every record of a queue or a group.
+//! - `kv.rs`: keyspaces of versioned entries (application state written with the queues).
 //! - `keys.rs`, `records.rs`, `envelope.rs`: the key layout and the codecs of every value.
 
 mod batch;
@@ -21,6 +22,7 @@ pub(crate) mod envelope;
 pub mod fuzzing;
 mod inspect;
 pub(crate) mod keys;
+mod kv;
 mod lifecycle;
 mod open;
 mod read;
@@ -37,5 +39,6 @@ pub(crate) use read::{
 
 pub(crate) use db::{ReadError, Store};
 pub(crate) use keys::RECURRING;
+pub(crate) use kv::{RawEntry, kv_get, kv_scan, prefix_end};
 pub(crate) use lifecycle::next_queue_id;
 pub(crate) use scheduled::DueEntry;

@@ -72,6 +72,10 @@ pub(crate) struct Loaded {
     pub first_due: Option<u64>,
     /// Per queue id: delayed messages waiting, and the earliest due time.
     pub scheduled: std::collections::HashMap<u32, (u64, u64)>,
+    /// Every keyspace.
+    pub keyspaces: Vec<super::kv::LoadedKeyspace>,
+    /// The last keyspace revision handed out.
+    pub kv_revision: u64,
 }
 
 enum PathState {
@@ -181,7 +185,11 @@ pub(crate) fn open(path: &Path, o: &Options) -> Result<(Store, Loaded), OpenErro
     }
 
     let opts = rocks_options(o);
-    let descriptors = ALL_CFS.iter().map(|&name| ColumnFamilyDescriptor::new(name, cf_options(name)));
+    // The keyspace CF is created like the others (a database from before keyspaces gains it).
+    let descriptors = ALL_CFS
+        .iter()
+        .chain([&super::kv::CF_KV])
+        .map(|&name| ColumnFamilyDescriptor::new(name, cf_options(name)));
     let db = DB::open_cf_descriptors(&opts, path, descriptors).map_err(|e| map_open_error(path, e))?;
     let loaded = load(&db, path, true)?;
     let store = Store {
@@ -215,7 +223,10 @@ pub(crate) fn open_read_only(path: &Path) -> Result<(Store, Loaded), OpenError> 
         )));
     }
     let opts = rocks_options(&Options::default());
-    let descriptors = ALL_CFS.iter().map(|&name| ColumnFamilyDescriptor::new(name, cf_options(name)));
+    // A database from before keyspaces has no keyspace CF: it reads as having no keyspaces.
+    let kv = cfs.iter().any(|c| c == super::kv::CF_KV).then_some(&super::kv::CF_KV);
+    let descriptors =
+        ALL_CFS.iter().chain(kv).map(|&name| ColumnFamilyDescriptor::new(name, cf_options(name)));
     let db = DB::open_cf_descriptors_read_only(&opts, path, descriptors, false)
         .map_err(|e| map_open_error(path, e))?;
     let loaded = load(&db, path, false)?;
@@ -364,7 +375,13 @@ pub(super) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, OpenE
         ReadError::Storage(s) => OpenError::Storage(s),
         ReadError::Corrupt(c) => OpenError::Corrupt(c),
     })?;
+    let (keyspaces, kv_revision) = super::kv::load(db, meta).map_err(|e| match e {
+        ReadError::Storage(s) => OpenError::Storage(s),
+        ReadError::Corrupt(c) => OpenError::Corrupt(c),
+    })?;
     Ok(Loaded {
+        keyspaces,
+        kv_revision,
         queues,
         groups,
         claims,

@@ -288,15 +288,17 @@ pub(crate) fn decode_claim(key: &[u8], v: &[u8]) -> Result<Claim, CorruptionErro
 }
 
 /// `ordered:<group>:<queue>:<seq>` in the claims CF, as laid out on disk: `version u8, state u8
-/// (1 came back, 2 dead-lettered), deliveries u32, not_before µs u64`. [`OrderedMark`] is what
-/// the engine sees. Written only when a delivery comes back without an ack, or when the message
-/// is dead-lettered; deleted once the offset passes it.
+/// (1 came back, 2 dead-lettered, 3 acked by a transaction), deliveries u32, not_before µs
+/// u64`. [`OrderedMark`] is what the engine sees. Written only when a delivery comes back
+/// without an ack, when the message is dead-lettered, or when a transaction acks it above a
+/// delivery still out; deleted once the offset passes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct MarkRecord {
-    pub dead_lettered: bool,
+    /// 1 came back, 2 dead-lettered, 3 acked by a transaction.
+    pub state: u8,
     pub deliveries: u32,
     /// Not to be delivered again before this wall-clock time (µs; 0: at once). Written as 0
-    /// for a dead-lettered mark, which nothing delivers again.
+    /// for a mark of a message that is done, which nothing delivers again.
     pub not_before_micros: u64,
 }
 
@@ -307,26 +309,28 @@ impl MarkRecord {
     fn of(m: &OrderedMark) -> Self {
         match *m {
             OrderedMark::CameBack { deliveries, not_before_micros } => {
-                MarkRecord { dead_lettered: false, deliveries, not_before_micros }
+                MarkRecord { state: 1, deliveries, not_before_micros }
             }
             OrderedMark::DeadLettered { deliveries } => {
-                MarkRecord { dead_lettered: true, deliveries, not_before_micros: 0 }
+                MarkRecord { state: 2, deliveries, not_before_micros: 0 }
             }
+            OrderedMark::Acked => MarkRecord { state: 3, deliveries: 0, not_before_micros: 0 },
         }
     }
 
     fn mark(self) -> OrderedMark {
-        let MarkRecord { dead_lettered, deliveries, not_before_micros } = self;
-        match dead_lettered {
-            false => OrderedMark::CameBack { deliveries, not_before_micros },
-            true => OrderedMark::DeadLettered { deliveries },
+        let MarkRecord { state, deliveries, not_before_micros } = self;
+        match state {
+            1 => OrderedMark::CameBack { deliveries, not_before_micros },
+            2 => OrderedMark::DeadLettered { deliveries },
+            _ => OrderedMark::Acked,
         }
     }
 
     pub fn encode(&self) -> [u8; MARK_RECORD_LEN] {
         let mut v = [0u8; MARK_RECORD_LEN];
         v[0] = MARK_RECORD_V1;
-        v[1] = if self.dead_lettered { 2 } else { 1 };
+        v[1] = self.state;
         v[2..6].copy_from_slice(&self.deliveries.to_be_bytes());
         v[6..].copy_from_slice(&self.not_before_micros.to_be_bytes());
         v
@@ -338,15 +342,13 @@ impl MarkRecord {
         if v[0] != MARK_RECORD_V1 {
             return Err(bad("unknown version"));
         }
-        let dead_lettered = match v[1] {
-            1 => false,
-            2 => true,
-            _ => return Err(bad("unknown state")),
-        };
+        if !(1..=3).contains(&v[1]) {
+            return Err(bad("unknown state"));
+        }
         let mut nb = [0u8; 8];
         nb.copy_from_slice(&v[6..]);
         Ok(MarkRecord {
-            dead_lettered,
+            state: v[1],
             deliveries: u32::from_be_bytes([v[2], v[3], v[4], v[5]]),
             not_before_micros: u64::from_be_bytes(nb),
         })
@@ -578,6 +580,7 @@ mod tests {
             OrderedMark::CameBack { deliveries: 3, not_before_micros: 0 },
             OrderedMark::CameBack { deliveries: u32::MAX, not_before_micros: u64::MAX },
             OrderedMark::DeadLettered { deliveries: 7 },
+            OrderedMark::Acked,
         ] {
             let v = encode_mark(&m);
             assert_eq!(decode_mark(b"k", &v).unwrap(), m);

@@ -28,6 +28,8 @@ pub(crate) struct JobInner {
     /// Dropping the job gives the attempt back (set while the job sits unseen in a
     /// subscription's buffer, and by a worker pool stopping handlers at shutdown).
     pub uncounted: AtomicBool,
+    /// What a pool handler wrote into its transaction (`Task::tx`), made on first use.
+    pub tx: std::sync::OnceLock<crate::txn::TaskTx>,
 }
 
 impl JobInner {
@@ -49,6 +51,7 @@ impl JobInner {
             epoch: c.epoch,
             deadline: Mutex::new(c.deadline),
             uncounted: AtomicBool::new(true),
+            tx: std::sync::OnceLock::new(),
         })
     }
 
@@ -779,6 +782,60 @@ impl Job {
             Ok(res) => res,
             Err(_) => Err(AckError::Shutdown),
         }
+    }
+}
+
+/// A transaction's view of a job (see `Transaction::commit`).
+impl Job {
+    /// The broker this job belongs to.
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.inner.shared
+    }
+
+    /// Fences the lease now and moves the job to settling, for a transaction: nobody else can
+    /// settle it until the writer applies or refuses the transaction (which leases it to this
+    /// holder again).
+    pub(crate) fn begin_tx(&self) -> Result<crate::engine::boundary::TxJob, crate::error::TxError> {
+        let inner = &self.inner;
+        let group = &inner.group;
+        let seq = inner.msg.seq;
+        if inner.shared.is_closed() {
+            return Err(crate::error::TxError::Shutdown);
+        }
+        if group.is_deleted() {
+            return Err(crate::error::TxError::GroupDeleted {
+                queue: group.queue.name.to_string(),
+                group: group.name.to_string(),
+            });
+        }
+        let lost = || crate::error::TxError::LeaseLost {
+            queue: group.queue.name.to_string(),
+            group: group.name.to_string(),
+            seq,
+        };
+        let deadline = inner.deadline();
+        group.begin_settle(seq, inner.token, inner.shared.clock().now()).map_err(|_| lost())?;
+        Ok(crate::engine::boundary::TxJob {
+            group: group.clone(),
+            seq,
+            attempt: inner.attempt,
+            token: inner.token,
+            epoch: inner.epoch,
+            deadline,
+        })
+    }
+
+    /// A transaction that fenced this job was refused before reaching the writer: the lease is
+    /// this holder's again.
+    pub(crate) fn end_tx(&self) {
+        let inner = &self.inner;
+        inner.group.unsettle(inner.msg.seq, inner.token, inner.deadline());
+    }
+
+    /// The transaction that acked this job was applied.
+    pub(crate) fn tx_committed(mut self) {
+        self.settled = true;
+        drop(self.permit.take());
     }
 }
 

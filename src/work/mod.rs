@@ -14,6 +14,7 @@ mod job;
 mod keyed;
 mod pool;
 mod subscription;
+mod txn;
 
 pub use dlq::{DeadLetter, DeadLetters, Redrive};
 pub use group::WorkGroup;

@@ -15,6 +15,8 @@ use super::group::WorkGroup;
 use super::handler::{Action, Handler, IntoHandler, IntoTypedHandler};
 use super::job::{Job, PoolOutcome};
 use crate::error::Error;
+use crate::error::TxError;
+use crate::txn::TaskTx;
 
 /// What a worker pool did, returned when it stops.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -562,12 +564,58 @@ async fn run_one<S: Send + Sync + 'static, H: Handler<S>>(
             (PoolOutcome::Retry { delay: None, error: format!("handler panicked: {msg}") }, Done::Panicked)
         }
     };
+    // A handler that wrote into its transaction (`Task::tx`) and succeeded: the writes, the
+    // sends and the ack are one atomic write. One that failed: what it wrote is dropped.
+    let tx = job.inner().tx.get().map(TaskTx::take).filter(|tx| !tx.is_empty());
+    if let (PoolOutcome::Ack, Some(tx)) = (&outcome, tx) {
+        return commit_with_ack(tx, job).await;
+    }
     let settled = job.settle_queued(outcome).await;
     match settled {
         Ok(()) => done,
         Err(e) => {
             tracing::warn!(error = %e, "rockq: worker could not record an outcome");
             Done::Unsettled
+        }
+    }
+}
+
+/// Commits a handler's transaction together with its job's ack. A refused transaction
+/// applied nothing: a conflict or a bad operation is a failed attempt (retried with the
+/// group's backoff, dead-lettered when attempts are used up); a lost lease or a shutdown
+/// leaves the job to whoever holds it now (or to the next open).
+async fn commit_with_ack(tx: crate::txn::Transaction, job: Job) -> Done {
+    let fenced = match job.begin_tx() {
+        Ok(fenced) => fenced,
+        Err(e) => {
+            tracing::warn!(error = %e, "rockq: worker could not commit a transaction");
+            return Done::Unsettled;
+        }
+    };
+    match tx.apply(vec![fenced]).await {
+        Ok(_) => {
+            job.tx_committed();
+            Done::Acked
+        }
+        Err(
+            e @ (TxError::LeaseLost { .. }
+            | TxError::GroupDeleted { .. }
+            | TxError::Shutdown
+            | TxError::Failed(_)
+            | TxError::Storage(_)),
+        ) => {
+            tracing::warn!(queue = %job.queue(), group = %job.group(), seq = job.seq(), error = %e, "rockq: a job's transaction was not applied");
+            Done::Unsettled
+        }
+        Err(e) => {
+            tracing::debug!(queue = %job.queue(), group = %job.group(), seq = job.seq(), error = %e, "rockq: a job's transaction was refused; retrying the job");
+            match job
+                .settle_queued(PoolOutcome::Retry { delay: None, error: format!("transaction refused: {e}") })
+                .await
+            {
+                Ok(()) => Done::Failed,
+                Err(_) => Done::Unsettled,
+            }
         }
     }
 }

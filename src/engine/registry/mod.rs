@@ -9,11 +9,13 @@
 //! - `ordered.rs`, `records.rs`: an ordered group, and what it remembers about single messages
 //!   above its offset (the live subscription's acknowledgement window is the consumer's, seen
 //!   here through `LiveSubscription`).
+//! - `keyspace.rs`: a keyspace of application state (its id and key count).
 //! - `work.rs`: a work-queue group's claims, leases, retries and finished sequences, over
 //!   `dispatch.rs` (the claim index: ready, timers) and `finished.rs` (the finished bitmap).
 
 mod dispatch;
 mod finished;
+mod keyspace;
 mod ordered;
 mod queue;
 mod records;
@@ -23,6 +25,7 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 
+pub(crate) use keyspace::KeyspaceState;
 pub(crate) use ordered::OrderedGroupState;
 pub(crate) use queue::{QueueState, Watching};
 pub(crate) use records::{LiveSubscription, PendingRecord};
@@ -36,6 +39,10 @@ pub(crate) struct Registry {
     /// Work-queue groups, by the same identity (a (group, queue) pair is in at most one of the
     /// two maps).
     pub work: DashMap<Vec<u8>, Arc<WorkGroupState>>,
+    /// Keyspaces of application state, by name.
+    pub keyspaces: DashMap<Arc<str>, Arc<KeyspaceState>>,
+    /// The last keyspace revision handed out, as loaded at open (the writer counts on from it).
+    pub kv_revision: std::sync::atomic::AtomicU64,
 }
 
 impl Registry {
@@ -53,6 +60,11 @@ impl Registry {
     pub fn has_group(&self, group: &str, queue: &str) -> bool {
         let id = crate::store::group_id(group, queue);
         self.ordered.contains_key(&id) || self.work.contains_key(&id)
+    }
+
+    /// The keyspace `name`, if it exists.
+    pub fn keyspace(&self, name: &str) -> Option<Arc<KeyspaceState>> {
+        self.keyspaces.get(name).map(|k| k.clone())
     }
 
     /// The queue `name`, if it exists.

@@ -465,6 +465,19 @@ impl WorkGroupState {
         self.changed.notify_waiters();
     }
 
+    /// A settle that was queued as part of a transaction the writer refused: the holder of
+    /// `token` holds the lease again, until `deadline` (it may have passed: the lease then
+    /// expires as any other).
+    pub fn unsettle(&self, seq: u64, token: u64, deadline: Instant) {
+        {
+            let mut d = self.dispatch();
+            if d.get(seq).is_some_and(|s| s.state == SlotState::Settling) {
+                d.set(seq, SlotState::Leased { token, deadline }, |_| {});
+            }
+        }
+        self.changed.notify_waiters();
+    }
+
     /// The holder of `token` gives the message back. `counted: false` also gives back the
     /// attempt (the handler never ran, or was stopped by a shutdown).
     pub fn release(&self, seq: u64, token: u64, counted: bool) {

@@ -10,7 +10,7 @@
 //! - `queue.rs`, `groups.rs`, `ordered.rs`, `work.rs`, `retention.rs`, `settings.rs`,
 //!   `dead_letter.rs`, `schedule.rs`: the requests of each concept, applied and refused;
 //!   `dedup.rs`: idempotency keys, for staged sends and submits; `lifecycle.rs`: deleting
-//!   and purging queues and groups.
+//!   and purging queues and groups; `txn.rs`: keyspaces and transactions.
 
 mod commit;
 mod dead_letter;
@@ -25,6 +25,7 @@ mod schedule;
 mod settings;
 #[cfg(test)]
 mod tests;
+mod txn;
 mod work;
 
 use std::sync::Arc;
@@ -95,6 +96,8 @@ impl Writer {
             .unwrap_or(0);
         written.next_queue_id = (max_id + 1).max(persisted);
         written.next_scheduled_id = engine.timer.first_id;
+        written.kv_revision = engine.registry.kv_revision.load(Ordering::Relaxed);
+        written.next_keyspace_id = engine.registry.keyspaces.iter().map(|k| k.id + 1).max().unwrap_or(0);
         written.index_registry(&engine);
         // Fault 7: stamps used to restart from the clock, going back if it stepped back.
         written.last_stamp = crate::store::newest_stamp(
@@ -340,6 +343,8 @@ fn apply(r: &mut Round<'_>, req: Request) {
         Request::WorkSettings(s) => settings::apply_work(r, s),
         Request::Schedule(s) => schedule::apply(r, s),
         Request::Lifecycle(l) => lifecycle::apply(r, l),
+        Request::Kv(k) => txn::apply_kv(r, k),
+        Request::Tx(t) => txn::apply(r, t),
         Request::Commit => {}
         Request::Flush { reply } => r.done.flushes.push(reply),
         Request::Shutdown { reply } => r.done.shutdown = Some(reply),
@@ -357,6 +362,8 @@ fn refuse_request(req: Request, why: &Closed) {
         Request::WorkSettings(s) => refuse(s.reply, why),
         Request::Schedule(s) => schedule::refuse_request(s, why),
         Request::Lifecycle(l) => lifecycle::refuse_request(l, why),
+        Request::Kv(k) => txn::refuse_kv(k, why),
+        Request::Tx(t) => txn::refuse(t, why),
         Request::Commit => {}
         Request::Flush { reply } => refuse(reply, why),
         // Whoever asked to stop is told it is stopped.

@@ -60,6 +60,10 @@ pub(crate) struct RoundJobs {
     pub dedup: rustc_hash::FxHashMap<u32, rustc_hash::FxHashMap<String, (crate::sent::Original, u64)>>,
     /// Recurring schedules written (`Some`) or deleted (`None`) this round.
     pub schedules: std::collections::HashMap<String, Option<crate::model::ScheduleRecord>>,
+    /// Keyspace entries written this round, by (keyspace id, key): the revision written
+    /// (`Some`) or deleted (`None`). Conditions of a later transaction in the round read these
+    /// first.
+    pub kv: rustc_hash::FxHashMap<(u32, Vec<u8>), Option<u64>>,
 }
 
 impl Round<'_> {
@@ -103,6 +107,12 @@ pub(crate) struct Written {
     pub cursors: HashMap<u32, u64>,
     /// Group settings written (read from disk on first use), by (group, queue).
     pub settings: HashMap<(String, Arc<str>), GroupSettings>,
+    /// Keyspaces created by the writer (the registry holds them once their round is durable).
+    pub keyspaces: HashMap<String, Arc<crate::engine::registry::KeyspaceState>>,
+    /// The next keyspace id to hand out.
+    pub next_keyspace_id: u32,
+    /// The last keyspace revision handed out (persisted with every transaction that writes).
+    pub kv_revision: u64,
 }
 
 /// The groups of one queue.

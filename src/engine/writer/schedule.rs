@@ -111,22 +111,60 @@ fn submit(
     }
     let now = r.stamp();
     // Checked before anything is written, so a read error refuses the whole call unwritten.
-    let mut originals = Vec::with_capacity(msgs.len());
-    for m in &msgs {
-        let found = match &m.idempotency_key {
-            Some(k) => match super::dedup::lookup(r, queue.id, k, now) {
-                Ok(found) => found,
-                Err(e) => {
-                    let _ = reply.send(Err(match e {
-                        ReadError::Storage(s) => SendError::Storage(s),
-                        ReadError::Corrupt(c) => SendError::Corrupt(c),
-                    }));
-                    return;
-                }
-            },
-            None => None,
-        };
-        originals.push(found);
+    let originals = match lookup_originals(r, queue, &msgs, now) {
+        Ok(found) => found,
+        Err(e) => {
+            let _ = reply.send(Err(match e {
+                ReadError::Storage(s) => SendError::Storage(s),
+                ReadError::Corrupt(c) => SendError::Corrupt(c),
+            }));
+            return;
+        }
+    };
+    let Some((sent, hits)) = put_submissions(r, queue, msgs, originals, now) else {
+        // Unreachable: a queue handle exists only once the writer registered it.
+        let _ = reply
+            .send(Err(SendError::Failed(FailedError::internal("send to a queue unknown to the writer"))));
+        return;
+    };
+    let name = queue.name.clone();
+    r.on_done(move |res| {
+        if res.is_ok() {
+            telemetry::queue_counter(telemetry::DEDUP_HITS, &name, hits);
+        }
+        let _ = reply.send(res.map(|()| sent).map_err(|e| SendError::Storage(e.clone())));
+    });
+}
+
+/// The first half of a submit (and of a transaction's sends): the original each message's
+/// idempotency key already names within its window, read before anything is written so that a
+/// read error leaves the batch untouched.
+pub(super) fn lookup_originals(
+    r: &Round<'_>,
+    queue: &QueueState,
+    msgs: &[Submission],
+    now: u64,
+) -> Result<Vec<Option<Original>>, ReadError> {
+    msgs.iter()
+        .map(|m| match &m.idempotency_key {
+            Some(k) => super::dedup::lookup(r, queue.id, k, now),
+            None => Ok(None),
+        })
+        .collect()
+}
+
+/// The second half: each message is a duplicate (nothing written), delayed (into the due
+/// index) or appended now, and its idempotency key recorded. Returns each outcome and how many
+/// were duplicates; `None` (nothing written) if the writer does not know the queue.
+pub(super) fn put_submissions(
+    r: &mut Round<'_>,
+    queue: &Arc<QueueState>,
+    msgs: Vec<Submission>,
+    originals: Vec<Option<Original>>,
+    now: u64,
+) -> Option<(Vec<Sent>, u64)> {
+    if !r.written.next_seq.contains_key(&queue.id) {
+        return None;
     }
     let mut sent = Vec::with_capacity(msgs.len());
     let mut hits = 0;
@@ -152,16 +190,8 @@ fn submit(
             }
             _ => {
                 envelope::stamp(&mut envelope, now);
-                match queue::append(r, queue, &envelope) {
-                    Some(seq) => Original::Appended(seq),
-                    None => {
-                        // Unreachable: a queue handle exists only once the writer registered it.
-                        let _ = reply.send(Err(SendError::Failed(FailedError::internal(
-                            "send to a queue unknown to the writer",
-                        ))));
-                        return;
-                    }
-                }
+                // Known to the writer (checked above): `append` allocates its sequence.
+                Original::Appended(queue::append(r, queue, &envelope)?)
             }
         };
         if let Some(k) = idempotency_key {
@@ -175,13 +205,7 @@ fn submit(
             }
         });
     }
-    let name = queue.name.clone();
-    r.on_done(move |res| {
-        if res.is_ok() {
-            telemetry::queue_counter(telemetry::DEDUP_HITS, &name, hits);
-        }
-        let _ = reply.send(res.map(|()| sent).map_err(|e| SendError::Storage(e.clone())));
-    });
+    Some((sent, hits))
 }
 
 /// Where delayed message `id` stands: its due time and envelope, or `None` if it is not

@@ -139,7 +139,7 @@ const RANGE_DELETE_OVER: u64 = 32;
 /// finished sequence, and their claims are deleted — one by one for a short move, with one
 /// range tombstone for a long one. A finished sequence above a gap keeps a `Done` claim so a
 /// restart does not deliver it again: O(1) per message however long the gap stays open.
-fn finish_seq(r: &mut Round<'_>, g: &Arc<WorkGroupState>, seq: u64) {
+pub(super) fn finish_seq(r: &mut Round<'_>, g: &Arc<WorkGroupState>, seq: u64) {
     let mut p = g.progress();
     let before = p.offset;
     if seq <= before || !p.finish(seq) {

@@ -1,0 +1,301 @@
+//! [`Transaction`]: acks, sends and keyspace writes applied as one atomic write.
+//!
+//! This module is the core every concept adds its operations to, so that it imports none of
+//! them (they all import it: the worker pool commits transactions, keyspace writes are
+//! transactions): the type, the commit, and [`TaskTx`] (a pool handler's transaction). The
+//! operations live with their concept, as inherent methods:
+//!
+//! - `kv/txn.rs`: `put`, `put_if`, `delete`, `delete_if`, `expect`, `get_for_update`;
+//! - `producer/txn.rs`: `send`;
+//! - `consumer/txn.rs`: `ack` (an ordered delivery);
+//! - `work/txn.rs`: `ack_job` (a work-queue job).
+
+mod task;
+
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+pub use self::task::TaskTx;
+use crate::engine::boundary::{
+    KvWrite, LiveSubscription, Request, Shared, TxApplied, TxDelivery, TxJob, TxRequest, TxSend,
+};
+use crate::entry::MAX_TX_OPS;
+use crate::error::TxError;
+use crate::sent::Sent;
+
+/// A work-queue job held by a transaction (implemented by `Job`, in `work/`).
+pub(crate) trait HeldJob: Send {
+    /// Fences its lease now and moves it to settling.
+    fn begin_tx(&self) -> Result<TxJob, TxError>;
+    /// Undoes `begin_tx` (the transaction never reached the writer).
+    fn end_tx(&self);
+    /// The transaction was applied: the job is settled.
+    fn committed(self: Box<Self>);
+}
+
+/// An ordered delivery held by a transaction (implemented by `Delivery`, in `consumer/`).
+pub(crate) trait HeldDelivery: Send {
+    /// Why it cannot be acked now, if it cannot.
+    fn tx_refusal(&self) -> Option<TxError>;
+    /// Hands it to the writer (dropping it no longer hands it back).
+    fn into_tx(self: Box<Self>) -> Option<TxDelivery>;
+}
+
+/// Acks of ordered deliveries and work-queue jobs, sends to any queues and writes to keyspaces,
+/// collected and then applied by [`commit`](Transaction::commit) as **one** write batch of the
+/// broker's writer: all of it, or none of it.
+///
+/// - **Acks** are fenced: a job whose lease was lost (expired, claimed again, purged, reset)
+///   or a delivery whose group moved past it fails the whole transaction
+///   ([`TxError::LeaseLost`]) and nothing is applied.
+/// - **Sends** take any [`Message`]: keys, headers, delays and idempotency keys work as in
+///   [`Queue::submit`] (a duplicate is reported as [`Sent::Duplicate`] and writes nothing).
+/// - **Keyspace writes** may carry a condition ([`Expect`]), checked against the state
+///   before the transaction when the writer applies it; one that does not hold fails the
+///   transaction with [`TxError::Conflict`] and nothing is applied.
+///   [`get_for_update`](Transaction::get_for_update) reads a key and adds the condition
+///   that it is unchanged.
+///
+/// The commit resolves once the batch is durable in the broker's
+/// [`Durability`](crate::Durability) sense. **Dropping a transaction without committing
+/// applies nothing**: its jobs are released and its deliveries handed back, as if dropped.
+/// A transaction that fails does the same.
+///
+/// # Examples
+///
+/// Consume, update state and produce, exactly once:
+///
+/// ```no_run
+/// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+/// use futures::StreamExt;
+/// let orders = broker.queue("orders").await?;
+/// let invoices = broker.queue("invoices").await?;
+/// let totals = broker.kv("totals").await?;
+/// let mut jobs = orders.work_group("billing")?.subscribe().await?;
+/// while let Some(job) = jobs.next().await {
+///     let job = job?;
+///     let customer = job.key().unwrap_or("anonymous").to_owned();
+///     let mut tx = broker.transaction();
+///     let total = tx.get_for_update(&totals, &customer).await?;
+///     let sum: u64 = total.map_or(0, |e| String::from_utf8_lossy(&e.value).parse().unwrap_or(0)) + 1;
+///     tx.put(&totals, &customer, sum.to_string())?;
+///     tx.send(&invoices, format!("invoice for {customer}"))?;
+///     tx.ack_job(job);
+///     tx.commit().await?; // the ack, the total and the invoice: all or nothing
+/// }
+/// # Ok(()) }
+/// ```
+#[must_use = "a transaction does nothing unless committed"]
+pub struct Transaction {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) writes: Vec<KvWrite>,
+    pub(crate) sends: Vec<TxSend>,
+    pub(crate) jobs: Vec<Box<dyn HeldJob>>,
+    pub(crate) deliveries: Vec<Box<dyn HeldDelivery>>,
+    /// Something of another broker was added: refused at commit.
+    pub(crate) foreign: bool,
+}
+
+impl std::fmt::Debug for Transaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transaction")
+            .field("writes", &self.writes.len())
+            .field("sends", &self.sends.len())
+            .field("jobs", &self.jobs.len())
+            .field("deliveries", &self.deliveries.len())
+            .finish()
+    }
+}
+
+/// What a committed [`Transaction`] did.
+#[derive(Debug, Clone)]
+pub struct Committed {
+    revision: Option<u64>,
+    sent: Vec<Sent>,
+}
+
+impl Committed {
+    /// The revision the transaction's keyspace writes were stored under (`None`: it wrote no
+    /// key). Every entry it wrote now has this [`Entry::revision`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(tx: rockq::Transaction) -> Result<(), rockq::Error> {
+    /// let done = tx.commit().await?;
+    /// println!("stored at revision {:?}", done.revision());
+    /// # Ok(()) }
+    /// ```
+    pub fn revision(&self) -> Option<u64> {
+        self.revision
+    }
+
+    /// What became of each send, in the order they were added.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(tx: rockq::Transaction) -> Result<(), rockq::Error> {
+    /// for sent in tx.commit().await?.sent() {
+    ///     println!("{sent:?}");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn sent(&self) -> &[Sent] {
+        &self.sent
+    }
+}
+
+impl Transaction {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Transaction {
+            shared,
+            writes: Vec::new(),
+            sends: Vec::new(),
+            jobs: Vec::new(),
+            deliveries: Vec::new(),
+            foreign: false,
+        }
+    }
+
+    /// How many operations it holds (acks, sends, writes and conditions).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(broker: rockq::Broker) {
+    /// assert_eq!(broker.transaction().len(), 0);
+    /// # }
+    /// ```
+    pub fn len(&self) -> usize {
+        self.writes.len() + self.sends.len() + self.jobs.len() + self.deliveries.len()
+    }
+
+    /// Whether it holds nothing (committing it writes nothing).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(broker: rockq::Broker) {
+    /// assert!(broker.transaction().is_empty());
+    /// # }
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Refuses one more operation past [`MAX_TX_OPS`].
+    pub(crate) fn room(&self) -> Result<(), TxError> {
+        if self.len() >= MAX_TX_OPS {
+            return Err(TxError::Invalid { reason: format!("more than {MAX_TX_OPS} operations") });
+        }
+        Ok(())
+    }
+
+    /// Applies everything as one atomic write; resolves once it is durable.
+    ///
+    /// # Errors
+    ///
+    /// [`TxError::Conflict`] (a condition did not hold), [`TxError::LeaseLost`] (a job's lease
+    /// or a delivery was lost), [`TxError::GroupDeleted`], [`TxError::QueueDeleted`],
+    /// [`TxError::Invalid`] (something of another broker), [`TxError::Shutdown`],
+    /// [`TxError::Storage`], [`TxError::Failed`], [`TxError::Corrupt`]. In every case nothing
+    /// was applied; jobs are released and deliveries handed back.
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped after the transaction reached the writer, it is applied or
+    /// refused all the same; the caller cannot learn which except by reading what it wrote. Its
+    /// jobs' leases then simply run out if it was refused.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker, accounts: rockq::Keyspace, events: rockq::Queue) -> Result<(), rockq::Error> {
+    /// // The transactional outbox: the state change and its announcement, together.
+    /// let mut tx = broker.transaction();
+    /// tx.put(&accounts, "alice", "closed")?;
+    /// tx.send(&events, r#"{"account":"alice","event":"closed"}"#)?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn commit(mut self) -> Result<Committed, TxError> {
+        let jobs = std::mem::take(&mut self.jobs);
+        if self.foreign {
+            return Err(TxError::Invalid { reason: "it holds something of another broker".into() });
+        }
+        if self.shared.is_closed() {
+            return Err(TxError::Shutdown);
+        }
+        if let Some(e) = self.deliveries.iter().find_map(|d| d.tx_refusal()) {
+            return Err(e);
+        }
+        // Fenced now, in order; the first lost lease undoes the ones before it. Jobs dropped
+        // on an error are released, their attempts counted.
+        let mut fenced = Vec::with_capacity(jobs.len());
+        for (i, job) in jobs.iter().enumerate() {
+            match job.begin_tx() {
+                Ok(t) => fenced.push(t),
+                Err(e) => {
+                    jobs[..i].iter().for_each(|j| j.end_tx());
+                    return Err(e);
+                }
+            }
+        }
+        let applied = self.apply(fenced).await;
+        match applied {
+            Ok(done) => {
+                jobs.into_iter().for_each(HeldJob::committed);
+                Ok(done)
+            }
+            // Refused or failed: the jobs are leased to this holder again (or never left it),
+            // and are released as they drop here.
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sends the transaction, with `fenced` jobs (whose leases the caller fenced), to the
+    /// writer and waits for its answer. Every failure leaves the fenced jobs leased to their
+    /// holder and the deliveries handed back.
+    pub(crate) async fn apply(mut self, fenced: Vec<TxJob>) -> Result<Committed, TxError> {
+        let deliveries: Vec<TxDelivery> =
+            std::mem::take(&mut self.deliveries).into_iter().filter_map(|d| d.into_tx()).collect();
+        if self.foreign {
+            hand_back(fenced, deliveries);
+            return Err(TxError::Invalid { reason: "it holds something of another broker".into() });
+        }
+        let (reply, rx) = oneshot::channel();
+        let req = TxRequest {
+            writes: std::mem::take(&mut self.writes),
+            sends: std::mem::take(&mut self.sends),
+            jobs: fenced,
+            deliveries,
+            reply,
+        };
+        if let Err(tokio::sync::mpsc::error::SendError(req)) = self.shared.tx.send(Request::Tx(req)).await {
+            // Never reached the writer: hand everything back here.
+            if let Request::Tx(req) = req {
+                hand_back(req.jobs, req.deliveries);
+            }
+            return Err(TxError::Shutdown);
+        }
+        match rx.await {
+            Ok(Ok(TxApplied { revision, sent })) => Ok(Committed { revision, sent }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(TxError::Shutdown),
+        }
+    }
+}
+
+/// A transaction that never reached the writer: its fenced jobs are leased to their holders
+/// again and its deliveries go back to their subscriptions.
+fn hand_back(jobs: Vec<TxJob>, deliveries: Vec<TxDelivery>) {
+    for j in jobs {
+        j.group.unsettle(j.seq, j.token, j.deadline);
+    }
+    for d in deliveries {
+        let sub: Arc<dyn LiveSubscription> = d.sub;
+        sub.redeliver(d.msg, d.deliveries);
+    }
+}
