@@ -96,6 +96,34 @@ async fn use_after_shutdown_is_a_typed_error() {
     broker.shutdown().await.unwrap();
 }
 
+/// Regression: a process killed while RocksDB was creating the database (after `LOCK`,
+/// `IDENTITY` and the first manifest, before `CURRENT`) left a directory every later open
+/// refused as "not a RocksDB database" — found by the kill -9 pipeline test
+/// (`tests/exactly_once.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_creation_killed_before_current_was_written_is_created_again() {
+    let dir = tempdir();
+    for f in ["LOCK", "LOG", "IDENTITY", "MANIFEST-000001", "OPTIONS-000006.dbtmp"] {
+        std::fs::write(dir.path().join(f), b"").unwrap();
+    }
+    // Read-only, it is not there yet; writable, it is created.
+    assert!(matches!(rockq::Inspector::open(dir.path()).await, Err(OpenError::NotFound { .. })));
+    let broker = Broker::open(dir.path()).await.unwrap();
+    broker.queue("q").await.unwrap().send("x").await.unwrap();
+    broker.shutdown().await.unwrap();
+    let broker = Broker::open(dir.path()).await.unwrap();
+    assert_eq!(broker.get_queue("q").unwrap().len(), 1);
+    broker.shutdown().await.unwrap();
+
+    // One file of anyone else's and it is not ours.
+    let mixed = tempdir();
+    std::fs::write(mixed.path().join("LOCK"), b"").unwrap();
+    std::fs::write(mixed.path().join("notes.txt"), b"mine").unwrap();
+    let err = Broker::open(mixed.path()).await.unwrap_err();
+    assert!(matches!(err, OpenError::NotRockq { .. }), "{err:?}");
+    assert_eq!(std::fs::read_dir(mixed.path()).unwrap().count(), 2, "nothing was created");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paths_that_are_not_rockq_databases_are_refused_untouched() {
     let dir = tempdir();

@@ -100,10 +100,30 @@ fn inspect(path: &Path) -> Result<PathState, OpenError> {
         return Ok(PathState::Empty);
     }
     if path.join("CURRENT").is_file() {
-        Ok(PathState::RocksDb)
+        return Ok(PathState::RocksDb);
+    }
+    // A creation killed before RocksDB wrote `CURRENT` leaves only its own bookkeeping files
+    // (found by the kill -9 pipeline test): no database anyone could open, so nothing to
+    // lose. Created afresh, like an empty directory; anything else is not ours.
+    let interrupted = std::fs::read_dir(path).map_err(io)?.all(|e| {
+        e.ok().and_then(|e| e.file_name().into_string().ok()).is_some_and(|name| rocksdb_bookkeeping(&name))
+    });
+    if interrupted {
+        tracing::warn!(path = %path.display(), "rockq: an interrupted database creation found; creating it again");
+        Ok(PathState::Empty)
     } else {
         Err(not_ours("directory is not empty and holds no RocksDB database"))
     }
+}
+
+/// Files RocksDB writes while creating a database, before `CURRENT` names its manifest (its
+/// first WAL comes after `CURRENT`: a directory with a WAL and no `CURRENT` is not ours).
+fn rocksdb_bookkeeping(name: &str) -> bool {
+    matches!(name, "LOCK" | "LOG" | "IDENTITY")
+        || name.starts_with("LOG.old.")
+        || name.starts_with("MANIFEST-")
+        || name.starts_with("OPTIONS-")
+        || name.ends_with(".dbtmp")
 }
 
 fn rocks_options(o: &Options) -> rocksdb::Options {
