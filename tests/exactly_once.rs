@@ -60,7 +60,8 @@ async fn helper_pipeline() {
                 let n = num(tx.get_for_update(&meta, "next-order").await.unwrap());
                 tx.put(&meta, "next-order", (n + 1).to_string()).unwrap();
                 let account = n % ACCOUNTS;
-                tx.send(&orders, Message::new(format!("{n}:{}", amount(n))).key(format!("acct-{account}"))).unwrap();
+                tx.send(&orders, Message::new(format!("{n}:{}", amount(n))).key(format!("acct-{account}")))
+                    .unwrap();
                 if tx.commit().await.is_err() {
                     return;
                 }
@@ -68,11 +69,11 @@ async fn helper_pipeline() {
         })
     });
 
-    let billing = orders
-        .work_group("billing")
-        .unwrap()
-        .lease(Duration::from_secs(5))
-        .retry_policy(RetryPolicy::default().max_attempts(1_000_000).backoff(Duration::from_millis(1), Duration::from_millis(4)));
+    let billing = orders.work_group("billing").unwrap().lease(Duration::from_secs(5)).retry_policy(
+        RetryPolicy::default()
+            .max_attempts(1_000_000)
+            .backoff(Duration::from_millis(1), Duration::from_millis(4)),
+    );
     let (inv, bal) = (invoices.clone(), balances.clone());
     let pool = billing.clone().workers(4).spawn(move |task: rockq::Task| {
         let (inv, bal) = (inv.clone(), bal.clone());
@@ -96,7 +97,13 @@ async fn helper_pipeline() {
             let order = String::from_utf8_lossy(d.payload()).into_owned();
             let mut tx = broker2.transaction();
             let seen = tx.get_for_update(&ledger2, &order).await.unwrap();
-            tx.put_if(&ledger2, &order, (num(seen.clone()) + 1).to_string(), Expect::from_read(seen.as_ref())).unwrap();
+            tx.put_if(
+                &ledger2,
+                &order,
+                (num(seen.clone()) + 1).to_string(),
+                Expect::from_read(seen.as_ref()),
+            )
+            .unwrap();
             tx.ack(d);
             if tx.commit().await.is_err() {
                 return;
@@ -145,7 +152,8 @@ async fn sigkilled_pipeline_processes_every_order_exactly_once() {
     let cycles: u64 = std::env::var("ROCKQ_EO_CYCLES").ok().and_then(|c| c.parse().ok()).unwrap_or(200);
     let dir = tempdir();
     let path = dir.path().to_str().unwrap().to_owned();
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    let seed =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
     println!("seed {seed}");
     let mut rng = Rng(seed);
     let mut killed_before_ready = 0;

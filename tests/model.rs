@@ -1,7 +1,9 @@
 //! Model-based test: random sequences of send, receive/ack/drop/nack/nack-after-a-delay
 //! (ordered group with `max_deliveries`), claim/ack/nack/dead-letter/drop/extend (work-queue
-//! group), lease expiry and redelivery delays (manual clock), trim, redrive, resets of either
-//! group, a stored record corrupted across a restart, and restart, checked step by step against a small reference model of what is delivered next, with which attempt
+//! group), transactions acking either kind together with a keyspace write and a send (and
+//! work-queue ones refused by a failed condition), lease expiry and redelivery delays (manual
+//! clock), trim, redrive, resets of either group, a stored record corrupted across a restart,
+//! and restart, checked step by step against a small reference model of what is delivered next, with which attempt
 //! or delivery count, what is committed, what is dead-lettered and where the queue starts.
 //!
 //! A second model (`job_features_match_the_model`, below) covers the job-queue features:
@@ -17,7 +19,8 @@ use common::*;
 use futures::StreamExt;
 use proptest::prelude::*;
 use rockq::{
-    AckError, Broker, Delivery, Job, ManualClock, Redrive, RetryPolicy, Subscription, WorkSubscription,
+    AckError, Broker, Delivery, Expect, Job, ManualClock, Redrive, RetryPolicy, Subscription, TxError,
+    WorkSubscription,
 };
 
 const LEASE: Duration = Duration::from_secs(10);
@@ -53,6 +56,11 @@ enum Op {
     /// A restart during which one stored message that only the work group still needs is
     /// overwritten with bytes that do not decode.
     CorruptRestart(u64),
+    /// A transaction acking a held ordered delivery with a keyspace increment and a send.
+    OTxAck(usize),
+    /// A transaction acking a held job with a keyspace increment and a send; with `true`, also
+    /// a condition that does not hold (nothing applied, the job released).
+    WTxAck(usize, bool),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -76,6 +84,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<u64>().prop_map(Op::OReset),
         1 => any::<u64>().prop_map(Op::WReset),
         1 => any::<u64>().prop_map(Op::CorruptRestart),
+        2 => any::<usize>().prop_map(Op::OTxAck),
+        2 => (any::<usize>(), any::<bool>()).prop_map(|(i, c)| Op::WTxAck(i, c)),
     ]
 }
 
@@ -114,6 +124,12 @@ struct Model {
     dlq_cursor: usize,
     /// Stored records that do not decode (the ordered group never reads them again).
     corrupt: BTreeSet<u64>,
+    /// Acked by transactions above the ordered offset: durable, so kept across restarts.
+    o_txacked: BTreeSet<u64>,
+    /// The keyspace as transactions left it: key → count of transactions that incremented it.
+    kv: BTreeMap<String, u64>,
+    /// Messages the transactions sent to the `out` queue.
+    out: u64,
 }
 
 impl Model {
@@ -139,7 +155,7 @@ impl Model {
         while self.o_next_new <= self.last {
             let s = self.o_next_new;
             self.o_next_new += 1;
-            if s <= self.o_committed || self.o_dead.contains(&s) {
+            if s <= self.o_committed || self.o_dead.contains(&s) || self.o_txacked.contains(&s) {
                 continue; // done for the group: never handed out
             }
             match self.o_delayed.get(&s) {
@@ -159,7 +175,7 @@ impl Model {
     fn o_advance(&mut self) {
         loop {
             let s = self.o_committed + 1;
-            if !(self.o_acked.remove(&s) | self.o_dead.remove(&s)) {
+            if !(self.o_acked.remove(&s) | self.o_dead.remove(&s) | self.o_txacked.remove(&s)) {
                 break;
             }
             self.o_committed = s;
@@ -262,6 +278,8 @@ fn reset_target(m: &Model, pick: u64, ordered: bool) -> Option<u64> {
 struct Real {
     broker: Broker,
     q: rockq::Queue,
+    kv: rockq::Keyspace,
+    out: rockq::Queue,
     o: Subscription,
     w: WorkSubscription,
     o_held: Vec<Delivery>,
@@ -273,7 +291,46 @@ async fn open_real(path: &std::path::Path, clock: &ManualClock) -> Real {
     let q = broker.queue("q").await.unwrap();
     let o = ordered_sub(&q).await;
     let w = work_sub(&q).await;
-    Real { broker, q, o, w, o_held: Vec::new(), w_held: Vec::new() }
+    let kv = broker.kv("state").await.unwrap();
+    kv.put("gate", "set").await.unwrap();
+    let out = broker.queue("out").await.unwrap();
+    Real { broker, q, kv, out, o, w, o_held: Vec::new(), w_held: Vec::new() }
+}
+
+/// A transaction incrementing `key` (read for update) and sending one message to `out`, with
+/// `ack` added; with `conflict`, also a condition that never holds ("gate" is always set).
+async fn tx_increment(
+    r: &Real,
+    key: &str,
+    conflict: bool,
+    ack: impl FnOnce(&mut rockq::Transaction),
+) -> Result<(), TxError> {
+    let mut tx = r.broker.transaction();
+    let cur = tx.get_for_update(&r.kv, key).await.unwrap();
+    let n: u64 = cur.map_or(0, |e| String::from_utf8_lossy(&e.value).parse().unwrap());
+    tx.put(&r.kv, key, (n + 1).to_string())?;
+    tx.send(&r.out, key.to_owned())?;
+    if conflict {
+        tx.expect(&r.kv, "gate", Expect::Absent)?;
+    }
+    ack(&mut tx);
+    tx.commit().await.map(drop)
+}
+
+/// The keyspace and the `out` queue match the model.
+async fn check_state(r: &Real, m: &Model, ctx: &str) {
+    let mut got = BTreeMap::new();
+    for e in r.kv.scan::<&[u8], _>(..).collect::<Vec<_>>().await {
+        let e = e.unwrap();
+        if &e.key[..] != b"gate" {
+            got.insert(
+                String::from_utf8(e.key.to_vec()).unwrap(),
+                String::from_utf8_lossy(&e.value).parse::<u64>().unwrap(),
+            );
+        }
+    }
+    assert_eq!(got, m.kv, "{ctx}: keyspace");
+    assert_eq!(r.out.last_seq(), m.out, "{ctx}: sends of applied transactions only");
 }
 
 async fn ordered_sub(q: &rockq::Queue) -> Subscription {
@@ -436,10 +493,10 @@ async fn run(ops: Vec<Op>) {
             }
             Op::Restart | Op::CorruptRestart(_) => {
                 r.o.commit().await.unwrap();
-                let Real { broker, q, o, w, o_held, w_held } = r;
+                let Real { broker, q, kv, out, o, w, o_held, w_held } = r;
                 // Held ordered deliveries are dropped, in order: each comes back (counted, or
                 // dead-lettered by the shutdown's last round).
-                drop((q, o, w, o_held));
+                drop((q, kv, out, o, w, o_held));
                 for (seq, count) in std::mem::take(&mut m.o_held) {
                     m.o_comeback(seq, count, false);
                 }
@@ -463,6 +520,7 @@ async fn run(ops: Vec<Op>) {
                     }
                 }
                 r = open_real(dir.path(), &clock).await;
+                check_state(&r, &m, &ctx).await;
                 // In memory only: handed-back deliveries and acks above the offset.
                 m.o_redeliver.clear();
                 m.o_acked.clear();
@@ -472,7 +530,7 @@ async fn run(ops: Vec<Op>) {
                 let Some(seq) = reset_target(&m, pick, true) else { continue };
                 // Held deliveries are dropped first (each comes back: counted, or
                 // dead-lettered), and the commit that follows writes what that decided.
-                let Real { broker, q, o, w, o_held, w_held } = r;
+                let Real { broker, q, kv, out, o, w, o_held, w_held } = r;
                 drop(o_held);
                 for (seq, count) in std::mem::take(&mut m.o_held) {
                     m.o_comeback(seq, count, false);
@@ -483,12 +541,13 @@ async fn run(ops: Vec<Op>) {
                 assert_eq!(group.reset_to(rockq::ResetTo::Sequence(seq)).await.unwrap(), seq, "{ctx}");
                 assert_eq!(group.committed(), Some(seq - 1), "{ctx}");
                 let o = ordered_sub(&q).await;
-                r = Real { broker, q, o, w, o_held: Vec::new(), w_held };
+                r = Real { broker, q, kv, out, o, w, o_held: Vec::new(), w_held };
                 // Every delivery count, delay and dead-letter mark above the old offset goes
                 // with it; the dead letters already written stay.
                 m.o_redeliver.clear();
                 m.o_acked.clear();
                 m.o_dead.clear();
+                m.o_txacked.clear();
                 m.o_delayed.clear();
                 m.o_fails.clear();
                 m.o_committed = seq - 1;
@@ -497,16 +556,51 @@ async fn run(ops: Vec<Op>) {
             Op::WReset(pick) => {
                 let Some(seq) = reset_target(&m, pick, false) else { continue };
                 // Its subscription and jobs let go first (released, then reset away).
-                let Real { broker, q, o, w, o_held, w_held } = r;
+                let Real { broker, q, kv, out, o, w, o_held, w_held } = r;
                 drop((w, w_held));
                 let group = q.work_group("w").unwrap();
                 assert_eq!(group.reset_to(rockq::ResetTo::Sequence(seq)).await.unwrap(), seq, "{ctx}");
                 let w = work_sub(&q).await;
-                r = Real { broker, q, o, w, o_held, w_held: Vec::new() };
+                r = Real { broker, q, kv, out, o, w, o_held, w_held: Vec::new() };
                 m.w_held.clear();
                 m.w.clear();
                 m.w_base = seq - 1;
                 m.w_frontier = seq;
+            }
+            Op::OTxAck(i) if !r.o_held.is_empty() => {
+                let i = i % r.o_held.len();
+                let d = r.o_held.swap_remove(i);
+                let (seq, _) = m.o_held.swap_remove(i);
+                let key = format!("o:{seq}");
+                tx_increment(&r, &key, false, |tx| drop(tx.ack(d))).await.unwrap();
+                m.o_txacked.insert(seq);
+                m.o_advance();
+                *m.kv.entry(key).or_default() += 1;
+                m.out += 1;
+                // The transaction's batch wrote the offset if the ack completed a prefix.
+                assert_eq!(r.q.group("o").unwrap().committed(), Some(m.o_committed), "{ctx}: {m:?}");
+                check_state(&r, &m, &ctx).await;
+            }
+            Op::WTxAck(i, conflict) if !r.w_held.is_empty() => {
+                let i = i % r.w_held.len();
+                let j = r.w_held.swap_remove(i);
+                let (seq, _, expired, _) = m.w_held.swap_remove(i);
+                let key = format!("w:{seq}");
+                let res = tx_increment(&r, &key, conflict, |tx| drop(tx.ack_job(j))).await;
+                if expired {
+                    // Fenced: nothing applied, the message is someone else's (or claimable).
+                    assert!(matches!(res, Err(TxError::LeaseLost { .. })), "{ctx}: {res:?}");
+                } else if conflict {
+                    assert!(matches!(res, Err(TxError::Conflict { .. })), "{ctx}: {res:?}");
+                    // Released, its attempt counted.
+                    m.w.get_mut(&seq).unwrap().1 = W::Available;
+                } else {
+                    assert!(res.is_ok(), "{ctx}: {res:?}");
+                    m.w.get_mut(&seq).unwrap().1 = W::Done;
+                    *m.kv.entry(key).or_default() += 1;
+                    m.out += 1;
+                }
+                check_state(&r, &m, &ctx).await;
             }
             _ => {}
         }
@@ -519,6 +613,7 @@ async fn run(ops: Vec<Op>) {
     let odlq = r.broker.dead_letters("o.dlq").await.unwrap();
     let origins: Vec<u64> = odlq.list(1000).await.unwrap().iter().map(|d| d.seq.unwrap()).collect();
     assert_eq!(origins, m.o_dlq[m.o_dlq_cursor..].to_vec(), "ordered dead letters, each once");
+    check_state(&r, &m, "at the end").await;
     std::mem::forget(r.w_held);
     r.broker.shutdown().await.unwrap();
 }
