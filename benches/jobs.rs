@@ -5,13 +5,16 @@
 //!   key each (the dedup check and record cost per message);
 //! - delayed messages: submitting them, then firing a backlog that fell due at once, beside
 //!   plain sends of the same messages;
-//! - a pool of 8 draining a backlog: no keys vs 1,000 ordering keys in a group ordered by key.
+//! - a pool of 8 draining a backlog: no keys vs 1,000 ordering keys in a group ordered by key;
+//! - a pool of 8 whose handler writes one keyspace entry and sends one message per job in its
+//!   transaction (`Task::tx`), committed with the ack, vs the plain drain, Buffered and Fsync
+//!   (Fsync with a tenth of the messages, beside raw RocksDB writing synced batches of 8).
 //!
 //! Each rockq row and its plain counterpart run alternately, three times each (this machine
 //! drifts by a third between runs); the tables print medians.
 //!
 //! `cargo bench --bench jobs`; `ROCKQ_BENCH_N` sets the message count (default 200k),
-//! `ROCKQ_BENCH_ONLY=produce|delayed|drain` runs one part.
+//! `ROCKQ_BENCH_ONLY=produce|delayed|drain|tx` runs one part.
 
 mod common;
 
@@ -86,8 +89,8 @@ fn main() {
     if run("drain") {
         let (mut free, mut keys) = (Vec::new(), Vec::new());
         for i in 0..REPS {
-            free.push(rt.block_on(drain(&dir(format!("w-free-{i}")), n, false)));
-            keys.push(rt.block_on(drain(&dir(format!("w-keys-{i}")), n, true)));
+            free.push(rt.block_on(drain(&dir(format!("w-free-{i}")), n, false, Durability::Buffered, false)));
+            keys.push(rt.block_on(drain(&dir(format!("w-keys-{i}")), n, true, Durability::Buffered, false)));
         }
         let (a, b) = (median(free), median(keys));
         println!(
@@ -99,6 +102,34 @@ fn main() {
             100.0 * a / b
         );
     }
+
+    // Transactions: ack + 1 keyspace put + 1 send per job, vs the plain drain, alternating.
+    if run("tx") {
+        for (mode, n) in [(Durability::Buffered, n), (Durability::Fsync, n / 10)] {
+            let (mut plain, mut tx) = (Vec::new(), Vec::new());
+            for i in 0..REPS {
+                plain.push(rt.block_on(drain(&dir(format!("t-plain-{mode:?}-{i}")), n, false, mode, false)));
+                tx.push(rt.block_on(drain(&dir(format!("t-tx-{mode:?}-{i}")), n, false, mode, true)));
+            }
+            let (a, b) = (median(plain), median(tx));
+            let (raw, label) = match mode {
+                Durability::Fsync => (
+                    n as f64 / raw_write(&dir(format!("raw-sync-{i}", i = 8)), n, 8, true, false),
+                    "raw synced b8",
+                ),
+                _ => (raw1000, "raw b1000"),
+            };
+            println!(
+                "pool of 8, {mode:?}, {n} jobs: plain drain {:.0} msg/s ({:.0}% of {label}); ack + put + send in one transaction {:.0} jobs/s ({:.0}% of {label}, {:.0}% of plain): +{:.1} µs per job; {label} {raw:.0} msg/s",
+                n as f64 / a,
+                100.0 * n as f64 / a / raw,
+                n as f64 / b,
+                100.0 * n as f64 / b / raw,
+                100.0 * a / b,
+                (b - a) / n as f64 * 1e6
+            );
+        }
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -107,7 +138,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 async fn open(path: &Path) -> rockq::Broker {
-    Options::new().durability(Durability::Buffered).open(path).await.unwrap()
+    open_mode(path, Durability::Buffered).await
+}
+
+async fn open_mode(path: &Path, mode: Durability) -> rockq::Broker {
+    Options::new().durability(mode).open(path).await.unwrap()
 }
 
 /// 64 producers, awaiting each send; with `dedup`, each message carries a unique key.
@@ -184,9 +219,12 @@ async fn delayed(path: &Path, n: u64) -> (f64, f64) {
 }
 
 /// A pool of 8 (adaptive prefetch) drains `n` prefilled messages; with `keys`, they carry 1,000
-/// ordering keys round-robin and the group is ordered by key.
-async fn drain(path: &Path, n: u64, keys: bool) -> f64 {
-    let broker = open(path).await;
+/// ordering keys round-robin and the group is ordered by key; with `tx`, each handler puts one
+/// entry (1,000 keys round-robin) and sends one message in its job's transaction.
+async fn drain(path: &Path, n: u64, keys: bool, mode: Durability, tx: bool) -> f64 {
+    let broker = open_mode(path, mode).await;
+    let state = broker.kv("state").await.unwrap();
+    let out = broker.queue("out").await.unwrap();
     let q = broker.queue("backlog").await.unwrap();
     let mut sent = 0;
     while sent < n {
@@ -203,17 +241,27 @@ async fn drain(path: &Path, n: u64, keys: bool) -> f64 {
     let group = q.work_group("workers").unwrap().ordered_by_key(keys);
     let handler = {
         let (done, token) = (done.clone(), token.clone());
-        move |_task: rockq::Task| {
+        move |task: rockq::Task| {
+            let wrote = if tx {
+                let t = task.tx();
+                t.put(&state, (task.seq() % 1000).to_be_bytes(), task.payload().clone())
+                    .and_then(|()| t.send(&out, task.payload().clone()))
+            } else {
+                Ok(())
+            };
             if done.fetch_add(1, Ordering::Relaxed) + 1 == n {
                 token.cancel();
             }
-            async { Ok(()) }
+            async move { wrote.map_err(rockq::HandlerError::dead_letter) }
         }
     };
     let start = Instant::now();
     let report = tokio::spawn(group.workers(8).shutdown_on(token).run(handler)).await.unwrap().unwrap();
     let secs = start.elapsed().as_secs_f64();
     assert_eq!(report.acked, n);
+    if tx {
+        assert_eq!(broker.get_queue("out").unwrap().len(), n, "every job's send landed");
+    }
     broker.shutdown().await.unwrap();
     secs
 }

@@ -35,6 +35,9 @@ async fn populate(broker: &rockq::Broker) -> (rockq::WorkSubscription, rockq::Jo
     }
     sub.commit().await.unwrap();
     drop(sub);
+    let accounts = broker.kv("accounts").await.unwrap();
+    accounts.put("alice", "1").await.unwrap();
+    accounts.put("bob", "2").await.unwrap();
     let jobs = broker.queue("jobs").await.unwrap();
     jobs.send_batch(["j1", "j2", "j3"]).await.unwrap();
     let mut js = jobs
@@ -95,11 +98,15 @@ async fn read_only_commands_inspect_a_database_the_service_holds() {
     assert_eq!(workers["ordered_by_key"], false);
     assert!(billing["lease_secs"].is_null() && billing["retry_policy"].is_null(), "ordered: none stored");
 
+    // Keyspaces, with their key counts.
+    assert_eq!(stats["keyspaces"], serde_json::json!([{ "name": "accounts", "keys": 2 }]));
+
     let table = text(&db, &["stats"]);
     assert!(
         table.contains("LEASE") && table.contains("1h00m") && table.contains("5 (1.0s..5m00s)"),
         "{table}"
     );
+    assert!(table.contains("KEYSPACE") && table.contains("accounts"), "{table}");
     assert!(
         table.contains("QUEUE")
             && table.contains("LAG")

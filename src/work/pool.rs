@@ -85,6 +85,23 @@ enum Done {
     Unsettled,
 }
 
+/// What running a handler left to do: nothing, or its transaction's commit to await.
+enum Ran {
+    Done(Done),
+    Committing(std::pin::Pin<Box<dyn std::future::Future<Output = Done> + Send>>),
+}
+
+impl PoolReport {
+    fn count(&mut self, done: Done) {
+        match done {
+            Done::Acked => self.acked += 1,
+            Done::Failed => self.failed += 1,
+            Done::Panicked => self.panicked += 1,
+            Done::Unsettled => self.unsettled += 1,
+        }
+    }
+}
+
 impl<S> std::fmt::Debug for Workers<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Workers")
@@ -320,6 +337,11 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
                 (feed.clone(), handler.clone(), clock.clone(), self.state.clone());
             pool.workers.spawn(async move {
                 let mut report = PoolReport::default();
+                // Transactions of this worker's handlers on their way to the disk: the worker
+                // takes its next job meanwhile, so that many commits share the writer's rounds
+                // (each job still holds its permit, and so its place in `max_in_flight`, until
+                // its transaction is answered). Aborted with the worker.
+                let mut committing: JoinSet<Done> = JoinSet::new();
                 while let Some(job) = feed.take(w, &clock).await {
                     // The handler gets a full lease, however long the job waited. An
                     // already-expired lease stays expired (the job then fails to settle and is
@@ -327,12 +349,16 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
                     // The group's lease now: an update applies to the next job started.
                     let _ = job.extend(job.group_lease());
                     match run_one(handler.as_ref(), &app, job, heartbeat, clock.clone()).await {
-                        Done::Acked => report.acked += 1,
-                        Done::Failed => report.failed += 1,
-                        Done::Panicked => report.panicked += 1,
-                        Done::Unsettled => report.unsettled += 1,
+                        Ran::Done(done) => report.count(done),
+                        Ran::Committing(commit) => drop(committing.spawn(commit)),
+                    }
+                    while let Some(done) = committing.try_join_next() {
+                        report.count(done.unwrap_or(Done::Unsettled));
                     }
                     feed.done(w);
+                }
+                while let Some(done) = committing.join_next().await {
+                    report.count(done.unwrap_or(Done::Unsettled));
                 }
                 report
             });
@@ -509,7 +535,7 @@ async fn run_one<S: Send + Sync + 'static, H: Handler<S>>(
     job: Job,
     heartbeat: bool,
     clock: crate::clock::Clock,
-) -> Done {
+) -> Ran {
     // The handler's own events carry the job's coordinates (at DEBUG, so INFO costs nothing).
     let span = tracing::debug_span!("rockq.job", queue = %job.queue(), group = %job.group(), seq = job.seq(), attempt = job.attempt());
     let work = AssertUnwindSafe(tracing::Instrument::instrument(handler.handle(job.task(), state), span))
@@ -568,16 +594,16 @@ async fn run_one<S: Send + Sync + 'static, H: Handler<S>>(
     // sends and the ack are one atomic write. One that failed: what it wrote is dropped.
     let tx = job.inner().tx.get().map(TaskTx::take).filter(|tx| !tx.is_empty());
     if let (PoolOutcome::Ack, Some(tx)) = (&outcome, tx) {
-        return commit_with_ack(tx, job).await;
+        return Ran::Committing(Box::pin(commit_with_ack(tx, job)));
     }
     let settled = job.settle_queued(outcome).await;
-    match settled {
+    Ran::Done(match settled {
         Ok(()) => done,
         Err(e) => {
             tracing::warn!(error = %e, "rockq: worker could not record an outcome");
             Done::Unsettled
         }
-    }
+    })
 }
 
 /// Commits a handler's transaction together with its job's ack. A refused transaction

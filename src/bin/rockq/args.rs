@@ -20,8 +20,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Queues and groups: lengths, offsets, delayed messages, lag (count and age), in flight, DLQ
-    /// depth, paused.
+    /// Queues, groups and keyspaces: lengths, offsets, delayed messages, lag (count and age), in
+    /// flight, DLQ depth, paused, keys per keyspace.
     Stats,
     /// Groups only, optionally of one queue.
     Groups {

@@ -100,6 +100,8 @@ async fn stats(inspector: &Inspector, json: bool, only_queue: Option<&str>, queu
                     })
                 })
                 .collect();
+            out["keyspaces"] =
+                stats.keyspaces.iter().map(|k| json!({ "name": k.name, "keys": k.keys })).collect();
         }
         print_json(&out);
         return Ok(());
@@ -131,6 +133,12 @@ async fn stats(inspector: &Inspector, json: bool, only_queue: Option<&str>, queu
             stats.bytes_on_disk
         );
         println!();
+        if !stats.keyspaces.is_empty() {
+            let rows: Vec<_> =
+                stats.keyspaces.iter().map(|k| vec![k.name.clone(), k.keys.to_string()]).collect();
+            table(&["KEYSPACE", "KEYS"], &rows);
+            println!();
+        }
     }
     let rows: Vec<_> = groups
         .iter()
