@@ -4,7 +4,8 @@
 //! `docs/ARCHITECTURE.md`).
 //!
 //! Layers, top down:
-//! 1. handles: `broker/`, `producer/`, `consumer/`, `work/`, `inspector.rs` (and `lib.rs`);
+//! 1. handles: `broker/`, `producer/`, `consumer/`, `work/`, `kv/`, `txn/`, `inspector.rs` (and
+//!    `lib.rs`);
 //! 2. the engine: `engine/`;
 //! 3. the store: `store/`;
 //! 4. plain value types: every other module.
@@ -16,10 +17,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-const HANDLES: &[&str] = &["broker", "producer", "consumer", "work", "inspector"];
+const HANDLES: &[&str] = &["broker", "producer", "consumer", "work", "kv", "txn", "inspector"];
 const VALUES: &[&str] = &[
     "clock",
     "codec",
+    "entry",
     "error",
     "events",
     "faults",

@@ -53,6 +53,17 @@ fn public_types_are_send_and_sync() {
     send_sync::<Clock>();
     send_sync::<ManualClock>();
     send_sync::<Inspector>();
+    send_sync::<Keyspace>();
+    send_sync::<Scan>();
+    unpin::<Scan>();
+    send_sync::<Entry>();
+    send_sync::<Expect>();
+    send_sync::<Transaction>();
+    send_sync::<Committed>();
+    send_sync::<TaskTx>();
+    send_sync::<KvError>();
+    send_sync::<TxError>();
+    send_sync::<KeyspaceStats>();
     send_sync::<Stats>();
     send_sync::<QueueStats>();
     send_sync::<GroupStats>();
@@ -122,4 +133,22 @@ async fn work_futures_are_send(w: &WorkGroup, j: Job, d: &DeadLetters) {
     is_send(&d.len());
     is_send(&d.list(10));
     is_send(&d.redrive(Redrive::new()));
+}
+
+/// Compile-time only: keyspace and transaction futures run on a multi-threaded runtime.
+#[allow(dead_code, unused_must_use)]
+async fn transaction_futures_are_send(
+    b: &Broker,
+    k: &Keyspace,
+    t: Transaction,
+    mut u: Transaction,
+    task: Task,
+) {
+    is_send(&b.kv("k"));
+    is_send(&k.get("x"));
+    is_send(&k.put("x", "y"));
+    is_send(&k.compare_and_set("x", Expect::Absent, Some("y")));
+    is_send(&u.get_for_update(k, "x"));
+    is_send(&t.commit());
+    is_send(&task.tx().get_for_update(k, "x"));
 }

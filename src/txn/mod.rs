@@ -25,7 +25,7 @@ use crate::error::TxError;
 use crate::sent::Sent;
 
 /// A work-queue job held by a transaction (implemented by `Job`, in `work/`).
-pub(crate) trait HeldJob: Send {
+pub(crate) trait HeldJob: Send + Sync {
     /// Fences its lease now and moves it to settling.
     fn begin_tx(&self) -> Result<TxJob, TxError>;
     /// Undoes `begin_tx` (the transaction never reached the writer).
@@ -35,7 +35,7 @@ pub(crate) trait HeldJob: Send {
 }
 
 /// An ordered delivery held by a transaction (implemented by `Delivery`, in `consumer/`).
-pub(crate) trait HeldDelivery: Send {
+pub(crate) trait HeldDelivery: Send + Sync {
     /// Why it cannot be acked now, if it cannot.
     fn tx_refusal(&self) -> Option<TxError>;
     /// Hands it to the writer (dropping it no longer hands it back).
