@@ -17,9 +17,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 pub use self::task::TaskTx;
-use crate::engine::boundary::{
-    KvWrite, LiveSubscription, Request, Shared, TxApplied, TxDelivery, TxJob, TxRequest, TxSend,
-};
+use crate::engine::boundary::{KvWrite, Request, Shared, TxApplied, TxDelivery, TxJob, TxRequest, TxSend};
 use crate::entry::MAX_TX_OPS;
 use crate::error::TxError;
 use crate::sent::Sent;
@@ -222,29 +220,29 @@ impl Transaction {
     /// ```
     pub async fn commit(mut self) -> Result<Committed, TxError> {
         let jobs = std::mem::take(&mut self.jobs);
-        if self.foreign {
-            return Err(TxError::Invalid { reason: "it holds something of another broker".into() });
-        }
         if self.shared.is_closed() {
             return Err(TxError::Shutdown);
         }
         if let Some(e) = self.deliveries.iter().find_map(|d| d.tx_refusal()) {
             return Err(e);
         }
-        // Fenced now, in order; the first lost lease undoes the ones before it. Jobs dropped
-        // on an error are released, their attempts counted.
-        let mut fenced = Vec::with_capacity(jobs.len());
-        for (i, job) in jobs.iter().enumerate() {
-            match job.begin_tx() {
-                Ok(t) => fenced.push(t),
-                Err(e) => {
-                    jobs[..i].iter().for_each(|j| j.end_tx());
-                    return Err(e);
+        // Fenced once the writer's queue has room for the transaction, in order; the first lost
+        // lease undoes the ones before it. Jobs dropped on an error are released, their
+        // attempts counted.
+        let fence = || {
+            let mut fenced = Vec::with_capacity(jobs.len());
+            for (i, job) in jobs.iter().enumerate() {
+                match job.begin_tx() {
+                    Ok(t) => fenced.push(t),
+                    Err(e) => {
+                        jobs[..i].iter().for_each(|j| j.end_tx());
+                        return Err(e);
+                    }
                 }
             }
-        }
-        let applied = self.apply(fenced).await;
-        match applied {
+            Ok(fenced)
+        };
+        match self.apply(fence).await {
             Ok(done) => {
                 jobs.into_iter().for_each(HeldJob::committed);
                 Ok(done)
@@ -255,47 +253,35 @@ impl Transaction {
         }
     }
 
-    /// Sends the transaction, with `fenced` jobs (whose leases the caller fenced), to the
-    /// writer and waits for its answer. Every failure leaves the fenced jobs leased to their
-    /// holder and the deliveries handed back.
-    pub(crate) async fn apply(mut self, fenced: Vec<TxJob>) -> Result<Committed, TxError> {
-        let deliveries: Vec<TxDelivery> =
-            std::mem::take(&mut self.deliveries).into_iter().filter_map(|d| d.into_tx()).collect();
+    /// Hands the transaction to the writer, with the jobs `fence` fences (the caller's), and
+    /// waits for its answer. A slot in the writer's queue is reserved first, so that nothing
+    /// is fenced or handed over by a future that could still be dropped before the send:
+    /// from `fence` on, the request reaches the writer, which applies it or hands everything
+    /// back (jobs leased to their holder again, deliveries to their subscriptions).
+    pub(crate) async fn apply(
+        mut self,
+        fence: impl FnOnce() -> Result<Vec<TxJob>, TxError>,
+    ) -> Result<Committed, TxError> {
         if self.foreign {
-            hand_back(fenced, deliveries);
+            // Deliveries dropped with `self` go back to their subscriptions.
             return Err(TxError::Invalid { reason: "it holds something of another broker".into() });
         }
+        let permit = self.shared.tx.reserve().await.map_err(|_| TxError::Shutdown)?;
+        let fenced = fence()?;
+        let deliveries: Vec<TxDelivery> =
+            std::mem::take(&mut self.deliveries).into_iter().filter_map(|d| d.into_tx()).collect();
         let (reply, rx) = oneshot::channel();
-        let req = TxRequest {
+        permit.send(Request::Tx(TxRequest {
             writes: std::mem::take(&mut self.writes),
             sends: std::mem::take(&mut self.sends),
             jobs: fenced,
             deliveries,
             reply,
-        };
-        if let Err(tokio::sync::mpsc::error::SendError(req)) = self.shared.tx.send(Request::Tx(req)).await {
-            // Never reached the writer: hand everything back here.
-            if let Request::Tx(req) = req {
-                hand_back(req.jobs, req.deliveries);
-            }
-            return Err(TxError::Shutdown);
-        }
+        }));
         match rx.await {
             Ok(Ok(TxApplied { revision, sent })) => Ok(Committed { revision, sent }),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(TxError::Shutdown),
         }
-    }
-}
-
-/// A transaction that never reached the writer: its fenced jobs are leased to their holders
-/// again and its deliveries go back to their subscriptions.
-fn hand_back(jobs: Vec<TxJob>, deliveries: Vec<TxDelivery>) {
-    for j in jobs {
-        j.group.unsettle(j.seq, j.token, j.deadline);
-    }
-    for d in deliveries {
-        let sub: Arc<dyn LiveSubscription> = d.sub;
-        sub.redeliver(d.msg, d.deliveries);
     }
 }

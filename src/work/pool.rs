@@ -611,14 +611,7 @@ async fn run_one<S: Send + Sync + 'static, H: Handler<S>>(
 /// group's backoff, dead-lettered when attempts are used up); a lost lease or a shutdown
 /// leaves the job to whoever holds it now (or to the next open).
 async fn commit_with_ack(tx: crate::txn::Transaction, job: Job) -> Done {
-    let fenced = match job.begin_tx() {
-        Ok(fenced) => fenced,
-        Err(e) => {
-            tracing::warn!(error = %e, "rockq: worker could not commit a transaction");
-            return Done::Unsettled;
-        }
-    };
-    match tx.apply(vec![fenced]).await {
+    match tx.apply(|| job.begin_tx().map(|fenced| vec![fenced])).await {
         Ok(_) => {
             job.tx_committed();
             Done::Acked
