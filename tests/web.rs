@@ -167,6 +167,9 @@ async fn payloads_and_headers_are_escaped_and_shown_as_text_json_or_hex() {
     // Dead letters: reason escaped too.
     let dlq = get(&app, "/dlq/jobs.dlq").await;
     assert!(dlq.body.contains("bad input: &lt;missing field&gt;") && !dlq.body.contains("<missing"));
+    assert!(dlq.body.contains(r#"<b id="dlq-depth">2</b>"#));
+    assert_eq!(table(&dlq.body, "dead-letters").len(), 2);
+    assert_eq!(table(&get(&app, "/dlq/jobs.dlq?limit=1").await.body, "dead-letters").len(), 1);
     drop(f.held);
 }
 
@@ -746,4 +749,54 @@ async fn serve_binds_loopback_only_unless_allowed() {
     drop(f.work);
     f.broker.shutdown().await.unwrap();
     tokio::time::timeout(common::HANG_GUARD, server).await.unwrap().unwrap().unwrap();
+}
+
+/// `rockq serve`: read-only while this process holds the database, full once it is free.
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn rockq_serve_is_read_only_beside_a_running_service_and_full_alone() {
+    use tokio::io::AsyncBufReadExt;
+    async fn start(db: &std::path::Path, extra: &[&str]) -> (tokio::process::Child, String) {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_rockq"))
+            .args(["serve", "--db", db.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let first =
+            tokio::time::timeout(common::HANG_GUARD, lines.next_line()).await.unwrap().unwrap().unwrap();
+        let addr = first.split("http://").nth(1).unwrap().split('/').next().unwrap().to_owned();
+        assert!(addr.starts_with("127.0.0.1:"), "{first}");
+        (child, first)
+    }
+    let f = fixture().await;
+    let (mut child, first) = start(f.dir.path(), &["--token", TOKEN]).await;
+    assert!(first.contains("held by another process"), "{first}");
+    let addr = first.split("http://").nth(1).unwrap().split('/').next().unwrap().to_owned();
+    let (status, body) = console::http(&addr, "GET", "/", None).await;
+    assert_eq!(status, 200);
+    assert!(body.contains("read-only") && body.contains(r#"href="/queues/jobs""#));
+    let (status, _) = console::http(&addr, "POST", "/api/trim", None).await;
+    assert_eq!(status, 403);
+    child.kill().await.unwrap();
+
+    drop(f.held);
+    drop(f.work);
+    f.broker.shutdown().await.unwrap();
+    let (mut child, first) = start(f.dir.path(), &["--token", TOKEN]).await;
+    assert!(first.contains("full"), "{first}");
+    let addr = first.split("http://").nth(1).unwrap().split('/').next().unwrap().to_owned();
+    let (status, body) = console::http(&addr, "GET", "/", None).await;
+    assert_eq!(status, 200);
+    assert!(body.contains("log in to act"), "{body}");
+    // SIGTERM shuts the broker down cleanly: the database opens again at once.
+    let pid = child.id().unwrap() as i32;
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = tokio::time::timeout(common::HANG_GUARD, child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "{status:?}");
+    let again = common::open(f.dir.path()).await;
+    assert_eq!(again.stats().await.unwrap().groups.len(), 2);
+    again.shutdown().await.unwrap();
 }

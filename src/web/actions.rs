@@ -31,10 +31,20 @@ fn fields(f: Fields) -> Result<HashMap<String, String>, Failure> {
     f.map(|Form(m)| m).map_err(|e| Failure::bad_request(format!("the request's form cannot be read: {e}")))
 }
 
-/// Authorisation, then the broker: the common prefix of every action.
-fn authorized<'a>(st: &'a State, ctx: &Ctx, f: &HashMap<String, String>) -> Result<&'a Broker, Failure> {
+/// The common prefix of every action: read-only mode and anonymous callers are refused before
+/// the body is even read; then the form, then its CSRF token.
+fn authorized<'a>(
+    st: &'a State,
+    ctx: &Ctx,
+    f: Fields,
+) -> Result<(&'a Broker, HashMap<String, String>), Failure> {
+    let broker = st.source.broker().filter(|_| st.auth.has_token()).ok_or_else(auth::read_only)?;
+    if ctx.caller == auth::Caller::Anonymous {
+        st.auth.authorize(&ctx.caller, &ctx.headers, None)?;
+    }
+    let f = fields(f)?;
     st.auth.authorize(&ctx.caller, &ctx.headers, f.get("csrf").map(String::as_str))?;
-    st.source.broker().ok_or_else(auth::read_only)
+    Ok((broker, f))
 }
 
 /// What an action answers: a redirect for forms, JSON for the API.
@@ -80,8 +90,7 @@ async fn set_paused(
     paused: bool,
 ) -> Response {
     let r = async {
-        let f = fields(f)?;
-        let broker = authorized(&st, &ctx, &f)?;
+        let (broker, _) = authorized(&st, &ctx, f)?;
         let (q, g) = (input::name("queue", &queue)?, input::name("group", &group)?);
         match paused {
             true => broker.pause_group(q, g).await?,
@@ -103,8 +112,7 @@ pub(crate) async fn reset(
     f: Fields,
 ) -> Response {
     let r = async {
-        let f = fields(f)?;
-        let broker = authorized(&st, &ctx, &f)?;
+        let (broker, f) = authorized(&st, &ctx, f)?;
         let (q, g) = (input::name("queue", &queue)?, input::name("group", &group)?);
         let stats = broker.stats().await?;
         let qs = stats
@@ -180,8 +188,7 @@ pub(crate) async fn redrive(
     f: Fields,
 ) -> Response {
     let r = async {
-        let f = fields(f)?;
-        let broker = authorized(&st, &ctx, &f)?;
+        let (broker, f) = authorized(&st, &ctx, f)?;
         let dlq = input::name("dead-letter queue", &dlq)?;
         let names = broker.queue_names();
         if !names.iter().any(|n| n == dlq) {
@@ -212,8 +219,7 @@ pub(crate) async fn redrive(
 /// POST `/trim`: a retention pass now.
 pub(crate) async fn trim(AxState(st): AxState<Arc<State>>, ctx: Ctx, f: Fields) -> Response {
     let r = async {
-        let f = fields(f)?;
-        let broker = authorized(&st, &ctx, &f)?;
+        let (broker, _) = authorized(&st, &ctx, f)?;
         let report = broker.trim().await?;
         Ok(done(
             &ctx,

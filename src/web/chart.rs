@@ -1,6 +1,7 @@
 //! Server-rendered SVG line charts (no JavaScript, no chart library): a few series over the
-//! sampled window, scaled to the largest value, with the peak and the window's length written
-//! on the chart so that it reads without axes.
+//! sampled window, each scaled to its own peak (a rate and a length differ by orders of
+//! magnitude), with each peak in the legend and the window's length written on the chart so
+//! that it reads without axes.
 
 use std::fmt::Write as _;
 use std::time::SystemTime;
@@ -25,24 +26,18 @@ pub(crate) fn render(title: &str, series: &[Series<'_>]) -> String {
         return format!(r#"<p class="chart-empty">{}: waiting for samples…</p>"#, esc(title));
     };
     let span = end.duration_since(start).unwrap_or_default();
-    let peak = all.map(|p| p.1).fold(0.0f64, f64::max);
-    let scale = if peak > 0.0 { peak } else { 1.0 };
     let mut out = format!(
         r#"<svg class="chart" viewBox="0 0 {W} {h}" width="{W}" height="{h}" role="img" aria-label="{t}"><title>{t}</title><rect class="frame" x="0" y="{TOP}" width="{W}" height="{H}"/>"#,
         h = H + TOP + 14.0,
         t = esc(title),
     );
     let _ = write!(out, r#"<text class="label" x="2" y="10">{}</text>"#, esc(title));
-    let _ = write!(
-        out,
-        r#"<text class="label peak" x="{}" y="10" text-anchor="end">max {}</text>"#,
-        W - 2.0,
-        number(peak)
-    );
+    let peak = |s: &Series<'_>| s.points.iter().map(|p| p.1).fold(0.0f64, f64::max);
     for s in series {
         if s.points.len() < 2 {
             continue;
         }
+        let scale = if peak(s) > 0.0 { peak(s) } else { 1.0 };
         let mut pts = String::new();
         for (t, v) in &s.points {
             let dx = t.duration_since(start).unwrap_or_default().as_secs_f64();
@@ -60,7 +55,13 @@ pub(crate) fn render(title: &str, series: &[Series<'_>]) -> String {
     }
     let mut legend = String::new();
     for s in series {
-        let _ = write!(legend, r#"<tspan class="{}">■ {}</tspan> "#, esc(s.class), esc(s.label));
+        let _ = write!(
+            legend,
+            r#"<tspan class="{}">■ {} ≤{}</tspan> "#,
+            esc(s.class),
+            esc(s.label),
+            number(peak(s))
+        );
     }
     let _ = write!(out, r#"<text class="label" x="2" y="{}">{}</text>"#, TOP + H + 11.0, legend.trim_end());
     let _ = write!(
@@ -95,7 +96,7 @@ mod tests {
         let points =
             vec![(t0, 0.0), (t0 + Duration::from_secs(5), 10.0), (t0 + Duration::from_secs(10), 5.0)];
         let svg = render("q<1>", &[Series { label: "enqueued/s", class: "rate", points }]);
-        assert!(svg.starts_with("<svg") && svg.contains("<polyline") && svg.contains("max 10"));
+        assert!(svg.starts_with("<svg") && svg.contains("<polyline") && svg.contains("enqueued/s ≤10"));
         assert!(svg.contains("0.0,94.0 160.0,16.0 320.0,55.0"), "{svg}");
         assert!(svg.contains("q&lt;1&gt;") && !svg.contains("q<1>"));
         assert!(render("empty", &[]).contains("waiting for samples"));

@@ -321,13 +321,26 @@ async fn dlq_page(
         .unwrap_or(50) as usize;
     let view = View::parse(p.get("view").map(String::as_str));
     let letters = st.source.dead_letters(name, limit).await?;
+    // After the listing, which checked that the queue exists (`dead_letters` would create it).
+    let depth = st.source.dlq_depth(name).await?;
     let (b, n) = (esc(&ctx.base), esc(name));
     let mut body = String::new();
     let _ = write!(
         body,
-        r#"<p>Dead letters not yet redriven (oldest first, at most {limit}): <b id="dlq-count">{}</b>. <a href="{b}/queues/{n}">The queue itself</a></p>"#,
+        r#"<p>Dead letters not yet redriven: <b id="dlq-depth">{}</b> (showing the oldest {}). <a href="{b}/queues/{n}">The queue itself</a></p><p class="views">Payload as "#,
+        depth.map_or_else(|| "?".into(), |d| d.to_string()),
         letters.len()
     );
+    for v in [View::Text, View::Json, View::Hex] {
+        let cls = if v == view { r#" class="current""# } else { "" };
+        let _ = write!(
+            body,
+            r#"<a{cls} href="{b}/dlq/{n}?view={}&limit={limit}">{}</a> "#,
+            v.as_str(),
+            v.as_str()
+        );
+    }
+    body.push_str("</p>");
     if let Some(csrf) = ctx.csrf() {
         let _ = write!(
             body,
@@ -353,7 +366,11 @@ async fn dlq_page(
                 esc(&d.reason),
                 html::time(d.enqueued_at),
                 html::time(d.dead_lettered_at),
-                format!("{}{}", html::headers(&d.headers), html::payload(&d.payload, view, 4096)),
+                if d.headers.is_empty() {
+                    html::payload(&d.payload, view, 4096)
+                } else {
+                    format!("{}{}", html::headers(&d.headers), html::payload(&d.payload, view, 4096))
+                },
             ]
         })
         .collect();

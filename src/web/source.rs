@@ -92,6 +92,23 @@ impl Source {
         }
     }
 
+    /// How many dead letters of `dlq` are not yet redriven: exact over a broker; over the
+    /// read-only view, what a group storing it as its dead-letter queue reports (`None` if
+    /// none does).
+    pub(crate) async fn dlq_depth(&self, dlq: &str) -> Result<Option<u64>, Failure> {
+        match self {
+            Source::Broker(b) => Ok(Some(b.dead_letters(dlq).await?.len().await?)),
+            Source::ReadOnly { .. } => {
+                let stats = self.stats().await?;
+                Ok(stats
+                    .groups
+                    .iter()
+                    .find(|g| g.dead_letter_queue.as_deref() == Some(dlq))
+                    .map(|g| g.dlq_depth))
+            }
+        }
+    }
+
     /// Dead letters not yet redriven. The queue must exist: `Broker::dead_letters` would
     /// create it, and reading must change nothing.
     pub(crate) async fn dead_letters(&self, dlq: &str, limit: usize) -> Result<Vec<DeadLetter>, Failure> {
