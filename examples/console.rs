@@ -42,7 +42,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .header("customer", format!("c-{}", tick % 7))
                 });
                 let _ = orders.send_batch(batch).await;
-                if tick % 3 == 0 {
+                if tick.is_multiple_of(3) {
                     let _ = emails.send(format!("to:user{}@example.com", tick % 50)).await;
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -58,7 +58,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut n = 0u64;
             while let Some(Ok(d)) = sub.next().await {
                 n += 1;
-                let slow = (n / 50) % 3 == 0;
+                let slow = (n / 50).is_multiple_of(3);
                 tokio::time::sleep(Duration::from_millis(if slow { 250 } else { 60 })).await;
                 let _ = d.ack();
             }
@@ -72,10 +72,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let pool = mailer.workers(4).spawn(|task: Task| async move {
         tokio::time::sleep(Duration::from_millis(150)).await;
         match task.seq() {
-            s if s % 25 == 0 => {
+            s if s.is_multiple_of(25) => {
                 Err(HandlerError::retry(format!("550 mailbox unavailable (attempt {})", task.attempt())))
             }
-            s if s % 6 == 0 && task.attempt() < 3 => Err(HandlerError::retry("smtp timeout")),
+            s if s.is_multiple_of(6) && task.attempt() < 3 => Err(HandlerError::retry("smtp timeout")),
             _ => Ok(()),
         }
     });

@@ -145,14 +145,14 @@ pub(crate) async fn reset(
                 )));
             }
         };
-        if let ResetTo::Sequence(s) = to {
-            if s < qs.first_seq || s > qs.last_seq + 1 {
-                return Err(Failure::bad_request(format!(
-                    "sequence {s} is outside the retained range {}..={} of queue {q:?}",
-                    qs.first_seq,
-                    qs.last_seq + 1
-                )));
-            }
+        if let ResetTo::Sequence(s) = to
+            && (s < qs.first_seq || s > qs.last_seq + 1)
+        {
+            return Err(Failure::bad_request(format!(
+                "sequence {s} is outside the retained range {}..={} of queue {q:?}",
+                qs.first_seq,
+                qs.last_seq + 1
+            )));
         }
         if !ctx.api && f.get("confirm").map(String::as_str) != Some("yes") {
             let csrf = f.get("csrf").map(String::as_str).unwrap_or("");

@@ -147,10 +147,10 @@ pub(crate) fn read_only() -> Failure {
 /// Refuses a request a browser marks as coming from another site.
 pub(crate) fn same_site(headers: &HeaderMap) -> Result<(), Failure> {
     let cross = || Failure::forbidden("cross-site request refused (CSRF protection): nothing was changed");
-    if let Some(site) = headers.get("sec-fetch-site") {
-        if site.as_bytes() != b"same-origin" {
-            return Err(cross());
-        }
+    if let Some(site) = headers.get("sec-fetch-site")
+        && site.as_bytes() != b"same-origin"
+    {
+        return Err(cross());
     }
     if let Some(origin) = headers.get(ORIGIN) {
         let origin = origin.to_str().map_err(|_| cross())?;

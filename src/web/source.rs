@@ -42,10 +42,10 @@ impl Source {
     async fn inspector(&self) -> Result<Option<Inspector>, Failure> {
         let Source::ReadOnly { path, view } = self else { return Ok(None) };
         let mut view = view.lock().await;
-        if let Some((at, i)) = view.as_ref() {
-            if at.elapsed() < INSPECTOR_MAX_AGE {
-                return Ok(Some(i.clone()));
-            }
+        if let Some((at, i)) = view.as_ref()
+            && at.elapsed() < INSPECTOR_MAX_AGE
+        {
+            return Ok(Some(i.clone()));
         }
         let i = Inspector::open(path).await.map_err(|e| {
             Failure::new(
