@@ -58,8 +58,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut n = 0u64;
             while let Some(Ok(d)) = sub.next().await {
                 n += 1;
-                let slow = (n / 50).is_multiple_of(3);
-                tokio::time::sleep(Duration::from_millis(if slow { 250 } else { 60 })).await;
+                let slow = (n / 100).is_multiple_of(4);
+                tokio::time::sleep(Duration::from_millis(if slow { 150 } else { 30 })).await;
                 let _ = d.ack();
             }
         })

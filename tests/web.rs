@@ -361,6 +361,11 @@ async fn the_token_is_required_for_the_api_and_checked_in_constant_time() {
 async fn browser_forms_need_the_session_csrf_token_and_the_same_site() {
     let f = fixture().await;
     let app = writable(&f.broker);
+    let form = get(&app, "/login").await;
+    assert_eq!(form.status, StatusCode::OK);
+    assert!(form.body.contains(r#"type="password" name="token""#));
+    let anonymous = get(&app, "/").await;
+    assert!(anonymous.body.contains("log in to act") && !anonymous.body.contains(r#"name="csrf""#));
     let (cookie, csrf) = login(&app).await;
     let path = "/groups/orders/billing/pause";
     let paused = || async { group(&f.broker.stats().await.unwrap(), "orders", "billing").paused };
@@ -796,4 +801,18 @@ async fn rockq_serve_is_read_only_beside_a_running_service_and_full_alone() {
     let again = common::open(f.dir.path()).await;
     assert_eq!(again.stats().await.unwrap().groups.len(), 2);
     again.shutdown().await.unwrap();
+}
+
+/// `tokio::spawn` outside a runtime panics: the console must not.
+#[test]
+fn built_outside_a_runtime_the_console_works_without_its_sampler_task() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = common::tempdir();
+    let broker = rt.block_on(common::open(dir.path()));
+    let (app, sampler) = Console::new(broker.clone()).build();
+    rt.block_on(async {
+        sampler.sample_now().await.unwrap();
+        assert_eq!(get(&app, "/").await.status, StatusCode::OK);
+        broker.shutdown().await.unwrap();
+    });
 }

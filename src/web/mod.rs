@@ -250,8 +250,9 @@ impl Console {
     }
 
     /// The router and a handle on its sampler. Spawns the sampler task (unless
-    /// [`manual_sampling`](Console::manual_sampling)), so call it inside a Tokio runtime; the
-    /// task ends when every clone of the router is dropped or the broker shuts down.
+    /// [`manual_sampling`](Console::manual_sampling)) on the current Tokio runtime — built
+    /// outside one, the console works without it and logs a warning; the task ends when every
+    /// clone of the router is dropped or the broker shuts down.
     ///
     /// # Examples
     ///

@@ -21,6 +21,10 @@ use crate::stats::{GroupMode, GroupStats, QueueStats, Stats};
 
 type Params = Query<HashMap<String, String>>;
 
+/// Pending claims shown per group on a queue page (a pool of thousands would bury the page;
+/// the JSON lists all).
+const MAX_CLAIMS: usize = 200;
+
 /// `until-acked`, `max-age 1h00m`, `max-len 1000`, `forever`.
 pub(crate) fn retention(r: &Retention) -> String {
     match r {
@@ -247,6 +251,7 @@ async fn queue_page(
         let claims = st.source.pending(name, &g.group).await?;
         let rows: Vec<_> = claims
             .iter()
+            .take(MAX_CLAIMS)
             .map(|c| {
                 vec![
                     c.seq.to_string(),
@@ -260,6 +265,14 @@ async fn queue_page(
             })
             .collect();
         let _ = write!(body, "<h2>Pending claims of {}</h2>", esc(&g.group));
+        if claims.len() > MAX_CLAIMS {
+            let _ = write!(
+                body,
+                r#"<p class="summary">Showing the first {MAX_CLAIMS} of {} (all of them: <a href="{b}/api/queues/{n}/groups/{g}/pending">JSON</a>).</p>"#,
+                claims.len(),
+                g = esc(&g.group)
+            );
+        }
         let headers = ["Seq", "State", "Attempt", "Holder", "Lease deadline", "Retry at", "Last error"];
         body.push_str(&html::table(&format!("pending-{}", g.group), &headers, &rows));
     }

@@ -91,10 +91,8 @@ pub(crate) fn rates<T>(
 /// # Examples
 ///
 /// ```no_run
-/// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
-/// let console = rockq::web::Console::new(broker).manual_sampling();
-/// let sampler = console.sampler();
-/// let app = console.router();
+/// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::web::WebError> {
+/// let (app, sampler) = rockq::web::Console::new(broker).manual_sampling().build();
 /// sampler.sample_now().await?; // the charts now have one more point
 /// # drop(app);
 /// # Ok(()) }
@@ -121,7 +119,7 @@ impl Sampler {
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn demo(sampler: rockq::web::Sampler) -> Result<(), rockq::Error> {
+    /// # async fn demo(sampler: rockq::web::Sampler) -> Result<(), rockq::web::WebError> {
     /// sampler.sample_now().await?;
     /// # Ok(()) }
     /// ```
@@ -146,7 +144,13 @@ pub(crate) async fn sample(state: &State) -> Result<(), WebError> {
 /// shuts down. A failed sample is logged and skipped (the chart shows a gap, not a stop).
 pub(crate) fn spawn(state: &Arc<State>, every: Duration) {
     let weak = Arc::downgrade(state);
-    tokio::spawn(async move {
+    // Outside a runtime there is nothing to run the task on: the console still works, its
+    // charts only get the points `Sampler::sample_now` adds (`tokio::spawn` would panic).
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!("rockq console built outside a Tokio runtime: no sampler task, the charts stay empty");
+        return;
+    };
+    runtime.spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
