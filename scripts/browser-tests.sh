@@ -19,25 +19,41 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
 
-# A free port, chosen by the kernel now (bind to 0, read it, release it).
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
+# chromedriver on a port chosen now. Plain bash (no python, no ss on a fresh machine): a
+# random high port; if chromedriver cannot bind it, it exits and another is tried. Ready once
+# the port accepts connections while chromedriver is still alive.
 log="$(mktemp -t chromedriver.XXXXXX.log)"
+driver_pid=""
 # In a process group of its own (setsid), so that stopping it by its pid's group also stops
 # any browser it started, even if a test died before closing its session.
-setsid chromedriver --port="$port" --allowed-ips=127.0.0.1 >"$log" 2>&1 &
-driver_pid=$!
-trap 'kill -- "-$driver_pid" 2>/dev/null || true; wait "$driver_pid" 2>/dev/null || true' EXIT
-
-# Ready when its status endpoint answers.
-for _ in $(seq 1 100); do
-  if python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$port/status', timeout=1)" 2>/dev/null; then
-    break
+stop_driver() {
+  if [ -n "$driver_pid" ]; then
+    kill -- "-$driver_pid" 2>/dev/null || true
+    wait "$driver_pid" 2>/dev/null || true
   fi
-  if ! kill -0 "$driver_pid" 2>/dev/null; then
-    echo "browser-tests: chromedriver exited:" >&2; cat "$log" >&2; exit 1
-  fi
-  sleep 0.1
+}
+trap stop_driver EXIT
+for attempt in 1 2 3 4 5 6 7 8; do
+  port=$(( 20000 + RANDOM % 40000 ))
+  setsid chromedriver --port="$port" --allowed-ips=127.0.0.1 >"$log" 2>&1 &
+  driver_pid=$!
+  ready=0
+  for _ in $(seq 1 100); do
+    kill -0 "$driver_pid" 2>/dev/null || break
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && kill -0 "$driver_pid" 2>/dev/null; then
+      ready=1
+      break
+    fi
+    sleep 0.1
+  done
+  [ "$ready" = 1 ] && break
+  stop_driver
+  driver_pid=""
 done
+if [ "$ready" != 1 ]; then
+  echo "browser-tests: chromedriver did not start:" >&2; cat "$log" >&2; exit 1
+fi
+echo "browser-tests: chromedriver (pid $driver_pid) on 127.0.0.1:$port" >&2
 
 export ROCKQ_BROWSER_TESTS=1 CHROMEDRIVER="127.0.0.1:$port" CHROMIUM="$(command -v chromium)"
 if [ "$update_docs" = 1 ]; then

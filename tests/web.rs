@@ -816,3 +816,42 @@ fn built_outside_a_runtime_the_console_works_without_its_sampler_task() {
         broker.shutdown().await.unwrap();
     });
 }
+
+/// A dead-letter queue larger than a redrive chunk moves in several atomic chunks, and the
+/// job reports the whole count.
+#[tokio::test]
+async fn a_big_redrive_moves_in_chunks_and_reports_every_letter() {
+    let f = fixture().await;
+    let app = writable(&f.broker);
+    // Sent straight to a DLQ-named queue: no origin headers, so a target is required.
+    let bulk = f.broker.queue("bulk.dlq").await.unwrap();
+    bulk.send_batch((0..600).map(|i| format!("letter {i}"))).await.unwrap();
+    f.broker.queue("bulk").await.unwrap();
+    let bearer = format!("Bearer {TOKEN}");
+    // Without a target they cannot go anywhere: the job fails, and nothing moved.
+    let a = post(&app, "/api/dlq/bulk.dlq/redrive", "", &[("authorization", &bearer)]).await;
+    let id = serde_json::from_str::<serde_json::Value>(&a.body).unwrap()["job"].as_u64().unwrap();
+    let j: serde_json::Value =
+        serde_json::from_str(&get(&app, &format!("/api/jobs/{id}?wait=1")).await.body).unwrap();
+    assert_eq!((j["done"].as_bool(), j["moved"].as_u64()), (Some(true), Some(0)));
+    assert!(j["error"].as_str().unwrap().contains("origin"), "{j}");
+    assert_eq!(f.broker.dead_letters("bulk.dlq").await.unwrap().len().await.unwrap(), 600);
+    let page = get(&app, &format!("/jobs/{id}")).await;
+    assert!(page.body.contains("failed:"), "{}", page.body);
+
+    let a = post(&app, "/api/dlq/bulk.dlq/redrive", "to=bulk&limit=550", &[("authorization", &bearer)]).await;
+    let id = serde_json::from_str::<serde_json::Value>(&a.body).unwrap()["job"].as_u64().unwrap();
+    let j: serde_json::Value =
+        serde_json::from_str(&get(&app, &format!("/api/jobs/{id}?wait=1")).await.body).unwrap();
+    assert_eq!(
+        (j["total"].as_u64(), j["moved"].as_u64(), j["error"].is_null()),
+        (Some(550), Some(550), true)
+    );
+    assert_eq!(f.broker.dead_letters("bulk.dlq").await.unwrap().len().await.unwrap(), 50);
+    let moved = f.broker.peek("bulk", None, 500).await.unwrap();
+    assert_eq!(
+        (moved.len(), moved[0].payload.as_ref(), moved[499].payload.as_ref()),
+        (500, &b"letter 0"[..], &b"letter 499"[..])
+    );
+    drop(f.held);
+}
