@@ -595,6 +595,29 @@ async fn reset_asks_for_confirmation_then_moves_the_offset() {
     .await;
     assert_eq!(a.status, StatusCode::OK, "{}", a.body);
     assert_eq!(serde_json::from_str::<serde_json::Value>(&a.body).unwrap()["next_seq"], 1);
+    // A relative time is resolved once, on the confirmation page: the form sends the instant.
+    let a = post(&app, "/groups/orders/billing/reset", &format!("csrf={csrf}&target=latest&confirm=yes"), &h)
+        .await;
+    assert_eq!(a.status, StatusCode::SEE_OTHER);
+    let a =
+        post(&app, "/groups/orders/billing/reset", &format!("csrf={csrf}&target=time&value=1h"), &h).await;
+    let at = a.body.find(r#"name="value" value=""#).unwrap() + r#"name="value" value=""#.len();
+    let instant = &a.body[at..at + a.body[at..].find('"').unwrap()];
+    assert!(instant.len() == 27 && instant.ends_with('Z'), "{instant}");
+    assert_eq!(group(&f.broker.stats().await.unwrap(), "orders", "billing").committed, 10);
+    let a = post(
+        &app,
+        "/groups/orders/billing/reset",
+        &format!("csrf={csrf}&target=time&value={instant}&confirm=yes"),
+        &h,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::SEE_OTHER, "{}", a.body);
+    assert_eq!(
+        group(&f.broker.stats().await.unwrap(), "orders", "billing").committed,
+        0,
+        "every message is younger than 1h"
+    );
     // A work group with a live subscription refuses: 409, nothing moved.
     let a = post(&app, "/groups/jobs/workers/reset", &format!("csrf={csrf}&target=earliest&confirm=yes"), &h)
         .await;
@@ -853,5 +876,28 @@ async fn a_big_redrive_moves_in_chunks_and_reports_every_letter() {
         (moved.len(), moved[0].payload.as_ref(), moved[499].payload.as_ref()),
         (500, &b"letter 0"[..], &b"letter 499"[..])
     );
+    drop(f.held);
+}
+
+/// The sampler task ticks on its own (the wait is for a condition, bounded by the hang guard;
+/// nothing asserts how long it took).
+#[tokio::test]
+async fn the_sampler_task_records_on_its_tick() {
+    let f = fixture().await;
+    let (app, sampler) =
+        Console::new(f.broker.clone()).sample_every(std::time::Duration::from_millis(100)).build();
+    let until = tokio::time::Instant::now() + common::HANG_GUARD;
+    loop {
+        let h: serde_json::Value = serde_json::from_str(&get(&app, "/api/history").await.body).unwrap();
+        let samples =
+            h["groups"].as_array().unwrap().iter().map(|g| g["samples"].as_array().unwrap().len()).min();
+        if samples.is_some_and(|n| n >= 2) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < until, "the sampler task never ticked twice");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    drop(app);
+    assert!(matches!(sampler.sample_now().await, Err(WebError::Stopped)));
     drop(f.held);
 }

@@ -168,7 +168,7 @@ Messages before it are skipped, messages after it are delivered again. The group
                 b = esc(&ctx.base),
                 csrf = html::csrf_field(csrf),
                 t = esc(target),
-                v = esc(value),
+                v = esc(&confirmed_value(to, value)),
             );
             return Ok(ctx.page("Confirm reset", None, &body));
         }
@@ -177,6 +177,20 @@ Messages before it are skipped, messages after it are delivered again. The group
     }
     .await;
     ctx.render(r)
+}
+
+/// The value the confirmation form sends back: a time as the absolute instant shown on the
+/// page (to the microsecond), so that "15m" means 15 minutes before the question, not before
+/// the answer.
+fn confirmed_value(to: ResetTo, typed: &str) -> String {
+    match to {
+        ResetTo::Time(t) => {
+            let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            chrono::DateTime::<chrono::Utc>::from_timestamp(d.as_secs() as i64, d.subsec_nanos())
+                .map_or_else(|| typed.to_owned(), |dt| dt.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string())
+        }
+        _ => typed.to_owned(),
+    }
 }
 
 /// POST `/dlq/{queue}/redrive`: `to` (optional, an existing queue), `limit` (optional).
