@@ -5,8 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh
-# Every optional feature but the failpoints: the CLI, the postcard codec, tower handlers.
-features="cli,postcard,tower"
+# Every optional feature but the failpoints: the CLI, the postcard codec, tower handlers, the
+# web console. (The console's browser tests, tests/web_browser.rs, skip themselves here: they
+# need Chromium; scripts/browser-tests.sh runs them.)
+features="cli,postcard,tower,web"
 cargo test --all-targets --features "$features" "$@"
 cargo test --doc --features "$features" "$@"
 cargo test --features failpoints --test faults "$@"

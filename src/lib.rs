@@ -55,7 +55,8 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 // Layers, top down; each imports only from the layers below it (`tests/layers.rs` checks it):
-// the handles (`broker`, `producer`, `consumer`, `work`, `inspector`), the engine (`engine`,
+// the handles (`broker`, `producer`, `consumer`, `work`, `inspector`, and `web`, the console,
+// which goes through the public API only), the engine (`engine`,
 // reached only through `engine::boundary`), the store (`store`, the only user of RocksDB), and
 // plain value types (the rest).
 mod broker;
@@ -64,6 +65,8 @@ mod inspector;
 mod kv;
 mod producer;
 mod txn;
+#[cfg(feature = "web")]
+pub mod web;
 mod work;
 
 mod engine;

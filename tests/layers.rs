@@ -5,7 +5,8 @@
 //!
 //! Layers, top down:
 //! 1. handles: `broker/`, `producer/`, `consumer/`, `work/`, `kv/`, `txn/`, `inspector.rs` (and
-//!    `lib.rs`);
+//!    `lib.rs`), and `web/`, the console, which stays on the public API: not even
+//!    `engine::boundary`;
 //! 2. the engine: `engine/`;
 //! 3. the store: `store/`;
 //! 4. plain value types: every other module.
@@ -17,7 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-const HANDLES: &[&str] = &["broker", "producer", "consumer", "work", "kv", "txn", "inspector"];
+const HANDLES: &[&str] = &["broker", "producer", "consumer", "work", "kv", "txn", "inspector", "web"];
 const VALUES: &[&str] = &[
     "clock",
     "codec",
@@ -152,6 +153,9 @@ fn check() -> (Vec<Violation>, BTreeMap<String, BTreeSet<String>>) {
                 }
                 if here == Layer::Handles && first == "store" {
                     bad.push(Violation(format!("{at}: a handle reaches the store directly: {line}")));
+                }
+                if top == "web" && (first == "engine" || first == "store") {
+                    bad.push(Violation(format!("{at}: the console reaches past the public API: {line}")));
                 }
                 if here == Layer::Handles && first == "engine" && second.as_deref() != Some("boundary") {
                     bad.push(Violation(format!(

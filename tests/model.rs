@@ -572,7 +572,11 @@ async fn run(ops: Vec<Op>) {
                 let d = r.o_held.swap_remove(i);
                 let (seq, _) = m.o_held.swap_remove(i);
                 let key = format!("o:{seq}");
-                tx_increment(&r, &key, false, |tx| drop(tx.ack(d))).await.unwrap();
+                tx_increment(&r, &key, false, |tx| {
+                    tx.ack(d);
+                })
+                .await
+                .unwrap();
                 m.o_txacked.insert(seq);
                 m.o_advance();
                 *m.kv.entry(key).or_default() += 1;
@@ -586,7 +590,10 @@ async fn run(ops: Vec<Op>) {
                 let j = r.w_held.swap_remove(i);
                 let (seq, _, expired, _) = m.w_held.swap_remove(i);
                 let key = format!("w:{seq}");
-                let res = tx_increment(&r, &key, conflict, |tx| drop(tx.ack_job(j))).await;
+                let res = tx_increment(&r, &key, conflict, |tx| {
+                    tx.ack_job(j);
+                })
+                .await;
                 if expired {
                     // Fenced: nothing applied, the message is someone else's (or claimable).
                     assert!(matches!(res, Err(TxError::LeaseLost { .. })), "{ctx}: {res:?}");

@@ -79,6 +79,25 @@ pub enum Command {
         #[command(flatten)]
         confirm: Confirm,
     },
+    /// Serves the web console (feature `web`). With the database to itself it runs a full
+    /// broker (actions need --token); while another process holds the database it serves a
+    /// read-only view.
+    #[cfg(feature = "web")]
+    Serve {
+        /// Address to listen on. Non-loopback addresses also need --allow-remote.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// Token enabling the actions (pause, resume, reset, redrive, trim); without it the
+        /// console is read-only.
+        #[arg(long, env = "ROCKQ_CONSOLE_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Allow a non-loopback --listen address (put TLS in front: the console is plain HTTP).
+        #[arg(long)]
+        allow_remote: bool,
+        /// Read-only even when the database is free (opens it as `rockq stats` does).
+        #[arg(long)]
+        read_only: bool,
+    },
     /// Deletes a group (offset, claims, delivery records, settings), either mode.
     DeleteGroup {
         /// The queue.

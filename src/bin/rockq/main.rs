@@ -5,12 +5,15 @@
 //! change it (`dlq redrive`, `group reset|pause|resume`, `trim`, `delete-queue`, `purge`,
 //! `delete-group`) need it to themselves and fail with exit code 3 while another process holds
 //! it. The destructive ones (`delete-queue`, `purge`, `delete-group`) ask for confirmation on a
-//! terminal and need `--yes` otherwise (exit code 2 without it).
+//! terminal and need `--yes` otherwise (exit code 2 without it). `serve` (feature `web`) runs
+//! the web console: full when the database is free, read-only while another process holds it.
 
 mod args;
 mod format;
 mod lifecycle;
 mod run;
+#[cfg(feature = "web")]
+mod serve;
 mod session;
 
 use clap::Parser;

@@ -43,6 +43,10 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::DeleteGroup { ref queue, ref group, ref confirm } => {
             crate::lifecycle::delete_group(db, json, queue, group, confirm).await
         }
+        #[cfg(feature = "web")]
+        Command::Serve { listen, token, allow_remote, read_only } => {
+            crate::serve::serve(db, listen, token, allow_remote, read_only).await
+        }
         Command::Trim => {
             let broker = exclusive(db, "trim").await?;
             let res = trim(&broker, json).await;

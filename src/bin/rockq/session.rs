@@ -32,6 +32,17 @@ pub(crate) async fn exclusive(db: &Path, what: &str) -> Result<Broker> {
     Broker::options().create_if_missing(false).open(db).await.map_err(|e| open_failure(db, e, what))
 }
 
+/// Exclusive access if the database is free, `None` if another process holds it (the caller
+/// falls back to read-only access).
+#[cfg(feature = "web")]
+pub(crate) async fn exclusive_or_locked(db: &Path) -> Result<Option<Broker>> {
+    match Broker::options().create_if_missing(false).open(db).await {
+        Ok(b) => Ok(Some(b)),
+        Err(OpenError::Locked { .. }) => Ok(None),
+        Err(e) => Err(open_failure(db, e, "serve")),
+    }
+}
+
 fn open_failure(db: &Path, e: OpenError, what: &str) -> Failure {
     match e {
         OpenError::Locked { .. } => Failure {

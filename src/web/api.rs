@@ -1,0 +1,224 @@
+//! `/api/...`: JSON for everything the pages show. Objects carry the fields of the library's
+//! types under the same names ([`QueueStats`], [`GroupStats`], [`PendingClaim`],
+//! [`StoredMessage`], [`DeadLetter`]); durations are seconds (`*_secs`), times microseconds
+//! since the Unix epoch (`*_micros`), payloads `{"text": ...}` when UTF-8 or `{"hex": ...}`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::extract::{Path, Query, State as AxState};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::State;
+use super::ctx::Ctx;
+use super::failure::Failure;
+use super::input;
+use super::sampler::rates;
+use crate::stats::{GroupStats, PendingClaim, QueueStats, Stats, StoredMessage};
+use crate::work::DeadLetter;
+
+fn secs(d: Option<Duration>) -> Value {
+    d.map_or(Value::Null, |d| json!(d.as_secs_f64()))
+}
+
+fn micros(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+}
+
+fn opt_micros(t: Option<SystemTime>) -> Value {
+    t.map_or(Value::Null, |t| json!(micros(t)))
+}
+
+fn bytes(b: &[u8]) -> Value {
+    match std::str::from_utf8(b) {
+        Ok(s) => json!({ "text": s }),
+        Err(_) => json!({ "hex": b.iter().map(|x| format!("{x:02x}")).collect::<String>() }),
+    }
+}
+
+fn headers(h: &[(String, bytes::Bytes)]) -> Value {
+    Value::Array(h.iter().map(|(k, v)| json!({ "name": k, "value": bytes(v) })).collect())
+}
+
+pub(crate) fn queue(q: &QueueStats) -> Value {
+    json!({
+        "name": q.name, "first_seq": q.first_seq, "last_seq": q.last_seq, "len": q.len,
+        "bytes_on_disk": q.bytes_on_disk, "retention": super::pages::retention(&q.retention),
+        "oldest_age_secs": secs(q.oldest_age), "scheduled": q.scheduled,
+        "next_due_micros": opt_micros(q.next_due), "dedup_window_secs": q.dedup_window.as_secs_f64(),
+    })
+}
+
+pub(crate) fn group(g: &GroupStats) -> Value {
+    json!({
+        "group": g.group, "queue": g.queue, "mode": g.mode.as_str(), "committed": g.committed,
+        "lag": g.lag, "oldest_unacked_age_secs": secs(g.oldest_unacked_age), "in_flight": g.in_flight,
+        "waiting_retry": g.waiting_retry, "dead_letter_queue": g.dead_letter_queue, "dlq_depth": g.dlq_depth,
+        "paused": g.paused, "lease_secs": secs(g.lease),
+        "retry_policy": g.retry_policy.as_ref().map(|p| json!({
+            "max_attempts": p.attempts(), "initial_backoff_secs": p.initial_delay().as_secs_f64(),
+            "max_backoff_secs": p.max_delay().as_secs_f64(), "multiplier": p.growth(), "jitter": p.jitter_fraction(),
+        })),
+        "ordered_by_key": g.ordered_by_key,
+    })
+}
+
+pub(crate) fn stats(s: &Stats) -> Value {
+    json!({
+        "queues": s.queues.iter().map(queue).collect::<Vec<_>>(),
+        "groups": s.groups.iter().map(group).collect::<Vec<_>>(),
+        "bytes_on_disk": s.bytes_on_disk,
+    })
+}
+
+fn claim(c: &PendingClaim) -> Value {
+    json!({
+        "seq": c.seq, "state": c.state.as_str(), "attempt": c.attempt, "holder": c.holder,
+        "lease_deadline_micros": opt_micros(c.lease_deadline), "retry_at_micros": opt_micros(c.retry_at),
+        "last_error": c.last_error,
+    })
+}
+
+fn message(m: &StoredMessage) -> Value {
+    json!({ "seq": m.seq, "enqueued_at_micros": micros(m.enqueued_at), "headers": headers(&m.headers), "payload": bytes(&m.payload) })
+}
+
+fn dead_letter(d: &DeadLetter) -> Value {
+    json!({
+        "dlq_seq": d.dlq_seq, "queue": d.queue, "seq": d.seq, "group": d.group, "attempts": d.attempts,
+        "reason": d.reason, "enqueued_at_micros": micros(d.enqueued_at),
+        "dead_lettered_at_micros": micros(d.dead_lettered_at), "headers": headers(&d.headers),
+        "payload": bytes(&d.payload), "key": d.key,
+    })
+}
+
+fn answer(ctx: &Ctx, r: Result<Value, Failure>) -> Response {
+    match r {
+        Ok(v) => Json(v).into_response(),
+        Err(f) => ctx.fail(f),
+    }
+}
+
+/// GET `/api/stats`.
+pub(crate) async fn get_stats(AxState(st): AxState<Arc<State>>, ctx: Ctx) -> Response {
+    answer(&ctx, st.source.stats().await.map(|s| stats(&s)))
+}
+
+/// GET `/api/history`: the sampled series behind the charts.
+pub(crate) async fn history(AxState(st): AxState<Arc<State>>, ctx: Ctx) -> Response {
+    let h = st.history.lock().unwrap_or_else(|p| p.into_inner());
+    let queues: Vec<_> = h
+        .queues
+        .iter()
+        .map(|(name, ring)| {
+            let rate = rates(ring, |p| (p.at, p.wall, p.last_seq));
+            json!({
+                "queue": name,
+                "samples": ring.iter().map(|p| json!({ "at_micros": micros(p.wall), "last_seq": p.last_seq, "len": p.len })).collect::<Vec<_>>(),
+                "enqueued_per_sec": rate.iter().map(|(t, r)| json!({ "at_micros": micros(*t), "rate": r })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let groups: Vec<_> = h
+        .groups
+        .iter()
+        .map(|((q, g), ring)| {
+            let rate = rates(ring, |p| (p.at, p.wall, p.committed));
+            json!({
+                "queue": q, "group": g,
+                "samples": ring.iter().map(|p| json!({
+                    "at_micros": micros(p.wall), "lag": p.lag, "oldest_unacked_age_secs": secs(p.lag_age), "committed": p.committed,
+                })).collect::<Vec<_>>(),
+                "acked_per_sec": rate.iter().map(|(t, r)| json!({ "at_micros": micros(*t), "rate": r })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    answer(&ctx, Ok(json!({ "queues": queues, "groups": groups })))
+}
+
+/// GET `/api/queues/{queue}/messages?from=&limit=`.
+pub(crate) async fn messages(
+    AxState(st): AxState<Arc<State>>,
+    ctx: Ctx,
+    Path(q): Path<String>,
+    Query(p): Query<HashMap<String, String>>,
+) -> Response {
+    let r = async {
+        let q = input::name("queue", &q)?;
+        let from = p.get("from").filter(|s| !s.is_empty()).map(|s| input::seq("from", s)).transpose()?;
+        let limit =
+            input::limit("limit", p.get("limit").map(String::as_str), input::MAX_LIST as u64)?.unwrap_or(20);
+        let msgs = st.source.peek(q, from, limit as usize).await?;
+        Ok(Value::Array(msgs.iter().map(message).collect()))
+    }
+    .await;
+    answer(&ctx, r)
+}
+
+/// GET `/api/queues/{queue}/groups/{group}/pending`.
+pub(crate) async fn pending(
+    AxState(st): AxState<Arc<State>>,
+    ctx: Ctx,
+    Path((q, g)): Path<(String, String)>,
+) -> Response {
+    let r = async {
+        let (q, g) = (input::name("queue", &q)?, input::name("group", &g)?);
+        Ok(Value::Array(st.source.pending(q, g).await?.iter().map(claim).collect()))
+    }
+    .await;
+    answer(&ctx, r)
+}
+
+/// GET `/api/dlq/{queue}?limit=`.
+pub(crate) async fn dead_letters(
+    AxState(st): AxState<Arc<State>>,
+    ctx: Ctx,
+    Path(q): Path<String>,
+    Query(p): Query<HashMap<String, String>>,
+) -> Response {
+    let r = async {
+        let q = input::name("queue", &q)?;
+        let limit =
+            input::limit("limit", p.get("limit").map(String::as_str), input::MAX_LIST as u64)?.unwrap_or(50);
+        Ok(Value::Array(st.source.dead_letters(q, limit as usize).await?.iter().map(dead_letter).collect()))
+    }
+    .await;
+    answer(&ctx, r)
+}
+
+/// GET `/api/jobs/{id}` (`?wait=1`: answer once the redrive has finished, for scripts and
+/// tests that must not poll on a timer).
+pub(crate) async fn job(
+    AxState(st): AxState<Arc<State>>,
+    ctx: Ctx,
+    Path(id): Path<String>,
+    Query(p): Query<HashMap<String, String>>,
+) -> Response {
+    let r = async {
+        let id = input::seq("job id", &id)?;
+        let mut rx = st.jobs.get(id).ok_or_else(|| Failure::not_found(format!("no redrive job {id}")))?;
+        if p.get("wait").is_some_and(|w| w == "1" || w == "true") {
+            // Ends when the job is done, or when its task is gone (the runtime shut down).
+            let _ = rx.wait_for(|p| p.done).await;
+        }
+        let p = rx.borrow().clone();
+        Ok(json!({
+            "job": id, "dlq": p.dlq, "to": p.to, "total": p.total, "moved": p.moved, "done": p.done, "error": p.error,
+        }))
+    }
+    .await;
+    answer(&ctx, r)
+}
+
+/// GET `/metrics`.
+pub(crate) async fn metrics(AxState(st): AxState<Arc<State>>, ctx: Ctx) -> Response {
+    match st.source.stats().await {
+        Ok(s) => ([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], super::metrics::render(&s))
+            .into_response(),
+        Err(f) => ctx.fail(f),
+    }
+}

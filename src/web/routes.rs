@@ -1,0 +1,72 @@
+//! The route table, and the response headers every answer carries.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::handler::Handler;
+use axum::http::{HeaderValue, header};
+use axum::response::Response;
+use axum::routing::{MethodRouter, get, post};
+
+use super::State;
+use super::ctx::Ctx;
+use super::failure::Failure;
+use super::{actions, api, pages};
+
+/// Pages hold CSRF tokens and live figures: never cached. No script runs on any page, so the
+/// policy forbids scripts outright (an injected `<script>` would not run even if escaping
+/// failed); framing is refused (clickjacking on the action buttons).
+const CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+async fn security_headers(mut r: Response) -> Response {
+    let h = r.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
+    r
+}
+
+async fn not_found(ctx: Ctx) -> Response {
+    ctx.fail(Failure::not_found("no such page"))
+}
+
+/// A mutating route: POST; any other method gets an explanation, not a bare 405.
+fn action<H, T>(h: H) -> MethodRouter<Arc<State>>
+where
+    H: Handler<T, Arc<State>>,
+    T: 'static,
+{
+    post(h).fallback(actions::post_only)
+}
+
+pub(crate) fn router(state: Arc<State>) -> Router {
+    Router::new()
+        .route("/", get(pages::overview))
+        .route("/queues/{queue}", get(pages::queue))
+        .route("/dlq/{queue}", get(pages::dead_letters))
+        .route("/jobs/{id}", get(pages::job))
+        .route("/login", get(pages::login_form).post(actions::login))
+        .route("/logout", action(actions::logout))
+        .route("/groups/{queue}/{group}/pause", action(actions::pause))
+        .route("/groups/{queue}/{group}/resume", action(actions::resume))
+        .route("/groups/{queue}/{group}/reset", action(actions::reset))
+        .route("/dlq/{queue}/redrive", action(actions::redrive))
+        .route("/trim", action(actions::trim))
+        .route("/metrics", get(api::metrics))
+        .route("/api/stats", get(api::get_stats))
+        .route("/api/history", get(api::history))
+        .route("/api/queues/{queue}/messages", get(api::messages))
+        .route("/api/queues/{queue}/groups/{group}/pending", get(api::pending))
+        .route("/api/dlq/{queue}", get(api::dead_letters))
+        .route("/api/jobs/{id}", get(api::job))
+        .route("/api/groups/{queue}/{group}/pause", action(actions::pause))
+        .route("/api/groups/{queue}/{group}/resume", action(actions::resume))
+        .route("/api/groups/{queue}/{group}/reset", action(actions::reset))
+        .route("/api/dlq/{queue}/redrive", action(actions::redrive))
+        .route("/api/trim", action(actions::trim))
+        .fallback(not_found)
+        .layer(axum::middleware::map_response(security_headers))
+        .with_state(state)
+}

@@ -1,0 +1,128 @@
+//! Where the console reads from: a live [`Broker`] (which it may also change, given a token),
+//! or a read-only [`Inspector`] for a database another process holds.
+//!
+//! An `Inspector` sees the database as it was when opened, so the read-only source reopens it
+//! when its view is older than [`INSPECTOR_MAX_AGE`]: pages stay current without paying a
+//! read-only open on every request of a burst.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use super::failure::Failure;
+use crate::broker::Broker;
+use crate::inspector::Inspector;
+use crate::stats::{PendingClaim, Stats, StoredMessage};
+use crate::work::DeadLetter;
+
+/// How stale the read-only view may get before it is reopened.
+const INSPECTOR_MAX_AGE: Duration = Duration::from_secs(1);
+
+pub(crate) enum Source {
+    Broker(Broker),
+    ReadOnly { path: PathBuf, view: Mutex<Option<(Instant, Inspector)>> },
+}
+
+impl Source {
+    /// The broker, when the console may change things.
+    pub(crate) fn broker(&self) -> Option<&Broker> {
+        match self {
+            Source::Broker(b) => Some(b),
+            Source::ReadOnly { .. } => None,
+        }
+    }
+
+    /// Whether the source is gone for good (the broker was shut down).
+    pub(crate) fn is_closed(&self) -> bool {
+        matches!(self, Source::Broker(b) if b.is_shut_down())
+    }
+
+    async fn inspector(&self) -> Result<Option<Inspector>, Failure> {
+        let Source::ReadOnly { path, view } = self else { return Ok(None) };
+        let mut view = view.lock().await;
+        if let Some((at, i)) = view.as_ref()
+            && at.elapsed() < INSPECTOR_MAX_AGE
+        {
+            return Ok(Some(i.clone()));
+        }
+        let i = Inspector::open(path).await.map_err(|e| {
+            Failure::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                format!("cannot read the database: {e}"),
+            )
+        })?;
+        *view = Some((Instant::now(), i.clone()));
+        Ok(Some(i))
+    }
+
+    pub(crate) async fn stats(&self) -> Result<Stats, Failure> {
+        match self {
+            Source::Broker(b) => Ok(b.stats().await?),
+            Source::ReadOnly { .. } => match self.inspector().await? {
+                Some(i) => Ok(i.stats().await?),
+                None => Ok(Stats::default()),
+            },
+        }
+    }
+
+    pub(crate) async fn pending(&self, queue: &str, group: &str) -> Result<Vec<PendingClaim>, Failure> {
+        match self {
+            Source::Broker(b) => Ok(b.pending(queue, group).await?),
+            Source::ReadOnly { .. } => match self.inspector().await? {
+                Some(i) => Ok(i.pending(queue, group).await?),
+                None => Ok(Vec::new()),
+            },
+        }
+    }
+
+    pub(crate) async fn peek(
+        &self,
+        queue: &str,
+        from: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<StoredMessage>, Failure> {
+        match self {
+            Source::Broker(b) => Ok(b.peek(queue, from, limit).await?),
+            Source::ReadOnly { .. } => match self.inspector().await? {
+                Some(i) => Ok(i.peek(queue, from, limit).await?),
+                None => Ok(Vec::new()),
+            },
+        }
+    }
+
+    /// How many dead letters of `dlq` are not yet redriven: exact over a broker; over the
+    /// read-only view, what a group storing it as its dead-letter queue reports (`None` if
+    /// none does).
+    pub(crate) async fn dlq_depth(&self, dlq: &str) -> Result<Option<u64>, Failure> {
+        match self {
+            Source::Broker(b) => Ok(Some(b.dead_letters(dlq).await?.len().await?)),
+            Source::ReadOnly { .. } => {
+                let stats = self.stats().await?;
+                Ok(stats
+                    .groups
+                    .iter()
+                    .find(|g| g.dead_letter_queue.as_deref() == Some(dlq))
+                    .map(|g| g.dlq_depth))
+            }
+        }
+    }
+
+    /// Dead letters not yet redriven. The queue must exist: `Broker::dead_letters` would
+    /// create it, and reading must change nothing.
+    pub(crate) async fn dead_letters(&self, dlq: &str, limit: usize) -> Result<Vec<DeadLetter>, Failure> {
+        match self {
+            Source::Broker(b) => {
+                if !b.queue_names().iter().any(|q| q == dlq) {
+                    return Err(Failure::not_found(format!("queue {dlq:?} does not exist")));
+                }
+                Ok(b.dead_letters(dlq).await?.list(limit).await?)
+            }
+            Source::ReadOnly { .. } => match self.inspector().await? {
+                Some(i) => Ok(i.dead_letters(dlq, limit).await?),
+                None => Ok(Vec::new()),
+            },
+        }
+    }
+}

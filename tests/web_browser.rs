@@ -1,0 +1,291 @@
+//! The web console in a real browser: headless Chromium driven over WebDriver (chromedriver).
+//! Runs only with `ROCKQ_BROWSER_TESTS=1` and `CHROMEDRIVER=host:port` (see
+//! `scripts/browser-tests.sh`, which installs Chromium and starts chromedriver); otherwise it
+//! says it was skipped. It opens every page, compares the rendered numbers with
+//! `Broker::stats` and `Broker::pending`, logs in, clicks pause, reset and redrive and checks
+//! their effect through the library, and saves a PNG screenshot of each page under
+//! `$CARGO_TARGET_TMPDIR/web-screenshots/`.
+
+mod common;
+#[path = "common/console.rs"]
+mod console;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use console::{SCRIPT, fixture, group, http};
+use rockq::web::Console;
+use serde_json::{Value, json};
+
+const TOKEN: &str = "browser-test-token";
+
+/// A WebDriver session on chromedriver.
+struct Browser {
+    driver: String,
+    session: String,
+    shots: PathBuf,
+}
+
+impl Browser {
+    async fn start(driver: String) -> Browser {
+        let caps = json!({ "capabilities": { "alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into()),
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1500,1100", "--hide-scrollbars"],
+            },
+        }}});
+        let v = call(&driver, "POST", "/session", Some(caps)).await;
+        let session = v["sessionId"].as_str().unwrap_or_else(|| panic!("no session: {v}")).to_owned();
+        let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("web-screenshots");
+        std::fs::create_dir_all(&shots).unwrap();
+        Browser { driver, session, shots }
+    }
+
+    async fn cmd(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        call(&self.driver, method, &format!("/session/{}{path}", self.session), body).await
+    }
+
+    async fn goto(&self, url: &str) {
+        self.cmd("POST", "/url", Some(json!({ "url": url }))).await;
+    }
+
+    async fn js(&self, script: &str) -> Value {
+        self.cmd("POST", "/execute/sync", Some(json!({ "script": script, "args": [] }))).await
+    }
+
+    async fn element(&self, css: &str) -> String {
+        let v = self.cmd("POST", "/element", Some(json!({ "using": "css selector", "value": css }))).await;
+        v["element-6066-11e4-a52e-4f735466cecf"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no element {css}: {v}"))
+            .to_owned()
+    }
+
+    async fn click(&self, css: &str) {
+        let e = self.element(css).await;
+        self.cmd("POST", &format!("/element/{e}/click"), Some(json!({}))).await;
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        let e = self.element(css).await;
+        self.cmd("POST", &format!("/element/{e}/value"), Some(json!({ "text": text }))).await;
+    }
+
+    /// Waits (bounded by the hang guard) until `script` returns true in the page.
+    async fn wait_for(&self, script: &str) {
+        let until = tokio::time::Instant::now() + common::HANG_GUARD;
+        while self.js(script).await != Value::Bool(true) {
+            assert!(tokio::time::Instant::now() < until, "hung waiting for {script}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn screenshot(&self, name: &str) -> PathBuf {
+        let v = self.cmd("GET", "/screenshot", None).await;
+        let png = base64(v.as_str().expect("base64 screenshot"));
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
+        let path = self.shots.join(format!("{name}.png"));
+        std::fs::write(&path, png).unwrap();
+        path
+    }
+
+    /// The rows of table `id` as `{data-col: text}` objects, as the browser renders them.
+    async fn table(&self, id: &str) -> Vec<Value> {
+        let script = format!(
+            "return Array.from(document.querySelectorAll('#{id} tbody tr')).filter(tr => tr.querySelector('td[data-col]')).map(tr => Object.fromEntries(Array.from(tr.cells).map(td => [td.dataset.col, td.textContent.trim()])));"
+        );
+        self.js(&script).await.as_array().cloned().unwrap_or_default()
+    }
+
+    async fn quit(&self) {
+        call(&self.driver, "DELETE", &format!("/session/{}", self.session), None).await;
+    }
+}
+
+/// One WebDriver command: its `value`, failing the test on a WebDriver error.
+async fn call(driver: &str, method: &str, path: &str, body: Option<Value>) -> Value {
+    let body = body.map(|b| b.to_string());
+    let (status, text) = http(driver, method, path, body.as_deref()).await;
+    let v: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {path}: {status} {text}: {e}"));
+    assert_eq!(status, 200, "{method} {path}: {v}");
+    v["value"].clone()
+}
+
+fn base64(s: &str) -> Vec<u8> {
+    let val = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("bad base64 {c}"),
+    };
+    let bytes: Vec<u8> = s.bytes().filter(|c| !c.is_ascii_whitespace() && *c != b'=').collect();
+    let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
+    for chunk in bytes.chunks(4) {
+        let v: Vec<u32> = chunk.iter().map(|&c| u32::from(val(c))).collect();
+        let n = v.iter().enumerate().fold(0u32, |acc, (i, x)| acc | (x << (18 - 6 * i)));
+        out.extend_from_slice(&n.to_be_bytes()[1..chunk.len()]);
+    }
+    out
+}
+
+fn num(v: &Value) -> String {
+    v.as_str().unwrap_or_default().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_in_a_headless_browser() {
+    if std::env::var("ROCKQ_BROWSER_TESTS").as_deref() != Ok("1") {
+        eprintln!(
+            "skipped: set ROCKQ_BROWSER_TESTS=1 and CHROMEDRIVER=host:port (scripts/browser-tests.sh does)"
+        );
+        return;
+    }
+    let driver = std::env::var("CHROMEDRIVER").expect("CHROMEDRIVER=host:port of a running chromedriver");
+    let started = std::time::Instant::now();
+    let f = fixture().await;
+    let (app, sampler) =
+        Console::new(f.broker.clone()).token(TOKEN).manual_sampling().refresh_every(0).build();
+    // Traffic between samples, so the charts have lines (the pauses shape the picture only;
+    // nothing below depends on their length).
+    let orders = f.broker.queue("orders").await.unwrap();
+    for i in 0..12u64 {
+        orders.send_batch((0..(i % 5 + 1) * 3).map(|n| format!("tick {i}/{n}"))).await.unwrap();
+        sampler.sample_now().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let base = format!("http://{addr}");
+    let b = Browser::start(driver).await;
+    // The browser is closed whatever happens below, then a failure is reported.
+    let run = std::panic::AssertUnwindSafe(Box::pin(pages(&b, &base, &f)));
+    let outcome = futures::FutureExt::catch_unwind(run).await;
+    b.quit().await;
+    server.abort();
+    let overview = match outcome {
+        Ok(p) => p,
+        Err(panic) => std::panic::resume_unwind(panic),
+    };
+    if let Ok(dest) = std::env::var("ROCKQ_SCREENSHOT_OVERVIEW") {
+        std::fs::copy(&overview, dest).unwrap();
+    }
+    eprintln!(
+        "browser test passed in {:.1}s; screenshots in {}",
+        started.elapsed().as_secs_f64(),
+        b.shots.display()
+    );
+    drop(f.held);
+}
+
+/// Every page and action; returns the overview screenshot's path.
+async fn pages(b: &Browser, base: &str, f: &console::Fixture) -> PathBuf {
+    // Overview: every number as Broker::stats has it.
+    b.goto(&format!("{base}/")).await;
+    let stats = f.broker.stats().await.unwrap();
+    let queues = b.table("queues").await;
+    assert_eq!(queues.len(), stats.queues.len());
+    for (row, q) in queues.iter().zip(&stats.queues) {
+        assert!(num(&row["queue"]).starts_with(&q.name));
+        assert_eq!(
+            (num(&row["len"]), num(&row["first"]), num(&row["last"])),
+            (q.len.to_string(), q.first_seq.to_string(), q.last_seq.to_string())
+        );
+    }
+    let groups = b.table("groups").await;
+    assert_eq!(groups.len(), stats.groups.len());
+    for (row, g) in groups.iter().zip(&stats.groups) {
+        assert_eq!(num(&row["group"]), g.group);
+        assert_eq!(num(&row["committed"]), g.committed.to_string());
+        assert_eq!(num(&row["lag"]), g.lag.to_string());
+        assert_eq!(num(&row["in-flight"]), g.in_flight.to_string());
+        assert_eq!(num(&row["waiting-retry"]), g.waiting_retry.to_string());
+        assert_eq!(num(&row["dlq-depth"]), g.dlq_depth.to_string());
+    }
+    assert_eq!(b.js("return document.querySelectorAll('svg.chart polyline').length > 0").await, true);
+    b.screenshot("overview-anonymous").await;
+
+    // Log in through the form.
+    b.goto(&format!("{base}/login")).await;
+    b.type_into("#token", TOKEN).await;
+    b.click("#login").await;
+    b.wait_for("return document.getElementById('mode') && document.getElementById('mode').textContent === 'operator'").await;
+    let overview = b.screenshot("overview").await;
+
+    // Pause billing by clicking its button; the library sees it paused.
+    b.click("#pause-orders-billing").await;
+    b.wait_for("return location.pathname === '/queues/orders' && document.readyState === 'complete'").await;
+    assert!(group(&f.broker.stats().await.unwrap(), "orders", "billing").paused);
+    let row = b.table("groups").await.into_iter().find(|r| num(&r["group"]) == "billing").unwrap();
+    assert_eq!(num(&row["paused"]), "paused");
+
+    // The `<script>` payload is text on the page, and no script element exists.
+    let payloads = b
+        .js("return Array.from(document.querySelectorAll('#messages pre.payload')).map(p => p.textContent)")
+        .await;
+    assert_eq!(payloads[0], SCRIPT);
+    assert_eq!(b.js("return document.querySelectorAll('script').length").await, 0);
+    b.screenshot("queue-orders").await;
+
+    // Reset billing to sequence 2: a confirmation page first, then the offset moves.
+    b.js("document.querySelector('form.reset select[name=target]').value = 'seq'; return true").await;
+    b.type_into("form.reset input[name=value]", "2").await;
+    b.click("#reset-orders-billing").await;
+    b.wait_for("return !!document.getElementById('confirm-text')").await;
+    b.screenshot("reset-confirm").await;
+    assert_eq!(
+        group(&f.broker.stats().await.unwrap(), "orders", "billing").committed,
+        3,
+        "moved before confirming"
+    );
+    b.click("#confirm").await;
+    b.wait_for("return location.pathname === '/queues/orders' && document.readyState === 'complete'").await;
+    assert_eq!(group(&f.broker.stats().await.unwrap(), "orders", "billing").committed, 1);
+    b.click("#resume-orders-billing").await;
+    b.wait_for("return location.pathname === '/queues/orders' && document.readyState === 'complete'").await;
+    assert!(!group(&f.broker.stats().await.unwrap(), "orders", "billing").paused);
+
+    // Work queue: pending claims as Broker::pending has them.
+    b.goto(&format!("{base}/queues/jobs")).await;
+    let rows = b.table("pending-workers").await;
+    let pending = f.broker.pending("jobs", "workers").await.unwrap();
+    assert_eq!(rows.len(), pending.len());
+    for (row, c) in rows.iter().zip(&pending) {
+        assert_eq!(
+            (num(&row["seq"]), num(&row["state"]), num(&row["attempt"])),
+            (c.seq.to_string(), c.state.as_str().to_owned(), c.attempt.to_string())
+        );
+    }
+    b.screenshot("queue-jobs").await;
+
+    // Dead letters: listed with their reasons; redrive them with a click.
+    b.goto(&format!("{base}/dlq/jobs.dlq")).await;
+    let letters = b.table("dead-letters").await;
+    assert_eq!(letters.len(), 2);
+    assert_eq!(num(&letters[0]["reason"]), "bad input: <missing field>");
+    b.screenshot("dead-letters").await;
+    let jobs_last = f.broker.peek("jobs", None, 100).await.unwrap().last().unwrap().seq;
+    b.click("#redrive").await;
+    b.wait_for("return document.getElementById('job-state') && document.getElementById('job-state').textContent === 'done'").await;
+    assert_eq!(b.js("return document.getElementById('job-moved').textContent").await, "2");
+    b.screenshot("redrive-done").await;
+    assert!(f.broker.dead_letters("jobs.dlq").await.unwrap().is_empty().await.unwrap());
+    let moved: Vec<_> = f
+        .broker
+        .peek("jobs", Some(jobs_last + 1), 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.payload)
+        .collect();
+    assert_eq!(moved, ["job 1", "job 2"]);
+
+    // Metrics and JSON render in the browser too.
+    b.goto(&format!("{base}/metrics")).await;
+    assert_eq!(b.js("return document.body.textContent.includes('rockq_group_lag{')").await, true);
+    overview
+}
