@@ -130,6 +130,9 @@ async fn overview_shows_the_numbers_of_broker_stats() {
         assert_eq!(row["dlq-depth"], g.dlq_depth.to_string());
         assert_eq!(row["paused"], if g.paused { "paused" } else { "no" });
     }
+    let keyspaces = table(&page.body, "keyspaces");
+    assert_eq!(keyspaces.len(), 1);
+    assert_eq!((keyspaces[0]["keyspace"].as_str(), keyspaces[0]["keys"].as_str()), ("accounts", "3"));
     // The fixture's figures, so the comparison above is not vacuous.
     let w = group(&stats, "jobs", "workers");
     assert_eq!((w.committed, w.lag, w.in_flight, w.waiting_retry, w.dlq_depth), (2, 4, 1, 1, 2));
@@ -201,6 +204,7 @@ async fn api_json_matches_stats_pending_peek_and_dead_letters() {
     let v: serde_json::Value = serde_json::from_str(&a.body).unwrap();
     let stats = f.broker.stats().await.unwrap();
     assert_eq!(v["bytes_on_disk"], stats.bytes_on_disk);
+    assert_eq!(v["keyspaces"], serde_json::json!([{ "name": "accounts", "keys": 3 }]));
     for (j, q) in v["queues"].as_array().unwrap().iter().zip(&stats.queues) {
         assert_eq!((j["name"].as_str().unwrap(), j["len"].as_u64().unwrap()), (q.name.as_str(), q.len));
         assert_eq!((j["first_seq"].as_u64(), j["last_seq"].as_u64()), (Some(q.first_seq), Some(q.last_seq)));
@@ -292,6 +296,7 @@ async fn metrics_are_prometheus_text_with_the_stats_figures() {
         assert_eq!(samples[&format!("rockq_group_dlq_depth{labels}")], g.dlq_depth as f64);
     }
     assert_eq!(samples["rockq_database_bytes"], stats.bytes_on_disk as f64);
+    assert_eq!(samples["rockq_keyspace_keys{keyspace=\"accounts\"}"], 3.0);
     drop(f.held);
 }
 

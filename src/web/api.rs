@@ -72,6 +72,7 @@ pub(crate) fn stats(s: &Stats) -> Value {
         "queues": s.queues.iter().map(queue).collect::<Vec<_>>(),
         "groups": s.groups.iter().map(group).collect::<Vec<_>>(),
         "bytes_on_disk": s.bytes_on_disk,
+        "keyspaces": s.keyspaces.iter().map(|k| json!({ "name": k.name, "keys": k.keys })).collect::<Vec<_>>(),
     })
 }
 

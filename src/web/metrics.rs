@@ -70,6 +70,10 @@ pub(crate) fn render(stats: &Stats) -> String {
             );
         }
     }
+    family(&mut out, "rockq_keyspace_keys", "Keys held by the keyspace.");
+    for k in &stats.keyspaces {
+        let _ = writeln!(out, "rockq_keyspace_keys{{keyspace=\"{}\"}} {}", label(&k.name), k.keys);
+    }
     out
 }
 

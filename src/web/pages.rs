@@ -178,6 +178,12 @@ async fn overview_page(st: &State, ctx: &Ctx) -> Result<Response, Failure> {
     body.push_str(&html::table("queues", QUEUE_HEADERS, &queues));
     body.push_str("<h2>Groups</h2>");
     body.push_str(&html::table("groups", GROUP_HEADERS, &groups));
+    if !stats.keyspaces.is_empty() {
+        let rows: Vec<_> =
+            stats.keyspaces.iter().map(|k| vec![html::esc(&k.name), k.keys.to_string()]).collect();
+        body.push_str("<h2>Keyspaces</h2>");
+        body.push_str(&html::table("keyspaces", &["Keyspace", "Keys"], &rows));
+    }
     body.push_str("<h2>Throughput and lag</h2>");
     body.push_str(&charts(st, &stats, None));
     if let Some(csrf) = ctx.csrf() {

@@ -61,6 +61,10 @@ pub async fn fixture() -> Fixture {
     j1.dead_letter_durable("bad input: <missing field>").await.unwrap();
     j2.dead_letter_durable("poison").await.unwrap();
     j3.fail_durable("downstream 503").await.unwrap();
+    let accounts = broker.kv("accounts").await.unwrap();
+    for name in ["ada", "grace", "linus"] {
+        accounts.put(name, "1").await.unwrap();
+    }
     clock.advance(Duration::from_secs(5));
     Fixture { dir, broker, clock, work, held }
 }
