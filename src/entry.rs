@@ -10,6 +10,10 @@ pub const MAX_KV_KEY_LEN: usize = 4096;
 /// it is applied as one write batch, which RocksDB holds in memory whole.
 pub const MAX_TX_OPS: usize = 65_536;
 
+/// Most bytes of keys, values and messages one transaction may hold (64 MiB), for the same
+/// reason.
+pub const MAX_TX_BYTES: usize = 64 << 20;
+
 /// One entry of a [`Keyspace`](crate::Keyspace): its key, value and revision.
 ///
 /// The revision is that of the write that stored it. Revisions come from one counter over every

@@ -889,7 +889,8 @@ pub enum TxError {
     },
     /// A key is empty or too long, a value or message too large, a message's headers or keys
     /// invalid, or the transaction holds more than [`MAX_TX_OPS`](crate::MAX_TX_OPS)
-    /// operations or something of another broker. Refused before anything was sent to the
+    /// operations or [`MAX_TX_BYTES`](crate::MAX_TX_BYTES) bytes, or something of another
+    /// broker. Refused before anything was sent to the
     /// writer.
     #[error("invalid transaction: {reason}")]
     Invalid {

@@ -100,7 +100,7 @@ pub use codec::Json;
 pub use codec::Postcard;
 pub use codec::{BoxError, CODEC_HEADER, Codec, DecodeError};
 pub use consumer::{Decoded, Delivery, Group, Subscription};
-pub use entry::{Entry, Expect, MAX_KV_KEY_LEN, MAX_TX_OPS};
+pub use entry::{Entry, Expect, MAX_KV_KEY_LEN, MAX_TX_BYTES, MAX_TX_OPS};
 pub use error::{
     AckError, CommitError, CorruptionError, Error, FailedError, InspectError, KvError, NameError, NameKind,
     OpenError, PauseError, QueueError, ReceiveError, RedriveError, ResetError, ScheduleError, SendError,

@@ -126,6 +126,18 @@ async fn bad_input_is_refused_and_changes_nothing() {
     assert_eq!(foreign.get("theirs").await.unwrap(), None);
     other.shutdown().await.unwrap();
 
+    // A transaction is one write batch held in memory: past MAX_TX_BYTES it refuses more.
+    let mut tx = broker.transaction();
+    let mib = rockq::Bytes::from(vec![0u8; 1 << 20]);
+    let refused = (0..100).find_map(|i| tx.put(&kv, format!("k{i}"), mib.clone()).err().map(|e| (i, e)));
+    assert!(
+        matches!(refused, Some((63, TxError::Invalid { .. }))),
+        "the 64th MiB (with its key) passes {} bytes: {refused:?}",
+        rockq::MAX_TX_BYTES
+    );
+    drop(tx);
+    assert_eq!(kv.len(), 0);
+
     // An empty transaction commits and writes nothing.
     let done = broker.transaction().commit().await.unwrap();
     assert_eq!((done.revision(), done.sent().len()), (None, 0));
@@ -407,7 +419,8 @@ async fn a_refused_transaction_hands_its_ordered_delivery_back() {
     assert!(tx.commit().await.unwrap_err().is_conflict());
     assert_eq!(group.committed(), Some(0));
     let again = next(&mut sub).await;
-    assert_eq!(again.seq(), 1, "handed back, delivered again");
+    // Handed back as a nack is: delivered again, and the delivery counted.
+    assert_eq!((again.seq(), again.delivery_count()), (1, 2), "handed back, delivered again");
     again.ack_durable().await.unwrap();
     drop(sub);
     broker.shutdown().await.unwrap();

@@ -427,6 +427,10 @@ impl LiveSubscription for SubShared {
     fn redeliver(&self, msg: RawMessage, deliveries: u32) {
         SubShared::redeliver(self, msg, deliveries)
     }
+
+    fn hand_back(self: Arc<Self>, msg: RawMessage, deliveries: u32) {
+        SubShared::give_back(&self, msg, deliveries, Comeback::Nacked)
+    }
 }
 
 impl Drop for SubShared {

@@ -164,7 +164,9 @@ impl Shared {
         if self.is_closed() {
             return Err(crate::error::KvError::Shutdown);
         }
-        store::kv_get(&self.engine.store, keyspace, key).map_err(kv_read_error)
+        // Closed between the check and the read: that is a shutdown, not a storage error.
+        store::kv_get(&self.engine.store, keyspace, key)
+            .map_err(|e| if self.is_closed() { crate::error::KvError::Shutdown } else { kv_read_error(e) })
     }
 
     /// Up to `limit` entries of keyspace `keyspace` in `[from, to)`, in key order. Blocking.
@@ -178,7 +180,8 @@ impl Shared {
         if self.is_closed() {
             return Err(crate::error::KvError::Shutdown);
         }
-        store::kv_scan(&self.engine.store, keyspace, from, to, limit).map_err(kv_read_error)
+        store::kv_scan(&self.engine.store, keyspace, from, to, limit)
+            .map_err(|e| if self.is_closed() { crate::error::KvError::Shutdown } else { kv_read_error(e) })
     }
 
     /// How far dead-letter queue `dlq` has been redriven. Blocking.

@@ -138,6 +138,7 @@ impl Transaction {
         self.room()?;
         let key = key.as_ref();
         check_key(key).map_err(|reason| TxError::Invalid { reason: reason.into() })?;
+        self.take_bytes(key.len())?;
         self.foreign |= !Arc::ptr_eq(&keyspace.shared, &self.shared);
         self.writes.push(KvWrite {
             keyspace: keyspace.state.clone(),
@@ -210,6 +211,7 @@ impl Transaction {
                 reason: format!("value of {} bytes; the maximum is {max}", v.len()),
             });
         }
+        self.take_bytes(key.len() + value.as_ref().map_or(0, Bytes::len))?;
         self.foreign |= !Arc::ptr_eq(&keyspace.shared, &self.shared);
         self.writes.push(KvWrite {
             keyspace: keyspace.state.clone(),

@@ -10,7 +10,8 @@ use crate::txn::{TaskTx, Transaction};
 
 impl Transaction {
     /// Sends `message` to `queue` when the transaction commits. Delays and idempotency keys
-    /// work as in [`Queue::submit`]; [`Committed::sent`] says what became of it.
+    /// work as in [`Queue::submit`]; [`Committed::sent`](crate::Committed::sent) says what
+    /// became of it.
     ///
     /// # Errors
     ///
@@ -37,6 +38,7 @@ impl Transaction {
             crate::error::SendError::QueueDeleted { queue } => TxError::QueueDeleted { queue },
             other => TxError::Invalid { reason: other.to_string() },
         })?;
+        self.take_bytes(msg.envelope.len())?;
         self.foreign |= !Arc::ptr_eq(&shared, &self.shared);
         self.sends.push(TxSend { queue: state, msg });
         Ok(self)

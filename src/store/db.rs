@@ -31,6 +31,9 @@ pub(super) const CF_CLAIMS: &str = "rockq.claims";
 pub(super) const CF_SCHEDULED: &str = "rockq.scheduled";
 /// Idempotency keys and their expiry index (`keys.rs`).
 pub(super) const CF_DEDUP: &str = "rockq.dedup";
+/// Keyspace entries (`kv.rs`). Not in [`ALL_CFS`]: an older database opened read-only may
+/// lack it.
+pub(super) const CF_KV: &str = "rockq.kv";
 /// Column families this version opens. Missing ones are created at open, so a database from
 /// an older build (without `rockq.claims`, or the format-1 ones without `rockq.scheduled` and
 /// `rockq.dedup`) opens in a newer one.
@@ -100,7 +103,7 @@ impl DbGuard<'_> {
             claims: db.cf_handle(CF_CLAIMS)?,
             scheduled: db.cf_handle(CF_SCHEDULED)?,
             dedup: db.cf_handle(CF_DEDUP)?,
-            kv: db.cf_handle(super::kv::CF_KV),
+            kv: db.cf_handle(CF_KV),
         };
         Some((db, cfs))
     }

@@ -18,9 +18,6 @@ use super::batch::Batch;
 use super::db::{ReadError, Store, bounded, storage};
 use crate::error::{CorruptionError, StorageError};
 
-/// The CF of keyspace entries.
-pub(super) const CF_KV: &str = "rockq.kv";
-
 const KEYSPACE_PREFIX: &[u8] = b"kv:";
 /// The last revision handed out.
 const REVISION_KEY: &[u8] = b"kv-revision";

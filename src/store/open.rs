@@ -208,7 +208,7 @@ pub(crate) fn open(path: &Path, o: &Options) -> Result<(Store, Loaded), OpenErro
     // The keyspace CF is created like the others (a database from before keyspaces gains it).
     let descriptors = ALL_CFS
         .iter()
-        .chain([&super::kv::CF_KV])
+        .chain([&super::db::CF_KV])
         .map(|&name| ColumnFamilyDescriptor::new(name, cf_options(name)));
     let db = DB::open_cf_descriptors(&opts, path, descriptors).map_err(|e| map_open_error(path, e))?;
     let loaded = load(&db, path, true)?;
@@ -244,7 +244,7 @@ pub(crate) fn open_read_only(path: &Path) -> Result<(Store, Loaded), OpenError> 
     }
     let opts = rocks_options(&Options::default());
     // A database from before keyspaces has no keyspace CF: it reads as having no keyspaces.
-    let kv = cfs.iter().any(|c| c == super::kv::CF_KV).then_some(&super::kv::CF_KV);
+    let kv = cfs.iter().any(|c| c == super::db::CF_KV).then_some(&super::db::CF_KV);
     let descriptors =
         ALL_CFS.iter().chain(kv).map(|&name| ColumnFamilyDescriptor::new(name, cf_options(name)));
     let db = DB::open_cf_descriptors_read_only(&opts, path, descriptors, false)

@@ -18,7 +18,7 @@ use tokio::sync::oneshot;
 
 pub use self::task::TaskTx;
 use crate::engine::boundary::{KvWrite, Request, Shared, TxApplied, TxDelivery, TxJob, TxRequest, TxSend};
-use crate::entry::MAX_TX_OPS;
+use crate::entry::{MAX_TX_BYTES, MAX_TX_OPS};
 use crate::error::TxError;
 use crate::sent::Sent;
 
@@ -47,9 +47,10 @@ pub(crate) trait HeldDelivery: Send + Sync {
 /// - **Acks** are fenced: a job whose lease was lost (expired, claimed again, purged, reset)
 ///   or a delivery whose group moved past it fails the whole transaction
 ///   ([`TxError::LeaseLost`]) and nothing is applied.
-/// - **Sends** take any [`Message`]: keys, headers, delays and idempotency keys work as in
-///   [`Queue::submit`] (a duplicate is reported as [`Sent::Duplicate`] and writes nothing).
-/// - **Keyspace writes** may carry a condition ([`Expect`]), checked against the state
+/// - **Sends** take any [`Message`](crate::Message): keys, headers, delays and idempotency keys work as in
+///   [`Queue::submit`](crate::Queue::submit) (a duplicate is reported as
+///   [`Sent::Duplicate`] and writes nothing).
+/// - **Keyspace writes** may carry a condition ([`Expect`](crate::Expect)), checked against the state
 ///   before the transaction when the writer applies it; one that does not hold fails the
 ///   transaction with [`TxError::Conflict`] and nothing is applied.
 ///   [`get_for_update`](Transaction::get_for_update) reads a key and adds the condition
@@ -93,6 +94,8 @@ pub struct Transaction {
     pub(crate) deliveries: Vec<Box<dyn HeldDelivery>>,
     /// Something of another broker was added: refused at commit.
     pub(crate) foreign: bool,
+    /// Bytes of keys, values and messages added (see [`MAX_TX_BYTES`]).
+    pub(crate) bytes: usize,
 }
 
 impl std::fmt::Debug for Transaction {
@@ -115,7 +118,7 @@ pub struct Committed {
 
 impl Committed {
     /// The revision the transaction's keyspace writes were stored under (`None`: it wrote no
-    /// key). Every entry it wrote now has this [`Entry::revision`].
+    /// key). Every entry it wrote now has this [`Entry::revision`](crate::Entry::revision).
     ///
     /// # Examples
     ///
@@ -154,6 +157,7 @@ impl Transaction {
             jobs: Vec::new(),
             deliveries: Vec::new(),
             foreign: false,
+            bytes: 0,
         }
     }
 
@@ -188,6 +192,19 @@ impl Transaction {
         if self.len() >= MAX_TX_OPS {
             return Err(TxError::Invalid { reason: format!("more than {MAX_TX_OPS} operations") });
         }
+        Ok(())
+    }
+
+    /// Counts `bytes` more keys, values and messages, refusing to pass [`MAX_TX_BYTES`]: a
+    /// transaction is one write batch, held whole in memory on the writer thread.
+    pub(crate) fn take_bytes(&mut self, bytes: usize) -> Result<(), TxError> {
+        let total = self.bytes.saturating_add(bytes);
+        if total > MAX_TX_BYTES {
+            return Err(TxError::Invalid {
+                reason: format!("more than {MAX_TX_BYTES} bytes of keys, values and messages"),
+            });
+        }
+        self.bytes = total;
         Ok(())
     }
 

@@ -16,7 +16,9 @@ use crate::engine::boundary::Shared;
 ///   afresh), and dead-lettered once its attempts are used up.
 /// - A lost lease applies nothing: the message is someone else's now.
 ///
-/// Cheap to clone; every clone writes into the same transaction.
+/// Cheap to clone; every clone writes into the same transaction. The pool takes what was
+/// written when the handler returns: writes through a clone kept past that point belong to no
+/// commit and are dropped.
 #[derive(Clone)]
 pub struct TaskTx {
     pub(crate) shared: Arc<Shared>,

@@ -829,7 +829,7 @@ impl Job {
     /// this holder's again.
     pub(crate) fn end_tx(&self) {
         let inner = &self.inner;
-        inner.group.unsettle(inner.msg.seq, inner.token, inner.deadline());
+        inner.group.unsettle(inner.msg.seq, inner.token, inner.deadline(), inner.epoch);
     }
 
     /// The transaction that acked this job was applied.

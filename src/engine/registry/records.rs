@@ -72,4 +72,7 @@ pub(crate) trait LiveSubscription: Send + Sync {
     fn ack(&self, seq: u64);
     /// Hands `msg` out again (its dead letter could not be written), delivered `deliveries` times.
     fn redeliver(&self, msg: RawMessage, deliveries: u32);
+    /// Hands `msg` back as a nack would (a transaction acking it was refused): its delivery is
+    /// counted, persisted, and dead-lettered if it was the last.
+    fn hand_back(self: Arc<Self>, msg: RawMessage, deliveries: u32);
 }

@@ -467,11 +467,13 @@ impl WorkGroupState {
 
     /// A settle that was queued as part of a transaction the writer refused: the holder of
     /// `token` holds the lease again, until `deadline` (it may have passed: the lease then
-    /// expires as any other).
-    pub fn unsettle(&self, seq: u64, token: u64, deadline: Instant) {
+    /// expires as any other). Only within the reset epoch it was claimed in: after a reset the
+    /// slot may be another holder's settle (review finding), and the reset forgot this one.
+    pub fn unsettle(&self, seq: u64, token: u64, deadline: Instant, epoch: u64) {
         {
             let mut d = self.dispatch();
-            if d.get(seq).is_some_and(|s| s.state == SlotState::Settling) {
+            // Resets bump the epoch under this lock.
+            if self.epoch() == epoch && d.get(seq).is_some_and(|s| s.state == SlotState::Settling) {
                 d.set(seq, SlotState::Leased { token, deadline }, |_| {});
             }
         }
@@ -691,6 +693,28 @@ mod tests {
         assert!(!g.held(far), "an outcome being written does not keep a reset out");
         g.revert(1);
         assert_eq!(seqs(&g.take(far, 1, 1, LEASE, MAX)), [(1, 2)]);
+    }
+
+    /// Regression (review of transactions): a transaction refused after a reset gave its
+    /// holder's lease back over the slot of whoever settled the message since.
+    #[test]
+    fn a_refused_transaction_gives_a_lease_back_only_within_its_reset_epoch() {
+        let g = group(0);
+        let now = Instant::now();
+        let old = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+        g.begin_settle(1, old.token, now).unwrap();
+        let epoch = g.epoch();
+        // Refused in its own epoch: leased to its holder again, who can settle it.
+        g.unsettle(1, old.token, old.deadline, epoch);
+        g.begin_settle(1, old.token, now).unwrap();
+        // A reset, another claim and another settle meanwhile...
+        g.reset(0);
+        let new = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+        g.begin_settle(1, new.token, now).unwrap();
+        // ...and then the first transaction is refused: the new settle stands.
+        g.unsettle(1, old.token, old.deadline, epoch);
+        assert!(g.begin_settle(1, old.token, now).is_err(), "the old holder got nothing back");
+        assert!(g.take(now + LEASE * 10, 1, 1, LEASE, MAX).claimed.is_empty(), "still settling");
     }
 
     #[test]

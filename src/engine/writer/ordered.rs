@@ -100,6 +100,9 @@ fn write_marks(r: &mut Round<'_>, g: &Arc<OrderedGroupState>, offset: u64) {
             // The offset passed it already (it was acked after coming back), or it was
             // trimmed: nothing will read the mark.
             PendingRecord::Failed { seq, .. } if seq <= floor => {}
+            // Done for the group since it came back (a transaction acked it): its mark says so
+            // and must not be overwritten.
+            PendingRecord::Failed { seq, .. } if g.records().dead.contains(&seq) => {}
             PendingRecord::Failed { seq, deliveries, not_before_micros } => {
                 r.batch.put_mark(&g.keys, seq, &OrderedMark::CameBack { deliveries, not_before_micros });
                 g.records().stored.insert(seq);

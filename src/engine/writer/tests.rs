@@ -395,3 +395,75 @@ async fn refusals_answer_every_family_with_its_own_error_and_release_a_held_slot
     assert!(stop.await.unwrap().is_ok(), "a stop asked of a stopping writer is done");
     drop(fx.dir);
 }
+
+/// A live subscription standing in for a real one: it only counts what the writer asks of it.
+#[derive(Default)]
+struct CountingSub {
+    acked: std::sync::Mutex<Vec<u64>>,
+    handed_back: std::sync::Mutex<Vec<u64>>,
+}
+
+impl crate::engine::registry::LiveSubscription for CountingSub {
+    fn in_flight(&self) -> u64 {
+        0
+    }
+    fn dead_letter_queue(&self) -> Arc<str> {
+        "q.dlq".into()
+    }
+    fn ack(&self, seq: u64) {
+        self.acked.lock().unwrap().push(seq);
+    }
+    fn redeliver(&self, msg: crate::store::RawMessage, _deliveries: u32) {
+        self.handed_back.lock().unwrap().push(msg.seq);
+    }
+    fn hand_back(self: Arc<Self>, msg: crate::store::RawMessage, _deliveries: u32) {
+        self.handed_back.lock().unwrap().push(msg.seq);
+    }
+}
+
+fn raw(seq: u64) -> crate::store::RawMessage {
+    crate::store::RawMessage {
+        seq,
+        enqueued_at_micros: 0,
+        key: None,
+        idempotency_key: None,
+        headers: Vec::new(),
+        payload: bytes::Bytes::from_static(b"m"),
+    }
+}
+
+/// Regression (review of transactions): a delivery that came back (its "came back" mark still
+/// queued) and was then acked by a transaction in the same round got the "came back" mark
+/// written after the transaction's `Acked` one: after a restart it was delivered again.
+#[tokio::test]
+async fn a_transaction_ack_is_not_overwritten_by_a_queued_comeback_of_the_same_message() {
+    use crate::engine::registry::PendingRecord;
+    use crate::engine::request::{TxDelivery, TxRequest};
+    let mut fx = Fixture::new();
+    let g = ordered_group(&mut fx).await;
+    // Sequence 5 came back once (its mark queued), was handed out again, and is now acked by a
+    // transaction while 3 is still out (the offset stays below both).
+    {
+        let mut rec = g.records();
+        rec.failed.insert(5, (1, 0));
+        rec.pending.push(PendingRecord::Failed { seq: 5, deliveries: 1, not_before_micros: 0 });
+    }
+    fx.engine.mark_dirty(g.clone());
+    let sub = Arc::new(CountingSub::default());
+    let (reply, rx) = oneshot::channel();
+    let tx = TxRequest {
+        writes: Vec::new(),
+        sends: Vec::new(),
+        jobs: Vec::new(),
+        deliveries: vec![TxDelivery { group: g.clone(), sub: sub.clone(), msg: raw(5), deliveries: 2 }],
+        reply,
+    };
+    fx.land(|r| {
+        apply(r, Request::Tx(tx));
+        ordered::commit_dirty(r);
+    });
+    rx.await.unwrap().unwrap();
+    assert_eq!(*sub.acked.lock().unwrap(), [5]);
+    let marks: Vec<_> = fx.loaded().marks.into_iter().map(|m| (m.seq, m.mark)).collect();
+    assert_eq!(marks, [(5, crate::model::OrderedMark::Acked)], "the transaction's ack is what is stored");
+}

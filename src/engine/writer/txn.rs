@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use super::round::Round;
 use super::{schedule, work};
-use crate::engine::registry::KeyspaceState;
+use crate::engine::registry::{KeyspaceState, PendingRecord};
 use crate::engine::request::{
     KvRequest, KvWrite, Reply, TxApplied, TxDelivery, TxJob, TxRequest, refuse as refuse_reply,
 };
@@ -112,11 +112,9 @@ pub(super) fn apply(r: &mut Round<'_>, tx: TxRequest) {
     let mut sent = Vec::with_capacity(sends.len());
     for (s, original) in sends.into_iter().zip(originals) {
         let queue = s.queue.clone();
-        match schedule::put_submissions(r, &queue, vec![s.msg], vec![original], now) {
-            Some((mut one, _)) => sent.push(one.pop().unwrap_or(Sent::Appended(0))),
-            // Checked in `check`: the writer knows every queue a handle names until it is
-            // deleted, and deletion was checked too.
-            None => sent.push(Sent::Appended(0)),
+        // `None` cannot happen: `check` found the queue known to the writer.
+        if let Some((one, _)) = schedule::put_submissions(r, &queue, vec![s.msg], vec![original], now) {
+            sent.extend(one);
         }
     }
 
@@ -191,6 +189,13 @@ fn check(r: &Round<'_>, tx: &TxRequest, now: u64) -> Result<Checked, TxError> {
         if s.queue.is_deleted() {
             return Err(TxError::QueueDeleted { queue: s.queue.name.to_string() });
         }
+        // A handle exists only once the writer knows its queue; checked here so that the apply
+        // step cannot fail halfway.
+        if !r.written.next_seq.contains_key(&s.queue.id) {
+            return Err(TxError::Failed(crate::error::FailedError::internal(
+                "send to a queue unknown to the writer",
+            )));
+        }
     }
     let mut revisions = Vec::with_capacity(tx.writes.len());
     for w in &tx.writes {
@@ -253,13 +258,23 @@ fn write_key(r: &mut Round<'_>, w: KvWrite, before: Option<u64>, revision: u64) 
 fn ack_delivery(r: &mut Round<'_>, d: &TxDelivery) {
     let (g, seq) = (&d.group, d.msg.seq);
     r.batch.put_mark(&g.keys, seq, &OrderedMark::Acked);
-    {
+    let dropped = {
         let mut rec = g.records();
         // `stored`: the round's offset commit deletes the mark if it passes it (in this same
         // batch); `dead`: done for the group, passed over by its next subscription.
         rec.stored.insert(seq);
         rec.dead.insert(seq);
-    }
+        // An earlier comeback of this delivery whose "came back" mark is still queued would be
+        // written after this one in the batch (the commit loop runs after the requests) and
+        // overwrite it: the message would be delivered again after a restart (review finding).
+        rec.failed.remove(&seq);
+        let (stale, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut rec.pending)
+            .into_iter()
+            .partition(|p| matches!(p, PendingRecord::Failed { seq: s, .. } if *s == seq));
+        rec.pending = keep;
+        stale
+    };
+    drop(dropped);
     // Counted acknowledged now: the group is dirty, and the commit loop after the requests
     // writes its offset in this batch.
     d.sub.ack(seq);
@@ -269,9 +284,9 @@ fn ack_delivery(r: &mut Round<'_>, d: &TxDelivery) {
 /// back to their subscriptions.
 fn give_back(jobs: Vec<TxJob>, deliveries: Vec<TxDelivery>) {
     for j in jobs {
-        j.group.unsettle(j.seq, j.token, j.deadline);
+        j.group.unsettle(j.seq, j.token, j.deadline, j.epoch);
     }
     for d in deliveries {
-        d.sub.redeliver(d.msg, d.deliveries);
+        d.sub.hand_back(d.msg, d.deliveries);
     }
 }
