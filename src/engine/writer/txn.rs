@@ -28,7 +28,6 @@ use crate::engine::request::{
 use crate::error::{Closed, KvError, TxError};
 use crate::events::Event;
 use crate::model::OrderedMark;
-use crate::sent::Sent;
 use crate::store::ReadError;
 use crate::telemetry;
 
