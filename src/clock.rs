@@ -177,6 +177,15 @@ impl Clock {
 
     /// The wall-clock time (µs) corresponding to `t` on this clock.
     pub(crate) fn wall_micros_at(&self, t: Instant) -> u64 {
+        // A manual clock maps instants to wall times exactly, with no reading of the clock: two
+        // readings (`now`, then `wall_micros`) could straddle an `advance` and be off by it.
+        if let Some(m) = &self.manual {
+            let wall_base = micros_since_epoch(m.inner.wall_base);
+            return match t.checked_duration_since(m.inner.base) {
+                Some(d) => wall_base.saturating_add(d.as_micros().min(u128::from(u64::MAX)) as u64),
+                None => wall_base.saturating_sub(m.inner.base.duration_since(t).as_micros() as u64),
+            };
+        }
         let now = self.now();
         let wall = self.wall_micros();
         if t >= now {
@@ -189,6 +198,16 @@ impl Clock {
     /// The instant on this clock corresponding to wall-clock `micros` (used to resume persisted
     /// retry times after a restart; past times map to now).
     pub(crate) fn instant_at_wall(&self, micros: u64) -> Instant {
+        // Regression: computed from two readings of a manual clock (`wall_micros`, then `now`
+        // inside `after`), an `advance` between them made the instant late by the whole advance:
+        // the schedule's timer then slept past a due message until the next advance (the job
+        // model test hung on a tick, rarely). A manual clock maps wall times exactly instead.
+        if let Some(m) = &self.manual {
+            let ahead = micros.saturating_sub(micros_since_epoch(m.inner.wall_base));
+            let at =
+                m.inner.base.checked_add(Duration::from_micros(ahead).min(MAX_MANUAL_OFFSET + MAX_DELAY));
+            return at.unwrap_or(m.inner.base).max(self.now());
+        }
         let wall = self.wall_micros();
         self.after(Duration::from_micros(micros.saturating_sub(wall)))
     }
@@ -214,5 +233,34 @@ impl Clock {
                 }
             }
         }
+    }
+}
+
+/// Microseconds from the Unix epoch to `t` (0 before it).
+fn micros_since_epoch(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros().min(u128::from(u64::MAX)) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manual_clock_maps_wall_times_and_instants_exactly_both_ways() {
+        let manual = ManualClock::new();
+        let clock = Clock::from(manual.clone());
+        manual.advance(Duration::from_secs(7));
+        let (now, wall) = (clock.now(), clock.wall_micros());
+        let due = wall + 5_000_000;
+        assert_eq!(clock.instant_at_wall(due), now + Duration::from_secs(5));
+        assert_eq!(clock.wall_micros_at(now + Duration::from_secs(3)), wall + 3_000_000);
+        assert_eq!(clock.wall_micros_at(now - Duration::from_secs(2)), wall - 2_000_000);
+        // The mapping does not depend on when it is computed: advancing in between (what a
+        // concurrent `advance` does between two readings) changes nothing.
+        let at = clock.instant_at_wall(due);
+        manual.advance(Duration::from_secs(1));
+        assert_eq!(clock.instant_at_wall(due), at);
+        // Past wall times map to now.
+        assert_eq!(clock.instant_at_wall(wall - 1), clock.now());
     }
 }
