@@ -287,7 +287,7 @@ async fn many_concurrent_compare_and_sets_each_count_once() {
     broker.shutdown().await.unwrap();
 }
 
-#[tokio::test(start_paused = true)]
+#[tokio::test]
 async fn a_transaction_holding_an_expired_lease_fails_and_applies_nothing() {
     let dir = tempdir();
     let clock = rockq::ManualClock::new();
