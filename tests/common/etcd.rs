@@ -1,0 +1,164 @@
+//! A real etcd for tests (feature `etcd`): one member or three, started from the installed
+//! `etcd` binary (Debian's `etcd-server`; `scripts/etcd-tests.sh` installs it) on loopback ports
+//! chosen now, data in a temp dir, every process stopped by its pid when the cluster is
+//! dropped (also when a test panics).
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A loopback port free right now (bound, then released for etcd to take).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("bind a free port").local_addr().expect("addr").port()
+}
+
+/// One member: its process (killed and reaped on drop), its client URL and its name.
+pub struct Member {
+    pub name: String,
+    pub client_url: String,
+    child: Option<Child>,
+}
+
+impl Member {
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL, then reap.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT (`false`): a member that stops answering without dying.
+    pub fn pause(&self, stop: bool) {
+        if let Some(pid) = self.pid() {
+            let sig = if stop { libc::SIGSTOP } else { libc::SIGCONT };
+            // SAFETY: signals our own child by its pid.
+            unsafe { libc::kill(pid as libc::pid_t, sig) };
+        }
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        // A stopped member cannot die of SIGKILL until it is continued on some kernels' view
+        // of reaping: continue it first.
+        self.pause(false);
+        self.kill();
+    }
+}
+
+fn spawn(args: &[String], log: &std::path::Path) -> Child {
+    let out = std::fs::File::create(log).expect("etcd log file");
+    Command::new("etcd")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("log"))
+        .stderr(out)
+        .spawn()
+        .expect("start etcd (install it with scripts/etcd-tests.sh)")
+}
+
+/// A running cluster of `n` members.
+pub struct Cluster {
+    pub members: Vec<Member>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts `n` members (1 or 3) with short heartbeats and elections (50 ms / 500 ms) so
+    /// that failover tests are quick, and waits until the cluster has a leader.
+    pub async fn start(n: usize) -> Cluster {
+        let dir = tempfile::Builder::new().prefix("rockq-etcd").tempdir().expect("temp dir");
+        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let initial: Vec<String> =
+            ports.iter().enumerate().map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}")).collect();
+        let members = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (c, p))| {
+                let name = format!("m{i}");
+                let client_url = format!("http://127.0.0.1:{c}");
+                let args: Vec<String> = vec![
+                    format!("--name={name}"),
+                    format!("--data-dir={}", dir.path().join(&name).display()),
+                    format!("--listen-client-urls={client_url}"),
+                    format!("--advertise-client-urls={client_url}"),
+                    format!("--listen-peer-urls=http://127.0.0.1:{p}"),
+                    format!("--initial-advertise-peer-urls=http://127.0.0.1:{p}"),
+                    format!("--initial-cluster={}", initial.join(",")),
+                    "--initial-cluster-state=new".into(),
+                    "--initial-cluster-token=rockq-test".into(),
+                    "--heartbeat-interval=50".into(),
+                    "--election-timeout=500".into(),
+                ];
+                let log = dir.path().join(format!("{name}.log"));
+                let child = Some(spawn(&args, &log));
+                Member { name, client_url, child }
+            })
+            .collect();
+        let cluster = Cluster { members, _dir: dir };
+        cluster.wait_for_leader(Duration::from_secs(30)).await;
+        cluster
+    }
+
+    /// Every member's client URL.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.client_url.clone()).collect()
+    }
+
+    /// A client of the running members (a request sent to a killed member's endpoint would
+    /// fail rather than move to the next).
+    pub async fn client(&self) -> etcd_client::Client {
+        let running: Vec<String> =
+            self.members.iter().filter(|m| m.pid().is_some()).map(|m| m.client_url.clone()).collect();
+        Self::client_of(&running).await
+    }
+
+    /// A client of `endpoints`, with short timeouts (a request to a dead member fails fast).
+    pub async fn client_of(endpoints: &[String]) -> etcd_client::Client {
+        let opts = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_timeout(Duration::from_secs(3));
+        etcd_client::Client::connect(endpoints, Some(opts)).await.expect("connect to etcd")
+    }
+
+    /// The index of the current leader, once one is elected (polling each running member's
+    /// status: etcd has no push for it).
+    pub async fn wait_for_leader(&self, within: Duration) -> usize {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(i) = self.leader().await {
+                return i;
+            }
+            assert!(Instant::now() < deadline, "no etcd leader within {within:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The index of the member that leads now, as the running members see it.
+    pub async fn leader(&self) -> Option<usize> {
+        for m in self.members.iter().filter(|m| m.pid().is_some()) {
+            let opts = etcd_client::ConnectOptions::new()
+                .with_connect_timeout(Duration::from_millis(300))
+                .with_timeout(Duration::from_millis(500));
+            let Ok(mut c) = etcd_client::Client::connect([m.client_url.clone()], Some(opts)).await else {
+                continue;
+            };
+            let Ok(status) = c.status().await else { continue };
+            if status.leader() == 0 {
+                continue;
+            }
+            let Ok(list) = c.member_list().await else { continue };
+            let leader = list.members().iter().find(|x| x.id() == status.leader())?;
+            // A member that was just killed is still "the leader" to the others until their
+            // election timeout: only a running one counts.
+            return self.members.iter().position(|m| m.name == leader.name() && m.pid().is_some());
+        }
+        None
+    }
+}
