@@ -60,10 +60,10 @@ pub(crate) struct RoundJobs {
     pub dedup: rustc_hash::FxHashMap<u32, rustc_hash::FxHashMap<String, (crate::sent::Original, u64)>>,
     /// Recurring schedules written (`Some`) or deleted (`None`) this round.
     pub schedules: std::collections::HashMap<String, Option<crate::model::ScheduleRecord>>,
-    /// Keyspace entries written this round, by (keyspace id, key): the revision written
-    /// (`Some`) or deleted (`None`). Conditions of a later transaction in the round read these
-    /// first.
-    pub kv: rustc_hash::FxHashMap<(u32, Vec<u8>), Option<u64>>,
+    /// Keyspace entries written this round, by keyspace id then key (found by `&[u8]`, without
+    /// a copy per lookup): the revision written (`Some`) or deleted (`None`). Conditions of a
+    /// later transaction in the round read these first.
+    pub kv: rustc_hash::FxHashMap<u32, rustc_hash::FxHashMap<Vec<u8>, Option<u64>>>,
 }
 
 impl Round<'_> {

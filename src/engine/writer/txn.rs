@@ -222,8 +222,7 @@ fn check(r: &Round<'_>, tx: &TxRequest, now: u64) -> Result<Checked, TxError> {
 
 /// The revision `key` of `keyspace` has as of this point of the round.
 fn current_revision(r: &Round<'_>, keyspace: &KeyspaceState, key: &[u8]) -> Result<Option<u64>, TxError> {
-    // A lookup by borrowed key would need the tuple borrowed; keys are short.
-    if let Some(written) = r.jobs.kv.get(&(keyspace.id, key.to_vec())) {
+    if let Some(written) = r.jobs.kv.get(&keyspace.id).and_then(|keys| keys.get(key)) {
         return Ok(*written);
     }
     r.batch.kv_revision(keyspace.id, key).map_err(read_error)
@@ -233,17 +232,18 @@ fn current_revision(r: &Round<'_>, keyspace: &KeyspaceState, key: &[u8]) -> Resu
 fn write_key(r: &mut Round<'_>, w: KvWrite, before: Option<u64>, revision: u64) {
     let KvWrite { keyspace, key, value, .. } = w;
     // An earlier write of this transaction to the same key changed what is there now.
-    let before = r.jobs.kv.get(&(keyspace.id, key.clone())).copied().unwrap_or(before);
+    let written = r.jobs.kv.entry(keyspace.id).or_default();
+    let before = written.get(key.as_slice()).copied().unwrap_or(before);
     let keys = keyspace.keys();
     let after = match &value {
         Some(v) => {
             r.batch.put_kv(keyspace.id, &key, revision, v);
-            r.jobs.kv.insert((keyspace.id, key), Some(revision));
+            written.insert(key, Some(revision));
             if before.is_none() { keys + 1 } else { keys }
         }
         None => {
             r.batch.delete_kv(keyspace.id, &key);
-            r.jobs.kv.insert((keyspace.id, key), None);
+            written.insert(key, None);
             if before.is_some() { keys.saturating_sub(1) } else { keys }
         }
     };
