@@ -14,6 +14,12 @@ have_libclang || need+=(libclang-dev)
 command -v clang >/dev/null 2>&1 || need+=(clang)
 command -v g++ >/dev/null 2>&1 || need+=(g++)
 command -v make >/dev/null 2>&1 || need+=(make)
+# The etcd engine (feature `etcd`): its client's build compiles protobufs with protoc, and its
+# tests start Debian's etcd. Asked for by scripts/test.sh and scripts/etcd-tests.sh.
+if [ -n "${ROCKQ_NEED_ETCD:-}" ]; then
+  command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+  command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+fi
 
 if [ "${#need[@]}" -gt 0 ]; then
   echo "bootstrap: installing ${need[*]}" >&2

@@ -4,11 +4,12 @@
 # and the fault-injection tests (built with the `failpoints` feature).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/bootstrap.sh
+ROCKQ_NEED_ETCD=1 source scripts/bootstrap.sh
 # Every optional feature but the failpoints: the CLI, the postcard codec, tower handlers, the
-# web console. (The console's browser tests, tests/web_browser.rs, skip themselves here: they
-# need Chromium; scripts/browser-tests.sh runs them.)
-features="cli,postcard,tower,web"
+# web console, the etcd engine (its tests start their own etcd: one member, three members,
+# two rockq processes). (The console's browser tests, tests/web_browser.rs, skip themselves
+# here: they need Chromium; scripts/browser-tests.sh runs them.)
+features="cli,postcard,tower,web,etcd"
 cargo test --all-targets --features "$features" "$@"
 cargo test --doc --features "$features" "$@"
 cargo test --features failpoints --test faults "$@"

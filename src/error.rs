@@ -101,6 +101,57 @@ pub(crate) enum Closed {
     Shutdown,
     /// The writer failed closed; nothing is written until the database is reopened.
     Failed(Failure),
+    /// The broker's engine does not carry out this operation (yet).
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    Unsupported(UnsupportedError),
+}
+
+/// The operation is not supported by this broker's engine (the etcd engine carries out a
+/// subset of what the embedded one does; see `docs/DISTRIBUTED.md`). Nothing was changed: an
+/// engine refuses an operation rather than carry it out differently.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{operation} is not supported by the {engine} engine")]
+pub struct UnsupportedError {
+    operation: &'static str,
+    engine: &'static str,
+}
+
+impl UnsupportedError {
+    /// Made by an engine that refuses `operation`.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    pub(crate) fn new(operation: &'static str, engine: &'static str) -> Self {
+        UnsupportedError { operation, engine }
+    }
+
+    /// What was refused, e.g. `"delayed messages"`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) {
+    /// if let Err(rockq::SendError::Unsupported(e)) = queue.send("x").await {
+    ///     eprintln!("{} needs the embedded engine", e.operation());
+    /// }
+    /// # }
+    /// ```
+    pub fn operation(&self) -> &'static str {
+        self.operation
+    }
+
+    /// The engine that refused it, e.g. `"etcd"`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) {
+    /// if let Err(rockq::SendError::Unsupported(e)) = queue.send("x").await {
+    ///     assert_eq!(e.engine(), "etcd");
+    /// }
+    /// # }
+    /// ```
+    pub fn engine(&self) -> &'static str {
+        self.engine
+    }
 }
 
 /// The broker stopped accepting writes after an earlier error (it **fails closed**: nothing
@@ -180,6 +231,7 @@ macro_rules! refused_as {
                 match c {
                     Closed::Shutdown => $family::Shutdown,
                     Closed::Failed(f) => $family::Failed(f.into()),
+                    Closed::Unsupported(u) => $family::Unsupported(u),
                 }
             }
         }
@@ -283,6 +335,9 @@ pub enum OpenError {
     /// An option is out of range.
     #[error("invalid option: {0}")]
     InvalidOption(String),
+    /// The engine does not support a requested option (e.g. `Durability::Buffered` on etcd).
+    #[error(transparent)]
+    Unsupported(UnsupportedError),
     /// Called outside a Tokio runtime: rockq runs its blocking work on the runtime's pool.
     #[error("rockq must be opened from within a Tokio runtime")]
     NoRuntime,
@@ -332,6 +387,9 @@ pub enum QueueError {
     /// The broker stopped accepting writes after an earlier error.
     #[error(transparent)]
     Failed(FailedError),
+    /// This broker's engine does not carry out the operation; nothing was changed.
+    #[error(transparent)]
+    Unsupported(UnsupportedError),
 }
 
 /// Why a recurring schedule was refused.
@@ -370,6 +428,9 @@ pub enum ScheduleError {
     /// The broker stopped accepting writes after an earlier error.
     #[error(transparent)]
     Failed(FailedError),
+    /// This broker's engine does not carry out the operation; nothing was changed.
+    #[error(transparent)]
+    Unsupported(UnsupportedError),
 }
 
 /// A send was rejected or failed. When this is returned, none of the messages of the call were
@@ -460,6 +521,9 @@ pub enum SendError {
     /// An earlier write failed and the broker stopped accepting writes.
     #[error(transparent)]
     Failed(FailedError),
+    /// This broker's engine does not carry out the operation; nothing was changed.
+    #[error(transparent)]
+    Unsupported(UnsupportedError),
 }
 
 /// [`Group::subscribe`](crate::Group::subscribe), [`WorkGroup::subscribe`](crate::WorkGroup::subscribe)
@@ -564,6 +628,9 @@ pub enum SubscribeError {
         /// The value this handle sets, as text.
         requested: String,
     },
+    /// This broker's engine does not carry out the operation; nothing was changed.
+    #[error(transparent)]
+    Unsupported(UnsupportedError),
 }
 
 /// An outcome (ack, nack, retry, dead-letter) or a lease extension could not be recorded.
@@ -599,6 +666,9 @@ pub enum AckError {
     /// The broker stopped accepting writes after an earlier error.
     #[error(transparent)]
     Failed(FailedError),
+    /// This broker's engine does not carry out the operation; nothing was changed.
+    #[error(transparent)]
+    Unsupported(UnsupportedError),
 }
 
 /// [`Group::reset_to`](crate::Group::reset_to) failed. Nothing changed.
@@ -644,6 +714,9 @@ pub enum ResetError {
     /// The broker stopped accepting writes after an earlier error.
     #[error(transparent)]
     Failed(FailedError),
+    /// This broker's engine does not carry out the operation; nothing was changed.
+    #[error(transparent)]
+    Unsupported(UnsupportedError),
 }
 
 /// Redriving dead letters failed. Batches moved before the error stay moved (each batch is
@@ -684,6 +757,9 @@ pub enum RedriveError {
     /// The broker stopped accepting writes after an earlier error.
     #[error(transparent)]
     Failed(FailedError),
+    /// This broker's engine does not carry out the operation; nothing was changed.
+    #[error(transparent)]
+    Unsupported(UnsupportedError),
 }
 
 /// Waiting for acknowledgements to be committed failed.
@@ -699,6 +775,9 @@ pub enum CommitError {
     /// The broker stopped accepting writes after an earlier error.
     #[error(transparent)]
     Failed(FailedError),
+    /// This broker's engine does not carry out the operation; nothing was changed.
+    #[error(transparent)]
+    Unsupported(UnsupportedError),
 }
 
 /// An error yielded by a [`Subscription`](crate::Subscription) stream. The stream ends after
@@ -725,6 +804,16 @@ pub enum ReceiveError {
     /// The background read task failed unexpectedly.
     #[error("internal error: {0}")]
     Internal(String),
+    /// Another process took this ordered group over (an etcd broker whose lease on the group
+    /// lapsed: paused, partitioned): the stream ends after this. What it acknowledged and had
+    /// not committed is delivered again to the new subscriber.
+    #[error("another process took over group {group:?} on queue {queue:?}")]
+    OwnershipLost {
+        /// The queue.
+        queue: String,
+        /// The group.
+        group: String,
+    },
     /// The group (or its queue) was deleted ([`Broker::delete_queue`](crate::Broker::delete_queue),
     /// [`Broker::delete_group`](crate::Broker::delete_group)): the stream (or worker pool) ends
     /// after this. Deliveries still out fail to settle with [`AckError::Deleted`].
@@ -735,6 +824,9 @@ pub enum ReceiveError {
         /// The group.
         group: String,
     },
+    /// This broker's engine does not carry out the operation; nothing was changed.
+    #[error(transparent)]
+    Unsupported(UnsupportedError),
 }
 
 /// Shutting down failed part-way. The database is closed regardless.
@@ -780,6 +872,9 @@ pub enum InspectError {
     /// The broker (or inspector) was shut down.
     #[error("database is closed")]
     Shutdown,
+    /// This broker's engine does not carry out the operation; nothing was changed.
+    #[error(transparent)]
+    Unsupported(UnsupportedError),
 }
 
 /// Pausing or resuming a group failed. Nothing changed.
@@ -806,6 +901,9 @@ pub enum PauseError {
     /// The broker stopped accepting writes after an earlier storage error.
     #[error(transparent)]
     Failed(FailedError),
+    /// This broker's engine does not carry out the operation; nothing was changed.
+    #[error(transparent)]
+    Unsupported(UnsupportedError),
 }
 
 /// Creating or reading a keyspace ([`Broker::kv`](crate::Broker::kv),
@@ -835,6 +933,9 @@ pub enum KvError {
     /// The broker stopped accepting writes after an earlier error.
     #[error(transparent)]
     Failed(FailedError),
+    /// This broker's engine does not carry out the operation; nothing was changed.
+    #[error(transparent)]
+    Unsupported(UnsupportedError),
 }
 
 /// A transaction ([`Broker::transaction`](crate::Broker::transaction)) or a keyspace write
@@ -906,6 +1007,9 @@ pub enum TxError {
     /// The broker stopped accepting writes after an earlier error.
     #[error(transparent)]
     Failed(FailedError),
+    /// This broker's engine does not carry out the operation; nothing was changed.
+    #[error(transparent)]
+    Unsupported(UnsupportedError),
 }
 
 impl TxError {
@@ -925,6 +1029,7 @@ impl From<KvError> for TxError {
             KvError::Corrupt(c) => TxError::Corrupt(c),
             KvError::Storage(s) => TxError::Storage(s),
             KvError::Failed(f) => TxError::Failed(f),
+            KvError::Unsupported(u) => TxError::Unsupported(u),
         }
     }
 }
@@ -1046,6 +1151,34 @@ impl Error {
                 | Error::Redrive(RedriveError::Conflict { .. })
                 | Error::Tx(TxError::Conflict { .. })
         )
+    }
+
+    /// The refusal, if this broker's engine does not support the operation (an etcd broker
+    /// refuses what it does not carry out yet, with the family's `Unsupported` variant).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let lost = rockq::Error::from(rockq::AckError::LeaseLost { seq: 7, attempt: 1 });
+    /// assert!(lost.unsupported().is_none());
+    /// ```
+    pub fn unsupported(&self) -> Option<&UnsupportedError> {
+        match self {
+            Error::Queue(QueueError::Unsupported(u))
+            | Error::Send(SendError::Unsupported(u))
+            | Error::Subscribe(SubscribeError::Unsupported(u))
+            | Error::Ack(AckError::Unsupported(u))
+            | Error::Commit(CommitError::Unsupported(u))
+            | Error::Receive(ReceiveError::Unsupported(u))
+            | Error::Redrive(RedriveError::Unsupported(u))
+            | Error::Reset(ResetError::Unsupported(u))
+            | Error::Inspect(InspectError::Unsupported(u))
+            | Error::Pause(PauseError::Unsupported(u))
+            | Error::Schedule(ScheduleError::Unsupported(u))
+            | Error::Kv(KvError::Unsupported(u))
+            | Error::Tx(TxError::Unsupported(u)) => Some(u),
+            _ => None,
+        }
     }
 
     /// The storage error at the root of this error, if any: RocksDB's own, directly or as the

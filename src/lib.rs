@@ -91,6 +91,8 @@ mod stats;
 pub mod telemetry;
 mod work_settings;
 
+#[cfg(feature = "etcd")]
+pub use broker::EtcdOptions;
 pub use broker::{Broker, EventStream};
 pub use bytes::Bytes;
 pub use clock::{Clock, ManualClock};
@@ -104,7 +106,7 @@ pub use entry::{Entry, Expect, MAX_KV_KEY_LEN, MAX_TX_BYTES, MAX_TX_OPS};
 pub use error::{
     AckError, CommitError, CorruptionError, Error, FailedError, InspectError, KvError, NameError, NameKind,
     OpenError, PauseError, QueueError, ReceiveError, RedriveError, ResetError, ScheduleError, SendError,
-    ShutdownError, StorageError, SubscribeError, TxError,
+    ShutdownError, StorageError, SubscribeError, TxError, UnsupportedError,
 };
 pub use events::Event;
 pub use inspector::Inspector;

@@ -63,6 +63,9 @@ fn public_types_are_send_and_sync() {
     send_sync::<TaskTx>();
     send_sync::<KvError>();
     send_sync::<TxError>();
+    send_sync::<rockq::UnsupportedError>();
+    #[cfg(feature = "etcd")]
+    send_sync::<rockq::EtcdOptions>();
     send_sync::<KeyspaceStats>();
     send_sync::<Stats>();
     send_sync::<QueueStats>();

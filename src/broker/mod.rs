@@ -3,11 +3,15 @@
 //! queues and groups.
 
 mod admin;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod events;
 mod kv;
 mod lifecycle;
 mod schedules;
 
+#[cfg(feature = "etcd")]
+pub use etcd::EtcdOptions;
 pub use events::EventStream;
 
 use std::path::Path;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use futures::task::AtomicWaker;
 
-use crate::engine::boundary::{LiveSubscription, OrderedGroupState, PendingRecord, RawMessage, Shared};
+use crate::engine::boundary::{self, LiveSubscription, OrderedGroupState, PendingRecord, RawMessage, Shared};
 
 /// Longest wait [`Delivery::nack_after`](crate::Delivery::nack_after) takes; longer delays are
 /// clamped to it (documented there).
@@ -57,6 +57,8 @@ pub(crate) struct SubShared {
     /// The subscription's task, woken when an ack frees window space or a delivery comes back.
     pub waker: AtomicWaker,
     pub poison: PoisonConfig,
+    /// Cross-process ownership of the group (the etcd engine), released with this.
+    _owner: boundary::OwnerHold,
 }
 
 pub(crate) struct AckWindow {
@@ -238,6 +240,7 @@ impl SubShared {
         start: u64,
         max_unacked: usize,
         poison: PoisonConfig,
+        owner: boundary::OwnerHold,
     ) -> Arc<Self> {
         let mut window = AckWindow::new(start);
         {
@@ -257,6 +260,7 @@ impl SubShared {
             max_unacked,
             waker: AtomicWaker::new(),
             poison,
+            _owner: owner,
         });
         sub.advanced(advanced);
         sub

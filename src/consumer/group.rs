@@ -458,9 +458,14 @@ impl Group {
                 queue: self.queue.name.to_string(),
             });
         }
+        // Across processes (an etcd broker), the group's one active subscriber is held by a
+        // lease; its offset and marks are read afresh from where the last owner left them.
+        let mut release = ActiveGuard { group: &group, armed: true };
+        let owner = self.shared.own_ordered(&group).await?;
+        release.armed = false;
         let resume = group.acked.load(Ordering::Acquire) + 1;
         let first = self.queue.first_seq.load(Ordering::Acquire);
-        let sub = SubShared::new(self.shared.clone(), group.clone(), resume, self.max_unacked, poison);
+        let sub = SubShared::new(self.shared.clone(), group.clone(), resume, self.max_unacked, poison, owner);
         let live: std::sync::Weak<dyn LiveSubscription> = Arc::downgrade(&sub) as _;
         *group.live.lock().unwrap_or_else(|p| p.into_inner()) = Some(live);
         // Retention may have deleted messages the group never received: jump (and report it).

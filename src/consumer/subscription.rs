@@ -245,6 +245,14 @@ impl Stream for Subscription {
                 let e = ReceiveError::Deleted { queue: g.queue.name.to_string(), group: g.name.to_string() };
                 return this.end(Some(e.into()));
             }
+            if this.sub.group.ownership_lost() {
+                let g = &this.sub.group;
+                let e = ReceiveError::OwnershipLost {
+                    queue: g.queue.name.to_string(),
+                    group: g.name.to_string(),
+                };
+                return this.end(Some(e.into()));
+            }
             // A purge deleted messages read ahead (or handed back) but not handed out yet: they
             // are gone for the group too (the window counts them done without an entry).
             // Retention's trims keep what was read, as they always did.

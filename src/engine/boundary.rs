@@ -34,6 +34,8 @@
 #[cfg(test)]
 pub(crate) use super::completion::Resolver;
 pub(crate) use super::completion::{Completion, staged_sent};
+#[cfg(feature = "etcd")]
+pub(crate) use super::etcd::{EtcdSettings, connect as connect_etcd};
 pub(crate) use super::inspect::{
     ReadOnly, live_peek, live_pending, live_scheduled, live_schedules, live_stats,
 };
@@ -48,7 +50,7 @@ pub(crate) use super::request::{
     TxSend, WorkRequest, WorkSettingsRequest,
 };
 pub(crate) use super::retention::{pass as retention_pass, reset_target};
-pub(crate) use super::shared::Shared;
+pub(crate) use super::shared::{OwnerHold, Shared};
 pub(crate) use crate::store::envelope::{EncodeError, body_len, validate};
 
 /// A checked message's envelope (the writer stamps its time).

@@ -400,6 +400,9 @@ async fn on_store<T: Send + 'static>(
     if shared.is_closed() {
         return Err(InspectError::Shutdown);
     }
+    if let Some(u) = shared.unsupported("this inspection (pending claims, peeking, schedules)") {
+        return Err(InspectError::Unsupported(u));
+    }
     let s = shared.clone();
     let now = shared.engine.clock().wall_micros();
     shared
@@ -412,6 +415,10 @@ async fn on_store<T: Send + 'static>(
 /// A live broker's stats: the disk's figures with this process's leases and in-flight
 /// deliveries laid over them. Refreshes the metrics gauges.
 pub(crate) async fn live_stats(shared: &Arc<Shared>) -> Result<Stats, InspectError> {
+    #[cfg(feature = "etcd")]
+    if let Some(side) = &shared.engine.etcd {
+        return super::etcd::stats(shared, side).await;
+    }
     let live = live_leases(&shared.engine, None);
     let mut stats = on_store(shared, move |s, now| self::stats(s, now, &live)).await?;
     let registry = &shared.engine.registry;

@@ -20,6 +20,8 @@
 
 pub(crate) mod boundary;
 mod completion;
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd;
 mod gauges;
 mod inbox;
 mod inspect;
@@ -61,6 +63,9 @@ pub(crate) struct Engine {
     pub events: tokio::sync::broadcast::Sender<Event>,
     /// When the schedule's next entry is due (`timer.rs`).
     pub timer: Arc<timer::Timer>,
+    /// The etcd side, for an engine over etcd (its `store` is then a detached stand-in).
+    #[cfg(feature = "etcd")]
+    pub etcd: Option<Arc<etcd::EtcdSide>>,
 }
 
 impl Engine {

@@ -47,6 +47,8 @@ pub(crate) async fn open(path: &Path, options: Options) -> Result<Arc<Shared>, O
         counters: Counters::default(),
         events: tokio::sync::broadcast::channel(4096).0,
         timer: timer.clone(),
+        #[cfg(feature = "etcd")]
+        etcd: None,
     });
     for g in stale {
         engine.mark_dirty(g);
@@ -102,6 +104,8 @@ pub(crate) fn without_writer(path: &Path, options: Options) -> Arc<Engine> {
         counters: Counters::default(),
         events: tokio::sync::broadcast::channel(16).0,
         timer,
+        #[cfg(feature = "etcd")]
+        etcd: None,
     })
 }
 

@@ -72,6 +72,9 @@ pub(crate) async fn pass(shared: &Arc<Shared>, compact: Option<bool>) -> Result<
     if shared.is_closed() {
         return Err(QueueError::Shutdown);
     }
+    if let Some(u) = shared.unsupported("retention") {
+        return Err(QueueError::Unsupported(u));
+    }
     let bytes = |s: Arc<Shared>| async move {
         s.runtime.clone().spawn_blocking(move || s.engine.store.disk_bytes()).await.unwrap_or(0)
     };
@@ -185,6 +188,9 @@ pub(crate) async fn reset_target(
     queue: &Arc<QueueState>,
     to: ResetTo,
 ) -> Result<u64, ResetError> {
+    if let Some(u) = shared.unsupported("resetting a group") {
+        return Err(ResetError::Unsupported(u));
+    }
     let first = queue.first_seq.load(Ordering::Acquire);
     let next = queue.last_seq() + 1;
     let seq = match to {

@@ -44,6 +44,15 @@ pub(crate) struct Shared {
     pub shutdown: Mutex<Option<ShutdownFuture>>,
 }
 
+/// An ordered group's cross-process ownership, held by its subscription (the etcd engine);
+/// nothing for the embedded engine.
+/// Held for its `Drop`, which asks the writer to release the group.
+#[derive(Default)]
+pub(crate) struct OwnerHold {
+    #[cfg(feature = "etcd")]
+    _release: Option<super::etcd::OwnerRelease>,
+}
+
 /// The shared outcome of the shutdown task.
 type ShutdownFuture = futures::future::Shared<futures::future::BoxFuture<'static, Result<(), ShutdownError>>>;
 
@@ -139,12 +148,65 @@ impl Shared {
         to: u64,
         max_bytes: usize,
     ) -> Result<ReadOutcome, ReceiveError> {
+        #[cfg(feature = "etcd")]
+        if let Some(side) = &self.engine.etcd {
+            return match self.is_closed() {
+                true => Ok(ReadOutcome::Closed),
+                false => side.read_range(&self.runtime, queue, from, to, max_bytes),
+            };
+        }
         store::read_range(&self.engine.store, &queue.name, queue.id, from, to, max_bytes)
     }
 
     /// Reads the messages at `seqs` (ascending) of `queue`. Blocking.
     pub fn read_seqs(&self, queue: &QueueState, seqs: &[u64]) -> Result<ReadOutcome, ReceiveError> {
+        #[cfg(feature = "etcd")]
+        if let Some(side) = &self.engine.etcd {
+            return match self.is_closed() {
+                true => Ok(ReadOutcome::Closed),
+                false => side.read_seqs(&self.runtime, queue, seqs),
+            };
+        }
         store::read_seqs(&self.engine.store, &queue.name, queue.id, seqs)
+    }
+
+    /// Takes the cross-process ownership of ordered group `group` for a new subscription: with
+    /// the embedded engine, the in-process active slot (taken by the caller) is all there is.
+    pub async fn own_ordered(
+        &self,
+        group: &Arc<OrderedGroupState>,
+    ) -> Result<OwnerHold, crate::error::SubscribeError> {
+        #[cfg(feature = "etcd")]
+        if let Some(side) = &self.engine.etcd {
+            let release = super::etcd::owner_acquire(side, group, self.tx.clone()).await?;
+            return Ok(OwnerHold { _release: Some(release) });
+        }
+        let _ = group;
+        Ok(OwnerHold::default())
+    }
+
+    /// The etcd engine's refusal of `operation`, if this broker runs on etcd (`None`: the
+    /// embedded engine carries everything out).
+    #[inline]
+    pub fn unsupported(&self, operation: &'static str) -> Option<crate::error::UnsupportedError> {
+        #[cfg(feature = "etcd")]
+        if self.engine.etcd.is_some() {
+            return Some(super::etcd::unsupported(operation));
+        }
+        let _ = operation;
+        None
+    }
+
+    /// Refuses, on etcd, a send call the engine cannot append as one transaction (or with an
+    /// idempotency key, not carried out there yet). Nothing to check for the embedded engine.
+    #[inline]
+    pub fn check_send(&self, msgs: &[Message]) -> Result<(), SendError> {
+        #[cfg(feature = "etcd")]
+        if self.engine.etcd.is_some() {
+            return super::etcd::check_send(msgs);
+        }
+        let _ = msgs;
+        Ok(())
     }
 
     /// Keyspace `name`, if it exists.
@@ -164,6 +226,9 @@ impl Shared {
         if self.is_closed() {
             return Err(crate::error::KvError::Shutdown);
         }
+        if let Some(u) = self.unsupported("keyspaces") {
+            return Err(crate::error::KvError::Unsupported(u));
+        }
         // Closed between the check and the read: that is a shutdown, not a storage error.
         store::kv_get(&self.engine.store, keyspace, key)
             .map_err(|e| if self.is_closed() { crate::error::KvError::Shutdown } else { kv_read_error(e) })
@@ -180,12 +245,18 @@ impl Shared {
         if self.is_closed() {
             return Err(crate::error::KvError::Shutdown);
         }
+        if let Some(u) = self.unsupported("keyspaces") {
+            return Err(crate::error::KvError::Unsupported(u));
+        }
         store::kv_scan(&self.engine.store, keyspace, from, to, limit)
             .map_err(|e| if self.is_closed() { crate::error::KvError::Shutdown } else { kv_read_error(e) })
     }
 
     /// How far dead-letter queue `dlq` has been redriven. Blocking.
     pub fn read_cursor(&self, dlq: &str) -> Result<Option<u64>, RedriveError> {
+        if let Some(u) = self.unsupported("redrive") {
+            return Err(RedriveError::Unsupported(u));
+        }
         store::read_cursor(&self.engine.store, dlq)
     }
 

@@ -645,6 +645,7 @@ impl Queue {
 
     /// Stages checked messages in the writer's inbox as one send call.
     async fn stage(&self, messages: &[Message]) -> Result<SendReceipt, SendError> {
+        self.shared.check_send(messages)?;
         let staging = self.shared.stage(&self.state, messages).await?;
         if staging.nudge {
             self.shared.nudge_writer();

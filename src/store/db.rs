@@ -110,6 +110,19 @@ impl DbGuard<'_> {
 }
 
 impl Store {
+    /// A store with no database behind it: every read and write finds it closed. The etcd
+    /// engine's stand-in (its records are in etcd; nothing may reach RocksDB).
+    #[cfg(feature = "etcd")]
+    pub fn detached(path: PathBuf) -> Store {
+        Store {
+            db: RwLock::new(None),
+            path,
+            rocks_opts: rocksdb::Options::default(),
+            statistics: false,
+            read_only: true,
+        }
+    }
+
     /// Locks the database for use. Cheap: an uncontended read lock.
     pub fn lock(&self) -> DbGuard<'_> {
         DbGuard(self.db.read().unwrap_or_else(|poison| poison.into_inner()))

@@ -36,6 +36,9 @@ pub(crate) struct OrderedGroupState {
     pub records: std::sync::Mutex<GroupRecords>,
     /// Set by the writer as the group's deletion (or its queue's) enters a batch.
     deleted: AtomicBool,
+    /// The etcd engine: another process took the group over (this one's lease lapsed).
+    #[cfg(feature = "etcd")]
+    lost: AtomicBool,
 }
 
 impl OrderedGroupState {
@@ -54,7 +57,32 @@ impl OrderedGroupState {
             live: std::sync::Mutex::new(None),
             records: std::sync::Mutex::new(GroupRecords::default()),
             deleted: AtomicBool::new(false),
+            #[cfg(feature = "etcd")]
+            lost: AtomicBool::new(false),
         })
+    }
+
+    /// Whether this process lost the group to another one (the etcd engine; never for the
+    /// embedded one): its subscription ends.
+    #[inline]
+    pub fn ownership_lost(&self) -> bool {
+        #[cfg(feature = "etcd")]
+        return self.lost.load(Ordering::Acquire);
+        #[cfg(not(feature = "etcd"))]
+        false
+    }
+
+    /// Another process owns the group now: the subscription here ends (woken to see it).
+    #[cfg(feature = "etcd")]
+    pub fn lose_ownership(&self) {
+        self.lost.store(true, Ordering::Release);
+        self.queue.poke();
+    }
+
+    /// This process owns the group again (a new subscription took it).
+    #[cfg(feature = "etcd")]
+    pub fn regain_ownership(&self) {
+        self.lost.store(false, Ordering::Release);
     }
 
     /// Whether the group, or its queue, was deleted: its subscription ends and its

@@ -112,6 +112,16 @@ impl QueueState {
         }
     }
 
+    /// Publishes `last` unless a later tail was published already (the etcd engine: its writer
+    /// and its watch both publish, in either order).
+    #[cfg(feature = "etcd")]
+    pub fn publish_max(&self, last: u64) {
+        let before = self.last.fetch_max(last, Ordering::SeqCst);
+        if last > before && self.watchers.load(Ordering::SeqCst) > 0 {
+            self.wake.send_replace(last);
+        }
+    }
+
     /// Wakes every subscriber (to re-check a pause flag, or see the broker closed).
     pub fn poke(&self) {
         self.wake.send_replace(self.last_seq());

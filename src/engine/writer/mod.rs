@@ -352,7 +352,7 @@ fn apply(r: &mut Round<'_>, req: Request) {
 }
 
 /// Answers a request that will not be carried out, in its own error family.
-fn refuse_request(req: Request, why: &Closed) {
+pub(crate) fn refuse_request(req: Request, why: &Closed) {
     match req {
         Request::Queue(q) => queue::refuse_request(q, why),
         Request::Ordered(o) => ordered::refuse_request(o, why),

@@ -1,0 +1,164 @@
+//! [`Broker::connect_etcd`]: the same broker over an etcd namespace that several processes
+//! share (feature `etcd`; design and limits in `docs/DISTRIBUTED.md`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Broker;
+use crate::error::OpenError;
+use crate::options::Options;
+
+/// How a broker connects to etcd ([`Broker::connect_etcd`]).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// let opts = rockq::EtcdOptions::new().request_timeout(Duration::from_secs(10));
+/// assert_eq!(opts.get_request_timeout(), Duration::from_secs(10));
+/// ```
+#[derive(Debug, Clone)]
+pub struct EtcdOptions {
+    options: Options,
+    request_timeout: Duration,
+    owner_ttl: Duration,
+}
+
+impl Default for EtcdOptions {
+    fn default() -> Self {
+        EtcdOptions {
+            options: Options::default(),
+            request_timeout: Duration::from_secs(30),
+            owner_ttl: Duration::from_secs(10),
+        }
+    }
+}
+
+impl EtcdOptions {
+    /// Defaults: the default [`Options`], 30 s per request, 10 s ownership leases.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let opts = rockq::EtcdOptions::new();
+    /// assert_eq!(opts.get_owner_ttl(), std::time::Duration::from_secs(10));
+    /// ```
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The broker options (clock, batching, channel capacity…). Their
+    /// [`durability`](Options::durability) must stay [`Fsync`](crate::Durability::Fsync): every
+    /// etcd write is a quorum write.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let opts = rockq::EtcdOptions::new().options(rockq::Options::new().max_batch_messages(512));
+    /// # let _ = opts;
+    /// ```
+    pub fn options(mut self, options: Options) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// How long one etcd request may take. A write whose outcome stays unknown for this long
+    /// (no quorum) fails its sends with [`SendError::Storage`](crate::SendError::Storage); such
+    /// a send may still have been stored.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let opts = rockq::EtcdOptions::new().request_timeout(std::time::Duration::from_secs(5));
+    /// # let _ = opts;
+    /// ```
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// The configured request timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(rockq::EtcdOptions::new().get_request_timeout(), std::time::Duration::from_secs(30));
+    /// ```
+    pub fn get_request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// The TTL of the etcd lease that holds an ordered group's one active subscriber (rounded
+    /// up to whole seconds). A process that stops renewing it (crashed, paused, cut off) loses
+    /// the group after this long, and another process may subscribe.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let opts = rockq::EtcdOptions::new().owner_ttl(std::time::Duration::from_secs(3));
+    /// # let _ = opts;
+    /// ```
+    pub fn owner_ttl(mut self, ttl: Duration) -> Self {
+        self.owner_ttl = ttl;
+        self
+    }
+
+    /// The configured ownership lease TTL.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(rockq::EtcdOptions::new().get_owner_ttl(), std::time::Duration::from_secs(10));
+    /// ```
+    pub fn get_owner_ttl(&self) -> Duration {
+        self.owner_ttl
+    }
+}
+
+impl Broker {
+    /// Connects to the etcd cluster at `endpoints` and opens namespace `namespace` on it (a
+    /// queue-name-like string; created if missing). Several processes connecting to the same
+    /// namespace share its queues and groups: producers anywhere append to one sequence per
+    /// queue, and an ordered group has one active subscriber across all of them.
+    ///
+    /// The returned broker is the same [`Broker`]: queues, `send`/`send_batch`, ordered groups
+    /// with `ack`/`nack`, `max_deliveries` and dead letters work as with [`Broker::open`]. What
+    /// this engine does not carry out yet is refused with the family's `Unsupported` error
+    /// (see `docs/DISTRIBUTED.md`), never done differently.
+    ///
+    /// # Errors
+    ///
+    /// [`OpenError::Storage`] if etcd cannot be reached, [`OpenError::NotRockq`] if the
+    /// namespace holds another format, [`OpenError::Unsupported`] for
+    /// [`Durability::Buffered`](crate::Durability::Buffered), [`OpenError::InvalidOption`] for
+    /// a bad namespace or no endpoint, [`OpenError::NoRuntime`] outside a Tokio runtime.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: nothing is started until the last step. The namespace's format record may
+    /// have been created.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), rockq::Error> {
+    /// let broker = rockq::Broker::connect_etcd(["http://127.0.0.1:2379"], "shop", rockq::EtcdOptions::new()).await?;
+    /// broker.queue("orders").await?.send("hello").await?;
+    /// broker.shutdown().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_etcd(
+        endpoints: impl IntoIterator<Item = impl Into<String>>,
+        namespace: &str,
+        options: EtcdOptions,
+    ) -> Result<Broker, OpenError> {
+        let endpoints: Vec<String> = endpoints.into_iter().map(Into::into).collect();
+        let settings = crate::engine::boundary::EtcdSettings {
+            request_timeout: options.request_timeout,
+            owner_ttl: options.owner_ttl,
+        };
+        let shared =
+            crate::engine::boundary::connect_etcd(&endpoints, namespace, options.options, settings).await?;
+        Ok(Broker { shared: Arc::clone(&shared) })
+    }
+}

@@ -1,0 +1,604 @@
+//! The etcd engine's writer: one task that takes the same requests and staged sends as the
+//! embedded writer thread and carries them out as etcd transactions.
+//!
+//! A round: the staged sends (group commit: each queue's messages go in as few transactions as
+//! etcd's limits allow, each a compare-and-set on the queue's tail), then the requests, then
+//! the ordered groups' offset commits (each compared with the group's owner key). A send
+//! resolves when its transaction is committed by a quorum of the cluster.
+//!
+//! In-doubt writes: when a transaction fails without an answer (the leader died, a timeout),
+//! it may still have been applied. The tail record carries the nonce of the append that wrote
+//! it, so the writer looks: if the first message it meant to write exists and was created
+//! together with a tail bearing its nonce, the append stands; if the tail has not moved, the
+//! same transaction is sent again (both compare the same tail, so at most one applies);
+//! otherwise another process appended and the messages get new sequences. No sequence is used
+//! twice and none is skipped.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use super::{EtcdSide, retrying};
+use crate::engine::Engine;
+use crate::engine::inbox::Staged;
+use crate::engine::registry::{OrderedGroupState, PendingRecord, QueueState};
+use crate::engine::request::{OrderedRequest, QueueRequest, Request};
+use crate::engine::writer::refuse_request;
+use crate::error::{Closed, QueueError, SendError, StorageError, SubscribeError};
+use crate::model::{GroupMode, GroupOffset, OrderedMark, StartFrom};
+use crate::store::envelope;
+use crate::store::etcd::{
+    Appended, CommitOutcome, DeadLetterAppend, MAX_TXN_BYTES, MAX_TXN_OPS, OrderedCommit,
+};
+
+/// Messages per append transaction: etcd's operation limit, less the tail's put.
+const MAX_TXN_MESSAGES: usize = MAX_TXN_OPS - 1;
+
+struct Writer {
+    engine: Arc<Engine>,
+    side: Arc<EtcdSide>,
+    /// Each queue's tail as this process last saw it: (last, nonce).
+    tails: HashMap<u32, (u64, u64)>,
+    last_stamp: u64,
+    /// This writer's nonces: a random base, counted up per append attempt.
+    nonce_base: u64,
+    nonces: u64,
+    /// After a failed commit: when to try the dirty groups again.
+    retry_after: Option<Duration>,
+}
+
+/// Runs until every handle is gone or a shutdown is asked for.
+pub(super) async fn run(engine: Arc<Engine>, side: Arc<EtcdSide>, mut rx: mpsc::Receiver<Request>) {
+    let mut w = Writer {
+        engine,
+        side,
+        tails: HashMap::new(),
+        last_stamp: 0,
+        nonce_base: fastrand::u64(1..) & !0xffff_ffff,
+        nonces: 0,
+        retry_after: None,
+    };
+    let max_requests = w.engine.options.max_batch_messages;
+    let mut pending: Vec<Request> = Vec::new();
+    loop {
+        let mut gone = false;
+        if !w.engine.inbox.has_staged() && w.engine.inbox.idle_if_empty() {
+            // A commit that failed (etcd unreachable, an election) left its groups dirty: try
+            // them again after a pause even if nothing else arrives.
+            let retry = w.retry_after;
+            let next = async {
+                match retry {
+                    Some(d) => tokio::time::timeout(d, rx.recv()).await.unwrap_or(Some(Request::Commit)),
+                    None => rx.recv().await,
+                }
+            };
+            match next.await {
+                Some(req) => pending.push(req),
+                None => gone = true,
+            }
+        }
+        while !gone && pending.len() < max_requests {
+            match rx.try_recv() {
+                Ok(req) => pending.push(req),
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => gone = true,
+            }
+        }
+        let stop = gone || pending.iter().any(|r| matches!(r, Request::Shutdown { .. }));
+        let staged = if stop { w.engine.inbox.close(None) } else { w.engine.inbox.take() };
+        for s in staged {
+            w.append_staged(s).await;
+        }
+        let mut flushes = Vec::new();
+        let mut shutdowns = Vec::new();
+        for req in pending.drain(..) {
+            match req {
+                Request::Flush { reply } => flushes.push(reply),
+                Request::Shutdown { reply } => shutdowns.push(reply),
+                req => w.apply(req).await,
+            }
+        }
+        let committed = w.commit_dirty().await;
+        w.retry_after = match &committed {
+            Ok(()) => None,
+            Err(_) => {
+                Some(w.retry_after.map_or(Duration::from_millis(50), |d| (d * 2).min(Duration::from_secs(1))))
+            }
+        };
+        for f in flushes {
+            let _ = f.send(committed.clone().map_err(crate::error::CommitError::Storage));
+        }
+        w.side.owners.release_clean();
+        if stop {
+            // The leases go before the shutdown is answered: another process may take the
+            // groups over at once.
+            let revoking = w.side.owners.release_all();
+            let _ =
+                tokio::time::timeout(w.side.settings.request_timeout, futures::future::join_all(revoking))
+                    .await;
+            rx.close();
+            while let Ok(req) = rx.try_recv() {
+                refuse_request(req, &Closed::Shutdown);
+            }
+            for s in shutdowns {
+                let _ = s.send(Ok(()));
+            }
+            return;
+        }
+    }
+}
+
+impl Writer {
+    fn nonce(&mut self) -> u64 {
+        self.nonces += 1;
+        self.nonce_base | (self.nonces & 0xffff_ffff)
+    }
+
+    /// Carries out one request, or refuses it as unsupported.
+    async fn apply(&mut self, req: Request) {
+        match req {
+            Request::Queue(QueueRequest::Create { name, reply }) => {
+                let _ = reply.send(self.create_queue(&name).await);
+            }
+            Request::Ordered(OrderedRequest::Create { queue, group, start, reply }) => {
+                let _ = reply.send(self.create_ordered(queue, group, start).await);
+            }
+            Request::Commit => {}
+            other => {
+                let what = match &other {
+                    Request::Queue(_) => "idempotency keys",
+                    Request::Ordered(_) => "resetting a group",
+                    Request::Work(_) => "work-queue groups",
+                    Request::Retention(_) => "retention policies",
+                    Request::Settings(_) => "pausing groups",
+                    Request::WorkSettings(_) => "work-queue groups",
+                    Request::Schedule(_) => "delayed messages, idempotent submits and schedules",
+                    Request::Lifecycle(_) => "deleting and purging",
+                    Request::Kv(_) => "keyspaces",
+                    Request::Tx(_) => "transactions",
+                    _ => "this request",
+                };
+                refuse_request(other, &Closed::Unsupported(super::unsupported(what)));
+            }
+        }
+    }
+
+    async fn create_queue(&mut self, name: &str) -> Result<Arc<QueueState>, QueueError> {
+        if let Some(q) = self.engine.registry.queue(name) {
+            return Ok(q);
+        }
+        let store = &self.side.store;
+        let (meta, last) = retrying(self.side.settings.request_timeout, || store.create_queue(name)).await?;
+        let q = QueueState::new(meta.id, name, meta.first_seq, last, meta.retention);
+        q.set_dedup_window(meta.dedup_window);
+        self.engine.registry.queues.insert(q.name.clone(), q.clone());
+        tracing::debug!(queue = %name, id = meta.id, "rockq: queue created or found in etcd");
+        Ok(q)
+    }
+
+    async fn create_ordered(
+        &mut self,
+        queue: Arc<QueueState>,
+        group: String,
+        start: StartFrom,
+    ) -> Result<Arc<OrderedGroupState>, SubscribeError> {
+        let id = crate::store::group_id(&group, &queue.name);
+        if let Some(g) = self.engine.registry.ordered.get(&id) {
+            return Ok(g.clone());
+        }
+        let wrong = |existing| SubscribeError::WrongMode {
+            group: group.clone(),
+            queue: queue.name.to_string(),
+            existing,
+        };
+        let store = &self.side.store;
+        let t = self.side.settings.request_timeout;
+        let stood = match retrying(t, || store.offset(&group, &queue.name)).await? {
+            Some(o) => o,
+            None => {
+                let first = queue.first_seq.load(Ordering::SeqCst);
+                let next = retrying(t, || store.tail(queue.id)).await?.unwrap_or(first - 1) + 1;
+                let committed = match start {
+                    StartFrom::Earliest => first - 1,
+                    StartFrom::Latest => next - 1,
+                    StartFrom::Sequence(s) if (first..=next).contains(&s) => s - 1,
+                    StartFrom::Sequence(requested) => {
+                        return Err(SubscribeError::SequenceOutOfRange { requested, first, next });
+                    }
+                };
+                let offset = GroupOffset { mode: GroupMode::Ordered, committed };
+                retrying(t, || store.create_group(&group, &queue.name, offset)).await?
+            }
+        };
+        if stood.mode != GroupMode::Ordered {
+            return Err(wrong("work-queue"));
+        }
+        let g = OrderedGroupState::new(&group, queue, stood.committed);
+        self.engine.registry.ordered.insert(id, g.clone());
+        Ok(g)
+    }
+
+    /// Appends one staged round: each queue's messages in transactions of at most etcd's
+    /// limits (a send call is never split), queues side by side.
+    async fn append_staged(&mut self, mut s: Staged) {
+        if let Some(f) = self.engine.failure() {
+            s.fail(&f);
+            return;
+        }
+        self.last_stamp = self.last_stamp.max(self.engine.clock().wall_micros());
+        let now = self.last_stamp;
+        // Each send call: its queue, and its messages' byte ranges in the arena.
+        let mut calls: Vec<(usize, Vec<(usize, usize)>)> = Vec::with_capacity(s.sends.len());
+        let mut start = 0;
+        let mut next_call = s.sends.iter().peekable();
+        for (i, &(q, end)) in s.msgs.iter().enumerate() {
+            if next_call.next_if(|&&first| first as usize == i).is_some() {
+                calls.push((q as usize, Vec::new()));
+            }
+            envelope::stamp(&mut s.arena[start..end], now);
+            if let Some(call) = calls.last_mut() {
+                call.1.push((start, end));
+            }
+            start = end;
+        }
+        // Per queue: its calls, in staging order, cut into transactions.
+        let mut per_queue: Vec<Vec<usize>> = vec![Vec::new(); s.queues.len()];
+        for (c, (q, _)) in calls.iter().enumerate() {
+            per_queue[*q].push(c);
+        }
+        let mut firsts: Vec<u64> = vec![0; calls.len()];
+        let mut result: Result<(), StorageError> = Ok(());
+        for (qi, cs) in per_queue.iter().enumerate() {
+            if cs.is_empty() {
+                continue;
+            }
+            let queue = s.queues[qi].clone();
+            let mut chunk: Vec<usize> = Vec::new();
+            let (mut msgs, mut bytes) = (0, 0);
+            let mut chunks: Vec<Vec<usize>> = Vec::new();
+            for &c in cs {
+                let n = calls[c].1.len();
+                let b: usize = calls[c].1.iter().map(|(a, z)| z - a).sum();
+                if !chunk.is_empty() && (msgs + n > MAX_TXN_MESSAGES || bytes + b > MAX_TXN_BYTES) {
+                    chunks.push(std::mem::take(&mut chunk));
+                    (msgs, bytes) = (0, 0);
+                }
+                chunk.push(c);
+                msgs += n;
+                bytes += b;
+            }
+            chunks.push(chunk);
+            for chunk in chunks {
+                let envs: Vec<&[u8]> =
+                    chunk.iter().flat_map(|&c| calls[c].1.iter().map(|&(a, z)| &s.arena[a..z])).collect();
+                match self.append(&queue, &envs).await {
+                    Ok(first) => {
+                        let mut seq = first;
+                        for &c in &chunk {
+                            firsts[c] = seq;
+                            seq += calls[c].1.len() as u64;
+                        }
+                        queue.publish_max(seq - 1);
+                    }
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
+        }
+        let counters = &self.engine.counters;
+        counters.rounds.fetch_add(1, Ordering::Relaxed);
+        match result {
+            Ok(()) => {
+                counters.messages.fetch_add(s.msgs.len() as u64, Ordering::Relaxed);
+                let Staged { resolver, .. } = s;
+                resolver.resolve(Ok(firsts.into_boxed_slice()));
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "rockq: an append to etcd failed; its sends fail");
+                let Staged { resolver, .. } = s;
+                resolver.resolve(Err(SendError::Storage(e)));
+            }
+        }
+    }
+
+    /// Appends `envs` to `queue` as one transaction; returns the first sequence.
+    async fn append(&mut self, queue: &QueueState, envs: &[&[u8]]) -> Result<u64, StorageError> {
+        let store = self.side.store.clone();
+        let deadline = Instant::now() + self.side.settings.request_timeout;
+        let (mut last, mut cur_nonce) = match self.tails.get(&queue.id) {
+            Some(&t) => t,
+            None => retrying(self.side.settings.request_timeout, || store.tail_record(queue.id)).await?,
+        };
+        let nonce = self.nonce();
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            match store.append(queue.id, last, cur_nonce, nonce, envs).await {
+                Ok(Appended::Stored) => {
+                    self.tails.insert(queue.id, (last + envs.len() as u64, nonce));
+                    return Ok(last + 1);
+                }
+                Ok(Appended::Moved { last: l, nonce: n }) => {
+                    (last, cur_nonce) = (l, n);
+                }
+                Err(e) => {
+                    // The outcome is unknown: find out before anything else.
+                    loop {
+                        if Instant::now() >= deadline {
+                            self.tails.remove(&queue.id);
+                            return Err(e);
+                        }
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_millis(500));
+                        match store.resolve_append(queue.id, last, nonce).await {
+                            Ok((true, _, _)) => {
+                                self.tails.remove(&queue.id);
+                                return Ok(last + 1);
+                            }
+                            Ok((false, l, n)) => {
+                                (last, cur_nonce) = (l, n);
+                                break;
+                            }
+                            Err(_) => continue,
+                        }
+                    }
+                }
+            }
+            if Instant::now() >= deadline {
+                self.tails.remove(&queue.id);
+                return Err(StorageError::new("etcd: appending timed out under contention"));
+            }
+        }
+    }
+
+    /// Commits the ordered groups whose offsets moved (and their marks and dead letters), each
+    /// as one transaction compared with its owner key.
+    async fn commit_dirty(&mut self) -> Result<(), StorageError> {
+        let mut result = Ok(());
+        for g in self.engine.take_dirty() {
+            g.dirty.swap(false, Ordering::AcqRel);
+            if let Err(e) = self.commit_group(&g).await {
+                tracing::warn!(group = %g.name, queue = %g.queue.name, error = %e, "rockq: offset commit to etcd failed; trying again next round");
+                if g.mark() {
+                    self.engine.mark_dirty(g.clone());
+                }
+                result = Err(e);
+            }
+        }
+        result
+    }
+
+    async fn commit_group(&mut self, g: &Arc<OrderedGroupState>) -> Result<(), StorageError> {
+        let Some(owner) = self.side.owners.owner_value(g, &self.side.owner_id) else {
+            // Not held here (any more): nothing of it may be written by this process.
+            drop(std::mem::take(&mut g.records().pending));
+            return Ok(());
+        };
+        let acked = g.acked.load(Ordering::SeqCst);
+        let floor = g.records_moot_through(acked);
+        let (pending, passed) = {
+            let mut rec = g.records();
+            let passed: Vec<u64> = rec.stored.iter().copied().filter(|&s| s <= floor).collect();
+            (std::mem::take(&mut rec.pending), passed)
+        };
+        let mut marks: Vec<(u64, OrderedMark)> = Vec::new();
+        let mut redeliver = Vec::new();
+        let mut letters: Vec<(PendingLetter, Vec<u8>)> = Vec::new();
+        let mut dlq: Option<Arc<QueueState>> = None;
+        for p in pending {
+            match p {
+                PendingRecord::Failed { seq, .. } if seq <= floor => {}
+                PendingRecord::Failed { seq, deliveries, not_before_micros } => {
+                    marks.push((seq, OrderedMark::CameBack { deliveries, not_before_micros }));
+                }
+                PendingRecord::DeadLetter { msg, deliveries, reason, sub } => {
+                    let name = sub.dead_letter_queue();
+                    let q = match &dlq {
+                        Some(q) if q.name == name => q.clone(),
+                        Some(_) => {
+                            // One dead-letter queue per commit: the rest go next round.
+                            g.records().pending.push(PendingRecord::DeadLetter {
+                                msg,
+                                deliveries,
+                                reason,
+                                sub,
+                            });
+                            continue;
+                        }
+                        None => {
+                            let q = self
+                                .create_queue(&name)
+                                .await
+                                .map_err(|e| StorageError::new(e.to_string()))?;
+                            dlq = Some(q.clone());
+                            q
+                        }
+                    };
+                    drop(q);
+                    self.last_stamp = self.last_stamp.max(self.engine.clock().wall_micros());
+                    match dead_letter_envelope(g, &msg, deliveries, &reason, self.last_stamp) {
+                        Ok(env) => {
+                            marks.push((msg.seq, OrderedMark::DeadLettered { deliveries }));
+                            letters.push((PendingLetter { msg, deliveries, reason, sub }, env));
+                        }
+                        Err(e) => {
+                            tracing::error!(group = %g.name, seq = msg.seq, error = ?e, "rockq: dead-lettering failed; delivering again");
+                            redeliver.push((sub, msg, deliveries));
+                        }
+                    }
+                }
+            }
+        }
+        // Letters count their messages acknowledged: the offset passes them in this commit.
+        for (l, _) in &letters {
+            l.sub.ack(l.msg.seq);
+        }
+        let acked = g.acked.load(Ordering::SeqCst);
+        let durable = g.durable.load(Ordering::SeqCst);
+        let offset = (acked > durable).then_some(acked);
+        for (sub, msg, deliveries) in redeliver {
+            sub.redeliver(msg, deliveries);
+        }
+        // Marks the offset passes in this same commit are not needed (a dead letter's copy
+        // still goes: the offset passing its message is what its mark would have said).
+        let floor = g.records_moot_through(acked);
+        marks.retain(|(s, _)| *s > floor);
+        // One operation per key in a transaction (etcd refuses duplicates): a message that
+        // came back twice since the last commit keeps its latest count.
+        let marks: Vec<(u64, OrderedMark)> =
+            marks.into_iter().collect::<std::collections::BTreeMap<_, _>>().into_iter().collect();
+        let deletes = passed;
+        let dead_letters = match (&dlq, letters.is_empty()) {
+            (Some(q), false) => {
+                let (last, nonce) = match self.tails.get(&q.id) {
+                    Some(&t) => t,
+                    None => {
+                        let store = &self.side.store;
+                        retrying(self.side.settings.request_timeout, || store.tail_record(q.id)).await?
+                    }
+                };
+                Some((
+                    q.clone(),
+                    DeadLetterAppend {
+                        qid: q.id,
+                        expected_last: last,
+                        expected_nonce: nonce,
+                        nonce: self.nonce(),
+                        envelopes: letters.iter().map(|(_, e)| e.clone()).collect(),
+                    },
+                ))
+            }
+            _ => None,
+        };
+        let dl_meta =
+            dead_letters.as_ref().map(|(q, d)| (q.clone(), d.expected_last, d.nonce, d.envelopes.len()));
+        let commit = OrderedCommit {
+            group: &g.name,
+            queue: &g.queue.name,
+            owner: &owner,
+            offset,
+            put_marks: &marks,
+            delete_marks: &deletes,
+            dead_letters: dead_letters.map(|(_, d)| d),
+        };
+        match self.side.store.commit_ordered(commit).await {
+            Ok(CommitOutcome::TailMoved) => {
+                // Another process appended to the dead-letter queue meanwhile: nothing was
+                // written; the letters and marks go again next round, on the new tail.
+                if let Some((q, ..)) = dl_meta {
+                    self.tails.remove(&q.id);
+                }
+                let mut rec = g.records();
+                for (l, _) in letters {
+                    let PendingLetter { msg, deliveries, reason, sub } = l;
+                    rec.pending.push(PendingRecord::DeadLetter { msg, deliveries, reason, sub });
+                }
+                for (seq, m) in marks {
+                    if let OrderedMark::CameBack { deliveries, not_before_micros } = m {
+                        rec.pending.push(PendingRecord::Failed { seq, deliveries, not_before_micros });
+                    }
+                }
+                drop(rec);
+                Err(StorageError::new("etcd: the dead-letter queue moved; committing again"))
+            }
+            Ok(CommitOutcome::Done) => {
+                let mut rec = g.records();
+                for s in &deletes {
+                    rec.stored.remove(s);
+                }
+                rec.forget_through(floor);
+                for (s, m) in &marks {
+                    rec.stored.insert(*s);
+                    if matches!(m, OrderedMark::DeadLettered { .. }) {
+                        rec.dead.insert(*s);
+                    }
+                }
+                drop(rec);
+                if let Some((q, last, nonce, n)) = dl_meta {
+                    self.tails.insert(q.id, (last + n as u64, nonce));
+                    q.publish_max(last + n as u64);
+                    for (i, (l, _)) in letters.into_iter().enumerate() {
+                        tracing::warn!(queue = %g.queue.name, group = %g.name, seq = l.msg.seq, dlq = %q.name, dlq_seq = last + 1 + i as u64, reason = %l.reason, "rockq: dead-lettered");
+                        drop(l.sub);
+                    }
+                }
+                if let Some(v) = offset {
+                    let before = g.durable.fetch_max(v, Ordering::SeqCst);
+                    if v > before {
+                        g.durable_moved.notify_waiters();
+                    }
+                    self.engine.counters.offset_commits.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            }
+            Ok(CommitOutcome::Lost) => {
+                // Another process owns the group now (this one's lease lapsed): nothing was
+                // written; the subscription here ends, and the new owner delivers again what
+                // was not committed (at-least-once).
+                if let Some((q, ..)) = dl_meta {
+                    self.tails.remove(&q.id);
+                }
+                for (l, _) in letters {
+                    drop(l.sub);
+                }
+                self.side.owners.lost(g);
+                Ok(())
+            }
+            Err(e) => {
+                if let Some((q, ..)) = dl_meta {
+                    self.tails.remove(&q.id);
+                }
+                // Nothing known to be written: deliver the letters again rather than lose them.
+                for (l, _) in letters {
+                    l.sub.redeliver(l.msg, l.deliveries);
+                }
+                for (seq, m) in marks {
+                    if let OrderedMark::CameBack { deliveries, not_before_micros } = m {
+                        g.records().pending.push(PendingRecord::Failed {
+                            seq,
+                            deliveries,
+                            not_before_micros,
+                        });
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+/// A dead letter on its way, held until its commit is answered.
+struct PendingLetter {
+    msg: crate::store::RawMessage,
+    deliveries: u32,
+    reason: String,
+    sub: Arc<dyn crate::engine::registry::LiveSubscription>,
+}
+
+/// The dead-letter copy of `msg`: its payload and headers plus the `rockq-dlq-*` headers.
+fn dead_letter_envelope(
+    g: &OrderedGroupState,
+    msg: &crate::store::RawMessage,
+    deliveries: u32,
+    reason: &str,
+    now: u64,
+) -> Result<Vec<u8>, envelope::EncodeError> {
+    let mut m = msg.envelope().into_message();
+    let room = usize::from(u16::MAX) - 6;
+    m.headers.truncate(room);
+    for (k, v) in crate::model::dlq::headers(
+        &g.queue.name,
+        &g.name,
+        msg.seq,
+        deliveries,
+        reason,
+        msg.enqueued_at_micros,
+    ) {
+        m.headers.push((k.to_owned(), bytes::Bytes::from(v)));
+    }
+    envelope::encode(&m, now)
+}

@@ -1,0 +1,686 @@
+//! The etcd store (feature `etcd`): rockq's records in an etcd namespace, and the
+//! compare-and-set transactions every multi-process guarantee rests on. The only module that
+//! uses the etcd client; the engine above deals in queues, sequences and records, as with
+//! RocksDB. Layout and protocol: `docs/DISTRIBUTED.md`.
+//!
+//! Everything under the namespace prefix `N` (`<namespace>/`):
+//!
+//! | key | value |
+//! | --- | --- |
+//! | `N meta/format` | the format record (as in RocksDB's meta CF) |
+//! | `N meta/queue-id` | the next queue id, `u32` |
+//! | `N q/<name>` | queue record (same codec as RocksDB's) |
+//! | `N t/<qid u32>` | the tail: last sequence `u64` and the nonce of the append that wrote it |
+//! | `N m/<qid u32><seq u64>` | a message envelope (same codec) |
+//! | `N o/<group>:<queue>` | a group's offset (same codec) |
+//! | `N k/<group>:<queue>:<seq>` | an ordered group's mark (same codec) |
+//! | `N own/<group>:<queue>` | the owner of an ordered group, attached to an etcd lease |
+
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, PutOptions, Txn, TxnOp, WatchOptions,
+};
+
+use super::{envelope, keys, records};
+use crate::error::{CorruptionError, StorageError};
+use crate::model::{GroupMode, GroupOffset, OrderedMark, QueueMeta};
+use crate::retention::Retention;
+
+/// etcd's default `--max-txn-ops`: at most this many operations in one transaction.
+pub(crate) const MAX_TXN_OPS: usize = 128;
+/// Bytes of message values one append transaction carries at most: below etcd's default
+/// `--max-request-bytes` (1.5 MiB) with room for keys and framing.
+pub(crate) const MAX_TXN_BYTES: usize = 1024 * 1024;
+
+/// The client's error as ours (its message only: no etcd type leaves `store/`).
+fn etcd(e: etcd_client::Error) -> StorageError {
+    StorageError::new(format!("etcd: {e}"))
+}
+
+/// A connected namespace.
+#[derive(Clone)]
+pub(crate) struct EtcdStore {
+    client: Client,
+    ns: Vec<u8>,
+    /// `etcd://<first endpoint>/<namespace>`: what `Broker::path` reports.
+    pub label: String,
+}
+
+/// What the namespace holds at connect time.
+pub(crate) struct EtcdLoaded {
+    pub queues: Vec<(String, QueueMeta, u64)>,
+    pub groups: Vec<(String, String, GroupOffset)>,
+    /// The revision these were read at: the watch starts after it.
+    pub revision: i64,
+}
+
+/// Why connecting failed.
+pub(crate) enum ConnectFailure {
+    Storage(StorageError),
+    /// The namespace holds something that is not ours (or a newer format).
+    Foreign(String),
+}
+
+/// The outcome of one append transaction.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Appended {
+    /// Stored: the messages have sequences `expected_last + 1 ..`.
+    Stored,
+    /// Another process appended first: the tail is now `last`; nothing of this was stored.
+    Moved { last: u64, nonce: u64 },
+}
+
+/// A message read back: its sequence and envelope.
+pub(crate) type EtcdMessage = (u64, Vec<u8>);
+
+impl EtcdStore {
+    /// Connects to `endpoints` and checks (or creates) the namespace's format record.
+    pub async fn connect(
+        endpoints: &[String],
+        namespace: &str,
+        timeout: Duration,
+    ) -> Result<EtcdStore, ConnectFailure> {
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_timeout(timeout)
+            .with_keep_alive(Duration::from_secs(5), timeout)
+            .with_require_leader(true);
+        let client =
+            Client::connect(endpoints, Some(opts)).await.map_err(|e| ConnectFailure::Storage(etcd(e)))?;
+        let mut ns = namespace.as_bytes().to_vec();
+        ns.push(b'/');
+        let label = format!("etcd://{}/{namespace}", endpoints.first().map_or("", String::as_str));
+        let store = EtcdStore { client, ns, label };
+        store.ensure_format().await?;
+        Ok(store)
+    }
+
+    fn kv(&self) -> KvClient {
+        self.client.kv_client()
+    }
+
+    fn key(&self, kind: &[u8], rest: &[u8]) -> Vec<u8> {
+        let mut k = Vec::with_capacity(self.ns.len() + kind.len() + rest.len());
+        k.extend_from_slice(&self.ns);
+        k.extend_from_slice(kind);
+        k.extend_from_slice(rest);
+        k
+    }
+
+    fn format_key(&self) -> Vec<u8> {
+        self.key(b"meta/", keys::FORMAT_KEY)
+    }
+    fn next_id_key(&self) -> Vec<u8> {
+        self.key(b"meta/", keys::NEXT_QUEUE_ID_KEY)
+    }
+    fn queue_key(&self, name: &str) -> Vec<u8> {
+        self.key(b"q/", name.as_bytes())
+    }
+    fn tail_key(&self, qid: u32) -> Vec<u8> {
+        self.key(b"t/", &qid.to_be_bytes())
+    }
+    fn message_key(&self, qid: u32, seq: u64) -> Vec<u8> {
+        self.key(b"m/", &keys::message_key(qid, seq))
+    }
+    fn offset_key(&self, group: &str, queue: &str) -> Vec<u8> {
+        self.key(b"o/", &keys::offset_key(group, queue))
+    }
+    fn mark_prefix(&self, group: &str, queue: &str) -> Vec<u8> {
+        self.key(b"k/", &keys::ordered_prefix(group, queue))
+    }
+    fn mark_key(&self, group: &str, queue: &str, seq: u64) -> Vec<u8> {
+        keys::claim_key(&self.mark_prefix(group, queue), seq)
+    }
+    fn owner_key(&self, group: &str, queue: &str) -> Vec<u8> {
+        self.key(b"own/", &keys::offset_key(group, queue))
+    }
+
+    /// Creates the format record, or checks the one there.
+    async fn ensure_format(&self) -> Result<(), ConnectFailure> {
+        let key = self.format_key();
+        let txn = Txn::new()
+            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.clone(), records::encode_format(), None)])
+            .or_else([TxnOp::get(key.clone(), None)]);
+        let resp = self.kv().txn(txn).await.map_err(|e| ConnectFailure::Storage(etcd(e)))?;
+        if resp.succeeded() {
+            return Ok(());
+        }
+        let found = first_get(&resp).map(|kv| kv.value().to_vec()).unwrap_or_default();
+        match records::decode_format(&found) {
+            Some(records::FORMAT_VERSION) => Ok(()),
+            Some(v) => Err(ConnectFailure::Foreign(format!(
+                "namespace format version {v} is not supported (this build reads version {})",
+                records::FORMAT_VERSION
+            ))),
+            None => Err(ConnectFailure::Foreign("its format record is not rockq's".into())),
+        }
+    }
+
+    /// Every queue (with its tail) and group of the namespace, at one revision.
+    pub async fn load(&self) -> Result<EtcdLoaded, StorageError> {
+        let mut kv = self.kv();
+        let queues =
+            kv.get(self.key(b"q/", b""), Some(GetOptions::new().with_prefix())).await.map_err(etcd)?;
+        let revision = queues.header().map_or(0, |h| h.revision());
+        let at = || Some(GetOptions::new().with_prefix().with_revision(revision));
+        let tails = kv.get(self.key(b"t/", b""), at()).await.map_err(etcd)?;
+        let offsets = kv.get(self.key(b"o/", b""), at()).await.map_err(etcd)?;
+        let qprefix = self.key(b"q/", b"").len();
+        let mut last_of = std::collections::HashMap::new();
+        for t in tails.kvs() {
+            let (last, _) = decode_tail(t.key(), t.value())?;
+            let qid = t
+                .key()
+                .get(t.key().len().saturating_sub(4)..)
+                .map_or(0, |b| u32::from_be_bytes(b.try_into().unwrap_or([0; 4])));
+            last_of.insert(qid, last);
+        }
+        let mut out = EtcdLoaded { queues: Vec::new(), groups: Vec::new(), revision };
+        for q in queues.kvs() {
+            let name = std::str::from_utf8(&q.key()[qprefix..])
+                .map_err(|_| CorruptionError::new("queue", q.key(), "name is not UTF-8"))
+                .map_err(corrupt)?;
+            let meta = records::decode_queue(q.key(), q.value()).map_err(corrupt)?;
+            let last = last_of.get(&meta.id).copied().unwrap_or(meta.first_seq - 1);
+            out.queues.push((name.to_owned(), meta, last));
+        }
+        let oprefix = self.key(b"o/", b"").len();
+        for o in offsets.kvs() {
+            let (group, queue) = keys::parse_offset_key(&o.key()[oprefix..]).map_err(corrupt)?;
+            let offset = records::decode_offset(o.key(), o.value()).map_err(corrupt)?;
+            out.groups.push((group.to_owned(), queue.to_owned(), offset));
+        }
+        Ok(out)
+    }
+
+    /// The queue `name`: its record and tail, created (with the next free id) if missing.
+    pub async fn create_queue(&self, name: &str) -> Result<(QueueMeta, u64), StorageError> {
+        let mut kv = self.kv();
+        let qkey = self.queue_key(name);
+        let idkey = self.next_id_key();
+        loop {
+            let got = kv.get(qkey.clone(), None).await.map_err(etcd)?;
+            if let Some(q) = got.kvs().first() {
+                let meta = records::decode_queue(q.key(), q.value()).map_err(corrupt)?;
+                let last = self.tail(meta.id).await?.unwrap_or(meta.first_seq - 1);
+                return Ok((meta, last));
+            }
+            let ids = kv.get(idkey.clone(), None).await.map_err(etcd)?;
+            let (id, id_cmp) = match ids.kvs().first() {
+                Some(k) => {
+                    let id = u32::from_be_bytes(k.value().try_into().map_err(|_| {
+                        corrupt(CorruptionError::new("queue id", k.key(), "length is not 4"))
+                    })?);
+                    (id, Compare::mod_revision(idkey.clone(), CompareOp::Equal, k.mod_revision()))
+                }
+                None => (1, Compare::version(idkey.clone(), CompareOp::Equal, 0)),
+            };
+            if id == u32::MAX {
+                return Err(StorageError::new("no queue id left in this namespace"));
+            }
+            let meta = QueueMeta {
+                id,
+                first_seq: 1,
+                retention: Retention::default(),
+                dedup_window: crate::model::DEFAULT_DEDUP_WINDOW,
+            };
+            let txn =
+                Txn::new().when([Compare::version(qkey.clone(), CompareOp::Equal, 0), id_cmp]).and_then([
+                    TxnOp::put(qkey.clone(), records::encode_queue(&meta).to_vec(), None),
+                    TxnOp::put(idkey.clone(), (id + 1).to_be_bytes().to_vec(), None),
+                    TxnOp::put(self.tail_key(id), encode_tail(0, 0), None),
+                ]);
+            if kv.txn(txn).await.map_err(etcd)?.succeeded() {
+                return Ok((meta, 0));
+            }
+            // Another process created it, or took the id: look again.
+        }
+    }
+
+    /// The tail record of queue `qid`: (last, nonce).
+    pub async fn tail_record(&self, qid: u32) -> Result<(u64, u64), StorageError> {
+        let got = self.kv().get(self.tail_key(qid), None).await.map_err(etcd)?;
+        match got.kvs().first() {
+            Some(t) => decode_tail(t.key(), t.value()),
+            None => Err(StorageError::new(format!("queue {qid} has no tail record in etcd"))),
+        }
+    }
+
+    /// The last sequence of queue `qid` (`None` if it has no tail record).
+    pub async fn tail(&self, qid: u32) -> Result<Option<u64>, StorageError> {
+        let got = self.kv().get(self.tail_key(qid), None).await.map_err(etcd)?;
+        got.kvs().first().map(|t| decode_tail(t.key(), t.value()).map(|(l, _)| l)).transpose()
+    }
+
+    /// Appends `envelopes` to queue `qid` as sequences `expected_last + 1 ..`, if its tail is
+    /// still `expected_last`: `If value(tail) == (expected_last, any) Then Put messages, Put
+    /// tail`. `nonce` names this append (unique per process and attempt): after an error whose
+    /// outcome is unknown, [`resolve_append`](Self::resolve_append) finds out whether it was
+    /// applied. Sequences never repeat or skip: the tail only grows, and only through this.
+    pub async fn append(
+        &self,
+        qid: u32,
+        expected_last: u64,
+        expected_nonce: u64,
+        nonce: u64,
+        envelopes: &[&[u8]],
+    ) -> Result<Appended, StorageError> {
+        let tail = self.tail_key(qid);
+        let mut ops = Vec::with_capacity(envelopes.len() + 1);
+        for (i, env) in envelopes.iter().enumerate() {
+            ops.push(TxnOp::put(self.message_key(qid, expected_last + 1 + i as u64), env.to_vec(), None));
+        }
+        ops.push(TxnOp::put(tail.clone(), encode_tail(expected_last + envelopes.len() as u64, nonce), None));
+        let txn = Txn::new()
+            .when([Compare::value(
+                tail.clone(),
+                CompareOp::Equal,
+                encode_tail(expected_last, expected_nonce),
+            )])
+            .and_then(ops)
+            .or_else([TxnOp::get(tail.clone(), None)]);
+        let resp = self.kv().txn(txn).await.map_err(etcd)?;
+        if resp.succeeded() {
+            return Ok(Appended::Stored);
+        }
+        match first_get(&resp) {
+            Some(t) => {
+                let (last, nonce) = decode_tail(t.key(), t.value())?;
+                Ok(Appended::Moved { last, nonce })
+            }
+            None => Err(StorageError::new(format!("queue {qid} has no tail record in etcd"))),
+        }
+    }
+
+    /// After an append to `qid` at `expected_last` failed with an unknown outcome: whether the
+    /// message at `expected_last + 1` was written by the append named `nonce` (read from the tail
+    /// at the revision that created it), and the tail as it is now (last, nonce).
+    pub async fn resolve_append(
+        &self,
+        qid: u32,
+        expected_last: u64,
+        nonce: u64,
+    ) -> Result<(bool, u64, u64), StorageError> {
+        let mut kv = self.kv();
+        let got = kv.get(self.tail_key(qid), None).await.map_err(etcd)?;
+        let Some(t) = got.kvs().first() else {
+            return Err(StorageError::new(format!("queue {qid} has no tail record in etcd")));
+        };
+        let (last, now_nonce) = decode_tail(t.key(), t.value())?;
+        if last <= expected_last {
+            return Ok((false, last, now_nonce));
+        }
+        let first = kv.get(self.message_key(qid, expected_last + 1), None).await.map_err(etcd)?;
+        let Some(m) = first.kvs().first() else {
+            // Trimmed already: only an append that was stored can have been trimmed, but it
+            // cannot be told whose it was. Report it stored by someone else.
+            return Ok((false, last, now_nonce));
+        };
+        let then = kv
+            .get(self.tail_key(qid), Some(GetOptions::new().with_revision(m.create_revision())))
+            .await
+            .map_err(etcd)?;
+        let ours = match then.kvs().first() {
+            Some(t) => decode_tail(t.key(), t.value())?.1 == nonce,
+            None => false,
+        };
+        Ok((ours, last, now_nonce))
+    }
+
+    /// Messages `from..=to` of queue `qid`, in order, stopping after `max_bytes` of values (at
+    /// least one). Linearizable: everything an append stored before is seen.
+    pub async fn read_range(
+        &self,
+        qid: u32,
+        from: u64,
+        to: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<EtcdMessage>, StorageError> {
+        let want = (to - from + 1).min(1024);
+        // Roughly what fits: small messages in one round trip, large ones a few at a time.
+        let opts = GetOptions::new().with_range(self.message_key(qid, to + 1)).with_limit(want as i64);
+        let got = self.kv().get(self.message_key(qid, from), Some(opts)).await.map_err(etcd)?;
+        let plen = self.key(b"m/", b"").len();
+        let mut out = Vec::with_capacity(got.kvs().len());
+        let mut bytes = 0;
+        for kv in got.kvs() {
+            if !out.is_empty() && bytes + kv.value().len() > max_bytes {
+                break;
+            }
+            let (_, seq) = keys::decode_message_key(&kv.key()[plen..]).map_err(corrupt)?;
+            bytes += kv.value().len();
+            out.push((seq, kv.value().to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// The messages at `seqs` of queue `qid` that exist, in order.
+    pub async fn read_seqs(&self, qid: u32, seqs: &[u64]) -> Result<Vec<EtcdMessage>, StorageError> {
+        let ops: Vec<TxnOp> = seqs.iter().map(|&s| TxnOp::get(self.message_key(qid, s), None)).collect();
+        let mut out = Vec::with_capacity(seqs.len());
+        for chunk in ops.chunks(MAX_TXN_OPS) {
+            let resp = self.kv().txn(Txn::new().and_then(chunk.to_vec())).await.map_err(etcd)?;
+            let plen = self.key(b"m/", b"").len();
+            for r in resp.op_responses() {
+                if let etcd_client::TxnOpResponse::Get(g) = r {
+                    for kv in g.kvs() {
+                        let (_, seq) = keys::decode_message_key(&kv.key()[plen..]).map_err(corrupt)?;
+                        out.push((seq, kv.value().to_vec()));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The offset record of `group` on `queue`, if any.
+    pub async fn offset(&self, group: &str, queue: &str) -> Result<Option<GroupOffset>, StorageError> {
+        let got = self.kv().get(self.offset_key(group, queue), None).await.map_err(etcd)?;
+        got.kvs().first().map(|o| records::decode_offset(o.key(), o.value()).map_err(corrupt)).transpose()
+    }
+
+    /// Creates the offset record of `group` on `queue` at `committed` unless one exists;
+    /// returns the record that stands.
+    pub async fn create_group(
+        &self,
+        group: &str,
+        queue: &str,
+        offset: GroupOffset,
+    ) -> Result<GroupOffset, StorageError> {
+        let key = self.offset_key(group, queue);
+        let txn = Txn::new()
+            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.clone(), records::encode_offset(&offset).to_vec(), None)])
+            .or_else([TxnOp::get(key.clone(), None)]);
+        let resp = self.kv().txn(txn).await.map_err(etcd)?;
+        if resp.succeeded() {
+            return Ok(offset);
+        }
+        match first_get(&resp) {
+            Some(o) => records::decode_offset(o.key(), o.value()).map_err(corrupt),
+            None => Err(StorageError::new("group record vanished while it was created")),
+        }
+    }
+
+    /// The marks of ordered group `group` on `queue`.
+    pub async fn marks(&self, group: &str, queue: &str) -> Result<Vec<(u64, OrderedMark)>, StorageError> {
+        let prefix = self.mark_prefix(group, queue);
+        let got = self.kv().get(prefix.clone(), Some(GetOptions::new().with_prefix())).await.map_err(etcd)?;
+        let mut out = Vec::new();
+        for kv in got.kvs() {
+            let seq = kv
+                .key()
+                .get(prefix.len()..)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map(u64::from_be_bytes)
+                .ok_or_else(|| corrupt(CorruptionError::new("delivery", kv.key(), "bad sequence")))?;
+            out.push((seq, records::decode_mark(kv.key(), kv.value()).map_err(corrupt)?));
+        }
+        Ok(out)
+    }
+
+    /// Writes an ordered group's progress as its owner `owner`: the offset (if given), marks
+    /// put and deleted, and dead-letter copies appended — all in one transaction, and only
+    /// while `own/<group>:<queue>` still names `owner` (and the dead-letter queue's tail is
+    /// the one expected). Otherwise nothing is written, and the outcome says which changed.
+    pub async fn commit_ordered(&self, c: OrderedCommit<'_>) -> Result<CommitOutcome, StorageError> {
+        let mut ops = Vec::new();
+        let owner_key = self.owner_key(c.group, c.queue);
+        let mut cmps = vec![Compare::value(owner_key.clone(), CompareOp::Equal, c.owner.to_vec())];
+        if let Some(o) = c.offset {
+            let rec = GroupOffset { mode: GroupMode::Ordered, committed: o };
+            ops.push(TxnOp::put(
+                self.offset_key(c.group, c.queue),
+                records::encode_offset(&rec).to_vec(),
+                None,
+            ));
+        }
+        for (seq, mark) in c.put_marks {
+            ops.push(TxnOp::put(
+                self.mark_key(c.group, c.queue, *seq),
+                records::encode_mark(mark).to_vec(),
+                None,
+            ));
+        }
+        for seq in c.delete_marks {
+            ops.push(TxnOp::delete(self.mark_key(c.group, c.queue, *seq), None));
+        }
+        if let Some(dl) = &c.dead_letters {
+            let tail = self.tail_key(dl.qid);
+            cmps.push(Compare::value(
+                tail.clone(),
+                CompareOp::Equal,
+                encode_tail(dl.expected_last, dl.expected_nonce),
+            ));
+            for (i, env) in dl.envelopes.iter().enumerate() {
+                ops.push(TxnOp::put(
+                    self.message_key(dl.qid, dl.expected_last + 1 + i as u64),
+                    env.clone(),
+                    None,
+                ));
+            }
+            ops.push(TxnOp::put(
+                tail,
+                encode_tail(dl.expected_last + dl.envelopes.len() as u64, dl.nonce),
+                None,
+            ));
+        }
+        if ops.is_empty() {
+            return Ok(CommitOutcome::Done);
+        }
+        if ops.len() > MAX_TXN_OPS {
+            return Err(StorageError::new(format!(
+                "an ordered commit of {} operations exceeds etcd's {MAX_TXN_OPS} per transaction",
+                ops.len()
+            )));
+        }
+        let txn = Txn::new().when(cmps).and_then(ops).or_else([TxnOp::get(owner_key, None)]);
+        let resp = self.kv().txn(txn).await.map_err(etcd)?;
+        if resp.succeeded() {
+            return Ok(CommitOutcome::Done);
+        }
+        Ok(match first_get(&resp) {
+            Some(o) if o.value() == c.owner => CommitOutcome::TailMoved,
+            _ => CommitOutcome::Lost,
+        })
+    }
+
+    /// Takes ownership of ordered group `group` on `queue` for `owner`, under a new etcd lease
+    /// of `ttl`: `Some(lease)` if nobody held it, `None` if another owner does.
+    pub async fn acquire_owner(
+        &self,
+        group: &str,
+        queue: &str,
+        owner: &[u8],
+        ttl: Duration,
+    ) -> Result<Option<i64>, StorageError> {
+        let mut leases = self.client.lease_client();
+        let lease = leases.grant(ttl.as_secs().max(1) as i64, None).await.map_err(etcd)?.id();
+        let key = self.owner_key(group, queue);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key, owner.to_vec(), Some(PutOptions::new().with_lease(lease)))]);
+        match self.kv().txn(txn).await {
+            Ok(r) if r.succeeded() => Ok(Some(lease)),
+            Ok(_) => {
+                let _ = leases.revoke(lease).await;
+                Ok(None)
+            }
+            Err(e) => {
+                let _ = leases.revoke(lease).await;
+                Err(etcd(e))
+            }
+        }
+    }
+
+    /// Keeps `lease` alive until `stop` resolves or the lease is gone; then revokes it (the
+    /// owner key goes with it). Returns whether it ended by `stop` (`false`: the lease was
+    /// lost). A renewal that fails (the member went away, an election) is tried again on a new
+    /// stream; the lease counts as lost only once etcd says it expired, or no renewal got
+    /// through for a whole TTL.
+    pub async fn hold_lease(
+        &self,
+        lease: i64,
+        ttl: Duration,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> bool {
+        let client = self.client.clone();
+        let held = async move {
+            let every = (ttl / 3).max(Duration::from_millis(100));
+            let mut last_ok = tokio::time::Instant::now();
+            let mut keeper = None;
+            loop {
+                tokio::time::sleep(every).await;
+                if keeper.is_none() {
+                    keeper = client.lease_client().keep_alive(lease).await.ok();
+                }
+                let renewed = match keeper.as_mut() {
+                    Some((k, stream)) => match k.keep_alive().await {
+                        Ok(()) => match tokio::time::timeout(every, stream.message()).await {
+                            Ok(Ok(Some(r))) if r.ttl() > 0 => Some(true),
+                            // etcd answers a TTL of 0 for a lease that expired.
+                            Ok(Ok(Some(_))) => Some(false),
+                            _ => None,
+                        },
+                        Err(_) => None,
+                    },
+                    None => None,
+                };
+                match renewed {
+                    Some(true) => last_ok = tokio::time::Instant::now(),
+                    Some(false) => return,
+                    None => {
+                        keeper = None;
+                        if last_ok.elapsed() >= ttl {
+                            return;
+                        }
+                    }
+                }
+            }
+        };
+        let by_stop = tokio::select! {
+            _ = stop => true,
+            _ = held => false,
+        };
+        let _ = self.client.lease_client().revoke(lease).await;
+        by_stop
+    }
+
+    /// A stream of tail moves `(queue id, last)` after `revision`, over every queue of the
+    /// namespace. Ends (with `Err`) when the watch breaks or its start was compacted: the caller
+    /// re-reads the tails and watches again.
+    pub async fn watch_tails(
+        &self,
+        revision: i64,
+    ) -> Result<impl futures::Stream<Item = Result<Vec<(u32, u64)>, StorageError>> + use<>, StorageError>
+    {
+        let prefix = self.key(b"t/", b"");
+        let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
+        let (watcher, stream) =
+            self.client.watch_client().watch(prefix.clone(), Some(opts)).await.map_err(etcd)?;
+        let plen = prefix.len();
+        Ok(futures::stream::unfold((watcher, stream), move |(w, mut s)| async move {
+            match s.message().await {
+                Ok(Some(resp)) if resp.canceled() || resp.compact_revision() > 0 => {
+                    Some((Err(StorageError::new("etcd watch cancelled or compacted")), (w, s)))
+                }
+                Ok(Some(resp)) => {
+                    let mut moves = Vec::new();
+                    for ev in resp.events() {
+                        if let Some(kv) = ev.kv()
+                            && let Some(qid) = kv.key().get(plen..).and_then(|b| <[u8; 4]>::try_from(b).ok())
+                            && let Ok((last, _)) = decode_tail(kv.key(), kv.value())
+                        {
+                            moves.push((u32::from_be_bytes(qid), last));
+                        }
+                    }
+                    Some((Ok(moves), (w, s)))
+                }
+                Ok(None) => None,
+                Err(e) => Some((Err(etcd(e)), (w, s))),
+            }
+        }))
+    }
+
+    /// Every tail of the namespace, and the revision they were read at.
+    pub async fn tails(&self) -> Result<(Vec<(u32, u64)>, i64), StorageError> {
+        let prefix = self.key(b"t/", b"");
+        let got = self.kv().get(prefix.clone(), Some(GetOptions::new().with_prefix())).await.map_err(etcd)?;
+        let rev = got.header().map_or(0, |h| h.revision());
+        let mut out = Vec::new();
+        for kv in got.kvs() {
+            if let Some(qid) = kv.key().get(prefix.len()..).and_then(|b| <[u8; 4]>::try_from(b).ok()) {
+                out.push((u32::from_be_bytes(qid), decode_tail(kv.key(), kv.value())?.0));
+            }
+        }
+        Ok((out, rev))
+    }
+}
+
+/// What became of an [`EtcdStore::commit_ordered`].
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum CommitOutcome {
+    Done,
+    /// Another owner holds the group: nothing written.
+    Lost,
+    /// Still the owner, but the dead-letter queue's tail moved: nothing written.
+    TailMoved,
+}
+
+/// One ordered group's progress, written by its owner (see [`EtcdStore::commit_ordered`]).
+pub(crate) struct OrderedCommit<'a> {
+    pub group: &'a str,
+    pub queue: &'a str,
+    pub owner: &'a [u8],
+    pub offset: Option<u64>,
+    pub put_marks: &'a [(u64, OrderedMark)],
+    pub delete_marks: &'a [u64],
+    /// Dead-letter copies appended to a queue with the same tail compare as an append.
+    pub dead_letters: Option<DeadLetterAppend>,
+}
+
+/// Dead-letter copies for [`OrderedCommit`].
+pub(crate) struct DeadLetterAppend {
+    pub qid: u32,
+    pub expected_last: u64,
+    pub expected_nonce: u64,
+    pub nonce: u64,
+    pub envelopes: Vec<Vec<u8>>,
+}
+
+/// The tail record: last sequence and the nonce of the append that wrote it.
+fn encode_tail(last: u64, nonce: u64) -> Vec<u8> {
+    let mut v = Vec::with_capacity(16);
+    v.extend_from_slice(&last.to_be_bytes());
+    v.extend_from_slice(&nonce.to_be_bytes());
+    v
+}
+
+/// (last, nonce) of a tail record.
+pub(crate) fn decode_tail(key: &[u8], v: &[u8]) -> Result<(u64, u64), StorageError> {
+    let v: &[u8; 16] =
+        v.try_into().map_err(|_| corrupt(CorruptionError::new("tail", key, "length is not 16")))?;
+    let mut a = [0u8; 8];
+    let mut b = [0u8; 8];
+    a.copy_from_slice(&v[..8]);
+    b.copy_from_slice(&v[8..]);
+    Ok((u64::from_be_bytes(a), u64::from_be_bytes(b)))
+}
+
+fn first_get(resp: &etcd_client::TxnResponse) -> Option<etcd_client::KeyValue> {
+    resp.op_responses().into_iter().find_map(|r| match r {
+        etcd_client::TxnOpResponse::Get(g) => g.kvs().first().cloned(),
+        _ => None,
+    })
+}
+
+fn corrupt(e: CorruptionError) -> StorageError {
+    StorageError::new(e.to_string())
+}
+
+/// Decodes an envelope read from etcd (keyed like RocksDB's message key for error reports).
+pub(crate) fn decode_envelope(qid: u32, seq: u64, v: &[u8]) -> Result<envelope::Envelope, CorruptionError> {
+    envelope::decode(&keys::message_key(qid, seq), v)
+}

@@ -1,0 +1,316 @@
+//! The etcd engine against a real single-member etcd (feature `etcd`; `scripts/etcd-tests.sh`
+//! installs `etcd-server`): the same `Broker` API, its semantics as on RocksDB, several brokers
+//! sharing one namespace, and typed refusals of what the engine does not carry out yet. Each
+//! test starts its own etcd on loopback ports chosen at run time and stops it by its pid.
+
+mod common;
+#[path = "common/etcd.rs"]
+mod etcd;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use futures::StreamExt;
+use rockq::{Broker, Delivery, EtcdOptions, Message, SubscribeError, Subscription};
+
+use common::HANG_GUARD;
+
+async fn connect(cluster: &etcd::Cluster, ns: &str) -> Broker {
+    Broker::connect_etcd(cluster.endpoints(), ns, EtcdOptions::new().owner_ttl(Duration::from_secs(2)))
+        .await
+        .expect("connect to etcd")
+}
+
+async fn next(sub: &mut Subscription) -> Delivery {
+    tokio::time::timeout(HANG_GUARD, sub.next())
+        .await
+        .expect("a delivery within the hang guard")
+        .expect("the stream ended")
+        .expect("a delivery, not an error")
+}
+
+/// Subscribes, retrying while another broker's subscription still holds the group (its
+/// release is asynchronous: it commits first, then revokes its lease).
+async fn subscribe_when_free(group: &rockq::Group) -> Subscription {
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    loop {
+        match group.subscribe().await {
+            Ok(s) => return s,
+            Err(SubscribeError::AlreadySubscribed { .. }) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("subscribe: {e}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_are_delivered_in_order_and_a_new_broker_resumes_after_the_committed_offset() {
+    let cluster = etcd::Cluster::start(1).await;
+    let broker = connect(&cluster, "orders").await;
+    let q = broker.queue("q").await.unwrap();
+    for i in 0..10 {
+        assert_eq!(q.send(format!("m{i}")).await.unwrap(), i + 1);
+    }
+    let range = q.send_batch((10..30).map(|i| Message::new(format!("m{i}")))).await.unwrap();
+    assert_eq!(range, 11..=30);
+    assert_eq!(q.last_seq(), 30);
+
+    let group = q.group("g").unwrap();
+    let mut sub = group.subscribe().await.unwrap();
+    let mut unacked = Vec::new();
+    for i in 0..30u64 {
+        let d = next(&mut sub).await;
+        assert_eq!(d.seq(), i + 1);
+        assert_eq!(d.payload().as_ref(), format!("m{i}").as_bytes());
+        if i < 15 {
+            d.ack().unwrap();
+        } else {
+            unacked.push(d);
+        }
+    }
+    broker.flush().await.unwrap();
+    assert_eq!(group.committed(), Some(15));
+    drop((sub, unacked));
+    broker.shutdown().await.unwrap();
+
+    // Another broker (as another process would) starts after what was acknowledged.
+    let again = connect(&cluster, "orders").await;
+    let q = again.queue("q").await.unwrap();
+    assert_eq!(q.last_seq(), 30);
+    let mut sub = subscribe_when_free(&q.group("g").unwrap()).await;
+    assert_eq!(next(&mut sub).await.seq(), 16);
+    again.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brokers_sharing_a_namespace_get_dense_unique_sequences_and_every_message_once() {
+    let cluster = etcd::Cluster::start(1).await;
+    let a = connect(&cluster, "shared").await;
+    let b = connect(&cluster, "shared").await;
+    let mut tasks = Vec::new();
+    for (who, broker) in [("a", &a), ("b", &b)] {
+        for t in 0..4 {
+            let q = broker.queue("jobs").await.unwrap();
+            tasks.push(tokio::spawn(async move {
+                let mut seqs = Vec::new();
+                for i in 0..100 {
+                    seqs.push((q.send(format!("{who}-{t}-{i}")).await.unwrap(), format!("{who}-{t}-{i}")));
+                }
+                seqs
+            }));
+        }
+    }
+    let mut sent = Vec::new();
+    for t in tasks {
+        sent.extend(t.await.unwrap());
+    }
+    let seqs: BTreeSet<u64> = sent.iter().map(|(s, _)| *s).collect();
+    assert_eq!(seqs.len(), 800, "a sequence was handed out twice");
+    assert_eq!(
+        seqs.iter().copied().collect::<Vec<_>>(),
+        (1..=800).collect::<Vec<_>>(),
+        "holes in the sequence"
+    );
+
+    // One subscriber reads each message once, at the sequence its send returned.
+    let q = b.queue("jobs").await.unwrap();
+    let mut sub = q.group("reader").unwrap().subscribe().await.unwrap();
+    let mut by_seq = std::collections::HashMap::new();
+    for _ in 0..800 {
+        let d = next(&mut sub).await;
+        by_seq.insert(d.seq(), String::from_utf8(d.payload().to_vec()).unwrap());
+        d.ack().unwrap();
+    }
+    for (seq, payload) in &sent {
+        assert_eq!(by_seq.get(seq), Some(payload), "message {seq} is not what its send wrote");
+    }
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_wakes_on_another_brokers_send_without_polling() {
+    let cluster = etcd::Cluster::start(1).await;
+    let a = connect(&cluster, "wake").await;
+    let b = connect(&cluster, "wake").await;
+    let qb = b.queue("q").await.unwrap();
+    let mut sub = qb.group("g").unwrap().subscribe().await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let d = next(&mut sub).await;
+        (d.seq(), d.payload().clone())
+    });
+    let qa = a.queue("q").await.unwrap();
+    assert_eq!(qa.send("from a").await.unwrap(), 1);
+    let (seq, payload) = waiting.await.unwrap();
+    assert_eq!((seq, payload.as_ref()), (1, b"from a".as_ref()));
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ordered_group_has_one_active_subscriber_across_brokers_and_hands_over_its_offset() {
+    let cluster = etcd::Cluster::start(1).await;
+    let a = connect(&cluster, "one").await;
+    let b = connect(&cluster, "one").await;
+    let qa = a.queue("q").await.unwrap();
+    qa.send_batch((1..=10).map(|i| Message::new(format!("{i}")))).await.unwrap();
+    let mut sub_a = qa.group("g").unwrap().subscribe().await.unwrap();
+    let qb = b.queue("q").await.unwrap();
+    let gb = qb.group("g").unwrap();
+    match gb.subscribe().await {
+        Err(SubscribeError::AlreadySubscribed { group, queue }) => {
+            assert_eq!((group.as_str(), queue.as_str()), ("g", "q"))
+        }
+        other => panic!("expected AlreadySubscribed, got {:?}", other.map(|_| ())),
+    }
+    for _ in 0..4 {
+        next(&mut sub_a).await.ack().unwrap();
+    }
+    // The fifth is delivered and dropped unacknowledged: it goes to the next owner.
+    drop(next(&mut sub_a).await);
+    drop(sub_a);
+    let mut sub_b = subscribe_when_free(&gb).await;
+    let d = next(&mut sub_b).await;
+    assert_eq!(d.seq(), 5, "the next owner starts after what the last one acknowledged");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivery_counts_and_dead_letters_work_as_embedded() {
+    let cluster = etcd::Cluster::start(1).await;
+    let broker = connect(&cluster, "poison").await;
+    let q = broker.queue("q").await.unwrap();
+    q.send("poison").await.unwrap();
+    q.send("fine").await.unwrap();
+    let group = q.group("g").unwrap().max_deliveries(2).dead_letter_queue("q-dlq");
+    let mut sub = group.subscribe().await.unwrap();
+    let first = next(&mut sub).await;
+    assert_eq!((first.seq(), first.delivery_count()), (1, 1));
+    first.nack();
+    let second = next(&mut sub).await;
+    assert_eq!((second.seq(), second.delivery_count()), (1, 2));
+    second.nack();
+    // Used up: dead-lettered, and the stream goes on with the next.
+    let fine = next(&mut sub).await;
+    assert_eq!(fine.payload().as_ref(), b"fine");
+    fine.ack().unwrap();
+    broker.flush().await.unwrap();
+    assert_eq!(q.group("g").unwrap().committed(), Some(2), "the offset passes the dead letter");
+
+    let dlq = broker.queue("q-dlq").await.unwrap();
+    let mut dsub = dlq.group("inspect").unwrap().subscribe().await.unwrap();
+    let letter = next(&mut dsub).await;
+    assert_eq!(letter.payload().as_ref(), b"poison");
+    assert_eq!(letter.header("rockq-dlq-seq").map(|v| v.as_ref()), Some(b"1".as_ref()));
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nacked_counts_survive_a_handover_to_another_broker() {
+    let cluster = etcd::Cluster::start(1).await;
+    let a = connect(&cluster, "counts").await;
+    let q = a.queue("q").await.unwrap();
+    q.send("x").await.unwrap();
+    let mut sub = q.group("g").unwrap().max_deliveries(3).subscribe().await.unwrap();
+    next(&mut sub).await.nack();
+    next(&mut sub).await.nack();
+    drop(sub);
+    a.shutdown().await.unwrap();
+    let b = connect(&cluster, "counts").await;
+    let q = b.queue("q").await.unwrap();
+    let mut sub = subscribe_when_free(&q.group("g").unwrap().max_deliveries(3)).await;
+    let d = next(&mut sub).await;
+    assert_eq!(d.delivery_count(), 3, "the count the last owner persisted");
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_changes_nothing() {
+    let cluster = etcd::Cluster::start(1).await;
+    let broker = connect(&cluster, "refused").await;
+    let q = broker.queue("q").await.unwrap();
+    let is_etcd = |u: Option<&rockq::UnsupportedError>| u.is_some_and(|u| u.engine() == "etcd");
+
+    let e = rockq::Error::from(
+        q.submit(Message::new("later").deliver_after(Duration::from_secs(5))).await.unwrap_err(),
+    );
+    assert!(is_etcd(e.unsupported()), "delay: {e}");
+    let e = rockq::Error::from(q.send(Message::new("k").idempotency_key("once")).await.unwrap_err());
+    assert!(is_etcd(e.unsupported()), "idempotency key: {e}");
+    let e =
+        rockq::Error::from(q.send_batch((0..200).map(|i| Message::new(format!("{i}")))).await.unwrap_err());
+    assert!(is_etcd(e.unsupported()), "oversized batch: {e}");
+    let e = rockq::Error::from(q.work_group("w").unwrap().subscribe().await.unwrap_err());
+    assert!(is_etcd(e.unsupported()), "work group: {e}");
+    let e = rockq::Error::from(broker.kv("accounts").await.unwrap_err());
+    assert!(is_etcd(e.unsupported()), "keyspace: {e}");
+    let e = rockq::Error::from(broker.transaction().commit().await.unwrap_err());
+    assert!(is_etcd(e.unsupported()), "transaction: {e}");
+    let e = rockq::Error::from(q.set_retention(rockq::Retention::MaxLen(5)).await.unwrap_err());
+    assert!(is_etcd(e.unsupported()), "retention: {e}");
+    let e = rockq::Error::from(broker.trim().await.unwrap_err());
+    assert!(is_etcd(e.unsupported()), "trim: {e}");
+    let e = rockq::Error::from(broker.delete_queue("q").await.unwrap_err());
+    assert!(is_etcd(e.unsupported()), "delete: {e}");
+    let e = rockq::Error::from(broker.pause_group("q", "g").await.unwrap_err());
+    assert!(
+        is_etcd(e.unsupported()) || matches!(e, rockq::Error::Pause(rockq::PauseError::NoSuchGroup { .. })),
+        "pause: {e}"
+    );
+    let e = rockq::Error::from(broker.peek("q", None, 10).await.unwrap_err());
+    assert!(is_etcd(e.unsupported()), "peek: {e}");
+    let opts = EtcdOptions::new().options(rockq::Options::new().durability(rockq::Durability::Buffered));
+    match Broker::connect_etcd(cluster.endpoints(), "refused", opts).await {
+        Err(rockq::OpenError::Unsupported(u)) => assert_eq!(u.engine(), "etcd"),
+        other => panic!("Buffered must be refused, got {:?}", other.map(|_| ())),
+    }
+
+    // Nothing of it landed: the queue is as it was, and still works.
+    let stats = broker.stats().await.unwrap();
+    assert_eq!(stats.queues.iter().map(|q| (q.name.as_str(), q.len)).collect::<Vec<_>>(), [("q", 0)]);
+    assert!(stats.groups.is_empty(), "no group was created: {:?}", stats.groups);
+    assert_eq!(q.send("still works").await.unwrap(), 1);
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_show_the_namespace_as_every_broker_left_it() {
+    let cluster = etcd::Cluster::start(1).await;
+    let a = connect(&cluster, "stats").await;
+    let b = connect(&cluster, "stats").await;
+    a.queue("one").await.unwrap().send_batch(["1", "2", "3"].map(Message::new)).await.unwrap();
+    let q = b.queue("two").await.unwrap();
+    q.send("x").await.unwrap();
+    let mut sub = q.group("g").unwrap().subscribe().await.unwrap();
+    next(&mut sub).await.ack().unwrap();
+    b.flush().await.unwrap();
+    // `a` never opened "two" and never saw the group: stats come from etcd.
+    let stats = a.stats().await.unwrap();
+    let queues: Vec<_> =
+        stats.queues.iter().map(|q| (q.name.as_str(), q.first_seq, q.last_seq, q.len)).collect();
+    assert_eq!(queues, [("one", 1, 3, 3), ("two", 1, 1, 1)]);
+    let groups: Vec<_> =
+        stats.groups.iter().map(|g| (g.queue.as_str(), g.group.as_str(), g.committed, g.lag)).collect();
+    assert_eq!(groups, [("two", "g", 1, 0)]);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_holding_something_else_is_refused_and_left_untouched() {
+    let cluster = etcd::Cluster::start(1).await;
+    let mut client = cluster.client().await;
+    client.put("alien/meta/format", "not ours", None).await.unwrap();
+    match Broker::connect_etcd(cluster.endpoints(), "alien", EtcdOptions::new()).await {
+        Err(rockq::OpenError::NotRockq { reason, .. }) => assert!(reason.contains("format"), "{reason}"),
+        other => panic!("expected NotRockq, got {:?}", other.map(|_| ())),
+    }
+    let left = client.get("alien/", Some(etcd_client::GetOptions::new().with_prefix())).await.unwrap();
+    assert_eq!(left.kvs().len(), 1, "nothing was written into a foreign namespace");
+    match Broker::connect_etcd(cluster.endpoints(), "bad name!", EtcdOptions::new()).await {
+        Err(rockq::OpenError::InvalidOption(_)) => {}
+        other => panic!("expected InvalidOption, got {:?}", other.map(|_| ())),
+    }
+}
