@@ -12,4 +12,4 @@ ROCKQ_NEED_ETCD=1 source scripts/bootstrap.sh
 features="cli,postcard,tower,web,etcd"
 cargo test --all-targets --features "$features" "$@"
 cargo test --doc --features "$features" "$@"
-cargo test --features failpoints --test faults "$@"
+cargo test --features failpoints,etcd --test faults --test etcd_faults "$@"

@@ -4,7 +4,8 @@
 //! Points: `rockq-writer-write` (the round's WriteBatch), `rockq-syncer-sync` (the pipelined WAL
 //! sync under `Fsync`), `rockq-read` (a consumer's batch read), `rockq-trim-queued` (a
 //! retention pass has queued a trim with the writer: a test's callback learns the order of
-//! requests).
+//! requests), `rockq-etcd-append-request` and `rockq-etcd-append-answer` (the etcd engine's
+//! append transaction is lost before it is sent, or its answer is lost after it was applied).
 
 use crate::error::StorageError;
 

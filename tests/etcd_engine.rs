@@ -314,3 +314,24 @@ async fn a_namespace_holding_something_else_is_refused_and_left_untouched() {
         other => panic!("expected InvalidOption, got {:?}", other.map(|_| ())),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_another_broker_creates_is_registered_here_through_the_watch() {
+    let cluster = etcd::Cluster::start(1).await;
+    let a = connect(&cluster, "names").await;
+    let b = connect(&cluster, "names").await;
+    assert!(a.queue_names().is_empty());
+    b.queue("late").await.unwrap().send("x").await.unwrap();
+    // `a` never asked for it: the watch sees the new queue's tail and registers it.
+    tokio::time::timeout(HANG_GUARD, async {
+        while a.get_queue("late").is_none() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("registered within the hang guard");
+    assert_eq!(a.queue_names(), ["late"]);
+    assert_eq!(a.get_queue("late").unwrap().last_seq(), 1);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}

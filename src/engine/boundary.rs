@@ -35,7 +35,7 @@
 pub(crate) use super::completion::Resolver;
 pub(crate) use super::completion::{Completion, staged_sent};
 #[cfg(feature = "etcd")]
-pub(crate) use super::etcd::{EtcdSettings, connect as connect_etcd};
+pub(crate) use super::etcd::{EtcdSettings, connect::connect as connect_etcd};
 pub(crate) use super::inspect::{
     ReadOnly, live_peek, live_pending, live_scheduled, live_schedules, live_stats,
 };

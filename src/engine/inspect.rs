@@ -417,7 +417,7 @@ async fn on_store<T: Send + 'static>(
 pub(crate) async fn live_stats(shared: &Arc<Shared>) -> Result<Stats, InspectError> {
     #[cfg(feature = "etcd")]
     if let Some(side) = &shared.engine.etcd {
-        return super::etcd::stats(shared, side).await;
+        return super::etcd::stats::stats(shared, side).await;
     }
     let live = live_leases(&shared.engine, None);
     let mut stats = on_store(shared, move |s, now| self::stats(s, now, &live)).await?;

@@ -69,6 +69,30 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
+    /// An engine over `store` with the registry it loaded, nothing staged or dirty yet.
+    pub fn new(
+        store: Store,
+        registry: Registry,
+        options: Options,
+        timer: Arc<timer::Timer>,
+        events: usize,
+    ) -> Self {
+        Engine {
+            store,
+            inbox: Inbox::new(options.channel_capacity, options.max_batch_messages, options.max_batch_bytes),
+            registry,
+            options,
+            dirty: Mutex::new(Vec::new()),
+            dirty_work: Mutex::new(Vec::new()),
+            failed: Mutex::new(None),
+            counters: Counters::default(),
+            events: tokio::sync::broadcast::channel(events).0,
+            timer,
+            #[cfg(feature = "etcd")]
+            etcd: None,
+        }
+    }
+
     /// Broadcasts an event if anyone listens (building one is cheap; sending locks).
     pub fn emit(&self, event: impl FnOnce() -> Event) {
         if self.events.receiver_count() > 0 {

@@ -7,11 +7,10 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 
-use super::inbox::Inbox;
 use super::registry::{OrderedGroupState, QueueState, Registry, WorkGroupState};
 use super::shared::Shared;
 use super::timer::Timer;
-use super::{Counters, Engine, inspect, retention, writer};
+use super::{Engine, inspect, retention, writer};
 use crate::error::{CorruptionError, OpenError};
 use crate::model::GroupMode;
 use crate::options::Options;
@@ -36,20 +35,7 @@ pub(crate) async fn open(path: &Path, options: Options) -> Result<Arc<Shared>, O
         }
     };
 
-    let engine = Arc::new(Engine {
-        store,
-        inbox: Inbox::new(options.channel_capacity, options.max_batch_messages, options.max_batch_bytes),
-        registry,
-        options: options.clone(),
-        dirty: Mutex::new(Vec::new()),
-        dirty_work: Mutex::new(Vec::new()),
-        failed: Mutex::new(None),
-        counters: Counters::default(),
-        events: tokio::sync::broadcast::channel(4096).0,
-        timer: timer.clone(),
-        #[cfg(feature = "etcd")]
-        etcd: None,
-    });
+    let engine = Arc::new(Engine::new(store, registry, options.clone(), timer.clone(), 4096));
     for g in stale {
         engine.mark_dirty(g);
     }
@@ -93,20 +79,7 @@ pub(crate) fn without_writer(path: &Path, options: Options) -> Arc<Engine> {
     let (store, loaded) = store::open(path, &options).expect("open a test store");
     let timer = Arc::new(Timer::new(loaded.first_due, loaded.next_scheduled_id));
     let (registry, _) = restore(loaded, &options).expect("restore the registry");
-    Arc::new(Engine {
-        store,
-        inbox: Inbox::new(options.channel_capacity, options.max_batch_messages, options.max_batch_bytes),
-        registry,
-        options,
-        dirty: Mutex::new(Vec::new()),
-        dirty_work: Mutex::new(Vec::new()),
-        failed: Mutex::new(None),
-        counters: Counters::default(),
-        events: tokio::sync::broadcast::channel(16).0,
-        timer,
-        #[cfg(feature = "etcd")]
-        etcd: None,
-    })
+    Arc::new(Engine::new(store, registry, options, timer, 16))
 }
 
 /// The registry as the store loaded it, and the ordered groups whose marks found at open are

@@ -50,7 +50,7 @@ pub(crate) struct Shared {
 #[derive(Default)]
 pub(crate) struct OwnerHold {
     #[cfg(feature = "etcd")]
-    _release: Option<super::etcd::OwnerRelease>,
+    _release: Option<super::etcd::owner::OwnerRelease>,
 }
 
 /// The shared outcome of the shutdown task.
@@ -178,7 +178,7 @@ impl Shared {
     ) -> Result<OwnerHold, crate::error::SubscribeError> {
         #[cfg(feature = "etcd")]
         if let Some(side) = &self.engine.etcd {
-            let release = super::etcd::owner_acquire(side, group, self.tx.clone()).await?;
+            let release = super::etcd::owner::acquire(side, group, self.tx.clone()).await?;
             return Ok(OwnerHold { _release: Some(release) });
         }
         let _ = group;

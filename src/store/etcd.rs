@@ -281,7 +281,11 @@ impl EtcdStore {
             )])
             .and_then(ops)
             .or_else([TxnOp::get(tail.clone(), None)]);
+        // Tests lose the request (not applied) or its answer (applied): either way the caller
+        // sees an error whose outcome it must find out.
+        crate::faults::check("rockq-etcd-append-request")?;
         let resp = self.kv().txn(txn).await.map_err(etcd)?;
+        crate::faults::check("rockq-etcd-append-answer")?;
         if resp.succeeded() {
             return Ok(Appended::Stored);
         }

@@ -1,3 +1,4 @@
+#![allow(dead_code)] // each test file uses part of the harness
 //! A real etcd for tests (feature `etcd`): one member or three, started from the installed
 //! `etcd` binary (Debian's `etcd-server`; `scripts/etcd-tests.sh` installs it) on loopback ports
 //! chosen now, data in a temp dir, every process stopped by its pid when the cluster is

@@ -13,30 +13,20 @@
 //! - reads (`Shared::read_range`, `read_seqs`) become ranged `Get`s, run on the blocking pool
 //!   like the RocksDB reads.
 
-mod owner;
-mod stats;
+pub(crate) mod connect;
+pub(crate) mod owner;
+pub(crate) mod stats;
 mod watch;
 mod writer;
 
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
-
-use super::inbox::Inbox;
-use super::registry::{OrderedGroupState, QueueState, Registry};
-use super::shared::Shared;
-use super::timer::Timer;
-use super::{Counters, Engine};
-use crate::error::{OpenError, ReceiveError, UnsupportedError};
-use crate::model::GroupMode;
-use crate::options::{Durability, Options};
-use crate::store::etcd::{ConnectFailure, EtcdStore};
-use crate::store::{RawMessage, ReadOutcome, Store};
-
-pub(crate) use owner::{OwnerRelease, acquire as owner_acquire};
-pub(crate) use stats::stats;
+use super::Engine;
+use super::registry::QueueState;
+use crate::error::{ReceiveError, UnsupportedError};
+use crate::store::etcd::EtcdStore;
+use crate::store::{RawMessage, ReadOutcome};
 
 /// The engine name in `Unsupported` errors.
 pub(crate) const ENGINE: &str = "etcd";
@@ -62,91 +52,6 @@ pub(crate) struct EtcdSide {
     /// This process's owner id (written into owner keys).
     pub owner_id: Vec<u8>,
     pub owners: owner::Owners,
-}
-
-/// Connects to the namespace and starts the engine on the current runtime.
-pub(crate) async fn connect(
-    endpoints: &[String],
-    namespace: &str,
-    options: Options,
-    settings: EtcdSettings,
-) -> Result<Arc<Shared>, OpenError> {
-    let runtime = tokio::runtime::Handle::try_current().map_err(|_| OpenError::NoRuntime)?;
-    if options.durability != Durability::Fsync {
-        return Err(OpenError::Unsupported(unsupported(
-            "Durability::Buffered (every etcd write is a quorum write)",
-        )));
-    }
-    crate::name::validate(crate::error::NameKind::Queue, namespace)
-        .map_err(|e| OpenError::InvalidOption(format!("etcd namespace: {e}")))?;
-    if endpoints.is_empty() {
-        return Err(OpenError::InvalidOption("no etcd endpoint given".into()));
-    }
-    let store =
-        EtcdStore::connect(endpoints, namespace, settings.request_timeout).await.map_err(|e| match e {
-            ConnectFailure::Storage(s) => OpenError::Storage(s),
-            ConnectFailure::Foreign(reason) => {
-                OpenError::NotRockq { path: format!("etcd namespace {namespace:?}").into(), reason }
-            }
-        })?;
-    let loaded = retrying(settings.request_timeout, || store.load()).await?;
-    let registry = Registry::default();
-    for (name, meta, last) in &loaded.queues {
-        let q = QueueState::new(meta.id, name, meta.first_seq, *last, meta.retention);
-        q.set_dedup_window(meta.dedup_window);
-        registry.queues.insert(q.name.clone(), q);
-    }
-    for (group, queue, offset) in &loaded.groups {
-        let Some(q) = registry.queue(queue) else { continue };
-        let id = crate::store::group_id(group, queue);
-        match offset.mode {
-            GroupMode::Ordered => {
-                registry.ordered.insert(id, OrderedGroupState::new(group, q, offset.committed));
-            }
-            // Work-queue groups are not carried out yet: not registered, refused on subscribe.
-            GroupMode::WorkQueue => {}
-        }
-    }
-    let owner_id = format!("{}-{}-{:016x}", hostname(), std::process::id(), fastrand::u64(..)).into_bytes();
-    let side =
-        Arc::new(EtcdSide { store: store.clone(), settings, owner_id, owners: owner::Owners::default() });
-    let label = std::path::PathBuf::from(&store.label);
-    let engine = Arc::new(Engine {
-        store: Store::detached(label),
-        inbox: Inbox::new(options.channel_capacity, options.max_batch_messages, options.max_batch_bytes),
-        registry,
-        options: options.clone(),
-        dirty: Mutex::new(Vec::new()),
-        dirty_work: Mutex::new(Vec::new()),
-        failed: Mutex::new(None),
-        counters: Counters::default(),
-        events: tokio::sync::broadcast::channel(4096).0,
-        timer: Arc::new(Timer::new(None, 0)),
-        etcd: Some(side.clone()),
-    });
-    tracing::info!(store = %store.label, queues = engine.registry.queues.len(), "rockq: connected to etcd");
-    let (tx, rx) = mpsc::channel(options.channel_capacity);
-    let shared = Arc::new(Shared {
-        engine: engine.clone(),
-        tx,
-        closed: AtomicBool::new(false),
-        runtime: runtime.clone(),
-        writer: Mutex::new(None),
-        closing: tokio_util::sync::CancellationToken::new(),
-        stopped: tokio_util::sync::CancellationToken::new(),
-        pools: tokio_util::task::TaskTracker::new(),
-        shutdown: Mutex::new(None),
-    });
-    let stop = shared.stopped.clone();
-    runtime.spawn(watch::run(Arc::downgrade(&engine), side.clone(), loaded.revision, stop));
-    runtime.spawn(writer::run(engine, side, rx));
-    Ok(shared)
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "host".into())
 }
 
 impl EtcdSide {
@@ -259,4 +164,24 @@ where
             }
         }
     }
+}
+
+/// Registers queue `name` unless it is (the writer creating it, or the watch seeing another
+/// process's): whoever comes second gets the state already there, so every handle of one
+/// queue shares one state.
+pub(crate) fn register_queue(
+    engine: &Engine,
+    name: &str,
+    meta: &crate::model::QueueMeta,
+    last: u64,
+) -> Arc<QueueState> {
+    let entry = engine.registry.queues.entry(Arc::from(name)).or_insert_with(|| {
+        let q = QueueState::new(meta.id, name, meta.first_seq, last, meta.retention);
+        q.set_dedup_window(meta.dedup_window);
+        q
+    });
+    let q = entry.value().clone();
+    drop(entry);
+    q.publish_max(last);
+    q
 }

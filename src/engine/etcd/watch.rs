@@ -30,7 +30,12 @@ pub(super) async fn run(
                     match next {
                         Some(Ok(moves)) => {
                             let Some(engine) = engine.upgrade() else { return };
-                            publish(&engine, &moves);
+                            if !publish(&engine, &moves) {
+                                // A queue another process created: register it, so that
+                                // `queue_names` and subscriptions here see it.
+                                register_new(&engine, &side).await;
+                                publish(&engine, &moves);
+                            }
                         }
                         Some(Err(e)) => {
                             tracing::debug!(error = %e, "rockq: etcd watch broke; re-reading tails");
@@ -47,7 +52,10 @@ pub(super) async fn run(
             match side.store.tails().await {
                 Ok((tails, rev)) => {
                     let Some(engine) = engine.upgrade() else { return };
-                    publish(&engine, &tails);
+                    if !publish(&engine, &tails) {
+                        register_new(&engine, &side).await;
+                        publish(&engine, &tails);
+                    }
                     revision = rev;
                     break;
                 }
@@ -62,10 +70,26 @@ pub(super) async fn run(
     }
 }
 
-fn publish(engine: &Engine, moves: &[(u32, u64)]) {
+/// Publishes each tail to its queue; false if some queue is not registered here.
+fn publish(engine: &Engine, moves: &[(u32, u64)]) -> bool {
+    let mut all = true;
     for &(qid, last) in moves {
-        if let Some(q) = engine.registry.queues.iter().find(|q| q.id == qid) {
-            q.publish_max(last);
+        match engine.registry.queues.iter().find(|q| q.id == qid) {
+            Some(q) => q.publish_max(last),
+            None => all = false,
         }
+    }
+    all
+}
+
+/// Registers the namespace's queues this process does not know yet.
+async fn register_new(engine: &Engine, side: &EtcdSide) {
+    match side.store.load().await {
+        Ok(loaded) => {
+            for (name, meta, last) in &loaded.queues {
+                super::register_queue(engine, name, meta, *last);
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "rockq: could not read the namespace's queues"),
     }
 }

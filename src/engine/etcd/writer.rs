@@ -172,9 +172,7 @@ impl Writer {
         }
         let store = &self.side.store;
         let (meta, last) = retrying(self.side.settings.request_timeout, || store.create_queue(name)).await?;
-        let q = QueueState::new(meta.id, name, meta.first_seq, last, meta.retention);
-        q.set_dedup_window(meta.dedup_window);
-        self.engine.registry.queues.insert(q.name.clone(), q.clone());
+        let q = super::register_queue(&self.engine, name, &meta, last);
         tracing::debug!(queue = %name, id = meta.id, "rockq: queue created or found in etcd");
         Ok(q)
     }
