@@ -6,3 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROCKQ_NEED_ETCD=1 source scripts/bootstrap.sh
 cargo test --features etcd --test etcd_primitives --test etcd_engine --test etcd_cluster "$@" -- --nocapture
+./scripts/etcd-semantics.sh "$@"

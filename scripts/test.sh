@@ -13,3 +13,5 @@ features="cli,postcard,tower,web,etcd"
 cargo test --all-targets --features "$features" "$@"
 cargo test --doc --features "$features" "$@"
 cargo test --features failpoints,etcd --test faults --test etcd_faults "$@"
+# The ordered-group semantics suites again, unchanged, against a real single-member etcd.
+ROCKQ_FEATURES="$features" ./scripts/etcd-semantics.sh "$@"

@@ -492,25 +492,26 @@ impl EtcdStore {
     }
 
     /// Takes ownership of ordered group `group` on `queue` for `owner`, under a new etcd lease
-    /// of `ttl`: `Some(lease)` if nobody held it, `None` if another owner does.
+    /// of `ttl`: `Ok(lease)` if nobody held it, `Err(holder)` with the owner id that does.
     pub async fn acquire_owner(
         &self,
         group: &str,
         queue: &str,
         owner: &[u8],
         ttl: Duration,
-    ) -> Result<Option<i64>, StorageError> {
+    ) -> Result<Result<i64, Vec<u8>>, StorageError> {
         let mut leases = self.client.lease_client();
         let lease = leases.grant(ttl.as_secs().max(1) as i64, None).await.map_err(etcd)?.id();
         let key = self.owner_key(group, queue);
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key, owner.to_vec(), Some(PutOptions::new().with_lease(lease)))]);
+            .and_then([TxnOp::put(key.clone(), owner.to_vec(), Some(PutOptions::new().with_lease(lease)))])
+            .or_else([TxnOp::get(key, None)]);
         match self.kv().txn(txn).await {
-            Ok(r) if r.succeeded() => Ok(Some(lease)),
-            Ok(_) => {
+            Ok(r) if r.succeeded() => Ok(Ok(lease)),
+            Ok(r) => {
                 let _ = leases.revoke(lease).await;
-                Ok(None)
+                Ok(Err(first_get(&r).map(|kv| kv.value().to_vec()).unwrap_or_default()))
             }
             Err(e) => {
                 let _ = leases.revoke(lease).await;

@@ -23,6 +23,10 @@ pub async fn open(path: &Path) -> Broker {
 /// Test brokers run retention only when a test asks (`Broker::trim`), so that no background
 /// pass races a test's expectations.
 pub async fn open_with(path: &Path, durability: Durability) -> Broker {
+    #[cfg(feature = "etcd")]
+    if let Some(b) = on_etcd(path, Options::new()).await {
+        return b;
+    }
     Options::new()
         .durability(durability)
         .retention_interval(Duration::ZERO)
@@ -96,6 +100,10 @@ pub async fn reopen_after_drop_mode(path: &Path, mode: Durability) -> Broker {
 
 /// [`reopen_after_drop`] with `options()` (background tasks off, as everywhere in the tests).
 pub async fn reopen_after_drop_with(path: &Path, options: impl Fn() -> Options) -> Broker {
+    #[cfg(feature = "etcd")]
+    if let Some(b) = on_etcd(path, options()).await {
+        return b;
+    }
     let deadline = std::time::Instant::now() + HANG_GUARD;
     loop {
         let opened =
@@ -118,6 +126,10 @@ pub async fn open_clock(path: &Path, clock: &rockq::ManualClock) -> Broker {
 
 /// Opens a broker in `mode` whose leases, backoff and delays run on `clock`.
 pub async fn open_clock_mode(path: &Path, clock: &rockq::ManualClock, mode: Durability) -> Broker {
+    #[cfg(feature = "etcd")]
+    if let Some(b) = on_etcd(path, Options::new().clock(clock.clone())).await {
+        return b;
+    }
     Options::new()
         .durability(mode)
         .clock(clock.clone())
@@ -164,4 +176,26 @@ pub fn corrupt_message(path: &Path, queue_id: u32, seq: u64, value: &[u8]) {
     let mut key = queue_id.to_be_bytes().to_vec();
     key.extend_from_slice(&seq.to_be_bytes());
     db.put_cf(messages, key, value).unwrap();
+}
+
+/// The semantics suites on etcd (`scripts/etcd-semantics.sh`): with `ROCKQ_TEST_ETCD` set to an
+/// etcd endpoint, a test's "database at `path`" is the namespace named after `path`, so that
+/// opening the same path again (a restart) connects to the same namespace, and every test has
+/// its own. Durability is the cluster's quorum write (`Buffered` is not carried out there).
+#[cfg(feature = "etcd")]
+async fn on_etcd(path: &Path, options: Options) -> Option<Broker> {
+    use std::hash::{Hash, Hasher};
+    let endpoints = std::env::var("ROCKQ_TEST_ETCD").ok()?;
+    let mut h = std::hash::DefaultHasher::new();
+    path.hash(&mut h);
+    let namespace = format!("t{:016x}", h.finish());
+    let options = options
+        .durability(Durability::Fsync)
+        .retention_interval(Duration::ZERO)
+        .metrics_interval(Duration::ZERO);
+    let opts = rockq::EtcdOptions::new().options(options).owner_ttl(Duration::from_secs(2));
+    let endpoints: Vec<String> = endpoints.split(',').map(str::to_owned).collect();
+    // A broker just dropped may still hold an ordered group's lease for a moment: its release
+    // commits first, then revokes. Connecting never waits for that; subscribing does.
+    Some(Broker::connect_etcd(endpoints, &namespace, opts).await.expect("connect to etcd"))
 }

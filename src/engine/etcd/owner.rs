@@ -123,10 +123,23 @@ pub(crate) async fn acquire(
     let ttl = side.settings.owner_ttl;
     let t = side.settings.request_timeout;
     let store = &side.store;
-    let Some(lease) =
-        super::retrying(t, || store.acquire_owner(&g.name, &g.queue.name, &side.owner_id, ttl)).await?
-    else {
-        return Err(busy());
+    // Held by this process still (its last subscription's release not done yet): the new
+    // subscription takes it over as it stands, as the embedded engine's slot is free at once.
+    if let Some(h) = side.owners.lock().get_mut(&id(g)) {
+        h.releasing = false;
+        g.regain_ownership();
+        return Ok(OwnerRelease { side: side.clone(), group: g.clone(), nudge });
+    }
+    let deadline = tokio::time::Instant::now() + t;
+    let lease = loop {
+        match super::retrying(t, || store.acquire_owner(&g.name, &g.queue.name, &side.owner_id, ttl)).await? {
+            Ok(lease) => break lease,
+            // This process's own lease, being revoked right now: wait for it.
+            Err(holder) if holder == side.owner_id && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            Err(_) => return Err(busy()),
+        }
     };
     let stop = CancellationToken::new();
     let holder = side.clone();

@@ -26,13 +26,16 @@ use crate::engine::Engine;
 use crate::engine::inbox::Staged;
 use crate::engine::registry::{OrderedGroupState, PendingRecord, QueueState};
 use crate::engine::request::{OrderedRequest, QueueRequest, Request};
+use crate::engine::writer::dead_letter::{self, Origin};
 use crate::engine::writer::refuse_request;
 use crate::error::{Closed, QueueError, SendError, StorageError, SubscribeError};
+use crate::events::Event;
 use crate::model::{GroupMode, GroupOffset, OrderedMark, StartFrom};
 use crate::store::envelope;
 use crate::store::etcd::{
     Appended, CommitOutcome, DeadLetterAppend, MAX_TXN_BYTES, MAX_TXN_OPS, OrderedCommit,
 };
+use crate::telemetry;
 
 /// Messages per append transaction: etcd's operation limit, less the tail's put.
 const MAX_TXN_MESSAGES: usize = MAX_TXN_OPS - 1;
@@ -280,6 +283,7 @@ impl Writer {
                             seq += calls[c].1.len() as u64;
                         }
                         queue.publish_max(seq - 1);
+                        telemetry::produced(&queue.name, seq - first);
                     }
                     Err(e) => {
                         result = Err(e);
@@ -418,13 +422,15 @@ impl Writer {
                     };
                     drop(q);
                     self.last_stamp = self.last_stamp.max(self.engine.clock().wall_micros());
-                    match dead_letter_envelope(g, &msg, deliveries, &reason, self.last_stamp) {
-                        Ok(env) => {
+                    let origin =
+                        Origin { queue: &g.queue, group: &g.name, seq: msg.seq, attempts: deliveries };
+                    match dead_letter::copy(&origin, &reason, msg.envelope(), self.last_stamp) {
+                        Ok((env, reason)) => {
                             marks.push((msg.seq, OrderedMark::DeadLettered { deliveries }));
                             letters.push((PendingLetter { msg, deliveries, reason, sub }, env));
                         }
                         Err(e) => {
-                            tracing::error!(group = %g.name, seq = msg.seq, error = ?e, "rockq: dead-lettering failed; delivering again");
+                            tracing::error!(group = %g.name, seq = msg.seq, error = %e, "rockq: dead-lettering failed; delivering again");
                             redeliver.push((sub, msg, deliveries));
                         }
                     }
@@ -516,20 +522,41 @@ impl Writer {
                     }
                 }
                 drop(rec);
-                if let Some((q, last, nonce, n)) = dl_meta {
-                    self.tails.insert(q.id, (last + n as u64, nonce));
-                    q.publish_max(last + n as u64);
-                    for (i, (l, _)) in letters.into_iter().enumerate() {
-                        tracing::warn!(queue = %g.queue.name, group = %g.name, seq = l.msg.seq, dlq = %q.name, dlq_seq = last + 1 + i as u64, reason = %l.reason, "rockq: dead-lettered");
-                        drop(l.sub);
-                    }
-                }
                 if let Some(v) = offset {
                     let before = g.durable.fetch_max(v, Ordering::SeqCst);
                     if v > before {
                         g.durable_moved.notify_waiters();
                     }
                     self.engine.counters.offset_commits.fetch_add(1, Ordering::Relaxed);
+                    telemetry::group_counter(
+                        telemetry::ACKED,
+                        &g.queue.name,
+                        &g.name,
+                        v.saturating_sub(before),
+                    );
+                }
+                if let Some((q, last, nonce, n)) = dl_meta {
+                    self.tails.insert(q.id, (last + n as u64, nonce));
+                    q.publish_max(last + n as u64);
+                    for (i, (l, _)) in letters.into_iter().enumerate() {
+                        let PendingLetter { msg, deliveries, reason, sub } = l;
+                        let (queue, group, dlq, dlq_seq) =
+                            (g.queue.name.clone(), g.name.clone(), q.name.clone(), last + 1 + i as u64);
+                        tracing::warn!(%queue, %group, seq = msg.seq, attempt = deliveries, %reason, %dlq, dlq_seq, "rockq: dead-lettered");
+                        telemetry::group_counter(telemetry::DEAD_LETTERED, &queue, &group, 1);
+                        // As embedded: the subscription (and its active slot) is released
+                        // before anyone hears of the dead letter.
+                        drop(sub);
+                        self.engine.emit(|| Event::DeadLettered {
+                            queue,
+                            group,
+                            seq: msg.seq,
+                            attempts: deliveries,
+                            reason,
+                            dlq,
+                            dlq_seq,
+                        });
+                    }
                 }
                 Ok(())
             }
@@ -575,28 +602,4 @@ struct PendingLetter {
     deliveries: u32,
     reason: String,
     sub: Arc<dyn crate::engine::registry::LiveSubscription>,
-}
-
-/// The dead-letter copy of `msg`: its payload and headers plus the `rockq-dlq-*` headers.
-fn dead_letter_envelope(
-    g: &OrderedGroupState,
-    msg: &crate::store::RawMessage,
-    deliveries: u32,
-    reason: &str,
-    now: u64,
-) -> Result<Vec<u8>, envelope::EncodeError> {
-    let mut m = msg.envelope().into_message();
-    let room = usize::from(u16::MAX) - 6;
-    m.headers.truncate(room);
-    for (k, v) in crate::model::dlq::headers(
-        &g.queue.name,
-        &g.name,
-        msg.seq,
-        deliveries,
-        reason,
-        msg.enqueued_at_micros,
-    ) {
-        m.headers.push((k.to_owned(), bytes::Bytes::from(v)));
-    }
-    envelope::encode(&m, now)
 }

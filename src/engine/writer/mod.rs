@@ -13,7 +13,7 @@
 //!   and purging queues and groups; `txn.rs`: keyspaces and transactions.
 
 mod commit;
-mod dead_letter;
+pub(crate) mod dead_letter;
 mod dedup;
 mod groups;
 mod lifecycle;

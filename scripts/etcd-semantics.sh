@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs the embedded engine's ordered-group semantics suites unchanged against a real
+# single-member etcd (feature `etcd`): starts Debian's `etcd` on loopback ports chosen now, data
+# in a temp dir, points the tests at it (`ROCKQ_TEST_ETCD`, see tests/common/mod.rs), and stops
+# it by its pid at the end. Called by scripts/test.sh and scripts/etcd-tests.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROCKQ_NEED_ETCD=1 source scripts/bootstrap.sh
+# A loopback port nothing listens on now (etcd takes it a moment later).
+port() {
+  while :; do
+    local p=$((20000 + RANDOM % 40000))
+    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
+  done
+}
+client=$(port)
+peer=$(port)
+data=$(mktemp -d -t rockq-etcd-XXXXXX)
+etcd --name semantics --data-dir "$data" \
+  --listen-client-urls "http://127.0.0.1:$client" --advertise-client-urls "http://127.0.0.1:$client" \
+  --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+  --initial-cluster "semantics=http://127.0.0.1:$peer" >"$data/etcd.log" 2>&1 &
+pid=$!
+trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -rf "$data"' EXIT
+for _ in $(seq 100); do
+  (exec 3<>"/dev/tcp/127.0.0.1/$client") 2>/dev/null && break
+  sleep 0.1
+done
+export ROCKQ_TEST_ETCD="http://127.0.0.1:$client"
+# ordered_dead_letters: the tests of what the etcd engine refuses (resets, trims, redrive)
+# or that open or write RocksDB directly are skipped.
+features="${ROCKQ_FEATURES:-etcd}"
+cargo test --features "$features" --test ordering --test offsets "$@"
+cargo test --features "$features" --test ordered_dead_letters "$@" -- --skip reset --skip redrive --skip trimmed --skip stale_delivery_records --skip saturated --skip a_crash_after
