@@ -21,7 +21,16 @@ etcd --name semantics --data-dir "$data" \
   --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
   --initial-cluster "semantics=http://127.0.0.1:$peer" >"$data/etcd.log" 2>&1 &
 pid=$!
-trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -rf "$data"' EXIT
+# Stop etcd by its pid however this ends, keeping the tests' exit status (etcd's own, 143
+# after the SIGTERM, must not become the script's).
+stop_etcd() {
+  local status=$?
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  rm -rf "$data"
+  exit "$status"
+}
+trap stop_etcd EXIT
 for _ in $(seq 100); do
   (exec 3<>"/dev/tcp/127.0.0.1/$client") 2>/dev/null && break
   sleep 0.1
