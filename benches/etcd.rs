@@ -1,0 +1,327 @@
+//! rockq on etcd beside a raw `etcd-client` baseline, from the same run, on a 1-member and a
+//! 3-member etcd cluster that the bench starts on loopback ports (and stops by pid):
+//!
+//! - **produce**: N messages (100-byte payloads) sent by 64 producer tasks, each awaiting
+//!   every `send`, on one queue;
+//! - **end to end**: the same produce while one ordered-group subscriber acks every delivery,
+//!   timed from the first send to the N-th delivery;
+//! - **raw etcd**: N messages written with `etcd-client` alone, one transaction at a time, each
+//!   `If value(tail) == prev Then Put message keys…, Put tail` — the shape of rockq's append —
+//!   with as many messages per transaction as rockq's produce put in its own, and values of the
+//!   size rockq stored. It is the ceiling of rockq's design: one writer task, one append
+//!   transaction in flight per queue.
+//!
+//! The three run interleaved, three times per cluster, each in its own namespace (rockq) or
+//! key prefix (raw); the table prints medians, and each repetition's figures go to stderr.
+//!
+//! `cargo bench --features etcd --bench etcd`; `ROCKQ_BENCH_ETCD_N` sets N (default 20,000),
+//! `ROCKQ_BENCH_ONLY=1member|3member` runs one cluster size.
+
+mod common;
+#[path = "../tests/common/etcd.rs"]
+mod etcd;
+
+use std::time::Instant;
+
+use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
+use futures::StreamExt;
+use rockq::{Broker, EtcdOptions, WriterStats};
+
+const PRODUCERS: u64 = 64;
+/// etcd's default `--max-txn-ops` (128) less the tail's put: the most messages one append
+/// transaction of rockq holds.
+const MAX_TXN_MESSAGES: u64 = 127;
+/// The queue every rockq measurement uses, and its id in a fresh namespace (the first queue
+/// created gets id 1), which the raw baseline's keys copy.
+const QUEUE: &str = "bench";
+const QUEUE_ID: u32 = 1;
+/// Repetitions of each measurement per cluster: one run on this kind of machine swings by a
+/// third (etcd's fsyncs), so the table prints medians.
+const REPS: usize = 3;
+
+/// What one rockq measurement saw.
+struct Measured {
+    secs: f64,
+    /// etcd transactions the measurement committed: the cluster's revision moved by this much
+    /// (every committed Txn that writes bumps the revision by exactly one; a Txn whose compare
+    /// fails writes nothing and does not; nothing else writes to the cluster meanwhile).
+    txns: u64,
+    /// The broker's writer counters over the measurement.
+    writer: WriterStats,
+}
+
+fn main() {
+    // `cargo test --all-targets --features etcd` runs this binary without `--bench`: only
+    // check that it builds.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("etcd: skipped (run `cargo bench --features etcd --bench etcd`)");
+        return;
+    }
+    let n: u64 = std::env::var("ROCKQ_BENCH_ETCD_N").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
+    assert!(n >= PRODUCERS, "ROCKQ_BENCH_ETCD_N must be at least {PRODUCERS}");
+    let sizes: &[usize] = match std::env::var("ROCKQ_BENCH_ONLY").ok().as_deref() {
+        None => &[1, 3],
+        Some("1member") => &[1],
+        Some("3member") => &[3],
+        Some(other) => panic!("ROCKQ_BENCH_ONLY: expected 1member or 3member, got {other}"),
+    };
+    // Two workers, as the other benches: the etcd members share the same two cores.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime");
+    for &members in sizes {
+        rt.block_on(bench_cluster(members, n));
+    }
+}
+
+/// One repetition's three measurements on a cluster.
+struct Rep {
+    produce: Measured,
+    e2e: Measured,
+    /// The raw baseline: seconds, and its messages per transaction.
+    raw_secs: f64,
+    k: u64,
+}
+
+/// Starts a cluster of `members`, runs the three measurements on it `REPS` times, interleaved
+/// (so drift of the machine between runs lands on both sides of each ratio), and prints their
+/// table.
+async fn bench_cluster(members: usize, n: u64) {
+    let cluster = etcd::Cluster::start(members).await;
+    let endpoints = cluster.endpoints();
+    // The raw baseline's client, also used to read revisions and the stored values: connected
+    // to every member, as rockq's is.
+    let mut client = cluster.client().await;
+    let mut value_len = 0;
+    let mut reps = Vec::with_capacity(REPS);
+    for i in 0..REPS {
+        let ns = format!("bench-produce-{i}");
+        let produce = produce(&endpoints, &mut client, &ns, n).await;
+        value_len = stored_value_len(&mut client, &ns).await;
+        // The raw baseline writes as many messages per transaction as this produce did on
+        // average. A round holds one Txn per 127 messages of a queue, so with 64 producers
+        // awaiting each send (≤ 64 staged at once) a round is one Txn and messages/rounds is the
+        // Txn size; the revision delta counts the Txns themselves, so it stays right if rounds
+        // ever split. Cost per Txn is a fixed round trip plus a part per put, so the same
+        // count of Txns of the mean size carries the same work as rockq's mix of sizes.
+        let k = (n as f64 / produce.txns.max(1) as f64).round().clamp(1.0, MAX_TXN_MESSAGES as f64) as u64;
+        // Right after the produce, so both see the cluster in the same state (its database
+        // grows by a few MB per measurement).
+        let raw_secs = raw_appends(&mut client, &format!("bench-raw-{i}"), n, k, value_len).await;
+        let e2e = end_to_end(&endpoints, &mut client, &format!("bench-e2e-{i}"), n).await;
+        eprintln!(
+            "{members} member(s), repetition {}: produce {:.0} msg/s, end to end {:.0} msg/s, raw (txn size {k}) {:.0} msg/s",
+            i + 1,
+            n as f64 / produce.secs,
+            n as f64 / e2e.secs,
+            n as f64 / raw_secs
+        );
+        reps.push(Rep { produce, e2e, raw_secs, k });
+    }
+    drop(client);
+    // Dropping the cluster kills and reaps its members.
+    drop(cluster);
+
+    let rate = |secs: f64| n as f64 / secs;
+    let raw_txns = |r: &Rep| n.div_ceil(r.k);
+    println!();
+    println!(
+        "etcd, {members} member{}: {n} messages, {}-byte payloads stored as {value_len}-byte values, {PRODUCERS} producers awaiting each send; medians of {REPS}",
+        if members == 1 { "" } else { "s" },
+        common::PAYLOAD
+    );
+    println!("  {:<40} {:>9} {:>8} {:>7} {:>9} {:>8}", "", "msg/s", "vs raw", "txns", "msgs/txn", "ms/txn");
+    // txns, msgs/txn and ms/txn are means over the repetitions (totals divided); "vs raw" is
+    // the median of each repetition's ratio to its own baseline.
+    let row = |name: &str, m: &dyn Fn(&Rep) -> &Measured, appends: &dyn Fn(&Measured) -> u64| {
+        let txns: u64 = reps.iter().map(|r| m(r).txns).sum();
+        let secs: f64 = reps.iter().map(|r| m(r).secs).sum();
+        let appended: u64 = reps.iter().map(|r| appends(m(r))).sum();
+        println!(
+            "  {:<40} {:>9.0} {:>7.0}% {:>7} {:>9.1} {:>8.2}",
+            name,
+            median(reps.iter().map(|r| rate(m(r).secs))),
+            100.0 * median(reps.iter().map(|r| r.raw_secs / m(r).secs)),
+            txns / REPS as u64,
+            (n * REPS as u64) as f64 / appended.max(1) as f64,
+            1e3 * secs / txns.max(1) as f64
+        );
+    };
+    row("produce", &|r| &r.produce, &|m| m.txns);
+    // End to end, the writer also commits the group's offset (a Txn per round that saw acks),
+    // in the same task as the appends: txns and ms/txn count those commits, msgs/txn only the
+    // appends.
+    row("end to end (ordered group, ack each)", &|r| &r.e2e, &|m| {
+        m.txns.saturating_sub(m.writer.offset_commits)
+    });
+    let (k_min, k_max) = (reps.iter().map(|r| r.k).min(), reps.iter().map(|r| r.k).max());
+    let raw_name = match (k_min, k_max) {
+        (Some(a), Some(b)) if a != b => format!("raw etcd (txn size {a}–{b})"),
+        _ => format!("raw etcd (txn size {})", k_max.unwrap_or(0)),
+    };
+    let txns: u64 = reps.iter().map(raw_txns).sum();
+    println!(
+        "  {:<40} {:>9.0} {:>8} {:>7} {:>9.1} {:>8.2}",
+        raw_name,
+        median(reps.iter().map(|r| rate(r.raw_secs))),
+        "",
+        txns / REPS as u64,
+        (n * REPS as u64) as f64 / txns as f64,
+        1e3 * reps.iter().map(|r| r.raw_secs).sum::<f64>() / txns as f64
+    );
+    let sum = |f: &dyn Fn(&Rep) -> u64| reps.iter().map(f).sum::<u64>() / REPS as u64;
+    let (p_rounds, p_msgs) = (sum(&|r| r.produce.writer.rounds), sum(&|r| r.produce.writer.messages));
+    println!(
+        "  writer per repetition: produce {p_rounds} rounds, {:.1} msgs/round; end to end {} rounds, {} offset commits",
+        p_msgs as f64 / p_rounds.max(1) as f64,
+        sum(&|r| r.e2e.writer.rounds),
+        sum(&|r| r.e2e.writer.offset_commits)
+    );
+}
+
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = values.collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+async fn connect(endpoints: &[String], namespace: &str) -> Broker {
+    Broker::connect_etcd(endpoints.iter().cloned(), namespace, EtcdOptions::new())
+        .await
+        .expect("connect a broker to etcd")
+}
+
+/// The cluster's current revision (a linearizable read: every Txn answered before is counted).
+async fn revision(client: &mut Client) -> i64 {
+    let got = client.get("rockq-bench-revision", None).await.expect("read the revision");
+    got.header().expect("a response header").revision()
+}
+
+/// The writer counters' growth from `before` to `after`.
+fn writer_delta(before: WriterStats, after: WriterStats) -> WriterStats {
+    WriterStats {
+        rounds: after.rounds - before.rounds,
+        messages: after.messages - before.messages,
+        offset_commits: after.offset_commits - before.offset_commits,
+        write_time: after.write_time.saturating_sub(before.write_time),
+    }
+}
+
+/// `n` messages from `PRODUCERS` tasks, each awaiting every send (the first tasks take one
+/// more when `n` does not divide evenly).
+async fn send_all(q: &rockq::Queue, n: u64) {
+    let (per, extra) = (n / PRODUCERS, n % PRODUCERS);
+    let mut tasks = Vec::with_capacity(PRODUCERS as usize);
+    let mut first = 0;
+    for p in 0..PRODUCERS {
+        let count = per + u64::from(p < extra);
+        let q = q.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in first..first + count {
+                q.send(common::value(i)).await.expect("send");
+            }
+        }));
+        first += count;
+    }
+    for t in tasks {
+        t.await.expect("a producer task");
+    }
+}
+
+/// Produce: `n` sends on a queue of a fresh namespace.
+async fn produce(endpoints: &[String], client: &mut Client, ns: &str, n: u64) -> Measured {
+    let broker = connect(endpoints, ns).await;
+    let q = broker.queue(QUEUE).await.expect("create the queue");
+    let writer_before = broker.writer_stats();
+    let rev_before = revision(client).await;
+    let start = Instant::now();
+    send_all(&q, n).await;
+    let secs = start.elapsed().as_secs_f64();
+    let rev_after = revision(client).await;
+    let writer = writer_delta(writer_before, broker.writer_stats());
+    assert_eq!(writer.messages, n, "the writer stored another count of messages than was sent");
+    drop(q);
+    broker.shutdown().await.expect("shut the broker down");
+    Measured { secs, txns: (rev_after - rev_before) as u64, writer }
+}
+
+/// End to end: the produce of [`produce`] while one ordered-group subscriber acks each delivery;
+/// timed from the first send to the `n`-th delivery.
+async fn end_to_end(endpoints: &[String], client: &mut Client, ns: &str, n: u64) -> Measured {
+    let broker = connect(endpoints, ns).await;
+    let q = broker.queue(QUEUE).await.expect("create the queue");
+    let mut sub = q.group("g").expect("a valid group name").subscribe().await.expect("subscribe");
+    let writer_before = broker.writer_stats();
+    let rev_before = revision(client).await;
+    let start = Instant::now();
+    let consumer = tokio::spawn(async move {
+        for expected in 1..=n {
+            let d = sub.next().await.expect("the subscription ended early").expect("a delivery");
+            assert_eq!(d.seq(), expected, "deliveries out of order");
+            d.ack().expect("ack");
+        }
+        let last = Instant::now();
+        // The offset reaches etcd before the broker shuts down (not timed).
+        let committed = sub.commit().await.expect("commit the offset");
+        (last, committed)
+    });
+    send_all(&q, n).await;
+    let (last, committed) = consumer.await.expect("the consumer task");
+    let secs = (last - start).as_secs_f64();
+    assert_eq!(committed, n, "the committed offset is not the last message");
+    let rev_after = revision(client).await;
+    let writer = writer_delta(writer_before, broker.writer_stats());
+    drop(q);
+    broker.shutdown().await.expect("shut the broker down");
+    Measured { secs, txns: (rev_after - rev_before) as u64, writer }
+}
+
+/// The size of one message value rockq stored in namespace `ns` (its envelope around the
+/// payload), read from its key layout: `<ns>/m/<queue id u32><seq u64>`.
+async fn stored_value_len(client: &mut Client, ns: &str) -> usize {
+    let opts = GetOptions::new().with_prefix().with_limit(1);
+    let got = client.get(format!("{ns}/m/"), Some(opts)).await.expect("read a stored message");
+    got.kvs().first().expect("rockq stored no message where the layout says").value().len()
+}
+
+/// rockq's tail record: last sequence and the nonce of the append that wrote it.
+fn tail_value(last: u64, nonce: u64) -> Vec<u8> {
+    let mut v = Vec::with_capacity(16);
+    v.extend_from_slice(&last.to_be_bytes());
+    v.extend_from_slice(&nonce.to_be_bytes());
+    v
+}
+
+/// Raw etcd: seconds to write `n` messages of `value_len` bytes under `prefix` with sequential
+/// transactions of `k` messages, each as rockq's append: compare the tail's value, put the
+/// messages at the next sequences and the new tail. Keys and values have rockq's shapes.
+async fn raw_appends(client: &mut Client, prefix: &str, n: u64, k: u64, value_len: usize) -> f64 {
+    let tail_key = [format!("{prefix}/t/").as_bytes(), &QUEUE_ID.to_be_bytes()].concat();
+    let message_prefix = [format!("{prefix}/m/").as_bytes(), &QUEUE_ID.to_be_bytes()].concat();
+    // The queue exists before the clock starts, as rockq's does (its creation puts the tail).
+    client.put(tail_key.clone(), tail_value(0, 0), None).await.expect("put the raw tail");
+    let (mut last, mut nonce) = (0u64, 0u64);
+    let start = Instant::now();
+    while last < n {
+        let count = k.min(n - last);
+        let mut ops = Vec::with_capacity(count as usize + 1);
+        for seq in last + 1..=last + count {
+            // Built per transaction, as rockq's writer copies each envelope into its Txn.
+            let mut value = common::value(seq);
+            value.resize(value_len, b'x');
+            ops.push(TxnOp::put([message_prefix.as_slice(), &seq.to_be_bytes()].concat(), value, None));
+        }
+        ops.push(TxnOp::put(tail_key.clone(), tail_value(last + count, nonce + 1), None));
+        let txn = Txn::new()
+            .when([Compare::value(tail_key.clone(), CompareOp::Equal, tail_value(last, nonce))])
+            .and_then(ops)
+            .or_else([TxnOp::get(tail_key.clone(), None)]);
+        let resp = client.txn(txn).await.expect("a raw append");
+        assert!(resp.succeeded(), "nothing else writes the raw tail: its compare must hold");
+        last += count;
+        nonce += 1;
+    }
+    start.elapsed().as_secs_f64()
+}
