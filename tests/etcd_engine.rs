@@ -322,16 +322,49 @@ async fn a_queue_another_broker_creates_is_registered_here_through_the_watch() {
     let b = connect(&cluster, "names").await;
     assert!(a.queue_names().is_empty());
     b.queue("late").await.unwrap().send("x").await.unwrap();
-    // `a` never asked for it: the watch sees the new queue's tail and registers it.
+    // `a` never asked for it: the watch sees the new queue's tail and registers it, then the
+    // send's tail move (two watch events, handled in order).
     tokio::time::timeout(HANG_GUARD, async {
-        while a.get_queue("late").is_none() {
+        while !a.get_queue("late").is_some_and(|q| q.last_seq() == 1) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
     .await
-    .expect("registered within the hang guard");
+    .expect("registered with its tail within the hang guard");
     assert_eq!(a.queue_names(), ["late"]);
-    assert_eq!(a.get_queue("late").unwrap().last_seq(), 1);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_whose_lease_lapsed_commits_nothing_and_its_stream_ends() {
+    let cluster = etcd::Cluster::start(1).await;
+    // A long TTL: the lease's keep-alive does not notice the revocation before the commit.
+    let opts = || EtcdOptions::new().owner_ttl(Duration::from_secs(30));
+    let a = Broker::connect_etcd(cluster.endpoints(), "lapse", opts()).await.unwrap();
+    let b = Broker::connect_etcd(cluster.endpoints(), "lapse", opts()).await.unwrap();
+    let qa = a.queue("q").await.unwrap();
+    qa.send_batch(["1", "2"].map(Message::new)).await.unwrap();
+    let mut sub_a = qa.group("g").unwrap().subscribe().await.unwrap();
+    let held = next(&mut sub_a).await;
+    // `a`'s lease lapses (as for a process paused past its TTL): revoked behind its back.
+    let mut client = cluster.client().await;
+    let owner = client.get("lapse/own/consumer:g:q", None).await.unwrap();
+    let lease = owner.kvs().first().expect("a holds the group").lease();
+    client.lease_revoke(lease).await.unwrap();
+    let mut sub_b = subscribe_when_free(&b.queue("q").await.unwrap().group("g").unwrap()).await;
+    // `a` still believes it holds the group: its ack must not be committed over `b`.
+    held.ack().unwrap();
+    a.flush().await.unwrap();
+    match tokio::time::timeout(HANG_GUARD, sub_a.next()).await.expect("the stream answers") {
+        Some(Err(rockq::Error::Receive(rockq::ReceiveError::OwnershipLost { group, queue }))) => {
+            assert_eq!((group.as_str(), queue.as_str()), ("g", "q"));
+        }
+        other => panic!("expected OwnershipLost, got {:?}", other.map(|r| r.map(|d| d.seq()))),
+    }
+    assert_eq!(next(&mut sub_b).await.seq(), 1, "the new owner starts where the group's committed offset is");
+    let stats = b.stats().await.unwrap();
+    assert_eq!(stats.groups[0].committed, 0, "the lapsed owner's ack was not written");
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
