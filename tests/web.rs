@@ -142,6 +142,9 @@ async fn overview_shows_the_numbers_of_broker_stats() {
     assert!(page.headers[header::CONTENT_SECURITY_POLICY].to_str().unwrap().contains("default-src 'none'"));
     assert_eq!(page.headers[header::CACHE_CONTROL], "no-store");
     drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
 }
 
 #[tokio::test]
@@ -171,6 +174,9 @@ async fn payloads_and_headers_are_escaped_and_shown_as_text_json_or_hex() {
     assert_eq!(table(&dlq.body, "dead-letters").len(), 2);
     assert_eq!(table(&get(&app, "/dlq/jobs.dlq?limit=1").await.body, "dead-letters").len(), 1);
     drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
 }
 
 #[tokio::test]
@@ -192,6 +198,9 @@ async fn queue_page_lists_pending_claims_as_broker_pending_does() {
     assert!(rows.iter().any(|r| r["holder"] == "host-a/1" && r["lease-deadline"] != "-"));
     assert!(rows.iter().any(|r| r["state"] == "waiting" && r["retry-at"] != "-"));
     drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
 }
 
 #[tokio::test]
@@ -244,6 +253,9 @@ async fn api_json_matches_stats_pending_peek_and_dead_letters() {
             .contains("nope")
     );
     drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
 }
 
 #[tokio::test]
@@ -298,6 +310,9 @@ async fn metrics_are_prometheus_text_with_the_stats_figures() {
     assert_eq!(samples["rockq_database_bytes"], stats.bytes_on_disk as f64);
     assert_eq!(samples["rockq_keyspace_keys{keyspace=\"accounts\"}"], 3.0);
     drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
 }
 
 #[tokio::test]
@@ -324,6 +339,9 @@ async fn without_a_token_every_mutation_is_refused_and_nothing_changes() {
     assert_eq!(login.status, StatusCode::FORBIDDEN);
     assert_eq!(f.broker.stats().await.unwrap(), before);
     drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
 }
 
 #[tokio::test]
@@ -360,6 +378,9 @@ async fn the_token_is_required_for_the_api_and_checked_in_constant_time() {
     assert_eq!(bad.status, StatusCode::UNAUTHORIZED);
     assert!(bad.headers.get(header::SET_COOKIE).is_none());
     drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
 }
 
 #[tokio::test]
@@ -409,6 +430,9 @@ async fn browser_forms_need_the_session_csrf_token_and_the_same_site() {
     assert_eq!(after.status, StatusCode::UNAUTHORIZED);
     assert!(paused().await);
     drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
 }
 
 #[tokio::test]
@@ -441,6 +465,9 @@ async fn get_on_a_mutating_route_is_refused_and_changes_nothing() {
     }
     assert_eq!(f.broker.stats().await.unwrap(), before);
     drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
 }
 
 #[tokio::test]
@@ -561,6 +588,9 @@ async fn bad_input_gets_an_error_page_and_changes_nothing() {
     assert_eq!(f.broker.stats().await.unwrap(), before);
     assert_eq!(f.broker.dead_letters("jobs.dlq").await.unwrap().len().await.unwrap(), dlq_before);
     drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
 }
 
 #[tokio::test]
@@ -629,6 +659,9 @@ async fn reset_asks_for_confirmation_then_moves_the_offset() {
     assert_eq!(a.status, StatusCode::CONFLICT, "{}", a.body);
     assert_eq!(group(&f.broker.stats().await.unwrap(), "jobs", "workers").committed, 2);
     drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
 }
 
 #[tokio::test]
@@ -674,6 +707,9 @@ async fn redrive_runs_as_a_job_with_progress_and_moves_the_dead_letters() {
     assert_eq!(f.broker.peek("quarantine", None, 10).await.unwrap()[0].payload, "job 2");
     assert!(f.broker.dead_letters("jobs.dlq").await.unwrap().is_empty().await.unwrap());
     drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
 }
 
 #[tokio::test]
@@ -689,6 +725,9 @@ async fn trim_runs_a_retention_pass() {
     let a = post(&app, "/api/trim", "", &[("authorization", &format!("Bearer {TOKEN}"))]).await;
     assert_eq!(serde_json::from_str::<serde_json::Value>(&a.body).unwrap()["deleted"], 0);
     drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
 }
 
 #[tokio::test]
@@ -714,6 +753,9 @@ async fn the_sampler_feeds_the_charts_and_stops_with_the_router() {
     drop(app);
     assert!(matches!(sampler.sample_now().await, Err(WebError::Stopped)));
     drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
 }
 
 #[tokio::test]
@@ -744,6 +786,9 @@ async fn a_read_only_console_reads_a_database_another_broker_holds() {
     assert_eq!(post(&app, "/login", &format!("token={TOKEN}"), &[]).await.status, StatusCode::FORBIDDEN);
     assert_eq!(f.broker.stats().await.unwrap(), stats);
     drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
 }
 
 #[tokio::test]
@@ -762,6 +807,9 @@ async fn nested_under_a_prefix_every_link_and_redirect_keeps_it() {
     let q = get(&app, "/rockq/queues/jobs").await;
     assert!(q.body.contains(r#"href="/rockq/queues/jobs?view=hex"#));
     drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
 }
 
 #[tokio::test]
@@ -779,6 +827,9 @@ async fn serve_binds_loopback_only_unless_allowed() {
     drop(f.work);
     f.broker.shutdown().await.unwrap();
     tokio::time::timeout(common::HANG_GUARD, server).await.unwrap().unwrap().unwrap();
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
 }
 
 /// `rockq serve`: read-only while this process holds the database, full once it is free.
@@ -829,6 +880,9 @@ async fn rockq_serve_is_read_only_beside_a_running_service_and_full_alone() {
     let again = common::open(f.dir.path()).await;
     assert_eq!(again.stats().await.unwrap().groups.len(), 2);
     again.shutdown().await.unwrap();
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
 }
 
 /// `tokio::spawn` outside a runtime panics: the console must not.
@@ -882,6 +936,9 @@ async fn a_big_redrive_moves_in_chunks_and_reports_every_letter() {
         (500, &b"letter 0"[..], &b"letter 499"[..])
     );
     drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
 }
 
 /// The sampler task ticks on its own (the wait is for a condition, bounded by the hang guard;
@@ -905,4 +962,7 @@ async fn the_sampler_task_records_on_its_tick() {
     drop(app);
     assert!(matches!(sampler.sample_now().await, Err(WebError::Stopped)));
     drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
 }
