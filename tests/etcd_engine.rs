@@ -325,7 +325,7 @@ async fn a_queue_another_broker_creates_is_registered_here_through_the_watch() {
     // `a` never asked for it: the watch sees the new queue's tail and registers it, then the
     // send's tail move (two watch events, handled in order).
     tokio::time::timeout(HANG_GUARD, async {
-        while !a.get_queue("late").is_some_and(|q| q.last_seq() == 1) {
+        while a.get_queue("late").is_none_or(|q| q.last_seq() != 1) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })

@@ -748,6 +748,11 @@ async fn j_open(path: &std::path::Path, clock: &ManualClock) -> JReal {
             .unwrap()
             .ordered_by_key(true)
             .lease(Duration::from_secs(3600))
+            // The model does not count attempts. With the default 5, five restarts that each
+            // die holding the same message used its attempts up: the engine dead-lettered it
+            // (rightly) and claimed the next of its key, while the model still expected the
+            // first (a CI run hit it: `KClaim` got seq 3 for the model's 2). No run reaches this.
+            .retry_policy(RetryPolicy::default().max_attempts(1_000_000))
             .max_in_flight(1)
             .read_batch(1)
             .subscribe()
