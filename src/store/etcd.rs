@@ -256,7 +256,7 @@ impl EtcdStore {
 
     /// Appends `envelopes` to queue `qid` as sequences `expected_last + 1 ..`, if its tail is
     /// still `expected_last`: `If value(tail) == (expected_last, any) Then Put messages, Put
-    /// tail`. `nonce` names this append (unique per process and attempt): after an error whose
+    /// tail`. `nonce` names this append (random, kept through its retries): after an error whose
     /// outcome is unknown, [`resolve_append`](Self::resolve_append) finds out whether it was
     /// applied. Sequences never repeat or skip: the tail only grows, and only through this.
     pub async fn append(

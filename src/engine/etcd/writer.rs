@@ -46,24 +46,13 @@ struct Writer {
     /// Each queue's tail as this process last saw it: (last, nonce).
     tails: HashMap<u32, (u64, u64)>,
     last_stamp: u64,
-    /// This writer's nonces: a random base, counted up per append attempt.
-    nonce_base: u64,
-    nonces: u64,
     /// After a failed commit: when to try the dirty groups again.
     retry_after: Option<Duration>,
 }
 
 /// Runs until every handle is gone or a shutdown is asked for.
 pub(super) async fn run(engine: Arc<Engine>, side: Arc<EtcdSide>, mut rx: mpsc::Receiver<Request>) {
-    let mut w = Writer {
-        engine,
-        side,
-        tails: HashMap::new(),
-        last_stamp: 0,
-        nonce_base: fastrand::u64(1..) & !0xffff_ffff,
-        nonces: 0,
-        retry_after: None,
-    };
+    let mut w = Writer { engine, side, tails: HashMap::new(), last_stamp: 0, retry_after: None };
     let max_requests = w.engine.options.max_batch_messages;
     let mut pending: Vec<Request> = Vec::new();
     loop {
@@ -135,9 +124,10 @@ pub(super) async fn run(engine: Arc<Engine>, side: Arc<EtcdSide>, mut rx: mpsc::
 }
 
 impl Writer {
+    /// A fresh append's nonce: 64 random bits (never 0, the nonce of a new queue's tail), so
+    /// that two processes' appends are told apart with a chance of 2^-64 of a mix-up.
     fn nonce(&mut self) -> u64 {
-        self.nonces += 1;
-        self.nonce_base | (self.nonces & 0xffff_ffff)
+        fastrand::u64(1..)
     }
 
     /// Carries out one request, or refuses it as unsupported.
