@@ -241,17 +241,20 @@ impl EtcdStore {
 
     /// The tail record of queue `qid`: (last, nonce).
     pub async fn tail_record(&self, qid: u32) -> Result<(u64, u64), StorageError> {
+        self.get_tail(qid)
+            .await?
+            .ok_or_else(|| StorageError::new(format!("queue {qid} has no tail record in etcd")))
+    }
+
+    /// The tail record of queue `qid`, if it has one.
+    async fn get_tail(&self, qid: u32) -> Result<Option<(u64, u64)>, StorageError> {
         let got = self.kv().get(self.tail_key(qid), None).await.map_err(etcd)?;
-        match got.kvs().first() {
-            Some(t) => decode_tail(t.key(), t.value()),
-            None => Err(StorageError::new(format!("queue {qid} has no tail record in etcd"))),
-        }
+        got.kvs().first().map(|t| decode_tail(t.key(), t.value())).transpose()
     }
 
     /// The last sequence of queue `qid` (`None` if it has no tail record).
     pub async fn tail(&self, qid: u32) -> Result<Option<u64>, StorageError> {
-        let got = self.kv().get(self.tail_key(qid), None).await.map_err(etcd)?;
-        got.kvs().first().map(|t| decode_tail(t.key(), t.value()).map(|(l, _)| l)).transpose()
+        Ok(self.get_tail(qid).await?.map(|(last, _)| last))
     }
 
     /// Appends `envelopes` to queue `qid` as sequences `expected_last + 1 ..`, if its tail is

@@ -47,9 +47,9 @@ impl Owners {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The owner value to compare for `g`, if this process holds it.
-    pub fn owner_value(&self, g: &Arc<OrderedGroupState>, owner_id: &[u8]) -> Option<Vec<u8>> {
-        self.lock().contains_key(&id(g)).then(|| owner_id.to_vec())
+    /// Whether this process holds `g`.
+    pub fn holds(&self, g: &Arc<OrderedGroupState>) -> bool {
+        self.lock().contains_key(&id(g))
     }
 
     /// Releases every group whose subscription is gone and that has nothing left to commit.
@@ -104,9 +104,10 @@ pub(crate) struct OwnerRelease {
 
 impl Drop for OwnerRelease {
     fn drop(&mut self) {
-        if self.side.owners.request_release(&self.group) && self.nudge.try_send(Request::Commit).is_err() {
-            // The writer is gone or busy: a busy one releases at the end of its round; a gone
-            // one released everything.
+        // A full channel means the writer is busy and releases at the end of its round; a
+        // closed one, that it stopped and released everything.
+        if self.side.owners.request_release(&self.group) {
+            let _ = self.nudge.try_send(Request::Commit);
         }
     }
 }

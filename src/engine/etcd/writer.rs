@@ -126,7 +126,7 @@ pub(super) async fn run(engine: Arc<Engine>, side: Arc<EtcdSide>, mut rx: mpsc::
 impl Writer {
     /// A fresh append's nonce: 64 random bits (never 0, the nonce of a new queue's tail), so
     /// that two processes' appends are told apart with a chance of 2^-64 of a mix-up.
-    fn nonce(&mut self) -> u64 {
+    fn nonce(&self) -> u64 {
         fastrand::u64(1..)
     }
 
@@ -365,11 +365,11 @@ impl Writer {
     }
 
     async fn commit_group(&mut self, g: &Arc<OrderedGroupState>) -> Result<(), StorageError> {
-        let Some(owner) = self.side.owners.owner_value(g, &self.side.owner_id) else {
+        if !self.side.owners.holds(g) {
             // Not held here (any more): nothing of it may be written by this process.
             drop(std::mem::take(&mut g.records().pending));
             return Ok(());
-        };
+        }
         let acked = g.acked.load(Ordering::SeqCst);
         let floor = g.records_moot_through(acked);
         let (pending, passed) = {
@@ -473,7 +473,7 @@ impl Writer {
         let commit = OrderedCommit {
             group: &g.name,
             queue: &g.queue.name,
-            owner: &owner,
+            owner: &self.side.owner_id,
             offset,
             put_marks: &marks,
             delete_marks: &deletes,
