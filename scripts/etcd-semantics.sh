@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs the embedded engine's ordered-group semantics suites unchanged against a real
-# single-member etcd (feature `etcd`): starts Debian's `etcd` on loopback ports chosen now, data
-# in a temp dir, points the tests at it (`ROCKQ_TEST_ETCD`, see tests/common/mod.rs), and stops
-# it by its pid at the end. Called by scripts/test.sh and scripts/etcd-tests.sh.
+# Runs the embedded engine's semantics suites (ordered groups, work groups, worker pools,
+# dead letters and redrive) unchanged against a real single-member etcd (feature `etcd`):
+# starts Debian's `etcd` on loopback ports chosen now, data in a temp dir, points the tests at
+# it (`ROCKQ_TEST_ETCD`, see tests/common/mod.rs), and stops it by its pid at the end.
+# Called by scripts/test.sh and scripts/etcd-tests.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROCKQ_NEED_ETCD=1 source scripts/bootstrap.sh
@@ -36,8 +37,10 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 export ROCKQ_TEST_ETCD="http://127.0.0.1:$client"
-# ordered_dead_letters: the tests of what the etcd engine refuses (resets, trims, redrive)
-# or that open or write RocksDB directly are skipped.
+# Skipped: the tests of what the etcd engine refuses (resets, trims, pause, ordering a work
+# group by key, retention), and those that open or write RocksDB directly.
 features="${ROCKQ_FEATURES:-etcd}"
-cargo test --features "$features" --test ordering --test offsets "$@"
-cargo test --features "$features" --test ordered_dead_letters "$@" -- --skip reset --skip redrive --skip trimmed --skip stale_delivery_records --skip saturated --skip a_crash_after
+cargo test --features "$features" --test ordering --test offsets --test work_groups --test worker_pools \
+  --test typed_jobs "$@"
+cargo test --features "$features" --test ordered_dead_letters "$@" -- --skip reset --skip trimmed --skip stale_delivery_records --skip saturated --skip a_crash_after
+cargo test --features "$features" --test dead_letters "$@" -- --skip a_corrupted_message

@@ -59,7 +59,7 @@ impl WorkSettings {
 }
 
 /// The dead-letter queue a record names, or the default one if it names none.
-fn dead_letter_queue_of(record: &GroupSettings, queue: &str) -> Arc<str> {
+pub(crate) fn dead_letter_queue_of(record: &GroupSettings, queue: &str) -> Arc<str> {
     match record.dead_letter_queue.as_str() {
         "" => Arc::from(default_dead_letter_queue(queue)),
         n => Arc::from(n),

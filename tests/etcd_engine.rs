@@ -242,8 +242,9 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
     let e =
         rockq::Error::from(q.send_batch((0..200).map(|i| Message::new(format!("{i}")))).await.unwrap_err());
     assert!(is_etcd(e.unsupported()), "oversized batch: {e}");
-    let e = rockq::Error::from(q.work_group("w").unwrap().subscribe().await.unwrap_err());
-    assert!(is_etcd(e.unsupported()), "work group: {e}");
+    let e =
+        rockq::Error::from(q.work_group("w").unwrap().ordered_by_key(true).subscribe().await.unwrap_err());
+    assert!(is_etcd(e.unsupported()), "work group ordered by key: {e}");
     let e = rockq::Error::from(broker.kv("accounts").await.unwrap_err());
     assert!(is_etcd(e.unsupported()), "keyspace: {e}");
     let e = rockq::Error::from(broker.transaction().commit().await.unwrap_err());
@@ -259,8 +260,8 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
         is_etcd(e.unsupported()) || matches!(e, rockq::Error::Pause(rockq::PauseError::NoSuchGroup { .. })),
         "pause: {e}"
     );
-    let e = rockq::Error::from(broker.peek("q", None, 10).await.unwrap_err());
-    assert!(is_etcd(e.unsupported()), "peek: {e}");
+    let e = rockq::Error::from(broker.scheduled(Some("q"), 10).await.unwrap_err());
+    assert!(is_etcd(e.unsupported()), "listing delayed messages: {e}");
     let opts = EtcdOptions::new().options(rockq::Options::new().durability(rockq::Durability::Buffered));
     match Broker::connect_etcd(cluster.endpoints(), "refused", opts).await {
         Err(rockq::OpenError::Unsupported(u)) => assert_eq!(u.engine(), "etcd"),

@@ -52,3 +52,75 @@ async fn an_append_whose_answer_was_lost_is_found_by_its_nonce_and_not_sent_agai
 async fn an_append_lost_before_it_was_applied_is_sent_again_at_the_same_sequence() {
     lose_once("rockq-etcd-append-request").await;
 }
+
+async fn connect_with(cluster: &etcd::Cluster, ns: &str, clock: &rockq::ManualClock) -> Broker {
+    let opts = EtcdOptions::new().options(rockq::Options::new().clock(clock.clone()));
+    Broker::connect_etcd(cluster.endpoints(), ns, opts).await.expect("connect")
+}
+
+async fn next_job(jobs: &mut rockq::WorkSubscription) -> rockq::Job {
+    tokio::time::timeout(common::HANG_GUARD, jobs.next()).await.expect("job").expect("open").expect("ok")
+}
+
+fn committed(s: &rockq::Stats) -> u64 {
+    s.groups.iter().find(|g| g.group == "w").map_or(0, |g| g.committed)
+}
+
+/// The fence is etcd's compare on the claim's revision, not what the watch told this process:
+/// with the watch held back, `a` (whose clock lags) still holds its job when `b` claims it
+/// after the stored deadline; `a`'s ack reaches etcd and is refused, changing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_holders_ack_is_refused_by_etcd_while_its_watch_lags() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let (clock_a, clock_b) = (rockq::ManualClock::new(), rockq::ManualClock::new());
+    let a = connect_with(&cluster, "lag", &clock_a).await;
+    let qa = a.queue("q").await.expect("queue");
+    qa.send("one").await.expect("send");
+    let lease = std::time::Duration::from_secs(30);
+    let mut ja = qa.work_group("w").expect("group").lease(lease).subscribe().await.expect("subscribe");
+    let held = next_job(&mut ja).await;
+    fail::cfg("rockq-etcd-claim-watch", "return").expect("failpoint");
+    // `b` loads the group (with `a`'s lease) after the claim; its clock runs ahead.
+    let b = connect_with(&cluster, "lag", &clock_b).await;
+    let qb = b.queue("q").await.expect("queue");
+    let mut jb = qb.work_group("w").expect("group").subscribe().await.expect("subscribe");
+    clock_b.advance(lease + std::time::Duration::from_secs(5));
+    let taken = next_job(&mut jb).await;
+    assert_eq!((taken.seq(), taken.attempt()), (1, 2));
+    let refused = held.ack_durable().await;
+    fail::remove("rockq-etcd-claim-watch");
+    match refused {
+        Err(rockq::AckError::LeaseLost { seq: 1, .. }) => {}
+        other => panic!("etcd must refuse the old holder's ack, got {other:?}"),
+    }
+    assert_eq!(committed(&a.stats().await.expect("stats")), 0, "nothing changed");
+    taken.ack_durable().await.expect("the new holder's ack");
+    b.flush().await.expect("flush");
+    assert_eq!(committed(&b.stats().await.expect("stats")), 1);
+    a.shutdown().await.expect("shutdown");
+    b.shutdown().await.expect("shutdown");
+}
+
+/// A claim whose answer was lost is sent again; the second try finds the records this
+/// process meant to write and counts the claim as made (not as lost to another process, which
+/// would leave the message leased to nobody until the lease ran out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_answer_was_lost_is_found_to_be_ours() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let a = connect_with(&cluster, "claim-doubt", &clock).await;
+    let q = a.queue("q").await.expect("queue");
+    q.send("one").await.expect("send");
+    let group = q.work_group("w").expect("group");
+    let mut jobs = group.subscribe().await.expect("subscribe");
+    fail::cfg("rockq-etcd-claim-answer", "1*return").expect("failpoint");
+    let job = next_job(&mut jobs).await;
+    fail::remove("rockq-etcd-claim-answer");
+    assert_eq!((job.seq(), job.attempt()), (1, 1), "claimed once, by this process");
+    job.ack_durable().await.expect("its ack passes the fence: the claim is this process's");
+    a.flush().await.expect("flush");
+    assert_eq!(committed(&a.stats().await.expect("stats")), 1);
+    a.shutdown().await.expect("shutdown");
+}

@@ -27,7 +27,7 @@ fn from_open(e: OpenError) -> InspectError {
     }
 }
 
-fn micros_to_time(m: u64) -> SystemTime {
+pub(super) fn micros_to_time(m: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_micros(m)
 }
 
@@ -195,36 +195,43 @@ fn pending(
         return Ok(Vec::new());
     }
     let live = live.get(&(group.to_owned(), queue.to_owned()));
-    let mut out = Vec::new();
-    for (seq, claim) in db.claims_above(group, queue, offset.committed).map_err(from_read)? {
-        let pending = match claim {
-            Claim::Done => continue,
-            Claim::Leased { attempt, deadline_micros, holder, .. } => {
-                let deadline = deadline_of(live, seq, attempt, deadline_micros);
-                let state = if deadline > now_micros { PendingState::Leased } else { PendingState::Expired };
-                PendingClaim {
-                    seq,
-                    state,
-                    attempt,
-                    holder: (!holder.is_empty()).then(|| holder.to_string()),
-                    lease_deadline: Some(micros_to_time(deadline)),
-                    retry_at: None,
-                    last_error: None,
-                }
-            }
-            Claim::Waiting { attempt, not_before_micros, last_error, .. } => PendingClaim {
+    let claims = db.claims_above(group, queue, offset.committed).map_err(from_read)?;
+    Ok(claims.into_iter().filter_map(|(seq, claim)| pending_claim(seq, claim, now_micros, live)).collect())
+}
+
+/// A claim record as [`Broker::pending`](crate::Broker::pending) shows it (`None`: finished).
+/// `live`: this process's leases of the group, whose extensions the record may not show yet.
+pub(super) fn pending_claim(
+    seq: u64,
+    claim: Claim,
+    now_micros: u64,
+    live: Option<&HashMap<u64, (u32, u64)>>,
+) -> Option<PendingClaim> {
+    Some(match claim {
+        Claim::Done => return None,
+        Claim::Leased { attempt, deadline_micros, holder, .. } => {
+            let deadline = deadline_of(live, seq, attempt, deadline_micros);
+            let state = if deadline > now_micros { PendingState::Leased } else { PendingState::Expired };
+            PendingClaim {
                 seq,
-                state: PendingState::Waiting,
+                state,
                 attempt,
-                holder: None,
-                lease_deadline: None,
-                retry_at: Some(micros_to_time(not_before_micros)),
-                last_error: (!last_error.is_empty()).then_some(last_error),
-            },
-        };
-        out.push(pending);
-    }
-    Ok(out)
+                holder: (!holder.is_empty()).then(|| holder.to_string()),
+                lease_deadline: Some(micros_to_time(deadline)),
+                retry_at: None,
+                last_error: None,
+            }
+        }
+        Claim::Waiting { attempt, not_before_micros, last_error, .. } => PendingClaim {
+            seq,
+            state: PendingState::Waiting,
+            attempt,
+            holder: None,
+            lease_deadline: None,
+            retry_at: Some(micros_to_time(not_before_micros)),
+            last_error: (!last_error.is_empty()).then_some(last_error),
+        },
+    })
 }
 
 /// The queue's metadata and last sequence.
@@ -373,7 +380,7 @@ fn dead_letters(store: &Store, dlq: &str, limit: usize) -> Result<Vec<RawMessage
 /// deadline is never used again anyway (after a restart every lease is void, see
 /// `WorkGroupState::restore`). So the live broker reports the deadlines fencing enforces; a
 /// read-only [`Inspector`](crate::Inspector) sees the claim-time deadlines on disk.
-fn live_leases(engine: &Engine, only: Option<(&str, &str)>) -> LiveLeases {
+pub(super) fn live_leases(engine: &Engine, only: Option<(&str, &str)>) -> LiveLeases {
     let clock = engine.clock();
     let mut out = LiveLeases::new();
     for entry in engine.registry.work.iter() {
@@ -400,7 +407,7 @@ async fn on_store<T: Send + 'static>(
     if shared.is_closed() {
         return Err(InspectError::Shutdown);
     }
-    if let Some(u) = shared.unsupported("this inspection (pending claims, peeking, schedules)") {
+    if let Some(u) = shared.unsupported("this inspection (delayed messages, schedules, the store directly)") {
         return Err(InspectError::Unsupported(u));
     }
     let s = shared.clone();
@@ -438,6 +445,10 @@ pub(crate) async fn live_pending(
     queue: &str,
 ) -> Result<Vec<PendingClaim>, InspectError> {
     let live = live_leases(&shared.engine, Some((group, queue)));
+    #[cfg(feature = "etcd")]
+    if let Some(side) = &shared.engine.etcd {
+        return super::etcd::inspect::pending(shared, side, group, queue, &live).await;
+    }
     let (g, q) = (group.to_owned(), queue.to_owned());
     on_store(shared, move |s, now| pending(s, &g, &q, now, &live)).await
 }
@@ -449,6 +460,10 @@ pub(crate) async fn live_peek(
     from: Option<u64>,
     limit: usize,
 ) -> Result<Vec<StoredMessage>, InspectError> {
+    #[cfg(feature = "etcd")]
+    if let Some(side) = &shared.engine.etcd {
+        return super::etcd::inspect::peek(shared, side, queue, from, limit).await;
+    }
     let q = queue.to_owned();
     on_store(shared, move |s, _| peek(s, &q, from, limit)).await
 }

@@ -152,6 +152,11 @@ pub(crate) enum WorkRequest {
     Redrive { dlq: Arc<QueueState>, expected: u64, last: u64, items: Vec<RedriveItem>, reply: RedriveReply },
     /// Set the group's offset (replay): its claims are deleted.
     Reset { group: Arc<WorkGroupState>, offset: u64, reply: Reply<(), ResetError> },
+    /// The etcd engine: persist a lease extension (`claim`, leased to a later deadline), so
+    /// that other processes see it. The embedded engine keeps extensions in memory and never
+    /// gets this.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    Extend { group: Arc<WorkGroupState>, seq: u64, claim: Claim },
 }
 
 /// Retention (`writer/retention.rs`).

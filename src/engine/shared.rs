@@ -185,6 +185,36 @@ impl Shared {
         Ok(OwnerHold::default())
     }
 
+    /// The etcd engine: has the writer persist the extension of `seq`'s lease to `until`
+    /// (the embedded engine keeps extensions in memory: nothing to do). Never blocks: with the
+    /// channel full, the request is sent from a task.
+    #[allow(unused_variables)]
+    pub fn persist_extension(
+        &self,
+        group: &Arc<WorkGroupState>,
+        seq: u64,
+        attempt: u32,
+        token: u64,
+        until: std::time::Instant,
+        holder: &Arc<str>,
+    ) {
+        #[cfg(feature = "etcd")]
+        if self.engine.etcd.is_some() {
+            let claim = crate::model::Claim::Leased {
+                attempt,
+                token,
+                deadline_micros: self.clock().wall_micros_at(until),
+                holder: holder.clone(),
+            };
+            let req = Request::Work(super::request::WorkRequest::Extend { group: group.clone(), seq, claim });
+            // In order with this caller's later requests, unless the channel is full.
+            if let Err(mpsc::error::TrySendError::Full(req)) = self.tx.try_send(req) {
+                let tx = self.tx.clone();
+                self.runtime.spawn(async move { drop(tx.send(req).await) });
+            }
+        }
+    }
+
     /// The etcd engine's refusal of `operation`, if this broker runs on etcd (`None`: the
     /// embedded engine carries everything out).
     #[inline]
@@ -254,10 +284,9 @@ impl Shared {
 
     /// How far dead-letter queue `dlq` has been redriven. Blocking.
     pub fn read_cursor(&self, dlq: &str) -> Result<Option<u64>, RedriveError> {
-        // Nothing is ever redriven on etcd (the writer refuses it): listing dead letters
-        // starts at the queue's head.
-        if self.unsupported("redrive").is_some() {
-            return Ok(None);
+        #[cfg(feature = "etcd")]
+        if let Some(side) = &self.engine.etcd {
+            return side.read_cursor(&self.runtime, dlq);
         }
         store::read_cursor(&self.engine.store, dlq)
     }

@@ -527,6 +527,9 @@ impl WorkGroup {
         if self.shared.is_closed() {
             return Err(ResetError::Shutdown);
         }
+        if let Some(u) = self.shared.unsupported("resetting a group") {
+            return Err(ResetError::Unsupported(u));
+        }
         let names = || (self.name.to_string(), self.queue.name.to_string());
         let Some(state) = self.state() else {
             let (group, queue) = names();
@@ -662,6 +665,11 @@ impl WorkGroup {
 
     /// The stored settings this handle sets, checked.
     fn requested(&self) -> Result<RequestedWork, SubscribeError> {
+        if self.ordered_by_key == Some(true)
+            && let Some(u) = self.shared.unsupported("ordering a work group by key")
+        {
+            return Err(SubscribeError::Unsupported(u));
+        }
         if let Some(l) = self.lease
             && l < MIN_LEASE
         {

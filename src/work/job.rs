@@ -74,6 +74,16 @@ impl JobInner {
         let until = clock.after(by);
         self.group.extend(self.msg.seq, self.token, now, until).map_err(|_| lost)?;
         *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = until;
+        // On etcd, other processes read the deadline from the claim record: it is rewritten
+        // (compared with this holder's claim) as soon as the writer gets to it.
+        self.shared.persist_extension(
+            &self.group,
+            self.msg.seq,
+            self.attempt,
+            self.token,
+            until,
+            &self.config.consumer,
+        );
         Ok(())
     }
 }

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 
-use super::{EtcdSettings, EtcdSide, owner, retrying, unsupported, watch, writer};
+use super::{EtcdSettings, EtcdSide, owner, retrying, unsupported, watch, work, writer};
 use crate::engine::Engine;
 use crate::engine::registry::{OrderedGroupState, QueueState, Registry};
 use crate::engine::shared::Shared;
@@ -58,13 +58,18 @@ pub(crate) async fn connect(
             GroupMode::Ordered => {
                 registry.ordered.insert(id, OrderedGroupState::new(group, q, offset.committed));
             }
-            // Work-queue groups are not carried out yet: not registered, refused on subscribe.
+            // Loaded below with their claim records and a watch, once the engine exists.
             GroupMode::WorkQueue => {}
         }
     }
     let owner_id = format!("{}-{}-{:016x}", hostname(), std::process::id(), fastrand::u64(..)).into_bytes();
-    let side =
-        Arc::new(EtcdSide { store: store.clone(), settings, owner_id, owners: owner::Owners::default() });
+    let side = Arc::new(EtcdSide {
+        store: store.clone(),
+        settings,
+        owner_id,
+        owners: owner::Owners::default(),
+        work: Default::default(),
+    });
     let label = std::path::PathBuf::from(&store.label);
     let timer = Arc::new(Timer::new(None, 0));
     let stand_in = Store::detached(label);
@@ -86,8 +91,18 @@ pub(crate) async fn connect(
         shutdown: Mutex::new(None),
     });
     let stop = shared.stopped.clone();
-    runtime.spawn(watch::run(Arc::downgrade(&engine), side.clone(), loaded.revision, stop));
-    runtime.spawn(writer::run(engine, side, rx));
+    runtime.spawn(watch::run(Arc::downgrade(&engine), side.clone(), loaded.revision, stop.clone()));
+    let nudge = shared.tx.downgrade();
+    // Every work group, as embedded at open: its claims, settings and counts are known before
+    // anything subscribes.
+    for (group, queue, offset) in &loaded.groups {
+        if offset.mode == GroupMode::WorkQueue
+            && let Some(q) = engine.registry.queue(queue)
+        {
+            work::load(&engine, &side, q, group, &stop, &nudge).await?;
+        }
+    }
+    runtime.spawn(writer::run(engine, side, rx, stop.clone(), nudge));
     Ok(shared)
 }
 

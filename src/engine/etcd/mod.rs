@@ -14,9 +14,12 @@
 //!   like the RocksDB reads.
 
 pub(crate) mod connect;
+pub(crate) mod inspect;
 pub(crate) mod owner;
+mod redrive;
 pub(crate) mod stats;
 mod watch;
+mod work;
 mod writer;
 
 use std::sync::Arc;
@@ -52,6 +55,8 @@ pub(crate) struct EtcdSide {
     /// This process's owner id (written into owner keys).
     pub owner_id: Vec<u8>,
     pub owners: owner::Owners,
+    /// The work groups this process has loaded, by group id.
+    pub work: dashmap::DashMap<Vec<u8>, Arc<work::WorkSide>>,
 }
 
 impl EtcdSide {
@@ -110,6 +115,20 @@ impl EtcdSide {
             return gap_or(out, &queue.name, missing, None);
         }
         Ok(ReadOutcome::Messages(out))
+    }
+}
+
+impl EtcdSide {
+    /// The redrive cursor of `dlq` (`None`: never redriven). Blocking, as
+    /// [`read_range`](Self::read_range).
+    pub fn read_cursor(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        dlq: &str,
+    ) -> Result<Option<u64>, crate::error::RedriveError> {
+        let t = self.settings.request_timeout;
+        let (cursor, rev) = runtime.block_on(retrying(t, || self.store.cursor(dlq)))?;
+        Ok((rev != 0).then_some(cursor))
     }
 }
 

@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::EtcdSide;
+use crate::engine::inspect::{live_leases, pending_claim};
 use crate::engine::shared::Shared;
 use crate::error::InspectError;
 use crate::model::GroupMode as StoredMode;
-use crate::stats::{GroupMode, GroupStats, QueueStats, Stats};
+use crate::stats::{GroupMode, GroupStats, PendingState, QueueStats, Stats};
 
 pub(crate) async fn stats(shared: &Arc<Shared>, side: &EtcdSide) -> Result<Stats, InspectError> {
     if shared.is_closed() {
@@ -42,13 +43,15 @@ pub(crate) async fn stats(shared: &Arc<Shared>, side: &EtcdSide) -> Result<Stats
         });
     }
     queues.sort_by(|a, b| a.name.cmp(&b.name));
+    let live = live_leases(&shared.engine, None);
+    let last_of =
+        |name: &str| loaded.queues.iter().find(|(n, _, _)| n == name).map(|(_, m, l)| (m.first_seq, *l));
     let mut groups = Vec::with_capacity(loaded.groups.len());
     for (group, queue, offset) in &loaded.groups {
         let Some(q) = queues.iter().find(|q| &q.name == queue) else { continue };
         let start = (offset.committed + 1).max(q.first_seq);
         let registry = &shared.engine.registry;
-        let in_flight = registry.ordered(group, queue).map_or(0, |g| g.in_flight());
-        groups.push(GroupStats {
+        let mut g = GroupStats {
             group: group.clone(),
             queue: queue.clone(),
             mode: match offset.mode {
@@ -58,7 +61,7 @@ pub(crate) async fn stats(shared: &Arc<Shared>, side: &EtcdSide) -> Result<Stats
             committed: offset.committed,
             lag: (q.last_seq + 1).saturating_sub(start),
             oldest_unacked_age: None,
-            in_flight,
+            in_flight: registry.ordered(group, queue).map_or(0, |g| g.in_flight()),
             waiting_retry: 0,
             dead_letter_queue: None,
             dlq_depth: 0,
@@ -66,7 +69,35 @@ pub(crate) async fn stats(shared: &Arc<Shared>, side: &EtcdSide) -> Result<Stats
             lease: None,
             retry_policy: None,
             ordered_by_key: false,
-        });
+        };
+        if offset.mode == StoredMode::WorkQueue {
+            // Claim counts from every process's records, as embedded from the disk's.
+            let (_, records, _) = side.store.load_claims(group, queue).await?;
+            let live = live.get(&(group.clone(), queue.clone()));
+            let mut done = 0;
+            for r in records.into_iter().filter(|r| r.seq >= start) {
+                match pending_claim(r.seq, r.claim, now, live).map(|p| p.state) {
+                    None => done += 1,
+                    Some(PendingState::Leased) => g.in_flight += 1,
+                    Some(PendingState::Waiting) => g.waiting_retry += 1,
+                    Some(_) => {}
+                }
+            }
+            g.lag = g.lag.saturating_sub(done);
+            let (record, _) = side.store.work_settings(group, queue).await?;
+            let record = record.unwrap_or_default();
+            let dlq = crate::work_settings::dead_letter_queue_of(&record, queue).to_string();
+            if let Some((first, last)) = last_of(&dlq) {
+                let (cursor, _) = side.store.cursor(&dlq).await?;
+                g.dlq_depth = last.saturating_sub(cursor.max(first - 1));
+            }
+            g.dead_letter_queue = Some(dlq);
+            if let Some(t) = &record.work {
+                (g.lease, g.retry_policy, g.ordered_by_key) =
+                    (Some(t.lease), Some(t.policy.clone()), t.ordered_by_key);
+            }
+        }
+        groups.push(g);
     }
     groups.sort_by(|a, b| (&a.queue, &a.group).cmp(&(&b.queue, &b.group)));
     Ok(Stats { queues, groups, bytes_on_disk: 0, keyspaces: Vec::new() })

@@ -25,7 +25,7 @@ use super::{EtcdSide, retrying};
 use crate::engine::Engine;
 use crate::engine::inbox::Staged;
 use crate::engine::registry::{OrderedGroupState, PendingRecord, QueueState};
-use crate::engine::request::{OrderedRequest, QueueRequest, Request};
+use crate::engine::request::{OrderedRequest, QueueRequest, Request, WorkRequest};
 use crate::engine::writer::dead_letter::{self, Origin};
 use crate::engine::writer::refuse_request;
 use crate::error::{Closed, QueueError, SendError, StorageError, SubscribeError};
@@ -40,19 +40,29 @@ use crate::telemetry;
 /// Messages per append transaction: etcd's operation limit, less the tail's put.
 const MAX_TXN_MESSAGES: usize = MAX_TXN_OPS - 1;
 
-struct Writer {
-    engine: Arc<Engine>,
-    side: Arc<EtcdSide>,
+pub(super) struct Writer {
+    pub(super) engine: Arc<Engine>,
+    pub(super) side: Arc<EtcdSide>,
     /// Each queue's tail as this process last saw it: (last, nonce).
-    tails: HashMap<u32, (u64, u64)>,
-    last_stamp: u64,
+    pub(super) tails: HashMap<u32, (u64, u64)>,
+    pub(super) last_stamp: u64,
     /// After a failed commit: when to try the dirty groups again.
     retry_after: Option<Duration>,
+    /// The broker stopped (ends the work groups' watches).
+    pub(super) stop: tokio_util::sync::CancellationToken,
+    /// Wakes this writer without keeping it alive (a work group's watch saw its offset behind).
+    pub(super) nudge: mpsc::WeakSender<Request>,
 }
 
 /// Runs until every handle is gone or a shutdown is asked for.
-pub(super) async fn run(engine: Arc<Engine>, side: Arc<EtcdSide>, mut rx: mpsc::Receiver<Request>) {
-    let mut w = Writer { engine, side, tails: HashMap::new(), last_stamp: 0, retry_after: None };
+pub(super) async fn run(
+    engine: Arc<Engine>,
+    side: Arc<EtcdSide>,
+    mut rx: mpsc::Receiver<Request>,
+    stop: tokio_util::sync::CancellationToken,
+    nudge: mpsc::WeakSender<Request>,
+) {
+    let mut w = Writer { engine, side, tails: HashMap::new(), last_stamp: 0, retry_after: None, stop, nudge };
     let max_requests = w.engine.options.max_batch_messages;
     let mut pending: Vec<Request> = Vec::new();
     loop {
@@ -93,7 +103,9 @@ pub(super) async fn run(engine: Arc<Engine>, side: Arc<EtcdSide>, mut rx: mpsc::
                 req => w.apply(req).await,
             }
         }
-        let committed = w.commit_dirty().await;
+        let acks = w.commit_work_acks().await;
+        let offsets = w.move_work_offsets().await;
+        let committed = w.commit_dirty().await.and(acks).and(offsets);
         w.retry_after = match &committed {
             Ok(()) => None,
             Err(_) => {
@@ -126,7 +138,7 @@ pub(super) async fn run(engine: Arc<Engine>, side: Arc<EtcdSide>, mut rx: mpsc::
 impl Writer {
     /// A fresh append's nonce: 64 random bits (never 0, the nonce of a new queue's tail), so
     /// that two processes' appends are told apart with a chance of 2^-64 of a mix-up.
-    fn nonce(&self) -> u64 {
+    pub(super) fn nonce(&self) -> u64 {
         fastrand::u64(1..)
     }
 
@@ -139,15 +151,28 @@ impl Writer {
             Request::Ordered(OrderedRequest::Create { queue, group, start, reply }) => {
                 let _ = reply.send(self.create_ordered(queue, group, start).await);
             }
+            Request::Work(WorkRequest::Create { queue, group, start, reply }) => {
+                let _ = reply.send(self.create_work(queue, group, start).await);
+            }
+            Request::Work(WorkRequest::Claim { group, claims, reply, .. }) => {
+                self.claim(group, claims, reply).await;
+            }
+            Request::Work(WorkRequest::Outcome { group, seq, attempt, outcome, reply, .. }) => {
+                self.outcome(group, seq, attempt, outcome, reply).await;
+            }
+            Request::Work(WorkRequest::Extend { group, seq, claim }) => self.extend(group, seq, claim).await,
+            Request::Work(WorkRequest::Redrive { dlq, expected, last, items, reply }) => {
+                self.redrive(dlq, expected, last, items, reply).await;
+            }
+            Request::WorkSettings(req) => self.work_settings(req).await,
             Request::Commit => {}
             other => {
                 let what = match &other {
                     Request::Queue(_) => "idempotency keys",
                     Request::Ordered(_) => "resetting a group",
-                    Request::Work(_) => "work-queue groups",
+                    Request::Work(_) => "resetting a group",
                     Request::Retention(_) => "retention policies",
                     Request::Settings(_) => "pausing groups",
-                    Request::WorkSettings(_) => "work-queue groups",
                     Request::Schedule(_) => "delayed messages, idempotent submits and schedules",
                     Request::Lifecycle(_) => "deleting and purging",
                     Request::Kv(_) => "keyspaces",
@@ -159,7 +184,7 @@ impl Writer {
         }
     }
 
-    async fn create_queue(&mut self, name: &str) -> Result<Arc<QueueState>, QueueError> {
+    pub(super) async fn create_queue(&mut self, name: &str) -> Result<Arc<QueueState>, QueueError> {
         if let Some(q) = self.engine.registry.queue(name) {
             return Ok(q);
         }

@@ -612,12 +612,130 @@ impl WorkGroupState {
         out
     }
 
+    /// The etcd engine: another process wrote `seq`'s claim record (or it was read at load).
+    /// Its lease is held under a token no holder here has (so it is nobody's here until its
+    /// deadline), its retry waits, and a finished one is forgotten and counted finished.
+    /// Sequences between the frontier and `seq` that nobody claimed become claimable.
+    #[cfg(feature = "etcd")]
+    pub fn learn_claim(&self, seq: u64, claim: &Claim, clock: &Clock) {
+        {
+            let mut d = self.dispatch();
+            let mut p = self.progress();
+            if seq <= p.offset {
+                return;
+            }
+            reach(&mut d, seq);
+            match claim {
+                Claim::Done => {
+                    p.finish(seq);
+                    d.remove(seq);
+                }
+                Claim::Leased { attempt, deadline_micros, .. } => {
+                    let deadline = clock.instant_at_wall(*deadline_micros);
+                    d.insert_missing(seq, Slot::available(*attempt, String::new()));
+                    d.set(seq, SlotState::Leased { token: FOREIGN_TOKEN, deadline }, |s| {
+                        s.attempt = *attempt
+                    });
+                }
+                Claim::Waiting { attempt, not_before_micros, last_error, .. } => {
+                    let due = clock.instant_at_wall(*not_before_micros);
+                    d.insert_missing(seq, Slot::available(*attempt, String::new()));
+                    d.set(seq, SlotState::Waiting { due }, |s| {
+                        s.attempt = *attempt;
+                        s.last_error = last_error.clone();
+                    });
+                }
+            }
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// The etcd engine: `seq` is finished (its record went with an offset move, or its outcome
+    /// here was written).
+    #[cfg(feature = "etcd")]
+    pub fn learn_finished(&self, seq: u64) {
+        {
+            let mut d = self.dispatch();
+            let mut p = self.progress();
+            if seq > p.offset {
+                reach(&mut d, seq);
+                p.finish(seq);
+            }
+            d.remove(seq);
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// The etcd engine: whether `seq` is still leased to the holder of `token` (nothing learned
+    /// since the claim was decided took it elsewhere).
+    #[cfg(feature = "etcd")]
+    pub fn holds_lease(&self, seq: u64, token: u64) -> bool {
+        matches!(self.dispatch().get(seq).map(|s| s.state), Some(SlotState::Leased { token: t, .. }) if t == token)
+    }
+
+    /// The etcd engine: whether an outcome of `seq` is on its way (nothing learned since it was
+    /// decided moved the slot elsewhere).
+    #[cfg(feature = "etcd")]
+    pub fn is_settling(&self, seq: u64) -> bool {
+        self.dispatch().get(seq).is_some_and(|s| s.state == SlotState::Settling)
+    }
+
+    /// The etcd engine: the stored offset is at least `offset` (another process moved it):
+    /// everything up to it is finished.
+    #[cfg(feature = "etcd")]
+    pub fn learn_offset(&self, offset: u64) {
+        {
+            let mut d = self.dispatch();
+            let mut p = self.progress();
+            if offset > p.offset {
+                p.trim_to(offset);
+            }
+            d.drop_through(offset);
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// The etcd engine: a claim write found `seq` with no record above the offset (nobody
+    /// claimed it): claimable.
+    #[cfg(feature = "etcd")]
+    pub fn learn_unclaimed(&self, seq: u64) {
+        {
+            let mut d = self.dispatch();
+            if seq <= self.progress().offset {
+                return;
+            }
+            reach(&mut d, seq);
+            d.insert_missing(seq, Slot::available(0, String::new()));
+            if d.get(seq).is_some_and(|s| s.state == SlotState::Settling) {
+                d.set(seq, SlotState::Available, |_| {});
+            }
+        }
+        self.changed.notify_waiters();
+    }
+
     /// The sequences a claim at `now` could take: for tests.
     #[cfg(test)]
     pub fn claimable(&self, now: Instant) -> Vec<u64> {
         let first = self.queue.first_seq.load(Ordering::Acquire);
         self.dispatch().claimable(now, first)
     }
+}
+
+/// The token of a lease another process holds (the etcd engine): tokens here are seeded from
+/// the wall clock, so none is 0.
+#[cfg(feature = "etcd")]
+pub(crate) const FOREIGN_TOKEN: u64 = 0;
+
+/// Moves the frontier past `seq`: the sequences skipped were never claimed, so they are
+/// claimable (a slot each, as restored ones are).
+#[cfg(feature = "etcd")]
+fn reach(d: &mut Dispatch, seq: u64) {
+    while d.frontier < seq {
+        let s = d.frontier;
+        d.insert_missing(s, Slot::available(0, String::new()));
+        d.frontier += 1;
+    }
+    d.frontier = d.frontier.max(seq + 1);
 }
 
 /// The claim state machine on its own (without a broker): which slot moves where, and what

@@ -62,6 +62,8 @@ pub(super) fn apply(r: &mut Round<'_>, req: WorkRequest) {
             redrive(r, dlq, Cursor { expected, last }, items, reply)
         }
         WorkRequest::Reset { group, offset, reply } => reset(r, group, offset, reply),
+        // Extensions live in memory here (a restart forgets leases anyway).
+        WorkRequest::Extend { .. } => {}
     }
 }
 
@@ -71,6 +73,7 @@ pub(super) fn refuse_request(req: WorkRequest, why: &Closed) {
         WorkRequest::Claim { reply, .. } | WorkRequest::Outcome { reply, .. } => refuse(reply, why),
         WorkRequest::Redrive { reply, .. } => refuse(reply, why),
         WorkRequest::Reset { reply, .. } => refuse(reply, why),
+        WorkRequest::Extend { .. } => {}
     }
 }
 

@@ -15,8 +15,17 @@
 //! | `N o/<group>:<queue>` | a group's offset (same codec) |
 //! | `N k/<group>:<queue>:<seq>` | an ordered group's mark (same codec) |
 //! | `N own/<group>:<queue>` | the owner of an ordered group, attached to an etcd lease |
+//! | `N c/claim:<group>:<queue>:<seq>` | a work group's claim record (`work.rs`) |
+//! | `N g/group:<group>:<queue>` | a work group's settings record (`work.rs`) |
+//! | `N r/redrive:<dlq>` | a dead-letter queue's redrive cursor (`redrive.rs`) |
+
+mod redrive;
+mod work;
 
 use std::time::Duration;
+
+pub(crate) use redrive::RedriveOutcome;
+pub(crate) use work::{ClaimEvent, ClaimRecord, ClaimWrite, ClaimsOutcome};
 
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, PutOptions, Txn, TxnOp, WatchOptions,
@@ -193,6 +202,15 @@ impl EtcdStore {
             out.groups.push((group.to_owned(), queue.to_owned(), offset));
         }
         Ok(out)
+    }
+
+    /// The queue `name`: its record and tail, if it exists.
+    pub async fn queue(&self, name: &str) -> Result<Option<(QueueMeta, u64)>, StorageError> {
+        let got = self.kv().get(self.queue_key(name), None).await.map_err(etcd)?;
+        let Some(q) = got.kvs().first() else { return Ok(None) };
+        let meta = records::decode_queue(q.key(), q.value()).map_err(corrupt)?;
+        let last = self.tail(meta.id).await?.unwrap_or(meta.first_seq - 1);
+        Ok(Some((meta, last)))
     }
 
     /// The queue `name`: its record and tail, created (with the next free id) if missing.

@@ -1,0 +1,784 @@
+//! Work-queue groups on etcd, shared by every process of the namespace.
+//!
+//! Each process keeps the embedded claim state machine (`registry/work.rs`) and decides claims
+//! in it as embedded; etcd decides which decision stands. Every claim record this process
+//! writes compares the `mod_revision` it last saw for that record (0: none), and the group's
+//! offset, so a claim decided on a stale view writes nothing; the transaction's answer then
+//! carries the records as they are, and the state machine learns them: a lease another process
+//! holds becomes a slot leased under a token nobody here has (claimable once its deadline
+//! passes), a retry waits, a finished message is counted finished. A watch on the group's
+//! claim records teaches the same from every other process's writes, without polling.
+//!
+//! The `mod_revision` a claim was written at is its holder's fencing token: an outcome
+//! (ack, retry, dead letter) compares it, so once another process claimed the message after
+//! the lease ran out, the old holder's outcome changes nothing and is answered `LeaseLost`.
+//!
+//! The offset moves over finished messages, whoever finished them: any process that sees the
+//! run finished writes `If offset < new Then offset = new, delete records <= new`; the loser
+//! of a race finds the offset already there.
+//!
+//! Lock order: a group's `Known` (an async mutex, held across the transactions that change
+//! its records, so the watch applies nothing this process is still writing) before the claim
+//! state machine's locks.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::writer::Writer;
+use super::{EtcdSide, retrying};
+use crate::clock::Clock;
+use crate::engine::Engine;
+use crate::engine::registry::{QueueState, QueuedAck, WorkGroupState};
+use crate::engine::request::{Outcome, Reply, Request, SettingsMode, WorkSettingsRequest};
+use crate::engine::writer::dead_letter::{self, Origin};
+use crate::error::{AckError, StorageError, SubscribeError};
+use crate::events::Event;
+use crate::model::{Claim, GroupMode, GroupOffset, StartFrom};
+use crate::store::envelope;
+use crate::store::etcd::{ClaimEvent, ClaimRecord, ClaimWrite, ClaimsOutcome, DeadLetterAppend, MAX_TXN_OPS};
+use crate::telemetry;
+use crate::work_settings::WorkSettings;
+
+/// Records per claim or ack transaction: etcd's operation limit, with room for the offset
+/// compare and a dead-letter append.
+const MAX_RECORDS: usize = MAX_TXN_OPS - 8;
+
+/// What this process knows of one work group's records in etcd.
+pub(crate) struct WorkSide {
+    group: Arc<WorkGroupState>,
+    known: tokio::sync::Mutex<Known>,
+}
+
+#[derive(Default)]
+struct Known {
+    /// The `mod_revision` of each claim record above the offset, as last seen.
+    revs: HashMap<u64, i64>,
+    /// The offset as stored (or further: learned from records the offset move deleted).
+    stored_offset: u64,
+    /// The `mod_revision` of this process's last write of each record: an outcome may only
+    /// be written over this process's own claim (its fencing token).
+    mine: HashMap<u64, i64>,
+}
+
+impl Known {
+    fn expected(&self, seq: u64) -> i64 {
+        self.revs.get(&seq).copied().unwrap_or(0)
+    }
+
+    /// The revision an outcome of `seq` compares: this process's claim, unless something
+    /// another process wrote since was learned (then the claim is lost, and nothing is sent).
+    fn own(&self, seq: u64) -> Option<i64> {
+        let mine = self.mine.get(&seq).copied()?;
+        (self.revs.get(&seq) == Some(&mine)).then_some(mine)
+    }
+
+    /// This process wrote `seq`'s record at `rev`.
+    fn wrote(&mut self, seq: u64, rev: i64) {
+        self.revs.insert(seq, rev);
+        self.mine.insert(seq, rev);
+    }
+
+    /// The records of a refused write, as they are: taught to the state machine.
+    fn learn(
+        &mut self,
+        g: &WorkGroupState,
+        offset: u64,
+        found: Vec<(u64, Option<ClaimRecord>)>,
+        clock: &Clock,
+    ) {
+        self.learn_offset(g, offset);
+        for (seq, rec) in found {
+            match rec {
+                Some(r) => {
+                    self.revs.insert(seq, r.rev);
+                    g.learn_claim(seq, &r.claim, clock);
+                }
+                None if seq <= offset => {}
+                None => {
+                    self.revs.remove(&seq);
+                    g.learn_unclaimed(seq);
+                }
+            }
+        }
+    }
+
+    /// The stored offset is at least `offset`: everything up to it is finished.
+    fn learn_offset(&mut self, g: &WorkGroupState, offset: u64) {
+        if offset <= self.stored_offset {
+            return;
+        }
+        self.stored_offset = offset;
+        self.revs.retain(|&s, _| s > offset);
+        self.mine.retain(|&s, _| s > offset);
+        g.learn_offset(offset);
+        let before = g.durable.fetch_max(offset, Ordering::SeqCst);
+        if offset > before {
+            g.changed.notify_waiters();
+        }
+    }
+}
+
+impl Writer {
+    /// Creates a work-queue group (or finds it), loads its claim records into a new state
+    /// machine and starts watching them.
+    pub(super) async fn create_work(
+        &mut self,
+        queue: Arc<QueueState>,
+        group: String,
+        start: StartFrom,
+    ) -> Result<Arc<WorkGroupState>, SubscribeError> {
+        let id = crate::store::group_id(&group, &queue.name);
+        if let Some(g) = self.engine.registry.work.get(&id) {
+            return Ok(g.clone());
+        }
+        let store = &self.side.store;
+        let t = self.side.settings.request_timeout;
+        let stood = match retrying(t, || store.offset(&group, &queue.name)).await? {
+            Some(o) => o,
+            None => {
+                let first = queue.first_seq.load(Ordering::SeqCst);
+                let next = retrying(t, || store.tail(queue.id)).await?.unwrap_or(first - 1) + 1;
+                let committed = match start {
+                    StartFrom::Earliest => first - 1,
+                    StartFrom::Latest => next - 1,
+                    StartFrom::Sequence(s) if (first..=next).contains(&s) => s - 1,
+                    StartFrom::Sequence(requested) => {
+                        return Err(SubscribeError::SequenceOutOfRange { requested, first, next });
+                    }
+                };
+                let offset = GroupOffset { mode: GroupMode::WorkQueue, committed };
+                retrying(t, || store.create_group(&group, &queue.name, offset)).await?
+            }
+        };
+        if stood.mode != GroupMode::WorkQueue {
+            return Err(SubscribeError::WrongMode {
+                group: group.clone(),
+                queue: queue.name.to_string(),
+                existing: "ordered",
+            });
+        }
+        Ok(load(&self.engine, &self.side, queue, &group, &self.stop, &self.nudge).await?)
+    }
+
+    /// A work group's settings, resolved against the stored record as the embedded writer
+    /// does (`writer/settings.rs`), and stored with a compare on the record's revision.
+    pub(super) async fn work_settings(&mut self, req: WorkSettingsRequest) {
+        let WorkSettingsRequest { group, requested, mode, reply } = req;
+        if requested.ordered_by_key == Some(true) {
+            let _ = reply
+                .send(Err(SubscribeError::Unsupported(super::unsupported("ordering a work group by key"))));
+            return;
+        }
+        let _ = reply.send(self.store_work_settings(&group, &requested, mode).await);
+    }
+
+    async fn store_work_settings(
+        &mut self,
+        group: &Arc<WorkGroupState>,
+        requested: &crate::work_settings::RequestedWork,
+        mode: SettingsMode,
+    ) -> Result<Arc<WorkSettings>, SubscribeError> {
+        let store = &self.side.store;
+        let t = self.side.settings.request_timeout;
+        let (gname, qname) = (&group.name, &group.queue.name);
+        loop {
+            let (current, rev) = retrying(t, || store.work_settings(gname, qname)).await?;
+            let current = current.unwrap_or_default();
+            let next = match (WorkSettings::stored(&current, qname), mode) {
+                (Some(stored), SettingsMode::Adopt) => match requested.mismatch(&stored) {
+                    Some(m) => return Err(m.into_error(gname, qname)),
+                    None => stored,
+                },
+                (Some(stored), SettingsMode::Update) => requested.applied_to(&stored),
+                (None, _) => requested.initial(&current, qname),
+            };
+            if next.dead_letter_queue.len() > crate::name::MAX_NAME_LEN {
+                return Err(SubscribeError::DeadLetterName { queue: qname.to_string() });
+            }
+            let record = next.stored_in(&current);
+            if record == current
+                || retrying(t, || store.put_work_settings(gname, qname, &record, rev)).await?
+            {
+                let next = Arc::new(next);
+                group.set_settings(next.clone());
+                return Ok(next);
+            }
+            // Another process changed the record meanwhile: resolve against the new one.
+        }
+    }
+
+    fn work_side(&self, g: &WorkGroupState) -> Option<Arc<WorkSide>> {
+        self.side.work.get(&crate::store::group_id(&g.name, &g.queue.name)).map(|w| w.clone())
+    }
+
+    /// Persists claims decided here. Refused (another process wrote one of the records since
+    /// this process last saw it): the records are learned and the claim answers `LeaseLost`,
+    /// so the subscription gives its claims back and claims again from what it now knows.
+    pub(super) async fn claim(
+        &mut self,
+        group: Arc<WorkGroupState>,
+        claims: Vec<(u64, Claim)>,
+        reply: Reply<(), AckError>,
+    ) {
+        let Some(ws) = self.work_side(&group) else {
+            let _ = reply.send(Err(AckError::Storage(StorageError::new("work group not loaded"))));
+            return;
+        };
+        let mut known = ws.known.lock().await;
+        let clock = self.engine.clock().clone();
+        for chunk in claims.chunks(MAX_RECORDS) {
+            // Decided before the watch taught this process otherwise (another process claimed
+            // or finished one of them since): the expected revision would be that process's,
+            // and the write would take its live lease. Nothing is written.
+            let stale = chunk.iter().find(|(seq, c)| match c {
+                Claim::Leased { token, .. } => !group.holds_lease(*seq, *token),
+                _ => true,
+            });
+            if let Some((seq, c)) = stale {
+                let _ = reply.send(Err(AckError::LeaseLost { seq: *seq, attempt: attempt_of(c) }));
+                return;
+            }
+            let writes: Vec<ClaimWrite> = chunk
+                .iter()
+                .map(|(seq, c)| ClaimWrite { seq: *seq, expected: known.expected(*seq), record: c.clone() })
+                .collect();
+            match self.write(&group, &writes, None).await {
+                Ok(Written::Yes(rev)) => {
+                    for w in &writes {
+                        known.wrote(w.seq, rev);
+                    }
+                }
+                Ok(Written::No { offset, found, .. }) => {
+                    known.learn(&group, offset, found, &clock);
+                    let (seq, attempt) = chunk.first().map_or((0, 0), |(s, c)| (*s, attempt_of(c)));
+                    let _ = reply.send(Err(AckError::LeaseLost { seq, attempt }));
+                    return;
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(AckError::Storage(e)));
+                    return;
+                }
+            }
+        }
+        let _ = reply.send(Ok(()));
+    }
+
+    /// Writes `writes` (and dead letters) in one transaction. An answer lost in transit is
+    /// found out by sending it again: if every record found is the one this write meant to
+    /// put, it had landed.
+    async fn write(
+        &mut self,
+        group: &WorkGroupState,
+        writes: &[ClaimWrite],
+        dead_letters: Option<&DeadLetterAppend>,
+    ) -> Result<Written, StorageError> {
+        let store = self.side.store.clone();
+        let deadline = Instant::now() + self.side.settings.request_timeout;
+        let mut backoff = Duration::from_millis(20);
+        let mut in_doubt = false;
+        loop {
+            match store.write_claims(&group.name, &group.queue.name, writes, dead_letters).await {
+                Ok(ClaimsOutcome::Written { rev }) => return Ok(Written::Yes(rev)),
+                Ok(ClaimsOutcome::Refused { offset, found, tail }) => {
+                    let ours = in_doubt
+                        && !found.is_empty()
+                        && found
+                            .iter()
+                            .zip(writes)
+                            .all(|((_, r), w)| r.as_ref().is_some_and(|r| r.claim == w.record));
+                    if ours {
+                        let rev =
+                            found.iter().filter_map(|(_, r)| r.as_ref().map(|r| r.rev)).max().unwrap_or(0);
+                        return Ok(Written::Yes(rev));
+                    }
+                    return Ok(Written::No { offset, found, tail });
+                }
+                Err(e) => {
+                    if Instant::now() + backoff >= deadline {
+                        return Err(e);
+                    }
+                    tracing::debug!(error = %e, "rockq: claim write to etcd failed; trying again");
+                    in_doubt = true;
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
+            }
+        }
+    }
+
+    /// Records the outcome of one attempt, compared with the holder's claim revision.
+    pub(super) async fn outcome(
+        &mut self,
+        group: Arc<WorkGroupState>,
+        seq: u64,
+        attempt: u32,
+        outcome: Outcome,
+        reply: Reply<(), AckError>,
+    ) {
+        let Some(ws) = self.work_side(&group) else {
+            group.revert(seq);
+            let _ = reply.send(Err(AckError::Storage(StorageError::new("work group not loaded"))));
+            return;
+        };
+        let mut known = ws.known.lock().await;
+        let clock = self.engine.clock().clone();
+        // The revision the outcome was decided on: this process's claim for a retry (the job
+        // made the slot wait already); for an ack or a dead letter, whatever the slot was when
+        // it was set settling (a job's claim, or a message out of attempts), unless the watch
+        // taught something newer since (then the slot is no longer settling).
+        let expected = match &outcome {
+            Outcome::Retry { .. } => known.own(seq),
+            _ => group.is_settling(seq).then(|| known.expected(seq)),
+        };
+        let Some(expected) = expected else {
+            // Another process's write to it was learned since: its state stands.
+            let _ = reply.send(Err(AckError::LeaseLost { seq, attempt }));
+            return;
+        };
+        let (queue, gname) = (group.queue.name.clone(), group.name.clone());
+        match outcome {
+            Outcome::Ack => {
+                let writes = [ClaimWrite { seq, expected, record: Claim::Done }];
+                match self.write(&group, &writes, None).await {
+                    Ok(Written::Yes(rev)) => {
+                        known.wrote(seq, rev);
+                        group.learn_finished(seq);
+                        // As embedded, the offset has passed it when the ack is answered.
+                        if let Err(e) = self.advance(&group, &mut known).await {
+                            tracing::warn!(%queue, group = %gname, error = %e, "rockq: moving a work group's offset in etcd failed; trying again next round");
+                        }
+                        telemetry::group_counter(telemetry::ACKED, &queue, &gname, 1);
+                        self.engine.emit(|| Event::Acked { queue, group: gname, seq, attempt });
+                        let _ = reply.send(Ok(()));
+                    }
+                    Ok(Written::No { offset, found, .. }) => {
+                        known.learn(&group, offset, found, &clock);
+                        let _ = reply.send(Err(AckError::LeaseLost { seq, attempt }));
+                    }
+                    Err(e) => {
+                        group.revert(seq);
+                        let _ = reply.send(Err(AckError::Storage(e)));
+                    }
+                }
+            }
+            Outcome::Retry { claim, delay } => {
+                let error = match &claim {
+                    Claim::Waiting { last_error, .. } => last_error.clone(),
+                    _ => String::new(),
+                };
+                let writes = [ClaimWrite { seq, expected, record: claim }];
+                match self.write(&group, &writes, None).await {
+                    Ok(Written::Yes(rev)) => {
+                        known.wrote(seq, rev);
+                        telemetry::group_counter(telemetry::RETRIED, &queue, &gname, 1);
+                        self.engine.emit(|| Event::Retried {
+                            queue,
+                            group: gname,
+                            seq,
+                            attempt,
+                            delay,
+                            error,
+                        });
+                        let _ = reply.send(Ok(()));
+                    }
+                    Ok(Written::No { offset, found, .. }) => {
+                        known.learn(&group, offset, found, &clock);
+                        let _ = reply.send(Err(AckError::LeaseLost { seq, attempt }));
+                    }
+                    Err(e) => {
+                        // Waiting here already; claimable when due, as after a crash.
+                        let _ = reply.send(Err(AckError::Storage(e)));
+                    }
+                }
+            }
+            Outcome::DeadLetter { reason, dlq } => {
+                let res = self.dead_letter(&group, &mut known, (seq, attempt, expected), &reason, &dlq).await;
+                match res {
+                    Ok(Some((dlq_seq, reason))) => {
+                        group.learn_finished(seq);
+                        if let Err(e) = self.advance(&group, &mut known).await {
+                            tracing::warn!(%queue, group = %gname, error = %e, "rockq: moving a work group's offset in etcd failed; trying again next round");
+                        }
+                        tracing::warn!(%queue, group = %gname, seq, attempt, %reason, %dlq, dlq_seq, "rockq: dead-lettered");
+                        telemetry::group_counter(telemetry::DEAD_LETTERED, &queue, &gname, 1);
+                        self.engine.emit(|| Event::DeadLettered {
+                            queue,
+                            group: gname,
+                            seq,
+                            attempts: attempt,
+                            reason,
+                            dlq,
+                            dlq_seq,
+                        });
+                        let _ = reply.send(Ok(()));
+                    }
+                    Ok(None) => {
+                        let _ = reply.send(Err(AckError::LeaseLost { seq, attempt }));
+                    }
+                    Err(e) => {
+                        group.revert(seq);
+                        let _ = reply.send(Err(AckError::Storage(e)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Rewrites a lease with its extended deadline, compared with this holder's claim. Lost
+    /// meanwhile (another process claimed it after the old deadline): learned, and the holder's
+    /// outcome is refused.
+    pub(super) async fn extend(&mut self, group: Arc<WorkGroupState>, seq: u64, claim: Claim) {
+        let Some(ws) = self.work_side(&group) else { return };
+        let mut known = ws.known.lock().await;
+        let held = match &claim {
+            Claim::Leased { token, .. } => group.holds_lease(seq, *token),
+            _ => false,
+        };
+        let Some(expected) = known.own(seq).filter(|_| held) else { return };
+        let writes = [ClaimWrite { seq, expected, record: claim }];
+        match self.write(&group, &writes, None).await {
+            Ok(Written::Yes(rev)) => known.wrote(seq, rev),
+            Ok(Written::No { offset, found, .. }) => {
+                let clock = self.engine.clock().clone();
+                known.learn(&group, offset, found, &clock);
+            }
+            Err(e) => {
+                tracing::warn!(queue = %group.queue.name, group = %group.name, seq, error = %e, "rockq: a lease extension did not reach etcd; other processes see the old deadline");
+            }
+        }
+    }
+
+    /// Copies the message to `dlq` and marks it done, in one transaction compared with the
+    /// claim and the dead-letter queue's tail. `Ok(None)`: the claim was lost (learned).
+    async fn dead_letter(
+        &mut self,
+        group: &WorkGroupState,
+        known: &mut Known,
+        (seq, attempt, expected): (u64, u32, i64),
+        reason: &str,
+        dlq: &str,
+    ) -> Result<Option<(u64, String)>, StorageError> {
+        let store = self.side.store.clone();
+        let t = self.side.settings.request_timeout;
+        let q = self.create_queue(dlq).await.map_err(|e| StorageError::new(e.to_string()))?;
+        let stored = retrying(t, || store.message(group.queue.id, seq)).await?;
+        let (env, reason) = match stored {
+            Some(v) => {
+                let env = envelope::decode(b"", &v).unwrap_or_else(|_| envelope::Envelope {
+                    payload: bytes::Bytes::from(v),
+                    ..envelope::Envelope::default()
+                });
+                (env, reason.to_owned())
+            }
+            None => (envelope::Envelope::default(), format!("{reason} (the stored message was missing)")),
+        };
+        self.last_stamp = self.last_stamp.max(self.engine.clock().wall_micros());
+        let origin = Origin { queue: &group.queue, group: &group.name, seq, attempts: attempt };
+        let (copy, reason) =
+            dead_letter::copy(&origin, &reason, env, self.last_stamp).map_err(StorageError::new)?;
+        let deadline = Instant::now() + t;
+        loop {
+            let (last, nonce) = match self.tails.get(&q.id) {
+                Some(&tail) => tail,
+                None => retrying(t, || store.tail_record(q.id)).await?,
+            };
+            let append = DeadLetterAppend {
+                qid: q.id,
+                expected_last: last,
+                expected_nonce: nonce,
+                nonce: self.nonce(),
+                envelopes: vec![copy.clone()],
+            };
+            let writes = [ClaimWrite { seq, expected, record: Claim::Done }];
+            match self.write(group, &writes, Some(&append)).await {
+                Ok(Written::Yes(rev)) => {
+                    known.wrote(seq, rev);
+                    self.tails.insert(q.id, (last + 1, append.nonce));
+                    q.publish_max(last + 1);
+                    return Ok(Some((last + 1, reason)));
+                }
+                Ok(Written::No { offset, found, tail }) => {
+                    let still_ours = offset < seq
+                        && found.first().and_then(|(_, r)| r.as_ref()).is_some_and(|r| r.rev == expected);
+                    if still_ours && Instant::now() < deadline {
+                        // Only the dead-letter queue's tail moved: append on the new one.
+                        match tail {
+                            Some(t) => self.tails.insert(q.id, t),
+                            None => self.tails.remove(&q.id),
+                        };
+                        continue;
+                    }
+                    self.tails.remove(&q.id);
+                    if still_ours {
+                        return Err(StorageError::new("etcd: the dead-letter queue kept moving"));
+                    }
+                    known.learn(group, offset, found, &self.engine.clock().clone());
+                    return Ok(None);
+                }
+                Err(e) => {
+                    self.tails.remove(&q.id);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Acks queued by jobs (`Job::ack`), per group as `Done` records in transactions of up to
+    /// [`MAX_RECORDS`]. An ack whose claim another process took since is dropped (the message
+    /// is that process's now: delivered again, at least once).
+    pub(super) async fn commit_work_acks(&mut self) -> Result<(), StorageError> {
+        let mut result = Ok(());
+        for g in self.engine.take_work_dirty() {
+            let acks = g.take_queued_acks();
+            let Some(ws) = self.work_side(&g) else { continue };
+            let mut known = ws.known.lock().await;
+            let clock = self.engine.clock().clone();
+            for chunk in acks.chunks(MAX_RECORDS) {
+                let mut left: Vec<QueuedAck> = chunk.to_vec();
+                // Claims another process took since (as learned): lost, nothing is sent.
+                left.retain(|a| {
+                    let own = known.own(a.seq).is_some();
+                    if !own {
+                        tracing::debug!(queue = %g.queue.name, group = %g.name, seq = a.seq, "rockq: an ack lost its claim to another process");
+                    }
+                    own
+                });
+                while !left.is_empty() {
+                    let writes: Vec<ClaimWrite> = left
+                        .iter()
+                        .filter_map(|a| {
+                            known.own(a.seq).map(|expected| ClaimWrite {
+                                seq: a.seq,
+                                expected,
+                                record: Claim::Done,
+                            })
+                        })
+                        .collect();
+                    match self.write(&g, &writes, None).await {
+                        Ok(Written::Yes(rev)) => {
+                            for a in &left {
+                                known.wrote(a.seq, rev);
+                            }
+                            for a in &left {
+                                g.learn_finished(a.seq);
+                            }
+                            self.acked(&g, &left);
+                            left.clear();
+                        }
+                        Ok(Written::No { offset, found, .. }) => {
+                            // Keep the acks whose records did not change; learn the rest.
+                            let mut lost = Vec::new();
+                            let mut changed = Vec::new();
+                            for (a, (seq, rec)) in left.iter().zip(found) {
+                                let same = seq > offset && rec.as_ref().map(|r| r.rev) == known.own(seq);
+                                if !same {
+                                    lost.push(a.seq);
+                                    changed.push((seq, rec));
+                                }
+                            }
+                            for &s in &lost {
+                                tracing::debug!(queue = %g.queue.name, group = %g.name, seq = s, "rockq: an ack lost its claim to another process");
+                            }
+                            known.learn(&g, offset, changed, &clock);
+                            left.retain(|a| !lost.contains(&a.seq));
+                        }
+                        Err(e) => {
+                            tracing::warn!(queue = %g.queue.name, group = %g.name, error = %e, "rockq: acks to etcd failed; their messages are delivered again when their leases run out");
+                            for a in &left {
+                                g.revert(a.seq);
+                            }
+                            result = Err(e);
+                            left.clear();
+                        }
+                    }
+                }
+            }
+        }
+        result
+    }
+
+    fn acked(&self, g: &WorkGroupState, acks: &[QueuedAck]) {
+        let (queue, group) = (&g.queue.name, &g.name);
+        telemetry::group_counter(telemetry::ACKED, queue, group, acks.len() as u64);
+        if self.engine.events.receiver_count() > 0 {
+            for a in acks {
+                let (seq, attempt) = (a.seq, a.attempt);
+                self.engine.emit(|| Event::Acked {
+                    queue: queue.clone(),
+                    group: group.clone(),
+                    seq,
+                    attempt,
+                });
+            }
+        }
+    }
+
+    /// Moves each work group's stored offset over what this process knows to be finished.
+    pub(super) async fn move_work_offsets(&mut self) -> Result<(), StorageError> {
+        let sides: Vec<Arc<WorkSide>> = self.side.work.iter().map(|w| w.clone()).collect();
+        let mut result = Ok(());
+        for ws in sides {
+            let mut known = ws.known.lock().await;
+            if let Err(e) = self.advance(&ws.group, &mut known).await {
+                result = Err(e);
+            }
+        }
+        result
+    }
+
+    /// Moves `g`'s stored offset over the finished run above it, if this process knows of one.
+    async fn advance(&mut self, g: &WorkGroupState, known: &mut Known) -> Result<(), StorageError> {
+        let to = g.progress().offset;
+        if to <= known.stored_offset {
+            return Ok(());
+        }
+        let (store, t) = (&self.side.store, self.side.settings.request_timeout);
+        // Moved, or another process moved it at least as far.
+        if retrying(t, || store.move_work_offset(&g.name, &g.queue.name, to)).await? {
+            self.engine.counters.offset_commits.fetch_add(1, Ordering::Relaxed);
+        }
+        known.learn_offset(g, to);
+        Ok(())
+    }
+}
+
+/// Loads work group `group` on `queue` (its offset record exists): its claim records into a new
+/// state machine, its stored settings, and a watch on its records from the revision they were
+/// read at. Registered in the engine (at connect for every group, else at first use).
+pub(super) async fn load(
+    engine: &Arc<Engine>,
+    side: &Arc<EtcdSide>,
+    queue: Arc<QueueState>,
+    group: &str,
+    stop: &CancellationToken,
+    nudge: &mpsc::WeakSender<Request>,
+) -> Result<Arc<WorkGroupState>, StorageError> {
+    let id = crate::store::group_id(group, &queue.name);
+    let (store, t) = (&side.store, side.settings.request_timeout);
+    let (offset, records, rev) = retrying(t, || store.load_claims(group, &queue.name)).await?;
+    let g = WorkGroupState::new(group, queue.clone(), offset);
+    let clock = engine.clock().clone();
+    let mut known = Known { stored_offset: offset, ..Known::default() };
+    for r in records {
+        known.revs.insert(r.seq, r.rev);
+        g.learn_claim(r.seq, &r.claim, &clock);
+    }
+    if let (Some(rec), _) = retrying(t, || store.work_settings(group, &queue.name)).await?
+        && let Some(s) = WorkSettings::stored(&rec, &queue.name)
+    {
+        g.set_settings(Arc::new(s));
+    }
+    let ws = Arc::new(WorkSide { group: g.clone(), known: tokio::sync::Mutex::new(known) });
+    side.work.insert(id.clone(), ws.clone());
+    engine.registry.work.insert(id, g.clone());
+    tokio::spawn(watch(side.clone(), Arc::downgrade(&ws), rev, clock, stop.clone(), nudge.clone()));
+    Ok(g)
+}
+
+/// The answer to [`Writer::write`].
+enum Written {
+    Yes(i64),
+    No { offset: u64, found: Vec<(u64, Option<ClaimRecord>)>, tail: Option<(u64, u64)> },
+}
+
+fn attempt_of(c: &Claim) -> u32 {
+    match c {
+        Claim::Leased { attempt, .. } | Claim::Waiting { attempt, .. } => *attempt,
+        Claim::Done => 0,
+    }
+}
+
+/// Teaches the group's state machine what other processes write, until the broker stops or the
+/// group is gone. A broken watch (compacted, the member went away) is replaced after a reload
+/// of every record: state is re-read, not replayed.
+async fn watch(
+    side: Arc<EtcdSide>,
+    ws: Weak<WorkSide>,
+    mut rev: i64,
+    clock: Clock,
+    stop: CancellationToken,
+    nudge: mpsc::WeakSender<Request>,
+) {
+    let (gname, qname) = match ws.upgrade() {
+        Some(w) => (w.group.name.to_string(), w.group.queue.name.to_string()),
+        None => return,
+    };
+    loop {
+        match side.store.watch_claims(&gname, &qname, rev).await {
+            Ok(stream) => {
+                let mut stream = std::pin::pin!(stream);
+                loop {
+                    let next = tokio::select! {
+                        _ = stop.cancelled() => return,
+                        next = stream.next() => next,
+                    };
+                    let Some(ws) = ws.upgrade() else { return };
+                    match next {
+                        // Tests hold other processes' writes back from this process (a slow
+                        // watch): etcd's compares alone must keep the guarantees.
+                        Some(Ok(_)) if crate::faults::check("rockq-etcd-claim-watch").is_err() => {}
+                        Some(Ok(events)) => {
+                            let mut known = ws.known.lock().await;
+                            for ev in events {
+                                match ev {
+                                    ClaimEvent::Put(r) => {
+                                        rev = rev.max(r.rev);
+                                        if r.seq > known.stored_offset && r.rev > known.expected(r.seq) {
+                                            known.revs.insert(r.seq, r.rev);
+                                            ws.group.learn_claim(r.seq, &r.claim, &clock);
+                                        }
+                                    }
+                                    ClaimEvent::Gone { seq, rev: r } => {
+                                        rev = rev.max(r);
+                                        known.learn_offset(&ws.group, seq);
+                                    }
+                                }
+                            }
+                            let behind = ws.group.progress().offset > known.stored_offset;
+                            drop(known);
+                            if behind && let Some(tx) = nudge.upgrade() {
+                                // Another process finished the run's last message: move the offset.
+                                let _ = tx.try_send(Request::Commit);
+                            }
+                        }
+                        Some(Err(e)) => {
+                            tracing::debug!(error = %e, group = %gname, "rockq: claim watch broke; reloading");
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "rockq: claim watch did not start; retrying"),
+        }
+        loop {
+            match side.store.load_claims(&gname, &qname).await {
+                Ok((offset, records, at)) => {
+                    let Some(ws) = ws.upgrade() else { return };
+                    let mut known = ws.known.lock().await;
+                    known.learn_offset(&ws.group, offset);
+                    for r in records {
+                        if r.rev > known.expected(r.seq) {
+                            known.revs.insert(r.seq, r.rev);
+                            ws.group.learn_claim(r.seq, &r.claim, &clock);
+                        }
+                    }
+                    rev = at;
+                    break;
+                }
+                Err(_) => {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    }
+                }
+            }
+        }
+    }
+}

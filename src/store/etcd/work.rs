@@ -1,0 +1,304 @@
+//! Work-queue groups in etcd: claim records fenced by their `mod_revision`, the group's offset,
+//! its stored settings, and a watch on its claims.
+//!
+//! | key | value |
+//! | --- | --- |
+//! | `N c/claim:<group>:<queue>:<seq u64>` | a claim record (same codec as RocksDB's) |
+//! | `N g/group:<group>:<queue>` | the group's settings record (same codec) |
+//!
+//! Every write of claim records is one transaction that compares, for each record, the
+//! `mod_revision` the writer last saw (0: no record), and the group's offset below the
+//! smallest sequence written: a process that decided on a stale view writes nothing, and
+//! learns the records as they are from the transaction's answer. The `mod_revision` a claim
+//! was written at is its holder's fencing token.
+
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, WatchOptions};
+
+use super::{DeadLetterAppend, EtcdStore, corrupt, decode_tail, encode_tail, etcd};
+use crate::error::{CorruptionError, StorageError};
+use crate::model::{Claim, GroupMode, GroupOffset, GroupSettings};
+use crate::store::{keys, records};
+
+/// A claim record as read: its sequence, record and `mod_revision`.
+#[derive(Debug, Clone)]
+pub(crate) struct ClaimRecord {
+    pub seq: u64,
+    pub claim: Claim,
+    pub rev: i64,
+}
+
+/// A change to a group's claim records, seen by a watch.
+#[derive(Debug, Clone)]
+pub(crate) enum ClaimEvent {
+    /// Written at `rev`.
+    Put(ClaimRecord),
+    /// Deleted at `rev`: the offset passed it.
+    Gone { seq: u64, rev: i64 },
+}
+
+/// One write of [`EtcdStore::write_claims`]: `record` at `seq`, if its `mod_revision` is still
+/// `expected` (0: no record).
+#[derive(Debug, Clone)]
+pub(crate) struct ClaimWrite {
+    pub seq: u64,
+    pub expected: i64,
+    pub record: Claim,
+}
+
+/// What became of [`EtcdStore::write_claims`].
+#[derive(Debug)]
+pub(crate) enum ClaimsOutcome {
+    /// Every record written at revision `rev`.
+    Written { rev: i64 },
+    /// Nothing written: the offset and the records as they are now (`None`: no record), and
+    /// the dead-letter queue's tail if one was compared.
+    Refused { offset: u64, found: Vec<(u64, Option<ClaimRecord>)>, tail: Option<(u64, u64)> },
+}
+
+impl EtcdStore {
+    fn claims_prefix(&self, group: &str, queue: &str) -> Vec<u8> {
+        self.key(b"c/", &keys::claim_prefix(group, queue))
+    }
+    fn settings_key(&self, group: &str, queue: &str) -> Vec<u8> {
+        self.key(b"g/", &keys::group_key(group, queue))
+    }
+
+    fn claim_record(&self, prefix: &[u8], kv: &etcd_client::KeyValue) -> Result<ClaimRecord, StorageError> {
+        let seq = kv
+            .key()
+            .get(prefix.len()..)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_be_bytes)
+            .ok_or_else(|| corrupt(CorruptionError::new("claim", kv.key(), "bad sequence")))?;
+        let claim = records::decode_claim(kv.key(), kv.value()).map_err(corrupt)?;
+        Ok(ClaimRecord { seq, claim, rev: kv.mod_revision() })
+    }
+
+    /// A work group's offset and its claim records above it, read at one revision (returned:
+    /// a watch starts after it).
+    pub async fn load_claims(
+        &self,
+        group: &str,
+        queue: &str,
+    ) -> Result<(u64, Vec<ClaimRecord>, i64), StorageError> {
+        let mut kv = self.kv();
+        let prefix = self.claims_prefix(group, queue);
+        let got = kv.get(prefix.clone(), Some(GetOptions::new().with_prefix())).await.map_err(etcd)?;
+        let rev = got.header().map_or(0, |h| h.revision());
+        let offset = kv
+            .get(self.offset_key(group, queue), Some(GetOptions::new().with_revision(rev)))
+            .await
+            .map_err(etcd)?;
+        let offset = match offset.kvs().first() {
+            Some(o) => records::decode_offset(o.key(), o.value()).map_err(corrupt)?.committed,
+            None => {
+                return Err(StorageError::new(format!("work group {group} on {queue} has no offset record")));
+            }
+        };
+        let mut out = Vec::with_capacity(got.kvs().len());
+        for kv in got.kvs() {
+            let r = self.claim_record(&prefix, kv)?;
+            if r.seq > offset {
+                out.push(r);
+            }
+        }
+        Ok((offset, out, rev))
+    }
+
+    /// Writes claim records (claims, outcomes) in one transaction, if every record's
+    /// `mod_revision` is the one expected and the group's offset is below every sequence
+    /// written; and dead-letter copies with the same tail compare as an append, if given.
+    pub async fn write_claims(
+        &self,
+        group: &str,
+        queue: &str,
+        writes: &[ClaimWrite],
+        dead_letters: Option<&DeadLetterAppend>,
+    ) -> Result<ClaimsOutcome, StorageError> {
+        let prefix = self.claims_prefix(group, queue);
+        let offset_key = self.offset_key(group, queue);
+        let floor = writes.iter().map(|w| w.seq).min().unwrap_or(u64::MAX);
+        let below = GroupOffset { mode: GroupMode::WorkQueue, committed: floor };
+        let mut cmps = vec![Compare::value(
+            offset_key.clone(),
+            CompareOp::Less,
+            records::encode_offset(&below).to_vec(),
+        )];
+        let mut ops = Vec::with_capacity(writes.len() + 2);
+        let mut gets = vec![TxnOp::get(offset_key, None)];
+        for w in writes {
+            let key = keys::claim_key(&prefix, w.seq);
+            cmps.push(Compare::mod_revision(key.clone(), CompareOp::Equal, w.expected));
+            ops.push(TxnOp::put(key.clone(), records::encode_claim(&w.record), None));
+            gets.push(TxnOp::get(key, None));
+        }
+        let tail_key = dead_letters.map(|dl| self.tail_key(dl.qid));
+        if let (Some(dl), Some(tail)) = (dead_letters, &tail_key) {
+            cmps.push(Compare::value(
+                tail.clone(),
+                CompareOp::Equal,
+                encode_tail(dl.expected_last, dl.expected_nonce),
+            ));
+            for (i, env) in dl.envelopes.iter().enumerate() {
+                ops.push(TxnOp::put(
+                    self.message_key(dl.qid, dl.expected_last + 1 + i as u64),
+                    env.clone(),
+                    None,
+                ));
+            }
+            ops.push(TxnOp::put(
+                tail.clone(),
+                encode_tail(dl.expected_last + dl.envelopes.len() as u64, dl.nonce),
+                None,
+            ));
+            gets.push(TxnOp::get(tail.clone(), None));
+        }
+        if ops.len() > super::MAX_TXN_OPS || cmps.len() > super::MAX_TXN_OPS {
+            return Err(StorageError::new(format!(
+                "a claim write of {} operations exceeds etcd's {} per transaction",
+                ops.len(),
+                super::MAX_TXN_OPS
+            )));
+        }
+        let txn = Txn::new().when(cmps).and_then(ops).or_else(gets);
+        let resp = self.kv().txn(txn).await.map_err(etcd)?;
+        // Tests lose the answer of an applied write: the caller must find out it landed.
+        crate::faults::check("rockq-etcd-claim-answer")?;
+        if resp.succeeded() {
+            return Ok(ClaimsOutcome::Written { rev: resp.header().map_or(0, |h| h.revision()) });
+        }
+        // The answers to the gets, in order: the offset, each record, the tail.
+        let mut answers = resp.op_responses().into_iter().filter_map(|r| match r {
+            etcd_client::TxnOpResponse::Get(g) => Some(g.kvs().first().cloned()),
+            _ => None,
+        });
+        let offset = match answers.next().flatten() {
+            Some(o) => records::decode_offset(o.key(), o.value()).map_err(corrupt)?.committed,
+            None => {
+                return Err(StorageError::new(format!("work group {group} on {queue} has no offset record")));
+            }
+        };
+        let mut found = Vec::with_capacity(writes.len());
+        for w in writes {
+            let rec = match answers.next().flatten() {
+                Some(kv) => Some(self.claim_record(&prefix, &kv)?),
+                None => None,
+            };
+            found.push((w.seq, rec));
+        }
+        let tail = match (tail_key, answers.next().flatten()) {
+            (Some(_), Some(t)) => Some(decode_tail(t.key(), t.value())?),
+            _ => None,
+        };
+        Ok(ClaimsOutcome::Refused { offset, found, tail })
+    }
+
+    /// Moves a work group's offset to `to` unless it is there already, deleting every claim
+    /// record at or below it (all `Done`: the caller saw them finished). Returns whether this
+    /// call moved it.
+    pub async fn move_work_offset(&self, group: &str, queue: &str, to: u64) -> Result<bool, StorageError> {
+        let prefix = self.claims_prefix(group, queue);
+        let offset_key = self.offset_key(group, queue);
+        let rec = records::encode_offset(&GroupOffset { mode: GroupMode::WorkQueue, committed: to }).to_vec();
+        let txn =
+            Txn::new().when([Compare::value(offset_key.clone(), CompareOp::Less, rec.clone())]).and_then([
+                TxnOp::put(offset_key, rec, None),
+                TxnOp::delete(
+                    keys::claim_key(&prefix, 0),
+                    Some(
+                        etcd_client::DeleteOptions::new()
+                            .with_range(keys::claim_key(&prefix, to.saturating_add(1))),
+                    ),
+                ),
+            ]);
+        Ok(self.kv().txn(txn).await.map_err(etcd)?.succeeded())
+    }
+
+    /// A work group's settings record and its `mod_revision` (0: none).
+    pub async fn work_settings(
+        &self,
+        group: &str,
+        queue: &str,
+    ) -> Result<(Option<GroupSettings>, i64), StorageError> {
+        let got = self.kv().get(self.settings_key(group, queue), None).await.map_err(etcd)?;
+        match got.kvs().first() {
+            Some(kv) => Ok((
+                Some(records::decode_settings(kv.key(), kv.value()).map_err(corrupt)?),
+                kv.mod_revision(),
+            )),
+            None => Ok((None, 0)),
+        }
+    }
+
+    /// Replaces a work group's settings record if its `mod_revision` is still `expected`.
+    pub async fn put_work_settings(
+        &self,
+        group: &str,
+        queue: &str,
+        record: &GroupSettings,
+        expected: i64,
+    ) -> Result<bool, StorageError> {
+        let key = self.settings_key(group, queue);
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key.clone(), CompareOp::Equal, expected)])
+            .and_then([TxnOp::put(key, records::encode_settings(record), None)]);
+        Ok(self.kv().txn(txn).await.map_err(etcd)?.succeeded())
+    }
+
+    /// A stream of changes to a work group's claim records after `revision`. Ends (with `Err`)
+    /// when the watch breaks or its start was compacted: the caller reloads and watches again.
+    pub async fn watch_claims(
+        &self,
+        group: &str,
+        queue: &str,
+        revision: i64,
+    ) -> Result<impl futures::Stream<Item = Result<Vec<ClaimEvent>, StorageError>> + use<>, StorageError>
+    {
+        let prefix = self.claims_prefix(group, queue);
+        let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
+        let (watcher, stream) =
+            self.client.watch_client().watch(prefix.clone(), Some(opts)).await.map_err(etcd)?;
+        let store = self.clone();
+        Ok(futures::stream::unfold((watcher, stream), move |(w, mut s)| {
+            let (store, prefix) = (store.clone(), prefix.clone());
+            async move {
+                match s.message().await {
+                    Ok(Some(resp)) if resp.canceled() || resp.compact_revision() > 0 => {
+                        Some((Err(StorageError::new("etcd watch cancelled or compacted")), (w, s)))
+                    }
+                    Ok(Some(resp)) => {
+                        let mut out = Vec::with_capacity(resp.events().len());
+                        for ev in resp.events() {
+                            let Some(kv) = ev.kv() else { continue };
+                            match ev.event_type() {
+                                etcd_client::EventType::Put => match store.claim_record(&prefix, kv) {
+                                    Ok(r) => out.push(ClaimEvent::Put(r)),
+                                    Err(e) => return Some((Err(e), (w, s))),
+                                },
+                                etcd_client::EventType::Delete => {
+                                    if let Some(seq) =
+                                        kv.key().get(prefix.len()..).and_then(|b| <[u8; 8]>::try_from(b).ok())
+                                    {
+                                        out.push(ClaimEvent::Gone {
+                                            seq: u64::from_be_bytes(seq),
+                                            rev: kv.mod_revision(),
+                                        });
+                                    }
+                                }
+                            }
+                        }
+                        Some((Ok(out), (w, s)))
+                    }
+                    Ok(None) => None,
+                    Err(e) => Some((Err(etcd(e)), (w, s))),
+                }
+            }
+        }))
+    }
+
+    /// The message at `seq` of queue `qid`, if stored.
+    pub async fn message(&self, qid: u32, seq: u64) -> Result<Option<Vec<u8>>, StorageError> {
+        let got = self.kv().get(self.message_key(qid, seq), None).await.map_err(etcd)?;
+        Ok(got.kvs().first().map(|kv| kv.value().to_vec()))
+    }
+}

@@ -1,0 +1,676 @@
+//! Work-queue groups on the etcd engine, against a real single-member etcd: several brokers
+//! (as separate processes would) compete for one group's messages. Claims are fenced by the
+//! claim record's etcd revision, leases and retries move between brokers through the stored
+//! deadlines, dead letters and offsets are shared. Time is a `ManualClock` shared by the
+//! brokers (leases and backoff never wait on the wall clock). Each test starts its own etcd on
+//! loopback ports chosen at run time and stops it by its pid.
+
+mod common;
+#[path = "common/etcd.rs"]
+mod etcd;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use rockq::{AckError, Broker, EtcdOptions, Job, ManualClock, RetryPolicy, WorkSubscription};
+
+use common::HANG_GUARD;
+
+async fn connect(cluster: &etcd::Cluster, ns: &str, clock: &ManualClock) -> Broker {
+    let opts = EtcdOptions::new().options(rockq::Options::new().clock(clock.clone()));
+    Broker::connect_etcd(cluster.endpoints(), ns, opts).await.expect("connect to etcd")
+}
+
+async fn next(jobs: &mut WorkSubscription) -> Job {
+    tokio::time::timeout(HANG_GUARD, jobs.next())
+        .await
+        .expect("a job within the hang guard")
+        .expect("the stream ended")
+        .expect("a job, not an error")
+}
+
+/// Nothing is claimable for `jobs` now (it would have to wait): polls once after the claim
+/// round trips settle. A claim never blocks on etcd for long, so a pending poll after a
+/// flush-and-yield means "nothing to claim".
+async fn nothing_claimable(broker: &Broker, jobs: &mut WorkSubscription) {
+    broker.flush().await.unwrap();
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    match tokio::time::timeout(Duration::from_millis(300), jobs.next()).await {
+        Err(_) => {}
+        Ok(j) => panic!("expected nothing claimable, got {:?}", j.map(|j| j.map(|j| (j.seq(), j.attempt())))),
+    }
+}
+
+/// Waits (bounded by the hang guard) until `cond` holds on the stats of `broker`.
+async fn wait_stats(broker: &Broker, cond: impl Fn(&rockq::Stats) -> bool) -> rockq::Stats {
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    loop {
+        let s = broker.stats().await.unwrap();
+        if cond(&s) {
+            return s;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "stats never got there: {:?}", s.groups);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn committed(s: &rockq::Stats, group: &str) -> u64 {
+    s.groups.iter().find(|g| g.group == group).map_or(0, |g| g.committed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_brokers_share_a_work_group_and_each_message_is_processed_once() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let (a, b) = (connect(&cluster, "shared", &clock).await, connect(&cluster, "shared", &clock).await);
+    let (qa, qb) = (a.queue("q").await.unwrap(), b.queue("q").await.unwrap());
+    const EACH: u64 = 300;
+    let sent: Arc<Mutex<BTreeSet<u64>>> = Arc::default();
+    let mut producers = Vec::new();
+    for (q, name) in [(qa.clone(), "a"), (qb.clone(), "b")] {
+        let sent = sent.clone();
+        producers.push(tokio::spawn(async move {
+            for i in 0..EACH {
+                let seq = q.send(format!("{name}-{i}")).await.unwrap();
+                assert!(sent.lock().unwrap().insert(seq), "sequence {seq} handed out twice");
+            }
+        }));
+    }
+    let processed: Arc<Mutex<BTreeMap<u64, Vec<&'static str>>>> = Arc::default();
+    let mut pools = Vec::new();
+    for (q, name) in [(qa.clone(), "a"), (qb.clone(), "b")] {
+        let processed = processed.clone();
+        let group = q.work_group("w").unwrap().lease(Duration::from_secs(60));
+        pools.push(tokio::spawn(async move {
+            group.workers(4).spawn(move |task: rockq::Task| {
+                let processed = processed.clone();
+                async move {
+                    processed.lock().unwrap().entry(task.seq()).or_default().push(name);
+                    Ok(())
+                }
+            })
+        }));
+    }
+    let mut handles = Vec::new();
+    for p in pools {
+        handles.push(p.await.unwrap());
+    }
+    for p in producers {
+        p.await.unwrap();
+    }
+    let total = 2 * EACH;
+    assert_eq!(sent.lock().unwrap().len() as u64, total);
+    assert_eq!(*sent.lock().unwrap(), (1..=total).collect::<BTreeSet<_>>(), "dense sequences");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::time::Instant::now() < deadline && processed.lock().unwrap().len() < total as usize {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("processed {} of {total}", processed.lock().unwrap().len());
+    let s = wait_stats(&a, |s| committed(s, "w") == total).await;
+    assert_eq!(committed(&s, "w"), total, "the offset moved over both brokers' acks");
+    for h in handles {
+        h.shutdown().await.unwrap();
+    }
+    let processed = processed.lock().unwrap().clone();
+    assert_eq!(processed.keys().copied().collect::<BTreeSet<_>>(), (1..=total).collect::<BTreeSet<_>>());
+    let twice: Vec<_> = processed.iter().filter(|(_, by)| by.len() > 1).collect();
+    assert!(twice.is_empty(), "processed more than once in a clean run: {twice:?}");
+    let by_a = processed.values().filter(|by| by[0] == "a").count();
+    eprintln!("a processed {by_a}, b processed {}", total as usize - by_a);
+    assert!(by_a > 0 && by_a < total as usize, "both brokers took part");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_held_by_one_broker_goes_to_the_other_only_when_it_runs_out_and_fences_the_old_holder() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let (a, b) = (connect(&cluster, "leases", &clock).await, connect(&cluster, "leases", &clock).await);
+    let qa = a.queue("q").await.unwrap();
+    qa.send("one").await.unwrap();
+    let lease = Duration::from_secs(30);
+    let mut ja = qa.work_group("w").unwrap().lease(lease).subscribe().await.unwrap();
+    let held = next(&mut ja).await;
+    assert_eq!((held.seq(), held.attempt()), (1, 1));
+
+    let qb = b.queue("q").await.unwrap();
+    let mut jb = qb.work_group("w").unwrap().subscribe().await.unwrap();
+    nothing_claimable(&b, &mut jb).await;
+
+    // The lease runs out: `b` claims it, with the attempt `a` used counted.
+    clock.advance(lease + Duration::from_secs(1));
+    let taken = next(&mut jb).await;
+    assert_eq!((taken.seq(), taken.attempt()), (1, 2));
+    // `a`'s outcome is refused and changes nothing.
+    match held.ack() {
+        Err(AckError::LeaseLost { seq: 1, .. }) => {}
+        other => panic!("the old holder's ack must be refused, got {other:?}"),
+    }
+    taken.ack_durable().await.unwrap();
+    let s = wait_stats(&a, |s| committed(s, "w") == 1).await;
+    assert_eq!(committed(&s, "w"), 1);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+/// The etcd fence, not the local one: `a`'s clock lags `b`'s (a clock skew), so `a` still
+/// believes it holds the message when `b` claims it after the stored deadline. `a`'s ack passes
+/// its local check and is refused by etcd's compare on the claim's revision; nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_compares_the_claim_revision_in_etcd() {
+    let cluster = etcd::Cluster::start(1).await;
+    let (clock_a, clock_b) = (ManualClock::new(), ManualClock::new());
+    let (a, b) = (connect(&cluster, "fence", &clock_a).await, connect(&cluster, "fence", &clock_b).await);
+    let qa = a.queue("q").await.unwrap();
+    qa.send("one").await.unwrap();
+    let lease = Duration::from_secs(30);
+    let mut ja = qa.work_group("w").unwrap().lease(lease).subscribe().await.unwrap();
+    let held = next(&mut ja).await;
+    let qb = b.queue("q").await.unwrap();
+    let mut jb = qb.work_group("w").unwrap().subscribe().await.unwrap();
+    clock_b.advance(lease + Duration::from_secs(5));
+    let taken = next(&mut jb).await;
+    assert_eq!((taken.seq(), taken.attempt()), (1, 2));
+    assert!(held.lease_remaining() > Duration::ZERO, "a still believes it holds the message");
+    match held.ack_durable().await {
+        Err(AckError::LeaseLost { seq: 1, .. }) => {}
+        other => panic!("etcd must refuse the old holder's ack, got {other:?}"),
+    }
+    // Nothing changed: the offset did not move, and `b` still holds and settles it.
+    assert_eq!(committed(&a.stats().await.unwrap(), "w"), 0);
+    nothing_claimable(&a, &mut ja).await;
+    taken.ack_durable().await.unwrap();
+    let s = wait_stats(&a, |s| committed(s, "w") == 1).await;
+    assert_eq!(committed(&s, "w"), 1);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_wait_their_backoff_across_brokers_and_exhausted_messages_are_dead_lettered_once() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let (a, b) = (connect(&cluster, "retries", &clock).await, connect(&cluster, "retries", &clock).await);
+    let policy = RetryPolicy::default()
+        .max_attempts(3)
+        .backoff(Duration::from_secs(10), Duration::from_secs(10))
+        .multiplier(1.0)
+        .jitter(0.0);
+    let qa = a.queue("q").await.unwrap();
+    qa.send("poison").await.unwrap();
+    let mut ja = qa.work_group("w").unwrap().retry_policy(policy.clone()).subscribe().await.unwrap();
+    let qb = b.queue("q").await.unwrap();
+    let mut jb = qb.work_group("w").unwrap().subscribe().await.unwrap();
+
+    let j = next(&mut ja).await;
+    assert_eq!(j.attempt(), 1);
+    j.fail_durable("boom 1").await.unwrap();
+    // Waiting for its backoff: neither broker may claim it before.
+    nothing_claimable(&b, &mut jb).await;
+    clock.advance(Duration::from_secs(11));
+    // Whichever broker claims it first gets attempt 2; the other gets nothing.
+    let j = tokio::select! {
+        j = next(&mut ja) => j,
+        j = next(&mut jb) => j,
+    };
+    assert_eq!(j.attempt(), 2, "the attempt survives the move between brokers");
+    j.fail_durable("boom 2").await.unwrap();
+    clock.advance(Duration::from_secs(11));
+    let j = tokio::select! {
+        j = next(&mut ja) => j,
+        j = next(&mut jb) => j,
+    };
+    assert_eq!(j.attempt(), 3);
+    j.fail_durable("boom 3").await.unwrap();
+
+    // Dead-lettered once, with its origin in the headers.
+    let dlq = b.queue("q.dlq").await.unwrap();
+    let mut letters = dlq.group("inspect").unwrap().subscribe().await.unwrap();
+    let d = tokio::time::timeout(HANG_GUARD, letters.next()).await.unwrap().unwrap().unwrap();
+    assert_eq!(&d.payload()[..], b"poison");
+    assert_eq!(d.header("rockq-dlq-attempts").map(|v| &v[..]), Some(&b"3"[..]));
+    assert!(String::from_utf8_lossy(d.header("rockq-dlq-reason").unwrap()).contains("boom 3"));
+    assert_eq!(dlq.last_seq(), 1, "one copy");
+    let s = wait_stats(&a, |s| committed(s, "w") == 1).await;
+    assert_eq!(committed(&s, "w"), 1, "the offset passed the dead letter");
+    clock.advance(Duration::from_secs(60));
+    nothing_claimable(&a, &mut ja).await;
+    nothing_claimable(&b, &mut jb).await;
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_broker_resumes_the_group_with_the_leases_and_attempts_others_left() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let a = connect(&cluster, "resume", &clock).await;
+    let q = a.queue("q").await.unwrap();
+    for i in 0..5 {
+        q.send(format!("m{i}")).await.unwrap();
+    }
+    let lease = Duration::from_secs(30);
+    let mut jobs =
+        q.work_group("w").unwrap().lease(lease).read_batch(1).max_in_flight(3).subscribe().await.unwrap();
+    let first = next(&mut jobs).await;
+    let second = next(&mut jobs).await;
+    let third = next(&mut jobs).await;
+    assert_eq!([first.seq(), second.seq(), third.seq()], [1, 2, 3]);
+    second.ack_durable().await.unwrap();
+    // `first` stays leased in etcd; `third` too. Forgotten here without an outcome, as a
+    // crashed process would (its broker goes away without releasing anything in etcd).
+    std::mem::forget(first);
+    std::mem::forget(third);
+    drop(jobs);
+    a.shutdown().await.unwrap();
+
+    let b = connect(&cluster, "resume", &clock).await;
+    let q = b.queue("q").await.unwrap();
+    let mut jobs = q.work_group("w").unwrap().subscribe().await.unwrap();
+    // 1 and 3 are someone's until the lease runs out; 2 is done: 4 and 5 come first.
+    let j = next(&mut jobs).await;
+    assert_eq!((j.seq(), j.attempt()), (4, 1));
+    j.ack_durable().await.unwrap();
+    let j = next(&mut jobs).await;
+    assert_eq!((j.seq(), j.attempt()), (5, 1));
+    j.ack_durable().await.unwrap();
+    nothing_claimable(&b, &mut jobs).await;
+    clock.advance(lease + Duration::from_secs(1));
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let j = next(&mut jobs).await;
+        got.push((j.seq(), j.attempt()));
+        j.ack_durable().await.unwrap();
+    }
+    got.sort_unstable();
+    assert_eq!(got, [(1, 2), (3, 2)], "the crashed holder's attempts stay counted");
+    let s = wait_stats(&b, |s| committed(s, "w") == 5).await;
+    assert_eq!(committed(&s, "w"), 5);
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_are_shared_through_etcd_and_what_is_not_carried_out_is_refused() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let (a, b) = (connect(&cluster, "settings", &clock).await, connect(&cluster, "settings", &clock).await);
+    let qa = a.queue("q").await.unwrap();
+    qa.send("x").await.unwrap();
+    let _ja = qa.work_group("w").unwrap().lease(Duration::from_secs(45)).subscribe().await.unwrap();
+    // Another broker with a different explicit lease is refused; without one it adopts 45 s.
+    let qb = b.queue("q").await.unwrap();
+    match qb.work_group("w").unwrap().lease(Duration::from_secs(10)).subscribe().await {
+        Err(rockq::SubscribeError::SettingsMismatch { .. }) => {}
+        other => panic!("expected SettingsMismatch, got {:?}", other.map(|_| ())),
+    }
+    let mut jb = qb.work_group("w").unwrap().subscribe().await.unwrap();
+    let j = next(&mut jb).await;
+    let left = j.lease_remaining();
+    assert!(left > Duration::from_secs(40) && left <= Duration::from_secs(45), "adopted lease: {left:?}");
+
+    let is_etcd = |u: Option<&rockq::UnsupportedError>| u.is_some_and(|u| u.engine() == "etcd");
+    let e =
+        rockq::Error::from(qb.work_group("k").unwrap().ordered_by_key(true).subscribe().await.unwrap_err());
+    assert!(is_etcd(e.unsupported()), "ordered by key: {e}");
+    let e = rockq::Error::from(
+        qb.work_group("w").unwrap().reset_to(rockq::ResetTo::Sequence(1)).await.unwrap_err(),
+    );
+    assert!(is_etcd(e.unsupported()), "reset: {e}");
+    // Refusals changed nothing: no group "k", and the job is still held and acks.
+    let s = b.stats().await.unwrap();
+    assert!(!s.groups.iter().any(|g| g.group == "k"), "{:?}", s.groups);
+    j.ack_durable().await.unwrap();
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_is_written_to_etcd_and_the_other_broker_respects_it() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let (a, b) = (connect(&cluster, "extend", &clock).await, connect(&cluster, "extend", &clock).await);
+    let qa = a.queue("q").await.unwrap();
+    qa.send("long").await.unwrap();
+    let lease = Duration::from_secs(10);
+    let mut ja = qa.work_group("w").unwrap().lease(lease).subscribe().await.unwrap();
+    let job = next(&mut ja).await;
+    let qb = b.queue("q").await.unwrap();
+    let mut jb = qb.work_group("w").unwrap().subscribe().await.unwrap();
+    clock.advance(Duration::from_secs(8));
+    job.extend(Duration::from_secs(30)).unwrap();
+    // Written before anything else `a` asks of the writer: a flush answers after it.
+    a.flush().await.unwrap();
+    clock.advance(Duration::from_secs(8)); // past the first deadline, inside the extension
+    nothing_claimable(&b, &mut jb).await;
+    job.ack_durable().await.unwrap();
+    let s = wait_stats(&b, |s| committed(s, "w") == 1).await;
+    assert_eq!(committed(&s, "w"), 1);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+/// `pending`, `peek` and `stats` read what every broker left in etcd: another broker's lease
+/// and retry, its dead letter, the group's settings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_peek_and_stats_show_every_brokers_claims() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let (a, b) = (connect(&cluster, "inspect", &clock).await, connect(&cluster, "inspect", &clock).await);
+    let qa = a.queue("q").await.unwrap();
+    for i in 1..=3 {
+        qa.send(format!("m{i}")).await.unwrap();
+    }
+    let policy = RetryPolicy::default()
+        .max_attempts(2)
+        .backoff(Duration::from_secs(10), Duration::from_secs(10))
+        .jitter(0.0);
+    let lease = Duration::from_secs(30);
+    let mut ja = qa
+        .work_group("w")
+        .unwrap()
+        .lease(lease)
+        .retry_policy(policy)
+        .read_batch(1)
+        .max_in_flight(2)
+        .subscribe()
+        .await
+        .unwrap();
+    let one = next(&mut ja).await;
+    let two = next(&mut ja).await;
+    assert_eq!((one.seq(), two.seq()), (1, 2));
+    two.fail_durable("flaky").await.unwrap();
+
+    let pending = b.pending("q", "w").await.unwrap();
+    let seen: Vec<_> = pending.iter().map(|p| (p.seq, p.state, p.attempt)).collect();
+    assert_eq!(seen, [(1, rockq::PendingState::Leased, 1), (2, rockq::PendingState::Waiting, 1)]);
+    assert!(pending[0].holder.is_some(), "the holder is named");
+    assert_eq!(pending[1].last_error.as_deref(), Some("flaky"));
+    let peeked = b.peek("q", Some(2), 5).await.unwrap();
+    assert_eq!(
+        peeked.iter().map(|m| (m.seq, m.payload.to_vec())).collect::<Vec<_>>(),
+        [(2, b"m2".to_vec()), (3, b"m3".to_vec())]
+    );
+    let s = b.stats().await.unwrap();
+    let g = s.groups.iter().find(|g| g.group == "w").unwrap();
+    assert_eq!((g.committed, g.in_flight, g.waiting_retry, g.lag), (0, 1, 1, 3));
+    assert_eq!((g.lease, g.dead_letter_queue.as_deref(), g.dlq_depth), (Some(lease), Some("q.dlq"), 0));
+
+    // The lease runs out (expired, still pending); the retry's second attempt is dead-lettered;
+    // the first is acked after the claim moved: only etcd's records count.
+    one.ack_durable().await.unwrap();
+    clock.advance(Duration::from_secs(11));
+    let again = next(&mut ja).await;
+    assert_eq!((again.seq(), again.attempt()), (2, 2));
+    again.fail_durable("still flaky").await.unwrap();
+    let s = wait_stats(&b, |s| s.groups.iter().any(|g| g.group == "w" && g.dlq_depth == 1)).await;
+    let g = s.groups.iter().find(|g| g.group == "w").unwrap();
+    assert_eq!((g.committed, g.in_flight, g.waiting_retry, g.lag), (2, 0, 0, 1));
+    assert!(b.pending("q", "w").await.unwrap().is_empty());
+    match b.pending("q", "nope").await {
+        Err(rockq::InspectError::NoSuchGroup { .. }) => {}
+        other => panic!("expected NoSuchGroup, got {other:?}"),
+    }
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two rockq processes on one namespace (the test binary runs itself again as the helper).
+
+/// One rockq process of the two-process tests, run through `common::spawn_helper`. Connects to
+/// `ROCKQ_ETCD_NS` and prints `@ready`, then:
+/// - `ROCKQ_ETCD_MODE=work`: once told `go` on stdin, sends `ROCKQ_ETCD_SENDS` messages
+///   (`@sent <seq> <payload>` for each that resolved `Ok`, then `@produced`) while a pool of
+///   four workers on group `w` prints `@got <seq> <attempt> <payload>` for every job it
+///   handles; told `stop`, it shuts the pool and the broker down and prints `@done`.
+/// - `ROCKQ_ETCD_MODE=hold`: takes five jobs of group `w` (lease `ROCKQ_ETCD_LEASE_MS`), prints
+///   `@held <seq> <attempt>` for each and keeps them, never settling: the parent SIGKILLs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "helper process of the two-process work-group tests"]
+async fn work_helper_process() {
+    use std::io::{BufRead, Write};
+    let Ok(endpoints) = std::env::var("ROCKQ_ETCD_ENDPOINTS") else { return };
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k}"));
+    let (ns, name, mode) = (var("ROCKQ_ETCD_NS"), var("ROCKQ_ETCD_NAME"), var("ROCKQ_ETCD_MODE"));
+    let endpoints: Vec<String> = endpoints.split(',').map(str::to_owned).collect();
+    let opts = EtcdOptions::new().request_timeout(Duration::from_secs(20));
+    let broker = Broker::connect_etcd(endpoints, &ns, opts).await.expect("connect");
+    let out = Arc::new(Mutex::new(std::io::stdout()));
+    let say = {
+        let out = out.clone();
+        move |line: String| {
+            let mut o = out.lock().unwrap();
+            writeln!(o, "{line}").expect("stdout");
+            o.flush().expect("stdout");
+        }
+    };
+    let (cmd_tx, mut cmd_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { return };
+            if cmd_tx.send(line.trim().to_owned()).is_err() {
+                return;
+            }
+        }
+    });
+    let q = broker.queue("q").await.expect("queue");
+    if mode == "hold" {
+        let lease = Duration::from_millis(var("ROCKQ_ETCD_LEASE_MS").parse().expect("ms"));
+        let group = q.work_group("w").expect("group").lease(lease).read_batch(1).max_in_flight(5);
+        let mut jobs = group.subscribe().await.expect("subscribe");
+        say("@ready".into());
+        let mut held = Vec::new();
+        for _ in 0..5 {
+            let j = next(&mut jobs).await;
+            say(format!("@held {} {}", j.seq(), j.attempt()));
+            held.push(j);
+        }
+        // Kept until the parent kills this process.
+        futures::future::pending::<()>().await;
+        return;
+    }
+    say("@ready".into());
+    while cmd_rx.recv().await.as_deref() != Some("go") {}
+    let sends: u64 = var("ROCKQ_ETCD_SENDS").parse().expect("number");
+    let producing = {
+        let (q, say, name) = (q.clone(), say.clone(), name.clone());
+        tokio::spawn(async move {
+            for i in 0..sends {
+                let payload = format!("{name}-{i}");
+                match q.send(payload.clone()).await {
+                    Ok(seq) => say(format!("@sent {seq} {payload}")),
+                    Err(e) => eprintln!("{payload} failed: {e}"),
+                }
+            }
+            say("@produced".into());
+        })
+    };
+    let handler_say = say.clone();
+    let pool = q.work_group("w").expect("group").lease(Duration::from_secs(30)).workers(4).spawn(
+        move |task: rockq::Task| {
+            let say = handler_say.clone();
+            async move {
+                say(format!(
+                    "@got {} {} {}",
+                    task.seq(),
+                    task.attempt(),
+                    String::from_utf8_lossy(task.payload())
+                ));
+                Ok(())
+            }
+        },
+    );
+    while cmd_rx.recv().await.as_deref() != Some("stop") {}
+    producing.await.expect("producer");
+    pool.shutdown().await.expect("pool shutdown");
+    broker.shutdown().await.expect("shutdown");
+    say("@done".into());
+}
+
+/// A child's stdout, line by line, into a shared log.
+fn collect(child: &mut std::process::Child) -> (Arc<Mutex<Vec<String>>>, std::thread::JoinHandle<()>) {
+    use std::io::BufRead;
+    let stdout = child.stdout.take().expect("piped stdout");
+    let log: Arc<Mutex<Vec<String>>> = Arc::default();
+    let into = log.clone();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            into.lock().unwrap().push(line);
+        }
+    });
+    (log, reader)
+}
+
+/// The words after `marker` on each line that has it (the test harness may print its own
+/// text before the helper's first line, so the marker is looked for anywhere in the line).
+fn lines(log: &Mutex<Vec<String>>, marker: &str) -> Vec<Vec<String>> {
+    log.lock()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l.find(marker).map(|i| l[i + marker.len()..].split(' ').map(str::to_owned).collect()))
+        .collect()
+}
+
+async fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + HANG_GUARD * 2;
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "never happened: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn helper(endpoints: &str, vars: &[(&str, &str)]) -> std::process::Child {
+    let mut env = vec![("ROCKQ_ETCD_ENDPOINTS", endpoints)];
+    env.extend_from_slice(vars);
+    common::spawn_helper("work_helper_process", &env)
+}
+
+fn tell(child: &mut std::process::Child, line: &str) {
+    use std::io::Write;
+    let stdin = child.stdin.as_mut().expect("stdin");
+    writeln!(stdin, "{line}").expect("write to helper");
+    stdin.flush().expect("flush helper stdin");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_produce_and_consume_one_work_group_and_each_message_is_processed_once() {
+    let cluster = etcd::Cluster::start(1).await;
+    let endpoints = cluster.endpoints().join(",");
+    const EACH: u64 = 300;
+    let each = EACH.to_string();
+    let mut children = Vec::new();
+    for name in ["a", "b"] {
+        let vars = [
+            ("ROCKQ_ETCD_NS", "procs"),
+            ("ROCKQ_ETCD_NAME", name),
+            ("ROCKQ_ETCD_MODE", "work"),
+            ("ROCKQ_ETCD_SENDS", each.as_str()),
+        ];
+        let mut child = helper(&endpoints, &vars);
+        let (log, reader) = collect(&mut child);
+        children.push((name, child, log, reader));
+    }
+    for (name, _, log, _) in &children {
+        wait_until(&format!("{name} ready"), || !lines(log, "@ready").is_empty()).await;
+    }
+    for (_, child, _, _) in &mut children {
+        tell(child, "go");
+    }
+    let total = 2 * EACH;
+    let got_all =
+        || children.iter().map(|(_, _, log, _)| lines(log, "@got ").len()).sum::<usize>() >= total as usize;
+    let produced = || children.iter().all(|(_, _, log, _)| !lines(log, "@produced").is_empty());
+    wait_until("every message handled", || produced() && got_all()).await;
+    // The offset, as etcd holds it, passes everything.
+    let clock = ManualClock::new();
+    let observer = connect(&cluster, "procs", &clock).await;
+    let s = wait_stats(&observer, |s| committed(s, "w") == total).await;
+    assert_eq!(committed(&s, "w"), total);
+    observer.shutdown().await.unwrap();
+    for (name, child, _, _) in &mut children {
+        tell(child, "stop");
+        let status = child.wait().expect("helper exits");
+        assert!(status.success(), "{name} failed");
+    }
+    let mut sent = BTreeSet::new();
+    let mut processed: BTreeMap<u64, Vec<(String, String)>> = BTreeMap::new();
+    for (name, _, log, reader) in children {
+        reader.join().expect("helper output");
+        assert!(!lines(&log, "@done").is_empty(), "{name} shut down cleanly");
+        for w in lines(&log, "@sent ") {
+            assert!(sent.insert(w[0].parse::<u64>().unwrap()), "sequence {} handed out twice", w[0]);
+        }
+        let mine = lines(&log, "@got ");
+        eprintln!("{name} processed {}", mine.len());
+        assert!(!mine.is_empty(), "{name} took part in consuming");
+        for w in mine {
+            assert_eq!(w[1], "1", "a clean run has no second attempt: {w:?}");
+            processed.entry(w[0].parse().unwrap()).or_default().push((name.to_owned(), w[2].clone()));
+        }
+    }
+    assert_eq!(sent, (1..=total).collect::<BTreeSet<_>>(), "dense sequences from both producers");
+    assert_eq!(processed.keys().copied().collect::<BTreeSet<_>>(), sent, "every message processed");
+    let twice: Vec<_> = processed.iter().filter(|(_, by)| by.len() > 1).collect();
+    assert!(twice.is_empty(), "processed more than once (held by two) in a clean run: {twice:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_process_s_leased_jobs_go_to_the_other_process_once_their_leases_run_out() {
+    let cluster = etcd::Cluster::start(1).await;
+    let endpoints = cluster.endpoints().join(",");
+    // This process is the survivor; its clock is the wall clock, as the helper's is.
+    let broker = Broker::connect_etcd(cluster.endpoints(), "kill", EtcdOptions::new()).await.unwrap();
+    let q = broker.queue("q").await.unwrap();
+    for i in 0..20 {
+        q.send(format!("m{i}")).await.unwrap();
+    }
+    let vars = [
+        ("ROCKQ_ETCD_NS", "kill"),
+        ("ROCKQ_ETCD_NAME", "holder"),
+        ("ROCKQ_ETCD_MODE", "hold"),
+        ("ROCKQ_ETCD_LEASE_MS", "8000"),
+    ];
+    let mut holder = helper(&endpoints, &vars);
+    let (log, reader) = collect(&mut holder);
+    wait_until("five jobs held", || lines(&log, "@held ").len() == 5).await;
+    let held: BTreeSet<u64> = lines(&log, "@held ").iter().map(|w| w[0].parse().unwrap()).collect();
+    assert!(lines(&log, "@held ").iter().all(|w| w[1] == "1"));
+
+    // While the holder lives, this process gets every other message, none of the held ones.
+    let mut jobs = q.work_group("w").unwrap().subscribe().await.unwrap();
+    let mut before = BTreeSet::new();
+    for _ in 0..15 {
+        let j = next(&mut jobs).await;
+        assert_eq!(j.attempt(), 1);
+        assert!(!held.contains(&j.seq()), "seq {} is leased to the other process", j.seq());
+        before.insert(j.seq());
+        j.ack_durable().await.unwrap();
+    }
+    // SIGKILL the holder: its leases stay in etcd until they run out, then its jobs come here,
+    // each once, with the attempt the dead process used counted.
+    holder.kill().expect("kill the holder");
+    holder.wait().expect("reap the holder");
+    reader.join().expect("holder output");
+    let mut after = BTreeSet::new();
+    for _ in 0..5 {
+        let j = next(&mut jobs).await;
+        assert_eq!(j.attempt(), 2, "seq {}: the killed holder's attempt is counted", j.seq());
+        assert!(after.insert(j.seq()), "seq {} handed out twice", j.seq());
+        j.ack_durable().await.unwrap();
+    }
+    assert_eq!(after, held, "exactly the killed process's jobs came back");
+    assert_eq!(before.union(&after).copied().collect::<BTreeSet<_>>(), (1..=20).collect());
+    let s = wait_stats(&broker, |s| committed(s, "w") == 20).await;
+    assert_eq!(committed(&s, "w"), 20);
+    broker.shutdown().await.unwrap();
+}
