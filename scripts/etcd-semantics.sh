@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the embedded engine's semantics suites (ordered groups, work groups, worker pools,
-# dead letters and redrive) unchanged against a real single-member etcd (feature `etcd`):
+# dead letters and redrive, retention) unchanged against a real single-member etcd (feature `etcd`):
 # starts Debian's `etcd` on loopback ports chosen now, data in a temp dir, points the tests at
 # it (`ROCKQ_TEST_ETCD`, see tests/common/mod.rs), and stops it by its pid at the end.
 # Called by scripts/test.sh and scripts/etcd-tests.sh.
@@ -37,10 +37,11 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 export ROCKQ_TEST_ETCD="http://127.0.0.1:$client"
-# Skipped: the tests of what the etcd engine refuses (resets, trims, pause, ordering a work
-# group by key, retention), and those that open or write RocksDB directly.
+# Skipped: the tests of what the etcd engine refuses (resets, send calls over one etcd
+# transaction), and those that open or write RocksDB directly or measure its disk space.
 features="${ROCKQ_FEATURES:-etcd}"
 cargo test --features "$features" --test ordering --test offsets --test work_groups --test worker_pools \
   --test typed_jobs "$@"
 cargo test --features "$features" --test ordered_dead_letters "$@" -- --skip reset --skip trimmed --skip stale_delivery_records --skip saturated --skip a_crash_after
 cargo test --features "$features" --test dead_letters "$@" -- --skip a_corrupted_message
+cargo test --features "$features" --test retention "$@" -- --skip reset --skip large_consumed_backlog

@@ -249,10 +249,6 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
     assert!(is_etcd(e.unsupported()), "keyspace: {e}");
     let e = rockq::Error::from(broker.transaction().commit().await.unwrap_err());
     assert!(is_etcd(e.unsupported()), "transaction: {e}");
-    let e = rockq::Error::from(q.set_retention(rockq::Retention::MaxLen(5)).await.unwrap_err());
-    assert!(is_etcd(e.unsupported()), "retention: {e}");
-    let e = rockq::Error::from(broker.trim().await.unwrap_err());
-    assert!(is_etcd(e.unsupported()), "trim: {e}");
     let e = rockq::Error::from(broker.delete_queue("q").await.unwrap_err());
     assert!(is_etcd(e.unsupported()), "delete: {e}");
     let e = rockq::Error::from(broker.pause_group("q", "g").await.unwrap_err());

@@ -124,3 +124,72 @@ async fn a_claim_whose_answer_was_lost_is_found_to_be_ours() {
     assert_eq!(committed(&a.stats().await.expect("stats")), 1);
     a.shutdown().await.expect("shutdown");
 }
+
+/// A group created after a retention pass computed its cuts and before its trim lands would
+/// lose its messages to a cut computed without it: the trim compares that no offset record
+/// was created since it read them, is refused, and is computed again with the new group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_created_while_a_trim_is_planned_keeps_its_messages() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let a = connect_with(&cluster, "race", &clock).await;
+    let q = a.queue("q").await.expect("queue");
+    for i in 1..=10 {
+        q.send(format!("m{i}")).await.expect("send");
+    }
+    // The only group has finished everything: the default policy would delete all ten.
+    let mut sub = q.group("done").expect("group").subscribe().await.expect("subscribe");
+    for _ in 0..10 {
+        tokio::time::timeout(common::HANG_GUARD, sub.next())
+            .await
+            .expect("delivery")
+            .expect("open")
+            .expect("ok")
+            .ack()
+            .expect("ack");
+    }
+    a.flush().await.expect("flush");
+    // Another process creates a group starting at the earliest message, right between the
+    // pass's read and its trim.
+    let endpoints = cluster.endpoints();
+    let created = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = created.clone();
+    fail::cfg_callback("rockq-etcd-trim-planned", move || {
+        if flag.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let endpoints = endpoints.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            rt.block_on(async {
+                let b = Broker::connect_etcd(endpoints, "race", EtcdOptions::new()).await.expect("connect");
+                let q = b.queue("q").await.expect("queue");
+                drop(q.group("late").expect("group").subscribe().await.expect("subscribe"));
+                b.shutdown().await.expect("shutdown");
+            });
+        })
+        .join()
+        .expect("the other process");
+    })
+    .expect("failpoint");
+    let report = a.trim().await;
+    fail::remove("rockq-etcd-trim-planned");
+    assert!(created.load(std::sync::atomic::Ordering::SeqCst), "the group was created mid-pass");
+    assert_eq!(report.expect("trim").deleted, 0, "the late group has finished nothing");
+    assert_eq!(q.first_seq(), 1);
+    drop(sub);
+    a.shutdown().await.expect("shutdown");
+    // The late group gets every message, from the first.
+    let b = connect_with(&cluster, "race", &clock).await;
+    let q = b.queue("q").await.expect("queue");
+    let mut late = q.group("late").expect("group").subscribe().await.expect("subscribe");
+    let d = tokio::time::timeout(common::HANG_GUARD, late.next())
+        .await
+        .expect("delivery")
+        .expect("open")
+        .expect("ok");
+    assert_eq!(d.seq(), 1);
+    drop(late);
+    b.shutdown().await.expect("shutdown");
+}

@@ -72,8 +72,9 @@ pub(crate) async fn pass(shared: &Arc<Shared>, compact: Option<bool>) -> Result<
     if shared.is_closed() {
         return Err(QueueError::Shutdown);
     }
-    if let Some(u) = shared.unsupported("retention") {
-        return Err(QueueError::Unsupported(u));
+    #[cfg(feature = "etcd")]
+    if let Some(side) = &shared.engine.etcd {
+        return super::etcd::retention::pass(shared, side, compact).await;
     }
     let bytes = |s: Arc<Shared>| async move {
         s.runtime.clone().spawn_blocking(move || s.engine.store.disk_bytes()).await.unwrap_or(0)

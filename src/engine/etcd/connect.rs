@@ -69,6 +69,7 @@ pub(crate) async fn connect(
         owner_id,
         owners: owner::Owners::default(),
         work: Default::default(),
+        revisions: Default::default(),
     });
     let label = std::path::PathBuf::from(&store.label);
     let timer = Arc::new(Timer::new(None, 0));
@@ -103,6 +104,7 @@ pub(crate) async fn connect(
         }
     }
     runtime.spawn(writer::run(engine, side, rx, stop.clone(), nudge));
+    crate::engine::retention::spawn_background(&shared, options.retention_interval);
     Ok(shared)
 }
 

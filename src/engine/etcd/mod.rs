@@ -17,6 +17,7 @@ pub(crate) mod connect;
 pub(crate) mod inspect;
 pub(crate) mod owner;
 mod redrive;
+pub(crate) mod retention;
 pub(crate) mod stats;
 mod watch;
 mod work;
@@ -57,6 +58,8 @@ pub(crate) struct EtcdSide {
     pub owners: owner::Owners,
     /// The work groups this process has loaded, by group id.
     pub work: dashmap::DashMap<Vec<u8>, Arc<work::WorkSide>>,
+    /// The revisions retention passes started at: how far a compaction may go.
+    pub revisions: retention::Revisions,
 }
 
 impl EtcdSide {
@@ -75,7 +78,7 @@ impl EtcdSide {
         let mut out = Vec::with_capacity(got.len());
         for (expected, (seq, v)) in (from..).zip(got) {
             if seq != expected {
-                return gap_or(out, &queue.name, expected, Some(seq));
+                return self.gap_or(runtime, out, queue, expected, Some(seq));
             }
             match crate::store::etcd::decode_envelope(queue.id, seq, &v) {
                 Ok(env) => out.push(RawMessage::new(seq, env)),
@@ -85,7 +88,7 @@ impl EtcdSide {
             }
         }
         if out.is_empty() {
-            return gap_or(out, &queue.name, from, None);
+            return self.gap_or(runtime, out, queue, from, None);
         }
         Ok(ReadOutcome::Messages(out))
     }
@@ -102,7 +105,7 @@ impl EtcdSide {
         let mut out = Vec::with_capacity(got.len());
         for (&want, (seq, v)) in seqs.iter().zip(got) {
             if seq != want {
-                return gap_or(out, &queue.name, want, Some(seq));
+                return self.gap_or(runtime, out, queue, want, Some(seq));
             }
             match crate::store::etcd::decode_envelope(queue.id, seq, &v) {
                 Ok(env) => out.push(RawMessage::new(seq, env)),
@@ -112,7 +115,7 @@ impl EtcdSide {
         }
         if out.len() < seqs.len() {
             let missing = seqs[out.len()];
-            return gap_or(out, &queue.name, missing, None);
+            return self.gap_or(runtime, out, queue, missing, None);
         }
         Ok(ReadOutcome::Messages(out))
     }
@@ -132,17 +135,30 @@ impl EtcdSide {
     }
 }
 
-/// The good prefix if there is one (the next read reports the gap), else the gap.
-fn gap_or(
-    out: Vec<RawMessage>,
-    queue: &str,
-    expected: u64,
-    found: Option<u64>,
-) -> Result<ReadOutcome, ReceiveError> {
-    if out.is_empty() {
-        return Err(ReceiveError::Gap { queue: queue.to_owned(), expected, found });
+impl EtcdSide {
+    /// The good prefix if there is one (the next read reports the gap), else the gap. A gap
+    /// is most often a trim, maybe another process's that the watch has not brought yet: the
+    /// first sequence is read from the queue record first (a trim writes both in one
+    /// transaction), so the reader sees the gap as trimmed and skips it.
+    fn gap_or(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        out: Vec<RawMessage>,
+        queue: &QueueState,
+        expected: u64,
+        found: Option<u64>,
+    ) -> Result<ReadOutcome, ReceiveError> {
+        if !out.is_empty() {
+            return Ok(ReadOutcome::Messages(out));
+        }
+        let t = self.settings.request_timeout;
+        if let Ok(Some((meta, _))) = runtime.block_on(retrying(t, || self.store.queue_record(&queue.name)))
+            && meta.id == queue.id
+        {
+            queue.first_seq.fetch_max(meta.first_seq, std::sync::atomic::Ordering::AcqRel);
+        }
+        Err(ReceiveError::Gap { queue: queue.name.to_string(), expected, found })
     }
-    Ok(ReadOutcome::Messages(out))
 }
 
 /// A send call must fit one append transaction (it is never split: its sequences are

@@ -23,6 +23,9 @@ use crate::telemetry;
 /// the cursor.
 const PER_TXN: usize = (MAX_TXN_OPS - 1) / 2;
 
+/// A letter on its way: its dead-letter sequence, its target and its encoded envelope.
+type Letter = (u64, Arc<QueueState>, Vec<u8>);
+
 impl Writer {
     pub(super) async fn redrive(
         &mut self,
@@ -62,7 +65,7 @@ impl Writer {
             })?;
             letters.push((item.dlq_seq, target, env));
         }
-        let mut parts: Vec<Vec<(u64, Arc<QueueState>, Vec<u8>)>> = Vec::new();
+        let mut parts: Vec<Vec<Letter>> = Vec::new();
         let mut bytes = 0;
         for l in letters {
             let full = parts.last().is_none_or(|p| p.len() >= PER_TXN || bytes + l.2.len() > MAX_TXN_BYTES);
@@ -97,7 +100,7 @@ impl Writer {
         dlq: &QueueState,
         cursor_rev: i64,
         to: u64,
-        part: &[(u64, Arc<QueueState>, Vec<u8>)],
+        part: &[Letter],
     ) -> Result<(i64, Vec<(Arc<str>, u64)>), RedriveError> {
         let store = self.side.store.clone();
         let t = self.side.settings.request_timeout;

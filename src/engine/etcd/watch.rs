@@ -1,8 +1,12 @@
-//! Wake-ups from other processes: a watch on every queue's tail key publishes the tails they
-//! move to this process's `QueueState`s, so subscriptions here wake as for local sends. A watch
-//! that breaks (its start revision was compacted, the member went away) is replaced after
-//! re-reading every tail: state is re-read, not replayed, so no move is missed.
+//! What other processes change in the namespace, taught to this one without polling: one watch
+//! over every queue record and tail key. A tail moved elsewhere is published to this process's
+//! `QueueState`, so subscriptions here wake as for local sends; a queue record written
+//! elsewhere registers a new queue, or brings its retention policy and first sequence (a trim)
+//! here, where subscriptions skip to the new head and work groups past it. A watch that breaks
+//! (its start revision was compacted, the member went away) is replaced after re-reading every
+//! queue and tail: state is re-read, not replayed, so no change is missed.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -11,6 +15,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::EtcdSide;
 use crate::engine::Engine;
+use crate::model::QueueMeta;
+use crate::store::etcd::NamespaceEvent;
 
 pub(super) async fn run(
     engine: Weak<Engine>,
@@ -19,7 +25,7 @@ pub(super) async fn run(
     stop: CancellationToken,
 ) {
     loop {
-        match side.store.watch_tails(revision).await {
+        match side.store.watch_namespace(revision).await {
             Ok(stream) => {
                 let mut stream = std::pin::pin!(stream);
                 loop {
@@ -28,17 +34,12 @@ pub(super) async fn run(
                         next = stream.next() => next,
                     };
                     match next {
-                        Some(Ok(moves)) => {
+                        Some(Ok(events)) => {
                             let Some(engine) = engine.upgrade() else { return };
-                            if !publish(&engine, &moves) {
-                                // A queue another process created: register it, so that
-                                // `queue_names` and subscriptions here see it.
-                                register_new(&engine, &side).await;
-                                publish(&engine, &moves);
-                            }
+                            apply(&engine, &side, events).await;
                         }
                         Some(Err(e)) => {
-                            tracing::debug!(error = %e, "rockq: etcd watch broke; re-reading tails");
+                            tracing::debug!(error = %e, "rockq: etcd watch broke; re-reading the namespace");
                             break;
                         }
                         None => break,
@@ -47,16 +48,18 @@ pub(super) async fn run(
             }
             Err(e) => tracing::debug!(error = %e, "rockq: etcd watch did not start; retrying"),
         }
-        // Re-read every tail, then watch from there.
+        // Re-read every queue and tail, then watch from there.
         loop {
-            match side.store.tails().await {
-                Ok((tails, rev)) => {
+            match side.store.load().await {
+                Ok(loaded) => {
                     let Some(engine) = engine.upgrade() else { return };
-                    if !publish(&engine, &tails) {
-                        register_new(&engine, &side).await;
-                        publish(&engine, &tails);
+                    let mut events = Vec::with_capacity(loaded.queues.len() * 2);
+                    for (name, meta, last) in loaded.queues {
+                        events.push(NamespaceEvent::Tail { qid: meta.id, last });
+                        events.push(NamespaceEvent::Queue { name, meta });
                     }
-                    revision = rev;
+                    apply(&engine, &side, events).await;
+                    revision = loaded.revision;
                     break;
                 }
                 Err(_) => {
@@ -70,26 +73,46 @@ pub(super) async fn run(
     }
 }
 
-/// Publishes each tail to its queue; false if some queue is not registered here.
-fn publish(engine: &Engine, moves: &[(u32, u64)]) -> bool {
-    let mut all = true;
-    for &(qid, last) in moves {
-        match engine.registry.queues.iter().find(|q| q.id == qid) {
-            Some(q) => q.publish_max(last),
-            None => all = false,
+/// Applies what the watch saw. Queue records first, so that a tail of a queue created
+/// elsewhere finds it registered.
+async fn apply(engine: &Engine, side: &EtcdSide, events: Vec<NamespaceEvent>) {
+    let mut tails = Vec::new();
+    for ev in events {
+        match ev {
+            NamespaceEvent::Queue { name, meta } => learn_queue(engine, side, &name, &meta).await,
+            NamespaceEvent::Tail { qid, last } => tails.push((qid, last)),
         }
     }
-    all
+    for (qid, last) in tails {
+        if let Some(q) = engine.registry.queues.iter().find(|q| q.id == qid) {
+            q.publish_max(last);
+        }
+    }
 }
 
-/// Registers the namespace's queues this process does not know yet.
-async fn register_new(engine: &Engine, side: &EtcdSide) {
-    match side.store.load().await {
-        Ok(loaded) => {
-            for (name, meta, last) in &loaded.queues {
-                super::register_queue(engine, name, meta, *last);
-            }
+/// A queue record as it is now in etcd: registered if new here, else its policy and first
+/// sequence taken over (the first sequence only grows).
+pub(super) async fn learn_queue(engine: &Engine, side: &EtcdSide, name: &str, meta: &QueueMeta) {
+    let q = match engine.registry.queue(name) {
+        Some(q) if q.id == meta.id => q,
+        // Another queue of the name (deleted and created again) is not carried out on etcd.
+        Some(_) => return,
+        None => {
+            super::register_queue(engine, name, meta, meta.first_seq - 1);
+            return;
         }
-        Err(e) => tracing::debug!(error = %e, "rockq: could not read the namespace's queues"),
+    };
+    *q.retention.lock().unwrap_or_else(|p| p.into_inner()) = meta.retention;
+    q.set_dedup_window(meta.dedup_window);
+    let before = q.first_seq.fetch_max(meta.first_seq, Ordering::AcqRel);
+    if meta.first_seq > before {
+        // Trimmed (here or elsewhere): the marks of ordered groups held here go (the trim
+        // deleted them in etcd), work groups jump past the deleted head; subscriptions skip to
+        // the new first sequence as embedded.
+        let to = meta.first_seq - 1;
+        for g in engine.registry.ordered.iter().filter(|g| g.queue.id == q.id) {
+            g.records().forget_through(to);
+        }
+        super::work::trimmed(side, q.id, to).await;
     }
 }

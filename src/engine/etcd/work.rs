@@ -142,16 +142,7 @@ impl Writer {
         let stood = match retrying(t, || store.offset(&group, &queue.name)).await? {
             Some(o) => o,
             None => {
-                let first = queue.first_seq.load(Ordering::SeqCst);
-                let next = retrying(t, || store.tail(queue.id)).await?.unwrap_or(first - 1) + 1;
-                let committed = match start {
-                    StartFrom::Earliest => first - 1,
-                    StartFrom::Latest => next - 1,
-                    StartFrom::Sequence(s) if (first..=next).contains(&s) => s - 1,
-                    StartFrom::Sequence(requested) => {
-                        return Err(SubscribeError::SequenceOutOfRange { requested, first, next });
-                    }
-                };
+                let committed = self.start_offset(&queue, start).await?;
                 let offset = GroupOffset { mode: GroupMode::WorkQueue, committed };
                 retrying(t, || store.create_group(&group, &queue.name, offset)).await?
             }
@@ -634,18 +625,26 @@ impl Writer {
 
     /// Moves `g`'s stored offset over the finished run above it, if this process knows of one.
     async fn advance(&mut self, g: &WorkGroupState, known: &mut Known) -> Result<(), StorageError> {
-        let to = g.progress().offset;
-        if to <= known.stored_offset {
-            return Ok(());
-        }
-        let (store, t) = (&self.side.store, self.side.settings.request_timeout);
-        // Moved, or another process moved it at least as far.
-        if retrying(t, || store.move_work_offset(&g.name, &g.queue.name, to)).await? {
+        if advance(&self.side, g, known).await? {
             self.engine.counters.offset_commits.fetch_add(1, Ordering::Relaxed);
         }
-        known.learn_offset(g, to);
         Ok(())
     }
+}
+
+/// Moves `g`'s stored offset over the finished run above it, if this process knows of one.
+/// Safe from any task: the move compares the stored offset (it only goes forward). Returns
+/// whether this call moved it.
+async fn advance(side: &EtcdSide, g: &WorkGroupState, known: &mut Known) -> Result<bool, StorageError> {
+    let to = g.progress().offset;
+    if to <= known.stored_offset {
+        return Ok(false);
+    }
+    let (store, t) = (&side.store, side.settings.request_timeout);
+    // Moved, or another process moved it at least as far.
+    let moved = retrying(t, || store.move_work_offset(&g.name, &g.queue.name, to)).await?;
+    known.learn_offset(g, to);
+    Ok(moved)
 }
 
 /// Loads work group `group` on `queue` (its offset record exists): its claim records into a new
@@ -679,6 +678,22 @@ pub(super) async fn load(
     engine.registry.work.insert(id, g.clone());
     tokio::spawn(watch(side.clone(), Arc::downgrade(&ws), rev, clock, stop.clone(), nudge.clone()));
     Ok(g)
+}
+
+/// Queue `qid` was trimmed through `to`: its work groups here jump past the deleted head (a
+/// group behind the cut had its offset moved to `to` in the trim's transaction).
+pub(super) async fn trimmed(side: &EtcdSide, qid: u32, to: u64) {
+    let sides: Vec<Arc<WorkSide>> =
+        side.work.iter().filter(|w| w.group.queue.id == qid).map(|w| w.clone()).collect();
+    for ws in sides {
+        let mut known = ws.known.lock().await;
+        known.learn_offset(&ws.group, to);
+        // Over the messages finished while the trimmed head waited, as embedded (they would
+        // otherwise wait for the next message finished here).
+        if let Err(e) = advance(side, &ws.group, &mut known).await {
+            tracing::warn!(queue = %ws.group.queue.name, group = %ws.group.name, error = %e, "rockq: moving a work group's offset past a trim failed; trying again next round");
+        }
+    }
 }
 
 /// The answer to [`Writer::write`].

@@ -25,12 +25,13 @@ use super::{EtcdSide, retrying};
 use crate::engine::Engine;
 use crate::engine::inbox::Staged;
 use crate::engine::registry::{OrderedGroupState, PendingRecord, QueueState};
-use crate::engine::request::{OrderedRequest, QueueRequest, Request, WorkRequest};
+use crate::engine::request::{OrderedRequest, QueueRequest, Request, RetentionRequest, WorkRequest};
 use crate::engine::writer::dead_letter::{self, Origin};
 use crate::engine::writer::refuse_request;
 use crate::error::{Closed, QueueError, SendError, StorageError, SubscribeError};
 use crate::events::Event;
-use crate::model::{GroupMode, GroupOffset, OrderedMark, StartFrom};
+use crate::model::{GroupMode, GroupOffset, OrderedMark, QueueMeta, StartFrom};
+use crate::retention::Retention;
 use crate::store::envelope;
 use crate::store::etcd::{
     Appended, CommitOutcome, DeadLetterAppend, MAX_TXN_BYTES, MAX_TXN_OPS, OrderedCommit,
@@ -165,6 +166,9 @@ impl Writer {
                 self.redrive(dlq, expected, last, items, reply).await;
             }
             Request::WorkSettings(req) => self.work_settings(req).await,
+            Request::Retention(RetentionRequest::SetPolicy { queue, retention, reply }) => {
+                let _ = reply.send(self.set_retention(&queue, retention).await);
+            }
             Request::Commit => {}
             other => {
                 let what = match &other {
@@ -215,17 +219,10 @@ impl Writer {
         let stood = match retrying(t, || store.offset(&group, &queue.name)).await? {
             Some(o) => o,
             None => {
-                let first = queue.first_seq.load(Ordering::SeqCst);
-                let next = retrying(t, || store.tail(queue.id)).await?.unwrap_or(first - 1) + 1;
-                let committed = match start {
-                    StartFrom::Earliest => first - 1,
-                    StartFrom::Latest => next - 1,
-                    StartFrom::Sequence(s) if (first..=next).contains(&s) => s - 1,
-                    StartFrom::Sequence(requested) => {
-                        return Err(SubscribeError::SequenceOutOfRange { requested, first, next });
-                    }
+                let offset = GroupOffset {
+                    mode: GroupMode::Ordered,
+                    committed: self.start_offset(&queue, start).await?,
                 };
-                let offset = GroupOffset { mode: GroupMode::Ordered, committed };
                 retrying(t, || store.create_group(&group, &queue.name, offset)).await?
             }
         };
@@ -235,6 +232,46 @@ impl Writer {
         let g = OrderedGroupState::new(&group, queue, stood.committed);
         self.engine.registry.ordered.insert(id, g.clone());
         Ok(g)
+    }
+
+    /// The offset a new group starting at `start` gets: the queue's first sequence and tail
+    /// as etcd holds them now (another process may have trimmed or appended since this one
+    /// last heard).
+    pub(super) async fn start_offset(
+        &self,
+        queue: &QueueState,
+        start: StartFrom,
+    ) -> Result<u64, SubscribeError> {
+        let (store, t) = (&self.side.store, self.side.settings.request_timeout);
+        if let Some((meta, _)) = retrying(t, || store.queue_record(&queue.name)).await? {
+            queue.first_seq.fetch_max(meta.first_seq, Ordering::AcqRel);
+        }
+        let first = queue.first_seq.load(Ordering::Acquire);
+        let next = retrying(t, || store.tail(queue.id)).await?.unwrap_or(first - 1).max(first - 1) + 1;
+        match start {
+            StartFrom::Earliest => Ok(first - 1),
+            StartFrom::Latest => Ok(next - 1),
+            StartFrom::Sequence(s) if (first..=next).contains(&s) => Ok(s - 1),
+            StartFrom::Sequence(requested) => {
+                Err(SubscribeError::SequenceOutOfRange { requested, first, next })
+            }
+        }
+    }
+
+    /// Changes `queue`'s retention policy in its record, compared with the record's revision
+    /// (another process may have trimmed it meanwhile: its first sequence is kept).
+    async fn set_retention(&mut self, queue: &QueueState, retention: Retention) -> Result<(), QueueError> {
+        let (store, t) = (&self.side.store, self.side.settings.request_timeout);
+        loop {
+            let Some((meta, rev)) = retrying(t, || store.queue_record(&queue.name)).await? else {
+                return Err(QueueError::Deleted { queue: queue.name.to_string() });
+            };
+            let next = QueueMeta { retention, ..meta };
+            if retrying(t, || store.put_queue_record(&queue.name, &next, rev)).await? {
+                super::watch::learn_queue(&self.engine, &self.side, &queue.name, &next).await;
+                return Ok(());
+            }
+        }
     }
 
     /// Appends one staged round: each queue's messages in transactions of at most etcd's

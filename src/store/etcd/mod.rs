@@ -20,16 +20,16 @@
 //! | `N r/redrive:<dlq>` | a dead-letter queue's redrive cursor (`redrive.rs`) |
 
 mod redrive;
+mod retention;
 mod work;
 
 use std::time::Duration;
 
 pub(crate) use redrive::RedriveOutcome;
+pub(crate) use retention::{NamespaceEvent, TrimGroup, TrimPlan};
 pub(crate) use work::{ClaimEvent, ClaimRecord, ClaimWrite, ClaimsOutcome};
 
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, PutOptions, Txn, TxnOp, WatchOptions,
-};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, PutOptions, Txn, TxnOp};
 
 use super::{envelope, keys, records};
 use crate::error::{CorruptionError, StorageError};
@@ -62,6 +62,10 @@ pub(crate) struct EtcdLoaded {
     pub groups: Vec<(String, String, GroupOffset)>,
     /// The revision these were read at: the watch starts after it.
     pub revision: i64,
+    /// The `mod_revision` of each queue record, in the order of `queues`.
+    pub queue_revs: Vec<i64>,
+    /// The `mod_revision` of each offset record, in the order of `groups`.
+    pub group_revs: Vec<i64>,
 }
 
 /// Why connecting failed.
@@ -186,7 +190,13 @@ impl EtcdStore {
                 .map_or(0, |b| u32::from_be_bytes(b.try_into().unwrap_or([0; 4])));
             last_of.insert(qid, last);
         }
-        let mut out = EtcdLoaded { queues: Vec::new(), groups: Vec::new(), revision };
+        let mut out = EtcdLoaded {
+            queues: Vec::new(),
+            groups: Vec::new(),
+            revision,
+            queue_revs: Vec::new(),
+            group_revs: Vec::new(),
+        };
         for q in queues.kvs() {
             let name = std::str::from_utf8(&q.key()[qprefix..])
                 .map_err(|_| CorruptionError::new("queue", q.key(), "name is not UTF-8"))
@@ -194,12 +204,14 @@ impl EtcdStore {
             let meta = records::decode_queue(q.key(), q.value()).map_err(corrupt)?;
             let last = last_of.get(&meta.id).copied().unwrap_or(meta.first_seq - 1);
             out.queues.push((name.to_owned(), meta, last));
+            out.queue_revs.push(q.mod_revision());
         }
         let oprefix = self.key(b"o/", b"").len();
         for o in offsets.kvs() {
             let (group, queue) = keys::parse_offset_key(&o.key()[oprefix..]).map_err(corrupt)?;
             let offset = records::decode_offset(o.key(), o.value()).map_err(corrupt)?;
             out.groups.push((group.to_owned(), queue.to_owned(), offset));
+            out.group_revs.push(o.mod_revision());
         }
         Ok(out)
     }
@@ -592,56 +604,6 @@ impl EtcdStore {
         };
         let _ = self.client.lease_client().revoke(lease).await;
         by_stop
-    }
-
-    /// A stream of tail moves `(queue id, last)` after `revision`, over every queue of the
-    /// namespace. Ends (with `Err`) when the watch breaks or its start was compacted: the caller
-    /// re-reads the tails and watches again.
-    pub async fn watch_tails(
-        &self,
-        revision: i64,
-    ) -> Result<impl futures::Stream<Item = Result<Vec<(u32, u64)>, StorageError>> + use<>, StorageError>
-    {
-        let prefix = self.key(b"t/", b"");
-        let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
-        let (watcher, stream) =
-            self.client.watch_client().watch(prefix.clone(), Some(opts)).await.map_err(etcd)?;
-        let plen = prefix.len();
-        Ok(futures::stream::unfold((watcher, stream), move |(w, mut s)| async move {
-            match s.message().await {
-                Ok(Some(resp)) if resp.canceled() || resp.compact_revision() > 0 => {
-                    Some((Err(StorageError::new("etcd watch cancelled or compacted")), (w, s)))
-                }
-                Ok(Some(resp)) => {
-                    let mut moves = Vec::new();
-                    for ev in resp.events() {
-                        if let Some(kv) = ev.kv()
-                            && let Some(qid) = kv.key().get(plen..).and_then(|b| <[u8; 4]>::try_from(b).ok())
-                            && let Ok((last, _)) = decode_tail(kv.key(), kv.value())
-                        {
-                            moves.push((u32::from_be_bytes(qid), last));
-                        }
-                    }
-                    Some((Ok(moves), (w, s)))
-                }
-                Ok(None) => None,
-                Err(e) => Some((Err(etcd(e)), (w, s))),
-            }
-        }))
-    }
-
-    /// Every tail of the namespace, and the revision they were read at.
-    pub async fn tails(&self) -> Result<(Vec<(u32, u64)>, i64), StorageError> {
-        let prefix = self.key(b"t/", b"");
-        let got = self.kv().get(prefix.clone(), Some(GetOptions::new().with_prefix())).await.map_err(etcd)?;
-        let rev = got.header().map_or(0, |h| h.revision());
-        let mut out = Vec::new();
-        for kv in got.kvs() {
-            if let Some(qid) = kv.key().get(prefix.len()..).and_then(|b| <[u8; 4]>::try_from(b).ok()) {
-                out.push((u32::from_be_bytes(qid), decode_tail(kv.key(), kv.value())?.0));
-            }
-        }
-        Ok((out, rev))
     }
 }
 

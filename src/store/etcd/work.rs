@@ -56,7 +56,7 @@ pub(crate) enum ClaimsOutcome {
 }
 
 impl EtcdStore {
-    fn claims_prefix(&self, group: &str, queue: &str) -> Vec<u8> {
+    pub(super) fn claims_prefix(&self, group: &str, queue: &str) -> Vec<u8> {
         self.key(b"c/", &keys::claim_prefix(group, queue))
     }
     fn settings_key(&self, group: &str, queue: &str) -> Vec<u8> {

@@ -1,0 +1,163 @@
+//! Retention on etcd: a pass reads every queue's policy and every group's offset from the
+//! namespace (not from this process's memory: other processes change them), computes each
+//! queue's cut as the embedded pass does, and trims each queue in one transaction that
+//! compares what the cut was computed from (`store/etcd/retention.rs`). Any process may run a
+//! pass; two racing passes trim once (the second finds the queue record changed). Every process
+//! learns the new first sequence through its watch (`watch.rs`).
+//!
+//! etcd keeps the history of deleted keys until it is compacted: a pass that compacts compacts
+//! to the revision the namespace had [`COMPACT_WINDOW`] earlier (as this process's passes saw
+//! it), so watches and in-doubt appends of the last minutes can still read it.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::{EtcdSide, retrying};
+use crate::engine::shared::Shared;
+use crate::error::QueueError;
+use crate::events::Event;
+use crate::model::{GroupMode, QueueMeta};
+use crate::retention::{Retention, TrimReport};
+use crate::store::etcd::{TrimGroup, TrimPlan};
+use crate::telemetry;
+
+/// How much of etcd's history a compaction keeps: longer than any request's timeout, so an
+/// append whose answer was lost can still be resolved from the history, and a watch that fell
+/// behind for less than this resumes without a re-read.
+pub(crate) const COMPACT_WINDOW: Duration = Duration::from_secs(5 * 60);
+/// Most messages one pass scans to find a `MaxAge` cut (the rest waits for the next pass).
+const AGE_SCAN: u64 = 64 * 1024;
+/// A queue whose trim was refused (something it was computed from changed) is computed again
+/// this many times in one pass.
+const TRIES: usize = 5;
+
+/// The revisions this process's passes started at, by the broker clock: where a compaction
+/// may go.
+#[derive(Default)]
+pub(crate) struct Revisions(std::sync::Mutex<VecDeque<(Instant, i64)>>);
+
+impl Revisions {
+    /// Notes `rev` seen at `now`; returns the newest revision seen at least
+    /// [`COMPACT_WINDOW`] before `now` (forgetting the older ones), if any.
+    fn note(&self, now: Instant, rev: i64) -> Option<i64> {
+        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        seen.push_back((now, rev));
+        let mut target = None;
+        while let Some(&(at, r)) = seen.front() {
+            if now.saturating_duration_since(at) < COMPACT_WINDOW {
+                break;
+            }
+            target = Some(r);
+            seen.pop_front();
+        }
+        target
+    }
+}
+
+/// One retention pass over every queue of the namespace; compacts etcd's history (keeping
+/// [`COMPACT_WINDOW`]) if `compact`, or if it deleted many messages.
+pub(crate) async fn pass(
+    shared: &Arc<Shared>,
+    side: &EtcdSide,
+    compact: Option<bool>,
+) -> Result<TrimReport, QueueError> {
+    let t = side.settings.request_timeout;
+    let clock = shared.clock().clone();
+    let mut report = TrimReport::default();
+    let mut started_at = None;
+    let mut pending: Option<Vec<String>> = None;
+    for _ in 0..TRIES {
+        let loaded = retrying(t, || side.store.load()).await?;
+        started_at.get_or_insert(loaded.revision);
+        let now = clock.wall_micros();
+        let mut refused = Vec::new();
+        for (i, (name, meta, last)) in loaded.queues.iter().enumerate() {
+            if pending.as_ref().is_some_and(|p| !p.contains(name)) {
+                continue;
+            }
+            let groups: Vec<TrimGroup> = loaded
+                .groups
+                .iter()
+                .zip(&loaded.group_revs)
+                .filter(|((_, q, _), _)| q == name)
+                .map(|((g, _, o), rev)| TrimGroup {
+                    group: g.clone(),
+                    mode: o.mode,
+                    committed: o.committed,
+                    rev: *rev,
+                })
+                .collect();
+            let first = meta.first_seq;
+            if *last < first {
+                continue;
+            }
+            let to = match meta.retention {
+                Retention::Forever => None,
+                Retention::UntilAcked => groups.iter().map(|g| g.committed).min(),
+                Retention::MaxLen(n) => last.checked_sub(n),
+                Retention::MaxAge(age) => {
+                    let cutoff = now.saturating_sub(age.as_micros().min(u64::MAX as u128) as u64);
+                    retrying(t, || side.store.last_enqueued_before(meta.id, (first, *last), cutoff, AGE_SCAN))
+                        .await?
+                }
+            };
+            let Some(to) = to.filter(|&to| to >= first).map(|to| to.min(*last)) else { continue };
+            let behind: Vec<TrimGroup> = groups.into_iter().filter(|g| g.committed < to).collect();
+            let plan = TrimPlan {
+                queue: name.clone(),
+                meta: QueueMeta { first_seq: to + 1, ..meta.clone() },
+                queue_rev: loaded.queue_revs.get(i).copied().unwrap_or(0),
+                to,
+                behind,
+                read_at: loaded.revision,
+            };
+            // Tests create a group here, after the cut was computed.
+            crate::faults::reached("rockq-etcd-trim-planned");
+            if retrying(t, || side.store.trim(&plan)).await? {
+                trimmed(shared, side, &plan, first).await;
+                report.trimmed.push((name.clone(), to - first + 1, to + 1));
+                report.deleted += to - first + 1;
+            } else {
+                refused.push(name.clone());
+            }
+        }
+        if refused.is_empty() {
+            break;
+        }
+        pending = Some(refused);
+    }
+    let window = started_at.and_then(|rev| side.revisions.note(clock.now(), rev));
+    if compact.unwrap_or(report.deleted >= 64 * 1024)
+        && let Some(rev) = window
+    {
+        retrying(t, || side.store.compact(rev)).await?;
+        report.compacted = true;
+    }
+    Ok(report)
+}
+
+/// A trim landed: this process takes the new first sequence at once (others through their
+/// watch), and reports it as the embedded writer does.
+async fn trimmed(shared: &Arc<Shared>, side: &EtcdSide, plan: &TrimPlan, first: u64) {
+    let engine = &shared.engine;
+    super::watch::learn_queue(engine, side, &plan.queue, &plan.meta).await;
+    let (to, deleted) = (plan.to, plan.to - first + 1);
+    // The watch may have brought the new record first and be moving the work groups on: this
+    // waits for that (or does it), so the pass returns with the offsets moved.
+    super::work::trimmed(side, plan.meta.id, to).await;
+    let queue: Arc<str> = Arc::from(plan.queue.as_str());
+    tracing::info!(queue = %queue, deleted, first_seq = to + 1, "rockq: trimmed");
+    telemetry::queue_counter(telemetry::TRIMMED, &queue, deleted);
+    for g in plan.behind.iter().filter(|g| g.mode == GroupMode::WorkQueue) {
+        let from = g.committed + 1;
+        if let Some(state) = engine.registry.work.get(&crate::store::group_id(&g.group, &plan.queue)) {
+            state.skipped.fetch_add(to - from + 1, Ordering::Relaxed);
+        }
+        tracing::warn!(queue = %queue, group = %g.group, from, to, "rockq: retention skipped messages a group had not finished");
+        let group: Arc<str> = Arc::from(g.group.as_str());
+        engine.emit(|| Event::Skipped { queue: queue.clone(), group, from, to });
+    }
+    engine.emit(|| Event::Trimmed { queue, deleted, first_seq: to + 1 });
+}

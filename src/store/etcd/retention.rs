@@ -1,0 +1,240 @@
+//! Retention in etcd: a queue's policy in its record, the trim transaction that deletes a
+//! queue's head with one ranged delete, the scan for a `MaxAge` cut, etcd's MVCC compaction,
+//! and the watch that tells every process of the namespace about new queue records.
+//!
+//! A trim is one transaction:
+//!
+//! `If mod_revision(q/<name>) == seen` (the policy and first sequence it was computed from)
+//! `and create_revision(o/…) <= read` (no group created since its cut was computed: a new
+//! `Earliest` group keeps its messages) `and mod_revision(o/<g>) == seen` for each work group
+//! behind the cut; `Then Delete m/<qid>/..=to, Put q/<name> (first = to + 1)`, and for each
+//! group behind the cut: `Delete` its claim records or marks up to `to`, and for a work group
+//! `Put o/<g> = to`. Offsets only move forward on etcd, so a group's offset read before the
+//! transaction is at most what it is when the transaction applies.
+
+use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp, WatchOptions};
+
+use super::{EtcdStore, corrupt, decode_envelope, decode_tail, etcd};
+use crate::error::{CorruptionError, StorageError};
+use crate::model::{GroupMode, GroupOffset, QueueMeta};
+use crate::store::{keys, records};
+
+/// A group of the queue a [`TrimPlan`] trims.
+#[derive(Debug, Clone)]
+pub(crate) struct TrimGroup {
+    pub group: String,
+    pub mode: GroupMode,
+    /// Its committed offset, read at the plan's revision.
+    pub committed: u64,
+    /// Its offset record's `mod_revision` then.
+    pub rev: i64,
+}
+
+/// One queue's trim (see the module docs).
+#[derive(Debug, Clone)]
+pub(crate) struct TrimPlan {
+    pub queue: String,
+    /// The queue record after the trim (`first_seq = to + 1`).
+    pub meta: QueueMeta,
+    /// The queue record's `mod_revision` the cut was computed from.
+    pub queue_rev: i64,
+    /// The last sequence deleted.
+    pub to: u64,
+    /// The queue's groups whose offsets are behind `to`.
+    pub behind: Vec<TrimGroup>,
+    /// The revision the plan was read at: no offset record may have been created after it.
+    pub read_at: i64,
+}
+
+/// A change to the namespace another process (or this one) made, seen by
+/// [`EtcdStore::watch_namespace`].
+#[derive(Debug, Clone)]
+pub(crate) enum NamespaceEvent {
+    /// Queue `qid`'s tail moved to `last`.
+    Tail { qid: u32, last: u64 },
+    /// Queue `name`'s record was written (created, its policy changed, or trimmed).
+    Queue { name: String, meta: QueueMeta },
+}
+
+impl EtcdStore {
+    /// The queue record of `name` and its `mod_revision`, if it exists.
+    pub async fn queue_record(&self, name: &str) -> Result<Option<(QueueMeta, i64)>, StorageError> {
+        let got = self.kv().get(self.queue_key(name), None).await.map_err(etcd)?;
+        got.kvs()
+            .first()
+            .map(|kv| Ok((records::decode_queue(kv.key(), kv.value()).map_err(corrupt)?, kv.mod_revision())))
+            .transpose()
+    }
+
+    /// Replaces `name`'s queue record if its `mod_revision` is still `expected`.
+    pub async fn put_queue_record(
+        &self,
+        name: &str,
+        meta: &QueueMeta,
+        expected: i64,
+    ) -> Result<bool, StorageError> {
+        let key = self.queue_key(name);
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key.clone(), CompareOp::Equal, expected)])
+            .and_then([TxnOp::put(key, records::encode_queue(meta).to_vec(), None)]);
+        Ok(self.kv().txn(txn).await.map_err(etcd)?.succeeded())
+    }
+
+    /// Carries out `plan` in one transaction; `false`: something it was computed from changed,
+    /// and nothing was written.
+    pub async fn trim(&self, plan: &TrimPlan) -> Result<bool, StorageError> {
+        let qid = plan.meta.id;
+        let qkey = self.queue_key(&plan.queue);
+        let offsets = self.key(b"o/", b"");
+        let mut cmps = vec![
+            Compare::mod_revision(qkey.clone(), CompareOp::Equal, plan.queue_rev),
+            Compare::create_revision(offsets, CompareOp::Less, plan.read_at + 1).with_prefix(),
+        ];
+        let upto = |prefix: &[u8]| {
+            TxnOp::delete(
+                keys::claim_key(prefix, 0),
+                Some(DeleteOptions::new().with_range(keys::claim_key(prefix, plan.to.saturating_add(1)))),
+            )
+        };
+        let mut ops = vec![
+            TxnOp::delete(
+                self.message_key(qid, 0),
+                Some(DeleteOptions::new().with_range(self.message_key(qid, plan.to.saturating_add(1)))),
+            ),
+            TxnOp::put(qkey, records::encode_queue(&plan.meta).to_vec(), None),
+        ];
+        for g in &plan.behind {
+            match g.mode {
+                GroupMode::WorkQueue => {
+                    let okey = self.offset_key(&g.group, &plan.queue);
+                    cmps.push(Compare::mod_revision(okey.clone(), CompareOp::Equal, g.rev));
+                    ops.push(upto(&self.claims_prefix(&g.group, &plan.queue)));
+                    let moved = GroupOffset { mode: GroupMode::WorkQueue, committed: plan.to };
+                    ops.push(TxnOp::put(okey, records::encode_offset(&moved).to_vec(), None));
+                }
+                // An ordered group's offset is its owner's; the subscription skips to the new
+                // first sequence (as embedded). Its marks up to the cut go.
+                GroupMode::Ordered => ops.push(upto(&self.mark_prefix(&g.group, &plan.queue))),
+            }
+        }
+        if ops.len() > super::MAX_TXN_OPS || cmps.len() > super::MAX_TXN_OPS {
+            return Err(StorageError::new(format!(
+                "trimming queue {} with {} groups behind its cut needs {} operations, over etcd's {} per transaction",
+                plan.queue,
+                plan.behind.len(),
+                ops.len(),
+                super::MAX_TXN_OPS
+            )));
+        }
+        Ok(self.kv().txn(Txn::new().when(cmps).and_then(ops)).await.map_err(etcd)?.succeeded())
+    }
+
+    /// The last of messages `first..=last` of queue `qid` enqueued before `cutoff_micros`,
+    /// scanning from `first` until a message is not older than that (at most `max_scan`).
+    pub async fn last_enqueued_before(
+        &self,
+        qid: u32,
+        (first, last): (u64, u64),
+        cutoff_micros: u64,
+        max_scan: u64,
+    ) -> Result<Option<u64>, StorageError> {
+        const PAGE: u64 = 256;
+        let plen = self.key(b"m/", b"").len();
+        let end = last.min(first.saturating_add(max_scan.saturating_sub(1)));
+        let mut found = None;
+        let mut from = first;
+        while from <= end {
+            let to = end.min(from + PAGE - 1);
+            let opts = GetOptions::new().with_range(self.message_key(qid, to + 1));
+            let got = self.kv().get(self.message_key(qid, from), Some(opts)).await.map_err(etcd)?;
+            if got.kvs().is_empty() {
+                break;
+            }
+            for kv in got.kvs() {
+                let (_, seq) = keys::decode_message_key(&kv.key()[plen..]).map_err(corrupt)?;
+                let env = decode_envelope(qid, seq, kv.value()).map_err(corrupt)?;
+                if env.enqueued_at_micros >= cutoff_micros {
+                    return Ok(found);
+                }
+                found = Some(seq);
+            }
+            from = to + 1;
+        }
+        Ok(found)
+    }
+
+    /// Compacts etcd's MVCC history up to `revision` (what deleted and overwritten keys left
+    /// behind). Compacting to a revision already compacted is not an error here.
+    pub async fn compact(&self, revision: i64) -> Result<(), StorageError> {
+        match self.kv().compact(revision, None).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.to_string().contains("compacted") => Ok(()),
+            Err(e) => Err(etcd(e)),
+        }
+    }
+
+    /// A stream of queue-record writes and tail moves after `revision`, over every queue of the
+    /// namespace. Ends (with `Err`) when the watch breaks or its start was compacted: the caller
+    /// re-reads and watches again.
+    pub async fn watch_namespace(
+        &self,
+        revision: i64,
+    ) -> Result<impl futures::Stream<Item = Result<Vec<NamespaceEvent>, StorageError>> + use<>, StorageError>
+    {
+        // `q/` (queue records) up to and including `t/` (tails): one watch for both. What lies
+        // between (`r/`, redrive cursors) is skipped.
+        let (qprefix, tprefix) = (self.key(b"q/", b""), self.key(b"t/", b""));
+        let opts = WatchOptions::new().with_range(self.key(b"t0", b"")).with_start_revision(revision + 1);
+        let (watcher, stream) =
+            self.client.watch_client().watch(qprefix.clone(), Some(opts)).await.map_err(etcd)?;
+        Ok(futures::stream::unfold((watcher, stream), move |(w, mut s)| {
+            let (qprefix, tprefix) = (qprefix.clone(), tprefix.clone());
+            async move {
+                match s.message().await {
+                    Ok(Some(resp)) if resp.canceled() || resp.compact_revision() > 0 => {
+                        Some((Err(StorageError::new("etcd watch cancelled or compacted")), (w, s)))
+                    }
+                    Ok(Some(resp)) => {
+                        let mut out = Vec::new();
+                        for ev in resp.events() {
+                            let Some(kv) = ev.kv() else { continue };
+                            if ev.event_type() != etcd_client::EventType::Put {
+                                continue;
+                            }
+                            match namespace_event(&qprefix, &tprefix, kv) {
+                                Ok(Some(e)) => out.push(e),
+                                Ok(None) => {}
+                                Err(e) => return Some((Err(e), (w, s))),
+                            }
+                        }
+                        Some((Ok(out), (w, s)))
+                    }
+                    Ok(None) => None,
+                    Err(e) => Some((Err(etcd(e)), (w, s))),
+                }
+            }
+        }))
+    }
+}
+
+/// A watched key as an event (`None`: not a queue record or a tail).
+fn namespace_event(
+    qprefix: &[u8],
+    tprefix: &[u8],
+    kv: &etcd_client::KeyValue,
+) -> Result<Option<NamespaceEvent>, StorageError> {
+    let key = kv.key();
+    if let Some(rest) = key.strip_prefix(tprefix) {
+        let Ok(qid) = <[u8; 4]>::try_from(rest) else { return Ok(None) };
+        let (last, _) = decode_tail(key, kv.value())?;
+        return Ok(Some(NamespaceEvent::Tail { qid: u32::from_be_bytes(qid), last }));
+    }
+    if let Some(rest) = key.strip_prefix(qprefix) {
+        let name = std::str::from_utf8(rest)
+            .map_err(|_| corrupt(CorruptionError::new("queue", key, "name is not UTF-8")))?
+            .to_owned();
+        let meta = records::decode_queue(key, kv.value()).map_err(corrupt)?;
+        return Ok(Some(NamespaceEvent::Queue { name, meta }));
+    }
+    Ok(None)
+}
