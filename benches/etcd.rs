@@ -5,13 +5,22 @@
 //!   every `send`, on one queue;
 //! - **end to end**: the same produce while one ordered-group subscriber acks every delivery,
 //!   timed from the first send to the N-th delivery;
+//! - **pool drain**: N messages already in the queue (sent before the clock starts), drained by
+//!   a worker pool of a work-queue group (8 workers, a no-op handler): every job claimed (a claim
+//!   record written with its fencing compares), read, acked (a `Done` record compared with the
+//!   claim) and the offset moved, timed until the pool stopped with every ack in etcd;
+//! - **raw drain**: the same work with `etcd-client` alone, sequentially, per batch of `k`
+//!   messages: a claim Txn (`k` compares on the records' revisions, the offset compare, `k`
+//!   puts), a ranged read of the `k` messages, a done Txn (`k` compares, `k` puts) and an
+//!   offset Txn (compare, put, ranged delete of the records) — with `k` such that it commits as
+//!   many write transactions per message as the pool did;
 //! - **raw etcd**: N messages written with `etcd-client` alone, one transaction at a time, each
 //!   `If value(tail) == prev Then Put message keys…, Put tail` — the shape of rockq's append —
 //!   with as many messages per transaction as rockq's produce put in its own, and values of the
 //!   size rockq stored. It is the ceiling of rockq's design: one writer task, one append
 //!   transaction in flight per queue.
 //!
-//! The three run interleaved, three times per cluster, each in its own namespace (rockq) or
+//! The five run interleaved, three times per cluster, each in its own namespace (rockq) or
 //! key prefix (raw); the table prints medians, and each repetition's figures go to stderr.
 //!
 //! `cargo bench --features etcd --bench etcd`; `ROCKQ_BENCH_ETCD_N` sets N (default 20,000),
@@ -21,6 +30,8 @@ mod common;
 #[path = "../tests/common/etcd.rs"]
 mod etcd;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
@@ -76,10 +87,14 @@ fn main() {
     }
 }
 
-/// One repetition's three measurements on a cluster.
+/// One repetition's measurements on a cluster.
 struct Rep {
     produce: Measured,
     e2e: Measured,
+    drain: Measured,
+    /// The raw drain: seconds, and its messages per batch.
+    raw_drain_secs: f64,
+    drain_k: u64,
     /// The raw baseline: seconds, and its messages per transaction.
     raw_secs: f64,
     k: u64,
@@ -111,14 +126,21 @@ async fn bench_cluster(members: usize, n: u64) {
         // grows by a few MB per measurement).
         let raw_secs = raw_appends(&mut client, &format!("bench-raw-{i}"), n, k, value_len).await;
         let e2e = end_to_end(&endpoints, &mut client, &format!("bench-e2e-{i}"), n).await;
+        let drain = pool_drain(&endpoints, &mut client, &format!("bench-drain-{i}"), n).await;
+        // The pool's write transactions per message, matched by the raw drain's three per batch.
+        let drain_k = (3.0 * n as f64 / drain.txns.max(1) as f64).round().clamp(1.0, 120.0) as u64;
+        let raw_drain_secs =
+            raw_drain(&mut client, &format!("bench-raw-drain-{i}"), n, drain_k, value_len).await;
         eprintln!(
-            "{members} member(s), repetition {}: produce {:.0} msg/s, end to end {:.0} msg/s, raw (txn size {k}) {:.0} msg/s",
+            "{members} member(s), repetition {}: produce {:.0} msg/s, end to end {:.0} msg/s, raw (txn size {k}) {:.0} msg/s, pool drain {:.0} msg/s, raw drain (batch {drain_k}) {:.0} msg/s",
             i + 1,
             n as f64 / produce.secs,
             n as f64 / e2e.secs,
-            n as f64 / raw_secs
+            n as f64 / raw_secs,
+            n as f64 / drain.secs,
+            n as f64 / raw_drain_secs
         );
-        reps.push(Rep { produce, e2e, raw_secs, k });
+        reps.push(Rep { produce, e2e, drain, raw_drain_secs, drain_k, raw_secs, k });
     }
     drop(client);
     // Dropping the cluster kills and reaps its members.
@@ -170,6 +192,27 @@ async fn bench_cluster(members: usize, n: u64) {
         txns / REPS as u64,
         (n * REPS as u64) as f64 / txns as f64,
         1e3 * reps.iter().map(|r| r.raw_secs).sum::<f64>() / txns as f64
+    );
+    // The drain beside its own baseline.
+    let drain_txns: u64 = reps.iter().map(|r| r.drain.txns).sum();
+    println!(
+        "  {:<40} {:>9.0} {:>7.0}% {:>7} {:>9.1} {:>8.2}",
+        "pool drain (work group, 8 workers)",
+        median(reps.iter().map(|r| rate(r.drain.secs))),
+        100.0 * median(reps.iter().map(|r| r.raw_drain_secs / r.drain.secs)),
+        drain_txns / REPS as u64,
+        (n * REPS as u64) as f64 / drain_txns.max(1) as f64,
+        1e3 * reps.iter().map(|r| r.drain.secs).sum::<f64>() / drain_txns.max(1) as f64
+    );
+    let raw_drain_txns: u64 = reps.iter().map(|r| 3 * n.div_ceil(r.drain_k)).sum();
+    println!(
+        "  {:<40} {:>9.0} {:>8} {:>7} {:>9.1} {:>8.2}",
+        format!("raw drain (batch {})", median(reps.iter().map(|r| r.drain_k as f64))),
+        median(reps.iter().map(|r| rate(r.raw_drain_secs))),
+        "",
+        raw_drain_txns / REPS as u64,
+        (n * REPS as u64) as f64 / raw_drain_txns.max(1) as f64,
+        1e3 * reps.iter().map(|r| r.raw_drain_secs).sum::<f64>() / raw_drain_txns.max(1) as f64
     );
     let sum = |f: &dyn Fn(&Rep) -> u64| reps.iter().map(f).sum::<u64>() / REPS as u64;
     let (p_rounds, p_msgs) = (sum(&|r| r.produce.writer.rounds), sum(&|r| r.produce.writer.messages));
@@ -276,6 +319,104 @@ async fn end_to_end(endpoints: &[String], client: &mut Client, ns: &str, n: u64)
     drop(q);
     broker.shutdown().await.expect("shut the broker down");
     Measured { secs, txns: (rev_after - rev_before) as u64, writer }
+}
+
+/// Pool drain: `n` messages sent first (in batches of 100, not timed), then a worker pool of 8
+/// on a work-queue group drains them; timed from the pool's start until it stopped with every
+/// ack in etcd. The revision delta counts the drain's write transactions alone.
+async fn pool_drain(endpoints: &[String], client: &mut Client, ns: &str, n: u64) -> Measured {
+    let broker = connect(endpoints, ns).await;
+    let q = broker.queue(QUEUE).await.expect("create the queue");
+    let mut sent = 0;
+    while sent < n {
+        let count = 100.min(n - sent);
+        q.send_batch((sent..sent + count).map(common::value)).await.expect("fill the queue");
+        sent += count;
+    }
+    let group = q.work_group("w").expect("a valid group name");
+    let done = Arc::new(AtomicU64::new(0));
+    let token = rockq::CancellationToken::new();
+    let handler = {
+        let (done, token) = (done.clone(), token.clone());
+        move |_task: rockq::Task| {
+            if done.fetch_add(1, Ordering::SeqCst) + 1 == n {
+                token.cancel();
+            }
+            async { Ok(()) }
+        }
+    };
+    let writer_before = broker.writer_stats();
+    let rev_before = revision(client).await;
+    let start = Instant::now();
+    let report = group.workers(8).shutdown_on(token).run(handler).await.expect("the pool");
+    let secs = start.elapsed().as_secs_f64();
+    assert_eq!(report.acked, n, "the pool acked another count than was sent");
+    let rev_after = revision(client).await;
+    let writer = writer_delta(writer_before, broker.writer_stats());
+    broker.flush().await.expect("flush");
+    assert_eq!(group.committed(), Some(n), "the offset did not reach the last message");
+    drop(q);
+    broker.shutdown().await.expect("shut the broker down");
+    Measured { secs, txns: (rev_after - rev_before) as u64, writer }
+}
+
+/// The raw drain (see the module docs): seconds to claim, read, finish and move past `n`
+/// messages of `value_len` bytes in sequential batches of `k`, with rockq's key and record
+/// shapes (claim records are rockq's size; the offset an 8-byte counter).
+async fn raw_drain(client: &mut Client, prefix: &str, n: u64, k: u64, value_len: usize) -> f64 {
+    let message_prefix = [format!("{prefix}/m/").as_bytes(), &QUEUE_ID.to_be_bytes()].concat();
+    let claim_prefix = format!("{prefix}/c/claim:w:{QUEUE}:").into_bytes();
+    let offset_key = format!("{prefix}/o/consumer:w:{QUEUE}").into_bytes();
+    let key = |p: &[u8], seq: u64| [p, &seq.to_be_bytes()].concat();
+    // The messages and the offset exist before the clock starts.
+    let mut seq = 1;
+    while seq <= n {
+        let count = 127.min(n - seq + 1);
+        let ops: Vec<TxnOp> = (seq..seq + count)
+            .map(|s| {
+                let mut v = common::value(s);
+                v.resize(value_len, b'x');
+                TxnOp::put(key(&message_prefix, s), v, None)
+            })
+            .collect();
+        client.txn(Txn::new().and_then(ops)).await.expect("fill the raw queue");
+        seq += count;
+    }
+    client.put(offset_key.clone(), 0u64.to_be_bytes().to_vec(), None).await.expect("the raw offset");
+    let claim = vec![b'c'; 40];
+    let start = Instant::now();
+    let mut offset = 0u64;
+    while offset < n {
+        let (lo, hi) = (offset + 1, (offset + k).min(n));
+        let floor = (lo - 1).to_be_bytes().to_vec();
+        let mut cmps = vec![Compare::value(offset_key.clone(), CompareOp::Equal, floor.clone())];
+        cmps.extend((lo..=hi).map(|s| Compare::mod_revision(key(&claim_prefix, s), CompareOp::Equal, 0)));
+        let puts: Vec<TxnOp> =
+            (lo..=hi).map(|s| TxnOp::put(key(&claim_prefix, s), claim.clone(), None)).collect();
+        let claimed = client.txn(Txn::new().when(cmps).and_then(puts)).await.expect("a raw claim");
+        assert!(claimed.succeeded(), "nothing else claims the raw records");
+        let rev = claimed.header().expect("a header").revision();
+        let read = GetOptions::new().with_range(key(&message_prefix, hi + 1));
+        let got = client.get(key(&message_prefix, lo), Some(read)).await.expect("a raw read");
+        assert_eq!(got.kvs().len() as u64, hi - lo + 1);
+        let cmps: Vec<Compare> =
+            (lo..=hi).map(|s| Compare::mod_revision(key(&claim_prefix, s), CompareOp::Equal, rev)).collect();
+        let dones: Vec<TxnOp> =
+            (lo..=hi).map(|s| TxnOp::put(key(&claim_prefix, s), vec![b'd'; 2], None)).collect();
+        let finished = client.txn(Txn::new().when(cmps).and_then(dones)).await.expect("a raw ack");
+        assert!(finished.succeeded(), "the raw claims are this loop's");
+        let moved =
+            Txn::new().when([Compare::value(offset_key.clone(), CompareOp::Equal, floor)]).and_then([
+                TxnOp::put(offset_key.clone(), hi.to_be_bytes().to_vec(), None),
+                TxnOp::delete(
+                    key(&claim_prefix, 0),
+                    Some(etcd_client::DeleteOptions::new().with_range(key(&claim_prefix, hi + 1))),
+                ),
+            ]);
+        assert!(client.txn(moved).await.expect("a raw offset move").succeeded());
+        offset = hi;
+    }
+    start.elapsed().as_secs_f64()
 }
 
 /// The size of one message value rockq stored in namespace `ns` (its envelope around the
