@@ -193,3 +193,52 @@ async fn a_group_created_while_a_trim_is_planned_keeps_its_messages() {
     drop(late);
     b.shutdown().await.expect("shutdown");
 }
+
+/// Regression (review finding): a work group created on a head read just before another
+/// process's trim landed got an offset below the new head, and waited for ever on messages
+/// that were gone (its offset never moved, so `UntilAcked` never trimmed the queue again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_work_group_created_on_a_head_trimmed_meanwhile_starts_at_the_new_head() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let a = connect_with(&cluster, "stale-head", &clock).await;
+    let q = a.queue("q").await.expect("queue");
+    for i in 1..=10 {
+        q.send(format!("m{i}")).await.expect("send");
+    }
+    q.set_retention(rockq::Retention::MaxLen(3)).await.expect("policy");
+    let endpoints = cluster.endpoints();
+    let trimmed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = trimmed.clone();
+    fail::cfg_callback("rockq-etcd-work-group-planned", move || {
+        if flag.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let endpoints = endpoints.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            rt.block_on(async {
+                let b =
+                    Broker::connect_etcd(endpoints, "stale-head", EtcdOptions::new()).await.expect("connect");
+                assert_eq!(b.trim().await.expect("trim").deleted, 7);
+                b.shutdown().await.expect("shutdown");
+            });
+        })
+        .join()
+        .expect("the other process");
+    })
+    .expect("failpoint");
+    let group = q.work_group("w").expect("group");
+    let mut jobs = group.subscribe().await.expect("subscribe");
+    fail::remove("rockq-etcd-work-group-planned");
+    assert!(trimmed.load(std::sync::atomic::Ordering::SeqCst), "the trim landed mid-creation");
+    for expected in 8..=10 {
+        let j = next_job(&mut jobs).await;
+        assert_eq!(j.seq(), expected);
+        j.ack_durable().await.expect("ack");
+    }
+    assert_eq!(group.committed(), Some(10), "the offset passed the deleted head and the jobs");
+    drop(jobs);
+    a.shutdown().await.expect("shutdown");
+}

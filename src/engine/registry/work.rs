@@ -448,9 +448,17 @@ impl WorkGroupState {
         }
     }
 
-    /// A retry record was queued: the message waits until `due`.
+    /// A retry record was queued: the message waits until `due` — if its slot is still
+    /// settling. One that is not was moved on meanwhile by something newer (a reset, or on etcd
+    /// another process's claim after the lease ran out): that stands, and waiting here would
+    /// later claim over the other holder's live lease (review finding).
     pub fn to_waiting(&self, seq: u64, due: Instant, error: String) {
-        self.dispatch().set(seq, SlotState::Waiting { due }, |s| s.last_error = error);
+        {
+            let mut d = self.dispatch();
+            if d.get(seq).is_some_and(|s| s.state == SlotState::Settling) {
+                d.set(seq, SlotState::Waiting { due }, |s| s.last_error = error);
+            }
+        }
         self.changed.notify_waiters();
     }
 
@@ -1078,6 +1086,31 @@ mod tests {
         assert_eq!(g.progress().done.iter().collect::<Vec<_>>(), [5]);
         // 4 was claimed in a batch that never reached the disk: claimable.
         assert_eq!(seqs(&g.take(clock.now(), 10, 6, LEASE, MAX)), [(4, 1), (6, 1)]);
+    }
+
+    // Regression (review finding): a retry whose record was queued after the etcd engine had
+    // learned another process's claim of the message (its lease ran out while the retry waited
+    // for room in the writer's channel) set the slot waiting over that claim; at its due time
+    // this process claimed again over the other holder's live lease.
+    #[cfg(feature = "etcd")]
+    #[test]
+    fn a_retry_queued_after_another_process_claimed_the_message_leaves_that_claim_standing() {
+        let g = group(0);
+        let clock = crate::clock::Clock::tokio();
+        let now = clock.now();
+        let c = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+        g.begin_settle(1, c.token, now).unwrap();
+        let theirs = crate::model::Claim::Leased {
+            attempt: 2,
+            token: 7,
+            deadline_micros: clock.wall_micros() + 3_600_000_000,
+            holder: Arc::from("other"),
+        };
+        g.learn_claim(1, &theirs, &clock);
+        g.to_waiting(1, now + Duration::from_secs(1), "boom".into());
+        let later = now + Duration::from_secs(2);
+        assert!(g.take(later, 1, 1, LEASE, MAX).claimed.is_empty(), "the other process's lease stands");
+        assert!(!g.holds_lease(1, c.token));
     }
 }
 

@@ -56,6 +56,15 @@ pub(crate) enum NamespaceEvent {
     Queue { name: String, meta: QueueMeta },
 }
 
+impl TrimPlan {
+    /// The operations its transaction holds: the ranged delete and the queue record, a ranged
+    /// delete and an offset put per work group behind, a ranged delete per ordered group
+    /// behind. Over etcd's limit, the queue cannot be trimmed in one transaction.
+    pub fn operations(&self) -> usize {
+        2 + self.behind.iter().map(|g| if g.mode == GroupMode::WorkQueue { 2 } else { 1 }).sum::<usize>()
+    }
+}
+
 impl EtcdStore {
     /// The queue record of `name` and its `mod_revision`, if it exists.
     pub async fn queue_record(&self, name: &str) -> Result<Option<(QueueMeta, i64)>, StorageError> {
@@ -117,6 +126,7 @@ impl EtcdStore {
                 GroupMode::Ordered => ops.push(upto(&self.mark_prefix(&g.group, &plan.queue))),
             }
         }
+        debug_assert_eq!(ops.len(), plan.operations());
         if ops.len() > super::MAX_TXN_OPS || cmps.len() > super::MAX_TXN_OPS {
             return Err(StorageError::new(format!(
                 "trimming queue {} with {} groups behind its cut needs {} operations, over etcd's {} per transaction",
@@ -138,18 +148,23 @@ impl EtcdStore {
         cutoff_micros: u64,
         max_scan: u64,
     ) -> Result<Option<u64>, StorageError> {
-        const PAGE: u64 = 256;
+        // Pages of about 1 MiB of values (far below the client's 4 MiB answer limit), sized
+        // from the messages seen so far.
+        const PAGE_BYTES: u64 = 1 << 20;
         let plen = self.key(b"m/", b"").len();
         let end = last.min(first.saturating_add(max_scan.saturating_sub(1)));
         let mut found = None;
         let mut from = first;
+        let mut page = 1u64;
         while from <= end {
-            let to = end.min(from + PAGE - 1);
+            let to = end.min(from + page - 1);
             let opts = GetOptions::new().with_range(self.message_key(qid, to + 1));
             let got = self.kv().get(self.message_key(qid, from), Some(opts)).await.map_err(etcd)?;
             if got.kvs().is_empty() {
                 break;
             }
+            let bytes: u64 = got.kvs().iter().map(|kv| kv.value().len() as u64).sum();
+            page = (PAGE_BYTES * got.kvs().len() as u64 / bytes.max(1)).clamp(1, 1024);
             for kv in got.kvs() {
                 let (_, seq) = keys::decode_message_key(&kv.key()[plen..]).map_err(corrupt)?;
                 let env = decode_envelope(qid, seq, kv.value()).map_err(corrupt)?;

@@ -83,8 +83,21 @@ impl EtcdStore {
     ) -> Result<(u64, Vec<ClaimRecord>, i64), StorageError> {
         let mut kv = self.kv();
         let prefix = self.claims_prefix(group, queue);
-        let got = kv.get(prefix.clone(), Some(GetOptions::new().with_prefix())).await.map_err(etcd)?;
+        // In pages at one revision: a group with many records above its offset (a slow head
+        // while everything after it finished) must not outgrow the client's answer limit.
+        const PAGE: i64 = 4096;
+        let end = keys::claim_key(&prefix, u64::MAX).into_iter().chain([0]).collect::<Vec<u8>>();
+        let got = kv
+            .get(prefix.clone(), Some(GetOptions::new().with_range(end.clone()).with_limit(PAGE)))
+            .await
+            .map_err(etcd)?;
         let rev = got.header().map_or(0, |h| h.revision());
+        let mut pages = vec![got];
+        while let Some(last) = pages.last().filter(|p| p.more()).and_then(|p| p.kvs().last()) {
+            let from: Vec<u8> = last.key().iter().copied().chain([0]).collect();
+            let opts = GetOptions::new().with_range(end.clone()).with_limit(PAGE).with_revision(rev);
+            pages.push(kv.get(from, Some(opts)).await.map_err(etcd)?);
+        }
         let offset = kv
             .get(self.offset_key(group, queue), Some(GetOptions::new().with_revision(rev)))
             .await
@@ -95,8 +108,8 @@ impl EtcdStore {
                 return Err(StorageError::new(format!("work group {group} on {queue} has no offset record")));
             }
         };
-        let mut out = Vec::with_capacity(got.kvs().len());
-        for kv in got.kvs() {
+        let mut out = Vec::new();
+        for kv in pages.iter().flat_map(|p| p.kvs()) {
             let r = self.claim_record(&prefix, kv)?;
             if r.seq > offset {
                 out.push(r);
