@@ -485,24 +485,7 @@ impl EtcdStore {
             ops.push(TxnOp::delete(self.mark_key(c.group, c.queue, *seq), None));
         }
         if let Some(dl) = &c.dead_letters {
-            let tail = self.tail_key(dl.qid);
-            cmps.push(Compare::value(
-                tail.clone(),
-                CompareOp::Equal,
-                encode_tail(dl.expected_last, dl.expected_nonce),
-            ));
-            for (i, env) in dl.envelopes.iter().enumerate() {
-                ops.push(TxnOp::put(
-                    self.message_key(dl.qid, dl.expected_last + 1 + i as u64),
-                    env.clone(),
-                    None,
-                ));
-            }
-            ops.push(TxnOp::put(
-                tail,
-                encode_tail(dl.expected_last + dl.envelopes.len() as u64, dl.nonce),
-                None,
-            ));
+            self.push_append(dl, &mut cmps, &mut ops);
         }
         if ops.is_empty() {
             return Ok(CommitOutcome::Done);
@@ -604,6 +587,25 @@ impl EtcdStore {
         };
         let _ = self.client.lease_client().revoke(lease).await;
         by_stop
+    }
+}
+
+impl EtcdStore {
+    /// Adds `a` to a transaction as an append is: the compare on its queue's tail, the messages
+    /// at the sequences after it, the new tail with `a`'s nonce. Returns the tail's key.
+    fn push_append(&self, a: &DeadLetterAppend, cmps: &mut Vec<Compare>, ops: &mut Vec<TxnOp>) -> Vec<u8> {
+        let tail = self.tail_key(a.qid);
+        cmps.push(Compare::value(
+            tail.clone(),
+            CompareOp::Equal,
+            encode_tail(a.expected_last, a.expected_nonce),
+        ));
+        for (i, env) in a.envelopes.iter().enumerate() {
+            ops.push(TxnOp::put(self.message_key(a.qid, a.expected_last + 1 + i as u64), env.clone(), None));
+        }
+        let last = a.expected_last + a.envelopes.len() as u64;
+        ops.push(TxnOp::put(tail.clone(), encode_tail(last, a.nonce), None));
+        tail
     }
 }
 

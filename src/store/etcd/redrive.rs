@@ -4,7 +4,7 @@
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
-use super::{DeadLetterAppend, EtcdStore, corrupt, decode_tail, encode_tail, etcd};
+use super::{DeadLetterAppend, EtcdStore, corrupt, decode_tail, etcd};
 use crate::error::StorageError;
 use crate::store::{keys, records};
 
@@ -47,24 +47,7 @@ impl EtcdStore {
         let mut ops = Vec::new();
         let mut gets = vec![TxnOp::get(cursor.clone(), None)];
         for a in appends {
-            let tail = self.tail_key(a.qid);
-            cmps.push(Compare::value(
-                tail.clone(),
-                CompareOp::Equal,
-                encode_tail(a.expected_last, a.expected_nonce),
-            ));
-            for (i, env) in a.envelopes.iter().enumerate() {
-                ops.push(TxnOp::put(
-                    self.message_key(a.qid, a.expected_last + 1 + i as u64),
-                    env.clone(),
-                    None,
-                ));
-            }
-            ops.push(TxnOp::put(
-                tail.clone(),
-                encode_tail(a.expected_last + a.envelopes.len() as u64, a.nonce),
-                None,
-            ));
+            let tail = self.push_append(a, &mut cmps, &mut ops);
             gets.push(TxnOp::get(tail, None));
         }
         ops.push(TxnOp::put(cursor, records::encode_cursor(to).to_vec(), None));

@@ -14,7 +14,7 @@
 
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, WatchOptions};
 
-use super::{DeadLetterAppend, EtcdStore, corrupt, decode_tail, encode_tail, etcd};
+use super::{DeadLetterAppend, EtcdStore, corrupt, decode_tail, etcd};
 use crate::error::{CorruptionError, StorageError};
 use crate::model::{Claim, GroupMode, GroupOffset, GroupSettings};
 use crate::store::{keys, records};
@@ -145,25 +145,8 @@ impl EtcdStore {
             ops.push(TxnOp::put(key.clone(), records::encode_claim(&w.record), None));
             gets.push(TxnOp::get(key, None));
         }
-        let tail_key = dead_letters.map(|dl| self.tail_key(dl.qid));
-        if let (Some(dl), Some(tail)) = (dead_letters, &tail_key) {
-            cmps.push(Compare::value(
-                tail.clone(),
-                CompareOp::Equal,
-                encode_tail(dl.expected_last, dl.expected_nonce),
-            ));
-            for (i, env) in dl.envelopes.iter().enumerate() {
-                ops.push(TxnOp::put(
-                    self.message_key(dl.qid, dl.expected_last + 1 + i as u64),
-                    env.clone(),
-                    None,
-                ));
-            }
-            ops.push(TxnOp::put(
-                tail.clone(),
-                encode_tail(dl.expected_last + dl.envelopes.len() as u64, dl.nonce),
-                None,
-            ));
+        let tail_key = dead_letters.map(|dl| self.push_append(dl, &mut cmps, &mut ops));
+        if let Some(tail) = &tail_key {
             gets.push(TxnOp::get(tail.clone(), None));
         }
         if ops.len() > super::MAX_TXN_OPS || cmps.len() > super::MAX_TXN_OPS {
