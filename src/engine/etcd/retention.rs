@@ -107,7 +107,7 @@ pub(crate) async fn pass(
             let behind: Vec<TrimGroup> = groups.into_iter().filter(|g| g.committed < to).collect();
             let plan = TrimPlan {
                 queue: name.clone(),
-                meta: QueueMeta { first_seq: to + 1, ..meta.clone() },
+                meta: QueueMeta { first_seq: to + 1, ..*meta },
                 queue_rev: loaded.queue_revs.get(i).copied().unwrap_or(0),
                 to,
                 behind,
