@@ -58,8 +58,8 @@ export ROCKQ_TEST_ETCD="http://127.0.0.1:$client"
 features="${ROCKQ_FEATURES:-etcd}"
 # (typed_jobs: its tower test runs on tokio's paused clock, under which every etcd request times
 # out at once.)
-cargo test --features "$features" --test ordering --test offsets --test work_groups --test worker_pools \
-  --test typed_jobs "$@" -- --skip a_tower_timeout_layer
-cargo test --features "$features" --test ordered_dead_letters "$@" -- --skip reset --skip trimmed --skip stale_delivery_records --skip saturated --skip a_crash_after
-cargo test --features "$features" --test dead_letters "$@" -- --skip a_corrupted_message
-cargo test --features "$features" --test retention "$@" -- --skip reset --skip large_consumed_backlog
+cargo test --features "$features" --test ordered_basics --test ordered_offsets --test work_groups --test pool_workers \
+  --test pool_typed_jobs "$@" -- --skip a_tower_timeout_layer
+cargo test --features "$features" --test ordered_poison "$@" -- --skip reset --skip trimmed --skip stale_delivery_records --skip saturated --skip a_crash_after
+cargo test --features "$features" --test dlq_redrive "$@" -- --skip a_corrupted_message
+cargo test --features "$features" --test queue_retention "$@" -- --skip reset --skip large_consumed_backlog

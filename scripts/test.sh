@@ -12,6 +12,6 @@ ROCKQ_NEED_ETCD=1 source scripts/bootstrap.sh
 features="cli,postcard,tower,web,etcd"
 cargo test --all-targets --features "$features" "$@"
 cargo test --doc --features "$features" "$@"
-cargo test --features failpoints,etcd --test faults --test etcd_faults "$@"
+cargo test --features failpoints,etcd --test crash_failpoints --test etcd_faults "$@"
 # The ordered-group semantics suites again, unchanged, against a real single-member etcd.
 ROCKQ_FEATURES="$features" ./scripts/etcd-semantics.sh "$@"

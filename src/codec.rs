@@ -111,15 +111,16 @@ impl Codec for Postcard {
 /// pool's [`run_typed`](crate::Workers::run_typed) dead-letters such a message at once with
 /// this error as the reason, and a typed ordered stream
 /// ([`Subscription::decoded`](crate::Subscription::decoded)) yields it.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("{queue:?} #{seq}: payload does not decode as {type_name} with codec {codec:?}: {source}")]
 pub struct DecodeError {
     queue: String,
     seq: u64,
     codec: String,
     type_name: &'static str,
+    /// Shared, so that the error clones (as every rockq error does).
     #[source]
-    source: BoxError,
+    source: std::sync::Arc<dyn StdError + Send + Sync + 'static>,
 }
 
 /// Whether a decode failed for want of the codec (unknown name, or its feature off), which a
@@ -148,7 +149,13 @@ impl DecodeError {
 
 impl DecodeError {
     pub(crate) fn new(queue: &str, seq: u64, codec: &str, type_name: &'static str, source: BoxError) -> Self {
-        DecodeError { queue: queue.to_owned(), seq, codec: codec.to_owned(), type_name, source }
+        DecodeError {
+            queue: queue.to_owned(),
+            seq,
+            codec: codec.to_owned(),
+            type_name,
+            source: source.into(),
+        }
     }
 
     /// The queue of the message.

@@ -32,7 +32,7 @@ pub struct Entry {
 /// A condition on a key, checked when a transaction (or a
 /// [`compare_and_set`](crate::Keyspace::compare_and_set)) is applied: if it does not hold,
 /// nothing of the transaction is applied and it fails with
-/// [`TxError::Conflict`](crate::TxError::Conflict).
+/// [`Error::Conflict`](crate::Error::Conflict).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Expect {

@@ -1,9 +1,103 @@
-//! Error types, one enum per operation family plus the umbrella [`Error`].
+//! rockq's errors: one [`Error`] for every operation, its [`ErrorKind`] for code that decides
+//! what to do, and the few detail types its variants carry.
 //!
-//! Every fallible public operation returns the narrowest enum that describes what can go wrong
-//! with it; all of them convert into [`Error`] with `?`.
+//! Every fallible public operation returns [`Result<T>`](crate::Result), whose error is
+//! [`Error`]. Match on [`Error::kind`] to decide (retry, give up, report a 404 …), and on the
+//! variant itself for the details (which message was too large, which sequence was lost). The
+//! variants are grouped by kind below; each operation's docs list, under `# Errors`, the ones it
+//! returns.
+//!
+//! Why one type rather than one per operation (0.1 had twenty): the same six refusals (shut
+//! down, failed closed, storage, corruption, unsupported, invalid name) came back in every
+//! family, so every caller — the console, the CLI, applications — matched the same kind many
+//! times over, and disagreed. `redb` flattens its errors the same way into one `Error`; `fjall`
+//! has one.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+
+/// `Result<T, rockq::Error>`: what every fallible rockq operation returns.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What kind of failure an [`Error`] is: the one thing to match on to decide what to do next.
+///
+/// Every public error type has a `kind()`. New kinds may be added, so a `match` needs a
+/// wildcard arm.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> rockq::Result<()> {
+/// # let dir = tempfile::tempdir()?;
+/// use rockq::ErrorKind;
+///
+/// let broker = rockq::Broker::open(dir.path()).await?;
+/// let e = broker.queue("no spaces").await.unwrap_err();
+/// assert_eq!(e.kind(), ErrorKind::InvalidInput);
+/// broker.shutdown().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The broker (or inspector) was shut down, or shutdown has begun: nothing new is
+    /// accepted until the database is opened again.
+    Shutdown,
+    /// The broker failed closed after an earlier write error: nothing more is written until
+    /// the database is reopened.
+    Failed,
+    /// The storage engine (RocksDB or etcd) failed, or an I/O error of the application's own.
+    Storage,
+    /// A stored record does not decode, or a sequence that must be there is missing.
+    Corrupt,
+    /// This broker's engine does not carry out the operation; nothing changed.
+    Unsupported,
+    /// The caller's input was refused: a name, a size, a key, an option, a range. Nothing
+    /// changed; the same call fails again.
+    InvalidInput,
+    /// No queue, group, schedule or database by that name.
+    NotFound,
+    /// The queue or group was deleted while the handle or call was in use.
+    Deleted,
+    /// A conflict with something that ends on its own (an active subscription, a concurrent
+    /// redrive, a keyspace write since the read) or with the stored state (another group mode,
+    /// other stored settings).
+    Conflict,
+    /// A lease or ownership was lost: the job went back to the queue (or the group to another
+    /// process), so this holder's outcome does not count.
+    LeaseLost,
+    /// The database could not be opened: locked, not a rockq database, another format version,
+    /// or no Tokio runtime.
+    Open,
+    /// A payload did not encode or decode with its codec.
+    Codec,
+    /// A job handler's own failure ([`HandlerError`](crate::HandlerError)).
+    Handler,
+    /// A bug or a task that died: not the caller's doing.
+    Internal,
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ErrorKind::Shutdown => "shut down",
+            ErrorKind::Failed => "failed closed",
+            ErrorKind::Storage => "storage error",
+            ErrorKind::Corrupt => "corrupted data",
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::InvalidInput => "invalid input",
+            ErrorKind::NotFound => "not found",
+            ErrorKind::Deleted => "deleted",
+            ErrorKind::Conflict => "conflict",
+            ErrorKind::LeaseLost => "lease lost",
+            ErrorKind::Open => "cannot open",
+            ErrorKind::Codec => "codec error",
+            ErrorKind::Handler => "handler error",
+            ErrorKind::Internal => "internal error",
+        })
+    }
+}
 
 /// What kind of name failed validation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +153,26 @@ pub enum NameError {
     },
 }
 
+impl NameError {
+    /// The kind of this error: always [`ErrorKind::InvalidInput`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> rockq::Result<()> {
+    /// # let dir = tempfile::tempdir()?;
+    /// let broker = rockq::Broker::open(dir.path()).await?;
+    /// let Err(rockq::Error::InvalidName(e)) = broker.queue("").await else { panic!() };
+    /// assert_eq!(e.kind(), rockq::ErrorKind::InvalidInput);
+    /// # broker.shutdown().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn kind(&self) -> ErrorKind {
+        ErrorKind::InvalidInput
+    }
+}
+
 /// An error reported by the storage engine (RocksDB). The message is RocksDB's own.
 ///
 /// It carries the message only: no RocksDB type appears in rockq's public API, so the storage
@@ -70,6 +184,19 @@ pub struct StorageError {
 }
 
 impl StorageError {
+    /// The kind of this error: always [`ErrorKind::Storage`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn demo(e: rockq::StorageError) {
+    /// assert_eq!(e.kind(), rockq::ErrorKind::Storage);
+    /// # }
+    /// ```
+    pub fn kind(&self) -> ErrorKind {
+        ErrorKind::Storage
+    }
+
     /// Made by the store from RocksDB's error (and by failpoints in tests).
     pub(crate) fn new(message: impl Into<std::sync::Arc<str>>) -> Self {
         StorageError { message: message.into() }
@@ -81,7 +208,7 @@ impl StorageError {
     ///
     /// ```no_run
     /// # async fn demo(queue: rockq::Queue) {
-    /// if let Err(rockq::SendError::Storage(e)) = queue.send("x").await {
+    /// if let Err(rockq::Error::Storage(e)) = queue.send("x").await {
     ///     eprintln!("RocksDB: {}", e.message());
     /// }
     /// # }
@@ -91,10 +218,9 @@ impl StorageError {
     }
 }
 
-/// Why a write-path operation was not carried out, whatever the operation: the broker is
-/// shutting down, or an earlier write failed and it failed closed. One kind for every family;
-/// each family's error converts from it (`Shutdown` → its `Shutdown`, `Failed` → its `Failed`),
-/// so the engine refuses every request the same way.
+/// Why the engine did not carry out a request, whatever the request: the broker is shutting
+/// down, an earlier write failed and it failed closed, or the engine does not support it. The
+/// engine refuses every request the same way, and [`Error`] converts from it.
 #[derive(Debug, Clone)]
 pub(crate) enum Closed {
     /// Shutdown has begun, or every handle is gone: nothing new is accepted.
@@ -102,13 +228,13 @@ pub(crate) enum Closed {
     /// The writer failed closed; nothing is written until the database is reopened.
     Failed(Failure),
     /// The broker's engine does not carry out this operation (yet).
-    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     Unsupported(UnsupportedError),
 }
 
 /// The operation is not supported by this broker's engine (the etcd engine carries out a
 /// subset of what the embedded one does; see `docs/DISTRIBUTED.md`). Nothing was changed: an
-/// engine refuses an operation rather than carry it out differently.
+/// engine refuses an operation rather than carry it out differently. Kind
+/// [`Unsupported`](ErrorKind::Unsupported).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{operation} is not supported by the {engine} engine")]
 pub struct UnsupportedError {
@@ -117,8 +243,20 @@ pub struct UnsupportedError {
 }
 
 impl UnsupportedError {
+    /// The kind of this error: always [`ErrorKind::Unsupported`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn demo(e: rockq::UnsupportedError) {
+    /// assert_eq!(e.kind(), rockq::ErrorKind::Unsupported);
+    /// # }
+    /// ```
+    pub fn kind(&self) -> ErrorKind {
+        ErrorKind::Unsupported
+    }
+
     /// Made by an engine that refuses `operation`.
-    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     pub(crate) fn new(operation: &'static str, engine: &'static str) -> Self {
         UnsupportedError { operation, engine }
     }
@@ -129,7 +267,7 @@ impl UnsupportedError {
     ///
     /// ```no_run
     /// # async fn demo(queue: rockq::Queue) {
-    /// if let Err(rockq::SendError::Unsupported(e)) = queue.send("x").await {
+    /// if let Err(rockq::Error::Unsupported(e)) = queue.send("x").await {
     ///     eprintln!("{} needs the embedded engine", e.operation());
     /// }
     /// # }
@@ -144,7 +282,7 @@ impl UnsupportedError {
     ///
     /// ```no_run
     /// # async fn demo(queue: rockq::Queue) {
-    /// if let Err(rockq::SendError::Unsupported(e)) = queue.send("x").await {
+    /// if let Err(rockq::Error::Unsupported(e)) = queue.send("x").await {
     ///     assert_eq!(e.engine(), "etcd");
     /// }
     /// # }
@@ -156,7 +294,7 @@ impl UnsupportedError {
 
 /// The broker stopped accepting writes after an earlier error (it **fails closed**: nothing
 /// more is written until the database is reopened, so no later write can land out of order
-/// after a lost one). The same kind in every operation family's `Failed` variant; it keeps the
+/// after a lost one). Carried by [`Error::Failed`], kind [`Failed`](ErrorKind::Failed); it keeps the
 /// original cause — [`storage_error`](FailedError::storage_error) is RocksDB's error when a
 /// write or WAL sync failed — and reports it as its `source()`.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -167,6 +305,19 @@ pub struct FailedError {
 }
 
 impl FailedError {
+    /// The kind of this error: always [`ErrorKind::Failed`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn demo(e: rockq::FailedError) {
+    /// assert_eq!(e.kind(), rockq::ErrorKind::Failed);
+    /// # }
+    /// ```
+    pub fn kind(&self) -> ErrorKind {
+        ErrorKind::Failed
+    }
+
     /// A failure outside the storage engine (a broken invariant, a task that died), with
     /// what happened.
     pub(crate) fn internal(what: impl Into<String>) -> Self {
@@ -179,7 +330,7 @@ impl FailedError {
     ///
     /// ```no_run
     /// # async fn demo(queue: rockq::Queue) {
-    /// if let Err(rockq::SendError::Failed(failed)) = queue.send("x").await {
+    /// if let Err(rockq::Error::Failed(failed)) = queue.send("x").await {
     ///     if let Some(cause) = failed.storage_error() {
     ///         eprintln!("failed closed after a RocksDB error: {}", cause.message());
     ///     }
@@ -224,33 +375,6 @@ pub(crate) enum Failure {
     Other(String),
 }
 
-macro_rules! refused_as {
-    ($($family:ident),*) => {$(
-        impl From<Closed> for $family {
-            fn from(c: Closed) -> Self {
-                match c {
-                    Closed::Shutdown => $family::Shutdown,
-                    Closed::Failed(f) => $family::Failed(f.into()),
-                    Closed::Unsupported(u) => $family::Unsupported(u),
-                }
-            }
-        }
-    )*};
-}
-refused_as!(
-    QueueError,
-    SendError,
-    SubscribeError,
-    AckError,
-    ResetError,
-    RedriveError,
-    CommitError,
-    PauseError,
-    ScheduleError,
-    KvError,
-    TxError
-);
-
 /// A record in the database could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("corrupted {what} record at key {key:02x?}: {reason}")]
@@ -261,6 +385,19 @@ pub struct CorruptionError {
 }
 
 impl CorruptionError {
+    /// The kind of this error: always [`ErrorKind::Corrupt`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn demo(e: rockq::CorruptionError) {
+    /// assert_eq!(e.kind(), rockq::ErrorKind::Corrupt);
+    /// # }
+    /// ```
+    pub fn kind(&self) -> ErrorKind {
+        ErrorKind::Corrupt
+    }
+
     pub(crate) fn new(what: &'static str, key: &[u8], reason: impl Into<String>) -> Self {
         CorruptionError { what, key: key.to_vec(), reason: reason.into() }
     }
@@ -271,7 +408,7 @@ impl CorruptionError {
     ///
     /// ```no_run
     /// # async fn demo() {
-    /// if let Err(rockq::OpenError::Corrupt(e)) = rockq::Broker::open("./data").await {
+    /// if let Err(rockq::Error::Corrupt(e)) = rockq::Broker::open("./data").await {
     ///     eprintln!("corrupt {} record at {:02x?}", e.record_kind(), e.key());
     /// }
     /// # }
@@ -286,7 +423,7 @@ impl CorruptionError {
     ///
     /// ```no_run
     /// # async fn demo() {
-    /// if let Err(rockq::OpenError::Corrupt(e)) = rockq::Broker::open("./data").await {
+    /// if let Err(rockq::Error::Corrupt(e)) = rockq::Broker::open("./data").await {
     ///     eprintln!("corrupt {} record at {:02x?}", e.record_kind(), e.key());
     /// }
     /// # }
@@ -296,11 +433,87 @@ impl CorruptionError {
     }
 }
 
-/// [`Broker::open`](crate::Broker::open) failed. Nothing was created or modified.
-#[derive(Debug, thiserror::Error)]
+/// Any rockq error. [`kind`](Error::kind) says what kind of failure it is; the variant says
+/// exactly what happened. **Whatever the variant, a refused call changed nothing** unless its
+/// docs say otherwise (a redrive keeps the batches it moved).
+///
+/// New variants may be added in a minor release: match with a wildcard arm, or on
+/// [`kind`](Error::kind).
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> rockq::Result<()> {
+/// # let dir = tempfile::tempdir()?;
+/// use rockq::{Error, ErrorKind};
+///
+/// let broker = rockq::Broker::open(dir.path()).await?;
+/// let q = broker.queue("q").await?;
+/// match q.send_batch(Vec::<&str>::new()).await {
+///     Err(Error::EmptyBatch) => {}
+///     other => panic!("{other:?}"),
+/// }
+/// broker.shutdown().await?;
+/// let late = q.send("late").await.unwrap_err();
+/// assert_eq!(late.kind(), ErrorKind::Shutdown);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
-pub enum OpenError {
-    /// Another process, or another broker in this process, holds the database open.
+pub enum Error {
+    // ---- The broker's state (kinds Shutdown, Failed, Storage, Corrupt, Unsupported, Internal).
+    /// The broker (or inspector) was shut down, or shutdown has begun. Kind
+    /// [`Shutdown`](ErrorKind::Shutdown).
+    #[error("broker is shut down")]
+    Shutdown,
+    /// The broker stopped accepting writes after an earlier error; reopen the database. Kind
+    /// [`Failed`](ErrorKind::Failed).
+    #[error(transparent)]
+    Failed(FailedError),
+    /// The storage engine failed. A failed write makes the broker fail closed: later writes
+    /// return [`Failed`](Error::Failed). Kind [`Storage`](ErrorKind::Storage).
+    #[error(transparent)]
+    Storage(StorageError),
+    /// A stored record could not be decoded. Kind [`Corrupt`](ErrorKind::Corrupt).
+    #[error(transparent)]
+    Corrupt(CorruptionError),
+    /// A sequence the writer published is missing from storage: an ordered stream never skips
+    /// what it could not read, so it ends here. Kind [`Corrupt`](ErrorKind::Corrupt).
+    #[error("queue {queue:?}: expected sequence {expected}, found {found:?}")]
+    Gap {
+        /// The queue.
+        queue: String,
+        /// The sequence that should have been read next.
+        expected: u64,
+        /// What was found instead (`None`: nothing).
+        found: Option<u64>,
+    },
+    /// This broker's engine does not carry out the operation; nothing was changed. Kind
+    /// [`Unsupported`](ErrorKind::Unsupported).
+    #[error(transparent)]
+    Unsupported(UnsupportedError),
+    /// An I/O error: of the application's own (so that `?` works on it in a function returning
+    /// `rockq::Result`; `path` is `None`), or of opening a database (`path` names it). Kind
+    /// [`Storage`](ErrorKind::Storage).
+    #[error("{}{source}", path.as_ref().map(|p| format!("i/o error on {}: ", p.display())).unwrap_or_default())]
+    Io {
+        /// The path rockq was working on, if the error is rockq's.
+        path: Option<PathBuf>,
+        /// The underlying error.
+        source: Arc<std::io::Error>,
+    },
+    /// The writer thread panicked (shutdown reports it; the database is closed regardless).
+    /// Kind [`Internal`](ErrorKind::Internal).
+    #[error("writer thread panicked")]
+    WriterPanicked,
+    /// A background task failed unexpectedly. Kind [`Internal`](ErrorKind::Internal).
+    #[error("internal error: {0}")]
+    Internal(String),
+
+    // ---- Opening (kind Open, or NotFound / InvalidInput / Unsupported as noted).
+    /// Another process, or another broker in this process, holds the database open. Kind
+    /// [`Open`](ErrorKind::Open).
     #[error("database at {path} is locked by another process or broker: {message}")]
     Locked {
         /// The database directory.
@@ -308,23 +521,26 @@ pub enum OpenError {
         /// RocksDB's message.
         message: String,
     },
-    /// The path exists but is not a rockq database (a file, a foreign directory or a RocksDB
-    /// database that rockq did not create).
+    /// The path exists but is not a rockq database (a file, a foreign directory, a RocksDB
+    /// database rockq did not create, an etcd namespace with foreign keys). Kind
+    /// [`Open`](ErrorKind::Open).
     #[error("{path} is not a rockq database: {reason}")]
     NotRockq {
-        /// The path that was given.
+        /// The path (or namespace) that was given.
         path: PathBuf,
         /// Why it was rejected.
         reason: String,
     },
-    /// The path does not exist and [`Options::create_if_missing`](crate::Options::create_if_missing)
-    /// is off.
+    /// There is no database at the path and
+    /// [`Options::create_if_missing`](crate::Options::create_if_missing) is off. Kind
+    /// [`NotFound`](ErrorKind::NotFound).
     #[error("no database at {path} and create_if_missing is off")]
-    NotFound {
+    NoDatabase {
         /// The path that was given.
         path: PathBuf,
     },
-    /// The database was written by an incompatible version of rockq.
+    /// The database was written by an incompatible version of rockq. Kind
+    /// [`Open`](ErrorKind::Open).
     #[error("database format version {found} is not supported (this build reads version {supported})")]
     IncompatibleVersion {
         /// Version found on disk.
@@ -332,117 +548,25 @@ pub enum OpenError {
         /// Version this build understands.
         supported: u8,
     },
-    /// An option is out of range.
-    #[error("invalid option: {0}")]
-    InvalidOption(String),
-    /// The engine does not support a requested option (e.g. `Durability::Buffered` on etcd).
-    #[error(transparent)]
-    Unsupported(UnsupportedError),
     /// Called outside a Tokio runtime: rockq runs its blocking work on the runtime's pool.
+    /// Kind [`Open`](ErrorKind::Open).
     #[error("rockq must be opened from within a Tokio runtime")]
     NoRuntime,
-    /// A stored record could not be decoded.
-    #[error(transparent)]
-    Corrupt(#[from] CorruptionError),
-    /// RocksDB failed to open the database.
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    /// A filesystem error while inspecting the path.
-    #[error("i/o error on {path}: {source}")]
-    Io {
-        /// The path that was inspected.
-        path: PathBuf,
-        /// The underlying error.
-        source: std::io::Error,
-    },
-}
 
-/// Getting a [`Queue`](crate::Queue) handle failed. Nothing was written.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum QueueError {
-    /// The queue name is invalid.
+    // ---- Bad input (kind InvalidInput, or Codec as noted). Nothing was written.
+    /// A queue, group, keyspace or schedule name is invalid. Kind
+    /// [`InvalidInput`](ErrorKind::InvalidInput).
     #[error(transparent)]
-    InvalidName(#[from] NameError),
-    /// The broker was shut down.
-    #[error("broker is shut down")]
-    Shutdown,
-    /// The queue registry is full (2³² − 2 queues).
-    #[error("no queue ids left")]
-    TooManyQueues,
-    /// A stored record (e.g. a dedup record the retention pass reads) does not decode.
-    #[error(transparent)]
-    Corrupt(#[from] CorruptionError),
-    /// The queue was deleted ([`Broker::delete_queue`](crate::Broker::delete_queue)) after
-    /// this handle was made. Get a new handle with [`Broker::queue`](crate::Broker::queue),
-    /// which creates it afresh.
-    #[error("queue {queue:?} was deleted")]
-    Deleted {
-        /// The queue.
-        queue: String,
-    },
-    /// Writing the queue's registry record failed.
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    /// The broker stopped accepting writes after an earlier error.
-    #[error(transparent)]
-    Failed(FailedError),
-    /// This broker's engine does not carry out the operation; nothing was changed.
-    #[error(transparent)]
-    Unsupported(UnsupportedError),
-}
-
-/// Why a recurring schedule was refused.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum ScheduleError {
-    /// The cron expression does not parse, or never fires.
-    #[error("invalid cron expression {expr:?}: {reason}")]
-    InvalidCron {
-        /// The expression given.
-        expr: String,
-        /// What the parser said.
-        reason: String,
-    },
-    /// The interval is zero.
-    #[error("a schedule's interval must be longer than zero")]
-    ZeroInterval,
-    /// The schedule or queue name is invalid.
-    #[error(transparent)]
-    InvalidName(#[from] NameError),
-    /// The message cannot be sent (too large, bad header or key, or delayed).
-    #[error(transparent)]
-    Message(#[from] SendError),
-    /// No schedule has this name.
-    #[error("no schedule named {0:?}")]
-    NotFound(String),
-    /// The broker was shut down.
-    #[error("broker is shut down")]
-    Shutdown,
-    /// Writing the schedule failed.
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    /// A stored record does not decode.
-    #[error(transparent)]
-    Corrupt(#[from] CorruptionError),
-    /// The broker stopped accepting writes after an earlier error.
-    #[error(transparent)]
-    Failed(FailedError),
-    /// This broker's engine does not carry out the operation; nothing was changed.
-    #[error(transparent)]
-    Unsupported(UnsupportedError),
-}
-
-/// A send was rejected or failed. When this is returned, none of the messages of the call were
-/// made visible to consumers.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum SendError {
-    /// The broker was shut down before the messages were written.
-    #[error("broker is shut down")]
-    Shutdown,
+    InvalidName(NameError),
+    /// An option or setting is out of range (e.g. a worker pool's concurrency above
+    /// [`Workers::MAX_POOL`](crate::Workers::MAX_POOL), a [lease](crate::WorkGroup::lease)
+    /// under 1 ms, an etcd endpoint that does not parse). Kind
+    /// [`InvalidInput`](ErrorKind::InvalidInput).
+    #[error("invalid option: {0}")]
+    InvalidOption(String),
     /// A message (payload plus headers) is larger than
-    /// [`Options::max_message_bytes`](crate::Options::max_message_bytes).
+    /// [`Options::max_message_bytes`](crate::Options::max_message_bytes). Kind
+    /// [`InvalidInput`](ErrorKind::InvalidInput).
     #[error("message {index} is {size} bytes; the maximum is {max}")]
     MessageTooLarge {
         /// Position of the message within the call (0 for `send`).
@@ -453,7 +577,7 @@ pub enum SendError {
         max: usize,
     },
     /// A header cannot be encoded (key over 65 535 bytes, value over 4 GiB, or more than
-    /// 65 535 headers).
+    /// 65 535 headers). Kind [`InvalidInput`](ErrorKind::InvalidInput).
     #[error("message {index} has an invalid header: {reason}")]
     InvalidHeader {
         /// Position of the message within the call (0 for `send`).
@@ -461,27 +585,9 @@ pub enum SendError {
         /// What is wrong.
         reason: &'static str,
     },
-    /// `send_batch` was called with no messages.
-    #[error("send_batch needs at least one message")]
-    EmptyBatch,
-    /// The queue was deleted ([`Broker::delete_queue`](crate::Broker::delete_queue)) before
-    /// the messages were written: nothing of this call was written. A send that resolved
-    /// before the deletion was written, and deleted with the queue.
-    #[error("queue {queue:?} was deleted")]
-    QueueDeleted {
-        /// The queue.
-        queue: String,
-    },
-    /// `send_batch` was called with more messages than one atomic write may hold.
-    #[error("batch of {len} messages exceeds the maximum of {max}")]
-    BatchTooLarge {
-        /// Messages in the call.
-        len: usize,
-        /// The configured maximum ([`Options::max_batch_messages`](crate::Options::max_batch_messages)).
-        max: usize,
-    },
     /// An ordering or idempotency key is empty or longer than
-    /// [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes.
+    /// [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes. Kind
+    /// [`InvalidInput`](ErrorKind::InvalidInput).
     #[error("message {index} has an invalid key: {reason}")]
     InvalidKey {
         /// Position of the message within the call (0 for `send`).
@@ -489,9 +595,22 @@ pub enum SendError {
         /// What is wrong.
         reason: &'static str,
     },
+    /// `send_batch` was called with no messages. Kind [`InvalidInput`](ErrorKind::InvalidInput).
+    #[error("send_batch needs at least one message")]
+    EmptyBatch,
+    /// `send_batch` was called with more messages than one atomic write may hold
+    /// ([`Options::max_batch_messages`](crate::Options::max_batch_messages)). Kind
+    /// [`InvalidInput`](ErrorKind::InvalidInput).
+    #[error("batch of {len} messages exceeds the maximum of {max}")]
+    BatchTooLarge {
+        /// Messages in the call.
+        len: usize,
+        /// The configured maximum.
+        max: usize,
+    },
     /// The message needs [`Queue::submit`](crate::Queue::submit): it is delayed (it has no
     /// sequence until it is due) or has an idempotency key (a duplicate has no new sequence,
-    /// nor a place in a contiguous range).
+    /// nor a place in a contiguous range). Kind [`InvalidInput`](ErrorKind::InvalidInput).
     #[error("message {index} {reason}: send it with Queue::submit")]
     NeedsSubmit {
         /// Position of the message within the call (0 for `send`).
@@ -499,7 +618,65 @@ pub enum SendError {
         /// Why.
         reason: &'static str,
     },
-    /// A typed send's codec could not encode a value (nothing was sent).
+    /// A keyspace key is empty or longer than [`MAX_KV_KEY_LEN`](crate::MAX_KV_KEY_LEN); a
+    /// value or message in a transaction is too large; a transaction holds more than
+    /// [`MAX_TX_OPS`](crate::MAX_TX_OPS) operations or [`MAX_TX_BYTES`](crate::MAX_TX_BYTES)
+    /// bytes, or something of another broker. Refused before anything reached the writer. Kind
+    /// [`InvalidInput`](ErrorKind::InvalidInput).
+    #[error("invalid input: {reason}")]
+    Invalid {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A cron expression does not parse, or never fires. Kind
+    /// [`InvalidInput`](ErrorKind::InvalidInput).
+    #[error("invalid cron expression {expr:?}: {reason}")]
+    InvalidCron {
+        /// The expression given.
+        expr: String,
+        /// What the parser said.
+        reason: String,
+    },
+    /// A schedule's interval is zero (or rounds to zero). Kind
+    /// [`InvalidInput`](ErrorKind::InvalidInput).
+    #[error("a schedule's interval must be longer than zero")]
+    ZeroInterval,
+    /// A sequence is outside what the queue retains: a
+    /// [`StartFrom::Sequence`](crate::StartFrom::Sequence) outside `first..=last + 1`, or a
+    /// [reset](crate::Group::reset_to) target before the first live message (or, for a
+    /// timestamp, older than the oldest retained one) or past the end. Kind
+    /// [`InvalidInput`](ErrorKind::InvalidInput).
+    #[error("sequence {requested} is outside the queue's retained range {first}..={next}")]
+    OutOfRange {
+        /// The requested sequence (for a timestamp: the first sequence at or after it, or 0).
+        requested: u64,
+        /// The first live sequence.
+        first: u64,
+        /// The next sequence to be written.
+        next: u64,
+    },
+    /// The group's default dead-letter queue name (`<queue>.dlq`) would be too long; set one
+    /// with [`WorkGroup::dead_letter_queue`](crate::WorkGroup::dead_letter_queue) (or
+    /// [`Group::dead_letter_queue`](crate::Group::dead_letter_queue)). Kind
+    /// [`InvalidInput`](ErrorKind::InvalidInput).
+    #[error("dead-letter queue name for queue {queue:?} is too long; set one explicitly")]
+    DeadLetterName {
+        /// The queue.
+        queue: String,
+    },
+    /// A dead letter has no origin queue header and no redrive target was given. Kind
+    /// [`InvalidInput`](ErrorKind::InvalidInput).
+    #[error("dead letter {seq} has no origin queue; redrive it with an explicit target")]
+    NoOrigin {
+        /// Its sequence in the dead-letter queue.
+        seq: u64,
+    },
+    /// The queue registry is full (2³² − 2 queues). Kind
+    /// [`InvalidInput`](ErrorKind::InvalidInput).
+    #[error("no queue ids left")]
+    TooManyQueues,
+    /// A typed send's codec could not encode a value (nothing was sent). Kind
+    /// [`Codec`](ErrorKind::Codec).
     #[error("message {index} does not encode with codec {codec:?}: {source}")]
     Encode {
         /// Position of the value within the call (0 for `send`).
@@ -508,106 +685,101 @@ pub enum SendError {
         codec: &'static str,
         /// The codec's error.
         #[source]
-        source: std::sync::Arc<dyn std::error::Error + Send + Sync>,
+        source: Arc<dyn std::error::Error + Send + Sync>,
     },
-    /// Reading the queue's dedup records failed while checking an idempotency key (nothing
-    /// was written).
+    /// A payload did not decode as the requested type. Kind [`Codec`](ErrorKind::Codec).
     #[error(transparent)]
-    Corrupt(#[from] CorruptionError),
-    /// The write failed. The broker fails closed after a write error: later sends return
-    /// [`SendError::Failed`] until it is reopened.
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    /// An earlier write failed and the broker stopped accepting writes.
-    #[error(transparent)]
-    Failed(FailedError),
-    /// This broker's engine does not carry out the operation; nothing was changed.
-    #[error(transparent)]
-    Unsupported(UnsupportedError),
-}
+    Decode(crate::codec::DecodeError),
 
-/// [`Group::subscribe`](crate::Group::subscribe), [`WorkGroup::subscribe`](crate::WorkGroup::subscribe)
-/// or [`WorkGroup::update`](crate::WorkGroup::update) failed. Nothing was written.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SubscribeError {
-    /// The group name is invalid.
-    #[error(transparent)]
-    InvalidName(#[from] NameError),
-    /// The broker was shut down.
-    #[error("broker is shut down")]
-    Shutdown,
-    /// Another subscription of this group on this queue is still active (its stream or some of
-    /// its deliveries are alive). Ordered groups have one active subscriber at a time.
-    #[error("group {group:?} already has an active subscription on queue {queue:?}")]
-    AlreadySubscribed {
-        /// The group.
-        group: String,
+    // ---- What does not exist, or no longer (kinds NotFound, Deleted).
+    /// No queue by that name. Kind [`NotFound`](ErrorKind::NotFound).
+    #[error("queue {queue:?} does not exist")]
+    NoSuchQueue {
         /// The queue.
         queue: String,
     },
-    /// The queue was deleted after this handle was made; get a new one with
-    /// [`Broker::queue`](crate::Broker::queue).
+    /// No group by that name on that queue. Kind [`NotFound`](ErrorKind::NotFound).
+    #[error("group {group:?} does not exist on queue {queue:?}")]
+    NoSuchGroup {
+        /// The queue.
+        queue: String,
+        /// The group.
+        group: String,
+    },
+    /// No recurring schedule by that name. Kind [`NotFound`](ErrorKind::NotFound).
+    #[error("no schedule named {name:?}")]
+    NoSuchSchedule {
+        /// The schedule.
+        name: String,
+    },
+    /// The queue was deleted ([`Broker::delete_queue`](crate::Broker::delete_queue)) after the
+    /// handle was made, or before the call's messages were written: nothing of the call was
+    /// written. Get a new handle with [`Broker::queue`](crate::Broker::queue), which creates
+    /// it afresh. Kind [`Deleted`](ErrorKind::Deleted).
     #[error("queue {queue:?} was deleted")]
     QueueDeleted {
         /// The queue.
         queue: String,
     },
-    /// The group was deleted ([`Broker::delete_group`](crate::Broker::delete_group)) while
-    /// this call was on its way: nothing was written. Subscribing again creates it afresh.
-    #[error("group {group:?} on queue {queue:?} was deleted meanwhile")]
+    /// The group (or its queue) was deleted ([`Broker::delete_group`](crate::Broker::delete_group)):
+    /// a stream or worker pool ends with it, deliveries still out cannot be settled, and a
+    /// subscribe or transaction on its way wrote nothing. Subscribing again creates it afresh.
+    /// Kind [`Deleted`](ErrorKind::Deleted).
+    #[error("group {group:?} on queue {queue:?} was deleted")]
     GroupDeleted {
         /// The queue.
         queue: String,
         /// The group.
         group: String,
     },
-    /// [`StartFrom::Sequence`](crate::StartFrom::Sequence) names a sequence outside
-    /// `first..=last + 1` of the queue.
-    #[error("sequence {requested} is outside the queue's range {first}..={next}")]
-    SequenceOutOfRange {
-        /// The requested start.
-        requested: u64,
-        /// The first live sequence.
-        first: u64,
-        /// The next sequence to be written.
-        next: u64,
-    },
-    /// The group exists in the other mode on this queue (ordered vs work-queue); a group's
-    /// mode is fixed when it is first created.
-    #[error("group {group:?} on queue {queue:?} is a {existing} group")]
-    WrongMode {
-        /// The group.
-        group: String,
+
+    // ---- Conflicts (kind Conflict): with something that ends on its own, or with stored state.
+    /// The group has an active subscription on the queue (its stream or some of its
+    /// deliveries are alive): an ordered group has one active subscriber at a time, and is
+    /// reset only while nobody consumes. Retryable. Kind [`Conflict`](ErrorKind::Conflict).
+    #[error("group {group:?} has an active subscription on queue {queue:?}")]
+    Active {
         /// The queue.
         queue: String,
+        /// The group.
+        group: String,
+    },
+    /// Another redrive of the same dead-letter queue moved its cursor concurrently. Retryable.
+    /// Kind [`Conflict`](ErrorKind::Conflict).
+    #[error("dead-letter queue {dlq:?} is being redriven concurrently")]
+    RedriveConflict {
+        /// The dead-letter queue.
+        dlq: String,
+    },
+    /// A transaction's condition on a key did not hold when it was applied (optimistic
+    /// concurrency: someone else changed it since it was read). Read again and retry. Kind
+    /// [`Conflict`](ErrorKind::Conflict).
+    #[error("keyspace {keyspace:?}: key {key:02x?} expected {expected}, found {}", found.map_or("absent".to_string(), |r| format!("revision {r}")))]
+    Conflict {
+        /// The keyspace.
+        keyspace: String,
+        /// The key.
+        key: Vec<u8>,
+        /// What the transaction expected.
+        expected: crate::entry::Expect,
+        /// The key's revision when the transaction was applied (`None`: absent).
+        found: Option<u64>,
+    },
+    /// The group exists in the other mode on this queue (ordered vs work-queue); a group's
+    /// mode is fixed when it is first created. Kind [`Conflict`](ErrorKind::Conflict).
+    #[error("group {group:?} on queue {queue:?} is a {existing} group")]
+    WrongMode {
+        /// The queue.
+        queue: String,
+        /// The group.
+        group: String,
         /// `"ordered"` or `"work-queue"`: the mode it was created in.
         existing: &'static str,
     },
-    /// The group's default dead-letter queue name (`<queue>.dlq`) would be too long; set one
-    /// with [`WorkGroup::dead_letter_queue`](crate::WorkGroup::dead_letter_queue) (or
-    /// [`Group::dead_letter_queue`](crate::Group::dead_letter_queue) for an ordered group with
-    /// [`max_deliveries`](crate::Group::max_deliveries)).
-    #[error("dead-letter queue name for queue {queue:?} is too long; set one explicitly")]
-    DeadLetterName {
-        /// The queue.
-        queue: String,
-    },
-    /// Writing the group's initial offset failed.
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    /// The broker stopped accepting writes after an earlier error.
-    #[error(transparent)]
-    Failed(FailedError),
-    /// A setting is out of range (e.g. a worker pool's concurrency above
-    /// [`Workers::MAX_POOL`](crate::Workers::MAX_POOL), or a
-    /// [lease](crate::WorkGroup::lease) under 1 ms).
-    #[error("invalid option: {0}")]
-    InvalidOption(String),
     /// A setting this [`WorkGroup`](crate::WorkGroup) handle sets explicitly differs from the
     /// one stored with the group (by its first subscribe, or its last
-    /// [`update`](crate::WorkGroup::update)). Nothing was written. Leave the setting unset to
-    /// run with the stored value, or change the stored one with `update`.
+    /// [`update`](crate::WorkGroup::update)). Leave it unset to run with the stored value, or
+    /// change the stored one with `update`. Kind [`Conflict`](ErrorKind::Conflict).
     #[error(
         "work group {group:?} on queue {queue:?} is stored with {setting} = {stored}, but this \
          handle sets {requested}; leave it unset to use the stored value, or change it with \
@@ -628,474 +800,159 @@ pub enum SubscribeError {
         /// The value this handle sets, as text.
         requested: String,
     },
-    /// This broker's engine does not carry out the operation; nothing was changed.
-    #[error(transparent)]
-    Unsupported(UnsupportedError),
-}
 
-/// An outcome (ack, nack, retry, dead-letter) or a lease extension could not be recorded.
-/// Nothing changed: the message is delivered again as the lease or restart rules say.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum AckError {
-    /// The broker was shut down; the message will be delivered again after reopening.
-    #[error("broker is shut down; the message will be redelivered")]
-    Shutdown,
-    /// Work-queue groups: this holder's lease on the message expired (or the message was handed
-    /// to another consumer since). Only the current holder may settle or extend it, so two
-    /// holders never both win.
-    #[error("lease on sequence {seq} (attempt {attempt}) was lost: it expired or was re-claimed")]
+    // ---- Leases (kind LeaseLost).
+    /// This holder's lease on a work-queue job ran out, or the message was handed to another
+    /// consumer, purged or reset since; or an ordered delivery's group moved past it (a purge
+    /// or reset). Only the current holder may settle or extend a job, so two holders never
+    /// both win; the message comes back to be handled anew. Kind
+    /// [`LeaseLost`](ErrorKind::LeaseLost).
+    #[error(
+        "queue {queue:?} group {group:?}: the lease on sequence {seq} (attempt {attempt}) was lost: it expired or was re-claimed"
+    )]
     LeaseLost {
+        /// The queue.
+        queue: String,
+        /// The group.
+        group: String,
         /// The message's sequence.
         seq: u64,
-        /// The attempt this holder had.
+        /// The attempt this holder had (0 for an ordered delivery).
         attempt: u32,
     },
-    /// Writing the outcome failed (the broker then fails closed).
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    /// The group (or its queue) was deleted while the message was out: there is nothing
-    /// left to settle, and nothing was written.
-    #[error("group {group:?} on queue {queue:?} was deleted")]
-    Deleted {
-        /// The queue.
-        queue: String,
-        /// The group.
-        group: String,
-    },
-    /// The broker stopped accepting writes after an earlier error.
-    #[error(transparent)]
-    Failed(FailedError),
-    /// This broker's engine does not carry out the operation; nothing was changed.
-    #[error(transparent)]
-    Unsupported(UnsupportedError),
-}
-
-/// [`Group::reset_to`](crate::Group::reset_to) failed. Nothing changed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ResetError {
-    /// The group has an active subscription; reset it while nobody consumes.
-    #[error("group {group:?} has an active subscription on queue {queue:?}")]
-    Active {
-        /// The group.
-        group: String,
-        /// The queue.
-        queue: String,
-    },
-    /// The group has never subscribed (nothing to reset).
-    #[error("group {group:?} does not exist on queue {queue:?}")]
-    NoSuchGroup {
-        /// The group.
-        group: String,
-        /// The queue.
-        queue: String,
-    },
-    /// The target is outside what the queue retains: before its first live message (or, for a
-    /// timestamp, older than the oldest retained message), or past its end.
-    #[error("reset target {requested} is outside the retained range {first}..={next}")]
-    OutOfRetention {
-        /// The requested sequence (for a timestamp: the first sequence at or after it, or 0).
-        requested: u64,
-        /// The first live sequence.
-        first: u64,
-        /// The next sequence to be written.
-        next: u64,
-    },
-    /// Reading timestamps failed.
-    #[error(transparent)]
-    Receive(#[from] ReceiveError),
-    /// The broker was shut down.
-    #[error("broker is shut down")]
-    Shutdown,
-    /// Writing the offset failed.
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    /// The broker stopped accepting writes after an earlier error.
-    #[error(transparent)]
-    Failed(FailedError),
-    /// This broker's engine does not carry out the operation; nothing was changed.
-    #[error(transparent)]
-    Unsupported(UnsupportedError),
-}
-
-/// Redriving dead letters failed. Batches moved before the error stay moved (each batch is
-/// atomic), and a later redrive resumes after the last one.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RedriveError {
-    /// The target queue name is invalid.
-    #[error(transparent)]
-    InvalidName(#[from] NameError),
-    /// The broker was shut down.
-    #[error("broker is shut down")]
-    Shutdown,
-    /// Another redrive of the same dead-letter queue moved the cursor concurrently.
-    #[error("dead-letter queue {dlq:?} is being redriven concurrently")]
-    Conflict {
-        /// The dead-letter queue.
-        dlq: String,
-    },
-    /// The dead-letter queue was deleted after this handle was made.
-    #[error("dead-letter queue {dlq:?} was deleted")]
-    Deleted {
-        /// The dead-letter queue.
-        dlq: String,
-    },
-    /// A dead letter has no origin queue header and no target was given.
-    #[error("dead letter {seq} has no origin queue; redrive it with an explicit target")]
-    NoOrigin {
-        /// Its sequence in the dead-letter queue.
-        seq: u64,
-    },
-    /// A dead letter could not be read.
-    #[error(transparent)]
-    Receive(#[from] ReceiveError),
-    /// Writing failed.
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    /// The broker stopped accepting writes after an earlier error.
-    #[error(transparent)]
-    Failed(FailedError),
-    /// This broker's engine does not carry out the operation; nothing was changed.
-    #[error(transparent)]
-    Unsupported(UnsupportedError),
-}
-
-/// Waiting for acknowledgements to be committed failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum CommitError {
-    /// The broker was shut down.
-    #[error("broker is shut down")]
-    Shutdown,
-    /// Writing the offset record failed.
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    /// The broker stopped accepting writes after an earlier error.
-    #[error(transparent)]
-    Failed(FailedError),
-    /// This broker's engine does not carry out the operation; nothing was changed.
-    #[error(transparent)]
-    Unsupported(UnsupportedError),
-}
-
-/// An error yielded by a [`Subscription`](crate::Subscription) stream. The stream ends after
-/// yielding one: an ordered group never skips a message it could not read.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ReceiveError {
-    /// A message record could not be decoded.
-    #[error(transparent)]
-    Corrupt(#[from] CorruptionError),
-    /// Reading failed.
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    /// A sequence the writer published is missing from storage.
-    #[error("queue {queue:?}: expected sequence {expected}, found {found:?}")]
-    Gap {
-        /// The queue.
-        queue: String,
-        /// The sequence that should have been read next.
-        expected: u64,
-        /// What was found instead (`None`: nothing).
-        found: Option<u64>,
-    },
-    /// The background read task failed unexpectedly.
-    #[error("internal error: {0}")]
-    Internal(String),
-    /// Another process took this ordered group over (an etcd broker whose lease on the group
-    /// lapsed: paused, partitioned): the stream ends after this. What it acknowledged and had
-    /// not committed is delivered again to the new subscriber.
-    #[error("another process took over group {group:?} on queue {queue:?}")]
+    /// This process no longer owns the ordered group (an etcd broker whose ownership lease on
+    /// the group lapsed): the stream ends after this. What it acknowledged and had not
+    /// committed is delivered again to the next subscriber. Kind
+    /// [`LeaseLost`](ErrorKind::LeaseLost).
+    #[error("ownership of group {group:?} on queue {queue:?} was lost (its etcd lease lapsed)")]
     OwnershipLost {
         /// The queue.
         queue: String,
         /// The group.
         group: String,
     },
-    /// The group (or its queue) was deleted ([`Broker::delete_queue`](crate::Broker::delete_queue),
-    /// [`Broker::delete_group`](crate::Broker::delete_group)): the stream (or worker pool) ends
-    /// after this. Deliveries still out fail to settle with [`AckError::Deleted`].
-    #[error("group {group:?} on queue {queue:?} was deleted")]
-    Deleted {
-        /// The queue.
-        queue: String,
-        /// The group.
-        group: String,
-    },
-    /// This broker's engine does not carry out the operation; nothing was changed.
-    #[error(transparent)]
-    Unsupported(UnsupportedError),
-}
-
-/// Shutting down failed part-way. The database is closed regardless.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum ShutdownError {
-    /// Flushing pending offset commits or syncing the WAL failed.
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    /// The writer thread panicked.
-    #[error("writer thread panicked")]
-    WriterPanicked,
-    /// The shutdown task did not run to completion (the runtime was shutting down).
-    #[error("shutdown interrupted: {0}")]
-    Internal(String),
-}
-
-/// Reading stats, pending claims, messages or dead letters for inspection failed. Nothing
-/// changed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum InspectError {
-    /// No queue by that name.
-    #[error("queue {0:?} does not exist")]
-    NoSuchQueue(String),
-    /// No group by that name on that queue.
-    #[error("group {group:?} does not exist on queue {queue:?}")]
-    NoSuchGroup {
-        /// The group.
-        group: String,
-        /// The queue.
-        queue: String,
-    },
-    /// A name is invalid.
-    #[error(transparent)]
-    InvalidName(#[from] NameError),
-    /// A stored record could not be decoded.
-    #[error(transparent)]
-    Corrupt(#[from] CorruptionError),
-    /// RocksDB failed.
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    /// The broker (or inspector) was shut down.
-    #[error("database is closed")]
-    Shutdown,
-    /// This broker's engine does not carry out the operation; nothing was changed.
-    #[error(transparent)]
-    Unsupported(UnsupportedError),
-}
-
-/// Pausing or resuming a group failed. Nothing changed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum PauseError {
-    /// The group has never subscribed on that queue.
-    #[error("group {group:?} does not exist on queue {queue:?}")]
-    NoSuchGroup {
-        /// The group.
-        group: String,
-        /// The queue.
-        queue: String,
-    },
-    /// A name is invalid.
-    #[error(transparent)]
-    InvalidName(#[from] NameError),
-    /// The broker was shut down.
-    #[error("broker is shut down")]
-    Shutdown,
-    /// Writing the group's settings record failed.
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    /// The broker stopped accepting writes after an earlier storage error.
-    #[error(transparent)]
-    Failed(FailedError),
-    /// This broker's engine does not carry out the operation; nothing was changed.
-    #[error(transparent)]
-    Unsupported(UnsupportedError),
-}
-
-/// Creating or reading a keyspace ([`Broker::kv`](crate::Broker::kv),
-/// [`Keyspace::get`](crate::Keyspace::get), [`Keyspace::scan`](crate::Keyspace::scan)) failed.
-/// Nothing was written.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum KvError {
-    /// The broker was shut down.
-    #[error("broker is shut down")]
-    Shutdown,
-    /// The keyspace name is invalid (the rules of queue names).
-    #[error(transparent)]
-    InvalidName(#[from] NameError),
-    /// A key is empty or longer than [`MAX_KV_KEY_LEN`](crate::MAX_KV_KEY_LEN) bytes.
-    #[error("invalid key: {reason}")]
-    InvalidKey {
-        /// What is wrong.
-        reason: &'static str,
-    },
-    /// A stored entry does not decode.
-    #[error(transparent)]
-    Corrupt(#[from] CorruptionError),
-    /// The storage engine failed.
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    /// The broker stopped accepting writes after an earlier error.
-    #[error(transparent)]
-    Failed(FailedError),
-    /// This broker's engine does not carry out the operation; nothing was changed.
-    #[error(transparent)]
-    Unsupported(UnsupportedError),
-}
-
-/// A transaction ([`Broker::transaction`](crate::Broker::transaction)) or a keyspace write
-/// ([`Keyspace::put`](crate::Keyspace::put), [`Keyspace::compare_and_set`](crate::Keyspace::compare_and_set),
-/// which are one-operation transactions) failed. **Nothing of it was applied**: no ack, no
-/// send, no write. The jobs it held are released (their attempts count) and its ordered
-/// deliveries handed back, so their messages are delivered again.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum TxError {
-    /// The broker was shut down.
-    #[error("broker is shut down")]
-    Shutdown,
-    /// A condition on a key did not hold when the transaction was applied (optimistic
-    /// concurrency: someone else changed it since it was read). Read again and retry.
-    #[error("keyspace {keyspace:?}: key {key:02x?} expected {expected}, found {}", found.map_or("absent".to_string(), |r| format!("revision {r}")))]
-    Conflict {
-        /// The keyspace.
-        keyspace: String,
-        /// The key.
-        key: Vec<u8>,
-        /// What the transaction expected.
-        expected: crate::entry::Expect,
-        /// The key's revision when the transaction was applied (`None`: absent).
-        found: Option<u64>,
-    },
-    /// A work-queue job's lease was lost before the commit (it expired, or the message was
-    /// claimed again, purged or reset), or an ordered delivery's group moved past it (a purge
-    /// or reset): the transaction cannot ack it, so it applies nothing.
-    #[error("queue {queue:?} group {group:?}: sequence {seq} is no longer held by this transaction")]
-    LeaseLost {
-        /// The queue.
-        queue: String,
-        /// The group.
-        group: String,
-        /// The message's sequence.
-        seq: u64,
-    },
-    /// A group the transaction acks on, or its queue, was deleted.
-    #[error("group {group:?} on queue {queue:?} was deleted")]
-    GroupDeleted {
-        /// The queue.
-        queue: String,
-        /// The group.
-        group: String,
-    },
-    /// A queue the transaction sends to was deleted.
-    #[error("queue {queue:?} was deleted")]
-    QueueDeleted {
-        /// The queue.
-        queue: String,
-    },
-    /// A key is empty or too long, a value or message too large, a message's headers or keys
-    /// invalid, or the transaction holds more than [`MAX_TX_OPS`](crate::MAX_TX_OPS)
-    /// operations or [`MAX_TX_BYTES`](crate::MAX_TX_BYTES) bytes, or something of another
-    /// broker. Refused before anything was sent to the
-    /// writer.
-    #[error("invalid transaction: {reason}")]
-    Invalid {
-        /// What is wrong.
-        reason: String,
-    },
-    /// A record the transaction had to read does not decode.
-    #[error(transparent)]
-    Corrupt(#[from] CorruptionError),
-    /// The write failed (the broker then fails closed).
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    /// The broker stopped accepting writes after an earlier error.
-    #[error(transparent)]
-    Failed(FailedError),
-    /// This broker's engine does not carry out the operation; nothing was changed.
-    #[error(transparent)]
-    Unsupported(UnsupportedError),
-}
-
-impl TxError {
-    /// Whether this is a [`Conflict`](TxError::Conflict): retrying the whole read-modify-write
-    /// may succeed.
-    pub fn is_conflict(&self) -> bool {
-        matches!(self, TxError::Conflict { .. })
-    }
-}
-
-impl From<KvError> for TxError {
-    fn from(e: KvError) -> Self {
-        match e {
-            KvError::Shutdown => TxError::Shutdown,
-            KvError::InvalidKey { reason } => TxError::Invalid { reason: reason.into() },
-            KvError::InvalidName(n) => TxError::Invalid { reason: n.to_string() },
-            KvError::Corrupt(c) => TxError::Corrupt(c),
-            KvError::Storage(s) => TxError::Storage(s),
-            KvError::Failed(f) => TxError::Failed(f),
-            KvError::Unsupported(u) => TxError::Unsupported(u),
-        }
-    }
-}
-
-/// Any rockq error.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// See [`OpenError`].
-    #[error(transparent)]
-    Open(#[from] OpenError),
-    /// See [`QueueError`].
-    #[error(transparent)]
-    Queue(#[from] QueueError),
-    /// See [`SendError`].
-    #[error(transparent)]
-    Send(#[from] SendError),
-    /// See [`SubscribeError`].
-    #[error(transparent)]
-    Subscribe(#[from] SubscribeError),
-    /// See [`AckError`].
-    #[error(transparent)]
-    Ack(#[from] AckError),
-    /// See [`CommitError`].
-    #[error(transparent)]
-    Commit(#[from] CommitError),
-    /// See [`ReceiveError`].
-    #[error(transparent)]
-    Receive(#[from] ReceiveError),
-    /// See [`ShutdownError`].
-    #[error(transparent)]
-    Shutdown(#[from] ShutdownError),
-    /// See [`RedriveError`].
-    #[error(transparent)]
-    Redrive(#[from] RedriveError),
-    /// See [`ResetError`].
-    #[error(transparent)]
-    Reset(#[from] ResetError),
-    /// See [`NameError`].
-    #[error(transparent)]
-    Name(#[from] NameError),
-    /// See [`InspectError`].
-    #[error(transparent)]
-    Inspect(#[from] InspectError),
-    /// See [`PauseError`].
-    #[error(transparent)]
-    Pause(#[from] PauseError),
-    /// See [`ScheduleError`].
-    #[error(transparent)]
-    Schedule(#[from] ScheduleError),
-    /// See [`KvError`].
-    #[error(transparent)]
-    Kv(#[from] KvError),
-    /// See [`TxError`].
-    #[error(transparent)]
-    Tx(#[from] TxError),
-    /// See [`DecodeError`](crate::DecodeError).
-    #[error(transparent)]
-    Decode(#[from] crate::codec::DecodeError),
-    /// An I/O error of the application's own (e.g. creating the directory for a broker), so
-    /// that `?` works on it in a function returning `rockq::Error`.
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
 }
 
 impl Error {
+    /// What kind of failure this is.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use rockq::{Error, ErrorKind};
+    ///
+    /// assert_eq!(Error::EmptyBatch.kind(), ErrorKind::InvalidInput);
+    /// assert_eq!(Error::Shutdown.kind(), ErrorKind::Shutdown);
+    /// ```
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Shutdown => ErrorKind::Shutdown,
+            Error::Failed(_) => ErrorKind::Failed,
+            Error::Storage(_) | Error::Io { .. } => ErrorKind::Storage,
+            Error::Corrupt(_) | Error::Gap { .. } => ErrorKind::Corrupt,
+            Error::Unsupported(_) => ErrorKind::Unsupported,
+            Error::WriterPanicked | Error::Internal(_) => ErrorKind::Internal,
+            Error::Locked { .. }
+            | Error::NotRockq { .. }
+            | Error::IncompatibleVersion { .. }
+            | Error::NoRuntime => ErrorKind::Open,
+            Error::InvalidName(_)
+            | Error::InvalidOption(_)
+            | Error::MessageTooLarge { .. }
+            | Error::InvalidHeader { .. }
+            | Error::InvalidKey { .. }
+            | Error::EmptyBatch
+            | Error::BatchTooLarge { .. }
+            | Error::NeedsSubmit { .. }
+            | Error::Invalid { .. }
+            | Error::InvalidCron { .. }
+            | Error::ZeroInterval
+            | Error::OutOfRange { .. }
+            | Error::DeadLetterName { .. }
+            | Error::NoOrigin { .. }
+            | Error::TooManyQueues => ErrorKind::InvalidInput,
+            Error::Encode { .. } | Error::Decode(_) => ErrorKind::Codec,
+            Error::NoDatabase { .. }
+            | Error::NoSuchQueue { .. }
+            | Error::NoSuchGroup { .. }
+            | Error::NoSuchSchedule { .. } => ErrorKind::NotFound,
+            Error::QueueDeleted { .. } | Error::GroupDeleted { .. } => ErrorKind::Deleted,
+            Error::Active { .. }
+            | Error::RedriveConflict { .. }
+            | Error::Conflict { .. }
+            | Error::WrongMode { .. }
+            | Error::SettingsMismatch { .. } => ErrorKind::Conflict,
+            Error::LeaseLost { .. } | Error::OwnershipLost { .. } => ErrorKind::LeaseLost,
+        }
+    }
+
+    /// The queue this error names, if it names one (a dead-letter queue for a redrive
+    /// conflict, the message's queue for a decode error).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let e = rockq::Error::NoSuchGroup { queue: "orders".into(), group: "billing".into() };
+    /// assert_eq!((e.queue(), e.group()), (Some("orders"), Some("billing")));
+    /// ```
+    pub fn queue(&self) -> Option<&str> {
+        match self {
+            Error::Gap { queue, .. }
+            | Error::DeadLetterName { queue }
+            | Error::NoSuchQueue { queue }
+            | Error::NoSuchGroup { queue, .. }
+            | Error::QueueDeleted { queue }
+            | Error::GroupDeleted { queue, .. }
+            | Error::Active { queue, .. }
+            | Error::WrongMode { queue, .. }
+            | Error::SettingsMismatch { queue, .. }
+            | Error::LeaseLost { queue, .. }
+            | Error::OwnershipLost { queue, .. } => Some(queue),
+            Error::RedriveConflict { dlq } => Some(dlq),
+            Error::Decode(d) => Some(d.queue()),
+            _ => None,
+        }
+    }
+
+    /// The group this error names, if it names one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let e = rockq::Error::QueueDeleted { queue: "orders".into() };
+    /// assert_eq!(e.group(), None);
+    /// ```
+    pub fn group(&self) -> Option<&str> {
+        match self {
+            Error::NoSuchGroup { group, .. }
+            | Error::GroupDeleted { group, .. }
+            | Error::Active { group, .. }
+            | Error::WrongMode { group, .. }
+            | Error::SettingsMismatch { group, .. }
+            | Error::LeaseLost { group, .. }
+            | Error::OwnershipLost { group, .. } => Some(group),
+            _ => None,
+        }
+    }
+
+    /// The sequence this error names, if it names one: the lost lease's message, the sequence
+    /// a gap expected, a dead letter without origin, a message that did not decode.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let e = rockq::Error::NoOrigin { seq: 7 };
+    /// assert_eq!(e.seq(), Some(7));
+    /// ```
+    pub fn seq(&self) -> Option<u64> {
+        match self {
+            Error::LeaseLost { seq, .. } | Error::NoOrigin { seq } => Some(*seq),
+            Error::Gap { expected, .. } => Some(*expected),
+            Error::Decode(d) => Some(d.seq()),
+            _ => None,
+        }
+    }
+
     /// Whether the broker (or inspector) was shut down: the operation was refused because
     /// shutdown has begun, and will not succeed until the database is opened again.
     ///
@@ -1103,92 +960,71 @@ impl Error {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), rockq::Error> {
+    /// # async fn main() -> rockq::Result<()> {
     /// # let dir = tempfile::tempdir()?;
     /// let broker = rockq::Broker::open(dir.path()).await?;
     /// let q = broker.queue("q").await?;
     /// broker.shutdown().await?;
-    /// let e = rockq::Error::from(q.send("late").await.unwrap_err());
+    /// let e = q.send("late").await.unwrap_err();
     /// assert!(e.is_shutdown() && !e.is_retryable());
     /// # Ok(()) }
     /// ```
     pub fn is_shutdown(&self) -> bool {
-        matches!(
-            self,
-            Error::Queue(QueueError::Shutdown)
-                | Error::Send(SendError::Shutdown)
-                | Error::Subscribe(SubscribeError::Shutdown)
-                | Error::Ack(AckError::Shutdown)
-                | Error::Commit(CommitError::Shutdown)
-                | Error::Redrive(RedriveError::Shutdown)
-                | Error::Reset(ResetError::Shutdown)
-                | Error::Inspect(InspectError::Shutdown)
-                | Error::Pause(PauseError::Shutdown)
-                | Error::Schedule(ScheduleError::Shutdown)
-                | Error::Kv(KvError::Shutdown)
-                | Error::Tx(TxError::Shutdown)
-        )
+        self.kind() == ErrorKind::Shutdown
     }
 
     /// Whether trying the same operation again later, unchanged, may succeed: a conflict with
     /// something that ends on its own (another subscription of an ordered group still
-    /// active, a reset while a subscription is active, a concurrent redrive). Not retryable:
-    /// bad input, shutdown, a failed-closed broker (reopen it), corruption, decode errors, and
-    /// a lost lease (settling that job again fails again; the message itself comes back to
-    /// be handled anew).
+    /// active, a reset while a subscription is active, a concurrent redrive, a keyspace
+    /// condition). Not retryable: bad input, shutdown, a failed-closed broker (reopen it),
+    /// corruption, codec errors, stored state that differs (another mode, other settings), and
+    /// a lost lease (settling that job again fails again; the message itself comes back to be
+    /// handled anew).
     ///
     /// # Examples
     ///
     /// ```
-    /// let lost = rockq::Error::from(rockq::AckError::LeaseLost { seq: 7, attempt: 1 });
+    /// let lost = rockq::Error::LeaseLost { queue: "q".into(), group: "g".into(), seq: 7, attempt: 1 };
     /// assert!(!lost.is_retryable());
     /// ```
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            Error::Subscribe(SubscribeError::AlreadySubscribed { .. })
-                | Error::Reset(ResetError::Active { .. })
-                | Error::Redrive(RedriveError::Conflict { .. })
-                | Error::Tx(TxError::Conflict { .. })
-        )
+        matches!(self, Error::Active { .. } | Error::RedriveConflict { .. } | Error::Conflict { .. })
     }
 
-    /// The refusal, if this broker's engine does not support the operation (an etcd broker
-    /// refuses what it does not carry out yet, with the family's `Unsupported` variant).
+    /// Whether this is a transaction's [`Conflict`](Error::Conflict): retrying the whole
+    /// read-modify-write may succeed.
     ///
     /// # Examples
     ///
     /// ```
-    /// let lost = rockq::Error::from(rockq::AckError::LeaseLost { seq: 7, attempt: 1 });
-    /// assert!(lost.unsupported().is_none());
+    /// assert!(!rockq::Error::Shutdown.is_conflict());
+    /// ```
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Conflict { .. })
+    }
+
+    /// The refusal, if this broker's engine does not support the operation.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(rockq::Error::Shutdown.unsupported().is_none());
     /// ```
     pub fn unsupported(&self) -> Option<&UnsupportedError> {
         match self {
-            Error::Queue(QueueError::Unsupported(u))
-            | Error::Send(SendError::Unsupported(u))
-            | Error::Subscribe(SubscribeError::Unsupported(u))
-            | Error::Ack(AckError::Unsupported(u))
-            | Error::Commit(CommitError::Unsupported(u))
-            | Error::Receive(ReceiveError::Unsupported(u))
-            | Error::Redrive(RedriveError::Unsupported(u))
-            | Error::Reset(ResetError::Unsupported(u))
-            | Error::Inspect(InspectError::Unsupported(u))
-            | Error::Pause(PauseError::Unsupported(u))
-            | Error::Schedule(ScheduleError::Unsupported(u))
-            | Error::Kv(KvError::Unsupported(u))
-            | Error::Tx(TxError::Unsupported(u)) => Some(u),
+            Error::Unsupported(u) => Some(u),
             _ => None,
         }
     }
 
-    /// The storage error at the root of this error, if any: RocksDB's own, directly or as the
-    /// cause a failed-closed broker keeps.
+    /// The storage error at the root of this error, if any: the engine's own, directly or as
+    /// the cause a failed-closed broker keeps.
     ///
     /// # Examples
     ///
     /// ```no_run
     /// # async fn demo(queue: rockq::Queue) {
-    /// if let Err(e) = queue.send("x").await.map_err(rockq::Error::from) {
+    /// if let Err(e) = queue.send("x").await {
     ///     if let Some(storage) = e.storage_error() {
     ///         eprintln!("RocksDB: {}", storage.message());
     ///     }
@@ -1204,5 +1040,74 @@ impl Error {
             next = e.source();
         }
         None
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Io { path: None, source: Arc::new(e) }
+    }
+}
+
+impl From<NameError> for Error {
+    fn from(e: NameError) -> Self {
+        Error::InvalidName(e)
+    }
+}
+
+impl From<StorageError> for Error {
+    fn from(e: StorageError) -> Self {
+        Error::Storage(e)
+    }
+}
+
+impl From<CorruptionError> for Error {
+    fn from(e: CorruptionError) -> Self {
+        Error::Corrupt(e)
+    }
+}
+
+impl From<FailedError> for Error {
+    fn from(e: FailedError) -> Self {
+        Error::Failed(e)
+    }
+}
+
+impl From<UnsupportedError> for Error {
+    fn from(e: UnsupportedError) -> Self {
+        Error::Unsupported(e)
+    }
+}
+
+/// Defined here, beside the other kinds, so that the codec module needs nothing of this one.
+impl crate::codec::DecodeError {
+    /// The kind of this error: always [`ErrorKind::Codec`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn demo(e: rockq::DecodeError) {
+    /// assert_eq!(e.kind(), rockq::ErrorKind::Codec);
+    /// # }
+    /// ```
+    pub fn kind(&self) -> ErrorKind {
+        ErrorKind::Codec
+    }
+}
+
+impl From<crate::codec::DecodeError> for Error {
+    fn from(e: crate::codec::DecodeError) -> Self {
+        Error::Decode(e)
+    }
+}
+
+/// The engine's refusals: shutdown, failed closed, unsupported.
+impl From<Closed> for Error {
+    fn from(c: Closed) -> Self {
+        match c {
+            Closed::Shutdown => Error::Shutdown,
+            Closed::Failed(f) => Error::Failed(f.into()),
+            Closed::Unsupported(u) => Error::Unsupported(u),
+        }
     }
 }

@@ -4,10 +4,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::clock::Clock;
+use crate::dead_letter::DeadLetter;
 use crate::engine::boundary::ReadOnly;
-use crate::error::{InspectError, OpenError};
+use crate::error::Error;
 use crate::stats::{PendingClaim, Stats, StoredMessage};
-use crate::work::DeadLetter;
 
 /// A read-only view of a rockq database, for inspection tools such as `rockq stats`.
 ///
@@ -41,9 +41,9 @@ impl Inspector {
     ///
     /// # Errors
     ///
-    /// [`OpenError::NotFound`] if there is no database, [`OpenError::NotRockq`] for a path
-    /// rockq did not create, [`OpenError::IncompatibleVersion`], [`OpenError::Corrupt`],
-    /// [`OpenError::Storage`]. Never [`OpenError::Locked`]: no lock is taken.
+    /// [`Error::NoDatabase`] if there is no database, [`Error::NotRockq`] for a path
+    /// rockq did not create, [`Error::IncompatibleVersion`], [`Error::Corrupt`],
+    /// [`Error::Storage`]. Never [`Error::Locked`]: no lock is taken.
     ///
     /// # Cancel safety
     ///
@@ -58,27 +58,27 @@ impl Inspector {
     /// let inspector = rockq::Inspector::open("./data").await?;
     /// # Ok(()) }
     /// ```
-    pub async fn open(path: impl AsRef<Path>) -> Result<Inspector, OpenError> {
+    pub async fn open(path: impl AsRef<Path>) -> Result<Inspector, Error> {
         let path = path.as_ref().to_path_buf();
         let db = tokio::task::spawn_blocking(move || ReadOnly::open(&path))
             .await
-            .map_err(|e| OpenError::InvalidOption(format!("open task failed: {e}")))??;
+            .map_err(|e| Error::InvalidOption(format!("open task failed: {e}")))??;
         Ok(Inspector { db: Arc::new(db) })
     }
 
     async fn run<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&ReadOnly) -> Result<T, InspectError> + Send + 'static,
-    ) -> Result<T, InspectError> {
+        f: impl FnOnce(&ReadOnly) -> Result<T, Error> + Send + 'static,
+    ) -> Result<T, Error> {
         let db = self.db.clone();
-        tokio::task::spawn_blocking(move || f(&db)).await.map_err(|_| InspectError::Shutdown)?
+        tokio::task::spawn_blocking(move || f(&db)).await.map_err(|_| Error::Shutdown)?
     }
 
     /// Every queue and group; see [`Broker::stats`](crate::Broker::stats).
     ///
     /// # Errors
     ///
-    /// [`InspectError::Corrupt`], [`InspectError::Storage`].
+    /// [`Error::Corrupt`], [`Error::Storage`].
     ///
     /// # Cancel safety
     ///
@@ -97,7 +97,7 @@ impl Inspector {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn stats(&self) -> Result<Stats, InspectError> {
+    pub async fn stats(&self) -> Result<Stats, Error> {
         let now = Clock::tokio().wall_micros();
         self.run(move |s| s.stats(now)).await
     }
@@ -107,8 +107,8 @@ impl Inspector {
     ///
     /// # Errors
     ///
-    /// [`InspectError::NoSuchGroup`], [`InspectError::InvalidName`], [`InspectError::Corrupt`],
-    /// [`InspectError::Storage`].
+    /// [`Error::NoSuchGroup`], [`Error::InvalidName`], [`Error::Corrupt`],
+    /// [`Error::Storage`].
     ///
     /// # Cancel safety
     ///
@@ -123,7 +123,7 @@ impl Inspector {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn pending(&self, queue: &str, group: &str) -> Result<Vec<PendingClaim>, InspectError> {
+    pub async fn pending(&self, queue: &str, group: &str) -> Result<Vec<PendingClaim>, Error> {
         let (g, q) = (group.to_owned(), queue.to_owned());
         let now = Clock::tokio().wall_micros();
         self.run(move |s| s.pending(&g, &q, now)).await
@@ -133,8 +133,8 @@ impl Inspector {
     ///
     /// # Errors
     ///
-    /// [`InspectError::NoSuchQueue`], [`InspectError::InvalidName`], [`InspectError::Corrupt`],
-    /// [`InspectError::Storage`].
+    /// [`Error::NoSuchQueue`], [`Error::InvalidName`], [`Error::Corrupt`],
+    /// [`Error::Storage`].
     ///
     /// # Cancel safety
     ///
@@ -154,7 +154,7 @@ impl Inspector {
         queue: &str,
         from: Option<u64>,
         limit: usize,
-    ) -> Result<Vec<StoredMessage>, InspectError> {
+    ) -> Result<Vec<StoredMessage>, Error> {
         let q = queue.to_owned();
         self.run(move |s| s.peek(&q, from, limit)).await
     }
@@ -178,7 +178,7 @@ impl Inspector {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn dead_letters(&self, dlq: &str, limit: usize) -> Result<Vec<DeadLetter>, InspectError> {
+    pub async fn dead_letters(&self, dlq: &str, limit: usize) -> Result<Vec<DeadLetter>, Error> {
         let q = dlq.to_owned();
         let raw = self.run(move |s| s.dead_letters(&q, limit)).await?;
         Ok(raw.into_iter().map(DeadLetter::from_raw).collect())
@@ -207,7 +207,7 @@ impl Inspector {
         &self,
         queue: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<crate::schedule::ScheduledInfo>, InspectError> {
+    ) -> Result<Vec<crate::schedule::ScheduledInfo>, Error> {
         let q = queue.map(str::to_owned);
         self.run(move |s| s.scheduled(q.as_deref(), limit)).await
     }
@@ -231,7 +231,7 @@ impl Inspector {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn schedules(&self) -> Result<Vec<crate::schedule::ScheduleInfo>, InspectError> {
+    pub async fn schedules(&self) -> Result<Vec<crate::schedule::ScheduleInfo>, Error> {
         self.run(|s| s.schedules()).await
     }
 }

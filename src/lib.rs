@@ -54,16 +54,18 @@
 #![deny(missing_docs, missing_debug_implementations)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
-// Layers, top down; each imports only from the layers below it (`tests/layers.rs` checks it):
-// the handles (`broker`, `producer`, `consumer`, `work`, `inspector`, and `web`, the console,
+// Layers, top down; each imports only from the layers below it (`tests/arch_layers.rs` checks it):
+// the handles (`broker`, `queue`, `ordered`, `work`, `pool`, `dead_letter`, `kv`, `txn`, `inspector`, and `web`, the console,
 // which goes through the public API only), the engine (`engine`,
 // reached only through `engine::boundary`), the store (`store`, the only user of RocksDB), and
 // plain value types (the rest).
 mod broker;
-mod consumer;
+mod dead_letter;
 mod inspector;
 mod kv;
-mod producer;
+mod ordered;
+mod pool;
+mod queue;
 mod txn;
 #[cfg(feature = "web")]
 pub mod web;
@@ -89,11 +91,12 @@ mod schedule;
 mod sent;
 mod stats;
 pub mod telemetry;
-mod work_settings;
 
-#[cfg(feature = "etcd")]
-pub use broker::EtcdOptions;
-pub use broker::{Broker, EventStream};
+pub use broker::Broker;
+pub use broker::events::EventStream;
+engine::boundary::cfg_etcd! {
+    pub use broker::etcd::EtcdOptions;
+}
 pub use bytes::Bytes;
 pub use clock::{Clock, ManualClock};
 #[cfg(feature = "json")]
@@ -101,12 +104,11 @@ pub use codec::Json;
 #[cfg(feature = "postcard")]
 pub use codec::Postcard;
 pub use codec::{BoxError, CODEC_HEADER, Codec, DecodeError};
-pub use consumer::{Decoded, Delivery, Group, Subscription};
+pub use dead_letter::{DeadLetter, DeadLetters, Redrive};
 pub use entry::{Entry, Expect, MAX_KV_KEY_LEN, MAX_TX_BYTES, MAX_TX_OPS};
 pub use error::{
-    AckError, CommitError, CorruptionError, Error, FailedError, InspectError, KvError, NameError, NameKind,
-    OpenError, PauseError, QueueError, ReceiveError, RedriveError, ResetError, ScheduleError, SendError,
-    ShutdownError, StorageError, SubscribeError, TxError, UnsupportedError,
+    CorruptionError, Error, ErrorKind, FailedError, NameError, NameKind, Result, StorageError,
+    UnsupportedError,
 };
 pub use events::Event;
 pub use inspector::Inspector;
@@ -115,7 +117,11 @@ pub use message::{MAX_KEY_LEN, Message};
 pub use model::StartFrom;
 pub use name::MAX_NAME_LEN;
 pub use options::{Durability, Options};
-pub use producer::{Queue, SendReceipt, TypedQueue};
+pub use ordered::{Decoded, Delivery, Group, Subscription};
+pub use pool::{
+    Handler, HandlerError, HandlerResultExt, IntoHandler, IntoTypedHandler, PoolHandle, PoolReport, Workers,
+};
+pub use queue::{Queue, SendReceipt, TypedQueue};
 pub use retention::{ResetTo, Retention, TrimReport};
 pub use retry::RetryPolicy;
 pub use schedule::{Missed, Recurrence, ScheduleInfo, ScheduledInfo};
@@ -125,11 +131,9 @@ pub use stats::{
     StoredMessage, WriterStats,
 };
 pub use tokio_util::sync::CancellationToken;
-pub use txn::{Committed, TaskTx, Transaction};
-pub use work::{
-    DeadLetter, DeadLetters, Handler, HandlerError, HandlerResultExt, IntoHandler, IntoTypedHandler, Job,
-    PoolHandle, PoolReport, Redrive, Task, WorkGroup, WorkSubscription, Workers,
-};
+pub use txn::task::TaskTx;
+pub use txn::{Committed, Transaction};
+pub use work::{Job, Task, WorkGroup, WorkSubscription};
 
 /// Entry points for the cargo-fuzz targets in `fuzz/` (compiled only under `cargo fuzz`).
 #[cfg(fuzzing)]

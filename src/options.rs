@@ -1,6 +1,6 @@
 //! Broker configuration: [`Options`] and [`Durability`].
 
-use crate::error::OpenError;
+use crate::error::Error;
 
 /// When a send is acknowledged relative to the disk.
 ///
@@ -173,7 +173,7 @@ impl Options {
     /// changes). Default 4096.
     ///
     /// Checked at open: 0, or more than Tokio's semaphore limit (`usize::MAX >> 3`), makes
-    /// [`Broker::open`](crate::Broker::open) return [`OpenError::InvalidOption`].
+    /// [`Broker::open`](crate::Broker::open) return [`Error::InvalidOption`].
     ///
     /// # Examples
     ///
@@ -282,8 +282,8 @@ impl Options {
         self
     }
 
-    pub(crate) fn validate(&self) -> Result<(), OpenError> {
-        let bad = |m: &str| Err(OpenError::InvalidOption(m.to_string()));
+    pub(crate) fn validate(&self) -> Result<(), Error> {
+        let bad = |m: &str| Err(Error::InvalidOption(m.to_string()));
         if self.max_message_bytes == 0 || self.max_message_bytes > 64 << 20 {
             return bad("max_message_bytes must be in 1..=64 MiB");
         }

@@ -4,7 +4,7 @@
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::error::ScheduleError;
+use crate::error::Error;
 
 /// How often a recurring schedule fires, and what happens to firings missed while the broker was
 /// not running (or too busy to fire them on time).
@@ -19,7 +19,7 @@ use crate::error::ScheduleError;
 /// let every_5_min = Recurrence::cron("*/5 * * * *")?; // five fields: seconds are 0
 /// let tick = Recurrence::every(Duration::from_secs(30)).on_missed(Missed::Skip);
 /// # drop((hourly, every_5_min, tick));
-/// # Ok::<(), rockq::ScheduleError>(())
+/// # Ok::<(), rockq::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Recurrence {
@@ -56,7 +56,7 @@ impl Recurrence {
     ///
     /// # Errors
     ///
-    /// [`ScheduleError::InvalidCron`] if it does not parse or has no future firing.
+    /// [`Error::InvalidCron`] if it does not parse or has no future firing.
     ///
     /// # Examples
     ///
@@ -65,12 +65,12 @@ impl Recurrence {
     /// let nightly = Recurrence::cron("0 0 2 * * *")?; // 02:00:00 UTC every day
     /// let hourly = Recurrence::cron("15 * * * *")?; // five fields: minute 15 of every hour
     /// assert!(Recurrence::cron("not a cron").is_err());
-    /// # Ok::<(), rockq::ScheduleError>(())
+    /// # Ok::<(), rockq::Error>(())
     /// ```
-    pub fn cron(expr: &str) -> Result<Self, ScheduleError> {
+    pub fn cron(expr: &str) -> Result<Self, Error> {
         let fields = expr.split_whitespace().count();
         let normal = if fields == 5 { format!("0 {}", expr.trim()) } else { expr.trim().to_owned() };
-        let bad = |reason: String| ScheduleError::InvalidCron { expr: expr.to_owned(), reason };
+        let bad = |reason: String| Error::InvalidCron { expr: expr.to_owned(), reason };
         let parsed = cron::Schedule::from_str(&normal).map_err(|e| bad(e.to_string()))?;
         if parsed.upcoming(chrono::Utc).next().is_none() {
             return Err(bad("it never fires again".into()));
@@ -84,7 +84,7 @@ impl Recurrence {
     /// # Errors
     ///
     /// None here; a zero interval is refused by [`Broker::schedule`](crate::Broker::schedule)
-    /// with [`ScheduleError::ZeroInterval`].
+    /// with [`Error::ZeroInterval`].
     ///
     /// # Examples
     ///
@@ -129,7 +129,7 @@ impl Recurrence {
     /// use rockq::Recurrence;
     /// let report = Recurrence::cron("0 0 2 * * *")?.grace(Duration::from_secs(15 * 60));
     /// # drop(report);
-    /// # Ok::<(), rockq::ScheduleError>(())
+    /// # Ok::<(), rockq::Error>(())
     /// ```
     pub fn grace(mut self, grace: Duration) -> Self {
         self.grace = crate::clock::clamp_delay(grace);

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use rockq::{Broker, EtcdOptions, ReceiveError, SubscribeError};
+use rockq::{Broker, Error, EtcdOptions};
 
 use common::HANG_GUARD;
 
@@ -42,7 +42,7 @@ async fn consume(
     loop {
         let mut sub = match group.subscribe().await {
             Ok(s) => s,
-            Err(SubscribeError::AlreadySubscribed { .. } | SubscribeError::Storage(_)) => {
+            Err(Error::Active { .. } | Error::Storage(_)) => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
@@ -63,8 +63,8 @@ async fn consume(
                     seen.lock().unwrap().entry(d.seq()).or_default().push(payload);
                     d.ack().expect("ack");
                 }
-                Some(Err(rockq::Error::Receive(ReceiveError::OwnershipLost { .. }))) | None => break,
-                Some(Err(rockq::Error::Receive(ReceiveError::Storage(_)))) => break,
+                Some(Err(Error::OwnershipLost { .. })) | None => break,
+                Some(Err(Error::Storage(_))) => break,
                 Some(Err(e)) => panic!("receive: {e}"),
             }
         }
@@ -280,9 +280,7 @@ async fn helper_process() {
     let mut sub = loop {
         match group.subscribe().await {
             Ok(s) => break s,
-            Err(SubscribeError::AlreadySubscribed { .. }) => {
-                tokio::time::sleep(Duration::from_millis(100)).await
-            }
+            Err(Error::Active { .. }) => tokio::time::sleep(Duration::from_millis(100)).await,
             Err(e) => panic!("subscribe: {e}"),
         }
     };

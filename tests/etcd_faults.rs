@@ -91,7 +91,7 @@ async fn an_old_holders_ack_is_refused_by_etcd_while_its_watch_lags() {
     let refused = held.ack_durable().await;
     fail::remove("rockq-etcd-claim-watch");
     match refused {
-        Err(rockq::AckError::LeaseLost { seq: 1, .. }) => {}
+        Err(rockq::Error::LeaseLost { seq: 1, .. }) => {}
         other => panic!("etcd must refuse the old holder's ack, got {other:?}"),
     }
     assert_eq!(committed(&a.stats().await.expect("stats")), 0, "nothing changed");

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use rockq::{AckError, Broker, EtcdOptions, Job, ManualClock, RetryPolicy, WorkSubscription};
+use rockq::{Broker, Error, EtcdOptions, Job, ManualClock, RetryPolicy, WorkSubscription};
 
 use common::HANG_GUARD;
 
@@ -152,7 +152,7 @@ async fn a_lease_held_by_one_broker_goes_to_the_other_only_when_it_runs_out_and_
     assert_eq!((taken.seq(), taken.attempt()), (1, 2));
     // `a`'s outcome is refused and changes nothing.
     match held.ack() {
-        Err(AckError::LeaseLost { seq: 1, .. }) => {}
+        Err(Error::LeaseLost { seq: 1, .. }) => {}
         other => panic!("the old holder's ack must be refused, got {other:?}"),
     }
     taken.ack_durable().await.unwrap();
@@ -182,7 +182,7 @@ async fn an_outcome_compares_the_claim_revision_in_etcd() {
     assert_eq!((taken.seq(), taken.attempt()), (1, 2));
     assert!(held.lease_remaining() > Duration::ZERO, "a still believes it holds the message");
     match held.ack_durable().await {
-        Err(AckError::LeaseLost { seq: 1, .. }) => {}
+        Err(Error::LeaseLost { seq: 1, .. }) => {}
         other => panic!("etcd must refuse the old holder's ack, got {other:?}"),
     }
     // Nothing changed: the offset did not move, and `b` still holds and settles it.
@@ -309,7 +309,7 @@ async fn settings_are_shared_through_etcd_and_what_is_not_carried_out_is_refused
     // Another broker with a different explicit lease is refused; without one it adopts 45 s.
     let qb = b.queue("q").await.unwrap();
     match qb.work_group("w").unwrap().lease(Duration::from_secs(10)).subscribe().await {
-        Err(rockq::SubscribeError::SettingsMismatch { .. }) => {}
+        Err(rockq::Error::SettingsMismatch { .. }) => {}
         other => panic!("expected SettingsMismatch, got {:?}", other.map(|_| ())),
     }
     let mut jb = qb.work_group("w").unwrap().subscribe().await.unwrap();
@@ -416,7 +416,7 @@ async fn pending_peek_and_stats_show_every_brokers_claims() {
     assert_eq!((g.committed, g.in_flight, g.waiting_retry, g.lag), (2, 0, 0, 1));
     assert!(b.pending("q", "w").await.unwrap().is_empty());
     match b.pending("q", "nope").await {
-        Err(rockq::InspectError::NoSuchGroup { .. }) => {}
+        Err(rockq::Error::NoSuchGroup { .. }) => {}
         other => panic!("expected NoSuchGroup, got {other:?}"),
     }
     a.shutdown().await.unwrap();

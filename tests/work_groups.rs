@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::*;
 use futures::StreamExt;
-use rockq::{AckError, Event, ManualClock, RetryPolicy, SubscribeError};
+use rockq::{Error, Event, ManualClock, RetryPolicy, StartFrom};
 
 fn no_jitter(max_attempts: u32, backoff: Duration) -> RetryPolicy {
     RetryPolicy::default().max_attempts(max_attempts).backoff(backoff, backoff * 100).jitter(0.0)
@@ -83,8 +83,8 @@ async fn an_expired_lease_redelivers_with_the_next_attempt_and_fences_the_old_ho
         .await;
 
     // The old holder can no longer do anything with it, whatever it tries.
-    assert!(matches!(old.extend(Duration::from_secs(60)), Err(AckError::LeaseLost { attempt: 1, .. })));
-    assert!(matches!(old.ack_durable().await, Err(AckError::LeaseLost { .. })));
+    assert!(matches!(old.extend(Duration::from_secs(60)), Err(Error::LeaseLost { attempt: 1, .. })));
+    assert!(matches!(old.ack_durable().await, Err(Error::LeaseLost { .. })));
     assert_eq!(group.committed(), Some(0), "a fenced ack must not move the offset");
 
     new.ack_durable().await.unwrap();
@@ -102,7 +102,7 @@ async fn an_expired_lease_fences_even_if_nobody_claimed_the_message_again() {
     let mut sub = q.work_group("w").unwrap().lease(Duration::from_secs(5)).subscribe().await.unwrap();
     let job = next_job(&mut sub).await;
     clock.advance(Duration::from_secs(5));
-    assert!(matches!(job.nack_durable().await, Err(AckError::LeaseLost { .. })));
+    assert!(matches!(job.nack_durable().await, Err(Error::LeaseLost { .. })));
     let again = next_job(&mut sub).await;
     assert_eq!(again.attempt(), 2);
     again.ack_durable().await.unwrap();
@@ -307,21 +307,18 @@ async fn ordered_and_work_groups_are_independent_and_a_name_keeps_its_mode() {
         }
         assert!(matches!(
             q.work_group("audit").unwrap().subscribe().await,
-            Err(SubscribeError::WrongMode { existing: "ordered", .. })
+            Err(Error::WrongMode { existing: "ordered", .. })
         ));
         assert!(matches!(
             q.group("workers").unwrap().subscribe().await,
-            Err(SubscribeError::WrongMode { existing: "work-queue", .. })
+            Err(Error::WrongMode { existing: "work-queue", .. })
         ));
         broker.shutdown().await.unwrap();
     }
     let broker = open(dir.path()).await;
     let q = broker.queue("q").await.unwrap();
-    assert!(matches!(q.group("workers").unwrap().subscribe().await, Err(SubscribeError::WrongMode { .. })));
-    assert!(matches!(
-        q.work_group("audit").unwrap().subscribe().await,
-        Err(SubscribeError::WrongMode { .. })
-    ));
+    assert!(matches!(q.group("workers").unwrap().subscribe().await, Err(Error::WrongMode { .. })));
+    assert!(matches!(q.work_group("audit").unwrap().subscribe().await, Err(Error::WrongMode { .. })));
     assert_eq!(q.work_group("workers").unwrap().committed(), Some(2));
     broker.shutdown().await.unwrap();
 }
@@ -384,10 +381,10 @@ async fn outcomes_after_shutdown_are_refused() {
     let mut sub = q.work_group("w").unwrap().subscribe().await.unwrap();
     let j = next_job(&mut sub).await;
     broker.shutdown().await.unwrap();
-    assert!(matches!(j.extend(Duration::from_secs(1)), Err(AckError::Shutdown)));
-    assert!(matches!(j.ack_durable().await, Err(AckError::Shutdown)));
+    assert!(matches!(j.extend(Duration::from_secs(1)), Err(Error::Shutdown)));
+    assert!(matches!(j.ack_durable().await, Err(Error::Shutdown)));
     assert!(sub.next().await.is_none(), "the stream ends at shutdown");
-    assert!(matches!(q.work_group("w").unwrap().subscribe().await, Err(SubscribeError::Shutdown)));
+    assert!(matches!(q.work_group("w").unwrap().subscribe().await, Err(Error::Shutdown)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -396,10 +393,10 @@ async fn invalid_dead_letter_queue_names_are_rejected_at_subscribe() {
     let broker = open(dir.path()).await;
     let q = broker.queue("jobs").await.unwrap();
     let bad = q.work_group("w").unwrap().dead_letter_queue("no spaces").subscribe().await;
-    assert!(matches!(bad, Err(SubscribeError::InvalidName(_))));
+    assert!(matches!(bad, Err(Error::InvalidName(_))));
     let long = broker.queue(&"q".repeat(rockq::MAX_NAME_LEN)).await.unwrap();
     let too_long = long.work_group("w").unwrap().subscribe().await;
-    assert!(matches!(too_long, Err(SubscribeError::DeadLetterName { .. })));
+    assert!(matches!(too_long, Err(Error::DeadLetterName { .. })));
     assert_eq!(q.work_group("w").unwrap().committed(), None, "nothing was created");
     broker.shutdown().await.unwrap();
 }
@@ -521,5 +518,144 @@ async fn no_two_consumers_hold_a_message_under_valid_leases_and_one_ack_wins() {
     assert_eq!(wins.len() as u64, n);
     assert!(wins.values().all(|&w| w == 1), "two holders both won: {wins:?}");
     assert_eq!(group.committed(), Some(n));
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_work_ack_is_queued_at_once_and_ack_durable_returns_once_the_offset_is_written() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("q").await.unwrap();
+    q.send_batch(["a", "b", "c"]).await.unwrap();
+    let group = q.work_group("w").unwrap().lease(Duration::from_secs(10));
+    let mut sub = group.subscribe().await.unwrap();
+    let (a, b, c) = (next_job(&mut sub).await, next_job(&mut sub).await, next_job(&mut sub).await);
+
+    // Sync, fenced now: an expired lease is refused before anything is queued.
+    clock.advance(Duration::from_secs(11));
+    assert!(matches!(c.ack(), Err(rockq::Error::LeaseLost { seq: 3, attempt: 1, .. })));
+    let a2 = {
+        // The expired messages come back: take the first two again.
+        let (x, y) = (next_job(&mut sub).await, next_job(&mut sub).await);
+        drop((a, b));
+        (x, y)
+    };
+    a2.0.ack().unwrap();
+    broker.flush().await.unwrap();
+    assert_eq!(group.committed(), Some(1), "a queued ack is durable after a flush");
+    a2.1.ack_durable().await.unwrap();
+    assert_eq!(group.committed(), Some(2), "ack_durable returned with the offset written");
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_remaining_follows_the_broker_clock_and_extensions() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("q").await.unwrap();
+    q.send("x").await.unwrap();
+    let mut sub = q.work_group("w").unwrap().lease(Duration::from_secs(30)).subscribe().await.unwrap();
+    let job = next_job(&mut sub).await;
+    assert_eq!(job.lease_remaining(), Duration::from_secs(30));
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(job.lease_remaining(), Duration::from_secs(20));
+    job.extend(Duration::from_secs(30)).unwrap();
+    assert_eq!(job.lease_remaining(), Duration::from_secs(30));
+    clock.advance(Duration::from_secs(45));
+    assert_eq!(job.lease_remaining(), Duration::ZERO);
+    assert!(job.ack().is_err());
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_record_mid_batch_strands_none_of_the_claims_after_it() {
+    // Fault: a record that does not decode in the middle of a claim batch made the read return
+    // the good prefix, and the claims after the bad record were cleared with it: they stayed
+    // leased until the lease ran out and came back with attempt + 1 (with max_attempts(1):
+    // dead-lettered without ever being delivered).
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    {
+        let broker = open_clock(dir.path(), &clock).await;
+        let q = broker.queue("q").await.unwrap();
+        q.send_batch(["1", "2", "3", "4", "5"]).await.unwrap();
+        broker.shutdown().await.unwrap();
+    }
+    corrupt_message(dir.path(), 1, 3, &[42, 0]);
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("q").await.unwrap();
+    let group = q.work_group("w").unwrap().retry_policy(RetryPolicy::default().max_attempts(1)).read_batch(5);
+    let mut jobs = group.subscribe().await.unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let job = next_job(&mut jobs).await;
+        seen.push((job.seq(), job.attempt()));
+        job.ack_durable().await.unwrap();
+    }
+    // Nobody's lease ran out (the clock never moved): 4 and 5 come on their first attempt.
+    assert_eq!(seen, [(1, 1), (2, 1), (4, 1), (5, 1)]);
+    let dlq = broker.dead_letters("q.dlq").await.unwrap();
+    let letters = dlq.list(10).await.unwrap();
+    assert_eq!(letters.iter().map(|d| d.seq).collect::<Vec<_>>(), [Some(3)], "only the corrupt one");
+    drop(jobs);
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_claim_reads_at_most_four_mib_and_releases_the_rest_unread() {
+    // Fault: a claim read `claim_batch` messages with no byte cap (`claim_batch` ×
+    // `max_message_bytes` in one buffer, up to 64 × 64 MiB).
+    let dir = tempdir();
+    let broker = rockq::Options::new()
+        .max_message_bytes(8 << 20)
+        .retention_interval(Duration::ZERO)
+        .metrics_interval(Duration::ZERO)
+        .open(dir.path())
+        .await
+        .unwrap();
+    let q = broker.queue("q").await.unwrap();
+    let big = vec![7u8; 3 << 20];
+    q.send_batch([big.clone(), big.clone(), big.clone()]).await.unwrap();
+    let group = q.work_group("w").unwrap().start_from(StartFrom::Earliest).read_batch(3).max_in_flight(3);
+    let mut jobs = group.subscribe().await.unwrap();
+    let first = next_job(&mut jobs).await;
+    // 3 MiB + 3 MiB crosses the cap: the batch read stops at two, the third claim is let go.
+    assert_eq!(jobs.in_flight(), 2, "the third claim was released, not held unread");
+    let second = next_job(&mut jobs).await;
+    let third = next_job(&mut jobs).await;
+    let got: Vec<_> =
+        [&first, &second, &third].iter().map(|j| (j.seq(), j.attempt(), j.payload().len())).collect();
+    assert_eq!(got, [(1, 1, 3 << 20), (2, 1, 3 << 20), (3, 1, 3 << 20)], "released uncounted");
+    for j in [first, second, third] {
+        j.ack_durable().await.unwrap();
+    }
+    drop(jobs);
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_work_group_reset_is_not_kept_out_by_a_lease_that_ran_out() {
+    // Fault (issue 13, found by the model test once resets were among its operations): a job
+    // whose lease ran out still counted as held, so `reset_to` answered `Active` until some
+    // claim happened to take the message back, although nobody held it any more.
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("q").await.unwrap();
+    q.send("1").await.unwrap();
+    let group = q.work_group("w").unwrap().lease(Duration::from_secs(10));
+    let mut jobs = group.subscribe().await.unwrap();
+    let job = next_job(&mut jobs).await;
+    drop(jobs);
+    clock.advance(Duration::from_secs(11));
+    assert!(matches!(job.ack_durable().await, Err(rockq::Error::LeaseLost { .. })));
+    assert_eq!(group.reset_to(rockq::ResetTo::Sequence(1)).await.unwrap(), 1);
+    let mut jobs = group.subscribe().await.unwrap();
+    let job = next_job(&mut jobs).await;
+    assert_eq!((job.seq(), job.attempt()), (1, 1), "the reset dropped the old attempt");
+    job.ack_durable().await.unwrap();
+    drop(jobs);
     broker.shutdown().await.unwrap();
 }

@@ -2,9 +2,8 @@
 //! subscriptions' in-flight counts and leases), pause/resume and mode-agnostic resets.
 
 use super::Broker;
-use crate::consumer::Group;
-use crate::engine::boundary;
-use crate::error::{InspectError, NameKind, PauseError, ResetError};
+use crate::error::{Error, NameKind};
+use crate::ordered::Group;
 use crate::retention::ResetTo;
 use crate::stats::{PendingClaim, Stats, StoredMessage};
 use crate::work::WorkGroup;
@@ -23,7 +22,7 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// [`InspectError::Shutdown`], [`InspectError::Corrupt`], [`InspectError::Storage`].
+    /// [`Error::Shutdown`], [`Error::Corrupt`], [`Error::Storage`].
     ///
     /// # Cancel safety
     ///
@@ -40,8 +39,8 @@ impl Broker {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn stats(&self) -> Result<Stats, InspectError> {
-        boundary::live_stats(&self.shared).await
+    pub async fn stats(&self) -> Result<Stats, Error> {
+        self.shared.stats().await
     }
 
     /// The claimed, unfinished messages of work-queue group `group` on `queue` (queue first,
@@ -53,8 +52,8 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// [`InspectError::NoSuchGroup`], [`InspectError::InvalidName`],
-    /// [`InspectError::Shutdown`], [`InspectError::Corrupt`], [`InspectError::Storage`].
+    /// [`Error::NoSuchGroup`], [`Error::InvalidName`],
+    /// [`Error::Shutdown`], [`Error::Corrupt`], [`Error::Storage`].
     ///
     /// # Cancel safety
     ///
@@ -69,8 +68,8 @@ impl Broker {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn pending(&self, queue: &str, group: &str) -> Result<Vec<PendingClaim>, InspectError> {
-        boundary::live_pending(&self.shared, group, queue).await
+    pub async fn pending(&self, queue: &str, group: &str) -> Result<Vec<PendingClaim>, Error> {
+        self.shared.pending(group, queue).await
     }
 
     /// Up to `limit` stored messages of `queue`, from sequence `from` (default: the first
@@ -78,8 +77,8 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// [`InspectError::NoSuchQueue`], [`InspectError::InvalidName`],
-    /// [`InspectError::Shutdown`], [`InspectError::Corrupt`], [`InspectError::Storage`].
+    /// [`Error::NoSuchQueue`], [`Error::InvalidName`],
+    /// [`Error::Shutdown`], [`Error::Corrupt`], [`Error::Storage`].
     ///
     /// # Cancel safety
     ///
@@ -99,8 +98,8 @@ impl Broker {
         queue: &str,
         from: Option<u64>,
         limit: usize,
-    ) -> Result<Vec<StoredMessage>, InspectError> {
-        boundary::live_peek(&self.shared, queue, from, limit).await
+    ) -> Result<Vec<StoredMessage>, Error> {
+        self.shared.peek(queue, from, limit).await
     }
 
     /// Pauses group `group` on `queue` (ordered or work-queue), durably: its subscriptions
@@ -110,8 +109,8 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// [`PauseError::NoSuchGroup`], [`PauseError::InvalidName`], [`PauseError::Shutdown`],
-    /// [`PauseError::Storage`], [`PauseError::Failed`].
+    /// [`Error::NoSuchGroup`], [`Error::InvalidName`], [`Error::Shutdown`],
+    /// [`Error::Storage`], [`Error::Failed`].
     ///
     /// # Cancel safety
     ///
@@ -126,7 +125,7 @@ impl Broker {
     /// broker.resume_group("orders", "billing").await?;
     /// # Ok(()) }
     /// ```
-    pub async fn pause_group(&self, queue: &str, group: &str) -> Result<(), PauseError> {
+    pub async fn pause_group(&self, queue: &str, group: &str) -> Result<(), Error> {
         self.set_paused(queue, group, true).await
     }
 
@@ -149,14 +148,14 @@ impl Broker {
     /// broker.resume_group("orders", "billing").await?;
     /// # Ok(()) }
     /// ```
-    pub async fn resume_group(&self, queue: &str, group: &str) -> Result<(), PauseError> {
+    pub async fn resume_group(&self, queue: &str, group: &str) -> Result<(), Error> {
         self.set_paused(queue, group, false).await
     }
 
-    async fn set_paused(&self, queue: &str, group: &str, paused: bool) -> Result<(), PauseError> {
+    async fn set_paused(&self, queue: &str, group: &str, paused: bool) -> Result<(), Error> {
         crate::name::validate(NameKind::Queue, queue)?;
         let Some(q) = self.shared.queue(queue) else {
-            return Err(PauseError::NoSuchGroup { group: group.to_owned(), queue: queue.to_owned() });
+            return Err(Error::NoSuchGroup { group: group.to_owned(), queue: queue.to_owned() });
         };
         self.shared.set_paused(&q, group, paused).await
     }
@@ -168,7 +167,7 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// As for those methods; [`ResetError::NoSuchGroup`] for an unknown queue or group.
+    /// As for those methods; [`Error::NoSuchGroup`] for an unknown queue or group.
     ///
     /// # Cancel safety
     ///
@@ -185,8 +184,8 @@ impl Broker {
     /// println!("billing restarts at #{next}");
     /// # Ok(()) }
     /// ```
-    pub async fn reset_group(&self, queue: &str, group: &str, to: ResetTo) -> Result<u64, ResetError> {
-        let missing = || ResetError::NoSuchGroup { group: group.to_owned(), queue: queue.to_owned() };
+    pub async fn reset_group(&self, queue: &str, group: &str, to: ResetTo) -> Result<u64, Error> {
+        let missing = || Error::NoSuchGroup { group: group.to_owned(), queue: queue.to_owned() };
         if crate::name::validate(NameKind::Queue, queue).is_err()
             || crate::name::validate(NameKind::Group, group).is_err()
         {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Broker;
-use crate::error::OpenError;
+use crate::error::Error;
 use crate::options::Options;
 
 /// How a broker connects to etcd ([`Broker::connect_etcd`]).
@@ -63,7 +63,7 @@ impl EtcdOptions {
     }
 
     /// How long one etcd request may take. A write whose outcome stays unknown for this long
-    /// (no quorum) fails its sends with [`SendError::Storage`](crate::SendError::Storage); such
+    /// (no quorum) fails its sends with [`Error::Storage`](crate::Error::Storage); such
     /// a send may still have been stored.
     ///
     /// # Examples
@@ -123,15 +123,15 @@ impl Broker {
     ///
     /// The returned broker is the same [`Broker`]: queues, `send`/`send_batch`, ordered groups
     /// with `ack`/`nack`, `max_deliveries` and dead letters work as with [`Broker::open`]. What
-    /// this engine does not carry out yet is refused with the family's `Unsupported` error
+    /// this engine does not carry out yet is refused with [`Error::Unsupported`](crate::Error::Unsupported)
     /// (see `docs/DISTRIBUTED.md`), never done differently.
     ///
     /// # Errors
     ///
-    /// [`OpenError::Storage`] if etcd cannot be reached, [`OpenError::NotRockq`] if the
-    /// namespace holds another format, [`OpenError::Unsupported`] for
-    /// [`Durability::Buffered`](crate::Durability::Buffered), [`OpenError::InvalidOption`] for
-    /// a bad namespace or no endpoint, [`OpenError::NoRuntime`] outside a Tokio runtime.
+    /// [`Error::Storage`] if etcd cannot be reached, [`Error::NotRockq`] if the
+    /// namespace holds another format, [`Error::Unsupported`] for
+    /// [`Durability::Buffered`](crate::Durability::Buffered), [`Error::InvalidOption`] for
+    /// a bad namespace or no endpoint, [`Error::NoRuntime`] outside a Tokio runtime.
     ///
     /// # Cancel safety
     ///
@@ -151,7 +151,7 @@ impl Broker {
         endpoints: impl IntoIterator<Item = impl Into<String>>,
         namespace: &str,
         options: EtcdOptions,
-    ) -> Result<Broker, OpenError> {
+    ) -> Result<Broker, Error> {
         let endpoints: Vec<String> = endpoints.into_iter().map(Into::into).collect();
         let settings = crate::engine::boundary::EtcdSettings {
             request_timeout: options.request_timeout,

@@ -5,7 +5,7 @@ use tokio::sync::oneshot;
 
 use super::Broker;
 use crate::engine::boundary::{KvRequest, Request};
-use crate::error::{KvError, NameKind};
+use crate::error::{Error, NameKind};
 use crate::kv::Keyspace;
 use crate::txn::Transaction;
 
@@ -15,8 +15,8 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// [`KvError::InvalidName`] for a name outside the rules of queue names;
-    /// [`KvError::Shutdown`]; [`KvError::Storage`].
+    /// [`Error::InvalidName`] for a name outside the rules of queue names;
+    /// [`Error::Shutdown`]; [`Error::Storage`].
     ///
     /// # Cancel safety
     ///
@@ -37,10 +37,10 @@ impl Broker {
     /// # broker.shutdown().await?;
     /// # Ok(()) }
     /// ```
-    pub async fn kv(&self, name: &str) -> Result<Keyspace, KvError> {
+    pub async fn kv(&self, name: &str) -> Result<Keyspace, Error> {
         crate::name::validate(NameKind::Keyspace, name)?;
         if self.shared.is_closed() {
-            return Err(KvError::Shutdown);
+            return Err(Error::Shutdown);
         }
         if let Some(k) = self.shared.keyspace(name) {
             return Ok(Keyspace::new(self.shared.clone(), k));
@@ -50,8 +50,8 @@ impl Broker {
             .tx
             .send(Request::Kv(KvRequest::Create { name: name.to_owned(), reply }))
             .await
-            .map_err(|_| KvError::Shutdown)?;
-        let state = rx.await.map_err(|_| KvError::Shutdown)??;
+            .map_err(|_| Error::Shutdown)?;
+        let state = rx.await.map_err(|_| Error::Shutdown)??;
         Ok(Keyspace::new(self.shared.clone(), state))
     }
 

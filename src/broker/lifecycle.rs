@@ -6,8 +6,8 @@ use tokio::sync::oneshot;
 
 use super::Broker;
 use crate::engine::boundary::{LifecycleRequest, Request};
-use crate::error::{NameKind, QueueError};
-use crate::producer::Queue;
+use crate::error::{Error, NameKind};
+use crate::queue::Queue;
 
 impl Broker {
     /// A handle to the queue `name` if it exists, without creating it (nothing is written).
@@ -45,12 +45,12 @@ impl Broker {
     ///   across restarts too.
     /// - Every live [`Subscription`](crate::Subscription) and
     ///   [`WorkSubscription`](crate::WorkSubscription) of it yields
-    ///   [`ReceiveError::Deleted`](crate::ReceiveError::Deleted) and then ends; a running
+    ///   [`Error::GroupDeleted`](crate::Error::GroupDeleted) and then ends; a running
     ///   worker pool returns that error from [`Workers::run`](crate::Workers::run).
     ///   Deliveries and jobs still out fail to settle with
-    ///   [`AckError::Deleted`](crate::AckError::Deleted), writing nothing.
+    ///   [`Error::GroupDeleted`](crate::Error::GroupDeleted), writing nothing.
     /// - Existing [`Queue`] handles refuse sends with
-    ///   [`SendError::QueueDeleted`](crate::SendError::QueueDeleted). A send racing with the
+    ///   [`Error::QueueDeleted`](crate::Error::QueueDeleted). A send racing with the
     ///   deletion either resolved before it (its message was written, and is deleted with the
     ///   queue) or fails with that error (nothing of it was written).
     ///
@@ -62,8 +62,8 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// [`QueueError::InvalidName`] (nothing changed), [`QueueError::Shutdown`],
-    /// [`QueueError::Storage`], [`QueueError::Failed`].
+    /// [`Error::InvalidName`] (nothing changed), [`Error::Shutdown`],
+    /// [`Error::Storage`], [`Error::Failed`].
     ///
     /// # Cancel safety
     ///
@@ -79,7 +79,7 @@ impl Broker {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn delete_queue(&self, queue: &str) -> Result<bool, QueueError> {
+    pub async fn delete_queue(&self, queue: &str) -> Result<bool, Error> {
         crate::name::validate(NameKind::Queue, queue)?;
         let (reply, rx) = oneshot::channel();
         let req = Request::Lifecycle(LifecycleRequest::DeleteQueue { name: queue.to_owned(), reply });
@@ -96,7 +96,7 @@ impl Broker {
     /// and worker pools keep running and simply see no purged message: not even one read
     /// ahead before the purge. Purged messages are not counted as skipped. A delivery of a
     /// purged message still out acks as a no-op; a job of one has lost its lease (settling or
-    /// extending it fails with [`AckError::LeaseLost`](crate::AckError::LeaseLost)). Nothing
+    /// extending it fails with [`Error::LeaseLost`](crate::Error::LeaseLost)). Nothing
     /// is written for either.
     ///
     /// Delayed messages that are not due yet are not purged (cancel them with
@@ -105,8 +105,8 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// [`QueueError::InvalidName`] (nothing changed), [`QueueError::Shutdown`],
-    /// [`QueueError::Storage`], [`QueueError::Failed`].
+    /// [`Error::InvalidName`] (nothing changed), [`Error::Shutdown`],
+    /// [`Error::Storage`], [`Error::Failed`].
     ///
     /// # Cancel safety
     ///
@@ -121,7 +121,7 @@ impl Broker {
     /// println!("purged {removed} messages");
     /// # Ok(()) }
     /// ```
-    pub async fn purge_queue(&self, queue: &str) -> Result<u64, QueueError> {
+    pub async fn purge_queue(&self, queue: &str) -> Result<u64, Error> {
         crate::name::validate(NameKind::Queue, queue)?;
         let (reply, rx) = oneshot::channel();
         let req = Request::Lifecycle(LifecycleRequest::PurgeQueue { name: queue.to_owned(), reply });
@@ -135,7 +135,7 @@ impl Broker {
     ///
     /// A live subscription or worker pool of the group ends as for
     /// [`delete_queue`](Broker::delete_queue), and its deliveries or jobs still out fail to
-    /// settle with [`AckError::Deleted`](crate::AckError::Deleted). A later subscribe creates
+    /// settle with [`Error::GroupDeleted`](crate::Error::GroupDeleted). A later subscribe creates
     /// the group anew, starting where its `start_from` says.
     ///
     /// Purging a group (skipping everything it has not consumed) is
@@ -145,8 +145,8 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// [`QueueError::InvalidName`] for an invalid queue or group name (nothing changed),
-    /// [`QueueError::Shutdown`], [`QueueError::Storage`], [`QueueError::Failed`].
+    /// [`Error::InvalidName`] for an invalid queue or group name (nothing changed),
+    /// [`Error::Shutdown`], [`Error::Storage`], [`Error::Failed`].
     ///
     /// # Cancel safety
     ///
@@ -160,7 +160,7 @@ impl Broker {
     /// broker.delete_group("orders", "old-billing").await?;
     /// # Ok(()) }
     /// ```
-    pub async fn delete_group(&self, queue: &str, group: &str) -> Result<bool, QueueError> {
+    pub async fn delete_group(&self, queue: &str, group: &str) -> Result<bool, Error> {
         crate::name::validate(NameKind::Queue, queue)?;
         crate::name::validate(NameKind::Group, group)?;
         self.shared.delete_group(queue, group).await

@@ -3,30 +3,28 @@
 //! queues and groups.
 
 mod admin;
-#[cfg(feature = "etcd")]
-mod etcd;
-mod events;
+pub(crate) mod events;
 mod kv;
 mod lifecycle;
 mod schedules;
 
-#[cfg(feature = "etcd")]
-pub use etcd::EtcdOptions;
-pub use events::EventStream;
+crate::engine::boundary::cfg_etcd! {
+    pub(crate) mod etcd;
+}
 
 use std::path::Path;
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
+use crate::dead_letter::DeadLetters;
 use crate::engine::boundary::{self, QueueRequest, Request, Shared};
-use crate::error::{NameKind, OpenError, QueueError, ShutdownError};
+use crate::error::{Error, NameKind};
 use crate::events::Event;
 use crate::options::Options;
-use crate::producer::Queue;
+use crate::queue::Queue;
 use crate::retention::TrimReport;
 use crate::stats::{StorageStats, WriterStats};
-use crate::work::DeadLetters;
 
 /// An open rockq database: the entry point for queues and groups.
 ///
@@ -79,14 +77,14 @@ impl Options {
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn demo() -> Result<(), rockq::OpenError> {
+    /// # async fn demo() -> Result<(), rockq::Error> {
     /// let broker = rockq::Options::new()
     ///     .durability(rockq::Durability::Buffered)
     ///     .open("./data")
     ///     .await?;
     /// # Ok(()) }
     /// ```
-    pub async fn open(self, path: impl AsRef<Path>) -> Result<Broker, OpenError> {
+    pub async fn open(self, path: impl AsRef<Path>) -> Result<Broker, Error> {
         Broker::open_with(path.as_ref(), self).await
     }
 }
@@ -105,27 +103,27 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// [`OpenError::Locked`] if another process or broker has the database open,
-    /// [`OpenError::NotRockq`] if the path is a file, a non-empty directory without a
+    /// [`Error::Locked`] if another process or broker has the database open,
+    /// [`Error::NotRockq`] if the path is a file, a non-empty directory without a
     /// database, or a RocksDB database rockq did not create (it is left untouched),
-    /// [`OpenError::IncompatibleVersion`], [`OpenError::Corrupt`] for an undecodable registry
-    /// record, [`OpenError::Storage`] for other RocksDB errors.
+    /// [`Error::IncompatibleVersion`], [`Error::Corrupt`] for an undecodable registry
+    /// record, [`Error::Storage`] for other RocksDB errors.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: the only wait is for RocksDB to open on a blocking thread. If the future is
     /// dropped meanwhile, that open still finishes (creating the database if it was missing)
     /// and the database is closed again at once, so an immediate retry may briefly get
-    /// [`OpenError::Locked`]. No broker task is started.
+    /// [`Error::Locked`]. No broker task is started.
     ///
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn demo() -> Result<(), rockq::OpenError> {
+    /// # async fn demo() -> Result<(), rockq::Error> {
     /// let broker = rockq::Broker::open("./data").await?;
     /// # Ok(()) }
     /// ```
-    pub async fn open(path: impl AsRef<Path>) -> Result<Broker, OpenError> {
+    pub async fn open(path: impl AsRef<Path>) -> Result<Broker, Error> {
         Options::default().open(path).await
     }
 
@@ -134,7 +132,7 @@ impl Broker {
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn demo() -> Result<(), rockq::OpenError> {
+    /// # async fn demo() -> Result<(), rockq::Error> {
     /// let broker = rockq::Broker::options().statistics(true).open("./data").await?;
     /// # Ok(()) }
     /// ```
@@ -142,7 +140,7 @@ impl Broker {
         Options::new()
     }
 
-    pub(crate) async fn open_with(path: &Path, options: Options) -> Result<Broker, OpenError> {
+    pub(crate) async fn open_with(path: &Path, options: Options) -> Result<Broker, Error> {
         Ok(Broker { shared: boundary::open(path, options).await? })
     }
 
@@ -154,7 +152,7 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// [`QueueError::Shutdown`], [`QueueError::Storage`], [`QueueError::Failed`].
+    /// [`Error::Shutdown`], [`Error::Storage`], [`Error::Failed`].
     ///
     /// # Cancel safety
     ///
@@ -171,17 +169,17 @@ impl Broker {
     /// println!("deleted {}, {} → {} bytes", report.deleted, report.bytes_before, report.bytes_after);
     /// # Ok(()) }
     /// ```
-    pub async fn trim(&self) -> Result<TrimReport, QueueError> {
-        boundary::retention_pass(&self.shared, Some(true)).await
+    pub async fn trim(&self) -> Result<TrimReport, Error> {
+        self.shared.trim(Some(true)).await
     }
 
     /// Returns a handle to the queue `name`, creating it (durably) if it does not exist.
     ///
     /// # Errors
     ///
-    /// [`QueueError::InvalidName`] if `name` is empty, longer than
+    /// [`Error::InvalidName`] if `name` is empty, longer than
     /// [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) or has characters outside `[A-Za-z0-9._-]`;
-    /// [`QueueError::Shutdown`] after shutdown; [`QueueError::Storage`] if the registry record
+    /// [`Error::Shutdown`] after shutdown; [`Error::Storage`] if the registry record
     /// could not be written.
     ///
     /// # Cancel safety
@@ -197,10 +195,10 @@ impl Broker {
     /// assert_eq!(orders.name(), "orders");
     /// # Ok(()) }
     /// ```
-    pub async fn queue(&self, name: &str) -> Result<Queue, QueueError> {
+    pub async fn queue(&self, name: &str) -> Result<Queue, Error> {
         crate::name::validate(NameKind::Queue, name)?;
         if self.shared.is_closed() {
-            return Err(QueueError::Shutdown);
+            return Err(Error::Shutdown);
         }
         if let Some(q) = self.shared.queue(name) {
             return Ok(Queue::new(self.shared.clone(), q));
@@ -210,8 +208,8 @@ impl Broker {
             .tx
             .send(Request::Queue(QueueRequest::Create { name: name.to_owned(), reply }))
             .await
-            .map_err(|_| QueueError::Shutdown)?;
-        let state = rx.await.map_err(|_| QueueError::Shutdown)??;
+            .map_err(|_| Error::Shutdown)?;
+        let state = rx.await.map_err(|_| Error::Shutdown)??;
         Ok(Queue::new(self.shared.clone(), state))
     }
 
@@ -248,7 +246,7 @@ impl Broker {
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn demo() -> Result<(), rockq::OpenError> {
+    /// # async fn demo() -> Result<(), rockq::Error> {
     /// let broker = rockq::Options::new().statistics(true).open("./data").await?;
     /// if let Some(s) = broker.storage_stats() {
     ///     println!("{} WAL syncs, {} WAL bytes", s.wal_syncs, s.wal_bytes);
@@ -286,8 +284,8 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// [`CommitError::Shutdown`](crate::CommitError::Shutdown) after shutdown;
-    /// [`CommitError::Storage`](crate::CommitError::Storage) if the write failed.
+    /// [`Error::Shutdown`](crate::Error::Shutdown) after shutdown;
+    /// [`Error::Storage`](crate::Error::Storage) if the write failed.
     ///
     /// # Cancel safety
     ///
@@ -303,14 +301,14 @@ impl Broker {
     /// broker.flush().await?; // every ack above is durable now
     /// # Ok(()) }
     /// ```
-    pub async fn flush(&self) -> Result<(), crate::error::CommitError> {
-        use crate::error::CommitError;
+    pub async fn flush(&self) -> Result<(), crate::error::Error> {
+        use crate::error::Error;
         if self.shared.is_closed() {
-            return Err(CommitError::Shutdown);
+            return Err(Error::Shutdown);
         }
         let (reply, rx) = oneshot::channel();
-        self.shared.tx.send(Request::Flush { reply }).await.map_err(|_| CommitError::Shutdown)?;
-        rx.await.map_err(|_| CommitError::Shutdown)?
+        self.shared.tx.send(Request::Flush { reply }).await.map_err(|_| Error::Shutdown)?;
+        rx.await.map_err(|_| Error::Shutdown)?
     }
 
     /// The dead-letter queue `name` (e.g. `"orders.dlq"`), created if missing: list, peek and
@@ -332,7 +330,7 @@ impl Broker {
     /// println!("{} dead letters", dlq.len().await?);
     /// # Ok(()) }
     /// ```
-    pub async fn dead_letters(&self, name: &str) -> Result<DeadLetters, QueueError> {
+    pub async fn dead_letters(&self, name: &str) -> Result<DeadLetters, Error> {
         let q = self.queue(name).await?;
         Ok(DeadLetters::new(self.shared.clone(), q.state().clone()))
     }
@@ -361,15 +359,15 @@ impl Broker {
     /// returns only once the database is closed, with the same result.
     ///
     /// Acknowledgements made after this returns fail with
-    /// [`AckError::Shutdown`](crate::AckError::Shutdown); those messages are redelivered
+    /// [`Error::Shutdown`](crate::Error::Shutdown); those messages are redelivered
     /// after the next open.
     ///
     /// # Errors
     ///
-    /// [`ShutdownError::Storage`] if the final commit or the WAL sync failed (the database is
-    /// still closed); [`ShutdownError::WriterPanicked`] if the writer thread had panicked.
+    /// [`Error::Storage`] if the final commit or the WAL sync failed (the database is
+    /// still closed); [`Error::WriterPanicked`] if the writer thread had panicked.
     ///
-    /// [`ShutdownError::Internal`] if the shutdown task could not run to completion (the
+    /// [`Error::Internal`] if the shutdown task could not run to completion (the
     /// runtime was shutting down).
     ///
     /// # Cancel safety
@@ -386,7 +384,7 @@ impl Broker {
     /// broker.shutdown().await?; // everything above is durable and the database is closed
     /// # Ok(()) }
     /// ```
-    pub async fn shutdown(&self) -> Result<(), ShutdownError> {
+    pub async fn shutdown(&self) -> Result<(), Error> {
         // Fault 7: a second concurrent call used to return `Ok` while the first was still
         // closing the database. Now every call awaits one shared task.
         let shutdown = {
@@ -396,7 +394,7 @@ impl Broker {
                 let this = self.clone();
                 let task = self.shared.runtime.spawn(async move { this.shared.close().await });
                 async move {
-                    task.await.unwrap_or_else(|e| Err(ShutdownError::Internal(format!("shutdown task: {e}"))))
+                    task.await.unwrap_or_else(|e| Err(Error::Internal(format!("shutdown task: {e}"))))
                 }
                 .boxed()
                 .shared()

@@ -6,8 +6,7 @@ use std::time::SystemTime;
 
 use super::Broker;
 use crate::engine::boundary::{self, Request, ScheduleRequest};
-use crate::error::ScheduleError;
-use crate::error::{InspectError, NameKind, SendError};
+use crate::error::{Error, NameKind};
 use crate::message::Message;
 use crate::model::ScheduleRecord;
 use crate::schedule::{Recurrence, RecurrenceKind, ScheduleInfo, ScheduledInfo, time_of};
@@ -25,10 +24,10 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// [`ScheduleError::InvalidName`] for a bad schedule or queue name,
-    /// [`ScheduleError::ZeroInterval`], [`ScheduleError::Message`] for a message that cannot be
-    /// sent (too large, bad header or key, or delayed itself); [`ScheduleError::Shutdown`],
-    /// [`ScheduleError::Storage`], [`ScheduleError::Failed`]. Nothing is written on error.
+    /// [`Error::InvalidName`] for a bad schedule or queue name,
+    /// [`Error::ZeroInterval`], the send errors for a message that cannot be
+    /// sent (too large, bad header or key, or delayed itself); [`Error::Shutdown`],
+    /// [`Error::Storage`], [`Error::Failed`]. Nothing is written on error.
     ///
     /// # Cancel safety
     ///
@@ -50,16 +49,16 @@ impl Broker {
         recurrence: impl Into<Recurrence>,
         queue: &str,
         message: impl Into<Message>,
-    ) -> Result<Option<SystemTime>, ScheduleError> {
+    ) -> Result<Option<SystemTime>, Error> {
         crate::name::validate(NameKind::Queue, name)?;
         crate::name::validate(NameKind::Queue, queue)?;
         let recurrence = recurrence.into();
         if matches!(recurrence.kind, RecurrenceKind::Every(d) if d.is_zero()) {
-            return Err(ScheduleError::ZeroInterval);
+            return Err(Error::ZeroInterval);
         }
         let message = message.into();
         if message.is_delayed() {
-            return Err(SendError::NeedsSubmit {
+            return Err(Error::NeedsSubmit {
                 index: 0,
                 reason: "is delayed (a schedule's message is sent when it fires)",
             }
@@ -68,14 +67,14 @@ impl Broker {
         let max = self.shared.options().max_message_bytes;
         let size = boundary::body_len(&message);
         if size > max {
-            return Err(SendError::MessageTooLarge { index: 0, size, max }.into());
+            return Err(Error::MessageTooLarge { index: 0, size, max }.into());
         }
         boundary::validate(&message).map_err(|e| match e {
-            boundary::EncodeError::KeyEmpty => SendError::InvalidKey { index: 0, reason: "empty" },
+            boundary::EncodeError::KeyEmpty => Error::InvalidKey { index: 0, reason: "empty" },
             boundary::EncodeError::KeyTooLong => {
-                SendError::InvalidKey { index: 0, reason: "longer than MAX_KEY_LEN bytes" }
+                Error::InvalidKey { index: 0, reason: "longer than MAX_KEY_LEN bytes" }
             }
-            _ => SendError::InvalidHeader { index: 0, reason: "cannot be encoded" },
+            _ => Error::InvalidHeader { index: 0, reason: "cannot be encoded" },
         })?;
         let record = ScheduleRecord {
             id: 0,
@@ -101,7 +100,7 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// [`ScheduleError::NotFound`], and as [`schedule`](Broker::schedule).
+    /// [`Error::NoSuchSchedule`], and as [`schedule`](Broker::schedule).
     ///
     /// # Cancel safety
     ///
@@ -114,7 +113,7 @@ impl Broker {
     /// broker.pause_schedule("nightly-report").await?;
     /// # Ok(()) }
     /// ```
-    pub async fn pause_schedule(&self, name: &str) -> Result<(), ScheduleError> {
+    pub async fn pause_schedule(&self, name: &str) -> Result<(), Error> {
         self.set_schedule_paused(name, true).await
     }
 
@@ -136,11 +135,11 @@ impl Broker {
     /// broker.resume_schedule("nightly-report").await?;
     /// # Ok(()) }
     /// ```
-    pub async fn resume_schedule(&self, name: &str) -> Result<(), ScheduleError> {
+    pub async fn resume_schedule(&self, name: &str) -> Result<(), Error> {
         self.set_schedule_paused(name, false).await
     }
 
-    async fn set_schedule_paused(&self, name: &str, paused: bool) -> Result<(), ScheduleError> {
+    async fn set_schedule_paused(&self, name: &str, paused: bool) -> Result<(), Error> {
         crate::name::validate(NameKind::Queue, name)?;
         let (reply, rx) = tokio::sync::oneshot::channel();
         let req = Request::Schedule(ScheduleRequest::Pause { name: name.to_owned(), paused, reply });
@@ -167,7 +166,7 @@ impl Broker {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn delete_schedule(&self, name: &str) -> Result<bool, ScheduleError> {
+    pub async fn delete_schedule(&self, name: &str) -> Result<bool, Error> {
         crate::name::validate(NameKind::Queue, name)?;
         let (reply, rx) = tokio::sync::oneshot::channel();
         let req = Request::Schedule(ScheduleRequest::Delete { name: name.to_owned(), reply });
@@ -178,7 +177,7 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// [`InspectError::Shutdown`], [`InspectError::Corrupt`], [`InspectError::Storage`].
+    /// [`Error::Shutdown`], [`Error::Corrupt`], [`Error::Storage`].
     ///
     /// # Cancel safety
     ///
@@ -193,8 +192,8 @@ impl Broker {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn schedules(&self) -> Result<Vec<ScheduleInfo>, InspectError> {
-        boundary::live_schedules(&self.shared).await
+    pub async fn schedules(&self) -> Result<Vec<ScheduleInfo>, Error> {
+        self.shared.schedules().await
     }
 
     /// Delayed messages waiting to fall due — of `queue`, or of every queue — in schedule-id
@@ -202,7 +201,7 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// [`InspectError::NoSuchQueue`], and as [`schedules`](Broker::schedules).
+    /// [`Error::NoSuchQueue`], and as [`schedules`](Broker::schedules).
     ///
     /// # Cancel safety
     ///
@@ -217,11 +216,7 @@ impl Broker {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn scheduled(
-        &self,
-        queue: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<ScheduledInfo>, InspectError> {
-        boundary::live_scheduled(&self.shared, queue.map(str::to_owned), limit).await
+    pub async fn scheduled(&self, queue: Option<&str>, limit: usize) -> Result<Vec<ScheduledInfo>, Error> {
+        self.shared.scheduled(queue.map(str::to_owned), limit).await
     }
 }

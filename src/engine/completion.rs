@@ -6,12 +6,12 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 
-use crate::error::{FailedError, SendError};
+use crate::error::{Error, FailedError};
 use crate::sent::{Original, Sent};
 
 /// The outcome of one staged round: the first sequence of each send in it, in staging order
 /// (or, for a send whose idempotency key was a duplicate, its original: see [`staged_sent`]).
-type Outcome = Result<Box<[u64]>, SendError>;
+type Outcome = Result<Box<[u64]>, Error>;
 
 /// Flags a send's value in a round's outcome as a duplicate: the rest is the original's
 /// sequence, or with [`OF_SCHEDULED`] its schedule id. Sequences and schedule ids stay far below
@@ -20,7 +20,7 @@ const DUPLICATE: u64 = 1 << 63;
 const OF_SCHEDULED: u64 = 1 << 62;
 
 /// The value of a send to a queue deleted before its round was written (nothing of it was
-/// written): the send resolves with `SendError::QueueDeleted`. Never a sequence or a
+/// written): the send resolves with `Error::QueueDeleted`. Never a sequence or a
 /// duplicate's value (both stay below 2^62).
 pub(crate) const DELETED_VALUE: u64 = u64::MAX;
 
@@ -81,14 +81,14 @@ impl Completion {
         sends.iter().find(|(i, _)| *i == index).map_or_else(String::new, |(_, q)| q.to_string())
     }
 
-    fn result(&self, index: usize) -> Option<Result<u64, SendError>> {
+    fn result(&self, index: usize) -> Option<Result<u64, Error>> {
         self.outcome.get().map(|o| match o {
             Ok(seqs) => match seqs.get(index).copied() {
-                Some(DELETED_VALUE) => Err(SendError::QueueDeleted { queue: self.deleted_queue(index) }),
+                Some(DELETED_VALUE) => Err(Error::QueueDeleted { queue: self.deleted_queue(index) }),
                 Some(v) => Ok(v),
-                None => Err(SendError::Failed(FailedError::internal(format!(
-                    "no sequence for staged send {index}"
-                )))),
+                None => {
+                    Err(Error::Failed(FailedError::internal(format!("no sequence for staged send {index}"))))
+                }
             },
             Err(e) => Err(e.clone()),
         })
@@ -102,7 +102,7 @@ impl Completion {
         index: usize,
         slot: &mut Option<usize>,
         cx: &mut Context<'_>,
-    ) -> Poll<Result<u64, SendError>> {
+    ) -> Poll<Result<u64, Error>> {
         if let Some(r) = self.result(index) {
             return Poll::Ready(r);
         }
@@ -128,7 +128,7 @@ impl Completion {
 
 /// The writer's side of a [`Completion`]: settles it exactly once. Dropped unsettled (the
 /// writer stopped or panicked with the round in hand), it fails the round with
-/// [`SendError::Shutdown`], so no receipt waits forever.
+/// [`Error::Shutdown`], so no receipt waits forever.
 pub(crate) struct Resolver(Arc<Completion>);
 
 impl Resolver {
@@ -143,7 +143,7 @@ impl Resolver {
     }
 
     /// Resolves every receipt of the round: `Ok` with the first sequence of each send.
-    pub fn resolve(self, outcome: Result<Box<[u64]>, SendError>) {
+    pub fn resolve(self, outcome: Result<Box<[u64]>, Error>) {
         self.set(outcome);
     }
 
@@ -159,7 +159,7 @@ impl Resolver {
 impl Drop for Resolver {
     fn drop(&mut self) {
         if self.0.outcome.get().is_none() {
-            self.set(Err(SendError::Shutdown));
+            self.set(Err(Error::Shutdown));
         }
     }
 }

@@ -11,9 +11,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::Engine;
-use crate::error::InspectError;
+use crate::error::Error;
 use crate::stats::{GroupMode, GroupStats, KeyspaceStats, QueueStats, Stats};
-use crate::store::ReadError;
+use crate::store::Store;
 
 /// What earlier ticks read: per queue id and sequence, its enqueue time (µs).
 #[derive(Default)]
@@ -22,14 +22,19 @@ pub(crate) struct GaugeCache {
 }
 
 /// The gauges' figures at the broker clock's wall time `now`. Blocking (a few point reads).
-pub(crate) fn snapshot(engine: &Engine, cache: &mut GaugeCache, now: u64) -> Result<Stats, InspectError> {
-    let guard = engine.store.lock();
-    let Some(db) = guard.inspect(&engine.store.path) else { return Err(InspectError::Shutdown) };
+pub(crate) fn snapshot(
+    engine: &Engine,
+    store: &Store,
+    cache: &mut GaugeCache,
+    now: u64,
+) -> Result<Stats, Error> {
+    let guard = store.lock();
+    let Some(db) = guard.inspect(&store.path) else { return Err(Error::Shutdown) };
     let mut seen = HashMap::new();
-    let mut age = |queue: u32, seq: u64| -> Result<Option<Duration>, InspectError> {
+    let mut age = |queue: u32, seq: u64| -> Result<Option<Duration>, Error> {
         let at = match cache.oldest.get(&(queue, seq)) {
             Some(&t) => Some(t),
-            None => db.enqueued_at(queue, seq).map_err(InspectError::Storage)?,
+            None => db.enqueued_at(queue, seq).map_err(Error::Storage)?,
         };
         Ok(at.map(|t| {
             seen.insert((queue, seq), t);
@@ -93,7 +98,7 @@ pub(crate) fn snapshot(engine: &Engine, cache: &mut GaugeCache, now: u64) -> Res
                 let cursor = match cursors.get(&dlq) {
                     Some(&c) => c,
                     None => {
-                        let c = db.cursor(&dlq).map_err(from_read)?.unwrap_or(0);
+                        let c = db.cursor(&dlq).map_err(Error::from)?.unwrap_or(0);
                         cursors.insert(dlq.clone(), c);
                         c
                     }
@@ -129,11 +134,4 @@ pub(crate) fn snapshot(engine: &Engine, cache: &mut GaugeCache, now: u64) -> Res
         .collect();
     keyspaces.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(Stats { queues, groups, bytes_on_disk: db.db_bytes(), keyspaces })
-}
-
-fn from_read(e: ReadError) -> InspectError {
-    match e {
-        ReadError::Corrupt(c) => InspectError::Corrupt(c),
-        ReadError::Storage(s) => InspectError::Storage(s),
-    }
 }

@@ -24,7 +24,7 @@ use tokio::sync::Semaphore;
 
 use super::completion::{Completion, Resolver};
 use super::registry::QueueState;
-use crate::error::{Closed, Failure, SendError};
+use crate::error::{Closed, Error, Failure};
 use crate::message::Message;
 use crate::store::envelope;
 
@@ -136,17 +136,17 @@ impl Inbox {
     /// size limit. Waits while `channel_capacity` messages are already staged.
     ///
     /// Cancel safe: nothing is staged until the last step, which does not await.
-    pub async fn push(&self, queue: &Arc<QueueState>, msgs: &[Message]) -> Result<Staging, SendError> {
+    pub async fn push(&self, queue: &Arc<QueueState>, msgs: &[Message]) -> Result<Staging, Error> {
         // A call larger than the whole capacity would wait forever: it takes every permit.
         let permits = msgs.len().clamp(1, self.capacity);
         let n = u32::try_from(permits).unwrap_or(u32::MAX);
         match self.space.acquire_many(n).await {
             Ok(p) => p.forget(),
-            Err(_) => return Err(self.lock().closed.clone().map_or(SendError::Shutdown, SendError::from)),
+            Err(_) => return Err(self.lock().closed.clone().map_or(Error::Shutdown, Error::from)),
         }
         let mut st = self.lock();
         if let Some(c) = &st.closed {
-            let e = SendError::from(c.clone());
+            let e = Error::from(c.clone());
             drop(st);
             self.space.add_permits(permits);
             return Err(e);

@@ -2,39 +2,29 @@
 //! (claims are written before a job is handed out, offsets before a commit is reported), so
 //! a live broker and a read-only [`Inspector`](crate::Inspector) compute them the same way.
 //!
-//! Everything here is blocking: callers run it on the blocking pool.
+//! The reads themselves are blocking: the `live_*` functions run them on the blocking pool,
+//! a read-only [`ReadOnly`] is run there by its caller. What the etcd engine shares with these
+//! (pending claims as shown, live leases) is in `figures.rs`.
 
 use std::collections::{BTreeSet, HashMap};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use std::sync::Arc;
 
 use super::Engine;
-use super::shared::Shared;
-use crate::error::{
-    CorruptionError, InspectError, NameKind, OpenError, ReceiveError, RedriveError, StorageError,
-};
+use super::figures::{LiveLeases, deadline_of, live_leases, micros_to_time, pending_claim};
+use crate::error::{CorruptionError, Error, NameKind, StorageError};
 use crate::model::{Claim, GroupMode, GroupSettings, QueueMeta};
 use crate::schedule::{ScheduleInfo, ScheduledInfo};
-use crate::stats::{GroupStats, KeyspaceStats, PendingClaim, PendingState, QueueStats, Stats, StoredMessage};
-use crate::store::{self, LoadedQueue, RawMessage, ReadError, ReadOutcome, Snapshot, Store};
+use crate::stats::{GroupStats, KeyspaceStats, PendingClaim, QueueStats, Stats, StoredMessage};
+use crate::store::{self, LoadedQueue, RawMessage, ReadOutcome, Snapshot, Store};
 
-fn from_open(e: OpenError) -> InspectError {
+/// A registry record read for inspection: anything but a storage error is a record that does
+/// not decode.
+fn from_open(e: Error) -> Error {
     match e {
-        OpenError::Corrupt(c) => InspectError::Corrupt(c),
-        OpenError::Storage(s) => InspectError::Storage(s),
-        other => InspectError::Corrupt(CorruptionError::new("registry", b"", other.to_string())),
-    }
-}
-
-pub(super) fn micros_to_time(m: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_micros(m)
-}
-
-fn from_read(e: ReadError) -> InspectError {
-    match e {
-        ReadError::Corrupt(c) => InspectError::Corrupt(c),
-        ReadError::Storage(s) => InspectError::Storage(s),
+        Error::Corrupt(_) | Error::Storage(_) => e,
+        other => Error::Corrupt(CorruptionError::new("registry", b"", other.to_string())),
     }
 }
 
@@ -48,29 +38,16 @@ fn age_of(
     Ok(db.enqueued_at(queue_id, seq)?.map(|ts| Duration::from_micros(now_micros.saturating_sub(ts))))
 }
 
-/// A live broker's in-memory leases, by group and queue: sequence → (attempt, deadline in
-/// wall-clock µs). Empty for a read-only [`Inspector`](crate::Inspector).
-pub(crate) type LiveLeases = HashMap<(String, String), HashMap<u64, (u32, u64)>>;
-
-/// The lease deadline of claim `c` on `seq`: the live one if this process holds that very
-/// attempt (it may have been extended since the record was written), else the record's.
-fn deadline_of(live: Option<&HashMap<u64, (u32, u64)>>, seq: u64, attempt: u32, deadline_micros: u64) -> u64 {
-    match live.and_then(|l| l.get(&seq)) {
-        Some(&(live_attempt, deadline)) if live_attempt == attempt => deadline,
-        _ => deadline_micros,
-    }
-}
-
 /// Dead letters not yet redriven out of the queue `dlq`.
-fn dlq_depth(db: &Snapshot<'_>, q: &LoadedQueue) -> Result<u64, InspectError> {
-    let cursor = db.cursor(&q.name).map_err(from_read)?.unwrap_or(0);
+fn dlq_depth(db: &Snapshot<'_>, q: &LoadedQueue) -> Result<u64, Error> {
+    let cursor = db.cursor(&q.name).map_err(Error::from)?.unwrap_or(0);
     Ok(q.last_seq.saturating_sub(cursor.max(q.meta.first_seq - 1)))
 }
 
 /// Every queue and group. `now_micros` is the broker clock's wall time.
-fn stats(store: &Store, now_micros: u64, live: &LiveLeases) -> Result<Stats, InspectError> {
+fn stats(store: &Store, now_micros: u64, live: &LiveLeases) -> Result<Stats, Error> {
     let guard = store.lock();
-    let Some(db) = guard.inspect(&store.path) else { return Err(InspectError::Shutdown) };
+    let Some(db) = guard.inspect(&store.path) else { return Err(Error::Shutdown) };
     let loaded = db.load().map_err(from_open)?;
 
     let scheduled = &loaded.scheduled;
@@ -183,87 +160,47 @@ fn pending(
     queue: &str,
     now_micros: u64,
     live: &LiveLeases,
-) -> Result<Vec<PendingClaim>, InspectError> {
+) -> Result<Vec<PendingClaim>, Error> {
     crate::name::validate(NameKind::Group, group)?;
     crate::name::validate(NameKind::Queue, queue)?;
     let guard = store.lock();
-    let Some(db) = guard.inspect(&store.path) else { return Err(InspectError::Shutdown) };
-    let Some(offset) = db.offset(group, queue).map_err(from_read)? else {
-        return Err(InspectError::NoSuchGroup { group: group.to_owned(), queue: queue.to_owned() });
+    let Some(db) = guard.inspect(&store.path) else { return Err(Error::Shutdown) };
+    let Some(offset) = db.offset(group, queue).map_err(Error::from)? else {
+        return Err(Error::NoSuchGroup { group: group.to_owned(), queue: queue.to_owned() });
     };
     if offset.mode != GroupMode::WorkQueue {
         return Ok(Vec::new());
     }
     let live = live.get(&(group.to_owned(), queue.to_owned()));
-    let claims = db.claims_above(group, queue, offset.committed).map_err(from_read)?;
+    let claims = db.claims_above(group, queue, offset.committed).map_err(Error::from)?;
     Ok(claims.into_iter().filter_map(|(seq, claim)| pending_claim(seq, claim, now_micros, live)).collect())
 }
 
-/// A claim record as [`Broker::pending`](crate::Broker::pending) shows it (`None`: finished).
-/// `live`: this process's leases of the group, whose extensions the record may not show yet.
-pub(super) fn pending_claim(
-    seq: u64,
-    claim: Claim,
-    now_micros: u64,
-    live: Option<&HashMap<u64, (u32, u64)>>,
-) -> Option<PendingClaim> {
-    Some(match claim {
-        Claim::Done => return None,
-        Claim::Leased { attempt, deadline_micros, holder, .. } => {
-            let deadline = deadline_of(live, seq, attempt, deadline_micros);
-            let state = if deadline > now_micros { PendingState::Leased } else { PendingState::Expired };
-            PendingClaim {
-                seq,
-                state,
-                attempt,
-                holder: (!holder.is_empty()).then(|| holder.to_string()),
-                lease_deadline: Some(micros_to_time(deadline)),
-                retry_at: None,
-                last_error: None,
-            }
-        }
-        Claim::Waiting { attempt, not_before_micros, last_error, .. } => PendingClaim {
-            seq,
-            state: PendingState::Waiting,
-            attempt,
-            holder: None,
-            lease_deadline: None,
-            retry_at: Some(micros_to_time(not_before_micros)),
-            last_error: (!last_error.is_empty()).then_some(last_error),
-        },
-    })
-}
-
 /// The queue's metadata and last sequence.
-fn queue_bounds(store: &Store, queue: &str) -> Result<(QueueMeta, u64), InspectError> {
+fn queue_bounds(store: &Store, queue: &str) -> Result<(QueueMeta, u64), Error> {
     crate::name::validate(NameKind::Queue, queue)?;
     let guard = store.lock();
-    let Some(db) = guard.inspect(&store.path) else { return Err(InspectError::Shutdown) };
-    db.queue(queue).map_err(from_open)?.ok_or_else(|| InspectError::NoSuchQueue(queue.to_owned()))
+    let Some(db) = guard.inspect(&store.path) else { return Err(Error::Shutdown) };
+    db.queue(queue).map_err(from_open)?.ok_or_else(|| Error::NoSuchQueue { queue: queue.to_owned() })
 }
 
-fn read(store: &Store, queue: &str, id: u32, from: u64, to: u64) -> Result<Vec<RawMessage>, InspectError> {
+fn read(store: &Store, queue: &str, id: u32, from: u64, to: u64) -> Result<Vec<RawMessage>, Error> {
     if from > to {
         return Ok(Vec::new());
     }
     match store::read_range(store, queue, id, from, to, 64 << 20) {
         Ok(ReadOutcome::Messages(m)) => Ok(m),
-        Ok(ReadOutcome::Closed) => Err(InspectError::Shutdown),
-        Err(ReceiveError::Corrupt(c)) => Err(InspectError::Corrupt(c)),
-        Err(ReceiveError::Storage(s)) => Err(InspectError::Storage(s)),
+        Ok(ReadOutcome::Closed) => Err(Error::Shutdown),
+        Err(Error::Corrupt(c)) => Err(Error::Corrupt(c)),
+        Err(Error::Storage(s)) => Err(Error::Storage(s)),
         // Trimmed under us: show what is left.
-        Err(ReceiveError::Gap { .. }) => Ok(Vec::new()),
-        Err(e) => Err(InspectError::Corrupt(CorruptionError::new("message", b"", e.to_string()))),
+        Err(Error::Gap { .. }) => Ok(Vec::new()),
+        Err(e) => Err(Error::Corrupt(CorruptionError::new("message", b"", e.to_string()))),
     }
 }
 
 /// Up to `limit` messages of `queue` from `from` (default: the first live one).
-fn peek(
-    store: &Store,
-    queue: &str,
-    from: Option<u64>,
-    limit: usize,
-) -> Result<Vec<StoredMessage>, InspectError> {
+fn peek(store: &Store, queue: &str, from: Option<u64>, limit: usize) -> Result<Vec<StoredMessage>, Error> {
     let (rec, last) = queue_bounds(store, queue)?;
     if limit == 0 {
         return Ok(Vec::new());
@@ -282,12 +219,12 @@ fn peek(
 }
 
 /// Up to `limit` delayed messages of `queue` (all queues: `None`), in schedule-id order.
-fn scheduled(store: &Store, queue: Option<&str>, limit: usize) -> Result<Vec<ScheduledInfo>, InspectError> {
+fn scheduled(store: &Store, queue: Option<&str>, limit: usize) -> Result<Vec<ScheduledInfo>, Error> {
     if let Some(name) = queue {
         crate::name::validate(crate::error::NameKind::Queue, name)?;
     }
     let guard = store.lock();
-    let Some(db) = guard.inspect(&store.path) else { return Err(InspectError::Shutdown) };
+    let Some(db) = guard.inspect(&store.path) else { return Err(Error::Shutdown) };
     let loaded = db.load().map_err(from_open)?;
     let names: HashMap<u32, &str> = loaded.queues.iter().map(|q| (q.meta.id, q.name.as_str())).collect();
     let id = match queue {
@@ -297,12 +234,12 @@ fn scheduled(store: &Store, queue: Option<&str>, limit: usize) -> Result<Vec<Sch
                 .iter()
                 .find(|q| q.name == name)
                 .map(|q| q.meta.id)
-                .ok_or_else(|| InspectError::NoSuchQueue(name.to_owned()))?,
+                .ok_or_else(|| Error::NoSuchQueue { queue: name.to_owned() })?,
         ),
         None => None,
     };
     let mut out = Vec::new();
-    for (queue_id, id, due, env) in db.list_scheduled(id, limit).map_err(from_read)? {
+    for (queue_id, id, due, env) in db.list_scheduled(id, limit).map_err(Error::from)? {
         let env = store::envelope::decode(&id.to_be_bytes(), &env)?;
         out.push(ScheduledInfo {
             id,
@@ -317,12 +254,12 @@ fn scheduled(store: &Store, queue: Option<&str>, limit: usize) -> Result<Vec<Sch
 }
 
 /// Every recurring schedule.
-fn schedules(store: &Store) -> Result<Vec<ScheduleInfo>, InspectError> {
+fn schedules(store: &Store) -> Result<Vec<ScheduleInfo>, Error> {
     let guard = store.lock();
-    let Some(db) = guard.inspect(&store.path) else { return Err(InspectError::Shutdown) };
+    let Some(db) = guard.inspect(&store.path) else { return Err(Error::Shutdown) };
     Ok(db
         .list_schedules()
-        .map_err(from_read)?
+        .map_err(Error::from)?
         .into_iter()
         .map(|(name, r)| ScheduleInfo {
             name,
@@ -338,30 +275,16 @@ fn schedules(store: &Store) -> Result<Vec<ScheduleInfo>, InspectError> {
         .collect())
 }
 
-/// A live broker's delayed messages (see [`scheduled`]).
-pub(crate) async fn live_scheduled(
-    shared: &Arc<Shared>,
-    queue: Option<String>,
-    limit: usize,
-) -> Result<Vec<ScheduledInfo>, InspectError> {
-    on_store(shared, move |s, _| scheduled(s, queue.as_deref(), limit)).await
-}
-
-/// A live broker's recurring schedules.
-pub(crate) async fn live_schedules(shared: &Arc<Shared>) -> Result<Vec<ScheduleInfo>, InspectError> {
-    on_store(shared, move |s, _| schedules(s)).await
-}
-
 /// Up to `limit` dead letters of `dlq` not yet redriven, as stored.
-fn dead_letters(store: &Store, dlq: &str, limit: usize) -> Result<Vec<RawMessage>, InspectError> {
+fn dead_letters(store: &Store, dlq: &str, limit: usize) -> Result<Vec<RawMessage>, Error> {
     let (rec, last) = queue_bounds(store, dlq)?;
     let cursor = match store::read_cursor(store, dlq) {
         Ok(c) => c.unwrap_or(0),
-        Err(RedriveError::Receive(ReceiveError::Corrupt(c))) => {
-            return Err(InspectError::Corrupt(c));
+        Err(Error::Corrupt(c)) => {
+            return Err(Error::Corrupt(c));
         }
-        Err(RedriveError::Storage(s)) => return Err(InspectError::Storage(s)),
-        Err(_) => return Err(InspectError::Shutdown),
+        Err(Error::Storage(s)) => return Err(Error::Storage(s)),
+        Err(_) => return Err(Error::Shutdown),
     };
     if limit == 0 {
         return Ok(Vec::new());
@@ -371,64 +294,48 @@ fn dead_letters(store: &Store, dlq: &str, limit: usize) -> Result<Vec<RawMessage
     read(store, dlq, rec.id, from, to)
 }
 
-/// This process's live leases of every work group (or of `only`), in wall-clock µs.
-///
-/// Why an overlay rather than a write: [`Job::extend`](crate::Job::extend) and the pool's
-/// heartbeat move only the in-memory deadline, which is what fencing checks. Persisting each
-/// extension would put a write per heartbeat on the writer and either make `extend` wait (it is
-/// synchronous) or make the record lag when the writer's queue is full; and a persisted
-/// deadline is never used again anyway (after a restart every lease is void, see
-/// `WorkGroupState::restore`). So the live broker reports the deadlines fencing enforces; a
-/// read-only [`Inspector`](crate::Inspector) sees the claim-time deadlines on disk.
-pub(super) fn live_leases(engine: &Engine, only: Option<(&str, &str)>) -> LiveLeases {
-    let clock = engine.clock();
-    let mut out = LiveLeases::new();
-    for entry in engine.registry.work.iter() {
-        let g = entry.value();
-        if only.is_some_and(|(group, queue)| *g.name != *group || *g.queue.name != *queue) {
-            continue;
-        }
-        let leases = g.live_leases();
-        if leases.is_empty() {
-            continue;
-        }
-        let map =
-            leases.into_iter().map(|(seq, attempt, t)| (seq, (attempt, clock.wall_micros_at(t)))).collect();
-        out.insert((g.name.to_string(), g.queue.name.to_string()), map);
-    }
-    out
+/// Runs `f` over `store` on the blocking pool, with the broker clock's wall time.
+async fn on_store<T: Send + 'static>(
+    engine: &Arc<Engine>,
+    store: &Arc<Store>,
+    runtime: &tokio::runtime::Handle,
+    f: impl FnOnce(&Store, u64) -> Result<T, Error> + Send + 'static,
+) -> Result<T, Error> {
+    let store = store.clone();
+    let now = engine.clock().wall_micros();
+    runtime.spawn_blocking(move || f(&store, now)).await.map_err(|_| Error::Shutdown)?
 }
 
-/// Runs `f` over a live broker's store on the blocking pool, with the broker clock's wall time.
-async fn on_store<T: Send + 'static>(
-    shared: &Arc<Shared>,
-    f: impl FnOnce(&Store, u64) -> Result<T, InspectError> + Send + 'static,
-) -> Result<T, InspectError> {
-    if shared.is_closed() {
-        return Err(InspectError::Shutdown);
-    }
-    if let Some(u) = shared.unsupported("this inspection (delayed messages, schedules, the store directly)") {
-        return Err(InspectError::Unsupported(u));
-    }
-    let s = shared.clone();
-    let now = shared.engine.clock().wall_micros();
-    shared
-        .runtime
-        .spawn_blocking(move || f(&s.engine.store, now))
-        .await
-        .map_err(|_| InspectError::Shutdown)?
+/// A live broker's delayed messages (see [`scheduled`]).
+pub(super) async fn live_scheduled(
+    engine: &Arc<Engine>,
+    store: &Arc<Store>,
+    runtime: &tokio::runtime::Handle,
+    queue: Option<String>,
+    limit: usize,
+) -> Result<Vec<ScheduledInfo>, Error> {
+    on_store(engine, store, runtime, move |s, _| scheduled(s, queue.as_deref(), limit)).await
+}
+
+/// A live broker's recurring schedules.
+pub(super) async fn live_schedules(
+    engine: &Arc<Engine>,
+    store: &Arc<Store>,
+    runtime: &tokio::runtime::Handle,
+) -> Result<Vec<ScheduleInfo>, Error> {
+    on_store(engine, store, runtime, move |s, _| schedules(s)).await
 }
 
 /// A live broker's stats: the disk's figures with this process's leases and in-flight
-/// deliveries laid over them. Refreshes the metrics gauges.
-pub(crate) async fn live_stats(shared: &Arc<Shared>) -> Result<Stats, InspectError> {
-    #[cfg(feature = "etcd")]
-    if let Some(side) = &shared.engine.etcd {
-        return super::etcd::stats::stats(shared, side).await;
-    }
-    let live = live_leases(&shared.engine, None);
-    let mut stats = on_store(shared, move |s, now| self::stats(s, now, &live)).await?;
-    let registry = &shared.engine.registry;
+/// deliveries laid over them.
+pub(super) async fn live_stats(
+    engine: &Arc<Engine>,
+    store: &Arc<Store>,
+    runtime: &tokio::runtime::Handle,
+) -> Result<Stats, Error> {
+    let live = live_leases(engine, None);
+    let mut stats = on_store(engine, store, runtime, move |s, now| self::stats(s, now, &live)).await?;
+    let registry = &engine.registry;
     for g in stats.groups.iter_mut().filter(|g| g.mode == GroupMode::Ordered) {
         if let Some(state) = registry.ordered(&g.group, &g.queue) {
             g.in_flight = state.in_flight();
@@ -439,74 +346,29 @@ pub(crate) async fn live_stats(shared: &Arc<Shared>) -> Result<Stats, InspectErr
 }
 
 /// A live broker's pending claims of one work group, with this process's lease deadlines.
-pub(crate) async fn live_pending(
-    shared: &Arc<Shared>,
+pub(super) async fn live_pending(
+    engine: &Arc<Engine>,
+    store: &Arc<Store>,
+    runtime: &tokio::runtime::Handle,
     group: &str,
     queue: &str,
-) -> Result<Vec<PendingClaim>, InspectError> {
-    let live = live_leases(&shared.engine, Some((group, queue)));
-    #[cfg(feature = "etcd")]
-    if let Some(side) = &shared.engine.etcd {
-        return super::etcd::inspect::pending(shared, side, group, queue, &live).await;
-    }
+) -> Result<Vec<PendingClaim>, Error> {
+    let live = live_leases(engine, Some((group, queue)));
     let (g, q) = (group.to_owned(), queue.to_owned());
-    on_store(shared, move |s, now| pending(s, &g, &q, now, &live)).await
+    on_store(engine, store, runtime, move |s, now| pending(s, &g, &q, now, &live)).await
 }
 
 /// Up to `limit` stored messages of `queue` from `from`, on a live broker.
-pub(crate) async fn live_peek(
-    shared: &Arc<Shared>,
+pub(super) async fn live_peek(
+    engine: &Arc<Engine>,
+    store: &Arc<Store>,
+    runtime: &tokio::runtime::Handle,
     queue: &str,
     from: Option<u64>,
     limit: usize,
-) -> Result<Vec<StoredMessage>, InspectError> {
-    #[cfg(feature = "etcd")]
-    if let Some(side) = &shared.engine.etcd {
-        return super::etcd::inspect::peek(shared, side, queue, from, limit).await;
-    }
+) -> Result<Vec<StoredMessage>, Error> {
     let q = queue.to_owned();
-    on_store(shared, move |s, _| peek(s, &q, from, limit)).await
-}
-
-/// Refreshes the metrics gauges every `interval` on the broker's clock until shutdown, from
-/// memory and a few cached point reads (`gauges.rs`), on the blocking pool.
-pub(crate) fn spawn_gauges(shared: &Arc<Shared>, interval: std::time::Duration) {
-    let cache = Arc::new(std::sync::Mutex::new(super::gauges::GaugeCache::default()));
-    super::shared::spawn_periodic(shared, interval, move |shared| {
-        let cache = cache.clone();
-        async move {
-            if !crate::telemetry::recorder_installed() {
-                // Fault 7: with nothing to record into, skip the refresh. Checked every tick: a
-                // recorder may be installed later.
-                return true;
-            }
-            if shared.is_closed() {
-                return false;
-            }
-            let s = shared.clone();
-            let now = shared.engine.clock().wall_micros();
-            let refreshed = shared
-                .runtime
-                .spawn_blocking(move || {
-                    let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
-                    super::gauges::snapshot(&s.engine, &mut cache, now)
-                })
-                .await
-                .map_err(|_| InspectError::Shutdown)
-                .and_then(|r| r);
-            match refreshed {
-                Ok(stats) => {
-                    crate::telemetry::publish(&stats);
-                    true
-                }
-                Err(InspectError::Shutdown) => false,
-                Err(e) => {
-                    tracing::warn!(error = %e, "rockq: computing metrics gauges failed");
-                    true
-                }
-            }
-        }
-    });
+    on_store(engine, store, runtime, move |s, _| peek(s, &q, from, limit)).await
 }
 
 /// A database opened read-only (no lock taken, never written), for an
@@ -515,7 +377,7 @@ pub(crate) struct ReadOnly(Store);
 
 impl ReadOnly {
     /// Opens the database at `path` read-only. Blocking.
-    pub fn open(path: &std::path::Path) -> Result<Self, OpenError> {
+    pub fn open(path: &std::path::Path) -> Result<Self, Error> {
         store::open_read_only(path).map(|(store, _)| ReadOnly(store))
     }
 
@@ -524,42 +386,32 @@ impl ReadOnly {
     }
 
     /// Every queue and group at `now_micros`. Blocking.
-    pub fn stats(&self, now_micros: u64) -> Result<Stats, InspectError> {
+    pub fn stats(&self, now_micros: u64) -> Result<Stats, Error> {
         stats(&self.0, now_micros, &LiveLeases::new())
     }
 
     /// The pending claims of one work group. Blocking.
-    pub fn pending(
-        &self,
-        group: &str,
-        queue: &str,
-        now_micros: u64,
-    ) -> Result<Vec<PendingClaim>, InspectError> {
+    pub fn pending(&self, group: &str, queue: &str, now_micros: u64) -> Result<Vec<PendingClaim>, Error> {
         pending(&self.0, group, queue, now_micros, &LiveLeases::new())
     }
 
     /// Up to `limit` stored messages of `queue` from `from`. Blocking.
-    pub fn peek(
-        &self,
-        queue: &str,
-        from: Option<u64>,
-        limit: usize,
-    ) -> Result<Vec<StoredMessage>, InspectError> {
+    pub fn peek(&self, queue: &str, from: Option<u64>, limit: usize) -> Result<Vec<StoredMessage>, Error> {
         peek(&self.0, queue, from, limit)
     }
 
     /// Delayed messages (see [`scheduled`]).
-    pub fn scheduled(&self, queue: Option<&str>, limit: usize) -> Result<Vec<ScheduledInfo>, InspectError> {
+    pub fn scheduled(&self, queue: Option<&str>, limit: usize) -> Result<Vec<ScheduledInfo>, Error> {
         scheduled(&self.0, queue, limit)
     }
 
     /// Recurring schedules.
-    pub fn schedules(&self) -> Result<Vec<ScheduleInfo>, InspectError> {
+    pub fn schedules(&self) -> Result<Vec<ScheduleInfo>, Error> {
         schedules(&self.0)
     }
 
     /// Up to `limit` dead letters of `dlq` not yet redriven, as stored. Blocking.
-    pub fn dead_letters(&self, dlq: &str, limit: usize) -> Result<Vec<RawMessage>, InspectError> {
+    pub fn dead_letters(&self, dlq: &str, limit: usize) -> Result<Vec<RawMessage>, Error> {
         dead_letters(&self.0, dlq, limit)
     }
 }

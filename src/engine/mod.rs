@@ -1,27 +1,43 @@
-//! The engine: the state shared by the public handles and the writer thread, the writer, and
-//! the engine's background work (retention, completing rounds).
+//! The engine: the state shared by the public handles and the writer, the writers of both
+//! backends, and the engine's background work (retention, gauges, completing rounds).
 //!
-//! The handles (`broker/`, `producer/`, `consumer/`, `work/`, `inspector.rs`) reach the engine
-//! only through [`boundary`], which lists everything they may ask of it. Inside:
+//! The handles (`broker/`, `queue/`, `ordered/`, `work/`, `pool/`, `dead_letter/`, `kv/`,
+//! `txn/`, `inspector.rs`) reach the engine only through [`boundary`], which lists everything
+//! they may ask of it. Inside, from the handles' side down:
 //!
-//! - `registry/`: the in-memory state of queues and groups.
-//! - `request.rs`: the request set the writer applies.
-//! - `writer/`: the writer thread, its round, and the request handlers by concept.
+//! - `shared.rs`: [`Shared`](shared::Shared), what every handle holds: the [`Engine`], the
+//!   [`Backend`](backend::Backend) and the writer's request channel. `tasks.rs`: the periodic
+//!   background tasks.
+//! - `open.rs`, `connect.rs`: building an engine over RocksDB or over etcd (`etcd/start.rs`).
+//! - `backend.rs`: **the seam between the two engines**: one match per operation that differs
+//!   (reads, inspection, retention, ordered ownership, lease persistence), and `capability.rs`,
+//!   the one table of what each engine carries out.
+//! - `inspect.rs`, `retention.rs`, `gauges.rs`, `writer/`: the embedded engine (RocksDB): stats
+//!   and peeks from the store, the retention pass, the metrics gauges, the writer thread with
+//!   its round and the request handlers by concept. `etcd/`: the etcd engine.
+//! - `figures.rs`, `dead_letter.rs`: what both engines share: pending claims as shown and live
+//!   leases; the dead-letter copy.
+//! - `registry/`: the in-memory state of queues and groups, the claim state machine.
+//! - `request.rs`: the request set either writer applies.
 //! - `inbox.rs`, `completion.rs`: where producers stage sends, and how a round resolves them.
-//! - `shared.rs`: [`Shared`](shared::Shared), what every handle holds.
-//! - `open.rs`: building the engine from what the store loaded.
-//! - `retention.rs`: the retention pass and its background task.
-//! - `inspect.rs`: stats, pending claims and peeks computed from the store.
 //!
 //! Public handles hold a `Shared`, which owns the writer's request channel; the writer holds
-//! only the [`Engine`]. When the last handle is dropped the channel closes and the writer
-//! finishes its last round and exits, so a broker dropped without `shutdown` still commits
-//! what it can and closes RocksDB off the async workers.
+//! only the [`Engine`] (and its own store). When the last handle is dropped the channel closes
+//! and the writer finishes its last round and exits, so a broker dropped without `shutdown`
+//! still commits what it can and closes RocksDB off the async workers.
 
+// First, so that its `cfg_etcd!` is in scope for the module declarations below.
+#[macro_use]
+mod backend;
 pub(crate) mod boundary;
+cfg_etcd! {
+    mod connect;
+}
+mod capability;
 mod completion;
-#[cfg(feature = "etcd")]
+mod dead_letter;
 pub(crate) mod etcd;
+mod figures;
 mod gauges;
 mod inbox;
 mod inspect;
@@ -31,6 +47,7 @@ mod registry;
 mod request;
 mod retention;
 mod shared;
+mod tasks;
 mod timer;
 mod writer;
 
@@ -44,10 +61,12 @@ use crate::error::Failure;
 use crate::events::Event;
 use crate::options::Options;
 use crate::stats::WriterStats;
-use crate::store::Store;
 
+/// The state both backends share with the handles: the registry, the inbox of staged sends,
+/// what is dirty, the broker's failure, counters and events. Storage is not here: the
+/// embedded writer owns its store, the etcd writer its etcd side, and the handles reach
+/// either through the [`Backend`](backend::Backend) in [`Shared`](shared::Shared).
 pub(crate) struct Engine {
-    pub store: Store,
     /// Where producers stage sends for the writer.
     pub inbox: Inbox,
     pub registry: Registry,
@@ -63,22 +82,12 @@ pub(crate) struct Engine {
     pub events: tokio::sync::broadcast::Sender<Event>,
     /// When the schedule's next entry is due (`timer.rs`).
     pub timer: Arc<timer::Timer>,
-    /// The etcd side, for an engine over etcd (its `store` is then a detached stand-in).
-    #[cfg(feature = "etcd")]
-    pub etcd: Option<Arc<etcd::EtcdSide>>,
 }
 
 impl Engine {
-    /// An engine over `store` with the registry it loaded, nothing staged or dirty yet.
-    pub fn new(
-        store: Store,
-        registry: Registry,
-        options: Options,
-        timer: Arc<timer::Timer>,
-        events: usize,
-    ) -> Self {
+    /// An engine with the registry a backend loaded, nothing staged or dirty yet.
+    pub fn new(registry: Registry, options: Options, timer: Arc<timer::Timer>, events: usize) -> Self {
         Engine {
-            store,
             inbox: Inbox::new(options.channel_capacity, options.max_batch_messages, options.max_batch_bytes),
             registry,
             options,
@@ -88,8 +97,6 @@ impl Engine {
             counters: Counters::default(),
             events: tokio::sync::broadcast::channel(events).0,
             timer,
-            #[cfg(feature = "etcd")]
-            etcd: None,
         }
     }
 

@@ -1,33 +1,31 @@
-//! Opening the engine: the store on a blocking thread, the registry rebuilt from what it
-//! loaded (queues, groups, claims, marks, settings), the writer thread and the retention task.
+//! Opening the embedded engine: the store on a blocking thread, the registry rebuilt from what
+//! it loaded (`registry/restore.rs`), the writer thread and the background tasks.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use super::registry::{OrderedGroupState, QueueState, Registry, WorkGroupState};
+use super::backend::Backend;
+use super::registry::Registry;
 use super::shared::Shared;
 use super::timer::Timer;
-use super::{Engine, inspect, retention, writer};
-use crate::error::{CorruptionError, OpenError};
-use crate::model::GroupMode;
+use super::{Engine, tasks, writer};
+use crate::error::Error;
 use crate::options::Options;
-use crate::store::{self, GroupKeys, Loaded, group_id};
-use crate::work_settings::WorkSettings;
+use crate::store;
 
 /// Opens the database at `path` and starts the engine on the current Tokio runtime.
-pub(crate) async fn open(path: &Path, options: Options) -> Result<Arc<Shared>, OpenError> {
-    let runtime = tokio::runtime::Handle::try_current().map_err(|_| OpenError::NoRuntime)?;
+pub(crate) async fn open(path: &Path, options: Options) -> Result<Arc<Shared>, Error> {
+    let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
     let path = path.to_path_buf();
     let opts = options.clone();
     let (store, loaded) = runtime
         .spawn_blocking(move || store::open(&path, &opts))
         .await
-        .map_err(|e| OpenError::InvalidOption(format!("open task failed: {e}")))??;
+        .map_err(|e| Error::InvalidOption(format!("open task failed: {e}")))??;
     let timer = Arc::new(Timer::new(loaded.first_due, loaded.next_scheduled_id));
-    let (registry, stale) = match restore(loaded, &options) {
+    let (registry, stale) = match Registry::restore(loaded, &options) {
         Ok(r) => r,
         Err(e) => {
             let _ = store.close();
@@ -35,145 +33,30 @@ pub(crate) async fn open(path: &Path, options: Options) -> Result<Arc<Shared>, O
         }
     };
 
-    let engine = Arc::new(Engine::new(store, registry, options.clone(), timer.clone(), 4096));
+    let store = Arc::new(store);
+    let engine = Arc::new(Engine::new(registry, options.clone(), timer.clone(), 4096));
     for g in stale {
         engine.mark_dirty(g);
     }
     tracing::info!(
-        path = %engine.store.path.display(),
+        path = %store.path.display(),
         queues = engine.registry.queues.len(),
         groups = engine.registry.ordered.len() + engine.registry.work.len(),
         durability = ?options.durability,
         "rockq: opened"
     );
     let (tx, rx) = mpsc::channel(options.channel_capacity);
-    let handle = match writer::spawn(engine.clone(), rx, &runtime) {
+    let handle = match writer::spawn(engine.clone(), store.clone(), rx, &runtime) {
         Ok(h) => h,
         Err(e) => {
-            let path = engine.store.path.clone();
-            let _ = engine.store.close();
-            return Err(OpenError::Io { path, source: e });
+            let _ = store.close();
+            return Err(Error::Io { path: Some(store.path.clone()), source: Arc::new(e) });
         }
     };
-    let shared = Arc::new(Shared {
-        engine,
-        tx,
-        closed: AtomicBool::new(false),
-        runtime,
-        writer: Mutex::new(Some(handle)),
-        closing: tokio_util::sync::CancellationToken::new(),
-        stopped: tokio_util::sync::CancellationToken::new(),
-        pools: tokio_util::task::TaskTracker::new(),
-        shutdown: Mutex::new(None),
-    });
-    retention::spawn_background(&shared, options.retention_interval);
-    super::timer::spawn(&shared, timer);
-    inspect::spawn_gauges(&shared, options.metrics_interval);
+    let stopped = tokio_util::sync::CancellationToken::new();
+    let shared = Shared::new(engine, Backend::Embedded(store.clone()), tx, runtime, Some(handle), stopped);
+    tasks::spawn_retention(&shared, options.retention_interval);
+    tasks::spawn_timer(&shared, timer);
+    tasks::spawn_gauges(&shared, store, options.metrics_interval);
     Ok(shared)
-}
-
-/// An engine over the database at `path` with no writer thread and no background tasks: the
-/// writer's round building, driven by hand in unit tests.
-#[cfg(test)]
-pub(crate) fn without_writer(path: &Path, options: Options) -> Arc<Engine> {
-    let (store, loaded) = store::open(path, &options).expect("open a test store");
-    let timer = Arc::new(Timer::new(loaded.first_due, loaded.next_scheduled_id));
-    let (registry, _) = restore(loaded, &options).expect("restore the registry");
-    Arc::new(Engine::new(store, registry, options, timer, 16))
-}
-
-/// The registry as the store loaded it, and the ordered groups whose marks found at open are
-/// moot (the writer's first round deletes them).
-fn restore(loaded: Loaded, options: &Options) -> Result<(Registry, Vec<Arc<OrderedGroupState>>), OpenError> {
-    let Loaded { queues, groups, claims, settings, marks, scheduled, keyspaces, kv_revision, .. } = loaded;
-    let registry = Registry::default();
-    for k in keyspaces {
-        let state = super::registry::KeyspaceState::new(k.id, &k.name, k.keys);
-        registry.keyspaces.insert(state.name.clone(), state);
-    }
-    registry.kv_revision.store(kv_revision, std::sync::atomic::Ordering::Relaxed);
-    for q in queues {
-        let state = QueueState::new(q.meta.id, &q.name, q.meta.first_seq, q.last_seq, q.meta.retention);
-        state.set_dedup_window(q.meta.dedup_window);
-        let waiting = scheduled.get(&q.meta.id).map_or(0, |s| s.0);
-        state.scheduled.store(waiting, std::sync::atomic::Ordering::Relaxed);
-        registry.queues.insert(state.name.clone(), state);
-    }
-    for g in groups {
-        // An offset for a queue that has no record cannot be produced by rockq.
-        let Some(queue) = registry.queue(&g.queue) else {
-            return Err(CorruptionError::new(
-                "offset",
-                &group_id(&g.group, &g.queue),
-                "names a queue that does not exist",
-            )
-            .into());
-        };
-        let id = group_id(&g.group, &g.queue);
-        match g.offset.mode {
-            GroupMode::WorkQueue => {
-                registry.work.insert(id, WorkGroupState::new(&g.group, queue, g.offset.committed));
-            }
-            GroupMode::Ordered => {
-                registry.ordered.insert(id, OrderedGroupState::new(&g.group, queue, g.offset.committed));
-            }
-        }
-    }
-    let mut by_group: std::collections::HashMap<Vec<u8>, Vec<_>> = std::collections::HashMap::new();
-    for c in claims {
-        let id = group_id(&c.group, &c.queue);
-        if !registry.work.contains_key(&id) {
-            let key = GroupKeys::work(&c.group, &c.queue).record(c.seq);
-            return Err(CorruptionError::new("claim", &key, "names a group that does not exist").into());
-        }
-        by_group.entry(id).or_default().push((c.seq, c.claim));
-    }
-    for g in registry.work.iter() {
-        g.restore(by_group.remove(g.keys.id()).unwrap_or_default(), &options.clock);
-    }
-    // Ordered groups' delivery counts and dead letters above their offsets.
-    let mut stale = Vec::new();
-    for m in marks {
-        let Some(g) = registry.ordered(&m.group, &m.queue) else {
-            let key = GroupKeys::ordered(&m.group, &m.queue).record(m.seq);
-            return Err(
-                CorruptionError::new("delivery", &key, "names an ordered group that does not exist").into()
-            );
-        };
-        // At or below the offset, or of a trimmed message: moot, deleted by the writer's next
-        // round (the group is marked dirty once, and handed to it).
-        let floor = g.records_moot_through(g.durable.load(Ordering::Relaxed));
-        let mut rec = g.records();
-        rec.stored.insert(m.seq);
-        if m.seq <= floor {
-            if g.mark() {
-                stale.push(g.clone());
-            }
-        } else {
-            match m.mark {
-                crate::model::OrderedMark::DeadLettered { .. } | crate::model::OrderedMark::Acked => {
-                    rec.dead.insert(m.seq);
-                }
-                crate::model::OrderedMark::CameBack { deliveries, not_before_micros } => {
-                    rec.failed.insert(m.seq, (deliveries, not_before_micros));
-                }
-            }
-        }
-    }
-    // Settings of a group that no longer exists (a removed group) are ignored.
-    for s in settings {
-        if let Some(g) = registry.ordered(&s.group, &s.queue) {
-            g.paused.store(s.settings.paused, Ordering::Relaxed);
-        }
-        if let Some(g) = registry.work(&s.group, &s.queue) {
-            g.paused.store(s.settings.paused, Ordering::Relaxed);
-            // Stored terms are what every subscription runs with; a record without them (an
-            // older build's) only names a dead-letter queue, adopted by the next subscribe.
-            match WorkSettings::stored(&s.settings, &s.queue) {
-                Some(w) => g.set_settings(Arc::new(w)),
-                None => g.set_recorded_dlq(s.settings.dead_letter_queue),
-            }
-        }
-    }
-    Ok((registry, stale))
 }

@@ -3,33 +3,76 @@
 //! `work.rs`, `retention.rs`, `settings.rs`, `lifecycle.rs`), which also refuses them when the writer will not
 //! carry them out; so adding a write request touches this file and that one.
 //!
-//! Every request carries a [`Reply`]. A request the writer refuses (after shutdown began, or
-//! once it failed closed) is answered with the family error made from [`Closed`], the one
-//! refusal every operation shares.
+//! Every request carries a [`Reply`]. A request a writer refuses (after shutdown began, once it
+//! failed closed, or an engine that does not carry it out) is answered by
+//! [`Request::refuse`] with the error made from [`Closed`], the one refusal every operation
+//! shares: one match over the whole set, for both engines' writers.
 
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
 use super::registry::{KeyspaceState, LiveSubscription, OrderedGroupState, QueueState, WorkGroupState};
-use crate::error::ScheduleError;
-use crate::error::{
-    AckError, Closed, CommitError, KvError, PauseError, QueueError, RedriveError, ResetError, SendError,
-    StorageError, SubscribeError, TxError,
-};
+use crate::error::{Closed, Error, StorageError};
 use crate::message::Message;
 use crate::model::StartFrom;
 use crate::model::{Claim, ScheduleRecord};
+use crate::model::{RequestedWork, WorkSettings};
 use crate::retention::Retention;
 use crate::sent::{ScheduledMessage, Sent};
-use crate::work_settings::{RequestedWork, WorkSettings};
 
 /// Where the writer sends the outcome of one request.
-pub(crate) type Reply<T, E> = oneshot::Sender<Result<T, E>>;
+pub(crate) type Reply<T, E = Error> = oneshot::Sender<Result<T, E>>;
 
-/// Answers `reply` with the refusal `why`, in the reply's own error family.
-pub(crate) fn refuse<T, E: From<Closed>>(reply: Reply<T, E>, why: &Closed) {
+/// Answers `reply` with the refusal `why`.
+pub(crate) fn refuse<T>(reply: Reply<T>, why: &Closed) {
     let _ = reply.send(Err(why.clone().into()));
+}
+
+impl Request {
+    /// Answers a request that will not be carried out with `why`, releasing what it holds (a
+    /// reset's active slot, a transaction's jobs and deliveries).
+    pub(crate) fn refuse(self, why: &Closed) {
+        match self {
+            Request::Queue(QueueRequest::Create { reply, .. }) => refuse(reply, why),
+            Request::Queue(QueueRequest::SetDedupWindow { reply, .. }) => refuse(reply, why),
+            Request::Ordered(OrderedRequest::Create { reply, .. }) => refuse(reply, why),
+            Request::Ordered(OrderedRequest::Reset { group, reply, .. }) => {
+                // The reset held the group's active slot; it is released by whoever answers.
+                group.active.store(false, std::sync::atomic::Ordering::Release);
+                refuse(reply, why);
+            }
+            Request::Work(WorkRequest::Create { reply, .. }) => refuse(reply, why),
+            Request::Work(WorkRequest::Claim { reply, .. } | WorkRequest::Outcome { reply, .. }) => {
+                refuse(reply, why)
+            }
+            Request::Work(WorkRequest::Redrive { reply, .. }) => refuse(reply, why),
+            Request::Work(WorkRequest::Reset { reply, .. }) => refuse(reply, why),
+            Request::Work(WorkRequest::Extend { .. }) => {}
+            Request::Retention(RetentionRequest::SetPolicy { reply, .. }) => refuse(reply, why),
+            Request::Retention(RetentionRequest::Trim { reply, .. }) => refuse(reply, why),
+            Request::Retention(RetentionRequest::ExpireDedup { reply, .. }) => refuse(reply, why),
+            Request::Settings(s) => refuse(s.reply, why),
+            Request::WorkSettings(s) => refuse(s.reply, why),
+            Request::Schedule(ScheduleRequest::Submit { reply, .. }) => refuse(reply, why),
+            Request::Schedule(ScheduleRequest::Cancel { reply, .. }) => refuse(reply, why),
+            Request::Schedule(ScheduleRequest::Reschedule { reply, .. }) => refuse(reply, why),
+            Request::Schedule(ScheduleRequest::Fire) => {}
+            Request::Schedule(ScheduleRequest::Upsert { reply, .. }) => refuse(reply, why),
+            Request::Schedule(ScheduleRequest::Pause { reply, .. }) => refuse(reply, why),
+            Request::Schedule(ScheduleRequest::Delete { reply, .. }) => refuse(reply, why),
+            Request::Lifecycle(
+                LifecycleRequest::DeleteQueue { reply, .. } | LifecycleRequest::DeleteGroup { reply, .. },
+            ) => refuse(reply, why),
+            Request::Lifecycle(LifecycleRequest::PurgeQueue { reply, .. }) => refuse(reply, why),
+            Request::Kv(KvRequest::Create { reply, .. }) => refuse(reply, why),
+            Request::Tx(tx) => tx.refuse(why),
+            Request::Commit => {}
+            Request::Flush { reply } => refuse(reply, why),
+            // Whoever asked to stop is told it is stopped.
+            Request::Shutdown { reply } => drop(reply.send(Ok(()))),
+        }
+    }
 }
 
 /// One request to the writer.
@@ -50,7 +93,7 @@ pub(crate) enum Request {
     Commit,
     /// Reply once every acknowledgement recorded before this request is durable.
     Flush {
-        reply: Reply<(), CommitError>,
+        reply: Reply<(), Error>,
     },
     /// Finish everything queued before this, sync the WAL, and stop.
     Shutdown {
@@ -61,46 +104,41 @@ pub(crate) enum Request {
 /// Queues (`writer/queue.rs`).
 pub(crate) enum QueueRequest {
     /// Create queue `name` (or return the existing one).
-    Create { name: String, reply: Reply<Arc<QueueState>, QueueError> },
+    Create { name: String, reply: Reply<Arc<QueueState>, Error> },
     /// Persist how long the queue remembers idempotency keys.
-    SetDedupWindow { queue: Arc<QueueState>, window: std::time::Duration, reply: Reply<(), QueueError> },
+    SetDedupWindow { queue: Arc<QueueState>, window: std::time::Duration, reply: Reply<(), Error> },
 }
 
 /// Deleting and purging queues and groups (`writer/lifecycle.rs`). Each is one batch; names
 /// were validated by the caller.
 pub(crate) enum LifecycleRequest {
     /// Delete queue `name` with everything of it; `false` if there is none.
-    DeleteQueue { name: String, reply: Reply<bool, QueueError> },
+    DeleteQueue { name: String, reply: Reply<bool, Error> },
     /// Delete every message of queue `name` and move every group past them; the reply gives
     /// how many were deleted. 0 if there is no such queue.
-    PurgeQueue { name: String, reply: Reply<u64, QueueError> },
+    PurgeQueue { name: String, reply: Reply<u64, Error> },
     /// Delete group `group` on queue `queue`, either mode; `false` if there is none.
-    DeleteGroup { queue: String, group: String, reply: Reply<bool, QueueError> },
+    DeleteGroup { queue: String, group: String, reply: Reply<bool, Error> },
 }
 
 /// Delayed messages, idempotent sends and recurring schedules (`writer/schedule.rs`).
 pub(crate) enum ScheduleRequest {
     /// The messages of one submit call for `queue`: each is appended now, scheduled, or found a
     /// duplicate of an earlier one, all in one batch.
-    Submit { queue: Arc<QueueState>, msgs: Vec<Submission>, reply: Reply<Vec<Sent>, SendError> },
+    Submit { queue: Arc<QueueState>, msgs: Vec<Submission>, reply: Reply<Vec<Sent>, Error> },
     /// Take delayed message `id` of `queue` out of the schedule; `false` if it is not there.
-    Cancel { queue: Arc<QueueState>, id: u64, reply: Reply<bool, ScheduleError> },
+    Cancel { queue: Arc<QueueState>, id: u64, reply: Reply<bool, Error> },
     /// Move delayed message `id` of `queue` to `due` (µs); `None` if it is not scheduled.
-    Reschedule {
-        queue: Arc<QueueState>,
-        id: u64,
-        due: u64,
-        reply: Reply<Option<ScheduledMessage>, ScheduleError>,
-    },
+    Reschedule { queue: Arc<QueueState>, id: u64, due: u64, reply: Reply<Option<ScheduledMessage>, Error> },
     /// The timer found something due: append what is due (a bounded amount per round).
     Fire,
     /// Create or replace recurring schedule `name` (its id, anchor and next firing are set by
     /// the writer).
-    Upsert { name: String, record: ScheduleRecord, reply: Reply<Option<u64>, ScheduleError> },
+    Upsert { name: String, record: ScheduleRecord, reply: Reply<Option<u64>, Error> },
     /// Pause or resume recurring schedule `name`.
-    Pause { name: String, paused: bool, reply: Reply<(), ScheduleError> },
+    Pause { name: String, paused: bool, reply: Reply<(), Error> },
     /// Delete recurring schedule `name`; `false` if there is none.
-    Delete { name: String, reply: Reply<bool, ScheduleError> },
+    Delete { name: String, reply: Reply<bool, Error> },
 }
 
 /// One message of a submit call, checked and encoded by the caller.
@@ -119,11 +157,11 @@ pub(crate) enum OrderedRequest {
         queue: Arc<QueueState>,
         group: String,
         start: StartFrom,
-        reply: Reply<Arc<OrderedGroupState>, SubscribeError>,
+        reply: Reply<Arc<OrderedGroupState>, Error>,
     },
     /// Set the group's offset (replay). The caller holds the group's active slot and hands it to
     /// the writer, which releases it once the reset is answered.
-    Reset { group: Arc<OrderedGroupState>, offset: u64, reply: Reply<(), ResetError> },
+    Reset { group: Arc<OrderedGroupState>, offset: u64, reply: Reply<(), Error> },
 }
 
 /// Work-queue groups (`writer/work.rs`).
@@ -133,11 +171,11 @@ pub(crate) enum WorkRequest {
         queue: Arc<QueueState>,
         group: String,
         start: StartFrom,
-        reply: Reply<Arc<WorkGroupState>, SubscribeError>,
+        reply: Reply<Arc<WorkGroupState>, Error>,
     },
     /// Persist claims (attempt counts) before their handlers run. Refused with `LeaseLost` if
     /// the group was reset since `epoch`.
-    Claim { group: Arc<WorkGroupState>, epoch: u64, claims: Vec<(u64, Claim)>, reply: Reply<(), AckError> },
+    Claim { group: Arc<WorkGroupState>, epoch: u64, claims: Vec<(u64, Claim)>, reply: Reply<(), Error> },
     /// Record the outcome of one attempt, claimed in reset epoch `epoch`. If the writer refuses
     /// it, it puts the message back to claimable itself.
     Outcome {
@@ -146,31 +184,31 @@ pub(crate) enum WorkRequest {
         attempt: u32,
         epoch: u64,
         outcome: Outcome,
-        reply: Reply<(), AckError>,
+        reply: Reply<(), Error>,
     },
     /// Move dead letters `(expected, last]` of `dlq` to their targets and advance its cursor.
     Redrive { dlq: Arc<QueueState>, expected: u64, last: u64, items: Vec<RedriveItem>, reply: RedriveReply },
     /// Set the group's offset (replay): its claims are deleted.
-    Reset { group: Arc<WorkGroupState>, offset: u64, reply: Reply<(), ResetError> },
+    Reset { group: Arc<WorkGroupState>, offset: u64, reply: Reply<(), Error> },
     /// The etcd engine: persist a lease extension (`claim`, leased to a later deadline), so
     /// that other processes see it. The embedded engine keeps extensions in memory and never
     /// gets this.
-    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    #[allow(dead_code)] // sent only by the etcd engine
     Extend { group: Arc<WorkGroupState>, seq: u64, claim: Claim },
 }
 
 /// Retention (`writer/retention.rs`).
 pub(crate) enum RetentionRequest {
     /// Persist a queue's retention policy.
-    SetPolicy { queue: Arc<QueueState>, retention: Retention, reply: Reply<(), QueueError> },
+    SetPolicy { queue: Arc<QueueState>, retention: Retention, reply: Reply<(), Error> },
     /// Delete each queue's messages up to its cut (one range tombstone each) and move its first
     /// sequence, all in one round; the reply gives how many each trim deleted, in order. Each
     /// cut was computed under its policy: the writer re-checks it when it applies the trim.
-    Trim { cuts: Vec<TrimCut>, reply: Reply<Vec<u64>, QueueError> },
+    Trim { cuts: Vec<TrimCut>, reply: Reply<Vec<u64>, Error> },
     /// Forget expired idempotency keys `(expires, queue id, key)`, read from the expiry index
     /// in its order; each is deleted only if its record still has that expiry. The reply gives
     /// how many were deleted.
-    ExpireDedup { expired: Vec<(u64, u32, Vec<u8>)>, reply: Reply<u64, QueueError> },
+    ExpireDedup { expired: Vec<(u64, u32, Vec<u8>)>, reply: Reply<u64, Error> },
 }
 
 /// One queue's cut in a [`RetentionRequest::Trim`]: delete up to `to`, as computed under
@@ -186,7 +224,7 @@ pub(crate) struct SettingsRequest {
     pub queue: Arc<QueueState>,
     pub group: String,
     pub change: SettingsChange,
-    pub reply: Reply<(), PauseError>,
+    pub reply: Reply<(), Error>,
 }
 
 /// One change to a group's settings; the writer applies it to the latest record, so
@@ -203,7 +241,7 @@ pub(crate) struct WorkSettingsRequest {
     pub group: Arc<WorkGroupState>,
     pub requested: RequestedWork,
     pub mode: SettingsMode,
-    pub reply: Reply<Arc<WorkSettings>, SubscribeError>,
+    pub reply: Reply<Arc<WorkSettings>, Error>,
 }
 
 /// How a [`WorkSettingsRequest`] treats settings already stored.
@@ -227,7 +265,7 @@ pub(crate) enum Outcome {
 }
 
 /// Answer to a redrive: the queue and new sequence of each moved message.
-pub(crate) type RedriveReply = Reply<Vec<(Arc<str>, u64)>, RedriveError>;
+pub(crate) type RedriveReply = Reply<Vec<(Arc<str>, u64)>, Error>;
 
 /// One dead letter on its way back: its original payload and headers, appended to `target`
 /// stamped `enqueued_at_micros` (the redrive's time).
@@ -241,7 +279,7 @@ pub(crate) struct RedriveItem {
 /// Keyspaces (`writer/txn.rs`).
 pub(crate) enum KvRequest {
     /// Create keyspace `name` (or return the existing one).
-    Create { name: String, reply: Reply<Arc<KeyspaceState>, KvError> },
+    Create { name: String, reply: Reply<Arc<KeyspaceState>, Error> },
 }
 
 /// One transaction, checked on the caller's task (sizes, keys) and applied by the writer as
@@ -252,7 +290,7 @@ pub(crate) struct TxRequest {
     pub sends: Vec<TxSend>,
     pub jobs: Vec<TxJob>,
     pub deliveries: Vec<TxDelivery>,
-    pub reply: Reply<TxApplied, TxError>,
+    pub reply: Reply<TxApplied, Error>,
 }
 
 /// A write to a keyspace (`value: None` deletes), or only a condition (`condition_only`).
@@ -297,4 +335,24 @@ pub(crate) struct TxDelivery {
 pub(crate) struct TxApplied {
     pub revision: Option<u64>,
     pub sent: Vec<Sent>,
+}
+
+impl TxRequest {
+    /// Answers a transaction that will not be applied with `why`, handing back what it held.
+    pub(crate) fn refuse(self, why: &Closed) {
+        let TxRequest { jobs, deliveries, reply, .. } = self;
+        give_back(jobs, deliveries);
+        let _ = reply.send(Err(why.clone().into()));
+    }
+}
+
+/// A refused transaction's jobs are leased to their holders again; its ordered deliveries go
+/// back to their subscriptions.
+pub(crate) fn give_back(jobs: Vec<TxJob>, deliveries: Vec<TxDelivery>) {
+    for j in jobs {
+        j.group.unsettle(j.seq, j.token, j.deadline, j.epoch);
+    }
+    for d in deliveries {
+        d.sub.hand_back(d.msg, d.deliveries);
+    }
 }

@@ -1,22 +1,22 @@
-//! Retention: deciding how far each queue's head can be deleted, and the background task that
-//! does it. The delete itself is the writer's (one range tombstone plus the new first sequence
+//! Retention on the embedded engine: deciding how far each queue's head can be deleted (the
+//! background task that runs a pass is `tasks.rs`; the etcd engine's pass is
+//! `etcd/retention.rs`). The delete itself is the writer's (one range tombstone plus the new first sequence
 //! in one batch, `writer/retention.rs`); readers always start at the first live sequence, so the
 //! tombstones at a queue's head are never walked.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::runtime::Handle;
+use tokio::sync::{mpsc, oneshot};
 
 use super::Engine;
 use super::registry::QueueState;
 use super::request::{Request, RetentionRequest, TrimCut};
-use super::shared::{Shared, spawn_periodic};
-use crate::error::{FailedError, QueueError, ReceiveError, ResetError};
+use crate::error::{Error, FailedError};
 use crate::retention::{ResetTo, Retention, TrimReport, micros};
-use crate::store;
+use crate::store::{self, Store};
 
 /// Most messages one pass scans to find a `MaxAge` cut (the rest waits for the next pass).
 const AGE_SCAN: usize = 1 << 20;
@@ -26,7 +26,7 @@ const AUTO_COMPACT: u64 = 64 * 1024;
 /// Every queue's cut: the highest sequence its policy allows to delete now, with the policy
 /// it was computed under. One look at each queue and each group (O(queues + groups)); blocking,
 /// since a `MaxAge` cut reads the store, so it runs on the blocking pool.
-fn cuts(engine: &Engine) -> Result<Vec<TrimCut>, QueueError> {
+fn cuts(engine: &Engine, store: &Store) -> Result<Vec<TrimCut>, Error> {
     // The lowest durable offset of each queue's groups (an ack not yet committed keeps its
     // message), computed once for all queues.
     let mut lowest: HashMap<u32, u64> = HashMap::new();
@@ -55,7 +55,7 @@ fn cuts(engine: &Engine) -> Result<Vec<TrimCut>, QueueError> {
             Retention::MaxAge(age) => {
                 let cutoff =
                     engine.clock().wall_micros().saturating_sub(age.as_micros().min(u64::MAX as u128) as u64);
-                store::last_enqueued_before(&engine.store, q.id, first, last, cutoff, AGE_SCAN)?
+                store::last_enqueued_before(store, q.id, first, last, cutoff, AGE_SCAN)?
             }
         };
         if let Some(to) = to.filter(|&t| t >= first) {
@@ -68,34 +68,32 @@ fn cuts(engine: &Engine) -> Result<Vec<TrimCut>, QueueError> {
 /// One retention pass over every queue; compacts what it trimmed if `compact`. The cuts are
 /// computed on the blocking pool and every trim goes to the writer in one request: one round,
 /// one sync, however many queues.
-pub(crate) async fn pass(shared: &Arc<Shared>, compact: Option<bool>) -> Result<TrimReport, QueueError> {
-    if shared.is_closed() {
-        return Err(QueueError::Shutdown);
-    }
-    #[cfg(feature = "etcd")]
-    if let Some(side) = &shared.engine.etcd {
-        return super::etcd::retention::pass(shared, side, compact).await;
-    }
-    let bytes = |s: Arc<Shared>| async move {
-        s.runtime.clone().spawn_blocking(move || s.engine.store.disk_bytes()).await.unwrap_or(0)
+pub(super) async fn pass(
+    engine: &Arc<Engine>,
+    store: &Arc<Store>,
+    tx: &mpsc::Sender<Request>,
+    runtime: &Handle,
+    compact: Option<bool>,
+) -> Result<TrimReport, Error> {
+    let bytes = || {
+        let store = store.clone();
+        async move { runtime.spawn_blocking(move || store.disk_bytes()).await.unwrap_or(0) }
     };
-    let mut report = TrimReport { bytes_before: bytes(shared.clone()).await, ..TrimReport::default() };
-    let s = shared.clone();
-    let cuts =
-        shared.runtime.spawn_blocking(move || cuts(&s.engine)).await.map_err(|e| {
-            QueueError::Failed(FailedError::internal(format!("retention scan failed: {e}")))
-        })??;
+    let mut report = TrimReport { bytes_before: bytes().await, ..TrimReport::default() };
+    let (e, s) = (engine.clone(), store.clone());
+    let cuts = runtime
+        .spawn_blocking(move || cuts(&e, &s))
+        .await
+        .map_err(|e| Error::Failed(FailedError::internal(format!("retention scan failed: {e}"))))??;
     let mut compact_ranges = Vec::new();
     if !cuts.is_empty() {
         let queues: Vec<Arc<QueueState>> = cuts.iter().map(|c| c.queue.clone()).collect();
         let (reply, rx) = oneshot::channel();
-        shared
-            .tx
-            .send(Request::Retention(RetentionRequest::Trim { cuts, reply }))
+        tx.send(Request::Retention(RetentionRequest::Trim { cuts, reply }))
             .await
-            .map_err(|_| QueueError::Shutdown)?;
+            .map_err(|_| Error::Shutdown)?;
         crate::faults::reached("rockq-trim-queued");
-        let deleted = rx.await.map_err(|_| QueueError::Shutdown)??;
+        let deleted = rx.await.map_err(|_| Error::Shutdown)??;
         for (q, deleted) in queues.into_iter().zip(deleted) {
             if deleted > 0 {
                 let first = q.first_seq.load(Ordering::Acquire);
@@ -107,22 +105,17 @@ pub(crate) async fn pass(shared: &Arc<Shared>, compact: Option<bool>) -> Result<
     }
     let compact = compact.unwrap_or(report.deleted >= AUTO_COMPACT);
     if compact && !compact_ranges.is_empty() {
-        let s = shared.clone();
-        shared
-            .runtime
+        let s = store.clone();
+        runtime
             .spawn_blocking(move || {
-                compact_ranges
-                    .into_iter()
-                    .try_for_each(|(id, below)| s.engine.store.compact_trimmed(id, below))
+                compact_ranges.into_iter().try_for_each(|(id, below)| s.compact_trimmed(id, below))
             })
             .await
-            .map_err(|e| {
-                QueueError::Failed(FailedError::internal(format!("compaction task failed: {e}")))
-            })??;
+            .map_err(|e| Error::Failed(FailedError::internal(format!("compaction task failed: {e}"))))??;
         report.compacted = true;
     }
-    report.dedup_expired = expire_dedup(shared).await?;
-    report.bytes_after = bytes(shared.clone()).await;
+    report.dedup_expired = expire_dedup(engine, store, tx, runtime).await?;
+    report.bytes_after = bytes().await;
     Ok(report)
 }
 
@@ -134,80 +127,61 @@ const DEDUP_CHUNK: usize = 8192;
 /// Forgets idempotency keys whose window has passed: read from the expiry index (in expiry
 /// order, so the scan touches only expired entries) on the blocking pool, deleted by the
 /// writer a chunk per round. Returns how many went.
-async fn expire_dedup(shared: &Arc<Shared>) -> Result<u64, QueueError> {
+async fn expire_dedup(
+    engine: &Arc<Engine>,
+    store: &Arc<Store>,
+    tx: &mpsc::Sender<Request>,
+    runtime: &Handle,
+) -> Result<u64, Error> {
     let mut total = 0;
     loop {
-        let s = shared.clone();
-        let expired = shared
-            .runtime
+        let (s, now) = (store.clone(), engine.clock().wall_micros());
+        let expired = runtime
             .spawn_blocking(move || {
-                let guard = s.engine.store.lock();
-                let Some(db) = guard.inspect(&s.engine.store.path) else { return Ok(Vec::new()) };
-                db.expired_dedup(s.engine.clock().wall_micros(), DEDUP_CHUNK)
+                let guard = s.lock();
+                let Some(db) = guard.inspect(&s.path) else { return Ok(Vec::new()) };
+                db.expired_dedup(now, DEDUP_CHUNK)
             })
             .await
-            .map_err(|e| QueueError::Failed(FailedError::internal(format!("dedup expiry scan failed: {e}"))))?
-            .map_err(|e| match e {
-                store::ReadError::Storage(s) => QueueError::Storage(s),
-                store::ReadError::Corrupt(c) => QueueError::Corrupt(c),
-            })?;
+            .map_err(|e| Error::Failed(FailedError::internal(format!("dedup expiry scan failed: {e}"))))?
+            .map_err(Error::from)?;
         let last_chunk = expired.len() < DEDUP_CHUNK;
         if expired.is_empty() {
             return Ok(total);
         }
         let (reply, rx) = oneshot::channel();
-        shared
-            .tx
-            .send(Request::Retention(RetentionRequest::ExpireDedup { expired, reply }))
+        tx.send(Request::Retention(RetentionRequest::ExpireDedup { expired, reply }))
             .await
-            .map_err(|_| QueueError::Shutdown)?;
-        total += rx.await.map_err(|_| QueueError::Shutdown)??;
+            .map_err(|_| Error::Shutdown)?;
+        total += rx.await.map_err(|_| Error::Shutdown)??;
         if last_chunk {
             return Ok(total);
         }
     }
 }
 
-/// Runs a pass every `interval` on the broker's clock until shutdown. Holds the broker only
-/// weakly, so dropping every handle still closes it.
-pub(crate) fn spawn_background(shared: &Arc<Shared>, interval: Duration) {
-    spawn_periodic(shared, interval, |shared| async move {
-        match pass(&shared, None).await {
-            Ok(_) => true,
-            Err(QueueError::Shutdown) => false,
-            Err(e) => {
-                tracing::warn!(error = %e, "rockq: retention pass failed");
-                true
-            }
-        }
-    });
-}
-
 /// The sequence a reset to `to` starts at, if it is retained.
-pub(crate) async fn reset_target(
-    shared: &Arc<Shared>,
+pub(super) async fn reset_target(
+    store: &Arc<Store>,
+    runtime: &Handle,
     queue: &Arc<QueueState>,
     to: ResetTo,
-) -> Result<u64, ResetError> {
-    if let Some(u) = shared.unsupported("resetting a group") {
-        return Err(ResetError::Unsupported(u));
-    }
+) -> Result<u64, Error> {
     let first = queue.first_seq.load(Ordering::Acquire);
     let next = queue.last_seq() + 1;
     let seq = match to {
         ResetTo::Sequence(s) => s,
         ResetTo::Time(t) => {
             let at = micros(t);
-            let (s, id) = (shared.clone(), queue.id);
-            let found = shared
-                .runtime
-                .spawn_blocking(move || store::first_enqueued_at(&s.engine.store, id, first, next - 1, at))
+            let (s, id) = (store.clone(), queue.id);
+            let found = runtime
+                .spawn_blocking(move || store::first_enqueued_at(&s, id, first, next - 1, at))
                 .await
-                .map_err(|e| ResetError::Receive(ReceiveError::Internal(e.to_string())))??;
+                .map_err(|e| Error::Internal(e.to_string()))??;
             match found {
                 // Older than everything retained: the messages it asks for are gone.
                 Some(s) if s == first && first > 1 => {
-                    return Err(ResetError::OutOfRetention { requested: 0, first, next });
+                    return Err(Error::OutOfRange { requested: 0, first, next });
                 }
                 Some(s) => s,
                 None => next,
@@ -215,7 +189,7 @@ pub(crate) async fn reset_target(
         }
     };
     if !(first..=next).contains(&seq) {
-        return Err(ResetError::OutOfRetention { requested: seq, first, next });
+        return Err(Error::OutOfRange { requested: seq, first, next });
     }
     Ok(seq)
 }

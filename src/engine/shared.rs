@@ -1,6 +1,7 @@
-//! The handles' half of the engine: [`Shared`], what every public handle holds (the engine,
-//! the writer's request channel, the shutdown state), and the periodic background tasks that
-//! run on it (retention, gauges). The writer holds only the [`Engine`].
+//! The handles' half of the engine: [`Shared`], what every public handle holds — the
+//! [`Engine`] state, the [`Backend`] the records live in, the writer's request channel and the
+//! shutdown state. Built in one place ([`Shared::new`]) by either engine's opening. Whatever
+//! differs between the engines is asked of the backend; the writer holds only the [`Engine`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -10,16 +11,20 @@ use std::path::Path;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::Engine;
+use super::backend::{Backend, OwnerHold};
+use super::capability::Capability;
 use super::inbox::Staging;
 use super::registry::{OrderedGroupState, QueueState, WorkGroupState};
 use super::request::{Request, SettingsChange, SettingsRequest};
 use crate::clock::Clock;
-use crate::error::{NameKind, PauseError, ReceiveError, RedriveError, SendError, ShutdownError};
+use crate::error::{Error, NameKind};
 use crate::events::Event;
 use crate::message::Message;
 use crate::options::Options;
-use crate::stats::{StorageStats, WriterStats};
-use crate::store::{self, ReadOutcome};
+use crate::retention::{ResetTo, TrimReport};
+use crate::schedule::{ScheduleInfo, ScheduledInfo};
+use crate::stats::{PendingClaim, Stats, StorageStats, StoredMessage, WriterStats};
+use crate::store::{RawEntry, ReadOutcome};
 
 /// The user-side half of the engine: what every public handle holds. Owns the writer's request
 /// channel, so the writer stops when the last handle is dropped.
@@ -27,6 +32,8 @@ pub(crate) struct Shared {
     /// The engine itself: private to `engine/`, so what the handles may do is the methods
     /// below (listed in `boundary.rs`).
     pub(super) engine: Arc<Engine>,
+    /// Where the records live: every operation that differs between the engines goes here.
+    pub(super) backend: Backend,
     pub tx: mpsc::Sender<Request>,
     pub closed: AtomicBool,
     /// The runtime the broker was opened in: its blocking pool runs reads and the close.
@@ -44,19 +51,35 @@ pub(crate) struct Shared {
     pub shutdown: Mutex<Option<ShutdownFuture>>,
 }
 
-/// An ordered group's cross-process ownership, held by its subscription (the etcd engine);
-/// nothing for the embedded engine.
-/// Held for its `Drop`, which asks the writer to release the group.
-#[derive(Default)]
-pub(crate) struct OwnerHold {
-    #[cfg(feature = "etcd")]
-    _release: Option<super::etcd::owner::OwnerRelease>,
-}
-
 /// The shared outcome of the shutdown task.
-type ShutdownFuture = futures::future::Shared<futures::future::BoxFuture<'static, Result<(), ShutdownError>>>;
+type ShutdownFuture = futures::future::Shared<futures::future::BoxFuture<'static, Result<(), Error>>>;
 
 impl Shared {
+    /// The one constructor, for either engine: `writer` is the embedded writer's thread (the
+    /// etcd writer is a task, stopped through the channel); `stopped` is cancelled once
+    /// shutdown is complete (the etcd engine's tasks stop on it).
+    pub(super) fn new(
+        engine: Arc<Engine>,
+        backend: Backend,
+        tx: mpsc::Sender<Request>,
+        runtime: tokio::runtime::Handle,
+        writer: Option<std::thread::JoinHandle<()>>,
+        stopped: tokio_util::sync::CancellationToken,
+    ) -> Arc<Self> {
+        Arc::new(Shared {
+            engine,
+            backend,
+            tx,
+            closed: AtomicBool::new(false),
+            runtime,
+            writer: Mutex::new(writer),
+            closing: tokio_util::sync::CancellationToken::new(),
+            stopped,
+            pools: tokio_util::task::TaskTracker::new(),
+            shutdown: Mutex::new(None),
+        })
+    }
+
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
@@ -80,9 +103,15 @@ impl Shared {
         &self.engine.options
     }
 
-    /// The database directory.
+    /// The database directory (an etcd broker: its namespace's label).
     pub fn path(&self) -> &Path {
-        &self.engine.store.path
+        self.backend.path()
+    }
+
+    /// `Ok` if this broker's engine carries out `cap`, else the `Unsupported` refusal.
+    #[inline]
+    pub fn check(&self, cap: Capability) -> Result<(), Error> {
+        self.backend.check(cap)
     }
 
     /// Queue `name`, if it exists.
@@ -108,7 +137,7 @@ impl Shared {
     }
 
     /// Stages one send call's messages for the writer's next round (see `Inbox::push`).
-    pub async fn stage(&self, queue: &Arc<QueueState>, msgs: &[Message]) -> Result<Staging, SendError> {
+    pub async fn stage(&self, queue: &Arc<QueueState>, msgs: &[Message]) -> Result<Staging, Error> {
         self.engine.inbox.push(queue, msgs).await
     }
 
@@ -137,7 +166,7 @@ impl Shared {
     }
 
     pub fn storage_stats(&self) -> Option<StorageStats> {
-        self.engine.store.stats()
+        self.backend.storage_stats()
     }
 
     /// Reads messages `from..=to` of `queue` (at most `max_bytes` of values). Blocking.
@@ -147,48 +176,28 @@ impl Shared {
         from: u64,
         to: u64,
         max_bytes: usize,
-    ) -> Result<ReadOutcome, ReceiveError> {
-        #[cfg(feature = "etcd")]
-        if let Some(side) = &self.engine.etcd {
-            return match self.is_closed() {
-                true => Ok(ReadOutcome::Closed),
-                false => side.read_range(&self.runtime, queue, from, to, max_bytes),
-            };
-        }
-        store::read_range(&self.engine.store, &queue.name, queue.id, from, to, max_bytes)
+    ) -> Result<ReadOutcome, Error> {
+        self.backend.read_range(&self.runtime, self.is_closed(), queue, from, to, max_bytes)
     }
 
     /// Reads the messages at `seqs` (ascending) of `queue`. Blocking.
-    pub fn read_seqs(&self, queue: &QueueState, seqs: &[u64]) -> Result<ReadOutcome, ReceiveError> {
-        #[cfg(feature = "etcd")]
-        if let Some(side) = &self.engine.etcd {
-            return match self.is_closed() {
-                true => Ok(ReadOutcome::Closed),
-                false => side.read_seqs(&self.runtime, queue, seqs),
-            };
-        }
-        store::read_seqs(&self.engine.store, &queue.name, queue.id, seqs)
+    pub fn read_seqs(&self, queue: &QueueState, seqs: &[u64]) -> Result<ReadOutcome, Error> {
+        self.backend.read_seqs(&self.runtime, self.is_closed(), queue, seqs)
+    }
+
+    /// How far dead-letter queue `dlq` has been redriven. Blocking.
+    pub fn read_cursor(&self, dlq: &str) -> Result<Option<u64>, Error> {
+        self.backend.read_cursor(&self.runtime, dlq)
     }
 
     /// Takes the cross-process ownership of ordered group `group` for a new subscription: with
     /// the embedded engine, the in-process active slot (taken by the caller) is all there is.
-    pub async fn own_ordered(
-        &self,
-        group: &Arc<OrderedGroupState>,
-    ) -> Result<OwnerHold, crate::error::SubscribeError> {
-        #[cfg(feature = "etcd")]
-        if let Some(side) = &self.engine.etcd {
-            let release = super::etcd::owner::acquire(side, group, self.tx.clone()).await?;
-            return Ok(OwnerHold { _release: Some(release) });
-        }
-        let _ = group;
-        Ok(OwnerHold::default())
+    pub async fn own_ordered(&self, group: &Arc<OrderedGroupState>) -> Result<OwnerHold, Error> {
+        self.backend.own_ordered(group, &self.tx).await
     }
 
-    /// The etcd engine: has the writer persist the extension of `seq`'s lease to `until`
-    /// (the embedded engine keeps extensions in memory: nothing to do). Never blocks: with the
-    /// channel full, the request is sent from a task.
-    #[allow(unused_variables)]
+    /// Persists the extension of `seq`'s lease to `until` where other processes must see it
+    /// (the etcd engine; the embedded one keeps extensions in memory). Never blocks.
     pub fn persist_extension(
         &self,
         group: &Arc<WorkGroupState>,
@@ -198,45 +207,15 @@ impl Shared {
         until: std::time::Instant,
         holder: &Arc<str>,
     ) {
-        #[cfg(feature = "etcd")]
-        if self.engine.etcd.is_some() {
-            let claim = crate::model::Claim::Leased {
-                attempt,
-                token,
-                deadline_micros: self.clock().wall_micros_at(until),
-                holder: holder.clone(),
-            };
-            let req = Request::Work(super::request::WorkRequest::Extend { group: group.clone(), seq, claim });
-            // In order with this caller's later requests, unless the channel is full.
-            if let Err(mpsc::error::TrySendError::Full(req)) = self.tx.try_send(req) {
-                let tx = self.tx.clone();
-                self.runtime.spawn(async move { drop(tx.send(req).await) });
-            }
-        }
+        let until = self.clock().wall_micros_at(until);
+        self.backend.persist_extension(&self.tx, &self.runtime, group, seq, attempt, token, until, holder);
     }
 
-    /// The etcd engine's refusal of `operation`, if this broker runs on etcd (`None`: the
-    /// embedded engine carries everything out).
+    /// Refuses a send call this broker's engine cannot carry out as it stands (nothing to
+    /// check for the embedded engine).
     #[inline]
-    pub fn unsupported(&self, operation: &'static str) -> Option<crate::error::UnsupportedError> {
-        #[cfg(feature = "etcd")]
-        if self.engine.etcd.is_some() {
-            return Some(super::etcd::unsupported(operation));
-        }
-        let _ = operation;
-        None
-    }
-
-    /// Refuses, on etcd, a send call the engine cannot append as one transaction (or with an
-    /// idempotency key, not carried out there yet). Nothing to check for the embedded engine.
-    #[inline]
-    pub fn check_send(&self, msgs: &[Message]) -> Result<(), SendError> {
-        #[cfg(feature = "etcd")]
-        if self.engine.etcd.is_some() {
-            return super::etcd::check_send(msgs);
-        }
-        let _ = msgs;
-        Ok(())
+    pub fn check_send(&self, msgs: &[Message]) -> Result<(), Error> {
+        self.backend.check_send(msgs)
     }
 
     /// Keyspace `name`, if it exists.
@@ -252,16 +231,12 @@ impl Shared {
     }
 
     /// `key` of keyspace `keyspace`: its revision and value. Blocking.
-    pub fn kv_get(&self, keyspace: u32, key: &[u8]) -> Result<Option<(u64, Vec<u8>)>, crate::error::KvError> {
+    pub fn kv_get(&self, keyspace: u32, key: &[u8]) -> Result<Option<(u64, Vec<u8>)>, Error> {
         if self.is_closed() {
-            return Err(crate::error::KvError::Shutdown);
-        }
-        if let Some(u) = self.unsupported("keyspaces") {
-            return Err(crate::error::KvError::Unsupported(u));
+            return Err(Error::Shutdown);
         }
         // Closed between the check and the read: that is a shutdown, not a storage error.
-        store::kv_get(&self.engine.store, keyspace, key)
-            .map_err(|e| if self.is_closed() { crate::error::KvError::Shutdown } else { kv_read_error(e) })
+        self.backend.kv_get(keyspace, key).map_err(|e| if self.is_closed() { Error::Shutdown } else { e })
     }
 
     /// Up to `limit` entries of keyspace `keyspace` in `[from, to)`, in key order. Blocking.
@@ -271,30 +246,76 @@ impl Shared {
         from: &[u8],
         to: Option<&[u8]>,
         limit: usize,
-    ) -> Result<Vec<store::RawEntry>, crate::error::KvError> {
+    ) -> Result<Vec<RawEntry>, Error> {
         if self.is_closed() {
-            return Err(crate::error::KvError::Shutdown);
+            return Err(Error::Shutdown);
         }
-        if let Some(u) = self.unsupported("keyspaces") {
-            return Err(crate::error::KvError::Unsupported(u));
-        }
-        store::kv_scan(&self.engine.store, keyspace, from, to, limit)
-            .map_err(|e| if self.is_closed() { crate::error::KvError::Shutdown } else { kv_read_error(e) })
+        self.backend
+            .kv_scan(keyspace, from, to, limit)
+            .map_err(|e| if self.is_closed() { Error::Shutdown } else { e })
     }
 
-    /// How far dead-letter queue `dlq` has been redriven. Blocking.
-    pub fn read_cursor(&self, dlq: &str) -> Result<Option<u64>, RedriveError> {
-        #[cfg(feature = "etcd")]
-        if let Some(side) = &self.engine.etcd {
-            return side.read_cursor(&self.runtime, dlq);
+    /// Every queue and group: what the store holds, with this process's leases and in-flight
+    /// deliveries laid over it.
+    pub async fn stats(&self) -> Result<Stats, Error> {
+        self.open_for_reads()?;
+        self.backend.stats(&self.engine, &self.runtime).await
+    }
+
+    /// The pending claims of one work group, with this process's lease deadlines.
+    pub async fn pending(&self, group: &str, queue: &str) -> Result<Vec<PendingClaim>, Error> {
+        self.open_for_reads()?;
+        self.backend.pending(&self.engine, &self.runtime, group, queue).await
+    }
+
+    /// Up to `limit` stored messages of `queue` from `from`.
+    pub async fn peek(
+        &self,
+        queue: &str,
+        from: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<StoredMessage>, Error> {
+        self.open_for_reads()?;
+        self.backend.peek(&self.engine, &self.runtime, queue, from, limit).await
+    }
+
+    /// Up to `limit` delayed messages of `queue` (all queues: `None`).
+    pub async fn scheduled(&self, queue: Option<String>, limit: usize) -> Result<Vec<ScheduledInfo>, Error> {
+        self.open_for_reads()?;
+        self.backend.scheduled(&self.engine, &self.runtime, queue, limit).await
+    }
+
+    /// Every recurring schedule.
+    pub async fn schedules(&self) -> Result<Vec<ScheduleInfo>, Error> {
+        self.open_for_reads()?;
+        self.backend.schedules(&self.engine, &self.runtime).await
+    }
+
+    /// One retention pass over every queue; compacts what it trimmed if `compact` (`None`:
+    /// if it deleted many messages).
+    pub async fn trim(&self, compact: Option<bool>) -> Result<TrimReport, Error> {
+        self.open_for_reads()?;
+        self.backend.retention_pass(&self.engine, &self.tx, &self.runtime, compact).await
+    }
+
+    /// The sequence a reset of a group on `queue` to `to` starts at, if it is retained.
+    pub async fn reset_target(&self, queue: &Arc<QueueState>, to: ResetTo) -> Result<u64, Error> {
+        self.check(Capability::ResetGroup)?;
+        self.backend.reset_target(&self.runtime, queue, to).await
+    }
+
+    /// `Shutdown` once the broker is closed: reads of a closed store are refused.
+    fn open_for_reads(&self) -> Result<(), Error> {
+        match self.is_closed() {
+            true => Err(Error::Shutdown),
+            false => Ok(()),
         }
-        store::read_cursor(&self.engine.store, dlq)
     }
 
     /// Stops the engine: work subscriptions stop claiming and worker pools drain, new requests
     /// are refused, the writer finishes everything queued before this and stops, subscribers
     /// are woken to see the end, and the store is closed on the blocking pool.
-    pub async fn close(&self) -> Result<(), ShutdownError> {
+    pub async fn close(&self) -> Result<(), Error> {
         if self.is_closed() {
             return Ok(());
         }
@@ -312,6 +333,7 @@ impl Shared {
         };
         let handle = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
         let engine = self.engine.clone();
+        let closed_by = self.backend.clone();
         let joined = self
             .runtime
             .spawn_blocking(move || {
@@ -320,8 +342,7 @@ impl Shared {
                 for q in engine.registry.queues.iter() {
                     q.poke();
                 }
-                let closed = engine.store.close();
-                (joined, closed)
+                (joined, closed_by.close())
             })
             .await;
         let (joined, closed) = joined.unwrap_or((false, Ok(())));
@@ -329,7 +350,7 @@ impl Shared {
         flushed?;
         closed?;
         if !joined {
-            return Err(ShutdownError::WriterPanicked);
+            return Err(Error::WriterPanicked);
         }
         tracing::info!(path = %self.path().display(), "rockq: shut down");
         Ok(())
@@ -337,7 +358,7 @@ impl Shared {
 
     /// Asks the writer to delete group `group` on `queue`, either mode (names checked by the
     /// caller); `false` if there is none.
-    pub async fn delete_group(&self, queue: &str, group: &str) -> Result<bool, crate::error::QueueError> {
+    pub async fn delete_group(&self, queue: &str, group: &str) -> Result<bool, crate::error::Error> {
         let (reply, rx) = oneshot::channel();
         let req = Request::Lifecycle(super::request::LifecycleRequest::DeleteGroup {
             queue: queue.to_owned(),
@@ -347,14 +368,10 @@ impl Shared {
         self.ask(req, rx).await
     }
 
-    /// Hands `req` to the writer and waits for its answer on `rx`: refused in the reply's own
-    /// error family once the broker is closed, or if the writer is gone.
-    pub async fn ask<T, E: From<crate::error::Closed>>(
-        &self,
-        req: Request,
-        rx: oneshot::Receiver<Result<T, E>>,
-    ) -> Result<T, E> {
-        let gone = || E::from(crate::error::Closed::Shutdown);
+    /// Hands `req` to the writer and waits for its answer on `rx`: refused with `Shutdown` once
+    /// the broker is closed, or if the writer is gone.
+    pub async fn ask<T>(&self, req: Request, rx: oneshot::Receiver<Result<T, Error>>) -> Result<T, Error> {
+        let gone = || Error::Shutdown;
         if self.is_closed() {
             return Err(gone());
         }
@@ -369,24 +386,19 @@ impl Shared {
     }
 
     /// Pauses or resumes `group` on `queue` (either mode), durably.
-    pub async fn set_paused(
-        &self,
-        queue: &Arc<QueueState>,
-        group: &str,
-        paused: bool,
-    ) -> Result<(), PauseError> {
+    pub async fn set_paused(&self, queue: &Arc<QueueState>, group: &str, paused: bool) -> Result<(), Error> {
         crate::name::validate(NameKind::Group, group)?;
         if self.is_closed() {
-            return Err(PauseError::Shutdown);
+            return Err(Error::Shutdown);
         }
         if !self.engine.registry.has_group(group, &queue.name) {
-            return Err(PauseError::NoSuchGroup { group: group.to_owned(), queue: queue.name.to_string() });
+            return Err(Error::NoSuchGroup { group: group.to_owned(), queue: queue.name.to_string() });
         }
         let (reply, rx) = oneshot::channel();
         let change = SettingsChange::Paused(paused);
         let req = SettingsRequest { queue: queue.clone(), group: group.to_owned(), change, reply };
-        self.tx.send(Request::Settings(req)).await.map_err(|_| PauseError::Shutdown)?;
-        rx.await.map_err(|_| PauseError::Shutdown)??;
+        self.tx.send(Request::Settings(req)).await.map_err(|_| Error::Shutdown)?;
+        rx.await.map_err(|_| Error::Shutdown)??;
         let what = if paused { "rockq: group paused" } else { "rockq: group resumed" };
         tracing::info!(%group, queue = %queue.name, "{what}");
         Ok(())
@@ -412,39 +424,5 @@ impl Shared {
 impl Drop for Shared {
     fn drop(&mut self) {
         self.closing.cancel();
-    }
-}
-
-/// Runs `tick` every `interval` on the broker's clock until shutdown, or until `tick` returns
-/// false. Holds the broker only weakly between ticks, so dropping every handle still closes it.
-pub(crate) fn spawn_periodic<F, Fut>(shared: &Arc<Shared>, interval: std::time::Duration, tick: F)
-where
-    F: Fn(Arc<Shared>) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = bool> + Send + 'static,
-{
-    if interval.is_zero() {
-        return;
-    }
-    let weak = Arc::downgrade(shared);
-    let clock = shared.engine.clock().clone();
-    let closing = shared.closing.clone();
-    shared.runtime.spawn(async move {
-        loop {
-            tokio::select! {
-                _ = clock.sleep_until(clock.after(interval)) => {}
-                _ = closing.cancelled() => return,
-            }
-            let Some(shared) = weak.upgrade() else { return };
-            if !tick(shared).await {
-                return;
-            }
-        }
-    });
-}
-
-fn kv_read_error(e: store::ReadError) -> crate::error::KvError {
-    match e {
-        store::ReadError::Storage(s) => crate::error::KvError::Storage(s),
-        store::ReadError::Corrupt(c) => crate::error::KvError::Corrupt(c),
     }
 }

@@ -1,4 +1,4 @@
-//! The schedule's timer: one task that sleeps on the broker's clock until the earliest entry of
+//! The schedule's timer (its task is in `tasks.rs`): one task that sleeps on the broker's clock until the earliest entry of
 //! the due index (a delayed message or a recurring firing), then asks the writer to fire what
 //! is due. No polling: the writer tells the timer the new earliest time whenever it changes
 //! (an earlier entry was written, or a firing took the head), and the timer sleeps again.
@@ -7,13 +7,9 @@
 //! round, so it can never run behind what the writer wrote: the `Fire` request that follows
 //! is applied after that round's batch is in the store.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::Notify;
-
-use super::request::{Request, ScheduleRequest};
-use super::shared::Shared;
 
 /// No entry is due ever.
 const NONE: u64 = u64::MAX;
@@ -22,7 +18,7 @@ const NONE: u64 = u64::MAX;
 #[derive(Debug)]
 pub(crate) struct Timer {
     next: AtomicU64,
-    changed: Notify,
+    pub(super) changed: Notify,
     /// The next schedule id as loaded at open (the writer counts on from it).
     pub first_id: u64,
 }
@@ -49,44 +45,6 @@ impl Timer {
         self.next.store(next.unwrap_or(NONE), Ordering::Release);
         self.changed.notify_one();
     }
-}
-
-/// Starts the timer task. It holds the broker only weakly (and only to send `Fire`), so
-/// dropping every handle still closes it; shutdown stops it.
-pub(crate) fn spawn(shared: &Arc<Shared>, timer: Arc<Timer>) {
-    let weak = Arc::downgrade(shared);
-    let clock = shared.clock().clone();
-    let closing = shared.closing.clone();
-    shared.runtime.spawn(async move {
-        loop {
-            // Registered before the look at `next`, so a change between the two still wakes us
-            // (`notify_one` stores a permit if nobody waits yet).
-            let changed = timer.changed.notified();
-            let wait = match timer.next() {
-                Some(due) if due <= clock.wall_micros() => {
-                    let Some(shared) = weak.upgrade() else { return };
-                    if shared.tx.send(Request::Schedule(ScheduleRequest::Fire)).await.is_err() {
-                        return;
-                    }
-                    drop(shared);
-                    // The writer sets the next time after the firing, which wakes us.
-                    None
-                }
-                Some(due) => Some(clock.instant_at_wall(due)),
-                None => None,
-            };
-            tokio::select! {
-                _ = changed => {}
-                _ = async {
-                    match wait {
-                        Some(at) => clock.sleep_until(at).await,
-                        None => std::future::pending().await,
-                    }
-                } => {}
-                _ = closing.cancelled() => return,
-            }
-        }
-    });
 }
 
 #[cfg(test)]

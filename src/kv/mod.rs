@@ -12,7 +12,7 @@ use bytes::Bytes;
 pub use self::scan::Scan;
 use crate::engine::boundary::{KeyspaceState, Shared};
 use crate::entry::{Entry, Expect, check_key};
-use crate::error::{KvError, TxError};
+use crate::error::Error;
 
 /// A named keyspace of versioned entries (`key → value, revision`), stored in the broker's
 /// database: see [`Broker::kv`](crate::Broker::kv).
@@ -92,8 +92,8 @@ impl Keyspace {
     ///
     /// # Errors
     ///
-    /// [`KvError::InvalidKey`] (empty, or longer than [`MAX_KV_KEY_LEN`](crate::MAX_KV_KEY_LEN));
-    /// [`KvError::Shutdown`]; [`KvError::Storage`], [`KvError::Corrupt`].
+    /// [`Error::Invalid`] (empty, or longer than [`MAX_KV_KEY_LEN`](crate::MAX_KV_KEY_LEN));
+    /// [`Error::Shutdown`]; [`Error::Storage`], [`Error::Corrupt`].
     ///
     /// # Cancel safety
     ///
@@ -108,16 +108,16 @@ impl Keyspace {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Entry>, KvError> {
+    pub async fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Entry>, Error> {
         let key = key.as_ref();
-        check_key(key).map_err(|reason| KvError::InvalidKey { reason })?;
+        check_key(key).map_err(|reason| Error::Invalid { reason: reason.into() })?;
         let (shared, id, k) = (self.shared.clone(), self.state.id, key.to_vec());
         let found = self
             .shared
             .runtime
             .spawn_blocking(move || shared.kv_get(id, &k))
             .await
-            .map_err(|_| KvError::Shutdown)??;
+            .map_err(|_| Error::Shutdown)??;
         Ok(found.map(|(revision, value)| Entry {
             key: Bytes::copy_from_slice(key),
             value: Bytes::from(value),
@@ -131,7 +131,7 @@ impl Keyspace {
     ///
     /// # Errors
     ///
-    /// The stream yields [`KvError::Shutdown`], [`KvError::Storage`] or [`KvError::Corrupt`]
+    /// The stream yields [`Error::Shutdown`], [`Error::Storage`] or [`Error::Corrupt`]
     /// and ends.
     ///
     /// # Examples
@@ -187,9 +187,9 @@ impl Keyspace {
     ///
     /// # Errors
     ///
-    /// [`TxError::Invalid`] (bad key, value larger than
-    /// [`Options::max_message_bytes`](crate::Options::max_message_bytes)); [`TxError::Shutdown`],
-    /// [`TxError::Storage`], [`TxError::Failed`].
+    /// [`Error::Invalid`] (bad key, value larger than
+    /// [`Options::max_message_bytes`](crate::Options::max_message_bytes)); [`Error::Shutdown`],
+    /// [`Error::Storage`], [`Error::Failed`].
     ///
     /// # Cancel safety
     ///
@@ -203,7 +203,7 @@ impl Keyspace {
     /// let revision = accounts.put("alice", "100").await?;
     /// # Ok(()) }
     /// ```
-    pub async fn put(&self, key: impl AsRef<[u8]>, value: impl Into<Bytes>) -> Result<u64, TxError> {
+    pub async fn put(&self, key: impl AsRef<[u8]>, value: impl Into<Bytes>) -> Result<u64, Error> {
         self.write(key.as_ref(), Some(value.into()), None).await
     }
 
@@ -225,7 +225,7 @@ impl Keyspace {
     /// accounts.delete("alice").await?;
     /// # Ok(()) }
     /// ```
-    pub async fn delete(&self, key: impl AsRef<[u8]>) -> Result<(), TxError> {
+    pub async fn delete(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
         self.write(key.as_ref(), None, None).await.map(drop)
     }
 
@@ -236,7 +236,7 @@ impl Keyspace {
     ///
     /// # Errors
     ///
-    /// [`TxError::Conflict`] if `expect` did not hold (nothing written); otherwise as
+    /// [`Error::Conflict`] if `expect` did not hold (nothing written); otherwise as
     /// [`put`](Keyspace::put).
     ///
     /// # Cancel safety
@@ -265,11 +265,11 @@ impl Keyspace {
         key: impl AsRef<[u8]>,
         expect: Expect,
         value: Option<impl Into<Bytes>>,
-    ) -> Result<u64, TxError> {
+    ) -> Result<u64, Error> {
         self.write(key.as_ref(), value.map(Into::into), Some(expect)).await
     }
 
-    async fn write(&self, key: &[u8], value: Option<Bytes>, expect: Option<Expect>) -> Result<u64, TxError> {
+    async fn write(&self, key: &[u8], value: Option<Bytes>, expect: Option<Expect>) -> Result<u64, Error> {
         let mut tx = crate::txn::Transaction::new(self.shared.clone());
         tx.write(self, key, value, expect)?;
         let done = tx.commit().await?;

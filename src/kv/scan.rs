@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 
 use crate::engine::boundary::{RawEntry, Shared};
 use crate::entry::Entry;
-use crate::error::KvError;
+use crate::error::Error;
 
 /// The entries of a key range, in key order: see [`Keyspace::scan`](crate::Keyspace::scan).
 ///
@@ -28,7 +28,7 @@ pub struct Scan {
     to: Option<Vec<u8>>,
     page: usize,
     ready: VecDeque<Entry>,
-    reading: Option<JoinHandle<Result<Vec<RawEntry>, KvError>>>,
+    reading: Option<JoinHandle<Result<Vec<RawEntry>, Error>>>,
 }
 
 impl std::fmt::Debug for Scan {
@@ -50,7 +50,7 @@ impl Scan {
 }
 
 impl Stream for Scan {
-    type Item = Result<Entry, KvError>;
+    type Item = Result<Entry, Error>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
@@ -64,7 +64,7 @@ impl Stream for Scan {
                     Poll::Ready(res) => res,
                 };
                 this.reading = None;
-                let page = match res.map_err(|_| KvError::Shutdown).and_then(|r| r) {
+                let page = match res.map_err(|_| Error::Shutdown).and_then(|r| r) {
                     Ok(page) => page,
                     Err(e) => {
                         this.from = None;

@@ -7,15 +7,16 @@ use bytes::Bytes;
 use super::Keyspace;
 use crate::engine::boundary::KvWrite;
 use crate::entry::{Entry, Expect, check_key};
-use crate::error::{KvError, TxError};
-use crate::txn::{TaskTx, Transaction};
+use crate::error::Error;
+use crate::txn::Transaction;
+use crate::txn::task::TaskTx;
 
 impl Transaction {
     /// Stores `value` under `key` in `keyspace` when the transaction commits.
     ///
     /// # Errors
     ///
-    /// [`TxError::Invalid`] for an empty or too long key
+    /// [`Error::Invalid`] for an empty or too long key
     /// ([`MAX_KV_KEY_LEN`](crate::MAX_KV_KEY_LEN)) or a value larger than
     /// [`Options::max_message_bytes`](crate::Options::max_message_bytes). The transaction is
     /// unchanged.
@@ -34,7 +35,7 @@ impl Transaction {
         keyspace: &Keyspace,
         key: impl AsRef<[u8]>,
         value: impl Into<Bytes>,
-    ) -> Result<&mut Self, TxError> {
+    ) -> Result<&mut Self, Error> {
         self.write(keyspace, key.as_ref(), Some(value.into()), None)
     }
 
@@ -62,7 +63,7 @@ impl Transaction {
         key: impl AsRef<[u8]>,
         value: impl Into<Bytes>,
         expect: Expect,
-    ) -> Result<&mut Self, TxError> {
+    ) -> Result<&mut Self, Error> {
         self.write(keyspace, key.as_ref(), Some(value.into()), Some(expect))
     }
 
@@ -71,7 +72,7 @@ impl Transaction {
     ///
     /// # Errors
     ///
-    /// [`TxError::Invalid`] for a bad key.
+    /// [`Error::Invalid`] for a bad key.
     ///
     /// # Examples
     ///
@@ -82,7 +83,7 @@ impl Transaction {
     /// tx.commit().await?;
     /// # Ok(()) }
     /// ```
-    pub fn delete(&mut self, keyspace: &Keyspace, key: impl AsRef<[u8]>) -> Result<&mut Self, TxError> {
+    pub fn delete(&mut self, keyspace: &Keyspace, key: impl AsRef<[u8]>) -> Result<&mut Self, Error> {
         self.write(keyspace, key.as_ref(), None, None)
     }
 
@@ -107,7 +108,7 @@ impl Transaction {
         keyspace: &Keyspace,
         key: impl AsRef<[u8]>,
         expect: Expect,
-    ) -> Result<&mut Self, TxError> {
+    ) -> Result<&mut Self, Error> {
         self.write(keyspace, key.as_ref(), None, Some(expect))
     }
 
@@ -116,7 +117,7 @@ impl Transaction {
     ///
     /// # Errors
     ///
-    /// [`TxError::Invalid`] for a bad key.
+    /// [`Error::Invalid`] for a bad key.
     ///
     /// # Examples
     ///
@@ -134,10 +135,10 @@ impl Transaction {
         keyspace: &Keyspace,
         key: impl AsRef<[u8]>,
         expect: Expect,
-    ) -> Result<&mut Self, TxError> {
+    ) -> Result<&mut Self, Error> {
         self.room()?;
         let key = key.as_ref();
-        check_key(key).map_err(|reason| TxError::Invalid { reason: reason.into() })?;
+        check_key(key).map_err(|reason| Error::Invalid { reason: reason.into() })?;
         self.take_bytes(key.len())?;
         self.foreign |= !Arc::ptr_eq(&keyspace.shared, &self.shared);
         self.writes.push(KvWrite {
@@ -153,7 +154,7 @@ impl Transaction {
     /// Reads `key` of `keyspace` and adds the condition that it is unchanged when the
     /// transaction is applied (its revision, or still absent): the read half of a
     /// read-modify-write. If someone else writes it first, the commit fails with
-    /// [`TxError::Conflict`].
+    /// [`Error::Conflict`].
     ///
     /// # Errors
     ///
@@ -182,15 +183,10 @@ impl Transaction {
         &mut self,
         keyspace: &Keyspace,
         key: impl AsRef<[u8]>,
-    ) -> Result<Option<Entry>, KvError> {
+    ) -> Result<Option<Entry>, Error> {
         let key = key.as_ref();
         let found = keyspace.get(key).await?;
-        self.expect(keyspace, key, Expect::from_read(found.as_ref())).map_err(|e| match e {
-            TxError::Invalid { .. } => {
-                KvError::InvalidKey { reason: "too many operations in the transaction" }
-            }
-            _ => KvError::Shutdown,
-        })?;
+        self.expect(keyspace, key, Expect::from_read(found.as_ref()))?;
         Ok(found)
     }
 
@@ -200,14 +196,14 @@ impl Transaction {
         key: &[u8],
         value: Option<Bytes>,
         expect: Option<Expect>,
-    ) -> Result<&mut Self, TxError> {
+    ) -> Result<&mut Self, Error> {
         self.room()?;
-        check_key(key).map_err(|reason| TxError::Invalid { reason: reason.into() })?;
+        check_key(key).map_err(|reason| Error::Invalid { reason: reason.into() })?;
         let max = self.shared.options().max_message_bytes;
         if let Some(v) = &value
             && v.len() > max
         {
-            return Err(TxError::Invalid {
+            return Err(Error::Invalid {
                 reason: format!("value of {} bytes; the maximum is {max}", v.len()),
             });
         }
@@ -234,7 +230,7 @@ impl TaskTx {
     /// # Examples
     ///
     /// ```no_run
-    /// # fn demo(task: rockq::Task, results: rockq::Keyspace) -> Result<(), rockq::TxError> {
+    /// # fn demo(task: rockq::Task, results: rockq::Keyspace) -> Result<(), rockq::Error> {
     /// task.tx().put(&results, task.seq().to_be_bytes(), "ok")?;
     /// # Ok(()) }
     /// ```
@@ -243,7 +239,7 @@ impl TaskTx {
         keyspace: &Keyspace,
         key: impl AsRef<[u8]>,
         value: impl Into<Bytes>,
-    ) -> Result<(), TxError> {
+    ) -> Result<(), Error> {
         self.lock().put(keyspace, key, value).map(drop)
     }
 
@@ -256,7 +252,7 @@ impl TaskTx {
     /// # Examples
     ///
     /// ```no_run
-    /// # fn demo(task: rockq::Task, users: rockq::Keyspace) -> Result<(), rockq::TxError> {
+    /// # fn demo(task: rockq::Task, users: rockq::Keyspace) -> Result<(), rockq::Error> {
     /// task.tx().put_if(&users, "alice", "new", rockq::Expect::Absent)?;
     /// # Ok(()) }
     /// ```
@@ -266,7 +262,7 @@ impl TaskTx {
         key: impl AsRef<[u8]>,
         value: impl Into<Bytes>,
         expect: Expect,
-    ) -> Result<(), TxError> {
+    ) -> Result<(), Error> {
         self.lock().put_if(keyspace, key, value, expect).map(drop)
     }
 
@@ -279,11 +275,11 @@ impl TaskTx {
     /// # Examples
     ///
     /// ```no_run
-    /// # fn demo(task: rockq::Task, carts: rockq::Keyspace) -> Result<(), rockq::TxError> {
+    /// # fn demo(task: rockq::Task, carts: rockq::Keyspace) -> Result<(), rockq::Error> {
     /// task.tx().delete(&carts, "alice")?;
     /// # Ok(()) }
     /// ```
-    pub fn delete(&self, keyspace: &Keyspace, key: impl AsRef<[u8]>) -> Result<(), TxError> {
+    pub fn delete(&self, keyspace: &Keyspace, key: impl AsRef<[u8]>) -> Result<(), Error> {
         self.lock().delete(keyspace, key).map(drop)
     }
 
@@ -296,11 +292,11 @@ impl TaskTx {
     /// # Examples
     ///
     /// ```no_run
-    /// # fn demo(task: rockq::Task, flags: rockq::Keyspace) -> Result<(), rockq::TxError> {
+    /// # fn demo(task: rockq::Task, flags: rockq::Keyspace) -> Result<(), rockq::Error> {
     /// task.tx().expect(&flags, "enabled", rockq::Expect::Present)?;
     /// # Ok(()) }
     /// ```
-    pub fn expect(&self, keyspace: &Keyspace, key: impl AsRef<[u8]>, expect: Expect) -> Result<(), TxError> {
+    pub fn expect(&self, keyspace: &Keyspace, key: impl AsRef<[u8]>, expect: Expect) -> Result<(), Error> {
         self.lock().expect(keyspace, key, expect).map(drop)
     }
 
@@ -326,12 +322,10 @@ impl TaskTx {
         &self,
         keyspace: &Keyspace,
         key: impl AsRef<[u8]>,
-    ) -> Result<Option<Entry>, KvError> {
+    ) -> Result<Option<Entry>, Error> {
         let key = key.as_ref();
         let found = keyspace.get(key).await?;
-        self.lock()
-            .expect(keyspace, key, Expect::from_read(found.as_ref()))
-            .map_err(|_| KvError::InvalidKey { reason: "too many operations in the transaction" })?;
+        self.lock().expect(keyspace, key, Expect::from_read(found.as_ref()))?;
         Ok(found)
     }
 }

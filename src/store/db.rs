@@ -23,6 +23,15 @@ pub(crate) enum ReadError {
     Corrupt(#[from] CorruptionError),
 }
 
+impl From<ReadError> for crate::error::Error {
+    fn from(e: ReadError) -> Self {
+        match e {
+            ReadError::Storage(s) => crate::error::Error::Storage(s),
+            ReadError::Corrupt(c) => crate::error::Error::Corrupt(c),
+        }
+    }
+}
+
 pub(super) const CF_MESSAGES: &str = "rockq.messages";
 pub(super) const CF_META: &str = "rockq.meta";
 pub(super) const CF_OFFSETS: &str = "rockq.offsets";
@@ -110,19 +119,6 @@ impl DbGuard<'_> {
 }
 
 impl Store {
-    /// A store with no database behind it: every read and write finds it closed. The etcd
-    /// engine's stand-in (its records are in etcd; nothing may reach RocksDB).
-    #[cfg(feature = "etcd")]
-    pub fn detached(path: PathBuf) -> Store {
-        Store {
-            db: RwLock::new(None),
-            path,
-            rocks_opts: rocksdb::Options::default(),
-            statistics: false,
-            read_only: true,
-        }
-    }
-
     /// Locks the database for use. Cheap: an uncontended read lock.
     pub fn lock(&self) -> DbGuard<'_> {
         DbGuard(self.db.read().unwrap_or_else(|poison| poison.into_inner()))

@@ -8,7 +8,7 @@ use super::db::bounded;
 use super::db::{Cfs, DbGuard, ReadError, scan, storage};
 use super::open::{Loaded, last_sequence, load};
 use super::{envelope, keys, records, scheduled};
-use crate::error::{OpenError, StorageError};
+use crate::error::{Error, StorageError};
 use crate::model::{Claim, GroupOffset, QueueMeta, ScheduleRecord};
 
 /// A read view of the open database, valid while its guard is held.
@@ -28,7 +28,7 @@ impl DbGuard<'_> {
 
 impl Snapshot<'_> {
     /// Every queue, group, claim, mark and settings record.
-    pub fn load(&self) -> Result<Loaded, OpenError> {
+    pub fn load(&self) -> Result<Loaded, Error> {
         load(self.db, self.path, false)
     }
 
@@ -89,7 +89,7 @@ impl Snapshot<'_> {
     }
 
     /// Queue `name`'s metadata and last sequence, if it exists.
-    pub fn queue(&self, name: &str) -> Result<Option<(QueueMeta, u64)>, OpenError> {
+    pub fn queue(&self, name: &str) -> Result<Option<(QueueMeta, u64)>, Error> {
         let key = keys::queue_key(name);
         let Some(v) = self.db.get_cf(self.cfs.meta, &key).map_err(storage)? else { return Ok(None) };
         let meta = records::decode_queue(&key, &v)?;

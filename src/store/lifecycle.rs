@@ -6,8 +6,7 @@
 
 use rocksdb::DB;
 
-use super::Batch;
-use super::batch::GroupKeys;
+use super::batch::{Batch, GroupKeys};
 use super::db::{ReadError, Store, scan, storage};
 use super::keys;
 use super::scheduled::{decode_dedup, decode_u64};

@@ -18,7 +18,6 @@ mod db;
 #[cfg(test)]
 mod decode_props;
 pub(crate) mod envelope;
-#[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 #[cfg(fuzzing)]
 pub mod fuzzing;

@@ -7,11 +7,11 @@ use std::sync::RwLock;
 use rocksdb::{ColumnFamilyDescriptor, DB, DBCompressionType, Direction, IteratorMode};
 
 use super::db::{
-    ALL_CFS, CF_CLAIMS, CF_MESSAGES, CF_META, CF_OFFSETS, CF_SCHEDULED, ReadError, Store, bounded, storage,
+    ALL_CFS, CF_CLAIMS, CF_MESSAGES, CF_META, CF_OFFSETS, CF_SCHEDULED, Store, bounded, storage,
 };
 use super::keys::{self, FORMAT_KEY};
 use super::records::{self, FORMAT_VERSION};
-use crate::error::OpenError;
+use crate::error::Error;
 use crate::model::{Claim, GroupOffset, GroupSettings, OrderedMark, QueueMeta};
 use crate::options::Options;
 
@@ -84,9 +84,9 @@ enum PathState {
     RocksDb,
 }
 
-fn inspect(path: &Path) -> Result<PathState, OpenError> {
-    let io = |source| OpenError::Io { path: path.to_path_buf(), source };
-    let not_ours = |reason: &str| OpenError::NotRockq { path: path.to_path_buf(), reason: reason.into() };
+fn inspect(path: &Path) -> Result<PathState, Error> {
+    let io = |source| Error::Io { path: Some(path.to_path_buf()), source: std::sync::Arc::new(source) };
+    let not_ours = |reason: &str| Error::NotRockq { path: path.to_path_buf(), reason: reason.into() };
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(PathState::Missing),
@@ -183,16 +183,18 @@ fn cf_options(name: &str) -> rocksdb::Options {
 }
 
 /// Opens the database at `path`. Blocking.
-pub(crate) fn open(path: &Path, o: &Options) -> Result<(Store, Loaded), OpenError> {
+pub(crate) fn open(path: &Path, o: &Options) -> Result<(Store, Loaded), Error> {
     o.validate()?;
     let state = inspect(path)?;
-    let not_ours = |reason: &str| OpenError::NotRockq { path: path.to_path_buf(), reason: reason.into() };
+    let not_ours = |reason: &str| Error::NotRockq { path: path.to_path_buf(), reason: reason.into() };
     match state {
         PathState::Missing | PathState::Empty if !o.create_if_missing => {
-            return Err(OpenError::NotFound { path: path.to_path_buf() });
+            return Err(Error::NoDatabase { path: path.to_path_buf() });
         }
-        PathState::Missing => std::fs::create_dir_all(path)
-            .map_err(|source| OpenError::Io { path: path.to_path_buf(), source })?,
+        PathState::Missing => std::fs::create_dir_all(path).map_err(|source| Error::Io {
+            path: Some(path.to_path_buf()),
+            source: std::sync::Arc::new(source),
+        })?,
         PathState::Empty => {}
         PathState::RocksDb => {
             // Checked before opening: opening would create our column families in a foreign
@@ -225,11 +227,11 @@ pub(crate) fn open(path: &Path, o: &Options) -> Result<(Store, Loaded), OpenErro
 /// Opens the database at `path` read-only: no lock is taken, so this works while another
 /// process has it open, and nothing is ever written (not even the format marker). It sees
 /// what was in the WAL and the SST files at this moment, not later writes. Blocking.
-pub(crate) fn open_read_only(path: &Path) -> Result<(Store, Loaded), OpenError> {
-    let not_ours = |reason: &str| OpenError::NotRockq { path: path.to_path_buf(), reason: reason.into() };
+pub(crate) fn open_read_only(path: &Path) -> Result<(Store, Loaded), Error> {
+    let not_ours = |reason: &str| Error::NotRockq { path: path.to_path_buf(), reason: reason.into() };
     match inspect(path)? {
         PathState::Missing | PathState::Empty => {
-            return Err(OpenError::NotFound { path: path.to_path_buf() });
+            return Err(Error::NoDatabase { path: path.to_path_buf() });
         }
         PathState::RocksDb => {}
     }
@@ -260,25 +262,25 @@ pub(crate) fn open_read_only(path: &Path) -> Result<(Store, Loaded), OpenError> 
     Ok((store, loaded))
 }
 
-fn map_open_error(path: &Path, e: rocksdb::Error) -> OpenError {
+fn map_open_error(path: &Path, e: rocksdb::Error) -> Error {
     let msg = e.as_ref().to_ascii_lowercase();
     if msg.contains("lock") && (msg.contains("resource temporarily unavailable") || msg.contains("lock hold"))
     {
-        OpenError::Locked { path: path.to_path_buf(), message: e.into_string() }
+        Error::Locked { path: path.to_path_buf(), message: e.into_string() }
     } else {
-        OpenError::Storage(storage(e))
+        Error::Storage(storage(e))
     }
 }
 
-fn cf<'a>(db: &'a DB, name: &str) -> Result<&'a rocksdb::ColumnFamily, OpenError> {
-    db.cf_handle(name).ok_or_else(|| OpenError::NotRockq {
+fn cf<'a>(db: &'a DB, name: &str) -> Result<&'a rocksdb::ColumnFamily, Error> {
+    db.cf_handle(name).ok_or_else(|| Error::NotRockq {
         path: PathBuf::from(db.path()),
         reason: format!("column family {name} missing after open"),
     })
 }
 
 /// Reads the registry. `writable`: a fresh database gets its format marker.
-pub(super) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, OpenError> {
+pub(super) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, Error> {
     let meta = cf(db, CF_META)?;
     let messages = cf(db, CF_MESSAGES)?;
     let offsets = cf(db, CF_OFFSETS)?;
@@ -296,9 +298,9 @@ pub(super) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, OpenE
                 db.put_cf_opt(meta, FORMAT_KEY, records::encode_format(), &wo).map_err(storage)?;
             }
             Some(1) => {}
-            Some(found) => return Err(OpenError::IncompatibleVersion { found, supported: FORMAT_VERSION }),
+            Some(found) => return Err(Error::IncompatibleVersion { found, supported: FORMAT_VERSION }),
             None => {
-                return Err(OpenError::NotRockq {
+                return Err(Error::NotRockq {
                     path: path.to_path_buf(),
                     reason: "format marker is not rockq's".into(),
                 });
@@ -314,7 +316,7 @@ pub(super) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, OpenE
                     .is_none()
             };
             if !(empty(meta) && empty(messages) && empty(offsets) && empty(claims_cf)) {
-                return Err(OpenError::NotRockq {
+                return Err(Error::NotRockq {
                     path: path.to_path_buf(),
                     reason: "rockq column families without a format marker".into(),
                 });
@@ -387,18 +389,9 @@ pub(super) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, OpenE
         Some(v) => super::scheduled::decode_u64(keys::SCHEDULED_ID_KEY, &v)?,
         None => 1,
     };
-    let first_due = super::scheduled::first_due(db, scheduled).map_err(|e| match e {
-        ReadError::Storage(s) => OpenError::Storage(s),
-        ReadError::Corrupt(c) => OpenError::Corrupt(c),
-    })?;
-    let scheduled_counts = super::scheduled::scheduled_counts(db, scheduled).map_err(|e| match e {
-        ReadError::Storage(s) => OpenError::Storage(s),
-        ReadError::Corrupt(c) => OpenError::Corrupt(c),
-    })?;
-    let (keyspaces, kv_revision) = super::kv::load(db, meta).map_err(|e| match e {
-        ReadError::Storage(s) => OpenError::Storage(s),
-        ReadError::Corrupt(c) => OpenError::Corrupt(c),
-    })?;
+    let first_due = super::scheduled::first_due(db, scheduled).map_err(Error::from)?;
+    let scheduled_counts = super::scheduled::scheduled_counts(db, scheduled).map_err(Error::from)?;
+    let (keyspaces, kv_revision) = super::kv::load(db, meta).map_err(Error::from)?;
     Ok(Loaded {
         keyspaces,
         kv_revision,
@@ -415,11 +408,7 @@ pub(super) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, OpenE
 
 /// The last sequence of a queue: the tail holds no tombstones (retention deletes from the
 /// head), so a bounded `SeekToLast` is one cheap step.
-pub(super) fn last_sequence(
-    db: &DB,
-    messages: &rocksdb::ColumnFamily,
-    q: &QueueMeta,
-) -> Result<u64, OpenError> {
+pub(super) fn last_sequence(db: &DB, messages: &rocksdb::ColumnFamily, q: &QueueMeta) -> Result<u64, Error> {
     let lo = keys::message_key(q.id, q.first_seq).to_vec();
     let hi = keys::queue_upper_bound(q.id).to_vec();
     let mut it = db.raw_iterator_cf_opt(messages, bounded(lo, hi));

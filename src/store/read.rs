@@ -5,7 +5,7 @@ use bytes::Bytes;
 use super::db::bounded;
 use super::db::{Store, storage};
 use super::{envelope, keys};
-use crate::error::{ReceiveError, StorageError};
+use crate::error::{Error, StorageError};
 
 /// A message as read from storage.
 #[derive(Debug, Clone)]
@@ -64,7 +64,7 @@ pub(crate) fn read_range(
     from: u64,
     to: u64,
     max_bytes: usize,
-) -> Result<ReadOutcome, ReceiveError> {
+) -> Result<ReadOutcome, Error> {
     let guard = store.lock();
     let Some((db, cfs)) = guard.get() else {
         return Ok(ReadOutcome::Closed);
@@ -80,7 +80,7 @@ pub(crate) fn read_range(
     // deliveries does; batches are bounded by `max_bytes`.)
     let mut buf: Vec<u8> = Vec::new();
     let mut ends: Vec<usize> = Vec::with_capacity(want.min(4096));
-    let mut bad: Option<ReceiveError> = None;
+    let mut bad: Option<Error> = None;
     let mut expected = from;
     while ends.len() < want && buf.len() < max_bytes {
         let Some((k, v)) = it.item() else { break };
@@ -117,22 +117,22 @@ pub(crate) fn read_range(
         // The writer published `to` before we were asked to read it, so an empty read means
         // the key is missing.
         None if out.is_empty() => {
-            Err(ReceiveError::Gap { queue: queue_name.to_owned(), expected: from, found: None })
+            Err(Error::Gap { queue: queue_name.to_owned(), expected: from, found: None })
         }
         None => Ok(ReadOutcome::Messages(out)),
     }
 }
 
 /// The key of the next message must be `<queue, expected>`: anything else is a gap.
-fn check_key(queue_name: &str, expected: u64, k: &[u8]) -> Result<(), ReceiveError> {
+fn check_key(queue_name: &str, expected: u64, k: &[u8]) -> Result<(), Error> {
     let (_, seq) = keys::decode_message_key(k)?;
     if seq != expected {
-        return Err(ReceiveError::Gap { queue: queue_name.to_owned(), expected, found: Some(seq) });
+        return Err(Error::Gap { queue: queue_name.to_owned(), expected, found: Some(seq) });
     }
     Ok(())
 }
 
-fn decode_one(queue_name: &str, expected: u64, k: &[u8], v: &[u8]) -> Result<RawMessage, ReceiveError> {
+fn decode_one(queue_name: &str, expected: u64, k: &[u8], v: &[u8]) -> Result<RawMessage, Error> {
     check_key(queue_name, expected, k)?;
     Ok(RawMessage::new(expected, envelope::decode(k, v)?))
 }
@@ -145,7 +145,7 @@ pub(crate) fn read_seqs(
     queue_name: &str,
     queue_id: u32,
     seqs: &[u64],
-) -> Result<ReadOutcome, ReceiveError> {
+) -> Result<ReadOutcome, Error> {
     let guard = store.lock();
     let Some((db, cfs)) = guard.get() else {
         return Ok(ReadOutcome::Closed);
@@ -156,7 +156,7 @@ pub(crate) fn read_seqs(
     let mut out = Vec::with_capacity(seqs.len());
     for ((&seq, k), v) in seqs.iter().zip(&keys).zip(values) {
         let Some(v) = v.map_err(storage)? else {
-            return Err(ReceiveError::Gap { queue: queue_name.to_owned(), expected: seq, found: None });
+            return Err(Error::Gap { queue: queue_name.to_owned(), expected: seq, found: None });
         };
         out.push(decode_one(queue_name, seq, k, &v)?);
     }
@@ -180,14 +180,14 @@ pub(crate) fn newest_stamp(store: &Store, queues: impl IntoIterator<Item = (u32,
 }
 
 /// The redrive cursor of dead-letter queue `dlq` (`None`: never redriven). Blocking.
-pub(crate) fn read_cursor(store: &Store, dlq: &str) -> Result<Option<u64>, crate::error::RedriveError> {
+pub(crate) fn read_cursor(store: &Store, dlq: &str) -> Result<Option<u64>, crate::error::Error> {
     let guard = store.lock();
     let Some((db, cfs)) = guard.get() else {
-        return Err(crate::error::RedriveError::Shutdown);
+        return Err(crate::error::Error::Shutdown);
     };
     let key = keys::redrive_key(dlq);
     match db.get_cf(cfs.meta, &key).map_err(storage)? {
-        Some(v) => Ok(Some(super::records::decode_cursor(&key, &v).map_err(ReceiveError::from)?)),
+        Some(v) => Ok(Some(super::records::decode_cursor(&key, &v).map_err(Error::from)?)),
         None => Ok(None),
     }
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::error::CorruptionError;
 use crate::model::{
     Claim, GroupMode, GroupOffset, GroupSettings, MAX_ERROR_BYTES, MAX_HOLDER_BYTES, OrderedMark, QueueMeta,
-    WorkTerms, truncate_utf8,
+    WorkSettings, truncate_utf8,
 };
 use crate::retention::Retention;
 
@@ -417,7 +417,7 @@ pub(crate) fn decode_settings(key: &[u8], v: &[u8]) -> Result<GroupSettings, Cor
     let work = match terms {
         [] | [0] => None,
         [1, t @ ..] if t.len() == WORK_TERMS_LEN => {
-            Some(decode_terms(t).ok_or_else(|| bad("work terms out of range"))?)
+            Some(decode_terms(t, dlq).ok_or_else(|| bad("work terms out of range"))?)
         }
         _ => return Err(bad("work terms flag or length is wrong")),
     };
@@ -428,8 +428,9 @@ pub(crate) fn decode_settings(key: &[u8], v: &[u8]) -> Result<GroupSettings, Cor
     Ok(GroupSettings { paused, dead_letter_queue: dlq.to_owned(), work })
 }
 
-/// A work group's terms (`WORK_TERMS_LEN` bytes), if every field is one a handle can set.
-fn decode_terms(t: &[u8]) -> Option<WorkTerms> {
+/// A work group's terms (`WORK_TERMS_LEN` bytes) with the record's dead-letter queue `dlq`, if
+/// every field is one a handle can set.
+fn decode_terms(t: &[u8], dlq: &str) -> Option<WorkSettings> {
     let nanos = |i| be_u64(t, i).map(std::time::Duration::from_nanos);
     let lease = nanos(0)?;
     let policy = crate::retry::RetryPolicy::from_parts(
@@ -445,8 +446,13 @@ fn decode_terms(t: &[u8]) -> Option<WorkTerms> {
         _ => return None,
     };
     let max = crate::clock::clamp_delay(std::time::Duration::MAX);
-    let lease_ok = (crate::work_settings::MIN_LEASE..=max).contains(&lease);
-    (lease_ok && policy.is_valid()).then_some(WorkTerms { lease, policy, ordered_by_key })
+    let lease_ok = (crate::model::MIN_LEASE..=max).contains(&lease);
+    (lease_ok && policy.is_valid()).then(|| WorkSettings {
+        lease,
+        policy,
+        dead_letter_queue: Arc::from(dlq),
+        ordered_by_key,
+    })
 }
 
 /// The big-endian `u32` at `i`, if the record is long enough (decoders never index: a short
@@ -598,9 +604,10 @@ mod tests {
 
     #[test]
     fn group_settings_round_trip_and_reject_bad_bytes() {
-        let terms = WorkTerms {
+        let terms = WorkSettings {
             lease: std::time::Duration::new(45, 123),
             policy: crate::retry::RetryPolicy::default().max_attempts(3).multiplier(1.5).jitter(0.0),
+            dead_letter_queue: Arc::from("orders.dlq"),
             ordered_by_key: true,
         };
         for s in [
@@ -632,13 +639,14 @@ mod tests {
     /// The version-2 layout, byte for byte: a change here is a format change.
     #[test]
     fn group_settings_version_2_layout_is_pinned() {
-        let terms = WorkTerms {
+        let terms = WorkSettings {
             lease: std::time::Duration::from_secs(2),
             policy: crate::retry::RetryPolicy::default()
                 .max_attempts(3)
                 .backoff(std::time::Duration::from_secs(1), std::time::Duration::from_secs(4))
                 .multiplier(2.0)
                 .jitter(0.5),
+            dead_letter_queue: Arc::from("d"),
             ordered_by_key: true,
         };
         let s = GroupSettings { paused: true, dead_letter_queue: "d".into(), work: Some(terms) };
@@ -664,9 +672,10 @@ mod tests {
 
     #[test]
     fn work_terms_out_of_range_are_corrupt() {
-        let terms = WorkTerms {
+        let terms = WorkSettings {
             lease: std::time::Duration::from_secs(1),
             policy: crate::retry::RetryPolicy::default(),
+            dead_letter_queue: Arc::from(""),
             ordered_by_key: false,
         };
         let good = encode_settings(&GroupSettings { work: Some(terms), ..GroupSettings::default() });

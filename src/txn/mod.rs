@@ -10,22 +10,21 @@
 //! - `consumer/txn.rs`: `ack` (an ordered delivery);
 //! - `work/txn.rs`: `ack_job` (a work-queue job).
 
-mod task;
+pub(crate) mod task;
 
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-pub use self::task::TaskTx;
 use crate::engine::boundary::{KvWrite, Request, Shared, TxApplied, TxDelivery, TxJob, TxRequest, TxSend};
 use crate::entry::{MAX_TX_BYTES, MAX_TX_OPS};
-use crate::error::TxError;
+use crate::error::Error;
 use crate::sent::Sent;
 
 /// A work-queue job held by a transaction (implemented by `Job`, in `work/`).
 pub(crate) trait HeldJob: Send + Sync {
     /// Fences its lease now and moves it to settling.
-    fn begin_tx(&self) -> Result<TxJob, TxError>;
+    fn begin_tx(&self) -> Result<TxJob, Error>;
     /// Undoes `begin_tx` (the transaction never reached the writer).
     fn end_tx(&self);
     /// The transaction was applied: the job is settled.
@@ -35,7 +34,7 @@ pub(crate) trait HeldJob: Send + Sync {
 /// An ordered delivery held by a transaction (implemented by `Delivery`, in `consumer/`).
 pub(crate) trait HeldDelivery: Send + Sync {
     /// Why it cannot be acked now, if it cannot.
-    fn tx_refusal(&self) -> Option<TxError>;
+    fn tx_refusal(&self) -> Option<Error>;
     /// Hands it to the writer (dropping it no longer hands it back).
     fn into_tx(self: Box<Self>) -> Option<TxDelivery>;
 }
@@ -46,13 +45,13 @@ pub(crate) trait HeldDelivery: Send + Sync {
 ///
 /// - **Acks** are fenced: a job whose lease was lost (expired, claimed again, purged, reset)
 ///   or a delivery whose group moved past it fails the whole transaction
-///   ([`TxError::LeaseLost`]) and nothing is applied.
+///   ([`Error::LeaseLost`]) and nothing is applied.
 /// - **Sends** take any [`Message`](crate::Message): keys, headers, delays and idempotency keys work as in
 ///   [`Queue::submit`](crate::Queue::submit) (a duplicate is reported as
 ///   [`Sent::Duplicate`] and writes nothing).
 /// - **Keyspace writes** may carry a condition ([`Expect`](crate::Expect)), checked against the state
 ///   before the transaction when the writer applies it; one that does not hold fails the
-///   transaction with [`TxError::Conflict`] and nothing is applied.
+///   transaction with [`Error::Conflict`] and nothing is applied.
 ///   [`get_for_update`](Transaction::get_for_update) reads a key and adds the condition
 ///   that it is unchanged.
 ///
@@ -188,19 +187,19 @@ impl Transaction {
     }
 
     /// Refuses one more operation past [`MAX_TX_OPS`].
-    pub(crate) fn room(&self) -> Result<(), TxError> {
+    pub(crate) fn room(&self) -> Result<(), Error> {
         if self.len() >= MAX_TX_OPS {
-            return Err(TxError::Invalid { reason: format!("more than {MAX_TX_OPS} operations") });
+            return Err(Error::Invalid { reason: format!("more than {MAX_TX_OPS} operations") });
         }
         Ok(())
     }
 
     /// Counts `bytes` more keys, values and messages, refusing to pass [`MAX_TX_BYTES`]: a
     /// transaction is one write batch, held whole in memory on the writer thread.
-    pub(crate) fn take_bytes(&mut self, bytes: usize) -> Result<(), TxError> {
+    pub(crate) fn take_bytes(&mut self, bytes: usize) -> Result<(), Error> {
         let total = self.bytes.saturating_add(bytes);
         if total > MAX_TX_BYTES {
-            return Err(TxError::Invalid {
+            return Err(Error::Invalid {
                 reason: format!("more than {MAX_TX_BYTES} bytes of keys, values and messages"),
             });
         }
@@ -212,10 +211,10 @@ impl Transaction {
     ///
     /// # Errors
     ///
-    /// [`TxError::Conflict`] (a condition did not hold), [`TxError::LeaseLost`] (a job's lease
-    /// or a delivery was lost), [`TxError::GroupDeleted`], [`TxError::QueueDeleted`],
-    /// [`TxError::Invalid`] (something of another broker), [`TxError::Shutdown`],
-    /// [`TxError::Storage`], [`TxError::Failed`], [`TxError::Corrupt`]. In every case nothing
+    /// [`Error::Conflict`] (a condition did not hold), [`Error::LeaseLost`] (a job's lease
+    /// or a delivery was lost), [`Error::GroupDeleted`], [`Error::QueueDeleted`],
+    /// [`Error::Invalid`] (something of another broker), [`Error::Shutdown`],
+    /// [`Error::Storage`], [`Error::Failed`], [`Error::Corrupt`]. In every case nothing
     /// was applied; jobs are released and deliveries handed back.
     ///
     /// # Cancel safety
@@ -235,10 +234,10 @@ impl Transaction {
     /// tx.commit().await?;
     /// # Ok(()) }
     /// ```
-    pub async fn commit(mut self) -> Result<Committed, TxError> {
+    pub async fn commit(mut self) -> Result<Committed, Error> {
         let jobs = std::mem::take(&mut self.jobs);
         if self.shared.is_closed() {
-            return Err(TxError::Shutdown);
+            return Err(Error::Shutdown);
         }
         if let Some(e) = self.deliveries.iter().find_map(|d| d.tx_refusal()) {
             return Err(e);
@@ -277,13 +276,13 @@ impl Transaction {
     /// back (jobs leased to their holder again, deliveries to their subscriptions).
     pub(crate) async fn apply(
         mut self,
-        fence: impl FnOnce() -> Result<Vec<TxJob>, TxError>,
-    ) -> Result<Committed, TxError> {
+        fence: impl FnOnce() -> Result<Vec<TxJob>, Error>,
+    ) -> Result<Committed, Error> {
         if self.foreign {
             // Deliveries dropped with `self` go back to their subscriptions.
-            return Err(TxError::Invalid { reason: "it holds something of another broker".into() });
+            return Err(Error::Invalid { reason: "it holds something of another broker".into() });
         }
-        let permit = self.shared.tx.reserve().await.map_err(|_| TxError::Shutdown)?;
+        let permit = self.shared.tx.reserve().await.map_err(|_| Error::Shutdown)?;
         let fenced = fence()?;
         let deliveries: Vec<TxDelivery> =
             std::mem::take(&mut self.deliveries).into_iter().filter_map(|d| d.into_tx()).collect();
@@ -298,7 +297,7 @@ impl Transaction {
         match rx.await {
             Ok(Ok(TxApplied { revision, sent })) => Ok(Committed { revision, sent }),
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(TxError::Shutdown),
+            Err(_) => Err(Error::Shutdown),
         }
     }
 }

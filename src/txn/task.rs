@@ -11,7 +11,7 @@ use crate::engine::boundary::Shared;
 /// ack**, in one atomic write, when the handler returns `Ok`; if it returns an error, or the
 /// commit fails, none of it is applied.
 ///
-/// - A failed condition ([`TxError::Conflict`](crate::TxError::Conflict)) counts as a failed
+/// - A failed condition ([`Error::Conflict`](crate::Error::Conflict)) counts as a failed
 ///   attempt: the job is retried with the group's backoff (the handler runs again and reads
 ///   afresh), and dead-lettered once its attempts are used up.
 /// - A lost lease applies nothing: the message is someone else's now.

@@ -15,12 +15,12 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use super::State;
 use super::auth::{self, COOKIE_NAME};
 use super::ctx::Ctx;
 use super::failure::Failure;
 use super::html::{self, esc};
 use super::input;
+use super::state::State;
 use crate::broker::Broker;
 use crate::retention::ResetTo;
 

@@ -13,13 +13,13 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::State;
 use super::ctx::Ctx;
 use super::failure::Failure;
+use super::history::rates;
 use super::input;
-use super::sampler::rates;
+use super::state::State;
+use crate::dead_letter::DeadLetter;
 use crate::stats::{GroupStats, PendingClaim, QueueStats, Stats, StoredMessage};
-use crate::work::DeadLetter;
 
 fn secs(d: Option<Duration>) -> Value {
     d.map_or(Value::Null, |d| json!(d.as_secs_f64()))

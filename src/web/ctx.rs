@@ -8,10 +8,10 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::State;
 use super::auth::Caller;
 use super::failure::Failure;
 use super::html::{self, Frame, esc};
+use super::state::State;
 
 /// The request's context.
 pub(crate) struct Ctx {

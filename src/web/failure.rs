@@ -4,7 +4,7 @@
 
 use axum::http::StatusCode;
 
-use crate::error::{InspectError, PauseError, QueueError, RedriveError, ResetError};
+use crate::error::{Error, ErrorKind};
 
 /// A refused or failed request.
 #[derive(Debug, Clone)]
@@ -33,63 +33,21 @@ impl Failure {
     pub(crate) fn unauthorized(message: impl Into<String>) -> Failure {
         Failure::new(StatusCode::UNAUTHORIZED, message)
     }
-
-    fn internal(e: impl std::fmt::Display) -> Failure {
-        Failure::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
-    }
 }
 
-impl From<InspectError> for Failure {
-    fn from(e: InspectError) -> Self {
-        match e {
-            InspectError::NoSuchQueue(_) | InspectError::NoSuchGroup { .. } => {
-                Failure::not_found(e.to_string())
-            }
-            InspectError::InvalidName(_) => Failure::bad_request(e.to_string()),
-            InspectError::Shutdown => Failure::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-            e => Failure::internal(e),
-        }
-    }
-}
-
-impl From<PauseError> for Failure {
-    fn from(e: PauseError) -> Self {
-        match e {
-            PauseError::NoSuchGroup { .. } => Failure::not_found(e.to_string()),
-            PauseError::InvalidName(_) => Failure::bad_request(e.to_string()),
-            e => Failure::internal(e),
-        }
-    }
-}
-
-impl From<ResetError> for Failure {
-    fn from(e: ResetError) -> Self {
-        match e {
-            ResetError::NoSuchGroup { .. } => Failure::not_found(e.to_string()),
-            ResetError::Active { .. } => Failure::new(StatusCode::CONFLICT, e.to_string()),
-            ResetError::OutOfRetention { .. } => Failure::bad_request(e.to_string()),
-            e => Failure::internal(e),
-        }
-    }
-}
-
-impl From<RedriveError> for Failure {
-    fn from(e: RedriveError) -> Self {
-        match e {
-            RedriveError::Conflict { .. } => Failure::new(StatusCode::CONFLICT, e.to_string()),
-            RedriveError::NoOrigin { .. } | RedriveError::InvalidName(_) => {
-                Failure::bad_request(e.to_string())
-            }
-            e => Failure::internal(e),
-        }
-    }
-}
-
-impl From<QueueError> for Failure {
-    fn from(e: QueueError) -> Self {
-        match e {
-            QueueError::InvalidName(_) => Failure::bad_request(e.to_string()),
-            e => Failure::internal(e),
-        }
+/// Every library error answers with the status of its kind: one match, so the same kind is the
+/// same status on every route (a shutdown is 503 wherever it happens).
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        let status = match e.kind() {
+            ErrorKind::InvalidInput | ErrorKind::Codec => StatusCode::BAD_REQUEST,
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::Deleted => StatusCode::GONE,
+            ErrorKind::Conflict | ErrorKind::LeaseLost => StatusCode::CONFLICT,
+            ErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
+            ErrorKind::Shutdown => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        Failure::new(status, e.to_string())
     }
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::watch;
 
 use crate::broker::Broker;
-use crate::work::Redrive;
+use crate::dead_letter::Redrive;
 
 /// Dead letters per chunk: each chunk is one atomic redrive (and one progress step).
 pub(crate) const CHUNK: u64 = 256;

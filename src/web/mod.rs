@@ -35,7 +35,9 @@ mod api;
 mod auth;
 mod chart;
 mod ctx;
+mod error;
 mod failure;
+mod history;
 mod html;
 mod input;
 mod jobs;
@@ -44,37 +46,18 @@ mod pages;
 mod routes;
 mod sampler;
 mod source;
+mod state;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+pub use error::WebError;
 pub use sampler::Sampler;
+use state::{Config, State};
 
 use crate::broker::Broker;
-
-/// The console's shared state, behind the router.
-pub(crate) struct State {
-    pub(crate) source: source::Source,
-    pub(crate) auth: auth::Auth,
-    pub(crate) history: sampler::SharedHistory,
-    pub(crate) config: Config,
-    pub(crate) jobs: jobs::Jobs,
-}
-
-/// Settings that do not change once the router is built.
-#[derive(Debug, Clone)]
-pub(crate) struct Config {
-    /// Samples kept per queue and group.
-    pub(crate) history: usize,
-    /// Tick of the sampler task (`None`: no task; [`Sampler::sample_now`] only).
-    pub(crate) sample_every: Option<Duration>,
-    /// Seconds between reloads of the overview (0: none).
-    pub(crate) refresh: u32,
-    /// Whether [`Console::serve`] may bind a non-loopback address.
-    pub(crate) allow_remote: bool,
-}
 
 /// A configured console: what it reads, who may change things, how it samples.
 ///
@@ -129,7 +112,7 @@ impl Console {
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn demo() -> Result<(), rockq::web::ServeError> {
+    /// # async fn demo() -> Result<(), rockq::web::WebError> {
     /// let console = rockq::web::Console::read_only("./data");
     /// console.serve(([127, 0, 0, 1], 8080).into()).await?;
     /// # Ok(()) }
@@ -267,7 +250,7 @@ impl Console {
         let state = Arc::new(State {
             auth: auth::Auth::new(if self.source.broker().is_some() { self.token } else { None }),
             source: self.source,
-            history: Mutex::new(sampler::History::default()),
+            history: Mutex::new(history::History::default()),
             config: self.config,
             jobs: jobs::Jobs::default(),
         });
@@ -297,19 +280,19 @@ impl Console {
     ///
     /// # Errors
     ///
-    /// [`ServeError::NotLoopback`] for a non-loopback address without
-    /// [`allow_remote`](Console::allow_remote); [`ServeError::Bind`] if the address cannot be
-    /// bound; [`ServeError::Io`] if serving fails.
+    /// [`WebError::NotLoopback`] for a non-loopback address without
+    /// [`allow_remote`](Console::allow_remote); [`WebError::Bind`] if the address cannot be
+    /// bound; [`WebError::Io`] if serving fails.
     ///
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::web::ServeError> {
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::web::WebError> {
     /// let addr = ([127, 0, 0, 1], 8080).into();
     /// rockq::web::Console::new(broker).token("secret").serve(addr).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn serve(self, addr: SocketAddr) -> Result<(), ServeError> {
+    pub async fn serve(self, addr: SocketAddr) -> Result<(), WebError> {
         let listener = self.bind(addr).await?;
         self.serve_on(listener).await
     }
@@ -318,23 +301,23 @@ impl Console {
     ///
     /// # Errors
     ///
-    /// [`ServeError::NotLoopback`], [`ServeError::Bind`].
+    /// [`WebError::NotLoopback`], [`WebError::Bind`].
     ///
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::web::ServeError> {
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::web::WebError> {
     /// let console = rockq::web::Console::new(broker);
     /// let listener = console.bind(([127, 0, 0, 1], 0).into()).await?;
     /// println!("console on http://{:?}", listener.local_addr());
     /// console.serve_on(listener).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn bind(&self, addr: SocketAddr) -> Result<tokio::net::TcpListener, ServeError> {
+    pub async fn bind(&self, addr: SocketAddr) -> Result<tokio::net::TcpListener, WebError> {
         if !addr.ip().is_loopback() && !self.config.allow_remote {
-            return Err(ServeError::NotLoopback { addr });
+            return Err(WebError::NotLoopback { addr });
         }
-        tokio::net::TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })
+        tokio::net::TcpListener::bind(addr).await.map_err(|source| WebError::Bind { addr, source })
     }
 
     /// Serves the console on a listener bound by [`bind`](Console::bind) (or by the
@@ -342,7 +325,7 @@ impl Console {
     ///
     /// # Errors
     ///
-    /// [`ServeError::Io`] if serving fails.
+    /// [`WebError::Io`] if serving fails.
     ///
     /// # Examples
     ///
@@ -352,7 +335,7 @@ impl Console {
     /// rockq::web::Console::new(broker).serve_on(listener).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn serve_on(self, listener: tokio::net::TcpListener) -> Result<(), ServeError> {
+    pub async fn serve_on(self, listener: tokio::net::TcpListener) -> Result<(), WebError> {
         let broker = self.source.broker().cloned();
         let app = self.router();
         let stopped = async move {
@@ -367,7 +350,7 @@ impl Console {
                 None => std::future::pending().await,
             }
         };
-        axum::serve(listener, app).with_graceful_shutdown(stopped).await.map_err(ServeError::Io)
+        axum::serve(listener, app).with_graceful_shutdown(stopped).await.map_err(WebError::Io)
     }
 }
 
@@ -396,47 +379,10 @@ pub fn router(broker: Broker) -> axum::Router {
 /// # Examples
 ///
 /// ```no_run
-/// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::web::ServeError> {
+/// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::web::WebError> {
 /// rockq::web::serve(broker, ([127, 0, 0, 1], 8080).into()).await?;
 /// # Ok(()) }
 /// ```
-pub async fn serve(broker: Broker, addr: SocketAddr) -> Result<(), ServeError> {
+pub async fn serve(broker: Broker, addr: SocketAddr) -> Result<(), WebError> {
     Console::new(broker).serve(addr).await
-}
-
-/// Serving the console failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ServeError {
-    /// The address is not loopback and [`Console::allow_remote`] was not set.
-    #[error(
-        "refusing to serve the console on non-loopback address {addr} (use Console::allow_remote, with a token and TLS in front)"
-    )]
-    NotLoopback {
-        /// The address asked for.
-        addr: SocketAddr,
-    },
-    /// The address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        /// The address asked for.
-        addr: SocketAddr,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// Serving failed.
-    #[error("console server failed: {0}")]
-    Io(std::io::Error),
-}
-
-/// The console's sampler could not take a sample.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum WebError {
-    /// The console's router was dropped, or its broker shut down.
-    #[error("the console was dropped or its broker shut down")]
-    Stopped,
-    /// The stats could not be read.
-    #[error("cannot read the stats: {0}")]
-    Read(String),
 }

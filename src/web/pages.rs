@@ -9,13 +9,13 @@ use std::sync::Arc;
 use axum::extract::{Path, Query, State as AxState};
 use axum::response::Response;
 
-use super::State;
 use super::chart::{self, Series};
 use super::ctx::Ctx;
 use super::failure::Failure;
+use super::history::rates;
 use super::html::{self, View, esc};
 use super::input;
-use super::sampler::rates;
+use super::state::State;
 use crate::retention::Retention;
 use crate::stats::{GroupMode, GroupStats, QueueStats, Stats};
 

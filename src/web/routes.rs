@@ -8,9 +8,9 @@ use axum::http::{HeaderValue, header};
 use axum::response::Response;
 use axum::routing::{MethodRouter, get, post};
 
-use super::State;
 use super::ctx::Ctx;
 use super::failure::Failure;
+use super::state::State;
 use super::{actions, api, pages};
 
 /// Pages hold CSRF tokens and live figures: never cached. No script runs on any page, so the

@@ -13,9 +13,9 @@ use tokio::time::Instant;
 
 use super::failure::Failure;
 use crate::broker::Broker;
+use crate::dead_letter::DeadLetter;
 use crate::inspector::Inspector;
 use crate::stats::{PendingClaim, Stats, StoredMessage};
-use crate::work::DeadLetter;
 
 /// How stale the read-only view may get before it is reopened.
 const INSPECTOR_MAX_AGE: Duration = Duration::from_secs(1);

@@ -6,17 +6,17 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::config::WorkConfig;
+use super::limits::HandleLimits;
 use super::subscription::WorkSubscription;
 use crate::engine::boundary::{
-    self, QueueState, Request, SettingsMode, Shared, WorkGroupState, WorkRequest, WorkSettingsRequest,
+    Capability, QueueState, Request, SettingsMode, Shared, WorkGroupState, WorkRequest, WorkSettingsRequest,
 };
-use crate::error::{NameKind, PauseError, QueueError, ResetError, SubscribeError};
+use crate::error::{Error, NameKind};
 use crate::model::StartFrom;
+use crate::model::{MIN_LEASE, RequestedWork, WorkSettings};
 use crate::name::{self, MAX_NAME_LEN};
 use crate::retention::ResetTo;
 use crate::retry::RetryPolicy;
-use crate::work_settings::{MIN_LEASE, RequestedWork, WorkSettings};
 
 /// Numbers the subscriptions of this process, for default consumer names.
 static NEXT_CONSUMER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -42,7 +42,7 @@ static NEXT_CONSUMER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 ///   values for every setting it leaves unset: `queue.work_group("mailer")?.subscribe()` is
 ///   enough to join a group configured elsewhere;
 /// - a setting set explicitly must equal the stored one, or the subscribe fails with
-///   [`SubscribeError::SettingsMismatch`] naming it and both values, and writes nothing;
+///   [`Error::SettingsMismatch`] naming it and both values, and writes nothing;
 /// - [`update`](WorkGroup::update) changes the stored values explicitly, and every
 ///   subscription and worker pool of the group in this process follows from then on.
 ///
@@ -147,7 +147,7 @@ impl WorkGroup {
     /// [`WorkGroup`]): unset, a subscribe uses the stored lease (30 s for a new group); set,
     /// it must equal the stored one unless applied with [`update`](WorkGroup::update). At
     /// least 1 ms: a shorter lease is refused at subscribe and update
-    /// ([`SubscribeError::InvalidOption`]); one over 100 years is clamped to 100 years
+    /// ([`Error::InvalidOption`]); one over 100 years is clamped to 100 years
     /// (`Duration::MAX` means "until settled or dropped").
     ///
     /// # Examples
@@ -187,7 +187,7 @@ impl WorkGroup {
     /// The dead-letter queue, **stored with the group** like the [lease](WorkGroup::lease).
     /// Default for a new group `<queue>.dlq` (or the one an older build recorded). The name is
     /// validated at subscribe, which refuses the group's own queue
-    /// ([`SubscribeError::InvalidOption`]): its dead letters would come back to it.
+    /// ([`Error::InvalidOption`]): its dead letters would come back to it.
     ///
     /// # Examples
     ///
@@ -380,9 +380,9 @@ impl WorkGroup {
     ///
     /// # Errors
     ///
-    /// [`PauseError::NoSuchGroup`](crate::PauseError::NoSuchGroup) if it never subscribed,
-    /// [`PauseError::Shutdown`](crate::PauseError::Shutdown),
-    /// [`PauseError::Storage`](crate::PauseError::Storage).
+    /// [`Error::NoSuchGroup`](crate::Error::NoSuchGroup) if it never subscribed,
+    /// [`Error::Shutdown`](crate::Error::Shutdown),
+    /// [`Error::Storage`](crate::Error::Storage).
     ///
     /// # Cancel safety
     ///
@@ -397,7 +397,7 @@ impl WorkGroup {
     /// assert!(group.is_paused());
     /// # Ok(()) }
     /// ```
-    pub async fn pause(&self) -> Result<(), PauseError> {
+    pub async fn pause(&self) -> Result<(), Error> {
         self.shared.set_paused(&self.queue, &self.name, true).await
     }
 
@@ -420,7 +420,7 @@ impl WorkGroup {
     /// assert!(!group.is_paused());
     /// # Ok(()) }
     /// ```
-    pub async fn resume(&self) -> Result<(), PauseError> {
+    pub async fn resume(&self) -> Result<(), Error> {
         self.shared.set_paused(&self.queue, &self.name, false).await
     }
 
@@ -477,7 +477,7 @@ impl WorkGroup {
     ///
     /// # Errors
     ///
-    /// [`QueueError::Shutdown`], [`QueueError::Storage`], [`QueueError::Failed`].
+    /// [`Error::Shutdown`], [`Error::Storage`], [`Error::Failed`].
     ///
     /// # Cancel safety
     ///
@@ -491,7 +491,7 @@ impl WorkGroup {
     /// queue.work_group("retired")?.delete().await?;
     /// # Ok(()) }
     /// ```
-    pub async fn delete(&self) -> Result<bool, QueueError> {
+    pub async fn delete(&self) -> Result<bool, Error> {
         if self.queue.is_deleted() {
             return Ok(false);
         }
@@ -505,9 +505,9 @@ impl WorkGroup {
     ///
     /// # Errors
     ///
-    /// [`ResetError::Active`] while a subscription or pool of the group runs in this process
-    /// or one of its jobs is held under a lease not yet run out, [`ResetError::NoSuchGroup`],
-    /// [`ResetError::OutOfRetention`], [`ResetError::Shutdown`], [`ResetError::Storage`].
+    /// [`Error::Active`] while a subscription or pool of the group runs in this process
+    /// or one of its jobs is held under a lease not yet run out, [`Error::NoSuchGroup`],
+    /// [`Error::OutOfRange`], [`Error::Shutdown`], [`Error::Storage`].
     ///
     /// # Cancel safety
     ///
@@ -523,27 +523,25 @@ impl WorkGroup {
     /// assert_eq!(next, 1000);
     /// # Ok(()) }
     /// ```
-    pub async fn reset_to(&self, to: ResetTo) -> Result<u64, ResetError> {
+    pub async fn reset_to(&self, to: ResetTo) -> Result<u64, Error> {
         if self.shared.is_closed() {
-            return Err(ResetError::Shutdown);
+            return Err(Error::Shutdown);
         }
-        if let Some(u) = self.shared.unsupported("resetting a group") {
-            return Err(ResetError::Unsupported(u));
-        }
+        self.shared.check(Capability::ResetGroup)?;
         let names = || (self.name.to_string(), self.queue.name.to_string());
         let Some(state) = self.state() else {
             let (group, queue) = names();
-            return Err(ResetError::NoSuchGroup { group, queue });
+            return Err(Error::NoSuchGroup { group, queue });
         };
         if state.subscriptions.load(Ordering::Acquire) > 0 || state.held(self.shared.clock().now()) {
             let (group, queue) = names();
-            return Err(ResetError::Active { group, queue });
+            return Err(Error::Active { group, queue });
         }
-        let seq = boundary::reset_target(&self.shared, &self.queue, to).await?;
+        let seq = self.shared.reset_target(&self.queue, to).await?;
         let (reply, rx) = oneshot::channel();
         let req = Request::Work(WorkRequest::Reset { group: state, offset: seq - 1, reply });
-        self.shared.tx.send(req).await.map_err(|_| ResetError::Shutdown)?;
-        rx.await.map_err(|_| ResetError::Shutdown)??;
+        self.shared.tx.send(req).await.map_err(|_| Error::Shutdown)?;
+        rx.await.map_err(|_| Error::Shutdown)??;
         tracing::info!(group = %self.name, queue = %self.queue.name, seq, "rockq: work-queue group reset");
         Ok(seq)
     }
@@ -554,14 +552,14 @@ impl WorkGroup {
     ///
     /// # Errors
     ///
-    /// [`SubscribeError::SettingsMismatch`] if a setting this handle sets explicitly differs
+    /// [`Error::SettingsMismatch`] if a setting this handle sets explicitly differs
     /// from the stored one (nothing is written; use [`update`](WorkGroup::update) to change
-    /// it), [`SubscribeError::InvalidOption`] for a lease under 1 ms or the group's own queue
-    /// as its dead-letter queue, [`SubscribeError::WrongMode`] if the name is an ordered group
-    /// on this queue, [`SubscribeError::InvalidName`] for a bad dead-letter queue name,
-    /// [`SubscribeError::DeadLetterName`] if the default one would be too long,
-    /// [`SubscribeError::SequenceOutOfRange`], [`SubscribeError::Shutdown`],
-    /// [`SubscribeError::Storage`].
+    /// it), [`Error::InvalidOption`] for a lease under 1 ms or the group's own queue
+    /// as its dead-letter queue, [`Error::WrongMode`] if the name is an ordered group
+    /// on this queue, [`Error::InvalidName`] for a bad dead-letter queue name,
+    /// [`Error::DeadLetterName`] if the default one would be too long,
+    /// [`Error::OutOfRange`], [`Error::Shutdown`],
+    /// [`Error::Storage`].
     ///
     /// # Cancel safety
     ///
@@ -580,12 +578,12 @@ impl WorkGroup {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn subscribe(&self) -> Result<WorkSubscription, SubscribeError> {
+    pub async fn subscribe(&self) -> Result<WorkSubscription, Error> {
         if self.shared.is_closed() {
-            return Err(SubscribeError::Shutdown);
+            return Err(Error::Shutdown);
         }
         if self.queue.is_deleted() {
-            return Err(SubscribeError::QueueDeleted { queue: self.queue.name.to_string() });
+            return Err(Error::QueueDeleted { queue: self.queue.name.to_string() });
         }
         let requested = self.requested()?;
         let state = self.create().await?;
@@ -598,7 +596,7 @@ impl WorkGroup {
             },
             None => self.store(&state, requested, SettingsMode::Adopt).await?,
         };
-        let config = Arc::new(WorkConfig {
+        let config = Arc::new(HandleLimits {
             resolved: settings,
             max_in_flight: self.max_in_flight,
             claim_batch: self.claim_batch,
@@ -629,12 +627,12 @@ impl WorkGroup {
     ///
     /// # Errors
     ///
-    /// [`SubscribeError::InvalidOption`] for a lease under 1 ms or the group's own queue as
-    /// its dead-letter queue, [`SubscribeError::InvalidName`] for a bad dead-letter queue
-    /// name, [`SubscribeError::DeadLetterName`] if the default one would be too long,
-    /// [`SubscribeError::WrongMode`] if the name is an ordered group on this queue,
-    /// [`SubscribeError::SequenceOutOfRange`] (creating it), [`SubscribeError::Shutdown`],
-    /// [`SubscribeError::Storage`]. Nothing is changed when it fails.
+    /// [`Error::InvalidOption`] for a lease under 1 ms or the group's own queue as
+    /// its dead-letter queue, [`Error::InvalidName`] for a bad dead-letter queue
+    /// name, [`Error::DeadLetterName`] if the default one would be too long,
+    /// [`Error::WrongMode`] if the name is an ordered group on this queue,
+    /// [`Error::OutOfRange`] (creating it), [`Error::Shutdown`],
+    /// [`Error::Storage`]. Nothing is changed when it fails.
     ///
     /// # Cancel safety
     ///
@@ -650,9 +648,9 @@ impl WorkGroup {
     /// queue.work_group("mailer")?.lease(Duration::from_secs(120)).update().await?;
     /// # Ok(()) }
     /// ```
-    pub async fn update(&self) -> Result<(), SubscribeError> {
+    pub async fn update(&self) -> Result<(), Error> {
         if self.shared.is_closed() {
-            return Err(SubscribeError::Shutdown);
+            return Err(Error::Shutdown);
         }
         let requested = self.requested()?;
         let state = self.create().await?;
@@ -664,16 +662,14 @@ impl WorkGroup {
     }
 
     /// The stored settings this handle sets, checked.
-    fn requested(&self) -> Result<RequestedWork, SubscribeError> {
-        if self.ordered_by_key == Some(true)
-            && let Some(u) = self.shared.unsupported("ordering a work group by key")
-        {
-            return Err(SubscribeError::Unsupported(u));
+    fn requested(&self) -> Result<RequestedWork, Error> {
+        if self.ordered_by_key == Some(true) {
+            self.shared.check(Capability::OrderedByKey)?;
         }
         if let Some(l) = self.lease
             && l < MIN_LEASE
         {
-            return Err(SubscribeError::InvalidOption(format!(
+            return Err(Error::InvalidOption(format!(
                 "work group {} on queue {}: lease {l:?} is shorter than the minimum of {MIN_LEASE:?}",
                 self.name, self.queue.name
             )));
@@ -681,7 +677,7 @@ impl WorkGroup {
         if let Some(n) = &self.dlq {
             name::validate(NameKind::Queue, n)?;
             crate::model::check_dead_letter_queue(&self.queue.name, &self.name, n)
-                .map_err(SubscribeError::InvalidOption)?;
+                .map_err(Error::InvalidOption)?;
         }
         Ok(RequestedWork {
             lease: self.lease,
@@ -692,12 +688,12 @@ impl WorkGroup {
     }
 
     /// The group's state, creating the group (durably) if it does not exist.
-    async fn create(&self) -> Result<Arc<WorkGroupState>, SubscribeError> {
+    async fn create(&self) -> Result<Arc<WorkGroupState>, Error> {
         if let Some(g) = self.state() {
             return Ok(g);
         }
         if self.shared.ordered_group(&self.name, &self.queue.name).is_some() {
-            return Err(SubscribeError::WrongMode {
+            return Err(Error::WrongMode {
                 group: self.name.to_string(),
                 queue: self.queue.name.to_string(),
                 existing: "ordered",
@@ -706,7 +702,7 @@ impl WorkGroup {
         // Refused before anything is written: a new group would need the default name.
         let default_dlq = crate::model::default_dead_letter_queue(&self.queue.name);
         if self.dlq.is_none() && default_dlq.len() > MAX_NAME_LEN {
-            return Err(SubscribeError::DeadLetterName { queue: self.queue.name.to_string() });
+            return Err(Error::DeadLetterName { queue: self.queue.name.to_string() });
         }
         let (reply, rx) = oneshot::channel();
         let req = Request::Work(WorkRequest::Create {
@@ -715,8 +711,8 @@ impl WorkGroup {
             start: self.start,
             reply,
         });
-        self.shared.tx.send(req).await.map_err(|_| SubscribeError::Shutdown)?;
-        rx.await.map_err(|_| SubscribeError::Shutdown)?
+        self.shared.tx.send(req).await.map_err(|_| Error::Shutdown)?;
+        rx.await.map_err(|_| Error::Shutdown)?
     }
 
     /// Has the writer resolve `requested` against the group's latest record and store the
@@ -726,10 +722,10 @@ impl WorkGroup {
         state: &Arc<WorkGroupState>,
         requested: RequestedWork,
         mode: SettingsMode,
-    ) -> Result<Arc<WorkSettings>, SubscribeError> {
+    ) -> Result<Arc<WorkSettings>, Error> {
         let (reply, rx) = oneshot::channel();
         let req = Request::WorkSettings(WorkSettingsRequest { group: state.clone(), requested, mode, reply });
-        self.shared.tx.send(req).await.map_err(|_| SubscribeError::Shutdown)?;
-        rx.await.map_err(|_| SubscribeError::Shutdown)?
+        self.shared.tx.send(req).await.map_err(|_| Error::Shutdown)?;
+        rx.await.map_err(|_| Error::Shutdown)?
     }
 }

@@ -8,17 +8,17 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
-use super::config::WorkConfig;
+use super::limits::HandleLimits;
 use crate::engine::boundary::{
     Claimed, Outcome, RawMessage, Request, SettlingGuard, Shared, WorkGroupState, WorkRequest,
 };
-use crate::error::AckError;
+use crate::error::Error;
 use crate::model::Claim;
 
 pub(crate) struct JobInner {
     pub shared: Arc<Shared>,
     pub group: Arc<WorkGroupState>,
-    pub config: Arc<WorkConfig>,
+    pub config: Arc<HandleLimits>,
     pub msg: RawMessage,
     pub attempt: u32,
     pub token: u64,
@@ -29,7 +29,7 @@ pub(crate) struct JobInner {
     /// subscription's buffer, and by a worker pool stopping handlers at shutdown).
     pub uncounted: AtomicBool,
     /// What a pool handler wrote into its transaction (`Task::tx`), made on first use.
-    pub tx: std::sync::OnceLock<crate::txn::TaskTx>,
+    pub tx: std::sync::OnceLock<crate::txn::task::TaskTx>,
 }
 
 impl JobInner {
@@ -37,7 +37,7 @@ impl JobInner {
     pub fn new(
         shared: Arc<Shared>,
         group: Arc<WorkGroupState>,
-        config: Arc<WorkConfig>,
+        config: Arc<HandleLimits>,
         msg: RawMessage,
         c: &Claimed,
     ) -> Arc<Self> {
@@ -60,12 +60,12 @@ impl JobInner {
         *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn extend(&self, by: Duration) -> Result<(), AckError> {
+    fn extend(&self, by: Duration) -> Result<(), Error> {
         let clock = self.shared.clock();
         let now = clock.now();
-        let lost = AckError::LeaseLost { seq: self.msg.seq, attempt: self.attempt };
+        let lost = self.group.lease_lost(self.msg.seq, self.attempt);
         if self.shared.is_closed() {
-            return Err(AckError::Shutdown);
+            return Err(Error::Shutdown);
         }
         if self.group.is_deleted() {
             return Err(deleted(&self.group));
@@ -319,8 +319,8 @@ macro_rules! accessors {
         ///
         /// # Errors
         ///
-        /// [`AckError::LeaseLost`] if the lease already expired (the message may be with
-        /// another consumer now); [`AckError::Shutdown`].
+        /// [`Error::LeaseLost`] if the lease already expired (the message may be with
+        /// another consumer now); [`Error::Shutdown`].
         ///
         /// # Examples
         ///
@@ -332,7 +332,7 @@ macro_rules! accessors {
         /// job.ack()?;
         /// # Ok(()) }
         /// ```
-        pub fn extend(&self, by: Duration) -> Result<(), AckError> {
+        pub fn extend(&self, by: Duration) -> Result<(), Error> {
             self.inner.extend(by)
         }
     };
@@ -351,7 +351,7 @@ macro_rules! accessors {
 ///
 /// Only the current holder can settle or extend: once the lease has expired (see
 /// [`WorkGroup::lease`](crate::WorkGroup::lease)) every one of them returns
-/// [`AckError::LeaseLost`] and changes nothing, even if nobody has claimed the message since.
+/// [`Error::LeaseLost`] and changes nothing, even if nobody has claimed the message since.
 ///
 /// **Dropping a job without an outcome** releases the lease at once: the message can be
 /// claimed again right away, and the attempt **counts** (it was persisted before the job was
@@ -452,9 +452,9 @@ impl Job {
     ///
     /// # Errors
     ///
-    /// [`AckError::LeaseLost`] if the lease expired first (or the message was purged): nothing
-    /// changes, and the message is (or will be) delivered again. [`AckError::Deleted`] if the
-    /// group or its queue was deleted. [`AckError::Shutdown`].
+    /// [`Error::LeaseLost`] if the lease expired first (or the message was purged): nothing
+    /// changes, and the message is (or will be) delivered again. [`Error::GroupDeleted`] if the
+    /// group or its queue was deleted. [`Error::Shutdown`].
     ///
     /// # Examples
     ///
@@ -469,13 +469,13 @@ impl Job {
     /// }
     /// # Ok(()) }
     /// ```
-    pub fn ack(mut self) -> Result<(), AckError> {
+    pub fn ack(mut self) -> Result<(), Error> {
         self.settled = true;
         let inner = &self.inner;
         let (seq, attempt) = (inner.msg.seq, inner.attempt);
         let shared = &inner.shared;
         if shared.is_closed() {
-            return Err(AckError::Shutdown);
+            return Err(Error::Shutdown);
         }
         let group = &inner.group;
         if group.is_deleted() {
@@ -483,7 +483,7 @@ impl Job {
         }
         group
             .begin_settle(seq, inner.token, shared.clock().now())
-            .map_err(|_| AckError::LeaseLost { seq, attempt })?;
+            .map_err(|_| group.lease_lost(seq, attempt))?;
         // Coalesced: the writer picks up every queued ack of the group in its next round.
         if group.queue_ack(seq, attempt, inner.epoch) {
             shared.mark_work_dirty(group.clone());
@@ -500,11 +500,11 @@ impl Job {
     ///
     /// # Errors
     ///
-    /// [`AckError::LeaseLost`] if the lease expired first: nothing changes, and the message
+    /// [`Error::LeaseLost`] if the lease expired first: nothing changes, and the message
     /// is (or will be) delivered again; also if the message was purged meanwhile
-    /// ([`Broker::purge_queue`](crate::Broker::purge_queue)). [`AckError::Deleted`] if the
-    /// group or its queue was deleted (nothing is written). [`AckError::Shutdown`],
-    /// [`AckError::Storage`], [`AckError::Failed`].
+    /// ([`Broker::purge_queue`](crate::Broker::purge_queue)). [`Error::GroupDeleted`] if the
+    /// group or its queue was deleted (nothing is written). [`Error::Shutdown`],
+    /// [`Error::Storage`], [`Error::Failed`].
     ///
     /// # Cancel safety
     ///
@@ -519,7 +519,7 @@ impl Job {
     /// job.ack_durable().await?; // a crash from here on does not charge twice
     /// # Ok(()) }
     /// ```
-    pub async fn ack_durable(self) -> Result<(), AckError> {
+    pub async fn ack_durable(self) -> Result<(), Error> {
         self.settle(true, Kind::Ack).await
     }
 
@@ -530,7 +530,7 @@ impl Job {
     ///
     /// # Errors
     ///
-    /// [`AckError::LeaseLost`] (nothing changes), [`AckError::Shutdown`].
+    /// [`Error::LeaseLost`] (nothing changes), [`Error::Shutdown`].
     ///
     /// # Cancel safety
     ///
@@ -544,7 +544,7 @@ impl Job {
     /// job.nack().await?;
     /// # Ok(()) }
     /// ```
-    pub async fn nack(self) -> Result<(), AckError> {
+    pub async fn nack(self) -> Result<(), Error> {
         self.settle(false, Kind::Retry { delay: None, error: "nacked".into() }).await
     }
 
@@ -565,7 +565,7 @@ impl Job {
     /// job.nack_durable().await?; // durably released for another attempt
     /// # Ok(()) }
     /// ```
-    pub async fn nack_durable(self) -> Result<(), AckError> {
+    pub async fn nack_durable(self) -> Result<(), Error> {
         self.settle(true, Kind::Retry { delay: None, error: "nacked".into() }).await
     }
 
@@ -591,7 +591,7 @@ impl Job {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn fail(self, error: impl std::fmt::Display) -> Result<(), AckError> {
+    pub async fn fail(self, error: impl std::fmt::Display) -> Result<(), Error> {
         self.settle(false, Kind::Retry { delay: None, error: error.to_string() }).await
     }
 
@@ -612,7 +612,7 @@ impl Job {
     /// job.fail_durable("upstream returned 503").await?;
     /// # Ok(()) }
     /// ```
-    pub async fn fail_durable(self, error: impl std::fmt::Display) -> Result<(), AckError> {
+    pub async fn fail_durable(self, error: impl std::fmt::Display) -> Result<(), Error> {
         self.settle(true, Kind::Retry { delay: None, error: error.to_string() }).await
     }
 
@@ -638,7 +638,7 @@ impl Job {
     /// job.retry_after(Duration::from_secs(60)).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn retry_after(self, delay: Duration) -> Result<(), AckError> {
+    pub async fn retry_after(self, delay: Duration) -> Result<(), Error> {
         let error = format!("retry requested after {delay:?}");
         self.settle(false, Kind::Retry { delay: Some(delay), error }).await
     }
@@ -661,7 +661,7 @@ impl Job {
     /// job.retry_after_durable(Duration::from_secs(60)).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn retry_after_durable(self, delay: Duration) -> Result<(), AckError> {
+    pub async fn retry_after_durable(self, delay: Duration) -> Result<(), Error> {
         let error = format!("retry requested after {delay:?}");
         self.settle(true, Kind::Retry { delay: Some(delay), error }).await
     }
@@ -669,7 +669,7 @@ impl Job {
     /// For worker pools: records the handler's outcome and returns once it is queued to the
     /// writer (fenced like any outcome), without waiting for the write. The pool flushes before
     /// it returns; a crash before the write only means a redelivery.
-    pub(crate) async fn settle_queued(self, outcome: PoolOutcome) -> Result<(), AckError> {
+    pub(crate) async fn settle_queued(self, outcome: PoolOutcome) -> Result<(), Error> {
         let kind = match outcome {
             PoolOutcome::Ack => return self.ack(),
             PoolOutcome::Retry { delay, error } => Kind::Retry { delay, error },
@@ -698,7 +698,7 @@ impl Job {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn dead_letter(self, reason: impl Into<String>) -> Result<(), AckError> {
+    pub async fn dead_letter(self, reason: impl Into<String>) -> Result<(), Error> {
         self.settle(false, Kind::DeadLetter { reason: reason.into() }).await
     }
 
@@ -720,17 +720,17 @@ impl Job {
     /// job.dead_letter_durable("unknown schema version").await?;
     /// # Ok(()) }
     /// ```
-    pub async fn dead_letter_durable(self, reason: impl Into<String>) -> Result<(), AckError> {
+    pub async fn dead_letter_durable(self, reason: impl Into<String>) -> Result<(), Error> {
         self.settle(true, Kind::DeadLetter { reason: reason.into() }).await
     }
 
-    async fn settle(mut self, wait: bool, kind: Kind) -> Result<(), AckError> {
+    async fn settle(mut self, wait: bool, kind: Kind) -> Result<(), Error> {
         self.settled = true;
         let inner = self.inner.clone();
         let (seq, attempt) = (inner.msg.seq, inner.attempt);
         let shared = &inner.shared;
         if shared.is_closed() {
-            return Err(AckError::Shutdown);
+            return Err(Error::Shutdown);
         }
         let clock = shared.clock();
         let now = clock.now();
@@ -738,7 +738,7 @@ impl Job {
         if group.is_deleted() {
             return Err(deleted(group));
         }
-        group.begin_settle(seq, inner.token, now).map_err(|_| AckError::LeaseLost { seq, attempt })?;
+        group.begin_settle(seq, inner.token, now).map_err(|_| group.lease_lost(seq, attempt))?;
         let mut revert = SettlingGuard { group, seq, armed: true };
         // The group's settings now: an update applies to outcomes decided after it.
         let cfg = inner.config.settings(group);
@@ -774,7 +774,7 @@ impl Job {
             outcome,
             reply,
         });
-        shared.tx.send(req).await.map_err(|_| AckError::Shutdown)?;
+        shared.tx.send(req).await.map_err(|_| Error::Shutdown)?;
         // Queued: from here on the writer applies it after every earlier write for `seq`, so
         // the message may become claimable again (a retry) without reordering records.
         revert.armed = false;
@@ -790,7 +790,7 @@ impl Job {
         // newer holder's settle of the same message).
         match rx.await {
             Ok(res) => res,
-            Err(_) => Err(AckError::Shutdown),
+            Err(_) => Err(Error::Shutdown),
         }
     }
 }
@@ -805,24 +805,20 @@ impl Job {
     /// Fences the lease now and moves the job to settling, for a transaction: nobody else can
     /// settle it until the writer applies or refuses the transaction (which leases it to this
     /// holder again).
-    pub(crate) fn begin_tx(&self) -> Result<crate::engine::boundary::TxJob, crate::error::TxError> {
+    pub(crate) fn begin_tx(&self) -> Result<crate::engine::boundary::TxJob, crate::error::Error> {
         let inner = &self.inner;
         let group = &inner.group;
         let seq = inner.msg.seq;
         if inner.shared.is_closed() {
-            return Err(crate::error::TxError::Shutdown);
+            return Err(crate::error::Error::Shutdown);
         }
         if group.is_deleted() {
-            return Err(crate::error::TxError::GroupDeleted {
+            return Err(crate::error::Error::GroupDeleted {
                 queue: group.queue.name.to_string(),
                 group: group.name.to_string(),
             });
         }
-        let lost = || crate::error::TxError::LeaseLost {
-            queue: group.queue.name.to_string(),
-            group: group.name.to_string(),
-            seq,
-        };
+        let lost = || group.lease_lost(seq, inner.attempt);
         let deadline = inner.deadline();
         group.begin_settle(seq, inner.token, inner.shared.clock().now()).map_err(|_| lost())?;
         Ok(crate::engine::boundary::TxJob {
@@ -859,6 +855,6 @@ impl Drop for Job {
 }
 
 /// The refusal of a settle or extension once the job's group (or queue) was deleted.
-fn deleted(g: &WorkGroupState) -> AckError {
-    AckError::Deleted { queue: g.queue.name.to_string(), group: g.name.to_string() }
+fn deleted(g: &WorkGroupState) -> Error {
+    Error::GroupDeleted { queue: g.queue.name.to_string(), group: g.name.to_string() }
 }

@@ -12,7 +12,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use crate::engine::boundary::{RawMessage, ReadOutcome, Shared, WorkGroupState};
-use crate::error::{Error, ReceiveError};
+use crate::error::Error;
 
 /// Messages one learning step reads.
 const LEARN_BATCH: u64 = 1024;
@@ -63,7 +63,7 @@ pub(super) async fn learn(
                 // One record is gone (retention) or does not decode: read them one by one, so
                 // that only that one goes without a key (the claim path deals with a corrupt
                 // record when it reads it to deliver it).
-                Ok(Err(ReceiveError::Gap { .. } | ReceiveError::Corrupt(_))) => {
+                Ok(Err(Error::Gap { .. } | Error::Corrupt(_))) => {
                     let (s, g, seqs) = (shared.clone(), group.clone(), chunk.to_vec());
                     let one_by_one = shared.runtime.spawn_blocking(move || {
                         seqs.iter()
@@ -95,17 +95,17 @@ pub(super) async fn learn(
         Ok(Ok(ReadOutcome::Messages(msgs))) => keys_of(&msgs),
         Ok(Ok(ReadOutcome::Closed)) | Err(_) => return Ok(Learned::Closed),
         // Retention deleted the head meanwhile: the next window starts past it.
-        Ok(Err(ReceiveError::Gap { .. }))
+        Ok(Err(Error::Gap { .. }))
             if from < group.queue.first_seq.load(std::sync::atomic::Ordering::Acquire) =>
         {
             return Ok(Learned::Progress);
         }
         // Missing although retained (outside rockq's doing): learned without a key, so the
         // group does not stall on it; the claim path reports it.
-        Ok(Err(ReceiveError::Gap { .. })) => vec![(from, None)],
+        Ok(Err(Error::Gap { .. })) => vec![(from, None)],
         // The record at `from` does not decode: learn it without a key; the claim path
         // dead-letters it.
-        Ok(Err(ReceiveError::Corrupt(_))) => vec![(from, None)],
+        Ok(Err(Error::Corrupt(_))) => vec![(from, None)],
         Ok(Err(e)) => return Err(e.into()),
     };
     Ok(if group.learn(keys) > 0 { Learned::Progress } else { Learned::Nothing })

@@ -1,25 +1,17 @@
-//! Work-queue consumer groups: competing consumers with leases, retries with backoff,
-//! dead-letter queues and worker pools, layered on claim records that the writer thread checks
-//! and writes atomically. The claim state machine itself is the engine's
-//! (`engine/registry/work.rs`); these are the handles over it.
+//! Work-queue consumer groups: competing consumers with leases, retries with backoff and
+//! dead-letter queues, layered on claim records that the writer thread checks and writes
+//! atomically. The claim state machine itself is the engine's (`engine/registry/work.rs`);
+//! these are the handles over it. Worker pools over a work group are `pool/`; dead-letter
+//! queues, shared with ordered groups, are `dead_letter/`.
 
-mod adapt;
-mod config;
-mod dlq;
-mod feed;
 mod group;
-mod handle;
-mod handler;
 mod job;
 mod keyed;
-mod pool;
+mod limits;
 mod subscription;
 mod txn;
 
-pub use dlq::{DeadLetter, DeadLetters, Redrive};
 pub use group::WorkGroup;
-pub use handle::PoolHandle;
-pub use handler::{Handler, HandlerError, HandlerResultExt, IntoHandler, IntoTypedHandler};
+pub(crate) use job::PoolOutcome;
 pub use job::{Job, Task};
-pub use pool::{PoolReport, Workers};
 pub use subscription::WorkSubscription;

@@ -10,12 +10,12 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, Stream};
 use tokio::sync::{Semaphore, oneshot};
 
-use super::config::WorkConfig;
 use super::job::{Job, JobInner};
+use super::limits::HandleLimits;
 use crate::engine::boundary::{
     self, Claimed, Outcome, ReadOutcome, Request, SettlingGuard, Shared, WorkGroupState, WorkRequest,
 };
-use crate::error::{AckError, CorruptionError, Error, ReceiveError};
+use crate::error::{CorruptionError, Error};
 use crate::events::Event;
 use crate::model::Claim;
 
@@ -59,7 +59,7 @@ type Fetch = BoxFuture<'static, Result<Vec<Job>, Error>>;
 struct Ctx {
     shared: Arc<Shared>,
     group: Arc<WorkGroupState>,
-    config: Arc<WorkConfig>,
+    config: Arc<HandleLimits>,
     permits: Arc<Semaphore>,
     /// The largest claim: `config.claim_batch`, unless a worker pool adapts it.
     claim_batch: std::sync::atomic::AtomicUsize,
@@ -79,7 +79,7 @@ impl std::fmt::Debug for WorkSubscription {
 }
 
 impl WorkSubscription {
-    pub(crate) fn new(shared: Arc<Shared>, group: Arc<WorkGroupState>, config: Arc<WorkConfig>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, group: Arc<WorkGroupState>, config: Arc<HandleLimits>) -> Self {
         group.subscriptions.fetch_add(1, Ordering::AcqRel);
         let permits = Arc::new(Semaphore::new(config.max_in_flight));
         WorkSubscription {
@@ -213,8 +213,8 @@ impl Stream for WorkSubscription {
 }
 
 /// The error a deleted group's subscription ends with.
-fn deleted(g: &WorkGroupState) -> ReceiveError {
-    ReceiveError::Deleted { queue: g.queue.name.to_string(), group: g.name.to_string() }
+fn deleted(g: &WorkGroupState) -> Error {
+    Error::GroupDeleted { queue: g.queue.name.to_string(), group: g.name.to_string() }
 }
 
 impl Ctx {
@@ -260,7 +260,7 @@ async fn send_settle(
     group: &Arc<WorkGroupState>,
     (seq, attempt, epoch): (u64, u32, u64),
     outcome: Outcome,
-) -> Option<oneshot::Receiver<Result<(), AckError>>> {
+) -> Option<oneshot::Receiver<Result<(), Error>>> {
     let mut guard = SettlingGuard { group, seq, armed: true };
     let (reply, rx) = oneshot::channel();
     let req =
@@ -288,7 +288,7 @@ async fn dead_letter_corrupt(ctx: &Arc<Ctx>, c: &Claimed, err: &CorruptionError)
         return Ok(());
     };
     match rx.await {
-        Ok(Ok(())) | Ok(Err(AckError::Shutdown | AckError::LeaseLost { .. })) | Err(_) => Ok(()),
+        Ok(Ok(())) | Ok(Err(Error::Shutdown | Error::LeaseLost { .. })) | Err(_) => Ok(()),
         Ok(Err(e)) => Err(e.into()),
     }
 }
@@ -313,7 +313,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
     let clock = shared.clock().clone();
     let group = &ctx.group;
     let cfg = &ctx.config;
-    let internal = |e: tokio::sync::AcquireError| Error::from(ReceiveError::Internal(e.to_string()));
+    let internal = |e: tokio::sync::AcquireError| Error::from(Error::Internal(e.to_string()));
 
     // Room first: a saturated subscription claims nothing (so holds no lease it cannot use).
     let first = match ctx.permits.clone().try_acquire_owned() {
@@ -446,24 +446,22 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
     let (written, read) = tokio::join!(rx, read);
     match written {
         Ok(Ok(())) => {}
-        Ok(Err(AckError::Shutdown)) | Err(_) => return Ok(Some(Vec::new())),
+        Ok(Err(Error::Shutdown)) | Err(_) => return Ok(Some(Vec::new())),
         // A reset overtook the claim: the guard gives the claims back; claim again.
-        Ok(Err(AckError::LeaseLost { .. })) => return Ok(None),
-        Ok(Err(AckError::Deleted { .. })) => return Err(deleted(group).into()),
+        Ok(Err(Error::LeaseLost { .. })) => return Ok(None),
+        Ok(Err(Error::GroupDeleted { .. })) => return Err(deleted(group).into()),
         Ok(Err(e)) => return Err(e.into()),
     }
     let msgs = match read {
         Ok(Ok(ReadOutcome::Messages(msgs))) => msgs,
         Ok(Ok(ReadOutcome::Closed)) => return Ok(Some(Vec::new())),
-        Ok(Err(ReceiveError::Gap { expected, .. }))
-            if expected < group.queue.first_seq.load(Ordering::Acquire) =>
-        {
+        Ok(Err(Error::Gap { expected, .. })) if expected < group.queue.first_seq.load(Ordering::Acquire) => {
             return Ok(None);
         }
-        Ok(Err(ReceiveError::Corrupt(err))) => {
+        Ok(Err(Error::Corrupt(err))) => {
             let seq = boundary::message_seq(err.key());
             let Some(c) = claimed.iter().find(|c| Some(c.seq) == seq) else {
-                return Err(ReceiveError::Corrupt(err).into());
+                return Err(Error::Corrupt(err).into());
             };
             // No attempt can ever deliver a record that does not decode, and releasing the
             // claim would only fail the next read the same way (the group would stall on it):
@@ -474,7 +472,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
             return Ok(None);
         }
         Ok(Err(e)) => return Err(e.into()),
-        Err(join) => return Err(ReceiveError::Internal(format!("read task failed: {join}")).into()),
+        Err(join) => return Err(Error::Internal(format!("read task failed: {join}")).into()),
     };
 
     let mut by_seq: std::collections::HashMap<u64, Claimed> =

@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use super::{Job, Task};
 use crate::engine::boundary::TxJob;
-use crate::error::TxError;
-use crate::txn::{HeldJob, TaskTx, Transaction};
+use crate::error::Error;
+use crate::txn::task::TaskTx;
+use crate::txn::{HeldJob, Transaction};
 
 impl Transaction {
     /// Acknowledges a work-queue job when the transaction commits; its lease is checked then.
@@ -31,7 +32,7 @@ impl Transaction {
 }
 
 impl HeldJob for Job {
-    fn begin_tx(&self) -> Result<TxJob, TxError> {
+    fn begin_tx(&self) -> Result<TxJob, Error> {
         Job::begin_tx(self)
     }
 

@@ -110,7 +110,7 @@ pub async fn reopen_after_drop_with(path: &Path, options: impl Fn() -> Options) 
             options().retention_interval(Duration::ZERO).metrics_interval(Duration::ZERO).open(path).await;
         match opened {
             Ok(b) => return b,
-            Err(rockq::OpenError::Locked { .. }) if std::time::Instant::now() < deadline => {
+            Err(rockq::Error::Locked { .. }) if std::time::Instant::now() < deadline => {
                 tokio::task::yield_now().await;
                 std::thread::yield_now();
             }

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use rockq::{Broker, Inspector, OpenError};
+use rockq::{Broker, Error, Inspector};
 
 /// A failure to report: its message and the process exit code.
 pub struct Failure {
@@ -38,14 +38,14 @@ pub(crate) async fn exclusive(db: &Path, what: &str) -> Result<Broker> {
 pub(crate) async fn exclusive_or_locked(db: &Path) -> Result<Option<Broker>> {
     match Broker::options().create_if_missing(false).open(db).await {
         Ok(b) => Ok(Some(b)),
-        Err(OpenError::Locked { .. }) => Ok(None),
+        Err(Error::Locked { .. }) => Ok(None),
         Err(e) => Err(open_failure(db, e, "serve")),
     }
 }
 
-fn open_failure(db: &Path, e: OpenError, what: &str) -> Failure {
+fn open_failure(db: &Path, e: Error, what: &str) -> Failure {
     match e {
-        OpenError::Locked { .. } => Failure {
+        Error::Locked { .. } => Failure {
             message: format!(
                 "database {} is locked by another process. `rockq {what}` changes the database and needs it to \
                  itself: stop the service first, or call the library from it. Read-only commands (stats, groups, \
@@ -54,7 +54,7 @@ fn open_failure(db: &Path, e: OpenError, what: &str) -> Failure {
             ),
             code: LOCKED,
         },
-        OpenError::NotFound { .. } => Failure::from(format!(
+        Error::NoDatabase { .. } => Failure::from(format!(
             "no database at {} (give the directory with --db or ROCKQ_DB)",
             db.display()
         )),

@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use super::EtcdSide;
-use crate::engine::inspect::{LiveLeases, micros_to_time, pending_claim};
-use crate::engine::shared::Shared;
-use crate::error::{InspectError, NameKind};
+use super::side::{EtcdSide, retrying};
+use crate::engine::Engine;
+use crate::engine::figures::{LiveLeases, micros_to_time, pending_claim};
+use crate::error::{Error, NameKind};
 use crate::model::GroupMode;
 use crate::stats::{PendingClaim, StoredMessage};
 use crate::store::etcd::decode_envelope;
@@ -15,45 +15,38 @@ use crate::store::etcd::decode_envelope;
 /// The claimed, unfinished messages of work group `group` on `queue` (empty for an ordered
 /// group), from its claim records in etcd.
 pub(crate) async fn pending(
-    shared: &Arc<Shared>,
+    engine: &Arc<Engine>,
     side: &EtcdSide,
     group: &str,
     queue: &str,
     live: &LiveLeases,
-) -> Result<Vec<PendingClaim>, InspectError> {
-    if shared.is_closed() {
-        return Err(InspectError::Shutdown);
-    }
+) -> Result<Vec<PendingClaim>, Error> {
     crate::name::validate(NameKind::Group, group)?;
     crate::name::validate(NameKind::Queue, queue)?;
     let t = side.settings.request_timeout;
-    let Some(offset) = super::retrying(t, || side.store.offset(group, queue)).await? else {
-        return Err(InspectError::NoSuchGroup { group: group.to_owned(), queue: queue.to_owned() });
+    let Some(offset) = retrying(t, || side.store.offset(group, queue)).await? else {
+        return Err(Error::NoSuchGroup { group: group.to_owned(), queue: queue.to_owned() });
     };
     if offset.mode != GroupMode::WorkQueue {
         return Ok(Vec::new());
     }
-    let (_, records, _) = super::retrying(t, || side.store.load_claims(group, queue)).await?;
-    let now = shared.clock().wall_micros();
+    let (_, records, _) = retrying(t, || side.store.load_claims(group, queue)).await?;
+    let now = engine.clock().wall_micros();
     let live = live.get(&(group.to_owned(), queue.to_owned()));
     Ok(records.into_iter().filter_map(|r| pending_claim(r.seq, r.claim, now, live)).collect())
 }
 
 /// Up to `limit` stored messages of `queue` from `from` (default: the first live one).
 pub(crate) async fn peek(
-    shared: &Arc<Shared>,
     side: &EtcdSide,
     queue: &str,
     from: Option<u64>,
     limit: usize,
-) -> Result<Vec<StoredMessage>, InspectError> {
-    if shared.is_closed() {
-        return Err(InspectError::Shutdown);
-    }
+) -> Result<Vec<StoredMessage>, Error> {
     crate::name::validate(NameKind::Queue, queue)?;
     let t = side.settings.request_timeout;
-    let Some((meta, last)) = super::retrying(t, || side.store.queue(queue)).await? else {
-        return Err(InspectError::NoSuchQueue(queue.to_owned()));
+    let Some((meta, last)) = retrying(t, || side.store.queue(queue)).await? else {
+        return Err(Error::NoSuchQueue { queue: queue.to_owned() });
     };
     let from = from.unwrap_or(0).max(meta.first_seq);
     if limit == 0 || from > last {
@@ -64,7 +57,7 @@ pub(crate) async fn peek(
     let mut next = from;
     // A read stops at a size bound: go on from where it stopped.
     while next <= to {
-        let got = super::retrying(t, || side.store.read_range(meta.id, next, to, 64 << 20)).await?;
+        let got = retrying(t, || side.store.read_range(meta.id, next, to, 64 << 20)).await?;
         let Some(&(last_read, _)) = got.last() else { break };
         for (seq, v) in got {
             let env = decode_envelope(meta.id, seq, &v)?;

@@ -1,99 +1,26 @@
 //! An ordered group's single active subscriber across processes: the subscriber's process puts
 //! `own/<group>:<queue>` = its owner id under an etcd lease it keeps alive. Every offset commit
 //! compares that key, so a process whose lease lapsed (paused, partitioned) cannot commit after
-//! another took over; its subscription ends with [`ReceiveError::OwnershipLost`].
+//! another took over; its subscription ends with [`Error::OwnershipLost`].
 //!
 //! Release: dropping the subscription (with its deliveries) asks the writer to release; the
 //! writer first commits what the group acknowledged, then revokes the lease, so the next owner
 //! starts after everything this one acknowledged.
 //!
-//! [`ReceiveError::OwnershipLost`]: crate::ReceiveError::OwnershipLost
+//! [`Error::OwnershipLost`]: crate::Error::OwnershipLost
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::EtcdSide;
+use super::owners::{Held, id};
+use super::side::{EtcdSide, retrying};
 use crate::engine::registry::OrderedGroupState;
 use crate::engine::request::Request;
-use crate::error::SubscribeError;
+use crate::error::Error;
 use crate::model::OrderedMark;
-
-/// The groups this process owns.
-#[derive(Default)]
-pub(crate) struct Owners {
-    held: Mutex<HashMap<usize, Held>>,
-}
-
-struct Held {
-    group: Arc<OrderedGroupState>,
-    /// Cancelled to revoke the lease.
-    stop: CancellationToken,
-    /// The subscription is gone: release once the group has nothing left to commit.
-    releasing: bool,
-    /// Keeps the lease alive; revokes it once `stop` is cancelled.
-    task: tokio::task::JoinHandle<()>,
-}
-
-fn id(g: &Arc<OrderedGroupState>) -> usize {
-    Arc::as_ptr(g) as usize
-}
-
-impl Owners {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Held>> {
-        self.held.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Whether this process holds `g`.
-    pub fn holds(&self, g: &Arc<OrderedGroupState>) -> bool {
-        self.lock().contains_key(&id(g))
-    }
-
-    /// Releases every group whose subscription is gone and that has nothing left to commit.
-    pub fn release_clean(&self) {
-        self.lock().retain(|_, h| {
-            let done =
-                h.releasing && !h.group.dirty.load(Ordering::Acquire) && h.group.records().pending.is_empty();
-            if done {
-                h.stop.cancel();
-            }
-            !done
-        });
-    }
-
-    /// Releases everything (the writer stops); the returned tasks end once their leases are
-    /// revoked.
-    pub fn release_all(&self) -> Vec<tokio::task::JoinHandle<()>> {
-        self.lock()
-            .drain()
-            .map(|(_, h)| {
-                h.stop.cancel();
-                h.task
-            })
-            .collect()
-    }
-
-    /// A commit found another owner: `g`'s subscription here ends.
-    pub fn lost(&self, g: &Arc<OrderedGroupState>) {
-        if let Some(h) = self.lock().remove(&id(g)) {
-            h.stop.cancel();
-        }
-        g.lose_ownership();
-    }
-
-    fn request_release(&self, g: &Arc<OrderedGroupState>) -> bool {
-        match self.lock().get_mut(&id(g)) {
-            Some(h) => {
-                h.releasing = true;
-                true
-            }
-            None => false,
-        }
-    }
-}
 
 /// Held by a subscription while it owns its group: dropping it asks the writer to release.
 pub(crate) struct OwnerRelease {
@@ -118,9 +45,8 @@ pub(crate) async fn acquire(
     side: &Arc<EtcdSide>,
     g: &Arc<OrderedGroupState>,
     nudge: mpsc::Sender<Request>,
-) -> Result<OwnerRelease, SubscribeError> {
-    let busy =
-        || SubscribeError::AlreadySubscribed { group: g.name.to_string(), queue: g.queue.name.to_string() };
+) -> Result<OwnerRelease, Error> {
+    let busy = || Error::Active { group: g.name.to_string(), queue: g.queue.name.to_string() };
     let ttl = side.settings.owner_ttl;
     let t = side.settings.request_timeout;
     let store = &side.store;
@@ -133,7 +59,7 @@ pub(crate) async fn acquire(
     }
     let deadline = tokio::time::Instant::now() + t;
     let lease = loop {
-        match super::retrying(t, || store.acquire_owner(&g.name, &g.queue.name, &side.owner_id, ttl)).await? {
+        match retrying(t, || store.acquire_owner(&g.name, &g.queue.name, &side.owner_id, ttl)).await? {
             Ok(lease) => break lease,
             // This process's own lease, being revoked right now: wait for it.
             Err(holder) if holder == side.owner_id && tokio::time::Instant::now() < deadline => {
@@ -155,8 +81,8 @@ pub(crate) async fn acquire(
     let release = OwnerRelease { side: side.clone(), group: g.clone(), nudge };
     side.owners.lock().insert(id(g), Held { group: g.clone(), stop, releasing: false, task });
     let refreshed = async {
-        let offset = super::retrying(t, || store.offset(&g.name, &g.queue.name)).await?;
-        let marks = super::retrying(t, || store.marks(&g.name, &g.queue.name)).await?;
+        let offset = retrying(t, || store.offset(&g.name, &g.queue.name)).await?;
+        let marks = retrying(t, || store.marks(&g.name, &g.queue.name)).await?;
         Ok::<_, crate::error::StorageError>((offset, marks))
     }
     .await;

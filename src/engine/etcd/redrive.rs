@@ -9,14 +9,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::retrying;
+use super::side::retrying;
 use super::writer::Writer;
 use crate::engine::registry::QueueState;
 use crate::engine::request::{RedriveItem, RedriveReply};
-use crate::error::{FailedError, RedriveError, StorageError};
+use crate::error::{Error, FailedError, StorageError};
 use crate::events::Event;
 use crate::store::envelope;
-use crate::store::etcd::{DeadLetterAppend, MAX_TXN_BYTES, MAX_TXN_OPS, RedriveOutcome};
+use crate::store::etcd::redrive::RedriveOutcome;
+use crate::store::etcd::{DeadLetterAppend, MAX_TXN_BYTES, MAX_TXN_OPS};
 use crate::telemetry;
 
 /// Letters per transaction: each may go to its own target (a message and a tail each), plus
@@ -44,24 +45,24 @@ impl Writer {
         expected: u64,
         last: u64,
         items: Vec<RedriveItem>,
-    ) -> Result<Vec<(Arc<str>, u64)>, RedriveError> {
+    ) -> Result<Vec<(Arc<str>, u64)>, Error> {
         let store = self.side.store.clone();
         let t = self.side.settings.request_timeout;
         let (cursor, mut cursor_rev) = retrying(t, || store.cursor(&dlq.name)).await?;
         if cursor != expected {
-            return Err(RedriveError::Conflict { dlq: dlq.name.to_string() });
+            return Err(Error::RedriveConflict { dlq: dlq.name.to_string() });
         }
         // Every message encoded and every target resolved first: a bad one moves nothing.
         let mut letters = Vec::with_capacity(items.len());
         for item in &items {
             let env = envelope::encode(&item.message, item.enqueued_at_micros).map_err(|e| {
-                RedriveError::Failed(FailedError::internal(format!(
+                Error::Failed(FailedError::internal(format!(
                     "cannot re-encode dead letter {}: {e:?}",
                     item.dlq_seq
                 )))
             })?;
             let target = self.create_queue(&item.target).await.map_err(|e| {
-                RedriveError::Failed(FailedError::internal(format!("target {:?}: {e}", item.target)))
+                Error::Failed(FailedError::internal(format!("target {:?}: {e}", item.target)))
             })?;
             letters.push((item.dlq_seq, target, env));
         }
@@ -101,7 +102,7 @@ impl Writer {
         cursor_rev: i64,
         to: u64,
         part: &[Letter],
-    ) -> Result<(i64, Vec<(Arc<str>, u64)>), RedriveError> {
+    ) -> Result<(i64, Vec<(Arc<str>, u64)>), Error> {
         let store = self.side.store.clone();
         let t = self.side.settings.request_timeout;
         let deadline = Instant::now() + t;
@@ -145,7 +146,7 @@ impl Writer {
                 }
                 Ok(RedriveOutcome::Refused { cursor, tails }) => {
                     if cursor.1 != cursor_rev {
-                        return Err(RedriveError::Conflict { dlq: dlq.name.to_string() });
+                        return Err(Error::RedriveConflict { dlq: dlq.name.to_string() });
                     }
                     for (a, tail) in appends.iter().zip(tails) {
                         match tail {
@@ -154,7 +155,7 @@ impl Writer {
                         };
                     }
                     if Instant::now() >= deadline {
-                        return Err(RedriveError::Storage(StorageError::new(
+                        return Err(Error::Storage(StorageError::new(
                             "etcd: the target queues kept moving during a redrive",
                         )));
                     }
@@ -163,7 +164,7 @@ impl Writer {
                     for a in &appends {
                         self.tails.remove(&a.qid);
                     }
-                    return Err(RedriveError::Storage(e));
+                    return Err(Error::Storage(e));
                 }
             }
         }

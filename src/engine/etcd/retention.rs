@@ -6,65 +6,37 @@
 //! learns the new first sequence through its watch (`watch.rs`).
 //!
 //! etcd keeps the history of deleted keys until it is compacted: a pass that compacts compacts
-//! to the revision the namespace had [`COMPACT_WINDOW`] earlier (as this process's passes saw
+//! to the revision the namespace had [`COMPACT_WINDOW`](super::side::COMPACT_WINDOW) earlier (as this process's passes saw
 //! it), so watches and in-doubt appends of the last minutes can still read it.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
 
-use super::{EtcdSide, retrying};
-use crate::engine::shared::Shared;
-use crate::error::QueueError;
+use super::side::{EtcdSide, retrying};
+use crate::engine::Engine;
+use crate::error::Error;
 use crate::events::Event;
 use crate::model::{GroupMode, QueueMeta};
 use crate::retention::{Retention, TrimReport};
-use crate::store::etcd::{MAX_TXN_OPS, TrimGroup, TrimPlan};
+use crate::store::etcd::MAX_TXN_OPS;
+use crate::store::etcd::retention::{TrimGroup, TrimPlan};
 use crate::telemetry;
 
-/// How much of etcd's history a compaction keeps: longer than any request's timeout, so an
-/// append whose answer was lost can still be resolved from the history, and a watch that fell
-/// behind for less than this resumes without a re-read.
-pub(crate) const COMPACT_WINDOW: Duration = Duration::from_secs(5 * 60);
 /// Most messages one pass scans to find a `MaxAge` cut (the rest waits for the next pass).
 const AGE_SCAN: u64 = 64 * 1024;
 /// A queue whose trim was refused (something it was computed from changed) is computed again
 /// this many times in one pass.
 const TRIES: usize = 5;
 
-/// The revisions this process's passes started at, by the broker clock: where a compaction
-/// may go.
-#[derive(Default)]
-pub(crate) struct Revisions(std::sync::Mutex<VecDeque<(Instant, i64)>>);
-
-impl Revisions {
-    /// Notes `rev` seen at `now`; returns the newest revision seen at least
-    /// [`COMPACT_WINDOW`] before `now` (forgetting the older ones), if any.
-    fn note(&self, now: Instant, rev: i64) -> Option<i64> {
-        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        seen.push_back((now, rev));
-        let mut target = None;
-        while let Some(&(at, r)) = seen.front() {
-            if now.saturating_duration_since(at) < COMPACT_WINDOW {
-                break;
-            }
-            target = Some(r);
-            seen.pop_front();
-        }
-        target
-    }
-}
-
 /// One retention pass over every queue of the namespace; compacts etcd's history (keeping
-/// [`COMPACT_WINDOW`]) if `compact`, or if it deleted many messages.
+/// [`COMPACT_WINDOW`](super::side::COMPACT_WINDOW)) if `compact`, or if it deleted many messages.
 pub(crate) async fn pass(
-    shared: &Arc<Shared>,
+    engine: &Arc<Engine>,
     side: &EtcdSide,
     compact: Option<bool>,
-) -> Result<TrimReport, QueueError> {
+) -> Result<TrimReport, Error> {
     let t = side.settings.request_timeout;
-    let clock = shared.clock().clone();
+    let clock = engine.clock().clone();
     let mut report = TrimReport::default();
     let mut started_at = None;
     let mut pending: Option<Vec<String>> = None;
@@ -122,7 +94,7 @@ pub(crate) async fn pass(
             // Tests create a group here, after the cut was computed.
             crate::faults::reached("rockq-etcd-trim-planned");
             if retrying(t, || side.store.trim(&plan)).await? {
-                trimmed(shared, side, &plan, first).await;
+                trimmed(engine, side, &plan, first).await;
                 report.trimmed.push((name.clone(), to - first + 1, to + 1));
                 report.deleted += to - first + 1;
             } else {
@@ -146,13 +118,12 @@ pub(crate) async fn pass(
 
 /// A trim landed: this process takes the new first sequence at once (others through their
 /// watch), and reports it as the embedded writer does.
-async fn trimmed(shared: &Arc<Shared>, side: &EtcdSide, plan: &TrimPlan, first: u64) {
-    let engine = &shared.engine;
+async fn trimmed(engine: &Engine, side: &EtcdSide, plan: &TrimPlan, first: u64) {
     super::watch::learn_queue(engine, side, &plan.queue, &plan.meta).await;
     let (to, deleted) = (plan.to, plan.to - first + 1);
     // The watch may have brought the new record first and be moving the work groups on: this
     // waits for that (or does it), so the pass returns with the offsets moved.
-    super::work::trimmed(side, plan.meta.id, to).await;
+    super::claims::trimmed(side, plan.meta.id, to).await;
     let queue: Arc<str> = Arc::from(plan.queue.as_str());
     tracing::info!(queue = %queue, deleted, first_seq = to + 1, "rockq: trimmed");
     telemetry::queue_counter(telemetry::TRIMMED, &queue, deleted);

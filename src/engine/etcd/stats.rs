@@ -4,19 +4,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::EtcdSide;
-use crate::engine::inspect::{live_leases, pending_claim};
-use crate::engine::shared::Shared;
-use crate::error::InspectError;
+use super::side::EtcdSide;
+use crate::engine::Engine;
+use crate::engine::figures::{live_leases, pending_claim};
+use crate::error::Error;
 use crate::model::GroupMode as StoredMode;
 use crate::stats::{GroupMode, GroupStats, PendingState, QueueStats, Stats};
 
-pub(crate) async fn stats(shared: &Arc<Shared>, side: &EtcdSide) -> Result<Stats, InspectError> {
-    if shared.is_closed() {
-        return Err(InspectError::Shutdown);
-    }
+pub(crate) async fn stats(engine: &Arc<Engine>, side: &EtcdSide) -> Result<Stats, Error> {
     let loaded = side.store.load().await?;
-    let now = shared.clock().wall_micros();
+    let now = engine.clock().wall_micros();
     let mut queues = Vec::with_capacity(loaded.queues.len());
     for (name, meta, last) in &loaded.queues {
         let oldest_age = match *last >= meta.first_seq {
@@ -43,14 +40,14 @@ pub(crate) async fn stats(shared: &Arc<Shared>, side: &EtcdSide) -> Result<Stats
         });
     }
     queues.sort_by(|a, b| a.name.cmp(&b.name));
-    let live = live_leases(&shared.engine, None);
+    let live = live_leases(engine, None);
     let last_of =
         |name: &str| loaded.queues.iter().find(|(n, _, _)| n == name).map(|(_, m, l)| (m.first_seq, *l));
     let mut groups = Vec::with_capacity(loaded.groups.len());
     for (group, queue, offset) in &loaded.groups {
         let Some(q) = queues.iter().find(|q| &q.name == queue) else { continue };
         let start = (offset.committed + 1).max(q.first_seq);
-        let registry = &shared.engine.registry;
+        let registry = &engine.registry;
         let mut g = GroupStats {
             group: group.clone(),
             queue: queue.clone(),
@@ -86,7 +83,7 @@ pub(crate) async fn stats(shared: &Arc<Shared>, side: &EtcdSide) -> Result<Stats
             g.lag = g.lag.saturating_sub(done);
             let (record, _) = side.store.work_settings(group, queue).await?;
             let record = record.unwrap_or_default();
-            let dlq = crate::work_settings::dead_letter_queue_of(&record, queue).to_string();
+            let dlq = crate::model::dead_letter_queue_of(&record, queue).to_string();
             if let Some((first, last)) = last_of(&dlq) {
                 let (cursor, _) = side.store.cursor(&dlq).await?;
                 g.dlq_depth = last.saturating_sub(cursor.max(first - 1));

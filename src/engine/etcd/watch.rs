@@ -13,10 +13,10 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use super::EtcdSide;
+use super::side::{EtcdSide, register_queue};
 use crate::engine::Engine;
 use crate::model::QueueMeta;
-use crate::store::etcd::NamespaceEvent;
+use crate::store::etcd::retention::NamespaceEvent;
 
 pub(super) async fn run(
     engine: Weak<Engine>,
@@ -98,7 +98,7 @@ pub(super) async fn learn_queue(engine: &Engine, side: &EtcdSide, name: &str, me
         // Another queue of the name (deleted and created again) is not carried out on etcd.
         Some(_) => return,
         None => {
-            super::register_queue(engine, name, meta, meta.first_seq - 1);
+            register_queue(engine, name, meta, meta.first_seq - 1);
             return;
         }
     };
@@ -113,6 +113,6 @@ pub(super) async fn learn_queue(engine: &Engine, side: &EtcdSide, name: &str, me
         for g in engine.registry.ordered.iter().filter(|g| g.queue.id == q.id) {
             g.records().forget_through(to);
         }
-        super::work::trimmed(side, q.id, to).await;
+        super::claims::trimmed(side, q.id, to).await;
     }
 }

@@ -21,108 +21,30 @@
 //! its records, so the watch applies nothing this process is still writing) before the claim
 //! state machine's locks.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
-
+use super::claims::{advance, load};
+use super::known::{Known, WorkSide};
+use super::side::retrying;
 use super::writer::Writer;
-use super::{EtcdSide, retrying};
-use crate::clock::Clock;
-use crate::engine::Engine;
+use crate::engine::capability::{self, Capability, Flavour};
+use crate::engine::dead_letter::{self, Origin};
 use crate::engine::registry::{QueueState, QueuedAck, WorkGroupState};
-use crate::engine::request::{Outcome, Reply, Request, SettingsMode, WorkSettingsRequest};
-use crate::engine::writer::dead_letter::{self, Origin};
-use crate::error::{AckError, StorageError, SubscribeError};
+use crate::engine::request::{Outcome, Reply, SettingsMode, WorkSettingsRequest};
+use crate::error::{Error, StorageError};
 use crate::events::Event;
+use crate::model::WorkSettings;
 use crate::model::{Claim, GroupMode, GroupOffset, StartFrom};
 use crate::store::envelope;
-use crate::store::etcd::{ClaimEvent, ClaimRecord, ClaimWrite, ClaimsOutcome, DeadLetterAppend, MAX_TXN_OPS};
+use crate::store::etcd::work::{ClaimRecord, ClaimWrite, ClaimsOutcome};
+use crate::store::etcd::{DeadLetterAppend, MAX_TXN_OPS};
 use crate::telemetry;
-use crate::work_settings::WorkSettings;
 
 /// Records per claim or ack transaction: etcd's operation limit, with room for the offset
 /// compare and a dead-letter append.
 const MAX_RECORDS: usize = MAX_TXN_OPS - 8;
-
-/// What this process knows of one work group's records in etcd.
-pub(crate) struct WorkSide {
-    group: Arc<WorkGroupState>,
-    known: tokio::sync::Mutex<Known>,
-}
-
-#[derive(Default)]
-struct Known {
-    /// The `mod_revision` of each claim record above the offset, as last seen.
-    revs: HashMap<u64, i64>,
-    /// The offset as stored (or further: learned from records the offset move deleted).
-    stored_offset: u64,
-    /// The `mod_revision` of this process's last write of each record: an outcome may only
-    /// be written over this process's own claim (its fencing token).
-    mine: HashMap<u64, i64>,
-}
-
-impl Known {
-    fn expected(&self, seq: u64) -> i64 {
-        self.revs.get(&seq).copied().unwrap_or(0)
-    }
-
-    /// The revision an outcome of `seq` compares: this process's claim, unless something
-    /// another process wrote since was learned (then the claim is lost, and nothing is sent).
-    fn own(&self, seq: u64) -> Option<i64> {
-        let mine = self.mine.get(&seq).copied()?;
-        (self.revs.get(&seq) == Some(&mine)).then_some(mine)
-    }
-
-    /// This process wrote `seq`'s record at `rev`.
-    fn wrote(&mut self, seq: u64, rev: i64) {
-        self.revs.insert(seq, rev);
-        self.mine.insert(seq, rev);
-    }
-
-    /// The records of a refused write, as they are: taught to the state machine.
-    fn learn(
-        &mut self,
-        g: &WorkGroupState,
-        offset: u64,
-        found: Vec<(u64, Option<ClaimRecord>)>,
-        clock: &Clock,
-    ) {
-        self.learn_offset(g, offset);
-        for (seq, rec) in found {
-            match rec {
-                Some(r) => {
-                    self.revs.insert(seq, r.rev);
-                    g.learn_claim(seq, &r.claim, clock);
-                }
-                None if seq <= offset => {}
-                None => {
-                    self.revs.remove(&seq);
-                    g.learn_unclaimed(seq);
-                }
-            }
-        }
-    }
-
-    /// The stored offset is at least `offset`: everything up to it is finished.
-    fn learn_offset(&mut self, g: &WorkGroupState, offset: u64) {
-        if offset <= self.stored_offset {
-            return;
-        }
-        self.stored_offset = offset;
-        self.revs.retain(|&s, _| s > offset);
-        self.mine.retain(|&s, _| s > offset);
-        g.learn_offset(offset);
-        let before = g.durable.fetch_max(offset, Ordering::SeqCst);
-        if offset > before {
-            g.changed.notify_waiters();
-        }
-    }
-}
 
 impl Writer {
     /// Creates a work-queue group (or finds it), loads its claim records into a new state
@@ -132,7 +54,7 @@ impl Writer {
         queue: Arc<QueueState>,
         group: String,
         start: StartFrom,
-    ) -> Result<Arc<WorkGroupState>, SubscribeError> {
+    ) -> Result<Arc<WorkGroupState>, Error> {
         let id = crate::store::group_id(&group, &queue.name);
         if let Some(g) = self.engine.registry.work.get(&id) {
             return Ok(g.clone());
@@ -150,7 +72,7 @@ impl Writer {
             }
         };
         if stood.mode != GroupMode::WorkQueue {
-            return Err(SubscribeError::WrongMode {
+            return Err(Error::WrongMode {
                 group: group.clone(),
                 queue: queue.name.to_string(),
                 existing: "ordered",
@@ -164,8 +86,7 @@ impl Writer {
     pub(super) async fn work_settings(&mut self, req: WorkSettingsRequest) {
         let WorkSettingsRequest { group, requested, mode, reply } = req;
         if requested.ordered_by_key == Some(true) {
-            let _ = reply
-                .send(Err(SubscribeError::Unsupported(super::unsupported("ordering a work group by key"))));
+            let _ = reply.send(Err(capability::refusal(Flavour::Etcd, Capability::OrderedByKey)));
             return;
         }
         let _ = reply.send(self.store_work_settings(&group, &requested, mode).await);
@@ -174,9 +95,9 @@ impl Writer {
     async fn store_work_settings(
         &mut self,
         group: &Arc<WorkGroupState>,
-        requested: &crate::work_settings::RequestedWork,
+        requested: &crate::model::RequestedWork,
         mode: SettingsMode,
-    ) -> Result<Arc<WorkSettings>, SubscribeError> {
+    ) -> Result<Arc<WorkSettings>, Error> {
         let store = &self.side.store;
         let t = self.side.settings.request_timeout;
         let (gname, qname) = (&group.name, &group.queue.name);
@@ -192,7 +113,7 @@ impl Writer {
                 (None, _) => requested.initial(&current, qname),
             };
             if next.dead_letter_queue.len() > crate::name::MAX_NAME_LEN {
-                return Err(SubscribeError::DeadLetterName { queue: qname.to_string() });
+                return Err(Error::DeadLetterName { queue: qname.to_string() });
             }
             let record = next.stored_in(&current);
             if record == current
@@ -217,10 +138,10 @@ impl Writer {
         &mut self,
         group: Arc<WorkGroupState>,
         claims: Vec<(u64, Claim)>,
-        reply: Reply<(), AckError>,
+        reply: Reply<(), Error>,
     ) {
         let Some(ws) = self.work_side(&group) else {
-            let _ = reply.send(Err(AckError::Storage(StorageError::new("work group not loaded"))));
+            let _ = reply.send(Err(Error::Storage(StorageError::new("work group not loaded"))));
             return;
         };
         let mut known = ws.known.lock().await;
@@ -234,7 +155,7 @@ impl Writer {
                 _ => true,
             });
             if let Some((seq, c)) = stale {
-                let _ = reply.send(Err(AckError::LeaseLost { seq: *seq, attempt: attempt_of(c) }));
+                let _ = reply.send(Err(group.lease_lost(*seq, attempt_of(c))));
                 return;
             }
             let writes: Vec<ClaimWrite> = chunk
@@ -250,11 +171,11 @@ impl Writer {
                 Ok(Written::No { offset, found, .. }) => {
                     known.learn(&group, offset, found, &clock);
                     let (seq, attempt) = chunk.first().map_or((0, 0), |(s, c)| (*s, attempt_of(c)));
-                    let _ = reply.send(Err(AckError::LeaseLost { seq, attempt }));
+                    let _ = reply.send(Err(group.lease_lost(seq, attempt)));
                     return;
                 }
                 Err(e) => {
-                    let _ = reply.send(Err(AckError::Storage(e)));
+                    let _ = reply.send(Err(Error::Storage(e)));
                     return;
                 }
             }
@@ -321,11 +242,11 @@ impl Writer {
         seq: u64,
         attempt: u32,
         outcome: Outcome,
-        reply: Reply<(), AckError>,
+        reply: Reply<(), Error>,
     ) {
         let Some(ws) = self.work_side(&group) else {
             group.revert(seq);
-            let _ = reply.send(Err(AckError::Storage(StorageError::new("work group not loaded"))));
+            let _ = reply.send(Err(Error::Storage(StorageError::new("work group not loaded"))));
             return;
         };
         let mut known = ws.known.lock().await;
@@ -340,7 +261,7 @@ impl Writer {
         };
         let Some(expected) = expected else {
             // Another process's write to it was learned since: its state stands.
-            let _ = reply.send(Err(AckError::LeaseLost { seq, attempt }));
+            let _ = reply.send(Err(group.lease_lost(seq, attempt)));
             return;
         };
         let (queue, gname) = (group.queue.name.clone(), group.name.clone());
@@ -361,11 +282,11 @@ impl Writer {
                     }
                     Ok(Written::No { offset, found, .. }) => {
                         known.learn(&group, offset, found, &clock);
-                        let _ = reply.send(Err(AckError::LeaseLost { seq, attempt }));
+                        let _ = reply.send(Err(group.lease_lost(seq, attempt)));
                     }
                     Err(e) => {
                         group.revert(seq);
-                        let _ = reply.send(Err(AckError::Storage(e)));
+                        let _ = reply.send(Err(Error::Storage(e)));
                     }
                 }
             }
@@ -391,11 +312,11 @@ impl Writer {
                     }
                     Ok(Written::No { offset, found, .. }) => {
                         known.learn(&group, offset, found, &clock);
-                        let _ = reply.send(Err(AckError::LeaseLost { seq, attempt }));
+                        let _ = reply.send(Err(group.lease_lost(seq, attempt)));
                     }
                     Err(e) => {
                         // Waiting here already; claimable when due, as after a crash.
-                        let _ = reply.send(Err(AckError::Storage(e)));
+                        let _ = reply.send(Err(Error::Storage(e)));
                     }
                 }
             }
@@ -421,11 +342,11 @@ impl Writer {
                         let _ = reply.send(Ok(()));
                     }
                     Ok(None) => {
-                        let _ = reply.send(Err(AckError::LeaseLost { seq, attempt }));
+                        let _ = reply.send(Err(group.lease_lost(seq, attempt)));
                     }
                     Err(e) => {
                         group.revert(seq);
-                        let _ = reply.send(Err(AckError::Storage(e)));
+                        let _ = reply.send(Err(Error::Storage(e)));
                     }
                 }
             }
@@ -643,83 +564,6 @@ impl Writer {
     }
 }
 
-/// Moves `g`'s stored offset over the finished run above it, if this process knows of one.
-/// Safe from any task: the move compares the stored offset (it only goes forward). Returns
-/// whether this call moved it.
-async fn advance(side: &EtcdSide, g: &WorkGroupState, known: &mut Known) -> Result<bool, StorageError> {
-    let to = g.progress().offset;
-    if to <= known.stored_offset {
-        return Ok(false);
-    }
-    let (store, t) = (&side.store, side.settings.request_timeout);
-    // Moved, or another process moved it at least as far.
-    let moved = retrying(t, || store.move_work_offset(&g.name, &g.queue.name, to)).await?;
-    known.learn_offset(g, to);
-    Ok(moved)
-}
-
-/// Loads work group `group` on `queue` (its offset record exists): its claim records into a new
-/// state machine, its stored settings, and a watch on its records from the revision they were
-/// read at. Registered in the engine (at connect for every group, else at first use).
-pub(super) async fn load(
-    engine: &Arc<Engine>,
-    side: &Arc<EtcdSide>,
-    queue: Arc<QueueState>,
-    group: &str,
-    stop: &CancellationToken,
-    nudge: &mpsc::WeakSender<Request>,
-) -> Result<Arc<WorkGroupState>, StorageError> {
-    let id = crate::store::group_id(group, &queue.name);
-    let (store, t) = (&side.store, side.settings.request_timeout);
-    let (offset, records, rev) = retrying(t, || store.load_claims(group, &queue.name)).await?;
-    let g = WorkGroupState::new(group, queue.clone(), offset);
-    let clock = engine.clock().clone();
-    let mut known = Known { stored_offset: offset, ..Known::default() };
-    for r in records {
-        known.revs.insert(r.seq, r.rev);
-        g.learn_claim(r.seq, &r.claim, &clock);
-    }
-    if let (Some(rec), _) = retrying(t, || store.work_settings(group, &queue.name)).await?
-        && let Some(s) = WorkSettings::stored(&rec, &queue.name)
-    {
-        g.set_settings(Arc::new(s));
-    }
-    let ws = Arc::new(WorkSide { group: g.clone(), known: tokio::sync::Mutex::new(known) });
-    side.work.insert(id.clone(), ws.clone());
-    engine.registry.work.insert(id, g.clone());
-    // A group created on a stale head (a trim landed between reading the head and creating
-    // the group) would wait for ever on messages that are gone (review finding): the head as
-    // etcd holds it now, read after the group is registered (a later trim reaches it through
-    // the watch), moves it past them.
-    if let Some((meta, _)) = retrying(t, || store.queue_record(&queue.name)).await?
-        && meta.id == queue.id
-        && meta.first_seq > offset + 1
-    {
-        queue.first_seq.fetch_max(meta.first_seq, Ordering::AcqRel);
-        let mut known = ws.known.lock().await;
-        known.learn_offset(&g, meta.first_seq - 1);
-        advance(side, &g, &mut known).await?;
-    }
-    tokio::spawn(watch(side.clone(), Arc::downgrade(&ws), rev, clock, stop.clone(), nudge.clone()));
-    Ok(g)
-}
-
-/// Queue `qid` was trimmed through `to`: its work groups here jump past the deleted head (a
-/// group behind the cut had its offset moved to `to` in the trim's transaction).
-pub(super) async fn trimmed(side: &EtcdSide, qid: u32, to: u64) {
-    let sides: Vec<Arc<WorkSide>> =
-        side.work.iter().filter(|w| w.group.queue.id == qid).map(|w| w.clone()).collect();
-    for ws in sides {
-        let mut known = ws.known.lock().await;
-        known.learn_offset(&ws.group, to);
-        // Over the messages finished while the trimmed head waited, as embedded (they would
-        // otherwise wait for the next message finished here).
-        if let Err(e) = advance(side, &ws.group, &mut known).await {
-            tracing::warn!(queue = %ws.group.queue.name, group = %ws.group.name, error = %e, "rockq: moving a work group's offset past a trim failed; trying again next round");
-        }
-    }
-}
-
 /// The answer to [`Writer::write`].
 enum Written {
     Yes(i64),
@@ -730,94 +574,5 @@ fn attempt_of(c: &Claim) -> u32 {
     match c {
         Claim::Leased { attempt, .. } | Claim::Waiting { attempt, .. } => *attempt,
         Claim::Done => 0,
-    }
-}
-
-/// Teaches the group's state machine what other processes write, until the broker stops or the
-/// group is gone. A broken watch (compacted, the member went away) is replaced after a reload
-/// of every record: state is re-read, not replayed.
-async fn watch(
-    side: Arc<EtcdSide>,
-    ws: Weak<WorkSide>,
-    mut rev: i64,
-    clock: Clock,
-    stop: CancellationToken,
-    nudge: mpsc::WeakSender<Request>,
-) {
-    let (gname, qname) = match ws.upgrade() {
-        Some(w) => (w.group.name.to_string(), w.group.queue.name.to_string()),
-        None => return,
-    };
-    loop {
-        match side.store.watch_claims(&gname, &qname, rev).await {
-            Ok(stream) => {
-                let mut stream = std::pin::pin!(stream);
-                loop {
-                    let next = tokio::select! {
-                        _ = stop.cancelled() => return,
-                        next = stream.next() => next,
-                    };
-                    let Some(ws) = ws.upgrade() else { return };
-                    match next {
-                        // Tests hold other processes' writes back from this process (a slow
-                        // watch): etcd's compares alone must keep the guarantees.
-                        Some(Ok(_)) if crate::faults::check("rockq-etcd-claim-watch").is_err() => {}
-                        Some(Ok(events)) => {
-                            let mut known = ws.known.lock().await;
-                            for ev in events {
-                                match ev {
-                                    ClaimEvent::Put(r) => {
-                                        rev = rev.max(r.rev);
-                                        if r.seq > known.stored_offset && r.rev > known.expected(r.seq) {
-                                            known.revs.insert(r.seq, r.rev);
-                                            ws.group.learn_claim(r.seq, &r.claim, &clock);
-                                        }
-                                    }
-                                    ClaimEvent::Gone { seq, rev: r } => {
-                                        rev = rev.max(r);
-                                        known.learn_offset(&ws.group, seq);
-                                    }
-                                }
-                            }
-                            let behind = ws.group.progress().offset > known.stored_offset;
-                            drop(known);
-                            if behind && let Some(tx) = nudge.upgrade() {
-                                // Another process finished the run's last message: move the offset.
-                                let _ = tx.try_send(Request::Commit);
-                            }
-                        }
-                        Some(Err(e)) => {
-                            tracing::debug!(error = %e, group = %gname, "rockq: claim watch broke; reloading");
-                            break;
-                        }
-                        None => break,
-                    }
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, "rockq: claim watch did not start; retrying"),
-        }
-        loop {
-            match side.store.load_claims(&gname, &qname).await {
-                Ok((offset, records, at)) => {
-                    let Some(ws) = ws.upgrade() else { return };
-                    let mut known = ws.known.lock().await;
-                    known.learn_offset(&ws.group, offset);
-                    for r in records {
-                        if r.rev > known.expected(r.seq) {
-                            known.revs.insert(r.seq, r.rev);
-                            ws.group.learn_claim(r.seq, &r.claim, &clock);
-                        }
-                    }
-                    rev = at;
-                    break;
-                }
-                Err(_) => {
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                    }
-                }
-            }
-        }
     }
 }

@@ -21,14 +21,14 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::{EtcdSide, retrying};
+use super::side::{EtcdSide, register_queue, retrying};
 use crate::engine::Engine;
+use crate::engine::capability::{self, Flavour};
+use crate::engine::dead_letter::{self, Origin};
 use crate::engine::inbox::Staged;
 use crate::engine::registry::{OrderedGroupState, PendingRecord, QueueState};
 use crate::engine::request::{OrderedRequest, QueueRequest, Request, RetentionRequest, WorkRequest};
-use crate::engine::writer::dead_letter::{self, Origin};
-use crate::engine::writer::refuse_request;
-use crate::error::{Closed, QueueError, SendError, StorageError, SubscribeError};
+use crate::error::{Closed, Error, StorageError, UnsupportedError};
 use crate::events::Event;
 use crate::model::{GroupMode, GroupOffset, OrderedMark, QueueMeta, StartFrom};
 use crate::retention::Retention;
@@ -114,7 +114,7 @@ pub(super) async fn run(
             }
         };
         for f in flushes {
-            let _ = f.send(committed.clone().map_err(crate::error::CommitError::Storage));
+            let _ = f.send(committed.clone().map_err(crate::error::Error::Storage));
         }
         w.side.owners.release_clean();
         if stop {
@@ -126,7 +126,7 @@ pub(super) async fn run(
                     .await;
             rx.close();
             while let Ok(req) = rx.try_recv() {
-                refuse_request(req, &Closed::Shutdown);
+                req.refuse(&Closed::Shutdown);
             }
             for s in shutdowns {
                 let _ = s.send(Ok(()));
@@ -170,31 +170,27 @@ impl Writer {
                 let _ = reply.send(self.set_retention(&queue, retention).await);
             }
             Request::Commit => {}
+            // No handler here: refused as the capability table says (a request the table
+            // says this engine carries out but that reaches here is a bug, refused all the same).
             other => {
-                let what = match &other {
-                    Request::Queue(_) => "idempotency keys",
-                    Request::Ordered(_) => "resetting a group",
-                    Request::Work(_) => "resetting a group",
-                    Request::Retention(_) => "retention policies",
-                    Request::Settings(_) => "pausing groups",
-                    Request::Schedule(_) => "delayed messages, idempotent submits and schedules",
-                    Request::Lifecycle(_) => "deleting and purging",
-                    Request::Kv(_) => "keyspaces",
-                    Request::Tx(_) => "transactions",
-                    _ => "this request",
+                let refused =
+                    capability::for_request(&other).map(|cap| capability::check(Flavour::Etcd, cap));
+                let why = match refused {
+                    Some(Err(u)) => u,
+                    _ => UnsupportedError::new("this request", Flavour::Etcd.name()),
                 };
-                refuse_request(other, &Closed::Unsupported(super::unsupported(what)));
+                other.refuse(&Closed::Unsupported(why));
             }
         }
     }
 
-    pub(super) async fn create_queue(&mut self, name: &str) -> Result<Arc<QueueState>, QueueError> {
+    pub(super) async fn create_queue(&mut self, name: &str) -> Result<Arc<QueueState>, Error> {
         if let Some(q) = self.engine.registry.queue(name) {
             return Ok(q);
         }
         let store = &self.side.store;
         let (meta, last) = retrying(self.side.settings.request_timeout, || store.create_queue(name)).await?;
-        let q = super::register_queue(&self.engine, name, &meta, last);
+        let q = register_queue(&self.engine, name, &meta, last);
         tracing::debug!(queue = %name, id = meta.id, "rockq: queue created or found in etcd");
         Ok(q)
     }
@@ -204,16 +200,13 @@ impl Writer {
         queue: Arc<QueueState>,
         group: String,
         start: StartFrom,
-    ) -> Result<Arc<OrderedGroupState>, SubscribeError> {
+    ) -> Result<Arc<OrderedGroupState>, Error> {
         let id = crate::store::group_id(&group, &queue.name);
         if let Some(g) = self.engine.registry.ordered.get(&id) {
             return Ok(g.clone());
         }
-        let wrong = |existing| SubscribeError::WrongMode {
-            group: group.clone(),
-            queue: queue.name.to_string(),
-            existing,
-        };
+        let wrong =
+            |existing| Error::WrongMode { group: group.clone(), queue: queue.name.to_string(), existing };
         let store = &self.side.store;
         let t = self.side.settings.request_timeout;
         let stood = match retrying(t, || store.offset(&group, &queue.name)).await? {
@@ -237,11 +230,7 @@ impl Writer {
     /// The offset a new group starting at `start` gets: the queue's first sequence and tail
     /// as etcd holds them now (another process may have trimmed or appended since this one
     /// last heard).
-    pub(super) async fn start_offset(
-        &self,
-        queue: &QueueState,
-        start: StartFrom,
-    ) -> Result<u64, SubscribeError> {
+    pub(super) async fn start_offset(&self, queue: &QueueState, start: StartFrom) -> Result<u64, Error> {
         let (store, t) = (&self.side.store, self.side.settings.request_timeout);
         if let Some((meta, _)) = retrying(t, || store.queue_record(&queue.name)).await? {
             queue.first_seq.fetch_max(meta.first_seq, Ordering::AcqRel);
@@ -252,19 +241,17 @@ impl Writer {
             StartFrom::Earliest => Ok(first - 1),
             StartFrom::Latest => Ok(next - 1),
             StartFrom::Sequence(s) if (first..=next).contains(&s) => Ok(s - 1),
-            StartFrom::Sequence(requested) => {
-                Err(SubscribeError::SequenceOutOfRange { requested, first, next })
-            }
+            StartFrom::Sequence(requested) => Err(Error::OutOfRange { requested, first, next }),
         }
     }
 
     /// Changes `queue`'s retention policy in its record, compared with the record's revision
     /// (another process may have trimmed it meanwhile: its first sequence is kept).
-    async fn set_retention(&mut self, queue: &QueueState, retention: Retention) -> Result<(), QueueError> {
+    async fn set_retention(&mut self, queue: &QueueState, retention: Retention) -> Result<(), Error> {
         let (store, t) = (&self.side.store, self.side.settings.request_timeout);
         loop {
             let Some((meta, rev)) = retrying(t, || store.queue_record(&queue.name)).await? else {
-                return Err(QueueError::Deleted { queue: queue.name.to_string() });
+                return Err(Error::QueueDeleted { queue: queue.name.to_string() });
             };
             let next = QueueMeta { retention, ..meta };
             if retrying(t, || store.put_queue_record(&queue.name, &next, rev)).await? {
@@ -355,7 +342,7 @@ impl Writer {
             Err(e) => {
                 tracing::error!(error = %e, "rockq: an append to etcd failed; its sends fail");
                 let Staged { resolver, .. } = s;
-                resolver.resolve(Err(SendError::Storage(e)));
+                resolver.resolve(Err(Error::Storage(e)));
             }
         }
     }

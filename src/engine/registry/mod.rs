@@ -10,6 +10,7 @@
 //!   above its offset (the live subscription's acknowledgement window is the consumer's, seen
 //!   here through `LiveSubscription`).
 //! - `keyspace.rs`: a keyspace of application state (its id and key count).
+//! - `restore.rs`: the registry rebuilt from what the embedded store loaded at open.
 //! - `work.rs`: a work-queue group's claims, leases, retries and finished sequences, over
 //!   `dispatch.rs` (the claim index: ready, timers) and `finished.rs` (the finished bitmap).
 
@@ -19,6 +20,7 @@ mod keyspace;
 mod ordered;
 mod queue;
 mod records;
+mod restore;
 mod work;
 
 use std::sync::Arc;

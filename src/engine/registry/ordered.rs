@@ -36,8 +36,8 @@ pub(crate) struct OrderedGroupState {
     pub records: std::sync::Mutex<GroupRecords>,
     /// Set by the writer as the group's deletion (or its queue's) enters a batch.
     deleted: AtomicBool,
-    /// The etcd engine: another process took the group over (this one's lease lapsed).
-    #[cfg(feature = "etcd")]
+    /// The etcd engine: another process took the group over (this one's lease lapsed). Never
+    /// set by the embedded engine.
     lost: AtomicBool,
 }
 
@@ -57,7 +57,6 @@ impl OrderedGroupState {
             live: std::sync::Mutex::new(None),
             records: std::sync::Mutex::new(GroupRecords::default()),
             deleted: AtomicBool::new(false),
-            #[cfg(feature = "etcd")]
             lost: AtomicBool::new(false),
         })
     }
@@ -66,21 +65,18 @@ impl OrderedGroupState {
     /// embedded one): its subscription ends.
     #[inline]
     pub fn ownership_lost(&self) -> bool {
-        #[cfg(feature = "etcd")]
-        return self.lost.load(Ordering::Acquire);
-        #[cfg(not(feature = "etcd"))]
-        false
+        self.lost.load(Ordering::Acquire)
     }
 
     /// Another process owns the group now: the subscription here ends (woken to see it).
-    #[cfg(feature = "etcd")]
+    #[allow(dead_code)] // the etcd engine's
     pub fn lose_ownership(&self) {
         self.lost.store(true, Ordering::Release);
         self.queue.poke();
     }
 
     /// This process owns the group again (a new subscription took it).
-    #[cfg(feature = "etcd")]
+    #[allow(dead_code)] // the etcd engine's
     pub fn regain_ownership(&self) {
         self.lost.store(false, Ordering::Release);
     }

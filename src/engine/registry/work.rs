@@ -23,8 +23,8 @@ use super::queue::QueueState;
 use crate::clock::Clock;
 use crate::events::Event;
 use crate::model::Claim;
+use crate::model::WorkSettings;
 use crate::store::GroupKeys;
-use crate::work_settings::WorkSettings;
 
 /// One work-queue group on one queue.
 pub(crate) struct WorkGroupState {
@@ -239,6 +239,17 @@ impl WorkGroupState {
         match recorded.as_str() {
             "" => Arc::from(crate::model::default_dead_letter_queue(&self.queue.name)),
             n => Arc::from(n),
+        }
+    }
+
+    /// The refusal of an outcome or extension of attempt `attempt` on `seq` that this group no
+    /// longer leases to its holder.
+    pub fn lease_lost(&self, seq: u64, attempt: u32) -> crate::error::Error {
+        crate::error::Error::LeaseLost {
+            queue: self.queue.name.to_string(),
+            group: self.name.to_string(),
+            seq,
+            attempt,
         }
     }
 
@@ -624,7 +635,7 @@ impl WorkGroupState {
     /// Its lease is held under a token no holder here has (so it is nobody's here until its
     /// deadline), its retry waits, and a finished one is forgotten and counted finished.
     /// Sequences between the frontier and `seq` that nobody claimed become claimable.
-    #[cfg(feature = "etcd")]
+    #[allow(dead_code)] // the etcd engine's (what other processes wrote)
     pub fn learn_claim(&self, seq: u64, claim: &Claim, clock: &Clock) {
         {
             let mut d = self.dispatch();
@@ -660,7 +671,7 @@ impl WorkGroupState {
 
     /// The etcd engine: `seq` is finished (its record went with an offset move, or its outcome
     /// here was written).
-    #[cfg(feature = "etcd")]
+    #[allow(dead_code)] // the etcd engine's (what other processes wrote)
     pub fn learn_finished(&self, seq: u64) {
         {
             let mut d = self.dispatch();
@@ -676,21 +687,21 @@ impl WorkGroupState {
 
     /// The etcd engine: whether `seq` is still leased to the holder of `token` (nothing learned
     /// since the claim was decided took it elsewhere).
-    #[cfg(feature = "etcd")]
+    #[allow(dead_code)] // the etcd engine's (what other processes wrote)
     pub fn holds_lease(&self, seq: u64, token: u64) -> bool {
         matches!(self.dispatch().get(seq).map(|s| s.state), Some(SlotState::Leased { token: t, .. }) if t == token)
     }
 
     /// The etcd engine: whether an outcome of `seq` is on its way (nothing learned since it was
     /// decided moved the slot elsewhere).
-    #[cfg(feature = "etcd")]
+    #[allow(dead_code)] // the etcd engine's (what other processes wrote)
     pub fn is_settling(&self, seq: u64) -> bool {
         self.dispatch().get(seq).is_some_and(|s| s.state == SlotState::Settling)
     }
 
     /// The etcd engine: the stored offset is at least `offset` (another process moved it):
     /// everything up to it is finished.
-    #[cfg(feature = "etcd")]
+    #[allow(dead_code)] // the etcd engine's (what other processes wrote)
     pub fn learn_offset(&self, offset: u64) {
         {
             let mut d = self.dispatch();
@@ -705,7 +716,7 @@ impl WorkGroupState {
 
     /// The etcd engine: a claim write found `seq` with no record above the offset (nobody
     /// claimed it): claimable.
-    #[cfg(feature = "etcd")]
+    #[allow(dead_code)] // the etcd engine's (what other processes wrote)
     pub fn learn_unclaimed(&self, seq: u64) {
         {
             let mut d = self.dispatch();
@@ -731,12 +742,12 @@ impl WorkGroupState {
 
 /// The token of a lease another process holds (the etcd engine): tokens here are seeded from
 /// the wall clock, so none is 0.
-#[cfg(feature = "etcd")]
+#[allow(dead_code)] // the etcd engine's
 pub(crate) const FOREIGN_TOKEN: u64 = 0;
 
 /// Moves the frontier past `seq`: the sequences skipped were never claimed, so they are
 /// claimable (a slot each, as restored ones are).
-#[cfg(feature = "etcd")]
+#[allow(dead_code)] // the etcd engine's
 fn reach(d: &mut Dispatch, seq: u64) {
     while d.frontier < seq {
         let s = d.frontier;
@@ -1092,7 +1103,6 @@ mod tests {
     // learned another process's claim of the message (its lease ran out while the retry waited
     // for room in the writer's channel) set the slot waiting over that claim; at its due time
     // this process claimed again over the other holder's live lease.
-    #[cfg(feature = "etcd")]
     #[test]
     fn a_retry_queued_after_another_process_claimed_the_message_leaves_that_claim_standing() {
         let g = group(0);

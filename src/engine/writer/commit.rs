@@ -11,7 +11,8 @@ use tokio::sync::mpsc;
 use super::round::Completions;
 use crate::engine::Engine;
 use crate::engine::inbox::Staged;
-use crate::error::{CommitError, Failure, QueueError, SendError, StorageError, SubscribeError};
+use crate::error::{Error, Failure, StorageError};
+use crate::store::Store;
 use crate::telemetry;
 
 /// Completes rounds on a task of the broker's runtime, in the order they were written.
@@ -55,7 +56,12 @@ impl Completer {
 
 /// Fsync mode: syncs the WAL once for every round the writer appended since the last sync, then
 /// completes those rounds in order. After a failed sync every later round fails too.
-pub(super) fn sync_loop(engine: &Engine, rx: std::sync::mpsc::Receiver<Completions>, completer: &Completer) {
+pub(super) fn sync_loop(
+    engine: &Engine,
+    store: &Store,
+    rx: std::sync::mpsc::Receiver<Completions>,
+    completer: &Completer,
+) {
     let mut failed: Option<StorageError> = None;
     while let Ok(first) = rx.recv() {
         let mut rounds = vec![first];
@@ -63,7 +69,7 @@ pub(super) fn sync_loop(engine: &Engine, rx: std::sync::mpsc::Receiver<Completio
         if failed.is_none() {
             let t = Instant::now();
             // Checked under the lock and only while open, so a paused failpoint holds `close`.
-            let guard = engine.store.lock();
+            let guard = store.lock();
             let synced = match guard.is_open() {
                 true => crate::faults::check("rockq-syncer-sync").and_then(|()| guard.sync_wal()),
                 false => Ok(()),
@@ -174,21 +180,21 @@ fn fail(c: Completions, e: StorageError) {
     // Offsets in `c.commits` stay non-durable: `durable` is not advanced, and after a reopen
     // the group resumes from the last offset that did reach the disk.
     for (s, _) in c.staged {
-        s.resolver.resolve(Err(SendError::Storage(e.clone())));
+        s.resolver.resolve(Err(Error::Storage(e.clone())));
     }
     for (_, waiters) in c.queues {
-        waiters.into_iter().for_each(|w| drop(w.send(Err(QueueError::Storage(e.clone())))));
+        waiters.into_iter().for_each(|w| drop(w.send(Err(Error::Storage(e.clone())))));
     }
     for (_, waiters) in c.ordered {
-        waiters.into_iter().for_each(|w| drop(w.send(Err(SubscribeError::Storage(e.clone())))));
+        waiters.into_iter().for_each(|w| drop(w.send(Err(Error::Storage(e.clone())))));
     }
     for (_, waiters) in c.work {
-        waiters.into_iter().for_each(|w| drop(w.send(Err(SubscribeError::Storage(e.clone())))));
+        waiters.into_iter().for_each(|w| drop(w.send(Err(Error::Storage(e.clone())))));
     }
     for f in c.callbacks {
         f(Err(&e));
     }
-    c.flushes.into_iter().for_each(|f| drop(f.send(Err(CommitError::Storage(e.clone())))));
+    c.flushes.into_iter().for_each(|f| drop(f.send(Err(Error::Storage(e.clone())))));
     if let Some(s) = c.shutdown {
         let _ = s.send(Err(e));
     }

@@ -12,7 +12,7 @@ use super::round::{Created, QueueGroups, Round, Written};
 use crate::engine::keyed::Keyed;
 use crate::engine::registry::{OrderedGroupState, QueueState, Registry, WorkGroupState};
 use crate::engine::request::Reply;
-use crate::error::{ResetError, SubscribeError};
+use crate::error::Error;
 use crate::model::{GroupMode, GroupOffset, StartFrom};
 use crate::store::GroupKeys;
 
@@ -25,7 +25,7 @@ pub(super) trait GroupKind: Sized + Send + Sync + 'static {
     fn written(written: &mut Written) -> &mut HashMap<Vec<u8>, Arc<Self>>;
     /// The groups of this kind on one queue, in the writer's index.
     fn of_queue(groups: &mut QueueGroups) -> &mut Vec<Arc<Self>>;
-    fn created<'r>(r: &'r mut Round<'_>) -> &'r mut Keyed<Vec<u8>, Created<Self, SubscribeError>>;
+    fn created<'r>(r: &'r mut Round<'_>) -> &'r mut Keyed<Vec<u8>, Created<Self, Error>>;
 }
 
 impl GroupKind for OrderedGroupState {
@@ -45,7 +45,7 @@ impl GroupKind for OrderedGroupState {
     fn of_queue(groups: &mut QueueGroups) -> &mut Vec<Arc<Self>> {
         &mut groups.ordered
     }
-    fn created<'r>(r: &'r mut Round<'_>) -> &'r mut Keyed<Vec<u8>, Created<Self, SubscribeError>> {
+    fn created<'r>(r: &'r mut Round<'_>) -> &'r mut Keyed<Vec<u8>, Created<Self, Error>> {
         &mut r.done.ordered
     }
 }
@@ -67,7 +67,7 @@ impl GroupKind for WorkGroupState {
     fn of_queue(groups: &mut QueueGroups) -> &mut Vec<Arc<Self>> {
         &mut groups.work
     }
-    fn created<'r>(r: &'r mut Round<'_>) -> &'r mut Keyed<Vec<u8>, Created<Self, SubscribeError>> {
+    fn created<'r>(r: &'r mut Round<'_>) -> &'r mut Keyed<Vec<u8>, Created<Self, Error>> {
         &mut r.done.work
     }
 }
@@ -78,10 +78,10 @@ pub(super) fn create<G: GroupKind>(
     queue: Arc<QueueState>,
     group: String,
     start: StartFrom,
-    reply: Reply<Arc<G>, SubscribeError>,
+    reply: Reply<Arc<G>, Error>,
 ) {
     if queue.is_deleted() {
-        let _ = reply.send(Err(SubscribeError::QueueDeleted { queue: queue.name.to_string() }));
+        let _ = reply.send(Err(Error::QueueDeleted { queue: queue.name.to_string() }));
         return;
     }
     let id = crate::store::group_id(&group, &queue.name);
@@ -119,13 +119,7 @@ pub(super) fn create<G: GroupKind>(
 
 /// `WrongMode` if the pair exists (or is being created) in the other mode: a name is ordered or
 /// work-queue on a queue, never both.
-fn other_mode(
-    r: &Round<'_>,
-    id: &[u8],
-    group: &str,
-    queue: &QueueState,
-    wanted: GroupMode,
-) -> Option<SubscribeError> {
+fn other_mode(r: &Round<'_>, id: &[u8], group: &str, queue: &QueueState, wanted: GroupMode) -> Option<Error> {
     let reg = &r.engine.registry;
     let existing = match wanted {
         GroupMode::WorkQueue => {
@@ -135,11 +129,11 @@ fn other_mode(
             (reg.work.contains_key(id) || r.written.work.contains_key(id)).then_some("work-queue")
         }
     }?;
-    Some(SubscribeError::WrongMode { group: group.to_owned(), queue: queue.name.to_string(), existing })
+    Some(Error::WrongMode { group: group.to_owned(), queue: queue.name.to_string(), existing })
 }
 
 /// The initial offset of a new group starting at `start`.
-fn start_offset(r: &Round<'_>, queue: &QueueState, start: StartFrom) -> Result<u64, SubscribeError> {
+fn start_offset(r: &Round<'_>, queue: &QueueState, start: StartFrom) -> Result<u64, Error> {
     let first = queue.first_seq.load(Ordering::SeqCst);
     // The writer's own counter, not the published value: "latest" includes every send queued
     // before this request.
@@ -148,17 +142,17 @@ fn start_offset(r: &Round<'_>, queue: &QueueState, start: StartFrom) -> Result<u
         StartFrom::Earliest => Ok(first - 1),
         StartFrom::Latest => Ok(next - 1),
         StartFrom::Sequence(s) if (first..=next).contains(&s) => Ok(s - 1),
-        StartFrom::Sequence(requested) => Err(SubscribeError::SequenceOutOfRange { requested, first, next }),
+        StartFrom::Sequence(requested) => Err(Error::OutOfRange { requested, first, next }),
     }
 }
 
 /// A reset target was checked against retention when it was asked for; a trim applied since may
 /// have deleted it.
-pub(super) fn still_retained(r: &Round<'_>, queue: &QueueState, offset: u64) -> Result<(), ResetError> {
+pub(super) fn still_retained(r: &Round<'_>, queue: &QueueState, offset: u64) -> Result<(), Error> {
     let first = queue.first_seq.load(Ordering::SeqCst);
     if offset + 1 >= first {
         return Ok(());
     }
     let next = r.written.next_seq.get(&queue.id).copied().unwrap_or(first);
-    Err(ResetError::OutOfRetention { requested: offset + 1, first, next })
+    Err(Error::OutOfRange { requested: offset + 1, first, next })
 }

@@ -22,8 +22,8 @@ use std::sync::atomic::Ordering;
 use super::round::Round;
 use super::{ordered, work};
 use crate::engine::registry::{OrderedGroupState, QueueState, WorkGroupState};
-use crate::engine::request::{LifecycleRequest, Reply, refuse};
-use crate::error::{Closed, QueueError, StorageError};
+use crate::engine::request::{LifecycleRequest, Reply};
+use crate::error::{Error, StorageError};
 use crate::model::{GroupMode, GroupOffset};
 
 pub(super) fn apply(r: &mut Round<'_>, req: LifecycleRequest) {
@@ -31,15 +31,6 @@ pub(super) fn apply(r: &mut Round<'_>, req: LifecycleRequest) {
         LifecycleRequest::DeleteQueue { name, reply } => delete_queue(r, &name, reply),
         LifecycleRequest::PurgeQueue { name, reply } => purge_queue(r, &name, reply),
         LifecycleRequest::DeleteGroup { queue, group, reply } => delete_group(r, &queue, &group, reply),
-    }
-}
-
-pub(super) fn refuse_request(req: LifecycleRequest, why: &Closed) {
-    match req {
-        LifecycleRequest::DeleteQueue { reply, .. } | LifecycleRequest::DeleteGroup { reply, .. } => {
-            refuse(reply, why)
-        }
-        LifecycleRequest::PurgeQueue { reply, .. } => refuse(reply, why),
     }
 }
 
@@ -55,11 +46,11 @@ fn find_queue(r: &Round<'_>, name: &str) -> Option<Arc<QueueState>> {
 }
 
 /// Answers `reply` with `value` once the round is durable.
-fn answer<T: Send + 'static>(r: &mut Round<'_>, reply: Reply<T, QueueError>, value: T) {
-    r.on_done(move |res| drop(reply.send(res.map(|()| value).map_err(|e| QueueError::Storage(e.clone())))));
+fn answer<T: Send + 'static>(r: &mut Round<'_>, reply: Reply<T, Error>, value: T) {
+    r.on_done(move |res| drop(reply.send(res.map(|()| value).map_err(|e| Error::Storage(e.clone())))));
 }
 
-fn delete_queue(r: &mut Round<'_>, name: &str, reply: Reply<bool, QueueError>) {
+fn delete_queue(r: &mut Round<'_>, name: &str, reply: Reply<bool, Error>) {
     let Some(queue) = find_queue(r, name) else {
         let _ = reply.send(Ok(false));
         return;
@@ -72,7 +63,7 @@ fn delete_queue(r: &mut Round<'_>, name: &str, reply: Reply<bool, QueueError>) {
     let (scheduled, dedup, settings_groups) = match read {
         Ok(found) => found,
         Err(e) => {
-            let _ = reply.send(Err(QueueError::Storage(e)));
+            let _ = reply.send(Err(Error::Storage(e)));
             return;
         }
     };
@@ -136,7 +127,7 @@ fn delete_queue(r: &mut Round<'_>, name: &str, reply: Reply<bool, QueueError>) {
         if res.is_ok() {
             tracing::info!(queue = %queue.name, id, messages = deleted, "rockq: queue deleted");
         }
-        let _ = reply.send(res.map(|()| true).map_err(|e| QueueError::Storage(e.clone())));
+        let _ = reply.send(res.map(|()| true).map_err(|e| Error::Storage(e.clone())));
     });
 }
 
@@ -169,7 +160,7 @@ fn forget_work(r: &mut Round<'_>, g: &Arc<WorkGroupState>) {
     drop(g.take_queued_acks());
 }
 
-fn purge_queue(r: &mut Round<'_>, name: &str, reply: Reply<u64, QueueError>) {
+fn purge_queue(r: &mut Round<'_>, name: &str, reply: Reply<u64, Error>) {
     let Some(queue) = find_queue(r, name) else {
         let _ = reply.send(Ok(0));
         return;
@@ -210,7 +201,7 @@ fn purge_queue(r: &mut Round<'_>, name: &str, reply: Reply<u64, QueueError>) {
     answer(r, reply, deleted);
 }
 
-fn delete_group(r: &mut Round<'_>, queue: &str, group: &str, reply: Reply<bool, QueueError>) {
+fn delete_group(r: &mut Round<'_>, queue: &str, group: &str, reply: Reply<bool, Error>) {
     let Some(q) = find_queue(r, queue) else {
         let _ = reply.send(Ok(false));
         return;
@@ -238,7 +229,7 @@ fn delete_group(r: &mut Round<'_>, queue: &str, group: &str, reply: Reply<bool, 
             // A record that does not decode is a record: it goes.
             Err(crate::store::ReadError::Corrupt(_)) => true,
             Err(crate::store::ReadError::Storage(e)) => {
-                let _ = reply.send(Err(QueueError::Storage(e)));
+                let _ = reply.send(Err(Error::Storage(e)));
                 return;
             }
         },
@@ -264,6 +255,6 @@ fn delete_group(r: &mut Round<'_>, queue: &str, group: &str, reply: Reply<bool, 
         if res.is_ok() {
             tracing::info!(%queue, %group, "rockq: group deleted");
         }
-        let _ = reply.send(res.map(|()| true).map_err(|e| QueueError::Storage(e.clone())));
+        let _ = reply.send(res.map(|()| true).map_err(|e| Error::Storage(e.clone())));
     });
 }

@@ -37,25 +37,28 @@ use tokio::sync::mpsc;
 use self::commit::Completer;
 use self::round::{Completions, Round, RoundJobs, Written};
 use super::Engine;
-use super::request::{Request, refuse};
+use super::request::Request;
 use crate::error::{Closed, Failure};
 use crate::options::Durability;
-use crate::store::WriteMode;
+use crate::store::{Store, WriteMode};
 
 /// Starts the writer thread.
 pub(crate) fn spawn(
     engine: Arc<Engine>,
+    store: Arc<Store>,
     rx: mpsc::Receiver<Request>,
     runtime: &tokio::runtime::Handle,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     let completer = Completer::spawn(engine.clone(), runtime);
     std::thread::Builder::new()
         .name("rockq-writer".into())
-        .spawn(move || Writer::new(engine, rx, completer).run())
+        .spawn(move || Writer::new(engine, store, rx, completer).run())
 }
 
 struct Writer {
     engine: Arc<Engine>,
+    /// The database: only this thread and its syncer write it.
+    store: Arc<Store>,
     rx: mpsc::Receiver<Request>,
     written: Written,
     write_mode: WriteMode,
@@ -82,7 +85,12 @@ impl Drop for Writer {
 }
 
 impl Writer {
-    fn new(engine: Arc<Engine>, rx: mpsc::Receiver<Request>, completer: Completer) -> Self {
+    fn new(
+        engine: Arc<Engine>,
+        store: Arc<Store>,
+        rx: mpsc::Receiver<Request>,
+        completer: Completer,
+    ) -> Self {
         let mut written = Written::default();
         let mut max_id = 0;
         for q in engine.registry.queues.iter() {
@@ -91,7 +99,7 @@ impl Writer {
         }
         // A deleted queue's id is never handed out again: the last deletion persisted the
         // lowest id never used, which may be above every remaining queue's.
-        let persisted = crate::store::next_queue_id(&engine.store)
+        let persisted = crate::store::next_queue_id(&store)
             .inspect_err(|err| tracing::error!(%err, "rockq: the next queue id does not read"))
             .unwrap_or(0);
         written.next_queue_id = (max_id + 1).max(persisted);
@@ -101,7 +109,7 @@ impl Writer {
         written.index_registry(&engine);
         // Fault 7: stamps used to restart from the clock, going back if it stepped back.
         written.last_stamp = crate::store::newest_stamp(
-            &engine.store,
+            &store,
             engine.registry.queues.iter().map(|q| (q.id, q.last_seq())).collect::<Vec<_>>(),
         );
         // Nothing is due before the earliest entry, and nothing new will be before the last
@@ -111,10 +119,10 @@ impl Writer {
         // Fsync mode syncs on the syncer thread; the append itself never waits for the disk.
         let syncer = if engine.options.durability == Durability::Fsync {
             let (tx, rx) = std::sync::mpsc::channel();
-            let (e, c) = (engine.clone(), completer.clone());
+            let (e, s, c) = (engine.clone(), store.clone(), completer.clone());
             std::thread::Builder::new()
                 .name("rockq-syncer".into())
-                .spawn(move || commit::sync_loop(&e, rx, &c))
+                .spawn(move || commit::sync_loop(&e, &s, rx, &c))
                 .map(|h| (tx, h))
                 .inspect_err(|err| tracing::error!(%err, "rockq: no syncer thread; syncing inline"))
                 .ok()
@@ -123,7 +131,17 @@ impl Writer {
         };
         // Without a syncer thread (it could not start), Fsync syncs inline.
         let write_mode = WriteMode::new(engine.options.durability == Durability::Fsync && syncer.is_none());
-        Writer { engine, rx, written, write_mode, batch_hint: 64 * 1024, syncer, completer, last_round: 0 }
+        Writer {
+            engine,
+            store,
+            rx,
+            written,
+            write_mode,
+            batch_hint: 64 * 1024,
+            syncer,
+            completer,
+            last_round: 0,
+        }
     }
 
     fn run(mut self) {
@@ -215,18 +233,18 @@ impl Writer {
     fn refuse_remaining(&mut self) {
         self.rx.close();
         while let Ok(req) = self.rx.try_recv() {
-            refuse_request(req, &Closed::Shutdown);
+            req.refuse(&Closed::Shutdown);
         }
     }
 
     /// Runs one round. Returns true when the writer must stop.
     fn round(&mut self, pending: &mut Vec<Request>, last: bool) -> bool {
-        let engine = self.engine.clone();
+        let (engine, store) = (self.engine.clone(), self.store.clone());
         let failed = engine.failure();
-        let guard = engine.store.lock();
+        let guard = store.lock();
         let Some(batch) = guard.batch(self.batch_hint) else {
             for req in pending.drain(..) {
-                refuse_request(req, &Closed::Shutdown);
+                req.refuse(&Closed::Shutdown);
             }
             return true;
         };
@@ -256,13 +274,13 @@ impl Writer {
 
         for req in pending.drain(..) {
             if r.done.shutdown.is_some() {
-                refuse_request(req, &Closed::Shutdown);
+                req.refuse(&Closed::Shutdown);
                 continue;
             }
             if let Some(f) = &failed
                 && !matches!(req, Request::Shutdown { .. } | Request::Commit)
             {
-                refuse_request(req, &Closed::Failed(f.clone()));
+                req.refuse(&Closed::Failed(f.clone()));
                 continue;
             }
             apply(&mut r, req);
@@ -348,25 +366,5 @@ fn apply(r: &mut Round<'_>, req: Request) {
         Request::Commit => {}
         Request::Flush { reply } => r.done.flushes.push(reply),
         Request::Shutdown { reply } => r.done.shutdown = Some(reply),
-    }
-}
-
-/// Answers a request that will not be carried out, in its own error family.
-pub(crate) fn refuse_request(req: Request, why: &Closed) {
-    match req {
-        Request::Queue(q) => queue::refuse_request(q, why),
-        Request::Ordered(o) => ordered::refuse_request(o, why),
-        Request::Work(w) => work::refuse_request(w, why),
-        Request::Retention(t) => retention::refuse_request(t, why),
-        Request::Settings(s) => settings::refuse_request(s, why),
-        Request::WorkSettings(s) => refuse(s.reply, why),
-        Request::Schedule(s) => schedule::refuse_request(s, why),
-        Request::Lifecycle(l) => lifecycle::refuse_request(l, why),
-        Request::Kv(k) => txn::refuse_kv(k, why),
-        Request::Tx(t) => txn::refuse(t, why),
-        Request::Commit => {}
-        Request::Flush { reply } => refuse(reply, why),
-        // Whoever asked to stop is told it is stopped.
-        Request::Shutdown { reply } => drop(reply.send(Ok(()))),
     }
 }

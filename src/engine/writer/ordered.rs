@@ -19,8 +19,8 @@ use super::groups;
 use super::round::Round;
 use crate::engine::Engine;
 use crate::engine::registry::{LiveSubscription, OrderedGroupState, PendingRecord, QueueState};
-use crate::engine::request::{OrderedRequest, Reply, refuse};
-use crate::error::{Closed, ResetError};
+use crate::engine::request::{OrderedRequest, Reply};
+use crate::error::Error;
 use crate::events::Event;
 use crate::model::{GroupMode, GroupOffset, OrderedMark};
 use crate::store::RawMessage;
@@ -32,17 +32,6 @@ pub(super) fn apply(r: &mut Round<'_>, req: OrderedRequest) {
             groups::create::<OrderedGroupState>(r, queue, group, start, reply)
         }
         OrderedRequest::Reset { group, offset, reply } => reset(r, group, offset, reply),
-    }
-}
-
-pub(super) fn refuse_request(req: OrderedRequest, why: &Closed) {
-    match req {
-        OrderedRequest::Create { reply, .. } => refuse(reply, why),
-        OrderedRequest::Reset { group, reply, .. } => {
-            // The reset held the group's active slot; it is released by whoever answers.
-            group.active.store(false, Ordering::Release);
-            refuse(reply, why);
-        }
     }
 }
 
@@ -189,11 +178,11 @@ fn dead_letter_one(
 }
 
 /// Sets an ordered group's offset (replay), re-checking that the target is still retained.
-fn reset(r: &mut Round<'_>, group: Arc<OrderedGroupState>, offset: u64, reply: Reply<(), ResetError>) {
+fn reset(r: &mut Round<'_>, group: Arc<OrderedGroupState>, offset: u64, reply: Reply<(), Error>) {
     if group.is_deleted() {
         group.active.store(false, Ordering::Release);
         let (group, queue) = (group.name.to_string(), group.queue.name.to_string());
-        let _ = reply.send(Err(ResetError::NoSuchGroup { group, queue }));
+        let _ = reply.send(Err(Error::NoSuchGroup { group, queue }));
         return;
     }
     if let Err(e) = groups::still_retained(r, &group.queue, offset) {
@@ -217,7 +206,7 @@ fn reset(r: &mut Round<'_>, group: Arc<OrderedGroupState>, offset: u64, reply: R
         // The caller handed the active slot to the writer with the request, so that a dropped
         // `reset_to` future cannot let a subscriber start before the reset lands.
         group.active.store(false, Ordering::Release);
-        let _ = reply.send(res.map_err(|e| ResetError::Storage(e.clone())));
+        let _ = reply.send(res.map_err(|e| Error::Storage(e.clone())));
     });
 }
 

@@ -11,8 +11,8 @@ use super::round::Round;
 use crate::engine::completion::{DELETED_VALUE, duplicate_value};
 use crate::engine::inbox::Staged;
 use crate::engine::registry::QueueState;
-use crate::engine::request::{QueueRequest, refuse};
-use crate::error::{Closed, QueueError};
+use crate::engine::request::QueueRequest;
+use crate::error::Error;
 use crate::model::QueueMeta;
 use crate::retention::Retention;
 use crate::sent::Original;
@@ -25,29 +25,18 @@ pub(super) fn apply(r: &mut Round<'_>, req: QueueRequest) {
         QueueRequest::Create { name, reply } => create(r, name, reply),
         QueueRequest::SetDedupWindow { queue, window, reply } => {
             if queue.is_deleted() {
-                let _ = reply.send(Err(QueueError::Deleted { queue: queue.name.to_string() }));
+                let _ = reply.send(Err(Error::QueueDeleted { queue: queue.name.to_string() }));
                 return;
             }
             // Only this thread changes queue records, so the one written here is the latest.
             queue.set_dedup_window(window);
             r.batch.put_queue(&queue.name, &meta(&queue));
-            r.on_done(move |res| drop(reply.send(res.map_err(|e| QueueError::Storage(e.clone())))));
+            r.on_done(move |res| drop(reply.send(res.map_err(|e| Error::Storage(e.clone())))));
         }
     }
 }
 
-pub(super) fn refuse_request(req: QueueRequest, why: &Closed) {
-    match req {
-        QueueRequest::Create { reply, .. } => refuse(reply, why),
-        QueueRequest::SetDedupWindow { reply, .. } => refuse(reply, why),
-    }
-}
-
-fn create(
-    r: &mut Round<'_>,
-    name: String,
-    reply: crate::engine::request::Reply<Arc<QueueState>, QueueError>,
-) {
+fn create(r: &mut Round<'_>, name: String, reply: crate::engine::request::Reply<Arc<QueueState>, Error>) {
     if let Some(q) = r.engine.registry.queue(&name) {
         let _ = reply.send(Ok(q));
         return;
@@ -74,7 +63,7 @@ fn create(
 
 /// The queue `name`, created in this round if it does not exist yet (its record goes into the
 /// batch, and it is registered when the round completes).
-pub(super) fn ensure(r: &mut Round<'_>, name: &str) -> Result<Arc<QueueState>, QueueError> {
+pub(super) fn ensure(r: &mut Round<'_>, name: &str) -> Result<Arc<QueueState>, Error> {
     if let Some(q) = r.engine.registry.queue(name) {
         return Ok(q);
     }
@@ -86,7 +75,7 @@ pub(super) fn ensure(r: &mut Round<'_>, name: &str) -> Result<Arc<QueueState>, Q
     }
     // Id u32::MAX is reserved so that `<id + 1>` is always a valid upper bound.
     if r.written.next_queue_id == u32::MAX {
-        return Err(QueueError::TooManyQueues);
+        return Err(Error::TooManyQueues);
     }
     let id = r.written.next_queue_id;
     r.written.next_queue_id += 1;

@@ -8,8 +8,8 @@ use std::sync::atomic::Ordering;
 use super::round::Round;
 use super::{ordered, work};
 use crate::engine::registry::QueueState;
-use crate::engine::request::{Reply, RetentionRequest, TrimCut, refuse};
-use crate::error::{Closed, QueueError};
+use crate::engine::request::{Reply, RetentionRequest, TrimCut};
+use crate::error::Error;
 use crate::events::Event;
 
 use crate::retention::Retention;
@@ -27,13 +27,13 @@ pub(super) fn apply(r: &mut Round<'_>, req: RetentionRequest) {
                 return;
             }
             r.on_done(move |res| {
-                drop(reply.send(res.map(|()| deleted).map_err(|e| QueueError::Storage(e.clone()))))
+                drop(reply.send(res.map(|()| deleted).map_err(|e| Error::Storage(e.clone()))))
             });
         }
         RetentionRequest::ExpireDedup { expired, reply } => {
             let deleted = expire_dedup(r, expired);
             r.on_done(move |res| {
-                drop(reply.send(res.map(|()| deleted).map_err(|e| QueueError::Storage(e.clone()))))
+                drop(reply.send(res.map(|()| deleted).map_err(|e| Error::Storage(e.clone()))))
             });
         }
     }
@@ -69,25 +69,17 @@ fn expire_dedup(r: &mut Round<'_>, expired: Vec<(u64, u32, Vec<u8>)>) -> u64 {
     deleted
 }
 
-pub(super) fn refuse_request(req: RetentionRequest, why: &Closed) {
-    match req {
-        RetentionRequest::SetPolicy { reply, .. } => refuse(reply, why),
-        RetentionRequest::Trim { reply, .. } => refuse(reply, why),
-        RetentionRequest::ExpireDedup { reply, .. } => refuse(reply, why),
-    }
-}
-
-fn set_policy(r: &mut Round<'_>, queue: Arc<QueueState>, retention: Retention, reply: Reply<(), QueueError>) {
+fn set_policy(r: &mut Round<'_>, queue: Arc<QueueState>, retention: Retention, reply: Reply<(), Error>) {
     if queue.is_deleted() {
         // Its record is gone: writing it would bring the queue back.
-        let _ = reply.send(Err(QueueError::Deleted { queue: queue.name.to_string() }));
+        let _ = reply.send(Err(Error::QueueDeleted { queue: queue.name.to_string() }));
         return;
     }
     // Only this thread changes policies and first sequences, so the record written here is the
     // latest state.
     *queue.retention.lock().unwrap_or_else(|p| p.into_inner()) = retention;
     r.batch.put_queue(&queue.name, &super::queue::meta(&queue));
-    r.on_done(move |res| drop(reply.send(res.map_err(|e| QueueError::Storage(e.clone())))));
+    r.on_done(move |res| drop(reply.send(res.map_err(|e| Error::Storage(e.clone())))));
 }
 
 /// The lowest offset of any group on `queue`, ordered or work-queue, as this thread knows it

@@ -14,7 +14,7 @@ use crate::engine::inbox::Staged;
 use crate::engine::keyed::Keyed;
 use crate::engine::registry::{OrderedGroupState, QueueState, WorkGroupState};
 use crate::engine::request::Reply;
-use crate::error::{CommitError, QueueError, StorageError, SubscribeError};
+use crate::error::{Error, StorageError};
 use crate::model::GroupSettings;
 use crate::store::Batch;
 
@@ -164,9 +164,9 @@ pub(crate) type Callback = Box<dyn FnOnce(Result<(), &StorageError>) + Send>;
 #[derive(Default)]
 pub(crate) struct Completions {
     /// Queues, ordered groups and work-queue groups created this round, with their waiters.
-    pub queues: Keyed<Arc<str>, Created<QueueState, QueueError>>,
-    pub ordered: Keyed<Vec<u8>, Created<OrderedGroupState, SubscribeError>>,
-    pub work: Keyed<Vec<u8>, Created<WorkGroupState, SubscribeError>>,
+    pub queues: Keyed<Arc<str>, Created<QueueState, Error>>,
+    pub ordered: Keyed<Vec<u8>, Created<OrderedGroupState, Error>>,
+    pub work: Keyed<Vec<u8>, Created<WorkGroupState, Error>>,
     /// Staged sends written this round, with the first sequence of each send call. Their
     /// buffers are freed by the completer, off the writer thread.
     pub staged: Vec<(Staged, Box<[u64]>)>,
@@ -181,7 +181,7 @@ pub(crate) struct Completions {
     /// Sequences finished this round, per work-queue group (forgotten in memory once durable).
     pub work_finished: Keyed<GroupPtr, (Arc<WorkGroupState>, Vec<Finish>)>,
     pub callbacks: Vec<Callback>,
-    pub flushes: Vec<Reply<(), CommitError>>,
+    pub flushes: Vec<Reply<(), Error>>,
     pub shutdown: Option<Reply<(), StorageError>>,
     /// Messages appended this round.
     pub messages: u64,

@@ -18,9 +18,8 @@ use std::sync::Arc;
 use super::queue;
 use super::round::Round;
 use crate::engine::registry::QueueState;
-use crate::engine::request::{Reply, ScheduleRequest, Submission, refuse};
-use crate::error::ScheduleError;
-use crate::error::{Closed, FailedError, SendError};
+use crate::engine::request::{Reply, ScheduleRequest, Submission};
+use crate::error::{Error, FailedError};
 use crate::events::Event;
 use crate::model::ScheduleRecord;
 use crate::schedule::Missed;
@@ -58,36 +57,13 @@ pub(super) fn apply(r: &mut Round<'_>, req: ScheduleRequest) {
     }
 }
 
-pub(super) fn refuse_request(req: ScheduleRequest, why: &Closed) {
-    match req {
-        ScheduleRequest::Submit { reply, .. } => refuse(reply, why),
-        ScheduleRequest::Cancel { reply, .. } => refuse(reply, why),
-        ScheduleRequest::Reschedule { reply, .. } => refuse(reply, why),
-        ScheduleRequest::Fire => {}
-        ScheduleRequest::Upsert { reply, .. } => refuse(reply, why),
-        ScheduleRequest::Pause { reply, .. } => refuse(reply, why),
-        ScheduleRequest::Delete { reply, .. } => refuse(reply, why),
-    }
-}
-
 /// Answers once the round is durable; at once if the request failed before writing anything.
-fn answer<T: Send + 'static>(
-    r: &mut Round<'_>,
-    reply: Reply<T, ScheduleError>,
-    res: Result<T, ScheduleError>,
-) {
+fn answer<T: Send + 'static>(r: &mut Round<'_>, reply: Reply<T, Error>, res: Result<T, Error>) {
     match res {
-        Ok(v) => r.on_done(move |res| {
-            drop(reply.send(res.map(|()| v).map_err(|e| ScheduleError::Storage(e.clone()))))
-        }),
+        Ok(v) => {
+            r.on_done(move |res| drop(reply.send(res.map(|()| v).map_err(|e| Error::Storage(e.clone())))))
+        }
         Err(e) => drop(reply.send(Err(e))),
-    }
-}
-
-fn read_error(e: ReadError) -> ScheduleError {
-    match e {
-        ReadError::Storage(s) => ScheduleError::Storage(s),
-        ReadError::Corrupt(c) => ScheduleError::Corrupt(c),
     }
 }
 
@@ -99,14 +75,9 @@ fn next_id(r: &mut Round<'_>) -> u64 {
     id
 }
 
-fn submit(
-    r: &mut Round<'_>,
-    queue: &Arc<QueueState>,
-    msgs: Vec<Submission>,
-    reply: Reply<Vec<Sent>, SendError>,
-) {
+fn submit(r: &mut Round<'_>, queue: &Arc<QueueState>, msgs: Vec<Submission>, reply: Reply<Vec<Sent>, Error>) {
     if queue.is_deleted() {
-        let _ = reply.send(Err(SendError::QueueDeleted { queue: queue.name.to_string() }));
+        let _ = reply.send(Err(Error::QueueDeleted { queue: queue.name.to_string() }));
         return;
     }
     let now = r.stamp();
@@ -114,17 +85,14 @@ fn submit(
     let originals = match lookup_originals(r, queue, &msgs, now) {
         Ok(found) => found,
         Err(e) => {
-            let _ = reply.send(Err(match e {
-                ReadError::Storage(s) => SendError::Storage(s),
-                ReadError::Corrupt(c) => SendError::Corrupt(c),
-            }));
+            let _ = reply.send(Err(e.into()));
             return;
         }
     };
     let Some((sent, hits)) = put_submissions(r, queue, msgs, originals, now) else {
         // Unreachable: a queue handle exists only once the writer registered it.
-        let _ = reply
-            .send(Err(SendError::Failed(FailedError::internal("send to a queue unknown to the writer"))));
+        let _ =
+            reply.send(Err(Error::Failed(FailedError::internal("send to a queue unknown to the writer"))));
         return;
     };
     let name = queue.name.clone();
@@ -132,7 +100,7 @@ fn submit(
         if res.is_ok() {
             telemetry::queue_counter(telemetry::DEDUP_HITS, &name, hits);
         }
-        let _ = reply.send(res.map(|()| sent).map_err(|e| SendError::Storage(e.clone())));
+        let _ = reply.send(res.map(|()| sent).map_err(|e| Error::Storage(e.clone())));
     });
 }
 
@@ -217,8 +185,8 @@ fn lookup_scheduled(r: &Round<'_>, queue_id: u32, id: u64) -> Result<Option<(u64
     r.batch.scheduled(queue_id, id)
 }
 
-fn cancel(r: &mut Round<'_>, queue: &QueueState, id: u64) -> Result<bool, ScheduleError> {
-    let Some((due, _)) = lookup_scheduled(r, queue.id, id).map_err(read_error)? else { return Ok(false) };
+fn cancel(r: &mut Round<'_>, queue: &QueueState, id: u64) -> Result<bool, Error> {
+    let Some((due, _)) = lookup_scheduled(r, queue.id, id).map_err(Error::from)? else { return Ok(false) };
     r.batch.delete_scheduled(queue.id, id, due);
     r.jobs.scheduled.insert((queue.id, id), None);
     queue.count_scheduled(false);
@@ -230,11 +198,11 @@ fn reschedule(
     queue: &QueueState,
     id: u64,
     due: u64,
-) -> Result<Option<ScheduledMessage>, ScheduleError> {
+) -> Result<Option<ScheduledMessage>, Error> {
     // Never below the round's stamp (a time in the past is due now): the due index's floor
     // (see `fire`) relies on it.
     let due = due.max(r.stamp());
-    let Some((old, env)) = lookup_scheduled(r, queue.id, id).map_err(read_error)? else { return Ok(None) };
+    let Some((old, env)) = lookup_scheduled(r, queue.id, id).map_err(Error::from)? else { return Ok(None) };
     r.batch.delete_due(old, queue.id, id);
     r.batch.put_scheduled(queue.id, id, due, &env);
     r.jobs.scheduled.insert((queue.id, id), Some((due, env)));
@@ -415,9 +383,9 @@ fn arm(r: &mut Round<'_>, name: &str, rec: &mut ScheduleRecord, now: u64) {
 
 /// Creates or replaces schedule `name`; returns its next firing (µs), if any. A replaced
 /// schedule keeps its counters and paused state, and starts its recurrence from now.
-fn upsert(r: &mut Round<'_>, name: String, mut rec: ScheduleRecord) -> Result<Option<u64>, ScheduleError> {
+fn upsert(r: &mut Round<'_>, name: String, mut rec: ScheduleRecord) -> Result<Option<u64>, Error> {
     let now = r.stamp();
-    if let Some(old) = lookup_schedule(r, &name).map_err(read_error)? {
+    if let Some(old) = lookup_schedule(r, &name).map_err(Error::from)? {
         unarm(r, &old);
         rec.paused = old.paused;
         rec.fired = old.fired;
@@ -438,10 +406,10 @@ fn upsert(r: &mut Round<'_>, name: String, mut rec: ScheduleRecord) -> Result<Op
     Ok(next)
 }
 
-fn pause(r: &mut Round<'_>, name: &str, paused: bool) -> Result<(), ScheduleError> {
+fn pause(r: &mut Round<'_>, name: &str, paused: bool) -> Result<(), Error> {
     let now = r.stamp();
-    let Some(mut rec) = lookup_schedule(r, name).map_err(read_error)? else {
-        return Err(ScheduleError::NotFound(name.to_owned()));
+    let Some(mut rec) = lookup_schedule(r, name).map_err(Error::from)? else {
+        return Err(Error::NoSuchSchedule { name: name.to_owned() });
     };
     if rec.paused == paused {
         return Ok(());
@@ -459,8 +427,8 @@ fn pause(r: &mut Round<'_>, name: &str, paused: bool) -> Result<(), ScheduleErro
     Ok(())
 }
 
-fn delete(r: &mut Round<'_>, name: &str) -> Result<bool, ScheduleError> {
-    let Some(rec) = lookup_schedule(r, name).map_err(read_error)? else { return Ok(false) };
+fn delete(r: &mut Round<'_>, name: &str) -> Result<bool, Error> {
+    let Some(rec) = lookup_schedule(r, name).map_err(Error::from)? else { return Ok(false) };
     unarm(r, &rec);
     r.batch.delete_schedule(name);
     r.jobs.schedules.insert(name.to_owned(), None);

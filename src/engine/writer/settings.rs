@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::round::Round;
-use crate::engine::request::{SettingsChange, SettingsMode, SettingsRequest, WorkSettingsRequest, refuse};
-use crate::error::{Closed, PauseError, StorageError, SubscribeError};
+use crate::engine::request::{SettingsChange, SettingsMode, SettingsRequest, WorkSettingsRequest};
+use crate::error::{Error, StorageError};
 use crate::model::GroupSettings;
+use crate::model::WorkSettings;
 use crate::store::ReadError;
-use crate::work_settings::WorkSettings;
 
 /// The latest settings record of `group` on `queue`: this writer's copy, else the disk's.
 fn current(r: &Round<'_>, group: &str, queue: &str) -> Result<GroupSettings, StorageError> {
@@ -34,13 +34,13 @@ pub(super) fn apply(r: &mut Round<'_>, req: SettingsRequest) {
     let SettingsRequest { queue, group, change, reply } = req;
     if queue.is_deleted() {
         // Its groups' records are gone: a settings record would outlive them.
-        let _ = reply.send(Err(PauseError::NoSuchGroup { group, queue: queue.name.to_string() }));
+        let _ = reply.send(Err(Error::NoSuchGroup { group, queue: queue.name.to_string() }));
         return;
     }
     let current = match current(r, &group, &queue.name) {
         Ok(s) => s,
         Err(e) => {
-            let _ = reply.send(Err(PauseError::Storage(e)));
+            let _ = reply.send(Err(Error::Storage(e)));
             return;
         }
     };
@@ -66,12 +66,8 @@ pub(super) fn apply(r: &mut Round<'_>, req: SettingsRequest) {
             // Subscribers re-check the flag when the queue's watch changes.
             queue.poke();
         }
-        let _ = reply.send(res.map_err(|e| PauseError::Storage(e.clone())));
+        let _ = reply.send(res.map_err(|e| Error::Storage(e.clone())));
     });
-}
-
-pub(super) fn refuse_request(req: SettingsRequest, why: &Closed) {
-    refuse(req.reply, why);
 }
 
 /// Resolves a work-group handle's explicit settings against the latest record (see
@@ -86,8 +82,8 @@ pub(super) fn apply_work(r: &mut Round<'_>, req: WorkSettingsRequest) {
         // group created again under the name.
         let (q, g) = (queue.name.to_string(), group.name.to_string());
         let e = match queue.is_deleted() {
-            true => SubscribeError::QueueDeleted { queue: q },
-            false => SubscribeError::GroupDeleted { queue: q, group: g },
+            true => Error::QueueDeleted { queue: q },
+            false => Error::GroupDeleted { queue: q, group: g },
         };
         let _ = reply.send(Err(e));
         return;
@@ -95,7 +91,7 @@ pub(super) fn apply_work(r: &mut Round<'_>, req: WorkSettingsRequest) {
     let current = match current(r, &group.name, &queue.name) {
         Ok(s) => s,
         Err(e) => {
-            let _ = reply.send(Err(SubscribeError::Storage(e)));
+            let _ = reply.send(Err(Error::Storage(e)));
             return;
         }
     };
@@ -112,7 +108,7 @@ pub(super) fn apply_work(r: &mut Round<'_>, req: WorkSettingsRequest) {
     };
     // Only a default name can be too long: an explicit one was validated by the handle.
     if next.dead_letter_queue.len() > crate::name::MAX_NAME_LEN {
-        let _ = reply.send(Err(SubscribeError::DeadLetterName { queue: queue.name.to_string() }));
+        let _ = reply.send(Err(Error::DeadLetterName { queue: queue.name.to_string() }));
         return;
     }
     let record = next.stored_in(&current);
@@ -125,6 +121,6 @@ pub(super) fn apply_work(r: &mut Round<'_>, req: WorkSettingsRequest) {
         if res.is_ok() {
             group.set_settings(next.clone());
         }
-        let _ = reply.send(res.map(|()| next).map_err(|e| SubscribeError::Storage(e.clone())));
+        let _ = reply.send(res.map(|()| next).map_err(|e| Error::Storage(e.clone())));
     });
 }

@@ -8,14 +8,11 @@ use std::sync::atomic::Ordering;
 use tokio::sync::oneshot;
 
 use super::round::{Completions, Round, Written};
-use super::{apply, commit, ordered, queue, refuse_request, work};
+use super::{apply, commit, ordered, queue, work};
 use crate::engine::Engine;
-use crate::engine::open::without_writer;
 use crate::engine::registry::{OrderedGroupState, QueueState, WorkGroupState};
 use crate::engine::request::{OrderedRequest, Outcome, QueueRequest, Request, WorkRequest};
-use crate::error::{
-    AckError, Closed, CommitError, Failure, QueueError, ResetError, StorageError, SubscribeError,
-};
+use crate::error::{Closed, Error, Failure, StorageError};
 use crate::message::Message;
 use crate::model::{Claim, GroupMode, StartFrom};
 use crate::options::Options;
@@ -24,21 +21,22 @@ use crate::store::{ReadOutcome, WriteMode};
 struct Fixture {
     dir: tempfile::TempDir,
     engine: Arc<Engine>,
+    store: Arc<crate::store::Store>,
     written: Written,
 }
 
 impl Fixture {
     fn new() -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let engine = without_writer(&dir.path().join("db"), Options::default());
-        Fixture { dir, engine, written: Written { next_queue_id: 1, ..Written::default() } }
+        let (engine, store) = without_writer(&dir.path().join("db"), Options::default());
+        Fixture { dir, engine, store, written: Written { next_queue_id: 1, ..Written::default() } }
     }
 
     /// Builds one round with `f` and writes its batch; returns `f`'s result and the round's
     /// completions, not yet run.
     fn round<T>(&mut self, f: impl FnOnce(&mut Round<'_>) -> T) -> (T, Completions) {
-        let engine = self.engine.clone();
-        let guard = engine.store.lock();
+        let (engine, store) = (self.engine.clone(), self.store.clone());
+        let guard = store.lock();
         let batch = guard.batch(4096).expect("open store");
         let mut r = Round {
             batch,
@@ -65,12 +63,12 @@ impl Fixture {
     }
 
     fn loaded(&self) -> crate::store::Loaded {
-        let guard = self.engine.store.lock();
-        guard.inspect(&self.engine.store.path).expect("open").load().expect("load")
+        let guard = self.store.lock();
+        guard.inspect(&self.store.path).expect("open").load().expect("load")
     }
 
     fn payloads(&self, q: &QueueState, from: u64, to: u64) -> Vec<(u64, Vec<u8>, u64)> {
-        let read = crate::store::read_range(&self.engine.store, &q.name, q.id, from, to, 1 << 20);
+        let read = crate::store::read_range(&self.store, &q.name, q.id, from, to, 1 << 20);
         let Ok(ReadOutcome::Messages(m)) = read else { panic!("read {from}..={to} of {}", q.name) };
         m.into_iter().map(|m| (m.seq, m.payload.to_vec(), m.enqueued_at_micros)).collect()
     }
@@ -192,7 +190,7 @@ async fn a_name_is_one_mode_even_before_its_creation_lands() {
         (ordered, work)
     });
     let refused = work.await.unwrap();
-    assert!(matches!(refused, Err(SubscribeError::WrongMode { existing: "ordered", .. })), "{refused:?}");
+    assert!(matches!(refused, Err(Error::WrongMode { existing: "ordered", .. })), "{refused:?}");
     drop(ordered);
 }
 
@@ -221,7 +219,7 @@ async fn work_group(fx: &mut Fixture) -> Arc<WorkGroupState> {
     rx.await.unwrap().unwrap()
 }
 
-fn ack(group: &Arc<WorkGroupState>, seq: u64) -> (Request, oneshot::Receiver<Result<(), AckError>>) {
+fn ack(group: &Arc<WorkGroupState>, seq: u64) -> (Request, oneshot::Receiver<Result<(), Error>>) {
     let (reply, rx) = oneshot::channel();
     let outcome = Outcome::Ack;
     (
@@ -326,8 +324,8 @@ async fn a_claim_or_outcome_from_before_a_reset_is_refused_with_lease_lost() {
         apply(r, Request::Work(WorkRequest::Claim { group: g.clone(), epoch: 0, claims, reply }));
         apply(r, req);
     });
-    assert!(matches!(claimed.await.unwrap(), Err(AckError::LeaseLost { seq: 1, attempt: 1 })));
-    assert!(matches!(acked.await.unwrap(), Err(AckError::LeaseLost { seq: 1, attempt: 1 })));
+    assert!(matches!(claimed.await.unwrap(), Err(Error::LeaseLost { seq: 1, attempt: 1, .. })));
+    assert!(matches!(acked.await.unwrap(), Err(Error::LeaseLost { seq: 1, attempt: 1, .. })));
     assert!(done.callbacks.is_empty());
     assert!(fx.loaded().claims.is_empty(), "nothing written");
 }
@@ -353,24 +351,22 @@ async fn dirty_ordered_groups_get_one_offset_record_each_per_round() {
 }
 
 #[tokio::test]
-async fn refusals_answer_every_family_with_its_own_error_and_release_a_held_slot() {
+async fn refusals_answer_every_request_with_the_refusal_and_release_a_held_slot() {
     let mut fx = Fixture::new();
     let g = ordered_group(&mut fx).await;
     let q = g.queue.clone();
     let failed = Closed::Failed(Failure::Storage(StorageError::new("IO error: disk gone")));
 
     let (reply, create) = oneshot::channel();
-    refuse_request(Request::Queue(QueueRequest::Create { name: "x".into(), reply }), &Closed::Shutdown);
-    assert!(matches!(create.await.unwrap(), Err(QueueError::Shutdown)));
+    Request::Queue(QueueRequest::Create { name: "x".into(), reply }).refuse(&Closed::Shutdown);
+    assert!(matches!(create.await.unwrap(), Err(Error::Shutdown)));
 
     let (reply, sub) = oneshot::channel();
     let start = StartFrom::Earliest;
-    refuse_request(
-        Request::Ordered(OrderedRequest::Create { queue: q.clone(), group: "h".into(), start, reply }),
-        &failed,
-    );
+    Request::Ordered(OrderedRequest::Create { queue: q.clone(), group: "h".into(), start, reply })
+        .refuse(&failed);
     match sub.await.unwrap() {
-        Err(SubscribeError::Failed(why)) => {
+        Err(Error::Failed(why)) => {
             assert!(
                 why.storage_error().is_some_and(|e| e.message().contains("disk gone")),
                 "keeps the cause: {why:?}"
@@ -382,16 +378,16 @@ async fn refusals_answer_every_family_with_its_own_error_and_release_a_held_slot
     // A reset holds the group's active slot: whoever answers it releases the slot.
     g.active.store(true, Ordering::SeqCst);
     let (reply, reset) = oneshot::channel();
-    refuse_request(Request::Ordered(OrderedRequest::Reset { group: g.clone(), offset: 0, reply }), &failed);
-    assert!(matches!(reset.await.unwrap(), Err(ResetError::Failed(_))));
+    Request::Ordered(OrderedRequest::Reset { group: g.clone(), offset: 0, reply }).refuse(&failed);
+    assert!(matches!(reset.await.unwrap(), Err(Error::Failed(_))));
     assert!(!g.active.load(Ordering::SeqCst), "slot released");
 
     let (reply, flush) = oneshot::channel();
-    refuse_request(Request::Flush { reply }, &Closed::Shutdown);
-    assert!(matches!(flush.await.unwrap(), Err(CommitError::Shutdown)));
+    Request::Flush { reply }.refuse(&Closed::Shutdown);
+    assert!(matches!(flush.await.unwrap(), Err(Error::Shutdown)));
 
     let (reply, stop) = oneshot::channel();
-    refuse_request(Request::Shutdown { reply }, &failed);
+    Request::Shutdown { reply }.refuse(&failed);
     assert!(stop.await.unwrap().is_ok(), "a stop asked of a stopping writer is done");
     drop(fx.dir);
 }
@@ -466,4 +462,14 @@ async fn a_transaction_ack_is_not_overwritten_by_a_queued_comeback_of_the_same_m
     assert_eq!(*sub.acked.lock().unwrap(), [5]);
     let marks: Vec<_> = fx.loaded().marks.into_iter().map(|m| (m.seq, m.mark)).collect();
     assert_eq!(marks, [(5, crate::model::OrderedMark::Acked)], "the transaction's ack is what is stored");
+}
+
+/// An engine over the database at `path` with no writer thread and no background tasks: the
+/// writer's round building, driven by hand.
+fn without_writer(path: &std::path::Path, options: Options) -> (Arc<Engine>, Arc<crate::store::Store>) {
+    let (store, loaded) = crate::store::open(path, &options).expect("open a test store");
+    let timer = Arc::new(crate::engine::timer::Timer::new(loaded.first_due, loaded.next_scheduled_id));
+    let (registry, _) =
+        crate::engine::registry::Registry::restore(loaded, &options).expect("restore the registry");
+    (Arc::new(Engine::new(registry, options, timer, 16)), Arc::new(store))
 }

@@ -22,13 +22,10 @@ use std::sync::Arc;
 use super::round::Round;
 use super::{schedule, work};
 use crate::engine::registry::{KeyspaceState, PendingRecord};
-use crate::engine::request::{
-    KvRequest, KvWrite, Reply, TxApplied, TxDelivery, TxJob, TxRequest, refuse as refuse_reply,
-};
-use crate::error::{Closed, KvError, TxError};
+use crate::engine::request::{KvRequest, KvWrite, Reply, TxApplied, TxDelivery, TxRequest, give_back};
+use crate::error::Error;
 use crate::events::Event;
 use crate::model::OrderedMark;
-use crate::store::ReadError;
 use crate::telemetry;
 
 pub(super) fn apply_kv(r: &mut Round<'_>, req: KvRequest) {
@@ -37,28 +34,14 @@ pub(super) fn apply_kv(r: &mut Round<'_>, req: KvRequest) {
     }
 }
 
-pub(super) fn refuse_kv(req: KvRequest, why: &Closed) {
-    match req {
-        KvRequest::Create { reply, .. } => refuse_reply(reply, why),
-    }
-}
-
-/// A transaction the writer will not carry out (shutdown, a failed broker): handed back like
-/// any refused transaction.
-pub(super) fn refuse(req: TxRequest, why: &Closed) {
-    let TxRequest { jobs, deliveries, reply, .. } = req;
-    give_back(jobs, deliveries);
-    let _ = reply.send(Err(why.clone().into()));
-}
-
-fn create_keyspace(r: &mut Round<'_>, name: String, reply: Reply<Arc<KeyspaceState>, KvError>) {
+fn create_keyspace(r: &mut Round<'_>, name: String, reply: Reply<Arc<KeyspaceState>, Error>) {
     let existing = r.engine.registry.keyspace(&name).or_else(|| r.written.keyspaces.get(&name).cloned());
     let state = match existing {
         Some(k) => k,
         None => {
             let id = r.written.next_keyspace_id;
             if id == u32::MAX {
-                let _ = reply.send(Err(KvError::Failed(crate::error::FailedError::internal(
+                let _ = reply.send(Err(Error::Failed(crate::error::FailedError::internal(
                     "keyspace ids are used up",
                 ))));
                 return;
@@ -79,7 +62,7 @@ fn create_keyspace(r: &mut Round<'_>, name: String, reply: Reply<Arc<KeyspaceSta
     };
     // Answered after the creating round's completion (this round's, or an earlier one's: rounds
     // complete in order), so the keyspace is registered by then.
-    r.on_done(move |res| drop(reply.send(res.map(|()| state).map_err(|e| KvError::Storage(e.clone())))));
+    r.on_done(move |res| drop(reply.send(res.map(|()| state).map_err(|e| Error::Storage(e.clone())))));
 }
 
 pub(super) fn apply(r: &mut Round<'_>, tx: TxRequest) {
@@ -136,8 +119,7 @@ pub(super) fn apply(r: &mut Round<'_>, tx: TxRequest) {
         }
         // Ordered deliveries are dropped here, off the writer (their messages' buffers).
         drop(deliveries);
-        let _ =
-            reply.send(res.map(|()| TxApplied { revision, sent }).map_err(|e| TxError::Storage(e.clone())));
+        let _ = reply.send(res.map(|()| TxApplied { revision, sent }).map_err(|e| Error::Storage(e.clone())));
     });
 }
 
@@ -148,50 +130,40 @@ struct Checked {
     originals: Vec<Option<crate::sent::Original>>,
 }
 
-fn read_error(e: ReadError) -> TxError {
-    match e {
-        ReadError::Storage(s) => TxError::Storage(s),
-        ReadError::Corrupt(c) => TxError::Corrupt(c),
-    }
-}
-
 /// Step 1: everything that could refuse the transaction, before anything is written.
-fn check(r: &Round<'_>, tx: &TxRequest, now: u64) -> Result<Checked, TxError> {
+fn check(r: &Round<'_>, tx: &TxRequest, now: u64) -> Result<Checked, Error> {
     for j in &tx.jobs {
         let g = &j.group;
         if g.is_deleted() {
-            return Err(TxError::GroupDeleted { queue: g.queue.name.to_string(), group: g.name.to_string() });
+            return Err(Error::GroupDeleted { queue: g.queue.name.to_string(), group: g.name.to_string() });
         }
         // Claimed before a reset (which forgot the claim), or moved past by a purge or trim.
         if j.epoch != g.epoch() || j.seq <= g.progress().offset {
-            return Err(TxError::LeaseLost {
-                queue: g.queue.name.to_string(),
-                group: g.name.to_string(),
-                seq: j.seq,
-            });
+            return Err(g.lease_lost(j.seq, j.attempt));
         }
     }
     for d in &tx.deliveries {
         let g = &d.group;
         if g.is_deleted() {
-            return Err(TxError::GroupDeleted { queue: g.queue.name.to_string(), group: g.name.to_string() });
+            return Err(Error::GroupDeleted { queue: g.queue.name.to_string(), group: g.name.to_string() });
         }
         if d.msg.seq <= g.acked.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(TxError::LeaseLost {
+            return Err(Error::LeaseLost {
                 queue: g.queue.name.to_string(),
                 group: g.name.to_string(),
                 seq: d.msg.seq,
+                attempt: 0,
             });
         }
     }
     for s in &tx.sends {
         if s.queue.is_deleted() {
-            return Err(TxError::QueueDeleted { queue: s.queue.name.to_string() });
+            return Err(Error::QueueDeleted { queue: s.queue.name.to_string() });
         }
         // A handle exists only once the writer knows its queue; checked here so that the apply
         // step cannot fail halfway.
         if !r.written.next_seq.contains_key(&s.queue.id) {
-            return Err(TxError::Failed(crate::error::FailedError::internal(
+            return Err(Error::Failed(crate::error::FailedError::internal(
                 "send to a queue unknown to the writer",
             )));
         }
@@ -202,7 +174,7 @@ fn check(r: &Round<'_>, tx: &TxRequest, now: u64) -> Result<Checked, TxError> {
         if let Some(expect) = w.expect
             && !expect.holds(found)
         {
-            return Err(TxError::Conflict {
+            return Err(Error::Conflict {
                 keyspace: w.keyspace.name.to_string(),
                 key: w.key.clone(),
                 expected: expect,
@@ -213,19 +185,19 @@ fn check(r: &Round<'_>, tx: &TxRequest, now: u64) -> Result<Checked, TxError> {
     }
     let mut originals = Vec::with_capacity(tx.sends.len());
     for s in &tx.sends {
-        let one =
-            schedule::lookup_originals(r, &s.queue, std::slice::from_ref(&s.msg), now).map_err(read_error)?;
+        let one = schedule::lookup_originals(r, &s.queue, std::slice::from_ref(&s.msg), now)
+            .map_err(Error::from)?;
         originals.extend(one);
     }
     Ok(Checked { revisions, originals })
 }
 
 /// The revision `key` of `keyspace` has as of this point of the round.
-fn current_revision(r: &Round<'_>, keyspace: &KeyspaceState, key: &[u8]) -> Result<Option<u64>, TxError> {
+fn current_revision(r: &Round<'_>, keyspace: &KeyspaceState, key: &[u8]) -> Result<Option<u64>, Error> {
     if let Some(written) = r.jobs.kv.get(&keyspace.id).and_then(|keys| keys.get(key)) {
         return Ok(*written);
     }
-    r.batch.kv_revision(keyspace.id, key).map_err(read_error)
+    r.batch.kv_revision(keyspace.id, key).map_err(Error::from)
 }
 
 /// Writes (or deletes) one key under `revision`, keeping the keyspace's key count.
@@ -277,15 +249,4 @@ fn ack_delivery(r: &mut Round<'_>, d: &TxDelivery) {
     // Counted acknowledged now: the group is dirty, and the commit loop after the requests
     // writes its offset in this batch.
     d.sub.ack(seq);
-}
-
-/// A refused transaction's jobs are leased to their holders again; its ordered deliveries go
-/// back to their subscriptions.
-fn give_back(jobs: Vec<TxJob>, deliveries: Vec<TxDelivery>) {
-    for j in jobs {
-        j.group.unsettle(j.seq, j.token, j.deadline, j.epoch);
-    }
-    for d in deliveries {
-        d.sub.hand_back(d.msg, d.deliveries);
-    }
 }

@@ -13,8 +13,8 @@ use super::groups;
 use super::queue;
 use super::round::Round;
 use crate::engine::registry::{QueueState, QueuedAck, WorkGroupState};
-use crate::engine::request::{Outcome, RedriveItem, RedriveReply, Reply, WorkRequest, refuse};
-use crate::error::{AckError, Closed, FailedError, RedriveError, ResetError};
+use crate::engine::request::{Outcome, RedriveItem, RedriveReply, Reply, WorkRequest};
+use crate::error::{Error, FailedError};
 use crate::events::Event;
 use crate::model::{Claim, GroupMode, GroupOffset};
 use crate::store::{ReadError, envelope};
@@ -34,7 +34,7 @@ pub(super) fn apply(r: &mut Round<'_>, req: WorkRequest) {
             // attempts the reset dropped.
             if epoch != group.epoch() {
                 let (seq, attempt) = claims.first().map_or((0, 0), |(s, c)| (*s, attempt_of(c)));
-                let _ = reply.send(Err(AckError::LeaseLost { seq, attempt }));
+                let _ = reply.send(Err(group.lease_lost(seq, attempt)));
                 return;
             }
             // A claim at or below the offset (a purge or trim moved it meanwhile) would be a
@@ -43,7 +43,7 @@ pub(super) fn apply(r: &mut Round<'_>, req: WorkRequest) {
             for (seq, claim) in claims.iter().filter(|(seq, _)| *seq > offset) {
                 r.batch.put_claim(&group.keys, *seq, claim);
             }
-            r.on_done(move |res| drop(reply.send(res.map_err(|e| AckError::Storage(e.clone())))));
+            r.on_done(move |res| drop(reply.send(res.map_err(|e| Error::Storage(e.clone())))));
         }
         WorkRequest::Outcome { group, seq, attempt, epoch, outcome, reply } => {
             if group.is_deleted() {
@@ -53,7 +53,7 @@ pub(super) fn apply(r: &mut Round<'_>, req: WorkRequest) {
             }
             if epoch != group.epoch() {
                 // Decided before a reset: the reset wins (and already forgot the slot).
-                let _ = reply.send(Err(AckError::LeaseLost { seq, attempt }));
+                let _ = reply.send(Err(group.lease_lost(seq, attempt)));
                 return;
             }
             record_outcome(r, Attempt { group, seq, attempt }, outcome, reply)
@@ -67,19 +67,9 @@ pub(super) fn apply(r: &mut Round<'_>, req: WorkRequest) {
     }
 }
 
-pub(super) fn refuse_request(req: WorkRequest, why: &Closed) {
-    match req {
-        WorkRequest::Create { reply, .. } => refuse(reply, why),
-        WorkRequest::Claim { reply, .. } | WorkRequest::Outcome { reply, .. } => refuse(reply, why),
-        WorkRequest::Redrive { reply, .. } => refuse(reply, why),
-        WorkRequest::Reset { reply, .. } => refuse(reply, why),
-        WorkRequest::Extend { .. } => {}
-    }
-}
-
 /// The refusal of an outcome or claim of a deleted group.
-fn deleted(g: &WorkGroupState) -> AckError {
-    AckError::Deleted { queue: g.queue.name.to_string(), group: g.name.to_string() }
+fn deleted(g: &WorkGroupState) -> Error {
+    Error::GroupDeleted { queue: g.queue.name.to_string(), group: g.name.to_string() }
 }
 
 fn attempt_of(c: &Claim) -> u32 {
@@ -174,7 +164,7 @@ struct Attempt {
     attempt: u32,
 }
 
-fn record_outcome(r: &mut Round<'_>, at: Attempt, outcome: Outcome, reply: Reply<(), AckError>) {
+fn record_outcome(r: &mut Round<'_>, at: Attempt, outcome: Outcome, reply: Reply<(), Error>) {
     let Attempt { group: g, seq, attempt } = at;
     let engine = r.engine.clone();
     let (queue, group) = (g.queue.name.clone(), g.name.clone());
@@ -187,7 +177,7 @@ fn record_outcome(r: &mut Round<'_>, at: Attempt, outcome: Outcome, reply: Reply
                     telemetry::group_counter(telemetry::ACKED, &queue, &group, 1);
                     engine.emit(|| Event::Acked { queue, group, seq, attempt });
                 }
-                let _ = reply.send(res.map_err(|e| AckError::Storage(e.clone())));
+                let _ = reply.send(res.map_err(|e| Error::Storage(e.clone())));
             });
         }
         Outcome::Retry { .. } if seq <= g.progress().offset => {
@@ -206,7 +196,7 @@ fn record_outcome(r: &mut Round<'_>, at: Attempt, outcome: Outcome, reply: Reply
                     telemetry::group_counter(telemetry::RETRIED, &queue, &group, 1);
                     engine.emit(|| Event::Retried { queue, group, seq, attempt, delay, error });
                 }
-                let _ = reply.send(res.map_err(|e| AckError::Storage(e.clone())));
+                let _ = reply.send(res.map_err(|e| Error::Storage(e.clone())));
             });
         }
         Outcome::DeadLetter { reason, dlq } => {
@@ -215,7 +205,7 @@ fn record_outcome(r: &mut Round<'_>, at: Attempt, outcome: Outcome, reply: Reply
             // retention) forever.
             let stored = match r.batch.message(g.queue.id, seq) {
                 Ok(v) => v,
-                Err(e) => return refuse_outcome(&g, seq, reply, AckError::Storage(e)),
+                Err(e) => return refuse_outcome(&g, seq, reply, Error::Storage(e)),
             };
             let (env, reason) = match stored {
                 // A message that does not decode is dead-lettered as it is stored: its raw
@@ -240,7 +230,7 @@ fn record_outcome(r: &mut Round<'_>, at: Attempt, outcome: Outcome, reply: Reply
             let origin = dead_letter::Origin { queue: &g.queue, group: &g.name, seq, attempts: attempt };
             let (dlq_seq, reason) = match dead_letter::append(r, &origin, &reason, env, &dlq) {
                 Ok(done) => done,
-                Err(e) => return refuse_outcome(&g, seq, reply, AckError::Failed(FailedError::internal(e))),
+                Err(e) => return refuse_outcome(&g, seq, reply, Error::Failed(FailedError::internal(e))),
             };
             finish_seq(r, &g, seq);
             r.on_done(move |res| {
@@ -257,14 +247,14 @@ fn record_outcome(r: &mut Round<'_>, at: Attempt, outcome: Outcome, reply: Reply
                         dlq_seq,
                     });
                 }
-                let _ = reply.send(res.map_err(|e| AckError::Storage(e.clone())));
+                let _ = reply.send(res.map_err(|e| Error::Storage(e.clone())));
             });
         }
     }
 }
 
 /// Answers a refused outcome and puts its message back to claimable.
-fn refuse_outcome(g: &WorkGroupState, seq: u64, reply: Reply<(), AckError>, e: AckError) {
+fn refuse_outcome(g: &WorkGroupState, seq: u64, reply: Reply<(), Error>, e: Error) {
     g.revert(seq);
     let _ = reply.send(Err(e));
 }
@@ -283,7 +273,7 @@ fn redrive(
     reply: RedriveReply,
 ) {
     if dlq.is_deleted() {
-        let _ = reply.send(Err(RedriveError::Deleted { dlq: dlq.name.to_string() }));
+        let _ = reply.send(Err(Error::QueueDeleted { queue: dlq.name.to_string() }));
         return;
     }
     let current = match r.written.cursors.get(&dlq.id) {
@@ -291,17 +281,17 @@ fn redrive(
         None => match r.batch.cursor(&dlq.name) {
             Ok(c) => c.unwrap_or(0),
             Err(ReadError::Corrupt(e)) => {
-                let _ = reply.send(Err(RedriveError::Receive(e.into())));
+                let _ = reply.send(Err(e.into()));
                 return;
             }
             Err(ReadError::Storage(e)) => {
-                let _ = reply.send(Err(RedriveError::Storage(e)));
+                let _ = reply.send(Err(Error::Storage(e)));
                 return;
             }
         },
     };
     if current != cursor.expected {
-        let _ = reply.send(Err(RedriveError::Conflict { dlq: dlq.name.to_string() }));
+        let _ = reply.send(Err(Error::RedriveConflict { dlq: dlq.name.to_string() }));
         return;
     }
     // Encode every message and resolve every target first, so a bad one leaves nothing
@@ -312,7 +302,7 @@ fn redrive(
             Ok(v) => encoded.push(v),
             Err(e) => {
                 let why = format!("cannot re-encode dead letter {}: {e:?}", item.dlq_seq);
-                let _ = reply.send(Err(RedriveError::Failed(FailedError::internal(why))));
+                let _ = reply.send(Err(Error::Failed(FailedError::internal(why))));
                 return;
             }
         }
@@ -322,7 +312,7 @@ fn redrive(
         match queue::ensure(r, &item.target) {
             Ok(q) => targets.push(q),
             Err(e) => {
-                let _ = reply.send(Err(RedriveError::Failed(FailedError::internal(format!(
+                let _ = reply.send(Err(Error::Failed(FailedError::internal(format!(
                     "target {:?}: {e}",
                     item.target
                 )))));
@@ -347,22 +337,22 @@ fn redrive(
                 engine.emit(|| Event::Redriven { dlq: dlq.name.clone(), dlq_seq, queue, seq });
             }
         }
-        let _ = reply.send(res.map(|()| moved).map_err(|e| RedriveError::Storage(e.clone())));
+        let _ = reply.send(res.map(|()| moved).map_err(|e| Error::Storage(e.clone())));
     });
 }
 
 /// Sets a work-queue group's offset (replay): its claims are deleted.
-fn reset(r: &mut Round<'_>, group: Arc<WorkGroupState>, offset: u64, reply: Reply<(), ResetError>) {
+fn reset(r: &mut Round<'_>, group: Arc<WorkGroupState>, offset: u64, reply: Reply<(), Error>) {
     if group.is_deleted() {
         let (group, queue) = (group.name.to_string(), group.queue.name.to_string());
-        let _ = reply.send(Err(ResetError::NoSuchGroup { group, queue }));
+        let _ = reply.send(Err(Error::NoSuchGroup { group, queue }));
         return;
     }
     // Checked again here: a subscription or job could have appeared since the caller looked,
     // and nothing changes a group's claims between here and the batch's write.
     if group.subscriptions.load(Ordering::Acquire) > 0 || group.held(r.engine.clock().now()) {
         let (group, queue) = (group.name.to_string(), group.queue.name.to_string());
-        let _ = reply.send(Err(ResetError::Active { group, queue }));
+        let _ = reply.send(Err(Error::Active { group, queue }));
         return;
     }
     if let Err(e) = groups::still_retained(r, &group.queue, offset) {
@@ -381,7 +371,7 @@ fn reset(r: &mut Round<'_>, group: Arc<WorkGroupState>, offset: u64, reply: Repl
             // A reset may go backwards: store, not max.
             group.durable.store(offset, Ordering::SeqCst);
         }
-        let _ = reply.send(res.map_err(|e| ResetError::Storage(e.clone())));
+        let _ = reply.send(res.map_err(|e| Error::Storage(e.clone())));
     });
 }
 

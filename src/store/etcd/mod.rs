@@ -1,3 +1,4 @@
+#![cfg(feature = "etcd")]
 //! The etcd store (feature `etcd`): rockq's records in an etcd namespace, and the
 //! compare-and-set transactions every multi-process guarantee rests on. The only module that
 //! uses the etcd client; the engine above deals in queues, sequences and records, as with
@@ -19,15 +20,11 @@
 //! | `N g/group:<group>:<queue>` | a work group's settings record (`work.rs`) |
 //! | `N r/redrive:<dlq>` | a dead-letter queue's redrive cursor (`redrive.rs`) |
 
-mod redrive;
-mod retention;
-mod work;
+pub(crate) mod redrive;
+pub(crate) mod retention;
+pub(crate) mod work;
 
 use std::time::Duration;
-
-pub(crate) use redrive::RedriveOutcome;
-pub(crate) use retention::{NamespaceEvent, TrimGroup, TrimPlan};
-pub(crate) use work::{ClaimEvent, ClaimRecord, ClaimWrite, ClaimsOutcome};
 
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, PutOptions, Txn, TxnOp};
 

@@ -1,0 +1,143 @@
+//! What each engine carries out: **one table** for every refusal. A handle asks before it
+//! acts (`Shared::check`); an engine's send check asks for what a send call needs (the etcd
+//! engine: idempotency keys, a call larger than one transaction); the etcd writer asks for any
+//! request it has no handler for ([`for_request`]). An operation an engine does not carry out is refused with
+//! [`Error::Unsupported`](crate::error::Error::Unsupported), naming it, and nothing changes.
+//!
+//! Adding a feature to the etcd engine is: build it there, then flip its row here (the tests
+//! that expect the refusal fail until the table and the engine agree).
+
+use super::request::{
+    LifecycleRequest, OrderedRequest, QueueRequest, Request, RetentionRequest, WorkRequest,
+};
+use crate::error::{Error, UnsupportedError};
+
+/// The two engines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flavour {
+    /// RocksDB in this process: everything.
+    Embedded,
+    /// An etcd namespace shared by many processes (feature `etcd`).
+    #[allow(dead_code)] // built only with the etcd engine
+    Etcd,
+}
+
+impl Flavour {
+    /// The engine's name in refusals.
+    pub fn name(self) -> &'static str {
+        match self {
+            Flavour::Embedded => "embedded",
+            Flavour::Etcd => "etcd",
+        }
+    }
+}
+
+/// An operation that one engine may carry out and another not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Capability {
+    /// `reset_to` of either group kind.
+    ResetGroup,
+    /// Pausing and resuming groups.
+    PauseGroup,
+    /// Deleting and purging queues and groups.
+    DeleteAndPurge,
+    /// Delayed messages, `submit`, cancel and reschedule, recurring schedules.
+    Scheduling,
+    /// Idempotency keys and the dedup window.
+    IdempotencyKeys,
+    /// Keyspaces.
+    Keyspaces,
+    /// Transactions.
+    Transactions,
+    /// Work groups ordered by key.
+    OrderedByKey,
+    /// Reads of the store directly: delayed-message and schedule listings, the inspector's.
+    StoreInspection,
+    /// A send call larger than one etcd transaction (127 messages or 1 MiB).
+    LargeSendCall,
+    /// `Durability::Buffered`.
+    BufferedDurability,
+}
+
+impl Capability {
+    /// What is refused, as the refusal names it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Capability::ResetGroup => "resetting a group",
+            Capability::PauseGroup => "pausing groups",
+            Capability::DeleteAndPurge => "deleting and purging",
+            Capability::Scheduling => "delayed messages, idempotent submits and schedules",
+            Capability::IdempotencyKeys => "idempotency keys",
+            Capability::Keyspaces => "keyspaces",
+            Capability::Transactions => "transactions",
+            Capability::OrderedByKey => "ordering a work group by key",
+            Capability::StoreInspection => {
+                "this inspection (delayed messages, schedules, the store directly)"
+            }
+            Capability::LargeSendCall => "a send call larger than one etcd transaction (127 messages, 1 MiB)",
+            Capability::BufferedDurability => "Durability::Buffered (every etcd write is a quorum write)",
+        }
+    }
+}
+
+/// **The table**: whether `flavour` carries out `cap`.
+pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
+    match flavour {
+        Flavour::Embedded => true,
+        // Everything below is refused on etcd until the etcd engine builds it (docs/DISTRIBUTED.md).
+        Flavour::Etcd => match cap {
+            Capability::ResetGroup
+            | Capability::PauseGroup
+            | Capability::DeleteAndPurge
+            | Capability::Scheduling
+            | Capability::IdempotencyKeys
+            | Capability::Keyspaces
+            | Capability::Transactions
+            | Capability::OrderedByKey
+            | Capability::StoreInspection
+            | Capability::LargeSendCall
+            | Capability::BufferedDurability => false,
+        },
+    }
+}
+
+/// `Ok` if `flavour` carries out `cap`, else the refusal naming it.
+pub(crate) fn check(flavour: Flavour, cap: Capability) -> Result<(), UnsupportedError> {
+    match supports(flavour, cap) {
+        true => Ok(()),
+        false => Err(UnsupportedError::new(cap.describe(), flavour.name())),
+    }
+}
+
+/// The error an engine answers when it has no code for `cap`: the table's refusal, or, should
+/// the table claim the engine carries it out, an internal error saying so (a bug).
+pub(crate) fn refusal(flavour: Flavour, cap: Capability) -> Error {
+    match check(flavour, cap) {
+        Err(u) => Error::Unsupported(u),
+        Ok(()) => {
+            Error::Internal(format!("the {} engine has no handler for {}", flavour.name(), cap.describe()))
+        }
+    }
+}
+
+/// The capability a write request needs, for an engine's writer that has no handler for it
+/// (`None`: every engine must carry it out).
+pub(crate) fn for_request(req: &Request) -> Option<Capability> {
+    Some(match req {
+        Request::Queue(QueueRequest::SetDedupWindow { .. }) => Capability::IdempotencyKeys,
+        Request::Ordered(OrderedRequest::Reset { .. }) | Request::Work(WorkRequest::Reset { .. }) => {
+            Capability::ResetGroup
+        }
+        Request::Retention(RetentionRequest::ExpireDedup { .. }) => Capability::IdempotencyKeys,
+        Request::Settings(_) => Capability::PauseGroup,
+        Request::Schedule(_) => Capability::Scheduling,
+        Request::Lifecycle(
+            LifecycleRequest::DeleteQueue { .. }
+            | LifecycleRequest::PurgeQueue { .. }
+            | LifecycleRequest::DeleteGroup { .. },
+        ) => Capability::DeleteAndPurge,
+        Request::Kv(_) => Capability::Keyspaces,
+        Request::Tx(_) => Capability::Transactions,
+        _ => return None,
+    })
+}

@@ -1,0 +1,27 @@
+//! Connecting a broker to an etcd namespace (feature `etcd`): the etcd engine started
+//! (`etcd/start.rs`), the handles' anchor built over `Backend::Etcd`, and the background tasks
+//! (`tasks.rs`) started — the counterpart of `open.rs`.
+
+use std::sync::Arc;
+
+use super::backend::Backend;
+use super::etcd::{EtcdSettings, start};
+use super::shared::Shared;
+use super::tasks;
+use crate::error::Error;
+use crate::options::Options;
+
+/// Connects to the namespace and starts the engine on the current runtime.
+pub(crate) async fn connect(
+    endpoints: &[String],
+    namespace: &str,
+    options: Options,
+    settings: EtcdSettings,
+) -> Result<Arc<Shared>, Error> {
+    let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
+    let started = start::start(&runtime, endpoints, namespace, &options, settings).await?;
+    let start::Started { engine, side, tx, stopped } = started;
+    let shared = Shared::new(engine, Backend::Etcd(side), tx, runtime, None, stopped);
+    tasks::spawn_retention(&shared, options.retention_interval);
+    Ok(shared)
+}

@@ -1,0 +1,192 @@
+//! Work groups' claim records as this process follows them, apart from the writer that writes
+//! them (`work.rs`): loading a group with its records, moving the stored offset over a finished
+//! run, a trim's jump past the deleted head, and the watch that teaches the claim state machine
+//! what other processes wrote (into `known.rs`).
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::known::{Known, WorkSide};
+use super::side::{EtcdSide, retrying};
+use crate::clock::Clock;
+use crate::engine::Engine;
+use crate::engine::registry::{QueueState, WorkGroupState};
+use crate::engine::request::Request;
+use crate::error::StorageError;
+use crate::model::WorkSettings;
+use crate::store::etcd::work::ClaimEvent;
+
+/// Moves `g`'s stored offset over the finished run above it, if this process knows of one.
+/// Safe from any task: the move compares the stored offset (it only goes forward). Returns
+/// whether this call moved it.
+pub(super) async fn advance(
+    side: &EtcdSide,
+    g: &WorkGroupState,
+    known: &mut Known,
+) -> Result<bool, StorageError> {
+    let to = g.progress().offset;
+    if to <= known.stored_offset {
+        return Ok(false);
+    }
+    let (store, t) = (&side.store, side.settings.request_timeout);
+    // Moved, or another process moved it at least as far.
+    let moved = retrying(t, || store.move_work_offset(&g.name, &g.queue.name, to)).await?;
+    known.learn_offset(g, to);
+    Ok(moved)
+}
+
+/// Loads work group `group` on `queue` (its offset record exists): its claim records into a new
+/// state machine, its stored settings, and a watch on its records from the revision they were
+/// read at. Registered in the engine (at connect for every group, else at first use).
+pub(super) async fn load(
+    engine: &Arc<Engine>,
+    side: &Arc<EtcdSide>,
+    queue: Arc<QueueState>,
+    group: &str,
+    stop: &CancellationToken,
+    nudge: &mpsc::WeakSender<Request>,
+) -> Result<Arc<WorkGroupState>, StorageError> {
+    let id = crate::store::group_id(group, &queue.name);
+    let (store, t) = (&side.store, side.settings.request_timeout);
+    let (offset, records, rev) = retrying(t, || store.load_claims(group, &queue.name)).await?;
+    let g = WorkGroupState::new(group, queue.clone(), offset);
+    let clock = engine.clock().clone();
+    let mut known = Known { stored_offset: offset, ..Known::default() };
+    for r in records {
+        known.revs.insert(r.seq, r.rev);
+        g.learn_claim(r.seq, &r.claim, &clock);
+    }
+    if let (Some(rec), _) = retrying(t, || store.work_settings(group, &queue.name)).await?
+        && let Some(s) = WorkSettings::stored(&rec, &queue.name)
+    {
+        g.set_settings(Arc::new(s));
+    }
+    let ws = Arc::new(WorkSide { group: g.clone(), known: tokio::sync::Mutex::new(known) });
+    side.work.insert(id.clone(), ws.clone());
+    engine.registry.work.insert(id, g.clone());
+    // A group created on a stale head (a trim landed between reading the head and creating
+    // the group) would wait for ever on messages that are gone (review finding): the head as
+    // etcd holds it now, read after the group is registered (a later trim reaches it through
+    // the watch), moves it past them.
+    if let Some((meta, _)) = retrying(t, || store.queue_record(&queue.name)).await?
+        && meta.id == queue.id
+        && meta.first_seq > offset + 1
+    {
+        queue.first_seq.fetch_max(meta.first_seq, Ordering::AcqRel);
+        let mut known = ws.known.lock().await;
+        known.learn_offset(&g, meta.first_seq - 1);
+        advance(side, &g, &mut known).await?;
+    }
+    tokio::spawn(watch(side.clone(), Arc::downgrade(&ws), rev, clock, stop.clone(), nudge.clone()));
+    Ok(g)
+}
+
+/// Queue `qid` was trimmed through `to`: its work groups here jump past the deleted head (a
+/// group behind the cut had its offset moved to `to` in the trim's transaction).
+pub(super) async fn trimmed(side: &EtcdSide, qid: u32, to: u64) {
+    let sides: Vec<Arc<WorkSide>> =
+        side.work.iter().filter(|w| w.group.queue.id == qid).map(|w| w.clone()).collect();
+    for ws in sides {
+        let mut known = ws.known.lock().await;
+        known.learn_offset(&ws.group, to);
+        // Over the messages finished while the trimmed head waited, as embedded (they would
+        // otherwise wait for the next message finished here).
+        if let Err(e) = advance(side, &ws.group, &mut known).await {
+            tracing::warn!(queue = %ws.group.queue.name, group = %ws.group.name, error = %e, "rockq: moving a work group's offset past a trim failed; trying again next round");
+        }
+    }
+}
+
+/// Teaches the group's state machine what other processes write, until the broker stops or the
+/// group is gone. A broken watch (compacted, the member went away) is replaced after a reload
+/// of every record: state is re-read, not replayed.
+async fn watch(
+    side: Arc<EtcdSide>,
+    ws: Weak<WorkSide>,
+    mut rev: i64,
+    clock: Clock,
+    stop: CancellationToken,
+    nudge: mpsc::WeakSender<Request>,
+) {
+    let (gname, qname) = match ws.upgrade() {
+        Some(w) => (w.group.name.to_string(), w.group.queue.name.to_string()),
+        None => return,
+    };
+    loop {
+        match side.store.watch_claims(&gname, &qname, rev).await {
+            Ok(stream) => {
+                let mut stream = std::pin::pin!(stream);
+                loop {
+                    let next = tokio::select! {
+                        _ = stop.cancelled() => return,
+                        next = stream.next() => next,
+                    };
+                    let Some(ws) = ws.upgrade() else { return };
+                    match next {
+                        // Tests hold other processes' writes back from this process (a slow
+                        // watch): etcd's compares alone must keep the guarantees.
+                        Some(Ok(_)) if crate::faults::check("rockq-etcd-claim-watch").is_err() => {}
+                        Some(Ok(events)) => {
+                            let mut known = ws.known.lock().await;
+                            for ev in events {
+                                match ev {
+                                    ClaimEvent::Put(r) => {
+                                        rev = rev.max(r.rev);
+                                        if r.seq > known.stored_offset && r.rev > known.expected(r.seq) {
+                                            known.revs.insert(r.seq, r.rev);
+                                            ws.group.learn_claim(r.seq, &r.claim, &clock);
+                                        }
+                                    }
+                                    ClaimEvent::Gone { seq, rev: r } => {
+                                        rev = rev.max(r);
+                                        known.learn_offset(&ws.group, seq);
+                                    }
+                                }
+                            }
+                            let behind = ws.group.progress().offset > known.stored_offset;
+                            drop(known);
+                            if behind && let Some(tx) = nudge.upgrade() {
+                                // Another process finished the run's last message: move the offset.
+                                let _ = tx.try_send(Request::Commit);
+                            }
+                        }
+                        Some(Err(e)) => {
+                            tracing::debug!(error = %e, group = %gname, "rockq: claim watch broke; reloading");
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "rockq: claim watch did not start; retrying"),
+        }
+        loop {
+            match side.store.load_claims(&gname, &qname).await {
+                Ok((offset, records, at)) => {
+                    let Some(ws) = ws.upgrade() else { return };
+                    let mut known = ws.known.lock().await;
+                    known.learn_offset(&ws.group, offset);
+                    for r in records {
+                        if r.rev > known.expected(r.seq) {
+                            known.revs.insert(r.seq, r.rev);
+                            ws.group.learn_claim(r.seq, &r.claim, &clock);
+                        }
+                    }
+                    rev = at;
+                    break;
+                }
+                Err(_) => {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    }
+                }
+            }
+        }
+    }
+}

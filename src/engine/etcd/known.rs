@@ -1,0 +1,86 @@
+//! What this process knows of one work group's claim records in etcd: the revision each was
+//! last seen at, and this process's own claims (their fencing tokens). Taught to the claim state
+//! machine as it learns them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use crate::clock::Clock;
+use crate::engine::registry::WorkGroupState;
+use crate::store::etcd::work::ClaimRecord;
+
+/// What this process knows of one work group's records in etcd.
+pub(crate) struct WorkSide {
+    pub(super) group: Arc<WorkGroupState>,
+    pub(super) known: tokio::sync::Mutex<Known>,
+}
+
+#[derive(Default)]
+pub(super) struct Known {
+    /// The `mod_revision` of each claim record above the offset, as last seen.
+    pub(super) revs: HashMap<u64, i64>,
+    /// The offset as stored (or further: learned from records the offset move deleted).
+    pub(super) stored_offset: u64,
+    /// The `mod_revision` of this process's last write of each record: an outcome may only
+    /// be written over this process's own claim (its fencing token).
+    pub(super) mine: HashMap<u64, i64>,
+}
+
+impl Known {
+    pub(super) fn expected(&self, seq: u64) -> i64 {
+        self.revs.get(&seq).copied().unwrap_or(0)
+    }
+
+    /// The revision an outcome of `seq` compares: this process's claim, unless something
+    /// another process wrote since was learned (then the claim is lost, and nothing is sent).
+    pub(super) fn own(&self, seq: u64) -> Option<i64> {
+        let mine = self.mine.get(&seq).copied()?;
+        (self.revs.get(&seq) == Some(&mine)).then_some(mine)
+    }
+
+    /// This process wrote `seq`'s record at `rev`.
+    pub(super) fn wrote(&mut self, seq: u64, rev: i64) {
+        self.revs.insert(seq, rev);
+        self.mine.insert(seq, rev);
+    }
+
+    /// The records of a refused write, as they are: taught to the state machine.
+    pub(super) fn learn(
+        &mut self,
+        g: &WorkGroupState,
+        offset: u64,
+        found: Vec<(u64, Option<ClaimRecord>)>,
+        clock: &Clock,
+    ) {
+        self.learn_offset(g, offset);
+        for (seq, rec) in found {
+            match rec {
+                Some(r) => {
+                    self.revs.insert(seq, r.rev);
+                    g.learn_claim(seq, &r.claim, clock);
+                }
+                None if seq <= offset => {}
+                None => {
+                    self.revs.remove(&seq);
+                    g.learn_unclaimed(seq);
+                }
+            }
+        }
+    }
+
+    /// The stored offset is at least `offset`: everything up to it is finished.
+    pub(super) fn learn_offset(&mut self, g: &WorkGroupState, offset: u64) {
+        if offset <= self.stored_offset {
+            return;
+        }
+        self.stored_offset = offset;
+        self.revs.retain(|&s, _| s > offset);
+        self.mine.retain(|&s, _| s > offset);
+        g.learn_offset(offset);
+        let before = g.durable.fetch_max(offset, Ordering::SeqCst);
+        if offset > before {
+            g.changed.notify_waiters();
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! Starting the etcd engine: the namespace's format checked, its queues and groups loaded into
+//! a registry, the engine state built, and the writer and watch tasks started. The handles'
+//! anchor over it is built by `engine/connect.rs`.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::owners::Owners;
+use super::side::{EtcdSettings, EtcdSide, retrying};
+use super::{claims, watch, writer};
+use crate::engine::Engine;
+use crate::engine::capability::{self, Capability, Flavour};
+use crate::engine::registry::{OrderedGroupState, QueueState, Registry};
+use crate::engine::request::Request;
+use crate::engine::timer::Timer;
+use crate::error::Error;
+use crate::model::GroupMode;
+use crate::options::{Durability, Options};
+use crate::store::etcd::{ConnectFailure, EtcdStore};
+
+/// A started etcd engine: its state, its side, the writer's request channel and the token that
+/// stops its tasks (the writer, the watches) once shutdown is complete.
+pub(crate) struct Started {
+    pub engine: Arc<Engine>,
+    pub side: Arc<EtcdSide>,
+    pub tx: mpsc::Sender<Request>,
+    pub stopped: CancellationToken,
+}
+
+/// Connects to the namespace and starts the engine's tasks on `runtime`.
+pub(crate) async fn start(
+    runtime: &tokio::runtime::Handle,
+    endpoints: &[String],
+    namespace: &str,
+    options: &Options,
+    settings: EtcdSettings,
+) -> Result<Started, Error> {
+    if options.durability != Durability::Fsync {
+        return Err(capability::refusal(Flavour::Etcd, Capability::BufferedDurability));
+    }
+    crate::name::validate(crate::error::NameKind::Queue, namespace)
+        .map_err(|e| Error::InvalidOption(format!("etcd namespace: {e}")))?;
+    if endpoints.is_empty() {
+        return Err(Error::InvalidOption("no etcd endpoint given".into()));
+    }
+    let store =
+        EtcdStore::connect(endpoints, namespace, settings.request_timeout).await.map_err(|e| match e {
+            ConnectFailure::Storage(s) => Error::Storage(s),
+            ConnectFailure::Foreign(reason) => {
+                Error::NotRockq { path: format!("etcd namespace {namespace:?}").into(), reason }
+            }
+        })?;
+    let loaded = retrying(settings.request_timeout, || store.load()).await?;
+    let registry = Registry::default();
+    for (name, meta, last) in &loaded.queues {
+        let q = QueueState::new(meta.id, name, meta.first_seq, *last, meta.retention);
+        q.set_dedup_window(meta.dedup_window);
+        registry.queues.insert(q.name.clone(), q);
+    }
+    // (After this, queues are registered through `register_queue` only: by the writer when
+    // asked, by the watch when another process creates one.)
+    for (group, queue, offset) in &loaded.groups {
+        let Some(q) = registry.queue(queue) else { continue };
+        let id = crate::store::group_id(group, queue);
+        match offset.mode {
+            GroupMode::Ordered => {
+                registry.ordered.insert(id, OrderedGroupState::new(group, q, offset.committed));
+            }
+            // Loaded below with their claim records and a watch, once the engine exists.
+            GroupMode::WorkQueue => {}
+        }
+    }
+    let owner_id = format!("{}-{}-{:016x}", hostname(), std::process::id(), fastrand::u64(..)).into_bytes();
+    let side = Arc::new(EtcdSide {
+        store: store.clone(),
+        settings,
+        owner_id,
+        owners: Arc::new(Owners::default()),
+        work: Default::default(),
+        revisions: Default::default(),
+    });
+    let timer = Arc::new(Timer::new(None, 0));
+    let engine = Arc::new(Engine::new(registry, options.clone(), timer, 4096));
+    tracing::info!(store = %store.label, queues = engine.registry.queues.len(), "rockq: connected to etcd");
+    let (tx, rx) = mpsc::channel(options.channel_capacity);
+    let stopped = CancellationToken::new();
+    runtime.spawn(watch::run(Arc::downgrade(&engine), side.clone(), loaded.revision, stopped.clone()));
+    let nudge = tx.downgrade();
+    // Every work group, as embedded at open: its claims, settings and counts are known before
+    // anything subscribes.
+    for (group, queue, offset) in &loaded.groups {
+        if offset.mode == GroupMode::WorkQueue
+            && let Some(q) = engine.registry.queue(queue)
+            && let Err(e) = claims::load(&engine, &side, q, group, &stopped, &nudge).await
+        {
+            stopped.cancel();
+            return Err(e.into());
+        }
+    }
+    runtime.spawn(writer::run(engine.clone(), side.clone(), rx, stopped.clone(), nudge));
+    Ok(Started { engine, side, tx, stopped })
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "host".into())
+}

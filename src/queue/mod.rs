@@ -1,0 +1,11 @@
+//! Queues: [`Queue`] handles whose sends go through the writer, the receipts they resolve
+//! through, typed sends, and a transaction's sends (`txn.rs`).
+
+mod handle;
+mod receipt;
+mod txn;
+mod typed;
+
+pub use handle::Queue;
+pub use receipt::SendReceipt;
+pub use typed::TypedQueue;

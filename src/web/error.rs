@@ -1,0 +1,51 @@
+//! The console's one error type.
+
+use std::net::SocketAddr;
+
+/// The console could not serve, or its sampler could not take a sample.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WebError {
+    /// The address is not loopback and [`Console::allow_remote`](super::Console::allow_remote) was not set.
+    #[error(
+        "refusing to serve the console on non-loopback address {addr} (use Console::allow_remote, with a token and TLS in front)"
+    )]
+    NotLoopback {
+        /// The address asked for.
+        addr: SocketAddr,
+    },
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Serving failed.
+    #[error("console server failed: {0}")]
+    Io(std::io::Error),
+    /// The console's router was dropped, or its broker shut down.
+    #[error("the console was dropped or its broker shut down")]
+    Stopped,
+    /// The stats could not be read.
+    #[error("cannot read the stats: {0}")]
+    Read(String),
+}
+
+impl WebError {
+    /// What kind of failure this is, as the library's errors say it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(rockq::web::WebError::Stopped.kind(), rockq::ErrorKind::Shutdown);
+    /// ```
+    pub fn kind(&self) -> crate::error::ErrorKind {
+        match self {
+            WebError::NotLoopback { .. } => crate::error::ErrorKind::InvalidInput,
+            WebError::Bind { .. } | WebError::Io(_) | WebError::Read(_) => crate::error::ErrorKind::Storage,
+            WebError::Stopped => crate::error::ErrorKind::Shutdown,
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! The stats API, pending claims, peek, pause/resume and the read-only inspector, against
+//! real databases. Time is a `ManualClock`, so ages and deadlines are exact.
+
+mod common;
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use common::*;
+use futures::StreamExt;
+use rockq::{Error, GroupMode, Inspector, ManualClock, PendingState, RetryPolicy};
+
+/// Stored times have microsecond precision.
+fn micros(t: std::time::SystemTime) -> u128 {
+    t.duration_since(UNIX_EPOCH).unwrap().as_micros()
+}
+
+fn group<'a>(stats: &'a rockq::Stats, queue: &str, group: &str) -> &'a rockq::GroupStats {
+    stats.groups.iter().find(|g| g.queue == queue && g.group == group).expect("group in stats")
+}
+
+#[tokio::test]
+async fn stats_report_lag_as_count_and_age_in_flight_and_paused_for_an_ordered_group() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let orders = broker.queue("orders").await.unwrap();
+    orders.send_batch((1..=10).map(|i| format!("o{i}"))).await.unwrap();
+    clock.advance(Duration::from_secs(5));
+
+    let mut sub = orders.group("billing").unwrap().subscribe().await.unwrap();
+    let ds = take(&mut sub, 4).await;
+    let mut ds = ds.into_iter();
+    for d in ds.by_ref().take(3) {
+        d.ack().unwrap();
+    }
+    let held = ds.next().unwrap();
+    assert_eq!(sub.commit().await.unwrap(), 3);
+
+    let stats = broker.stats().await.unwrap();
+    let q = stats.queues.iter().find(|q| q.name == "orders").unwrap();
+    assert!(stats.bytes_on_disk > 0, "the memtables hold the writes");
+    assert_eq!((q.first_seq, q.last_seq, q.len), (1, 10, 10));
+    assert_eq!(q.oldest_age, Some(Duration::from_secs(5)));
+    let g = group(&stats, "orders", "billing");
+    assert_eq!(g.mode, GroupMode::Ordered);
+    assert_eq!((g.committed, g.lag, g.in_flight, g.paused), (3, 7, 1, false));
+    assert_eq!(g.oldest_unacked_age, Some(Duration::from_secs(5)));
+    assert_eq!((g.dead_letter_queue.as_deref(), g.dlq_depth), (None, 0));
+
+    // Pause: nothing new is handed out, durably across a restart.
+    broker.pause_group("orders", "billing").await.unwrap();
+    assert!(orders.group("billing").unwrap().is_paused());
+    assert!(futures::poll!(sub.next()).is_pending(), "a paused group delivered");
+    assert!(group(&broker.stats().await.unwrap(), "orders", "billing").paused);
+    held.ack().unwrap();
+    drop(sub);
+    broker.shutdown().await.unwrap();
+
+    let broker = open_clock(dir.path(), &clock).await;
+    let orders = broker.queue("orders").await.unwrap();
+    let billing = orders.group("billing").unwrap();
+    assert!(billing.is_paused(), "pause did not survive a restart");
+    let mut sub = billing.subscribe().await.unwrap();
+    assert!(futures::poll!(sub.next()).is_pending(), "a paused group delivered after restart");
+    let g = group(&broker.stats().await.unwrap(), "orders", "billing").clone();
+    assert_eq!((g.committed, g.lag, g.paused), (4, 6, true));
+
+    // Resume wakes the waiting subscription.
+    broker.resume_group("orders", "billing").await.unwrap();
+    assert_eq!(next(&mut sub).await.seq(), 5);
+    assert!(!group(&broker.stats().await.unwrap(), "orders", "billing").paused);
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn stats_and_pending_show_work_group_leases_holders_retries_and_dead_letters() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let jobs = broker.queue("jobs").await.unwrap();
+    jobs.send_batch((1..=5).map(|i| format!("j{i}"))).await.unwrap();
+    let wg = jobs
+        .work_group("workers")
+        .unwrap()
+        .consumer_name("host-a/7")
+        .lease(Duration::from_secs(30))
+        .retry_policy(
+            RetryPolicy::default()
+                .max_attempts(3)
+                .backoff(Duration::from_secs(10), Duration::from_secs(10))
+                .jitter(0.0),
+        )
+        .read_batch(3)
+        .max_in_flight(3);
+    let mut sub = wg.subscribe().await.unwrap();
+    let j1 = next_job(&mut sub).await;
+    let j2 = next_job(&mut sub).await;
+    let j3 = next_job(&mut sub).await;
+    assert_eq!((j1.seq(), j2.seq(), j3.seq()), (1, 2, 3));
+    j1.dead_letter_durable("bad input").await.unwrap();
+    j2.fail_durable("downstream 503").await.unwrap();
+
+    let now = clock.wall_time();
+    let pending = broker.pending("jobs", "workers").await.unwrap();
+    assert_eq!(pending.len(), 2, "{pending:?}");
+    let (p2, p3) = (&pending[0], &pending[1]);
+    assert_eq!((p2.seq, p2.state, p2.attempt), (2, PendingState::Waiting, 1));
+    assert_eq!(micros(p2.retry_at.unwrap()), micros(now + Duration::from_secs(10)));
+    assert_eq!(p2.last_error.as_deref(), Some("downstream 503"));
+    assert_eq!(p2.holder, None);
+    assert_eq!((p3.seq, p3.state, p3.attempt), (3, PendingState::Leased, 1));
+    assert_eq!(p3.holder.as_deref(), Some("host-a/7"));
+    assert_eq!(micros(p3.lease_deadline.unwrap()), micros(now + Duration::from_secs(30)));
+
+    let stats = broker.stats().await.unwrap();
+    let g = group(&stats, "jobs", "workers");
+    assert_eq!(g.mode, GroupMode::WorkQueue);
+    assert_eq!((g.committed, g.lag, g.in_flight, g.waiting_retry), (1, 4, 1, 1));
+    assert_eq!((g.dead_letter_queue.as_deref(), g.dlq_depth), (Some("jobs.dlq"), 1));
+
+    // Once the lease runs out the claim shows as expired, and no longer as in flight.
+    clock.advance(Duration::from_secs(31));
+    let pending = broker.pending("jobs", "workers").await.unwrap();
+    assert_eq!(pending[1].state, PendingState::Expired);
+    assert_eq!(group(&broker.stats().await.unwrap(), "jobs", "workers").in_flight, 0);
+    drop(j3);
+
+    // A paused work group claims nothing; resuming hands out the next job.
+    broker.pause_group("jobs", "workers").await.unwrap();
+    assert!(wg.is_paused());
+    assert!(futures::poll!(sub.next()).is_pending(), "a paused work group claimed");
+    wg.resume().await.unwrap();
+    let j = next_job(&mut sub).await;
+    assert!(j.seq() >= 2);
+    drop(j);
+    drop(sub);
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn peek_reads_without_moving_any_group_and_errors_are_typed() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("events").await.unwrap();
+    q.send_batch((1..=20).map(|i| format!("e{i}"))).await.unwrap();
+    let mut sub = q.group("g").unwrap().subscribe().await.unwrap();
+    next(&mut sub).await.ack().unwrap();
+    sub.commit().await.unwrap();
+
+    let page = broker.peek("events", Some(5), 3).await.unwrap();
+    assert_eq!(page.iter().map(|m| m.seq).collect::<Vec<_>>(), vec![5, 6, 7]);
+    assert_eq!(page[0].payload.as_ref(), b"e5");
+    assert_eq!(broker.peek("events", None, 2).await.unwrap()[0].seq, 1);
+    assert!(broker.peek("events", Some(19), 10).await.unwrap().len() == 2);
+    assert_eq!(q.group("g").unwrap().committed(), Some(1), "peek moved a group");
+
+    assert!(matches!(broker.peek("nope", None, 1).await, Err(Error::NoSuchQueue { .. })));
+    assert!(matches!(broker.peek("bad name", None, 1).await, Err(Error::InvalidName(_))));
+    assert!(matches!(broker.pending("events", "nope").await, Err(Error::NoSuchGroup { .. })));
+    assert!(broker.pending("events", "g").await.unwrap().is_empty(), "ordered groups have no claims");
+    assert!(matches!(broker.pause_group("events", "nope").await, Err(Error::NoSuchGroup { .. })));
+    assert!(matches!(broker.pause_group("nope", "g").await, Err(Error::NoSuchGroup { .. })));
+    assert!(matches!(broker.pause_group("events", "a:b").await, Err(Error::InvalidName(_))));
+    assert!(matches!(
+        broker.reset_group("events", "nope", rockq::ResetTo::Sequence(1)).await,
+        Err(rockq::Error::NoSuchGroup { .. })
+    ));
+    drop(sub);
+    assert_eq!(broker.reset_group("events", "g", rockq::ResetTo::Sequence(1)).await.unwrap(), 1);
+    assert_eq!(q.group("g").unwrap().committed(), Some(0));
+    broker.shutdown().await.unwrap();
+    assert!(matches!(broker.stats().await, Err(Error::Shutdown)));
+    assert!(matches!(broker.pause_group("events", "g").await, Err(Error::Shutdown)));
+}
+
+#[tokio::test]
+async fn inspector_reads_a_database_another_broker_holds_and_writes_nothing() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("orders").await.unwrap();
+    q.send_batch(["a", "b", "c"]).await.unwrap();
+    let mut sub = q.group("billing").unwrap().subscribe().await.unwrap();
+    next(&mut sub).await.ack().unwrap();
+    sub.commit().await.unwrap();
+    broker.pause_group("orders", "billing").await.unwrap();
+
+    // The broker holds the lock; the inspector takes none.
+    let inspector = Inspector::open(dir.path()).await.expect("read-only open while locked");
+    let seen = inspector.stats().await.unwrap();
+    let live = broker.stats().await.unwrap();
+    // The inspector sees only the disk (no live in-flight count), and ages are taken at
+    // different instants on the real clock.
+    let normalise = |mut s: rockq::Stats| {
+        s.bytes_on_disk = 0; // each instance has its own memtables
+        assert!(s.queues.iter().all(|q| q.bytes_on_disk == 0), "nothing flushed yet");
+        s.queues.iter_mut().for_each(|q| q.oldest_age = q.oldest_age.map(|_| Duration::ZERO));
+        for g in &mut s.groups {
+            g.in_flight = 0;
+            g.oldest_unacked_age = g.oldest_unacked_age.map(|_| Duration::ZERO);
+        }
+        s
+    };
+    assert_eq!(normalise(seen.clone()), normalise(live));
+    let g = group(&seen, "orders", "billing");
+    assert_eq!((g.committed, g.lag, g.paused), (1, 2, true));
+    assert_eq!(inspector.peek("orders", None, 10).await.unwrap().len(), 3);
+    drop(sub);
+    broker.shutdown().await.unwrap();
+
+    // Nothing in the directory changes when only an inspector opens it.
+    let listing = || {
+        let mut v: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.file_name(), e.metadata().unwrap().len())
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let before = listing();
+    let inspector = Inspector::open(dir.path()).await.unwrap();
+    assert_eq!(inspector.stats().await.unwrap().queues.len(), 1);
+    drop(inspector);
+    assert_eq!(listing(), before);
+
+    let empty = tempdir();
+    assert!(matches!(Inspector::open(empty.path()).await, Err(rockq::Error::NoDatabase { .. })));
+    std::fs::write(empty.path().join("file"), b"x").unwrap();
+    assert!(matches!(Inspector::open(empty.path()).await, Err(rockq::Error::NotRockq { .. })));
+}
+
+// Fault 7: `Job::extend` changed only memory, so `pending()` showed a live job as expired and
+// `stats()` did not count it as in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extended_leases_show_in_pending_and_stats() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    q.send("a").await.unwrap();
+    let group = q.work_group("w").unwrap().lease(Duration::from_secs(10));
+    let mut sub = group.subscribe().await.unwrap();
+    let job = next_job(&mut sub).await;
+    job.extend(Duration::from_secs(100)).unwrap();
+    clock.advance(Duration::from_secs(20));
+    let pending = broker.pending("jobs", "w").await.unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].state, PendingState::Leased, "{pending:?}");
+    let deadline = pending[0].lease_deadline.unwrap();
+    let expected = clock.wall_time() + Duration::from_secs(80);
+    let diff = deadline.duration_since(expected).unwrap_or_else(|e| e.duration());
+    assert!(diff < Duration::from_millis(5), "deadline {deadline:?}, expected {expected:?}");
+    let stats = broker.stats().await.unwrap();
+    let g = stats.groups.iter().find(|g| g.group == "w").unwrap();
+    assert_eq!(g.in_flight, 1, "the extended job is in flight");
+    job.ack_durable().await.unwrap();
+    broker.shutdown().await.unwrap();
+}

@@ -1,0 +1,968 @@
+//! The web console at the HTTP level (feature `web`): every route through
+//! `tower::ServiceExt::oneshot`, against a real database. Pages must show the numbers
+//! `Broker::stats` returns, escape payloads, refuse mutations without the token, the CSRF
+//! token or POST, and refuse bad input with an error page while changing nothing (checked
+//! through the library). Time is a `ManualClock`; samples are taken with `sample_now`.
+
+mod common;
+#[path = "common/console.rs"]
+mod console;
+
+use std::collections::BTreeMap;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, Request, StatusCode, header};
+use console::{SCRIPT, fixture, group};
+use rockq::web::{Console, WebError};
+use tower::ServiceExt;
+
+const TOKEN: &str = "s3cret-token";
+
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+async fn call(app: &Router, req: Request<Body>) -> Answer {
+    let resp = app.clone().oneshot(req).await.expect("infallible");
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let bytes = axum::body::to_bytes(resp.into_body(), 16 << 20).await.expect("body");
+    Answer { status, headers, body: String::from_utf8(bytes.to_vec()).expect("utf-8 body") }
+}
+
+async fn get(app: &Router, path: &str) -> Answer {
+    call(app, Request::get(path).body(Body::empty()).unwrap()).await
+}
+
+/// A form POST with extra headers.
+async fn post(app: &Router, path: &str, form: &str, headers: &[(&str, &str)]) -> Answer {
+    let mut req = Request::post(path).header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    call(app, req.body(Body::from(form.to_owned())).unwrap()).await
+}
+
+/// A browser session: logs in and returns (cookie header, csrf token from a page).
+async fn login(app: &Router) -> (String, String) {
+    let a = post(app, "/login", &format!("token={TOKEN}"), &[("sec-fetch-site", "same-origin")]).await;
+    assert_eq!(a.status, StatusCode::SEE_OTHER, "{}", a.body);
+    let set = a.headers.get(header::SET_COOKIE).unwrap().to_str().unwrap().to_owned();
+    assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict"), "{set}");
+    let cookie = set.split(';').next().unwrap().to_owned();
+    let page =
+        call(app, Request::get("/").header(header::COOKIE, &cookie).body(Body::empty()).unwrap()).await;
+    let at = page.body.find(r#"name="csrf" value=""#).expect("a form with a csrf token")
+        + r#"name="csrf" value=""#.len();
+    let csrf = page.body[at..at + 64].to_owned();
+    (cookie, csrf)
+}
+
+/// The rows of table `id`: each cell by its `data-col`, tags stripped.
+fn table(html: &str, id: &str) -> Vec<BTreeMap<String, String>> {
+    let start = html.find(&format!(r#"<table id="{id}">"#)).unwrap_or_else(|| panic!("no table {id}"));
+    let t = &html[start..start + html[start..].find("</table>").unwrap()];
+    let body = &t[t.find("<tbody>").unwrap()..];
+    body.split("<tr>")
+        .skip(1)
+        .filter(|r| r.contains("data-col"))
+        .map(|r| {
+            r.split(r#"<td data-col=""#)
+                .skip(1)
+                .map(|c| {
+                    let (col, rest) = c.split_once('"').unwrap();
+                    let cell = &rest[1..rest.find("</td>").unwrap()];
+                    (col.to_owned(), strip_tags(cell))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn strip_tags(s: &str) -> String {
+    let mut out = String::new();
+    let mut in_tag = false;
+    for c in s.chars() {
+        match c {
+            '<' => in_tag = true,
+            '>' => in_tag = false,
+            c if !in_tag => out.push(c),
+            _ => {}
+        }
+    }
+    out.trim().to_owned()
+}
+
+fn writable(broker: &rockq::Broker) -> Router {
+    Console::new(broker.clone()).token(TOKEN).manual_sampling().router()
+}
+
+#[tokio::test]
+async fn overview_shows_the_numbers_of_broker_stats() {
+    let f = fixture().await;
+    let (app, sampler) = Console::new(f.broker.clone()).manual_sampling().build();
+    sampler.sample_now().await.unwrap();
+    let page = get(&app, "/").await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.contains(r#"<meta http-equiv="refresh" content="5">"#), "auto-refresh");
+    let stats = f.broker.stats().await.unwrap();
+    let queues = table(&page.body, "queues");
+    assert_eq!(queues.len(), stats.queues.len());
+    for (row, q) in queues.iter().zip(&stats.queues) {
+        assert!(row["queue"].starts_with(&q.name), "{row:?}");
+        assert_eq!(row["len"], q.len.to_string());
+        assert_eq!(row["first"], q.first_seq.to_string());
+        assert_eq!(row["last"], q.last_seq.to_string());
+        assert_eq!(row["bytes"], q.bytes_on_disk.to_string());
+    }
+    let groups = table(&page.body, "groups");
+    assert_eq!(groups.len(), stats.groups.len());
+    for (row, g) in groups.iter().zip(&stats.groups) {
+        assert_eq!((row["queue"].as_str(), row["group"].as_str()), (g.queue.as_str(), g.group.as_str()));
+        assert_eq!(row["mode"], g.mode.as_str());
+        assert_eq!(row["committed"], g.committed.to_string());
+        assert_eq!(row["lag"], g.lag.to_string());
+        assert_eq!(row["in-flight"], g.in_flight.to_string());
+        assert_eq!(row["waiting-retry"], g.waiting_retry.to_string());
+        assert_eq!(row["dlq-depth"], g.dlq_depth.to_string());
+        assert_eq!(row["paused"], if g.paused { "paused" } else { "no" });
+    }
+    let keyspaces = table(&page.body, "keyspaces");
+    assert_eq!(keyspaces.len(), 1);
+    assert_eq!((keyspaces[0]["keyspace"].as_str(), keyspaces[0]["keys"].as_str()), ("accounts", "3"));
+    // The fixture's figures, so the comparison above is not vacuous.
+    let w = group(&stats, "jobs", "workers");
+    assert_eq!((w.committed, w.lag, w.in_flight, w.waiting_retry, w.dlq_depth), (2, 4, 1, 1, 2));
+    assert_eq!(group(&stats, "orders", "billing").committed, 3);
+    // Read-only without a token: no forms, a banner saying so.
+    assert!(page.body.contains("read-only") && !page.body.contains(r#"name="csrf""#));
+    assert!(page.headers[header::CONTENT_SECURITY_POLICY].to_str().unwrap().contains("default-src 'none'"));
+    assert_eq!(page.headers[header::CACHE_CONTROL], "no-store");
+    drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn payloads_and_headers_are_escaped_and_shown_as_text_json_or_hex() {
+    let f = fixture().await;
+    let app = Console::new(f.broker.clone()).manual_sampling().router();
+    let page = get(&app, "/queues/orders").await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(!page.body.contains("<script>") && !page.body.contains("<b>bold"), "unescaped payload or header");
+    assert!(page.body.contains("&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;"));
+    assert!(page.body.contains("&lt;b&gt;bold&lt;/b&gt;"));
+    let msgs = table(&page.body, "messages");
+    let peek = f.broker.peek("orders", None, 20).await.unwrap();
+    assert_eq!(msgs.len(), peek.len());
+    for (row, m) in msgs.iter().zip(&peek) {
+        assert_eq!(row["seq"], m.seq.to_string());
+    }
+    let json = get(&app, "/queues/orders?view=json&from=2&limit=1").await;
+    assert!(json.body.contains("&quot;order&quot;: 2"), "pretty JSON");
+    assert_eq!(table(&json.body, "messages").len(), 1);
+    let hex = get(&app, "/queues/orders?view=hex&limit=1").await;
+    assert!(hex.body.contains("3c 73 63 72 69 70 74 3e"), "hex of <script>");
+    // Dead letters: reason escaped too.
+    let dlq = get(&app, "/dlq/jobs.dlq").await;
+    assert!(dlq.body.contains("bad input: &lt;missing field&gt;") && !dlq.body.contains("<missing"));
+    assert!(dlq.body.contains(r#"<b id="dlq-depth">2</b>"#));
+    assert_eq!(table(&dlq.body, "dead-letters").len(), 2);
+    assert_eq!(table(&get(&app, "/dlq/jobs.dlq?limit=1").await.body, "dead-letters").len(), 1);
+    drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn queue_page_lists_pending_claims_as_broker_pending_does() {
+    let f = fixture().await;
+    let app = writable(&f.broker);
+    let page = get(&app, "/queues/jobs").await;
+    let rows = table(&page.body, "pending-workers");
+    let pending = f.broker.pending("jobs", "workers").await.unwrap();
+    assert_eq!(rows.len(), pending.len());
+    assert_eq!(pending.len(), 2);
+    for (row, c) in rows.iter().zip(&pending) {
+        assert_eq!(row["seq"], c.seq.to_string());
+        assert_eq!(row["state"], c.state.as_str());
+        assert_eq!(row["attempt"], c.attempt.to_string());
+        assert_eq!(row["holder"], c.holder.clone().unwrap_or_else(|| "-".into()));
+        assert_eq!(row["last-error"], c.last_error.clone().unwrap_or_else(|| "-".into()));
+    }
+    assert!(rows.iter().any(|r| r["holder"] == "host-a/1" && r["lease-deadline"] != "-"));
+    assert!(rows.iter().any(|r| r["state"] == "waiting" && r["retry-at"] != "-"));
+    drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn api_json_matches_stats_pending_peek_and_dead_letters() {
+    let f = fixture().await;
+    let app = writable(&f.broker);
+    let a = get(&app, "/api/stats").await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert!(a.headers[header::CONTENT_TYPE].to_str().unwrap().starts_with("application/json"));
+    let v: serde_json::Value = serde_json::from_str(&a.body).unwrap();
+    let stats = f.broker.stats().await.unwrap();
+    assert_eq!(v["bytes_on_disk"], stats.bytes_on_disk);
+    assert_eq!(v["keyspaces"], serde_json::json!([{ "name": "accounts", "keys": 3 }]));
+    for (j, q) in v["queues"].as_array().unwrap().iter().zip(&stats.queues) {
+        assert_eq!((j["name"].as_str().unwrap(), j["len"].as_u64().unwrap()), (q.name.as_str(), q.len));
+        assert_eq!((j["first_seq"].as_u64(), j["last_seq"].as_u64()), (Some(q.first_seq), Some(q.last_seq)));
+    }
+    for (j, g) in v["groups"].as_array().unwrap().iter().zip(&stats.groups) {
+        assert_eq!(j["group"], g.group.as_str());
+        assert_eq!(j["committed"], g.committed);
+        assert_eq!(j["lag"], g.lag);
+        assert_eq!(j["in_flight"], g.in_flight);
+        assert_eq!(j["waiting_retry"], g.waiting_retry);
+        assert_eq!(j["dlq_depth"], g.dlq_depth);
+        assert_eq!(j["paused"], g.paused);
+        assert_eq!(j["mode"], g.mode.as_str());
+    }
+    let p: serde_json::Value =
+        serde_json::from_str(&get(&app, "/api/queues/jobs/groups/workers/pending").await.body).unwrap();
+    let pending = f.broker.pending("jobs", "workers").await.unwrap();
+    assert_eq!(p.as_array().unwrap().len(), pending.len());
+    assert_eq!(p[0]["seq"], pending[0].seq);
+    let m: serde_json::Value =
+        serde_json::from_str(&get(&app, "/api/queues/orders/messages?limit=2").await.body).unwrap();
+    assert_eq!(m[0]["payload"]["text"], SCRIPT);
+    assert_eq!(m[0]["headers"][0]["name"], "x-note");
+    let d: serde_json::Value = serde_json::from_str(&get(&app, "/api/dlq/jobs.dlq").await.body).unwrap();
+    assert_eq!(d.as_array().unwrap().len(), 2);
+    assert_eq!(
+        (d[0]["queue"].as_str(), d[0]["seq"].as_u64(), d[0]["reason"].as_str()),
+        (Some("jobs"), Some(1), Some("bad input: <missing field>"))
+    );
+    // Errors under /api are JSON too.
+    let e = get(&app, "/api/queues/nope/messages").await;
+    assert_eq!(e.status, StatusCode::NOT_FOUND);
+    assert!(
+        serde_json::from_str::<serde_json::Value>(&e.body).unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .contains("nope")
+    );
+    drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn metrics_are_prometheus_text_with_the_stats_figures() {
+    let f = fixture().await;
+    let app = writable(&f.broker);
+    let a = get(&app, "/metrics").await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert!(a.headers[header::CONTENT_TYPE].to_str().unwrap().starts_with("text/plain; version=0.0.4"));
+    // The text format: comments `# HELP name text` / `# TYPE name gauge`, and samples
+    // `name{label="value",...} number`, each family typed before its samples.
+    let mut typed = std::collections::HashSet::new();
+    let mut samples = BTreeMap::new();
+    for line in a.body.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            assert_eq!(kind, "gauge");
+            typed.insert(name.to_owned());
+            continue;
+        }
+        if line.starts_with("# HELP ") || line.is_empty() {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("bad line {line:?}"));
+        let name = series.split('{').next().unwrap();
+        assert!(name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'), "{line}");
+        assert!(typed.contains(name), "sample before its TYPE: {line}");
+        if let Some(labels) = series.strip_prefix(name).filter(|l| !l.is_empty()) {
+            assert!(labels.starts_with('{') && labels.ends_with('}'), "{line}");
+            for kv in labels[1..labels.len() - 1].split(',') {
+                let (k, v) = kv.split_once('=').unwrap();
+                assert!(
+                    k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                        && v.starts_with('"')
+                        && v.ends_with('"'),
+                    "{line}"
+                );
+            }
+        }
+        samples
+            .insert(series.to_owned(), value.parse::<f64>().unwrap_or_else(|_| panic!("bad value {line:?}")));
+    }
+    let stats = f.broker.stats().await.unwrap();
+    for q in &stats.queues {
+        assert_eq!(samples[&format!("rockq_queue_length{{queue=\"{}\"}}", q.name)], q.len as f64);
+    }
+    for g in &stats.groups {
+        let labels = format!("{{queue=\"{}\",group=\"{}\",mode=\"{}\"}}", g.queue, g.group, g.mode.as_str());
+        assert_eq!(samples[&format!("rockq_group_lag{labels}")], g.lag as f64);
+        assert_eq!(samples[&format!("rockq_group_dlq_depth{labels}")], g.dlq_depth as f64);
+    }
+    assert_eq!(samples["rockq_database_bytes"], stats.bytes_on_disk as f64);
+    assert_eq!(samples["rockq_keyspace_keys{keyspace=\"accounts\"}"], 3.0);
+    drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn without_a_token_every_mutation_is_refused_and_nothing_changes() {
+    let f = fixture().await;
+    let app = Console::new(f.broker.clone()).manual_sampling().router();
+    let before = f.broker.stats().await.unwrap();
+    for path in
+        ["/groups/orders/billing/pause", "/dlq/jobs.dlq/redrive", "/trim", "/groups/orders/billing/reset"]
+    {
+        let a =
+            post(&app, path, "target=earliest&confirm=yes", &[("authorization", &format!("Bearer {TOKEN}"))])
+                .await;
+        assert!(
+            a.status == StatusCode::FORBIDDEN || a.status == StatusCode::UNAUTHORIZED,
+            "{path}: {}",
+            a.status
+        );
+        let a = post(&app, path, "target=earliest&confirm=yes", &[]).await;
+        assert_eq!(a.status, StatusCode::FORBIDDEN, "{path}");
+        assert!(a.body.contains("read-only") && a.body.contains("nothing was changed"), "{}", a.body);
+    }
+    let login = post(&app, "/login", "token=anything", &[]).await;
+    assert_eq!(login.status, StatusCode::FORBIDDEN);
+    assert_eq!(f.broker.stats().await.unwrap(), before);
+    drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_token_is_required_for_the_api_and_checked_in_constant_time() {
+    let f = fixture().await;
+    let app = writable(&f.broker);
+    let path = "/api/groups/orders/billing/pause";
+    assert_eq!(post(&app, path, "", &[]).await.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        post(&app, path, "", &[("authorization", "Bearer wrong")]).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        post(&app, path, "", &[("authorization", "Basic czNjcmV0")]).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert!(!group(&f.broker.stats().await.unwrap(), "orders", "billing").paused);
+    let ok = post(&app, path, "", &[("authorization", &format!("Bearer {TOKEN}"))]).await;
+    assert_eq!(ok.status, StatusCode::OK, "{}", ok.body);
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&ok.body).unwrap()["paused"], true);
+    assert!(group(&f.broker.stats().await.unwrap(), "orders", "billing").paused);
+    let ok =
+        post(&app, "/api/groups/orders/billing/resume", "", &[("authorization", &format!("Bearer {TOKEN}"))])
+            .await;
+    assert_eq!(ok.status, StatusCode::OK);
+    assert!(!group(&f.broker.stats().await.unwrap(), "orders", "billing").paused);
+    // A wrong bearer is refused even on a page anyone may read.
+    let page =
+        call(&app, Request::get("/").header("authorization", "Bearer nope").body(Body::empty()).unwrap())
+            .await;
+    assert_eq!(page.status, StatusCode::UNAUTHORIZED);
+    // A wrong login opens no session.
+    let bad = post(&app, "/login", "token=wrong", &[]).await;
+    assert_eq!(bad.status, StatusCode::UNAUTHORIZED);
+    assert!(bad.headers.get(header::SET_COOKIE).is_none());
+    drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn browser_forms_need_the_session_csrf_token_and_the_same_site() {
+    let f = fixture().await;
+    let app = writable(&f.broker);
+    let form = get(&app, "/login").await;
+    assert_eq!(form.status, StatusCode::OK);
+    assert!(form.body.contains(r#"type="password" name="token""#));
+    let anonymous = get(&app, "/").await;
+    assert!(anonymous.body.contains("log in to act") && !anonymous.body.contains(r#"name="csrf""#));
+    let (cookie, csrf) = login(&app).await;
+    let path = "/groups/orders/billing/pause";
+    let paused = || async { group(&f.broker.stats().await.unwrap(), "orders", "billing").paused };
+    // No session: 401, the login link.
+    assert_eq!(post(&app, path, &format!("csrf={csrf}"), &[]).await.status, StatusCode::UNAUTHORIZED);
+    // Session without the form's token, or with a wrong one.
+    assert_eq!(post(&app, path, "", &[("cookie", &cookie)]).await.status, StatusCode::FORBIDDEN);
+    let wrong = "0".repeat(64);
+    let a = post(&app, path, &format!("csrf={wrong}"), &[("cookie", &cookie)]).await;
+    assert_eq!(a.status, StatusCode::FORBIDDEN);
+    assert!(a.body.contains("CSRF"));
+    // The right token, but from another site.
+    let cross = [("cookie", cookie.as_str()), ("sec-fetch-site", "cross-site")];
+    assert_eq!(post(&app, path, &format!("csrf={csrf}"), &cross).await.status, StatusCode::FORBIDDEN);
+    let evil = [("cookie", cookie.as_str()), ("origin", "http://evil.example"), ("host", "127.0.0.1:8080")];
+    assert_eq!(post(&app, path, &format!("csrf={csrf}"), &evil).await.status, StatusCode::FORBIDDEN);
+    assert!(!paused().await, "a refused request paused the group");
+    // Same origin, right token: done, back to the queue page.
+    let ok = [
+        ("cookie", cookie.as_str()),
+        ("origin", "http://127.0.0.1:8080"),
+        ("host", "127.0.0.1:8080"),
+        ("sec-fetch-site", "same-origin"),
+    ];
+    let a = post(&app, path, &format!("csrf={csrf}"), &ok).await;
+    assert_eq!(a.status, StatusCode::SEE_OTHER, "{}", a.body);
+    assert_eq!(a.headers[header::LOCATION], "/queues/orders");
+    assert!(paused().await);
+    // Logging out ends the session: the same cookie and token no longer act.
+    assert_eq!(
+        post(&app, "/logout", &format!("csrf={csrf}"), &[("cookie", &cookie)]).await.status,
+        StatusCode::SEE_OTHER
+    );
+    let after =
+        post(&app, "/groups/orders/billing/resume", &format!("csrf={csrf}"), &[("cookie", &cookie)]).await;
+    assert_eq!(after.status, StatusCode::UNAUTHORIZED);
+    assert!(paused().await);
+    drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn get_on_a_mutating_route_is_refused_and_changes_nothing() {
+    let f = fixture().await;
+    let app = writable(&f.broker);
+    let before = f.broker.stats().await.unwrap();
+    for path in [
+        "/groups/orders/billing/pause",
+        "/groups/orders/billing/resume",
+        "/groups/orders/billing/reset",
+        "/dlq/jobs.dlq/redrive",
+        "/trim",
+        "/logout",
+        "/api/groups/orders/billing/pause",
+        "/api/dlq/jobs.dlq/redrive",
+        "/api/trim",
+    ] {
+        let a = call(
+            &app,
+            Request::get(path)
+                .header("authorization", format!("Bearer {TOKEN}"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED, "{path}");
+        assert_eq!(a.headers[header::ALLOW], "POST");
+        assert!(a.body.contains("POST only"), "{path}: {}", a.body);
+    }
+    assert_eq!(f.broker.stats().await.unwrap(), before);
+    drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_input_gets_an_error_page_and_changes_nothing() {
+    let f = fixture().await;
+    let app = writable(&f.broker);
+    let (cookie, csrf) = login(&app).await;
+    let h = [("cookie", cookie.as_str())];
+    let names_before = f.broker.queue_names();
+    let before = f.broker.stats().await.unwrap();
+    let dlq_before = f.broker.dead_letters("jobs.dlq").await.unwrap().len().await.unwrap();
+    let cases: &[(&str, String, StatusCode, &str)] = &[
+        ("/groups/orders/no-such/pause", format!("csrf={csrf}"), StatusCode::NOT_FOUND, "does not exist"),
+        ("/groups/no-such/billing/pause", format!("csrf={csrf}"), StatusCode::NOT_FOUND, "does not exist"),
+        ("/groups/bad%20name/billing/pause", format!("csrf={csrf}"), StatusCode::BAD_REQUEST, "invalid"),
+        (
+            "/groups/orders/billing/reset",
+            format!("csrf={csrf}&target=seq&value=abc&confirm=yes"),
+            StatusCode::BAD_REQUEST,
+            "not a sequence",
+        ),
+        (
+            "/groups/orders/billing/reset",
+            format!("csrf={csrf}&target=seq&value=-1&confirm=yes"),
+            StatusCode::BAD_REQUEST,
+            "not a sequence",
+        ),
+        (
+            "/groups/orders/billing/reset",
+            format!("csrf={csrf}&target=seq&value=99999999999999999999999&confirm=yes"),
+            StatusCode::BAD_REQUEST,
+            "too large",
+        ),
+        (
+            "/groups/orders/billing/reset",
+            format!("csrf={csrf}&target=seq&value=500&confirm=yes"),
+            StatusCode::BAD_REQUEST,
+            "outside the retained range",
+        ),
+        (
+            "/groups/orders/billing/reset",
+            format!("csrf={csrf}&target=time&value=yesterday&confirm=yes"),
+            StatusCode::BAD_REQUEST,
+            "not understood",
+        ),
+        (
+            "/groups/orders/billing/reset",
+            format!("csrf={csrf}&target=time&value=2999-01-01T00:00:00Z&confirm=yes"),
+            StatusCode::BAD_REQUEST,
+            "in the future",
+        ),
+        (
+            "/groups/orders/billing/reset",
+            format!("csrf={csrf}&target=sideways&confirm=yes"),
+            StatusCode::BAD_REQUEST,
+            "not one of",
+        ),
+        (
+            "/groups/orders/nobody/reset",
+            format!("csrf={csrf}&target=earliest&confirm=yes"),
+            StatusCode::NOT_FOUND,
+            "does not exist",
+        ),
+        (
+            "/dlq/jobs.dlq/redrive",
+            format!("csrf={csrf}&to=no-such-queue"),
+            StatusCode::BAD_REQUEST,
+            "does not exist",
+        ),
+        ("/dlq/jobs.dlq/redrive", format!("csrf={csrf}&to=%3Cscript%3E"), StatusCode::BAD_REQUEST, "invalid"),
+        ("/dlq/jobs.dlq/redrive", format!("csrf={csrf}&to=jobs.dlq"), StatusCode::BAD_REQUEST, "into itself"),
+        ("/dlq/jobs.dlq/redrive", format!("csrf={csrf}&limit=0"), StatusCode::BAD_REQUEST, "between 1 and"),
+        (
+            "/dlq/jobs.dlq/redrive",
+            format!("csrf={csrf}&limit=lots"),
+            StatusCode::BAD_REQUEST,
+            "not a sequence",
+        ),
+        ("/dlq/no-such.dlq/redrive", format!("csrf={csrf}"), StatusCode::NOT_FOUND, "does not exist"),
+    ];
+    for (path, form, status, says) in cases {
+        let a = post(&app, path, form, &h).await;
+        assert_eq!(a.status, *status, "{path} {form}: {}", a.body);
+        assert!(a.body.contains(says), "{path} {form}: {}", a.body);
+        assert!(
+            a.body.contains(r#"id="error""#)
+                && a.headers[header::CONTENT_TYPE].to_str().unwrap().starts_with("text/html")
+        );
+        assert!(!a.body.contains("<script>"), "input echoed unescaped");
+    }
+    // A form body that is not a form, and bad page inputs.
+    let a = call(
+        &app,
+        Request::post("/groups/orders/billing/pause")
+            .header("cookie", &cookie)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from("{}"))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST);
+    for (path, status) in [
+        ("/queues/nope", StatusCode::NOT_FOUND),
+        ("/queues/orders?limit=0", StatusCode::BAD_REQUEST),
+        ("/queues/orders?limit=100000", StatusCode::BAD_REQUEST),
+        ("/queues/orders?from=x", StatusCode::BAD_REQUEST),
+        ("/dlq/nope", StatusCode::NOT_FOUND),
+        ("/jobs/77", StatusCode::NOT_FOUND),
+        ("/jobs/x", StatusCode::BAD_REQUEST),
+        ("/no/such/page", StatusCode::NOT_FOUND),
+    ] {
+        let a = get(&app, path).await;
+        assert_eq!(a.status, status, "{path}: {}", a.body);
+        assert!(a.body.contains(r#"id="error""#), "{path}");
+    }
+    // Nothing changed: no queue created, no offset moved, no dead letter moved.
+    assert_eq!(f.broker.queue_names(), names_before);
+    assert_eq!(f.broker.stats().await.unwrap(), before);
+    assert_eq!(f.broker.dead_letters("jobs.dlq").await.unwrap().len().await.unwrap(), dlq_before);
+    drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn reset_asks_for_confirmation_then_moves_the_offset() {
+    let f = fixture().await;
+    let app = writable(&f.broker);
+    let (cookie, csrf) = login(&app).await;
+    let h = [("cookie", cookie.as_str())];
+    let a = post(&app, "/groups/orders/billing/reset", &format!("csrf={csrf}&target=seq&value=2"), &h).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert!(a.body.contains("confirm-text") && a.body.contains("sequence 2"), "{}", a.body);
+    assert_eq!(
+        group(&f.broker.stats().await.unwrap(), "orders", "billing").committed,
+        3,
+        "moved before confirmation"
+    );
+    let a = post(
+        &app,
+        "/groups/orders/billing/reset",
+        &format!("csrf={csrf}&target=seq&value=2&confirm=yes"),
+        &h,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::SEE_OTHER, "{}", a.body);
+    assert_eq!(group(&f.broker.stats().await.unwrap(), "orders", "billing").committed, 1);
+    // By time: every message was sent at the clock's start, so "1h ago" means the first.
+    let a = post(&app, "/groups/orders/billing/reset", &format!("csrf={csrf}&target=latest&confirm=yes"), &h)
+        .await;
+    assert_eq!(a.status, StatusCode::SEE_OTHER);
+    assert_eq!(group(&f.broker.stats().await.unwrap(), "orders", "billing").committed, 10);
+    let a = post(
+        &app,
+        "/api/groups/orders/billing/reset",
+        "target=time&value=0",
+        &[("authorization", &format!("Bearer {TOKEN}"))],
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&a.body).unwrap()["next_seq"], 1);
+    // A relative time is resolved once, on the confirmation page: the form sends the instant.
+    let a = post(&app, "/groups/orders/billing/reset", &format!("csrf={csrf}&target=latest&confirm=yes"), &h)
+        .await;
+    assert_eq!(a.status, StatusCode::SEE_OTHER);
+    let a =
+        post(&app, "/groups/orders/billing/reset", &format!("csrf={csrf}&target=time&value=1h"), &h).await;
+    let at = a.body.find(r#"name="value" value=""#).unwrap() + r#"name="value" value=""#.len();
+    let instant = &a.body[at..at + a.body[at..].find('"').unwrap()];
+    assert!(instant.len() == 27 && instant.ends_with('Z'), "{instant}");
+    assert_eq!(group(&f.broker.stats().await.unwrap(), "orders", "billing").committed, 10);
+    let a = post(
+        &app,
+        "/groups/orders/billing/reset",
+        &format!("csrf={csrf}&target=time&value={instant}&confirm=yes"),
+        &h,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::SEE_OTHER, "{}", a.body);
+    assert_eq!(
+        group(&f.broker.stats().await.unwrap(), "orders", "billing").committed,
+        0,
+        "every message is younger than 1h"
+    );
+    // A work group with a live subscription refuses: 409, nothing moved.
+    let a = post(&app, "/groups/jobs/workers/reset", &format!("csrf={csrf}&target=earliest&confirm=yes"), &h)
+        .await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{}", a.body);
+    assert_eq!(group(&f.broker.stats().await.unwrap(), "jobs", "workers").committed, 2);
+    drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn redrive_runs_as_a_job_with_progress_and_moves_the_dead_letters() {
+    let f = fixture().await;
+    let app = writable(&f.broker);
+    let (cookie, csrf) = login(&app).await;
+    let jobs_last =
+        f.broker.stats().await.unwrap().queues.iter().find(|q| q.name == "jobs").unwrap().last_seq;
+    // One first, to the origin queue.
+    let a =
+        post(&app, "/dlq/jobs.dlq/redrive", &format!("csrf={csrf}&limit=1"), &[("cookie", &cookie)]).await;
+    assert_eq!(a.status, StatusCode::SEE_OTHER, "{}", a.body);
+    assert_eq!(a.headers[header::LOCATION], "/jobs/1");
+    let j: serde_json::Value = serde_json::from_str(&get(&app, "/api/jobs/1?wait=1").await.body).unwrap();
+    assert_eq!(
+        (j["done"].as_bool(), j["total"].as_u64(), j["moved"].as_u64(), j["error"].is_null()),
+        (Some(true), Some(1), Some(1), true)
+    );
+    let page = get(&app, "/jobs/1").await;
+    assert!(
+        page.body.contains(r#"<span id="job-moved">1</span> of <span id="job-total">1</span>"#)
+            && page.body.contains("done")
+    );
+    assert_eq!(f.broker.dead_letters("jobs.dlq").await.unwrap().len().await.unwrap(), 1);
+    let jobs_q = f.broker.peek("jobs", Some(jobs_last + 1), 10).await.unwrap();
+    assert_eq!(jobs_q.len(), 1);
+    assert_eq!(jobs_q[0].payload, "job 1");
+    // The rest to another queue, through the API.
+    f.broker.queue("quarantine").await.unwrap();
+    let a = post(
+        &app,
+        "/api/dlq/jobs.dlq/redrive",
+        "to=quarantine",
+        &[("authorization", &format!("Bearer {TOKEN}"))],
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    let id = serde_json::from_str::<serde_json::Value>(&a.body).unwrap()["job"].as_u64().unwrap();
+    let j: serde_json::Value =
+        serde_json::from_str(&get(&app, &format!("/api/jobs/{id}?wait=1")).await.body).unwrap();
+    assert_eq!((j["moved"].as_u64(), j["to"].as_str()), (Some(1), Some("quarantine")));
+    assert_eq!(f.broker.peek("quarantine", None, 10).await.unwrap()[0].payload, "job 2");
+    assert!(f.broker.dead_letters("jobs.dlq").await.unwrap().is_empty().await.unwrap());
+    drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn trim_runs_a_retention_pass() {
+    let f = fixture().await;
+    let app = writable(&f.broker);
+    let (cookie, csrf) = login(&app).await;
+    let a = post(&app, "/trim", &format!("csrf={csrf}"), &[("cookie", &cookie)]).await;
+    assert_eq!(a.status, StatusCode::SEE_OTHER, "{}", a.body);
+    // `orders` keeps until acknowledged: billing committed 3, so 3 messages go.
+    let q = f.broker.stats().await.unwrap().queues.into_iter().find(|q| q.name == "orders").unwrap();
+    assert_eq!((q.first_seq, q.len), (4, 7));
+    let a = post(&app, "/api/trim", "", &[("authorization", &format!("Bearer {TOKEN}"))]).await;
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&a.body).unwrap()["deleted"], 0);
+    drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_sampler_feeds_the_charts_and_stops_with_the_router() {
+    let f = fixture().await;
+    let (app, sampler) = Console::new(f.broker.clone()).manual_sampling().history(3).build();
+    let page = get(&app, "/").await;
+    assert!(page.body.contains("waiting for samples") || !page.body.contains("<svg"));
+    let orders = f.broker.queue("orders").await.unwrap();
+    for i in 0..4 {
+        orders.send(format!("more {i}")).await.unwrap();
+        sampler.sample_now().await.unwrap();
+    }
+    let page = get(&app, "/").await;
+    assert!(page.body.contains(r#"<svg class="chart""#) && page.body.contains("<polyline"), "no chart");
+    assert!(page.body.contains("queue orders") && page.body.contains("group orders/billing"));
+    let h: serde_json::Value = serde_json::from_str(&get(&app, "/api/history").await.body).unwrap();
+    let orders_h = h["queues"].as_array().unwrap().iter().find(|q| q["queue"] == "orders").unwrap();
+    let seqs: Vec<u64> =
+        orders_h["samples"].as_array().unwrap().iter().map(|s| s["last_seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, [12, 13, 14], "a bounded ring of the last 3 samples");
+    assert_eq!(orders_h["enqueued_per_sec"].as_array().unwrap().len(), 2);
+    drop(app);
+    assert!(matches!(sampler.sample_now().await, Err(WebError::Stopped)));
+    drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_read_only_console_reads_a_database_another_broker_holds() {
+    let f = fixture().await;
+    let app = Console::read_only(f.dir.path()).token(TOKEN).manual_sampling().router();
+    let page = get(&app, "/").await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let stats = f.broker.stats().await.unwrap();
+    let rows = table(&page.body, "queues");
+    assert_eq!(rows.len(), stats.queues.len());
+    for (row, q) in rows.iter().zip(&stats.queues) {
+        assert_eq!(row["len"], q.len.to_string());
+    }
+    let groups = table(&page.body, "groups");
+    assert_eq!(
+        groups.iter().find(|g| g["group"] == "workers").unwrap()["lag"],
+        group(&stats, "jobs", "workers").lag.to_string()
+    );
+    assert!(page.body.contains("read-only"));
+    assert_eq!(get(&app, "/dlq/jobs.dlq").await.status, StatusCode::OK);
+    assert_eq!(get(&app, "/queues/jobs").await.status, StatusCode::OK);
+    // Even with the token, nothing may change.
+    let a =
+        post(&app, "/api/groups/orders/billing/pause", "", &[("authorization", &format!("Bearer {TOKEN}"))])
+            .await;
+    assert!(a.status == StatusCode::FORBIDDEN || a.status == StatusCode::UNAUTHORIZED, "{}", a.status);
+    assert_eq!(post(&app, "/login", &format!("token={TOKEN}"), &[]).await.status, StatusCode::FORBIDDEN);
+    assert_eq!(f.broker.stats().await.unwrap(), stats);
+    drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn nested_under_a_prefix_every_link_and_redirect_keeps_it() {
+    let f = fixture().await;
+    let app = Router::new().nest("/rockq", writable(&f.broker));
+    let page = get(&app, "/rockq").await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(
+        page.body.contains(r#"href="/rockq/queues/orders""#)
+            && page.body.contains(r#"href="/rockq/dlq/jobs.dlq""#)
+    );
+    let a = post(&app, "/rockq/login", &format!("token={TOKEN}"), &[]).await;
+    assert_eq!(a.headers[header::LOCATION], "/rockq/");
+    assert!(a.headers[header::SET_COOKIE].to_str().unwrap().contains("Path=/rockq;"));
+    let q = get(&app, "/rockq/queues/jobs").await;
+    assert!(q.body.contains(r#"href="/rockq/queues/jobs?view=hex"#));
+    drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn serve_binds_loopback_only_unless_allowed() {
+    let f = fixture().await;
+    let c = Console::new(f.broker.clone());
+    assert!(matches!(c.bind(([0, 0, 0, 0], 0).into()).await, Err(WebError::NotLoopback { .. })));
+    let listener = c.bind(([127, 0, 0, 1], 0).into()).await.unwrap();
+    assert!(listener.local_addr().unwrap().ip().is_loopback());
+    let c = Console::new(f.broker.clone()).allow_remote(true);
+    assert!(c.bind(([0, 0, 0, 0], 0).into()).await.is_ok());
+    // serve_on returns once the broker shuts down.
+    let server = tokio::spawn(Console::new(f.broker.clone()).serve_on(listener));
+    drop(f.held);
+    drop(f.work);
+    f.broker.shutdown().await.unwrap();
+    tokio::time::timeout(common::HANG_GUARD, server).await.unwrap().unwrap().unwrap();
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
+}
+
+/// `rockq serve`: read-only while this process holds the database, full once it is free.
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn rockq_serve_is_read_only_beside_a_running_service_and_full_alone() {
+    use tokio::io::AsyncBufReadExt;
+    async fn start(db: &std::path::Path, extra: &[&str]) -> (tokio::process::Child, String) {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_rockq"))
+            .args(["serve", "--db", db.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let first =
+            tokio::time::timeout(common::HANG_GUARD, lines.next_line()).await.unwrap().unwrap().unwrap();
+        let addr = first.split("http://").nth(1).unwrap().split('/').next().unwrap().to_owned();
+        assert!(addr.starts_with("127.0.0.1:"), "{first}");
+        (child, first)
+    }
+    let f = fixture().await;
+    let (mut child, first) = start(f.dir.path(), &["--token", TOKEN]).await;
+    assert!(first.contains("held by another process"), "{first}");
+    let addr = first.split("http://").nth(1).unwrap().split('/').next().unwrap().to_owned();
+    let (status, body) = console::http(&addr, "GET", "/", None).await;
+    assert_eq!(status, 200);
+    assert!(body.contains("read-only") && body.contains(r#"href="/queues/jobs""#));
+    let (status, _) = console::http(&addr, "POST", "/api/trim", None).await;
+    assert_eq!(status, 403);
+    child.kill().await.unwrap();
+
+    drop(f.held);
+    drop(f.work);
+    f.broker.shutdown().await.unwrap();
+    let (mut child, first) = start(f.dir.path(), &["--token", TOKEN]).await;
+    assert!(first.contains("full"), "{first}");
+    let addr = first.split("http://").nth(1).unwrap().split('/').next().unwrap().to_owned();
+    let (status, body) = console::http(&addr, "GET", "/", None).await;
+    assert_eq!(status, 200);
+    assert!(body.contains("log in to act"), "{body}");
+    // SIGTERM shuts the broker down cleanly: the database opens again at once.
+    let pid = child.id().unwrap() as i32;
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = tokio::time::timeout(common::HANG_GUARD, child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "{status:?}");
+    let again = common::open(f.dir.path()).await;
+    assert_eq!(again.stats().await.unwrap().groups.len(), 2);
+    again.shutdown().await.unwrap();
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
+}
+
+/// `tokio::spawn` outside a runtime panics: the console must not.
+#[test]
+fn built_outside_a_runtime_the_console_works_without_its_sampler_task() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = common::tempdir();
+    let broker = rt.block_on(common::open(dir.path()));
+    let (app, sampler) = Console::new(broker.clone()).build();
+    rt.block_on(async {
+        sampler.sample_now().await.unwrap();
+        assert_eq!(get(&app, "/").await.status, StatusCode::OK);
+        broker.shutdown().await.unwrap();
+    });
+}
+
+/// A dead-letter queue larger than a redrive chunk moves in several atomic chunks, and the
+/// job reports the whole count.
+#[tokio::test]
+async fn a_big_redrive_moves_in_chunks_and_reports_every_letter() {
+    let f = fixture().await;
+    let app = writable(&f.broker);
+    // Sent straight to a DLQ-named queue: no origin headers, so a target is required.
+    let bulk = f.broker.queue("bulk.dlq").await.unwrap();
+    bulk.send_batch((0..600).map(|i| format!("letter {i}"))).await.unwrap();
+    f.broker.queue("bulk").await.unwrap();
+    let bearer = format!("Bearer {TOKEN}");
+    // Without a target they cannot go anywhere: the job fails, and nothing moved.
+    let a = post(&app, "/api/dlq/bulk.dlq/redrive", "", &[("authorization", &bearer)]).await;
+    let id = serde_json::from_str::<serde_json::Value>(&a.body).unwrap()["job"].as_u64().unwrap();
+    let j: serde_json::Value =
+        serde_json::from_str(&get(&app, &format!("/api/jobs/{id}?wait=1")).await.body).unwrap();
+    assert_eq!((j["done"].as_bool(), j["moved"].as_u64()), (Some(true), Some(0)));
+    assert!(j["error"].as_str().unwrap().contains("origin"), "{j}");
+    assert_eq!(f.broker.dead_letters("bulk.dlq").await.unwrap().len().await.unwrap(), 600);
+    let page = get(&app, &format!("/jobs/{id}")).await;
+    assert!(page.body.contains("failed:"), "{}", page.body);
+
+    let a = post(&app, "/api/dlq/bulk.dlq/redrive", "to=bulk&limit=550", &[("authorization", &bearer)]).await;
+    let id = serde_json::from_str::<serde_json::Value>(&a.body).unwrap()["job"].as_u64().unwrap();
+    let j: serde_json::Value =
+        serde_json::from_str(&get(&app, &format!("/api/jobs/{id}?wait=1")).await.body).unwrap();
+    assert_eq!(
+        (j["total"].as_u64(), j["moved"].as_u64(), j["error"].is_null()),
+        (Some(550), Some(550), true)
+    );
+    assert_eq!(f.broker.dead_letters("bulk.dlq").await.unwrap().len().await.unwrap(), 50);
+    let moved = f.broker.peek("bulk", None, 500).await.unwrap();
+    assert_eq!(
+        (moved.len(), moved[0].payload.as_ref(), moved[499].payload.as_ref()),
+        (500, &b"letter 0"[..], &b"letter 499"[..])
+    );
+    drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
+}
+
+/// The sampler task ticks on its own (the wait is for a condition, bounded by the hang guard;
+/// nothing asserts how long it took).
+#[tokio::test]
+async fn the_sampler_task_records_on_its_tick() {
+    let f = fixture().await;
+    let (app, sampler) =
+        Console::new(f.broker.clone()).sample_every(std::time::Duration::from_millis(100)).build();
+    let until = tokio::time::Instant::now() + common::HANG_GUARD;
+    loop {
+        let h: serde_json::Value = serde_json::from_str(&get(&app, "/api/history").await.body).unwrap();
+        let samples =
+            h["groups"].as_array().unwrap().iter().map(|g| g["samples"].as_array().unwrap().len()).min();
+        if samples.is_some_and(|n| n >= 2) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < until, "the sampler task never ticked twice");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    drop(app);
+    assert!(matches!(sampler.sample_now().await, Err(WebError::Stopped)));
+    drop(f.held);
+    // Closed before the test ends: a broker dropped as the binary exits would race
+    // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
+}
