@@ -2,7 +2,8 @@
 //! what to do, and the few detail types its variants carry.
 //!
 //! Every fallible public operation returns [`Result<T>`](crate::Result), whose error is
-//! [`Error`]. Match on [`Error::kind`] to decide (retry, give up, report a 404 …), and on the
+//! [`Error`] (a name check that can only fail on the name, such as `Queue::group`, returns the
+//! narrower [`NameError`], which `?` converts). Match on [`Error::kind`] to decide (retry, give up, report a 404 …), and on the
 //! variant itself for the details (which message was too large, which sequence was lost). The
 //! variants are grouped by kind below; each operation's docs list, under `# Errors`, the ones it
 //! returns.

@@ -61,6 +61,7 @@
 // plain value types (the rest).
 mod broker;
 mod dead_letter;
+mod group_admin;
 mod inspector;
 mod kv;
 mod ordered;
@@ -81,6 +82,7 @@ mod entry;
 mod error;
 mod events;
 mod faults;
+mod json;
 mod message;
 mod model;
 mod name;
@@ -144,3 +146,33 @@ pub use store::fuzzing;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The work-queue guide's code blocks compile as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide-work-queues.md")]
+pub struct GuideWorkQueuesDoctests;
+
+/// The ordered-groups guide's code blocks compile as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide-ordered-groups.md")]
+pub struct GuideOrderedGroupsDoctests;
+
+/// The jobs guide's code blocks compile as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide-jobs.md")]
+pub struct GuideJobsDoctests;
+
+/// The transactions guide's code blocks compile as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide-transactions.md")]
+pub struct GuideTransactionsDoctests;
+
+/// The web console guide's code blocks compile as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/console.md")]
+pub struct ConsoleDoctests;
+
+/// The etcd guide's code blocks compile as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/etcd.md")]
+pub struct EtcdDoctests;

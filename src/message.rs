@@ -243,3 +243,183 @@ impl From<&str> for Message {
         Message::new(Bytes::copy_from_slice(payload.as_bytes()))
     }
 }
+
+/// The accessors every delivered message has — an ordered group's `Delivery`, a work group's
+/// `Job` and a handler's `Task` — written once. The type provides `fn raw(&self) ->
+/// Option<&RawMessage>` (its message, `None` once given up) and `fn names(&self) -> (&str,
+/// &str)` (its queue and group); `$var` and `$ty` name it in the examples.
+macro_rules! message_accessors {
+    ($var:literal, $ty:literal) => {
+        /// The message's sequence in its queue.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = concat!("# fn demo(", $var, ": &rockq::", $ty, ") {")]
+        #[doc = concat!("println!(\"{}#{} in {}\", ", $var, ".queue(), ", $var, ".seq(), ", $var, ".group());")]
+        /// # }
+        /// ```
+        pub fn seq(&self) -> u64 {
+            self.raw().map_or(0, |m| m.seq)
+        }
+
+        /// The payload.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = concat!("# fn demo(", $var, ": &rockq::", $ty, ") {")]
+        #[doc = concat!("let text = String::from_utf8_lossy(", $var, ".payload());")]
+        /// # }
+        /// ```
+        pub fn payload(&self) -> &bytes::Bytes {
+            static EMPTY: bytes::Bytes = bytes::Bytes::from_static(b"");
+            self.raw().map_or(&EMPTY, |m| &m.payload)
+        }
+
+        /// The headers, in the order they were added.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = concat!("# fn demo(", $var, ": &rockq::", $ty, ") {")]
+        #[doc = concat!("for (name, value) in ", $var, ".headers() {")]
+        ///     println!("{name}: {value:?}");
+        /// }
+        /// # }
+        /// ```
+        pub fn headers(&self) -> &[(String, bytes::Bytes)] {
+            self.raw().map_or(&[][..], |m| m.headers.as_slice())
+        }
+
+        /// The ordering key the producer set ([`Message::key`](crate::Message::key)).
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = concat!("# fn demo(", $var, ": &rockq::", $ty, ") {")]
+        #[doc = concat!("if let Some(account) = ", $var, ".key() {")]
+        ///     println!("next step for {account}");
+        /// }
+        /// # }
+        /// ```
+        pub fn key(&self) -> Option<&str> {
+            self.raw().and_then(|m| m.key.as_deref())
+        }
+
+        /// The idempotency key the producer set
+        /// ([`Message::idempotency_key`](crate::Message::idempotency_key)).
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = concat!("# fn demo(", $var, ": &rockq::", $ty, ") {")]
+        #[doc = concat!("let op = ", $var, ".idempotency_key().unwrap_or(\"-\");")]
+        /// # }
+        /// ```
+        pub fn idempotency_key(&self) -> Option<&str> {
+            self.raw().and_then(|m| m.idempotency_key.as_deref())
+        }
+
+        /// The first header named `key`.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = concat!("# fn demo(", $var, ": &rockq::", $ty, ") {")]
+        #[doc = concat!("let trace = ", $var, ".header(\"trace-id\").map(|v| String::from_utf8_lossy(v).into_owned());")]
+        /// # }
+        /// ```
+        pub fn header(&self, key: &str) -> Option<&bytes::Bytes> {
+            self.headers().iter().find(|(k, _)| k == key).map(|(_, v)| v)
+        }
+
+        /// Decodes the payload as a `T` with the codec its
+        /// [`CODEC_HEADER`](crate::CODEC_HEADER) header names (JSON without one): the
+        /// counterpart of a [`TypedQueue`](crate::TypedQueue) send. A pool's
+        /// [`run_typed`](crate::Workers::run_typed) does this for its handler.
+        ///
+        /// # Errors
+        ///
+        /// [`DecodeError`](crate::DecodeError) if the payload is not a valid `T`, or the codec
+        /// is unknown or its feature is off. Nothing is settled: the message is still yours to
+        /// ack, retry or dead-letter.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = concat!("# fn demo(", $var, ": &rockq::", $ty, ") -> Result<(), rockq::DecodeError> {")]
+        #[doc = concat!("let ids: Vec<u64> = ", $var, ".decode()?;")]
+        /// # Ok(()) }
+        /// ```
+        pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, crate::codec::DecodeError> {
+            let codec = self.header(crate::codec::CODEC_HEADER).map(|b| &b[..]);
+            crate::codec::decode_stamped(self.queue(), self.seq(), codec, self.payload())
+        }
+
+        /// Decodes the payload as a `T` with `codec`, whatever its header says.
+        ///
+        /// # Errors
+        ///
+        /// [`DecodeError`](crate::DecodeError) if the payload is not a valid `T` in that
+        /// format.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = concat!("# fn demo(", $var, ": &rockq::", $ty, ") -> Result<(), rockq::DecodeError> {")]
+        #[doc = concat!("let ids: Vec<u64> = ", $var, ".decode_with(&rockq::Json)?;")]
+        /// # Ok(()) }
+        /// ```
+        pub fn decode_with<T: serde::de::DeserializeOwned, C: crate::codec::Codec>(
+            &self,
+            codec: &C,
+        ) -> Result<T, crate::codec::DecodeError> {
+            crate::codec::decode_with(self.queue(), self.seq(), codec, self.payload())
+        }
+
+        /// When the message was sent: the broker's clock at the group commit that wrote it.
+        /// Along one queue these times never decrease (except for messages moved by a
+        /// redrive, which keep their original time).
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = concat!("# fn demo(", $var, ": &rockq::", $ty, ") {")]
+        #[doc = concat!("let waited = ", $var, ".enqueued_at().elapsed().unwrap_or_default();")]
+        /// println!("picked up after {waited:?}");
+        /// # }
+        /// ```
+        pub fn enqueued_at(&self) -> std::time::SystemTime {
+            let micros = self.raw().map_or(0, |m| m.enqueued_at_micros);
+            std::time::UNIX_EPOCH + std::time::Duration::from_micros(micros)
+        }
+
+        /// The queue this message is from.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = concat!("# fn demo(", $var, ": &rockq::", $ty, ") {")]
+        #[doc = concat!("println!(\"{}/{}#{}\", ", $var, ".queue(), ", $var, ".group(), ", $var, ".seq());")]
+        /// # }
+        /// ```
+        pub fn queue(&self) -> &str {
+            self.names().0
+        }
+
+        /// The group it was handed to.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = concat!("# fn demo(", $var, ": &rockq::", $ty, ") {")]
+        #[doc = concat!("println!(\"{}/{}#{}\", ", $var, ".queue(), ", $var, ".group(), ", $var, ".seq());")]
+        /// # }
+        /// ```
+        pub fn group(&self) -> &str {
+            self.names().1
+        }
+    };
+}
+pub(crate) use message_accessors;

@@ -26,6 +26,27 @@ pub enum Retention {
     Forever,
 }
 
+/// `until-acked`, `forever`, `max-len 1000`, `max-age 3600s` (fractional seconds below one).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(rockq::Retention::MaxAge(Duration::from_secs(3600)).to_string(), "max-age 3600s");
+/// assert_eq!(rockq::Retention::MaxLen(10).to_string(), "max-len 10");
+/// ```
+impl std::fmt::Display for Retention {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Retention::UntilAcked => f.write_str("until-acked"),
+            Retention::MaxAge(d) if d.subsec_nanos() == 0 => write!(f, "max-age {}s", d.as_secs()),
+            Retention::MaxAge(d) => write!(f, "max-age {}s", d.as_secs_f64()),
+            Retention::MaxLen(n) => write!(f, "max-len {n}"),
+            Retention::Forever => f.write_str("forever"),
+        }
+    }
+}
+
 /// Where a replay starts: see [`Group::reset_to`](crate::Group::reset_to).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

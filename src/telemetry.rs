@@ -119,7 +119,7 @@ pub(crate) fn recorder_installed() -> bool {
 
 #[cfg(test)]
 mod tests {
-    // Fault 7: the metrics task ran a full `store::load` every interval with no recorder
+    // Issue 13 (gauges without a recorder): the metrics task ran a full `store::load` every interval with no recorder
     // installed. The refresh now asks `recorder_installed` first; this pins the detection (no
     // global recorder is ever installed in the library's unit tests).
     #[test]

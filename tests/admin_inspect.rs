@@ -231,7 +231,7 @@ async fn inspector_reads_a_database_another_broker_holds_and_writes_nothing() {
     assert!(matches!(Inspector::open(empty.path()).await, Err(rockq::Error::NotRockq { .. })));
 }
 
-// Fault 7: `Job::extend` changed only memory, so `pending()` showed a live job as expired and
+// Issue 13 (live leases in the admin reads): `Job::extend` changed only memory, so `pending()` showed a live job as expired and
 // `stats()` did not count it as in flight.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extended_leases_show_in_pending_and_stats() {

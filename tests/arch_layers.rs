@@ -22,8 +22,19 @@ use std::path::{Path, PathBuf};
 #[path = "arch/imports.rs"]
 mod imports;
 
-const HANDLES: &[&str] =
-    &["broker", "queue", "ordered", "work", "pool", "dead_letter", "kv", "txn", "inspector", "web"];
+const HANDLES: &[&str] = &[
+    "broker",
+    "queue",
+    "ordered",
+    "work",
+    "pool",
+    "dead_letter",
+    "group_admin",
+    "kv",
+    "txn",
+    "inspector",
+    "web",
+];
 const VALUES: &[&str] = &[
     "clock",
     "codec",
@@ -31,6 +42,7 @@ const VALUES: &[&str] = &[
     "error",
     "events",
     "faults",
+    "json",
     "message",
     "model",
     "name",
@@ -282,6 +294,68 @@ fn the_file_graph_reader_sees_what_it_is_for() {
     assert_eq!(imports::circles(&g), vec![vec![p("a"), p("b"), p("c")]]);
     g.insert(p("c"), BTreeSet::new());
     assert!(imports::circles(&g).is_empty());
+}
+
+/// The layer diagram of `docs/ARCHITECTURE.md`: each layer's lines, by layer.
+fn documented_layers() -> BTreeMap<Layer, String> {
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/ARCHITECTURE.md"))
+        .expect("read ARCHITECTURE.md");
+    let section = doc.split("## Layers and where they live").nth(1).expect("the layers section");
+    let diagram = section.split("```").nth(1).expect("the layer diagram");
+    let mut out: BTreeMap<Layer, String> = BTreeMap::new();
+    let mut current = None;
+    for line in diagram.lines() {
+        let word = line.split_whitespace().next().unwrap_or("");
+        current = match word {
+            "handles" => Some(Layer::Handles),
+            "engine" => Some(Layer::Engine),
+            "store" => Some(Layer::Store),
+            "values" => Some(Layer::Values),
+            _ => current,
+        };
+        if let Some(l) = current {
+            out.entry(l).or_default().push_str(&format!(" {line} "));
+        }
+    }
+    out
+}
+
+/// Whether `text` names module `m` (as `m/`, `m.rs`, `{m,`, ` m `…).
+fn names(text: &str, m: &str) -> bool {
+    text.split(|c: char| !(c.is_alphanumeric() || c == '_')).any(|w| w == m)
+}
+
+#[test]
+fn the_architecture_document_places_every_module_in_its_layer() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let layers = documented_layers();
+    assert_eq!(layers.len(), 4, "the diagram has four layers: {layers:?}");
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(&src).expect("read src") {
+        let name = entry.expect("entry").file_name().to_string_lossy().trim_end_matches(".rs").to_owned();
+        if matches!(name.as_str(), "lib" | "bin") {
+            continue;
+        }
+        let Some(layer) = layer_of(&name) else {
+            missing.push(format!("{name}: in no layer of tests/arch_layers.rs"));
+            continue;
+        };
+        if !names(&layers[&layer], &name) {
+            missing.push(format!("{name}: not in the {layer:?} layer of ARCHITECTURE.md's diagram"));
+        }
+    }
+    // Every file of the engine is named in the engine's line.
+    for file in sources(&src.join("engine")) {
+        let rel = file.strip_prefix(src.join("engine")).expect("under engine");
+        let first = rel.components().next().expect("a component").as_os_str().to_string_lossy().to_string();
+        let name = first.trim_end_matches(".rs");
+        if name != "mod" && !names(&layers[&Layer::Engine], name) {
+            missing.push(format!("engine/{name}: not in ARCHITECTURE.md's diagram"));
+        }
+    }
+    missing.sort();
+    missing.dedup();
+    assert!(missing.is_empty(), "ARCHITECTURE.md is out of date:\n{}", missing.join("\n"));
 }
 
 #[test]

@@ -106,7 +106,7 @@ async fn shutdown_ends_a_stream_stopped_on_a_full_window() {
     assert!(matches!(held.ack(), Err(rockq::Error::Shutdown)));
 }
 
-// Fault 7: a second concurrent `shutdown()` returned `Ok` before the database was closed.
+// Issue 13 (one shutdown for every caller): a second concurrent `shutdown()` returned `Ok` before the database was closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_concurrent_shutdown_returns_only_once_the_database_is_closed() {
     let dir = tempdir();

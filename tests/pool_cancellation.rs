@@ -152,7 +152,7 @@ async fn oversized_pools_are_a_typed_error() {
     broker.shutdown().await.unwrap();
 }
 
-// Fault 7: `prefetch` defaulted to 64 whatever the concurrency, so a one-handler pool claimed
+// Issue 13 (a pool's default prefetch): `prefetch` defaulted to 64 whatever the concurrency, so a one-handler pool claimed
 // (and ran the leases of) 64 jobs while its docs said it held at most `concurrency`. Now the
 // default is `concurrency`, and the pool holds at most `concurrency + prefetch`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! Fault 6 (issue 13): bad numeric input panicked — `Instant + Duration::MAX` in leases,
+//! Issue 13 (bad numbers): bad numeric input panicked — `Instant + Duration::MAX` in leases,
 //! retry delays, extensions and intervals, `Duration::from_secs_f64` in redrive pacing and
 //! backoff, `Semaphore::new` above its permit limit. Property: whatever numbers the builders
 //! get (0, 1, MAX, huge and tiny floats, NaN, infinities), a real broker in a tempdir either

@@ -226,7 +226,7 @@ async fn enqueue_times_follow_the_brokers_clock_and_never_decrease_along_a_queue
     broker.shutdown().await.unwrap();
 }
 
-// Fault 7: enqueue stamps restarted from the wall clock at open, so a clock stepped back
+// Issue 13 (enqueue stamps across a restart): enqueue stamps restarted from the wall clock at open, so a clock stepped back
 // between a shutdown and a reopen made `enqueued_at` go backwards along a queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_times_never_go_back_across_a_restart() {

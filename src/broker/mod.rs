@@ -385,7 +385,7 @@ impl Broker {
     /// # Ok(()) }
     /// ```
     pub async fn shutdown(&self) -> Result<(), Error> {
-        // Fault 7: a second concurrent call used to return `Ok` while the first was still
+        // Issue 13 (one shutdown for every caller): a second concurrent call used to return `Ok` while the first was still
         // closing the database. Now every call awaits one shared task.
         let shutdown = {
             let mut slot = self.shared.shutdown.lock().unwrap_or_else(|p| p.into_inner());

@@ -47,6 +47,27 @@ pub struct DeadLetter {
     pub key: Option<String>,
 }
 
+/// The JSON shape of a dead letter (see `json.rs`): the console's and the CLI's.
+impl serde::Serialize for DeadLetter {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use crate::json::{Blob, Headers, micros};
+        use serde::ser::SerializeStruct;
+        let mut d = s.serialize_struct("DeadLetter", 11)?;
+        d.serialize_field("dlq_seq", &self.dlq_seq)?;
+        d.serialize_field("queue", &self.queue)?;
+        d.serialize_field("seq", &self.seq)?;
+        d.serialize_field("group", &self.group)?;
+        d.serialize_field("attempts", &self.attempts)?;
+        d.serialize_field("reason", &self.reason)?;
+        d.serialize_field("enqueued_at_micros", &micros(self.enqueued_at))?;
+        d.serialize_field("dead_lettered_at_micros", &micros(self.dead_lettered_at))?;
+        d.serialize_field("headers", &Headers(&self.headers))?;
+        d.serialize_field("payload", &Blob(&self.payload))?;
+        d.serialize_field("key", &self.key)?;
+        d.end()
+    }
+}
+
 fn micros(m: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_micros(m)
 }

@@ -1,9 +1,7 @@
 //! [`Delivery`]: one message handed to a consumer, and its acknowledgement.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use bytes::Bytes;
+use std::time::Duration;
 
 use super::acks::{Comeback, SubShared};
 use crate::engine::boundary::RawMessage;
@@ -37,189 +35,21 @@ impl std::fmt::Debug for Delivery {
     }
 }
 
-static EMPTY: Bytes = Bytes::from_static(b"");
-
 impl Delivery {
     pub(crate) fn new(msg: RawMessage, delivery_count: u32, sub: Arc<SubShared>) -> Self {
         Delivery { msg: Some(msg), delivery_count, sub }
     }
 
-    fn msg(&self) -> Option<&RawMessage> {
+    crate::message::message_accessors!("delivery", "Delivery");
+
+    /// Its message (`None` once it was handed back or settled).
+    fn raw(&self) -> Option<&RawMessage> {
         self.msg.as_ref()
     }
 
-    /// The message's sequence in its queue.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn demo(delivery: rockq::Delivery) -> Result<(), rockq::Error> {
-    /// println!("{}#{} for {}", delivery.queue(), delivery.seq(), delivery.group());
-    /// delivery.ack()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn seq(&self) -> u64 {
-        self.msg().map_or(0, |m| m.seq)
-    }
-
-    /// The payload.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn demo(delivery: rockq::Delivery) -> Result<(), rockq::Error> {
-    /// let text = String::from_utf8_lossy(delivery.payload()).into_owned();
-    /// delivery.ack()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn payload(&self) -> &Bytes {
-        self.msg().map_or(&EMPTY, |m| &m.payload)
-    }
-
-    /// The headers, in the order they were added.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn demo(delivery: &rockq::Delivery) {
-    /// for (name, value) in delivery.headers() {
-    ///     println!("{name}: {value:?}");
-    /// }
-    /// # }
-    /// ```
-    pub fn headers(&self) -> &[(String, Bytes)] {
-        self.msg().map_or(&[][..], |m| m.headers.as_slice())
-    }
-
-    /// The ordering key the producer set ([`Message::key`](crate::Message::key)).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn demo(delivery: &rockq::Delivery) {
-    /// if let Some(account) = delivery.key() {
-    ///     println!("update for {account}");
-    /// }
-    /// # }
-    /// ```
-    pub fn key(&self) -> Option<&str> {
-        self.msg().and_then(|m| m.key.as_deref())
-    }
-
-    /// The idempotency key the producer set
-    /// ([`Message::idempotency_key`](crate::Message::idempotency_key)).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn demo(delivery: &rockq::Delivery) {
-    /// let op = delivery.idempotency_key().unwrap_or("-");
-    /// # }
-    /// ```
-    pub fn idempotency_key(&self) -> Option<&str> {
-        self.msg().and_then(|m| m.idempotency_key.as_deref())
-    }
-
-    /// The first header named `key`.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn demo(delivery: &rockq::Delivery) {
-    /// let trace = delivery.header("trace-id").map(|v| String::from_utf8_lossy(v).into_owned());
-    /// # }
-    /// ```
-    pub fn header(&self, key: &str) -> Option<&Bytes> {
-        self.headers().iter().find(|(k, _)| k == key).map(|(_, v)| v)
-    }
-
-    /// Decodes the payload as a `T` with the codec its [`CODEC_HEADER`](crate::CODEC_HEADER)
-    /// header names (JSON for a payload without one): the counterpart of a
-    /// [`TypedQueue`](crate::TypedQueue) send.
-    ///
-    /// # Errors
-    ///
-    /// [`DecodeError`](crate::DecodeError) if the payload is not a valid `T`, or the codec is
-    /// unknown or its feature is off. The delivery is untouched: ack, nack or
-    /// [`dead_letter`](Delivery::dead_letter) it.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn demo(delivery: rockq::Delivery) -> Result<(), rockq::Error> {
-    /// #[derive(serde::Deserialize)]
-    /// struct Order { id: u64 }
-    /// match delivery.decode::<Order>() {
-    ///     Ok(order) => { println!("order {}", order.id); delivery.ack()?; }
-    ///     Err(e) => delivery.dead_letter(e.to_string())?,
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, crate::codec::DecodeError> {
-        let codec = self.header(crate::codec::CODEC_HEADER).map(|b| &b[..]);
-        crate::codec::decode_stamped(self.queue(), self.seq(), codec, self.payload())
-    }
-
-    /// Decodes the payload as a `T` with `codec`, whatever its header says.
-    ///
-    /// # Errors
-    ///
-    /// [`DecodeError`](crate::DecodeError) if the payload is not a valid `T` in that format.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn demo(delivery: rockq::Delivery) -> Result<(), rockq::Error> {
-    /// let ids: Vec<u64> = delivery.decode_with(&rockq::Json)?;
-    /// # Ok(()) }
-    /// ```
-    pub fn decode_with<T: serde::de::DeserializeOwned, C: crate::codec::Codec>(
-        &self,
-        codec: &C,
-    ) -> Result<T, crate::codec::DecodeError> {
-        crate::codec::decode_with(self.queue(), self.seq(), codec, self.payload())
-    }
-
-    /// When the message was sent: the broker's clock at the group commit that wrote it.
-    /// Along one queue these times never decrease (except for messages moved by a
-    /// redrive, which keep their original time).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn demo(delivery: &rockq::Delivery) {
-    /// let age = delivery.enqueued_at().elapsed().unwrap_or_default();
-    /// println!("delivered {age:?} after it was sent");
-    /// # }
-    /// ```
-    pub fn enqueued_at(&self) -> SystemTime {
-        UNIX_EPOCH + Duration::from_micros(self.msg().map_or(0, |m| m.enqueued_at_micros))
-    }
-
-    /// The queue this message is from.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn demo(delivery: &rockq::Delivery) {
-    /// println!("{}/{}#{}", delivery.queue(), delivery.group(), delivery.seq());
-    /// # }
-    /// ```
-    pub fn queue(&self) -> &str {
-        &self.sub.group.queue.name
-    }
-
-    /// The group it was delivered to.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn demo(delivery: &rockq::Delivery) {
-    /// println!("{}/{}#{}", delivery.queue(), delivery.group(), delivery.seq());
-    /// # }
-    /// ```
-    pub fn group(&self) -> &str {
-        &self.sub.group.name
+    /// Its queue and group.
+    fn names(&self) -> (&str, &str) {
+        (&self.sub.group.queue.name, &self.sub.group.name)
     }
 
     /// How many times the group has delivered this message, starting at 1.

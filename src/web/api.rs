@@ -18,8 +18,6 @@ use super::failure::Failure;
 use super::history::rates;
 use super::input;
 use super::state::State;
-use crate::dead_letter::DeadLetter;
-use crate::stats::{GroupStats, PendingClaim, QueueStats, Stats, StoredMessage};
 
 fn secs(d: Option<Duration>) -> Value {
     d.map_or(Value::Null, |d| json!(d.as_secs_f64()))
@@ -29,72 +27,10 @@ fn micros(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
 }
 
-fn opt_micros(t: Option<SystemTime>) -> Value {
-    t.map_or(Value::Null, |t| json!(micros(t)))
-}
-
-fn bytes(b: &[u8]) -> Value {
-    match std::str::from_utf8(b) {
-        Ok(s) => json!({ "text": s }),
-        Err(_) => json!({ "hex": b.iter().map(|x| format!("{x:02x}")).collect::<String>() }),
-    }
-}
-
-fn headers(h: &[(String, bytes::Bytes)]) -> Value {
-    Value::Array(h.iter().map(|(k, v)| json!({ "name": k, "value": bytes(v) })).collect())
-}
-
-pub(crate) fn queue(q: &QueueStats) -> Value {
-    json!({
-        "name": q.name, "first_seq": q.first_seq, "last_seq": q.last_seq, "len": q.len,
-        "bytes_on_disk": q.bytes_on_disk, "retention": super::pages::retention(&q.retention),
-        "oldest_age_secs": secs(q.oldest_age), "scheduled": q.scheduled,
-        "next_due_micros": opt_micros(q.next_due), "dedup_window_secs": q.dedup_window.as_secs_f64(),
-    })
-}
-
-pub(crate) fn group(g: &GroupStats) -> Value {
-    json!({
-        "group": g.group, "queue": g.queue, "mode": g.mode.as_str(), "committed": g.committed,
-        "lag": g.lag, "oldest_unacked_age_secs": secs(g.oldest_unacked_age), "in_flight": g.in_flight,
-        "waiting_retry": g.waiting_retry, "dead_letter_queue": g.dead_letter_queue, "dlq_depth": g.dlq_depth,
-        "paused": g.paused, "lease_secs": secs(g.lease),
-        "retry_policy": g.retry_policy.as_ref().map(|p| json!({
-            "max_attempts": p.attempts(), "initial_backoff_secs": p.initial_delay().as_secs_f64(),
-            "max_backoff_secs": p.max_delay().as_secs_f64(), "multiplier": p.growth(), "jitter": p.jitter_fraction(),
-        })),
-        "ordered_by_key": g.ordered_by_key,
-    })
-}
-
-pub(crate) fn stats(s: &Stats) -> Value {
-    json!({
-        "queues": s.queues.iter().map(queue).collect::<Vec<_>>(),
-        "groups": s.groups.iter().map(group).collect::<Vec<_>>(),
-        "bytes_on_disk": s.bytes_on_disk,
-        "keyspaces": s.keyspaces.iter().map(|k| json!({ "name": k.name, "keys": k.keys })).collect::<Vec<_>>(),
-    })
-}
-
-fn claim(c: &PendingClaim) -> Value {
-    json!({
-        "seq": c.seq, "state": c.state.as_str(), "attempt": c.attempt, "holder": c.holder,
-        "lease_deadline_micros": opt_micros(c.lease_deadline), "retry_at_micros": opt_micros(c.retry_at),
-        "last_error": c.last_error,
-    })
-}
-
-fn message(m: &StoredMessage) -> Value {
-    json!({ "seq": m.seq, "enqueued_at_micros": micros(m.enqueued_at), "headers": headers(&m.headers), "payload": bytes(&m.payload) })
-}
-
-fn dead_letter(d: &DeadLetter) -> Value {
-    json!({
-        "dlq_seq": d.dlq_seq, "queue": d.queue, "seq": d.seq, "group": d.group, "attempts": d.attempts,
-        "reason": d.reason, "enqueued_at_micros": micros(d.enqueued_at),
-        "dead_lettered_at_micros": micros(d.dead_lettered_at), "headers": headers(&d.headers),
-        "payload": bytes(&d.payload), "key": d.key,
-    })
+/// A report in the library's one JSON shape (`Serialize` on the stats types, shared with the
+/// CLI's `--json`).
+fn to_json(v: &impl serde::Serialize) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
 }
 
 fn answer(ctx: &Ctx, r: Result<Value, Failure>) -> Response {
@@ -106,7 +42,7 @@ fn answer(ctx: &Ctx, r: Result<Value, Failure>) -> Response {
 
 /// GET `/api/stats`.
 pub(crate) async fn get_stats(AxState(st): AxState<Arc<State>>, ctx: Ctx) -> Response {
-    answer(&ctx, st.source.stats().await.map(|s| stats(&s)))
+    answer(&ctx, st.source.stats().await.map(|s| to_json(&s)))
 }
 
 /// GET `/api/history`: the sampled series behind the charts.
@@ -154,7 +90,7 @@ pub(crate) async fn messages(
         let limit =
             input::limit("limit", p.get("limit").map(String::as_str), input::MAX_LIST as u64)?.unwrap_or(20);
         let msgs = st.source.peek(q, from, limit as usize).await?;
-        Ok(Value::Array(msgs.iter().map(message).collect()))
+        Ok(to_json(&msgs))
     }
     .await;
     answer(&ctx, r)
@@ -168,7 +104,7 @@ pub(crate) async fn pending(
 ) -> Response {
     let r = async {
         let (q, g) = (input::name("queue", &q)?, input::name("group", &g)?);
-        Ok(Value::Array(st.source.pending(q, g).await?.iter().map(claim).collect()))
+        Ok(to_json(&st.source.pending(q, g).await?))
     }
     .await;
     answer(&ctx, r)
@@ -185,7 +121,7 @@ pub(crate) async fn dead_letters(
         let q = input::name("queue", &q)?;
         let limit =
             input::limit("limit", p.get("limit").map(String::as_str), input::MAX_LIST as u64)?.unwrap_or(50);
-        Ok(Value::Array(st.source.dead_letters(q, limit as usize).await?.iter().map(dead_letter).collect()))
+        Ok(to_json(&st.source.dead_letters(q, limit as usize).await?))
     }
     .await;
     answer(&ctx, r)

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 
 /// The console could not serve, or its sampler could not take a sample.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum WebError {
     /// The address is not loopback and [`Console::allow_remote`](super::Console::allow_remote) was not set.
@@ -20,11 +20,11 @@ pub enum WebError {
         /// The address asked for.
         addr: SocketAddr,
         /// Why.
-        source: std::io::Error,
+        source: std::sync::Arc<std::io::Error>,
     },
     /// Serving failed.
     #[error("console server failed: {0}")]
-    Io(std::io::Error),
+    Io(std::sync::Arc<std::io::Error>),
     /// The console's router was dropped, or its broker shut down.
     #[error("the console was dropped or its broker shut down")]
     Stopped,

@@ -317,7 +317,9 @@ impl Console {
         if !addr.ip().is_loopback() && !self.config.allow_remote {
             return Err(WebError::NotLoopback { addr });
         }
-        tokio::net::TcpListener::bind(addr).await.map_err(|source| WebError::Bind { addr, source })
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| WebError::Bind { addr, source: std::sync::Arc::new(source) })
     }
 
     /// Serves the console on a listener bound by [`bind`](Console::bind) (or by the
@@ -350,7 +352,10 @@ impl Console {
                 None => std::future::pending().await,
             }
         };
-        axum::serve(listener, app).with_graceful_shutdown(stopped).await.map_err(WebError::Io)
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stopped)
+            .await
+            .map_err(|e| WebError::Io(std::sync::Arc::new(e)))
     }
 }
 

@@ -112,19 +112,7 @@ impl WorkGroup {
     /// already amortises the write; larger ones would only hold leases longer.
     pub const MAX_CLAIM_BATCH: usize = 4096;
 
-    /// The group's name.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn demo(queue: rockq::Queue) -> Result<(), rockq::NameError> {
-    /// let group = queue.work_group("thumbnails")?;
-    /// assert_eq!(group.name(), "thumbnails");
-    /// # Ok(()) }
-    /// ```
-    pub fn name(&self) -> &str {
-        &self.name
-    }
+    crate::group_admin::group_admin!("work_group", "mailer");
 
     /// Where the group starts if it does not exist yet. Default [`StartFrom::Earliest`].
     ///
@@ -332,22 +320,6 @@ impl WorkGroup {
         self.shared.work_group(&self.name, &self.queue.name).filter(|g| Arc::ptr_eq(&g.queue, &self.queue))
     }
 
-    /// The committed offset: everything up to it is acked or dead-lettered, durably. `None` if
-    /// the group was never subscribed.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
-    /// if let Some(offset) = queue.work_group("mailer")?.committed() {
-    ///     println!("mailer is done up to #{offset} ({} behind)", queue.last_seq() - offset);
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub fn committed(&self) -> Option<u64> {
-        self.state().map(|g| g.durable.load(Ordering::Acquire))
-    }
-
     /// Messages currently leased to consumers of this group (in this process).
     ///
     /// # Examples
@@ -376,85 +348,6 @@ impl WorkGroup {
         self.state().map_or(0, |g| g.waiting())
     }
 
-    /// Pauses this group durably (see [`Broker::pause_group`](crate::Broker::pause_group)).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NoSuchGroup`](crate::Error::NoSuchGroup) if it never subscribed,
-    /// [`Error::Shutdown`](crate::Error::Shutdown),
-    /// [`Error::Storage`](crate::Error::Storage).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe in effect: the group is paused or not.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
-    /// let group = queue.work_group("mailer")?;
-    /// group.pause().await?; // e.g. while the mail server is down
-    /// assert!(group.is_paused());
-    /// # Ok(()) }
-    /// ```
-    pub async fn pause(&self) -> Result<(), Error> {
-        self.shared.set_paused(&self.queue, &self.name, true).await
-    }
-
-    /// Resumes this group (see [`Broker::resume_group`](crate::Broker::resume_group)).
-    ///
-    /// # Errors
-    ///
-    /// As for `pause`.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe in effect.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
-    /// let group = queue.work_group("mailer")?;
-    /// group.resume().await?;
-    /// assert!(!group.is_paused());
-    /// # Ok(()) }
-    /// ```
-    pub async fn resume(&self) -> Result<(), Error> {
-        self.shared.set_paused(&self.queue, &self.name, false).await
-    }
-
-    /// Whether this group is paused.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
-    /// if queue.work_group("mailer")?.is_paused() {
-    ///     println!("mailer is paused");
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub fn is_paused(&self) -> bool {
-        self.shared.is_paused(&self.queue, &self.name)
-    }
-
-    /// Messages this group never finished because retention deleted them first (since open).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
-    /// let lost = queue.work_group("mailer")?.skipped();
-    /// if lost > 0 {
-    ///     eprintln!("retention deleted {lost} messages before mailer finished them");
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub fn skipped(&self) -> u64 {
-        self.state().map_or(0, |g| g.skipped.load(Ordering::Relaxed))
-    }
-
     /// Times a subscription of this group waited on a full in-flight bound for longer than
     /// [`saturation_after`](WorkGroup::saturation_after).
     ///
@@ -468,34 +361,6 @@ impl WorkGroup {
     /// ```
     pub fn saturations(&self) -> u64 {
         self.state().map_or(0, |g| g.saturations.load(Ordering::Relaxed))
-    }
-
-    /// Deletes this group with everything of it, as
-    /// [`Broker::delete_group`](crate::Broker::delete_group) does; `false` if it does not
-    /// exist (or its queue was deleted since this handle was made: a queue created again
-    /// under the name is another queue, and its group of this name is left alone).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Shutdown`], [`Error::Storage`], [`Error::Failed`].
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe in effect: once the request reached the writer, the group is deleted
-    /// whether or not the future is still awaited.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
-    /// queue.work_group("retired")?.delete().await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn delete(&self) -> Result<bool, Error> {
-        if self.queue.is_deleted() {
-            return Ok(false);
-        }
-        self.shared.delete_group(&self.queue.name, &self.name).await
     }
 
     /// Replays: moves the group's offset so that claiming restarts at the given sequence, or

@@ -3,9 +3,8 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use super::limits::HandleLimits;
@@ -90,131 +89,17 @@ impl JobInner {
 
 /// Read accessors shared by [`Job`] and [`Task`].
 macro_rules! accessors {
-    () => {
-        /// The message's sequence in its queue.
-        ///
-        /// # Examples
-        ///
-        /// ```no_run
-        /// # fn demo(task: rockq::Task) {
-        /// println!("{}#{} in {}", task.queue(), task.seq(), task.group());
-        /// # }
-        /// ```
-        pub fn seq(&self) -> u64 {
-            self.inner.msg.seq
+    ($var:literal, $ty:literal) => {
+        crate::message::message_accessors!($var, $ty);
+
+        /// Its message.
+        fn raw(&self) -> Option<&RawMessage> {
+            Some(&self.inner.msg)
         }
 
-        /// The payload.
-        ///
-        /// # Examples
-        ///
-        /// ```no_run
-        /// # fn demo(task: rockq::Task) {
-        /// let text = String::from_utf8_lossy(task.payload());
-        /// # }
-        /// ```
-        pub fn payload(&self) -> &Bytes {
-            &self.inner.msg.payload
-        }
-
-        /// The headers, in the order they were added.
-        ///
-        /// # Examples
-        ///
-        /// ```no_run
-        /// # fn demo(task: rockq::Task) {
-        /// for (name, value) in task.headers() {
-        ///     println!("{name}: {value:?}");
-        /// }
-        /// # }
-        /// ```
-        pub fn headers(&self) -> &[(String, Bytes)] {
-            &self.inner.msg.headers
-        }
-
-        /// The ordering key the producer set ([`Message::key`](crate::Message::key)).
-        ///
-        /// # Examples
-        ///
-        /// ```no_run
-        /// # fn demo(task: rockq::Task) {
-        /// if let Some(account) = task.key() {
-        ///     println!("next step for {account}");
-        /// }
-        /// # }
-        /// ```
-        pub fn key(&self) -> Option<&str> {
-            self.inner.msg.key.as_deref()
-        }
-
-        /// The idempotency key the producer set
-        /// ([`Message::idempotency_key`](crate::Message::idempotency_key)).
-        ///
-        /// # Examples
-        ///
-        /// ```no_run
-        /// # fn demo(task: rockq::Task) {
-        /// let op = task.idempotency_key().unwrap_or("-");
-        /// # }
-        /// ```
-        pub fn idempotency_key(&self) -> Option<&str> {
-            self.inner.msg.idempotency_key.as_deref()
-        }
-
-        /// The first header named `key`.
-        ///
-        /// # Examples
-        ///
-        /// ```no_run
-        /// # fn demo(task: rockq::Task) {
-        /// let trace = task.header("trace-id").map(|v| String::from_utf8_lossy(v).into_owned());
-        /// # }
-        /// ```
-        pub fn header(&self, key: &str) -> Option<&Bytes> {
-            self.headers().iter().find(|(k, _)| k == key).map(|(_, v)| v)
-        }
-
-        /// Decodes the payload as a `T` with the codec its
-        /// [`CODEC_HEADER`](crate::CODEC_HEADER) header names (JSON without one): the
-        /// counterpart of a [`TypedQueue`](crate::TypedQueue) send. A pool's
-        /// [`run_typed`](crate::Workers::run_typed) does this for its handler.
-        ///
-        /// # Errors
-        ///
-        /// [`DecodeError`](crate::DecodeError) if the payload is not a valid `T`, or the codec
-        /// is unknown or its feature is off.
-        ///
-        /// # Examples
-        ///
-        /// ```no_run
-        /// # fn demo(task: rockq::Task) -> Result<(), rockq::HandlerError> {
-        /// let ids: Vec<u64> = task.decode()?;
-        /// # Ok(()) }
-        /// ```
-        pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, crate::codec::DecodeError> {
-            let codec = self.header(crate::codec::CODEC_HEADER).map(|b| &b[..]);
-            crate::codec::decode_stamped(self.queue(), self.seq(), codec, self.payload())
-        }
-
-        /// Decodes the payload as a `T` with `codec`, whatever its header says.
-        ///
-        /// # Errors
-        ///
-        /// [`DecodeError`](crate::DecodeError) if the payload is not a valid `T` in that
-        /// format.
-        ///
-        /// # Examples
-        ///
-        /// ```no_run
-        /// # fn demo(task: rockq::Task) -> Result<(), rockq::HandlerError> {
-        /// let ids: Vec<u64> = task.decode_with(&rockq::Json)?;
-        /// # Ok(()) }
-        /// ```
-        pub fn decode_with<T: serde::de::DeserializeOwned, C: crate::codec::Codec>(
-            &self,
-            codec: &C,
-        ) -> Result<T, crate::codec::DecodeError> {
-            crate::codec::decode_with(self.queue(), self.seq(), codec, self.payload())
+        /// Its queue and group.
+        fn names(&self) -> (&str, &str) {
+            (&self.inner.group.queue.name, &self.inner.group.name)
         }
 
         /// This attempt's number, from 1. Counted durably: attempts made before a crash count.
@@ -230,48 +115,6 @@ macro_rules! accessors {
         /// ```
         pub fn attempt(&self) -> u32 {
             self.inner.attempt
-        }
-
-        /// When the message was sent: the broker's clock at the group commit that wrote it.
-        /// Along one queue these times never decrease (except for messages moved by a
-        /// redrive, which keep their original time).
-        ///
-        /// # Examples
-        ///
-        /// ```no_run
-        /// # fn demo(task: rockq::Task) {
-        /// let waited = task.enqueued_at().elapsed().unwrap_or_default();
-        /// println!("picked up after {waited:?}");
-        /// # }
-        /// ```
-        pub fn enqueued_at(&self) -> SystemTime {
-            UNIX_EPOCH + Duration::from_micros(self.inner.msg.enqueued_at_micros)
-        }
-
-        /// The queue.
-        ///
-        /// # Examples
-        ///
-        /// ```no_run
-        /// # fn demo(task: rockq::Task) {
-        /// println!("{}/{}#{}", task.queue(), task.group(), task.seq());
-        /// # }
-        /// ```
-        pub fn queue(&self) -> &str {
-            &self.inner.group.queue.name
-        }
-
-        /// The work-queue group.
-        ///
-        /// # Examples
-        ///
-        /// ```no_run
-        /// # fn demo(task: rockq::Task) {
-        /// println!("{}/{}#{}", task.queue(), task.group(), task.seq());
-        /// # }
-        /// ```
-        pub fn group(&self) -> &str {
-            &self.inner.group.name
         }
 
         /// How long this holder's lease still runs (zero once it has expired), measured on
@@ -390,7 +233,7 @@ impl std::fmt::Debug for Task {
 }
 
 impl Task {
-    accessors!();
+    accessors!("task", "Task");
 
     pub(crate) fn inner(&self) -> &Arc<JobInner> {
         &self.inner
@@ -424,7 +267,7 @@ impl Job {
         self.inner.config.settings(&self.inner.group).lease
     }
 
-    accessors!();
+    accessors!("job", "Job");
 
     /// A read-only handle on this job (for a handler, or for logging after a move).
     ///

@@ -52,11 +52,6 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(n.saturating_mul(mult)))
 }
 
-/// Microseconds since the Unix epoch (for JSON).
-pub fn micros(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
-}
-
 /// `2026-11-22T08:05:01.123Z` (UTC).
 pub fn time(t: SystemTime) -> String {
     let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
@@ -101,14 +96,6 @@ pub fn payload(b: &[u8], max: usize) -> String {
 
 pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// A payload for JSON: `{"text": ...}` when UTF-8, `{"hex": ...}` otherwise.
-pub fn payload_json(b: &[u8]) -> serde_json::Value {
-    match std::str::from_utf8(b) {
-        Ok(s) => serde_json::json!({ "text": s }),
-        Err(_) => serde_json::json!({ "hex": hex(b) }),
-    }
 }
 
 #[cfg(test)]

@@ -59,53 +59,16 @@ fn print_json(value: &serde_json::Value) {
     println!("{}", serde_json::to_string_pretty(value).unwrap_or_default());
 }
 
-fn opt_secs(d: Option<Duration>) -> serde_json::Value {
-    d.map_or(serde_json::Value::Null, |d| json!(d.as_secs_f64()))
-}
-
-fn opt_micros(t: Option<SystemTime>) -> serde_json::Value {
-    t.map_or(serde_json::Value::Null, |t| json!(format::micros(t)))
-}
-
 async fn stats(inspector: &Inspector, json: bool, only_queue: Option<&str>, queues: bool) -> Result<()> {
     let stats = inspector.stats().await?;
     let groups: Vec<_> = stats.groups.iter().filter(|g| only_queue.is_none_or(|q| g.queue == q)).collect();
     if json {
-        let groups: Vec<_> = groups
-            .iter()
-            .map(|g| {
-                json!({
-                    "group": g.group, "queue": g.queue, "mode": g.mode.as_str(), "committed": g.committed,
-                    "lag": g.lag, "oldest_unacked_age_secs": opt_secs(g.oldest_unacked_age),
-                    "in_flight": g.in_flight, "waiting_retry": g.waiting_retry,
-                    "dead_letter_queue": g.dead_letter_queue, "dlq_depth": g.dlq_depth, "paused": g.paused,
-                    "lease_secs": opt_secs(g.lease), "retry_policy": g.retry_policy.as_ref().map(|p| json!({
-                        "max_attempts": p.attempts(), "initial_backoff_secs": p.initial_delay().as_secs_f64(),
-                        "max_backoff_secs": p.max_delay().as_secs_f64(), "multiplier": p.growth(),
-                        "jitter": p.jitter_fraction(),
-                    })),
-                    "ordered_by_key": g.ordered_by_key,
-                })
-            })
-            .collect();
+        // The library's JSON shape of the stats (the console's `/api/stats` too).
         let mut out = json!({ "groups": groups });
         if queues {
             out["bytes_on_disk"] = json!(stats.bytes_on_disk);
-            out["queues"] = stats
-                .queues
-                .iter()
-                .map(|q| {
-                    json!({
-                        "name": q.name, "first_seq": q.first_seq, "last_seq": q.last_seq, "len": q.len,
-                        "bytes_on_disk": q.bytes_on_disk, "retention": format!("{:?}", q.retention),
-                        "oldest_age_secs": opt_secs(q.oldest_age), "scheduled": q.scheduled,
-                        "next_due_micros": opt_micros(q.next_due),
-                        "dedup_window_secs": q.dedup_window.as_secs_f64(),
-                    })
-                })
-                .collect();
-            out["keyspaces"] =
-                stats.keyspaces.iter().map(|k| json!({ "name": k.name, "keys": k.keys })).collect();
+            out["queues"] = json!(stats.queues);
+            out["keyspaces"] = json!(stats.keyspaces);
         }
         print_json(&out);
         return Ok(());
@@ -197,18 +160,7 @@ async fn stats(inspector: &Inspector, json: bool, only_queue: Option<&str>, queu
 async fn peek(inspector: &Inspector, json: bool, queue: &str, from: Option<u64>, limit: usize) -> Result<()> {
     let msgs = inspector.peek(queue, from, limit).await?;
     if json {
-        let out: Vec<_> = msgs
-            .iter()
-            .map(|m| {
-                let headers: serde_json::Map<_, _> =
-                    m.headers.iter().map(|(k, v)| (k.clone(), json!(String::from_utf8_lossy(v)))).collect();
-                json!({
-                    "seq": m.seq, "enqueued_at_micros": format::micros(m.enqueued_at),
-                    "headers": headers, "payload": format::payload_json(&m.payload),
-                })
-            })
-            .collect();
-        print_json(&json!(out));
+        print_json(&json!(msgs));
         return Ok(());
     }
     let rows: Vec<_> = msgs
@@ -229,16 +181,7 @@ async fn peek(inspector: &Inspector, json: bool, queue: &str, from: Option<u64>,
 async fn scheduled(inspector: &Inspector, json: bool, queue: Option<&str>, limit: usize) -> Result<()> {
     let msgs = inspector.scheduled(queue, limit).await?;
     if json {
-        let out: Vec<_> = msgs
-            .iter()
-            .map(|m| {
-                json!({
-                    "id": m.id, "queue": m.queue, "due_micros": format::micros(m.due),
-                    "sent_at_micros": format::micros(m.sent_at), "payload_bytes": m.payload_len, "key": m.key,
-                })
-            })
-            .collect();
-        print_json(&json!(out));
+        print_json(&json!(msgs));
         return Ok(());
     }
     let rows: Vec<_> = msgs
@@ -259,28 +202,10 @@ async fn scheduled(inspector: &Inspector, json: bool, queue: Option<&str>, limit
 }
 
 /// `catch-up-once` or `skip`.
-fn missed_str(m: rockq::Missed) -> &'static str {
-    match m {
-        rockq::Missed::Skip => "skip",
-        _ => "catch-up-once",
-    }
-}
-
 async fn schedules(inspector: &Inspector, json: bool) -> Result<()> {
     let all = inspector.schedules().await?;
     if json {
-        let out: Vec<_> = all
-            .iter()
-            .map(|s| {
-                json!({
-                    "name": s.name, "queue": s.queue, "recurrence": s.recurrence, "on_missed": missed_str(s.missed),
-                    "next_micros": opt_micros(s.next), "paused": s.paused, "fired": s.fired,
-                    "missed_firings": s.missed_firings, "last_micros": opt_micros(s.last.map(|(t, _)| t)),
-                    "last_seq": s.last.map(|(_, seq)| seq),
-                })
-            })
-            .collect();
-        print_json(&json!(out));
+        print_json(&json!(all));
         return Ok(());
     }
     let rows: Vec<_> = all
@@ -305,17 +230,7 @@ async fn schedules(inspector: &Inspector, json: bool) -> Result<()> {
 async fn pending(inspector: &Inspector, json: bool, group: &str, queue: &str) -> Result<()> {
     let claims = inspector.pending(queue, group).await?;
     if json {
-        let out: Vec<_> = claims
-            .iter()
-            .map(|c| {
-                json!({
-                    "seq": c.seq, "state": c.state.as_str(), "attempt": c.attempt, "holder": c.holder,
-                    "lease_deadline_micros": opt_micros(c.lease_deadline),
-                    "retry_at_micros": opt_micros(c.retry_at), "last_error": c.last_error,
-                })
-            })
-            .collect();
-        print_json(&json!(out));
+        print_json(&json!(claims));
         return Ok(());
     }
     let rows: Vec<_> = claims
@@ -335,19 +250,10 @@ async fn pending(inspector: &Inspector, json: bool, group: &str, queue: &str) ->
     Ok(())
 }
 
-fn dead_letter_json(d: &rockq::DeadLetter) -> serde_json::Value {
-    json!({
-        "dlq_seq": d.dlq_seq, "queue": d.queue, "seq": d.seq, "group": d.group, "attempts": d.attempts,
-        "reason": d.reason, "enqueued_at_micros": format::micros(d.enqueued_at),
-        "dead_lettered_at_micros": format::micros(d.dead_lettered_at),
-        "payload": format::payload_json(&d.payload),
-    })
-}
-
 async fn dlq_list(inspector: &Inspector, json: bool, dlq: &str, limit: usize) -> Result<()> {
     let letters = inspector.dead_letters(dlq, limit).await?;
     if json {
-        print_json(&json!(letters.iter().map(dead_letter_json).collect::<Vec<_>>()));
+        print_json(&json!(letters));
         return Ok(());
     }
     let rows: Vec<_> = letters
@@ -376,7 +282,7 @@ async fn dlq_peek(inspector: &Inspector, json: bool, dlq: &str) -> Result<()> {
         return Ok(());
     };
     if json {
-        print_json(&dead_letter_json(&d));
+        print_json(&json!(d));
         return Ok(());
     }
     let origin = match (&d.queue, d.seq) {

@@ -107,7 +107,8 @@ impl Writer {
         written.kv_revision = engine.registry.kv_revision.load(Ordering::Relaxed);
         written.next_keyspace_id = engine.registry.keyspaces.iter().map(|k| k.id + 1).max().unwrap_or(0);
         written.index_registry(&engine);
-        // Fault 7: stamps used to restart from the clock, going back if it stepped back.
+        // Issue 13 (enqueue stamps across a restart): stamps used to restart from the clock, going
+        // back if it stepped back.
         written.last_stamp = crate::store::newest_stamp(
             &store,
             engine.registry.queues.iter().map(|q| (q.id, q.last_seq())).collect::<Vec<_>>(),

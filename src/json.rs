@@ -1,0 +1,206 @@
+//! The one JSON shape of rockq's reports — [`Stats`] and its parts, [`PendingClaim`],
+//! [`StoredMessage`], the schedule listings, a [`Retention`] — as `serde::Serialize`
+//! implementations, so the web console's `/api` and `rockq … --json` print the same fields
+//! under the same names. Written by hand rather than derived: durations are seconds
+//! (`…_secs`, fractional), times are microseconds since the Unix epoch (`…_micros`), and bytes
+//! are `{"text": …}` when they are UTF-8, else `{"hex": …}`.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde::ser::{Serialize, SerializeMap, SerializeStruct, Serializer};
+
+use crate::retention::Retention;
+use crate::retry::RetryPolicy;
+use crate::schedule::{Missed, ScheduleInfo, ScheduledInfo};
+use crate::stats::{GroupStats, KeyspaceStats, PendingClaim, QueueStats, Stats, StoredMessage};
+
+/// Microseconds since the Unix epoch (0 before it).
+pub(crate) fn micros(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+fn opt_micros(t: Option<SystemTime>) -> Option<u64> {
+    t.map(micros)
+}
+
+fn secs(d: Option<Duration>) -> Option<f64> {
+    d.map(|d| d.as_secs_f64())
+}
+
+/// Bytes as `{"text": …}` when they are UTF-8, else `{"hex": …}`.
+pub(crate) struct Blob<'a>(pub &'a [u8]);
+
+impl Serialize for Blob<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(1))?;
+        match std::str::from_utf8(self.0) {
+            Ok(text) => m.serialize_entry("text", text)?,
+            Err(_) => {
+                m.serialize_entry("hex", &self.0.iter().map(|b| format!("{b:02x}")).collect::<String>())?
+            }
+        }
+        m.end()
+    }
+}
+
+/// Headers as `[{"name": …, "value": {"text"|"hex": …}}]`, in their order.
+pub(crate) struct Headers<'a>(pub &'a [(String, Bytes)]);
+
+impl Serialize for Headers<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|(name, value)| Header { name, value }))
+    }
+}
+
+struct Header<'a> {
+    name: &'a str,
+    value: &'a [u8],
+}
+
+impl Serialize for Header<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut h = s.serialize_struct("Header", 2)?;
+        h.serialize_field("name", self.name)?;
+        h.serialize_field("value", &Blob(self.value))?;
+        h.end()
+    }
+}
+
+/// `"until-acked"`, `"forever"`, `"max-len 1000"`, `"max-age 3600s"`.
+impl Serialize for Retention {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl Serialize for RetryPolicy {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut p = s.serialize_struct("RetryPolicy", 5)?;
+        p.serialize_field("max_attempts", &self.attempts())?;
+        p.serialize_field("initial_backoff_secs", &self.initial_delay().as_secs_f64())?;
+        p.serialize_field("max_backoff_secs", &self.max_delay().as_secs_f64())?;
+        p.serialize_field("multiplier", &self.growth())?;
+        p.serialize_field("jitter", &self.jitter_fraction())?;
+        p.end()
+    }
+}
+
+impl Serialize for Stats {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut st = s.serialize_struct("Stats", 4)?;
+        st.serialize_field("queues", &self.queues)?;
+        st.serialize_field("groups", &self.groups)?;
+        st.serialize_field("bytes_on_disk", &self.bytes_on_disk)?;
+        st.serialize_field("keyspaces", &self.keyspaces)?;
+        st.end()
+    }
+}
+
+impl Serialize for KeyspaceStats {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut k = s.serialize_struct("KeyspaceStats", 2)?;
+        k.serialize_field("name", &self.name)?;
+        k.serialize_field("keys", &self.keys)?;
+        k.end()
+    }
+}
+
+impl Serialize for QueueStats {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut q = s.serialize_struct("QueueStats", 10)?;
+        q.serialize_field("name", &self.name)?;
+        q.serialize_field("first_seq", &self.first_seq)?;
+        q.serialize_field("last_seq", &self.last_seq)?;
+        q.serialize_field("len", &self.len)?;
+        q.serialize_field("bytes_on_disk", &self.bytes_on_disk)?;
+        q.serialize_field("retention", &self.retention)?;
+        q.serialize_field("oldest_age_secs", &secs(self.oldest_age))?;
+        q.serialize_field("scheduled", &self.scheduled)?;
+        q.serialize_field("next_due_micros", &opt_micros(self.next_due))?;
+        q.serialize_field("dedup_window_secs", &self.dedup_window.as_secs_f64())?;
+        q.end()
+    }
+}
+
+impl Serialize for GroupStats {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut g = s.serialize_struct("GroupStats", 14)?;
+        g.serialize_field("group", &self.group)?;
+        g.serialize_field("queue", &self.queue)?;
+        g.serialize_field("mode", self.mode.as_str())?;
+        g.serialize_field("committed", &self.committed)?;
+        g.serialize_field("lag", &self.lag)?;
+        g.serialize_field("oldest_unacked_age_secs", &secs(self.oldest_unacked_age))?;
+        g.serialize_field("in_flight", &self.in_flight)?;
+        g.serialize_field("waiting_retry", &self.waiting_retry)?;
+        g.serialize_field("dead_letter_queue", &self.dead_letter_queue)?;
+        g.serialize_field("dlq_depth", &self.dlq_depth)?;
+        g.serialize_field("paused", &self.paused)?;
+        g.serialize_field("lease_secs", &secs(self.lease))?;
+        g.serialize_field("retry_policy", &self.retry_policy)?;
+        g.serialize_field("ordered_by_key", &self.ordered_by_key)?;
+        g.end()
+    }
+}
+
+impl Serialize for PendingClaim {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut c = s.serialize_struct("PendingClaim", 7)?;
+        c.serialize_field("seq", &self.seq)?;
+        c.serialize_field("state", self.state.as_str())?;
+        c.serialize_field("attempt", &self.attempt)?;
+        c.serialize_field("holder", &self.holder)?;
+        c.serialize_field("lease_deadline_micros", &opt_micros(self.lease_deadline))?;
+        c.serialize_field("retry_at_micros", &opt_micros(self.retry_at))?;
+        c.serialize_field("last_error", &self.last_error)?;
+        c.end()
+    }
+}
+
+impl Serialize for StoredMessage {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_struct("StoredMessage", 4)?;
+        m.serialize_field("seq", &self.seq)?;
+        m.serialize_field("enqueued_at_micros", &micros(self.enqueued_at))?;
+        m.serialize_field("headers", &Headers(&self.headers))?;
+        m.serialize_field("payload", &Blob(&self.payload))?;
+        m.end()
+    }
+}
+
+impl Serialize for ScheduledInfo {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_struct("ScheduledInfo", 6)?;
+        m.serialize_field("id", &self.id)?;
+        m.serialize_field("queue", &self.queue)?;
+        m.serialize_field("due_micros", &micros(self.due))?;
+        m.serialize_field("sent_at_micros", &micros(self.sent_at))?;
+        m.serialize_field("payload_bytes", &self.payload_len)?;
+        m.serialize_field("key", &self.key)?;
+        m.end()
+    }
+}
+
+impl Serialize for ScheduleInfo {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_struct("ScheduleInfo", 10)?;
+        m.serialize_field("name", &self.name)?;
+        m.serialize_field("queue", &self.queue)?;
+        m.serialize_field("recurrence", &self.recurrence)?;
+        m.serialize_field(
+            "on_missed",
+            match self.missed {
+                Missed::Skip => "skip",
+                _ => "catch-up-once",
+            },
+        )?;
+        m.serialize_field("next_micros", &opt_micros(self.next))?;
+        m.serialize_field("paused", &self.paused)?;
+        m.serialize_field("fired", &self.fired)?;
+        m.serialize_field("missed_firings", &self.missed_firings)?;
+        m.serialize_field("last_micros", &opt_micros(self.last.map(|(t, _)| t)))?;
+        m.serialize_field("last_seq", &self.last.map(|(_, seq)| seq))?;
+        m.end()
+    }
+}
