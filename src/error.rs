@@ -229,6 +229,7 @@ pub(crate) enum Closed {
     /// The writer failed closed; nothing is written until the database is reopened.
     Failed(Failure),
     /// The broker's engine does not carry out this operation (yet).
+    #[allow(dead_code)] // refused only by the etcd writer (feature `etcd`)
     Unsupported(UnsupportedError),
 }
 

@@ -78,6 +78,7 @@ pub(crate) enum Backend {
     /// RocksDB in this process; the writer thread owns the writes, this handle reads.
     Embedded(Arc<Store>),
     /// An etcd namespace; the etcd writer task and other processes write.
+    #[allow(dead_code)] // constructed only with the etcd engine (feature `etcd`)
     Etcd(Arc<EtcdSide>),
 }
 
@@ -106,6 +107,7 @@ impl Backend {
     /// the embedded engine (a constant); the etcd engine needs one transaction per call and does
     /// not keep idempotency keys yet.
     #[inline]
+    #[allow(unused_variables)] // `msgs` is read only by the etcd engine (feature `etcd`)
     pub fn check_send(&self, msgs: &[Message]) -> Result<(), Error> {
         match self {
             Backend::Embedded(_) => Ok(()),

@@ -34,6 +34,7 @@ impl Flavour {
 
 /// An operation that one engine may carry out and another not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(dead_code)] // some rows are asked for only by the etcd writer (feature `etcd`)
 pub(crate) enum Capability {
     /// `reset_to` of either group kind.
     ResetGroup,
@@ -122,6 +123,7 @@ pub(crate) fn refusal(flavour: Flavour, cap: Capability) -> Error {
 
 /// The capability a write request needs, for an engine's writer that has no handler for it
 /// (`None`: every engine must carry it out).
+#[allow(dead_code)] // asked only by the etcd writer (feature `etcd`)
 pub(crate) fn for_request(req: &Request) -> Option<Capability> {
     Some(match req {
         Request::Queue(QueueRequest::SetDedupWindow { .. }) => Capability::IdempotencyKeys,

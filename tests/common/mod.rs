@@ -12,6 +12,13 @@ use rockq::{Broker, Delivery, Durability, Options, Subscription};
 /// about speed.
 pub const HANG_GUARD: Duration = Duration::from_secs(60);
 
+/// Whether this run is the semantics suites against etcd (`scripts/etcd-semantics.sh`). Only for
+/// sizing: a debug build drains a few hundred jobs a second through etcd (each job is etcd write
+/// transactions), so a backlog sized for RocksDB would test `HANG_GUARD`, not the code.
+pub fn against_etcd() -> bool {
+    cfg!(feature = "etcd") && std::env::var_os("ROCKQ_TEST_ETCD").is_some()
+}
+
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new().prefix("rockq-test").tempdir().expect("tempdir")
 }
