@@ -641,7 +641,7 @@ pub enum Error {
     },
     /// A schedule's interval is zero (or rounds to zero). Kind
     /// [`InvalidInput`](ErrorKind::InvalidInput).
-    #[error("a schedule's interval must be longer than zero")]
+    #[error("a schedule's interval must be at least one microsecond")]
     ZeroInterval,
     /// A sequence is outside what the queue retains: a
     /// [`StartFrom::Sequence`](crate::StartFrom::Sequence) outside `first..=last + 1`, or a

@@ -120,16 +120,18 @@ pub enum Event {
         /// The in-flight bound that was hit.
         max_in_flight: usize,
     },
-    /// A recurring schedule fired: its message was appended (or, for a missed firing under
-    /// [`Missed::Skip`](crate::Missed::Skip), dropped: `seq` is `None`).
+    /// A recurring schedule fired: one event per appended message (each on-time firing has its
+    /// own; a catch-up message stands for several late ones), or one with `seq: None` when late
+    /// firings were only dropped ([`Missed::Skip`](crate::Missed::Skip)).
     ScheduleFired {
         /// The schedule.
         schedule: Arc<str>,
         /// The queue it sends to.
         queue: Arc<str>,
-        /// The appended message's sequence (`None`: the firing was missed and skipped).
+        /// The appended message's sequence (`None`: late firings were skipped).
         seq: Option<u64>,
-        /// Firings that were missed (0 for an on-time firing).
+        /// Late firings this event accounts for beyond its message's own: folded into a
+        /// catch-up message, or skipped (0 for an on-time firing).
         missed: u64,
     },
 }

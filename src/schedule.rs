@@ -79,12 +79,13 @@ impl Recurrence {
     }
 
     /// Every `interval`, the first firing one interval after the schedule is created.
-    /// Intervals are clamped to 100 years.
+    /// Intervals are kept in whole microseconds (the stored resolution; the rest is dropped)
+    /// and clamped to 100 years.
     ///
     /// # Errors
     ///
-    /// None here; a zero interval is refused by [`Broker::schedule`](crate::Broker::schedule)
-    /// with [`Error::ZeroInterval`].
+    /// None here; an interval under one microsecond (zero at the stored resolution) is refused
+    /// by [`Broker::schedule`](crate::Broker::schedule) with [`Error::ZeroInterval`].
     ///
     /// # Examples
     ///
@@ -97,7 +98,7 @@ impl Recurrence {
     /// ```
     pub fn every(interval: Duration) -> Self {
         Recurrence {
-            kind: RecurrenceKind::Every(crate::clock::clamp_delay(interval)),
+            kind: RecurrenceKind::Every(whole_micros(crate::clock::clamp_delay(interval))),
             missed: Missed::default(),
             grace: DEFAULT_GRACE,
         }
@@ -198,6 +199,36 @@ impl Recurrence {
         }
     }
 
+    /// The firings in `[from, through]`, at most `cap` of them, in order.
+    pub(crate) fn firings_from(&self, from: u64, through: u64, anchor_micros: u64, cap: usize) -> Vec<u64> {
+        let mut out = Vec::new();
+        if from > through || cap == 0 {
+            return out;
+        }
+        match &self.kind {
+            RecurrenceKind::Every(_) => {
+                // `next_after` is O(1) here: anchor + k·step.
+                let mut t = from.checked_sub(1).and_then(|f| self.next_after(f, anchor_micros));
+                while let Some(at) = t.filter(|&at| at <= through && out.len() < cap) {
+                    out.push(at);
+                    t = self.next_after(at, anchor_micros);
+                }
+            }
+            RecurrenceKind::Cron(expr) => {
+                let Ok(parsed) = cron::Schedule::from_str(expr) else { return out };
+                let Some(start) = from.checked_sub(1).and_then(to_datetime) else { return out };
+                for t in parsed.after(&start) {
+                    let Ok(t) = u64::try_from(t.timestamp_micros()) else { break };
+                    if t > through || out.len() >= cap {
+                        break;
+                    }
+                    out.push(t);
+                }
+            }
+        }
+        out
+    }
+
     /// The expression as shown in listings (`cron: …` or `every …`).
     pub(crate) fn describe(&self) -> String {
         match &self.kind {
@@ -216,6 +247,11 @@ impl From<Duration> for Recurrence {
     fn from(interval: Duration) -> Self {
         Recurrence::every(interval)
     }
+}
+
+/// `d` truncated to whole microseconds, as it is stored (an interval of 999 ns is zero).
+fn whole_micros(d: Duration) -> Duration {
+    Duration::from_micros(d.as_micros().min(u128::from(u64::MAX)) as u64)
 }
 
 /// How late a firing may be and still count as on time, unless set.

@@ -402,6 +402,62 @@ async fn ordered_acks_in_transactions_survive_a_crash_even_above_an_unacked_deli
     broker.shutdown().await.unwrap();
 }
 
+/// Acks count toward `MAX_TX_OPS` like writes and sends: a transaction over it is refused at
+/// commit, before the writer, and hands back what it held.
+#[tokio::test]
+async fn acks_count_toward_max_tx_ops_and_a_transaction_over_it_applies_nothing() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("q").await.unwrap();
+    let kv = broker.kv("k").await.unwrap();
+    q.send_batch(["a", "b"]).await.unwrap();
+    let group = q.group("o").unwrap();
+    let mut sub = group.subscribe().await.unwrap();
+    let work = q.work_group("w").unwrap();
+    let mut jobs = work.subscribe().await.unwrap();
+    let full = |tx: &mut rockq::Transaction| {
+        for i in 0..rockq::MAX_TX_OPS {
+            tx.put(&kv, format!("k{i}"), "v").unwrap();
+        }
+        assert!(matches!(tx.put(&kv, "one-more", "v"), Err(Error::Invalid { .. })), "full");
+    };
+    // Full of writes, plus one ordered ack.
+    let d = next(&mut sub).await;
+    let mut tx = broker.transaction();
+    full(&mut tx);
+    tx.ack(d);
+    assert_eq!(tx.len(), rockq::MAX_TX_OPS + 1);
+    let err = tx.commit().await.unwrap_err();
+    assert!(matches!(&err, Error::Invalid { reason } if reason.contains("operations")), "{err:?}");
+    assert_eq!(kv.len(), 0, "no write applied");
+    assert_eq!(group.committed(), Some(0), "no ack applied");
+    assert_eq!(next(&mut sub).await.seq(), 1, "the delivery was handed back");
+    // Full of writes, plus one job's ack.
+    let job = next_job(&mut jobs).await;
+    let seq = job.seq();
+    let mut tx = broker.transaction();
+    full(&mut tx);
+    tx.ack_job(job);
+    assert!(matches!(tx.commit().await, Err(Error::Invalid { .. })));
+    assert_eq!(kv.len(), 0, "no write applied");
+    assert_eq!(work.committed(), Some(0), "no ack applied");
+    let mut again = next_job(&mut jobs).await;
+    if again.seq() != seq {
+        again = next_job(&mut jobs).await;
+    }
+    assert_eq!(again.seq(), seq, "the job was released");
+    // Exactly MAX_TX_OPS, acks included, commits.
+    let mut tx = broker.transaction();
+    for i in 0..rockq::MAX_TX_OPS - 1 {
+        tx.put(&kv, format!("k{i}"), "v").unwrap();
+    }
+    tx.ack_job(again);
+    tx.commit().await.unwrap();
+    assert_eq!(kv.len(), rockq::MAX_TX_OPS as u64 - 1);
+    drop((sub, jobs));
+    broker.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_refused_transaction_hands_its_ordered_delivery_back() {
     let dir = tempdir();

@@ -265,9 +265,12 @@ async fn firings_missed_while_down_follow_the_schedules_policy() {
     let broker = open_clock(dir.path(), &clock).await;
     let catch = broker.queue("catch").await.unwrap();
     let mut sub = catch.group("g").unwrap().subscribe().await.unwrap();
-    let d = next(&mut sub).await;
-    assert_eq!(d.payload().as_ref(), b"c", "one catch-up message");
-    d.ack().unwrap();
+    // One catch-up message for the nine firings later than the grace, then the tenth (30 s
+    // late, within the grace) on time with a message of its own.
+    for d in take(&mut sub, 2).await {
+        assert_eq!(d.payload().as_ref(), b"c");
+        d.ack().unwrap();
+    }
     assert_next_is_sentinel(&catch, &mut sub).await;
     // The last firing was within the default grace: "recent" sends it and skips the nine
     // before (the firing due a moment ago is not late because earlier ones were missed).
@@ -277,7 +280,7 @@ async fn firings_missed_while_down_follow_the_schedules_policy() {
     let skip = broker.queue("skip").await.unwrap();
     let list = broker.schedules().await.unwrap();
     let summary: Vec<_> = list.iter().map(|s| (s.name.as_str(), s.fired, s.missed_firings)).collect();
-    assert_eq!(summary, [("once", 1, 9), ("recent", 1, 9), ("skip", 0, 10)]);
+    assert_eq!(summary, [("once", 2, 8), ("recent", 1, 9), ("skip", 0, 10)]);
     assert_eq!(skip.last_seq(), 0, "nothing sent for skipped firings");
     // All continue on their grid: 11 minutes after creation.
     let next_at = list[2].next.unwrap();
@@ -286,6 +289,104 @@ async fn firings_missed_while_down_follow_the_schedules_policy() {
     let mut ssub = skip.group("g").unwrap().subscribe().await.unwrap();
     let d = next(&mut ssub).await;
     assert_eq!(d.payload().as_ref(), b"s");
+    broker.shutdown().await.unwrap();
+}
+
+/// Takes `n` messages from `queue` (group "g"), then proves there is no other.
+async fn drain_exactly(broker: &rockq::Broker, queue: &str, n: usize) {
+    let q = broker.queue(queue).await.unwrap();
+    let mut sub = q.group("g").unwrap().subscribe().await.unwrap();
+    for d in take(&mut sub, n).await {
+        d.ack().unwrap();
+    }
+    assert_next_is_sentinel(&q, &mut sub).await;
+}
+
+/// A stall longer than the interval (here the clock jumps 10.5 s over 1 s schedules): every
+/// firing within its grace gets its own message, whatever the policy; only firings later than
+/// the grace are missed and follow it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn firings_late_by_less_than_the_grace_each_get_their_own_message() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let every = || Recurrence::every(Duration::from_secs(1));
+    broker.schedule("catch", every(), "catch", "c").await.unwrap();
+    broker.schedule("skip", every().on_missed(Missed::Skip), "skip", "s").await.unwrap();
+    // With a 2 s grace, eight of the ten firings below come too late.
+    let tight = || every().grace(Duration::from_secs(2));
+    broker.schedule("tight_catch", tight(), "tight_catch", "tc").await.unwrap();
+    broker.schedule("tight_skip", tight().on_missed(Missed::Skip), "tight_skip", "ts").await.unwrap();
+    let mut events = broker.events();
+    clock.advance(Duration::from_millis(10_500)); // ten firings due, 0.5 s to 9.5 s late
+    // tight_catch: one catch-up for the eight late firings, then the two on time.
+    for (queue, n) in [("catch", 10), ("skip", 10), ("tight_catch", 3), ("tight_skip", 2)] {
+        drain_exactly(&broker, queue, n).await;
+    }
+    let counts = |list: Vec<rockq::ScheduleInfo>| -> Vec<(String, u64, u64)> {
+        list.into_iter().map(|s| (s.name, s.fired, s.missed_firings)).collect()
+    };
+    let expect = |v: [(&str, u64, u64); 4]| -> Vec<(String, u64, u64)> {
+        v.into_iter().map(|(n, f, m)| (n.to_owned(), f, m)).collect()
+    };
+    assert_eq!(
+        counts(broker.schedules().await.unwrap()),
+        expect([("catch", 10, 0), ("skip", 10, 0), ("tight_catch", 3, 7), ("tight_skip", 2, 8)])
+    );
+    // The catch-up message's event accounts for the seven firings folded into it.
+    let folded = wait_event(&mut events, |e| {
+        matches!(e, Event::ScheduleFired { schedule, missed, .. } if &**schedule == "tight_catch" && *missed > 0)
+    })
+    .await;
+    assert!(matches!(folded, Event::ScheduleFired { seq: Some(1), missed: 7, .. }), "{folded:?}");
+    // A later 3 s step: three firings, 0.5 s to 2.5 s late.
+    clock.advance(Duration::from_secs(3));
+    for (queue, n) in [("catch", 3), ("skip", 3), ("tight_catch", 3), ("tight_skip", 2)] {
+        drain_exactly(&broker, queue, n).await;
+    }
+    assert_eq!(
+        counts(broker.schedules().await.unwrap()),
+        expect([("catch", 13, 0), ("skip", 13, 0), ("tight_catch", 6, 7), ("tight_skip", 4, 9)])
+    );
+    broker.shutdown().await.unwrap();
+}
+
+/// Many on-time firings at once (a 1 ms schedule after a 1 s stall) all fire, across several
+/// writer batches, in order, and the schedule then continues on its grid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_on_time_firings_at_once_all_fire_across_batches() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let first = broker.schedule("fast", Duration::from_millis(1), "fast", "f").await.unwrap().unwrap();
+    clock.advance(Duration::from_secs(1));
+    drain_exactly(&broker, "fast", 1000).await;
+    let info = &broker.schedules().await.unwrap()[0];
+    assert_eq!((info.fired, info.missed_firings), (1000, 0));
+    assert_eq!(info.next, Some(first + Duration::from_millis(1000)));
+    broker.shutdown().await.unwrap();
+}
+
+/// Intervals are stored in whole microseconds: one that rounds to zero is refused, not stored
+/// as a schedule that never fires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interval_under_a_microsecond_is_refused_and_writes_nothing() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    for nanos in [0, 1, 999] {
+        let every = Recurrence::every(Duration::from_nanos(nanos));
+        let err = broker.schedule("z", every, "q", "x").await.unwrap_err();
+        assert!(matches!(err, Error::ZeroInterval), "{nanos} ns: {err:?}");
+        assert_eq!(err.kind(), rockq::ErrorKind::InvalidInput);
+    }
+    assert!(broker.schedules().await.unwrap().is_empty());
+    // 1.5 µs is kept as 1 µs, and fires.
+    let next = broker.schedule("z", Duration::from_nanos(1_500), "q", "x").await.unwrap().unwrap();
+    let micros = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_micros();
+    assert_eq!(micros(next), micros(clock.wall_time()) + 1);
+    clock.advance(Duration::from_micros(1));
+    drain_exactly(&broker, "q", 1).await;
     broker.shutdown().await.unwrap();
 }
 

@@ -10,7 +10,9 @@ use crate::txn::{HeldDelivery, Transaction};
 
 impl Transaction {
     /// Acknowledges an ordered delivery when the transaction commits. If it fails (or is
-    /// dropped), the delivery is handed back as if dropped.
+    /// dropped), the delivery is handed back as if dropped. An ack is an operation:
+    /// [`commit`](Transaction::commit) refuses a transaction of more than
+    /// [`MAX_TX_OPS`](crate::MAX_TX_OPS).
     ///
     /// # Examples
     ///

@@ -611,7 +611,7 @@ async fn run_one<S: Send + Sync + 'static, H: Handler<S>>(
 /// group's backoff, dead-lettered when attempts are used up); a lost lease or a shutdown
 /// leaves the job to whoever holds it now (or to the next open).
 async fn commit_with_ack(tx: crate::txn::Transaction, job: Job) -> Done {
-    match tx.apply(|| job.begin_tx().map(|fenced| vec![fenced])).await {
+    match tx.apply(1, || job.begin_tx().map(|fenced| vec![fenced])).await {
         Ok(_) => {
             job.tx_committed();
             Done::Acked

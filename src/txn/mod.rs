@@ -213,7 +213,8 @@ impl Transaction {
     ///
     /// [`Error::Conflict`] (a condition did not hold), [`Error::LeaseLost`] (a job's lease
     /// or a delivery was lost), [`Error::GroupDeleted`], [`Error::QueueDeleted`],
-    /// [`Error::Invalid`] (something of another broker), [`Error::Shutdown`],
+    /// [`Error::Invalid`] (something of another broker, or more than
+    /// [`MAX_TX_OPS`] operations counting the acks), [`Error::Shutdown`],
     /// [`Error::Storage`], [`Error::Failed`], [`Error::Corrupt`]. In every case nothing
     /// was applied; jobs are released and deliveries handed back.
     ///
@@ -258,7 +259,7 @@ impl Transaction {
             }
             Ok(fenced)
         };
-        match self.apply(fence).await {
+        match self.apply(jobs.len(), fence).await {
             Ok(done) => {
                 jobs.into_iter().for_each(HeldJob::committed);
                 Ok(done)
@@ -274,13 +275,22 @@ impl Transaction {
     /// is fenced or handed over by a future that could still be dropped before the send:
     /// from `fence` on, the request reaches the writer, which applies it or hands everything
     /// back (jobs leased to their holder again, deliveries to their subscriptions).
+    /// `held` is how many jobs `fence` fences (they are not in `self`, but count as acks).
     pub(crate) async fn apply(
         mut self,
+        held: usize,
         fence: impl FnOnce() -> Result<Vec<TxJob>, Error>,
     ) -> Result<Committed, Error> {
+        // Deliveries dropped with `self` go back to their subscriptions.
         if self.foreign {
-            // Deliveries dropped with `self` go back to their subscriptions.
             return Err(Error::Invalid { reason: "it holds something of another broker".into() });
+        }
+        // Writes, sends and conditions are refused one by one as they are added (`room`); acks
+        // cannot be (they return `&mut Self`), so the total is checked here.
+        let ops = self.len() + held;
+        if ops > MAX_TX_OPS {
+            let reason = format!("it holds {ops} operations, more than {MAX_TX_OPS}");
+            return Err(Error::Invalid { reason });
         }
         let permit = self.shared.tx.reserve().await.map_err(|_| Error::Shutdown)?;
         let fenced = fence()?;

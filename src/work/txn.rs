@@ -12,7 +12,8 @@ use crate::txn::{HeldJob, Transaction};
 impl Transaction {
     /// Acknowledges a work-queue job when the transaction commits; its lease is checked then.
     /// If the transaction fails (or is dropped), the job is released as if dropped (its
-    /// attempt counts).
+    /// attempt counts). An ack is an operation: [`commit`](Transaction::commit) refuses a
+    /// transaction of more than [`MAX_TX_OPS`](crate::MAX_TX_OPS).
     ///
     /// # Examples
     ///

@@ -22,7 +22,7 @@ use crate::engine::request::{Reply, ScheduleRequest, Submission};
 use crate::error::{Error, FailedError};
 use crate::events::Event;
 use crate::model::ScheduleRecord;
-use crate::schedule::Missed;
+use crate::schedule::{Missed, Recurrence};
 use crate::sent::{Original, ScheduledMessage, Sent};
 use crate::store::{DueEntry, RECURRING, ReadError, envelope};
 use crate::telemetry;
@@ -277,8 +277,9 @@ fn fire(r: &mut Round<'_>) {
     }
 }
 
-/// One firing of a recurring schedule: deliver its message (unless the firing was missed and
-/// the schedule skips missed ones), and write its next firing — in this batch.
+/// A recurring schedule's due entry: every firing due by now is on time (within the grace: a
+/// message of its own) or late (the `Missed` policy: one catch-up message, or none); then its
+/// next firing is written — in this batch.
 /// Returns false if the entry was left in place to be tried again (its schedule's record could
 /// not be read: dropping the entry would stop the schedule for good).
 fn fire_recurring(r: &mut Round<'_>, e: DueEntry, now: u64) -> bool {
@@ -301,40 +302,50 @@ fn fire_recurring(r: &mut Round<'_>, e: DueEntry, now: u64) -> bool {
         _ => return true,
     };
     let grace = rec.recurrence.grace.as_micros().min(u128::from(u64::MAX)) as u64;
-    let next = rec.recurrence.next_after(now, rec.anchor_micros);
-    // Firings after this one that also fell due by now were missed (the process was down, or
-    // busy): they fold into this one. This one is missed too if it comes later than its grace.
-    // Counted up to a cap: a per-second cron after weeks down would otherwise walk millions of
-    // firings on the writer thread (the count then says "at least").
-    let (skipped, latest) = rec.recurrence.firings_between(e.due, now, rec.anchor_micros, 10_000);
-    // On time if the latest firing due by now is within its grace (a firing missed an hour ago
-    // does not make the one due a moment ago late).
-    let late = now.saturating_sub(latest) > grace;
-    let deliver = !late || rec.recurrence.missed == Missed::CatchUpOnce;
-    // Firings that got no message of their own.
-    let missed = if deliver { skipped } else { skipped + 1 };
-    let mut seq = None;
-    if deliver {
+    let plan = plan_firings(&rec.recurrence, e.due, now, grace, rec.anchor_micros);
+    // The messages to send, each with how many late firings it stands for beyond its own: one
+    // catch-up for the late firings (if the policy says so), then one per on-time firing.
+    let mut sends = Vec::with_capacity(plan.on_time + 1);
+    let mut missed = 0;
+    if plan.late > 0 {
+        match rec.recurrence.missed {
+            Missed::CatchUpOnce => sends.push(plan.late - 1),
+            Missed::Skip => missed = plan.late,
+        }
+    }
+    sends.extend(std::iter::repeat_n(0, plan.on_time));
+    let mut fired: Vec<(u64, u64)> = Vec::with_capacity(sends.len());
+    if !sends.is_empty() {
         match queue::ensure(r, &rec.queue) {
             Ok(q) => {
-                let mut env = rec.envelope.clone();
-                envelope::stamp(&mut env, now);
-                seq = queue::append(r, &q, &env);
+                for &folded in &sends {
+                    let mut env = rec.envelope.clone();
+                    envelope::stamp(&mut env, now);
+                    match queue::append(r, &q, &env) {
+                        Some(seq) => fired.push((seq, folded)),
+                        None => missed += 1 + folded,
+                    }
+                }
             }
             Err(err) => {
-                tracing::error!(schedule = %name, queue = %rec.queue, error = %err, "rockq: schedule cannot send")
+                tracing::error!(schedule = %name, queue = %rec.queue, error = %err, "rockq: schedule cannot send");
+                missed += sends.iter().map(|folded| 1 + folded).sum::<u64>();
             }
         }
     }
-    if let Some(s) = seq {
-        rec.fired += 1;
+    // Every firing is counted once: as a message (`fired`), or as missed — folded into the
+    // catch-up message beside its own firing, skipped, or not sendable.
+    missed += fired.iter().map(|&(_, folded)| folded).sum::<u64>();
+    if let Some(&(seq, _)) = fired.last() {
+        rec.fired += fired.len() as u64;
         rec.last_micros = now;
-        rec.last_seq = s;
+        rec.last_seq = seq;
     }
     rec.missed_firings += missed;
-    rec.next_micros = next.unwrap_or(0);
-    if let Some(n) = next {
+    rec.next_micros = plan.next.unwrap_or(0);
+    if let Some(n) = plan.next {
         r.batch.put_firing(rec.id, n, &name);
+        // (If `n` is already due, this round stopped at its cap: `fire` sets the timer to it.)
         r.jobs.scheduled.insert((RECURRING, rec.id), Some((n, name.clone().into_bytes())));
     }
     r.batch.put_schedule(&name, &rec);
@@ -345,14 +356,56 @@ fn fire_recurring(r: &mut Round<'_>, e: DueEntry, now: u64) -> bool {
             return;
         }
         let schedule = Arc::<str>::from(name);
-        if seq.is_some() {
+        if !fired.is_empty() {
             metrics::counter!(telemetry::SCHEDULE_FIRED, "queue" => queue.clone(), "schedule" => schedule.clone())
-                .increment(1);
+                .increment(fired.len() as u64);
         }
-        tracing::debug!(%schedule, %queue, ?seq, missed, "rockq: schedule fired");
-        engine.emit(|| Event::ScheduleFired { schedule, queue, seq, missed });
+        // One event per message; one without a message if firings were only skipped.
+        let skipped = missed - fired.iter().map(|&(_, folded)| folded).sum::<u64>();
+        let events = fired.iter().map(|&(seq, folded)| (Some(seq), folded));
+        let events: Vec<_> = if fired.is_empty() { vec![(None, skipped)] } else { events.collect() };
+        for (seq, missed) in events {
+            tracing::debug!(%schedule, %queue, ?seq, missed, "rockq: schedule fired");
+            let (schedule, queue) = (schedule.clone(), queue.clone());
+            engine.emit(|| Event::ScheduleFired { schedule, queue, seq, missed });
+        }
     });
     true
+}
+
+/// What one due entry of a recurring schedule fires: how many firings are late (more than the
+/// grace), how many are on time (each gets its own message), and where the schedule continues.
+struct FiringPlan {
+    late: u64,
+    on_time: usize,
+    /// The next firing to arm: after now, or the first on-time firing left for the next round.
+    next: Option<u64>,
+}
+
+/// Messages one round sends for one schedule's on-time firings. A 1 ms schedule after a 60 s
+/// stall has 60,000 on-time firings: the rest fire in later rounds, so one schedule cannot fill
+/// the writer's batch (nor hold it for long).
+const ON_TIME_PER_ROUND: usize = 256;
+
+/// Cap on late firings counted one by one (a cron expression is walked firing by firing): a
+/// per-second cron after weeks down would otherwise walk millions of firings on the writer
+/// thread. Past it, the missed count says "at least".
+const LATE_COUNT_CAP: u64 = 10_000;
+
+/// Splits the firings due by `now`, the first at `first`, into late ones (due more than `grace`
+/// before `now`) and on-time ones.
+fn plan_firings(rec: &Recurrence, first: u64, now: u64, grace: u64, anchor: u64) -> FiringPlan {
+    // Late means now − t > grace, that is t < now − grace.
+    let cut = now.saturating_sub(grace);
+    let late =
+        if first < cut { 1 + rec.firings_between(first, cut - 1, anchor, LATE_COUNT_CAP - 1).0 } else { 0 };
+    let on_time_from = if first >= cut { first } else { cut };
+    let on_time = rec.firings_from(on_time_from, now, anchor, ON_TIME_PER_ROUND + 1);
+    let (next, on_time) = match on_time.get(ON_TIME_PER_ROUND) {
+        Some(&left) => (Some(left), ON_TIME_PER_ROUND),
+        None => (rec.next_after(now, anchor), on_time.len()),
+    };
+    FiringPlan { late, on_time, next }
 }
 
 /// Recurring schedule `name` as this round sees it.
