@@ -36,6 +36,9 @@ pub const SATURATED: &str = "rockq_consumer_saturations_total";
 pub const SCHEDULED_DELIVERED: &str = "rockq_scheduled_delivered_total";
 /// Messages sent by recurring schedules, per queue and schedule.
 pub const SCHEDULE_FIRED: &str = "rockq_schedule_fired_total";
+/// Worker-pool handler runs whose transaction conflicted (a condition did not hold at commit)
+/// and that ran again holding the job, per queue and group. Not failed attempts.
+pub const POOL_CONFLICTS: &str = "rockq_pool_conflicts_total";
 /// Sends found to be duplicates of an idempotency key (nothing written), per queue.
 pub const DEDUP_HITS: &str = "rockq_dedup_hits_total";
 /// Delayed messages waiting to fall due, per queue (gauge).

@@ -570,6 +570,120 @@ async fn a_worker_pool_commits_the_handlers_transaction_with_the_ack() {
     broker.shutdown().await.unwrap();
 }
 
+/// Runs 1,000 jobs through `workers(n)`, each handler incrementing one shared counter with
+/// `get_for_update` + `put`, with `max_attempts(1)`: a conflict counted as an attempt would
+/// dead-letter the job. Returns the pool's report and how many handler runs there were.
+async fn one_counter(workers: usize) -> (rockq::PoolReport, u64) {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let kv = broker.kv("counters").await.unwrap();
+    for chunk in 0..10 {
+        q.send_batch((0..100).map(|i| format!("{}", chunk * 100 + i))).await.unwrap();
+    }
+    let group = q
+        .work_group("w")
+        .unwrap()
+        .retry_policy(rockq::RetryPolicy::default().max_attempts(1))
+        .dead_letter_queue("jobs.dlq");
+    let runs = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (r, k) = (runs.clone(), kv.clone());
+    let handle = group.workers(workers).spawn(move |task: rockq::Task| {
+        let (r, k) = (r.clone(), k.clone());
+        async move {
+            r.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let tx = task.tx();
+            let cur = tx.get_for_update(&k, "n").await?;
+            let n: u64 = cur.map_or(0, |e| String::from_utf8_lossy(&e.value).parse().unwrap());
+            tx.put(&k, "n", (n + 1).to_string())?;
+            Ok::<_, rockq::HandlerError>(())
+        }
+    });
+    tokio::time::timeout(HANG_GUARD, async {
+        while group.committed() != Some(1000) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the pool drains");
+    let report = handle.shutdown().await.unwrap();
+    assert_eq!(text(&kv.get("n").await.unwrap().unwrap()), "1000", "every increment once");
+    assert_eq!((report.acked, report.failed, report.unsettled), (1000, 0, 0), "{report:?}");
+    assert_eq!(broker.queue("jobs.dlq").await.unwrap().len(), 0, "no job dead-lettered");
+    let runs = runs.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(runs - 1000, report.conflicts, "every re-run is a reported conflict");
+    broker.shutdown().await.unwrap();
+    (report, runs)
+}
+
+/// A pool takes its next job while the previous job's transaction is on its way to the disk;
+/// `get_for_update` waits for that commit (the key is held in this process until it is
+/// answered), so one worker never conflicts with its own pool, and eight take turns. A conflict
+/// that does happen is not a failed attempt: the job runs again, at the same attempt, and is
+/// reported in `PoolReport::conflicts`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_updating_one_key_does_not_conflict_with_its_own_commits() {
+    let (one, runs) = one_counter(1).await;
+    assert_eq!((one.conflicts, runs), (0, 1000), "workers(1): no re-run");
+    let (eight, runs) = one_counter(8).await;
+    println!("re-runs per 1,000 jobs on one key: workers(1) 0, workers(8) {}", runs - 1000);
+    assert_eq!(eight.conflicts, runs - 1000);
+}
+
+/// A condition that can never hold must not loop: after 16 re-runs in a row the conflict is a
+/// failed attempt, and the job is dead-lettered once its attempts are used up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_condition_that_never_holds_is_a_failed_attempt_after_sixteen_re_runs() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("q").await.unwrap();
+    let kv = broker.kv("k").await.unwrap();
+    kv.put("gate", "set").await.unwrap();
+    q.send("x").await.unwrap();
+    let group = q
+        .work_group("w")
+        .unwrap()
+        .retry_policy(
+            rockq::RetryPolicy::default()
+                .max_attempts(2)
+                .backoff(Duration::from_millis(1), Duration::from_millis(1)),
+        )
+        .dead_letter_queue("q.dlq");
+    let attempts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (a, k) = (attempts.clone(), kv.clone());
+    let handle = group.workers(1).spawn(move |task: rockq::Task| {
+        let (a, k) = (a.clone(), k.clone());
+        async move {
+            a.lock().unwrap().push(task.attempt());
+            task.tx().expect(&k, "gate", Expect::Absent)?;
+            task.tx().put(&k, "written", "1")?;
+            Ok::<_, rockq::HandlerError>(())
+        }
+    });
+    let dlq = broker.queue("q.dlq").await.unwrap();
+    tokio::time::timeout(HANG_GUARD, async {
+        while dlq.len() == 0 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .expect("dead-lettered");
+    let report = handle.shutdown().await.unwrap();
+    let seen = attempts.lock().unwrap().clone();
+    let want: Vec<u32> = [1; 17].into_iter().chain([2; 17]).collect();
+    assert_eq!(seen, want, "17 runs per attempt: the first and 16 re-runs");
+    assert_eq!((report.conflicts, report.failed, report.acked), (32, 2, 0), "{report:?}");
+    assert_eq!(kv.get("written").await.unwrap(), None);
+    let dead = broker.peek("q.dlq", None, 1).await.unwrap();
+    let reason = dead[0]
+        .headers
+        .iter()
+        .find(|(k, _)| k == "rockq-dlq-reason")
+        .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+    assert!(reason.as_deref().unwrap_or("").contains("conflicted 17 times in a row"), "{reason:?}");
+    broker.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_handler_that_fails_applies_nothing_of_its_transaction() {
     let dir = tempdir();

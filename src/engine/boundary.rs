@@ -47,8 +47,8 @@ cfg_etcd! {
 pub(crate) use super::inspect::ReadOnly;
 pub(crate) use super::open::open;
 pub(crate) use super::registry::{
-    Claimed, KeyspaceState, LiveSubscription, OrderedGroupState, PendingRecord, QueueState, SettlingGuard,
-    Watching, WorkGroupState,
+    Claimed, KeyLock, KeyspaceState, LiveSubscription, OrderedGroupState, PendingRecord, QueueState,
+    SettlingGuard, Watching, WorkGroupState,
 };
 pub(crate) use super::request::{
     KvRequest, KvWrite, LifecycleRequest, OrderedRequest, Outcome, QueueRequest, RedriveItem, Request,

@@ -1,11 +1,12 @@
 //! Keyspace writes and conditions in a [`Transaction`] (and in a pool handler's [`TaskTx`]).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 
 use super::Keyspace;
-use crate::engine::boundary::KvWrite;
+use crate::engine::boundary::{KeyLock, KvWrite};
 use crate::entry::{Entry, Expect, check_key};
 use crate::error::Error;
 use crate::txn::Transaction;
@@ -156,6 +157,13 @@ impl Transaction {
     /// read-modify-write. If someone else writes it first, the commit fails with
     /// [`Error::Conflict`].
     ///
+    /// Within this process the key is then **held** until the transaction is answered
+    /// (committed, refused or dropped): another transaction's `get_for_update` of the same key
+    /// waits for it (at most 1 s, then reads anyway) and reads what it wrote, instead of the
+    /// revision before and a certain conflict. So a worker pool's handlers updating one counter
+    /// take turns rather than fail. The condition at commit stays the guarantee: other
+    /// processes (the etcd engine) and plain writes are not held back.
+    ///
     /// # Errors
     ///
     /// As [`Keyspace::get`].
@@ -185,9 +193,23 @@ impl Transaction {
         key: impl AsRef<[u8]>,
     ) -> Result<Option<Entry>, Error> {
         let key = key.as_ref();
+        let lock = hold(keyspace, key, self.holds(keyspace, key)).await;
         let found = keyspace.get(key).await?;
         self.expect(keyspace, key, Expect::from_read(found.as_ref()))?;
+        self.keep(keyspace, lock);
         Ok(found)
+    }
+
+    /// Whether this transaction holds `key` already (a second read must not wait for itself).
+    pub(crate) fn holds(&self, keyspace: &Keyspace, key: &[u8]) -> bool {
+        self.held.contains_key(&(keyspace.state.id, Bytes::copy_from_slice(key)))
+    }
+
+    /// Keeps `lock` until the transaction is answered.
+    pub(crate) fn keep(&mut self, keyspace: &Keyspace, lock: Option<KeyLock>) {
+        if let Some(lock) = lock {
+            self.held.insert((keyspace.state.id, lock.key().clone()), lock);
+        }
     }
 
     pub(crate) fn write(
@@ -324,8 +346,26 @@ impl TaskTx {
         key: impl AsRef<[u8]>,
     ) -> Result<Option<Entry>, Error> {
         let key = key.as_ref();
+        // Not waited for under the transaction's mutex: other clones may write meanwhile.
+        let held = self.lock().holds(keyspace, key);
+        let lock = hold(keyspace, key, held).await;
         let found = keyspace.get(key).await?;
-        self.lock().expect(keyspace, key, Expect::from_read(found.as_ref()))?;
+        let mut tx = self.lock();
+        tx.expect(keyspace, key, Expect::from_read(found.as_ref()))?;
+        tx.keep(keyspace, lock);
         Ok(found)
     }
+}
+
+/// How long a `get_for_update` waits for another transaction of this process holding the key
+/// before it reads anyway: long enough for a commit (milliseconds), short enough that two
+/// transactions taking two keys in opposite orders lose little.
+const KEY_WAIT: Duration = Duration::from_secs(1);
+
+/// Holds `key` for a transaction's read for update, unless it does already.
+async fn hold(keyspace: &Keyspace, key: &[u8], already: bool) -> Option<KeyLock> {
+    if already {
+        return None;
+    }
+    keyspace.state.locks.lock(key, KEY_WAIT).await
 }

@@ -132,6 +132,20 @@ impl Feed {
 
     /// Whether the dispatcher may add jobs: fewer than one per worker are waiting. The rest
     /// stay in the subscription's buffer, where a job whose lease runs out is dropped unseen.
+    /// Puts `job` back at the front, for whichever worker is free first (a job whose
+    /// transaction conflicted, to run again at once). `Err(job)` once the feed is closed.
+    pub fn requeue(&self, job: Job) -> Result<(), Job> {
+        {
+            let mut jobs = self.lock();
+            if jobs.closed {
+                return Err(job);
+            }
+            jobs.waiting.push_front(job);
+        }
+        self.ready.notify_one();
+        Ok(())
+    }
+
     pub fn has_room(&self) -> bool {
         self.lock().waiting.len() < self.workers
     }

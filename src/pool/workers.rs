@@ -14,6 +14,7 @@ use super::feed::Feed;
 use super::handler::typed::IntoTypedHandler;
 use super::handler::{Action, Handler, IntoHandler};
 use crate::error::Error;
+use crate::telemetry;
 use crate::txn::task::TaskTx;
 use crate::work::WorkGroup;
 use crate::work::{Job, PoolOutcome};
@@ -32,6 +33,10 @@ pub struct PoolReport {
     pub released: u64,
     /// Outcomes that could not be recorded (the lease was lost, or the broker shut down).
     pub unsettled: u64,
+    /// Handler runs whose transaction ([`Task::tx`](crate::Task::tx)) conflicted — a condition
+    /// did not hold at commit — and that ran again at once, holding the job. Not failed
+    /// attempts, and not in `failed` (see [`Task::tx`](crate::Task::tx)).
+    pub conflicts: u64,
 }
 
 // Defined here, beside the pool it builds, so that the group builder need not import it.
@@ -83,12 +88,14 @@ enum Done {
     Failed,
     Panicked,
     Unsettled,
+    /// Its transaction conflicted: the job went back to the feed to run again.
+    Conflicted,
 }
 
-/// What running a handler left to do: nothing, or its transaction's commit to await.
+/// What running a handler left to do: nothing, or its transaction to commit with the ack.
 enum Ran {
     Done(Done),
-    Committing(std::pin::Pin<Box<dyn std::future::Future<Output = Done> + Send>>),
+    Commit(crate::txn::Transaction, Job),
 }
 
 impl PoolReport {
@@ -98,6 +105,7 @@ impl PoolReport {
             Done::Failed => self.failed += 1,
             Done::Panicked => self.panicked += 1,
             Done::Unsettled => self.unsettled += 1,
+            Done::Conflicted => self.conflicts += 1,
         }
     }
 }
@@ -350,7 +358,9 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
                     let _ = job.extend(job.group_lease());
                     match run_one(handler.as_ref(), &app, job, heartbeat, clock.clone()).await {
                         Ran::Done(done) => report.count(done),
-                        Ran::Committing(commit) => drop(committing.spawn(commit)),
+                        Ran::Commit(tx, job) => {
+                            drop(committing.spawn(commit_with_ack(tx, job, feed.clone())))
+                        }
                     }
                     while let Some(done) = committing.try_join_next() {
                         report.count(done.unwrap_or(Done::Unsettled));
@@ -434,6 +444,7 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
             report.failed += r.failed;
             report.panicked += r.panicked;
             report.unsettled += r.unsettled;
+            report.conflicts += r.conflicts;
         };
         // A deleted group's handlers are not waited for: no outcome of theirs can be recorded.
         let deadline = if state.is_deleted() { clock.now() } else { clock.after(self.drain_timeout) };
@@ -594,7 +605,7 @@ async fn run_one<S: Send + Sync + 'static, H: Handler<S>>(
     // sends and the ack are one atomic write. One that failed: what it wrote is dropped.
     let tx = job.inner().tx.get().map(TaskTx::take).filter(|tx| !tx.is_empty());
     if let (PoolOutcome::Ack, Some(tx)) = (&outcome, tx) {
-        return Ran::Committing(Box::pin(commit_with_ack(tx, job)));
+        return Ran::Commit(tx, job);
     }
     let settled = job.settle_queued(outcome).await;
     Ran::Done(match settled {
@@ -607,10 +618,13 @@ async fn run_one<S: Send + Sync + 'static, H: Handler<S>>(
 }
 
 /// Commits a handler's transaction together with its job's ack. A refused transaction
-/// applied nothing: a conflict or a bad operation is a failed attempt (retried with the
-/// group's backoff, dead-lettered when attempts are used up); a lost lease or a shutdown
-/// leaves the job to whoever holds it now (or to the next open).
-async fn commit_with_ack(tx: crate::txn::Transaction, job: Job) -> Done {
+/// applied nothing. A conflict (a condition did not hold: someone wrote first) is not the job's
+/// failure: the job goes back to the feed, still leased at the same attempt, and its handler
+/// runs again and reads afresh — up to [`CONFLICT_RERUNS`] times in a row, after which it is a
+/// failed attempt (a condition that can never hold must not loop). A bad operation is a failed
+/// attempt (retried with the group's backoff, dead-lettered when attempts are used up); a lost
+/// lease or a shutdown leaves the job to whoever holds it now (or to the next open).
+async fn commit_with_ack(tx: crate::txn::Transaction, job: Job, feed: Arc<Feed>) -> Done {
     match tx.apply(1, || job.begin_tx().map(|fenced| vec![fenced])).await {
         Ok(_) => {
             job.tx_committed();
@@ -626,15 +640,37 @@ async fn commit_with_ack(tx: crate::txn::Transaction, job: Job) -> Done {
             tracing::warn!(queue = %job.queue(), group = %job.group(), seq = job.seq(), error = %e, "rockq: a job's transaction was not applied");
             Done::Unsettled
         }
+        Err(e)
+            if e.is_conflict() && job.inner().conflicts.fetch_add(1, Ordering::AcqRel) < CONFLICT_RERUNS =>
+        {
+            let (queue, group) = (job.inner().group.queue.name.clone(), job.inner().group.name.clone());
+            telemetry::group_counter(telemetry::POOL_CONFLICTS, &queue, &group, 1);
+            tracing::debug!(queue = %job.queue(), group = %job.group(), seq = job.seq(), error = %e, "rockq: a job's transaction conflicted; running it again");
+            if let Err(job) = feed.requeue(job) {
+                // The pool is stopping: give the job back without counting the attempt.
+                job.inner().uncounted.store(true, Ordering::Release);
+            }
+            Done::Conflicted
+        }
         Err(e) => {
             tracing::debug!(queue = %job.queue(), group = %job.group(), seq = job.seq(), error = %e, "rockq: a job's transaction was refused; retrying the job");
-            match job
-                .settle_queued(PoolOutcome::Retry { delay: None, error: format!("transaction refused: {e}") })
-                .await
-            {
+            let error = refused(&e, job.inner().conflicts.load(Ordering::Acquire));
+            match job.settle_queued(PoolOutcome::Retry { delay: None, error }).await {
                 Ok(()) => Done::Failed,
                 Err(_) => Done::Unsettled,
             }
         }
+    }
+}
+
+/// Conflicts in a row after which a job's conflict counts as a failed attempt.
+const CONFLICT_RERUNS: u32 = 16;
+
+/// The error recorded for a refused transaction.
+fn refused(e: &Error, conflicts: u32) -> String {
+    if e.is_conflict() {
+        format!("transaction conflicted {conflicts} times in a row: {e}")
+    } else {
+        format!("transaction refused: {e}")
     }
 }

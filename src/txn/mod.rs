@@ -14,9 +14,13 @@ pub(crate) mod task;
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use tokio::sync::oneshot;
 
-use crate::engine::boundary::{KvWrite, Request, Shared, TxApplied, TxDelivery, TxJob, TxRequest, TxSend};
+use crate::engine::boundary::{
+    KeyLock, KvWrite, Request, Shared, TxApplied, TxDelivery, TxJob, TxRequest, TxSend,
+};
 use crate::entry::{MAX_TX_BYTES, MAX_TX_OPS};
 use crate::error::Error;
 use crate::sent::Sent;
@@ -95,6 +99,9 @@ pub struct Transaction {
     pub(crate) foreign: bool,
     /// Bytes of keys, values and messages added (see [`MAX_TX_BYTES`]).
     pub(crate) bytes: usize,
+    /// Keys read for update, held in this process until the transaction is answered (see
+    /// `engine/registry/key_locks.rs`), by keyspace id.
+    pub(crate) held: std::collections::HashMap<(u32, Bytes), KeyLock>,
 }
 
 impl std::fmt::Debug for Transaction {
@@ -157,6 +164,7 @@ impl Transaction {
             deliveries: Vec::new(),
             foreign: false,
             bytes: 0,
+            held: Default::default(),
         }
     }
 

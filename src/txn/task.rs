@@ -11,9 +11,14 @@ use crate::engine::boundary::Shared;
 /// ack**, in one atomic write, when the handler returns `Ok`; if it returns an error, or the
 /// commit fails, none of it is applied.
 ///
-/// - A failed condition ([`Error::Conflict`](crate::Error::Conflict)) counts as a failed
-///   attempt: the job is retried with the group's backoff (the handler runs again and reads
-///   afresh), and dead-lettered once its attempts are used up.
+/// - A failed condition ([`Error::Conflict`](crate::Error::Conflict): someone wrote first) is
+///   not the job's failure: the handler runs again at once, holding the job at the same
+///   attempt, and reads afresh ([`PoolReport::conflicts`](crate::PoolReport::conflicts)
+///   counts these runs). After 16 in a row (a condition that can never hold) it counts as a
+///   failed attempt: retried with the group's backoff, dead-lettered once attempts are used up.
+/// - Reads for update ([`get_for_update`](TaskTx::get_for_update)) hold their key in this
+///   process until the commit is answered, so the pool's next handler reading the same key
+///   waits for this commit instead of conflicting with it.
 /// - A lost lease applies nothing: the message is someone else's now.
 ///
 /// Cheap to clone; every clone writes into the same transaction. The pool takes what was

@@ -29,6 +29,9 @@ pub(crate) struct JobInner {
     pub uncounted: AtomicBool,
     /// What a pool handler wrote into its transaction (`Task::tx`), made on first use.
     pub tx: std::sync::OnceLock<crate::txn::task::TaskTx>,
+    /// How many times in a row its pool handler's transaction conflicted (see the pool's
+    /// `commit_with_ack`).
+    pub conflicts: std::sync::atomic::AtomicU32,
 }
 
 impl JobInner {
@@ -51,6 +54,7 @@ impl JobInner {
             deadline: Mutex::new(c.deadline),
             uncounted: AtomicBool::new(true),
             tx: std::sync::OnceLock::new(),
+            conflicts: Default::default(),
         })
     }
 

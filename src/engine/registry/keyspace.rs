@@ -12,11 +12,18 @@ pub(crate) struct KeyspaceState {
     /// Keys it holds, as the writer last counted them (it counts while building a batch, so a
     /// figure may include a commit still being synced).
     keys: AtomicU64,
+    /// Keys held by transactions of this process (`get_for_update`).
+    pub locks: super::KeyLocks,
 }
 
 impl KeyspaceState {
     pub fn new(id: u32, name: &str, keys: u64) -> Arc<Self> {
-        Arc::new(KeyspaceState { id, name: name.into(), keys: AtomicU64::new(keys) })
+        Arc::new(KeyspaceState {
+            id,
+            name: name.into(),
+            keys: AtomicU64::new(keys),
+            locks: Default::default(),
+        })
     }
 
     pub fn keys(&self) -> u64 {

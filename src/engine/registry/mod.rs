@@ -16,6 +16,7 @@
 
 mod dispatch;
 mod finished;
+mod key_locks;
 mod keyspace;
 mod ordered;
 mod queue;
@@ -27,6 +28,7 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 
+pub(crate) use key_locks::{KeyLock, KeyLocks};
 pub(crate) use keyspace::KeyspaceState;
 pub(crate) use ordered::OrderedGroupState;
 pub(crate) use queue::{QueueState, Watching};
