@@ -56,7 +56,7 @@ async fn main() -> Result<(), rockq::Error> {
         .await?;
     println!("schedule heartbeat fires first {}", from_now(next));
 
-    for s in reminders.scheduled(10).await? {
+    for s in reminders.delayed(10).await? {
         println!(
             "waiting: #{} due {}, {} bytes, key {:?}",
             s.id,

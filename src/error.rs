@@ -756,7 +756,7 @@ pub enum Error {
     /// A transaction's condition on a key did not hold when it was applied (optimistic
     /// concurrency: someone else changed it since it was read). Read again and retry. Kind
     /// [`Conflict`](ErrorKind::Conflict).
-    #[error("keyspace {keyspace:?}: key {key:02x?} expected {expected}, found {}", found.map_or("absent".to_string(), |r| format!("revision {r}")))]
+    #[error("keyspace {keyspace:?}: key {} expected {expected}, found {}", show_key(key), found.map_or("absent".to_string(), |r| format!("revision {r}")))]
     Conflict {
         /// The keyspace.
         keyspace: String,
@@ -1110,6 +1110,17 @@ impl From<Closed> for Error {
             Closed::Shutdown => Error::Shutdown,
             Closed::Failed(f) => Error::Failed(f.into()),
             Closed::Unsupported(u) => Error::Unsupported(u),
+        }
+    }
+}
+
+/// A keyspace key as an error shows it: quoted text if it is printable UTF-8, else hex.
+fn show_key(key: &[u8]) -> String {
+    match std::str::from_utf8(key) {
+        Ok(text) if !text.chars().any(char::is_control) => format!("{text:?}"),
+        _ => {
+            let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+            format!("0x{hex}")
         }
     }
 }

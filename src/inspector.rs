@@ -198,18 +198,36 @@ impl Inspector {
     ///
     /// ```no_run
     /// # async fn demo(inspector: rockq::Inspector) -> Result<(), rockq::Error> {
-    /// for m in inspector.scheduled(None, 100).await? {
+    /// for m in inspector.delayed(None, 100).await? {
     ///     println!("{} #{} due at {:?}", m.queue, m.id, m.due);
     /// }
     /// # Ok(()) }
     /// ```
+    pub async fn delayed(
+        &self,
+        queue: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<crate::schedule::DelayedInfo>, Error> {
+        let q = queue.map(str::to_owned);
+        self.run(move |s| s.scheduled(q.as_deref(), limit)).await
+    }
+
+    /// The old name of [`delayed`](Inspector::delayed).
+    ///
+    /// # Errors
+    ///
+    /// As [`delayed`](Inspector::delayed).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`delayed`](Inspector::delayed).
+    #[deprecated(since = "0.2.0", note = "renamed `delayed` (recurring schedules are `schedules`)")]
     pub async fn scheduled(
         &self,
         queue: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<crate::schedule::ScheduledInfo>, Error> {
-        let q = queue.map(str::to_owned);
-        self.run(move |s| s.scheduled(q.as_deref(), limit)).await
+    ) -> Result<Vec<crate::schedule::DelayedInfo>, Error> {
+        self.delayed(queue, limit).await
     }
 
     /// Every recurring schedule; see [`Broker::schedules`](crate::Broker::schedules).

@@ -12,7 +12,7 @@ use serde::ser::{Serialize, SerializeMap, SerializeStruct, Serializer};
 
 use crate::retention::Retention;
 use crate::retry::RetryPolicy;
-use crate::schedule::{Missed, ScheduleInfo, ScheduledInfo};
+use crate::schedule::{DelayedInfo, Missed, ScheduleInfo};
 use crate::stats::{GroupStats, KeyspaceStats, PendingClaim, QueueStats, Stats, StoredMessage};
 
 /// Microseconds since the Unix epoch (0 before it).
@@ -169,9 +169,9 @@ impl Serialize for StoredMessage {
     }
 }
 
-impl Serialize for ScheduledInfo {
+impl Serialize for DelayedInfo {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_struct("ScheduledInfo", 6)?;
+        let mut m = s.serialize_struct("DelayedInfo", 6)?;
         m.serialize_field("id", &self.id)?;
         m.serialize_field("queue", &self.queue)?;
         m.serialize_field("due_micros", &micros(self.due))?;
@@ -184,10 +184,13 @@ impl Serialize for ScheduledInfo {
 
 impl Serialize for ScheduleInfo {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_struct("ScheduleInfo", 10)?;
+        let mut m = s.serialize_struct("ScheduleInfo", 13)?;
         m.serialize_field("name", &self.name)?;
         m.serialize_field("queue", &self.queue)?;
         m.serialize_field("recurrence", &self.recurrence)?;
+        m.serialize_field("cron", &self.cron)?;
+        m.serialize_field("interval_micros", &self.interval.map(|d| d.as_micros() as u64))?;
+        m.serialize_field("grace_micros", &(self.grace.as_micros() as u64))?;
         m.serialize_field(
             "on_missed",
             match self.missed {

@@ -123,10 +123,12 @@ pub use ordered::{Decoded, Delivery, Group, Subscription};
 pub use pool::{
     Handler, HandlerError, HandlerResultExt, IntoHandler, IntoTypedHandler, PoolHandle, PoolReport, Workers,
 };
-pub use queue::{Queue, SendReceipt, TypedQueue};
+pub use queue::{Queue, SendReceipt, TypedQueue, TypedSend};
 pub use retention::{ResetTo, Retention, TrimReport};
 pub use retry::RetryPolicy;
-pub use schedule::{Missed, Recurrence, ScheduleInfo, ScheduledInfo};
+#[allow(deprecated)]
+pub use schedule::ScheduledInfo;
+pub use schedule::{DelayedInfo, Missed, Recurrence, ScheduleInfo};
 pub use sent::{Original, ScheduledMessage, Sent};
 pub use stats::{
     GroupMode, GroupStats, KeyspaceStats, PendingClaim, PendingState, QueueStats, Stats, StorageStats,

@@ -119,7 +119,8 @@ impl Message {
     }
 
     /// Delays the message until wall-clock time `at` (on the broker's clock); see
-    /// [`deliver_after`](Message::deliver_after). A time in the past delivers at once.
+    /// [`deliver_after`](Message::deliver_after). A time in the past delivers at once; a time
+    /// more than 100 years after the send is clamped to the send + 100 years.
     ///
     /// # Examples
     ///

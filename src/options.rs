@@ -230,7 +230,11 @@ impl Options {
         self
     }
 
-    /// The time source for leases, retry backoff and redrive pacing. Default: Tokio's clock.
+    /// The time source for everything rockq times: leases and heartbeats, retry backoff and
+    /// nack delays, delayed messages (`deliver_at`, `deliver_after`, `reschedule`), recurring
+    /// schedules (firings and their grace), idempotency-key dedup windows, retention by age,
+    /// redrive pacing, and the pause before an ordered delivery whose transaction conflicted
+    /// comes back. Default: Tokio's clock for durations and the system clock for wall times.
     /// Pass a [`ManualClock`](crate::ManualClock) in tests to move time explicitly.
     ///
     /// # Examples

@@ -229,6 +229,22 @@ impl Recurrence {
         out
     }
 
+    /// The cron expression, if this is one.
+    pub(crate) fn cron_expr(&self) -> Option<&str> {
+        match &self.kind {
+            RecurrenceKind::Cron(e) => Some(e),
+            RecurrenceKind::Every(_) => None,
+        }
+    }
+
+    /// The fixed interval, if this is one.
+    pub(crate) fn interval(&self) -> Option<Duration> {
+        match &self.kind {
+            RecurrenceKind::Every(d) => Some(*d),
+            RecurrenceKind::Cron(_) => None,
+        }
+    }
+
     /// The expression as shown in listings (`cron: …` or `every …`).
     pub(crate) fn describe(&self) -> String {
         match &self.kind {
@@ -265,8 +281,14 @@ pub struct ScheduleInfo {
     pub name: String,
     /// The queue it sends to.
     pub queue: String,
-    /// Its recurrence (`cron …` or `every …`).
+    /// Its recurrence as text (`cron …` or `every …`).
     pub recurrence: String,
+    /// Its cron expression, as normalised (six or seven fields), if it is one.
+    pub cron: Option<String>,
+    /// Its interval, if it is a fixed one (kept in whole microseconds).
+    pub interval: Option<Duration>,
+    /// How late a firing may come and still count as on time ([`Recurrence::grace`]).
+    pub grace: Duration,
     /// What it does with missed firings.
     pub missed: Missed,
     /// When it fires next (`None` while paused, or if it never fires again).
@@ -281,10 +303,10 @@ pub struct ScheduleInfo {
     pub last: Option<(SystemTime, u64)>,
 }
 
-/// A delayed message as listed by [`Broker::scheduled`](crate::Broker::scheduled).
+/// A delayed message as listed by [`Broker::delayed`](crate::Broker::delayed).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct ScheduledInfo {
+pub struct DelayedInfo {
     /// Its schedule id.
     pub id: u64,
     /// The queue it will be appended to.
@@ -298,6 +320,10 @@ pub struct ScheduledInfo {
     /// Its ordering key, if any.
     pub key: Option<String>,
 }
+
+/// The old name of [`DelayedInfo`], one letter from the recurring [`ScheduleInfo`].
+#[deprecated(since = "0.2.0", note = "renamed `DelayedInfo`")]
+pub type ScheduledInfo = DelayedInfo;
 
 pub(crate) fn time_of(micros: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_micros(micros)

@@ -292,7 +292,7 @@ async fn purge_moves_idle_groups_and_outstanding_acks_are_no_ops() {
     assert_eq!(next(&mut idle).await.seq(), 11);
     // Nothing purged was counted as skipped, and the delayed message is still scheduled.
     assert_eq!(q.group("o").unwrap().skipped(), 0);
-    assert_eq!(q.scheduled(10).await.unwrap().len(), 1, "{delayed:?} is not purged");
+    assert_eq!(q.delayed(10).await.unwrap().len(), 1, "{delayed:?} is not purged");
     let stats = broker.stats().await.unwrap();
     for g in stats.groups.iter().filter(|g| g.group != "idle") {
         assert_eq!(g.committed, 10, "{} moved past the purge", g.group);

@@ -261,7 +261,7 @@ async fn scheduled_and_schedules_list_delayed_messages_and_recurring_schedules()
     assert!(out.stdout.is_empty());
 
     // Nothing changed: the service still holds all three.
-    assert_eq!(broker.scheduled(None, 10).await.unwrap().len(), 3);
+    assert_eq!(broker.delayed(None, 10).await.unwrap().len(), 3);
     broker.shutdown().await.unwrap();
 }
 

@@ -253,7 +253,7 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
     assert!(is_etcd(e.unsupported()), "delete: {e}");
     let e = rockq::Error::from(broker.pause_group("q", "g").await.unwrap_err());
     assert!(is_etcd(e.unsupported()) || matches!(e, rockq::Error::NoSuchGroup { .. }), "pause: {e}");
-    let e = rockq::Error::from(broker.scheduled(Some("q"), 10).await.unwrap_err());
+    let e = rockq::Error::from(broker.delayed(Some("q"), 10).await.unwrap_err());
     assert!(is_etcd(e.unsupported()), "listing delayed messages: {e}");
     let opts = EtcdOptions::new().options(rockq::Options::new().durability(rockq::Durability::Buffered));
     match Broker::connect_etcd(cluster.endpoints(), "refused", opts).await {

@@ -232,6 +232,15 @@ async fn a_conflict_applies_nothing_and_exactly_one_of_two_racing_transactions_w
         other => panic!("exactly one must win: {other:?}"),
     };
     assert!(lost.is_conflict(), "{lost:?}");
+    // A text key reads as text; a binary one as hex.
+    assert!(lost.to_string().contains(r#"key "counter" expected"#), "{lost}");
+    let binary = Error::Conflict {
+        keyspace: "k".into(),
+        key: vec![0, 0xff],
+        expected: Expect::Absent,
+        found: Some(3),
+    };
+    assert!(binary.to_string().contains("key 0x00ff expected"), "{binary}");
     assert!(rockq::Error::from(lost.clone()).is_retryable());
     assert!(
         matches!(lost, Error::Conflict { found: Some(_), expected: Expect::Revision(r), .. } if *r == r0)
@@ -241,9 +250,9 @@ async fn a_conflict_applies_nothing_and_exactly_one_of_two_racing_transactions_w
     let peek = broker.peek("out", None, 10).await.unwrap();
     assert_eq!(peek.len(), 1, "the loser sent nothing");
     assert_eq!(peek[0].payload, format!("from {won}"));
-    // The loser's job was released (its attempt counts) and comes back.
+    // The loser's job was released and comes back; a conflict is no failed attempt.
     let again = next_job(&mut jobs).await;
-    assert_eq!((again.seq(), again.attempt()), (loser_seq, 2));
+    assert_eq!((again.seq(), again.attempt()), (loser_seq, 1));
     again.ack_durable().await.unwrap();
     assert_eq!(group.committed(), Some(sa.max(sb)));
     drop(jobs);
@@ -464,20 +473,61 @@ async fn a_refused_transaction_hands_its_ordered_delivery_back() {
     let broker = open(dir.path()).await;
     let q = broker.queue("q").await.unwrap();
     let kv = broker.kv("k").await.unwrap();
-    kv.put("gate", "closed").await.unwrap();
     q.send("m").await.unwrap();
     let group = q.group("o").unwrap();
     let mut sub = group.subscribe().await.unwrap();
     let d = next(&mut sub).await;
     let mut tx = broker.transaction();
-    tx.expect(&kv, "gate", Expect::Absent).unwrap();
+    tx.put(&kv, "x", "1").unwrap();
+    tx.send(&q, "never").unwrap();
     tx.ack(d);
-    assert!(tx.commit().await.unwrap_err().is_conflict());
+    // Refused for another reason than a conflict (a send to a queue deleted meanwhile).
+    let other = broker.queue("other").await.unwrap();
+    tx.send(&other, "y").unwrap();
+    broker.delete_queue("other").await.unwrap();
+    assert!(matches!(tx.commit().await, Err(Error::QueueDeleted { .. })));
     assert_eq!(group.committed(), Some(0));
     let again = next(&mut sub).await;
     // Handed back as a nack is: delivered again, and the delivery counted.
     assert_eq!((again.seq(), again.delivery_count()), (1, 2), "handed back, delivered again");
     again.ack_durable().await.unwrap();
+    assert_eq!(kv.get("x").await.unwrap(), None);
+    drop(sub);
+    broker.shutdown().await.unwrap();
+}
+
+/// An ordered loop whose transaction conflicts (someone wrote first) gets its delivery back
+/// after a short pause on the broker's clock — not at once, so a busy key does not spin the
+/// loop — and uncounted: conflicts never bring a message to its poison limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflicting_ordered_transaction_gets_its_delivery_back_paused_and_uncounted() {
+    let dir = tempdir();
+    let clock = rockq::ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("q").await.unwrap();
+    let kv = broker.kv("k").await.unwrap();
+    kv.put("gate", "closed").await.unwrap();
+    q.send("m").await.unwrap();
+    // Two deliveries at most, then the dead-letter queue: five conflicts must not get it there.
+    let group = q.group("o").unwrap().max_deliveries(2).dead_letter_queue("q.dlq");
+    let mut sub = group.subscribe().await.unwrap();
+    let mut d = next(&mut sub).await;
+    for _ in 0..5 {
+        let mut tx = broker.transaction();
+        tx.expect(&kv, "gate", Expect::Absent).unwrap();
+        tx.ack(d);
+        assert!(tx.commit().await.unwrap_err().is_conflict());
+        // Not redelivered before the pause: a message sent now is delivered first.
+        let sentinel = q.send("sentinel").await.unwrap();
+        let s = next(&mut sub).await;
+        assert_eq!(s.seq(), sentinel, "the conflicted delivery waits out its pause");
+        s.ack().unwrap();
+        clock.advance(Duration::from_millis(5));
+        d = next(&mut sub).await;
+        assert_eq!((d.seq(), d.delivery_count()), (1, 1), "back, its delivery uncounted");
+    }
+    d.ack_durable().await.unwrap();
+    assert_eq!(broker.queue("q.dlq").await.unwrap().len(), 0, "never dead-lettered");
     drop(sub);
     broker.shutdown().await.unwrap();
 }

@@ -89,7 +89,7 @@ async fn cancel_and_reschedule_act_only_on_what_is_still_scheduled() {
     let moved = q.reschedule(c.id, clock.wall_time() + Duration::from_secs(5)).await.unwrap().unwrap();
     assert_eq!(moved.id, c.id);
     q.reschedule(b.id, clock.wall_time() + Duration::from_secs(50)).await.unwrap().unwrap();
-    let listed = q.scheduled(10).await.unwrap();
+    let listed = q.delayed(10).await.unwrap();
     assert_eq!(listed.iter().map(|s| s.id).collect::<Vec<_>>(), [b.id, c.id]);
 
     clock.advance(Duration::from_secs(10));
@@ -102,7 +102,7 @@ async fn cancel_and_reschedule_act_only_on_what_is_still_scheduled() {
     assert_eq!(d.payload().as_ref(), b"b");
     d.ack().unwrap();
     assert_next_is_sentinel(&q, &mut sub).await;
-    assert!(q.scheduled(10).await.unwrap().is_empty());
+    assert!(q.delayed(10).await.unwrap().is_empty());
     broker.shutdown().await.unwrap();
 }
 
@@ -329,8 +329,16 @@ async fn firings_late_by_less_than_the_grace_each_get_their_own_message() {
     let expect = |v: [(&str, u64, u64); 4]| -> Vec<(String, u64, u64)> {
         v.into_iter().map(|(n, f, m)| (n.to_owned(), f, m)).collect()
     };
+    let list = broker.schedules().await.unwrap();
+    // The recurrence reads back typed, grace included.
+    let tight = &list[2];
     assert_eq!(
-        counts(broker.schedules().await.unwrap()),
+        (tight.interval, tight.grace, tight.cron.as_deref(), tight.missed),
+        (Some(Duration::from_secs(1)), Duration::from_secs(2), None, Missed::CatchUpOnce)
+    );
+    assert_eq!((list[0].grace, list[1].missed), (Duration::from_secs(60), Missed::Skip));
+    assert_eq!(
+        counts(list),
         expect([("catch", 10, 0), ("skip", 10, 0), ("tight_catch", 3, 7), ("tight_skip", 2, 8)])
     );
     // The catch-up message's event accounts for the seven firings folded into it.
@@ -390,6 +398,30 @@ async fn an_interval_under_a_microsecond_is_refused_and_writes_nothing() {
     broker.shutdown().await.unwrap();
 }
 
+/// A typed queue builds delayed, keyed and deduplicated messages in one chain, as `Message`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typed_queue_sends_delayed_and_keyed_values_with_the_message_builder() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("t").await.unwrap();
+    let typed = q.typed::<u32>();
+    let later = typed.with(&7).key("k").deliver_after(Duration::from_secs(10)).submit().await.unwrap();
+    assert!(matches!(later, Sent::Scheduled(_)), "{later:?}");
+    let first = typed.with(&8).key("k").idempotency_key("eight").header("h", "v").send().await.unwrap();
+    assert!(matches!(typed.with(&8).idempotency_key("eight").submit().await, Ok(Sent::Duplicate(_))));
+    let mut sub = q.group("g").unwrap().subscribe().await.unwrap();
+    let d = next(&mut sub).await;
+    assert_eq!((d.seq(), d.decode::<u32>().unwrap(), d.key()), (first, 8, Some("k")));
+    d.ack().unwrap();
+    clock.advance(Duration::from_secs(10));
+    let d = next(&mut sub).await;
+    assert_eq!((d.decode::<u32>().unwrap(), d.key()), (7, Some("k")));
+    d.ack().unwrap();
+    assert_next_is_sentinel(&q, &mut sub).await;
+    broker.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cron_schedule_fires_on_its_expression_and_bad_input_is_refused() {
     let dir = tempdir();
@@ -403,6 +435,12 @@ async fn a_cron_schedule_fires_on_its_expression_and_bad_input_is_refused() {
         .unwrap();
     let secs = first.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs();
     assert_eq!(secs % 60, 0, "on a minute boundary");
+    let info = &broker.schedules().await.unwrap()[0];
+    assert_eq!(
+        (info.cron.as_deref(), info.interval),
+        (Some("0 * * * * *"), None),
+        "normalised to six fields"
+    );
     let q = broker.queue("cron").await.unwrap();
     let mut sub = q.group("g").unwrap().subscribe().await.unwrap();
     clock.advance(Duration::from_secs(60));

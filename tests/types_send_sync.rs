@@ -90,7 +90,7 @@ fn public_types_are_send_and_sync() {
     send_sync::<Recurrence>();
     send_sync::<Missed>();
     send_sync::<ScheduleInfo>();
-    send_sync::<ScheduledInfo>();
+    send_sync::<DelayedInfo>();
     send_sync::<Error>();
     send_sync::<Error>();
     send_sync::<Error>();

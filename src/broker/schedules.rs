@@ -9,7 +9,7 @@ use crate::engine::boundary::{self, Request, ScheduleRequest};
 use crate::error::{Error, NameKind};
 use crate::message::Message;
 use crate::model::ScheduleRecord;
-use crate::schedule::{Recurrence, RecurrenceKind, ScheduleInfo, ScheduledInfo, time_of};
+use crate::schedule::{DelayedInfo, Recurrence, RecurrenceKind, ScheduleInfo, time_of};
 
 impl Broker {
     /// Creates (or replaces) the recurring schedule `name`: `message` is appended to `queue`
@@ -211,12 +211,27 @@ impl Broker {
     ///
     /// ```no_run
     /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
-    /// for m in broker.scheduled(Some("reminders"), 100).await? {
+    /// for m in broker.delayed(Some("reminders"), 100).await? {
     ///     println!("#{} due at {:?}", m.id, m.due);
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn scheduled(&self, queue: Option<&str>, limit: usize) -> Result<Vec<ScheduledInfo>, Error> {
+    pub async fn delayed(&self, queue: Option<&str>, limit: usize) -> Result<Vec<DelayedInfo>, Error> {
         self.shared.scheduled(queue.map(str::to_owned), limit).await
+    }
+
+    /// The old name of [`delayed`](Broker::delayed), one letter from the recurring
+    /// [`schedules`](Broker::schedules).
+    ///
+    /// # Errors
+    ///
+    /// As [`delayed`](Broker::delayed).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`delayed`](Broker::delayed).
+    #[deprecated(since = "0.2.0", note = "renamed `delayed` (recurring schedules are `schedules`)")]
+    pub async fn scheduled(&self, queue: Option<&str>, limit: usize) -> Result<Vec<DelayedInfo>, Error> {
+        self.delayed(queue, limit).await
     }
 }

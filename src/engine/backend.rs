@@ -29,7 +29,7 @@ use super::{inspect, retention};
 use crate::error::{Error, StorageError};
 use crate::message::Message;
 use crate::retention::{ResetTo, TrimReport};
-use crate::schedule::{ScheduleInfo, ScheduledInfo};
+use crate::schedule::{DelayedInfo, ScheduleInfo};
 use crate::stats::{PendingClaim, Stats, StorageStats, StoredMessage};
 use crate::store::{self, RawEntry, ReadOutcome, Store};
 
@@ -245,7 +245,7 @@ impl Backend {
         runtime: &Handle,
         queue: Option<String>,
         limit: usize,
-    ) -> Result<Vec<ScheduledInfo>, Error> {
+    ) -> Result<Vec<DelayedInfo>, Error> {
         match self {
             Backend::Embedded(store) => inspect::live_scheduled(engine, store, runtime, queue, limit).await,
             Backend::Etcd(_) => Err(self.refusal(Capability::StoreInspection)),

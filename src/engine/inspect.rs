@@ -15,7 +15,7 @@ use super::Engine;
 use super::figures::{LiveLeases, deadline_of, live_leases, micros_to_time, pending_claim};
 use crate::error::{CorruptionError, Error, NameKind, StorageError};
 use crate::model::{Claim, GroupMode, GroupSettings, QueueMeta};
-use crate::schedule::{ScheduleInfo, ScheduledInfo};
+use crate::schedule::{DelayedInfo, ScheduleInfo};
 use crate::stats::{GroupStats, KeyspaceStats, PendingClaim, QueueStats, Stats, StoredMessage};
 use crate::store::{self, LoadedQueue, RawMessage, ReadOutcome, Snapshot, Store};
 
@@ -219,7 +219,7 @@ fn peek(store: &Store, queue: &str, from: Option<u64>, limit: usize) -> Result<V
 }
 
 /// Up to `limit` delayed messages of `queue` (all queues: `None`), in schedule-id order.
-fn scheduled(store: &Store, queue: Option<&str>, limit: usize) -> Result<Vec<ScheduledInfo>, Error> {
+fn scheduled(store: &Store, queue: Option<&str>, limit: usize) -> Result<Vec<DelayedInfo>, Error> {
     if let Some(name) = queue {
         crate::name::validate(crate::error::NameKind::Queue, name)?;
     }
@@ -241,7 +241,7 @@ fn scheduled(store: &Store, queue: Option<&str>, limit: usize) -> Result<Vec<Sch
     let mut out = Vec::new();
     for (queue_id, id, due, env) in db.list_scheduled(id, limit).map_err(Error::from)? {
         let env = store::envelope::decode(&id.to_be_bytes(), &env)?;
-        out.push(ScheduledInfo {
+        out.push(DelayedInfo {
             id,
             queue: names.get(&queue_id).map_or_else(|| format!("#{queue_id}"), |n| (*n).to_owned()),
             due: micros_to_time(due),
@@ -264,6 +264,9 @@ fn schedules(store: &Store) -> Result<Vec<ScheduleInfo>, Error> {
         .map(|(name, r)| ScheduleInfo {
             name,
             recurrence: r.recurrence.describe(),
+            cron: r.recurrence.cron_expr().map(str::to_owned),
+            interval: r.recurrence.interval(),
+            grace: r.recurrence.grace,
             missed: r.recurrence.missed,
             next: (r.next_micros != 0).then(|| micros_to_time(r.next_micros)),
             paused: r.paused,
@@ -313,7 +316,7 @@ pub(super) async fn live_scheduled(
     runtime: &tokio::runtime::Handle,
     queue: Option<String>,
     limit: usize,
-) -> Result<Vec<ScheduledInfo>, Error> {
+) -> Result<Vec<DelayedInfo>, Error> {
     on_store(engine, store, runtime, move |s, _| scheduled(s, queue.as_deref(), limit)).await
 }
 
@@ -401,7 +404,7 @@ impl ReadOnly {
     }
 
     /// Delayed messages (see [`scheduled`]).
-    pub fn scheduled(&self, queue: Option<&str>, limit: usize) -> Result<Vec<ScheduledInfo>, Error> {
+    pub fn scheduled(&self, queue: Option<&str>, limit: usize) -> Result<Vec<DelayedInfo>, Error> {
         scheduled(&self.0, queue, limit)
     }
 

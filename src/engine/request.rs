@@ -341,18 +341,18 @@ impl TxRequest {
     /// Answers a transaction that will not be applied with `why`, handing back what it held.
     pub(crate) fn refuse(self, why: &Closed) {
         let TxRequest { jobs, deliveries, reply, .. } = self;
-        give_back(jobs, deliveries);
+        give_back(jobs, deliveries, false);
         let _ = reply.send(Err(why.clone().into()));
     }
 }
 
 /// A refused transaction's jobs are leased to their holders again; its ordered deliveries go
-/// back to their subscriptions.
-pub(crate) fn give_back(jobs: Vec<TxJob>, deliveries: Vec<TxDelivery>) {
+/// back to their subscriptions (after a short pause, uncounted, if it `conflicted`).
+pub(crate) fn give_back(jobs: Vec<TxJob>, deliveries: Vec<TxDelivery>, conflicted: bool) {
     for j in jobs {
         j.group.unsettle(j.seq, j.token, j.deadline, j.epoch);
     }
     for d in deliveries {
-        d.sub.hand_back(d.msg, d.deliveries);
+        d.sub.hand_back(d.msg, d.deliveries, conflicted);
     }
 }

@@ -22,7 +22,7 @@ use crate::events::Event;
 use crate::message::Message;
 use crate::options::Options;
 use crate::retention::{ResetTo, TrimReport};
-use crate::schedule::{ScheduleInfo, ScheduledInfo};
+use crate::schedule::{DelayedInfo, ScheduleInfo};
 use crate::stats::{PendingClaim, Stats, StorageStats, StoredMessage, WriterStats};
 use crate::store::{RawEntry, ReadOutcome};
 
@@ -280,7 +280,7 @@ impl Shared {
     }
 
     /// Up to `limit` delayed messages of `queue` (all queues: `None`).
-    pub async fn scheduled(&self, queue: Option<String>, limit: usize) -> Result<Vec<ScheduledInfo>, Error> {
+    pub async fn scheduled(&self, queue: Option<String>, limit: usize) -> Result<Vec<DelayedInfo>, Error> {
         self.open_for_reads()?;
         self.backend.scheduled(&self.engine, &self.runtime, queue, limit).await
     }

@@ -16,6 +16,10 @@ use crate::engine::boundary::{self, LiveSubscription, OrderedGroupState, Pending
 
 /// Longest wait [`Delivery::nack_after`](crate::Delivery::nack_after) takes; longer delays are
 /// clamped to it (documented there).
+/// How long an ordered delivery whose transaction conflicted waits before it is delivered
+/// again: about one commit, so that the write it lost to is applied by then.
+pub(crate) const CONFLICT_PAUSE: Duration = Duration::from_millis(5);
+
 pub(crate) const MAX_NACK_DELAY: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// How a delivery came back without an ack.
@@ -388,6 +392,19 @@ impl SubShared {
         self.waker.wake();
     }
 
+    /// A transaction acking `msg` conflicted: someone wrote first; the message did not fail. It
+    /// comes back after [`CONFLICT_PAUSE`] — so that a loop retrying against a busy key does
+    /// not spin on redeliveries — with its delivery uncounted: the next delivery carries the
+    /// same `delivery_count`, and conflicts never bring it nearer the poison limit. Nothing is
+    /// recorded: a restart simply delivers it again.
+    pub fn give_back_conflicted(self: &Arc<Self>, msg: RawMessage, delivered: u32) {
+        let seq = msg.seq;
+        let now = self.shared.clock().now();
+        let due = now.checked_add(CONFLICT_PAUSE).unwrap_or(now);
+        self.window().delayed.insert((due, seq), (msg, delivered.saturating_sub(1)));
+        self.waker.wake();
+    }
+
     /// A delivery gives up (the application's `Delivery::dead_letter`, or its last delivery
     /// came back): it moves to the group's dead-letter queue with `reason` in the writer's
     /// next round. `false` (and nothing recorded) once nothing reaches the disk any more.
@@ -432,8 +449,11 @@ impl LiveSubscription for SubShared {
         SubShared::redeliver(self, msg, deliveries)
     }
 
-    fn hand_back(self: Arc<Self>, msg: RawMessage, deliveries: u32) {
-        SubShared::give_back(&self, msg, deliveries, Comeback::Nacked)
+    fn hand_back(self: Arc<Self>, msg: RawMessage, deliveries: u32, conflicted: bool) {
+        match conflicted {
+            true => SubShared::give_back_conflicted(&self, msg, deliveries),
+            false => SubShared::give_back(&self, msg, deliveries, Comeback::Nacked),
+        }
     }
 }
 

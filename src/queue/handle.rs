@@ -13,7 +13,7 @@ use crate::error::{Error, NameError, NameKind};
 use crate::message::{Due, Message};
 use crate::ordered::Group;
 use crate::retention::Retention;
-use crate::schedule::ScheduledInfo;
+use crate::schedule::DelayedInfo;
 use crate::sent::{ScheduledMessage, Sent};
 use crate::work::WorkGroup;
 use std::time::Duration;
@@ -543,8 +543,9 @@ impl Queue {
         self.shared.ask(req, rx).await
     }
 
-    /// Moves delayed message `id` to `due` (a time in the past delivers it at once). Returns
-    /// its new place, or `None` if it is not scheduled on this queue.
+    /// Moves delayed message `id` to `due` (a time in the past delivers it at once; one more
+    /// than 100 years ahead is clamped to now + 100 years). Returns its new place — the due
+    /// time as stored — or `None` if it is not scheduled on this queue.
     ///
     /// # Errors
     ///
@@ -591,13 +592,28 @@ impl Queue {
     ///
     /// ```no_run
     /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
-    /// for m in queue.scheduled(50).await? {
+    /// for m in queue.delayed(50).await? {
     ///     println!("#{}: {} bytes due at {:?}", m.id, m.payload_len, m.due);
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn scheduled(&self, limit: usize) -> Result<Vec<ScheduledInfo>, Error> {
+    pub async fn delayed(&self, limit: usize) -> Result<Vec<DelayedInfo>, Error> {
         self.shared.scheduled(Some(self.state.name.to_string()), limit).await
+    }
+
+    /// The old name of [`delayed`](Queue::delayed), one letter from the recurring
+    /// [`Broker::schedules`](crate::Broker::schedules).
+    ///
+    /// # Errors
+    ///
+    /// As [`delayed`](Queue::delayed).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`delayed`](Queue::delayed).
+    #[deprecated(since = "0.2.0", note = "renamed `delayed` (recurring schedules are `Broker::schedules`)")]
+    pub async fn scheduled(&self, limit: usize) -> Result<Vec<DelayedInfo>, Error> {
+        self.delayed(limit).await
     }
 
     /// How long the queue remembers idempotency keys (default 5 minutes).
@@ -615,6 +631,10 @@ impl Queue {
 
     /// Sets and persists how long the queue remembers idempotency keys. Applies to keys
     /// recorded from now on; the retention pass forgets expired ones in bulk.
+    ///
+    /// [`Duration::ZERO`] turns deduplication **off** for the queue: a key is remembered for
+    /// no time, so every send with a key is appended. Windows are clamped to 100 years
+    /// (`Duration::MAX` reads back from [`dedup_window`](Queue::dedup_window) as 100 years).
     ///
     /// # Errors
     ///

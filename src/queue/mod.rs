@@ -8,4 +8,4 @@ mod typed;
 
 pub use handle::Queue;
 pub use receipt::SendReceipt;
-pub use typed::TypedQueue;
+pub use typed::{TypedQueue, TypedSend};

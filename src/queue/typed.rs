@@ -4,6 +4,9 @@ use std::borrow::Borrow;
 use std::marker::PhantomData;
 use std::ops::RangeInclusive;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
 
 use serde::Serialize;
 
@@ -31,8 +34,8 @@ use crate::sent::Sent;
 /// let broker = rockq::Broker::open(dir.path()).await?;
 /// let orders = broker.queue("orders").await?.typed::<Order>();
 /// let seq = orders.send(&Order { id: 1 }).await?;
-/// let delayed = orders.message(&Order { id: 2 })?.deliver_after(std::time::Duration::from_secs(60));
-/// orders.queue().submit(delayed).await?;
+/// // A delay, a key, an idempotency key or headers: the same builder as `Message`.
+/// orders.with(&Order { id: 2 }).deliver_after(std::time::Duration::from_secs(60)).submit().await?;
 /// # assert_eq!(seq, 1);
 /// # broker.shutdown().await?;
 /// # Ok(()) }
@@ -108,8 +111,27 @@ impl<T: Serialize, C: Codec> TypedQueue<T, C> {
         &self.queue
     }
 
+    /// Starts a typed send of `value` with the same builder as [`Message`] — key,
+    /// idempotency key, headers, delay — ended by [`send`](TypedSend::send) or
+    /// [`submit`](TypedSend::submit). The value is encoded now; an encoding error is returned
+    /// by the send.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(orders: rockq::TypedQueue<u64, rockq::Json>) -> Result<(), rockq::Error> {
+    /// use std::time::Duration;
+    /// orders.with(&7).key("customer-3").idempotency_key("order-7").send().await?;
+    /// orders.with(&8).deliver_after(Duration::from_secs(60)).submit().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with(&self, value: &T) -> TypedSend<'_, T, C> {
+        TypedSend { queue: self, message: self.encode(0, value) }
+    }
+
     /// Encodes `value` into a [`Message`] stamped with the codec, to add a key, an idempotency
-    /// key, headers or a delay before sending it with [`Queue::send`] or [`Queue::submit`].
+    /// key, headers or a delay before sending it with [`Queue::send`] or [`Queue::submit`]
+    /// ([`with`](TypedQueue::with) does the same in one chain).
     ///
     /// # Errors
     ///
@@ -208,5 +230,89 @@ impl<T: Serialize, C: Codec> TypedQueue<T, C> {
     /// ```
     pub async fn submit(&self, value: &T) -> Result<Sent, Error> {
         self.queue.submit(self.encode(0, value)?).await
+    }
+}
+
+/// One typed message being built: [`TypedQueue::with`]. The builder methods are
+/// [`Message`]'s; [`send`](TypedSend::send) or [`submit`](TypedSend::submit) sends it.
+#[must_use = "nothing is sent until `send` or `submit`"]
+pub struct TypedSend<'a, T, C> {
+    queue: &'a TypedQueue<T, C>,
+    /// The encoded message, or why the value did not encode (returned by the send).
+    message: Result<Message, Error>,
+}
+
+impl<T, C> std::fmt::Debug for TypedSend<'_, T, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TypedSend").field("queue", &self.queue.queue).field("message", &self.message).finish()
+    }
+}
+
+impl<T: Serialize, C: Codec> TypedSend<'_, T, C> {
+    fn map(mut self, f: impl FnOnce(Message) -> Message) -> Self {
+        self.message = self.message.map(f);
+        self
+    }
+
+    /// Adds a header; see [`Message::header`].
+    pub fn header(self, key: impl Into<String>, value: impl Into<Bytes>) -> Self {
+        self.map(|m| m.header(key, value))
+    }
+
+    /// Sets the ordering key; see [`Message::key`].
+    pub fn key(self, key: impl Into<String>) -> Self {
+        self.map(|m| m.key(key))
+    }
+
+    /// Sets the idempotency key; see [`Message::idempotency_key`].
+    pub fn idempotency_key(self, key: impl Into<String>) -> Self {
+        self.map(|m| m.idempotency_key(key))
+    }
+
+    /// Delays it by `delay`; see [`Message::deliver_after`] (send it with
+    /// [`submit`](TypedSend::submit)).
+    pub fn deliver_after(self, delay: Duration) -> Self {
+        self.map(|m| m.deliver_after(delay))
+    }
+
+    /// Delays it until `at`; see [`Message::deliver_at`] (send it with
+    /// [`submit`](TypedSend::submit)).
+    pub fn deliver_at(self, at: SystemTime) -> Self {
+        self.map(|m| m.deliver_at(at))
+    }
+
+    /// The message as built (for a batch, or a transaction's `send`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Encode`] if the value did not encode.
+    pub fn into_message(self) -> Result<Message, Error> {
+        self.message
+    }
+
+    /// Sends it; as [`Queue::send`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Encode`] (nothing is sent), then as [`Queue::send`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Queue::send`].
+    pub async fn send(self) -> Result<u64, Error> {
+        self.queue.queue.send(self.message?).await
+    }
+
+    /// Submits it (delayed or deduplicated messages); as [`Queue::submit`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Encode`] (nothing is sent), then as [`Queue::submit`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Queue::submit`].
+    pub async fn submit(self) -> Result<Sent, Error> {
+        self.queue.queue.submit(self.message?).await
     }
 }

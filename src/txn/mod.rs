@@ -33,6 +33,8 @@ pub(crate) trait HeldJob: Send + Sync {
     fn end_tx(&self);
     /// The transaction was applied: the job is settled.
     fn committed(self: Box<Self>);
+    /// The transaction conflicted: released as it drops, its attempt is given back.
+    fn uncount(&self);
 }
 
 /// An ordered delivery held by a transaction (implemented by `Delivery`, in `consumer/`).
@@ -219,7 +221,9 @@ impl Transaction {
     ///
     /// # Errors
     ///
-    /// [`Error::Conflict`] (a condition did not hold), [`Error::LeaseLost`] (a job's lease
+    /// [`Error::Conflict`] (a condition did not hold: its jobs are released without counting
+    /// the attempt, its ordered deliveries come back after a short pause without counting the
+    /// delivery), [`Error::LeaseLost`] (a job's lease
     /// or a delivery was lost), [`Error::GroupDeleted`], [`Error::QueueDeleted`],
     /// [`Error::Invalid`] (something of another broker, or more than
     /// [`MAX_TX_OPS`] operations counting the acks), [`Error::Shutdown`],
@@ -273,8 +277,14 @@ impl Transaction {
                 Ok(done)
             }
             // Refused or failed: the jobs are leased to this holder again (or never left it),
-            // and are released as they drop here.
-            Err(e) => Err(e),
+            // and are released as they drop here. A conflict is no failed attempt (someone
+            // wrote first): they are released uncounted, as deliveries are handed back.
+            Err(e) => {
+                if e.is_conflict() {
+                    jobs.iter().for_each(|j| j.uncount());
+                }
+                Err(e)
+            }
         }
     }
 

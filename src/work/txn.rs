@@ -44,6 +44,10 @@ impl HeldJob for Job {
     fn committed(self: Box<Self>) {
         Job::tx_committed(*self)
     }
+
+    fn uncount(&self) {
+        self.inner().uncounted.store(true, std::sync::atomic::Ordering::Release);
+    }
 }
 
 impl Task {

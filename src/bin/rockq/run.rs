@@ -179,7 +179,7 @@ async fn peek(inspector: &Inspector, json: bool, queue: &str, from: Option<u64>,
 }
 
 async fn scheduled(inspector: &Inspector, json: bool, queue: Option<&str>, limit: usize) -> Result<()> {
-    let msgs = inspector.scheduled(queue, limit).await?;
+    let msgs = inspector.delayed(queue, limit).await?;
     if json {
         print_json(&json!(msgs));
         return Ok(());

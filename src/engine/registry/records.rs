@@ -72,7 +72,8 @@ pub(crate) trait LiveSubscription: Send + Sync {
     fn ack(&self, seq: u64);
     /// Hands `msg` out again (its dead letter could not be written), delivered `deliveries` times.
     fn redeliver(&self, msg: RawMessage, deliveries: u32);
-    /// Hands `msg` back as a nack would (a transaction acking it was refused): its delivery is
-    /// counted, persisted, and dead-lettered if it was the last.
-    fn hand_back(self: Arc<Self>, msg: RawMessage, deliveries: u32);
+    /// Hands `msg` back (a transaction acking it was refused). As a nack would — its delivery
+    /// counted, persisted, and dead-lettered if it was the last — unless the transaction
+    /// `conflicted`: then nothing failed, and it comes back after a short pause, uncounted.
+    fn hand_back(self: Arc<Self>, msg: RawMessage, deliveries: u32, conflicted: bool);
 }

@@ -412,7 +412,7 @@ impl crate::engine::registry::LiveSubscription for CountingSub {
     fn redeliver(&self, msg: crate::store::RawMessage, _deliveries: u32) {
         self.handed_back.lock().unwrap().push(msg.seq);
     }
-    fn hand_back(self: Arc<Self>, msg: crate::store::RawMessage, _deliveries: u32) {
+    fn hand_back(self: Arc<Self>, msg: crate::store::RawMessage, _deliveries: u32, _conflicted: bool) {
         self.handed_back.lock().unwrap().push(msg.seq);
     }
 }

@@ -71,7 +71,7 @@ pub(super) fn apply(r: &mut Round<'_>, tx: TxRequest) {
         Ok(found) => found,
         Err(e) => {
             let TxRequest { jobs, deliveries, reply, .. } = tx;
-            give_back(jobs, deliveries);
+            give_back(jobs, deliveries, e.is_conflict());
             let _ = reply.send(Err(e));
             return;
         }
