@@ -17,11 +17,11 @@ async fn errors_say_whether_to_retry_and_io_errors_convert() {
     let broker = open(dir.path()).await;
     let q = broker.queue("q").await.unwrap();
     let _sub = q.group("g").unwrap().subscribe().await.unwrap();
-    let busy = rockq::Error::from(q.group("g").unwrap().subscribe().await.unwrap_err());
+    let busy = q.group("g").unwrap().subscribe().await.unwrap_err();
     assert!(busy.is_retryable() && !busy.is_shutdown(), "{busy:?}");
-    let bad = rockq::Error::from(broker.queue("no spaces").await.unwrap_err());
+    let bad = broker.queue("no spaces").await.unwrap_err();
     assert!(!bad.is_retryable() && !bad.is_shutdown());
     broker.shutdown().await.unwrap();
-    let late = rockq::Error::from(q.send("x").await.unwrap_err());
+    let late = q.send("x").await.unwrap_err();
     assert!(late.is_shutdown() && !late.is_retryable(), "{late:?}");
 }

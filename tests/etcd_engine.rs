@@ -233,27 +233,23 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
     let q = broker.queue("q").await.unwrap();
     let is_etcd = |u: Option<&rockq::UnsupportedError>| u.is_some_and(|u| u.engine() == "etcd");
 
-    let e = rockq::Error::from(
-        q.submit(Message::new("later").deliver_after(Duration::from_secs(5))).await.unwrap_err(),
-    );
+    let e = q.submit(Message::new("later").deliver_after(Duration::from_secs(5))).await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "delay: {e}");
-    let e = rockq::Error::from(q.send(Message::new("k").idempotency_key("once")).await.unwrap_err());
+    let e = q.send(Message::new("k").idempotency_key("once")).await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "idempotency key: {e}");
-    let e =
-        rockq::Error::from(q.send_batch((0..200).map(|i| Message::new(format!("{i}")))).await.unwrap_err());
+    let e = q.send_batch((0..200).map(|i| Message::new(format!("{i}")))).await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "oversized batch: {e}");
-    let e =
-        rockq::Error::from(q.work_group("w").unwrap().ordered_by_key(true).subscribe().await.unwrap_err());
+    let e = q.work_group("w").unwrap().ordered_by_key(true).subscribe().await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "work group ordered by key: {e}");
-    let e = rockq::Error::from(broker.kv("accounts").await.unwrap_err());
+    let e = broker.kv("accounts").await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "keyspace: {e}");
-    let e = rockq::Error::from(broker.transaction().commit().await.unwrap_err());
+    let e = broker.transaction().commit().await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "transaction: {e}");
-    let e = rockq::Error::from(broker.delete_queue("q").await.unwrap_err());
+    let e = broker.delete_queue("q").await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "delete: {e}");
-    let e = rockq::Error::from(broker.pause_group("q", "g").await.unwrap_err());
+    let e = broker.pause_group("q", "g").await.unwrap_err();
     assert!(is_etcd(e.unsupported()) || matches!(e, rockq::Error::NoSuchGroup { .. }), "pause: {e}");
-    let e = rockq::Error::from(broker.delayed(Some("q"), 10).await.unwrap_err());
+    let e = broker.delayed(Some("q"), 10).await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "listing delayed messages: {e}");
     let opts = EtcdOptions::new().options(rockq::Options::new().durability(rockq::Durability::Buffered));
     match Broker::connect_etcd(cluster.endpoints(), "refused", opts).await {

@@ -318,12 +318,9 @@ async fn settings_are_shared_through_etcd_and_what_is_not_carried_out_is_refused
     assert!(left > Duration::from_secs(40) && left <= Duration::from_secs(45), "adopted lease: {left:?}");
 
     let is_etcd = |u: Option<&rockq::UnsupportedError>| u.is_some_and(|u| u.engine() == "etcd");
-    let e =
-        rockq::Error::from(qb.work_group("k").unwrap().ordered_by_key(true).subscribe().await.unwrap_err());
+    let e = qb.work_group("k").unwrap().ordered_by_key(true).subscribe().await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "ordered by key: {e}");
-    let e = rockq::Error::from(
-        qb.work_group("w").unwrap().reset_to(rockq::ResetTo::Sequence(1)).await.unwrap_err(),
-    );
+    let e = qb.work_group("w").unwrap().reset_to(rockq::ResetTo::Sequence(1)).await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "reset: {e}");
     // Refusals changed nothing: no group "k", and the job is still held and acks.
     let s = b.stats().await.unwrap();

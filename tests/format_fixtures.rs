@@ -56,7 +56,7 @@ async fn a_format_2_database_opens_and_delivers_what_it_holds() {
     // Delayed messages: one a year out (written at fixture time, so still pending), with its
     // key and headers; one cancelled before the fixture was taken.
     let reminders = broker.queue("reminders").await.unwrap();
-    let pending = reminders.scheduled(10).await.unwrap();
+    let pending = reminders.delayed(10).await.unwrap();
     assert_eq!(pending.len(), 1, "{pending:?}");
     assert_eq!((pending[0].key.as_deref(), pending[0].payload_len), (Some("user-7"), 5));
     assert!(reminders.reschedule(pending[0].id, SystemTime::UNIX_EPOCH).await.unwrap().is_some());

@@ -241,7 +241,7 @@ async fn a_conflict_applies_nothing_and_exactly_one_of_two_racing_transactions_w
         found: Some(3),
     };
     assert!(binary.to_string().contains("key 0x00ff expected"), "{binary}");
-    assert!(rockq::Error::from(lost.clone()).is_retryable());
+    assert!(lost.is_retryable());
     assert!(
         matches!(lost, Error::Conflict { found: Some(_), expected: Expect::Revision(r), .. } if *r == r0)
     );
@@ -712,7 +712,7 @@ async fn a_condition_that_never_holds_is_a_failed_attempt_after_sixteen_re_runs(
     });
     let dlq = broker.queue("q.dlq").await.unwrap();
     tokio::time::timeout(HANG_GUARD, async {
-        while dlq.len() == 0 {
+        while dlq.is_empty() {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     })

@@ -61,13 +61,12 @@ impl Broker {
             return Err(Error::NeedsSubmit {
                 index: 0,
                 reason: "is delayed (a schedule's message is sent when it fires)",
-            }
-            .into());
+            });
         }
         let max = self.shared.options().max_message_bytes;
         let size = boundary::body_len(&message);
         if size > max {
-            return Err(Error::MessageTooLarge { index: 0, size, max }.into());
+            return Err(Error::MessageTooLarge { index: 0, size, max });
         }
         boundary::validate(&message).map_err(|e| match e {
             boundary::EncodeError::KeyEmpty => Error::InvalidKey { index: 0, reason: "empty" },

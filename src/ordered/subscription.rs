@@ -243,12 +243,12 @@ impl Stream for Subscription {
             if this.sub.group.is_deleted() {
                 let g = &this.sub.group;
                 let e = Error::GroupDeleted { queue: g.queue.name.to_string(), group: g.name.to_string() };
-                return this.end(Some(e.into()));
+                return this.end(Some(e));
             }
             if this.sub.group.ownership_lost() {
                 let g = &this.sub.group;
                 let e = Error::OwnershipLost { queue: g.queue.name.to_string(), group: g.name.to_string() };
-                return this.end(Some(e.into()));
+                return this.end(Some(e));
             }
             // A purge deleted messages read ahead (or handed back) but not handed out yet: they
             // are gone for the group too (the window counts them done without an entry).
@@ -359,10 +359,10 @@ impl Stream for Subscription {
                             continue;
                         }
                         Ok(Ok(ReadOutcome::Closed)) => return this.end(None),
-                        Ok(Err(e)) => return this.end(Some(e.into())),
+                        Ok(Err(e)) => return this.end(Some(e)),
                         Err(join) => {
                             let e = Error::Internal(format!("read task failed: {join}"));
-                            return this.end(Some(e.into()));
+                            return this.end(Some(e));
                         }
                     }
                 }

@@ -111,7 +111,7 @@ impl PoolHandle {
         self.stop.cancel();
         match self.task.take() {
             Some(task) => join(task).await,
-            None => Err(Error::Internal("worker pool already stopped".into()).into()),
+            None => Err(Error::Internal("worker pool already stopped".into())),
         }
     }
 
@@ -162,6 +162,6 @@ impl Drop for PoolHandle {
 async fn join(task: JoinHandle<Result<PoolReport, Error>>) -> Result<PoolReport, Error> {
     match task.await {
         Ok(r) => r,
-        Err(e) => Err(Error::Internal(format!("worker pool task: {e}")).into()),
+        Err(e) => Err(Error::Internal(format!("worker pool task: {e}"))),
     }
 }

@@ -310,13 +310,13 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
         for (what, n) in [("concurrency", self.concurrency), ("prefetch", self.prefetch.unwrap_or(0))] {
             if n > Workers::MAX_POOL {
                 let msg = format!("worker pool {what} {n} exceeds the maximum of {}", Workers::MAX_POOL);
-                return Err(crate::error::Error::InvalidOption(msg).into());
+                return Err(crate::error::Error::InvalidOption(msg));
             }
         }
         let shared = self.group.shared.clone();
         // Broker shutdown waits for this pool to drain.
         let Some(_running) = shared.pool_started() else {
-            return Err(crate::error::Error::Shutdown.into());
+            return Err(crate::error::Error::Shutdown);
         };
         // Adaptive: room for the largest prefetch, the part above the current one held back.
         let (ahead, room) = match self.prefetch {
@@ -395,7 +395,7 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
                 // With every worker busy the subscription is not polled: its end is seen here.
                 _ = state.wait_deleted() => {
                     let (queue, group) = (state.queue.name.to_string(), state.name.to_string());
-                    break Err(crate::error::Error::GroupDeleted { queue, group }.into());
+                    break Err(crate::error::Error::GroupDeleted { queue, group });
                 }
                 _ = feed.room(), if !has_room => continue,
                 item = sub.next(), if has_room => match item {

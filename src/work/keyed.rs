@@ -80,7 +80,7 @@ pub(super) async fn learn(
                         Err(_) => return Ok(Learned::Closed),
                     }
                 }
-                Ok(Err(e)) => return Err(e.into()),
+                Ok(Err(e)) => return Err(e),
             };
             group.assign_keys(keys);
         }
@@ -106,7 +106,7 @@ pub(super) async fn learn(
         // The record at `from` does not decode: learn it without a key; the claim path
         // dead-letters it.
         Ok(Err(Error::Corrupt(_))) => vec![(from, None)],
-        Ok(Err(e)) => return Err(e.into()),
+        Ok(Err(e)) => return Err(e),
     };
     Ok(if group.learn(keys) > 0 { Learned::Progress } else { Learned::Nothing })
 }

@@ -154,7 +154,7 @@ impl Stream for WorkSubscription {
                 // Jobs claimed and not handed out are dropped (they could not settle anyway).
                 this.buffer.clear();
                 this.done = true;
-                return Poll::Ready(Some(Err(deleted(&this.ctx.group).into())));
+                return Poll::Ready(Some(Err(deleted(&this.ctx.group))));
             }
             let slot = this.fetch.get_mut().unwrap_or_else(|p| p.into_inner());
             // Drive the claim in progress, if any.
@@ -289,7 +289,7 @@ async fn dead_letter_corrupt(ctx: &Arc<Ctx>, c: &Claimed, err: &CorruptionError)
     };
     match rx.await {
         Ok(Ok(())) | Ok(Err(Error::Shutdown | Error::LeaseLost { .. })) | Err(_) => Ok(()),
-        Ok(Err(e)) => Err(e.into()),
+        Ok(Err(e)) => Err(e),
     }
 }
 
@@ -313,7 +313,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
     let clock = shared.clock().clone();
     let group = &ctx.group;
     let cfg = &ctx.config;
-    let internal = |e: tokio::sync::AcquireError| Error::from(Error::Internal(e.to_string()));
+    let internal = |e: tokio::sync::AcquireError| Error::Internal(e.to_string());
 
     // Room first: a saturated subscription claims nothing (so holds no lease it cannot use).
     let first = match ctx.permits.clone().try_acquire_owned() {
@@ -349,7 +349,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
             return Ok(Some(Vec::new()));
         }
         if group.is_deleted() {
-            return Err(deleted(group).into());
+            return Err(deleted(group));
         }
         // Registered before looking, so a release between the look and the wait is not missed.
         let notified = group.changed.notified();
@@ -449,8 +449,8 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
         Ok(Err(Error::Shutdown)) | Err(_) => return Ok(Some(Vec::new())),
         // A reset overtook the claim: the guard gives the claims back; claim again.
         Ok(Err(Error::LeaseLost { .. })) => return Ok(None),
-        Ok(Err(Error::GroupDeleted { .. })) => return Err(deleted(group).into()),
-        Ok(Err(e)) => return Err(e.into()),
+        Ok(Err(Error::GroupDeleted { .. })) => return Err(deleted(group)),
+        Ok(Err(e)) => return Err(e),
     }
     let msgs = match read {
         Ok(Ok(ReadOutcome::Messages(msgs))) => msgs,
@@ -461,7 +461,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
         Ok(Err(Error::Corrupt(err))) => {
             let seq = boundary::message_seq(err.key());
             let Some(c) = claimed.iter().find(|c| Some(c.seq) == seq) else {
-                return Err(Error::Corrupt(err).into());
+                return Err(Error::Corrupt(err));
             };
             // No attempt can ever deliver a record that does not decode, and releasing the
             // claim would only fail the next read the same way (the group would stall on it):
@@ -471,8 +471,8 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
             guard.claims.retain(|&(s, _)| s != c.seq);
             return Ok(None);
         }
-        Ok(Err(e)) => return Err(e.into()),
-        Err(join) => return Err(Error::Internal(format!("read task failed: {join}")).into()),
+        Ok(Err(e)) => return Err(e),
+        Err(join) => return Err(Error::Internal(format!("read task failed: {join}"))),
     };
 
     let mut by_seq: std::collections::HashMap<u64, Claimed> =

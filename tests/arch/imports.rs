@@ -139,7 +139,10 @@ fn is_ident(c: char) -> bool {
 
 /// The use trees of `code`: `(is a re-export, the module-relative paths it brings in, with the
 /// name each is bound to)`.
-fn use_decls(code: &str) -> Vec<(bool, Vec<(Vec<String>, String)>)> {
+/// One `use` declaration: whether it is `pub`, and each imported path with its local name.
+pub type UseDecl = (bool, Vec<(Vec<String>, String)>);
+
+fn use_decls(code: &str) -> Vec<UseDecl> {
     let mut out = Vec::new();
     let bytes: Vec<char> = code.chars().collect();
     let text: String = bytes.iter().collect();
@@ -432,7 +435,7 @@ impl Crate {
 
     /// The file that holds module `m` (an inline module's enclosing file).
     fn file_of(&self, m: &[String]) -> Option<&PathBuf> {
-        (0..=m.len()).rev().find_map(|k| self.files.get(&m[..k].to_vec()))
+        (0..=m.len()).rev().find_map(|k| self.files.get(&m[..k]))
     }
 
     /// The file that defines what `path`, written in module `at`, names; `None` outside this
@@ -620,6 +623,6 @@ pub fn without_test_modules(code: &str) -> String {
 }
 
 /// The use trees of `code` (for the scanner's own test).
-pub fn parse_uses(code: &str) -> Vec<(bool, Vec<(Vec<String>, String)>)> {
+pub fn parse_uses(code: &str) -> Vec<UseDecl> {
     use_decls(code)
 }
