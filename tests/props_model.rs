@@ -117,6 +117,9 @@ struct Model {
     w_base: u64,
     w: BTreeMap<u64, (u32, W)>,
     w_frontier: u64,
+    /// Attempts given back by a conflict: in memory only, counted again by a restart that
+    /// comes before the next claim (which records the attempt anew).
+    w_given_back: BTreeSet<u64>,
     w_held: Vec<(u64, u32, bool, u64)>, // seq, attempt, lease expired, lease deadline (s)
     now: u64,                           // clock seconds
     dlq: Vec<u64>,
@@ -407,6 +410,7 @@ async fn run(ops: Vec<Op>) {
             // none is held.
             Op::WClaim if r.w_held.is_empty() => {
                 let Some((seq, attempt)) = m.w_claim() else { continue };
+                m.w_given_back.remove(&seq);
                 let j = quick(r.w.next(), &ctx).await;
                 assert_eq!((j.seq(), j.attempt()), (seq, attempt), "{ctx}: {m:?}");
                 m.w_held.push((seq, attempt, false, m.now + LEASE.as_secs()));
@@ -506,6 +510,11 @@ async fn run(ops: Vec<Op>) {
                         m.w.get_mut(&seq).unwrap().1 = W::Available;
                     }
                 }
+                for seq in std::mem::take(&mut m.w_given_back) {
+                    if let Some(w) = m.w.get_mut(&seq).filter(|w| w.1 == W::Available) {
+                        w.0 += 1;
+                    }
+                }
                 if let Op::CorruptRestart(pick) = op {
                     // Past the ordered group, not finished by the work group.
                     let candidates: Vec<u64> = (m.first.max(m.w_committed() + 1)..=m.o_committed)
@@ -563,6 +572,7 @@ async fn run(ops: Vec<Op>) {
                 r = Real { broker, q, kv, out, o, w, o_held, w_held: Vec::new() };
                 m.w_held.clear();
                 m.w.clear();
+                m.w_given_back.clear();
                 m.w_base = seq - 1;
                 m.w_frontier = seq;
             }
@@ -598,8 +608,10 @@ async fn run(ops: Vec<Op>) {
                     assert!(matches!(res, Err(Error::LeaseLost { .. })), "{ctx}: {res:?}");
                 } else if conflict {
                     assert!(matches!(res, Err(Error::Conflict { .. })), "{ctx}: {res:?}");
-                    // Released, its attempt counted.
-                    m.w.get_mut(&seq).unwrap().1 = W::Available;
+                    // Released; a conflict is no failed attempt: the attempt is given back.
+                    let w = m.w.get_mut(&seq).unwrap();
+                    (w.0, w.1) = (w.0 - 1, W::Available);
+                    m.w_given_back.insert(seq);
                 } else {
                     assert!(res.is_ok(), "{ctx}: {res:?}");
                     m.w.get_mut(&seq).unwrap().1 = W::Done;
