@@ -147,8 +147,12 @@ async fn the_console_in_a_headless_browser() {
     let driver = std::env::var("CHROMEDRIVER").expect("CHROMEDRIVER=host:port of a running chromedriver");
     let started = std::time::Instant::now();
     let f = fixture().await;
-    let (app, sampler) =
-        Console::new(f.broker.clone()).token(TOKEN).manual_sampling().refresh_every(0).build();
+    let (app, sampler) = Console::new(f.broker.clone())
+        .token(TOKEN)
+        .public_reads(true)
+        .manual_sampling()
+        .refresh_every(0)
+        .build();
     // Traffic between samples, so the charts have lines (the pauses shape the picture only;
     // nothing below depends on their length).
     let orders = f.broker.queue("orders").await.unwrap();

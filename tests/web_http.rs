@@ -25,7 +25,16 @@ struct Answer {
     body: String,
 }
 
-async fn call(app: &Router, req: Request<Body>) -> Answer {
+/// Sends `req` as a browser on this machine would: with `Host: localhost` unless it names one.
+async fn call(app: &Router, mut req: Request<Body>) -> Answer {
+    if !req.headers().contains_key(header::HOST) {
+        req.headers_mut().insert(header::HOST, header::HeaderValue::from_static("localhost:8080"));
+    }
+    call_raw(app, req).await
+}
+
+/// Sends `req` exactly as given (no `Host` added).
+async fn call_raw(app: &Router, req: Request<Body>) -> Answer {
     let resp = app.clone().oneshot(req).await.expect("infallible");
     let status = resp.status();
     let headers = resp.headers().clone();
@@ -96,8 +105,10 @@ fn strip_tags(s: &str) -> String {
     out.trim().to_owned()
 }
 
+/// A console with the token, its reads public: these tests check what pages and actions show
+/// and do (the private default has its own tests).
 fn writable(broker: &rockq::Broker) -> Router {
-    Console::new(broker.clone()).token(TOKEN).manual_sampling().router()
+    Console::new(broker.clone()).token(TOKEN).public_reads(true).manual_sampling().router()
 }
 
 #[tokio::test]
@@ -761,9 +772,20 @@ async fn the_sampler_feeds_the_charts_and_stops_with_the_router() {
 #[tokio::test]
 async fn a_read_only_console_reads_a_database_another_broker_holds() {
     let f = fixture().await;
+    // Private (the default with a token): the read-only console takes its token for reads.
     let app = Console::read_only(f.dir.path()).token(TOKEN).manual_sampling().router();
-    let page = get(&app, "/").await;
+    assert_eq!(get(&app, "/").await.status, StatusCode::SEE_OTHER, "anonymous: to the login form");
+    let bearer = format!("Bearer {TOKEN}");
+    let with_token =
+        |path: &str| Request::get(path).header(header::AUTHORIZATION, &bearer).body(Body::empty()).unwrap();
+    let page = call(&app, with_token("/")).await;
     assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert_eq!(
+        call(&app, with_token("/metrics")).await.status,
+        StatusCode::OK,
+        "a scraper with the token reads"
+    );
+    let app = Console::read_only(f.dir.path()).token(TOKEN).public_reads(true).manual_sampling().router();
     let stats = f.broker.stats().await.unwrap();
     let rows = table(&page.body, "queues");
     assert_eq!(rows.len(), stats.queues.len());
@@ -778,12 +800,12 @@ async fn a_read_only_console_reads_a_database_another_broker_holds() {
     assert!(page.body.contains("read-only"));
     assert_eq!(get(&app, "/dlq/jobs.dlq").await.status, StatusCode::OK);
     assert_eq!(get(&app, "/queues/jobs").await.status, StatusCode::OK);
-    // Even with the token, nothing may change.
-    let a =
-        post(&app, "/api/groups/orders/billing/pause", "", &[("authorization", &format!("Bearer {TOKEN}"))])
-            .await;
-    assert!(a.status == StatusCode::FORBIDDEN || a.status == StatusCode::UNAUTHORIZED, "{}", a.status);
-    assert_eq!(post(&app, "/login", &format!("token={TOKEN}"), &[]).await.status, StatusCode::FORBIDDEN);
+    // The token is the console's (a 403 "read-only", not a 401), but nothing may change.
+    let a = post(&app, "/api/groups/orders/billing/pause", "", &[("authorization", &bearer)]).await;
+    assert_eq!(a.status, StatusCode::FORBIDDEN, "{}", a.body);
+    assert!(a.body.contains("read-only"), "{}", a.body);
+    // A browser logs in (to read a private console); its forms stay hidden.
+    assert_eq!(post(&app, "/login", &format!("token={TOKEN}"), &[]).await.status, StatusCode::SEE_OTHER);
     assert_eq!(f.broker.stats().await.unwrap(), stats);
     drop(f.held);
     // Closed before the test ends: a broker dropped as the binary exits would race
@@ -797,12 +819,21 @@ async fn nested_under_a_prefix_every_link_and_redirect_keeps_it() {
     let app = Router::new().nest("/rockq", writable(&f.broker));
     let page = get(&app, "/rockq").await;
     assert_eq!(page.status, StatusCode::OK);
+    // The overview's links point at the mount point itself (a nest does not route `/rockq/`).
+    assert!(page.body.contains(r#"class="brand" href="/rockq""#), "{}", page.body);
+    assert!(!page.body.contains(r#"href="/rockq/""#));
+    let missing = get(&app, "/rockq/queues/nope").await;
+    assert!(missing.body.contains(r#"<a href="/rockq">Back to the overview</a>"#), "{}", missing.body);
     assert!(
         page.body.contains(r#"href="/rockq/queues/orders""#)
             && page.body.contains(r#"href="/rockq/dlq/jobs.dlq""#)
     );
     let a = post(&app, "/rockq/login", &format!("token={TOKEN}"), &[]).await;
-    assert_eq!(a.headers[header::LOCATION], "/rockq/");
+    assert_eq!(
+        a.headers[header::LOCATION],
+        "/rockq",
+        "the overview is the mount point, which the nest routes"
+    );
     assert!(a.headers[header::SET_COOKIE].to_str().unwrap().contains("Path=/rockq;"));
     let q = get(&app, "/rockq/queues/jobs").await;
     assert!(q.body.contains(r#"href="/rockq/queues/jobs?view=hex"#));
@@ -815,11 +846,14 @@ async fn nested_under_a_prefix_every_link_and_redirect_keeps_it() {
 #[tokio::test]
 async fn serve_binds_loopback_only_unless_allowed() {
     let f = fixture().await;
-    let c = Console::new(f.broker.clone());
+    let mut c = Console::new(f.broker.clone());
     assert!(matches!(c.bind(([0, 0, 0, 0], 0).into()).await, Err(WebError::NotLoopback { .. })));
     let listener = c.bind(([127, 0, 0, 1], 0).into()).await.unwrap();
     assert!(listener.local_addr().unwrap().ip().is_loopback());
-    let c = Console::new(f.broker.clone()).allow_remote(true);
+    // Remote needs both the permission and a token: without a token anyone reads everything.
+    let mut c = Console::new(f.broker.clone()).allow_remote(true);
+    assert!(matches!(c.bind(([0, 0, 0, 0], 0).into()).await, Err(WebError::NotLoopback { .. })));
+    let mut c = Console::new(f.broker.clone()).allow_remote(true).token(TOKEN);
     assert!(c.bind(([0, 0, 0, 0], 0).into()).await.is_ok());
     // serve_on returns once the broker shuts down.
     let server = tokio::spawn(Console::new(f.broker.clone()).serve_on(listener));
@@ -856,11 +890,16 @@ async fn rockq_serve_is_read_only_beside_a_running_service_and_full_alone() {
     let (mut child, first) = start(f.dir.path(), &["--token", TOKEN]).await;
     assert!(first.contains("held by another process"), "{first}");
     let addr = first.split("http://").nth(1).unwrap().split('/').next().unwrap().to_owned();
-    let (status, body) = console::http(&addr, "GET", "/", None).await;
+    let (status, _) = console::http(&addr, "GET", "/", None).await;
+    assert_eq!(status, 303, "private with a token: to the login form");
+    let bearer = format!("Authorization: Bearer {TOKEN}");
+    let (status, body) = console::http_with(&addr, "GET", "/", None, &[&bearer]).await;
     assert_eq!(status, 200);
     assert!(body.contains("read-only") && body.contains(r#"href="/queues/jobs""#));
     let (status, _) = console::http(&addr, "POST", "/api/trim", None).await;
-    assert_eq!(status, 403);
+    assert_eq!(status, 401, "anonymous: not even told it is read-only");
+    let (status, _) = console::http_with(&addr, "POST", "/api/trim", None, &[&bearer]).await;
+    assert_eq!(status, 403, "the token, but read-only");
     child.kill().await.unwrap();
 
     drop(f.held);
@@ -869,7 +908,7 @@ async fn rockq_serve_is_read_only_beside_a_running_service_and_full_alone() {
     let (mut child, first) = start(f.dir.path(), &["--token", TOKEN]).await;
     assert!(first.contains("full"), "{first}");
     let addr = first.split("http://").nth(1).unwrap().split('/').next().unwrap().to_owned();
-    let (status, body) = console::http(&addr, "GET", "/", None).await;
+    let (status, body) = console::http_with(&addr, "GET", "/", None, &[&bearer]).await;
     assert_eq!(status, 200);
     assert!(body.contains("log in to act"), "{body}");
     // SIGTERM shuts the broker down cleanly: the database opens again at once.
@@ -964,5 +1003,91 @@ async fn the_sampler_task_records_on_its_tick() {
     drop(f.held);
     // Closed before the test ends: a broker dropped as the binary exits would race
     // RocksDB's own teardown ("pthread lock: Invalid argument").
+    let _ = f.broker.shutdown().await;
+}
+
+/// With a token, the console is private: every page, the JSON API and `/metrics` need it (a
+/// session or the bearer token); only the login form and the favicon are open. `public_reads`
+/// opts out.
+#[tokio::test]
+async fn with_a_token_every_read_needs_it_unless_reads_are_public() {
+    let f = fixture().await;
+    let app = Console::new(f.broker.clone()).token(TOKEN).manual_sampling().router();
+    let pages = ["/", "/queues/orders", "/dlq/jobs.dlq", "/queues/orders?view=hex"];
+    let api = ["/api/stats", "/api/history", "/api/queues/orders/messages", "/api/dlq/jobs.dlq", "/metrics"];
+    for path in pages {
+        let a = get(&app, path).await;
+        assert_eq!(a.status, StatusCode::SEE_OTHER, "{path}");
+        assert_eq!(a.headers[header::LOCATION], "/login", "{path}");
+        assert!(!a.body.contains("order"), "{path}: nothing of the data");
+    }
+    for path in api {
+        let a = get(&app, path).await;
+        assert_eq!(a.status, StatusCode::UNAUTHORIZED, "{path}");
+        assert!(a.headers[header::WWW_AUTHENTICATE].to_str().unwrap().starts_with("Bearer"), "{path}");
+        assert!(!a.body.contains("order"), "{path}: nothing of the data");
+    }
+    assert_eq!(get(&app, "/login").await.status, StatusCode::OK);
+    assert_eq!(get(&app, "/favicon.ico").await.status, StatusCode::OK);
+    // The bearer token (a scraper, a script) and a browser session read everything.
+    let bearer = format!("Bearer {TOKEN}");
+    let (cookie, _) = login(&app).await;
+    for path in pages.iter().chain(&api) {
+        let r = Request::get(*path).header(header::AUTHORIZATION, &bearer).body(Body::empty()).unwrap();
+        assert_eq!(call(&app, r).await.status, StatusCode::OK, "bearer {path}");
+        let r = Request::get(*path).header(header::COOKIE, &cookie).body(Body::empty()).unwrap();
+        assert_eq!(call(&app, r).await.status, StatusCode::OK, "session {path}");
+    }
+    // A wrong token reads nothing either.
+    let r =
+        Request::get("/api/stats").header(header::AUTHORIZATION, "Bearer wrong").body(Body::empty()).unwrap();
+    assert_eq!(call(&app, r).await.status, StatusCode::UNAUTHORIZED);
+    // Opted out: reads are public, actions still need the token.
+    let public = writable(&f.broker);
+    for path in pages.iter().chain(&api) {
+        assert_eq!(get(&public, path).await.status, StatusCode::OK, "public {path}");
+    }
+    assert_eq!(post(&public, "/api/trim", "", &[]).await.status, StatusCode::UNAUTHORIZED);
+    drop(f.held);
+    let _ = f.broker.shutdown().await;
+}
+
+/// DNS rebinding: a page on another name pointed at this machine sends its own `Host`. Only the
+/// console's names pass (the port does not matter); no `Host` at all is refused too.
+#[tokio::test]
+async fn requests_for_a_host_the_console_does_not_answer_to_are_refused() {
+    let f = fixture().await;
+    let app = writable(&f.broker);
+    let with_host =
+        |path: &str, host: &str| Request::get(path).header(header::HOST, host).body(Body::empty()).unwrap();
+    for path in ["/", "/api/dlq/jobs.dlq", "/metrics", "/login"] {
+        let a = call(&app, with_host(path, "evil.test:8080")).await;
+        assert_eq!(a.status, StatusCode::MISDIRECTED_REQUEST, "{path}");
+        assert!(!a.body.contains("order"), "{path}: nothing of the data");
+        let a = call_raw(&app, Request::get(path).body(Body::empty()).unwrap()).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{path}: no Host");
+    }
+    for host in ["localhost:8080", "LOCALHOST", "127.0.0.1:9", "[::1]:8080"] {
+        assert_eq!(call(&app, with_host("/", host)).await.status, StatusCode::OK, "{host}");
+    }
+    // The name a reverse proxy forwards, once allowed.
+    let proxied = Console::new(f.broker.clone())
+        .token(TOKEN)
+        .public_reads(true)
+        .allowed_host("Queues.Example.com:443")
+        .manual_sampling()
+        .router();
+    assert_eq!(call(&proxied, with_host("/", "queues.example.com")).await.status, StatusCode::OK);
+    assert_eq!(call(&proxied, with_host("/", "example.com")).await.status, StatusCode::MISDIRECTED_REQUEST);
+    // A refused action changes nothing.
+    let before = f.broker.stats().await.unwrap();
+    let r = Request::post("/api/trim")
+        .header(header::HOST, "evil.test")
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(call(&app, r).await.status, StatusCode::MISDIRECTED_REQUEST);
+    assert_eq!(f.broker.stats().await.unwrap(), before);
+    drop(f.held);
     let _ = f.broker.shutdown().await;
 }

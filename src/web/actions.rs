@@ -49,7 +49,11 @@ fn authorized<'a>(
 
 /// What an action answers: a redirect for forms, JSON for the API.
 fn done(ctx: &Ctx, back: &str, value: serde_json::Value) -> Response {
-    if ctx.api { axum::Json(value).into_response() } else { ctx.redirect(back) }
+    match (ctx.api, back) {
+        (true, _) => axum::Json(value).into_response(),
+        (false, "/") => ctx.redirect_home(),
+        (false, _) => ctx.redirect(back),
+    }
 }
 
 /// Answers any method other than POST on a mutating route: 405 with an explanation.
@@ -254,10 +258,16 @@ pub(crate) async fn login(AxState(st): AxState<Arc<State>>, ctx: Ctx, f: Fields)
         let f = fields(f)?;
         // A login from another site would log the victim into the attacker's session.
         auth::same_site(&ctx.headers)?;
-        let id = st.auth.login(f.get("token").map(String::as_str).unwrap_or(""))?;
+        let id = match st.auth.login(f.get("token").map(String::as_str).unwrap_or("")) {
+            Ok(id) => id,
+            Err(refused) => {
+                st.auth.throttle_failure().await;
+                return Err(refused);
+            }
+        };
         let path = if ctx.base.is_empty() { "/" } else { ctx.base.as_str() };
         let cookie = format!("{COOKIE_NAME}={id}; Path={path}; HttpOnly; SameSite=Strict; Max-Age=43200");
-        let mut resp = ctx.redirect("/");
+        let mut resp = ctx.redirect_home();
         let value =
             header::HeaderValue::from_str(&cookie).map_err(|e| Failure::bad_request(e.to_string()))?;
         resp.headers_mut().insert(header::SET_COOKIE, value);
@@ -271,10 +281,10 @@ pub(crate) async fn login(AxState(st): AxState<Arc<State>>, ctx: Ctx, f: Fields)
 pub(crate) async fn logout(AxState(st): AxState<Arc<State>>, ctx: Ctx, f: Fields) -> Response {
     let r = async {
         let f = fields(f)?;
-        st.auth.authorize(&ctx.caller, &ctx.headers, f.get("csrf").map(String::as_str))?;
+        st.auth.check_form(&ctx.caller, &ctx.headers, f.get("csrf").map(String::as_str))?;
         st.auth.logout(&ctx.headers);
         let path = if ctx.base.is_empty() { "/" } else { ctx.base.as_str() };
-        let mut resp = ctx.redirect("/");
+        let mut resp = ctx.redirect_home();
         let cookie = format!("{COOKIE_NAME}=; Path={path}; HttpOnly; SameSite=Strict; Max-Age=0");
         if let Ok(v) = header::HeaderValue::from_str(&cookie) {
             resp.headers_mut().insert(header::SET_COOKIE, v);

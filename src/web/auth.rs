@@ -1,6 +1,9 @@
 //! Who may change things: the configured token, browser sessions and CSRF protection.
 //!
-//! - Without a token the console is read-only: every mutating route answers 403.
+//! - Without a token the console is read-only: every mutating route answers 403; so does every
+//!   one over a read-only source (a database held by another process), token or not.
+//! - With a token, reading needs it too (private by default; `guard.rs`), unless the console
+//!   was built with `public_reads`.
 //! - API clients send `Authorization: Bearer <token>`. Browsers never attach that header on
 //!   their own, so a bearer request cannot be forged cross-site and needs no CSRF token.
 //! - Browsers log in with the token once (`POST /login`) and get a session cookie
@@ -9,7 +12,9 @@
 //!   the field proves the page), and must not come from another site (`Origin` and
 //!   `Sec-Fetch-Site`, when the browser sends them).
 //!
-//! Secrets are compared in constant time, and the session store is bounded.
+//! Secrets are compared in constant time, the session store is bounded, and failed logins are
+//! throttled: each waits [`LOGIN_FAILURE_DELAY`], one at a time, so guessing runs at one try a
+//! second whatever the client's concurrency.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -28,10 +33,17 @@ const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 /// The most live sessions; the oldest goes first.
 const MAX_SESSIONS: usize = 256;
 
-/// The token, if any, and the live sessions.
+/// How long a failed login waits before it is answered (failures wait one after another).
+pub(crate) const LOGIN_FAILURE_DELAY: Duration = Duration::from_secs(1);
+
+/// The token, if any, whether changes are possible at all, and the live sessions.
 pub(crate) struct Auth {
     token: Option<String>,
+    /// The source can be written (a live broker, not a read-only view).
+    writable: bool,
     sessions: Mutex<HashMap<String, Session>>,
+    /// Held by a failed login while it waits: failures are answered one at a time.
+    failures: tokio::sync::Mutex<()>,
 }
 
 struct Session {
@@ -51,13 +63,29 @@ pub(crate) enum Caller {
 }
 
 impl Auth {
-    pub(crate) fn new(token: Option<String>) -> Auth {
-        Auth { token: token.filter(|t| !t.is_empty()), sessions: Mutex::new(HashMap::new()) }
+    pub(crate) fn new(token: Option<String>, writable: bool) -> Auth {
+        Auth {
+            token: token.filter(|t| !t.is_empty()),
+            writable,
+            sessions: Mutex::new(HashMap::new()),
+            failures: tokio::sync::Mutex::new(()),
+        }
     }
 
-    /// Whether a token is configured (otherwise the console is read-only).
+    /// Whether a token is configured (reads then need it too, unless reads are public).
     pub(crate) fn has_token(&self) -> bool {
         self.token.is_some()
+    }
+
+    /// Whether the console may change things at all: a token, over a live broker.
+    pub(crate) fn writable(&self) -> bool {
+        self.token.is_some() && self.writable
+    }
+
+    /// Waits out a failed login (see [`LOGIN_FAILURE_DELAY`]).
+    pub(crate) async fn throttle_failure(&self) {
+        let _one_at_a_time = self.failures.lock().await;
+        tokio::time::sleep(LOGIN_FAILURE_DELAY).await;
     }
 
     /// Identifies the caller: a bearer token (wrong one: 401), a live session cookie, or nobody.
@@ -81,7 +109,7 @@ impl Auth {
     /// Checks the token typed into the login form and opens a session: `(cookie id, csrf)`.
     pub(crate) fn login(&self, given: &str) -> Result<String, Failure> {
         let Some(token) = &self.token else {
-            return Err(Failure::forbidden("this console is read-only: there is nothing to log in to"));
+            return Err(Failure::forbidden("this console has no token: there is nothing to log in to"));
         };
         if !ct_eq(token.as_bytes(), given.as_bytes()) {
             return Err(Failure::unauthorized("wrong token"));
@@ -106,10 +134,23 @@ impl Auth {
         }
     }
 
-    /// Whether `caller` may carry out a change: a token must be configured, and the caller
-    /// must hold it (bearer), or be a session whose form carries its CSRF token and whose
-    /// request comes from this site.
+    /// Whether `caller` may carry out a change: the console must be [writable](Auth::writable),
+    /// and the caller must pass [`check_form`](Auth::check_form).
     pub(crate) fn authorize(
+        &self,
+        caller: &Caller,
+        headers: &HeaderMap,
+        csrf: Option<&str>,
+    ) -> Result<(), Failure> {
+        if !self.writable() {
+            return Err(read_only());
+        }
+        self.check_form(caller, headers, csrf)
+    }
+
+    /// Whether `caller` holds the token (bearer), or is a session whose form carries its CSRF
+    /// token and whose request comes from this site (what logging out needs, even read-only).
+    pub(crate) fn check_form(
         &self,
         caller: &Caller,
         headers: &HeaderMap,
@@ -214,7 +255,7 @@ mod tests {
 
     #[tokio::test]
     async fn sessions_need_the_token_and_forms_their_csrf() {
-        let auth = Auth::new(Some("tok".into()));
+        let auth = Auth::new(Some("tok".into()), true);
         assert!(auth.login("nope").is_err());
         let id = auth.login("tok").unwrap();
         let mut h = HeaderMap::new();
@@ -224,6 +265,39 @@ mod tests {
         assert!(auth.authorize(&Caller::Session { csrf: csrf.clone() }, &h, Some("x")).is_err());
         h.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));
         assert!(auth.authorize(&Caller::Session { csrf: csrf.clone() }, &h, Some(&csrf)).is_err());
-        assert!(Auth::new(None).authorize(&Caller::Bearer, &HeaderMap::new(), None).is_err());
+        assert!(Auth::new(None, true).authorize(&Caller::Bearer, &HeaderMap::new(), None).is_err());
+    }
+
+    /// A read-only source with a token: the token still identifies (reads, logging out), but
+    /// nothing may change.
+    #[tokio::test]
+    async fn a_read_only_console_accepts_its_token_and_refuses_changes() {
+        let auth = Auth::new(Some("tok".into()), false);
+        let mut h = HeaderMap::new();
+        h.insert(AUTHORIZATION, HeaderValue::from_static("Bearer tok"));
+        assert_eq!(auth.caller(&h).unwrap(), Caller::Bearer);
+        assert_eq!(auth.authorize(&Caller::Bearer, &h, None).unwrap_err().status, 403);
+        assert!(auth.check_form(&Caller::Bearer, &h, None).is_ok());
+        assert!(auth.login("tok").is_ok());
+    }
+
+    /// Failed logins are answered one at a time, each after the delay (on tokio's paused
+    /// clock: no real waiting, no timing assertion).
+    #[tokio::test(start_paused = true)]
+    async fn failed_logins_wait_one_after_another() {
+        let auth = std::sync::Arc::new(Auth::new(Some("tok".into()), true));
+        let start = tokio::time::Instant::now();
+        let tries: Vec<_> = (0..3)
+            .map(|_| {
+                tokio::spawn({
+                    let auth = auth.clone();
+                    async move { auth.throttle_failure().await }
+                })
+            })
+            .collect();
+        for t in tries {
+            t.await.unwrap();
+        }
+        assert!(start.elapsed() >= LOGIN_FAILURE_DELAY * 3, "{:?}", start.elapsed());
     }
 }

@@ -36,7 +36,7 @@ impl FromRequestParts<Arc<State>> for Ctx {
             parts.extensions.get::<OriginalUri>().map_or_else(|| inner.clone(), |o| o.0.path().to_owned());
         let base = mount_prefix(&outer, &inner);
         let api = inner.starts_with("/api/");
-        let writable = state.auth.has_token();
+        let writable = state.auth.writable();
         let caller = state.auth.caller(&parts.headers);
         let ctx = Ctx { base, caller: Caller::Anonymous, writable, headers: parts.headers.clone(), api };
         match caller {
@@ -61,6 +61,17 @@ impl Ctx {
             Caller::Session { csrf } if self.writable => Some(csrf),
             _ => None,
         }
+    }
+
+    /// The overview's address: the mount point itself (`/rockq`, not `/rockq/`, which a
+    /// nesting router may not route), or `/` at the root.
+    pub(crate) fn home(&self) -> &str {
+        if self.base.is_empty() { "/" } else { &self.base }
+    }
+
+    /// `303 See Other` to the overview.
+    pub(crate) fn redirect_home(&self) -> Response {
+        (StatusCode::SEE_OTHER, [(header::LOCATION, self.home().to_owned())]).into_response()
     }
 
     /// The banner of every page: the mode, and the login or logout control.
@@ -95,11 +106,11 @@ impl Ctx {
         }
         let frame = Frame { base: &self.base, title: "Error", refresh: None, banner: self.banner() };
         let body = format!(
-            r#"<p class="error" id="error"><b>{} {}</b>: {}</p><p><a href="{}/">Back to the overview</a></p>"#,
+            r#"<p class="error" id="error"><b>{} {}</b>: {}</p><p><a href="{}">Back to the overview</a></p>"#,
             f.status.as_u16(),
             esc(f.status.canonical_reason().unwrap_or("")),
             esc(&f.message),
-            esc(&self.base)
+            esc(self.home())
         );
         html_response(f.status, html::page(&frame, &body))
     }

@@ -6,9 +6,11 @@ use std::net::SocketAddr;
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum WebError {
-    /// The address is not loopback and [`Console::allow_remote`](super::Console::allow_remote) was not set.
+    /// The address is not loopback, and [`Console::allow_remote`](super::Console::allow_remote)
+    /// or a [token](super::Console::token) is missing (a console without a token serves
+    /// loopback only: anyone reaching it reads everything).
     #[error(
-        "refusing to serve the console on non-loopback address {addr} (use Console::allow_remote, with a token and TLS in front)"
+        "refusing to serve the console on non-loopback address {addr} (it needs Console::allow_remote and a token, with TLS in front)"
     )]
     NotLoopback {
         /// The address asked for.

@@ -43,13 +43,15 @@ pub(crate) struct Frame<'a> {
 /// A whole page: head, navigation, banner, body (already HTML).
 pub(crate) fn page(frame: &Frame<'_>, body: &str) -> String {
     let base = esc(frame.base);
+    // The overview is the mount point itself: `/rockq`, not `/rockq/` (see `Ctx::home`).
+    let home = if frame.base.is_empty() { "/".to_owned() } else { base.clone() };
     let refresh =
         frame.refresh.map_or_else(String::new, |s| format!(r#"<meta http-equiv="refresh" content="{s}">"#));
     format!(
         r#"<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-{refresh}<title>{title} · rockq</title><style>{CSS}</style></head>
-<body><header><a class="brand" href="{base}/">rockq</a><nav><a href="{base}/">Overview</a><a href="{base}/metrics">Metrics</a><a href="{base}/api/stats">JSON</a></nav>{banner}</header>
+{refresh}<title>{title} · rockq</title><link rel="icon" type="image/svg+xml" href="{base}/favicon.ico"><style>{CSS}</style></head>
+<body><header><a class="brand" href="{home}">rockq</a><nav><a href="{home}">Overview</a><a href="{base}/metrics">Metrics</a><a href="{base}/api/stats">JSON</a></nav>{banner}</header>
 <main><h1>{title}</h1>
 {body}
 </main></body></html>

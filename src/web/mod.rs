@@ -6,10 +6,13 @@
 //! - [`router`] returns an [`axum::Router`] to mount where the application wants it (e.g.
 //!   `Router::new().nest("/rockq", rockq::web::router(broker))`); [`serve`] runs a standalone
 //!   one; `rockq serve --db PATH` does the same from the CLI.
-//! - Safe by default: without a [token](Console::token) the console is read-only; mutating
-//!   routes are POST-only and need the token (a bearer header for the API, a login for
-//!   browsers) plus a per-session CSRF token; [`serve`] refuses non-loopback addresses unless
-//!   [allowed](Console::allow_remote). Every value on a page is HTML-escaped, and the pages
+//! - Safe by default: with a [token](Console::token) every route needs it, reads too (a
+//!   bearer header for the API and `/metrics`, a login for browsers), unless reads are
+//!   [public](Console::public_reads); without one the console is read-only and loopback-only.
+//!   Mutating routes are POST-only and need the token plus a per-session CSRF token; requests
+//!   for a host the console does not answer to are refused ([`Console::allowed_host`]: DNS
+//!   rebinding); [`serve`] refuses non-loopback addresses unless
+//!   [allowed](Console::allow_remote) and a token is set. Every value on a page is HTML-escaped, and the pages
 //!   run no JavaScript (auto-refresh is a `<meta>` tag), so the content security policy
 //!   forbids scripts outright.
 //! - `/metrics` is Prometheus text; `/api/...` is JSON with the fields of [`Stats`](crate::Stats)
@@ -27,6 +30,7 @@
 //! | POST | `/groups/{queue}/{group}/pause`, `/resume`, `/reset` | group actions (reset asks to confirm) |
 //! | POST | `/dlq/{queue}/redrive`, `/trim` | redrive, retention pass |
 //! | GET | `/metrics` | Prometheus text |
+//! | GET | `/favicon.ico` | the console's icon (open, like `/login`) |
 //! | GET | `/api/stats`, `/api/history`, `/api/queues/{queue}/messages`, `/api/queues/{queue}/groups/{group}/pending`, `/api/dlq/{queue}`, `/api/jobs/{id}` | JSON |
 //! | POST | `/api/groups/{queue}/{group}/pause`, `/resume`, `/reset`, `/api/dlq/{queue}/redrive`, `/api/trim` | JSON actions (bearer token) |
 
@@ -37,6 +41,7 @@ mod chart;
 mod ctx;
 mod error;
 mod failure;
+mod guard;
 mod history;
 mod html;
 mod input;
@@ -130,6 +135,8 @@ impl Console {
                 sample_every: Some(Duration::from_secs(5)),
                 refresh: 5,
                 allow_remote: false,
+                public_reads: false,
+                allowed_hosts: ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec(),
             },
         }
     }
@@ -232,6 +239,46 @@ impl Console {
         self
     }
 
+    /// Lets anyone who reaches the console read it — pages, JSON and `/metrics` — even with a
+    /// [token](Console::token) set (which then gates only the actions). For a trusted network
+    /// only: by default a token guards reads too, since message payloads are usually the most
+    /// sensitive data in a system.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(broker: rockq::Broker) {
+    /// let console = rockq::web::Console::new(broker).token("secret").public_reads(true);
+    /// # drop(console);
+    /// # }
+    /// ```
+    pub fn public_reads(mut self, public: bool) -> Console {
+        self.config.public_reads = public;
+        self
+    }
+
+    /// Adds a host name the console answers to (a `Host` header's name, the port ignored),
+    /// beside `localhost`, `127.0.0.1`, `::1` and the address [`bind`](Console::bind) bound.
+    /// Requests naming any other host are refused with 421, which is what stops a DNS
+    /// rebinding attack (a foreign page whose name was pointed at this machine). Add the name
+    /// your reverse proxy forwards.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn demo(broker: rockq::Broker) {
+    /// let console = rockq::web::Console::new(broker).token("secret").allowed_host("queues.example.com");
+    /// # drop(console);
+    /// # }
+    /// ```
+    pub fn allowed_host(mut self, host: impl AsRef<str>) -> Console {
+        let name = guard::host_name(host.as_ref());
+        if !name.is_empty() && !self.config.allowed_hosts.contains(&name) {
+            self.config.allowed_hosts.push(name);
+        }
+        self
+    }
+
     /// The router and a handle on its sampler. Spawns the sampler task (unless
     /// [`manual_sampling`](Console::manual_sampling)) on the current Tokio runtime — built
     /// outside one, the console works without it and logs a warning; the task ends when every
@@ -248,7 +295,7 @@ impl Console {
     pub fn build(self) -> (axum::Router, Sampler) {
         let every = self.config.sample_every;
         let state = Arc::new(State {
-            auth: auth::Auth::new(if self.source.broker().is_some() { self.token } else { None }),
+            auth: auth::Auth::new(self.token, self.source.broker().is_some()),
             source: self.source,
             history: Mutex::new(history::History::default()),
             config: self.config,
@@ -280,8 +327,8 @@ impl Console {
     ///
     /// # Errors
     ///
-    /// [`WebError::NotLoopback`] for a non-loopback address without
-    /// [`allow_remote`](Console::allow_remote); [`WebError::Bind`] if the address cannot be
+    /// [`WebError::NotLoopback`] for a non-loopback address without both
+    /// [`allow_remote`](Console::allow_remote) and a [token](Console::token); [`WebError::Bind`] if the address cannot be
     /// bound; [`WebError::Io`] if serving fails.
     ///
     /// # Examples
@@ -292,7 +339,7 @@ impl Console {
     /// rockq::web::Console::new(broker).token("secret").serve(addr).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn serve(self, addr: SocketAddr) -> Result<(), WebError> {
+    pub async fn serve(mut self, addr: SocketAddr) -> Result<(), WebError> {
         let listener = self.bind(addr).await?;
         self.serve_on(listener).await
     }
@@ -307,19 +354,27 @@ impl Console {
     ///
     /// ```no_run
     /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::web::WebError> {
-    /// let console = rockq::web::Console::new(broker);
+    /// let mut console = rockq::web::Console::new(broker);
     /// let listener = console.bind(([127, 0, 0, 1], 0).into()).await?;
     /// println!("console on http://{:?}", listener.local_addr());
     /// console.serve_on(listener).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn bind(&self, addr: SocketAddr) -> Result<tokio::net::TcpListener, WebError> {
-        if !addr.ip().is_loopback() && !self.config.allow_remote {
+    pub async fn bind(&mut self, addr: SocketAddr) -> Result<tokio::net::TcpListener, WebError> {
+        // Without a token anyone who reaches the console reads everything: loopback only.
+        let has_token = self.token.as_deref().is_some_and(|t| !t.is_empty());
+        if !addr.ip().is_loopback() && !(self.config.allow_remote && has_token) {
             return Err(WebError::NotLoopback { addr });
         }
-        tokio::net::TcpListener::bind(addr)
+        let listener = tokio::net::TcpListener::bind(addr)
             .await
-            .map_err(|source| WebError::Bind { addr, source: std::sync::Arc::new(source) })
+            .map_err(|source| WebError::Bind { addr, source: std::sync::Arc::new(source) })?;
+        // Requests naming the address itself are this console's too.
+        let ip = guard::host_name(&addr.ip().to_string());
+        if !addr.ip().is_unspecified() && !self.config.allowed_hosts.contains(&ip) {
+            self.config.allowed_hosts.push(ip);
+        }
+        Ok(listener)
     }
 
     /// Serves the console on a listener bound by [`bind`](Console::bind) (or by the
@@ -339,6 +394,14 @@ impl Console {
     /// ```
     pub async fn serve_on(self, listener: tokio::net::TcpListener) -> Result<(), WebError> {
         let broker = self.source.broker().cloned();
+        if self.token.as_deref().is_none_or(str::is_empty) {
+            let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+            tracing::warn!(
+                %addr,
+                "rockq console WITHOUT A TOKEN: read-only, and every page, payload and metric is readable by \
+                 anyone who can reach {addr} (loopback only); set a token to make it private"
+            );
+        }
         let app = self.router();
         let stopped = async move {
             match broker {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::handler::Handler;
 use axum::http::{HeaderValue, header};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 
 use super::ctx::Ctx;
@@ -26,6 +26,12 @@ async fn security_headers(mut r: Response) -> Response {
     h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     h.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
     r
+}
+
+/// A small mark, so that browsers stop logging a 404 for the favicon on every page.
+async fn favicon() -> Response {
+    const ICON: &str = r##"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect width="16" height="16" rx="3" fill="#2f5d8a"/><path d="M4 4h8v2H4zm0 3h8v2H4zm0 3h5v2H4z" fill="#fff"/></svg>"##;
+    ([(header::CONTENT_TYPE, "image/svg+xml")], ICON).into_response()
 }
 
 async fn not_found(ctx: Ctx) -> Response {
@@ -66,7 +72,9 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/api/groups/{queue}/{group}/reset", action(actions::reset))
         .route("/api/dlq/{queue}/redrive", action(actions::redrive))
         .route("/api/trim", action(actions::trim))
+        .route("/favicon.ico", get(favicon))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), super::guard::guard))
         .layer(axum::middleware::map_response(security_headers))
         .with_state(state)
 }

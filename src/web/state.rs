@@ -25,4 +25,8 @@ pub(crate) struct Config {
     pub(crate) refresh: u32,
     /// Whether [`Console::serve`](super::Console::serve) may bind a non-loopback address.
     pub(crate) allow_remote: bool,
+    /// Whether reading needs no token even when one is configured.
+    pub(crate) public_reads: bool,
+    /// Host names (lowercase, no port) the console answers to (`guard.rs`).
+    pub(crate) allowed_hosts: Vec<String>,
 }

@@ -78,11 +78,23 @@ pub fn group<'a>(stats: &'a rockq::Stats, queue: &str, group: &str) -> &'a rockq
 /// for the console's pages and for chromedriver's WebDriver API, without an HTTP client crate
 /// in the dev-dependencies.
 pub async fn http(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    http_with(addr, method, path, body, &[]).await
+}
+
+/// [`http`] with extra header lines (`"Authorization: Bearer …"`).
+pub async fn http_with(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    headers: &[&str],
+) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap_or_else(|e| panic!("connect {addr}: {e}"));
     let body = body.unwrap_or("");
+    let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Connection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).await.unwrap();

@@ -97,6 +97,15 @@ pub enum Command {
         /// Read-only even when the database is free (opens it as `rockq stats` does).
         #[arg(long)]
         read_only: bool,
+        /// With a token, let anyone read pages, JSON and /metrics without it (a trusted
+        /// network only: by default the token guards reads too).
+        #[arg(long)]
+        public_reads: bool,
+        /// A host name the console answers to besides localhost, 127.0.0.1, ::1 and the
+        /// --listen address (the name a reverse proxy forwards); repeatable. Requests for any
+        /// other host are refused (DNS rebinding protection).
+        #[arg(long = "allowed-host", value_name = "NAME")]
+        allowed_hosts: Vec<String>,
     },
     /// Deletes a group (offset, claims, delivery records, settings), either mode.
     DeleteGroup {

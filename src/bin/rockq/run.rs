@@ -44,8 +44,9 @@ pub async fn run(cli: Cli) -> Result<()> {
             crate::lifecycle::delete_group(db, json, queue, group, confirm).await
         }
         #[cfg(feature = "web")]
-        Command::Serve { listen, token, allow_remote, read_only } => {
-            crate::serve::serve(db, listen, token, allow_remote, read_only).await
+        Command::Serve { listen, token, allow_remote, read_only, public_reads, allowed_hosts } => {
+            let access = crate::serve::Access { token, allow_remote, public_reads, allowed_hosts };
+            crate::serve::serve(db, listen, access, read_only).await
         }
         Command::Trim => {
             let broker = exclusive(db, "trim").await?;

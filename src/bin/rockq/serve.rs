@@ -9,24 +9,33 @@ use rockq::web::Console;
 
 use crate::session::{Failure, Result, exclusive_or_locked, finish};
 
-pub async fn serve(
-    db: &Path,
-    listen: SocketAddr,
-    token: Option<String>,
-    allow_remote: bool,
-    read_only: bool,
-) -> Result<()> {
+/// Who may reach the console and read it.
+pub struct Access {
+    pub token: Option<String>,
+    pub allow_remote: bool,
+    pub public_reads: bool,
+    pub allowed_hosts: Vec<String>,
+}
+
+pub async fn serve(db: &Path, listen: SocketAddr, access: Access, read_only: bool) -> Result<()> {
+    let Access { token, allow_remote, public_reads, allowed_hosts } = access;
     let broker = if read_only { None } else { exclusive_or_locked(db).await? };
     if broker.is_none() {
         // The read-only console reopens the database per refresh: check once that it opens at
         // all, so a wrong --db fails here rather than on every page.
         crate::session::inspect(db).await?;
     }
-    let mode = match (&broker, token.as_deref().is_some_and(|t| !t.is_empty())) {
+    let has_token = token.as_deref().is_some_and(|t| !t.is_empty());
+    let mode = match (&broker, has_token) {
         (None, _) if read_only => "read-only (--read-only)",
         (None, _) => "read-only (the database is held by another process)",
         (Some(_), true) => "full (actions need the token)",
         (Some(_), false) => "read-only (no --token)",
+    };
+    let reads = match (has_token, public_reads) {
+        (true, false) => "private (reading needs the token too)",
+        (true, true) => "reads public (--public-reads)",
+        (false, _) => "NO TOKEN: anyone who can reach this address reads every page, payload and metric",
     };
     let mut console = match &broker {
         Some(b) => Console::new(b.clone()),
@@ -35,14 +44,22 @@ pub async fn serve(
     if let Some(t) = token {
         console = console.token(t);
     }
-    let console = console.allow_remote(allow_remote);
+    let mut console = console.allow_remote(allow_remote).public_reads(public_reads);
+    for host in &allowed_hosts {
+        console = console.allowed_host(host);
+    }
     let listener = match console.bind(listen).await {
         Ok(l) => l,
         Err(e) => return close(broker, Err(Failure::from(e))).await,
     };
     let addr = listener.local_addr().map_err(Failure::from)?;
     // The first line is the address, for scripts (and tests) that listen on port 0.
-    println!("rockq console on http://{addr}/ — {mode}");
+    println!("rockq console on http://{addr}/ — {mode}; {reads}");
+    if !has_token {
+        eprintln!(
+            "warning: the console has no token (--token or ROCKQ_CONSOLE_TOKEN): it is read-only and readable by anyone who can reach {addr}"
+        );
+    }
     let res = tokio::select! {
         r = console.serve_on(listener) => r.map_err(Failure::from),
         r = tokio::signal::ctrl_c() => r.map_err(Failure::from),
