@@ -80,7 +80,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     });
 
-    let console =
+    let mut console =
         rockq::web::Console::new(broker.clone()).token(token.clone()).sample_every(Duration::from_secs(2));
     let listener = console.bind(addr).await?;
     println!("rockq console on http://{}/ (token: {token}); Ctrl-C to stop", listener.local_addr()?);

@@ -37,7 +37,7 @@ pub(crate) async fn guard(AxState(st): AxState<Arc<State>>, req: Request, next: 
         return plain(StatusCode::BAD_REQUEST, "a Host header is required".into());
     };
     let name = host_name(&host);
-    if !st.config.allowed_hosts.iter().any(|h| *h == name) {
+    if !st.config.allowed_hosts.contains(&name) {
         tracing::warn!(host = %host, "rockq console: refused a request for a host it does not answer to");
         return plain(
             StatusCode::MISDIRECTED_REQUEST,

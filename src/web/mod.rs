@@ -363,7 +363,8 @@ impl Console {
     pub async fn bind(&mut self, addr: SocketAddr) -> Result<tokio::net::TcpListener, WebError> {
         // Without a token anyone who reaches the console reads everything: loopback only.
         let has_token = self.token.as_deref().is_some_and(|t| !t.is_empty());
-        if !addr.ip().is_loopback() && !(self.config.allow_remote && has_token) {
+        let allowed = addr.ip().is_loopback() || (self.config.allow_remote && has_token);
+        if !allowed {
             return Err(WebError::NotLoopback { addr });
         }
         let listener = tokio::net::TcpListener::bind(addr)
