@@ -1091,3 +1091,25 @@ async fn requests_for_a_host_the_console_does_not_answer_to_are_refused() {
     drop(f.held);
     let _ = f.broker.shutdown().await;
 }
+
+/// Dead-letter views and redrive act on dead-letter queues only: on a live queue, redrive would
+/// move live work elsewhere.
+#[tokio::test]
+async fn redrive_and_the_dead_letter_views_refuse_a_queue_that_is_not_a_dead_letter_queue() {
+    let f = fixture().await;
+    let app = writable(&f.broker);
+    let orders = f.broker.queue("orders").await.unwrap();
+    let before = (orders.len(), f.broker.stats().await.unwrap());
+    assert_eq!(get(&app, "/dlq/orders").await.status, StatusCode::NOT_FOUND);
+    let a = get(&app, "/api/dlq/orders").await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    assert!(a.body.contains("not a dead-letter queue"), "{}", a.body);
+    let bearer = format!("Bearer {TOKEN}");
+    let a = post(&app, "/api/dlq/orders/redrive", "to=jobs", &[("authorization", &bearer)]).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND, "{}", a.body);
+    assert_eq!((orders.len(), f.broker.stats().await.unwrap()), before, "nothing moved");
+    // A real one still works.
+    assert_eq!(get(&app, "/dlq/jobs.dlq").await.status, StatusCode::OK);
+    drop(f.held);
+    let _ = f.broker.shutdown().await;
+}

@@ -212,6 +212,7 @@ pub(crate) async fn redrive(
         if !names.iter().any(|n| n == dlq) {
             return Err(Failure::not_found(format!("queue {dlq:?} does not exist")));
         }
+        st.source.check_dead_letter_queue(dlq).await?;
         let to = match f.get("to").map(|s| s.trim()).filter(|s| !s.is_empty()) {
             None => None,
             Some(t) => {

@@ -121,7 +121,9 @@ pub(crate) async fn dead_letters(
         let q = input::name("queue", &q)?;
         let limit =
             input::limit("limit", p.get("limit").map(String::as_str), input::MAX_LIST as u64)?.unwrap_or(50);
-        Ok(to_json(&st.source.dead_letters(q, limit as usize).await?))
+        let letters = st.source.dead_letters(q, limit as usize).await?;
+        st.source.check_dead_letter_queue(q).await?;
+        Ok(to_json(&letters))
     }
     .await;
     answer(&ctx, r)

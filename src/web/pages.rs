@@ -118,11 +118,7 @@ fn group_row(ctx: &Ctx, g: &GroupStats) -> Vec<String> {
 
 /// Names of dead-letter queues: those stored with a group, and any `*.dlq`.
 fn dlq_names(stats: &Stats) -> Vec<&str> {
-    let mut out: Vec<&str> = stats.groups.iter().filter_map(|g| g.dead_letter_queue.as_deref()).collect();
-    out.extend(stats.queues.iter().map(|q| q.name.as_str()).filter(|n| n.ends_with(".dlq")));
-    out.sort_unstable();
-    out.dedup();
-    out
+    super::source::dead_letter_queues(stats)
 }
 
 /// Charts of every queue (enqueued per second) and group (lag, and acknowledged per second).
@@ -340,6 +336,7 @@ async fn dlq_page(
         .unwrap_or(50) as usize;
     let view = View::parse(p.get("view").map(String::as_str));
     let letters = st.source.dead_letters(name, limit).await?;
+    st.source.check_dead_letter_queue(name).await?;
     // After the listing, which checked that the queue exists (`dead_letters` would create it).
     let depth = st.source.dlq_depth(name).await?;
     let (b, n) = (esc(&ctx.base), esc(name));

@@ -109,6 +109,20 @@ impl Source {
         }
     }
 
+    /// Refuses `name` unless it is a dead-letter queue: one a group dead-letters into, or named
+    /// as the default ones are (`<queue>.dlq`). Redrive moves messages out of the queue it acts
+    /// on: on a live queue it would move live work (issue 31).
+    pub(crate) async fn check_dead_letter_queue(&self, name: &str) -> Result<(), Failure> {
+        let stats = self.stats().await?;
+        if dead_letter_queues(&stats).contains(&name) {
+            return Ok(());
+        }
+        Err(Failure::not_found(format!(
+            "queue {name:?} is not a dead-letter queue (no group dead-letters into it): \
+             dead-letter views and redrive act only on dead-letter queues"
+        )))
+    }
+
     /// Dead letters not yet redriven. The queue must exist: `Broker::dead_letters` would
     /// create it, and reading must change nothing.
     pub(crate) async fn dead_letters(&self, dlq: &str, limit: usize) -> Result<Vec<DeadLetter>, Failure> {
@@ -125,4 +139,14 @@ impl Source {
             },
         }
     }
+}
+
+/// The dead-letter queues of `stats`: those a group dead-letters into, and those named as the
+/// default ones are (`<queue>.dlq`), sorted.
+pub(crate) fn dead_letter_queues(stats: &Stats) -> Vec<&str> {
+    let mut out: Vec<&str> = stats.groups.iter().filter_map(|g| g.dead_letter_queue.as_deref()).collect();
+    out.extend(stats.queues.iter().map(|q| q.name.as_str()).filter(|n| n.ends_with(".dlq")));
+    out.sort_unstable();
+    out.dedup();
+    out
 }
