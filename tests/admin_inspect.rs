@@ -258,3 +258,41 @@ async fn extended_leases_show_in_pending_and_stats() {
     job.ack_durable().await.unwrap();
     broker.shutdown().await.unwrap();
 }
+
+/// Leases of a process that is gone are void (the next open hands those jobs out at once), so
+/// a live broker does not count them in flight nor show them leased — an operator would think
+/// workers are busy. A read-only `Inspector` beside a live broker keeps trusting the records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_of_a_process_that_is_gone_are_not_in_flight_after_a_restart() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    {
+        let broker = open_clock(dir.path(), &clock).await;
+        let q = broker.queue("jobs").await.unwrap();
+        q.send_batch(["a", "b", "c"]).await.unwrap();
+        let group = q.work_group("w").unwrap().lease(Duration::from_secs(3600));
+        let mut jobs = group.subscribe().await.unwrap();
+        for _ in 0..3 {
+            std::mem::forget(next_job(&mut jobs).await); // the process dies holding them
+        }
+        assert_eq!(broker.stats().await.unwrap().groups[0].in_flight, 3);
+        drop(jobs);
+        broker.shutdown().await.unwrap();
+    }
+    let broker = open_clock(dir.path(), &clock).await;
+    let stats = broker.stats().await.unwrap();
+    assert_eq!(stats.groups[0].in_flight, 0, "no one holds them: {:?}", stats.groups[0]);
+    let pending = broker.pending("jobs", "w").await.unwrap();
+    assert_eq!(pending.len(), 3);
+    assert!(pending.iter().all(|p| p.state == PendingState::Expired), "{pending:?}");
+    // This process's own leases count, and show leased (the subscription claims ahead).
+    let mut jobs = broker.queue("jobs").await.unwrap().work_group("w").unwrap().subscribe().await.unwrap();
+    let held = next_job(&mut jobs).await;
+    let in_flight = broker.stats().await.unwrap().groups[0].in_flight;
+    let pending = broker.pending("jobs", "w").await.unwrap();
+    let leased = pending.iter().filter(|p| p.state == PendingState::Leased).count() as u64;
+    assert!(in_flight >= 1 && in_flight == leased, "{in_flight} in flight, {pending:?}");
+    assert!(pending.iter().any(|p| p.seq == held.seq() && p.state == PendingState::Leased));
+    drop((held, jobs));
+    broker.shutdown().await.unwrap();
+}

@@ -16,7 +16,7 @@ use super::figures::{LiveLeases, deadline_of, live_leases, micros_to_time, pendi
 use crate::error::{CorruptionError, Error, NameKind, StorageError};
 use crate::model::{Claim, GroupMode, GroupSettings, QueueMeta};
 use crate::schedule::{DelayedInfo, ScheduleInfo};
-use crate::stats::{GroupStats, KeyspaceStats, PendingClaim, QueueStats, Stats, StoredMessage};
+use crate::stats::{GroupStats, KeyspaceStats, PendingClaim, PendingState, QueueStats, Stats, StoredMessage};
 use crate::store::{self, LoadedQueue, RawMessage, ReadOutcome, Snapshot, Store};
 
 /// A registry record read for inspection: anything but a storage error is a record that does
@@ -44,8 +44,11 @@ fn dlq_depth(db: &Snapshot<'_>, q: &LoadedQueue) -> Result<u64, Error> {
     Ok(q.last_seq.saturating_sub(cursor.max(q.meta.first_seq - 1)))
 }
 
-/// Every queue and group. `now_micros` is the broker clock's wall time.
-fn stats(store: &Store, now_micros: u64, live: &LiveLeases) -> Result<Stats, Error> {
+/// Every queue and group. `now_micros` is the broker clock's wall time. `live`: this process's
+/// leases when it is the broker itself — then the only writer, so a lease it does not hold is
+/// void (a dead process's, voided at open: `WorkGroupState::restore`) and not in flight;
+/// `None` for a read-only view, which can only trust the records' deadlines.
+fn stats(store: &Store, now_micros: u64, live: Option<&LiveLeases>) -> Result<Stats, Error> {
     let guard = store.lock();
     let Some(db) = guard.inspect(&store.path) else { return Err(Error::Shutdown) };
     let loaded = db.load().map_err(from_open)?;
@@ -88,7 +91,8 @@ fn stats(store: &Store, now_micros: u64, live: &LiveLeases) -> Result<Stats, Err
         // Sequences finished above the offset, and claim counts (work-queue groups only).
         let mut done = BTreeSet::new();
         let (mut in_flight, mut waiting_retry) = (0u64, 0u64);
-        let live = live.get(&(g.group.clone(), g.queue.clone()));
+        let authoritative = live.is_some();
+        let live = live.and_then(|l| l.get(&(g.group.clone(), g.queue.clone())));
         for c in claims.get(&(g.group.as_str(), g.queue.as_str())).into_iter().flatten() {
             if c.seq <= committed || c.seq < first {
                 continue; // left behind by a trim; ignored at open too
@@ -98,7 +102,8 @@ fn stats(store: &Store, now_micros: u64, live: &LiveLeases) -> Result<Stats, Err
                     done.insert(c.seq);
                 }
                 Claim::Leased { attempt, deadline_micros, .. }
-                    if deadline_of(live, c.seq, attempt, deadline_micros) > now_micros =>
+                    if (!authoritative || holds(live, c.seq, attempt))
+                        && deadline_of(live, c.seq, attempt, deadline_micros) > now_micros =>
                 {
                     in_flight += 1
                 }
@@ -159,7 +164,7 @@ fn pending(
     group: &str,
     queue: &str,
     now_micros: u64,
-    live: &LiveLeases,
+    live: Option<&LiveLeases>,
 ) -> Result<Vec<PendingClaim>, Error> {
     crate::name::validate(NameKind::Group, group)?;
     crate::name::validate(NameKind::Queue, queue)?;
@@ -171,9 +176,18 @@ fn pending(
     if offset.mode != GroupMode::WorkQueue {
         return Ok(Vec::new());
     }
-    let live = live.get(&(group.to_owned(), queue.to_owned()));
+    let authoritative = live.is_some();
+    let live = live.and_then(|l| l.get(&(group.to_owned(), queue.to_owned())));
     let claims = db.claims_above(group, queue, offset.committed).map_err(Error::from)?;
-    Ok(claims.into_iter().filter_map(|(seq, claim)| pending_claim(seq, claim, now_micros, live)).collect())
+    let mut out: Vec<PendingClaim> =
+        claims.into_iter().filter_map(|(seq, claim)| pending_claim(seq, claim, now_micros, live)).collect();
+    // A lease no one holds any more (see `stats`): claimable at once, shown as expired.
+    for p in out.iter_mut().filter(|p| authoritative && p.state == PendingState::Leased) {
+        if !holds(live, p.seq, p.attempt) {
+            p.state = PendingState::Expired;
+        }
+    }
+    Ok(out)
 }
 
 /// The queue's metadata and last sequence.
@@ -337,7 +351,7 @@ pub(super) async fn live_stats(
     runtime: &tokio::runtime::Handle,
 ) -> Result<Stats, Error> {
     let live = live_leases(engine, None);
-    let mut stats = on_store(engine, store, runtime, move |s, now| self::stats(s, now, &live)).await?;
+    let mut stats = on_store(engine, store, runtime, move |s, now| self::stats(s, now, Some(&live))).await?;
     let registry = &engine.registry;
     for g in stats.groups.iter_mut().filter(|g| g.mode == GroupMode::Ordered) {
         if let Some(state) = registry.ordered(&g.group, &g.queue) {
@@ -358,7 +372,7 @@ pub(super) async fn live_pending(
 ) -> Result<Vec<PendingClaim>, Error> {
     let live = live_leases(engine, Some((group, queue)));
     let (g, q) = (group.to_owned(), queue.to_owned());
-    on_store(engine, store, runtime, move |s, now| pending(s, &g, &q, now, &live)).await
+    on_store(engine, store, runtime, move |s, now| pending(s, &g, &q, now, Some(&live))).await
 }
 
 /// Up to `limit` stored messages of `queue` from `from`, on a live broker.
@@ -390,12 +404,12 @@ impl ReadOnly {
 
     /// Every queue and group at `now_micros`. Blocking.
     pub fn stats(&self, now_micros: u64) -> Result<Stats, Error> {
-        stats(&self.0, now_micros, &LiveLeases::new())
+        stats(&self.0, now_micros, None)
     }
 
     /// The pending claims of one work group. Blocking.
     pub fn pending(&self, group: &str, queue: &str, now_micros: u64) -> Result<Vec<PendingClaim>, Error> {
-        pending(&self.0, group, queue, now_micros, &LiveLeases::new())
+        pending(&self.0, group, queue, now_micros, None)
     }
 
     /// Up to `limit` stored messages of `queue` from `from`. Blocking.
@@ -417,4 +431,9 @@ impl ReadOnly {
     pub fn dead_letters(&self, dlq: &str, limit: usize) -> Result<Vec<RawMessage>, Error> {
         dead_letters(&self.0, dlq, limit)
     }
+}
+
+/// Whether this process holds the lease of `attempt` on `seq`.
+fn holds(live: Option<&std::collections::HashMap<u64, (u32, u64)>>, seq: u64, attempt: u32) -> bool {
+    live.and_then(|l| l.get(&seq)).is_some_and(|&(a, _)| a == attempt)
 }
