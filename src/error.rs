@@ -142,6 +142,13 @@ pub enum NameError {
         /// The maximum length.
         max: usize,
     },
+    /// The name is made only of dots (`.`, `..`): path segments that browsers and HTTP clients
+    /// resolve away, so such a queue could not be reached by URL (the console).
+    #[error("{kind} name is made only of dots, which a URL cannot carry")]
+    OnlyDots {
+        /// Queue or group.
+        kind: NameKind,
+    },
     /// The name contains a character outside `[A-Za-z0-9._-]`.
     #[error("{kind} name contains {ch:?} at byte {index}; allowed are A-Z a-z 0-9 . _ -")]
     InvalidChar {

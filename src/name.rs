@@ -21,6 +21,11 @@ pub(crate) fn validate(kind: NameKind, name: &str) -> Result<(), NameError> {
     {
         return Err(NameError::InvalidChar { kind, ch, index });
     }
+    // `.` and `..` are path segments every browser and HTTP client resolves away (encoded or
+    // not): such a queue could never be reached in the console or by URL.
+    if name.bytes().all(|b| b == b'.') {
+        return Err(NameError::OnlyDots { kind });
+    }
     Ok(())
 }
 
@@ -43,6 +48,10 @@ mod tests {
             );
         }
         assert_eq!(validate(NameKind::Queue, ""), Err(NameError::Empty { kind: NameKind::Queue }));
+        for dots in [".", "..", "..."] {
+            assert_eq!(validate(NameKind::Group, dots), Err(NameError::OnlyDots { kind: NameKind::Group }));
+        }
+        assert!(validate(NameKind::Queue, ".hidden").is_ok() && validate(NameKind::Queue, "a..b").is_ok());
         assert!(matches!(
             validate(NameKind::Queue, &"a".repeat(MAX_NAME_LEN + 1)),
             Err(NameError::TooLong { len: 129, .. })

@@ -10,7 +10,7 @@ async fn invalid_names_are_rejected_and_nothing_is_created() {
     let dir = tempdir();
     let broker = open(dir.path()).await;
     let long = "x".repeat(rockq::MAX_NAME_LEN + 1);
-    for bad in ["", "a:b", "has space", "ünï", long.as_str(), "a/b"] {
+    for bad in ["", "a:b", "has space", "ünï", long.as_str(), "a/b", ".", "..", "..."] {
         let err = broker.queue(bad).await.unwrap_err();
         assert!(matches!(err, Error::InvalidName(_)), "{bad:?}: {err:?}");
     }
@@ -19,10 +19,18 @@ async fn invalid_names_are_rejected_and_nothing_is_created() {
         assert!(q.group(bad).is_err(), "{bad:?}");
     }
     assert!(matches!(q.group(""), Err(NameError::Empty { .. })));
-    assert_eq!(broker.queue_names(), vec!["ok".to_string()]);
+    // Dots only: path segments a URL cannot carry (the console could never reach them).
+    assert!(matches!(q.group(".."), Err(NameError::OnlyDots { .. })));
+    assert!(matches!(broker.kv(".").await, Err(Error::InvalidName(NameError::OnlyDots { .. }))));
+    assert!(
+        broker.queue(".v2").await.is_ok() && broker.queue("a..b").await.is_ok(),
+        "dots among others are fine"
+    );
+    let names = || vec![".v2".to_string(), "a..b".to_string(), "ok".to_string()];
+    assert_eq!(broker.queue_names(), names());
     broker.shutdown().await.unwrap();
     let broker = open(dir.path()).await;
-    assert_eq!(broker.queue_names(), vec!["ok".to_string()], "nothing else was persisted");
+    assert_eq!(broker.queue_names(), names(), "nothing else was persisted");
     broker.shutdown().await.unwrap();
 }
 
