@@ -20,6 +20,12 @@ if [ -n "${ROCKQ_NEED_ETCD:-}" ]; then
   command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
   command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 fi
+# The web console's browser tests drive Debian's Chromium through chromedriver. Asked for by
+# scripts/test.sh and scripts/browser-tests.sh.
+if [ -n "${ROCKQ_NEED_BROWSER:-}" ]; then
+  command -v chromium >/dev/null 2>&1 || need+=(chromium)
+  command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
+fi
 
 if [ "${#need[@]}" -gt 0 ]; then
   echo "bootstrap: installing ${need[*]}" >&2

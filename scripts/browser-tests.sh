@@ -1,23 +1,15 @@
 #!/usr/bin/env bash
 # Runs the web console's browser tests (tests/web_browser.rs): installs Debian's Chromium and
-# chromedriver when missing, starts chromedriver on a free port chosen now, runs the tests
+# chromedriver when missing (scripts/bootstrap.sh), starts chromedriver on a free port chosen now, runs the tests
 # headlessly, stops chromedriver by its pid. Screenshots land in
 # $CARGO_TARGET_DIR/tmp/web-screenshots/; with --update-docs the overview is copied to
 # docs/console-overview.png (the README's picture).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/bootstrap.sh
+ROCKQ_NEED_BROWSER=1 source scripts/bootstrap.sh
 
 update_docs=0
 if [ "${1:-}" = "--update-docs" ]; then update_docs=1; shift; fi
-
-if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
-  echo "browser-tests: installing chromium and chromium-driver" >&2
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
-fi
 
 # chromedriver on a port chosen now. Plain bash (no python, no ss on a fresh machine): a
 # random high port; if chromedriver cannot bind it, it exits and another is tried. Ready once
@@ -59,4 +51,5 @@ export ROCKQ_BROWSER_TESTS=1 CHROMEDRIVER="127.0.0.1:$port" CHROMIUM="$(command 
 if [ "$update_docs" = 1 ]; then
   export ROCKQ_SCREENSHOT_OVERVIEW="$PWD/docs/console-overview.png"
 fi
-cargo test --features cli,postcard,tower,web --test web_browser "$@" -- --nocapture
+# The test command's feature set: any other set would compile RocksDB a second time.
+cargo test --features cli,postcard,tower,web,etcd --test web_browser "$@" -- --nocapture

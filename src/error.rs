@@ -715,6 +715,38 @@ pub enum Error {
         /// The group.
         group: String,
     },
+    /// Message `seq` of `queue` is not an unfinished job of work group `group`: the group
+    /// finished it (acked or dead-lettered), retention deleted it, or it was never sent. Kind
+    /// [`NotFound`](ErrorKind::NotFound).
+    #[error(
+        "message {seq} of queue {queue:?} is not an unfinished job of group {group:?} (finished, deleted or never sent)"
+    )]
+    NoSuchJob {
+        /// The queue.
+        queue: String,
+        /// The work group.
+        group: String,
+        /// The message's sequence.
+        seq: u64,
+    },
+    /// An operator's action on one job ([`Broker::delete_job`](crate::Broker::delete_job) and
+    /// its siblings) does not apply to it in its current state: it is held by a live lease or
+    /// being settled (retry once the lease ends), not waiting for a retry (retry now), or
+    /// too far beyond what the group has claimed. Nothing changed. Kind
+    /// [`Conflict`](ErrorKind::Conflict).
+    #[error("job {seq} of group {group:?} on queue {queue:?} is {state}: cannot {action} it")]
+    JobState {
+        /// The queue.
+        queue: String,
+        /// The work group.
+        group: String,
+        /// The message's sequence.
+        seq: u64,
+        /// Its state: `"leased"`, `"being settled"`, `"claimable now"`, ...
+        state: &'static str,
+        /// The refused action: `"retry now"`, `"delete"`, `"dead-letter"`.
+        action: &'static str,
+    },
     /// No recurring schedule by that name. Kind [`NotFound`](ErrorKind::NotFound).
     #[error("no schedule named {name:?}")]
     NoSuchSchedule {
@@ -884,12 +916,14 @@ impl Error {
             Error::NoDatabase { .. }
             | Error::NoSuchQueue { .. }
             | Error::NoSuchGroup { .. }
+            | Error::NoSuchJob { .. }
             | Error::NoSuchSchedule { .. } => ErrorKind::NotFound,
             Error::QueueDeleted { .. } | Error::GroupDeleted { .. } => ErrorKind::Deleted,
             Error::Active { .. }
             | Error::RedriveConflict { .. }
             | Error::Conflict { .. }
             | Error::WrongMode { .. }
+            | Error::JobState { .. }
             | Error::SettingsMismatch { .. } => ErrorKind::Conflict,
             Error::LeaseLost { .. } | Error::OwnershipLost { .. } => ErrorKind::LeaseLost,
         }
@@ -910,6 +944,8 @@ impl Error {
             | Error::DeadLetterName { queue }
             | Error::NoSuchQueue { queue }
             | Error::NoSuchGroup { queue, .. }
+            | Error::NoSuchJob { queue, .. }
+            | Error::JobState { queue, .. }
             | Error::QueueDeleted { queue }
             | Error::GroupDeleted { queue, .. }
             | Error::Active { queue, .. }
@@ -934,6 +970,8 @@ impl Error {
     pub fn group(&self) -> Option<&str> {
         match self {
             Error::NoSuchGroup { group, .. }
+            | Error::NoSuchJob { group, .. }
+            | Error::JobState { group, .. }
             | Error::GroupDeleted { group, .. }
             | Error::Active { group, .. }
             | Error::WrongMode { group, .. }
@@ -955,7 +993,10 @@ impl Error {
     /// ```
     pub fn seq(&self) -> Option<u64> {
         match self {
-            Error::LeaseLost { seq, .. } | Error::NoOrigin { seq } => Some(*seq),
+            Error::LeaseLost { seq, .. }
+            | Error::NoOrigin { seq }
+            | Error::NoSuchJob { seq, .. }
+            | Error::JobState { seq, .. } => Some(*seq),
             Error::Gap { expected, .. } => Some(*expected),
             Error::Decode(d) => Some(d.seq()),
             _ => None,

@@ -108,12 +108,13 @@ impl Serialize for KeyspaceStats {
 
 impl Serialize for QueueStats {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut q = s.serialize_struct("QueueStats", 10)?;
+        let mut q = s.serialize_struct("QueueStats", 11)?;
         q.serialize_field("name", &self.name)?;
         q.serialize_field("first_seq", &self.first_seq)?;
         q.serialize_field("last_seq", &self.last_seq)?;
         q.serialize_field("len", &self.len)?;
         q.serialize_field("bytes_on_disk", &self.bytes_on_disk)?;
+        q.serialize_field("bytes", &self.bytes)?;
         q.serialize_field("retention", &self.retention)?;
         q.serialize_field("oldest_age_secs", &secs(self.oldest_age))?;
         q.serialize_field("scheduled", &self.scheduled)?;
@@ -160,9 +161,11 @@ impl Serialize for PendingClaim {
 
 impl Serialize for StoredMessage {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_struct("StoredMessage", 4)?;
+        let mut m = s.serialize_struct("StoredMessage", 6)?;
         m.serialize_field("seq", &self.seq)?;
         m.serialize_field("enqueued_at_micros", &micros(self.enqueued_at))?;
+        m.serialize_field("key", &self.key)?;
+        m.serialize_field("idempotency_key", &self.idempotency_key)?;
         m.serialize_field("headers", &Headers(&self.headers))?;
         m.serialize_field("payload", &Blob(&self.payload))?;
         m.end()

@@ -44,6 +44,11 @@ pub struct QueueStats {
     /// Approximate bytes of the queue's messages in SST files. Recent writes still in the
     /// memtable are not counted until RocksDB flushes them.
     pub bytes_on_disk: u64,
+    /// Approximate bytes of the queue's stored messages (keys and values), recent writes still
+    /// in memtables included: the larger of the SST estimate and the mean size of a sample of
+    /// messages from the head times [`len`](Self::len). 0 on the etcd engine, which does not
+    /// report sizes.
+    pub bytes: u64,
     /// The queue's retention policy.
     pub retention: crate::retention::Retention,
     /// Age of the oldest stored message (`None` when empty).
@@ -205,6 +210,11 @@ pub struct StoredMessage {
     pub seq: u64,
     /// When it was sent.
     pub enqueued_at: SystemTime,
+    /// Its ordering key ([`Message::key`](crate::Message::key)), if it has one.
+    pub key: Option<String>,
+    /// Its idempotency key ([`Message::idempotency_key`](crate::Message::idempotency_key)),
+    /// if it has one.
+    pub idempotency_key: Option<String>,
     /// Its headers.
     pub headers: Vec<(String, Bytes)>,
     /// Its payload.

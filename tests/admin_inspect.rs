@@ -40,6 +40,11 @@ async fn stats_report_lag_as_count_and_age_in_flight_and_paused_for_an_ordered_g
     let q = stats.queues.iter().find(|q| q.name == "orders").unwrap();
     assert!(stats.bytes_on_disk > 0, "the memtables hold the writes");
     assert_eq!((q.first_seq, q.last_seq, q.len), (1, 10, 10));
+    // Nothing is flushed: the files hold none of it, yet the queue's size counts every message
+    // (a key of 12 bytes and at least its payload each; the envelope adds a little).
+    assert_eq!(q.bytes_on_disk, 0);
+    let payloads: u64 = (1..=10).map(|i| format!("o{i}").len() as u64).sum();
+    assert!(q.bytes >= 10 * 12 + payloads && q.bytes < 10 * 200, "{}", q.bytes);
     assert_eq!(q.oldest_age, Some(Duration::from_secs(5)));
     let g = group(&stats, "orders", "billing");
     assert_eq!(g.mode, GroupMode::Ordered);

@@ -127,7 +127,12 @@ async fn overview_shows_the_numbers_of_broker_stats() {
         assert_eq!(row["len"], q.len.to_string());
         assert_eq!(row["first"], q.first_seq.to_string());
         assert_eq!(row["last"], q.last_seq.to_string());
-        assert_eq!(row["bytes"], q.bytes_on_disk.to_string());
+        // Human bytes of the queue's size, recent (memtable) writes included: never 0 for a
+        // queue with messages (issue 31).
+        let cell = page.body.split(&format!(r#"href="/queues/{}">"#, q.name)).nth(1).unwrap();
+        let value = cell.split(r#"data-value=""#).nth(1).unwrap().split('"').next().unwrap();
+        assert_eq!(value, q.bytes.to_string(), "{row:?}");
+        assert!(q.len == 0 || q.bytes > 0, "{row:?}");
     }
     let groups = table(&page.body, "groups");
     assert_eq!(groups.len(), stats.groups.len());
@@ -167,16 +172,17 @@ async fn payloads_and_headers_are_escaped_and_shown_as_text_json_or_hex() {
     assert!(!page.body.contains("<script>") && !page.body.contains("<b>bold"), "unescaped payload or header");
     assert!(page.body.contains("&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;"));
     assert!(page.body.contains("&lt;b&gt;bold&lt;/b&gt;"));
+    // Newest first by default.
     let msgs = table(&page.body, "messages");
     let peek = f.broker.peek("orders", None, 20).await.unwrap();
     assert_eq!(msgs.len(), peek.len());
-    for (row, m) in msgs.iter().zip(&peek) {
+    for (row, m) in msgs.iter().zip(peek.iter().rev()) {
         assert_eq!(row["seq"], m.seq.to_string());
     }
     let json = get(&app, "/queues/orders?view=json&from=2&limit=1").await;
     assert!(json.body.contains("&quot;order&quot;: 2"), "pretty JSON");
     assert_eq!(table(&json.body, "messages").len(), 1);
-    let hex = get(&app, "/queues/orders?view=hex&limit=1").await;
+    let hex = get(&app, "/queues/orders?view=hex&limit=1&order=oldest").await;
     assert!(hex.body.contains("3c 73 63 72 69 70 74 3e"), "hex of <script>");
     // Dead letters: reason escaped too.
     let dlq = get(&app, "/dlq/jobs.dlq").await;
@@ -194,8 +200,9 @@ async fn payloads_and_headers_are_escaped_and_shown_as_text_json_or_hex() {
 async fn queue_page_lists_pending_claims_as_broker_pending_does() {
     let f = fixture().await;
     let app = writable(&f.broker);
-    let page = get(&app, "/queues/jobs").await;
-    let rows = table(&page.body, "pending-workers");
+
+    let page = get(&app, "/groups/jobs/workers").await;
+    let rows = table(&page.body, "claims");
     let pending = f.broker.pending("jobs", "workers").await.unwrap();
     assert_eq!(rows.len(), pending.len());
     assert_eq!(pending.len(), 2);
@@ -682,9 +689,20 @@ async fn redrive_runs_as_a_job_with_progress_and_moves_the_dead_letters() {
     let (cookie, csrf) = login(&app).await;
     let jobs_last =
         f.broker.stats().await.unwrap().queues.iter().find(|q| q.name == "jobs").unwrap().last_seq;
-    // One first, to the origin queue.
+    // One first, to the origin queue: the form asks first, moving nothing.
     let a =
         post(&app, "/dlq/jobs.dlq/redrive", &format!("csrf={csrf}&limit=1"), &[("cookie", &cookie)]).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    assert!(a.body.contains("Redrive 1 of the 2 dead letters of <b>jobs.dlq</b>"), "{}", a.body);
+    assert!(a.body.contains(r#"<input type="hidden" name="limit" value="1">"#), "{}", a.body);
+    assert_eq!(f.broker.dead_letters("jobs.dlq").await.unwrap().len().await.unwrap(), 2);
+    let a = post(
+        &app,
+        "/dlq/jobs.dlq/redrive",
+        &format!("csrf={csrf}&limit=1&to=&confirm=yes"),
+        &[("cookie", &cookie)],
+    )
+    .await;
     assert_eq!(a.status, StatusCode::SEE_OTHER, "{}", a.body);
     assert_eq!(a.headers[header::LOCATION], "/jobs/1");
     let j: serde_json::Value = serde_json::from_str(&get(&app, "/api/jobs/1?wait=1").await.body).unwrap();
@@ -728,11 +746,26 @@ async fn trim_runs_a_retention_pass() {
     let f = fixture().await;
     let app = writable(&f.broker);
     let (cookie, csrf) = login(&app).await;
+    // The form asks first; nothing is deleted until confirmed.
     let a = post(&app, "/trim", &format!("csrf={csrf}"), &[("cookie", &cookie)]).await;
-    assert_eq!(a.status, StatusCode::SEE_OTHER, "{}", a.body);
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    assert!(a.body.contains(r#"id="confirm-text""#), "{}", a.body);
+    let q = f.broker.stats().await.unwrap().queues.into_iter().find(|q| q.name == "orders").unwrap();
+    assert_eq!((q.first_seq, q.len), (1, 10));
+    // Confirmed: a report of what was deleted.
+    let a = post(&app, "/trim", &format!("csrf={csrf}&confirm=yes"), &[("cookie", &cookie)]).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
     // `orders` keeps until acknowledged: billing committed 3, so 3 messages go.
     let q = f.broker.stats().await.unwrap().queues.into_iter().find(|q| q.name == "orders").unwrap();
     assert_eq!((q.first_seq, q.len), (4, 7));
+    // `jobs` too: its group finished 2.
+    assert!(a.body.contains(r#"<b id="trim-deleted">5</b>"#), "{}", a.body);
+    let trimmed = table(&a.body, "trimmed");
+    let rows: Vec<_> = trimmed
+        .iter()
+        .map(|r| (r["queue"].as_str(), r["deleted"].as_str(), r["first-now"].as_str()))
+        .collect();
+    assert_eq!(rows, [("jobs", "2", "#3"), ("orders", "3", "#4")]);
     let a = post(&app, "/api/trim", "", &[("authorization", &format!("Bearer {TOKEN}"))]).await;
     assert_eq!(serde_json::from_str::<serde_json::Value>(&a.body).unwrap()["deleted"], 0);
     drop(f.held);

@@ -4,6 +4,7 @@
 
 mod admin;
 pub(crate) mod events;
+mod jobs;
 mod kv;
 mod lifecycle;
 mod schedules;

@@ -47,7 +47,7 @@ cfg_etcd! {
 pub(crate) use super::inspect::ReadOnly;
 pub(crate) use super::open::open;
 pub(crate) use super::registry::{
-    Claimed, KeyLock, KeyspaceState, LiveSubscription, OrderedGroupState, PendingRecord, QueueState,
+    Claimed, KeyLock, KeyspaceState, LiveSubscription, OrderedGroupState, PendingRecord, QueueState, Refused,
     SettlingGuard, Watching, WorkGroupState,
 };
 pub(crate) use super::request::{

@@ -58,6 +58,8 @@ pub(crate) enum Capability {
     LargeSendCall,
     /// `Durability::Buffered`.
     BufferedDurability,
+    /// An operator's action on one job: retry now, delete, dead-letter.
+    JobActions,
 }
 
 impl Capability {
@@ -77,6 +79,7 @@ impl Capability {
             }
             Capability::LargeSendCall => "a send call larger than one etcd transaction (127 messages, 1 MiB)",
             Capability::BufferedDurability => "Durability::Buffered (every etcd write is a quorum write)",
+            Capability::JobActions => "acting on one job (retry now, delete, dead-letter)",
         }
     }
 }
@@ -97,7 +100,8 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::OrderedByKey
             | Capability::StoreInspection
             | Capability::LargeSendCall
-            | Capability::BufferedDurability => false,
+            | Capability::BufferedDurability
+            | Capability::JobActions => false,
         },
     }
 }

@@ -52,6 +52,7 @@ pub(crate) fn snapshot(
             last_seq: last,
             len: (last + 1).saturating_sub(first),
             bytes_on_disk: db.queue_bytes(q.id),
+            bytes: db.queue_size(q.id, first, (last + 1).saturating_sub(first)),
             retention: q.retention(),
             oldest_age: if last >= first { age(q.id, first)? } else { None },
             // The writer's running count: no scan of the schedule per tick.

@@ -65,6 +65,7 @@ fn stats(store: &Store, now_micros: u64, live: Option<&LiveLeases>) -> Result<St
             last_seq: last,
             len: (last + 1).saturating_sub(first),
             bytes_on_disk: db.queue_bytes(q.meta.id),
+            bytes: db.queue_size(q.meta.id, first, (last + 1).saturating_sub(first)),
             retention: q.meta.retention,
             oldest_age,
             scheduled: count,
@@ -226,6 +227,8 @@ fn peek(store: &Store, queue: &str, from: Option<u64>, limit: usize) -> Result<V
         .map(|m| StoredMessage {
             seq: m.seq,
             enqueued_at: micros_to_time(m.enqueued_at_micros),
+            key: m.key,
+            idempotency_key: m.idempotency_key,
             headers: m.headers,
             payload: m.payload,
         })

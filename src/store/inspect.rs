@@ -11,6 +11,9 @@ use super::{envelope, keys, records, scheduled};
 use crate::error::{Error, StorageError};
 use crate::model::{Claim, GroupOffset, QueueMeta, ScheduleRecord};
 
+/// Messages read from a queue's head to estimate its size.
+const SIZE_SAMPLE: u64 = 32;
+
 /// A read view of the open database, valid while its guard is held.
 pub(crate) struct Snapshot<'a> {
     pub(super) db: &'a DB,
@@ -32,12 +35,37 @@ impl Snapshot<'_> {
         load(self.db, self.path, false)
     }
 
-    /// Approximate bytes of queue `queue_id`'s messages on disk.
+    /// Approximate bytes of queue `queue_id`'s messages in SST files.
     pub fn queue_bytes(&self, queue_id: u32) -> u64 {
         let lo = keys::message_key(queue_id, 0);
         let hi = keys::queue_upper_bound(queue_id);
         let sizes = self.db.get_approximate_sizes_cf(self.cfs.messages, &[rocksdb::Range::new(&lo, &hi)]);
         sizes.first().copied().unwrap_or(0)
+    }
+
+    /// Approximate bytes of the `len` messages queue `queue_id` stores, recent writes still in
+    /// memtables included: the SST estimate, or the mean stored size (key and value) of up to
+    /// [`SIZE_SAMPLE`] messages from the head times `len`, whichever is larger. RocksDB's size
+    /// estimate counts files only, so a queue that was never flushed measured 0 bytes (issue 31).
+    pub fn queue_size(&self, queue_id: u32, first_seq: u64, len: u64) -> u64 {
+        let files = self.queue_bytes(queue_id);
+        if len == 0 {
+            return files;
+        }
+        let lo = keys::message_key(queue_id, first_seq);
+        let hi = keys::queue_upper_bound(queue_id);
+        let mut it = self.db.raw_iterator_cf_opt(self.cfs.messages, bounded(lo.to_vec(), hi.to_vec()));
+        it.seek(&lo);
+        let (mut n, mut bytes) = (0u64, 0u64);
+        while it.valid() && n < SIZE_SAMPLE {
+            bytes += (it.key().map_or(0, <[u8]>::len) + it.value().map_or(0, <[u8]>::len)) as u64;
+            n += 1;
+            it.next();
+        }
+        if n == 0 {
+            return files;
+        }
+        files.max(bytes.saturating_mul(len) / n)
     }
 
     /// Bytes of the whole database: live SST files of every column family plus memtables.

@@ -1,5 +1,5 @@
 //! The mutating routes (POST only): pause, resume, reset (after a confirmation), redrive,
-//! trim, and the login and logout of browser sessions. Each handler, in this order: checks
+//! and the login and logout of browser sessions. Each handler, in this order: checks
 //! the caller may act (token, CSRF, same site), validates every input, and only then changes
 //! anything — so a refused or invalid request changes nothing. Browser forms get a redirect
 //! or a page; `/api/...` gets JSON.
@@ -24,16 +24,16 @@ use super::state::State;
 use crate::broker::Broker;
 use crate::retention::ResetTo;
 
-type Fields = Result<Form<HashMap<String, String>>, FormRejection>;
+pub(super) type Fields = Result<Form<HashMap<String, String>>, FormRejection>;
 
 /// The form's fields, or a 400 naming what was wrong with the body.
-fn fields(f: Fields) -> Result<HashMap<String, String>, Failure> {
+pub(super) fn fields(f: Fields) -> Result<HashMap<String, String>, Failure> {
     f.map(|Form(m)| m).map_err(|e| Failure::bad_request(format!("the request's form cannot be read: {e}")))
 }
 
 /// The common prefix of every action: read-only mode and anonymous callers are refused before
 /// the body is even read; then the form, then its CSRF token.
-fn authorized<'a>(
+pub(super) fn authorized<'a>(
     st: &'a State,
     ctx: &Ctx,
     f: Fields,
@@ -48,7 +48,7 @@ fn authorized<'a>(
 }
 
 /// What an action answers: a redirect for forms, JSON for the API.
-fn done(ctx: &Ctx, back: &str, value: serde_json::Value) -> Response {
+pub(super) fn done(ctx: &Ctx, back: &str, value: serde_json::Value) -> Response {
     match (ctx.api, back) {
         (true, _) => axum::Json(value).into_response(),
         (false, "/") => ctx.redirect_home(),
@@ -198,7 +198,8 @@ fn confirmed_value(to: ResetTo, typed: &str) -> String {
 }
 
 /// POST `/dlq/{queue}/redrive`: `to` (optional, an existing queue), `limit` (optional).
-/// Starts a background redrive in chunks and shows its progress page.
+/// A browser form gets a confirmation page first; then a background redrive in chunks starts
+/// and its progress page is shown.
 pub(crate) async fn redrive(
     AxState(st): AxState<Arc<State>>,
     ctx: Ctx,
@@ -228,26 +229,22 @@ pub(crate) async fn redrive(
             }
         };
         let limit = input::limit("limit", f.get("limit").map(String::as_str), 1_000_000_000)?;
+        let depth = st.source.dlq_depth(dlq).await?.unwrap_or(0);
+        let question = format!(
+            "Redrive {} of the {depth} dead letters of <b>{}</b> to {}? Each is sent again as a new message; the group retries it from attempt 1.",
+            limit.map_or_else(|| "all".to_owned(), |l| l.min(depth).to_string()),
+            esc(dlq),
+            to.as_deref().map_or_else(|| "the queues they came from".to_owned(), |t| format!("<b>{}</b>", esc(t))),
+        );
+        let action = format!("/dlq/{dlq}/redrive");
+        let cancel = format!("/dlq/{dlq}");
+        if let Some(page) =
+            super::maintenance::confirmed(&ctx, &f, &action, &["to", "limit"], &question, "Yes, redrive", &cancel)
+        {
+            return Ok(page);
+        }
         let id = st.jobs.start(broker.clone(), dlq.to_owned(), to, limit);
         Ok(done(&ctx, &format!("/jobs/{id}"), json!({ "job": id, "dlq": dlq })))
-    }
-    .await;
-    ctx.render(r)
-}
-
-/// POST `/trim`: a retention pass now.
-pub(crate) async fn trim(AxState(st): AxState<Arc<State>>, ctx: Ctx, f: Fields) -> Response {
-    let r = async {
-        let (broker, _) = authorized(&st, &ctx, f)?;
-        let report = broker.trim().await?;
-        Ok(done(
-            &ctx,
-            "/",
-            json!({
-                "deleted": report.deleted, "bytes_before": report.bytes_before,
-                "bytes_after": report.bytes_after, "compacted": report.compacted,
-            }),
-        ))
     }
     .await;
     ctx.render(r)

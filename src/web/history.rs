@@ -79,5 +79,26 @@ pub(crate) fn rates<T>(
     out
 }
 
+/// The latest per-second rate of a ring's counter (`None`: fewer than two samples).
+pub(crate) fn last_rate<T>(ring: &VecDeque<T>, f: impl Fn(&T) -> (Instant, SystemTime, u64)) -> Option<f64> {
+    let n = ring.len();
+    if n < 2 {
+        return None;
+    }
+    let slice: VecDeque<&T> = ring.iter().skip(n - 2).collect();
+    rates(&slice, |p| f(p)).last().map(|p| p.1)
+}
+
+/// Whether a group's lag grew over the sampled window: the latest sample is the window's
+/// highest and above the first. A steady lag (however large) is not growing.
+pub(crate) fn lag_growing(ring: &VecDeque<GroupPoint>) -> bool {
+    match (ring.front(), ring.back()) {
+        (Some(first), Some(last)) if ring.len() >= 3 => {
+            last.lag > first.lag && ring.iter().all(|p| p.lag <= last.lag)
+        }
+        _ => false,
+    }
+}
+
 /// Shared ring store.
 pub(crate) type SharedHistory = Mutex<History>;

@@ -115,11 +115,6 @@ pub(crate) fn time(t: SystemTime) -> String {
     }
 }
 
-/// A time, or `-`.
-pub(crate) fn opt_time(t: Option<SystemTime>) -> String {
-    t.map_or_else(|| "-".into(), time)
-}
-
 /// How a payload is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum View {

@@ -9,148 +9,17 @@ use std::sync::Arc;
 use axum::extract::{Path, Query, State as AxState};
 use axum::response::Response;
 
-use super::chart::{self, Series};
+use super::charts;
 use super::ctx::Ctx;
 use super::failure::Failure;
-use super::history::rates;
+use super::fmt;
 use super::html::{self, View, esc};
 use super::input;
+use super::messages;
 use super::state::State;
-use crate::retention::Retention;
-use crate::stats::{GroupMode, GroupStats, QueueStats, Stats};
+use super::tables::{self, GROUP_HEADERS, QUEUE_HEADERS, button};
 
 type Params = Query<HashMap<String, String>>;
-
-/// Pending claims shown per group on a queue page (a pool of thousands would bury the page;
-/// the JSON lists all).
-const MAX_CLAIMS: usize = 200;
-
-/// `until-acked`, `max-age 1h00m`, `max-len 1000`, `forever`.
-pub(crate) fn retention(r: &Retention) -> String {
-    match r {
-        Retention::UntilAcked => "until-acked".into(),
-        Retention::MaxAge(d) => format!("max-age {}", html::duration(*d)),
-        Retention::MaxLen(n) => format!("max-len {n}"),
-        Retention::Forever => "forever".into(),
-    }
-}
-
-/// A POST button (rendered only with a CSRF token).
-fn button(base: &str, csrf: &str, path: &str, label: &str, id: &str) -> String {
-    format!(
-        r#"<form class="inline" method="post" action="{}{}">{}<button id="{}">{}</button></form>"#,
-        esc(base),
-        esc(path),
-        html::csrf_field(csrf),
-        esc(id),
-        esc(label)
-    )
-}
-
-fn queue_row(base: &str, q: &QueueStats, dlqs: &[&str]) -> Vec<String> {
-    let name = esc(&q.name);
-    let link = if dlqs.contains(&q.name.as_str()) {
-        format!(
-            r#"<a href="{b}/queues/{name}">{name}</a> <a class="tag" href="{b}/dlq/{name}">dead letters</a>"#,
-            b = esc(base)
-        )
-    } else {
-        format!(r#"<a href="{}/queues/{name}">{name}</a>"#, esc(base))
-    };
-    vec![
-        link,
-        q.len.to_string(),
-        q.first_seq.to_string(),
-        q.last_seq.to_string(),
-        q.bytes_on_disk.to_string(),
-        html::opt_duration(q.oldest_age),
-        esc(&retention(&q.retention)),
-        q.scheduled.to_string(),
-    ]
-}
-
-const QUEUE_HEADERS: &[&str] =
-    &["Queue", "Len", "First", "Last", "Bytes", "Oldest", "Retention", "Scheduled"];
-const GROUP_HEADERS: &[&str] = &[
-    "Queue",
-    "Group",
-    "Mode",
-    "Committed",
-    "Lag",
-    "Lag age",
-    "In flight",
-    "Waiting retry",
-    "Paused",
-    "DLQ",
-    "DLQ depth",
-    "Actions",
-];
-
-fn group_row(ctx: &Ctx, g: &GroupStats) -> Vec<String> {
-    let b = esc(&ctx.base);
-    let actions = match ctx.csrf() {
-        Some(csrf) => {
-            let path =
-                format!("/groups/{}/{}/{}", g.queue, g.group, if g.paused { "resume" } else { "pause" });
-            let label = if g.paused { "Resume" } else { "Pause" };
-            let id = format!("{}-{}-{}", label.to_ascii_lowercase(), g.queue, g.group);
-            button(&ctx.base, csrf, &path, label, &id)
-        }
-        None => "-".into(),
-    };
-    vec![
-        format!(r#"<a href="{b}/queues/{q}">{q}</a>"#, q = esc(&g.queue)),
-        esc(&g.group),
-        g.mode.as_str().into(),
-        g.committed.to_string(),
-        g.lag.to_string(),
-        html::opt_duration(g.oldest_unacked_age),
-        g.in_flight.to_string(),
-        g.waiting_retry.to_string(),
-        if g.paused { r#"<span class="paused">paused</span>"#.into() } else { "no".into() },
-        g.dead_letter_queue
-            .as_ref()
-            .map_or_else(|| "-".into(), |d| format!(r#"<a href="{b}/dlq/{d}">{d}</a>"#, d = esc(d))),
-        g.dlq_depth.to_string(),
-        actions,
-    ]
-}
-
-/// Names of dead-letter queues: those stored with a group, and any `*.dlq`.
-fn dlq_names(stats: &Stats) -> Vec<&str> {
-    super::source::dead_letter_queues(stats)
-}
-
-/// Charts of every queue (enqueued per second) and group (lag, and acknowledged per second).
-fn charts(state: &State, stats: &Stats, only_queue: Option<&str>) -> String {
-    let h = state.history.lock().unwrap_or_else(|p| p.into_inner());
-    let mut out = String::from(r#"<div class="charts" id="charts">"#);
-    for q in stats.queues.iter().filter(|q| only_queue.is_none_or(|o| o == q.name)) {
-        let Some(ring) = h.queues.get(&q.name) else { continue };
-        let rate = rates(ring, |p| (p.at, p.wall, p.last_seq));
-        let len = ring.iter().map(|p| (p.wall, p.len as f64)).collect();
-        let series = [
-            Series { label: "enqueued/s", class: "rate", points: rate },
-            Series { label: "length", class: "len", points: len },
-        ];
-        let _ = write!(out, "<figure>{}</figure>", chart::render(&format!("queue {}", q.name), &series));
-    }
-    for g in stats.groups.iter().filter(|g| only_queue.is_none_or(|o| o == g.queue)) {
-        let Some(ring) = h.groups.get(&(g.queue.clone(), g.group.clone())) else { continue };
-        let lag = ring.iter().map(|p| (p.wall, p.lag as f64)).collect();
-        let acked = rates(ring, |p| (p.at, p.wall, p.committed));
-        let age = ring.iter().map(|p| (p.wall, p.lag_age.map_or(0.0, |d| d.as_secs_f64()))).collect();
-        let series = [
-            Series { label: "lag", class: "lag", points: lag },
-            Series { label: "acked/s", class: "rate", points: acked },
-            Series { label: "lag age (s)", class: "age", points: age },
-        ];
-        let title = format!("group {}/{}", g.queue, g.group);
-        let _ = write!(out, "<figure>{}</figure>", chart::render(&title, &series));
-    }
-    out.push_str("</div>");
-    out
-}
 
 /// GET `/`.
 pub(crate) async fn overview(AxState(st): AxState<Arc<State>>, ctx: Ctx) -> Response {
@@ -159,16 +28,29 @@ pub(crate) async fn overview(AxState(st): AxState<Arc<State>>, ctx: Ctx) -> Resp
 
 async fn overview_page(st: &State, ctx: &Ctx) -> Result<Response, Failure> {
     let stats = st.source.stats().await?;
-    let dlqs = dlq_names(&stats);
-    let queues: Vec<_> = stats.queues.iter().map(|q| queue_row(&ctx.base, q, &dlqs)).collect();
-    let groups: Vec<_> = stats.groups.iter().map(|g| group_row(ctx, g)).collect();
+    let depths = tables::dlq_depths(&stats);
+    let (queues, groups): (Vec<_>, Vec<_>) = {
+        let h = st.history.lock().unwrap_or_else(|p| p.into_inner());
+        (
+            stats.queues.iter().map(|q| tables::queue_row(ctx, q, &h, &depths)).collect(),
+            stats.groups.iter().map(|g| tables::group_row(ctx, g, &h)).collect(),
+        )
+    };
+    let problems = stats.groups.iter().filter(|g| g.dlq_depth > 0 || g.paused).count();
+    let delayed: u64 = stats.queues.iter().map(|q| q.scheduled).sum();
     let mut body = String::new();
     let _ = write!(
         body,
-        r#"<p class="summary">{} queues · {} groups · database <span id="db-bytes">{}</span> bytes</p>"#,
+        r#"<p class="summary">{} queues · {} groups{} · <a href="{}/delayed">{delayed} delayed</a> · database <span id="db-bytes">{}</span></p>"#,
         stats.queues.len(),
         stats.groups.len(),
-        stats.bytes_on_disk
+        if problems > 0 {
+            format!(r#" · <span class="bad" id="problems">{problems} need attention</span>"#)
+        } else {
+            String::new()
+        },
+        esc(&ctx.base),
+        fmt::bytes(stats.bytes_on_disk),
     );
     body.push_str("<h2>Queues</h2>");
     body.push_str(&html::table("queues", QUEUE_HEADERS, &queues));
@@ -181,10 +63,10 @@ async fn overview_page(st: &State, ctx: &Ctx) -> Result<Response, Failure> {
         body.push_str(&html::table("keyspaces", &["Keyspace", "Keys"], &rows));
     }
     body.push_str("<h2>Throughput and lag</h2>");
-    body.push_str(&charts(st, &stats, None));
+    body.push_str(&charts::render(st, &stats, None, None));
     if let Some(csrf) = ctx.csrf() {
-        body.push_str("<h2>Maintenance</h2><p>Run a retention pass now (deletes what the retention policies allow, then compacts): ");
-        body.push_str(&button(&ctx.base, csrf, "/trim", "Trim now", "trim"));
+        body.push_str("<h2>Maintenance</h2><p>Run a retention pass now (deletes what the retention policies allow, then compacts; a confirmation and a report follow): ");
+        body.push_str(&button(&ctx.base, csrf, "/trim", "Trim now…", "trim"));
         body.push_str("</p>");
     }
     let refresh = (st.config.refresh > 0).then_some(st.config.refresh);
@@ -208,35 +90,25 @@ async fn queue_page(
     p: &HashMap<String, String>,
 ) -> Result<Response, Failure> {
     let name = input::name("queue", name)?;
-    let from = p
-        .get("from")
-        .map(String::as_str)
-        .filter(|s| !s.is_empty())
-        .map(|s| input::seq("from", s))
-        .transpose()?;
-    let limit = input::limit("limit", p.get("limit").map(String::as_str), input::MAX_LIST as u64)?
-        .unwrap_or(20) as usize;
-    let view = View::parse(p.get("view").map(String::as_str));
     let stats = st.source.stats().await?;
     let q = stats
         .queues
         .iter()
         .find(|q| q.name == name)
         .ok_or_else(|| Failure::not_found(format!("queue {name:?} does not exist")))?;
-    let b = esc(&ctx.base);
-    let n = esc(name);
-    let mut body = String::new();
-    body.push_str(&html::table("queue", QUEUE_HEADERS, &[queue_row(&ctx.base, q, &dlq_names(&stats))]));
-    body.push_str(&charts(st, &stats, Some(name)));
-
-    body.push_str("<h2>Groups</h2>");
     let groups: Vec<_> = stats.groups.iter().filter(|g| g.queue == name).collect();
-    body.push_str(&html::table(
-        "groups",
-        GROUP_HEADERS,
-        &groups.iter().map(|g| group_row(ctx, g)).collect::<Vec<_>>(),
-    ));
+    let depths = tables::dlq_depths(&stats);
+    let mut body = String::new();
+    {
+        let h = st.history.lock().unwrap_or_else(|p| p.into_inner());
+        body.push_str(&html::table("queue", QUEUE_HEADERS, &[tables::queue_row(ctx, q, &h, &depths)]));
+        body.push_str("<h2>Groups</h2>");
+        let rows: Vec<_> = groups.iter().map(|g| tables::group_row(ctx, g, &h)).collect();
+        body.push_str(&html::table("groups", GROUP_HEADERS, &rows));
+    }
     if let Some(csrf) = ctx.csrf() {
+        let n = esc(name);
+        let b = esc(&ctx.base);
         for g in &groups {
             let _ = write!(
                 body,
@@ -247,71 +119,15 @@ async fn queue_page(
                 csrf = html::csrf_field(csrf),
             );
         }
-    }
-
-    for g in groups.iter().filter(|g| g.mode == GroupMode::WorkQueue) {
-        let claims = st.source.pending(name, &g.group).await?;
-        let rows: Vec<_> = claims
-            .iter()
-            .take(MAX_CLAIMS)
-            .map(|c| {
-                vec![
-                    c.seq.to_string(),
-                    c.state.as_str().into(),
-                    c.attempt.to_string(),
-                    esc(c.holder.as_deref().unwrap_or("-")),
-                    html::opt_time(c.lease_deadline),
-                    html::opt_time(c.retry_at),
-                    esc(c.last_error.as_deref().unwrap_or("-")),
-                ]
-            })
-            .collect();
-        let _ = write!(body, "<h2>Pending claims of {}</h2>", esc(&g.group));
-        if claims.len() > MAX_CLAIMS {
-            let _ = write!(
-                body,
-                r#"<p class="summary">Showing the first {MAX_CLAIMS} of {} (all of them: <a href="{b}/api/queues/{n}/groups/{g}/pending">JSON</a>).</p>"#,
-                claims.len(),
-                g = esc(&g.group)
-            );
-        }
-        let headers = ["Seq", "State", "Attempt", "Holder", "Lease deadline", "Retry at", "Last error"];
-        body.push_str(&html::table(&format!("pending-{}", g.group), &headers, &rows));
-    }
-
-    let msgs = st.source.peek(name, from, limit).await?;
-    let _ = write!(body, r#"<h2>Messages</h2><p class="views">Payload as "#);
-    let from_q = from.map_or_else(String::new, |f| format!("&from={f}"));
-    for v in [View::Text, View::Json, View::Hex] {
-        let cls = if v == view { r#" class="current""# } else { "" };
         let _ = write!(
             body,
-            r#"<a{cls} href="{b}/queues/{n}?view={}&limit={limit}{from_q}">{}</a> "#,
-            v.as_str(),
-            v.as_str()
+            r#"<p class="danger-zone">{} {}</p>"#,
+            button(&ctx.base, csrf, &format!("/queues/{name}/purge"), "Purge messages…", "purge-queue"),
+            button(&ctx.base, csrf, &format!("/queues/{name}/delete"), "Delete queue…", "delete-queue"),
         );
     }
-    body.push_str("</p>");
-    let rows: Vec<_> = msgs
-        .iter()
-        .map(|m| {
-            vec![
-                m.seq.to_string(),
-                html::time(m.enqueued_at),
-                html::headers(&m.headers),
-                html::payload(&m.payload, view, 4096),
-            ]
-        })
-        .collect();
-    body.push_str(&html::table("messages", &["Seq", "Enqueued", "Headers", "Payload"], &rows));
-    if let Some(last) = msgs.last().filter(|_| msgs.len() == limit) {
-        let _ = write!(
-            body,
-            r#"<p><a href="{b}/queues/{n}?view={}&limit={limit}&from={}">Next {limit} →</a></p>"#,
-            view.as_str(),
-            last.seq + 1
-        );
-    }
+    body.push_str(&charts::render(st, &stats, Some(name), None));
+    body.push_str(&messages::section(st, ctx, &stats, q, p).await?);
     Ok(ctx.page(&format!("Queue {name}"), None, &body))
 }
 
@@ -339,6 +155,7 @@ async fn dlq_page(
     st.source.check_dead_letter_queue(name).await?;
     // After the listing, which checked that the queue exists (`dead_letters` would create it).
     let depth = st.source.dlq_depth(name).await?;
+    let now = std::time::SystemTime::now();
     let (b, n) = (esc(&ctx.base), esc(name));
     let mut body = String::new();
     let _ = write!(
@@ -380,8 +197,8 @@ async fn dlq_page(
                 esc(d.group.as_deref().unwrap_or("-")),
                 d.attempts.to_string(),
                 esc(&d.reason),
-                html::time(d.enqueued_at),
-                html::time(d.dead_lettered_at),
+                fmt::when(d.enqueued_at, now),
+                fmt::when(d.dead_lettered_at, now),
                 if d.headers.is_empty() {
                     html::payload(&d.payload, view, 4096)
                 } else {

@@ -11,7 +11,7 @@ use axum::routing::{MethodRouter, get, post};
 use super::ctx::Ctx;
 use super::failure::Failure;
 use super::state::State;
-use super::{actions, api, pages};
+use super::{actions, api, group, maintenance, pages, schedules};
 
 /// Pages hold CSRF tokens and live figures: never cached. No script runs on any page, so the
 /// policy forbids scripts outright (an injected `<script>` would not run even if escaping
@@ -52,14 +52,20 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/", get(pages::overview))
         .route("/queues/{queue}", get(pages::queue))
         .route("/dlq/{queue}", get(pages::dead_letters))
+        .route("/groups/{queue}/{group}", get(group::page))
+        .route("/delayed", get(schedules::page))
         .route("/jobs/{id}", get(pages::job))
         .route("/login", get(pages::login_form).post(actions::login))
         .route("/logout", action(actions::logout))
         .route("/groups/{queue}/{group}/pause", action(actions::pause))
         .route("/groups/{queue}/{group}/resume", action(actions::resume))
         .route("/groups/{queue}/{group}/reset", action(actions::reset))
+        .route("/groups/{queue}/{group}/delete", action(maintenance::delete_group))
+        .route("/queues/{queue}/purge", action(maintenance::purge_queue))
+        .route("/queues/{queue}/delete", action(maintenance::delete_queue))
+        .route("/schedules/{name}/{verb}", action(schedules::act))
         .route("/dlq/{queue}/redrive", action(actions::redrive))
-        .route("/trim", action(actions::trim))
+        .route("/trim", action(maintenance::trim))
         .route("/metrics", get(api::metrics))
         .route("/api/stats", get(api::get_stats))
         .route("/api/history", get(api::history))
@@ -70,8 +76,12 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/api/groups/{queue}/{group}/pause", action(actions::pause))
         .route("/api/groups/{queue}/{group}/resume", action(actions::resume))
         .route("/api/groups/{queue}/{group}/reset", action(actions::reset))
+        .route("/api/groups/{queue}/{group}/delete", action(maintenance::delete_group))
+        .route("/api/queues/{queue}/purge", action(maintenance::purge_queue))
+        .route("/api/queues/{queue}/delete", action(maintenance::delete_queue))
+        .route("/api/schedules/{name}/{verb}", action(schedules::act))
         .route("/api/dlq/{queue}/redrive", action(actions::redrive))
-        .route("/api/trim", action(actions::trim))
+        .route("/api/trim", action(maintenance::trim))
         .route("/favicon.ico", get(favicon))
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(state.clone(), super::guard::guard))

@@ -15,6 +15,7 @@ use super::failure::Failure;
 use crate::broker::Broker;
 use crate::dead_letter::DeadLetter;
 use crate::inspector::Inspector;
+use crate::schedule::{DelayedInfo, ScheduleInfo};
 use crate::stats::{PendingClaim, Stats, StoredMessage};
 
 /// How stale the read-only view may get before it is reopened.
@@ -87,6 +88,32 @@ impl Source {
             Source::Broker(b) => Ok(b.peek(queue, from, limit).await?),
             Source::ReadOnly { .. } => match self.inspector().await? {
                 Some(i) => Ok(i.peek(queue, from, limit).await?),
+                None => Ok(Vec::new()),
+            },
+        }
+    }
+
+    /// Delayed messages waiting to fall due (of `queue`, or every queue), at most `limit`.
+    pub(crate) async fn delayed(
+        &self,
+        queue: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DelayedInfo>, Failure> {
+        match self {
+            Source::Broker(b) => Ok(b.delayed(queue, limit).await?),
+            Source::ReadOnly { .. } => match self.inspector().await? {
+                Some(i) => Ok(i.delayed(queue, limit).await?),
+                None => Ok(Vec::new()),
+            },
+        }
+    }
+
+    /// Every recurring schedule.
+    pub(crate) async fn schedules(&self) -> Result<Vec<ScheduleInfo>, Failure> {
+        match self {
+            Source::Broker(b) => Ok(b.schedules().await?),
+            Source::ReadOnly { .. } => match self.inspector().await? {
+                Some(i) => Ok(i.schedules().await?),
                 None => Ok(Vec::new()),
             },
         }

@@ -8,6 +8,7 @@ mod group;
 mod job;
 mod keyed;
 mod limits;
+pub(crate) mod operator;
 mod subscription;
 mod txn;
 

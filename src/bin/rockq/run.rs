@@ -84,7 +84,7 @@ async fn stats(inspector: &Inspector, json: bool, only_queue: Option<&str>, queu
                     q.first_seq.to_string(),
                     q.last_seq.to_string(),
                     q.len.to_string(),
-                    q.bytes_on_disk.to_string(),
+                    q.bytes.to_string(),
                     format::opt_duration(q.oldest_age),
                     q.scheduled.to_string(),
                     format::opt_time(q.next_due),
@@ -97,7 +97,7 @@ async fn stats(inspector: &Inspector, json: bool, only_queue: Option<&str>, queu
             &rows,
         );
         println!(
-            "database: {} bytes (SST files and memtables; per-queue bytes count flushed SST files only)",
+            "database: {} bytes (SST files and memtables; per-queue bytes are estimates, recent writes included)",
             stats.bytes_on_disk
         );
         println!();

@@ -64,6 +64,8 @@ pub(crate) async fn peek(
             out.push(StoredMessage {
                 seq,
                 enqueued_at: micros_to_time(env.enqueued_at_micros),
+                key: env.key,
+                idempotency_key: env.idempotency_key,
                 headers: env.headers,
                 payload: env.payload,
             });

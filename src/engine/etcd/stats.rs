@@ -32,6 +32,7 @@ pub(crate) async fn stats(engine: &Arc<Engine>, side: &EtcdSide) -> Result<Stats
             last_seq: *last,
             len: (*last + 1).saturating_sub(meta.first_seq),
             bytes_on_disk: 0,
+            bytes: 0,
             retention: meta.retention,
             oldest_age,
             scheduled: 0,

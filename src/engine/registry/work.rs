@@ -446,6 +446,63 @@ impl WorkGroupState {
         out
     }
 
+    /// Takes message `seq` for an operator's action on it (`Broker::delete_job` and its
+    /// siblings): it must be stored, unfinished, and not held by a live lease or on its way to
+    /// the writer. On success it is settling, as a holder's settle makes it: nobody else can
+    /// claim or settle it until the writer applies the action (or `revert` gives it back).
+    /// `waiting_only`: refuse unless it waits for a retry (retry-now has nothing to do
+    /// otherwise). A never-claimed message moves the frontier past it; the sequences skipped
+    /// become claimable slots, as restored ones are (at most [`MAX_REACH`] of them).
+    pub fn operator_take(&self, seq: u64, now: Instant, waiting_only: bool) -> Result<Operated, Refused> {
+        let mut d = self.dispatch();
+        let first = self.queue.first_seq.load(Ordering::Acquire);
+        if seq < first || seq <= self.durable.load(Ordering::Acquire) {
+            return Err(Refused::Finished);
+        }
+        if seq > self.queue.last_seq() {
+            return Err(Refused::NotSent);
+        }
+        let token = self.token();
+        match d.get(seq).map(|s| (s.state, s.attempt, s.last_error.clone())) {
+            Some((state, attempt, last_error)) => {
+                match state {
+                    SlotState::Leased { deadline, .. } if now < deadline => {
+                        return Err(Refused::State("leased"));
+                    }
+                    SlotState::Settling => return Err(Refused::State("being settled")),
+                    SlotState::Waiting { .. } => {}
+                    _ if waiting_only => {
+                        return Err(Refused::State(if state == SlotState::Parked {
+                            "parked behind its key"
+                        } else {
+                            "claimable now"
+                        }));
+                    }
+                    _ => {}
+                }
+                d.set(seq, SlotState::Settling, |_| {});
+                Ok(Operated { attempt, last_error, token, epoch: self.epoch.load(Ordering::Acquire) })
+            }
+            // Below the frontier without a slot: finished, its offset move not durable yet.
+            None if seq < d.frontier.max(first) => Err(Refused::Finished),
+            None if waiting_only => Err(Refused::State("claimable now")),
+            None => {
+                if seq - d.frontier.max(first) > MAX_REACH {
+                    return Err(Refused::TooFarAhead);
+                }
+                d.frontier = d.frontier.max(first);
+                reach(&mut d, seq);
+                d.insert(seq, Slot { state: SlotState::Settling, ..Slot::available(0, String::new()) });
+                Ok(Operated {
+                    attempt: 0,
+                    last_error: String::new(),
+                    token,
+                    epoch: self.epoch.load(Ordering::Acquire),
+                })
+            }
+        }
+    }
+
     /// Starts settling `seq` for the holder of `token`: fails if the lease expired or the
     /// message was claimed again since.
     pub fn begin_settle(&self, seq: u64, token: u64, now: Instant) -> Result<(), Lost> {
@@ -740,6 +797,32 @@ impl WorkGroupState {
     }
 }
 
+/// The most never-claimed sequences an operator's action on a later one may turn into slots.
+pub(crate) const MAX_REACH: u64 = 100_000;
+
+/// A message taken for an operator's action: its attempts so far and last error, and the
+/// token and reset epoch it was taken under.
+#[derive(Debug)]
+pub(crate) struct Operated {
+    pub attempt: u32,
+    pub last_error: String,
+    pub token: u64,
+    pub epoch: u64,
+}
+
+/// Why an operator's action on one message was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// Finished (acked, dead-lettered) or deleted by retention.
+    Finished,
+    /// Beyond the queue's last sequence.
+    NotSent,
+    /// Its state does not allow the action (`leased`, `being settled`, `claimable now`, ...).
+    State(&'static str),
+    /// More than [`MAX_REACH`] never-claimed messages lie before it.
+    TooFarAhead,
+}
+
 /// The token of a lease another process holds (the etcd engine): tokens here are seeded from
 /// the wall clock, so none is 0.
 #[allow(dead_code)] // the etcd engine's
@@ -747,7 +830,6 @@ pub(crate) const FOREIGN_TOKEN: u64 = 0;
 
 /// Moves the frontier past `seq`: the sequences skipped were never claimed, so they are
 /// claimable (a slot each, as restored ones are).
-#[allow(dead_code)] // the etcd engine's
 fn reach(d: &mut Dispatch, seq: u64) {
     while d.frontier < seq {
         let s = d.frontier;

@@ -1,0 +1,102 @@
+//! An operator's actions on one job of a work group: retry it now, delete it, dead-letter it
+//! (what the console's per-job buttons call).
+
+use crate::error::{Error, NameKind};
+use crate::work::operator::{self, JobAction};
+
+use super::Broker;
+
+impl Broker {
+    /// Makes job `seq` of work group `group` on `queue`, waiting for a retry, claimable now.
+    /// Its attempt count and last error stay as they are; the new due time is durable (a
+    /// restart does not bring the old one back).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSuchJob`] if the group finished it, retention deleted it, or it was never
+    /// sent; [`Error::JobState`] if it is not waiting for a retry (leased, being settled, or
+    /// claimable already); [`Error::NoSuchGroup`], [`Error::InvalidName`],
+    /// [`Error::GroupDeleted`], [`Error::Shutdown`], [`Error::Storage`]; on the etcd engine
+    /// [`Error::Unsupported`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe in effect: cancelled before the writer has it, nothing changes; after, the
+    /// action is applied.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// // The downstream service is back: run job 42 at once instead of in an hour.
+    /// broker.retry_job_now("emails", "mailer", 42).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn retry_job_now(&self, queue: &str, group: &str, seq: u64) -> Result<(), Error> {
+        self.job_action(queue, group, seq, JobAction::RetryNow).await
+    }
+
+    /// Finishes job `seq` of work group `group` on `queue` without running it: the group moves
+    /// past it as if a handler had acked it. The message stays in the queue for other groups
+    /// (retention decides when it goes). Works on a job never claimed, waiting for a retry, or
+    /// whose lease ran out; a job held by a live lease is refused, not taken from its holder.
+    ///
+    /// # Errors
+    ///
+    /// As for [`retry_job_now`](Broker::retry_job_now); [`Error::JobState`] if it is leased or
+    /// being settled.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`retry_job_now`](Broker::retry_job_now).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// broker.delete_job("emails", "mailer", 42).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn delete_job(&self, queue: &str, group: &str, seq: u64) -> Result<(), Error> {
+        self.job_action(queue, group, seq, JobAction::Delete).await
+    }
+
+    /// Moves job `seq` of work group `group` on `queue` to the group's dead-letter queue now,
+    /// with `reason`, as a handler's [`Job::dead_letter`](crate::Job::dead_letter) would (the
+    /// copy, the claim's removal and the offset move in one write). Refused for a job held by a
+    /// live lease.
+    ///
+    /// # Errors
+    ///
+    /// As for [`delete_job`](Broker::delete_job).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`retry_job_now`](Broker::retry_job_now).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// broker.dead_letter_job("emails", "mailer", 42, "bounced address, parked by ops").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn dead_letter_job(
+        &self,
+        queue: &str,
+        group: &str,
+        seq: u64,
+        reason: impl Into<String>,
+    ) -> Result<(), Error> {
+        self.job_action(queue, group, seq, JobAction::DeadLetter(reason.into())).await
+    }
+
+    async fn job_action(&self, queue: &str, group: &str, seq: u64, action: JobAction) -> Result<(), Error> {
+        crate::name::validate(NameKind::Queue, queue)?;
+        crate::name::validate(NameKind::Group, group)?;
+        operator::check(&self.shared)?;
+        let missing = || Error::NoSuchGroup { group: group.to_owned(), queue: queue.to_owned() };
+        let g = self.shared.work_group(group, queue).ok_or_else(missing)?;
+        operator::act(&self.shared, &g, seq, action).await
+    }
+}

@@ -1,0 +1,161 @@
+//! A group's own page: its figures and problems, stored settings, chart, the claims of a
+//! work group (attempts, holders, deadlines, last errors, with expired leases marked) and the
+//! most frequent last errors; for an operator, pause or resume, reset and delete.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::extract::{Path, State as AxState};
+use axum::response::Response;
+
+use super::ctx::Ctx;
+use super::failure::Failure;
+use super::fmt;
+use super::html::{self, esc};
+use super::input;
+use super::state::State;
+use super::tables::{self, GROUP_HEADERS};
+use crate::stats::{GroupMode, PendingState};
+
+/// Claims listed on the page (the JSON lists all).
+const MAX_CLAIMS: usize = 200;
+
+/// GET `/groups/{queue}/{group}`.
+pub(crate) async fn page(
+    AxState(st): AxState<Arc<State>>,
+    ctx: Ctx,
+    Path((queue, group)): Path<(String, String)>,
+) -> Response {
+    ctx.render(render(&st, &ctx, &queue, &group).await)
+}
+
+async fn render(st: &State, ctx: &Ctx, queue: &str, group: &str) -> Result<Response, Failure> {
+    let (q, g) = (input::name("queue", queue)?, input::name("group", group)?);
+    let stats = st.source.stats().await?;
+    let gs = stats
+        .groups
+        .iter()
+        .find(|s| s.queue == q && s.group == g)
+        .ok_or_else(|| Failure::not_found(format!("group {g:?} does not exist on queue {q:?}")))?;
+    let now = SystemTime::now();
+    let (b, qn, gn) = (esc(&ctx.base), esc(q), esc(g));
+    let mut body = String::new();
+    {
+        let h = st.history.lock().unwrap_or_else(|p| p.into_inner());
+        body.push_str(&html::table("group", GROUP_HEADERS, &[tables::group_row(ctx, gs, &h)]));
+    }
+    // Stored settings.
+    let mut settings = vec![vec!["Mode".to_owned(), gs.mode.as_str().to_owned()]];
+    if gs.mode == GroupMode::WorkQueue {
+        settings.push(vec!["Lease".into(), html::opt_duration(gs.lease)]);
+        if let Some(p) = &gs.retry_policy {
+            settings.push(vec![
+                "Retries".into(),
+                format!(
+                    "up to {} attempts; backoff {} growing ×{} to {} (jitter {:.0} %)",
+                    p.attempts(),
+                    html::duration(p.initial_delay()),
+                    p.growth(),
+                    html::duration(p.max_delay()),
+                    p.jitter_fraction() * 100.0
+                ),
+            ]);
+        }
+        settings.push(vec!["Ordered by key".into(), if gs.ordered_by_key { "yes" } else { "no" }.into()]);
+        settings.push(vec![
+            "Dead-letter queue".into(),
+            gs.dead_letter_queue
+                .as_deref()
+                .map_or_else(|| "-".into(), |d| format!(r#"<a href="{b}/dlq/{d}">{d}</a>"#, d = esc(d))),
+        ]);
+    }
+    body.push_str("<h2>Settings</h2>");
+    body.push_str(&html::table("settings", &["Setting", "Value"], &settings));
+    body.push_str(&super::charts::render(st, &stats, Some(q), Some(g)));
+
+    if gs.mode == GroupMode::WorkQueue {
+        let claims = st.source.pending(q, g).await?;
+        let count = |s: PendingState| claims.iter().filter(|c| c.state == s).count();
+        let _ = write!(
+            body,
+            r#"<h2>Claims</h2><p class="summary" id="claim-counts">{} leased · {} <span class="{}">expired</span> · {} waiting for a retry</p>"#,
+            count(PendingState::Leased),
+            count(PendingState::Expired),
+            if count(PendingState::Expired) > 0 { "bad" } else { "" },
+            count(PendingState::Waiting),
+        );
+        let rows: Vec<_> = claims
+            .iter()
+            .take(MAX_CLAIMS)
+            .map(|c| {
+                let state = match c.state {
+                    PendingState::Expired => r#"<span class="state expired">expired</span>"#.to_owned(),
+                    s => format!(r#"<span class="state {0}">{0}</span>"#, s.as_str()),
+                };
+                vec![
+                    format!(r#"<a href="{b}/queues/{qn}?order=oldest&from={s}&limit=1">{s}</a>"#, s = c.seq),
+                    state,
+                    c.attempt.to_string(),
+                    esc(c.holder.as_deref().unwrap_or("-")),
+                    fmt::opt_when(c.lease_deadline, now),
+                    fmt::opt_when(c.retry_at, now),
+                    esc(c.last_error.as_deref().unwrap_or("-")),
+                ]
+            })
+            .collect();
+        if claims.len() > MAX_CLAIMS {
+            let _ = write!(
+                body,
+                r#"<p class="summary">Showing the first {MAX_CLAIMS} of {} (all of them: <a href="{b}/api/queues/{qn}/groups/{gn}/pending">JSON</a>).</p>"#,
+                claims.len()
+            );
+        }
+        let headers = ["Seq", "State", "Attempt", "Holder", "Lease deadline", "Retry at", "Last error"];
+        body.push_str(&html::table("claims", &headers, &rows));
+        // The errors behind the retries, most frequent first.
+        let mut errors: HashMap<&str, (usize, u32)> = HashMap::new();
+        for c in &claims {
+            if let Some(e) = c.last_error.as_deref() {
+                let entry = errors.entry(e).or_default();
+                entry.0 += 1;
+                entry.1 = entry.1.max(c.attempt);
+            }
+        }
+        let mut errors: Vec<_> = errors.into_iter().collect();
+        errors.sort_by(|a, b| b.1.0.cmp(&a.1.0).then(a.0.cmp(b.0)));
+        let rows: Vec<_> = errors
+            .iter()
+            .take(10)
+            .map(|(e, (n, max))| vec![esc(e), n.to_string(), max.to_string()])
+            .collect();
+        body.push_str("<h2>Last errors</h2>");
+        body.push_str(&html::table("last-errors", &["Error", "Messages", "Highest attempt"], &rows));
+    }
+
+    if let Some(csrf) = ctx.csrf() {
+        let _ = write!(
+            body,
+            r#"<h2>Actions</h2><p>{} {}</p><form class="reset" method="post" action="{b}/groups/{qn}/{gn}/reset">{csrf}<b>Reset</b> to
+<select name="target"><option value="seq">sequence</option><option value="time">time</option><option value="earliest">earliest</option><option value="latest">latest</option></select>
+<input name="value" placeholder="42, 2026-11-25T01:00:00Z, 1764032400 or 15m"> <button id="reset-{qn}-{gn}">Reset…</button></form>"#,
+            tables::button(
+                &ctx.base,
+                csrf,
+                &format!("/groups/{q}/{g}/{}", if gs.paused { "resume" } else { "pause" }),
+                if gs.paused { "Resume" } else { "Pause" },
+                if gs.paused { "group-resume" } else { "group-pause" },
+            ),
+            tables::button(
+                &ctx.base,
+                csrf,
+                &format!("/groups/{q}/{g}/delete"),
+                "Delete group…",
+                "delete-group"
+            ),
+            csrf = html::csrf_field(csrf),
+        );
+    }
+    Ok(ctx.page(&format!("Group {g} on {q}"), None, &body))
+}
