@@ -28,11 +28,25 @@ struct Browser {
 
 impl Browser {
     async fn start(driver: String) -> Browser {
+        Browser::start_with(driver, &[]).await
+    }
+
+    /// A session whose Chromium gets `extra` command-line flags too.
+    async fn start_with(driver: String, extra: &[&str]) -> Browser {
+        let mut args = vec![
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--window-size=1500,1100",
+            "--hide-scrollbars",
+        ];
+        args.extend_from_slice(extra);
         let caps = json!({ "capabilities": { "alwaysMatch": {
             "browserName": "chrome",
             "goog:chromeOptions": {
                 "binary": std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into()),
-                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1500,1100", "--hide-scrollbars"],
+                "args": args,
             },
         }}});
         let v = call(&driver, "POST", "/session", Some(caps)).await;
@@ -48,6 +62,26 @@ impl Browser {
 
     async fn goto(&self, url: &str) {
         self.cmd("POST", "/url", Some(json!({ "url": url }))).await;
+    }
+
+    /// Resizes the window (a narrow laptop, a phone).
+    async fn resize(&self, width: u32, height: u32) {
+        self.cmd("POST", "/window/rect", Some(json!({ "width": width, "height": height }))).await;
+    }
+
+    /// Loads `url` and waits until the page is complete.
+    async fn open(&self, url: &str) {
+        self.goto(url).await;
+        self.wait_for("return document.readyState === 'complete'").await;
+    }
+
+    /// Clicks `css` and waits for the next page to be loaded at `path`.
+    async fn click_to(&self, css: &str, path: &str) {
+        self.click(css).await;
+        self.wait_for(&format!(
+            "return location.pathname === '{path}' && document.readyState === 'complete'"
+        ))
+        .await;
     }
 
     async fn js(&self, script: &str) -> Value {
@@ -161,6 +195,19 @@ async fn the_console_in_a_headless_browser() {
         sampler.sample_now().await.unwrap();
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
+    let emails = f.broker.queue("emails").await.unwrap();
+    for i in 1..=5u32 {
+        let m = rockq::Message::new(format!("mail {i}"))
+            .key(format!("user-{}", i % 4))
+            .header("x-tenant", "acme");
+        emails.send(m).await.unwrap();
+    }
+    orders.submit(rockq::Message::new("in an hour").deliver_after(Duration::from_secs(3600))).await.unwrap();
+    f.broker
+        .schedule("nightly-report", Duration::from_secs(86_400), "orders", "build the report")
+        .await
+        .unwrap();
+    sampler.sample_now().await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
@@ -227,13 +274,15 @@ async fn pages(b: &Browser, base: &str, f: &console::Fixture) -> PathBuf {
     let row = b.table("groups").await.into_iter().find(|r| num(&r["group"]) == "billing").unwrap();
     assert_eq!(num(&row["paused"]), "paused");
 
-    // The `<script>` payload is text on the page, and no script element exists.
+    b.screenshot("queue-orders").await;
+    // The `<script>` payload (the oldest message) is text on the page, and no script element
+    // exists.
+    b.open(&format!("{base}/queues/orders?order=oldest")).await;
     let payloads = b
         .js("return Array.from(document.querySelectorAll('#messages pre.payload')).map(p => p.textContent)")
         .await;
     assert_eq!(payloads[0], SCRIPT);
     assert_eq!(b.js("return document.querySelectorAll('script').length").await, 0);
-    b.screenshot("queue-orders").await;
 
     // Reset billing to sequence 2: a confirmation page first, then the offset moves.
     b.js("document.querySelector('form.reset select[name=target]').value = 'seq'; return true").await;
@@ -253,29 +302,58 @@ async fn pages(b: &Browser, base: &str, f: &console::Fixture) -> PathBuf {
     b.wait_for("return location.pathname === '/queues/orders' && document.readyState === 'complete'").await;
     assert!(!group(&f.broker.stats().await.unwrap(), "orders", "billing").paused);
 
-    // Work queue: pending claims as Broker::pending has them.
-    b.goto(&format!("{base}/queues/jobs")).await;
-    let rows = b.table("pending-workers").await;
+    // Work queue: each message's state in the group, newest first.
+    b.open(&format!("{base}/queues/jobs")).await;
+    let states = b
+        .js("return Array.from(document.querySelectorAll('#messages td[data-col=\"state-in-workers\"] .state')).map(s => s.textContent)")
+        .await;
+    assert_eq!(states, json!(["open", "open", "leased", "retrying", "dead", "dead"]));
+    b.screenshot("queue-jobs").await;
+
+    // The group page: claims as Broker::pending has them.
+    b.open(&format!("{base}/groups/jobs/workers")).await;
+    let rows = b.table("claims").await;
     let pending = f.broker.pending("jobs", "workers").await.unwrap();
     assert_eq!(rows.len(), pending.len());
     for (row, c) in rows.iter().zip(&pending) {
+        let state = if c.state == rockq::PendingState::Waiting { "retrying" } else { c.state.as_str() };
         assert_eq!(
             (num(&row["seq"]), num(&row["state"]), num(&row["attempt"])),
-            (c.seq.to_string(), c.state.as_str().to_owned(), c.attempt.to_string())
+            (c.seq.to_string(), state.to_owned(), c.attempt.to_string())
         );
     }
-    b.screenshot("queue-jobs").await;
+    b.screenshot("group-workers").await;
 
-    // Dead letters: listed with their reasons; redrive them with a click.
-    b.goto(&format!("{base}/dlq/jobs.dlq")).await;
+    // Retry now, by its button: due at once.
+    b.click_to("#retry-3", "/groups/jobs/workers").await;
+    let p = f.broker.pending("jobs", "workers").await.unwrap();
+    assert!(p.iter().find(|c| c.seq == 3).unwrap().retry_at.unwrap() <= f.clock.wall_time());
+
+    // Dead-letter job 6 from the message list, with a reason typed on the confirmation page.
+    b.open(&format!("{base}/queues/jobs")).await;
+    b.click("#dead-letter-6").await;
+    b.wait_for("return !!document.getElementById('reason')").await;
+    b.js("document.getElementById('reason').value = ''; return true").await;
+    b.type_into("#reason", "parked by ops").await;
+    b.screenshot("dead-letter-confirm").await;
+    b.click_to("#confirm", "/groups/jobs/workers").await;
+    let letters = f.broker.dead_letters("jobs.dlq").await.unwrap().list(10).await.unwrap();
+    assert!(letters.iter().any(|d| d.seq == Some(6) && d.reason == "parked by ops"), "{letters:?}");
+
+    // Dead letters: listed with their reasons; redrive them with a click, after a confirmation.
+    b.open(&format!("{base}/dlq/jobs.dlq")).await;
     let letters = b.table("dead-letters").await;
-    assert_eq!(letters.len(), 2);
+    assert_eq!(letters.len(), 3);
     assert_eq!(num(&letters[0]["reason"]), "bad input: <missing field>");
     b.screenshot("dead-letters").await;
     let jobs_last = f.broker.peek("jobs", None, 100).await.unwrap().last().unwrap().seq;
     b.click("#redrive").await;
+    b.wait_for("return !!document.getElementById('confirm-text')").await;
+    assert_eq!(f.broker.dead_letters("jobs.dlq").await.unwrap().len().await.unwrap(), 3, "asked first");
+    b.screenshot("redrive-confirm").await;
+    b.click("#confirm").await;
     b.wait_for("return document.getElementById('job-state') && document.getElementById('job-state').textContent === 'done'").await;
-    assert_eq!(b.js("return document.getElementById('job-moved').textContent").await, "2");
+    assert_eq!(b.js("return document.getElementById('job-moved').textContent").await, "3");
     b.screenshot("redrive-done").await;
     assert!(f.broker.dead_letters("jobs.dlq").await.unwrap().is_empty().await.unwrap());
     let moved: Vec<_> = f
@@ -286,10 +364,121 @@ async fn pages(b: &Browser, base: &str, f: &console::Fixture) -> PathBuf {
         .into_iter()
         .map(|m| m.payload)
         .collect();
-    assert_eq!(moved, ["job 1", "job 2"]);
+    assert_eq!(moved, ["job 1", "job 2", "job 6"]);
+
+    // Paging: newest first, then older by its link; a jump; a search by key.
+    b.open(&format!("{base}/queues/orders?limit=5")).await;
+    let seqs = |rows: Vec<Value>| rows.iter().map(|r| num(&r["seq"])).collect::<Vec<_>>();
+    let last = f.broker.stats().await.unwrap().queues.iter().find(|q| q.name == "orders").unwrap().last_seq;
+    assert_eq!(seqs(b.table("messages").await)[0], last.to_string());
+    b.screenshot("messages-newest").await;
+    b.click("#page-older").await;
+    b.wait_for(&format!(
+        "return document.getElementById('page-range').textContent.startsWith('#{}')",
+        last - 9
+    ))
+    .await;
+    b.type_into("#jump-seq", "2").await;
+    b.click("#jump").await;
+    b.wait_for("return document.querySelector('#messages td[data-col=seq]').textContent === '2'").await;
+    b.open(&format!("{base}/queues/emails")).await;
+    b.js("document.getElementById('search-field').value = 'key'; return true").await;
+    b.type_into("#search-q", "user-1").await;
+    b.click("#search").await;
+    b.wait_for("return !!document.getElementById('search-note')").await;
+    assert_eq!(seqs(b.table("messages").await), ["5", "1"]);
+    b.screenshot("messages-search").await;
+
+    // Delayed messages and schedules.
+    b.open(&format!("{base}/delayed")).await;
+    assert_eq!(b.table("delayed").await.len(), 1);
+    assert_eq!(num(&b.table("schedules").await[0]["schedule"]), "nightly-report");
+    b.screenshot("delayed-and-schedules").await;
+
+    // Trim: a confirmation, then a report of what it deleted.
+    b.open(&format!("{base}/")).await;
+    b.click("#trim").await;
+    b.wait_for("return !!document.getElementById('confirm-text')").await;
+    b.screenshot("trim-confirm").await;
+    b.click("#confirm").await;
+    b.wait_for("return !!document.getElementById('trim-report')").await;
+    let trimmed = b.table("trimmed").await;
+    assert!(trimmed.iter().any(|r| num(&r["queue"]) == "orders"), "{trimmed:?}");
+    b.screenshot("trim-report").await;
+
+    // Purge asks first and names what goes; cancelling keeps it.
+    b.open(&format!("{base}/queues/emails")).await;
+    b.click("#purge-queue").await;
+    b.wait_for("return !!document.getElementById('confirm-text')").await;
+    assert_eq!(
+        b.js("return document.getElementById('confirm-text').textContent.includes('Its 5 stored messages')")
+            .await,
+        true
+    );
+    b.screenshot("purge-confirm").await;
+    b.click_to("#cancel", "/queues/emails").await;
+    assert_eq!(f.broker.peek("emails", None, 10).await.unwrap().len(), 5);
+
+    // Narrow windows: nothing wider than the window but the tables, which scroll inside it.
+    for (w, h, name) in [(900, 1000, "overview-900px"), (390, 844, "overview-phone")] {
+        b.resize(w, h).await;
+        b.open(&format!("{base}/")).await;
+        let fits = b.js("return document.documentElement.scrollWidth <= window.innerWidth + 1").await;
+        assert_eq!(fits, true, "the page is wider than {w} px");
+        b.screenshot(name).await;
+    }
+    b.open(&format!("{base}/queues/jobs")).await;
+    b.screenshot("queue-jobs-phone").await;
+    b.resize(1500, 1100).await;
 
     // Metrics and JSON render in the browser too.
     b.goto(&format!("{base}/metrics")).await;
     assert_eq!(b.js("return document.body.textContent.includes('rockq_group_lag{')").await, true);
     overview
+}
+
+/// DNS rebinding, as a browser meets it: Chromium resolves `evil.test` to 127.0.0.1 (as an
+/// attacker's DNS would after the victim loaded their page), so a request to
+/// `http://evil.test:PORT/` reaches the loopback console with `Host: evil.test:PORT`. The
+/// console answers 421 and shows nothing, even with public reads; the same console by its own
+/// address answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebound_foreign_host_name_reads_nothing_in_a_real_browser() {
+    if std::env::var("ROCKQ_BROWSER_TESTS").as_deref() != Ok("1") {
+        eprintln!(
+            "skipped: set ROCKQ_BROWSER_TESTS=1 and CHROMEDRIVER=host:port (scripts/browser-tests.sh does)"
+        );
+        return;
+    }
+    let driver = std::env::var("CHROMEDRIVER").expect("CHROMEDRIVER=host:port of a running chromedriver");
+    let f = fixture().await;
+    let app = Console::new(f.broker.clone()).token(TOKEN).public_reads(true).manual_sampling().router();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let b = Browser::start_with(driver, &["--host-resolver-rules=MAP evil.test 127.0.0.1"]).await;
+    let run = async {
+        let port = addr.port();
+        b.goto(&format!("http://evil.test:{port}/api/dlq/jobs.dlq")).await;
+        let text = b.js("return document.body.textContent").await;
+        let text = text.as_str().unwrap_or_default().to_owned();
+        assert!(text.contains("does not answer to host \"evil.test\""), "{text}");
+        assert!(!text.contains("job 1") && !text.contains("missing field"), "leaked: {text}");
+        b.screenshot("rebinding-refused").await;
+        // The page a rebinding attacker would script: refused too.
+        b.goto(&format!("http://evil.test:{port}/queues/jobs")).await;
+        let text = b.js("return document.body.textContent").await;
+        assert!(!text.as_str().unwrap_or_default().contains("job 1"));
+        // The console's own address answers (the refusal is the Host check, not the network).
+        b.goto(&format!("http://127.0.0.1:{port}/api/dlq/jobs.dlq")).await;
+        let text = b.js("return document.body.textContent").await;
+        assert!(text.as_str().unwrap_or_default().contains("missing field"), "{text}");
+    };
+    let outcome = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(Box::pin(run))).await;
+    b.quit().await;
+    server.abort();
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+    drop(f.held);
 }

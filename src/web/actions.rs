@@ -239,7 +239,7 @@ pub(crate) async fn redrive(
         let action = format!("/dlq/{dlq}/redrive");
         let cancel = format!("/dlq/{dlq}");
         if let Some(page) =
-            super::maintenance::confirmed(&ctx, &f, &action, &["to", "limit"], &question, "Yes, redrive", &cancel)
+            super::confirm::confirmed(&ctx, &f, &action, &["to", "limit"], &question, "Yes, redrive", &cancel)
         {
             return Ok(page);
         }

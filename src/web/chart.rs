@@ -27,7 +27,7 @@ pub(crate) enum Axis {
 const W: f64 = 380.0;
 const PLOT_W: f64 = 300.0;
 const LEFT: f64 = 40.0;
-const TOP: f64 = 18.0;
+const TOP: f64 = 28.0;
 const H: f64 = 80.0;
 
 /// The chart, or a note when the window holds fewer than two samples over some time (one
@@ -78,8 +78,12 @@ pub(crate) fn render(title: &str, units: (&str, &str), series: &[Series<'_>]) ->
     }
     let _ = write!(
         out,
-        r#"<text class="unit" x="2" y="{TOP}" >{}</text><text class="unit" x="{W}" y="{TOP}" text-anchor="end">{}</text>"#,
+        r#"<text class="unit" x="{}" y="{}" text-anchor="end">{}</text><text class="unit" x="{}" y="{}">{}</text>"#,
+        LEFT - 3.0,
+        TOP - 6.0,
         esc(units.0),
+        LEFT + PLOT_W + 3.0,
+        TOP - 6.0,
         esc(units.1)
     );
     // Time axis: the window's start, its middle, now.
@@ -153,7 +157,7 @@ mod tests {
         assert!(svg.starts_with("<svg") && svg.contains("<polyline"), "{svg}");
         // 80 × 1.25 = 100: the right axis runs to 100, the line's peak at 80 % of the height.
         assert!(svg.contains(">100</text>") && svg.contains(">50</text>"), "{svg}");
-        assert!(svg.contains("40.0,98.0 190.0,34.0 340.0,66.0"), "{svg}");
+        assert!(svg.contains("40.0,108.0 190.0,44.0 340.0,76.0"), "{svg}");
         assert!(svg.contains("−10.0s") && svg.contains(">now<") && svg.contains("msg/s"), "{svg}");
         assert!(svg.contains("q&lt;1&gt;") && !svg.contains("q<1>"));
     }

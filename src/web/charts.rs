@@ -20,12 +20,18 @@ pub(crate) fn render(st: &State, stats: &Stats, queue: Option<&str>, group: Opti
     let h = st.history.lock().unwrap_or_else(|p| p.into_inner());
     let mut out = String::from(r#"<div class="charts" id="charts">"#);
     let mut folded: Vec<String> = Vec::new();
+    // Series with a single sample so far (created since the sampler started).
+    let mut young: Vec<String> = Vec::new();
     if group.is_none() {
         for q in stats.queues.iter().filter(|q| queue.is_none_or(|o| o == q.name)) {
             let Some(ring) = h.queues.get(&q.name) else { continue };
             let rate = rates(ring, |p| (p.at, p.wall, p.last_seq));
             let len: Vec<_> = ring.iter().map(|p| (p.wall, p.len as f64)).collect();
-            if idle(&rate, &len) && len.len() >= 2 {
+            if len.len() < 2 {
+                young.push(format!("queue {}", esc(&q.name)));
+                continue;
+            }
+            if idle(&rate, &len) {
                 folded.push(format!("queue {} (length {})", esc(&q.name), q.len));
                 continue;
             }
@@ -34,7 +40,7 @@ pub(crate) fn render(st: &State, stats: &Stats, queue: Option<&str>, group: Opti
                 Series { label: "enqueued/s", class: "rate", axis: Axis::Right, points: rate },
             ];
             let title = format!("queue {}", q.name);
-            let _ = write!(out, "<figure>{}</figure>", chart::render(&title, ("messages", "msg/s"), &series));
+            let _ = write!(out, "<figure>{}</figure>", chart::render(&title, ("msgs", "msg/s"), &series));
         }
     }
     for g in stats
@@ -45,7 +51,11 @@ pub(crate) fn render(st: &State, stats: &Stats, queue: Option<&str>, group: Opti
         let Some(ring) = h.groups.get(&(g.queue.clone(), g.group.clone())) else { continue };
         let lag: Vec<_> = ring.iter().map(|p| (p.wall, p.lag as f64)).collect();
         let acked = rates(ring, |p| (p.at, p.wall, p.committed));
-        if idle(&acked, &lag) && lag.len() >= 2 {
+        if lag.len() < 2 {
+            young.push(format!("group {}/{}", esc(&g.queue), esc(&g.group)));
+            continue;
+        }
+        if idle(&acked, &lag) {
             folded.push(format!("group {}/{} (lag {})", esc(&g.queue), esc(&g.group), g.lag));
             continue;
         }
@@ -60,17 +70,21 @@ pub(crate) fn render(st: &State, stats: &Stats, queue: Option<&str>, group: Opti
             g.group,
             html::opt_duration(g.oldest_unacked_age)
         );
-        let _ = write!(out, "<figure>{}</figure>", chart::render(&title, ("messages", "msg/s"), &series));
+        let _ = write!(out, "<figure>{}</figure>", chart::render(&title, ("msgs", "msg/s"), &series));
     }
     out.push_str("</div>");
     if !folded.is_empty() {
-        let window = h.queues.values().next().and_then(|r| Some(r.back()?.at.duration_since(r.front()?.at)));
+        // The longest sampled window: the one the folded series were idle over.
+        let window = h.queues.values().filter_map(|r| Some(r.back()?.at.duration_since(r.front()?.at))).max();
         let _ = write!(
             out,
             r#"<p class="summary" id="idle-series">No change{}: {}.</p>"#,
             window.map_or_else(String::new, |w| format!(" in the last {}", html::duration(w))),
             folded.join(", ")
         );
+    }
+    if !young.is_empty() {
+        let _ = write!(out, r#"<p class="summary">Waiting for a second sample: {}.</p>"#, young.join(", "));
     }
     out
 }

@@ -22,6 +22,15 @@ use crate::stats::{GroupMode, PendingState};
 /// Claims listed on the page (the JSON lists all).
 const MAX_CLAIMS: usize = 200;
 
+/// The console's name for a claim's state (the message list uses the same).
+pub(crate) fn label(s: PendingState) -> &'static str {
+    match s {
+        PendingState::Leased => "leased",
+        PendingState::Waiting => "retrying",
+        _ => "expired",
+    }
+}
+
 /// GET `/groups/{queue}/{group}`.
 pub(crate) async fn page(
     AxState(st): AxState<Arc<State>>,
@@ -90,10 +99,7 @@ async fn render(st: &State, ctx: &Ctx, queue: &str, group: &str) -> Result<Respo
             .iter()
             .take(MAX_CLAIMS)
             .map(|c| {
-                let state = match c.state {
-                    PendingState::Expired => r#"<span class="state expired">expired</span>"#.to_owned(),
-                    s => format!(r#"<span class="state {0}">{0}</span>"#, s.as_str()),
-                };
+                let state = format!(r#"<span class="state {0}">{0}</span>"#, label(c.state));
                 vec![
                     format!(r#"<a href="{b}/queues/{qn}?order=oldest&from={s}&limit=1">{s}</a>"#, s = c.seq),
                     state,
@@ -102,6 +108,7 @@ async fn render(st: &State, ctx: &Ctx, queue: &str, group: &str) -> Result<Respo
                     fmt::opt_when(c.lease_deadline, now),
                     fmt::opt_when(c.retry_at, now),
                     esc(c.last_error.as_deref().unwrap_or("-")),
+                    super::job_actions::buttons(ctx, q, g, c.seq, label(c.state)),
                 ]
             })
             .collect();
@@ -112,7 +119,8 @@ async fn render(st: &State, ctx: &Ctx, queue: &str, group: &str) -> Result<Respo
                 claims.len()
             );
         }
-        let headers = ["Seq", "State", "Attempt", "Holder", "Lease deadline", "Retry at", "Last error"];
+        let headers =
+            ["Seq", "State", "Attempt", "Holder", "Lease deadline", "Retry at", "Last error", "Actions"];
         body.push_str(&html::table("claims", &headers, &rows));
         // The errors behind the retries, most frequent first.
         let mut errors: HashMap<&str, (usize, u32)> = HashMap::new();

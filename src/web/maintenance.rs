@@ -11,6 +11,7 @@ use axum::response::Response;
 use serde_json::json;
 
 use super::actions::{Fields, authorized, done};
+use super::confirm::confirmed;
 use super::ctx::Ctx;
 use super::failure::Failure;
 use super::fmt;
@@ -18,38 +19,6 @@ use super::html::{self, esc};
 use super::input;
 use super::state::State;
 use crate::stats::Stats;
-
-/// Whether the browser form confirmed; otherwise the confirmation page to answer with.
-/// `hidden`: the fields the confirming form posts again (besides `csrf` and `confirm`).
-pub(super) fn confirmed(
-    ctx: &Ctx,
-    f: &std::collections::HashMap<String, String>,
-    action: &str,
-    hidden: &[&str],
-    question: &str,
-    yes: &str,
-    cancel: &str,
-) -> Option<Response> {
-    if ctx.api || f.get("confirm").map(String::as_str) == Some("yes") {
-        return None;
-    }
-    let csrf = f.get("csrf").map(String::as_str).unwrap_or("");
-    let b = esc(&ctx.base);
-    let mut fields = String::new();
-    for name in hidden {
-        let value = f.get(*name).map(String::as_str).unwrap_or("");
-        let _ = write!(fields, r#"<input type="hidden" name="{}" value="{}">"#, esc(name), esc(value));
-    }
-    let body = format!(
-        r#"<p id="confirm-text" class="confirm">{question}</p>
-<form method="post" action="{b}{action}">{csrf}{fields}<input type="hidden" name="confirm" value="yes"><button id="confirm" class="danger">{yes}</button> <a id="cancel" href="{b}{cancel}">Cancel</a></form>"#,
-        action = esc(action),
-        csrf = html::csrf_field(csrf),
-        yes = esc(yes),
-        cancel = esc(cancel),
-    );
-    Some(ctx.page("Confirm", None, &body))
-}
 
 fn queue_of<'a>(stats: &'a Stats, q: &str) -> Result<&'a crate::stats::QueueStats, Failure> {
     stats

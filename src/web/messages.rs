@@ -180,11 +180,7 @@ async fn group_views(
                 ),
                 _ => format!("attempt {}: the lease ran out; claimable now", c.attempt),
             };
-            let label = match c.state {
-                PendingState::Leased => "leased",
-                PendingState::Waiting => "retrying",
-                _ => "expired",
-            };
+            let label = super::group::label(c.state);
             states.entry(c.seq).or_insert((label, tip));
         }
         out.push(GroupView { group: g.group.clone(), committed: g.committed, states });
@@ -285,7 +281,16 @@ pub(crate) async fn section(
             ];
             for g in &groups {
                 let (label, tip) = g.state(m.seq);
-                row.push(format!(r#"<span class="state {label}" title="{}">{label}</span>"#, esc(&tip)));
+                let actions = super::job_actions::buttons(ctx, &q.name, &g.group, m.seq, label);
+                row.push(format!(
+                    r#"<span class="state {label}" title="{}">{label}</span>{}"#,
+                    esc(&tip),
+                    if actions.is_empty() {
+                        String::new()
+                    } else {
+                        format!(r#"<div class="job-actions">{actions}</div>"#)
+                    }
+                ));
             }
             row.push(html::headers(&m.headers));
             row.push(html::payload(&m.payload, params.view, 4096));

@@ -11,7 +11,7 @@ use axum::routing::{MethodRouter, get, post};
 use super::ctx::Ctx;
 use super::failure::Failure;
 use super::state::State;
-use super::{actions, api, group, maintenance, pages, schedules};
+use super::{actions, api, group, job_actions, maintenance, pages, schedules};
 
 /// Pages hold CSRF tokens and live figures: never cached. No script runs on any page, so the
 /// policy forbids scripts outright (an injected `<script>` would not run even if escaping
@@ -61,6 +61,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/groups/{queue}/{group}/resume", action(actions::resume))
         .route("/groups/{queue}/{group}/reset", action(actions::reset))
         .route("/groups/{queue}/{group}/delete", action(maintenance::delete_group))
+        .route("/groups/{queue}/{group}/jobs/{seq}/{verb}", action(job_actions::act))
         .route("/queues/{queue}/purge", action(maintenance::purge_queue))
         .route("/queues/{queue}/delete", action(maintenance::delete_queue))
         .route("/schedules/{name}/{verb}", action(schedules::act))
@@ -77,6 +78,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/api/groups/{queue}/{group}/resume", action(actions::resume))
         .route("/api/groups/{queue}/{group}/reset", action(actions::reset))
         .route("/api/groups/{queue}/{group}/delete", action(maintenance::delete_group))
+        .route("/api/groups/{queue}/{group}/jobs/{seq}/{verb}", action(job_actions::act))
         .route("/api/queues/{queue}/purge", action(maintenance::purge_queue))
         .route("/api/queues/{queue}/delete", action(maintenance::delete_queue))
         .route("/api/schedules/{name}/{verb}", action(schedules::act))

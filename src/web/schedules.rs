@@ -158,7 +158,7 @@ pub(crate) async fn act(
                 );
                 let action = format!("/schedules/{n}/delete");
                 if let Some(page) =
-                    super::maintenance::confirmed(&ctx, &f, &action, &[], &question, "Yes, delete", "/delayed")
+                    super::confirm::confirmed(&ctx, &f, &action, &[], &question, "Yes, delete", "/delayed")
                 {
                     return Ok(page);
                 }
