@@ -747,6 +747,15 @@ pub enum Error {
         /// The refused action: `"retry now"`, `"delete"`, `"dead-letter"`.
         action: &'static str,
     },
+    /// Dead-letter queue `dlq` has no letter `seq` left to settle: it was redriven or deleted
+    /// already, trimmed, or never written. Kind [`NotFound`](ErrorKind::NotFound).
+    #[error("dead-letter queue {dlq:?} has no letter {seq} left (redriven, deleted or never written)")]
+    NoSuchLetter {
+        /// The dead-letter queue.
+        dlq: String,
+        /// The letter's sequence in it.
+        seq: u64,
+    },
     /// No recurring schedule by that name. Kind [`NotFound`](ErrorKind::NotFound).
     #[error("no schedule named {name:?}")]
     NoSuchSchedule {
@@ -917,6 +926,7 @@ impl Error {
             | Error::NoSuchQueue { .. }
             | Error::NoSuchGroup { .. }
             | Error::NoSuchJob { .. }
+            | Error::NoSuchLetter { .. }
             | Error::NoSuchSchedule { .. } => ErrorKind::NotFound,
             Error::QueueDeleted { .. } | Error::GroupDeleted { .. } => ErrorKind::Deleted,
             Error::Active { .. }
@@ -953,7 +963,7 @@ impl Error {
             | Error::SettingsMismatch { queue, .. }
             | Error::LeaseLost { queue, .. }
             | Error::OwnershipLost { queue, .. } => Some(queue),
-            Error::RedriveConflict { dlq } => Some(dlq),
+            Error::RedriveConflict { dlq } | Error::NoSuchLetter { dlq, .. } => Some(dlq),
             Error::Decode(d) => Some(d.queue()),
             _ => None,
         }
@@ -996,6 +1006,7 @@ impl Error {
             Error::LeaseLost { seq, .. }
             | Error::NoOrigin { seq }
             | Error::NoSuchJob { seq, .. }
+            | Error::NoSuchLetter { seq, .. }
             | Error::JobState { seq, .. } => Some(*seq),
             Error::Gap { expected, .. } => Some(*expected),
             Error::Decode(d) => Some(d.seq()),

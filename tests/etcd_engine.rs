@@ -253,6 +253,8 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
     assert!(is_etcd(e.unsupported()), "listing delayed messages: {e}");
     let e = broker.delete_job("q", "g", 1).await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "a job action: {e}");
+    let e = broker.dead_letters("q").await.unwrap().delete(1).await.unwrap_err();
+    assert!(is_etcd(e.unsupported()), "deleting one dead letter: {e}");
     let opts = EtcdOptions::new().options(rockq::Options::new().durability(rockq::Durability::Buffered));
     match Broker::connect_etcd(cluster.endpoints(), "refused", opts).await {
         Err(rockq::Error::Unsupported(u)) => assert_eq!(u.engine(), "etcd"),

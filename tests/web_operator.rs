@@ -323,3 +323,40 @@ async fn a_dead_letter_queue_says_how_many_letters_are_left_to_redrive() {
     drop(f.held);
     let _ = f.broker.shutdown().await;
 }
+
+#[tokio::test]
+async fn one_dead_letter_is_redriven_or_deleted_from_its_row() {
+    let f = fixture().await;
+    let app = writable(&f.broker);
+    let (cookie, csrf) = login(&app).await;
+    let h = [("cookie", cookie.as_str())];
+    let page = get_with(&app, "/dlq/jobs.dlq", &cookie).await;
+    assert!(page.contains(r#"id="redrive-letter-2""#) && page.contains(r#"id="delete-letter-1""#), "{page}");
+    // Redrive letter 2 alone: it goes back to `jobs`, letter 1 stays.
+    let jobs_last = f.broker.peek("jobs", None, 100).await.unwrap().last().unwrap().seq;
+    let a = post(&app, "/dlq/jobs.dlq/letters/2/redrive", &format!("csrf={csrf}"), &h).await;
+    assert_eq!(a.status, StatusCode::SEE_OTHER, "{}", a.body);
+    assert_eq!(f.broker.peek("jobs", Some(jobs_last + 1), 10).await.unwrap()[0].payload, "job 2");
+    let dlq = f.broker.dead_letters("jobs.dlq").await.unwrap();
+    assert_eq!(dlq.list(10).await.unwrap().iter().map(|d| d.dlq_seq).collect::<Vec<_>>(), [1]);
+    // Delete letter 1: asks first.
+    let a = post(&app, "/dlq/jobs.dlq/letters/1/delete", &format!("csrf={csrf}"), &h).await;
+    assert!(a.body.contains("Delete dead letter <b>#1</b>"), "{}", a.body);
+    assert_eq!(dlq.len().await.unwrap(), 1);
+    let a = post(&app, "/dlq/jobs.dlq/letters/1/delete", &format!("csrf={csrf}&confirm=yes"), &h).await;
+    assert_eq!(a.status, StatusCode::SEE_OTHER, "{}", a.body);
+    assert!(dlq.is_empty().await.unwrap());
+    let page = get(&app, "/dlq/jobs.dlq").await.body;
+    assert!(page.contains(r#"<b id="dlq-depth">0</b>"#), "{page}");
+    // Gone: 404; not a dead-letter queue: 404, nothing created or moved.
+    let a = post(&app, "/dlq/jobs.dlq/letters/1/delete", &format!("csrf={csrf}&confirm=yes"), &h).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND, "{}", a.body);
+    let a = post(&app, "/dlq/orders/letters/1/redrive", &format!("csrf={csrf}"), &h).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND, "{}", a.body);
+    assert_eq!(f.broker.peek("orders", None, 100).await.unwrap().len(), 10);
+    let a = post(&app, "/dlq/nothing.dlq/letters/1/redrive", &format!("csrf={csrf}"), &h).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    assert!(!f.broker.queue_names().contains(&"nothing.dlq".to_owned()));
+    drop(f.held);
+    let _ = f.broker.shutdown().await;
+}

@@ -1,4 +1,4 @@
-//! Dead-letter queues: listing, peeking and redriving.
+//! Dead-letter queues: listing, peeking and redriving (one letter on its own: `letter.rs`).
 //!
 //! A dead-letter queue is an ordinary queue (default name `<queue>.dlq`), so any group can
 //! consume it. A dead letter is the original payload and headers plus `rockq-dlq-*` headers
@@ -18,6 +18,8 @@ use crate::engine::boundary::{
 use crate::error::{Error, NameKind};
 use crate::message::Message;
 use crate::model::dlq;
+
+mod letter;
 
 /// One message in a dead-letter queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -272,7 +274,24 @@ impl DeadLetters {
     /// # Ok(()) }
     /// ```
     pub async fn len(&self) -> Result<u64, Error> {
-        Ok(self.queue.last_seq().saturating_sub(self.cursor().await?))
+        let (cursor, marks) = self.cursor_and_marks().await?;
+        let settled = marks.range(cursor + 1..).count() as u64;
+        Ok(self.queue.last_seq().saturating_sub(cursor).saturating_sub(settled))
+    }
+
+    /// The cursor, and the letters above it settled on their own ([`delete`](Self::delete),
+    /// [`redrive_one`](Self::redrive_one)).
+    pub(crate) async fn cursor_and_marks(&self) -> Result<(u64, std::collections::BTreeSet<u64>), Error> {
+        let cursor = self.cursor().await?;
+        let shared = self.shared.clone();
+        let name = self.queue.name.clone();
+        let marks = self
+            .shared
+            .runtime
+            .spawn_blocking(move || shared.read_letter_marks(&name))
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))??;
+        Ok((cursor, marks))
     }
 
     /// Whether every dead letter has been redriven.
@@ -320,8 +339,16 @@ impl DeadLetters {
     /// # Ok(()) }
     /// ```
     pub async fn list(&self, limit: usize) -> Result<Vec<DeadLetter>, Error> {
-        let from = self.cursor().await? + 1;
-        Ok(self.read(from, limit).await?.into_iter().map(DeadLetter::from_raw).collect())
+        let (cursor, marks) = self.cursor_and_marks().await?;
+        // Letters settled on their own are skipped: read that many more.
+        let skipped = marks.range(cursor + 1..).count();
+        let raw = self.read(cursor + 1, limit.saturating_add(skipped)).await?;
+        Ok(raw
+            .into_iter()
+            .filter(|m| !marks.contains(&m.seq))
+            .take(limit)
+            .map(DeadLetter::from_raw)
+            .collect())
     }
 
     /// The oldest dead letter not yet redriven.
@@ -408,9 +435,15 @@ impl DeadLetters {
                 Some(l) => (l - moved).min(opts.batch as u64) as usize,
                 None => opts.batch,
             };
-            let cursor = self.cursor().await?;
-            let msgs = self.read(cursor + 1, want).await?;
-            let Some(last) = msgs.last().map(|m| m.seq) else { break };
+            let (cursor, marks) = self.cursor_and_marks().await?;
+            let skipped = marks.range(cursor + 1..).count();
+            let mut msgs = self.read(cursor + 1, want.saturating_add(skipped)).await?;
+            // Letters settled on their own are passed over (the cursor moves past them).
+            msgs.retain(|m| !marks.contains(&m.seq));
+            msgs.truncate(want);
+            let Some(last) = msgs.last().map(|m| m.seq) else {
+                break;
+            };
             if let Some(rate) = opts.rate {
                 // Paced before each batch after the first, so the last batch does not wait.
                 // A tiny rate (say 1e-300/s) makes this quotient overflow `Duration`: such a
@@ -424,31 +457,8 @@ impl DeadLetters {
             let now = clock.wall_micros();
             let mut items = Vec::with_capacity(msgs.len());
             for raw in msgs {
-                let d = DeadLetter::from_raw(raw);
-                let target = match (&opts.to, &d.queue) {
-                    (Some(t), _) => t.clone(),
-                    (None, Some(q)) => q.clone(),
-                    (None, None) => return Err(Error::NoOrigin { seq: d.dlq_seq }),
-                };
-                crate::name::validate(NameKind::Queue, &target)?;
-                // The ordering key goes back with it; the idempotency key does not (a redrive is
-                // deliberate, and it would be a duplicate of the original within its window).
-                let message =
-                    Message { payload: d.payload, headers: d.headers, key: d.key, ..Message::default() };
-                boundary::validate(&message).map_err(|e| {
-                    Error::Failed(crate::error::FailedError::internal(format!(
-                        "cannot re-encode dead letter {}: {e:?}",
-                        d.dlq_seq
-                    )))
-                })?;
-                items.push(RedriveItem {
-                    dlq_seq: d.dlq_seq,
-                    target: Arc::from(target),
-                    message,
-                    enqueued_at_micros: now,
-                });
+                items.push(redrive_item(DeadLetter::from_raw(raw), opts.to.as_deref(), now)?);
             }
-            let n = items.len() as u64;
             let (reply, rx) = oneshot::channel();
             let req = Request::Work(WorkRequest::Redrive {
                 dlq: self.queue.clone(),
@@ -458,10 +468,30 @@ impl DeadLetters {
                 reply,
             });
             self.shared.tx.send(req).await.map_err(|_| Error::Shutdown)?;
-            rx.await.map_err(|_| Error::Shutdown)??;
-            moved += n;
+            // What the writer moved (a letter settled on its own meanwhile is not).
+            moved += rx.await.map_err(|_| Error::Shutdown)??.len() as u64;
             tracing::info!(dlq = %self.queue.name, moved, "rockq: redrive batch");
         }
         Ok(moved)
     }
+}
+
+/// A dead letter on its way back: to `to`, or its origin queue.
+pub(crate) fn redrive_item(d: DeadLetter, to: Option<&str>, now_micros: u64) -> Result<RedriveItem, Error> {
+    let target = match (to, &d.queue) {
+        (Some(t), _) => t.to_owned(),
+        (None, Some(q)) => q.clone(),
+        (None, None) => return Err(Error::NoOrigin { seq: d.dlq_seq }),
+    };
+    crate::name::validate(NameKind::Queue, &target)?;
+    // The ordering key goes back with it; the idempotency key does not (a redrive is
+    // deliberate, and it would be a duplicate of the original within its window).
+    let message = Message { payload: d.payload, headers: d.headers, key: d.key, ..Message::default() };
+    boundary::validate(&message).map_err(|e| {
+        Error::Failed(crate::error::FailedError::internal(format!(
+            "cannot re-encode dead letter {}: {e:?}",
+            d.dlq_seq
+        )))
+    })?;
+    Ok(RedriveItem { dlq_seq: d.dlq_seq, target: Arc::from(target), message, enqueued_at_micros: now_micros })
 }

@@ -175,6 +175,15 @@ impl Backend {
         }
     }
 
+    /// The dead letters of `dlq` settled on their own above its cursor (none on etcd, which
+    /// refuses settling one letter). Blocking.
+    pub fn read_letter_marks(&self, dlq: &str) -> Result<std::collections::BTreeSet<u64>, Error> {
+        match self {
+            Backend::Embedded(store) => store::read_letter_marks(store, dlq),
+            Backend::Etcd(_) => Ok(std::collections::BTreeSet::new()),
+        }
+    }
+
     /// `key` of keyspace `keyspace`: its revision and value. Blocking.
     pub fn kv_get(&self, keyspace: u32, key: &[u8]) -> Result<Option<(u64, Vec<u8>)>, Error> {
         match self {

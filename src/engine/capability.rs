@@ -60,6 +60,8 @@ pub(crate) enum Capability {
     BufferedDurability,
     /// An operator's action on one job: retry now, delete, dead-letter.
     JobActions,
+    /// Redriving or deleting one dead letter on its own.
+    DeadLetterActions,
 }
 
 impl Capability {
@@ -80,6 +82,7 @@ impl Capability {
             Capability::LargeSendCall => "a send call larger than one etcd transaction (127 messages, 1 MiB)",
             Capability::BufferedDurability => "Durability::Buffered (every etcd write is a quorum write)",
             Capability::JobActions => "acting on one job (retry now, delete, dead-letter)",
+            Capability::DeadLetterActions => "redriving or deleting one dead letter on its own",
         }
     }
 }
@@ -101,7 +104,8 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::StoreInspection
             | Capability::LargeSendCall
             | Capability::BufferedDurability
-            | Capability::JobActions => false,
+            | Capability::JobActions
+            | Capability::DeadLetterActions => false,
         },
     }
 }
@@ -144,6 +148,7 @@ pub(crate) fn for_request(req: &Request) -> Option<Capability> {
         ) => Capability::DeleteAndPurge,
         Request::Kv(_) => Capability::Keyspaces,
         Request::Tx(_) => Capability::Transactions,
+        Request::Work(WorkRequest::SettleLetter { .. }) => Capability::DeadLetterActions,
         _ => return None,
     })
 }

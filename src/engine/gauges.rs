@@ -83,7 +83,7 @@ pub(crate) fn snapshot(
             ordered_by_key: false,
         });
     }
-    let mut cursors: HashMap<Arc<str>, u64> = HashMap::new();
+    let mut cursors: HashMap<Arc<str>, (u64, u64)> = HashMap::new();
     for g in engine.registry.work.iter() {
         let (first, last) = (g.queue.first_seq.load(Ordering::Acquire), g.queue.last_seq());
         let committed = g.durable.load(Ordering::Acquire);
@@ -96,15 +96,18 @@ pub(crate) fn snapshot(
         };
         let dlq_depth = match last_of.get(&dlq) {
             Some(&(_, dlq_first, dlq_last)) => {
-                let cursor = match cursors.get(&dlq) {
+                let (cursor, settled) = match cursors.get(&dlq) {
                     Some(&c) => c,
                     None => {
-                        let c = db.cursor(&dlq).map_err(Error::from)?.unwrap_or(0);
+                        let c = db.cursor(&dlq).map_err(Error::from)?.unwrap_or(0).max(dlq_first - 1);
+                        // Less the letters settled on their own above the cursor.
+                        let marks = db.letter_marks(&dlq).map_err(Error::from)?;
+                        let c = (c, marks.range(c + 1..).count() as u64);
                         cursors.insert(dlq.clone(), c);
                         c
                     }
                 };
-                dlq_last.saturating_sub(cursor.max(dlq_first - 1))
+                dlq_last.saturating_sub(cursor).saturating_sub(settled)
             }
             None => 0,
         };

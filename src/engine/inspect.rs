@@ -40,8 +40,10 @@ fn age_of(
 
 /// Dead letters not yet redriven out of the queue `dlq`.
 fn dlq_depth(db: &Snapshot<'_>, q: &LoadedQueue) -> Result<u64, Error> {
-    let cursor = db.cursor(&q.name).map_err(Error::from)?.unwrap_or(0);
-    Ok(q.last_seq.saturating_sub(cursor.max(q.meta.first_seq - 1)))
+    let cursor = db.cursor(&q.name).map_err(Error::from)?.unwrap_or(0).max(q.meta.first_seq - 1);
+    // Less the letters settled on their own above the cursor.
+    let settled = db.letter_marks(&q.name).map_err(Error::from)?.range(cursor + 1..).count() as u64;
+    Ok(q.last_seq.saturating_sub(cursor).saturating_sub(settled))
 }
 
 /// Every queue and group. `now_micros` is the broker clock's wall time. `live`: this process's
@@ -309,9 +311,15 @@ fn dead_letters(store: &Store, dlq: &str, limit: usize) -> Result<Vec<RawMessage
     if limit == 0 {
         return Ok(Vec::new());
     }
+    // Letters settled on their own are skipped: read that many more.
+    let marks = store::read_letter_marks(store, dlq)?;
     let from = (cursor + 1).max(rec.first_seq);
-    let to = last.min(from.saturating_add(limit as u64 - 1));
-    read(store, dlq, rec.id, from, to)
+    let extra = marks.range(from..).count() as u64;
+    let to = last.min(from.saturating_add(limit as u64 - 1).saturating_add(extra));
+    let mut out = read(store, dlq, rec.id, from, to)?;
+    out.retain(|m| !marks.contains(&m.seq));
+    out.truncate(limit);
+    Ok(out)
 }
 
 /// Runs `f` over `store` on the blocking pool, with the broker clock's wall time.

@@ -47,6 +47,7 @@ impl Request {
                 refuse(reply, why)
             }
             Request::Work(WorkRequest::Redrive { reply, .. }) => refuse(reply, why),
+            Request::Work(WorkRequest::SettleLetter { reply, .. }) => refuse(reply, why),
             Request::Work(WorkRequest::Reset { reply, .. }) => refuse(reply, why),
             Request::Work(WorkRequest::Extend { .. }) => {}
             Request::Retention(RetentionRequest::SetPolicy { reply, .. }) => refuse(reply, why),
@@ -188,6 +189,14 @@ pub(crate) enum WorkRequest {
     },
     /// Move dead letters `(expected, last]` of `dlq` to their targets and advance its cursor.
     Redrive { dlq: Arc<QueueState>, expected: u64, last: u64, items: Vec<RedriveItem>, reply: RedriveReply },
+    /// Settle dead letter `seq` of `dlq` on its own: redrive it (`item`, its copy) or delete it
+    /// (`None`). Answers where the copy went.
+    SettleLetter {
+        dlq: Arc<QueueState>,
+        seq: u64,
+        item: Option<RedriveItem>,
+        reply: Reply<Option<(Arc<str>, u64)>, Error>,
+    },
     /// Set the group's offset (replay): its claims are deleted.
     Reset { group: Arc<WorkGroupState>, offset: u64, reply: Reply<(), Error> },
     /// The etcd engine: persist a lease extension (`claim`, leased to a later deadline), so

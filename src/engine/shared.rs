@@ -190,6 +190,11 @@ impl Shared {
         self.backend.read_cursor(&self.runtime, dlq)
     }
 
+    /// The dead letters of `dlq` settled on their own above its cursor. Blocking.
+    pub fn read_letter_marks(&self, dlq: &str) -> Result<std::collections::BTreeSet<u64>, Error> {
+        self.backend.read_letter_marks(dlq)
+    }
+
     /// Takes the cross-process ownership of ordered group `group` for a new subscription: with
     /// the embedded engine, the in-process active slot (taken by the caller) is all there is.
     pub async fn own_ordered(&self, group: &Arc<OrderedGroupState>) -> Result<OwnerHold, Error> {

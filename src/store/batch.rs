@@ -139,6 +139,25 @@ impl<'a> Batch<'a> {
         self.wb.put_cf(self.cfs.meta, keys::redrive_key(dlq), records::encode_cursor(last));
     }
 
+    /// Marks dead letter `seq` of `dlq` as settled on its own (see `keys::letter_key`).
+    pub fn put_letter_mark(&mut self, dlq: &str, seq: u64) {
+        self.wb.put_cf(self.cfs.meta, keys::letter_key(dlq, seq), []);
+    }
+
+    /// Deletes the letter marks of `dlq` up to `through`: the cursor passed them.
+    pub fn delete_letter_marks_through(&mut self, dlq: &str, through: u64) {
+        let (lo, _) = keys::letter_range(dlq);
+        self.wb.delete_range_cf(self.cfs.meta, lo, keys::letter_key(dlq, through.saturating_add(1)));
+        if through == u64::MAX {
+            self.wb.delete_cf(self.cfs.meta, keys::letter_key(dlq, u64::MAX));
+        }
+    }
+
+    /// The letter marks of `dlq` as stored.
+    pub fn letter_marks(&self, dlq: &str) -> Result<std::collections::BTreeSet<u64>, ReadError> {
+        super::read::letter_marks_in(self.db, self.cfs.meta, dlq)
+    }
+
     /// The stored envelope of message `seq` of queue `queue_id`, if present.
     pub fn message(&self, queue_id: u32, seq: u64) -> Result<Option<Vec<u8>>, StorageError> {
         self.db.get_cf(self.cfs.messages, keys::message_key(queue_id, seq)).map_err(storage)

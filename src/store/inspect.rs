@@ -79,6 +79,11 @@ impl Snapshot<'_> {
         Ok(v.as_deref().and_then(envelope::enqueued_micros))
     }
 
+    /// The dead letters of `dlq` settled on their own above its cursor.
+    pub fn letter_marks(&self, dlq: &str) -> Result<std::collections::BTreeSet<u64>, ReadError> {
+        super::read::letter_marks_in(self.db, self.cfs.meta, dlq)
+    }
+
     /// How far dead-letter queue `dlq` has been redriven (`None`: never).
     pub fn cursor(&self, dlq: &str) -> Result<Option<u64>, ReadError> {
         let key = keys::redrive_key(dlq);

@@ -36,6 +36,7 @@ const QUEUE_PREFIX: &[u8] = b"queue:";
 const OFFSET_PREFIX: &[u8] = b"consumer:";
 const CLAIM_PREFIX: &[u8] = b"claim:";
 const REDRIVE_PREFIX: &[u8] = b"redrive:";
+const LETTER_PREFIX: &[u8] = b"letter:";
 const GROUP_PREFIX: &[u8] = b"group:";
 const ORDERED_PREFIX: &[u8] = b"ordered:";
 
@@ -213,6 +214,29 @@ pub(crate) fn redrive_key(dlq: &str) -> Vec<u8> {
     [REDRIVE_PREFIX, dlq.as_bytes()].concat()
 }
 
+/// `letter:<dlq>:<seq u64 BE>`: dead letter `seq` of `dlq`, above its redrive cursor, was
+/// settled on its own (redriven or deleted). The cursor moves over it with the letters before
+/// it, deleting the mark.
+pub(crate) fn letter_key(dlq: &str, seq: u64) -> Vec<u8> {
+    [LETTER_PREFIX, dlq.as_bytes(), b":", &seq.to_be_bytes()].concat()
+}
+
+/// The range of every letter mark of `dlq` (names hold no ':', so no other queue's marks fall
+/// inside).
+pub(crate) fn letter_range(dlq: &str) -> (Vec<u8>, Vec<u8>) {
+    prefix_range(&[LETTER_PREFIX, dlq.as_bytes(), b":"].concat())
+}
+
+/// The sequence of a letter mark key.
+pub(crate) fn letter_seq(key: &[u8]) -> Result<u64, CorruptionError> {
+    let bad = || CorruptionError::new("letter mark key", key, "expected letter:<dlq>:<seq>");
+    if !key.starts_with(LETTER_PREFIX) || key.len() < LETTER_PREFIX.len() + 10 {
+        return Err(bad());
+    }
+    let seq: [u8; 8] = key[key.len() - 8..].try_into().map_err(|_| bad())?;
+    Ok(u64::from_be_bytes(seq))
+}
+
 /// Key of the next schedule id in the meta column family.
 pub(crate) const SCHEDULED_ID_KEY: &[u8] = b"scheduled-id";
 /// Key of the lowest queue id never handed out, in the meta column family: written when a queue
@@ -345,6 +369,18 @@ fn prefix_range(prefix: &[u8]) -> (Vec<u8>, Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn letter_marks_of_one_queue_sort_by_sequence_and_exclude_other_queues() {
+        let (lo, hi) = letter_range("jobs.dlq");
+        let (a, b) = (letter_key("jobs.dlq", 2), letter_key("jobs.dlq", 300));
+        assert!(lo <= a && a < b && b < hi);
+        // A queue whose name extends this one's is outside the range.
+        let other = letter_key("jobs.dlq2", 1);
+        assert!(!(lo <= other && other < hi));
+        assert_eq!((letter_seq(&a).unwrap(), letter_seq(&b).unwrap()), (2, 300));
+        assert!(letter_seq(b"letter:x").is_err() && letter_seq(b"queue:jobs:12345678").is_err());
+    }
 
     #[test]
     fn message_keys_sort_by_queue_then_sequence() {

@@ -29,6 +29,8 @@ impl Batch<'_> {
         let (lo, hi) = dedup_range(queue_id);
         self.wb.delete_range_cf(self.cfs.dedup, lo, hi);
         self.wb.delete_cf(self.cfs.meta, keys::redrive_key(name));
+        let (lo, hi) = keys::letter_range(name);
+        self.wb.delete_range_cf(self.cfs.meta, lo, hi);
     }
 
     /// Deletes group `group` on `queue`, whichever its mode: its offset record, every claim or

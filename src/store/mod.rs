@@ -34,8 +34,8 @@ pub(crate) use batch::{Batch, GroupKeys, WriteMode, group_id};
 pub(crate) use inspect::Snapshot;
 pub(crate) use open::{Loaded, LoadedClaim, LoadedQueue, open, open_read_only};
 pub(crate) use read::{
-    RawMessage, ReadOutcome, first_enqueued_at, last_enqueued_before, newest_stamp, read_cursor, read_range,
-    read_seqs,
+    RawMessage, ReadOutcome, first_enqueued_at, last_enqueued_before, newest_stamp, read_cursor,
+    read_letter_marks, read_range, read_seqs,
 };
 
 pub(crate) use db::{ReadError, Store};

@@ -3,7 +3,7 @@
 use bytes::Bytes;
 
 use super::db::bounded;
-use super::db::{Store, storage};
+use super::db::{ReadError, Store, storage};
 use super::{envelope, keys};
 use crate::error::{Error, StorageError};
 
@@ -190,6 +190,30 @@ pub(crate) fn read_cursor(store: &Store, dlq: &str) -> Result<Option<u64>, crate
         Some(v) => Ok(Some(super::records::decode_cursor(&key, &v).map_err(Error::from)?)),
         None => Ok(None),
     }
+}
+
+/// The dead letters of `dlq` settled on their own above its cursor (see `keys::letter_key`).
+pub(crate) fn letter_marks_in(
+    db: &rocksdb::DB,
+    meta: &rocksdb::ColumnFamily,
+    dlq: &str,
+) -> Result<std::collections::BTreeSet<u64>, ReadError> {
+    let (lo, hi) = keys::letter_range(dlq);
+    let mut out = std::collections::BTreeSet::new();
+    for item in super::db::scan(db, meta, lo, hi) {
+        let (k, _) = item.map_err(storage)?;
+        out.insert(keys::letter_seq(&k)?);
+    }
+    Ok(out)
+}
+
+/// The letter marks of `dlq` (see `keys::letter_key`). Blocking.
+pub(crate) fn read_letter_marks(store: &Store, dlq: &str) -> Result<std::collections::BTreeSet<u64>, Error> {
+    let guard = store.lock();
+    let Some((db, cfs)) = guard.get() else {
+        return Err(Error::Shutdown);
+    };
+    letter_marks_in(db, cfs.meta, dlq).map_err(Error::from)
 }
 
 /// The last sequence in `from..=to` of a queue whose envelope was enqueued at or before

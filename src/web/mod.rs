@@ -51,6 +51,7 @@ mod html;
 mod input;
 mod job_actions;
 mod jobs;
+mod letter_actions;
 mod maintenance;
 mod messages;
 mod metrics;

@@ -204,11 +204,21 @@ async fn dlq_page(
                 } else {
                     format!("{}{}", html::headers(&d.headers), html::payload(&d.payload, view, 4096))
                 },
+                super::letter_actions::buttons(ctx, name, d.dlq_seq),
             ]
         })
         .collect();
-    let headers =
-        ["DLQ seq", "Origin", "Group", "Attempts", "Reason", "Enqueued", "Dead-lettered", "Payload"];
+    let headers = [
+        "DLQ seq",
+        "Origin",
+        "Group",
+        "Attempts",
+        "Reason",
+        "Enqueued",
+        "Dead-lettered",
+        "Payload",
+        "Actions",
+    ];
     body.push_str(&html::table("dead-letters", &headers, &rows));
     Ok(ctx.page(&format!("Dead letters of {name}"), None, &body))
 }

@@ -11,7 +11,7 @@ use axum::routing::{MethodRouter, get, post};
 use super::ctx::Ctx;
 use super::failure::Failure;
 use super::state::State;
-use super::{actions, api, group, job_actions, maintenance, pages, schedules};
+use super::{actions, api, group, job_actions, letter_actions, maintenance, pages, schedules};
 
 /// Pages hold CSRF tokens and live figures: never cached. No script runs on any page, so the
 /// policy forbids scripts outright (an injected `<script>` would not run even if escaping
@@ -66,6 +66,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/queues/{queue}/delete", action(maintenance::delete_queue))
         .route("/schedules/{name}/{verb}", action(schedules::act))
         .route("/dlq/{queue}/redrive", action(actions::redrive))
+        .route("/dlq/{queue}/letters/{seq}/{verb}", action(letter_actions::act))
         .route("/trim", action(maintenance::trim))
         .route("/metrics", get(api::metrics))
         .route("/api/stats", get(api::get_stats))
@@ -83,6 +84,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/api/queues/{queue}/delete", action(maintenance::delete_queue))
         .route("/api/schedules/{name}/{verb}", action(schedules::act))
         .route("/api/dlq/{queue}/redrive", action(actions::redrive))
+        .route("/api/dlq/{queue}/letters/{seq}/{verb}", action(letter_actions::act))
         .route("/api/trim", action(maintenance::trim))
         .route("/favicon.ico", get(favicon))
         .fallback(not_found)

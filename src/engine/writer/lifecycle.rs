@@ -108,6 +108,7 @@ fn delete_queue(r: &mut Round<'_>, name: &str, reply: Reply<bool, Error>) {
     }
     r.written.settings.retain(|(_, q), _| &**q != name);
     r.written.cursors.remove(&id);
+    r.written.letter_marks.remove(&id);
 
     // Forgotten by this thread and the registry: the name is free for a new queue (a new id).
     r.written.next_seq.remove(&id);

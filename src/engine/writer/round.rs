@@ -105,6 +105,9 @@ pub(crate) struct Written {
     pub groups_of: HashMap<u32, QueueGroups>,
     /// Redrive cursors written (read from disk on first use), by dead-letter queue id.
     pub cursors: HashMap<u32, u64>,
+    /// Dead letters settled on their own above the cursor (read from disk on first use), by
+    /// dead-letter queue id.
+    pub letter_marks: HashMap<u32, std::collections::BTreeSet<u64>>,
     /// Group settings written (read from disk on first use), by (group, queue).
     pub settings: HashMap<(String, Arc<str>), GroupSettings>,
     /// Keyspaces created by the writer (the registry holds them once their round is durable).

@@ -61,6 +61,7 @@ pub(super) fn apply(r: &mut Round<'_>, req: WorkRequest) {
         WorkRequest::Redrive { dlq, expected, last, items, reply } => {
             redrive(r, dlq, Cursor { expected, last }, items, reply)
         }
+        WorkRequest::SettleLetter { dlq, seq, item, reply } => settle_letter(r, dlq, seq, item, reply),
         WorkRequest::Reset { group, offset, reply } => reset(r, group, offset, reply),
         // Extensions live in memory here (a restart forgets leases anyway).
         WorkRequest::Extend { .. } => {}
@@ -276,23 +277,25 @@ fn redrive(
         let _ = reply.send(Err(Error::QueueDeleted { queue: dlq.name.to_string() }));
         return;
     }
-    let current = match r.written.cursors.get(&dlq.id) {
-        Some(c) => *c,
-        None => match r.batch.cursor(&dlq.name) {
-            Ok(c) => c.unwrap_or(0),
-            Err(ReadError::Corrupt(e)) => {
-                let _ = reply.send(Err(e.into()));
-                return;
-            }
-            Err(ReadError::Storage(e)) => {
-                let _ = reply.send(Err(Error::Storage(e)));
-                return;
-            }
-        },
+    let current = match current_cursor(r, &dlq) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = reply.send(Err(e));
+            return;
+        }
     };
     if current != cursor.expected {
         let _ = reply.send(Err(Error::RedriveConflict { dlq: dlq.name.to_string() }));
         return;
+    }
+    // A letter settled on its own since the caller read the marks is not moved again.
+    let mut items = items;
+    match marks_of(r, &dlq) {
+        Ok(marks) => items.retain(|i| !marks.contains(&i.dlq_seq)),
+        Err(e) => {
+            let _ = reply.send(Err(e));
+            return;
+        }
     }
     // Encode every message and resolve every target first, so a bad one leaves nothing
     // half-written.
@@ -327,8 +330,7 @@ fn redrive(
         events.push((item.dlq_seq, q.name.clone(), seq));
         moved.push((q.name.clone(), seq));
     }
-    r.batch.put_cursor(&dlq.name, cursor.last);
-    r.written.cursors.insert(dlq.id, cursor.last);
+    move_cursor(r, &dlq, cursor.last);
     let engine = r.engine.clone();
     r.on_done(move |res| {
         if res.is_ok() {
@@ -336,6 +338,141 @@ fn redrive(
             for (dlq_seq, queue, seq) in events {
                 engine.emit(|| Event::Redriven { dlq: dlq.name.clone(), dlq_seq, queue, seq });
             }
+        }
+        let _ = reply.send(res.map(|()| moved).map_err(|e| Error::Storage(e.clone())));
+    });
+}
+
+/// The redrive cursor of `dlq` as this round sees it.
+fn current_cursor(r: &mut Round<'_>, dlq: &QueueState) -> Result<u64, Error> {
+    if let Some(c) = r.written.cursors.get(&dlq.id) {
+        return Ok(*c);
+    }
+    match r.batch.cursor(&dlq.name) {
+        Ok(c) => Ok(c.unwrap_or(0)),
+        Err(ReadError::Corrupt(e)) => Err(e.into()),
+        Err(ReadError::Storage(e)) => Err(Error::Storage(e)),
+    }
+}
+
+/// The letters of `dlq` settled on their own, as this round sees them (read once, then kept:
+/// the writer is their only writer).
+fn marks_of<'r>(
+    r: &'r mut Round<'_>,
+    dlq: &QueueState,
+) -> Result<&'r mut std::collections::BTreeSet<u64>, Error> {
+    if !r.written.letter_marks.contains_key(&dlq.id) {
+        let marks = r.batch.letter_marks(&dlq.name).map_err(Error::from)?;
+        r.written.letter_marks.insert(dlq.id, marks);
+    }
+    Ok(r.written.letter_marks.entry(dlq.id).or_default())
+}
+
+/// Moves the cursor of `dlq` to `to`, then on over letters settled on their own right above
+/// it; their marks go (the cursor covers them now).
+fn move_cursor(r: &mut Round<'_>, dlq: &QueueState, to: u64) {
+    let mut to = to;
+    let had_marks = match r.written.letter_marks.get_mut(&dlq.id) {
+        Some(marks) => {
+            while marks.remove(&(to + 1)) {
+                to += 1;
+            }
+            let below: Vec<u64> = marks.range(..=to).copied().collect();
+            for s in below {
+                marks.remove(&s);
+            }
+            true
+        }
+        None => false,
+    };
+    if had_marks {
+        r.batch.delete_letter_marks_through(&dlq.name, to);
+    }
+    r.batch.put_cursor(&dlq.name, to);
+    r.written.cursors.insert(dlq.id, to);
+}
+
+/// Settles dead letter `seq` of `dlq` on its own: appends its copy (a redrive) and moves the
+/// cursor if it is the next one, or marks it settled otherwise — in one batch.
+fn settle_letter(
+    r: &mut Round<'_>,
+    dlq: Arc<QueueState>,
+    seq: u64,
+    item: Option<RedriveItem>,
+    reply: Reply<Option<(Arc<str>, u64)>, Error>,
+) {
+    if dlq.is_deleted() {
+        let _ = reply.send(Err(Error::QueueDeleted { queue: dlq.name.to_string() }));
+        return;
+    }
+    let missing = || Error::NoSuchLetter { dlq: dlq.name.to_string(), seq };
+    let cursor = match current_cursor(r, &dlq) {
+        Ok(c) => c.max(dlq.first_seq.load(Ordering::Acquire).saturating_sub(1)),
+        Err(e) => {
+            let _ = reply.send(Err(e));
+            return;
+        }
+    };
+    // Not above the cursor (redriven, or trimmed) or beyond the queue: no such letter.
+    if seq <= cursor || seq > dlq.last_seq() {
+        let _ = reply.send(Err(missing()));
+        return;
+    }
+    match marks_of(r, &dlq) {
+        Ok(marks) if marks.contains(&seq) => {
+            let _ = reply.send(Err(missing()));
+            return;
+        }
+        Ok(_) => {}
+        Err(e) => {
+            let _ = reply.send(Err(e));
+            return;
+        }
+    }
+    let mut moved = None;
+    if let Some(item) = item {
+        let value = match envelope::encode(&item.message, item.enqueued_at_micros) {
+            Ok(v) => v,
+            Err(e) => {
+                let why = format!("cannot re-encode dead letter {seq}: {e:?}");
+                let _ = reply.send(Err(Error::Failed(FailedError::internal(why))));
+                return;
+            }
+        };
+        let q = match queue::ensure(r, &item.target) {
+            Ok(q) => q,
+            Err(e) => {
+                let why = format!("target {:?}: {e}", item.target);
+                let _ = reply.send(Err(Error::Failed(FailedError::internal(why))));
+                return;
+            }
+        };
+        let Some(new_seq) = queue::append(r, &q, &value) else {
+            let _ = reply.send(Err(Error::QueueDeleted { queue: item.target.to_string() }));
+            return;
+        };
+        moved = Some((q.name.clone(), new_seq));
+    }
+    if seq == cursor + 1 {
+        move_cursor(r, &dlq, seq);
+    } else {
+        if let Some(marks) = r.written.letter_marks.get_mut(&dlq.id) {
+            marks.insert(seq);
+        }
+        r.batch.put_letter_mark(&dlq.name, seq);
+    }
+    let engine = r.engine.clone();
+    r.on_done(move |res| {
+        if res.is_ok()
+            && let Some((queue, to)) = &moved
+        {
+            telemetry::queue_counter(telemetry::REDRIVEN, &dlq.name, 1);
+            engine.emit(|| Event::Redriven {
+                dlq: dlq.name.clone(),
+                dlq_seq: seq,
+                queue: queue.clone(),
+                seq: *to,
+            });
         }
         let _ = reply.send(res.map(|()| moved).map_err(|e| Error::Storage(e.clone())));
     });
