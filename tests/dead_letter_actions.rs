@@ -132,3 +132,26 @@ async fn deleting_a_dead_letter_queue_forgets_its_marks() {
     assert_eq!(seqs(&dlq.list(10).await.unwrap()), [1, 2, 3]);
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn after_a_purge_of_the_dead_letter_queue_later_letters_are_redriven_and_settled() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let dlq = letters(&broker, 2).await;
+    assert_eq!(broker.purge_queue("jobs.dlq").await.unwrap(), 2);
+    // Two more dead letters (3 and 4 in the dead-letter queue).
+    let jobs = broker.queue("jobs").await.unwrap();
+    jobs.send_batch(["job 3", "job 4", "job 5"]).await.unwrap();
+    let mut sub = jobs.work_group("workers").unwrap().subscribe().await.unwrap();
+    for _ in 0..3 {
+        common::next_job(&mut sub).await.dead_letter_durable("again").await.unwrap();
+    }
+    assert_eq!(seqs(&dlq.list(10).await.unwrap()), [3, 4, 5]);
+    dlq.delete(4).await.unwrap();
+    // The head moved past the stored cursor: a redrive still agrees on where it starts.
+    assert_eq!(dlq.redrive(Redrive::new().limit(1)).await.unwrap(), 1);
+    assert_eq!(seqs(&dlq.list(10).await.unwrap()), [5]);
+    assert_eq!(dlq.redrive(Redrive::new()).await.unwrap(), 1);
+    assert!(dlq.is_empty().await.unwrap());
+    broker.shutdown().await.unwrap();
+}

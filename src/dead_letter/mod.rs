@@ -282,7 +282,9 @@ impl DeadLetters {
     /// The cursor, and the letters above it settled on their own ([`delete`](Self::delete),
     /// [`redrive_one`](Self::redrive_one)).
     pub(crate) async fn cursor_and_marks(&self) -> Result<(u64, std::collections::BTreeSet<u64>), Error> {
-        let cursor = self.cursor().await?;
+        // Marks first: the cursor only grows, and a mark it swept meanwhile is below it. Read
+        // the other way round, a mark swept between the reads would be missing above an old
+        // cursor, and its letter listed again.
         let shared = self.shared.clone();
         let name = self.queue.name.clone();
         let marks = self
@@ -291,6 +293,7 @@ impl DeadLetters {
             .spawn_blocking(move || shared.read_letter_marks(&name))
             .await
             .map_err(|e| Error::Internal(e.to_string()))??;
+        let cursor = self.cursor().await?;
         Ok((cursor, marks))
     }
 

@@ -48,7 +48,7 @@ pub(crate) use super::inspect::ReadOnly;
 pub(crate) use super::open::open;
 pub(crate) use super::registry::{
     Claimed, KeyLock, KeyspaceState, LiveSubscription, OrderedGroupState, PendingRecord, QueueState, Refused,
-    SettlingGuard, Watching, WorkGroupState,
+    SettlingGuard, TakenFrom, Watching, WorkGroupState,
 };
 pub(crate) use super::request::{
     KvRequest, KvWrite, LifecycleRequest, OrderedRequest, Outcome, QueueRequest, RedriveItem, Request,

@@ -300,6 +300,8 @@ fn schedules(store: &Store) -> Result<Vec<ScheduleInfo>, Error> {
 /// Up to `limit` dead letters of `dlq` not yet redriven, as stored.
 fn dead_letters(store: &Store, dlq: &str, limit: usize) -> Result<Vec<RawMessage>, Error> {
     let (rec, last) = queue_bounds(store, dlq)?;
+    // Marks before the cursor (see `DeadLetters::cursor_and_marks`).
+    let marks = store::read_letter_marks(store, dlq)?;
     let cursor = match store::read_cursor(store, dlq) {
         Ok(c) => c.unwrap_or(0),
         Err(Error::Corrupt(c)) => {
@@ -312,7 +314,6 @@ fn dead_letters(store: &Store, dlq: &str, limit: usize) -> Result<Vec<RawMessage
         return Ok(Vec::new());
     }
     // Letters settled on their own are skipped: read that many more.
-    let marks = store::read_letter_marks(store, dlq)?;
     let from = (cursor + 1).max(rec.first_seq);
     let extra = marks.range(from..).count() as u64;
     let to = last.min(from.saturating_add(limit as u64 - 1).saturating_add(extra));

@@ -135,7 +135,9 @@ pub(crate) async fn trim(AxState(st): AxState<Arc<State>>, ctx: Ctx, f: Fields) 
         if let Some(page) = confirmed(&ctx, &f, "/trim", &[], question, "Yes, trim now", "/") {
             return Ok(page);
         }
-        let report = broker.trim().await?;
+        let mut report = broker.trim().await?;
+        // By queue name: the report reads like the overview, and the same pass reads the same.
+        report.trimmed.sort();
         if ctx.api {
             return Ok(done(
                 &ctx,

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use crate::engine::boundary::{
-    Capability, Outcome, Refused, Request, SettlingGuard, Shared, WorkGroupState, WorkRequest,
+    Capability, Outcome, Refused, Request, Shared, TakenFrom, WorkGroupState, WorkRequest,
 };
 use crate::error::Error;
 use crate::model::Claim;
@@ -84,8 +84,8 @@ pub(crate) async fn act(
                 action: action.name(),
             },
         })?;
-    // Cancelled before the writer has it (or refused by the channel): claimable again.
-    let mut revert = SettlingGuard { group, seq, armed: true };
+    // Cancelled before the writer has it (or refused by the channel): as it was.
+    let mut revert = OperatorGuard { group, seq, previous: Some(taken.previous) };
     let dlq = group.settings().map_or_else(|| group.recorded_dlq(), |s| s.dead_letter_queue.clone());
     let mut waiting = None;
     let outcome = match action {
@@ -113,7 +113,7 @@ pub(crate) async fn act(
         reply,
     });
     shared.tx.send(req).await.map_err(|_| Error::Shutdown)?;
-    revert.armed = false;
+    revert.previous = None;
     // Queued: the writer applies it after every earlier write for `seq` (see `Job::settle`).
     if let Some(error) = waiting {
         group.to_waiting(seq, now, error);
@@ -121,5 +121,21 @@ pub(crate) async fn act(
     match rx.await {
         Ok(res) => res,
         Err(_) => Err(Error::Shutdown),
+    }
+}
+
+/// Gives a job taken for an operator's action back as it was, unless disarmed (`previous`
+/// taken) once the writer has the outcome.
+struct OperatorGuard<'a> {
+    group: &'a WorkGroupState,
+    seq: u64,
+    previous: Option<TakenFrom>,
+}
+
+impl Drop for OperatorGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(previous) = self.previous.take() {
+            self.group.operator_revert(self.seq, previous);
+        }
     }
 }

@@ -239,6 +239,12 @@ impl Dispatch {
         }
     }
 
+    /// Whether `seq`'s key (known) has an unfinished earlier message: it must wait behind it.
+    pub fn behind_its_key(&self, seq: u64) -> bool {
+        let Some(k) = self.slots.get(&seq).and_then(|s| s.key.filter(|_| s.key_known)) else { return false };
+        self.keys.get(&k).and_then(|l| l.first()).is_some_and(|&head| head < seq)
+    }
+
     /// Sequences whose slot does not know its key yet, in order.
     pub fn unknown_keys(&self) -> Vec<u64> {
         if self.unknown == 0 {

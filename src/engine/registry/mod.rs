@@ -33,7 +33,7 @@ pub(crate) use keyspace::KeyspaceState;
 pub(crate) use ordered::OrderedGroupState;
 pub(crate) use queue::{QueueState, Watching};
 pub(crate) use records::{LiveSubscription, PendingRecord};
-pub(crate) use work::{Claimed, QueuedAck, Refused, SettlingGuard, WorkGroupState};
+pub(crate) use work::{Claimed, QueuedAck, Refused, SettlingGuard, TakenFrom, WorkGroupState};
 
 /// Queues by name and groups by their identity (`store::group_id`).
 #[derive(Debug, Default)]

@@ -481,7 +481,8 @@ impl WorkGroupState {
                     _ => {}
                 }
                 d.set(seq, SlotState::Settling, |_| {});
-                Ok(Operated { attempt, last_error, token, epoch: self.epoch.load(Ordering::Acquire) })
+                let epoch = self.epoch.load(Ordering::Acquire);
+                Ok(Operated { attempt, last_error, token, epoch, previous: TakenFrom(state) })
             }
             // Below the frontier without a slot: finished, its offset move not durable yet.
             None if seq < d.frontier.max(first) => Err(Refused::Finished),
@@ -498,6 +499,7 @@ impl WorkGroupState {
                     last_error: String::new(),
                     token,
                     epoch: self.epoch.load(Ordering::Acquire),
+                    previous: TakenFrom(SlotState::Available),
                 })
             }
         }
@@ -530,12 +532,34 @@ impl WorkGroupState {
         self.changed.notify_waiters();
     }
 
-    /// A settle was abandoned before its record was queued: the message is claimable again.
+    /// A settle was abandoned before its record was queued: the message is claimable again —
+    /// or parked, if an earlier message with its key is unfinished (an operator may have taken
+    /// a parked message: giving it back claimable would break its key's order).
     pub fn revert(&self, seq: u64) {
         {
             let mut d = self.dispatch();
             if d.get(seq).is_some_and(|s| s.state == SlotState::Settling) {
-                d.set(seq, SlotState::Available, |_| {});
+                let state = if d.behind_its_key(seq) { SlotState::Parked } else { SlotState::Available };
+                d.set(seq, state, |_| {});
+            }
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// An operator's action (`operator_take`) was abandoned before the writer had it: the
+    /// message goes back to the state it was taken from (a retry keeps its due time), as
+    /// `revert` would if that state no longer applies.
+    pub fn operator_revert(&self, seq: u64, previous: TakenFrom) {
+        let TakenFrom(previous) = previous;
+        {
+            let mut d = self.dispatch();
+            if d.get(seq).is_some_and(|s| s.state == SlotState::Settling) {
+                let state = match previous {
+                    SlotState::Waiting { .. } => previous,
+                    _ if d.behind_its_key(seq) => SlotState::Parked,
+                    _ => SlotState::Available,
+                };
+                d.set(seq, state, |_| {});
             }
         }
         self.changed.notify_waiters();
@@ -808,7 +832,14 @@ pub(crate) struct Operated {
     pub last_error: String,
     pub token: u64,
     pub epoch: u64,
+    /// The state it was taken from (`operator_revert` restores it).
+    pub previous: TakenFrom,
 }
+
+/// The claim state a message was taken from for an operator's action (opaque outside the
+/// registry).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TakenFrom(SlotState);
 
 /// Why an operator's action on one message was refused.
 #[derive(Debug, PartialEq, Eq)]
@@ -949,6 +980,51 @@ mod tests {
         assert!(t.claimed.is_empty());
         assert_eq!(t.next_wake, Some(due));
         assert_eq!(seqs(&g.take(due, 1, 1, LEASE, MAX)), [(1, 2)]);
+    }
+
+    #[test]
+    fn an_operator_action_abandoned_gives_the_message_back_as_it_was() {
+        let g = group(0);
+        let now = Instant::now();
+        let c = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+        // A live lease is refused, untouched.
+        assert_eq!(g.operator_take(1, now, false).unwrap_err(), Refused::State("leased"));
+        g.begin_settle(1, c.token, now).unwrap();
+        let due = now + Duration::from_secs(5);
+        g.to_waiting(1, due, "boom".into());
+        // Taken, then abandoned (a cancelled call): still waiting until `due`, not claimable.
+        let taken = g.operator_take(1, now, true).unwrap();
+        assert_eq!((taken.attempt, taken.last_error.as_str()), (1, "boom"));
+        assert!(g.take(now, 1, 1, LEASE, MAX).claimed.is_empty(), "settling: nobody claims it");
+        g.operator_revert(1, taken.previous);
+        let t = g.take(now, 1, 1, LEASE, MAX);
+        assert!(t.claimed.is_empty() && t.next_wake == Some(due), "waits for its retry again");
+        // A never-claimed one further on: the ones skipped become claimable, it is settling.
+        let taken = g.operator_take(4, now, false).unwrap();
+        assert_eq!(taken.attempt, 0);
+        assert_eq!(seqs(&g.take(now, 10, 4, LEASE, MAX)), [(2, 1), (3, 1)]);
+        g.operator_revert(4, taken.previous);
+        assert_eq!(seqs(&g.take(now, 10, 4, LEASE, MAX)), [(4, 1)]);
+        // Finished or never sent: no job.
+        assert_eq!(g.operator_take(0, now, false).unwrap_err(), Refused::Finished);
+        assert_eq!(g.operator_take(1_000_000, now, false).unwrap_err(), Refused::NotSent);
+    }
+
+    #[test]
+    fn a_parked_message_taken_by_an_operator_and_given_back_waits_behind_its_key_again() {
+        let g = group(0);
+        g.set_keyed(true);
+        let now = Instant::now();
+        let a = Some(7);
+        assert_eq!(g.learn([(1, a), (2, a)]), 2);
+        assert_eq!(seqs(&g.take(now, 10, 2, LEASE, MAX)), [(1, 1)]);
+        let taken = g.operator_take(2, now, false).unwrap();
+        g.operator_revert(2, taken.previous);
+        assert!(g.take(now, 10, 2, LEASE, MAX).claimed.is_empty(), "2 still behind 1");
+        // The writer refusing it (`revert`) parks it too.
+        g.operator_take(2, now, false).unwrap();
+        g.revert(2);
+        assert!(g.take(now, 10, 2, LEASE, MAX).claimed.is_empty(), "2 still behind 1");
     }
 
     #[test]

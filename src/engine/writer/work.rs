@@ -344,15 +344,19 @@ fn redrive(
 }
 
 /// The redrive cursor of `dlq` as this round sees it.
+/// Raised to just below the queue's first live letter, as callers read it: a purge or trim
+/// that moved the queue's head past the stored cursor covered those letters too (otherwise a
+/// caller's expected cursor never matches again).
 fn current_cursor(r: &mut Round<'_>, dlq: &QueueState) -> Result<u64, Error> {
-    if let Some(c) = r.written.cursors.get(&dlq.id) {
-        return Ok(*c);
-    }
-    match r.batch.cursor(&dlq.name) {
-        Ok(c) => Ok(c.unwrap_or(0)),
-        Err(ReadError::Corrupt(e)) => Err(e.into()),
-        Err(ReadError::Storage(e)) => Err(Error::Storage(e)),
-    }
+    let stored = match r.written.cursors.get(&dlq.id) {
+        Some(c) => *c,
+        None => match r.batch.cursor(&dlq.name) {
+            Ok(c) => c.unwrap_or(0),
+            Err(ReadError::Corrupt(e)) => return Err(e.into()),
+            Err(ReadError::Storage(e)) => return Err(Error::Storage(e)),
+        },
+    };
+    Ok(stored.max(dlq.first_seq.load(Ordering::Acquire).saturating_sub(1)))
 }
 
 /// The letters of `dlq` settled on their own, as this round sees them (read once, then kept:
@@ -369,8 +373,10 @@ fn marks_of<'r>(
 }
 
 /// Moves the cursor of `dlq` to `to`, then on over letters settled on their own right above
-/// it; their marks go (the cursor covers them now).
+/// it; their marks go (the cursor covers them now). The marks must be loaded (`marks_of`):
+/// every caller reads them first, to skip settled letters.
 fn move_cursor(r: &mut Round<'_>, dlq: &QueueState, to: u64) {
+    debug_assert!(r.written.letter_marks.contains_key(&dlq.id), "marks_of before move_cursor");
     let mut to = to;
     let had_marks = match r.written.letter_marks.get_mut(&dlq.id) {
         Some(marks) => {
@@ -407,7 +413,7 @@ fn settle_letter(
     }
     let missing = || Error::NoSuchLetter { dlq: dlq.name.to_string(), seq };
     let cursor = match current_cursor(r, &dlq) {
-        Ok(c) => c.max(dlq.first_seq.load(Ordering::Acquire).saturating_sub(1)),
+        Ok(c) => c,
         Err(e) => {
             let _ = reply.send(Err(e));
             return;

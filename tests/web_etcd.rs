@@ -1,0 +1,82 @@
+//! The console over the etcd engine (features `web` and `etcd`), against a real single-member
+//! etcd started on loopback ports chosen at run time: every page a several-instance deployment
+//! opens answers with the figures of `Broker::stats`, and what the engine does not carry out
+//! yet (delayed messages and schedules, per-job and per-letter actions) is a clear 501 page
+//! that changes nothing — never a 500 or a broken page.
+
+mod common;
+#[path = "common/etcd.rs"]
+mod etcd;
+#[path = "common/web_client.rs"]
+mod web_client;
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use rockq::web::Console;
+use rockq::{Broker, EtcdOptions};
+use web_client::{TOKEN, get, post, table};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_page_works_on_etcd_and_what_it_cannot_do_says_so() {
+    let cluster = etcd::Cluster::start(1).await;
+    let broker = Broker::connect_etcd(
+        cluster.endpoints(),
+        "console",
+        EtcdOptions::new().owner_ttl(Duration::from_secs(2)),
+    )
+    .await
+    .expect("connect to etcd");
+    let jobs = broker.queue("jobs").await.unwrap();
+    jobs.send_batch((1..=4).map(|i| format!("job {i}"))).await.unwrap();
+    let mut sub =
+        jobs.work_group("workers").unwrap().read_batch(2).max_in_flight(2).subscribe().await.unwrap();
+    common::next_job(&mut sub).await.dead_letter_durable("poison").await.unwrap();
+    let held = common::next_job(&mut sub).await;
+    let app = Console::new(broker.clone()).token(TOKEN).public_reads(true).manual_sampling().router();
+
+    let stats = broker.stats().await.unwrap();
+    let page = get(&app, "/").await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let queues = table(&page.body, "queues");
+    assert_eq!(queues.len(), stats.queues.len());
+    for (row, q) in queues.iter().zip(&stats.queues) {
+        assert_eq!(row["len"], q.len.to_string());
+    }
+    for path in [
+        "/queues/jobs",
+        "/queues/jobs?order=oldest&field=key&q=none",
+        "/groups/jobs/workers",
+        "/dlq/jobs.dlq",
+        "/metrics",
+        "/api/stats",
+    ] {
+        let a = get(&app, path).await;
+        assert_eq!(a.status, StatusCode::OK, "{path}: {}", a.body);
+    }
+    let page = get(&app, "/queues/jobs?order=oldest").await.body;
+    let states: Vec<_> = table(&page, "messages")
+        .iter()
+        .map(|r| r["state-in-workers"].split_whitespace().next().unwrap().to_owned())
+        .collect();
+    assert_eq!(states, ["dead", "leased", "open", "open"]);
+    let claims = table(&get(&app, "/groups/jobs/workers").await.body, "claims");
+    assert_eq!(claims.len(), broker.pending("jobs", "workers").await.unwrap().len());
+
+    // Not carried out on etcd yet: 501 naming it, nothing changed.
+    let a = get(&app, "/delayed").await;
+    assert_eq!(a.status, StatusCode::NOT_IMPLEMENTED, "{}", a.body);
+    assert!(a.body.contains("etcd"), "{}", a.body);
+    let bearer = format!("Bearer {TOKEN}");
+    let h = [("authorization", bearer.as_str())];
+    let a = post(&app, "/api/groups/jobs/workers/jobs/3/delete", "", &h).await;
+    assert_eq!(a.status, StatusCode::NOT_IMPLEMENTED, "{}", a.body);
+    let a = post(&app, "/api/dlq/jobs.dlq/letters/1/delete", "", &h).await;
+    assert_eq!(a.status, StatusCode::NOT_IMPLEMENTED, "{}", a.body);
+    assert_eq!(broker.dead_letters("jobs.dlq").await.unwrap().len().await.unwrap(), 1);
+    assert_eq!(broker.stats().await.unwrap().groups[0].committed, 1);
+
+    held.ack_durable().await.unwrap();
+    drop(sub);
+    broker.shutdown().await.unwrap();
+}
