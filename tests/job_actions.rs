@@ -13,19 +13,17 @@ use rockq::{Broker, ErrorKind, ManualClock, RetryPolicy, WorkGroup};
 const LEASE: Duration = Duration::from_secs(30);
 const BACKOFF: Duration = Duration::from_secs(3600);
 
-fn workers(broker: &Broker) -> impl std::future::Future<Output = WorkGroup> + '_ {
-    async move {
-        broker
-            .queue("jobs")
-            .await
-            .unwrap()
-            .work_group("workers")
-            .unwrap()
-            .lease(LEASE)
-            .retry_policy(RetryPolicy::default().max_attempts(5).backoff(BACKOFF, BACKOFF).jitter(0.0))
-            .read_batch(1)
-            .max_in_flight(1)
-    }
+async fn workers(broker: &Broker) -> WorkGroup {
+    broker
+        .queue("jobs")
+        .await
+        .unwrap()
+        .work_group("workers")
+        .unwrap()
+        .lease(LEASE)
+        .retry_policy(RetryPolicy::default().max_attempts(5).backoff(BACKOFF, BACKOFF).jitter(0.0))
+        .read_batch(1)
+        .max_in_flight(1)
 }
 
 async fn setup(n: u64) -> (tempfile::TempDir, ManualClock, Broker) {

@@ -55,7 +55,7 @@ impl Snapshot<'_> {
         let lo = keys::message_key(queue_id, first_seq);
         let hi = keys::queue_upper_bound(queue_id);
         let mut it = self.db.raw_iterator_cf_opt(self.cfs.messages, bounded(lo.to_vec(), hi.to_vec()));
-        it.seek(&lo);
+        it.seek(lo);
         let (mut n, mut bytes) = (0u64, 0u64);
         while it.valid() && n < SIZE_SAMPLE {
             bytes += (it.key().map_or(0, <[u8]>::len) + it.value().map_or(0, <[u8]>::len)) as u64;

@@ -233,7 +233,7 @@ pub(crate) fn letter_seq(key: &[u8]) -> Result<u64, CorruptionError> {
     if !key.starts_with(LETTER_PREFIX) || key.len() < LETTER_PREFIX.len() + 10 {
         return Err(bad());
     }
-    let seq: [u8; 8] = key[key.len() - 8..].try_into().map_err(|_| bad())?;
+    let seq: [u8; 8] = key.get(key.len() - 8..).and_then(|s| s.try_into().ok()).ok_or_else(bad)?;
     Ok(u64::from_be_bytes(seq))
 }
 
