@@ -119,16 +119,8 @@ pub(crate) async fn reset(
         let (broker, f) = authorized(&st, &ctx, f)?;
         let (q, g) = (input::name("queue", &queue)?, input::name("group", &group)?);
         let stats = broker.stats().await?;
-        let qs = stats
-            .queues
-            .iter()
-            .find(|s| s.name == q)
-            .ok_or_else(|| Failure::not_found(format!("queue {q:?} does not exist")))?;
-        let gs = stats
-            .groups
-            .iter()
-            .find(|s| s.queue == q && s.group == g)
-            .ok_or_else(|| Failure::not_found(format!("group {g:?} does not exist on queue {q:?}")))?;
+        let qs = super::source::queue_in(&stats, q)?;
+        let gs = super::source::group_in(&stats, q, g)?;
         let target = f.get("target").map(String::as_str).unwrap_or("");
         let value = f.get("value").map(String::as_str).unwrap_or("");
         let (to, what) = match target {

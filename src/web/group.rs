@@ -43,11 +43,7 @@ pub(crate) async fn page(
 async fn render(st: &State, ctx: &Ctx, queue: &str, group: &str) -> Result<Response, Failure> {
     let (q, g) = (input::name("queue", queue)?, input::name("group", group)?);
     let stats = st.source.stats().await?;
-    let gs = stats
-        .groups
-        .iter()
-        .find(|s| s.queue == q && s.group == g)
-        .ok_or_else(|| Failure::not_found(format!("group {g:?} does not exist on queue {q:?}")))?;
+    let gs = super::source::group_in(&stats, q, g)?;
     let now = SystemTime::now();
     let (b, qn, gn) = (esc(&ctx.base), esc(q), esc(g));
     let mut body = String::new();

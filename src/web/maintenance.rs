@@ -13,20 +13,10 @@ use serde_json::json;
 use super::actions::{Fields, authorized, done};
 use super::confirm::confirmed;
 use super::ctx::Ctx;
-use super::failure::Failure;
 use super::fmt;
 use super::html::{self, esc};
 use super::input;
 use super::state::State;
-use crate::stats::Stats;
-
-fn queue_of<'a>(stats: &'a Stats, q: &str) -> Result<&'a crate::stats::QueueStats, Failure> {
-    stats
-        .queues
-        .iter()
-        .find(|s| s.name == q)
-        .ok_or_else(|| Failure::not_found(format!("queue {q:?} does not exist")))
-}
 
 /// POST `/queues/{queue}/purge`: deletes every stored message; groups move past them.
 pub(crate) async fn purge_queue(
@@ -39,7 +29,7 @@ pub(crate) async fn purge_queue(
         let (broker, f) = authorized(&st, &ctx, f)?;
         let q = input::name("queue", &queue)?;
         let stats = broker.stats().await?;
-        let qs = queue_of(&stats, q)?;
+        let qs = super::source::queue_in(&stats, q)?;
         let groups = stats.groups.iter().filter(|g| g.queue == q).count();
         let question = format!(
             "Purge queue <b>{}</b>? Its {} stored messages (#{}..=#{}, {}) are deleted for good, and its {groups} groups move past them. New messages continue from #{}.",
@@ -71,7 +61,7 @@ pub(crate) async fn delete_queue(
         let (broker, f) = authorized(&st, &ctx, f)?;
         let q = input::name("queue", &queue)?;
         let stats = broker.stats().await?;
-        let qs = queue_of(&stats, q)?;
+        let qs = super::source::queue_in(&stats, q)?;
         let groups: Vec<_> = stats.groups.iter().filter(|g| g.queue == q).map(|g| esc(&g.group)).collect();
         let question = format!(
             "Delete queue <b>{}</b>? Its {} stored messages and {} delayed ones, and its groups ({}) with their offsets and claims, are deleted for good. Producers that still send to it create it anew.",
@@ -101,11 +91,7 @@ pub(crate) async fn delete_group(
         let (broker, f) = authorized(&st, &ctx, f)?;
         let (q, g) = (input::name("queue", &queue)?, input::name("group", &group)?);
         let stats = broker.stats().await?;
-        let gs = stats
-            .groups
-            .iter()
-            .find(|s| s.queue == q && s.group == g)
-            .ok_or_else(|| Failure::not_found(format!("group {g:?} does not exist on queue {q:?}")))?;
+        let gs = super::source::group_in(&stats, q, g)?;
         let question = format!(
             "Delete group <b>{}</b> of <b>{}</b>? Its offset (committed at {}, lag {}), its {} claims in flight and {} waiting for a retry are forgotten; the queue's messages stay. Its running subscriptions and pools end.",
             esc(g),

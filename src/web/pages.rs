@@ -91,11 +91,7 @@ async fn queue_page(
 ) -> Result<Response, Failure> {
     let name = input::name("queue", name)?;
     let stats = st.source.stats().await?;
-    let q = stats
-        .queues
-        .iter()
-        .find(|q| q.name == name)
-        .ok_or_else(|| Failure::not_found(format!("queue {name:?} does not exist")))?;
+    let q = super::source::queue_in(&stats, name)?;
     let groups: Vec<_> = stats.groups.iter().filter(|g| g.queue == name).collect();
     let depths = tables::dlq_depths(&stats);
     let mut body = String::new();

@@ -16,7 +16,7 @@ use crate::broker::Broker;
 use crate::dead_letter::DeadLetter;
 use crate::inspector::Inspector;
 use crate::schedule::{DelayedInfo, ScheduleInfo};
-use crate::stats::{PendingClaim, Stats, StoredMessage};
+use crate::stats::{GroupStats, PendingClaim, QueueStats, Stats, StoredMessage};
 
 /// How stale the read-only view may get before it is reopened.
 const INSPECTOR_MAX_AGE: Duration = Duration::from_secs(1);
@@ -176,4 +176,22 @@ pub(crate) fn dead_letter_queues(stats: &Stats) -> Vec<&str> {
     out.sort_unstable();
     out.dedup();
     out
+}
+
+/// Queue `q` in `stats`, or a 404 naming it.
+pub(crate) fn queue_in<'a>(stats: &'a Stats, q: &str) -> Result<&'a QueueStats, Failure> {
+    stats
+        .queues
+        .iter()
+        .find(|s| s.name == q)
+        .ok_or_else(|| Failure::not_found(format!("queue {q:?} does not exist")))
+}
+
+/// Group `g` of queue `q` in `stats`, or a 404 naming it.
+pub(crate) fn group_in<'a>(stats: &'a Stats, q: &str, g: &str) -> Result<&'a GroupStats, Failure> {
+    stats
+        .groups
+        .iter()
+        .find(|s| s.queue == q && s.group == g)
+        .ok_or_else(|| Failure::not_found(format!("group {g:?} does not exist on queue {q:?}")))
 }
