@@ -75,11 +75,13 @@ impl Browser {
         self.wait_for("return document.readyState === 'complete'").await;
     }
 
-    /// Clicks `css` and waits for the next page to be loaded at `path`.
+    /// Clicks `css` and waits for the next page to be loaded at `path`. The current document
+    /// is marked first: a page at the same path (a redirect back) is told from the old one.
     async fn click_to(&self, css: &str, path: &str) {
+        self.js("window.rockqOldPage = true; return true").await;
         self.click(css).await;
         self.wait_for(&format!(
-            "return location.pathname === '{path}' && document.readyState === 'complete'"
+            "return !window.rockqOldPage && location.pathname === '{path}' && document.readyState === 'complete'"
         ))
         .await;
     }
@@ -271,8 +273,7 @@ async fn pages(b: &Browser, base: &str, f: &console::Fixture) -> PathBuf {
     let overview = b.screenshot("overview").await;
 
     // Pause billing by clicking its button; the library sees it paused.
-    b.click("#pause-orders-billing").await;
-    b.wait_for("return location.pathname === '/queues/orders' && document.readyState === 'complete'").await;
+    b.click_to("#pause-orders-billing", "/queues/orders").await;
     assert!(group(&f.broker.stats().await.unwrap(), "orders", "billing").paused);
     let row = b.table("groups").await.into_iter().find(|r| num(&r["group"]) == "billing").unwrap();
     assert_eq!(num(&row["paused"]), "paused");
@@ -298,11 +299,9 @@ async fn pages(b: &Browser, base: &str, f: &console::Fixture) -> PathBuf {
         3,
         "moved before confirming"
     );
-    b.click("#confirm").await;
-    b.wait_for("return location.pathname === '/queues/orders' && document.readyState === 'complete'").await;
+    b.click_to("#confirm", "/queues/orders").await;
     assert_eq!(group(&f.broker.stats().await.unwrap(), "orders", "billing").committed, 1);
-    b.click("#resume-orders-billing").await;
-    b.wait_for("return location.pathname === '/queues/orders' && document.readyState === 'complete'").await;
+    b.click_to("#resume-orders-billing", "/queues/orders").await;
     assert!(!group(&f.broker.stats().await.unwrap(), "orders", "billing").paused);
 
     // Work queue: each message's state in the group, newest first.
