@@ -189,6 +189,7 @@ impl NameError {
 #[error("storage error: {message}")]
 pub struct StorageError {
     message: std::sync::Arc<str>,
+    transient: bool,
 }
 
 impl StorageError {
@@ -207,7 +208,34 @@ impl StorageError {
 
     /// Made by the store from RocksDB's error (and by failpoints in tests).
     pub(crate) fn new(message: impl Into<std::sync::Arc<str>>) -> Self {
-        StorageError { message: message.into() }
+        StorageError { message: message.into(), transient: false }
+    }
+
+    /// The store could not be reached (on etcd: no member answered in time, no quorum, no
+    /// leader): the same request may well succeed later.
+    pub(crate) fn unreachable(message: impl Into<std::sync::Arc<str>>) -> Self {
+        StorageError { message: message.into(), transient: true }
+    }
+
+    /// Whether the store could not be reached, rather than refusing or failing the request:
+    /// on etcd, no member answered in time (no quorum, no leader, every member cut off). Such
+    /// an error says nothing about the data; trying again later may succeed, and worker pools
+    /// and subscriptions do so by themselves (see [`Event::StoreUnavailable`](crate::Event::StoreUnavailable)).
+    /// The embedded engine's errors (RocksDB's I/O errors) are never transient.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) {
+    /// if let Err(rockq::Error::Storage(e)) = queue.send("x").await
+    ///     && e.is_transient()
+    /// {
+    ///     // etcd was unreachable for the whole request timeout: the send may be stored or not.
+    /// }
+    /// # }
+    /// ```
+    pub fn is_transient(&self) -> bool {
+        self.transient
     }
 
     /// RocksDB's message for this error.

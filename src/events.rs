@@ -120,6 +120,21 @@ pub enum Event {
         /// The in-flight bound that was hit.
         max_in_flight: usize,
     },
+    /// A subscription or worker pool of `group` could not reach the store (on etcd: no member
+    /// answered within the request timeout) and waits `retry_in` before it tries again; or
+    /// acks of `group` could not be written and are kept for the writer's next try. Nothing
+    /// ends: jobs keep their leases' fencing, and everything resumes by itself once the store
+    /// answers. One event per failed try.
+    StoreUnavailable {
+        /// The queue.
+        queue: Arc<str>,
+        /// The group.
+        group: Arc<str>,
+        /// What the store answered (or that it did not).
+        error: String,
+        /// How long it waits before trying again.
+        retry_in: Duration,
+    },
     /// A recurring schedule fired: one event per appended message (each on-time firing has its
     /// own; a catch-up message stands for several late ones), or one with `seq: None` when late
     /// firings were only dropped ([`Missed::Skip`](crate::Missed::Skip)).
@@ -157,6 +172,7 @@ impl Event {
             | Event::Skipped { queue, .. }
             | Event::Trimmed { queue, .. }
             | Event::Saturated { queue, .. }
+            | Event::StoreUnavailable { queue, .. }
             | Event::ScheduleFired { queue, .. } => queue,
         }
     }
@@ -179,7 +195,8 @@ impl Event {
             | Event::LeaseExpired { group, .. }
             | Event::DeadLettered { group, .. }
             | Event::Skipped { group, .. }
-            | Event::Saturated { group, .. } => Some(group),
+            | Event::Saturated { group, .. }
+            | Event::StoreUnavailable { group, .. } => Some(group),
             Event::Redriven { .. } | Event::Trimmed { .. } | Event::ScheduleFired { .. } => None,
         }
     }

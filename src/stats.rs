@@ -57,7 +57,8 @@ pub struct QueueStats {
     pub scheduled: u64,
     /// When the earliest of them is due.
     pub next_due: Option<std::time::SystemTime>,
-    /// How long the queue remembers idempotency keys.
+    /// How long the queue remembers idempotency keys (zero on the etcd engine, which does not
+    /// keep them yet).
     pub dedup_window: Duration,
 }
 

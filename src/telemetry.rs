@@ -32,6 +32,9 @@ pub const REDRIVEN: &str = "rockq_messages_redriven_total";
 pub const TRIMMED: &str = "rockq_messages_trimmed_total";
 /// Times a consumer's in-flight bound stayed full, per queue and group.
 pub const SATURATED: &str = "rockq_consumer_saturations_total";
+/// Tries of a subscription or worker pool that found the store unreachable and waited to try
+/// again (etcd: no member answered in time), per queue and group.
+pub const STORE_UNAVAILABLE: &str = "rockq_store_unavailable_total";
 /// Delayed messages appended when they fell due, per queue.
 pub const SCHEDULED_DELIVERED: &str = "rockq_scheduled_delivered_total";
 /// Messages sent by recurring schedules, per queue and schedule.

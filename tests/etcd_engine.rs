@@ -285,6 +285,8 @@ async fn stats_show_the_namespace_as_every_broker_left_it() {
     let queues: Vec<_> =
         stats.queues.iter().map(|q| (q.name.as_str(), q.first_seq, q.last_seq, q.len)).collect();
     assert_eq!(queues, [("one", 1, 3, 3), ("two", 1, 1, 1)]);
+    // No idempotency keys are kept on etcd: no window is shown for them.
+    assert!(stats.queues.iter().all(|q| q.dedup_window.is_zero()), "{:?}", stats.queues);
     let groups: Vec<_> =
         stats.groups.iter().map(|g| (g.queue.as_str(), g.group.as_str(), g.committed, g.lag)).collect();
     assert_eq!(groups, [("two", "g", 1, 0)]);

@@ -21,6 +21,7 @@ use crate::options::Options;
 pub struct EtcdOptions {
     options: Options,
     request_timeout: Duration,
+    attempt_timeout: Duration,
     owner_ttl: Duration,
 }
 
@@ -29,13 +30,15 @@ impl Default for EtcdOptions {
         EtcdOptions {
             options: Options::default(),
             request_timeout: Duration::from_secs(30),
+            attempt_timeout: Duration::from_millis(500),
             owner_ttl: Duration::from_secs(10),
         }
     }
 }
 
 impl EtcdOptions {
-    /// Defaults: the default [`Options`], 30 s per request, 10 s ownership leases.
+    /// Defaults: the default [`Options`], 30 s per request, 500 ms per attempt on one member,
+    /// 10 s ownership leases.
     ///
     /// # Examples
     ///
@@ -88,6 +91,37 @@ impl EtcdOptions {
         self.request_timeout
     }
 
+    /// How long one member has to answer one attempt of a request before it is set aside and
+    /// the request goes to another member (a paused or partitioned member must not hold up
+    /// the cluster's quorum). When every member failed in a row, the deadline doubles, up to
+    /// four times this (never beyond the [request timeout](Self::request_timeout)): a slow
+    /// cluster is not a dead one. Too
+    /// short and a busy member is set aside needlessly (its requests then go elsewhere: no
+    /// harm but a hop); too long and a hung member stalls this process that long. The default,
+    /// 500 ms, is far above a healthy cluster's round trip.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let opts = rockq::EtcdOptions::new().attempt_timeout(std::time::Duration::from_millis(250));
+    /// assert_eq!(opts.get_attempt_timeout(), std::time::Duration::from_millis(250));
+    /// ```
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = timeout;
+        self
+    }
+
+    /// The configured attempt deadline.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(rockq::EtcdOptions::new().get_attempt_timeout(), std::time::Duration::from_millis(500));
+    /// ```
+    pub fn get_attempt_timeout(&self) -> Duration {
+        self.attempt_timeout
+    }
+
     /// The TTL of the etcd lease that holds an ordered group's one active subscriber (rounded
     /// up to whole seconds). A process that stops renewing it (crashed, paused, cut off) loses
     /// the group after this long, and another process may subscribe.
@@ -128,10 +162,12 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// [`Error::Storage`] if etcd cannot be reached, [`Error::NotRockq`] if the
+    /// [`Error::Storage`] if no member answered within the request timeout (one member down
+    /// of several is not an error: the others are asked), [`Error::NotRockq`] if the
     /// namespace holds another format, [`Error::Unsupported`] for
     /// [`Durability::Buffered`](crate::Durability::Buffered), [`Error::InvalidOption`] for
-    /// a bad namespace or no endpoint, [`Error::NoRuntime`] outside a Tokio runtime.
+    /// a bad namespace, no endpoint or a malformed endpoint URL, [`Error::NoRuntime`] outside
+    /// a Tokio runtime.
     ///
     /// # Cancel safety
     ///
@@ -155,6 +191,7 @@ impl Broker {
         let endpoints: Vec<String> = endpoints.into_iter().map(Into::into).collect();
         let settings = crate::engine::boundary::EtcdSettings {
             request_timeout: options.request_timeout,
+            attempt_timeout: options.attempt_timeout.max(Duration::from_millis(1)),
             owner_ttl: options.owner_ttl,
         };
         let shared =

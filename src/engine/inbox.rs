@@ -44,6 +44,9 @@ pub(crate) struct Staged {
     /// Permits the round's messages hold (returned when the writer takes it).
     permits: usize,
     pub resolver: Resolver,
+    /// When the round's first send was staged: its sends' request timeout counts from here
+    /// (etcd), not from when a busy writer got to them.
+    pub since: Option<std::time::Instant>,
 }
 
 impl Staged {
@@ -66,6 +69,7 @@ impl Staged {
             queue_at: rustc_hash::FxHashMap::default(),
             permits: 0,
             resolver,
+            since: None,
         }
     }
 }
@@ -173,6 +177,9 @@ impl Inbox {
             }
         };
         let index = open.sends.len();
+        if index == 0 {
+            open.since = Some(std::time::Instant::now());
+        }
         open.sends.push(u32::try_from(open.msgs.len()).unwrap_or(u32::MAX));
         open.arena.reserve(bytes);
         for m in msgs {

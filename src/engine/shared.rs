@@ -156,6 +156,33 @@ impl Shared {
         &self.engine.events
     }
 
+    /// A subscription or pool of `group` on `queue` found the store unreachable (`error` is
+    /// transient): reports it (event, metric, log) and waits `*backoff` (doubling it, up to
+    /// 2 s) before the caller tries again. `false`: the broker is closing, do not.
+    pub async fn ride_out(
+        &self,
+        queue: &Arc<str>,
+        group: &Arc<str>,
+        error: &crate::error::StorageError,
+        backoff: &mut std::time::Duration,
+    ) -> bool {
+        let retry_in = *backoff;
+        *backoff = (*backoff * 2).min(std::time::Duration::from_secs(2));
+        crate::telemetry::group_counter(crate::telemetry::STORE_UNAVAILABLE, queue, group, 1);
+        tracing::warn!(%queue, %group, %error, ?retry_in, "rockq: the store is unreachable; the consumer waits and tries again");
+        self.emit(|| Event::StoreUnavailable {
+            queue: queue.clone(),
+            group: group.clone(),
+            error: error.message().to_owned(),
+            retry_in,
+        });
+        let clock = self.clock().clone();
+        tokio::select! {
+            _ = clock.sleep_until(clock.after(retry_in)) => true,
+            _ = self.closing.cancelled() => false,
+        }
+    }
+
     /// Broadcasts an event if anyone listens.
     pub fn emit(&self, event: impl FnOnce() -> Event) {
         self.engine.emit(event);

@@ -22,6 +22,9 @@ const READ_BYTES: usize = 4 << 20;
 
 type ReadTask = JoinHandle<Result<ReadOutcome, Error>>;
 
+/// The first wait before reading again after the store could not be reached.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+
 /// A wait on the broker's clock for the first delayed redelivery, with its deadline. (In a
 /// `Mutex` only to keep `Subscription: Sync`; it is polled through `&mut`, never locked.)
 type Timer = (Instant, std::sync::Mutex<Pin<Box<dyn std::future::Future<Output = ()> + Send>>>);
@@ -76,6 +79,9 @@ pub struct Subscription {
     buffer: VecDeque<RawMessage>,
     reading: Option<ReadTask>,
     read_batch: usize,
+    /// The wait before reading again after the store could not be reached (doubles while
+    /// it stays so; back to the start after a read succeeds).
+    read_backoff: Duration,
     done: bool,
     /// The queue's purge mark last applied to the handed-back deliveries.
     purge_seen: u64,
@@ -109,6 +115,7 @@ impl Subscription {
             reading: None,
             queue,
             read_batch,
+            read_backoff: FIRST_BACKOFF,
             done: false,
             purge_seen: 0,
             delivered: 0,
@@ -194,6 +201,30 @@ impl Subscription {
         self.reading = Some(
             shared.runtime.clone().spawn_blocking(move || shared.read_range(&queue, from, to, READ_BYTES)),
         );
+    }
+
+    /// The store could not be reached (`e` is transient; on etcd, no member answered within
+    /// the request timeout): the subscription does not end. It reports the outage
+    /// (`Event::StoreUnavailable`) and reads the same range again after a backoff.
+    fn read_again_later(&mut self, e: crate::error::StorageError) {
+        let from = self.next_read;
+        let to = self.known_last.min(from.saturating_add(self.read_batch as u64 - 1));
+        let shared = self.sub.shared.clone();
+        let queue = self.queue.clone();
+        let group = self.sub.group.name.clone();
+        let mut backoff = self.read_backoff;
+        self.read_backoff = (backoff * 2).min(Duration::from_secs(2));
+        self.reading = Some(shared.runtime.clone().spawn(async move {
+            if !shared.ride_out(&queue.name, &group, &e, &mut backoff).await {
+                return Ok(ReadOutcome::Closed);
+            }
+            let reader = shared.clone();
+            match shared.runtime.spawn_blocking(move || reader.read_range(&queue, from, to, READ_BYTES)).await
+            {
+                Ok(res) => res,
+                Err(join) => Err(Error::Internal(format!("read task failed: {join}"))),
+            }
+        }));
     }
 
     /// Polls the wait for the first delayed redelivery (re-armed when that changes). True if
@@ -352,6 +383,7 @@ impl Stream for Subscription {
                             continue;
                         }
                         Ok(Ok(ReadOutcome::Messages(msgs))) => {
+                            this.read_backoff = FIRST_BACKOFF;
                             if let Some(last) = msgs.last() {
                                 this.next_read = last.seq + 1;
                             }
@@ -359,6 +391,10 @@ impl Stream for Subscription {
                             continue;
                         }
                         Ok(Ok(ReadOutcome::Closed)) => return this.end(None),
+                        Ok(Err(Error::Storage(e))) if e.is_transient() => {
+                            this.read_again_later(e);
+                            continue;
+                        }
                         Ok(Err(e)) => return this.end(Some(e)),
                         Err(join) => {
                             let e = Error::Internal(format!("read task failed: {join}"));

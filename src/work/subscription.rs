@@ -297,11 +297,37 @@ async fn dead_letter_corrupt(ctx: &Arc<Ctx>, c: &Claimed, err: &CorruptionError)
 /// for ordered reads): the claims beyond it are released and claimed again.
 const CLAIM_READ_BYTES: usize = 4 << 20;
 
+/// Why a message whose attempts are used up is dead-lettered: its last recorded error, or that
+/// its last lease ran out with no outcome at all (the holder crashed or hung, or its outcome
+/// never reached the store).
+fn exhausted_reason(attempts: u32, last_error: &str) -> String {
+    if last_error.is_empty() {
+        format!(
+            "{attempts} attempts used up; the last one's lease ran out with no outcome recorded (its holder crashed, hung, or could not reach the store)"
+        )
+    } else {
+        format!("{attempts} attempts used up; last error: {last_error}")
+    }
+}
+
 /// Claims the next batch of jobs. An empty result means the broker is shutting down.
+/// A store that cannot be reached (a transient error: on etcd, no member answered within the
+/// request timeout) does not end the subscription: the claims of the failed try are given back
+/// uncounted (an attempt the store never recorded is not the job's failure), the outage is
+/// reported (`Event::StoreUnavailable`), and it tries again after a backoff.
 async fn fetch(ctx: Arc<Ctx>) -> Result<Vec<Job>, Error> {
+    let mut backoff = std::time::Duration::from_millis(100);
     loop {
-        if let Some(jobs) = fetch_once(&ctx).await? {
-            return Ok(jobs);
+        match fetch_once(&ctx).await {
+            Ok(Some(jobs)) => return Ok(jobs),
+            Ok(None) => {}
+            Err(Error::Storage(e)) if e.is_transient() => {
+                let g = &ctx.group;
+                if !ctx.shared.ride_out(&g.queue.name, &g.name, &e, &mut backoff).await {
+                    return Ok(Vec::new());
+                }
+            }
+            Err(e) => return Err(e),
         }
     }
 }
@@ -385,7 +411,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
         let mut pending = ExhaustedGuard { group, rest: Vec::new() };
         while let Some(e) = exhausted.next() {
             pending.rest = exhausted.as_slice().iter().map(|e| e.seq).collect();
-            let reason = format!("{} attempts used up; last error: {}", e.attempt, e.last_error);
+            let reason = exhausted_reason(e.attempt, &e.last_error);
             let outcome = Outcome::DeadLetter { reason, dlq: settings.dead_letter_queue.clone() };
             // The writer answers; a refusal it reverts itself.
             if send_settle(shared, group, (e.seq, e.attempt, e.epoch), outcome).await.is_none() {
@@ -503,4 +529,20 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
     guard.claims.retain(|(seq, _)| by_seq.contains_key(seq));
     crate::telemetry::delivered(&group.queue.name, &group.name, "work-queue", jobs.len() as u64);
     Ok(Some(jobs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exhausted_reason;
+
+    #[test]
+    fn a_dead_letter_reason_says_whether_an_error_or_a_lapsed_lease_used_the_attempts_up() {
+        assert_eq!(exhausted_reason(3, "timeout"), "3 attempts used up; last error: timeout");
+        let lapsed = exhausted_reason(2, "");
+        assert!(
+            lapsed.starts_with("2 attempts used up; the last one's lease ran out with no outcome"),
+            "{lapsed}"
+        );
+        assert!(!lapsed.contains("last error"), "{lapsed}");
+    }
 }

@@ -137,7 +137,10 @@ async fn watch(
                                 match ev {
                                     ClaimEvent::Put(r) => {
                                         rev = rev.max(r.rev);
-                                        if r.seq > known.stored_offset && r.rev > known.expected(r.seq) {
+                                        if r.seq > known.stored_offset
+                                            && r.rev > known.expected(r.seq)
+                                            && !known.adopt(&r)
+                                        {
                                             known.revs.insert(r.seq, r.rev);
                                             ws.group.learn_claim(r.seq, &r.claim, &clock);
                                         }
@@ -172,7 +175,7 @@ async fn watch(
                     let mut known = ws.known.lock().await;
                     known.learn_offset(&ws.group, offset);
                     for r in records {
-                        if r.rev > known.expected(r.seq) {
+                        if r.rev > known.expected(r.seq) && !known.adopt(&r) {
                             known.revs.insert(r.seq, r.rev);
                             ws.group.learn_claim(r.seq, &r.claim, &clock);
                         }

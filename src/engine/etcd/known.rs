@@ -8,7 +8,11 @@ use std::sync::atomic::Ordering;
 
 use crate::clock::Clock;
 use crate::engine::registry::WorkGroupState;
+use crate::model::Claim;
 use crate::store::etcd::work::ClaimRecord;
+
+/// Doubted claims kept per message (the oldest go first).
+const MAX_DOUBTS: usize = 16;
 
 /// What this process knows of one work group's records in etcd.
 pub(crate) struct WorkSide {
@@ -25,6 +29,13 @@ pub(super) struct Known {
     /// The `mod_revision` of this process's last write of each record: an outcome may only
     /// be written over this process's own claim (its fencing token).
     pub(super) mine: HashMap<u64, i64>,
+    /// Claims this process sent whose outcome stayed unknown (etcd unreachable): the claims
+    /// were given back here without counting, but the write may have landed. Found stored
+    /// later, such a record is this process's own — not another holder's lease whose attempt
+    /// counts and whose expiry could use the job's last attempt up with no handler run.
+    /// Every such claim since the last known write, not only the latest: a request held in a
+    /// paused member's socket may be applied after later ones failed too.
+    pub(super) doubted: HashMap<u64, Vec<Claim>>,
 }
 
 impl Known {
@@ -43,6 +54,26 @@ impl Known {
     pub(super) fn wrote(&mut self, seq: u64, rev: i64) {
         self.revs.insert(seq, rev);
         self.mine.insert(seq, rev);
+        self.doubted.remove(&seq);
+    }
+
+    /// This process's claim `claim` of `seq` may or may not have been stored.
+    pub(super) fn doubt(&mut self, seq: u64, claim: Claim) {
+        let doubts = self.doubted.entry(seq).or_default();
+        if doubts.len() == MAX_DOUBTS {
+            doubts.remove(0);
+        }
+        doubts.push(claim);
+    }
+
+    /// `r` as found in etcd: if it is a doubted claim of this process's, it landed — adopted
+    /// as this process's own write (true: not to be taught as another holder's).
+    pub(super) fn adopt(&mut self, r: &ClaimRecord) -> bool {
+        if !self.doubted.get(&r.seq).is_some_and(|d| d.contains(&r.claim)) {
+            return false;
+        }
+        self.wrote(r.seq, r.rev);
+        true
     }
 
     /// The records of a refused write, as they are: taught to the state machine.
@@ -56,6 +87,7 @@ impl Known {
         self.learn_offset(g, offset);
         for (seq, rec) in found {
             match rec {
+                Some(r) if self.adopt(&r) => {}
                 Some(r) => {
                     self.revs.insert(seq, r.rev);
                     g.learn_claim(seq, &r.claim, clock);
@@ -77,6 +109,7 @@ impl Known {
         self.stored_offset = offset;
         self.revs.retain(|&s, _| s > offset);
         self.mine.retain(|&s, _| s > offset);
+        self.doubted.retain(|&s, _| s > offset);
         g.learn_offset(offset);
         let before = g.durable.fetch_max(offset, Ordering::SeqCst);
         if offset > before {

@@ -24,6 +24,8 @@ pub(crate) const COMPACT_WINDOW: Duration = Duration::from_secs(5 * 60);
 pub(crate) struct EtcdSettings {
     /// Each etcd request: after this, a write with an unknown outcome is given up.
     pub request_timeout: Duration,
+    /// One attempt on one member: after this, the member is set aside and another asked.
+    pub attempt_timeout: Duration,
     /// The lease holding an ordered group's active subscriber.
     pub owner_ttl: Duration,
 }
@@ -152,13 +154,20 @@ where
     let deadline = tokio::time::Instant::now() + timeout;
     let mut backoff = Duration::from_millis(20);
     loop {
-        match op().await {
+        // Each try is cut short at the deadline: the whole stays within `timeout`.
+        let tried = match tokio::time::timeout_at(deadline, op()).await {
+            Ok(r) => r,
+            Err(_) => Err(crate::error::StorageError::unreachable(format!(
+                "etcd: no answer within the request timeout ({timeout:?})"
+            ))),
+        };
+        match tried {
             Ok(v) => return Ok(v),
             Err(e) if tokio::time::Instant::now() + backoff >= deadline => return Err(e),
             Err(e) => {
                 tracing::debug!(error = %e, "rockq: etcd request failed; trying again");
                 tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
+                backoff = (backoff * 2).min(Duration::from_millis(250));
             }
         }
     }

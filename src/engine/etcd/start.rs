@@ -45,9 +45,11 @@ pub(crate) async fn start(
     if endpoints.is_empty() {
         return Err(Error::InvalidOption("no etcd endpoint given".into()));
     }
-    let store =
-        EtcdStore::connect(endpoints, namespace, settings.request_timeout).await.map_err(|e| match e {
+    let store = EtcdStore::connect(endpoints, namespace, settings.attempt_timeout, settings.request_timeout)
+        .await
+        .map_err(|e| match e {
             ConnectFailure::Storage(s) => Error::Storage(s),
+            ConnectFailure::Invalid(why) => Error::InvalidOption(why),
             ConnectFailure::Foreign(reason) => {
                 Error::NotRockq { path: format!("etcd namespace {namespace:?}").into(), reason }
             }

@@ -37,7 +37,8 @@ pub(crate) async fn stats(engine: &Arc<Engine>, side: &EtcdSide) -> Result<Stats
             oldest_age,
             scheduled: 0,
             next_due: None,
-            dedup_window: meta.dedup_window,
+            // Idempotency keys are not kept on etcd (yet): no window.
+            dedup_window: Duration::ZERO,
         });
     }
     queues.sort_by(|a, b| a.name.cmp(&b.name));

@@ -175,6 +175,10 @@ impl Writer {
                     return;
                 }
                 Err(e) => {
+                    // Given back uncounted by the subscription; if it landed, it is ours.
+                    for w in &writes {
+                        known.doubt(w.seq, w.record.clone());
+                    }
                     let _ = reply.send(Err(Error::Storage(e)));
                     return;
                 }
@@ -192,12 +196,28 @@ impl Writer {
         writes: &[ClaimWrite],
         dead_letters: Option<&DeadLetterAppend>,
     ) -> Result<Written, StorageError> {
+        let r = self.write_once(group, writes, dead_letters).await;
+        self.note(&r);
+        r
+    }
+
+    async fn write_once(
+        &mut self,
+        group: &WorkGroupState,
+        writes: &[ClaimWrite],
+        dead_letters: Option<&DeadLetterAppend>,
+    ) -> Result<Written, StorageError> {
         let store = self.side.store.clone();
-        let deadline = Instant::now() + self.side.settings.request_timeout;
+        let deadline = Instant::now() + self.budget();
         let mut backoff = Duration::from_millis(20);
         let mut in_doubt = false;
         loop {
-            match store.write_claims(&group.name, &group.queue.name, writes, dead_letters).await {
+            match super::writer::until(
+                deadline,
+                store.write_claims(&group.name, &group.queue.name, writes, dead_letters),
+            )
+            .await
+            {
                 Ok(ClaimsOutcome::Written { rev }) => return Ok(Written::Yes(rev)),
                 Ok(ClaimsOutcome::Refused { offset, found, tail }) => {
                     // After an unknown outcome: ours if every record is the one this write
@@ -229,7 +249,7 @@ impl Writer {
                     tracing::debug!(error = %e, "rockq: claim write to etcd failed; trying again");
                     in_doubt = true;
                     tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                    backoff = (backoff * 2).min(Duration::from_millis(250));
                 }
             }
         }
@@ -464,15 +484,31 @@ impl Writer {
             let clock = self.engine.clock().clone();
             for chunk in acks.chunks(MAX_RECORDS) {
                 let mut left: Vec<QueuedAck> = chunk.to_vec();
-                // Claims another process took since (as learned): lost, nothing is sent.
+                // Claims another process took since (as learned): lost, nothing is sent. One
+                // learned finished (most often this very ack, written by a round whose answer
+                // was lost, and learned back from the watch) is acknowledged: reported so.
+                let mut finished = Vec::new();
                 left.retain(|a| {
                     let own = known.own(a.seq).is_some();
                     if !own {
-                        tracing::debug!(queue = %g.queue.name, group = %g.name, seq = a.seq, "rockq: an ack lost its claim to another process");
+                        let p = g.progress();
+                        if a.seq <= p.offset || p.done.contains(a.seq) {
+                            finished.push(*a);
+                        } else {
+                            tracing::debug!(queue = %g.queue.name, group = %g.name, seq = a.seq, "rockq: an ack lost its claim to another process");
+                        }
                     }
                     own
                 });
+                self.acked(&g, &finished);
                 while !left.is_empty() {
+                    if result.as_ref().is_err_and(StorageError::is_transient) {
+                        // etcd is unreachable this round: these wait for the next, untried.
+                        if left.drain(..).fold(false, |d, a| g.queue_ack(a.seq, a.attempt, a.epoch) | d) {
+                            self.engine.mark_work_dirty(g.clone());
+                        }
+                        break;
+                    }
                     let writes: Vec<ClaimWrite> = left
                         .iter()
                         .filter_map(|a| {
@@ -498,18 +534,53 @@ impl Writer {
                             // Keep the acks whose records did not change; learn the rest.
                             let mut lost = Vec::new();
                             let mut changed = Vec::new();
+                            // Found finished: most often this ack, written in an earlier round
+                            // whose answer was lost (an outage); else another process finished
+                            // it. Either way the message is acknowledged: reported as such.
+                            let mut finished = Vec::new();
                             for (a, (seq, rec)) in left.iter().zip(found) {
                                 let same = seq > offset && rec.as_ref().map(|r| r.rev) == known.own(seq);
                                 if !same {
+                                    let done = match &rec {
+                                        Some(r) => r.claim == Claim::Done,
+                                        None => seq <= offset,
+                                    };
+                                    if done {
+                                        finished.push(*a);
+                                    } else {
+                                        tracing::debug!(queue = %g.queue.name, group = %g.name, seq, "rockq: an ack lost its claim to another process");
+                                    }
                                     lost.push(a.seq);
                                     changed.push((seq, rec));
                                 }
                             }
-                            for &s in &lost {
-                                tracing::debug!(queue = %g.queue.name, group = %g.name, seq = s, "rockq: an ack lost its claim to another process");
-                            }
                             known.learn(&g, offset, changed, &clock);
+                            self.acked(&g, &finished);
                             left.retain(|a| !lost.contains(&a.seq));
+                        }
+                        Err(e) if e.is_transient() => {
+                            // etcd unreachable for the whole request timeout: the handlers
+                            // succeeded, so the acks stay queued (their messages settling, not
+                            // claimable here) and go with a later round. Fenced as ever: if
+                            // another process claims one meanwhile (its lease ran out), that
+                            // ack is refused and learned then.
+                            tracing::warn!(queue = %g.queue.name, group = %g.name, error = %e, acks = left.len(), "rockq: acks could not reach etcd; keeping them for the next round");
+                            let mut dirty = false;
+                            for a in left.drain(..) {
+                                dirty |= g.queue_ack(a.seq, a.attempt, a.epoch);
+                            }
+                            if dirty {
+                                self.engine.mark_work_dirty(g.clone());
+                            }
+                            let retry_in = super::writer::next_retry(self.retry_after);
+                            telemetry::group_counter(telemetry::STORE_UNAVAILABLE, &g.queue.name, &g.name, 1);
+                            self.engine.emit(|| Event::StoreUnavailable {
+                                queue: g.queue.name.clone(),
+                                group: g.name.clone(),
+                                error: e.message().to_owned(),
+                                retry_in,
+                            });
+                            result = Err(e);
                         }
                         Err(e) => {
                             tracing::warn!(queue = %g.queue.name, group = %g.name, error = %e, "rockq: acks to etcd failed; their messages are delivered again when their leases run out");
@@ -547,6 +618,9 @@ impl Writer {
         let sides: Vec<Arc<WorkSide>> = self.side.work.iter().map(|w| w.clone()).collect();
         let mut result = Ok(());
         for ws in sides {
+            if result.as_ref().is_err_and(StorageError::is_transient) {
+                break; // etcd is unreachable this round: the rest moves next round.
+            }
             let mut known = ws.known.lock().await;
             if let Err(e) = self.advance(&ws.group, &mut known).await {
                 result = Err(e);
@@ -557,7 +631,9 @@ impl Writer {
 
     /// Moves `g`'s stored offset over the finished run above it, if this process knows of one.
     async fn advance(&mut self, g: &WorkGroupState, known: &mut Known) -> Result<(), StorageError> {
-        if advance(&self.side, g, known).await? {
+        let moved = super::writer::until(Instant::now() + self.budget(), advance(&self.side, g, known)).await;
+        self.note(&moved);
+        if moved? {
             self.engine.counters.offset_commits.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())

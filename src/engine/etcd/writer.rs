@@ -48,7 +48,12 @@ pub(super) struct Writer {
     pub(super) tails: HashMap<u32, (u64, u64)>,
     pub(super) last_stamp: u64,
     /// After a failed commit: when to try the dirty groups again.
-    retry_after: Option<Duration>,
+    pub(super) retry_after: Option<Duration>,
+    /// The last request found etcd unreachable (a transient error) and none succeeded since:
+    /// work other than sends is then tried with one attempt's deadline, and once per kind
+    /// per round, so that sends staged meanwhile are not held behind a whole request timeout
+    /// per claim, ack and offset (issue 37).
+    pub(super) unreachable: bool,
     /// The broker stopped (ends the work groups' watches).
     pub(super) stop: tokio_util::sync::CancellationToken,
     /// Wakes this writer without keeping it alive (a work group's watch saw its offset behind).
@@ -63,7 +68,16 @@ pub(super) async fn run(
     stop: tokio_util::sync::CancellationToken,
     nudge: mpsc::WeakSender<Request>,
 ) {
-    let mut w = Writer { engine, side, tails: HashMap::new(), last_stamp: 0, retry_after: None, stop, nudge };
+    let mut w = Writer {
+        engine,
+        side,
+        tails: HashMap::new(),
+        last_stamp: 0,
+        retry_after: None,
+        unreachable: false,
+        stop,
+        nudge,
+    };
     let max_requests = w.engine.options.max_batch_messages;
     let mut pending: Vec<Request> = Vec::new();
     loop {
@@ -109,9 +123,7 @@ pub(super) async fn run(
         let committed = w.commit_dirty().await.and(acks).and(offsets);
         w.retry_after = match &committed {
             Ok(()) => None,
-            Err(_) => {
-                Some(w.retry_after.map_or(Duration::from_millis(50), |d| (d * 2).min(Duration::from_secs(1))))
-            }
+            Err(_) => Some(next_retry(w.retry_after)),
         };
         for f in flushes {
             let _ = f.send(committed.clone().map_err(crate::error::Error::Storage));
@@ -284,6 +296,10 @@ impl Writer {
             }
             start = end;
         }
+        // The sends' request timeout counts from when the first of them was staged: a send
+        // that waited behind a round stuck in an outage does not get a whole timeout more.
+        let t = self.side.settings.request_timeout;
+        let deadline = s.since.map_or_else(|| Instant::now() + t, |at| at + t);
         // Per queue: its calls, in staging order, cut into transactions.
         let mut per_queue: Vec<Vec<usize>> = vec![Vec::new(); s.queues.len()];
         for (c, (q, _)) in calls.iter().enumerate() {
@@ -314,7 +330,9 @@ impl Writer {
             for chunk in chunks {
                 let envs: Vec<&[u8]> =
                     chunk.iter().flat_map(|&c| calls[c].1.iter().map(|&(a, z)| &s.arena[a..z])).collect();
-                match self.append(&queue, &envs).await {
+                let appended = self.append(&queue, &envs, deadline).await;
+                self.note(&appended);
+                match appended {
                     Ok(first) => {
                         let mut seq = first;
                         for &c in &chunk {
@@ -347,18 +365,24 @@ impl Writer {
         }
     }
 
-    /// Appends `envs` to `queue` as one transaction; returns the first sequence.
-    async fn append(&mut self, queue: &QueueState, envs: &[&[u8]]) -> Result<u64, StorageError> {
+    /// Appends `envs` to `queue` as one transaction; returns the first sequence. Gives up at
+    /// `deadline` (each request is cut short there too), with the outcome unknown.
+    async fn append(
+        &mut self,
+        queue: &QueueState,
+        envs: &[&[u8]],
+        deadline: Instant,
+    ) -> Result<u64, StorageError> {
         let store = self.side.store.clone();
-        let deadline = Instant::now() + self.side.settings.request_timeout;
+        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
         let (mut last, mut cur_nonce) = match self.tails.get(&queue.id) {
             Some(&t) => t,
-            None => retrying(self.side.settings.request_timeout, || store.tail_record(queue.id)).await?,
+            None => retrying(left, || store.tail_record(queue.id)).await?,
         };
         let nonce = self.nonce();
         let mut backoff = Duration::from_millis(10);
         loop {
-            match store.append(queue.id, last, cur_nonce, nonce, envs).await {
+            match until(deadline, store.append(queue.id, last, cur_nonce, nonce, envs)).await {
                 Ok(Appended::Stored) => {
                     self.tails.insert(queue.id, (last + envs.len() as u64, nonce));
                     return Ok(last + 1);
@@ -374,8 +398,8 @@ impl Writer {
                             return Err(e);
                         }
                         tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_millis(500));
-                        match store.resolve_append(queue.id, last, nonce).await {
+                        backoff = (backoff * 2).min(Duration::from_millis(250));
+                        match until(deadline, store.resolve_append(queue.id, last, nonce)).await {
                             Ok((true, _, _)) => {
                                 self.tails.remove(&queue.id);
                                 return Ok(last + 1);
@@ -401,8 +425,15 @@ impl Writer {
     async fn commit_dirty(&mut self) -> Result<(), StorageError> {
         let mut result = Ok(());
         for g in self.engine.take_dirty() {
+            if result.as_ref().is_err_and(StorageError::is_transient) {
+                // etcd is unreachable this round: the rest waits for the next.
+                self.engine.mark_dirty(g);
+                continue;
+            }
             g.dirty.swap(false, Ordering::AcqRel);
-            if let Err(e) = self.commit_group(&g).await {
+            let committed = self.commit_group(&g).await;
+            self.note(&committed);
+            if let Err(e) = committed {
                 tracing::warn!(group = %g.name, queue = %g.queue.name, error = %e, "rockq: offset commit to etcd failed; trying again next round");
                 if g.mark() {
                     self.engine.mark_dirty(g.clone());
@@ -641,4 +672,40 @@ struct PendingLetter {
     deliveries: u32,
     reason: String,
     sub: Arc<dyn crate::engine::registry::LiveSubscription>,
+}
+
+impl Writer {
+    /// Notes whether etcd answered a request.
+    pub(super) fn note<T>(&mut self, r: &Result<T, StorageError>) {
+        match r {
+            Ok(_) => self.unreachable = false,
+            Err(e) if e.is_transient() => self.unreachable = true,
+            Err(_) => {}
+        }
+    }
+
+    /// How long work other than sends may try a request now: four attempts' deadlines (at
+    /// most the request timeout), or one while etcd is unreachable. Sends staged meanwhile wait
+    /// behind it, and a send must be answered within its request timeout; what gives up here is
+    /// tried again (claims by their subscription, acks and offsets by the next round).
+    pub(super) fn budget(&self) -> Duration {
+        let s = &self.side.settings;
+        if self.unreachable { s.attempt_timeout } else { s.request_timeout.min(s.attempt_timeout * 4) }
+    }
+}
+
+/// How long the writer waits before trying a failed commit again, after waiting `last`.
+pub(super) fn next_retry(last: Option<Duration>) -> Duration {
+    last.map_or(Duration::from_millis(50), |d| (d * 2).min(Duration::from_millis(500)))
+}
+
+/// `fut`, cut short at `deadline` (an unknown outcome, as when no member answers).
+pub(super) async fn until<T>(
+    deadline: Instant,
+    fut: impl std::future::Future<Output = Result<T, StorageError>>,
+) -> Result<T, StorageError> {
+    match tokio::time::timeout_at(deadline.into(), fut).await {
+        Ok(r) => r,
+        Err(_) => Err(StorageError::unreachable("etcd: no answer before the request timeout")),
+    }
 }

@@ -409,11 +409,8 @@ impl WorkGroupState {
             let Some(slot) = d.get(seq) else { continue };
             let (attempt, expired) = (slot.attempt, slot.expired);
             if attempt >= max_attempts {
-                let last_error = if slot.last_error.is_empty() {
-                    format!("{attempt} attempts used up")
-                } else {
-                    slot.last_error.clone()
-                };
+                // Empty: the last attempt's lease ran out with no outcome recorded.
+                let last_error = slot.last_error.clone();
                 // `pop_ready` left it settling.
                 out.exhausted.push(Exhausted { seq, attempt, last_error, epoch });
                 continue;
@@ -1040,7 +1037,7 @@ mod tests {
         assert_eq!(seqs(&t), [(2, 1)], "the claim goes on past it");
         assert_eq!(t.exhausted.len(), 1);
         assert_eq!((t.exhausted[0].seq, t.exhausted[0].attempt), (1, MAX));
-        assert_eq!(t.exhausted[0].last_error, "3 attempts used up");
+        assert_eq!(t.exhausted[0].last_error, "", "no outcome was recorded: its lease ran out");
         assert!(g.take(now + LEASE * 10, 1, 2, LEASE, MAX).exhausted.is_empty(), "marked settling");
     }
 

@@ -20,13 +20,19 @@
 //! | `N g/group:<group>:<queue>` | a work group's settings record (`work.rs`) |
 //! | `N r/redrive:<dlq>` | a dead-letter queue's redrive cursor (`redrive.rs`) |
 
+pub(crate) mod members;
 pub(crate) mod redrive;
 pub(crate) mod retention;
 pub(crate) mod work;
 
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, PutOptions, Txn, TxnOp};
+use std::sync::Arc;
+
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+
+pub(crate) use members::check_endpoint;
+use members::{Kv, Members};
 
 use super::{envelope, keys, records};
 use crate::error::{CorruptionError, StorageError};
@@ -39,15 +45,10 @@ pub(crate) const MAX_TXN_OPS: usize = 128;
 /// `--max-request-bytes` (1.5 MiB) with room for keys and framing.
 pub(crate) const MAX_TXN_BYTES: usize = 1024 * 1024;
 
-/// The client's error as ours (its message only: no etcd type leaves `store/`).
-fn etcd(e: etcd_client::Error) -> StorageError {
-    StorageError::new(format!("etcd: {e}"))
-}
-
 /// A connected namespace.
 #[derive(Clone)]
 pub(crate) struct EtcdStore {
-    client: Client,
+    members: Arc<Members>,
     ns: Vec<u8>,
     /// `etcd://<first endpoint>/<namespace>`: what `Broker::path` reports.
     pub label: String,
@@ -68,6 +69,8 @@ pub(crate) struct EtcdLoaded {
 /// Why connecting failed.
 pub(crate) enum ConnectFailure {
     Storage(StorageError),
+    /// An endpoint is not a URL etcd can be reached at.
+    Invalid(String),
     /// The namespace holds something that is not ours (or a newer format).
     Foreign(String),
 }
@@ -85,29 +88,38 @@ pub(crate) enum Appended {
 pub(crate) type EtcdMessage = (u64, Vec<u8>);
 
 impl EtcdStore {
-    /// Connects to `endpoints` and checks (or creates) the namespace's format record.
+    /// Connects to `endpoints` (each checked first) and checks (or creates) the namespace's
+    /// format record, asking member after member until one answers or `timeout` passed.
     pub async fn connect(
         endpoints: &[String],
         namespace: &str,
+        attempt: Duration,
         timeout: Duration,
     ) -> Result<EtcdStore, ConnectFailure> {
-        let opts = ConnectOptions::new()
-            .with_connect_timeout(timeout)
-            .with_timeout(timeout)
-            .with_keep_alive(Duration::from_secs(5), timeout)
-            .with_require_leader(true);
-        let client =
-            Client::connect(endpoints, Some(opts)).await.map_err(|e| ConnectFailure::Storage(etcd(e)))?;
+        for e in endpoints {
+            check_endpoint(e).map_err(ConnectFailure::Invalid)?;
+        }
+        let members = Members::new(endpoints, attempt, timeout).await.map_err(ConnectFailure::Storage)?;
         let mut ns = namespace.as_bytes().to_vec();
         ns.push(b'/');
         let label = format!("etcd://{}/{namespace}", endpoints.first().map_or("", String::as_str));
-        let store = EtcdStore { client, ns, label };
-        store.ensure_format().await?;
-        Ok(store)
+        let store = EtcdStore { members: Arc::new(members), ns, label };
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            match store.ensure_format().await {
+                Err(ConnectFailure::Storage(e)) if tokio::time::Instant::now() + backoff < deadline => {
+                    tracing::debug!(error = %e, "rockq: etcd connect: no answer yet; trying the next member");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(250));
+                }
+                done => return done.map(|()| store),
+            }
+        }
     }
 
-    fn kv(&self) -> KvClient {
-        self.client.kv_client()
+    fn kv(&self) -> Kv<'_> {
+        Kv(&self.members)
     }
 
     fn key(&self, kind: &[u8], rest: &[u8]) -> Vec<u8> {
@@ -153,7 +165,7 @@ impl EtcdStore {
             .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key.clone(), records::encode_format(), None)])
             .or_else([TxnOp::get(key.clone(), None)]);
-        let resp = self.kv().txn(txn).await.map_err(|e| ConnectFailure::Storage(etcd(e)))?;
+        let resp = self.kv().txn(txn).await.map_err(ConnectFailure::Storage)?;
         if resp.succeeded() {
             return Ok(());
         }
@@ -170,13 +182,12 @@ impl EtcdStore {
 
     /// Every queue (with its tail) and group of the namespace, at one revision.
     pub async fn load(&self) -> Result<EtcdLoaded, StorageError> {
-        let mut kv = self.kv();
-        let queues =
-            kv.get(self.key(b"q/", b""), Some(GetOptions::new().with_prefix())).await.map_err(etcd)?;
+        let kv = self.kv();
+        let queues = kv.get_long(self.key(b"q/", b""), Some(GetOptions::new().with_prefix())).await?;
         let revision = queues.header().map_or(0, |h| h.revision());
         let at = || Some(GetOptions::new().with_prefix().with_revision(revision));
-        let tails = kv.get(self.key(b"t/", b""), at()).await.map_err(etcd)?;
-        let offsets = kv.get(self.key(b"o/", b""), at()).await.map_err(etcd)?;
+        let tails = kv.get_long(self.key(b"t/", b""), at()).await?;
+        let offsets = kv.get_long(self.key(b"o/", b""), at()).await?;
         let qprefix = self.key(b"q/", b"").len();
         let mut last_of = std::collections::HashMap::new();
         for t in tails.kvs() {
@@ -215,7 +226,7 @@ impl EtcdStore {
 
     /// The queue `name`: its record and tail, if it exists.
     pub async fn queue(&self, name: &str) -> Result<Option<(QueueMeta, u64)>, StorageError> {
-        let got = self.kv().get(self.queue_key(name), None).await.map_err(etcd)?;
+        let got = self.kv().get(self.queue_key(name), None).await?;
         let Some(q) = got.kvs().first() else { return Ok(None) };
         let meta = records::decode_queue(q.key(), q.value()).map_err(corrupt)?;
         let last = self.tail(meta.id).await?.unwrap_or(meta.first_seq - 1);
@@ -224,17 +235,17 @@ impl EtcdStore {
 
     /// The queue `name`: its record and tail, created (with the next free id) if missing.
     pub async fn create_queue(&self, name: &str) -> Result<(QueueMeta, u64), StorageError> {
-        let mut kv = self.kv();
+        let kv = self.kv();
         let qkey = self.queue_key(name);
         let idkey = self.next_id_key();
         loop {
-            let got = kv.get(qkey.clone(), None).await.map_err(etcd)?;
+            let got = kv.get(qkey.clone(), None).await?;
             if let Some(q) = got.kvs().first() {
                 let meta = records::decode_queue(q.key(), q.value()).map_err(corrupt)?;
                 let last = self.tail(meta.id).await?.unwrap_or(meta.first_seq - 1);
                 return Ok((meta, last));
             }
-            let ids = kv.get(idkey.clone(), None).await.map_err(etcd)?;
+            let ids = kv.get(idkey.clone(), None).await?;
             let (id, id_cmp) = match ids.kvs().first() {
                 Some(k) => {
                     let id = u32::from_be_bytes(k.value().try_into().map_err(|_| {
@@ -259,7 +270,7 @@ impl EtcdStore {
                     TxnOp::put(idkey.clone(), (id + 1).to_be_bytes().to_vec(), None),
                     TxnOp::put(self.tail_key(id), encode_tail(0, 0), None),
                 ]);
-            if kv.txn(txn).await.map_err(etcd)?.succeeded() {
+            if kv.txn(txn).await?.succeeded() {
                 return Ok((meta, 0));
             }
             // Another process created it, or took the id: look again.
@@ -275,7 +286,7 @@ impl EtcdStore {
 
     /// The tail record of queue `qid`, if it has one.
     async fn get_tail(&self, qid: u32) -> Result<Option<(u64, u64)>, StorageError> {
-        let got = self.kv().get(self.tail_key(qid), None).await.map_err(etcd)?;
+        let got = self.kv().get(self.tail_key(qid), None).await?;
         got.kvs().first().map(|t| decode_tail(t.key(), t.value())).transpose()
     }
 
@@ -314,7 +325,7 @@ impl EtcdStore {
         // Tests lose the request (not applied) or its answer (applied): either way the caller
         // sees an error whose outcome it must find out.
         crate::faults::check("rockq-etcd-append-request")?;
-        let resp = self.kv().txn(txn).await.map_err(etcd)?;
+        let resp = self.kv().txn(txn).await?;
         crate::faults::check("rockq-etcd-append-answer")?;
         if resp.succeeded() {
             return Ok(Appended::Stored);
@@ -337,8 +348,8 @@ impl EtcdStore {
         expected_last: u64,
         nonce: u64,
     ) -> Result<(bool, u64, u64), StorageError> {
-        let mut kv = self.kv();
-        let got = kv.get(self.tail_key(qid), None).await.map_err(etcd)?;
+        let kv = self.kv();
+        let got = kv.get(self.tail_key(qid), None).await?;
         let Some(t) = got.kvs().first() else {
             return Err(StorageError::new(format!("queue {qid} has no tail record in etcd")));
         };
@@ -346,16 +357,14 @@ impl EtcdStore {
         if last <= expected_last {
             return Ok((false, last, now_nonce));
         }
-        let first = kv.get(self.message_key(qid, expected_last + 1), None).await.map_err(etcd)?;
+        let first = kv.get(self.message_key(qid, expected_last + 1), None).await?;
         let Some(m) = first.kvs().first() else {
             // Trimmed already: only an append that was stored can have been trimmed, but it
             // cannot be told whose it was. Report it stored by someone else.
             return Ok((false, last, now_nonce));
         };
-        let then = kv
-            .get(self.tail_key(qid), Some(GetOptions::new().with_revision(m.create_revision())))
-            .await
-            .map_err(etcd)?;
+        let then =
+            kv.get(self.tail_key(qid), Some(GetOptions::new().with_revision(m.create_revision()))).await?;
         let ours = match then.kvs().first() {
             Some(t) => decode_tail(t.key(), t.value())?.1 == nonce,
             None => false,
@@ -375,7 +384,7 @@ impl EtcdStore {
         let want = (to - from + 1).min(1024);
         // Roughly what fits: small messages in one round trip, large ones a few at a time.
         let opts = GetOptions::new().with_range(self.message_key(qid, to + 1)).with_limit(want as i64);
-        let got = self.kv().get(self.message_key(qid, from), Some(opts)).await.map_err(etcd)?;
+        let got = self.kv().get(self.message_key(qid, from), Some(opts)).await?;
         let plen = self.key(b"m/", b"").len();
         let mut out = Vec::with_capacity(got.kvs().len());
         let mut bytes = 0;
@@ -395,7 +404,7 @@ impl EtcdStore {
         let ops: Vec<TxnOp> = seqs.iter().map(|&s| TxnOp::get(self.message_key(qid, s), None)).collect();
         let mut out = Vec::with_capacity(seqs.len());
         for chunk in ops.chunks(MAX_TXN_OPS) {
-            let resp = self.kv().txn(Txn::new().and_then(chunk.to_vec())).await.map_err(etcd)?;
+            let resp = self.kv().txn(Txn::new().and_then(chunk.to_vec())).await?;
             let plen = self.key(b"m/", b"").len();
             for r in resp.op_responses() {
                 if let etcd_client::TxnOpResponse::Get(g) = r {
@@ -411,7 +420,7 @@ impl EtcdStore {
 
     /// The offset record of `group` on `queue`, if any.
     pub async fn offset(&self, group: &str, queue: &str) -> Result<Option<GroupOffset>, StorageError> {
-        let got = self.kv().get(self.offset_key(group, queue), None).await.map_err(etcd)?;
+        let got = self.kv().get(self.offset_key(group, queue), None).await?;
         got.kvs().first().map(|o| records::decode_offset(o.key(), o.value()).map_err(corrupt)).transpose()
     }
 
@@ -428,7 +437,7 @@ impl EtcdStore {
             .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key.clone(), records::encode_offset(&offset).to_vec(), None)])
             .or_else([TxnOp::get(key.clone(), None)]);
-        let resp = self.kv().txn(txn).await.map_err(etcd)?;
+        let resp = self.kv().txn(txn).await?;
         if resp.succeeded() {
             return Ok(offset);
         }
@@ -441,7 +450,7 @@ impl EtcdStore {
     /// The marks of ordered group `group` on `queue`.
     pub async fn marks(&self, group: &str, queue: &str) -> Result<Vec<(u64, OrderedMark)>, StorageError> {
         let prefix = self.mark_prefix(group, queue);
-        let got = self.kv().get(prefix.clone(), Some(GetOptions::new().with_prefix())).await.map_err(etcd)?;
+        let got = self.kv().get(prefix.clone(), Some(GetOptions::new().with_prefix())).await?;
         let mut out = Vec::new();
         for kv in got.kvs() {
             let seq = kv
@@ -494,7 +503,7 @@ impl EtcdStore {
             )));
         }
         let txn = Txn::new().when(cmps).and_then(ops).or_else([TxnOp::get(owner_key, None)]);
-        let resp = self.kv().txn(txn).await.map_err(etcd)?;
+        let resp = self.kv().txn(txn).await?;
         if resp.succeeded() {
             return Ok(CommitOutcome::Done);
         }
@@ -513,8 +522,9 @@ impl EtcdStore {
         owner: &[u8],
         ttl: Duration,
     ) -> Result<Result<i64, Vec<u8>>, StorageError> {
-        let mut leases = self.client.lease_client();
-        let lease = leases.grant(ttl.as_secs().max(1) as i64, None).await.map_err(etcd)?.id();
+        let secs = ttl.as_secs().max(1) as i64;
+        let lease =
+            self.members.run(false, |c| async move { c.lease_client().grant(secs, None).await }).await?.id();
         let key = self.owner_key(group, queue);
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
@@ -523,40 +533,54 @@ impl EtcdStore {
         match self.kv().txn(txn).await {
             Ok(r) if r.succeeded() => Ok(Ok(lease)),
             Ok(r) => {
-                let _ = leases.revoke(lease).await;
+                self.revoke(lease).await;
                 Ok(Err(first_get(&r).map(|kv| kv.value().to_vec()).unwrap_or_default()))
             }
             Err(e) => {
-                let _ = leases.revoke(lease).await;
-                Err(etcd(e))
+                self.revoke(lease).await;
+                Err(e)
             }
         }
     }
 
+    /// Revokes `lease` (the keys attached to it go), if a member answers; else it runs out.
+    async fn revoke(&self, lease: i64) {
+        let _ = self.members.run(false, |c| async move { c.lease_client().revoke(lease).await }).await;
+    }
+
     /// Keeps `lease` alive until `stop` resolves or the lease is gone; then revokes it (the
     /// owner key goes with it). Returns whether it ended by `stop` (`false`: the lease was
-    /// lost). A renewal that fails (the member went away, an election) is tried again on a new
-    /// stream; the lease counts as lost only once etcd says it expired, or no renewal got
-    /// through for a whole TTL.
+    /// lost). A renewal that fails (the member went away or stopped answering, an election)
+    /// sets its member aside and is tried again soon on a new stream to the preferred member;
+    /// the lease counts as lost only once etcd says it expired, or no renewal got through for
+    /// a whole TTL.
     pub async fn hold_lease(
         &self,
         lease: i64,
         ttl: Duration,
         stop: impl std::future::Future<Output = ()>,
     ) -> bool {
-        let client = self.client.clone();
+        let members = self.members.clone();
         let held = async move {
             let every = (ttl / 3).max(Duration::from_millis(100));
             let mut last_ok = tokio::time::Instant::now();
             let mut keeper = None;
+            let mut pause = every;
             loop {
-                tokio::time::sleep(every).await;
+                tokio::time::sleep(pause).await;
+                let deadline = members.attempt().min(every);
                 if keeper.is_none() {
-                    keeper = client.lease_client().keep_alive(lease).await.ok();
+                    let (i, client) = members.preferred();
+                    match tokio::time::timeout(deadline, client.lease_client().keep_alive(lease)).await {
+                        Ok(Ok(k)) => keeper = Some((i, k)),
+                        // The member answered: the lease is gone (expired, revoked).
+                        Ok(Err(e)) if e.to_string().contains("lease not found") => return,
+                        _ => members.stream_failed(i, "lease renewal stream not opened"),
+                    }
                 }
                 let renewed = match keeper.as_mut() {
-                    Some((k, stream)) => match k.keep_alive().await {
-                        Ok(()) => match tokio::time::timeout(every, stream.message()).await {
+                    Some((_, (k, stream))) => match k.keep_alive().await {
+                        Ok(()) => match tokio::time::timeout(deadline, stream.message()).await {
                             Ok(Ok(Some(r))) if r.ttl() > 0 => Some(true),
                             // etcd answers a TTL of 0 for a lease that expired.
                             Ok(Ok(Some(_))) => Some(false),
@@ -567,13 +591,19 @@ impl EtcdStore {
                     None => None,
                 };
                 match renewed {
-                    Some(true) => last_ok = tokio::time::Instant::now(),
+                    Some(true) => {
+                        last_ok = tokio::time::Instant::now();
+                        pause = every;
+                    }
                     Some(false) => return,
                     None => {
-                        keeper = None;
+                        if let Some((i, _)) = keeper.take() {
+                            members.stream_failed(i, "lease renewal not answered");
+                        }
                         if last_ok.elapsed() >= ttl {
                             return;
                         }
+                        pause = Duration::from_millis(100);
                     }
                 }
             }
@@ -582,7 +612,7 @@ impl EtcdStore {
             _ = stop => true,
             _ = held => false,
         };
-        let _ = self.client.lease_client().revoke(lease).await;
+        self.revoke(lease).await;
         by_stop
     }
 }

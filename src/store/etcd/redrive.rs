@@ -4,7 +4,7 @@
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
-use super::{DeadLetterAppend, EtcdStore, corrupt, decode_tail, etcd};
+use super::{DeadLetterAppend, EtcdStore, corrupt, decode_tail};
 use crate::error::StorageError;
 use crate::store::{keys, records};
 
@@ -24,7 +24,7 @@ impl EtcdStore {
 
     /// The redrive cursor of `dlq` and its `mod_revision` (`(0, 0)`: never redriven).
     pub async fn cursor(&self, dlq: &str) -> Result<(u64, i64), StorageError> {
-        let got = self.kv().get(self.cursor_key(dlq), None).await.map_err(etcd)?;
+        let got = self.kv().get(self.cursor_key(dlq), None).await?;
         match got.kvs().first() {
             Some(kv) => {
                 Ok((records::decode_cursor(kv.key(), kv.value()).map_err(corrupt)?, kv.mod_revision()))
@@ -58,7 +58,7 @@ impl EtcdStore {
                 super::MAX_TXN_OPS
             )));
         }
-        let resp = self.kv().txn(Txn::new().when(cmps).and_then(ops).or_else(gets)).await.map_err(etcd)?;
+        let resp = self.kv().txn(Txn::new().when(cmps).and_then(ops).or_else(gets)).await?;
         if resp.succeeded() {
             return Ok(RedriveOutcome::Done { rev: resp.header().map_or(0, |h| h.revision()) });
         }

@@ -14,7 +14,7 @@
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp, WatchOptions};
 
-use super::{EtcdStore, corrupt, decode_envelope, decode_tail, etcd};
+use super::{EtcdStore, corrupt, decode_envelope, decode_tail};
 use crate::error::{CorruptionError, StorageError};
 use crate::model::{GroupMode, GroupOffset, QueueMeta};
 use crate::store::{keys, records};
@@ -68,7 +68,7 @@ impl TrimPlan {
 impl EtcdStore {
     /// The queue record of `name` and its `mod_revision`, if it exists.
     pub async fn queue_record(&self, name: &str) -> Result<Option<(QueueMeta, i64)>, StorageError> {
-        let got = self.kv().get(self.queue_key(name), None).await.map_err(etcd)?;
+        let got = self.kv().get(self.queue_key(name), None).await?;
         got.kvs()
             .first()
             .map(|kv| Ok((records::decode_queue(kv.key(), kv.value()).map_err(corrupt)?, kv.mod_revision())))
@@ -86,7 +86,7 @@ impl EtcdStore {
         let txn = Txn::new()
             .when([Compare::mod_revision(key.clone(), CompareOp::Equal, expected)])
             .and_then([TxnOp::put(key, records::encode_queue(meta).to_vec(), None)]);
-        Ok(self.kv().txn(txn).await.map_err(etcd)?.succeeded())
+        Ok(self.kv().txn(txn).await?.succeeded())
     }
 
     /// Carries out `plan` in one transaction; `false`: something it was computed from changed,
@@ -136,7 +136,7 @@ impl EtcdStore {
                 super::MAX_TXN_OPS
             )));
         }
-        Ok(self.kv().txn(Txn::new().when(cmps).and_then(ops)).await.map_err(etcd)?.succeeded())
+        Ok(self.kv().txn(Txn::new().when(cmps).and_then(ops)).await?.succeeded())
     }
 
     /// The last of messages `first..=last` of queue `qid` enqueued before `cutoff_micros`,
@@ -159,7 +159,7 @@ impl EtcdStore {
         while from <= end {
             let to = end.min(from + page - 1);
             let opts = GetOptions::new().with_range(self.message_key(qid, to + 1));
-            let got = self.kv().get(self.message_key(qid, from), Some(opts)).await.map_err(etcd)?;
+            let got = self.kv().get(self.message_key(qid, from), Some(opts)).await?;
             if got.kvs().is_empty() {
                 break;
             }
@@ -181,10 +181,9 @@ impl EtcdStore {
     /// Compacts etcd's MVCC history up to `revision` (what deleted and overwritten keys left
     /// behind). Compacting to a revision already compacted is not an error here.
     pub async fn compact(&self, revision: i64) -> Result<(), StorageError> {
-        match self.kv().compact(revision, None).await {
-            Ok(_) => Ok(()),
+        match self.kv().compact(revision).await {
             Err(e) if e.to_string().contains("compacted") => Ok(()),
-            Err(e) => Err(etcd(e)),
+            done => done,
         }
     }
 
@@ -200,14 +199,14 @@ impl EtcdStore {
         // between (`r/`, redrive cursors) is skipped.
         let (qprefix, tprefix) = (self.key(b"q/", b""), self.key(b"t/", b""));
         let opts = WatchOptions::new().with_range(self.key(b"t0", b"")).with_start_revision(revision + 1);
-        let (watcher, stream) =
-            self.client.watch_client().watch(qprefix.clone(), Some(opts)).await.map_err(etcd)?;
-        Ok(futures::stream::unfold((watcher, stream), move |(w, mut s)| {
-            let (qprefix, tprefix) = (qprefix.clone(), tprefix.clone());
+        let watch = self.members.watch(qprefix.clone(), opts).await?;
+        let members = self.members.clone();
+        Ok(futures::stream::unfold(watch, move |mut s| {
+            let (qprefix, tprefix, members) = (qprefix.clone(), tprefix.clone(), members.clone());
             async move {
-                match s.message().await {
+                match s.next(&members).await {
                     Ok(Some(resp)) if resp.canceled() || resp.compact_revision() > 0 => {
-                        Some((Err(StorageError::new("etcd watch cancelled or compacted")), (w, s)))
+                        Some((Err(StorageError::new("etcd watch cancelled or compacted")), s))
                     }
                     Ok(Some(resp)) => {
                         let mut out = Vec::new();
@@ -219,13 +218,13 @@ impl EtcdStore {
                             match namespace_event(&qprefix, &tprefix, kv) {
                                 Ok(Some(e)) => out.push(e),
                                 Ok(None) => {}
-                                Err(e) => return Some((Err(e), (w, s))),
+                                Err(e) => return Some((Err(e), s)),
                             }
                         }
-                        Some((Ok(out), (w, s)))
+                        Some((Ok(out), s))
                     }
                     Ok(None) => None,
-                    Err(e) => Some((Err(etcd(e)), (w, s))),
+                    Err(e) => Some((Err(e), s)),
                 }
             }
         }))

@@ -14,7 +14,7 @@
 
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, WatchOptions};
 
-use super::{DeadLetterAppend, EtcdStore, corrupt, decode_tail, etcd};
+use super::{DeadLetterAppend, EtcdStore, corrupt, decode_tail};
 use crate::error::{CorruptionError, StorageError};
 use crate::model::{Claim, GroupMode, GroupOffset, GroupSettings};
 use crate::store::{keys, records};
@@ -81,27 +81,24 @@ impl EtcdStore {
         group: &str,
         queue: &str,
     ) -> Result<(u64, Vec<ClaimRecord>, i64), StorageError> {
-        let mut kv = self.kv();
+        let kv = self.kv();
         let prefix = self.claims_prefix(group, queue);
         // In pages at one revision: a group with many records above its offset (a slow head
         // while everything after it finished) must not outgrow the client's answer limit.
         const PAGE: i64 = 4096;
         let end = keys::claim_key(&prefix, u64::MAX).into_iter().chain([0]).collect::<Vec<u8>>();
         let got = kv
-            .get(prefix.clone(), Some(GetOptions::new().with_range(end.clone()).with_limit(PAGE)))
-            .await
-            .map_err(etcd)?;
+            .get_long(prefix.clone(), Some(GetOptions::new().with_range(end.clone()).with_limit(PAGE)))
+            .await?;
         let rev = got.header().map_or(0, |h| h.revision());
         let mut pages = vec![got];
         while let Some(last) = pages.last().filter(|p| p.more()).and_then(|p| p.kvs().last()) {
             let from: Vec<u8> = last.key().iter().copied().chain([0]).collect();
             let opts = GetOptions::new().with_range(end.clone()).with_limit(PAGE).with_revision(rev);
-            pages.push(kv.get(from, Some(opts)).await.map_err(etcd)?);
+            pages.push(kv.get_long(from, Some(opts)).await?);
         }
-        let offset = kv
-            .get(self.offset_key(group, queue), Some(GetOptions::new().with_revision(rev)))
-            .await
-            .map_err(etcd)?;
+        let offset =
+            kv.get(self.offset_key(group, queue), Some(GetOptions::new().with_revision(rev))).await?;
         let offset = match offset.kvs().first() {
             Some(o) => records::decode_offset(o.key(), o.value()).map_err(corrupt)?.committed,
             None => {
@@ -157,7 +154,7 @@ impl EtcdStore {
             )));
         }
         let txn = Txn::new().when(cmps).and_then(ops).or_else(gets);
-        let resp = self.kv().txn(txn).await.map_err(etcd)?;
+        let resp = self.kv().txn(txn).await?;
         // Tests lose the answer of an applied write: the caller must find out it landed.
         crate::faults::check("rockq-etcd-claim-answer")?;
         if resp.succeeded() {
@@ -207,7 +204,7 @@ impl EtcdStore {
                     ),
                 ),
             ]);
-        Ok(self.kv().txn(txn).await.map_err(etcd)?.succeeded())
+        Ok(self.kv().txn(txn).await?.succeeded())
     }
 
     /// A work group's settings record and its `mod_revision` (0: none).
@@ -216,7 +213,7 @@ impl EtcdStore {
         group: &str,
         queue: &str,
     ) -> Result<(Option<GroupSettings>, i64), StorageError> {
-        let got = self.kv().get(self.settings_key(group, queue), None).await.map_err(etcd)?;
+        let got = self.kv().get(self.settings_key(group, queue), None).await?;
         match got.kvs().first() {
             Some(kv) => Ok((
                 Some(records::decode_settings(kv.key(), kv.value()).map_err(corrupt)?),
@@ -238,7 +235,7 @@ impl EtcdStore {
         let txn = Txn::new()
             .when([Compare::mod_revision(key.clone(), CompareOp::Equal, expected)])
             .and_then([TxnOp::put(key, records::encode_settings(record), None)]);
-        Ok(self.kv().txn(txn).await.map_err(etcd)?.succeeded())
+        Ok(self.kv().txn(txn).await?.succeeded())
     }
 
     /// A stream of changes to a work group's claim records after `revision`. Ends (with `Err`)
@@ -252,15 +249,14 @@ impl EtcdStore {
     {
         let prefix = self.claims_prefix(group, queue);
         let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
-        let (watcher, stream) =
-            self.client.watch_client().watch(prefix.clone(), Some(opts)).await.map_err(etcd)?;
+        let watch = self.members.watch(prefix.clone(), opts).await?;
         let store = self.clone();
-        Ok(futures::stream::unfold((watcher, stream), move |(w, mut s)| {
+        Ok(futures::stream::unfold(watch, move |mut s| {
             let (store, prefix) = (store.clone(), prefix.clone());
             async move {
-                match s.message().await {
+                match s.next(&store.members).await {
                     Ok(Some(resp)) if resp.canceled() || resp.compact_revision() > 0 => {
-                        Some((Err(StorageError::new("etcd watch cancelled or compacted")), (w, s)))
+                        Some((Err(StorageError::new("etcd watch cancelled or compacted")), s))
                     }
                     Ok(Some(resp)) => {
                         let mut out = Vec::with_capacity(resp.events().len());
@@ -269,7 +265,7 @@ impl EtcdStore {
                             match ev.event_type() {
                                 etcd_client::EventType::Put => match store.claim_record(&prefix, kv) {
                                     Ok(r) => out.push(ClaimEvent::Put(r)),
-                                    Err(e) => return Some((Err(e), (w, s))),
+                                    Err(e) => return Some((Err(e), s)),
                                 },
                                 etcd_client::EventType::Delete => {
                                     if let Some(seq) =
@@ -283,10 +279,10 @@ impl EtcdStore {
                                 }
                             }
                         }
-                        Some((Ok(out), (w, s)))
+                        Some((Ok(out), s))
                     }
                     Ok(None) => None,
-                    Err(e) => Some((Err(etcd(e)), (w, s))),
+                    Err(e) => Some((Err(e), s)),
                 }
             }
         }))
@@ -294,7 +290,7 @@ impl EtcdStore {
 
     /// The message at `seq` of queue `qid`, if stored.
     pub async fn message(&self, qid: u32, seq: u64) -> Result<Option<Vec<u8>>, StorageError> {
-        let got = self.kv().get(self.message_key(qid, seq), None).await.map_err(etcd)?;
+        let got = self.kv().get(self.message_key(qid, seq), None).await?;
         Ok(got.kvs().first().map(|kv| kv.value().to_vec()))
     }
 }
