@@ -155,13 +155,7 @@ where
     let mut backoff = Duration::from_millis(20);
     loop {
         // Each try is cut short at the deadline: the whole stays within `timeout`.
-        let tried = match tokio::time::timeout_at(deadline, op()).await {
-            Ok(r) => r,
-            Err(_) => Err(crate::error::StorageError::unreachable(format!(
-                "etcd: no answer within the request timeout ({timeout:?})"
-            ))),
-        };
-        match tried {
+        match until(deadline.into_std(), op()).await {
             Ok(v) => return Ok(v),
             Err(e) if tokio::time::Instant::now() + backoff >= deadline => return Err(e),
             Err(e) => {
@@ -213,5 +207,16 @@ impl Revisions {
             seen.pop_front();
         }
         target
+    }
+}
+
+/// `fut`, cut short at `deadline` (an unknown outcome, as when no member answers).
+pub(super) async fn until<T>(
+    deadline: Instant,
+    fut: impl std::future::Future<Output = Result<T, crate::error::StorageError>>,
+) -> Result<T, crate::error::StorageError> {
+    match tokio::time::timeout_at(deadline.into(), fut).await {
+        Ok(r) => r,
+        Err(_) => Err(crate::error::StorageError::unreachable("etcd: no answer before the request timeout")),
     }
 }

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use super::claims::{advance, load};
 use super::known::{Known, WorkSide};
-use super::side::retrying;
+use super::side::{retrying, until};
 use super::writer::Writer;
 use crate::engine::capability::{self, Capability, Flavour};
 use crate::engine::dead_letter::{self, Origin};
@@ -212,11 +212,8 @@ impl Writer {
         let mut backoff = Duration::from_millis(20);
         let mut in_doubt = false;
         loop {
-            match super::writer::until(
-                deadline,
-                store.write_claims(&group.name, &group.queue.name, writes, dead_letters),
-            )
-            .await
+            match until(deadline, store.write_claims(&group.name, &group.queue.name, writes, dead_letters))
+                .await
             {
                 Ok(ClaimsOutcome::Written { rev }) => return Ok(Written::Yes(rev)),
                 Ok(ClaimsOutcome::Refused { offset, found, tail }) => {
@@ -631,7 +628,7 @@ impl Writer {
 
     /// Moves `g`'s stored offset over the finished run above it, if this process knows of one.
     async fn advance(&mut self, g: &WorkGroupState, known: &mut Known) -> Result<(), StorageError> {
-        let moved = super::writer::until(Instant::now() + self.budget(), advance(&self.side, g, known)).await;
+        let moved = until(Instant::now() + self.budget(), advance(&self.side, g, known)).await;
         self.note(&moved);
         if moved? {
             self.engine.counters.offset_commits.fetch_add(1, Ordering::Relaxed);

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::side::{EtcdSide, register_queue, retrying};
+use super::side::{EtcdSide, register_queue, retrying, until};
 use crate::engine::Engine;
 use crate::engine::capability::{self, Flavour};
 use crate::engine::dead_letter::{self, Origin};
@@ -697,15 +697,4 @@ impl Writer {
 /// How long the writer waits before trying a failed commit again, after waiting `last`.
 pub(super) fn next_retry(last: Option<Duration>) -> Duration {
     last.map_or(Duration::from_millis(50), |d| (d * 2).min(Duration::from_millis(500)))
-}
-
-/// `fut`, cut short at `deadline` (an unknown outcome, as when no member answers).
-pub(super) async fn until<T>(
-    deadline: Instant,
-    fut: impl std::future::Future<Output = Result<T, StorageError>>,
-) -> Result<T, StorageError> {
-    match tokio::time::timeout_at(deadline.into(), fut).await {
-        Ok(r) => r,
-        Err(_) => Err(StorageError::unreachable("etcd: no answer before the request timeout")),
-    }
 }
