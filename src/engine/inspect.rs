@@ -362,14 +362,8 @@ pub(super) async fn live_stats(
     store: &Arc<Store>,
     runtime: &tokio::runtime::Handle,
 ) -> Result<Stats, Error> {
-    let live = live_leases(engine, None);
-    let mut stats = on_store(engine, store, runtime, move |s, now| self::stats(s, now, Some(&live))).await?;
-    let registry = &engine.registry;
-    for g in stats.groups.iter_mut().filter(|g| g.mode == GroupMode::Ordered) {
-        if let Some(state) = registry.ordered(&g.group, &g.queue) {
-            g.in_flight = state.in_flight();
-        }
-    }
+    let e = engine.clone();
+    let stats = on_store(engine, store, runtime, move |s, now| super::gauges::stats(&e, s, now)).await?;
     crate::telemetry::publish(&stats);
     Ok(stats)
 }

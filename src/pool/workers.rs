@@ -313,6 +313,20 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
                 return Err(crate::error::Error::InvalidOption(msg));
             }
         }
+        // The dispatcher runs as a task of its own on the broker's runtime, not in the caller's
+        // future: an application awaits `run` in its main task, which `#[tokio::main]` polls on
+        // the thread that called `block_on`, not on a runtime worker. There every hand-over
+        // between the dispatcher and the workers crossed threads, and a default pool drained at
+        // two thirds of a spawned one (benches/user_style.rs). Dropping `run` aborts the task,
+        // which drops the pool as dropping this future did.
+        let runtime = self.group.shared.runtime.clone();
+        let task = AbortOnDrop(runtime.spawn(self.drive(handler.into_handler())));
+        task.join().await
+    }
+
+    /// The pool itself: subscribes, starts the workers, feeds them until the pool is stopped,
+    /// then drains them and flushes their outcomes.
+    async fn drive<Hd: Handler<S>>(self, handler: Hd) -> Result<PoolReport, Error> {
         let shared = self.group.shared.clone();
         // Broker shutdown waits for this pool to drain.
         let Some(_running) = shared.pool_started() else {
@@ -329,7 +343,7 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
             self.group.clone().max_in_flight(in_flight).read_batch(ahead.max(1)).subscribe().await?;
         let mut adapt = self.prefetch.is_none().then(|| Adapt::new(sub.permits().clone(), ahead, room));
         sub.set_limit(limit, ahead.max(1));
-        let handler = Arc::new(handler.into_handler());
+        let handler = Arc::new(handler);
         let heartbeat = self.heartbeat;
         let clock = shared.clock().clone();
         let state = sub.state().clone();
@@ -513,6 +527,28 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
         H: IntoTypedHandler<T, S, M>,
     {
         self.run(handler.into_typed_handler()).await
+    }
+}
+
+/// The pool's task, aborted if the `run` future that awaits it is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<Result<PoolReport, Error>>);
+
+impl AbortOnDrop {
+    async fn join(mut self) -> Result<PoolReport, Error> {
+        match (&mut self.0).await {
+            Ok(result) => result,
+            // A panic in the pool's own code (handlers' panics are caught per job) reaches the
+            // caller, as it did when the pool ran in the caller's future.
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Aborted from outside: only the runtime shutting down does that.
+            Err(_) => Err(Error::Shutdown),
+        }
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -176,6 +176,30 @@ impl Snapshot<'_> {
         Ok(out)
     }
 
+    /// The earliest due time of the delayed messages of each of `queue_ids`: a walk of the due
+    /// index, which is in due order, from its head until every one was found.
+    pub fn next_due(
+        &self,
+        queue_ids: &std::collections::HashSet<u32>,
+    ) -> Result<std::collections::HashMap<u32, u64>, ReadError> {
+        let mut out = std::collections::HashMap::with_capacity(queue_ids.len());
+        if queue_ids.is_empty() {
+            return Ok(out);
+        }
+        let (lo, hi) = keys::due_range();
+        for item in scan(self.db, self.cfs.scheduled, lo, hi) {
+            let (k, _) = item.map_err(storage)?;
+            let (due, queue_id, _) = keys::parse_due_key(&k)?;
+            if queue_ids.contains(&queue_id) {
+                out.entry(queue_id).or_insert(due);
+                if out.len() == queue_ids.len() {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Every recurring schedule, by name.
     pub fn list_schedules(&self) -> Result<Vec<(String, ScheduleRecord)>, ReadError> {
         let (lo, hi) = keys::schedule_key_range();

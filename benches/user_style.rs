@@ -1,0 +1,273 @@
+//! rockq as a new user writes it from the README: default `Options` (only the durability set),
+//! default group settings, plain tasks awaiting each `send`, `workers(n).run(handler).await` in
+//! the application's own task, on a 2-worker runtime (`#[tokio::main(worker_threads = 2)]`),
+//! 100-byte payloads — beside raw RocksDB from the same run and the tuned rows (sends kept in
+//! flight, a pool spawned on the runtime) the other benches print.
+//!
+//! `cargo bench --bench user_style`; `ROCKQ_BENCH_N` sets the message count (default 500k),
+//! `ROCKQ_BENCH_ONLY=send|fsync|batch|e2e|pool|latency` runs one part. The throughput rows are
+//! the median of three runs, alternating with their tuned counterpart where there is one.
+
+mod common;
+
+use common::{raw_write, send_all, value};
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use rockq::{Durability, Options};
+
+const PRODUCERS: u64 = 64;
+const REPS: usize = 3;
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("user_style: skipped (run `cargo bench --bench user_style`)");
+        return;
+    }
+    let n: u64 = std::env::var("ROCKQ_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(500_000);
+    let n = n / PRODUCERS * PRODUCERS;
+    let fsync_n = (n / 5) / PRODUCERS * PRODUCERS;
+    // What `#[tokio::main(flavor = "multi_thread", worker_threads = 2)]` builds: the
+    // application's main future runs on this thread, not on a worker.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let root = tempfile::Builder::new().prefix("rockq-bench-user").tempdir().unwrap();
+    let dir = |name: String| root.path().join(name);
+    let only = std::env::var("ROCKQ_BENCH_ONLY").ok();
+    let run = |part: &str| only.as_deref().is_none_or(|o| o == part);
+
+    let raw1000 = n as f64 / raw_write(&dir("raw-1000".into()), n, 1000, false, false);
+    let raw64 = n as f64 / raw_write(&dir("raw-64".into()), n, 64, false, false);
+    let raw_sync = fsync_n as f64 / raw_write(&dir("raw-sync-64".into()), fsync_n, 64, true, false);
+    println!(
+        "raw rocksdb: unsynced batch 1000 {raw1000:.0} msg/s, unsynced batch 64 {raw64:.0} msg/s, fsync batch 64 {raw_sync:.0} msg/s"
+    );
+    let line = |row: &str, rate: f64, raw: f64, raw_name: &str, tuned: Option<(&str, f64)>| {
+        let tuned = tuned.map_or(String::new(), |(name, t)| {
+            format!("; tuned ({name}) {t:.0}/s ({:.0}% of raw), user-style = {:.0}% of tuned", 100.0 * t / raw, 100.0 * rate / t)
+        });
+        println!("{row}: {rate:.0}/s = {:.0}% of {raw_name}{tuned}", 100.0 * rate / raw);
+    };
+
+    if run("send") {
+        let (mut plain, mut tuned) = (Vec::new(), Vec::new());
+        for i in 0..REPS {
+            plain.push(rt.block_on(produce(&dir(format!("send-{i}")), Durability::Buffered, n, 1)));
+            tuned.push(rt.block_on(produce(&dir(format!("send-t-{i}")), Durability::Buffered, n, 16)));
+        }
+        let (p, t) = (n as f64 / median(plain), n as f64 / median(tuned));
+        line(
+            "64 tasks each `send().await`, Buffered",
+            p,
+            raw1000,
+            "raw unsynced b1000",
+            Some(("16 in flight each", t)),
+        );
+    }
+    if run("fsync") {
+        let (mut plain, mut tuned) = (Vec::new(), Vec::new());
+        for i in 0..REPS {
+            plain.push(rt.block_on(produce(&dir(format!("fsync-{i}")), Durability::Fsync, fsync_n, 1)));
+            tuned.push(rt.block_on(produce(&dir(format!("fsync-t-{i}")), Durability::Fsync, fsync_n, 16)));
+        }
+        let (p, t) = (fsync_n as f64 / median(plain), fsync_n as f64 / median(tuned));
+        line("64 tasks each `send().await`, Fsync", p, raw_sync, "raw fsync b64", Some(("16 in flight each", t)));
+    }
+    if run("batch") {
+        let secs: Vec<f64> = (0..REPS).map(|i| rt.block_on(batches(&dir(format!("batch-{i}")), n))).collect();
+        line("8 tasks each `send_batch(100)`, Buffered", n as f64 / median(secs), raw1000, "raw unsynced b1000", None);
+    }
+    if run("e2e") {
+        let secs: Vec<f64> = (0..REPS).map(|i| rt.block_on(end_to_end(&dir(format!("e2e-{i}")), n))).collect();
+        line(
+            "64 tasks `send().await` → `group().subscribe()` → `ack()`, Buffered",
+            n as f64 / median(secs),
+            raw1000,
+            "raw unsynced b1000",
+            None,
+        );
+    }
+    if run("pool") {
+        for workers in [8, 64] {
+            let (mut plain, mut tuned) = (Vec::new(), Vec::new());
+            for i in 0..REPS {
+                plain.push(rt.block_on(pool(&dir(format!("pool-{workers}-{i}")), n, workers, false)));
+                tuned.push(rt.block_on(pool(&dir(format!("pool-t-{workers}-{i}")), n, workers, true)));
+            }
+            let (p, t) = (n as f64 / median(plain), n as f64 / median(tuned));
+            line(
+                &format!("`workers({workers}).run(handler).await`, no-op handler, {n} backlog, Buffered"),
+                p,
+                raw1000,
+                "raw unsynced b1000",
+                Some(("the pool spawned on the runtime", t)),
+            );
+        }
+    }
+    if run("latency") {
+        for mode in [Durability::Buffered, Durability::Fsync] {
+            let (p50, p99, max) = rt.block_on(latency(&dir(format!("lat-{mode:?}")), mode, 10_000, 3));
+            println!(
+                "`send().await` → `subscribe()` at 10k msg/s, {mode:?}: p50 {} µs, p99 {} µs, max {} µs",
+                p50.as_micros(),
+                p99.as_micros(),
+                max.as_micros()
+            );
+        }
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+async fn open(path: &Path, mode: Durability) -> rockq::Broker {
+    Options::new().durability(mode).open(path).await.unwrap()
+}
+
+/// 64 plain tasks, each awaiting its sends (`depth` 1) or keeping `depth` in flight (tuned).
+async fn produce(path: &Path, mode: Durability, n: u64, depth: usize) -> f64 {
+    let broker = open(path, mode).await;
+    let q = broker.queue("orders").await.unwrap();
+    let per = n / PRODUCERS;
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..PRODUCERS).map(|p| tokio::spawn(send_all(q.clone(), p * per, per, depth))).collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    assert_eq!(q.last_seq(), n);
+    broker.shutdown().await.unwrap();
+    secs
+}
+
+/// 8 tasks, each sending batches of 100.
+async fn batches(path: &Path, n: u64) -> f64 {
+    let broker = open(path, Durability::Buffered).await;
+    let q = broker.queue("orders").await.unwrap();
+    let per = n / 8;
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..8u64)
+        .map(|p| {
+            let q = q.clone();
+            tokio::spawn(async move {
+                let mut i = p * per;
+                while i < (p + 1) * per {
+                    let k = ((p + 1) * per - i).min(100);
+                    q.send_batch((i..i + k).map(value)).await.unwrap();
+                    i += k;
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    assert_eq!(q.last_seq(), n - n % 8);
+    broker.shutdown().await.unwrap();
+    secs
+}
+
+/// 64 producer tasks awaiting each send; the application's own task subscribes and acks each.
+async fn end_to_end(path: &Path, n: u64) -> f64 {
+    let broker = open(path, Durability::Buffered).await;
+    let q = broker.queue("orders").await.unwrap();
+    let mut sub = q.group("billing").unwrap().subscribe().await.unwrap();
+    let per = n / PRODUCERS;
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..PRODUCERS).map(|p| tokio::spawn(send_all(q.clone(), p * per, per, 1))).collect();
+    let mut seen = 0;
+    while seen < n {
+        let d = sub.next().await.unwrap().unwrap();
+        seen += 1;
+        d.ack().unwrap();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    drop(sub);
+    broker.shutdown().await.unwrap();
+    secs
+}
+
+/// A pool of `workers` with a no-op handler drains an `n` backlog, timed from the call to the
+/// pool's return after the last ack. As a user writes it, `run(..).await` in the application's
+/// own task; `spawned`: the tuned benches' way, the pool spawned on the runtime.
+async fn pool(path: &Path, n: u64, workers: usize, spawned: bool) -> f64 {
+    let broker = open(path, Durability::Buffered).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let mut sent = 0;
+    while sent < n {
+        let k = (n - sent).min(4096);
+        q.send_batch((sent..sent + k).map(value)).await.unwrap();
+        sent += k;
+    }
+    if std::env::var("SETTLE").is_ok() {
+        tokio::task::spawn_blocking(common::sync_disk).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(std::env::var("SETTLE").unwrap().parse().unwrap())).await;
+    }
+    let done = Arc::new(AtomicU64::new(0));
+    let token = rockq::CancellationToken::new();
+    let handler = {
+        let (done, token) = (done.clone(), token.clone());
+        move |_task: rockq::Task| {
+            if done.fetch_add(1, Ordering::Relaxed) + 1 == n {
+                token.cancel();
+            }
+            async { Ok(()) }
+        }
+    };
+    let group = q.work_group("mailer").unwrap();
+    let start = Instant::now();
+    let report = if spawned {
+        tokio::spawn(group.workers(workers).shutdown_on(token).run(handler)).await.unwrap().unwrap()
+    } else {
+        group.workers(workers).shutdown_on(token).run(handler).await.unwrap()
+    };
+    let secs = start.elapsed().as_secs_f64();
+    assert_eq!(report.acked, n);
+    broker.shutdown().await.unwrap();
+    secs
+}
+
+/// A task sends `rate` messages a second (a 100 µs interval, `send().await` each) for `seconds`;
+/// the application's task subscribes. Latency: from the `send` call to the delivery, carried
+/// in the payload.
+async fn latency(path: &Path, mode: Durability, rate: u64, seconds: u64) -> (Duration, Duration, Duration) {
+    let broker = open(path, mode).await;
+    let q = broker.queue("events").await.unwrap();
+    let mut sub = q.group("audit").unwrap().subscribe().await.unwrap();
+    let total = rate * seconds;
+    let base = Instant::now();
+    let producer = tokio::spawn({
+        let q = q.clone();
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1) / rate as u32);
+            for _ in 0..total {
+                tick.tick().await;
+                let mut payload = value(0);
+                payload[..16].copy_from_slice(&base.elapsed().as_nanos().to_be_bytes());
+                q.send(payload).await.unwrap();
+            }
+        }
+    });
+    let mut lat = Vec::with_capacity(total as usize);
+    while (lat.len() as u64) < total {
+        let d = sub.next().await.unwrap().unwrap();
+        let sent = u128::from_be_bytes(d.payload()[..16].try_into().unwrap());
+        lat.push(Duration::from_nanos((base.elapsed().as_nanos() - sent) as u64));
+        d.ack().unwrap();
+    }
+    producer.await.unwrap();
+    drop(sub);
+    broker.shutdown().await.unwrap();
+    lat.sort_unstable();
+    let pick = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
+    (pick(0.50), pick(0.99), *lat.last().unwrap())
+}
