@@ -309,11 +309,18 @@ fn retry_backlog(rt: &tokio::runtime::Runtime, dir: &Path, cfg: &Config, raw: &m
             lats.push(claim_latency(q, lat_n).await);
         }
         assert_eq!(qs[0].work_group("workers").unwrap().waiting() as u64, backlog);
-        // `Broker::stats` reads the stored claims: what a dashboard polling it pays.
-        let t = Instant::now();
-        let stats = with.stats().await.unwrap();
-        let stats_secs = t.elapsed().as_secs_f64();
-        assert!(stats.groups.iter().any(|g| g.waiting_retry == backlog));
+        // What a dashboard polling `Broker::stats` pays (issue 36: it read every stored claim;
+        // now the registry's counts and a few point reads): the first call and the median of
+        // three more.
+        let mut stats_secs = Vec::new();
+        for _ in 0..4 {
+            let t = Instant::now();
+            let stats = with.stats().await.unwrap();
+            stats_secs.push(t.elapsed().as_secs_f64());
+            assert!(stats.groups.iter().any(|g| g.waiting_retry == backlog));
+        }
+        let first = stats_secs.remove(0);
+        let stats_secs = (first, median(stats_secs));
         with.shutdown().await.unwrap();
         without.shutdown().await.unwrap();
         (build, secs, (lats, stats_secs))
@@ -363,8 +370,8 @@ fn retry_backlog(rt: &tokio::runtime::Runtime, dir: &Path, cfg: &Config, raw: &m
     }
     rows.push(Row {
         name: format!("retry_backlog: Broker::stats, {backlog} waiting"),
-        figure: format!("{:.3} s", stats_secs),
-        note: "reads every stored claim of the group".into(),
+        figure: format!("{:.2} ms", stats_secs.1 * 1e3),
+        note: format!("median of 3 calls (the first: {:.2} ms); from memory and point reads", stats_secs.0 * 1e3),
         ..Default::default()
     });
 }

@@ -159,7 +159,7 @@ pub(crate) fn snapshot(
             oldest_unacked_age: if last >= oldest { age(g.queue.id, oldest)? } else { None },
             // Leases not yet run out: an expired one is no one's (its outcome is refused),
             // though the claim index counts it until the message is claimed again.
-            in_flight: g.live_leases().iter().filter(|l| l.2 > clock_now).count() as u64,
+            in_flight: g.live_leased(clock_now) as u64,
             waiting_retry: g.waiting() as u64,
             dead_letter_queue: Some(dlq.to_string()),
             dlq_depth,

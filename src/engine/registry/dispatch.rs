@@ -349,6 +349,18 @@ impl Dispatch {
         })
     }
 
+    /// Leases still running at `now`: the expired ones are found among the timers due by
+    /// `now`, so retries waiting past `now` (a backlog of them) are not walked.
+    pub fn live_leased(&self, now: Instant) -> usize {
+        use std::ops::Bound::{Included, Unbounded};
+        let expired = self
+            .timers
+            .range((Unbounded, Included((now, u64::MAX))))
+            .filter(|&&(_, seq)| matches!(self.slots.get(&seq).map(|s| s.state), Some(SlotState::Leased { .. })))
+            .count();
+        self.leased.saturating_sub(expired)
+    }
+
     /// Whether any lease runs past `now`.
     pub fn held(&self, now: Instant) -> bool {
         use std::ops::Bound::{Excluded, Unbounded};

@@ -696,6 +696,11 @@ impl WorkGroupState {
         self.dispatch().held(now)
     }
 
+    /// Messages leased under a lease not yet run out at `now`.
+    pub fn live_leased(&self, now: Instant) -> usize {
+        self.dispatch().live_leased(now)
+    }
+
     /// Messages waiting for a retry.
     pub fn waiting(&self) -> usize {
         self.dispatch().waiting()
@@ -1484,6 +1489,8 @@ mod index_props {
                 prop_assert_eq!(g.waiting(), waiting);
                 let held_now = m.slots.values().any(|s| matches!(s.1, SlotState::Leased { deadline, .. } if deadline > now));
                 prop_assert_eq!(g.held(now), held_now);
+                let live = m.slots.values().filter(|s| matches!(s.1, SlotState::Leased { deadline, .. } if deadline > now)).count();
+                prop_assert_eq!(g.live_leased(now), live);
             }
         }
     }
