@@ -245,23 +245,35 @@ fn fanout(rt: &tokio::runtime::Runtime, dir: &Path, cfg: &Config, raw: &mut Raw,
         figure: msgs(many_rate),
         baseline: format!("{} (1 queue, {FANOUT} prod.)", msgs(one_rate)),
         ratio: pct(ratio),
-        target: "≥ 80%".into(),
-        met: Some(ratio >= 0.80),
         note: format!("producers await each send, Buffered; median of {} paired ratios", cfg.reps),
+        ..Default::default()
     });
     // RocksDB's own share of the difference: the same keys written raw, spread over as many
     // queues or all in one, in batches of the size of a writer round.
     let spread =
         total as f64 / raw_write_spread(&dir.join("raw-spread"), total, FANOUT as u64, FANOUT as u32);
     let single = total as f64 / raw_write_spread(&dir.join("raw-single"), total, FANOUT as u64, 1);
+    let raw_ratio = spread / single;
     rows.push(Row {
         name: format!("fanout: raw RocksDB, {FANOUT} queues vs 1"),
         messages: total.to_string(),
         figure: msgs(spread),
         baseline: format!("{} (raw, 1 queue)", msgs(single)),
-        ratio: pct(spread / single),
-        note: "batches of 4096, rockq's memtable insert hint; the floor of the ratio above".into(),
+        ratio: pct(raw_ratio),
+        note: "batches of 4096, rockq's memtable insert hint".into(),
         ..Default::default()
+    });
+    // The target (issue 36): what spreading over queues costs rockq is no more than what it
+    // costs RocksDB itself, within 5 %.
+    rows.push(Row {
+        name: format!("fanout: rockq's {FANOUT}-vs-1 ratio of RocksDB's"),
+        messages: total.to_string(),
+        figure: pct(ratio),
+        baseline: format!("{} (raw RocksDB's)", pct(raw_ratio)),
+        ratio: pct(ratio / raw_ratio),
+        target: "≥ 95%".into(),
+        met: Some(ratio / raw_ratio >= 0.95),
+        note: String::new(),
     });
     for (name, rate) in [(name, many_rate), (format!("fanout: 1 queue, {FANOUT} producers"), one_rate)] {
         rows.push(Row {
@@ -371,7 +383,10 @@ fn retry_backlog(rt: &tokio::runtime::Runtime, dir: &Path, cfg: &Config, raw: &m
     rows.push(Row {
         name: format!("retry_backlog: Broker::stats, {backlog} waiting"),
         figure: format!("{:.2} ms", stats_secs.1 * 1e3),
-        note: format!("median of 3 calls (the first: {:.2} ms); from memory and point reads", stats_secs.0 * 1e3),
+        note: format!(
+            "median of 3 calls (the first: {:.2} ms); from memory and point reads",
+            stats_secs.0 * 1e3
+        ),
         ..Default::default()
     });
 }

@@ -47,7 +47,11 @@ fn main() {
     );
     let line = |row: &str, rate: f64, raw: f64, raw_name: &str, tuned: Option<(&str, f64)>| {
         let tuned = tuned.map_or(String::new(), |(name, t)| {
-            format!("; tuned ({name}) {t:.0}/s ({:.0}% of raw), user-style = {:.0}% of tuned", 100.0 * t / raw, 100.0 * rate / t)
+            format!(
+                "; tuned ({name}) {t:.0}/s ({:.0}% of raw), user-style = {:.0}% of tuned",
+                100.0 * t / raw,
+                100.0 * rate / t
+            )
         });
         println!("{row}: {rate:.0}/s = {:.0}% of {raw_name}{tuned}", 100.0 * rate / raw);
     };
@@ -74,14 +78,27 @@ fn main() {
             tuned.push(rt.block_on(produce(&dir(format!("fsync-t-{i}")), Durability::Fsync, fsync_n, 16)));
         }
         let (p, t) = (fsync_n as f64 / median(plain), fsync_n as f64 / median(tuned));
-        line("64 tasks each `send().await`, Fsync", p, raw_sync, "raw fsync b64", Some(("16 in flight each", t)));
+        line(
+            "64 tasks each `send().await`, Fsync",
+            p,
+            raw_sync,
+            "raw fsync b64",
+            Some(("16 in flight each", t)),
+        );
     }
     if run("batch") {
         let secs: Vec<f64> = (0..REPS).map(|i| rt.block_on(batches(&dir(format!("batch-{i}")), n))).collect();
-        line("8 tasks each `send_batch(100)`, Buffered", n as f64 / median(secs), raw1000, "raw unsynced b1000", None);
+        line(
+            "8 tasks each `send_batch(100)`, Buffered",
+            n as f64 / median(secs),
+            raw1000,
+            "raw unsynced b1000",
+            None,
+        );
     }
     if run("e2e") {
-        let secs: Vec<f64> = (0..REPS).map(|i| rt.block_on(end_to_end(&dir(format!("e2e-{i}")), n))).collect();
+        let secs: Vec<f64> =
+            (0..REPS).map(|i| rt.block_on(end_to_end(&dir(format!("e2e-{i}")), n))).collect();
         line(
             "64 tasks `send().await` → `group().subscribe()` → `ack()`, Buffered",
             n as f64 / median(secs),
@@ -135,7 +152,8 @@ async fn produce(path: &Path, mode: Durability, n: u64, depth: usize) -> f64 {
     let q = broker.queue("orders").await.unwrap();
     let per = n / PRODUCERS;
     let start = Instant::now();
-    let tasks: Vec<_> = (0..PRODUCERS).map(|p| tokio::spawn(send_all(q.clone(), p * per, per, depth))).collect();
+    let tasks: Vec<_> =
+        (0..PRODUCERS).map(|p| tokio::spawn(send_all(q.clone(), p * per, per, depth))).collect();
     for t in tasks {
         t.await.unwrap();
     }
@@ -207,10 +225,6 @@ async fn pool(path: &Path, n: u64, workers: usize, spawned: bool) -> f64 {
         let k = (n - sent).min(4096);
         q.send_batch((sent..sent + k).map(value)).await.unwrap();
         sent += k;
-    }
-    if std::env::var("SETTLE").is_ok() {
-        tokio::task::spawn_blocking(common::sync_disk).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(std::env::var("SETTLE").unwrap().parse().unwrap())).await;
     }
     let done = Arc::new(AtomicU64::new(0));
     let token = rockq::CancellationToken::new();

@@ -246,7 +246,8 @@ async fn live_stats_from_memory_agree_with_the_records_on_disk() {
     let broker = open(dir.path()).await;
     let jobs = broker.queue("jobs").await.unwrap();
     jobs.send_batch((1..=12).map(|i| format!("j{i}"))).await.unwrap();
-    let mut sub = jobs.work_group("mail").unwrap().lease(Duration::from_secs(3600)).subscribe().await.unwrap();
+    let mut sub =
+        jobs.work_group("mail").unwrap().lease(Duration::from_secs(3600)).subscribe().await.unwrap();
     let mut held = Vec::new();
     for _ in 0..7 {
         held.push(next_job(&mut sub).await);

@@ -13,12 +13,15 @@ impl Broker {
     /// message) and every group (committed offset, lag as a count and as the age of the
     /// oldest unfinished message, in flight, waiting for retry, dead-letter depth, paused).
     ///
-    /// The figures come from the records on disk, which a restart would also find; ordered
-    /// groups add the live subscription's unacknowledged deliveries as in flight, and work
-    /// groups count a job as in flight by its live lease deadline in this process (so a lease
-    /// extended by [`Job::extend`](crate::Job::extend) or a pool's heartbeat counts). Costs one
-    /// scan of the registry and claims and one point read per queue and group: meant for
-    /// dashboards and tools, not for every message.
+    /// On the embedded engine the figures come from this process's memory, which mirrors the
+    /// records on disk (a read-only [`Inspector`](crate::Inspector) computes the same figures
+    /// from the records): ordered groups count the live subscription's unacknowledged
+    /// deliveries as in flight, and work groups a job whose lease in this process has not run
+    /// out (so a lease extended by [`Job::extend`](crate::Job::extend) or a pool's heartbeat
+    /// counts). Costs a pass over the queues and groups and a few point reads per queue and
+    /// group, however many jobs wait (under a millisecond with a million waiting retries); a
+    /// queue with delayed messages adds a walk of the due index's head to its next due time.
+    /// On etcd the figures are read from etcd.
     ///
     /// # Errors
     ///

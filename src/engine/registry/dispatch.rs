@@ -356,7 +356,9 @@ impl Dispatch {
         let expired = self
             .timers
             .range((Unbounded, Included((now, u64::MAX))))
-            .filter(|&&(_, seq)| matches!(self.slots.get(&seq).map(|s| s.state), Some(SlotState::Leased { .. })))
+            .filter(|&&(_, seq)| {
+                matches!(self.slots.get(&seq).map(|s| s.state), Some(SlotState::Leased { .. }))
+            })
             .count();
         self.leased.saturating_sub(expired)
     }
