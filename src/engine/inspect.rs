@@ -12,7 +12,7 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use super::Engine;
-use super::figures::{LiveLeases, deadline_of, live_leases, micros_to_time, pending_claim};
+use super::figures::{LiveLeases, live_leases, micros_to_time, pending_claim};
 use crate::error::{CorruptionError, Error, NameKind, StorageError};
 use crate::model::{Claim, GroupMode, GroupSettings, QueueMeta};
 use crate::schedule::{DelayedInfo, ScheduleInfo};
@@ -46,11 +46,10 @@ fn dlq_depth(db: &Snapshot<'_>, q: &LoadedQueue) -> Result<u64, Error> {
     Ok(q.last_seq.saturating_sub(cursor).saturating_sub(settled))
 }
 
-/// Every queue and group. `now_micros` is the broker clock's wall time. `live`: this process's
-/// leases when it is the broker itself — then the only writer, so a lease it does not hold is
-/// void (a dead process's, voided at open: `WorkGroupState::restore`) and not in flight;
-/// `None` for a read-only view, which can only trust the records' deadlines.
-fn stats(store: &Store, now_micros: u64, live: Option<&LiveLeases>) -> Result<Stats, Error> {
+/// Every queue and group, from the records alone, for a read-only view: it can only trust the
+/// records' deadlines. `now_micros` is the wall time. (A live broker's stats come from its
+/// memory: `gauges::stats`.)
+fn stats(store: &Store, now_micros: u64) -> Result<Stats, Error> {
     let guard = store.lock();
     let Some(db) = guard.inspect(&store.path) else { return Err(Error::Shutdown) };
     let loaded = db.load().map_err(from_open)?;
@@ -94,8 +93,6 @@ fn stats(store: &Store, now_micros: u64, live: Option<&LiveLeases>) -> Result<St
         // Sequences finished above the offset, and claim counts (work-queue groups only).
         let mut done = BTreeSet::new();
         let (mut in_flight, mut waiting_retry) = (0u64, 0u64);
-        let authoritative = live.is_some();
-        let live = live.and_then(|l| l.get(&(g.group.clone(), g.queue.clone())));
         for c in claims.get(&(g.group.as_str(), g.queue.as_str())).into_iter().flatten() {
             if c.seq <= committed || c.seq < first {
                 continue; // left behind by a trim; ignored at open too
@@ -104,12 +101,7 @@ fn stats(store: &Store, now_micros: u64, live: Option<&LiveLeases>) -> Result<St
                 Claim::Done => {
                     done.insert(c.seq);
                 }
-                Claim::Leased { attempt, deadline_micros, .. }
-                    if (!authoritative || holds(live, c.seq, attempt))
-                        && deadline_of(live, c.seq, attempt, deadline_micros) > now_micros =>
-                {
-                    in_flight += 1
-                }
+                Claim::Leased { deadline_micros, .. } if deadline_micros > now_micros => in_flight += 1,
                 Claim::Leased { .. } => {}
                 Claim::Waiting { .. } => waiting_retry += 1,
             }
@@ -410,7 +402,7 @@ impl ReadOnly {
 
     /// Every queue and group at `now_micros`. Blocking.
     pub fn stats(&self, now_micros: u64) -> Result<Stats, Error> {
-        stats(&self.0, now_micros, None)
+        stats(&self.0, now_micros)
     }
 
     /// The pending claims of one work group. Blocking.
