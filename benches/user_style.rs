@@ -56,35 +56,22 @@ fn main() {
         println!("{row}: {rate:.0}/s = {:.0}% of {raw_name}{tuned}", 100.0 * rate / raw);
     };
 
-    if run("send") {
+    let sends = [
+        ("send", Durability::Buffered, n, raw1000, "raw unsynced b1000"),
+        ("fsync", Durability::Fsync, fsync_n, raw_sync, "raw fsync b64"),
+    ];
+    for (part, mode, count, raw, raw_name) in sends {
+        if !run(part) {
+            continue;
+        }
         let (mut plain, mut tuned) = (Vec::new(), Vec::new());
         for i in 0..REPS {
-            plain.push(rt.block_on(produce(&dir(format!("send-{i}")), Durability::Buffered, n, 1)));
-            tuned.push(rt.block_on(produce(&dir(format!("send-t-{i}")), Durability::Buffered, n, 16)));
+            plain.push(rt.block_on(produce(&dir(format!("{part}-{i}")), mode, count, 1)));
+            tuned.push(rt.block_on(produce(&dir(format!("{part}-t-{i}")), mode, count, 16)));
         }
-        let (p, t) = (n as f64 / median(plain), n as f64 / median(tuned));
-        line(
-            "64 tasks each `send().await`, Buffered",
-            p,
-            raw1000,
-            "raw unsynced b1000",
-            Some(("16 in flight each", t)),
-        );
-    }
-    if run("fsync") {
-        let (mut plain, mut tuned) = (Vec::new(), Vec::new());
-        for i in 0..REPS {
-            plain.push(rt.block_on(produce(&dir(format!("fsync-{i}")), Durability::Fsync, fsync_n, 1)));
-            tuned.push(rt.block_on(produce(&dir(format!("fsync-t-{i}")), Durability::Fsync, fsync_n, 16)));
-        }
-        let (p, t) = (fsync_n as f64 / median(plain), fsync_n as f64 / median(tuned));
-        line(
-            "64 tasks each `send().await`, Fsync",
-            p,
-            raw_sync,
-            "raw fsync b64",
-            Some(("16 in flight each", t)),
-        );
+        let (p, t) = (count as f64 / median(plain), count as f64 / median(tuned));
+        let row = format!("64 tasks each `send().await`, {mode:?}");
+        line(&row, p, raw, raw_name, Some(("16 in flight each", t)));
     }
     if run("batch") {
         let secs: Vec<f64> = (0..REPS).map(|i| rt.block_on(batches(&dir(format!("batch-{i}")), n))).collect();

@@ -18,6 +18,18 @@ fn group<'a>(stats: &'a rockq::Stats, queue: &str, group: &str) -> &'a rockq::Gr
     stats.groups.iter().find(|g| g.queue == queue && g.group == group).expect("group in stats")
 }
 
+/// Stats of two views of one database without what differs between them by nature: ages, taken
+/// at different instants on the real clock, and the database's bytes (each instance has its
+/// own memtables).
+fn without_ages(mut s: rockq::Stats) -> rockq::Stats {
+    s.bytes_on_disk = 0;
+    s.queues.iter_mut().for_each(|q| q.oldest_age = q.oldest_age.map(|_| Duration::ZERO));
+    for g in &mut s.groups {
+        g.oldest_unacked_age = g.oldest_unacked_age.map(|_| Duration::ZERO);
+    }
+    s
+}
+
 #[tokio::test]
 async fn stats_report_lag_as_count_and_age_in_flight_and_paused_for_an_ordered_group() {
     let dir = tempdir();
@@ -195,14 +207,10 @@ async fn inspector_reads_a_database_another_broker_holds_and_writes_nothing() {
     let live = broker.stats().await.unwrap();
     // The inspector sees only the disk (no live in-flight count), and ages are taken at
     // different instants on the real clock.
-    let normalise = |mut s: rockq::Stats| {
-        s.bytes_on_disk = 0; // each instance has its own memtables
+    let normalise = |s: rockq::Stats| {
         assert!(s.queues.iter().all(|q| q.bytes_on_disk == 0), "nothing flushed yet");
-        s.queues.iter_mut().for_each(|q| q.oldest_age = q.oldest_age.map(|_| Duration::ZERO));
-        for g in &mut s.groups {
-            g.in_flight = 0;
-            g.oldest_unacked_age = g.oldest_unacked_age.map(|_| Duration::ZERO);
-        }
+        let mut s = without_ages(s);
+        s.groups.iter_mut().for_each(|g| g.in_flight = 0);
         s
     };
     assert_eq!(normalise(seen.clone()), normalise(live));
@@ -281,15 +289,7 @@ async fn live_stats_from_memory_agree_with_the_records_on_disk() {
 
     let live = broker.stats().await.unwrap();
     let seen = Inspector::open(dir.path()).await.unwrap().stats().await.unwrap();
-    let normalise = |mut s: rockq::Stats| {
-        s.bytes_on_disk = 0; // each instance has its own memtables
-        s.queues.iter_mut().for_each(|q| q.oldest_age = q.oldest_age.map(|_| Duration::ZERO));
-        for g in &mut s.groups {
-            g.oldest_unacked_age = g.oldest_unacked_age.map(|_| Duration::ZERO);
-        }
-        s
-    };
-    assert_eq!(normalise(live.clone()), normalise(seen));
+    assert_eq!(without_ages(live.clone()), without_ages(seen));
     // And the figures themselves, so that both cannot be wrong the same way.
     let mail = group(&live, "jobs", "mail");
     // In flight: the 3 held and the 5 the subscription claimed ahead into its buffer.
