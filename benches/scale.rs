@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{peak_rss_kib, raw_write, raw_write_spread, send_all, sync_disk, value};
+use common::{fill, peak_rss_kib, raw_write, raw_write_spread, send_all, stop_after, sync_disk};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -549,16 +549,6 @@ async fn produce_on(qs: &[Queue], n: u64, producers: usize, depth: usize) -> f64
     start.elapsed().as_secs_f64()
 }
 
-/// Appends `n` messages in batches of 4096 (untimed prefill).
-async fn fill(q: &Queue, n: u64) {
-    let mut sent = 0;
-    while sent < n {
-        let k = (n - sent).min(4096);
-        q.send_batch((0..k).map(|i| value(sent + i))).await.unwrap();
-        sent += k;
-    }
-}
-
 /// Fails every one of the `n` claimable messages of `group` with a retry due in a day, with a
 /// pool of 8; returns the seconds until the group holds `n` waiting retries.
 async fn nack_all(q: &Queue, group: &str, n: u64) -> f64 {
@@ -589,18 +579,9 @@ async fn nack_all(q: &Queue, group: &str, n: u64) -> f64 {
 /// Times a pool of `workers` with a no-op handler draining `n` claimable messages of group
 /// `workers`, stopping it once the handler ran `n` times.
 async fn drain_pool(q: &Queue, n: u64, workers: usize, prefetch: Option<usize>) -> f64 {
-    let done = Arc::new(AtomicU64::new(0));
     let token = CancellationToken::new();
     let group = q.work_group("workers").unwrap();
-    let handler = {
-        let (done, token) = (done.clone(), token.clone());
-        move |_task: Task| {
-            if done.fetch_add(1, Ordering::Relaxed) + 1 == n {
-                token.cancel();
-            }
-            async { Ok(()) }
-        }
-    };
+    let handler = stop_after(n, &token);
     let start = Instant::now();
     let mut pool = group.workers(workers).shutdown_on(token);
     if let Some(p) = prefetch {

@@ -10,11 +10,9 @@
 
 mod common;
 
-use common::{raw_write, send_all, value};
+use common::{fill, raw_write, send_all, stop_after, value};
 
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -207,23 +205,9 @@ async fn end_to_end(path: &Path, n: u64) -> f64 {
 async fn pool(path: &Path, n: u64, workers: usize, spawned: bool) -> f64 {
     let broker = open(path, Durability::Buffered).await;
     let q = broker.queue("jobs").await.unwrap();
-    let mut sent = 0;
-    while sent < n {
-        let k = (n - sent).min(4096);
-        q.send_batch((sent..sent + k).map(value)).await.unwrap();
-        sent += k;
-    }
-    let done = Arc::new(AtomicU64::new(0));
+    fill(&q, n).await;
     let token = rockq::CancellationToken::new();
-    let handler = {
-        let (done, token) = (done.clone(), token.clone());
-        move |_task: rockq::Task| {
-            if done.fetch_add(1, Ordering::Relaxed) + 1 == n {
-                token.cancel();
-            }
-            async { Ok(()) }
-        }
-    };
+    let handler = stop_after(n, &token);
     let group = q.work_group("mailer").unwrap();
     let start = Instant::now();
     let report = if spawned {

@@ -121,6 +121,33 @@ pub async fn send_all(q: rockq::Queue, first: u64, count: u64, depth: usize) {
     }
 }
 
+/// Appends `n` messages in batches of 4096 (an untimed prefill).
+pub async fn fill(q: &rockq::Queue, n: u64) {
+    let mut sent = 0;
+    while sent < n {
+        let k = (n - sent).min(4096);
+        q.send_batch((sent..sent + k).map(value)).await.unwrap();
+        sent += k;
+    }
+}
+
+/// A pool's no-op handler that cancels `token` once it has run `n` times: a drain is timed to
+/// the pool's return after that.
+pub fn stop_after(
+    n: u64,
+    token: &rockq::CancellationToken,
+) -> impl Fn(rockq::Task) -> std::future::Ready<Result<(), rockq::HandlerError>> + Clone + Send + Sync + 'static
+{
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let token = token.clone();
+    move |_task: rockq::Task| {
+        if done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 == n {
+            token.cancel();
+        }
+        std::future::ready(Ok(()))
+    }
+}
+
 /// Peak resident memory of this process (KiB).
 pub fn peak_rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
