@@ -4,6 +4,7 @@
 //! `cargo bench --bench scale` (1M messages, 10k queues); `-- --quick` for a 100k / 1k smoke
 //! run. `ROCKQ_BENCH_ONLY=scale|fanout|retry_backlog|work` runs one section, `ROCKQ_BENCH_N`
 //! sets the message count (the others scale with it), `ROCKQ_BENCH_QUEUES` the idle queues.
+//! `ROCKQ_BENCH_THREADS=1` prints each produce run's threads (time on a CPU, waiting for one).
 //! Targets are reported as met or not, never asserted: this machine drifts by ±30 % between
 //! runs, so the rows with targets compare arms run alternately in the same process.
 
@@ -539,6 +540,7 @@ async fn produce(path: &Path, n: u64, queues: usize, producers: usize, depth: us
 async fn produce_on(qs: &[Queue], n: u64, producers: usize, depth: usize) -> f64 {
     settle().await;
     let per = n / producers as u64;
+    let threads = common::threads();
     let start = Instant::now();
     let tasks: Vec<_> = (0..producers)
         .map(|p| tokio::spawn(send_all(qs[p % qs.len()].clone(), p as u64 * per, per, depth)))
@@ -546,7 +548,9 @@ async fn produce_on(qs: &[Queue], n: u64, producers: usize, depth: usize) -> f64
     for t in tasks {
         t.await.unwrap();
     }
-    start.elapsed().as_secs_f64()
+    let secs = start.elapsed().as_secs_f64();
+    common::print_threads(&threads);
+    secs
 }
 
 /// Fails every one of the `n` claimable messages of `group` with a retry due in a day, with a

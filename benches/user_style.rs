@@ -7,6 +7,8 @@
 //! `cargo bench --bench user_style`; `ROCKQ_BENCH_N` sets the message count (default 500k),
 //! `ROCKQ_BENCH_ONLY=send|fsync|batch|e2e|pool|latency` runs one part. The throughput rows are
 //! the median of three runs, alternating with their tuned counterpart where there is one.
+//! `ROCKQ_BENCH_THREADS=1` prints, after each send and pool run, every thread's time on a CPU
+//! and waiting for one, and the writer's rounds: which thread bounds the run.
 
 mod common;
 
@@ -136,6 +138,8 @@ async fn produce(path: &Path, mode: Durability, n: u64, depth: usize) -> f64 {
     let broker = open(path, mode).await;
     let q = broker.queue("orders").await.unwrap();
     let per = n / PRODUCERS;
+    let writer = broker.writer_stats();
+    let threads = common::threads();
     let start = Instant::now();
     let tasks: Vec<_> =
         (0..PRODUCERS).map(|p| tokio::spawn(send_all(q.clone(), p * per, per, depth))).collect();
@@ -144,6 +148,8 @@ async fn produce(path: &Path, mode: Durability, n: u64, depth: usize) -> f64 {
     }
     let secs = start.elapsed().as_secs_f64();
     assert_eq!(q.last_seq(), n);
+    common::print_threads(&threads);
+    common::print_rounds(&writer, &broker.writer_stats(), secs);
     broker.shutdown().await.unwrap();
     secs
 }
@@ -209,6 +215,7 @@ async fn pool(path: &Path, n: u64, workers: usize, spawned: bool) -> f64 {
     let token = rockq::CancellationToken::new();
     let handler = stop_after(n, &token);
     let group = q.work_group("mailer").unwrap();
+    let (threads, writer) = (common::threads(), broker.writer_stats());
     let start = Instant::now();
     let report = if spawned {
         tokio::spawn(group.workers(workers).shutdown_on(token).run(handler)).await.unwrap().unwrap()
@@ -216,6 +223,8 @@ async fn pool(path: &Path, n: u64, workers: usize, spawned: bool) -> f64 {
         group.workers(workers).shutdown_on(token).run(handler).await.unwrap()
     };
     let secs = start.elapsed().as_secs_f64();
+    common::print_threads(&threads);
+    common::print_rounds(&writer, &broker.writer_stats(), secs);
     assert_eq!(report.acked, n);
     broker.shutdown().await.unwrap();
     secs

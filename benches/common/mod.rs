@@ -159,3 +159,57 @@ pub fn peak_rss_kib() -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// Per thread of this process: its name and id, and the nanoseconds it ran on a CPU and waited
+/// for one (`/proc/self/task/*/schedstat`; empty where that is not available).
+pub fn threads() -> Vec<(String, (u64, u64))> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return Vec::new() };
+    let mut out = Vec::new();
+    for task in tasks.flatten() {
+        let p = task.path();
+        let comm = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
+        let stat = std::fs::read_to_string(p.join("schedstat")).unwrap_or_default();
+        let v: Vec<u64> = stat.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        if let [run, wait, ..] = v[..] {
+            out.push((format!("{}/{}", comm.trim(), task.file_name().to_string_lossy()), (run, wait)));
+        }
+    }
+    out
+}
+
+/// With `ROCKQ_BENCH_THREADS` set: what each thread that ran more than 10 ms since `before`
+/// (from [`threads`]) spent on a CPU and waiting for one — which thread bounds a run.
+pub fn print_threads(before: &[(String, (u64, u64))]) {
+    if std::env::var_os("ROCKQ_BENCH_THREADS").is_none() {
+        return;
+    }
+    for (name, (run, wait)) in threads() {
+        let (run0, wait0) = before.iter().find(|(n, _)| *n == name).map_or((0, 0), |(_, t)| *t);
+        if run - run0 > 10_000_000 {
+            let s = |ns: u64| ns as f64 / 1e9;
+            eprintln!(
+                "  thread {name}: on a CPU {:.3} s, waiting for one {:.3} s",
+                s(run - run0),
+                s(wait - wait0)
+            );
+        }
+    }
+}
+
+/// With `ROCKQ_BENCH_THREADS` set: the writer's rounds between two of its counters' readings,
+/// their mean size, and the share of `secs` spent inside RocksDB's writes.
+pub fn print_rounds(before: &rockq::WriterStats, after: &rockq::WriterStats, secs: f64) {
+    if std::env::var_os("ROCKQ_BENCH_THREADS").is_none() {
+        return;
+    }
+    let rounds = after.rounds - before.rounds;
+    let messages = after.messages - before.messages;
+    let write = after.write_time.saturating_sub(before.write_time).as_secs_f64();
+    eprintln!(
+        "  writer: {rounds} rounds, {:.1} messages each, {} offset records, {:.3} s in RocksDB writes ({:.0}% of the run)",
+        messages as f64 / rounds.max(1) as f64,
+        after.offset_commits - before.offset_commits,
+        write,
+        100.0 * write / secs
+    );
+}
