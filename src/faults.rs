@@ -5,7 +5,9 @@
 //! sync under `Fsync`), `rockq-read` (a consumer's batch read), `rockq-trim-queued` (a
 //! retention pass has queued a trim with the writer: a test's callback learns the order of
 //! requests), `rockq-etcd-append-request` and `rockq-etcd-append-answer` (the etcd engine's
-//! append transaction is lost before it is sent, or its answer is lost after it was applied).
+//! append transaction is lost before it is sent, or its answer is lost after it was applied),
+//! `rockq-etcd-claim-request` and `rockq-etcd-claim-answer` (the same for a claim write: claims,
+//! outcomes, lease extensions).
 
 use crate::error::StorageError;
 

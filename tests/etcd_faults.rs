@@ -242,3 +242,52 @@ async fn a_work_group_created_on_a_head_trimmed_meanwhile_starts_at_the_new_head
     drop(jobs);
     a.shutdown().await.expect("shutdown");
 }
+
+/// A lease extension that does not reach etcd leaves its holder with the deadline every other
+/// process reads (issue 32): past that deadline the holder's ack is refused and the job is
+/// claimed again, once. Before, the holder kept the longer deadline it had asked for, and two
+/// processes could each believe they held the job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_that_does_not_reach_etcd_keeps_the_shorter_deadline() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let a = connect_with(&cluster, "extend-lost", &clock).await;
+    let b = connect_with(&cluster, "extend-lost", &clock).await;
+    let qa = a.queue("q").await.expect("queue");
+    qa.send("long").await.expect("send");
+    let lease = std::time::Duration::from_secs(10);
+    let mut ja = qa.work_group("w").expect("group").lease(lease).subscribe().await.expect("subscribe");
+    let job = next_job(&mut ja).await;
+    let qb = b.queue("q").await.expect("queue");
+    let mut jb = qb.work_group("w").expect("group").subscribe().await.expect("subscribe");
+
+    clock.advance(std::time::Duration::from_secs(8));
+    fail::cfg("rockq-etcd-claim-request", "return").expect("failpoint");
+    job.extend(std::time::Duration::from_secs(30)).expect("accepted: the lease is still held");
+    // The writer takes requests in order: the flush answers after the extension was tried.
+    a.flush().await.expect("flush");
+    fail::remove("rockq-etcd-claim-request");
+    assert_eq!(
+        job.lease_remaining(),
+        std::time::Duration::from_secs(2),
+        "back to the deadline other processes read, not the 30 s asked for"
+    );
+
+    // Past the first deadline, inside the extension that was never written.
+    clock.advance(std::time::Duration::from_secs(3));
+    match job.ack() {
+        Err(rockq::Error::LeaseLost { seq: 1, attempt: 1, .. }) => {}
+        other => panic!("the holder's lease ran out at the stored deadline, got {other:?}"),
+    }
+    let taken = tokio::select! {
+        j = next_job(&mut jb) => j,
+        j = next_job(&mut ja) => j,
+    };
+    assert_eq!((taken.seq(), taken.attempt()), (1, 2), "claimed again, with the attempt counted");
+    taken.ack_durable().await.expect("the new holder's ack");
+    a.flush().await.expect("flush");
+    assert_eq!(committed(&b.stats().await.expect("stats")), 1);
+    a.shutdown().await.expect("shutdown");
+    b.shutdown().await.expect("shutdown");
+}

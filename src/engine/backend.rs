@@ -23,8 +23,8 @@ use super::Engine;
 use super::capability::{self, Capability, Flavour};
 #[cfg(feature = "etcd")]
 use super::etcd::{self, EtcdSide, owner::OwnerRelease};
-use super::registry::{OrderedGroupState, QueueState, WorkGroupState};
-use super::request::Request;
+use super::registry::{OrderedGroupState, QueueState};
+use super::request::{Extension, Request};
 use super::{inspect, retention};
 use crate::error::{Error, StorageError};
 use crate::message::Message;
@@ -317,27 +317,14 @@ impl Backend {
         }
     }
 
-    /// Persists the extension of `seq`'s lease to `until` (wall-clock µs), where other processes
-    /// must see it: the etcd engine has its writer write it. The embedded engine keeps
-    /// extensions in memory (see `figures::live_leases`): nothing to do. Never blocks.
-    #[allow(clippy::too_many_arguments)]
-    pub fn persist_extension(
-        &self,
-        tx: &mpsc::Sender<Request>,
-        runtime: &Handle,
-        group: &Arc<WorkGroupState>,
-        seq: u64,
-        attempt: u32,
-        token: u64,
-        until_micros: u64,
-        holder: &Arc<str>,
-    ) {
-        let _ = (tx, runtime, group, seq, attempt, token, until_micros, holder);
+    /// Persists a lease extension where other processes must see it: the etcd engine has its
+    /// writer write it. The embedded engine keeps extensions in memory (see
+    /// `figures::live_leases`): nothing to do. Never blocks.
+    pub fn persist_extension(&self, tx: &mpsc::Sender<Request>, runtime: &Handle, extension: Extension) {
+        let _ = (tx, runtime);
         match self {
-            Backend::Embedded(_) => {}
-            Backend::Etcd(side) => on_etcd!(side => {
-                etcd::persist_extension(tx, runtime, group, seq, attempt, token, until_micros, holder)
-            }),
+            Backend::Embedded(_) => drop(extension),
+            Backend::Etcd(side) => on_etcd!(side => etcd::persist_extension(tx, runtime, extension)),
         }
     }
 

@@ -49,7 +49,7 @@ impl Request {
             Request::Work(WorkRequest::Redrive { reply, .. }) => refuse(reply, why),
             Request::Work(WorkRequest::SettleLetter { reply, .. }) => refuse(reply, why),
             Request::Work(WorkRequest::Reset { reply, .. }) => refuse(reply, why),
-            Request::Work(WorkRequest::Extend { .. }) => {}
+            Request::Work(WorkRequest::Extend(_)) => {}
             Request::Retention(RetentionRequest::SetPolicy { reply, .. }) => refuse(reply, why),
             Request::Retention(RetentionRequest::Trim { reply, .. }) => refuse(reply, why),
             Request::Retention(RetentionRequest::ExpireDedup { reply, .. }) => refuse(reply, why),
@@ -203,7 +203,44 @@ pub(crate) enum WorkRequest {
     /// that other processes see it. The embedded engine keeps extensions in memory and never
     /// gets this.
     #[allow(dead_code)] // sent only by the etcd engine
-    Extend { group: Arc<WorkGroupState>, seq: u64, claim: Claim },
+    Extend(Extension),
+}
+
+/// A holder's lease as the holder sees it, shared by its [`Job`](crate::Job) and (etcd) the
+/// writer that persists its extensions.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HeldLease {
+    /// Until when the holder believes it holds the job.
+    pub deadline: std::time::Instant,
+    /// The deadline of the latest extension asked for.
+    pub requested: std::time::Instant,
+    /// The deadline other processes read (etcd: the stored claim's), as far as this process
+    /// knows.
+    pub persisted: std::time::Instant,
+    /// Extensions asked for so far: an extension's write applies its deadline only if no
+    /// later one was asked for meanwhile.
+    pub extensions: u64,
+}
+
+impl HeldLease {
+    pub fn new(deadline: std::time::Instant) -> Self {
+        HeldLease { deadline, requested: deadline, persisted: deadline, extensions: 0 }
+    }
+}
+
+/// A lease extension for the etcd writer to persist ([`WorkRequest::Extend`]).
+#[allow(dead_code)] // read only by the etcd engine
+pub(crate) struct Extension {
+    pub group: Arc<WorkGroupState>,
+    pub seq: u64,
+    /// The holder's fencing token.
+    pub token: u64,
+    /// The claim as it is to be stored; the writer stores the latest deadline `lease` asks for
+    /// (extensions sent from a task when the channel was full may arrive out of order).
+    pub claim: Claim,
+    /// The extension's number (`HeldLease::extensions` once it was asked for).
+    pub number: u64,
+    pub lease: Arc<std::sync::Mutex<HeldLease>>,
 }
 
 /// Retention (`writer/retention.rs`).
@@ -326,7 +363,9 @@ pub(crate) struct TxJob {
     pub attempt: u32,
     pub token: u64,
     pub epoch: u64,
-    pub deadline: std::time::Instant,
+    /// The holder's lease, read when it is handed back: a lease extension that failed
+    /// meanwhile (etcd) has put its deadline back.
+    pub lease: Arc<std::sync::Mutex<HeldLease>>,
 }
 
 /// An ordered delivery a transaction acks. The request owns it: a refused transaction hands
@@ -359,7 +398,8 @@ impl TxRequest {
 /// back to their subscriptions (after a short pause, uncounted, if it `conflicted`).
 pub(crate) fn give_back(jobs: Vec<TxJob>, deliveries: Vec<TxDelivery>, conflicted: bool) {
     for j in jobs {
-        j.group.unsettle(j.seq, j.token, j.deadline, j.epoch);
+        let deadline = j.lease.lock().unwrap_or_else(|p| p.into_inner()).deadline;
+        j.group.unsettle(j.seq, j.token, deadline, j.epoch);
     }
     for d in deliveries {
         d.sub.hand_back(d.msg, d.deliveries, conflicted);

@@ -228,19 +228,32 @@ impl Shared {
         self.backend.own_ordered(group, &self.tx).await
     }
 
-    /// Persists the extension of `seq`'s lease to `until` where other processes must see it
-    /// (the etcd engine; the embedded one keeps extensions in memory). Never blocks.
+    /// Persists extension `number` of `seq`'s lease, to `until`, where other processes must
+    /// see it (the etcd engine; the embedded one keeps extensions in memory). If that fails,
+    /// the holder's `lease` and the group's go back to the deadline others read. Never blocks.
     pub fn persist_extension(
         &self,
         group: &Arc<WorkGroupState>,
         seq: u64,
-        attempt: u32,
-        token: u64,
-        until: std::time::Instant,
+        (attempt, token): (u32, u64),
+        (until, number): (std::time::Instant, u64),
+        lease: &Arc<std::sync::Mutex<crate::engine::request::HeldLease>>,
         holder: &Arc<str>,
     ) {
-        let until = self.clock().wall_micros_at(until);
-        self.backend.persist_extension(&self.tx, &self.runtime, group, seq, attempt, token, until, holder);
+        let extension = crate::engine::request::Extension {
+            group: group.clone(),
+            seq,
+            token,
+            claim: crate::model::Claim::Leased {
+                attempt,
+                token,
+                deadline_micros: self.clock().wall_micros_at(until),
+                holder: holder.clone(),
+            },
+            number,
+            lease: lease.clone(),
+        };
+        self.backend.persist_extension(&self.tx, &self.runtime, extension);
     }
 
     /// Refuses a send call this broker's engine cannot carry out as it stands (nothing to

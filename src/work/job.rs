@@ -9,7 +9,7 @@ use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use super::limits::HandleLimits;
 use crate::engine::boundary::{
-    Claimed, Outcome, RawMessage, Request, SettlingGuard, Shared, WorkGroupState, WorkRequest,
+    Claimed, HeldLease, Outcome, RawMessage, Request, SettlingGuard, Shared, WorkGroupState, WorkRequest,
 };
 use crate::error::Error;
 use crate::model::Claim;
@@ -23,7 +23,9 @@ pub(crate) struct JobInner {
     pub token: u64,
     /// The group's reset epoch when it was claimed.
     pub epoch: u64,
-    deadline: Mutex<Instant>,
+    /// This holder's lease. Shared with the etcd writer: an extension that did not reach etcd
+    /// puts the deadline back (see `WorkGroupState::cap_lease`).
+    lease: Arc<Mutex<HeldLease>>,
     /// Dropping the job gives the attempt back (set while the job sits unseen in a
     /// subscription's buffer, and by a worker pool stopping handlers at shutdown).
     pub uncounted: AtomicBool,
@@ -51,7 +53,7 @@ impl JobInner {
             attempt: c.attempt,
             token: c.token,
             epoch: c.epoch,
-            deadline: Mutex::new(c.deadline),
+            lease: Arc::new(Mutex::new(HeldLease::new(c.deadline))),
             uncounted: AtomicBool::new(true),
             tx: std::sync::OnceLock::new(),
             conflicts: Default::default(),
@@ -60,7 +62,7 @@ impl JobInner {
 
     /// When this holder's lease ends, on the broker's clock.
     pub(crate) fn deadline(&self) -> Instant {
-        *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
+        self.lease.lock().unwrap_or_else(|p| p.into_inner()).deadline
     }
 
     fn extend(&self, by: Duration) -> Result<(), Error> {
@@ -76,15 +78,23 @@ impl JobInner {
         // `by` is clamped to 100 years (`Duration::MAX` would overflow `Instant`).
         let until = clock.after(by);
         self.group.extend(self.msg.seq, self.token, now, until).map_err(|_| lost)?;
-        *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = until;
+        let number = {
+            let mut lease = self.lease.lock().unwrap_or_else(|p| p.into_inner());
+            lease.deadline = until;
+            lease.requested = until;
+            lease.extensions += 1;
+            lease.extensions
+        };
         // On etcd, other processes read the deadline from the claim record: it is rewritten
-        // (compared with this holder's claim) as soon as the writer gets to it.
+        // (compared with this holder's claim) as soon as the writer gets to it. If that write
+        // fails, the deadline goes back to the one others read, so that this holder never
+        // believes it holds the job past the deadline another process reads.
         self.shared.persist_extension(
             &self.group,
             self.msg.seq,
-            self.attempt,
-            self.token,
-            until,
+            (self.attempt, self.token),
+            (until, number),
+            &self.lease,
             &self.config.consumer,
         );
         Ok(())
@@ -137,7 +147,7 @@ macro_rules! accessors {
         /// # Ok(()) }
         /// ```
         pub fn lease_remaining(&self) -> Duration {
-            let deadline = *self.inner.deadline.lock().unwrap_or_else(|p| p.into_inner());
+            let deadline = self.inner.deadline();
             deadline.saturating_duration_since(self.inner.shared.clock().now())
         }
 
@@ -158,7 +168,7 @@ macro_rules! accessors {
             note = "use lease_remaining(): an Instant on the broker's clock is easy to misuse"
         )]
         pub fn lease_deadline(&self) -> Instant {
-            *self.inner.deadline.lock().unwrap_or_else(|p| p.into_inner())
+            self.inner.deadline()
         }
 
         /// Extends the lease to `by` from now, so that a long handler keeps the message. `by` is
@@ -666,7 +676,7 @@ impl Job {
             });
         }
         let lost = || group.lease_lost(seq, inner.attempt);
-        let deadline = inner.deadline();
+        let lease = inner.lease.clone();
         group.begin_settle(seq, inner.token, inner.shared.clock().now()).map_err(|_| lost())?;
         Ok(crate::engine::boundary::TxJob {
             group: group.clone(),
@@ -674,7 +684,7 @@ impl Job {
             attempt: inner.attempt,
             token: inner.token,
             epoch: inner.epoch,
-            deadline,
+            lease,
         })
     }
 

@@ -34,12 +34,9 @@ mod writer;
 
 pub(crate) use side::{EtcdSettings, EtcdSide};
 
-use std::sync::Arc;
-
 use tokio::sync::mpsc;
 
 use super::capability::{self, Capability, Flavour};
-use super::registry::WorkGroupState;
 use super::request::{Request, WorkRequest};
 use crate::error::Error;
 
@@ -58,22 +55,14 @@ pub(crate) fn check_send(msgs: &[crate::message::Message]) -> Result<(), Error> 
     Ok(())
 }
 
-/// Has the writer persist the extension of `seq`'s lease to `until_micros`, so that other
-/// processes see it. Never blocks: with the channel full, the request is sent from a task.
-#[allow(clippy::too_many_arguments)]
+/// Has the writer persist a lease extension, so that other processes see it. Never blocks:
+/// with the channel full, the request is sent from a task.
 pub(crate) fn persist_extension(
     tx: &mpsc::Sender<Request>,
     runtime: &tokio::runtime::Handle,
-    group: &Arc<WorkGroupState>,
-    seq: u64,
-    attempt: u32,
-    token: u64,
-    until_micros: u64,
-    holder: &Arc<str>,
+    extension: crate::engine::request::Extension,
 ) {
-    let claim =
-        crate::model::Claim::Leased { attempt, token, deadline_micros: until_micros, holder: holder.clone() };
-    let req = Request::Work(WorkRequest::Extend { group: group.clone(), seq, claim });
+    let req = Request::Work(WorkRequest::Extend(extension));
     // In order with this caller's later requests, unless the channel is full.
     if let Err(mpsc::error::TrySendError::Full(req)) = tx.try_send(req) {
         let tx = tx.clone();

@@ -32,7 +32,7 @@ use super::writer::Writer;
 use crate::engine::capability::{self, Capability, Flavour};
 use crate::engine::dead_letter::{self, Origin};
 use crate::engine::registry::{QueueState, QueuedAck, WorkGroupState};
-use crate::engine::request::{Outcome, Reply, SettingsMode, WorkSettingsRequest};
+use crate::engine::request::{Extension, Outcome, Reply, SettingsMode, WorkSettingsRequest};
 use crate::error::{Error, StorageError};
 use crate::events::Event;
 use crate::model::WorkSettings;
@@ -370,26 +370,50 @@ impl Writer {
         }
     }
 
-    /// Rewrites a lease with its extended deadline, compared with this holder's claim. Lost
-    /// meanwhile (another process claimed it after the old deadline): learned, and the holder's
-    /// outcome is refused.
-    pub(super) async fn extend(&mut self, group: Arc<WorkGroupState>, seq: u64, claim: Claim) {
+    /// Rewrites a lease with the latest deadline its holder asked for, compared with this
+    /// holder's claim.
+    ///
+    /// - Written: that deadline is what others read now; the holder's lease is it again (an
+    ///   earlier failed extension may have shortened it), unless a later extension is on its way.
+    /// - Lost meanwhile (another process claimed it after the old deadline): learned, and the
+    ///   holder's outcome is refused.
+    /// - Not written (etcd unreachable, or the answer lost) or not tried (the lease is no
+    ///   longer held as it was): the holder's lease goes back to the deadline others read, so
+    ///   that it never believes it holds the job after another process may have claimed it.
+    pub(super) async fn extend(&mut self, ext: Extension) {
+        let Extension { group, seq, token, mut claim, number, lease } = ext;
+        let clock = self.engine.clock().clone();
+        let take_back = |group: &WorkGroupState| {
+            let mut l = lease.lock().unwrap_or_else(|p| p.into_inner());
+            l.deadline = l.deadline.min(l.persisted);
+            group.cap_lease(seq, token, l.persisted);
+        };
         let Some(ws) = self.work_side(&group) else { return };
         let mut known = ws.known.lock().await;
-        let held = match &claim {
-            Claim::Leased { token, .. } => group.holds_lease(seq, *token),
-            _ => false,
+        let Some(expected) = known.own(seq).filter(|_| group.holds_lease(seq, token)) else {
+            take_back(&group);
+            return;
         };
-        let Some(expected) = known.own(seq).filter(|_| held) else { return };
-        let writes = [ClaimWrite { seq, expected, record: claim }];
+        let requested = lease.lock().unwrap_or_else(|p| p.into_inner()).requested;
+        if let Claim::Leased { deadline_micros, .. } = &mut claim {
+            *deadline_micros = clock.wall_micros_at(requested);
+        }
+        let writes = [ClaimWrite { seq, expected, record: claim.clone() }];
         match self.write(&group, &writes, None).await {
-            Ok(Written::Yes(rev)) => known.wrote(seq, rev),
-            Ok(Written::No { offset, found, .. }) => {
-                let clock = self.engine.clock().clone();
-                known.learn(&group, offset, found, &clock);
+            Ok(Written::Yes(rev)) => {
+                known.wrote(seq, rev);
+                let mut l = lease.lock().unwrap_or_else(|p| p.into_inner());
+                l.persisted = requested;
+                if l.extensions == number && group.extend(seq, token, clock.now(), requested).is_ok() {
+                    l.deadline = requested;
+                }
             }
+            Ok(Written::No { offset, found, .. }) => known.learn(&group, offset, found, &clock),
             Err(e) => {
-                tracing::warn!(queue = %group.queue.name, group = %group.name, seq, error = %e, "rockq: a lease extension did not reach etcd; other processes see the old deadline");
+                tracing::warn!(queue = %group.queue.name, group = %group.name, seq, error = %e, "rockq: a lease extension did not reach etcd; the holder keeps the deadline other processes see");
+                // If it landed after all, the watch shows this process's own record.
+                known.doubt(seq, claim);
+                take_back(&group);
             }
         }
     }

@@ -173,7 +173,7 @@ impl Writer {
             Request::Work(WorkRequest::Outcome { group, seq, attempt, outcome, reply, .. }) => {
                 self.outcome(group, seq, attempt, outcome, reply).await;
             }
-            Request::Work(WorkRequest::Extend { group, seq, claim }) => self.extend(group, seq, claim).await,
+            Request::Work(WorkRequest::Extend(extension)) => self.extend(extension).await,
             Request::Work(WorkRequest::Redrive { dlq, expected, last, items, reply }) => {
                 self.redrive(dlq, expected, last, items, reply).await;
             }

@@ -605,6 +605,23 @@ impl WorkGroupState {
         }
     }
 
+    /// Brings the holder's lease deadline forward to `deadline` if it is later (the etcd
+    /// engine: an extension that was not written). The claimers look again: the lease may have
+    /// run out already.
+    #[allow(dead_code)] // the etcd engine's
+    pub fn cap_lease(&self, seq: u64, token: u64, deadline: Instant) {
+        {
+            let mut d = self.dispatch();
+            match d.get(seq).map(|s| s.state) {
+                Some(SlotState::Leased { token: t, deadline: was }) if t == token && deadline < was => {
+                    d.set(seq, SlotState::Leased { token, deadline }, |_| {});
+                }
+                _ => return,
+            }
+        }
+        self.changed.notify_waiters();
+    }
+
     /// Queues an ack (already fenced by `begin_settle`). Returns true if the queue was empty:
     /// the caller then hands the group to the writer.
     pub fn queue_ack(&self, seq: u64, attempt: u32, epoch: u64) -> bool {

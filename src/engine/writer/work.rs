@@ -64,7 +64,7 @@ pub(super) fn apply(r: &mut Round<'_>, req: WorkRequest) {
         WorkRequest::SettleLetter { dlq, seq, item, reply } => settle_letter(r, dlq, seq, item, reply),
         WorkRequest::Reset { group, offset, reply } => reset(r, group, offset, reply),
         // Extensions live in memory here (a restart forgets leases anyway).
-        WorkRequest::Extend { .. } => {}
+        WorkRequest::Extend(_) => {}
     }
 }
 

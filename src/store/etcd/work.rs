@@ -154,6 +154,8 @@ impl EtcdStore {
             )));
         }
         let txn = Txn::new().when(cmps).and_then(ops).or_else(gets);
+        // Tests lose a claim write before it is sent (etcd unreachable, as far as it matters).
+        crate::faults::check("rockq-etcd-claim-request")?;
         let resp = self.kv().txn(txn).await?;
         // Tests lose the answer of an applied write: the caller must find out it landed.
         crate::faults::check("rockq-etcd-claim-answer")?;
