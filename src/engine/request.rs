@@ -233,11 +233,12 @@ impl HeldLease {
 pub(crate) struct Extension {
     pub group: Arc<WorkGroupState>,
     pub seq: u64,
-    /// The holder's fencing token.
+    /// The holder's attempt, fencing token and name: the claim record to store, leased until
+    /// the latest deadline `lease` asks for when the writer gets to it (extensions sent from a
+    /// task when the channel was full may arrive out of order).
+    pub attempt: u32,
     pub token: u64,
-    /// The claim as it is to be stored; the writer stores the latest deadline `lease` asks for
-    /// (extensions sent from a task when the channel was full may arrive out of order).
-    pub claim: Claim,
+    pub holder: Arc<str>,
     /// The extension's number (`HeldLease::extensions` once it was asked for).
     pub number: u64,
     pub lease: Arc<std::sync::Mutex<HeldLease>>,

@@ -228,28 +228,25 @@ impl Shared {
         self.backend.own_ordered(group, &self.tx).await
     }
 
-    /// Persists extension `number` of `seq`'s lease, to `until`, where other processes must
-    /// see it (the etcd engine; the embedded one keeps extensions in memory). If that fails,
-    /// the holder's `lease` and the group's go back to the deadline others read. Never blocks.
+    /// Persists extension `number` of `seq`'s lease (the latest deadline `lease` asks for)
+    /// where other processes must see it (the etcd engine; the embedded one keeps extensions in
+    /// memory). If that fails, the holder's `lease` and the group's go back to the deadline
+    /// others read. Never blocks.
     pub fn persist_extension(
         &self,
         group: &Arc<WorkGroupState>,
         seq: u64,
         (attempt, token): (u32, u64),
-        (until, number): (std::time::Instant, u64),
+        number: u64,
         lease: &Arc<std::sync::Mutex<crate::engine::request::HeldLease>>,
         holder: &Arc<str>,
     ) {
         let extension = crate::engine::request::Extension {
             group: group.clone(),
             seq,
+            attempt,
             token,
-            claim: crate::model::Claim::Leased {
-                attempt,
-                token,
-                deadline_micros: self.clock().wall_micros_at(until),
-                holder: holder.clone(),
-            },
+            holder: holder.clone(),
             number,
             lease: lease.clone(),
         };

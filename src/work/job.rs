@@ -93,7 +93,7 @@ impl JobInner {
             &self.group,
             self.msg.seq,
             (self.attempt, self.token),
-            (until, number),
+            number,
             &self.lease,
             &self.config.consumer,
         );

@@ -381,7 +381,7 @@ impl Writer {
     ///   longer held as it was): the holder's lease goes back to the deadline others read, so
     ///   that it never believes it holds the job after another process may have claimed it.
     pub(super) async fn extend(&mut self, ext: Extension) {
-        let Extension { group, seq, token, mut claim, number, lease } = ext;
+        let Extension { group, seq, attempt, token, holder, number, lease } = ext;
         let clock = self.engine.clock().clone();
         let take_back = |group: &WorkGroupState| {
             let mut l = lease.lock().unwrap_or_else(|p| p.into_inner());
@@ -395,9 +395,8 @@ impl Writer {
             return;
         };
         let requested = lease.lock().unwrap_or_else(|p| p.into_inner()).requested;
-        if let Claim::Leased { deadline_micros, .. } = &mut claim {
-            *deadline_micros = clock.wall_micros_at(requested);
-        }
+        let claim =
+            Claim::Leased { attempt, token, deadline_micros: clock.wall_micros_at(requested), holder };
         let writes = [ClaimWrite { seq, expected, record: claim.clone() }];
         match self.write(&group, &writes, None).await {
             Ok(Written::Yes(rev)) => {
