@@ -7,7 +7,8 @@
 //! requests), `rockq-etcd-append-request` and `rockq-etcd-append-answer` (the etcd engine's
 //! append transaction is lost before it is sent, or its answer is lost after it was applied),
 //! `rockq-etcd-claim-request` and `rockq-etcd-claim-answer` (the same for a claim write: claims,
-//! outcomes, lease extensions).
+//! outcomes, lease extensions), `rockq-etcd-revoke-late` (an ordered group's owner lease is
+//! revoked 200 ms late, as on a busy runtime).
 
 use crate::error::StorageError;
 

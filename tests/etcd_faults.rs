@@ -125,6 +125,42 @@ async fn a_claim_whose_answer_was_lost_is_found_to_be_ours() {
     a.shutdown().await.expect("shutdown");
 }
 
+/// Regression (CI failure): a subscription dropped just before `shutdown` left its group to the
+/// writer's release, whose lease revoke ran on a task nothing waited for; a runtime stopped
+/// right after `shutdown` returned cancelled the revoke, and the group stayed owned by a
+/// process that no longer ran for a whole owner TTL. `shutdown` now waits for every revoke.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_released_just_before_shutdown_is_free_when_shutdown_returns() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    // Long enough that only a revoke (never the TTL) can free the group within the test.
+    let opts = || EtcdOptions::new().owner_ttl(std::time::Duration::from_secs(60));
+    fail::cfg("rockq-etcd-revoke-late", "return").expect("failpoint");
+    let endpoints = cluster.endpoints();
+    // Another process: its own runtime, ended the moment `shutdown` returns.
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(async {
+            let b = Broker::connect_etcd(endpoints, "release", opts()).await.expect("connect");
+            let q = b.queue("q").await.expect("queue");
+            drop(q.group("g").expect("group").subscribe().await.expect("subscribe"));
+            // The writer releases the group in a round of its own, before the shutdown.
+            b.flush().await.expect("flush");
+            b.shutdown().await.expect("shutdown");
+        });
+    })
+    .join()
+    .expect("the other process");
+    fail::remove("rockq-etcd-revoke-late");
+    let a = Broker::connect_etcd(cluster.endpoints(), "release", opts()).await.expect("connect");
+    let q = a.queue("q").await.expect("queue");
+    match q.group("g").expect("group").subscribe().await {
+        Ok(sub) => drop(sub),
+        Err(e) => panic!("the group is still owned after its owner shut down: {e}"),
+    }
+    a.shutdown().await.expect("shutdown");
+}
+
 /// A group created after a retention pass computed its cuts and before its trim lands would
 /// lose its messages to a cut computed without it: the trim compares that no offset record
 /// was created since it read them, is refused, and is computed again with the new group.

@@ -13,6 +13,10 @@ use crate::engine::registry::OrderedGroupState;
 #[derive(Default)]
 pub(crate) struct Owners {
     held: Mutex<HashMap<usize, Held>>,
+    /// The lease tasks of groups released or lost but maybe not yet revoked: shutdown waits
+    /// for them too, or a runtime stopped right after it would cancel the revoke and leave the
+    /// group owned for a whole TTL.
+    ending: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 pub(super) struct Held {
@@ -41,34 +45,59 @@ impl Owners {
 
     /// Releases every group whose subscription is gone and that has nothing left to commit.
     pub fn release_clean(&self) {
-        self.lock().retain(|_, h| {
-            let done =
-                h.releasing && !h.group.dirty.load(Ordering::Acquire) && h.group.records().pending.is_empty();
-            if done {
-                h.stop.cancel();
-            }
-            !done
-        });
+        let done: Vec<Held> = {
+            let mut held = self.lock();
+            let ids: Vec<usize> = held
+                .iter()
+                .filter(|(_, h)| {
+                    h.releasing
+                        && !h.group.dirty.load(Ordering::Acquire)
+                        && h.group.records().pending.is_empty()
+                })
+                .map(|(k, _)| *k)
+                .collect();
+            ids.into_iter().filter_map(|k| held.remove(&k)).collect()
+        };
+        for h in done {
+            h.stop.cancel();
+            self.end(h.task);
+        }
     }
 
     /// Releases everything (the writer stops); the returned tasks end once their leases are
-    /// revoked.
+    /// revoked, those of groups released earlier included.
     pub fn release_all(&self) -> Vec<tokio::task::JoinHandle<()>> {
-        self.lock()
+        let mut tasks: Vec<_> = self
+            .lock()
             .drain()
             .map(|(_, h)| {
                 h.stop.cancel();
                 h.task
             })
-            .collect()
+            .collect();
+        tasks.append(&mut self.ending_lock());
+        tasks
     }
 
     /// A commit found another owner: `g`'s subscription here ends.
     pub fn lost(&self, g: &Arc<OrderedGroupState>) {
-        if let Some(h) = self.lock().remove(&id(g)) {
+        let held = self.lock().remove(&id(g));
+        if let Some(h) = held {
             h.stop.cancel();
+            self.end(h.task);
         }
         g.lose_ownership();
+    }
+
+    fn ending_lock(&self) -> std::sync::MutexGuard<'_, Vec<tokio::task::JoinHandle<()>>> {
+        self.ending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps `task` (its lease being revoked) for shutdown to wait on.
+    fn end(&self, task: tokio::task::JoinHandle<()>) {
+        let mut ending = self.ending_lock();
+        ending.retain(|t| !t.is_finished());
+        ending.push(task);
     }
 
     pub(super) fn request_release(&self, g: &Arc<OrderedGroupState>) -> bool {

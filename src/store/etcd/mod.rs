@@ -612,6 +612,9 @@ impl EtcdStore {
             _ = stop => true,
             _ = held => false,
         };
+        if crate::faults::check("rockq-etcd-revoke-late").is_err() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         self.revoke(lease).await;
         by_stop
     }
