@@ -324,6 +324,21 @@ impl LiveWatch {
     }
 }
 
+/// An answer, or `None` when it was larger than the client decodes (tonic's `OutOfRange`
+/// "message length too large"): the request was fine, its answer too big to carry.
+fn bounded<T>(r: Result<T, etcd_client::Error>) -> Result<Option<T>, etcd_client::Error> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(etcd_client::Error::GRpcStatus(s))
+            // gRPC code 11: out of range.
+            if s.code() as i32 == 11 && s.message().contains("message length too large") =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Key-value requests through [`Members::run`].
 pub(crate) struct Kv<'a>(pub(super) &'a Members);
 
@@ -340,6 +355,22 @@ impl Kv<'_> {
         opts: Option<GetOptions>,
     ) -> Result<GetResponse, StorageError> {
         self.0.run(true, |c| async move { c.kv_client().get(key, opts).await }).await
+    }
+
+    /// A read whose answer may outgrow the client's answer limit (4 MiB): `None` then, for
+    /// the caller to ask for fewer entries. Any other error as [`get`](Self::get).
+    pub async fn get_bounded(
+        &self,
+        key: Vec<u8>,
+        opts: Option<GetOptions>,
+    ) -> Result<Option<GetResponse>, StorageError> {
+        self.0.run(false, |c| async move { bounded(c.kv_client().get(key, opts).await) }).await
+    }
+
+    /// A transaction of reads whose answer may outgrow the client's answer limit, as
+    /// [`get_bounded`](Self::get_bounded).
+    pub async fn txn_bounded(&self, txn: Txn) -> Result<Option<TxnResponse>, StorageError> {
+        self.0.run(false, |c| async move { bounded(c.kv_client().txn(txn).await) }).await
     }
 
     pub async fn txn(&self, txn: Txn) -> Result<TxnResponse, StorageError> {

@@ -45,10 +45,16 @@ pub(crate) const MAX_TXN_OPS: usize = 128;
 /// `--max-request-bytes` (1.5 MiB) with room for keys and framing.
 pub(crate) const MAX_TXN_BYTES: usize = 1024 * 1024;
 
+/// Bytes of values one read asks for at most: half the client's 4 MiB answer limit, the
+/// rest left for keys and each entry's metadata.
+const ANSWER_BYTES: usize = 2 << 20;
+
 /// A connected namespace.
 #[derive(Clone)]
 pub(crate) struct EtcdStore {
     members: Arc<Members>,
+    /// The largest message each queue's last read met: how many the next read asks for.
+    sizes: Arc<Sizes>,
     ns: Vec<u8>,
     /// `etcd://<first endpoint>/<namespace>`: what `Broker::path` reports.
     pub label: String,
@@ -103,7 +109,7 @@ impl EtcdStore {
         let mut ns = namespace.as_bytes().to_vec();
         ns.push(b'/');
         let label = format!("etcd://{}/{namespace}", endpoints.first().map_or("", String::as_str));
-        let store = EtcdStore { members: Arc::new(members), ns, label };
+        let store = EtcdStore { members: Arc::new(members), sizes: Arc::default(), ns, label };
         let deadline = tokio::time::Instant::now() + timeout;
         let mut backoff = Duration::from_millis(10);
         loop {
@@ -373,7 +379,12 @@ impl EtcdStore {
     }
 
     /// Messages `from..=to` of queue `qid`, in order, stopping after `max_bytes` of values (at
-    /// least one). Linearizable: everything an append stored before is seen.
+    /// least one) or one answer's worth ([`ANSWER_BYTES`]): the caller goes on from where it
+    /// stopped. Linearizable: everything an append stored before is seen.
+    ///
+    /// etcd cannot bound a range by bytes, only by count: the count comes from the largest
+    /// value the last read of this queue met, and an answer that still outgrew the client's
+    /// limit (larger messages further on) is asked again for a quarter as many.
     pub async fn read_range(
         &self,
         qid: u32,
@@ -381,10 +392,18 @@ impl EtcdStore {
         to: u64,
         max_bytes: usize,
     ) -> Result<Vec<EtcdMessage>, StorageError> {
-        let want = (to - from + 1).min(1024);
-        // Roughly what fits: small messages in one round trip, large ones a few at a time.
-        let opts = GetOptions::new().with_range(self.message_key(qid, to + 1)).with_limit(want as i64);
-        let got = self.kv().get(self.message_key(qid, from), Some(opts)).await?;
+        let want = (to - from + 1).min(1024) as usize;
+        let budget = max_bytes.clamp(1, ANSWER_BYTES);
+        let mut limit = (budget / self.sizes.typical(qid)).clamp(1, want);
+        let got = loop {
+            let opts = GetOptions::new().with_range(self.message_key(qid, to + 1)).with_limit(limit as i64);
+            match self.kv().get_bounded(self.message_key(qid, from), Some(opts)).await? {
+                Some(got) => break got,
+                None if limit > 1 => limit = (limit / 4).max(1),
+                None => return Err(too_large(qid, from)),
+            }
+        };
+        self.sizes.learn(qid, got.kvs().iter().map(|kv| kv.value().len()));
         let plen = self.key(b"m/", b"").len();
         let mut out = Vec::with_capacity(got.kvs().len());
         let mut bytes = 0;
@@ -399,21 +418,35 @@ impl EtcdStore {
         Ok(out)
     }
 
-    /// The messages at `seqs` of queue `qid` that exist, in order.
+    /// The messages at `seqs` of queue `qid` that exist, in order: every one, in as many
+    /// answers as their sizes need (see [`read_range`](Self::read_range)).
     pub async fn read_seqs(&self, qid: u32, seqs: &[u64]) -> Result<Vec<EtcdMessage>, StorageError> {
-        let ops: Vec<TxnOp> = seqs.iter().map(|&s| TxnOp::get(self.message_key(qid, s), None)).collect();
+        let plen = self.key(b"m/", b"").len();
         let mut out = Vec::with_capacity(seqs.len());
-        for chunk in ops.chunks(MAX_TXN_OPS) {
-            let resp = self.kv().txn(Txn::new().and_then(chunk.to_vec())).await?;
-            let plen = self.key(b"m/", b"").len();
+        let mut rest = seqs;
+        while !rest.is_empty() {
+            let mut n = (ANSWER_BYTES / self.sizes.typical(qid)).clamp(1, MAX_TXN_OPS).min(rest.len());
+            let resp = loop {
+                let ops: Vec<TxnOp> =
+                    rest[..n].iter().map(|&s| TxnOp::get(self.message_key(qid, s), None)).collect();
+                match self.kv().txn_bounded(Txn::new().and_then(ops)).await? {
+                    Some(resp) => break resp,
+                    None if n > 1 => n = (n / 4).max(1),
+                    None => return Err(too_large(qid, rest[0])),
+                }
+            };
+            rest = &rest[n..];
+            let mut sizes = Vec::with_capacity(n);
             for r in resp.op_responses() {
                 if let etcd_client::TxnOpResponse::Get(g) = r {
                     for kv in g.kvs() {
                         let (_, seq) = keys::decode_message_key(&kv.key()[plen..]).map_err(corrupt)?;
+                        sizes.push(kv.value().len());
                         out.push((seq, kv.value().to_vec()));
                     }
                 }
             }
+            self.sizes.learn(qid, sizes);
         }
         Ok(out)
     }
@@ -637,6 +670,31 @@ impl EtcdStore {
         ops.push(TxnOp::put(tail.clone(), encode_tail(last, a.nonce), None));
         tail
     }
+}
+
+/// The largest value the last read of each queue met (at least 1 byte; 1 KiB for a queue not
+/// read yet).
+#[derive(Default)]
+struct Sizes(std::sync::Mutex<std::collections::HashMap<u32, usize>>);
+
+impl Sizes {
+    fn typical(&self, qid: u32) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).get(&qid).copied().unwrap_or(1024).max(1)
+    }
+
+    fn learn(&self, qid: u32, sizes: impl IntoIterator<Item = usize>) {
+        if let Some(largest) = sizes.into_iter().max() {
+            self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(qid, largest.max(1));
+        }
+    }
+}
+
+/// A single message larger than the client decodes: it cannot be read at all (it could not
+/// have been written by rockq: one message is at most [`MAX_TXN_BYTES`]).
+fn too_large(qid: u32, seq: u64) -> StorageError {
+    StorageError::new(format!(
+        "etcd: message {seq} of queue {qid} is larger than the client's 4 MiB answer limit"
+    ))
 }
 
 /// What became of an [`EtcdStore::commit_ordered`].
