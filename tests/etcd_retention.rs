@@ -183,3 +183,75 @@ async fn a_background_pass_runs_on_etcd_too() {
     drop(sub);
     broker.shutdown().await.unwrap();
 }
+
+/// Regression (the engine's review): a trim holds a ranged delete and an offset move for every
+/// work group behind the cut, and etcd takes 128 operations per transaction, so a queue with
+/// more than about 60 groups behind its cut was never trimmed. The groups beyond one
+/// transaction are now moved past the cut first (work groups) or cleaned after it (ordered
+/// groups' marks); every group ends past the cut, as in one transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trim_with_more_groups_behind_than_one_transaction_holds_moves_them_all() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let b = connect(&cluster, "many", &clock).await;
+    let q = b.queue("q").await.unwrap();
+    for i in 1..=20 {
+        q.send(format!("m{i}")).await.unwrap();
+    }
+    // 130 work groups that finished nothing: 260 operations, two transactions ahead of the trim.
+    for i in 0..130 {
+        q.work_group(&format!("w{i:03}")).unwrap().update().await.unwrap();
+    }
+    // One more holds a lease on the first message: its claim record goes with the cut.
+    let mut jobs = q.work_group("holder").unwrap().read_batch(1).max_in_flight(1).subscribe().await.unwrap();
+    let held = common::next_job(&mut jobs).await;
+    assert_eq!(held.seq(), 1);
+    // 70 ordered groups, each with a mark (the second message acknowledged before the first).
+    for i in 0..70 {
+        let mut sub = q.group(&format!("o{i:02}")).unwrap().read_batch(2).subscribe().await.unwrap();
+        let first = common::next(&mut sub).await;
+        let second = common::next(&mut sub).await;
+        assert_eq!((first.seq(), second.seq()), (1, 2));
+        second.ack().unwrap();
+        b.flush().await.unwrap();
+        drop((first, sub));
+    }
+    b.flush().await.unwrap();
+    let etcd = cluster.client().await;
+    let count = |prefix: &'static str| {
+        let mut etcd = etcd.clone();
+        async move {
+            let opts = etcd_client::GetOptions::new().with_prefix().with_count_only();
+            etcd.get(format!("many/{prefix}"), Some(opts)).await.unwrap().count()
+        }
+    };
+    assert_eq!(count("k/").await, 70, "a mark per ordered group");
+    assert!(count("c/").await >= 1, "the holder's claim");
+    let mut events = b.events();
+
+    q.set_retention(Retention::MaxLen(5)).await.unwrap();
+    let report = b.trim().await.unwrap();
+    assert_eq!(report.trimmed, [("q".to_owned(), 15, 16)]);
+    assert_eq!(q.first_seq(), 16);
+    let stats = b.stats().await.unwrap();
+    let work: Vec<_> = stats.groups.iter().filter(|g| g.mode == rockq::GroupMode::WorkQueue).collect();
+    assert_eq!(work.len(), 131);
+    assert!(work.iter().all(|g| g.committed == 15), "every work group moved past the cut");
+    let mut skipped = std::collections::BTreeSet::new();
+    while skipped.len() < 131 {
+        match common::wait_event(&mut events, |e| matches!(e, Event::Skipped { .. })).await {
+            Event::Skipped { group, from: 1, to: 15, .. } => assert!(skipped.insert(group.to_string())),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(count("k/").await, 0, "every ordered group's marks below the cut are gone");
+    assert_eq!(count("c/").await, 0, "the claim below the cut is gone");
+    assert!(held.ack_durable().await.is_err(), "a claim deleted by the trim cannot be settled");
+    assert_eq!(common::next_job(&mut jobs).await.seq(), 16);
+    // Every ordered group goes on from the new head.
+    let mut sub = q.group("o07").unwrap().subscribe().await.unwrap();
+    assert_eq!(common::next(&mut sub).await.seq(), 16);
+    assert_eq!(b.trim().await.unwrap().deleted, 0);
+    drop((sub, jobs));
+    b.shutdown().await.unwrap();
+}

@@ -18,8 +18,7 @@ use crate::error::Error;
 use crate::events::Event;
 use crate::model::{GroupMode, QueueMeta};
 use crate::retention::{Retention, TrimReport};
-use crate::store::etcd::MAX_TXN_OPS;
-use crate::store::etcd::retention::{TrimGroup, TrimPlan};
+use crate::store::etcd::retention::{GROUPS_PER_MOVE, TrimGroup, TrimPlan};
 use crate::telemetry;
 
 /// Most messages one pass scans to find a `MaxAge` cut (the rest waits for the next pass).
@@ -45,7 +44,7 @@ pub(crate) async fn pass(
         started_at.get_or_insert(loaded.revision);
         let now = clock.wall_micros();
         let mut refused = Vec::new();
-        for (i, (name, meta, last)) in loaded.queues.iter().enumerate() {
+        'queues: for (i, (name, meta, last)) in loaded.queues.iter().enumerate() {
             if pending.as_ref().is_some_and(|p| !p.contains(name)) {
                 continue;
             }
@@ -85,18 +84,24 @@ pub(crate) async fn pass(
                 behind,
                 read_at: loaded.revision,
             };
-            if plan.operations() > MAX_TXN_OPS {
-                // Left for now, every other queue trimmed: moving this many groups past the cut
-                // needs more than one transaction (not built yet).
-                tracing::warn!(queue = %name, groups_behind = plan.behind.len(), "rockq: too many groups behind the retention cut to trim this queue in one etcd transaction; skipped");
-                continue;
-            }
+            let mut plan = plan;
+            let (ahead, after) = plan.split();
             // Tests create a group here, after the cut was computed.
             crate::faults::reached("rockq-etcd-trim-planned");
+            for chunk in ahead.chunks(GROUPS_PER_MOVE) {
+                if !retrying(t, || side.store.move_past_cut(&plan, chunk)).await? {
+                    refused.push(name.clone());
+                    continue 'queues;
+                }
+                skipped(engine, &plan.queue, chunk, to);
+            }
             if retrying(t, || side.store.trim(&plan)).await? {
                 trimmed(engine, side, &plan, first).await;
                 report.trimmed.push((name.clone(), to - first + 1, to + 1));
                 report.deleted += to - first + 1;
+                if !after.is_empty() {
+                    retrying(t, || side.store.delete_marks(name, &after, to)).await?;
+                }
             } else {
                 refused.push(name.clone());
             }
@@ -127,14 +132,20 @@ async fn trimmed(engine: &Engine, side: &EtcdSide, plan: &TrimPlan, first: u64) 
     let queue: Arc<str> = Arc::from(plan.queue.as_str());
     tracing::info!(queue = %queue, deleted, first_seq = to + 1, "rockq: trimmed");
     telemetry::queue_counter(telemetry::TRIMMED, &queue, deleted);
-    for g in plan.behind.iter().filter(|g| g.mode == GroupMode::WorkQueue) {
+    skipped(engine, &plan.queue, &plan.behind, to);
+    engine.emit(|| Event::Trimmed { queue, deleted, first_seq: to + 1 });
+}
+
+/// Work groups of `queue` moved past the cut `to`: reported as the embedded writer does.
+fn skipped(engine: &Engine, queue: &str, groups: &[TrimGroup], to: u64) {
+    let queue: Arc<str> = Arc::from(queue);
+    for g in groups.iter().filter(|g| g.mode == GroupMode::WorkQueue) {
         let from = g.committed + 1;
-        if let Some(state) = engine.registry.work.get(&crate::store::group_id(&g.group, &plan.queue)) {
+        if let Some(state) = engine.registry.work.get(&crate::store::group_id(&g.group, &queue)) {
             state.skipped.fetch_add(to - from + 1, Ordering::Relaxed);
         }
         tracing::warn!(queue = %queue, group = %g.group, from, to, "rockq: retention skipped messages a group had not finished");
         let group: Arc<str> = Arc::from(g.group.as_str());
         engine.emit(|| Event::Skipped { queue: queue.clone(), group, from, to });
     }
-    engine.emit(|| Event::Trimmed { queue, deleted, first_seq: to + 1 });
 }

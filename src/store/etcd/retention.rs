@@ -11,6 +11,12 @@
 //! group behind the cut: `Delete` its claim records or marks up to `to`, and for a work group
 //! `Put o/<g> = to`. Offsets only move forward on etcd, so a group's offset read before the
 //! transaction is at most what it is when the transaction applies.
+//!
+//! More groups behind the cut than one transaction holds (etcd's 128 operations: about 60 work
+//! groups): the work groups beyond it are moved past the cut first, 60 to a transaction with
+//! the same compares, and the marks of ordered groups beyond it are deleted after the trim
+//! ([`TrimPlan::split`]). A process stopped in between leaves groups moved past messages that
+//! are still there, which the next pass trims: what the policy decided, in more steps.
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp, WatchOptions};
 
@@ -18,6 +24,14 @@ use super::{EtcdStore, corrupt, decode_envelope, decode_tail};
 use crate::error::{CorruptionError, StorageError};
 use crate::model::{GroupMode, GroupOffset, QueueMeta};
 use crate::store::{keys, records};
+
+/// Deletes the records under `prefix` (claims or marks) up to sequence `to`.
+fn upto(prefix: &[u8], to: u64) -> TxnOp {
+    TxnOp::delete(
+        keys::claim_key(prefix, 0),
+        Some(DeleteOptions::new().with_range(keys::claim_key(prefix, to.saturating_add(1)))),
+    )
+}
 
 /// A group of the queue a [`TrimPlan`] trims.
 #[derive(Debug, Clone)]
@@ -59,11 +73,33 @@ pub(crate) enum NamespaceEvent {
 impl TrimPlan {
     /// The operations its transaction holds: the ranged delete and the queue record, a ranged
     /// delete and an offset put per work group behind, a ranged delete per ordered group
-    /// behind. Over etcd's limit, the queue cannot be trimmed in one transaction.
+    /// behind. [`split`](Self::split) makes it fit etcd's limit.
     pub fn operations(&self) -> usize {
         2 + self.behind.iter().map(|g| if g.mode == GroupMode::WorkQueue { 2 } else { 1 }).sum::<usize>()
     }
+
+    /// Makes the trim fit one transaction: returns the work groups to move past the cut first
+    /// ([`EtcdStore::move_past_cut`], a transaction per [`GROUPS_PER_MOVE`]) and the ordered
+    /// groups whose marks go after it ([`EtcdStore::delete_marks`]); the plan keeps the rest.
+    ///
+    /// Work groups go first because moving one is what the trim itself does to it (a claim
+    /// below its offset is refused, so nothing is claimed again while the messages remain);
+    /// ordered groups' marks go last because below the new first sequence they mean nothing,
+    /// while deleting them earlier could deliver again what their owner acknowledged.
+    pub fn split(&mut self) -> (Vec<TrimGroup>, Vec<TrimGroup>) {
+        let (mut work, mut ordered): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.behind).into_iter().partition(|g| g.mode == GroupMode::WorkQueue);
+        let room = super::MAX_TXN_OPS - 2;
+        let ahead = work.split_off(work.len().min(room / 2));
+        let after = ordered.split_off(ordered.len().min(room - 2 * work.len()));
+        self.behind = work;
+        self.behind.append(&mut ordered);
+        (ahead, after)
+    }
 }
+
+/// Work groups one [`EtcdStore::move_past_cut`] moves: two operations and one compare each.
+pub(crate) const GROUPS_PER_MOVE: usize = 60;
 
 impl EtcdStore {
     /// The queue record of `name` and its `mod_revision`, if it exists.
@@ -94,17 +130,7 @@ impl EtcdStore {
     pub async fn trim(&self, plan: &TrimPlan) -> Result<bool, StorageError> {
         let qid = plan.meta.id;
         let qkey = self.queue_key(&plan.queue);
-        let offsets = self.key(b"o/", b"");
-        let mut cmps = vec![
-            Compare::mod_revision(qkey.clone(), CompareOp::Equal, plan.queue_rev),
-            Compare::create_revision(offsets, CompareOp::Less, plan.read_at + 1).with_prefix(),
-        ];
-        let upto = |prefix: &[u8]| {
-            TxnOp::delete(
-                keys::claim_key(prefix, 0),
-                Some(DeleteOptions::new().with_range(keys::claim_key(prefix, plan.to.saturating_add(1)))),
-            )
-        };
+        let mut cmps = self.plan_compares(plan);
         let mut ops = vec![
             TxnOp::delete(
                 self.message_key(qid, 0),
@@ -112,20 +138,7 @@ impl EtcdStore {
             ),
             TxnOp::put(qkey, records::encode_queue(&plan.meta).to_vec(), None),
         ];
-        for g in &plan.behind {
-            match g.mode {
-                GroupMode::WorkQueue => {
-                    let okey = self.offset_key(&g.group, &plan.queue);
-                    cmps.push(Compare::mod_revision(okey.clone(), CompareOp::Equal, g.rev));
-                    ops.push(upto(&self.claims_prefix(&g.group, &plan.queue)));
-                    let moved = GroupOffset { mode: GroupMode::WorkQueue, committed: plan.to };
-                    ops.push(TxnOp::put(okey, records::encode_offset(&moved).to_vec(), None));
-                }
-                // An ordered group's offset is its owner's; the subscription skips to the new
-                // first sequence (as embedded). Its marks up to the cut go.
-                GroupMode::Ordered => ops.push(upto(&self.mark_prefix(&g.group, &plan.queue))),
-            }
-        }
+        self.push_groups(plan, &plan.behind, &mut cmps, &mut ops);
         debug_assert_eq!(ops.len(), plan.operations());
         if ops.len() > super::MAX_TXN_OPS || cmps.len() > super::MAX_TXN_OPS {
             return Err(StorageError::new(format!(
@@ -137,6 +150,65 @@ impl EtcdStore {
             )));
         }
         Ok(self.kv().txn(Txn::new().when(cmps).and_then(ops)).await?.succeeded())
+    }
+
+    /// Moves the work groups `groups` of `plan` past its cut before the trim (see
+    /// [`TrimPlan::split`]), comparing what the plan was computed from; `false`: something
+    /// changed, and nothing was written.
+    pub async fn move_past_cut(&self, plan: &TrimPlan, groups: &[TrimGroup]) -> Result<bool, StorageError> {
+        debug_assert!(
+            groups.len() <= GROUPS_PER_MOVE && groups.iter().all(|g| g.mode == GroupMode::WorkQueue)
+        );
+        let mut cmps = self.plan_compares(plan);
+        let mut ops = Vec::with_capacity(2 * groups.len());
+        self.push_groups(plan, groups, &mut cmps, &mut ops);
+        Ok(self.kv().txn(Txn::new().when(cmps).and_then(ops)).await?.succeeded())
+    }
+
+    /// Deletes the marks up to `to` of the ordered groups `groups` of `queue`, after a trim
+    /// deleted the messages they were about (see [`TrimPlan::split`]).
+    pub async fn delete_marks(&self, queue: &str, groups: &[TrimGroup], to: u64) -> Result<(), StorageError> {
+        for chunk in groups.chunks(super::MAX_TXN_OPS) {
+            let ops: Vec<TxnOp> =
+                chunk.iter().map(|g| upto(&self.mark_prefix(&g.group, queue), to)).collect();
+            self.kv().txn(Txn::new().and_then(ops)).await?;
+        }
+        Ok(())
+    }
+
+    /// What every transaction of a trim compares: the queue record as the cut was computed
+    /// from it, and no offset record created since the plan was read (a new `Earliest` group
+    /// keeps its messages).
+    fn plan_compares(&self, plan: &TrimPlan) -> Vec<Compare> {
+        vec![
+            Compare::mod_revision(self.queue_key(&plan.queue), CompareOp::Equal, plan.queue_rev),
+            Compare::create_revision(self.key(b"o/", b""), CompareOp::Less, plan.read_at + 1).with_prefix(),
+        ]
+    }
+
+    /// Adds what a trim does to `groups`: a work group's claim records up to the cut go and its
+    /// offset moves to it (compared unchanged since the plan); an ordered group's offset is
+    /// its owner's (the subscription skips to the new first sequence, as embedded), and only
+    /// its marks up to the cut go.
+    fn push_groups(
+        &self,
+        plan: &TrimPlan,
+        groups: &[TrimGroup],
+        cmps: &mut Vec<Compare>,
+        ops: &mut Vec<TxnOp>,
+    ) {
+        for g in groups {
+            match g.mode {
+                GroupMode::WorkQueue => {
+                    let okey = self.offset_key(&g.group, &plan.queue);
+                    cmps.push(Compare::mod_revision(okey.clone(), CompareOp::Equal, g.rev));
+                    ops.push(upto(&self.claims_prefix(&g.group, &plan.queue), plan.to));
+                    let moved = GroupOffset { mode: GroupMode::WorkQueue, committed: plan.to };
+                    ops.push(TxnOp::put(okey, records::encode_offset(&moved).to_vec(), None));
+                }
+                GroupMode::Ordered => ops.push(upto(&self.mark_prefix(&g.group, &plan.queue), plan.to)),
+            }
+        }
     }
 
     /// The last of messages `first..=last` of queue `qid` enqueued before `cutoff_micros`,
@@ -251,4 +323,47 @@ fn namespace_event(
         return Ok(Some(NamespaceEvent::Queue { name, meta }));
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(work: usize, ordered: usize) -> TrimPlan {
+        let group = |i: usize, mode| TrimGroup { group: format!("g{i}"), mode, committed: 0, rev: 1 };
+        let behind = (0..work)
+            .map(|i| group(i, GroupMode::WorkQueue))
+            .chain((work..work + ordered).map(|i| group(i, GroupMode::Ordered)))
+            .collect();
+        let meta = QueueMeta {
+            id: 1,
+            first_seq: 11,
+            retention: crate::retention::Retention::MaxLen(5),
+            dedup_window: crate::model::DEFAULT_DEDUP_WINDOW,
+        };
+        TrimPlan { queue: "q".into(), meta, queue_rev: 1, to: 10, behind, read_at: 1 }
+    }
+
+    #[test]
+    fn a_split_plan_fits_one_transaction_and_loses_no_group() {
+        for (work, ordered) in [(0, 0), (10, 10), (63, 0), (64, 0), (0, 126), (0, 127), (200, 300), (63, 1)] {
+            let mut p = plan(work, ordered);
+            let (ahead, after) = p.split();
+            assert!(
+                p.operations() <= crate::store::etcd::MAX_TXN_OPS,
+                "{work}/{ordered}: {}",
+                p.operations()
+            );
+            assert!(ahead.iter().all(|g| g.mode == GroupMode::WorkQueue));
+            assert!(after.iter().all(|g| g.mode == GroupMode::Ordered));
+            let mut names: Vec<_> =
+                p.behind.iter().chain(&ahead).chain(&after).map(|g| g.group.clone()).collect();
+            names.sort();
+            names.dedup();
+            assert_eq!(names.len(), work + ordered, "{work}/{ordered}: every group once");
+            if 2 * work + ordered <= 126 {
+                assert!(ahead.is_empty() && after.is_empty(), "{work}/{ordered}: fits, nothing split");
+            }
+        }
+    }
 }
