@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the embedded engine's semantics suites (ordered groups, work groups, worker pools,
-# dead letters and redrive, retention) unchanged against a real single-member etcd (feature `etcd`):
+# dead letters and redrive, retention, idempotency keys) unchanged against a real single-member etcd (feature `etcd`):
 # starts Debian's `etcd` on loopback ports chosen now, data in a temp dir, points the tests at
 # it (`ROCKQ_TEST_ETCD`, see tests/common/mod.rs), and stops it by its pid at the end.
 # Called by scripts/test.sh and scripts/etcd-tests.sh.
@@ -63,3 +63,5 @@ cargo test --features "$features" --test ordered_basics --test ordered_offsets -
 cargo test --features "$features" --test ordered_poison "$@" -- --skip reset --skip trimmed --skip stale_delivery_records --skip saturated --skip a_crash_after
 cargo test --features "$features" --test dlq_redrive "$@" -- --skip a_corrupted_message
 cargo test --features "$features" --test queue_retention "$@" -- --skip reset --skip large_consumed_backlog
+# Idempotency keys (not delayed messages: the scheduler is not on etcd yet).
+cargo test --features "$features" --test queue_dedup "$@" -- --skip a_delayed_message

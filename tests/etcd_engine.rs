@@ -235,8 +235,16 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
 
     let e = q.submit(Message::new("later").deliver_after(Duration::from_secs(5))).await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "delay: {e}");
-    let e = q.send(Message::new("k").idempotency_key("once")).await.unwrap_err();
-    assert!(is_etcd(e.unsupported()), "idempotency key: {e}");
+    let e = q
+        .submit_batch([Message::new("now"), Message::new("later").deliver_after(Duration::from_secs(5))])
+        .await
+        .unwrap_err();
+    assert!(is_etcd(e.unsupported()), "a batch with a delay: {e}");
+    let e = q
+        .submit_batch((0..100).map(|i| Message::new(format!("{i}")).idempotency_key(format!("k{i}"))))
+        .await
+        .unwrap_err();
+    assert!(is_etcd(e.unsupported()), "a keyed batch over one transaction (a record per key): {e}");
     let e = q.send_batch((0..200).map(|i| Message::new(format!("{i}")))).await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "oversized batch: {e}");
     let e = q.work_group("w").unwrap().ordered_by_key(true).subscribe().await.unwrap_err();
@@ -285,8 +293,8 @@ async fn stats_show_the_namespace_as_every_broker_left_it() {
     let queues: Vec<_> =
         stats.queues.iter().map(|q| (q.name.as_str(), q.first_seq, q.last_seq, q.len)).collect();
     assert_eq!(queues, [("one", 1, 3, 3), ("two", 1, 1, 1)]);
-    // No idempotency keys are kept on etcd: no window is shown for them.
-    assert!(stats.queues.iter().all(|q| q.dedup_window.is_zero()), "{:?}", stats.queues);
+    // The dedup window is the queue record's (the default: SQS's five minutes).
+    assert!(stats.queues.iter().all(|q| q.dedup_window == Duration::from_secs(300)), "{:?}", stats.queues);
     let groups: Vec<_> =
         stats.groups.iter().map(|g| (g.queue.as_str(), g.group.as_str(), g.committed, g.lag)).collect();
     assert_eq!(groups, [("two", "g", 1, 0)]);
@@ -412,4 +420,81 @@ async fn large_messages_are_read_a_few_at_a_time_by_every_reader() {
     assert!(peeked.iter().all(|m| m.payload == payload(m.seq)), "peek returns every payload whole");
     drop((sub, jobs));
     b.shutdown().await.unwrap();
+}
+
+/// Idempotency keys across processes: brokers racing one key write it once, and every one of
+/// them reports the original; the record is written in the message's own transaction, and goes
+/// from etcd on its own (an expiring lease) once its window has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brokers_racing_one_idempotency_key_write_it_once_and_etcd_forgets_it_after_its_window() {
+    let cluster = etcd::Cluster::start(1).await;
+    let brokers = [
+        connect(&cluster, "dedup").await,
+        connect(&cluster, "dedup").await,
+        connect(&cluster, "dedup").await,
+    ];
+    let mut queues = Vec::new();
+    for b in &brokers {
+        queues.push(b.queue("payments").await.unwrap());
+    }
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(48));
+    let mut tasks = Vec::new();
+    for i in 0..48 {
+        let (q, start) = (queues[i % 3].clone(), start.clone());
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            let key = format!("order-{}", i % 4);
+            q.submit(Message::new(format!("attempt {i}")).idempotency_key(key)).await.unwrap()
+        }));
+    }
+    let mut by_key: std::collections::BTreeMap<String, Vec<rockq::Sent>> = Default::default();
+    for (i, t) in tasks.into_iter().enumerate() {
+        by_key.entry(format!("order-{}", i % 4)).or_default().push(t.await.unwrap());
+    }
+    let mut originals = BTreeSet::new();
+    for (key, outcomes) in &by_key {
+        let appended: Vec<_> = outcomes.iter().filter(|o| matches!(o, rockq::Sent::Appended(_))).collect();
+        assert_eq!(appended.len(), 1, "{key}: {outcomes:?}");
+        let seq = appended[0].seq().unwrap();
+        assert!(outcomes.iter().all(|o| o.seq() == Some(seq)), "{key}: every duplicate names the original");
+        originals.insert(seq);
+    }
+    assert_eq!(originals, (1..=4).collect::<BTreeSet<u64>>(), "four keys, four messages");
+    let peeked = brokers[0].peek("payments", None, 100).await.unwrap();
+    assert_eq!(peeked.len(), 4, "duplicates wrote nothing");
+    // A broker that never saw the keys knows them: they are etcd's, not a process's.
+    let late = connect(&cluster, "dedup").await;
+    let q = late.queue("payments").await.unwrap();
+    let again = q.submit(Message::new("again").idempotency_key("order-2")).await.unwrap();
+    assert!(
+        matches!(again, rockq::Sent::Duplicate(rockq::Original::Appended(s)) if originals.contains(&s)),
+        "{again:?}"
+    );
+    // A short window: the records go under an etcd lease that outlives it by a little, and
+    // then etcd deletes them (nothing accumulates, no pass needed).
+    q.set_dedup_window(Duration::from_secs(1)).await.unwrap();
+    assert_eq!(
+        q.submit(Message::new("short").idempotency_key("brief")).await.unwrap(),
+        rockq::Sent::Appended(5)
+    );
+    let mut etcd = cluster.client().await;
+    let opts = || Some(etcd_client::GetOptions::new().with_prefix().with_count_only());
+    assert_eq!(etcd.get("dedup/d/", opts()).await.unwrap().count(), 5, "a record per key");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+    loop {
+        let left = etcd.get("dedup/d/", opts()).await.unwrap().count();
+        // The five-minute records stay; the one-second one goes with its lease.
+        if left == 4 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the expired record is still in etcd ({left} records)"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    late.shutdown().await.unwrap();
+    for b in brokers {
+        b.shutdown().await.unwrap();
+    }
 }

@@ -1,6 +1,6 @@
 //! What each engine carries out: **one table** for every refusal. A handle asks before it
 //! acts (`Shared::check`); an engine's send check asks for what a send call needs (the etcd
-//! engine: idempotency keys, a call larger than one transaction); the etcd writer asks for any
+//! engine: a call larger than one transaction); the etcd writer asks for any
 //! request it has no handler for ([`for_request`]). An operation an engine does not carry out is refused with
 //! [`Error::Unsupported`](crate::error::Error::Unsupported), naming it, and nothing changes.
 //!
@@ -93,11 +93,11 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
         Flavour::Embedded => true,
         // Everything below is refused on etcd until the etcd engine builds it (docs/DISTRIBUTED.md).
         Flavour::Etcd => match cap {
+            Capability::IdempotencyKeys => true,
             Capability::ResetGroup
             | Capability::PauseGroup
             | Capability::DeleteAndPurge
             | Capability::Scheduling
-            | Capability::IdempotencyKeys
             | Capability::Keyspaces
             | Capability::Transactions
             | Capability::OrderedByKey

@@ -19,6 +19,7 @@
 //!   that teaches the claim state machine what other processes wrote.
 
 mod claims;
+mod dedup;
 pub(crate) mod inspect;
 mod known;
 pub(crate) mod owner;
@@ -41,15 +42,13 @@ use super::request::{Request, WorkRequest};
 use crate::error::Error;
 
 /// A send call must fit one append transaction (it is never split: its sequences are
-/// contiguous), and idempotency keys are not carried out on etcd yet: what the call needs is
-/// asked of the table.
+/// contiguous): what the call needs is asked of the table.
 pub(crate) fn check_send(msgs: &[crate::message::Message]) -> Result<(), Error> {
     use crate::store::etcd::{MAX_TXN_BYTES, MAX_TXN_OPS};
-    if msgs.iter().any(|m| m.idempotency_key.is_some()) {
-        capability::check(Flavour::Etcd, Capability::IdempotencyKeys)?;
-    }
     let bytes: usize = msgs.iter().map(crate::store::envelope::encoded_len).sum();
-    if msgs.len() > MAX_TXN_OPS - 1 || bytes > MAX_TXN_BYTES {
+    // A message with an idempotency key takes a second operation: its dedup record.
+    let ops = msgs.len() + msgs.iter().filter(|m| m.idempotency_key.is_some()).count();
+    if ops > MAX_TXN_OPS - 1 || bytes > MAX_TXN_BYTES {
         capability::check(Flavour::Etcd, Capability::LargeSendCall)?;
     }
     Ok(())

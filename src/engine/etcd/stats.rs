@@ -37,8 +37,7 @@ pub(crate) async fn stats(engine: &Arc<Engine>, side: &EtcdSide) -> Result<Stats
             oldest_age,
             scheduled: 0,
             next_due: None,
-            // Idempotency keys are not kept on etcd (yet): no window.
-            dedup_window: Duration::ZERO,
+            dedup_window: meta.dedup_window,
         });
     }
     queues.sort_by(|a, b| a.name.cmp(&b.name));

@@ -27,11 +27,12 @@ use crate::engine::capability::{self, Flavour};
 use crate::engine::dead_letter::{self, Origin};
 use crate::engine::inbox::Staged;
 use crate::engine::registry::{OrderedGroupState, PendingRecord, QueueState};
-use crate::engine::request::{OrderedRequest, QueueRequest, Request, RetentionRequest, WorkRequest};
+use crate::engine::request::{
+    OrderedRequest, QueueRequest, Request, RetentionRequest, ScheduleRequest, WorkRequest,
+};
 use crate::error::{Closed, Error, StorageError, UnsupportedError};
 use crate::events::Event;
 use crate::model::{GroupMode, GroupOffset, OrderedMark, QueueMeta, StartFrom};
-use crate::retention::Retention;
 use crate::store::envelope;
 use crate::store::etcd::{
     Appended, CommitOutcome, DeadLetterAppend, MAX_TXN_BYTES, MAX_TXN_OPS, OrderedCommit,
@@ -58,6 +59,8 @@ pub(super) struct Writer {
     pub(super) stop: tokio_util::sync::CancellationToken,
     /// Wakes this writer without keeping it alive (a work group's watch saw its offset behind).
     pub(super) nudge: mpsc::WeakSender<Request>,
+    /// The leases dedup records go under, per window: (lease, handed out until).
+    pub(super) dedup_leases: HashMap<Duration, (i64, Instant)>,
 }
 
 /// Runs until every handle is gone or a shutdown is asked for.
@@ -77,6 +80,7 @@ pub(super) async fn run(
         unreachable: false,
         stop,
         nudge,
+        dedup_leases: HashMap::new(),
     };
     let max_requests = w.engine.options.max_batch_messages;
     let mut pending: Vec<Request> = Vec::new();
@@ -179,7 +183,17 @@ impl Writer {
             }
             Request::WorkSettings(req) => self.work_settings(req).await,
             Request::Retention(RetentionRequest::SetPolicy { queue, retention, reply }) => {
-                let _ = reply.send(self.set_retention(&queue, retention).await);
+                let _ = reply.send(self.set_queue_record(&queue, |m| QueueMeta { retention, ..m }).await);
+            }
+            // Not delayed: appended now, in one transaction (delays wait for the scheduler).
+            Request::Schedule(ScheduleRequest::Submit { queue, msgs, reply })
+                if msgs.iter().all(|m| m.due.is_none()) =>
+            {
+                let _ = reply.send(self.submit_now(&queue, msgs).await);
+            }
+            Request::Queue(QueueRequest::SetDedupWindow { queue, window, reply }) => {
+                let _ = reply
+                    .send(self.set_queue_record(&queue, |m| QueueMeta { dedup_window: window, ..m }).await);
             }
             Request::Commit => {}
             // No handler here: refused as the capability table says (a request the table
@@ -259,13 +273,19 @@ impl Writer {
 
     /// Changes `queue`'s retention policy in its record, compared with the record's revision
     /// (another process may have trimmed it meanwhile: its first sequence is kept).
-    async fn set_retention(&mut self, queue: &QueueState, retention: Retention) -> Result<(), Error> {
+    /// Changes `queue`'s record (its retention policy, its dedup window) as `change` says, by
+    /// a compare-and-set on the record as read: another process's change is kept.
+    async fn set_queue_record(
+        &mut self,
+        queue: &QueueState,
+        change: impl Fn(QueueMeta) -> QueueMeta,
+    ) -> Result<(), Error> {
         let (store, t) = (&self.side.store, self.side.settings.request_timeout);
         loop {
             let Some((meta, rev)) = retrying(t, || store.queue_record(&queue.name)).await? else {
                 return Err(Error::QueueDeleted { queue: queue.name.to_string() });
             };
-            let next = QueueMeta { retention, ..meta };
+            let next = change(meta);
             if retrying(t, || store.put_queue_record(&queue.name, &next, rev)).await? {
                 super::watch::learn_queue(&self.engine, &self.side, &queue.name, &next).await;
                 return Ok(());
@@ -306,6 +326,7 @@ impl Writer {
             per_queue[*q].push(c);
         }
         let mut firsts: Vec<u64> = vec![0; calls.len()];
+        let mut hits = 0u64;
         let mut result: Result<(), StorageError> = Ok(());
         for (qi, cs) in per_queue.iter().enumerate() {
             if cs.is_empty() {
@@ -313,34 +334,65 @@ impl Writer {
             }
             let queue = s.queues[qi].clone();
             let mut chunk: Vec<usize> = Vec::new();
-            let (mut msgs, mut bytes) = (0, 0);
+            let (mut ops, mut bytes) = (0, 0);
             let mut chunks: Vec<Vec<usize>> = Vec::new();
             for &c in cs {
-                let n = calls[c].1.len();
+                // A message with an idempotency key (a call of its own) also puts its record.
+                let keyed = calls[c]
+                    .1
+                    .first()
+                    .is_some_and(|&(a, z)| envelope::idempotency_key(&s.arena[a..z]).is_some());
+                let n = calls[c].1.len() + usize::from(keyed);
                 let b: usize = calls[c].1.iter().map(|(a, z)| z - a).sum();
-                if !chunk.is_empty() && (msgs + n > MAX_TXN_MESSAGES || bytes + b > MAX_TXN_BYTES) {
+                if !chunk.is_empty() && (ops + n > MAX_TXN_MESSAGES || bytes + b > MAX_TXN_BYTES) {
                     chunks.push(std::mem::take(&mut chunk));
-                    (msgs, bytes) = (0, 0);
+                    (ops, bytes) = (0, 0);
                 }
                 chunk.push(c);
-                msgs += n;
+                ops += n;
                 bytes += b;
             }
             chunks.push(chunk);
             for chunk in chunks {
                 let envs: Vec<&[u8]> =
                     chunk.iter().flat_map(|&c| calls[c].1.iter().map(|&(a, z)| &s.arena[a..z])).collect();
-                let appended = self.append(&queue, &envs, deadline).await;
+                let keys: Vec<(usize, String)> = envs
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, e)| envelope::idempotency_key(e).map(|k| (i, k.to_owned())))
+                    .collect();
+                let appended = self.append(&queue, &envs, &keys, now, deadline).await;
                 self.note(&appended);
                 match appended {
-                    Ok(first) => {
-                        let mut seq = first;
+                    Ok((first, duplicates)) => {
+                        let written = envs.len() - duplicates.len();
+                        let mut dups = duplicates.into_iter().peekable();
+                        let (mut seq, mut i) = (first, 0);
                         for &c in &chunk {
-                            firsts[c] = seq;
-                            seq += calls[c].1.len() as u64;
+                            // Only calls of one message carry a key: a duplicate is a whole call.
+                            match dups.next_if(|(at, _)| *at == i) {
+                                Some((_, original)) => {
+                                    firsts[c] = crate::engine::completion::duplicate_value(original);
+                                    hits += 1;
+                                }
+                                None => {
+                                    firsts[c] = seq;
+                                    seq += calls[c].1.len() as u64;
+                                }
+                            }
+                            i += calls[c].1.len();
                         }
-                        queue.publish_max(seq - 1);
-                        telemetry::produced(&queue.name, seq - first);
+                        if written > 0 {
+                            queue.publish_max(seq - 1);
+                            telemetry::produced(&queue.name, seq - first);
+                        }
+                        if hits > 0 {
+                            telemetry::queue_counter(
+                                telemetry::DEDUP_HITS,
+                                &queue.name,
+                                std::mem::take(&mut hits),
+                            );
+                        }
                     }
                     Err(e) => {
                         result = Err(e);
@@ -365,31 +417,53 @@ impl Writer {
         }
     }
 
-    /// Appends `envs` to `queue` as one transaction; returns the first sequence. Gives up at
-    /// `deadline` (each request is cut short there too), with the outcome unknown.
-    async fn append(
+    /// Appends `envs` to `queue` as one transaction, recording the idempotency keys `keys`
+    /// (`(index, key)`, ascending) at `now` (wall micros) unless a key makes its message a
+    /// duplicate (`dedup.rs`); returns the first sequence written and the duplicates with
+    /// their originals. Gives up at `deadline` (each request is cut short there too), with the
+    /// outcome unknown.
+    pub(super) async fn append(
         &mut self,
         queue: &QueueState,
         envs: &[&[u8]],
+        keys: &[(usize, String)],
+        now: u64,
         deadline: Instant,
-    ) -> Result<u64, StorageError> {
+    ) -> Result<(u64, Vec<(usize, crate::sent::Original)>), StorageError> {
         let store = self.side.store.clone();
-        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        let left = || deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
         let (mut last, mut cur_nonce) = match self.tails.get(&queue.id) {
             Some(&t) => t,
-            None => retrying(left, || store.tail_record(queue.id)).await?,
+            None => retrying(left(), || store.tail_record(queue.id)).await?,
         };
         let nonce = self.nonce();
         let mut backoff = Duration::from_millis(10);
         loop {
-            match until(deadline, store.append(queue.id, last, cur_nonce, nonce, envs)).await {
+            // Keys are read again on every try: a race lost on a key is a duplicate now.
+            let plan = self.plan_dedup(queue, envs.len(), keys, now, left()).await?;
+            if plan.written.is_empty() {
+                return Ok((last + 1, plan.originals(last + 1)));
+            }
+            let lease = match plan.records.is_empty() {
+                true => None,
+                false => Some(self.dedup_lease(queue, left()).await?),
+            };
+            let written: Vec<&[u8]> = plan.written.iter().map(|&i| envs[i]).collect();
+            let n = written.len() as u64;
+            match until(
+                deadline,
+                store.append(queue.id, last, cur_nonce, nonce, &written, &plan.records, lease),
+            )
+            .await
+            {
                 Ok(Appended::Stored) => {
-                    self.tails.insert(queue.id, (last + envs.len() as u64, nonce));
-                    return Ok(last + 1);
+                    self.tails.insert(queue.id, (last + n, nonce));
+                    return Ok((last + 1, plan.originals(last + 1)));
                 }
                 Ok(Appended::Moved { last: l, nonce: n }) => {
                     (last, cur_nonce) = (l, n);
                 }
+                Err(e) if self.forget_dedup_lease(&e) => {}
                 Err(e) => {
                     // The outcome is unknown: find out before anything else.
                     loop {
@@ -402,7 +476,7 @@ impl Writer {
                         match until(deadline, store.resolve_append(queue.id, last, nonce)).await {
                             Ok((true, _, _)) => {
                                 self.tails.remove(&queue.id);
-                                return Ok(last + 1);
+                                return Ok((last + 1, plan.originals(last + 1)));
                             }
                             Ok((false, l, n)) => {
                                 (last, cur_nonce) = (l, n);

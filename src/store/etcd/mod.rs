@@ -19,7 +19,9 @@
 //! | `N c/claim:<group>:<queue>:<seq>` | a work group's claim record (`work.rs`) |
 //! | `N g/group:<group>:<queue>` | a work group's settings record (`work.rs`) |
 //! | `N r/redrive:<dlq>` | a dead-letter queue's redrive cursor (`redrive.rs`) |
+//! | `N d/<qid u32><key>` | an idempotency key's dedup record, under an expiring lease (`dedup.rs`) |
 
+pub(crate) mod dedup;
 pub(crate) mod members;
 pub(crate) mod redrive;
 pub(crate) mod retention;
@@ -88,6 +90,17 @@ pub(crate) enum Appended {
     Stored,
     /// Another process appended first: the tail is now `last`; nothing of this was stored.
     Moved { last: u64, nonce: u64 },
+}
+
+/// One idempotency key recorded by an append (`dedup.rs`): the message at `index` of the
+/// append's envelopes, its key, the record's `mod_revision` as read (0: none), and when it
+/// expires.
+#[derive(Debug, Clone)]
+pub(crate) struct DedupWrite {
+    pub index: usize,
+    pub key: String,
+    pub expected: i64,
+    pub expires_micros: u64,
 }
 
 /// A message read back: its sequence and envelope.
@@ -313,21 +326,20 @@ impl EtcdStore {
         expected_nonce: u64,
         nonce: u64,
         envelopes: &[&[u8]],
+        dedup: &[DedupWrite],
+        lease: Option<i64>,
     ) -> Result<Appended, StorageError> {
         let tail = self.tail_key(qid);
-        let mut ops = Vec::with_capacity(envelopes.len() + 1);
+        let mut ops = Vec::with_capacity(envelopes.len() + dedup.len() + 1);
         for (i, env) in envelopes.iter().enumerate() {
             ops.push(TxnOp::put(self.message_key(qid, expected_last + 1 + i as u64), env.to_vec(), None));
         }
         ops.push(TxnOp::put(tail.clone(), encode_tail(expected_last + envelopes.len() as u64, nonce), None));
-        let txn = Txn::new()
-            .when([Compare::value(
-                tail.clone(),
-                CompareOp::Equal,
-                encode_tail(expected_last, expected_nonce),
-            )])
-            .and_then(ops)
-            .or_else([TxnOp::get(tail.clone(), None)]);
+        let mut cmps =
+            vec![Compare::value(tail.clone(), CompareOp::Equal, encode_tail(expected_last, expected_nonce))];
+        // A key recorded meanwhile fails the compare like a moved tail: the caller reads again.
+        self.push_dedup(qid, expected_last + 1, dedup, lease, &mut cmps, &mut ops);
+        let txn = Txn::new().when(cmps).and_then(ops).or_else([TxnOp::get(tail.clone(), None)]);
         // Tests lose the request (not applied) or its answer (applied): either way the caller
         // sees an error whose outcome it must find out.
         crate::faults::check("rockq-etcd-append-request")?;
