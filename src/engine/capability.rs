@@ -93,9 +93,8 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
         Flavour::Embedded => true,
         // Everything below is refused on etcd until the etcd engine builds it (docs/DISTRIBUTED.md).
         Flavour::Etcd => match cap {
-            Capability::IdempotencyKeys => true,
+            Capability::IdempotencyKeys | Capability::PauseGroup => true,
             Capability::ResetGroup
-            | Capability::PauseGroup
             | Capability::DeleteAndPurge
             | Capability::Scheduling
             | Capability::Keyspaces

@@ -12,7 +12,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::Engine;
 use super::backend::{Backend, OwnerHold};
-use super::capability::Capability;
+use super::capability::{Capability, Flavour};
 use super::inbox::Staging;
 use super::registry::{OrderedGroupState, QueueState, WorkGroupState};
 use super::request::{Request, SettingsChange, SettingsRequest};
@@ -433,7 +433,9 @@ impl Shared {
         if self.is_closed() {
             return Err(Error::Shutdown);
         }
-        if !self.engine.registry.has_group(group, &queue.name) {
+        // On etcd a group another process created is not registered here: the writer asks etcd.
+        if self.backend.flavour() == Flavour::Embedded && !self.engine.registry.has_group(group, &queue.name)
+        {
             return Err(Error::NoSuchGroup { group: group.to_owned(), queue: queue.name.to_string() });
         }
         let (reply, rx) = oneshot::channel();

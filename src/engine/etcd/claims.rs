@@ -61,14 +61,17 @@ pub(super) async fn load(
         known.revs.insert(r.seq, r.rev);
         g.learn_claim(r.seq, &r.claim, &clock);
     }
-    if let (Some(rec), _) = retrying(t, || store.work_settings(group, &queue.name)).await?
-        && let Some(s) = WorkSettings::stored(&rec, &queue.name)
-    {
-        g.set_settings(Arc::new(s));
+    if let (Some(rec), _) = retrying(t, || store.work_settings(group, &queue.name)).await? {
+        g.paused.store(rec.paused, std::sync::atomic::Ordering::SeqCst);
+        if let Some(s) = WorkSettings::stored(&rec, &queue.name) {
+            g.set_settings(Arc::new(s));
+        }
     }
     let ws = Arc::new(WorkSide { group: g.clone(), known: tokio::sync::Mutex::new(known) });
     side.work.insert(id.clone(), ws.clone());
     engine.registry.work.insert(id, g.clone());
+    // A change the settings watch saw meanwhile (kept before it looks for the group).
+    super::settings::adopt(engine, side, group, &queue.name);
     // A group created on a stale head (a trim landed between reading the head and creating
     // the group) would wait for ever on messages that are gone (review finding): the head as
     // etcd holds it now, read after the group is registered (a later trim reaches it through

@@ -26,6 +26,7 @@ pub(crate) mod owner;
 mod owners;
 mod redrive;
 pub(crate) mod retention;
+mod settings;
 mod side;
 pub(crate) mod start;
 pub(crate) mod stats;

@@ -41,6 +41,9 @@ pub(crate) struct EtcdSide {
     pub work: dashmap::DashMap<Vec<u8>, Arc<WorkSide>>,
     /// The revisions retention passes started at: how far a compaction may go.
     pub revisions: Revisions,
+    /// The latest settings record of every group, by group id, with its `mod_revision`
+    /// (`settings.rs`).
+    pub group_settings: dashmap::DashMap<Vec<u8>, (crate::model::GroupSettings, i64)>,
 }
 
 impl EtcdSide {

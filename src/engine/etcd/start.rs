@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::owners::Owners;
 use super::side::{EtcdSettings, EtcdSide, retrying};
-use super::{claims, watch, writer};
+use super::{claims, settings, watch, writer};
 use crate::engine::Engine;
 use crate::engine::capability::{self, Capability, Flavour};
 use crate::engine::registry::{OrderedGroupState, QueueState, Registry};
@@ -82,6 +82,7 @@ pub(crate) async fn start(
         owners: Arc::new(Owners::default()),
         work: Default::default(),
         revisions: Default::default(),
+        group_settings: Default::default(),
     });
     let timer = Arc::new(Timer::new(None, 0));
     let engine = Arc::new(Engine::new(registry, options.clone(), timer, 4096));
@@ -89,6 +90,7 @@ pub(crate) async fn start(
     let (tx, rx) = mpsc::channel(options.channel_capacity);
     let stopped = CancellationToken::new();
     runtime.spawn(watch::run(Arc::downgrade(&engine), side.clone(), loaded.revision, stopped.clone()));
+    runtime.spawn(settings::run(Arc::downgrade(&engine), side.clone(), stopped.clone()));
     let nudge = tx.downgrade();
     // Every work group, as embedded at open: its claims, settings and counts are known before
     // anything subscribes.

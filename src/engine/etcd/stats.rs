@@ -63,7 +63,11 @@ pub(crate) async fn stats(engine: &Arc<Engine>, side: &EtcdSide) -> Result<Stats
             waiting_retry: 0,
             dead_letter_queue: None,
             dlq_depth: 0,
-            paused: false,
+            // As the settings watch keeps it (every group's record, not only those loaded here).
+            paused: side
+                .group_settings
+                .get(&crate::store::group_id(group, queue))
+                .is_some_and(|k| k.0.paused),
             lease: None,
             retry_policy: None,
             ordered_by_key: false,

@@ -117,7 +117,7 @@ impl Writer {
             }
             let record = next.stored_in(&current);
             if record == current
-                || retrying(t, || store.put_work_settings(gname, qname, &record, rev)).await?
+                || retrying(t, || store.put_work_settings(gname, qname, &record, rev)).await?.is_some()
             {
                 let next = Arc::new(next);
                 group.set_settings(next.clone());

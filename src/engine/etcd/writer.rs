@@ -28,7 +28,7 @@ use crate::engine::dead_letter::{self, Origin};
 use crate::engine::inbox::Staged;
 use crate::engine::registry::{OrderedGroupState, PendingRecord, QueueState};
 use crate::engine::request::{
-    OrderedRequest, QueueRequest, Request, RetentionRequest, ScheduleRequest, WorkRequest,
+    OrderedRequest, QueueRequest, Request, RetentionRequest, ScheduleRequest, SettingsRequest, WorkRequest,
 };
 use crate::error::{Closed, Error, StorageError, UnsupportedError};
 use crate::events::Event;
@@ -191,6 +191,10 @@ impl Writer {
             {
                 let _ = reply.send(self.submit_now(&queue, msgs).await);
             }
+            Request::Settings(req) => {
+                let SettingsRequest { queue, group, change, reply } = req;
+                let _ = reply.send(self.change_settings(&queue, &group, change).await);
+            }
             Request::Queue(QueueRequest::SetDedupWindow { queue, window, reply }) => {
                 let _ = reply
                     .send(self.set_queue_record(&queue, |m| QueueMeta { dedup_window: window, ..m }).await);
@@ -248,8 +252,9 @@ impl Writer {
         if stood.mode != GroupMode::Ordered {
             return Err(wrong("work-queue"));
         }
-        let g = OrderedGroupState::new(&group, queue, stood.committed);
+        let g = OrderedGroupState::new(&group, queue.clone(), stood.committed);
         self.engine.registry.ordered.insert(id, g.clone());
+        super::settings::adopt(&self.engine, &self.side, &group, &queue.name);
         Ok(g)
     }
 

@@ -25,6 +25,7 @@ pub(crate) mod dedup;
 pub(crate) mod members;
 pub(crate) mod redrive;
 pub(crate) mod retention;
+pub(crate) mod settings;
 pub(crate) mod work;
 
 use std::time::Duration;

@@ -225,19 +225,21 @@ impl EtcdStore {
         }
     }
 
-    /// Replaces a work group's settings record if its `mod_revision` is still `expected`.
+    /// Replaces a group's settings record if its `mod_revision` is still `expected`; returns
+    /// the new record's `mod_revision` (`None`: it had changed, nothing written).
     pub async fn put_work_settings(
         &self,
         group: &str,
         queue: &str,
         record: &GroupSettings,
         expected: i64,
-    ) -> Result<bool, StorageError> {
+    ) -> Result<Option<i64>, StorageError> {
         let key = self.settings_key(group, queue);
         let txn = Txn::new()
             .when([Compare::mod_revision(key.clone(), CompareOp::Equal, expected)])
             .and_then([TxnOp::put(key, records::encode_settings(record), None)]);
-        Ok(self.kv().txn(txn).await?.succeeded())
+        let resp = self.kv().txn(txn).await?;
+        Ok(resp.succeeded().then(|| resp.header().map_or(0, |h| h.revision())))
     }
 
     /// A stream of changes to a work group's claim records after `revision`. Ends (with `Err`)
