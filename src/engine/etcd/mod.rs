@@ -24,6 +24,7 @@ pub(crate) mod inspect;
 mod known;
 pub(crate) mod owner;
 mod owners;
+mod pause;
 mod redrive;
 pub(crate) mod retention;
 mod settings;

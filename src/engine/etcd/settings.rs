@@ -1,5 +1,5 @@
 //! Group settings across processes: pause and resume of either group mode, and a work group's
-//! stored settings, written by any process (a compare-and-set on the record, `writer.rs`) and
+//! stored settings, written by any process (a compare-and-set on the record, `pause.rs`) and
 //! taught to every other by one watch over the namespace's settings records.
 //!
 //! A group registered here after the watch saw its record (created or loaded later) must not
@@ -14,12 +14,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use super::side::{EtcdSide, retrying};
-use super::writer::Writer;
+use super::side::EtcdSide;
 use crate::engine::Engine;
-use crate::engine::registry::QueueState;
-use crate::engine::request::SettingsChange;
-use crate::error::Error;
 use crate::model::{GroupSettings, WorkSettings};
 use crate::store::etcd::settings::SettingsRecord;
 
@@ -105,43 +101,5 @@ pub(super) fn apply(engine: &Engine, group: &str, queue: &str, s: &GroupSettings
         }
         g.changed.notify_waiters();
         g.queue.poke();
-    }
-}
-
-impl Writer {
-    /// Changes group `group`'s settings record as `change` says, by a compare-and-set on the
-    /// record as read (another process's change of another field is kept), then applies it
-    /// here at once; other processes learn it through their watch.
-    pub(super) async fn change_settings(
-        &mut self,
-        queue: &QueueState,
-        group: &str,
-        change: SettingsChange,
-    ) -> Result<(), Error> {
-        let (store, t) = (self.side.store.clone(), self.side.settings.request_timeout);
-        let qname = &queue.name;
-        // A group another process created is not registered here: etcd says whether it is.
-        if !self.engine.registry.has_group(group, qname)
-            && retrying(t, || store.offset(group, qname)).await?.is_none()
-        {
-            return Err(Error::NoSuchGroup { group: group.to_owned(), queue: qname.to_string() });
-        }
-        loop {
-            let (current, rev) = retrying(t, || store.work_settings(group, qname)).await?;
-            let mut next = current.clone().unwrap_or_default();
-            match change {
-                SettingsChange::Paused(p) => next.paused = p,
-            }
-            if current.as_ref().unwrap_or(&GroupSettings::default()) == &next {
-                apply(&self.engine, group, qname, &next);
-                return Ok(());
-            }
-            if let Some(rev) = retrying(t, || store.put_work_settings(group, qname, &next, rev)).await? {
-                let record =
-                    SettingsRecord { group: group.to_owned(), queue: qname.to_string(), settings: next, rev };
-                learn(&self.engine, &self.side, &record);
-                return Ok(());
-            }
-        }
     }
 }
