@@ -457,7 +457,14 @@ impl Writer {
             let n = written.len() as u64;
             match until(
                 deadline,
-                store.append(queue.id, last, cur_nonce, nonce, &written, &plan.records, lease),
+                store.append(
+                    queue.id,
+                    last,
+                    cur_nonce,
+                    nonce,
+                    &written,
+                    lease.map(|l| (&plan.records[..], l)),
+                ),
             )
             .await
             {

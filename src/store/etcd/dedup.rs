@@ -63,7 +63,7 @@ impl EtcdStore {
         qid: u32,
         first: u64,
         dedup: &[DedupWrite],
-        lease: Option<i64>,
+        lease: i64,
         cmps: &mut Vec<Compare>,
         ops: &mut Vec<TxnOp>,
     ) {
@@ -74,8 +74,11 @@ impl EtcdStore {
                 original: Original::Appended(first + d.index as u64),
                 expires_micros: d.expires_micros,
             };
-            let opts = lease.map(|l| PutOptions::new().with_lease(l));
-            ops.push(TxnOp::put(key, encode_dedup(&record).to_vec(), opts));
+            ops.push(TxnOp::put(
+                key,
+                encode_dedup(&record).to_vec(),
+                Some(PutOptions::new().with_lease(lease)),
+            ));
         }
     }
 }

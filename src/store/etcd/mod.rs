@@ -327,11 +327,10 @@ impl EtcdStore {
         expected_nonce: u64,
         nonce: u64,
         envelopes: &[&[u8]],
-        dedup: &[DedupWrite],
-        lease: Option<i64>,
+        dedup: Option<(&[DedupWrite], i64)>,
     ) -> Result<Appended, StorageError> {
         let tail = self.tail_key(qid);
-        let mut ops = Vec::with_capacity(envelopes.len() + dedup.len() + 1);
+        let mut ops = Vec::with_capacity(envelopes.len() + dedup.map_or(0, |(d, _)| d.len()) + 1);
         for (i, env) in envelopes.iter().enumerate() {
             ops.push(TxnOp::put(self.message_key(qid, expected_last + 1 + i as u64), env.to_vec(), None));
         }
@@ -339,7 +338,9 @@ impl EtcdStore {
         let mut cmps =
             vec![Compare::value(tail.clone(), CompareOp::Equal, encode_tail(expected_last, expected_nonce))];
         // A key recorded meanwhile fails the compare like a moved tail: the caller reads again.
-        self.push_dedup(qid, expected_last + 1, dedup, lease, &mut cmps, &mut ops);
+        if let Some((records, lease)) = dedup {
+            self.push_dedup(qid, expected_last + 1, records, lease, &mut cmps, &mut ops);
+        }
         let txn = Txn::new().when(cmps).and_then(ops).or_else([TxnOp::get(tail.clone(), None)]);
         // Tests lose the request (not applied) or its answer (applied): either way the caller
         // sees an error whose outcome it must find out.
