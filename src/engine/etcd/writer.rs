@@ -276,10 +276,9 @@ impl Writer {
         }
     }
 
-    /// Changes `queue`'s retention policy in its record, compared with the record's revision
-    /// (another process may have trimmed it meanwhile: its first sequence is kept).
     /// Changes `queue`'s record (its retention policy, its dedup window) as `change` says, by
-    /// a compare-and-set on the record as read: another process's change is kept.
+    /// a compare-and-set on the record as read: another process's change (a trim's first
+    /// sequence, the other setting) is kept.
     async fn set_queue_record(
         &mut self,
         queue: &QueueState,
