@@ -667,6 +667,60 @@ impl EtcdStore {
     }
 }
 
+/// What a watch saw of one key: written, or deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WatchedKind {
+    Put,
+    Delete,
+}
+
+impl EtcdStore {
+    /// A stream of what `decode` makes of each event of a watch on `key` (`opts`: its range
+    /// and start revision), one batch per answer; `decode` answers `None` for an event it
+    /// skips. Ends (with `Err`) when the watch breaks, its start was compacted or an event does
+    /// not decode: the caller re-reads what it follows and watches again.
+    pub(super) async fn watch_events<T, F>(
+        &self,
+        key: Vec<u8>,
+        opts: etcd_client::WatchOptions,
+        decode: F,
+    ) -> Result<impl futures::Stream<Item = Result<Vec<T>, StorageError>> + use<T, F>, StorageError>
+    where
+        F: Fn(WatchedKind, &etcd_client::KeyValue) -> Result<Option<T>, StorageError> + Clone,
+    {
+        let watch = self.members.watch(key, opts).await?;
+        let members = self.members.clone();
+        Ok(futures::stream::unfold(watch, move |mut s| {
+            let (members, decode) = (members.clone(), decode.clone());
+            async move {
+                match s.next(&members).await {
+                    Ok(Some(resp)) if resp.canceled() || resp.compact_revision() > 0 => {
+                        Some((Err(StorageError::new("etcd watch cancelled or compacted")), s))
+                    }
+                    Ok(Some(resp)) => {
+                        let mut out = Vec::with_capacity(resp.events().len());
+                        for ev in resp.events() {
+                            let Some(kv) = ev.kv() else { continue };
+                            let kind = match ev.event_type() {
+                                etcd_client::EventType::Put => WatchedKind::Put,
+                                etcd_client::EventType::Delete => WatchedKind::Delete,
+                            };
+                            match decode(kind, kv) {
+                                Ok(Some(t)) => out.push(t),
+                                Ok(None) => {}
+                                Err(e) => return Some((Err(e), s)),
+                            }
+                        }
+                        Some((Ok(out), s))
+                    }
+                    Ok(None) => None,
+                    Err(e) => Some((Err(e), s)),
+                }
+            }
+        }))
+    }
+}
+
 impl EtcdStore {
     /// Adds `a` to a transaction as an append is: the compare on its queue's tail, the messages
     /// at the sequences after it, the new tail with `a`'s nonce. Returns the tail's key.

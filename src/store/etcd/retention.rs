@@ -20,7 +20,7 @@
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp, WatchOptions};
 
-use super::{EtcdStore, corrupt, decode_envelope, decode_tail};
+use super::{EtcdStore, WatchedKind, corrupt, decode_envelope, decode_tail};
 use crate::error::{CorruptionError, StorageError};
 use crate::model::{GroupMode, GroupOffset, QueueMeta};
 use crate::store::{keys, records};
@@ -271,35 +271,12 @@ impl EtcdStore {
         // between (`r/`, redrive cursors) is skipped.
         let (qprefix, tprefix) = (self.key(b"q/", b""), self.key(b"t/", b""));
         let opts = WatchOptions::new().with_range(self.key(b"t0", b"")).with_start_revision(revision + 1);
-        let watch = self.members.watch(qprefix.clone(), opts).await?;
-        let members = self.members.clone();
-        Ok(futures::stream::unfold(watch, move |mut s| {
-            let (qprefix, tprefix, members) = (qprefix.clone(), tprefix.clone(), members.clone());
-            async move {
-                match s.next(&members).await {
-                    Ok(Some(resp)) if resp.canceled() || resp.compact_revision() > 0 => {
-                        Some((Err(StorageError::new("etcd watch cancelled or compacted")), s))
-                    }
-                    Ok(Some(resp)) => {
-                        let mut out = Vec::new();
-                        for ev in resp.events() {
-                            let Some(kv) = ev.kv() else { continue };
-                            if ev.event_type() != etcd_client::EventType::Put {
-                                continue;
-                            }
-                            match namespace_event(&qprefix, &tprefix, kv) {
-                                Ok(Some(e)) => out.push(e),
-                                Ok(None) => {}
-                                Err(e) => return Some((Err(e), s)),
-                            }
-                        }
-                        Some((Ok(out), s))
-                    }
-                    Ok(None) => None,
-                    Err(e) => Some((Err(e), s)),
-                }
-            }
-        }))
+        let key = qprefix.clone();
+        let decode = move |kind, kv: &etcd_client::KeyValue| match kind {
+            WatchedKind::Put => namespace_event(&qprefix, &tprefix, kv),
+            WatchedKind::Delete => Ok(None),
+        };
+        self.watch_events(key, opts, decode).await
     }
 }
 

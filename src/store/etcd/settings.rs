@@ -5,7 +5,7 @@
 
 use etcd_client::{GetOptions, WatchOptions};
 
-use super::{EtcdStore, corrupt};
+use super::{EtcdStore, WatchedKind, corrupt};
 use crate::error::StorageError;
 use crate::model::GroupSettings;
 use crate::store::{keys, records};
@@ -52,33 +52,12 @@ impl EtcdStore {
     {
         let prefix = self.key(b"g/", b"");
         let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
-        let watch = self.members.watch(prefix, opts).await?;
         let store = self.clone();
-        Ok(futures::stream::unfold(watch, move |mut s| {
-            let store = store.clone();
-            async move {
-                match s.next(&store.members).await {
-                    Ok(Some(resp)) if resp.canceled() || resp.compact_revision() > 0 => {
-                        Some((Err(StorageError::new("etcd watch cancelled or compacted")), s))
-                    }
-                    Ok(Some(resp)) => {
-                        let mut out = Vec::with_capacity(resp.events().len());
-                        for ev in resp.events() {
-                            let Some(kv) = ev.kv() else { continue };
-                            if ev.event_type() != etcd_client::EventType::Put {
-                                continue;
-                            }
-                            match store.settings_record(kv) {
-                                Ok(r) => out.push(r),
-                                Err(e) => return Some((Err(e), s)),
-                            }
-                        }
-                        Some((Ok(out), s))
-                    }
-                    Ok(None) => None,
-                    Err(e) => Some((Err(e), s)),
-                }
-            }
-        }))
+        let decode = move |kind, kv: &etcd_client::KeyValue| match kind {
+            WatchedKind::Put => store.settings_record(kv).map(Some),
+            // Settings records are not deleted on etcd (groups are not yet).
+            WatchedKind::Delete => Ok(None),
+        };
+        self.watch_events(prefix, opts, decode).await
     }
 }

@@ -14,7 +14,7 @@
 
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, WatchOptions};
 
-use super::{DeadLetterAppend, EtcdStore, corrupt, decode_tail};
+use super::{DeadLetterAppend, EtcdStore, WatchedKind, corrupt, decode_tail};
 use crate::error::{CorruptionError, StorageError};
 use crate::model::{Claim, GroupMode, GroupOffset, GroupSettings};
 use crate::store::{keys, records};
@@ -253,43 +253,17 @@ impl EtcdStore {
     {
         let prefix = self.claims_prefix(group, queue);
         let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
-        let watch = self.members.watch(prefix.clone(), opts).await?;
-        let store = self.clone();
-        Ok(futures::stream::unfold(watch, move |mut s| {
-            let (store, prefix) = (store.clone(), prefix.clone());
-            async move {
-                match s.next(&store.members).await {
-                    Ok(Some(resp)) if resp.canceled() || resp.compact_revision() > 0 => {
-                        Some((Err(StorageError::new("etcd watch cancelled or compacted")), s))
-                    }
-                    Ok(Some(resp)) => {
-                        let mut out = Vec::with_capacity(resp.events().len());
-                        for ev in resp.events() {
-                            let Some(kv) = ev.kv() else { continue };
-                            match ev.event_type() {
-                                etcd_client::EventType::Put => match store.claim_record(&prefix, kv) {
-                                    Ok(r) => out.push(ClaimEvent::Put(r)),
-                                    Err(e) => return Some((Err(e), s)),
-                                },
-                                etcd_client::EventType::Delete => {
-                                    if let Some(seq) =
-                                        kv.key().get(prefix.len()..).and_then(|b| <[u8; 8]>::try_from(b).ok())
-                                    {
-                                        out.push(ClaimEvent::Gone {
-                                            seq: u64::from_be_bytes(seq),
-                                            rev: kv.mod_revision(),
-                                        });
-                                    }
-                                }
-                            }
-                        }
-                        Some((Ok(out), s))
-                    }
-                    Ok(None) => None,
-                    Err(e) => Some((Err(e), s)),
-                }
-            }
-        }))
+        let (store, p) = (self.clone(), prefix.clone());
+        let decode = move |kind, kv: &etcd_client::KeyValue| match kind {
+            WatchedKind::Put => store.claim_record(&p, kv).map(|r| Some(ClaimEvent::Put(r))),
+            // A deleted record (the offset passed it) names only its sequence.
+            WatchedKind::Delete => Ok(kv
+                .key()
+                .get(p.len()..)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map(|seq| ClaimEvent::Gone { seq: u64::from_be_bytes(seq), rev: kv.mod_revision() })),
+        };
+        self.watch_events(prefix, opts, decode).await
     }
 
     /// The message at `seq` of queue `qid`, if stored.
