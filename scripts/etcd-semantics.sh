@@ -53,15 +53,14 @@ for attempt in 1 2 3; do
 done
 [ -n "$pid" ] || { echo "etcd-semantics: could not start etcd" >&2; exit 1; }
 export ROCKQ_TEST_ETCD="http://127.0.0.1:$client"
-# Skipped: the tests of what the etcd engine refuses (resets, send calls over one etcd
-# transaction), and those that open or write RocksDB directly or measure its disk space.
+# Skipped: the tests of what the etcd engine refuses (send calls over one etcd transaction), and those that open or write RocksDB directly or measure its disk space.
 features="${ROCKQ_FEATURES:-etcd}"
 # (typed_jobs: its tower test runs on tokio's paused clock, under which every etcd request times
 # out at once.)
 cargo test --features "$features" --test ordered_basics --test ordered_offsets --test work_groups --test pool_workers \
-  --test pool_typed_jobs "$@" -- --skip a_tower_timeout_layer --skip a_corrupt_record_mid_batch --skip a_work_group_reset
-cargo test --features "$features" --test ordered_poison "$@" -- --skip reset --skip trimmed --skip stale_delivery_records --skip saturated --skip a_crash_after
+  --test pool_typed_jobs "$@" -- --skip a_tower_timeout_layer --skip a_corrupt_record_mid_batch
+cargo test --features "$features" --test ordered_poison "$@" -- --skip trimmed --skip stale_delivery_records --skip saturated --skip a_crash_after
 cargo test --features "$features" --test dlq_redrive "$@" -- --skip a_corrupted_message
-cargo test --features "$features" --test queue_retention "$@" -- --skip reset --skip large_consumed_backlog
+cargo test --features "$features" --test queue_retention "$@" -- --skip large_consumed_backlog
 # Idempotency keys (not delayed messages: the scheduler is not on etcd yet).
 cargo test --features "$features" --test queue_dedup "$@" -- --skip a_delayed_message

@@ -177,6 +177,119 @@ async fn an_ordered_group_has_one_active_subscriber_across_brokers_and_hands_ove
     b.shutdown().await.unwrap();
 }
 
+/// An ordered group reset from another broker: refused while a subscription owns the group
+/// anywhere; then the offset moves back and the group's marks go, and the next owner starts at
+/// the new offset with its delivery counts forgotten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ordered_group_reset_is_refused_while_any_broker_owns_it_and_replays_after() {
+    let cluster = etcd::Cluster::start(1).await;
+    let a = connect(&cluster, "reset").await;
+    let qa = a.queue("q").await.unwrap();
+    qa.send_batch((1..=5).map(|i| Message::new(format!("{i}")))).await.unwrap();
+    let ga = qa.group("g").unwrap().max_deliveries(5);
+    let mut sub = ga.subscribe().await.unwrap();
+    for _ in 0..3 {
+        next(&mut sub).await.ack().unwrap();
+    }
+    next(&mut sub).await.nack();
+    assert_eq!(next(&mut sub).await.delivery_count(), 2, "4 came back once");
+    a.flush().await.unwrap();
+    let b = connect(&cluster, "reset").await;
+    let gb = b.queue("q").await.unwrap().group("g").unwrap();
+    match gb.reset_to(rockq::ResetTo::Sequence(2)).await {
+        Err(Error::Active { group, queue }) => assert_eq!((group.as_str(), queue.as_str()), ("g", "q")),
+        other => panic!("a subscription in another broker must refuse the reset, got {other:?}"),
+    }
+    assert_eq!(b.stats().await.unwrap().groups[0].committed, 3, "the refusal changed nothing");
+    drop(sub);
+    // `a` releases the group asynchronously (it commits, then revokes its lease).
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    let next_seq = loop {
+        match gb.reset_to(rockq::ResetTo::Sequence(2)).await {
+            Err(Error::Active { .. }) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => break other.unwrap(),
+        }
+    };
+    assert_eq!(next_seq, 2);
+    assert_eq!(gb.committed(), Some(1));
+    assert_eq!(b.stats().await.unwrap().groups[0].committed, 1);
+    let mut sub = subscribe_when_free(&ga).await;
+    let mut got = Vec::new();
+    for _ in 2..=5 {
+        let d = next(&mut sub).await;
+        got.push((d.seq(), d.delivery_count()));
+        d.ack().unwrap();
+    }
+    assert_eq!(got, [(2, 1), (3, 1), (4, 1), (5, 1)], "replayed from 2, the count of 4 forgotten");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+/// A purge from a broker that never used the queue: every message goes and sequences go on;
+/// a job of a purged message held in another broker has lost its lease (its claim went with
+/// the purge); an idle ordered group and the work group move past the purged range; the
+/// ordered group another broker owns skips it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_from_any_broker_empties_the_queue_and_moves_every_group_past_it() {
+    let cluster = etcd::Cluster::start(1).await;
+    let a = connect(&cluster, "purge").await;
+    let qa = a.queue("q").await.unwrap();
+    qa.send_batch((1..=10).map(|i| Message::new(format!("{i}")))).await.unwrap();
+    let mut sub = qa.group("o").unwrap().subscribe().await.unwrap();
+    let out = next(&mut sub).await;
+    let mut jobs = qa.work_group("w").unwrap().subscribe().await.unwrap();
+    let job = tokio::time::timeout(HANG_GUARD, jobs.next()).await.unwrap().unwrap().unwrap();
+    assert_eq!(job.seq(), 1);
+    {
+        // An idle ordered group: its broker is gone (its lease revoked by the shutdown).
+        let c = connect(&cluster, "purge").await;
+        drop(c.queue("q").await.unwrap().group("idle").unwrap().subscribe().await.unwrap());
+        c.shutdown().await.unwrap();
+    }
+    let b = connect(&cluster, "purge").await;
+    assert_eq!(b.purge_queue("q").await.unwrap(), 10);
+    assert_eq!(b.purge_queue("missing").await.unwrap(), 0);
+    let stats = b.stats().await.unwrap();
+    let q = stats.queues.iter().find(|q| q.name == "q").unwrap();
+    assert_eq!((q.len, q.first_seq), (0, 11));
+    let committed = |s: &rockq::Stats, g: &str| s.groups.iter().find(|x| x.group == g).unwrap().committed;
+    assert_eq!(committed(&stats, "idle"), 10, "the idle ordered group moved past the purge");
+    assert_eq!(committed(&stats, "w"), 10, "the work group moved past the purge");
+    match job.ack_durable().await {
+        Err(Error::LeaseLost { seq: 1, .. }) => {}
+        other => panic!("a purged job's lease is gone, got {other:?}"),
+    }
+    let _ = out.ack(); // a no-op, or refused: nothing is written for a purged message
+    assert_eq!(qa.send("new").await.unwrap(), 11, "sequences go on");
+    let j = tokio::time::timeout(HANG_GUARD, jobs.next()).await.unwrap().unwrap().unwrap();
+    assert_eq!((j.seq(), j.attempt()), (11, 1));
+    j.ack_durable().await.unwrap();
+    // The owner's subscription may hand out what it had read ahead until its watch brings the
+    // purge mark; then it drops the rest (and what comes back) and goes on at 11.
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    loop {
+        assert!(tokio::time::Instant::now() < deadline, "the owner never learned of the purge");
+        let d = next(&mut sub).await;
+        if d.seq() == 11 {
+            d.ack().unwrap();
+            break;
+        }
+        assert!(d.seq() <= 10, "{}", d.seq());
+    }
+    a.flush().await.unwrap();
+    assert_eq!(qa.group("o").unwrap().committed(), Some(11), "the owner's offset went past the purge");
+    drop((sub, jobs));
+    let c = connect(&cluster, "purge").await;
+    let mut idle = subscribe_when_free(&c.queue("q").await.unwrap().group("idle").unwrap()).await;
+    assert_eq!(next(&mut idle).await.seq(), 11);
+    drop(idle);
+    for broker in [a, b, c] {
+        broker.shutdown().await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delivery_counts_and_dead_letters_work_as_embedded() {
     let cluster = etcd::Cluster::start(1).await;
@@ -255,6 +368,8 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
     assert!(is_etcd(e.unsupported()), "transaction: {e}");
     let e = broker.delete_queue("q").await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "delete: {e}");
+    let e = broker.delete_group("q", "g").await.unwrap_err();
+    assert!(is_etcd(e.unsupported()), "delete a group: {e}");
     let e = broker.pause_group("q", "g").await.unwrap_err();
     assert!(matches!(e, rockq::Error::NoSuchGroup { .. }), "pausing a group that does not exist: {e}");
     let e = broker.delayed(Some("q"), 10).await.unwrap_err();

@@ -327,3 +327,49 @@ async fn an_extension_that_does_not_reach_etcd_keeps_the_shorter_deadline() {
     a.shutdown().await.expect("shutdown");
     b.shutdown().await.expect("shutdown");
 }
+
+/// A process that has not seen a reset yet cannot undo it: `a` finished two jobs but its offset
+/// move over them is held back, and its watch sees nothing; `b` resets the group to its start
+/// meanwhile. `a`'s move, decided on the view from before the reset, reaches etcd and is
+/// refused (it compares the group's reset mark), so the replay stands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offset_move_decided_before_a_reset_does_not_undo_it() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let a = connect_with(&cluster, "reset-fence", &clock).await;
+    let qa = a.queue("q").await.expect("queue");
+    qa.send_batch(["1", "2", "3"]).await.expect("send");
+    let mut ja = qa.work_group("w").expect("group").subscribe().await.expect("subscribe");
+    let jobs = [next_job(&mut ja).await, next_job(&mut ja).await, next_job(&mut ja).await];
+    drop(ja);
+    let [one, two, three] = jobs;
+    one.ack_durable().await.expect("ack");
+    a.flush().await.expect("flush");
+    assert_eq!(committed(&a.stats().await.expect("stats")), 1);
+    fail::cfg("rockq-etcd-offset-move", "return").expect("failpoint");
+    fail::cfg("rockq-etcd-claim-watch", "return").expect("failpoint");
+    two.ack_durable().await.expect("ack");
+    three.ack_durable().await.expect("ack");
+    let b = connect_with(&cluster, "reset-fence", &clock).await;
+    let qb = b.queue("q").await.expect("queue");
+    let reset = qb.work_group("w").expect("group").reset_to(rockq::ResetTo::Sequence(1)).await;
+    fail::remove("rockq-etcd-offset-move");
+    assert_eq!(reset.expect("no lease is live: the reset lands"), 1);
+    // `a` moves its offset over 2 and 3 now, on its view from before the reset.
+    let moved = a.flush().await;
+    fail::remove("rockq-etcd-claim-watch");
+    moved.expect("a refused move is no error");
+    assert_eq!(committed(&b.stats().await.expect("stats")), 0, "the reset stands");
+    let mut jb = qb.work_group("w").expect("group").subscribe().await.expect("subscribe");
+    for seq in 1..=3 {
+        let j = next_job(&mut jb).await;
+        assert_eq!((j.seq(), j.attempt()), (seq, 1), "replayed from the start");
+        j.ack_durable().await.expect("ack");
+    }
+    drop(jb);
+    b.flush().await.expect("flush");
+    assert_eq!(committed(&b.stats().await.expect("stats")), 3);
+    a.shutdown().await.expect("shutdown");
+    b.shutdown().await.expect("shutdown");
+}

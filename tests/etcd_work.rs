@@ -299,7 +299,7 @@ async fn a_new_broker_resumes_the_group_with_the_leases_and_attempts_others_left
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn settings_are_shared_through_etcd_and_what_is_not_carried_out_is_refused() {
+async fn settings_are_shared_through_etcd_and_ordering_by_key_is_refused() {
     let cluster = etcd::Cluster::start(1).await;
     let clock = ManualClock::new();
     let (a, b) = (connect(&cluster, "settings", &clock).await, connect(&cluster, "settings", &clock).await);
@@ -320,12 +320,49 @@ async fn settings_are_shared_through_etcd_and_what_is_not_carried_out_is_refused
     let is_etcd = |u: Option<&rockq::UnsupportedError>| u.is_some_and(|u| u.engine() == "etcd");
     let e = qb.work_group("k").unwrap().ordered_by_key(true).subscribe().await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "ordered by key: {e}");
-    let e = qb.work_group("w").unwrap().reset_to(rockq::ResetTo::Sequence(1)).await.unwrap_err();
-    assert!(is_etcd(e.unsupported()), "reset: {e}");
     // Refusals changed nothing: no group "k", and the job is still held and acks.
     let s = b.stats().await.unwrap();
     assert!(!s.groups.iter().any(|g| g.group == "k"), "{:?}", s.groups);
     j.ack_durable().await.unwrap();
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+/// A reset from another broker: refused while a lease `a` holds is live (seen in etcd, not in
+/// `b`'s own state), then every claim goes, and `a`'s subscription, still running, starts
+/// again at the new offset with attempts counted from 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_by_another_broker_waits_for_live_leases_and_the_running_subscription_follows_it() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let a = connect(&cluster, "reset", &clock).await;
+    let qa = a.queue("q").await.unwrap();
+    qa.send_batch(["1", "2", "3"]).await.unwrap();
+    let mut ja = qa.work_group("w").unwrap().lease(Duration::from_secs(30)).subscribe().await.unwrap();
+    for _ in 0..2 {
+        next(&mut ja).await.ack_durable().await.unwrap();
+    }
+    let held = next(&mut ja).await;
+    assert_eq!(held.seq(), 3);
+    let b = connect(&cluster, "reset", &clock).await;
+    let gb = b.queue("q").await.unwrap().work_group("w").unwrap();
+    match gb.reset_to(rockq::ResetTo::Sequence(1)).await {
+        Err(Error::Active { group, queue }) => assert_eq!((group.as_str(), queue.as_str()), ("w", "q")),
+        other => panic!("a live lease in another broker must refuse the reset, got {other:?}"),
+    }
+    // Waiting for a retry (its backoff never passes on the manual clock): no lease is live.
+    held.fail_durable("not yet").await.unwrap();
+    assert_eq!(gb.reset_to(rockq::ResetTo::Sequence(1)).await.unwrap(), 1);
+    assert_eq!(committed(&b.stats().await.unwrap(), "w"), 0);
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let j = next(&mut ja).await;
+        got.push((j.seq(), j.attempt()));
+        j.ack_durable().await.unwrap();
+    }
+    assert_eq!(got, [(1, 1), (2, 1), (3, 1)], "replayed in `a`, the retry's attempt forgotten");
+    let s = wait_stats(&b, |s| committed(s, "w") == 3).await;
+    assert_eq!(committed(&s, "w"), 3);
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }

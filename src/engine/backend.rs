@@ -297,7 +297,7 @@ impl Backend {
     ) -> Result<u64, Error> {
         match self {
             Backend::Embedded(store) => retention::reset_target(store, runtime, queue, to).await,
-            Backend::Etcd(_) => Err(self.refusal(Capability::ResetGroup)),
+            Backend::Etcd(side) => on_etcd!(side => etcd::reset::target(side, queue, to).await),
         }
     }
 

@@ -40,8 +40,10 @@ pub(crate) enum Capability {
     ResetGroup,
     /// Pausing and resuming groups.
     PauseGroup,
-    /// Deleting and purging queues and groups.
-    DeleteAndPurge,
+    /// Deleting queues and groups.
+    Delete,
+    /// Purging a queue.
+    PurgeQueue,
     /// Delayed messages, `submit`, cancel and reschedule, recurring schedules.
     Scheduling,
     /// Idempotency keys and the dedup window.
@@ -70,7 +72,8 @@ impl Capability {
         match self {
             Capability::ResetGroup => "resetting a group",
             Capability::PauseGroup => "pausing groups",
-            Capability::DeleteAndPurge => "deleting and purging",
+            Capability::Delete => "deleting queues and groups",
+            Capability::PurgeQueue => "purging a queue",
             Capability::Scheduling => "delayed messages, idempotent submits and schedules",
             Capability::IdempotencyKeys => "idempotency keys",
             Capability::Keyspaces => "keyspaces",
@@ -93,9 +96,11 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
         Flavour::Embedded => true,
         // Everything below is refused on etcd until the etcd engine builds it (docs/DISTRIBUTED.md).
         Flavour::Etcd => match cap {
-            Capability::IdempotencyKeys | Capability::PauseGroup => true,
-            Capability::ResetGroup
-            | Capability::DeleteAndPurge
+            Capability::IdempotencyKeys
+            | Capability::PauseGroup
+            | Capability::ResetGroup
+            | Capability::PurgeQueue => true,
+            Capability::Delete
             | Capability::Scheduling
             | Capability::Keyspaces
             | Capability::Transactions
@@ -140,11 +145,10 @@ pub(crate) fn for_request(req: &Request) -> Option<Capability> {
         Request::Retention(RetentionRequest::ExpireDedup { .. }) => Capability::IdempotencyKeys,
         Request::Settings(_) => Capability::PauseGroup,
         Request::Schedule(_) => Capability::Scheduling,
-        Request::Lifecycle(
-            LifecycleRequest::DeleteQueue { .. }
-            | LifecycleRequest::PurgeQueue { .. }
-            | LifecycleRequest::DeleteGroup { .. },
-        ) => Capability::DeleteAndPurge,
+        Request::Lifecycle(LifecycleRequest::DeleteQueue { .. } | LifecycleRequest::DeleteGroup { .. }) => {
+            Capability::Delete
+        }
+        Request::Lifecycle(LifecycleRequest::PurgeQueue { .. }) => Capability::PurgeQueue,
         Request::Kv(_) => Capability::Keyspaces,
         Request::Tx(_) => Capability::Transactions,
         Request::Work(WorkRequest::SettleLetter { .. }) => Capability::DeadLetterActions,

@@ -22,8 +22,8 @@ use crate::model::WorkSettings;
 use crate::store::etcd::work::ClaimEvent;
 
 /// Moves `g`'s stored offset over the finished run above it, if this process knows of one.
-/// Safe from any task: the move compares the stored offset (it only goes forward). Returns
-/// whether this call moved it.
+/// Safe from any task: the move compares the stored offset (it only goes forward) and the
+/// group's last reset (`reset.rs`). Returns whether this call moved it.
 pub(super) async fn advance(
     side: &EtcdSide,
     g: &WorkGroupState,
@@ -33,9 +33,13 @@ pub(super) async fn advance(
     if to <= known.stored_offset {
         return Ok(false);
     }
+    // Tests hold an offset move back to a later round (a reset lands in between).
+    crate::faults::check("rockq-etcd-offset-move")?;
     let (store, t) = (&side.store, side.settings.request_timeout);
-    // Moved, or another process moved it at least as far.
-    let moved = retrying(t, || store.move_work_offset(&g.name, &g.queue.name, to)).await?;
+    let reset_rev = known.reset_rev;
+    let moved = retrying(t, || store.move_work_offset(&g.name, &g.queue.name, to, reset_rev)).await?;
+    // Not moved: another process moved it at least as far, or a reset this process has not
+    // learned yet refused the move (its watch brings the reset, which replaces all of this).
     known.learn_offset(g, to);
     Ok(moved)
 }
@@ -53,10 +57,11 @@ pub(super) async fn load(
 ) -> Result<Arc<WorkGroupState>, StorageError> {
     let id = crate::store::group_id(group, &queue.name);
     let (store, t) = (&side.store, side.settings.request_timeout);
-    let (offset, records, rev) = retrying(t, || store.load_claims(group, &queue.name)).await?;
+    let loaded = retrying(t, || store.load_claims(group, &queue.name)).await?;
+    let (offset, records, rev) = (loaded.offset, loaded.records, loaded.rev);
     let g = WorkGroupState::new(group, queue.clone(), offset);
     let clock = engine.clock().clone();
-    let mut known = Known { stored_offset: offset, ..Known::default() };
+    let mut known = Known { stored_offset: offset, reset_rev: loaded.reset_rev, ..Known::default() };
     for r in records {
         known.revs.insert(r.seq, r.rev);
         g.learn_claim(r.seq, &r.claim, &clock);
@@ -136,8 +141,24 @@ async fn watch(
                         Some(Ok(_)) if crate::faults::check("rockq-etcd-claim-watch").is_err() => {}
                         Some(Ok(events)) => {
                             let mut known = ws.known.lock().await;
+                            // A reset deletes every record in its revision: those deletions
+                            // say nothing of the offset passing them.
+                            let resets: Vec<i64> = events
+                                .iter()
+                                .filter_map(|e| match e {
+                                    ClaimEvent::Reset { rev, .. } => Some(*rev),
+                                    _ => None,
+                                })
+                                .collect();
                             for ev in events {
                                 match ev {
+                                    ClaimEvent::Reset { offset, rev: r } => {
+                                        rev = rev.max(r);
+                                        known.reset(&ws.group, offset, r);
+                                    }
+                                    ClaimEvent::Gone { rev: r, .. } if resets.contains(&r) => {
+                                        rev = rev.max(r);
+                                    }
                                     ClaimEvent::Put(r) => {
                                         rev = rev.max(r.rev);
                                         if r.seq > known.stored_offset
@@ -173,10 +194,14 @@ async fn watch(
         }
         loop {
             match side.store.load_claims(&gname, &qname).await {
-                Ok((offset, records, at)) => {
+                Ok(loaded) => {
                     let Some(ws) = ws.upgrade() else { return };
                     let mut known = ws.known.lock().await;
-                    known.learn_offset(&ws.group, offset);
+                    // A reset missed while the watch was down: start again from it.
+                    if !known.reset(&ws.group, loaded.offset, loaded.reset_rev) {
+                        known.learn_offset(&ws.group, loaded.offset);
+                    }
+                    let (records, at) = (loaded.records, loaded.rev);
                     for r in records {
                         if r.rev > known.expected(r.seq) && !known.adopt(&r) {
                             known.revs.insert(r.seq, r.rev);

@@ -30,7 +30,7 @@ pub(crate) async fn pending(
     if offset.mode != GroupMode::WorkQueue {
         return Ok(Vec::new());
     }
-    let (_, records, _) = retrying(t, || side.store.load_claims(group, queue)).await?;
+    let records = retrying(t, || side.store.load_claims(group, queue)).await?.records;
     let now = engine.clock().wall_micros();
     let live = live.get(&(group.to_owned(), queue.to_owned()));
     Ok(records.into_iter().filter_map(|r| pending_claim(r.seq, r.claim, now, live)).collect())

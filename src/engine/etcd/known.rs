@@ -36,6 +36,9 @@ pub(super) struct Known {
     /// Every such claim since the last known write, not only the latest: a request held in a
     /// paused member's socket may be applied after later ones failed too.
     pub(super) doubted: HashMap<u64, Vec<Claim>>,
+    /// The `mod_revision` of the group's last reset known here (0: none): offset moves
+    /// compare it, so that none written on a view from before a reset stands.
+    pub(super) reset_rev: i64,
 }
 
 impl Known {
@@ -99,6 +102,27 @@ impl Known {
                 }
             }
         }
+    }
+
+    /// The group was reset to `offset` at `rev` (by this process or another): everything
+    /// known of its records went with the reset, and the state machine starts again at
+    /// `offset` (outcomes and acks decided before carry the old epoch and are refused). A reset
+    /// already known changes nothing.
+    pub(super) fn reset(&mut self, g: &WorkGroupState, offset: u64, rev: i64) -> bool {
+        if rev <= self.reset_rev {
+            return false;
+        }
+        self.reset_rev = rev;
+        self.stored_offset = offset;
+        self.revs.clear();
+        self.mine.clear();
+        self.doubted.clear();
+        g.progress().move_to(offset);
+        g.reset(offset);
+        // A reset may go backwards: store, not max.
+        g.durable.store(offset, Ordering::SeqCst);
+        g.changed.notify_waiters();
+        true
     }
 
     /// The stored offset is at least `offset`: everything up to it is finished.

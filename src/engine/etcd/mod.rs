@@ -17,6 +17,8 @@
 //!   like the RocksDB reads.
 //! - `claims.rs`: what this process knows of each work group's claim records, and the watch
 //!   that teaches the claim state machine what other processes wrote.
+//! - `reset.rs`: group resets, which move an offset backwards on a store where every other
+//!   write moves it forward; `purge.rs`: a purge, a trim through the tail.
 
 mod claims;
 mod dedup;
@@ -25,7 +27,9 @@ mod known;
 pub(crate) mod owner;
 mod owners;
 mod pause;
+mod purge;
 mod redrive;
+pub(crate) mod reset;
 pub(crate) mod retention;
 mod settings;
 mod side;

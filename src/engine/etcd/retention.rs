@@ -44,7 +44,7 @@ pub(crate) async fn pass(
         started_at.get_or_insert(loaded.revision);
         let now = clock.wall_micros();
         let mut refused = Vec::new();
-        'queues: for (i, (name, meta, last)) in loaded.queues.iter().enumerate() {
+        for (i, (name, meta, last)) in loaded.queues.iter().enumerate() {
             if pending.as_ref().is_some_and(|p| !p.contains(name)) {
                 continue;
             }
@@ -83,25 +83,11 @@ pub(crate) async fn pass(
                 to,
                 behind,
                 read_at: loaded.revision,
+                purge: false,
             };
-            let mut plan = plan;
-            let (ahead, after) = plan.split();
-            // Tests create a group here, after the cut was computed.
-            crate::faults::reached("rockq-etcd-trim-planned");
-            for chunk in ahead.chunks(GROUPS_PER_MOVE) {
-                if !retrying(t, || side.store.move_past_cut(&plan, chunk)).await? {
-                    refused.push(name.clone());
-                    continue 'queues;
-                }
-                skipped(engine, &plan.queue, chunk, to);
-            }
-            if retrying(t, || side.store.trim(&plan)).await? {
-                trimmed(engine, side, &plan, first).await;
+            if apply(engine, side, plan, first, Cut::Retention).await? {
                 report.trimmed.push((name.clone(), to - first + 1, to + 1));
                 report.deleted += to - first + 1;
-                if !after.is_empty() {
-                    retrying(t, || side.store.delete_marks(name, &after, to)).await?;
-                }
             } else {
                 refused.push(name.clone());
             }
@@ -121,14 +107,61 @@ pub(crate) async fn pass(
     Ok(report)
 }
 
+/// Why a queue's head is cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Cut {
+    /// Its retention policy: groups moved past what they had not finished are reported
+    /// skipped, and the trim is reported.
+    Retention,
+    /// A purge, which asked for it: nothing is reported skipped.
+    Purge,
+}
+
+/// Carries out `plan` (the queue's first sequence was `first`): the work groups that do not fit
+/// the trim's transaction are moved past the cut first, then the trim, then the marks of the
+/// ordered groups that did not fit. `false`: something the plan was computed from changed, and
+/// the trim was not made (compute it again).
+pub(super) async fn apply(
+    engine: &Engine,
+    side: &EtcdSide,
+    mut plan: TrimPlan,
+    first: u64,
+    cut: Cut,
+) -> Result<bool, Error> {
+    let t = side.settings.request_timeout;
+    let to = plan.to;
+    let (ahead, after) = plan.split();
+    // Tests create a group here, after the cut was computed.
+    crate::faults::reached("rockq-etcd-trim-planned");
+    for chunk in ahead.chunks(GROUPS_PER_MOVE) {
+        if !retrying(t, || side.store.move_past_cut(&plan, chunk)).await? {
+            return Ok(false);
+        }
+        if cut == Cut::Retention {
+            skipped(engine, &plan.queue, chunk, to);
+        }
+    }
+    if !retrying(t, || side.store.trim(&plan)).await? {
+        return Ok(false);
+    }
+    trimmed(engine, side, &plan, first, cut).await;
+    if !after.is_empty() {
+        retrying(t, || side.store.delete_marks(&plan.queue, &after, to)).await?;
+    }
+    Ok(true)
+}
+
 /// A trim landed: this process takes the new first sequence at once (others through their
 /// watch), and reports it as the embedded writer does.
-async fn trimmed(engine: &Engine, side: &EtcdSide, plan: &TrimPlan, first: u64) {
+async fn trimmed(engine: &Engine, side: &EtcdSide, plan: &TrimPlan, first: u64, cut: Cut) {
     super::watch::learn_queue(engine, side, &plan.queue, &plan.meta).await;
     let (to, deleted) = (plan.to, plan.to - first + 1);
     // The watch may have brought the new record first and be moving the work groups on: this
     // waits for that (or does it), so the pass returns with the offsets moved.
     super::claims::trimmed(side, plan.meta.id, to).await;
+    if cut == Cut::Purge {
+        return;
+    }
     let queue: Arc<str> = Arc::from(plan.queue.as_str());
     tracing::info!(queue = %queue, deleted, first_seq = to + 1, "rockq: trimmed");
     telemetry::queue_counter(telemetry::TRIMMED, &queue, deleted);

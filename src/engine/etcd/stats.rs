@@ -74,7 +74,7 @@ pub(crate) async fn stats(engine: &Arc<Engine>, side: &EtcdSide) -> Result<Stats
         };
         if offset.mode == StoredMode::WorkQueue {
             // Claim counts from every process's records, as embedded from the disk's.
-            let (_, records, _) = side.store.load_claims(group, queue).await?;
+            let records = side.store.load_claims(group, queue).await?.records;
             let live = live.get(&(group.clone(), queue.clone()));
             let mut done = 0;
             for r in records.into_iter().filter(|r| r.seq >= start) {

@@ -2,7 +2,8 @@
 //! over every queue record and tail key. A tail moved elsewhere is published to this process's
 //! `QueueState`, so subscriptions here wake as for local sends; a queue record written
 //! elsewhere registers a new queue, or brings its retention policy and first sequence (a trim)
-//! here, where subscriptions skip to the new head and work groups past it. A watch that breaks
+//! here, where subscriptions skip to the new head and work groups past it; a purge mark makes
+//! subscriptions here drop what they had read ahead of the purged range. A watch that breaks
 //! (its start revision was compacted, the member went away) is replaced after re-reading every
 //! queue and tail: state is re-read, not replayed, so no change is missed.
 
@@ -54,6 +55,9 @@ pub(super) async fn run(
                 Ok(loaded) => {
                     let Some(engine) = engine.upgrade() else { return };
                     let mut events = Vec::with_capacity(loaded.queues.len() * 2);
+                    let purged =
+                        loaded.purged.iter().map(|&(qid, through)| NamespaceEvent::Purged { qid, through });
+                    events.extend(purged);
                     for (name, meta, last) in loaded.queues {
                         events.push(NamespaceEvent::Tail { qid: meta.id, last });
                         events.push(NamespaceEvent::Queue { name, meta });
@@ -73,14 +77,24 @@ pub(super) async fn run(
     }
 }
 
-/// Applies what the watch saw. Queue records first, so that a tail of a queue created
-/// elsewhere finds it registered.
+/// Applies what the watch saw. Purge marks first, so that subscriptions here drop what was
+/// purged before they see the new first sequence (which alone would let them hand out what
+/// they had read ahead, as after a retention trim); then queue records, so that a tail of a
+/// queue created elsewhere finds it registered.
 async fn apply(engine: &Engine, side: &EtcdSide, events: Vec<NamespaceEvent>) {
     let mut tails = Vec::new();
+    for ev in &events {
+        if let NamespaceEvent::Purged { qid, through } = *ev
+            && let Some(q) = engine.registry.queues.iter().find(|q| q.id == qid)
+        {
+            q.purged_through.fetch_max(through, Ordering::SeqCst);
+        }
+    }
     for ev in events {
         match ev {
             NamespaceEvent::Queue { name, meta } => learn_queue(engine, side, &name, &meta).await,
             NamespaceEvent::Tail { qid, last } => tails.push((qid, last)),
+            NamespaceEvent::Purged { .. } => {}
         }
     }
     for (qid, last) in tails {

@@ -28,7 +28,8 @@ use crate::engine::dead_letter::{self, Origin};
 use crate::engine::inbox::Staged;
 use crate::engine::registry::{OrderedGroupState, PendingRecord, QueueState};
 use crate::engine::request::{
-    OrderedRequest, QueueRequest, Request, RetentionRequest, ScheduleRequest, SettingsRequest, WorkRequest,
+    LifecycleRequest, OrderedRequest, QueueRequest, Request, RetentionRequest, ScheduleRequest,
+    SettingsRequest, WorkRequest,
 };
 use crate::error::{Closed, Error, StorageError, UnsupportedError};
 use crate::events::Event;
@@ -178,6 +179,15 @@ impl Writer {
                 self.outcome(group, seq, attempt, outcome, reply).await;
             }
             Request::Work(WorkRequest::Extend(extension)) => self.extend(extension).await,
+            Request::Lifecycle(LifecycleRequest::PurgeQueue { name, reply }) => {
+                let _ = reply.send(self.purge_queue(&name).await);
+            }
+            Request::Ordered(OrderedRequest::Reset { group, offset, reply }) => {
+                let _ = reply.send(self.reset_ordered(group, offset).await);
+            }
+            Request::Work(WorkRequest::Reset { group, offset, reply }) => {
+                let _ = reply.send(self.reset_work(group, offset).await);
+            }
             Request::Work(WorkRequest::Redrive { dlq, expected, last, items, reply }) => {
                 self.redrive(dlq, expected, last, items, reply).await;
             }

@@ -11,12 +11,14 @@
 //! | `N meta/format` | the format record (as in RocksDB's meta CF) |
 //! | `N meta/queue-id` | the next queue id, `u32` |
 //! | `N q/<name>` | queue record (same codec as RocksDB's) |
+//! | `N s/<qid u32>` | a queue's purge mark: the last sequence purged, `u64` (`retention.rs`) |
 //! | `N t/<qid u32>` | the tail: last sequence `u64` and the nonce of the append that wrote it |
 //! | `N m/<qid u32><seq u64>` | a message envelope (same codec) |
 //! | `N o/<group>:<queue>` | a group's offset (same codec) |
 //! | `N k/<group>:<queue>:<seq>` | an ordered group's mark (same codec) |
 //! | `N own/<group>:<queue>` | the owner of an ordered group, attached to an etcd lease |
 //! | `N c/claim:<group>:<queue>:<seq>` | a work group's claim record (`work.rs`) |
+//! | `N c/claim:<group>:<queue>:<u64::MAX>` | a work group's reset mark: its last reset's offset (`reset.rs`) |
 //! | `N g/group:<group>:<queue>` | a work group's settings record (`work.rs`) |
 //! | `N r/redrive:<dlq>` | a dead-letter queue's redrive cursor (`redrive.rs`) |
 //! | `N d/<qid u32><key>` | an idempotency key's dedup record, under an expiring lease (`dedup.rs`) |
@@ -24,6 +26,7 @@
 pub(crate) mod dedup;
 pub(crate) mod members;
 pub(crate) mod redrive;
+pub(crate) mod reset;
 pub(crate) mod retention;
 pub(crate) mod settings;
 pub(crate) mod work;
@@ -73,6 +76,8 @@ pub(crate) struct EtcdLoaded {
     pub queue_revs: Vec<i64>,
     /// The `mod_revision` of each offset record, in the order of `groups`.
     pub group_revs: Vec<i64>,
+    /// Each purged queue's id and the last sequence purged (its purge mark).
+    pub purged: Vec<(u32, u64)>,
 }
 
 /// Why connecting failed.
@@ -159,6 +164,10 @@ impl EtcdStore {
     fn queue_key(&self, name: &str) -> Vec<u8> {
         self.key(b"q/", name.as_bytes())
     }
+    /// A queue's purge mark (`retention::TrimPlan::purge`).
+    fn purge_key(&self, qid: u32) -> Vec<u8> {
+        self.key(b"s/", &qid.to_be_bytes())
+    }
     fn tail_key(&self, qid: u32) -> Vec<u8> {
         self.key(b"t/", &qid.to_be_bytes())
     }
@@ -208,6 +217,7 @@ impl EtcdStore {
         let at = || Some(GetOptions::new().with_prefix().with_revision(revision));
         let tails = kv.get_long(self.key(b"t/", b""), at()).await?;
         let offsets = kv.get_long(self.key(b"o/", b""), at()).await?;
+        let purges = kv.get_long(self.key(b"s/", b""), at()).await?;
         let qprefix = self.key(b"q/", b"").len();
         let mut last_of = std::collections::HashMap::new();
         for t in tails.kvs() {
@@ -224,7 +234,13 @@ impl EtcdStore {
             revision,
             queue_revs: Vec::new(),
             group_revs: Vec::new(),
+            purged: Vec::new(),
         };
+        let sprefix = self.key(b"s/", b"").len();
+        for p in purges.kvs() {
+            let Ok(qid) = <[u8; 4]>::try_from(&p.key()[sprefix..]) else { continue };
+            out.purged.push((u32::from_be_bytes(qid), decode_purge(p.key(), p.value())?));
+        }
         for q in queues.kvs() {
             let name = std::str::from_utf8(&q.key()[qprefix..])
                 .map_err(|_| CorruptionError::new("queue", q.key(), "name is not UTF-8"))
@@ -813,6 +829,13 @@ pub(crate) fn decode_tail(key: &[u8], v: &[u8]) -> Result<(u64, u64), StorageErr
     a.copy_from_slice(&v[..8]);
     b.copy_from_slice(&v[8..]);
     Ok((u64::from_be_bytes(a), u64::from_be_bytes(b)))
+}
+
+/// The last sequence purged, of a purge mark (`retention.rs`).
+pub(crate) fn decode_purge(key: &[u8], value: &[u8]) -> Result<u64, StorageError> {
+    <[u8; 8]>::try_from(value)
+        .map(u64::from_be_bytes)
+        .map_err(|_| corrupt(CorruptionError::new("purge mark", key, "not 8 bytes")))
 }
 
 fn first_get(resp: &etcd_client::TxnResponse) -> Option<etcd_client::KeyValue> {

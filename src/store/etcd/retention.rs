@@ -20,7 +20,7 @@
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp, WatchOptions};
 
-use super::{EtcdStore, WatchedKind, corrupt, decode_envelope, decode_tail};
+use super::{EtcdStore, WatchedKind, corrupt, decode_envelope, decode_purge, decode_tail};
 use crate::error::{CorruptionError, StorageError};
 use crate::model::{GroupMode, GroupOffset, QueueMeta};
 use crate::store::{keys, records};
@@ -58,6 +58,10 @@ pub(crate) struct TrimPlan {
     pub behind: Vec<TrimGroup>,
     /// The revision the plan was read at: no offset record may have been created after it.
     pub read_at: i64,
+    /// A purge (`Broker::purge_queue`), not a retention cut: the trim also writes the queue's
+    /// purge mark (`s/<qid>` = `to`), which tells the owners of its ordered groups in other
+    /// processes to drop what they had read ahead, as embedded.
+    pub purge: bool,
 }
 
 /// A change to the namespace another process (or this one) made, seen by
@@ -68,14 +72,17 @@ pub(crate) enum NamespaceEvent {
     Tail { qid: u32, last: u64 },
     /// Queue `name`'s record was written (created, its policy changed, or trimmed).
     Queue { name: String, meta: QueueMeta },
+    /// Queue `qid` was purged through `through` ([`TrimPlan::purge`]).
+    Purged { qid: u32, through: u64 },
 }
 
 impl TrimPlan {
     /// The operations its transaction holds: the ranged delete and the queue record, a ranged
     /// delete and an offset put per work group behind, a ranged delete per ordered group
-    /// behind. [`split`](Self::split) makes it fit etcd's limit.
+    /// behind, and a purge's mark. [`split`](Self::split) makes it fit etcd's limit.
     pub fn operations(&self) -> usize {
-        2 + self.behind.iter().map(|g| if g.mode == GroupMode::WorkQueue { 2 } else { 1 }).sum::<usize>()
+        2 + usize::from(self.purge)
+            + self.behind.iter().map(|g| if g.mode == GroupMode::WorkQueue { 2 } else { 1 }).sum::<usize>()
     }
 
     /// Makes the trim fit one transaction: returns the work groups to move past the cut first
@@ -89,7 +96,7 @@ impl TrimPlan {
     pub fn split(&mut self) -> (Vec<TrimGroup>, Vec<TrimGroup>) {
         let (mut work, mut ordered): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.behind).into_iter().partition(|g| g.mode == GroupMode::WorkQueue);
-        let room = super::MAX_TXN_OPS - 2;
+        let room = super::MAX_TXN_OPS - 2 - usize::from(self.purge);
         let ahead = work.split_off(work.len().min(room / 2));
         let after = ordered.split_off(ordered.len().min(room - 2 * work.len()));
         self.behind = work;
@@ -138,6 +145,9 @@ impl EtcdStore {
             ),
             TxnOp::put(qkey, records::encode_queue(&plan.meta).to_vec(), None),
         ];
+        if plan.purge {
+            ops.push(TxnOp::put(self.purge_key(qid), plan.to.to_be_bytes().to_vec(), None));
+        }
         self.push_groups(plan, &plan.behind, &mut cmps, &mut ops);
         debug_assert_eq!(ops.len(), plan.operations());
         if ops.len() > super::MAX_TXN_OPS || cmps.len() > super::MAX_TXN_OPS {
@@ -267,13 +277,15 @@ impl EtcdStore {
         revision: i64,
     ) -> Result<impl futures::Stream<Item = Result<Vec<NamespaceEvent>, StorageError>> + use<>, StorageError>
     {
-        // `q/` (queue records) up to and including `t/` (tails): one watch for both. What lies
-        // between (`r/`, redrive cursors) is skipped.
+        // `q/` (queue records) up to and including `t/` (tails): one watch for those and the
+        // purge marks (`s/`) between them. What else lies between (`r/`, redrive cursors) is
+        // skipped.
         let (qprefix, tprefix) = (self.key(b"q/", b""), self.key(b"t/", b""));
+        let sprefix = self.key(b"s/", b"");
         let opts = WatchOptions::new().with_range(self.key(b"t0", b"")).with_start_revision(revision + 1);
         let key = qprefix.clone();
         let decode = move |kind, kv: &etcd_client::KeyValue| match kind {
-            WatchedKind::Put => namespace_event(&qprefix, &tprefix, kv),
+            WatchedKind::Put => namespace_event(&qprefix, &sprefix, &tprefix, kv),
             WatchedKind::Delete => Ok(None),
         };
         self.watch_events(key, opts, decode).await
@@ -283,10 +295,16 @@ impl EtcdStore {
 /// A watched key as an event (`None`: not a queue record or a tail).
 fn namespace_event(
     qprefix: &[u8],
+    sprefix: &[u8],
     tprefix: &[u8],
     kv: &etcd_client::KeyValue,
 ) -> Result<Option<NamespaceEvent>, StorageError> {
     let key = kv.key();
+    if let Some(rest) = key.strip_prefix(sprefix) {
+        let Ok(qid) = <[u8; 4]>::try_from(rest) else { return Ok(None) };
+        let through = decode_purge(key, kv.value())?;
+        return Ok(Some(NamespaceEvent::Purged { qid: u32::from_be_bytes(qid), through }));
+    }
     if let Some(rest) = key.strip_prefix(tprefix) {
         let Ok(qid) = <[u8; 4]>::try_from(rest) else { return Ok(None) };
         let (last, _) = decode_tail(key, kv.value())?;
@@ -306,7 +324,7 @@ fn namespace_event(
 mod tests {
     use super::*;
 
-    fn plan(work: usize, ordered: usize) -> TrimPlan {
+    fn plan(work: usize, ordered: usize, purge: bool) -> TrimPlan {
         let group = |i: usize, mode| TrimGroup { group: format!("g{i}"), mode, committed: 0, rev: 1 };
         let behind = (0..work)
             .map(|i| group(i, GroupMode::WorkQueue))
@@ -318,13 +336,14 @@ mod tests {
             retention: crate::retention::Retention::MaxLen(5),
             dedup_window: crate::model::DEFAULT_DEDUP_WINDOW,
         };
-        TrimPlan { queue: "q".into(), meta, queue_rev: 1, to: 10, behind, read_at: 1 }
+        TrimPlan { queue: "q".into(), meta, queue_rev: 1, to: 10, behind, read_at: 1, purge }
     }
 
     #[test]
     fn a_split_plan_fits_one_transaction_and_loses_no_group() {
-        for (work, ordered) in [(0, 0), (10, 10), (63, 0), (64, 0), (0, 126), (0, 127), (200, 300), (63, 1)] {
-            let mut p = plan(work, ordered);
+        let cases = [(0, 0), (10, 10), (63, 0), (64, 0), (0, 125), (0, 126), (0, 127), (200, 300), (63, 1)];
+        for ((work, ordered), purge) in cases.into_iter().flat_map(|c| [(c, false), (c, true)]) {
+            let mut p = plan(work, ordered, purge);
             let (ahead, after) = p.split();
             assert!(
                 p.operations() <= crate::store::etcd::MAX_TXN_OPS,
@@ -338,7 +357,7 @@ mod tests {
             names.sort();
             names.dedup();
             assert_eq!(names.len(), work + ordered, "{work}/{ordered}: every group once");
-            if 2 * work + ordered <= 126 {
+            if 2 * work + ordered + usize::from(purge) <= 126 {
                 assert!(ahead.is_empty() && after.is_empty(), "{work}/{ordered}: fits, nothing split");
             }
         }

@@ -32,8 +32,25 @@ pub(crate) struct ClaimRecord {
 pub(crate) enum ClaimEvent {
     /// Written at `rev`.
     Put(ClaimRecord),
-    /// Deleted at `rev`: the offset passed it.
+    /// Deleted at `rev`: the offset passed it (or a reset at `rev` deleted every record).
     Gone { seq: u64, rev: i64 },
+    /// The group was reset to `offset` at `rev` (`reset.rs`): every record went in the same
+    /// revision.
+    Reset { offset: u64, rev: i64 },
+}
+
+/// A work group's claim records as read at one revision.
+#[derive(Debug, Clone)]
+pub(crate) struct LoadedClaims {
+    /// The stored offset.
+    pub offset: u64,
+    /// The records above it.
+    pub records: Vec<ClaimRecord>,
+    /// The revision they were read at (a watch starts after it).
+    pub rev: i64,
+    /// The `mod_revision` of the group's last reset (0: never reset), which offset moves
+    /// compare.
+    pub reset_rev: i64,
 }
 
 /// One write of [`EtcdStore::write_claims`]: `record` at `seq`, if its `mod_revision` is still
@@ -76,11 +93,7 @@ impl EtcdStore {
 
     /// A work group's offset and its claim records above it, read at one revision (returned:
     /// a watch starts after it).
-    pub async fn load_claims(
-        &self,
-        group: &str,
-        queue: &str,
-    ) -> Result<(u64, Vec<ClaimRecord>, i64), StorageError> {
+    pub async fn load_claims(&self, group: &str, queue: &str) -> Result<LoadedClaims, StorageError> {
         let kv = self.kv();
         let prefix = self.claims_prefix(group, queue);
         // In pages at one revision: a group with many records above its offset (a slow head
@@ -105,14 +118,20 @@ impl EtcdStore {
                 return Err(StorageError::new(format!("work group {group} on {queue} has no offset record")));
             }
         };
-        let mut out = Vec::new();
+        let mark = self.reset_mark_key(group, queue);
+        let mut records = Vec::new();
+        let mut reset_rev = 0;
         for kv in pages.iter().flat_map(|p| p.kvs()) {
+            if kv.key() == mark.as_slice() {
+                reset_rev = kv.mod_revision();
+                continue;
+            }
             let r = self.claim_record(&prefix, kv)?;
             if r.seq > offset {
-                out.push(r);
+                records.push(r);
             }
         }
-        Ok((offset, out, rev))
+        Ok(LoadedClaims { offset, records, rev, reset_rev })
     }
 
     /// Writes claim records (claims, outcomes) in one transaction, if every record's
@@ -189,23 +208,33 @@ impl EtcdStore {
     }
 
     /// Moves a work group's offset to `to` unless it is there already, deleting every claim
-    /// record at or below it (all `Done`: the caller saw them finished). Returns whether this
-    /// call moved it.
-    pub async fn move_work_offset(&self, group: &str, queue: &str, to: u64) -> Result<bool, StorageError> {
+    /// record at or below it (all `Done`: the caller saw them finished), if the group's last
+    /// reset is the one the caller knows (`reset_rev`, 0: none; `reset.rs`). Returns whether
+    /// this call moved it.
+    pub async fn move_work_offset(
+        &self,
+        group: &str,
+        queue: &str,
+        to: u64,
+        reset_rev: i64,
+    ) -> Result<bool, StorageError> {
         let prefix = self.claims_prefix(group, queue);
         let offset_key = self.offset_key(group, queue);
         let rec = records::encode_offset(&GroupOffset { mode: GroupMode::WorkQueue, committed: to }).to_vec();
-        let txn =
-            Txn::new().when([Compare::value(offset_key.clone(), CompareOp::Less, rec.clone())]).and_then([
-                TxnOp::put(offset_key, rec, None),
-                TxnOp::delete(
-                    keys::claim_key(&prefix, 0),
-                    Some(
-                        etcd_client::DeleteOptions::new()
-                            .with_range(keys::claim_key(&prefix, to.saturating_add(1))),
-                    ),
+        let cmps = [
+            Compare::value(offset_key.clone(), CompareOp::Less, rec.clone()),
+            Compare::mod_revision(self.reset_mark_key(group, queue), CompareOp::Equal, reset_rev),
+        ];
+        let txn = Txn::new().when(cmps).and_then([
+            TxnOp::put(offset_key, rec, None),
+            TxnOp::delete(
+                keys::claim_key(&prefix, 0),
+                Some(
+                    etcd_client::DeleteOptions::new()
+                        .with_range(keys::claim_key(&prefix, to.saturating_add(1))),
                 ),
-            ]);
+            ),
+        ]);
         Ok(self.kv().txn(txn).await?.succeeded())
     }
 
@@ -254,8 +283,14 @@ impl EtcdStore {
         let prefix = self.claims_prefix(group, queue);
         let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
         let (store, p) = (self.clone(), prefix.clone());
+        let mark = self.reset_mark_key(group, queue);
         let decode = move |kind, kv: &etcd_client::KeyValue| match kind {
+            WatchedKind::Put if kv.key() == mark.as_slice() => records::decode_offset(kv.key(), kv.value())
+                .map(|o| Some(ClaimEvent::Reset { offset: o.committed, rev: kv.mod_revision() }))
+                .map_err(corrupt),
             WatchedKind::Put => store.claim_record(&p, kv).map(|r| Some(ClaimEvent::Put(r))),
+            // The group went with its reset mark: nothing the offset passed.
+            WatchedKind::Delete if kv.key() == mark.as_slice() => Ok(None),
             // A deleted record (the offset passed it) names only its sequence.
             WatchedKind::Delete => Ok(kv
                 .key()
