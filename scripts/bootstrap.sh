@@ -14,10 +14,11 @@ have_libclang || need+=(libclang-dev)
 command -v clang >/dev/null 2>&1 || need+=(clang)
 command -v g++ >/dev/null 2>&1 || need+=(g++)
 command -v make >/dev/null 2>&1 || need+=(make)
-# The etcd engine (feature `etcd`): its client's build compiles protobufs with protoc, and its
-# tests start Debian's etcd. Asked for by scripts/test.sh and scripts/etcd-tests.sh.
+# The etcd engine (feature `etcd`): its client's build compiles protobufs with protoc (every
+# build with ROCKQ_FEATURES, the demo's too), and its tests start Debian's etcd (asked for by
+# scripts/test.sh and scripts/etcd-tests.sh).
+command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 if [ -n "${ROCKQ_NEED_ETCD:-}" ]; then
-  command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
   command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 fi
 # The web console's browser tests drive Debian's Chromium through chromedriver. Asked for by
@@ -34,6 +35,13 @@ if [ "${#need[@]}" -gt 0 ]; then
   $SUDO apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+
+# The feature set of every build the scripts make: the demo's, the tests', the lints' and the
+# docs'. One set, because librocksdb-sys's build (RocksDB's C++, 15-25 minutes on two cores)
+# is keyed by the features of every build dependency in the build: a smaller set (plain
+# `cargo build`) unifies fewer features into the host crates it shares with them, and compiles
+# RocksDB a second time. scripts/check-one-rocksdb.sh checks that they share one build.
+ROCKQ_FEATURES="${ROCKQ_FEATURES:-cli,postcard,tower,web,etcd}"
 
 # RocksDB takes 15-25 minutes to compile on two cores. Keep one target dir per machine,
 # outside the clone, so CI runs on a clean checkout reuse the compiled C++ objects.

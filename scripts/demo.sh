@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh
-cargo run --example quickstart
+# With the test command's features, so the two commands share one build of RocksDB.
+cargo run --example quickstart --features "$ROCKQ_FEATURES"

@@ -9,7 +9,7 @@ ROCKQ_NEED_ETCD=1 ROCKQ_NEED_BROWSER=1 source scripts/bootstrap.sh
 # web console, the etcd engine (its tests start their own etcd: one member, three members,
 # two rockq processes). The console's browser tests (tests/web_browser.rs) skip themselves in
 # this run; scripts/browser-tests.sh runs them below with chromedriver started.
-features="cli,postcard,tower,web,etcd"
+features="$ROCKQ_FEATURES"
 cargo test --all-targets --features "$features" "$@"
 cargo test --doc --features "$features" "$@"
 cargo test --features failpoints,etcd --test crash_failpoints --test etcd_faults "$@"

@@ -76,6 +76,7 @@ mod engine;
 
 mod store;
 
+mod backup;
 mod clock;
 mod codec;
 mod entry;
@@ -94,6 +95,7 @@ mod sent;
 mod stats;
 pub mod telemetry;
 
+pub use backup::BackupReport;
 pub use broker::Broker;
 pub use broker::events::EventStream;
 engine::boundary::cfg_etcd! {

@@ -36,6 +36,7 @@ const HANDLES: &[&str] = &[
     "web",
 ];
 const VALUES: &[&str] = &[
+    "backup",
     "clock",
     "codec",
     "entry",

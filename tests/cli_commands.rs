@@ -412,3 +412,44 @@ async fn delete_queue_purge_and_delete_group_need_yes_and_an_exclusive_open() {
     assert!(stats.groups.iter().all(|g| g.group != "billing" && g.queue != "jobs"), "{:?}", stats.groups);
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backup_and_restore_copy_a_database_and_refuse_what_they_would_overwrite() {
+    let (dir, out) = (tempdir(), tempdir());
+    let db = dir.path().to_path_buf();
+    let backup = out.path().join("backup");
+    let broker = open(&db).await;
+    let (js, held) = populate(&broker).await;
+    // The service holds the database: it backs itself up with `Broker::backup`.
+    let failed = rockq(&db).arg("backup").arg(&backup).assert().code(3).get_output().clone();
+    assert!(String::from_utf8_lossy(&failed.stderr).contains("locked by another process"));
+    assert!(!backup.exists());
+    drop((js, held));
+    broker.shutdown().await.unwrap();
+
+    let written = json(&db, &["backup", backup.to_str().unwrap()]);
+    assert_eq!(written["backup"], backup.display().to_string());
+    assert!(written["files"].as_u64().unwrap() > 0);
+    let orders = serde_json::json!({ "queue": "orders", "first_seq": 1, "last_seq": 5 });
+    assert!(written["queues"].as_array().unwrap().contains(&orders), "{written}");
+    // Again into the same directory: refused.
+    let again = rockq(&db).arg("backup").arg(&backup).assert().code(1).get_output().clone();
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
+
+    let restored = out.path().join("restored");
+    let report = text(&restored, &["restore", backup.to_str().unwrap()]);
+    assert!(report.contains("orders: 1..=5"), "{report}");
+    let groups = |db: &Path| {
+        let g = json(db, &["groups"]);
+        g["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| (g["group"].clone(), g["committed"].clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(groups(&restored), groups(&db));
+    assert_eq!(json(&restored, &["peek", "orders"]), json(&db, &["peek", "orders"]));
+    let refused = rockq(&restored).arg("restore").arg(&backup).assert().code(1).get_output().clone();
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("already exists"));
+}

@@ -370,6 +370,10 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
     assert!(is_etcd(e.unsupported()), "delete: {e}");
     let e = broker.delete_group("q", "g").await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "delete a group: {e}");
+    let dir = tempfile::tempdir().unwrap();
+    let e = broker.backup(dir.path().join("copy")).await.unwrap_err();
+    assert!(is_etcd(e.unsupported()), "backup: {e}");
+    assert!(!dir.path().join("copy").exists());
     let e = broker.pause_group("q", "g").await.unwrap_err();
     assert!(matches!(e, rockq::Error::NoSuchGroup { .. }), "pausing a group that does not exist: {e}");
     let e = broker.delayed(Some("q"), 10).await.unwrap_err();

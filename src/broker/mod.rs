@@ -1,8 +1,9 @@
 //! [`Broker`]: the handle to an open database. `admin.rs` holds its admin methods (stats,
 //! inspection, pause/resume, resets); `lifecycle.rs` looking queues up, deleting and purging
-//! queues and groups.
+//! queues and groups; `backup.rs` backups and restores.
 
 mod admin;
+mod backup;
 pub(crate) mod events;
 mod jobs;
 mod kv;

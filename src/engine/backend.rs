@@ -13,7 +13,7 @@
 //! Nothing else in `engine/` branches on the engine: this file, `etcd/` and `store/etcd/` are
 //! the only places that name the `etcd` feature.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio::runtime::Handle;
@@ -26,6 +26,7 @@ use super::etcd::{self, EtcdSide, owner::OwnerRelease};
 use super::registry::{OrderedGroupState, QueueState};
 use super::request::{Extension, Request};
 use super::{inspect, retention};
+use crate::backup::BackupReport;
 use crate::error::{Error, StorageError};
 use crate::message::Message;
 use crate::retention::{ResetTo, TrimReport};
@@ -285,6 +286,18 @@ impl Backend {
         match self {
             Backend::Embedded(store) => retention::pass(engine, store, tx, runtime, compact).await,
             Backend::Etcd(side) => on_etcd!(side => etcd::retention::pass(engine, side, compact).await),
+        }
+    }
+
+    /// Writes a consistent copy of the store into `dir` (`Broker::backup`), on the blocking
+    /// pool.
+    pub async fn backup(&self, runtime: &Handle, dir: PathBuf) -> Result<BackupReport, Error> {
+        match self {
+            Backend::Embedded(store) => {
+                let store = store.clone();
+                runtime.spawn_blocking(move || store.backup(&dir)).await.map_err(|_| Error::Shutdown)?
+            }
+            Backend::Etcd(_) => Err(self.refusal(Capability::Backup)),
         }
     }
 

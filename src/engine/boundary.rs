@@ -45,7 +45,7 @@ cfg_etcd! {
     pub(crate) use super::etcd::EtcdSettings;
 }
 pub(crate) use super::inspect::ReadOnly;
-pub(crate) use super::open::open;
+pub(crate) use super::open::{open, restore};
 pub(crate) use super::registry::{
     Claimed, KeyLock, KeyspaceState, LiveSubscription, OrderedGroupState, PendingRecord, QueueState, Refused,
     SettlingGuard, TakenFrom, Watching, WorkGroupState,

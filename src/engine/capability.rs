@@ -64,6 +64,8 @@ pub(crate) enum Capability {
     JobActions,
     /// Redriving or deleting one dead letter on its own.
     DeadLetterActions,
+    /// `Broker::backup`: a copy of the store made by this process.
+    Backup,
 }
 
 impl Capability {
@@ -86,6 +88,7 @@ impl Capability {
             Capability::BufferedDurability => "Durability::Buffered (every etcd write is a quorum write)",
             Capability::JobActions => "acting on one job (retry now, delete, dead-letter)",
             Capability::DeadLetterActions => "redriving or deleting one dead letter on its own",
+            Capability::Backup => "a backup by the broker (back etcd up with `etcdctl snapshot save`)",
         }
     }
 }
@@ -109,7 +112,8 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::LargeSendCall
             | Capability::BufferedDurability
             | Capability::JobActions
-            | Capability::DeadLetterActions => false,
+            | Capability::DeadLetterActions
+            | Capability::Backup => false,
         },
     }
 }

@@ -60,3 +60,12 @@ pub(crate) async fn open(path: &Path, options: Options) -> Result<Arc<Shared>, E
     tasks::spawn_gauges(&shared, store, options.metrics_interval);
     Ok(shared)
 }
+
+/// Copies the backup `from` into the new database directory `to` (`Broker::restore`), on the
+/// blocking pool.
+pub(crate) async fn restore(from: &Path, to: &Path) -> Result<crate::backup::BackupReport, Error> {
+    let (from, to) = (from.to_path_buf(), to.to_path_buf());
+    tokio::task::spawn_blocking(move || crate::store::restore(&from, &to))
+        .await
+        .map_err(|e| Error::Internal(format!("restore task failed: {e}")))?
+}

@@ -304,6 +304,13 @@ impl Shared {
         self.backend.stats(&self.engine, &self.runtime).await
     }
 
+    /// Writes a consistent copy of the store into `dir` (`Broker::backup`).
+    pub async fn backup(&self, dir: std::path::PathBuf) -> Result<crate::backup::BackupReport, Error> {
+        self.check(Capability::Backup)?;
+        self.open_for_reads()?;
+        self.backend.backup(&self.runtime, dir).await
+    }
+
     /// The pending claims of one work group, with this process's lease deadlines.
     pub async fn pending(&self, group: &str, queue: &str) -> Result<Vec<PendingClaim>, Error> {
         self.open_for_reads()?;

@@ -13,6 +13,7 @@
 //! - `kv.rs`: keyspaces of versioned entries (application state written with the queues).
 //! - `keys.rs`, `records.rs`, `envelope.rs`: the key layout and the codecs of every value.
 
+mod backup;
 mod batch;
 mod db;
 #[cfg(test)]
@@ -30,6 +31,7 @@ mod read;
 pub(crate) mod records;
 mod scheduled;
 
+pub(crate) use backup::restore;
 pub(crate) use batch::{Batch, GroupKeys, WriteMode, group_id};
 pub(crate) use inspect::Snapshot;
 pub(crate) use open::{Loaded, LoadedClaim, LoadedQueue, open, open_read_only};

@@ -107,6 +107,19 @@ pub enum Command {
         #[arg(long = "allowed-host", value_name = "NAME")]
         allowed_hosts: Vec<String>,
     },
+    /// Writes a consistent copy of the database into DIR, a new directory (SST files
+    /// hard-linked on the same filesystem). Needs the database to itself: a running service
+    /// backs itself up with `Broker::backup`.
+    Backup {
+        /// The directory to create.
+        dir: PathBuf,
+    },
+    /// Makes the database directory (--db, which must not exist or be empty) from a backup;
+    /// the backup is left as it was.
+    Restore {
+        /// The backup directory.
+        backup: PathBuf,
+    },
     /// Deletes a group (offset, claims, delivery records, settings), either mode.
     DeleteGroup {
         /// The queue.

@@ -48,6 +48,8 @@ pub async fn run(cli: Cli) -> Result<()> {
             let access = crate::serve::Access { token, allow_remote, public_reads, allowed_hosts };
             crate::serve::serve(db, listen, access, read_only).await
         }
+        Command::Backup { ref dir } => crate::backup::backup(db, json, dir).await,
+        Command::Restore { ref backup } => crate::backup::restore(db, json, backup).await,
         Command::Trim => {
             let broker = exclusive(db, "trim").await?;
             let res = trim(&broker, json).await;
