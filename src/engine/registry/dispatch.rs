@@ -56,6 +56,10 @@ pub(super) enum SlotState {
     Parked,
 }
 
+/// The token of a lease another process holds (the etcd engine): tokens here are seeded from
+/// the wall clock, so none is 0.
+pub(crate) const FOREIGN_TOKEN: u64 = 0;
+
 /// The slots and their indexes (see the module docs).
 #[derive(Debug)]
 pub(super) struct Dispatch {
@@ -363,12 +367,17 @@ impl Dispatch {
         self.leased.saturating_sub(expired)
     }
 
-    /// Whether any lease runs past `now`.
+    /// Whether a lease of this process runs past `now`. Another process's leases (the etcd
+    /// engine mirrors them from its claim watch, under `FOREIGN_TOKEN`) are not counted: that
+    /// mirror lags etcd, which the etcd engine's reset reads instead.
     pub fn held(&self, now: Instant) -> bool {
         use std::ops::Bound::{Excluded, Unbounded};
-        self.timers
-            .range((Excluded((now, u64::MAX)), Unbounded))
-            .any(|&(_, seq)| matches!(self.slots.get(&seq).map(|s| s.state), Some(SlotState::Leased { .. })))
+        self.timers.range((Excluded((now, u64::MAX)), Unbounded)).any(|&(_, seq)| {
+            matches!(
+                self.slots.get(&seq).map(|s| s.state),
+                Some(SlotState::Leased { token, .. }) if token != FOREIGN_TOKEN
+            )
+        })
     }
 
     /// The sequences a claim at `now` could take (above `from`), in order: for tests.

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::dispatch::{Dispatch, Slot, SlotState};
+use super::dispatch::{Dispatch, FOREIGN_TOKEN, Slot, SlotState};
 use super::finished::Finished;
 use super::queue::QueueState;
 use crate::clock::Clock;
@@ -705,7 +705,8 @@ impl WorkGroupState {
         self.dispatch().leased()
     }
 
-    /// Whether a job of the group is held at `now`: under a lease not yet run out. An expired
+    /// Whether a job of the group is held in this process at `now`: under a lease not yet run
+    /// out (another process's leases, which the etcd engine mirrors, are its own to count). An expired
     /// lease is no one's any more (its holder's outcome is refused), and an outcome already
     /// being written (`Settling`) carries the group's epoch, which a reset fences: neither keeps
     /// a reset out.
@@ -872,11 +873,6 @@ pub(crate) enum Refused {
     /// More than [`MAX_REACH`] never-claimed messages lie before it.
     TooFarAhead,
 }
-
-/// The token of a lease another process holds (the etcd engine): tokens here are seeded from
-/// the wall clock, so none is 0.
-#[allow(dead_code)] // the etcd engine's
-pub(crate) const FOREIGN_TOKEN: u64 = 0;
 
 /// Moves the frontier past `seq`: the sequences skipped were never claimed, so they are
 /// claimable (a slot each, as restored ones are).
@@ -1073,6 +1069,23 @@ mod tests {
         assert!(g.take(now + LEASE * 2, 1, 1, LEASE, MAX).claimed.is_empty(), "still held");
         assert!(g.held(now + LEASE * 2));
         assert!(!g.held(now + LEASE * 3), "a lease that ran out is nobody's");
+    }
+
+    #[test]
+    fn another_process_s_lease_mirrored_here_does_not_count_as_held_here() {
+        // The etcd engine mirrors other processes' leases from its claim watch, which lags
+        // etcd: a reset must not be refused on that mirror (it reads etcd's records instead).
+        let g = group(0);
+        let clock = Clock::tokio();
+        let far = clock.wall_micros() + 3_600_000_000;
+        let theirs = Claim::Leased { attempt: 1, token: 7, deadline_micros: far, holder: Arc::from("other") };
+        g.learn_claim(1, &theirs, &clock);
+        let now = clock.now();
+        assert_eq!(g.live_leased(now), 1, "mirrored as leased: nobody here claims it");
+        assert!(!g.held(now), "but not held by this process");
+        let mine = g.take(now, 1, 2, LEASE, MAX).claimed;
+        assert_eq!(mine.iter().map(|c| c.seq).collect::<Vec<_>>(), [2]);
+        assert!(g.held(now), "its own lease is");
     }
 
     #[test]
