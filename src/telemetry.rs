@@ -67,6 +67,40 @@ pub const DLQ_DEPTH: &str = "rockq_group_dlq_depth";
 /// 1 while the group is paused, per queue and group.
 pub const PAUSED: &str = "rockq_group_paused";
 
+/// Every metric above, by name: what a dashboard or an alert may query
+/// (`docs/grafana/rockq.json` is checked against it).
+pub const ALL: &[&str] = &[
+    PRODUCED,
+    DELIVERED,
+    ACKED,
+    RETRIED,
+    DEAD_LETTERED,
+    LEASE_EXPIRED,
+    REDRIVEN,
+    TRIMMED,
+    SATURATED,
+    STORE_UNAVAILABLE,
+    SCHEDULED_DELIVERED,
+    SCHEDULE_FIRED,
+    POOL_CONFLICTS,
+    DEDUP_HITS,
+    SCHEDULED_DEPTH,
+    BATCH_SIZE,
+    COMMIT_LATENCY,
+    QUEUE_LENGTH,
+    QUEUE_BYTES,
+    LAG,
+    OLDEST_UNACKED,
+    IN_FLIGHT,
+    WAITING_RETRY,
+    DLQ_DEPTH,
+    PAUSED,
+];
+
+/// The metrics recorded as histograms (the Prometheus exporter renders each as a summary by
+/// default: `{quantile="…"}`, `_sum` and `_count`).
+pub const HISTOGRAMS: &[&str] = &[BATCH_SIZE, COMMIT_LATENCY];
+
 pub(crate) fn produced(queue: &Arc<str>, n: u64) {
     counter!(PRODUCED, "queue" => queue.clone()).increment(n);
 }
