@@ -7,7 +7,9 @@
 //! requests), `rockq-etcd-append-request` and `rockq-etcd-append-answer` (the etcd engine's
 //! append transaction is lost before it is sent, or its answer is lost after it was applied),
 //! `rockq-etcd-claim-request` and `rockq-etcd-claim-answer` (the same for a claim write: claims,
-//! outcomes, lease extensions), `rockq-etcd-revoke-late` (an ordered group's owner lease is
+//! outcomes, lease extensions), `rockq-etcd-claim-watch-apply` and
+//! `rockq-etcd-claim-watch-applied` (a claim watch is about to apply a batch of events, and
+//! has applied it: a test's callbacks hold it back and learn when it went through), `rockq-etcd-revoke-late` (an ordered group's owner lease is
 //! revoked 200 ms late, as on a busy runtime).
 
 use crate::error::StorageError;

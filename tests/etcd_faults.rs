@@ -373,3 +373,68 @@ async fn an_offset_move_decided_before_a_reset_does_not_undo_it() {
     a.shutdown().await.expect("shutdown");
     b.shutdown().await.expect("shutdown");
 }
+
+/// A claim this process wrote before its own reset, brought by its claim watch only after the
+/// reset was applied here, must not come back: the reset deleted it. (Found by the embedded
+/// `work_groups` suite on etcd, where it showed as attempt 2 after a reset, now and then.) The
+/// watch is held at the batch carrying the claim until the reset is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_the_watch_brings_after_a_reset_it_predates_is_forgotten() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let a = connect_with(&cluster, "reset-late-claim", &clock).await;
+    let q = a.queue("q").await.expect("queue");
+    q.send("1").await.expect("send");
+    let group = q.work_group("w").expect("group").lease(std::time::Duration::from_secs(10));
+    // Hold every claim-watch batch until released.
+    let gate = std::sync::Arc::new((std::sync::Mutex::new(true), std::sync::Condvar::new()));
+    let held = gate.clone();
+    let reached = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = reached.clone();
+    fail::cfg_callback("rockq-etcd-claim-watch-apply", move || {
+        seen.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (lock, cv) = &*held;
+        let mut closed = lock.lock().unwrap();
+        while *closed {
+            closed = cv.wait(closed).unwrap();
+        }
+    })
+    .expect("failpoint");
+    let mut jobs = group.subscribe().await.expect("subscribe");
+    let job = next_job(&mut jobs).await;
+    assert_eq!((job.seq(), job.attempt()), (1, 1));
+    drop(jobs);
+    let deadline = tokio::time::Instant::now() + common::HANG_GUARD;
+    while !reached.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(tokio::time::Instant::now() < deadline, "the claim watch never brought the claim");
+        tokio::task::yield_now().await;
+    }
+    clock.advance(std::time::Duration::from_secs(11));
+    assert!(matches!(job.ack_durable().await, Err(rockq::Error::LeaseLost { .. })));
+    assert_eq!(group.reset_to(rockq::ResetTo::Sequence(1)).await.expect("reset"), 1);
+    // Now the watch applies what it held, the claim from before the reset; wait until it has.
+    let applied = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = applied.clone();
+    fail::cfg_callback("rockq-etcd-claim-watch-applied", move || {
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+    })
+    .expect("failpoint");
+    fail::remove("rockq-etcd-claim-watch-apply");
+    {
+        let (lock, cv) = &*gate;
+        *lock.lock().unwrap() = false;
+        cv.notify_all();
+    }
+    while !applied.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(tokio::time::Instant::now() < deadline, "the claim watch never applied what it held");
+        tokio::task::yield_now().await;
+    }
+    fail::remove("rockq-etcd-claim-watch-applied");
+    let mut jobs = group.subscribe().await.expect("subscribe");
+    let job = next_job(&mut jobs).await;
+    assert_eq!((job.seq(), job.attempt()), (1, 1), "the reset forgot the old attempt");
+    job.ack_durable().await.expect("ack");
+    drop(jobs);
+    a.shutdown().await.expect("shutdown");
+}

@@ -140,6 +140,8 @@ async fn watch(
                         // watch): etcd's compares alone must keep the guarantees.
                         Some(Ok(_)) if crate::faults::check("rockq-etcd-claim-watch").is_err() => {}
                         Some(Ok(events)) => {
+                            // Tests hold a batch back here, to apply it after a reset.
+                            crate::faults::reached("rockq-etcd-claim-watch-apply");
                             let mut known = ws.known.lock().await;
                             // A reset deletes every record in its revision: those deletions
                             // say nothing of the offset passing them.
@@ -157,6 +159,15 @@ async fn watch(
                                         known.reset(&ws.group, offset, r);
                                     }
                                     ClaimEvent::Gone { rev: r, .. } if resets.contains(&r) => {
+                                        rev = rev.max(r);
+                                    }
+                                    // Written before a reset this process knows already (its
+                                    // own, applied when written, ahead of this watch): the
+                                    // reset deleted it, so it says nothing now.
+                                    ClaimEvent::Put(r) if r.rev <= known.reset_rev => {
+                                        rev = rev.max(r.rev);
+                                    }
+                                    ClaimEvent::Gone { rev: r, .. } if r <= known.reset_rev => {
                                         rev = rev.max(r);
                                     }
                                     ClaimEvent::Put(r) => {
@@ -177,6 +188,7 @@ async fn watch(
                             }
                             let behind = ws.group.progress().offset > known.stored_offset;
                             drop(known);
+                            crate::faults::reached("rockq-etcd-claim-watch-applied");
                             if behind && let Some(tx) = nudge.upgrade() {
                                 // Another process finished the run's last message: move the offset.
                                 let _ = tx.try_send(Request::Commit);
