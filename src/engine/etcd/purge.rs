@@ -21,7 +21,7 @@ use super::side::retrying;
 use super::writer::Writer;
 use crate::error::Error;
 use crate::model::{GroupMode, QueueMeta};
-use crate::store::etcd::retention::{TrimGroup, TrimPlan};
+use crate::store::etcd::retention::TrimPlan;
 
 /// Tries of a purge whose trim was refused (a group created or moved meanwhile).
 const TRIES: usize = 5;
@@ -36,18 +36,7 @@ impl Writer {
             let Some(i) = loaded.queues.iter().position(|(n, ..)| n == name) else { return Ok(0) };
             let (_, meta, last) = &loaded.queues[i];
             let (first, last) = (meta.first_seq, *last);
-            let groups: Vec<TrimGroup> = loaded
-                .groups
-                .iter()
-                .zip(&loaded.group_revs)
-                .filter(|((_, q, _), _)| q == name)
-                .map(|((g, _, o), rev)| TrimGroup {
-                    group: g.clone(),
-                    mode: o.mode,
-                    committed: o.committed,
-                    rev: *rev,
-                })
-                .collect();
+            let groups = loaded.trim_groups(name);
             let local = self.engine.registry.queue(name).filter(|q| q.id == meta.id);
             if let Some(q) = &local {
                 // Subscriptions here passing over the range do not report it skipped.

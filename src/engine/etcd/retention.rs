@@ -48,18 +48,7 @@ pub(crate) async fn pass(
             if pending.as_ref().is_some_and(|p| !p.contains(name)) {
                 continue;
             }
-            let groups: Vec<TrimGroup> = loaded
-                .groups
-                .iter()
-                .zip(&loaded.group_revs)
-                .filter(|((_, q, _), _)| q == name)
-                .map(|((g, _, o), rev)| TrimGroup {
-                    group: g.clone(),
-                    mode: o.mode,
-                    committed: o.committed,
-                    rev: *rev,
-                })
-                .collect();
+            let groups = loaded.trim_groups(name);
             let first = meta.first_seq;
             if *last < first {
                 continue;

@@ -105,6 +105,23 @@ impl TrimPlan {
     }
 }
 
+impl super::EtcdLoaded {
+    /// The groups of `queue` as a trim plans with them: offsets and their revisions as loaded.
+    pub fn trim_groups(&self, queue: &str) -> Vec<TrimGroup> {
+        self.groups
+            .iter()
+            .zip(&self.group_revs)
+            .filter(|((_, q, _), _)| q == queue)
+            .map(|((g, _, o), rev)| TrimGroup {
+                group: g.clone(),
+                mode: o.mode,
+                committed: o.committed,
+                rev: *rev,
+            })
+            .collect()
+    }
+}
+
 /// Work groups one [`EtcdStore::move_past_cut`] moves: two operations and one compare each.
 pub(crate) const GROUPS_PER_MOVE: usize = 60;
 
