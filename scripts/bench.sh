@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh
 bench="${1:?usage: scripts/bench.sh BENCH [args passed to the bench]}"
 shift
-features="cli,postcard,tower,web,etcd"
+features="cli,postcard,tower,web,etcd,otel"
 if [ -z "${ROCKQ_PORTABLE_CRC:-}" ] && [ "$(uname -m)" = "x86_64" ]; then
   if ! grep -qw sse4_2 /proc/cpuinfo || ! grep -qw pclmulqdq /proc/cpuinfo; then
     echo "bench: this CPU lacks SSE4.2 or PCLMULQDQ; set ROCKQ_PORTABLE_CRC=1" >&2

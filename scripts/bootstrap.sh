@@ -41,7 +41,7 @@ fi
 # is keyed by the features of every build dependency in the build: a smaller set (plain
 # `cargo build`) unifies fewer features into the host crates it shares with them, and compiles
 # RocksDB a second time. scripts/check-one-rocksdb.sh checks that they share one build.
-ROCKQ_FEATURES="${ROCKQ_FEATURES:-cli,postcard,tower,web,etcd}"
+ROCKQ_FEATURES="${ROCKQ_FEATURES:-cli,postcard,tower,web,etcd,otel}"
 
 # RocksDB takes 15-25 minutes to compile on two cores. Keep one target dir per machine,
 # outside the clone, so CI runs on a clean checkout reuse the compiled C++ objects.

@@ -52,4 +52,4 @@ if [ "$update_docs" = 1 ]; then
   export ROCKQ_SCREENSHOT_OVERVIEW="$PWD/docs/console-overview.png"
 fi
 # The test command's feature set: any other set would compile RocksDB a second time.
-cargo test --features cli,postcard,tower,web,etcd --test web_browser "$@" -- --nocapture
+cargo test --features cli,postcard,tower,web,etcd,otel --test web_browser "$@" -- --nocapture

@@ -88,6 +88,8 @@ mod message;
 mod model;
 mod name;
 mod options;
+#[cfg(feature = "otel")]
+pub mod otel;
 mod retention;
 mod retry;
 mod schedule;

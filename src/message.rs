@@ -335,6 +335,47 @@ macro_rules! message_accessors {
             self.headers().iter().find(|(k, _)| k == key).map(|(_, v)| v)
         }
 
+        /// The producer's OpenTelemetry span context, from the message's
+        /// [`traceparent`](crate::otel::TRACEPARENT) and `tracestate` headers (feature `otel`);
+        /// `None` if it carries none, or an invalid one.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = concat!("# fn demo(", $var, ": &rockq::", $ty, ") {")]
+        #[doc = concat!("if let Some(producer) = ", $var, ".trace_context() {")]
+        ///     println!("sent in trace {}", producer.trace_id());
+        /// }
+        /// # }
+        /// ```
+        #[cfg(feature = "otel")]
+        pub fn trace_context(&self) -> Option<opentelemetry::trace::SpanContext> {
+            crate::otel::producer(self.headers())
+        }
+
+        /// Makes `span` a child of the producer's span, or links it to it, as `relation` says
+        /// (feature `otel`; see [`rockq::otel`](crate::otel)). Call it right after creating
+        /// the span: a span's parent is fixed once it is entered. Returns whether the message
+        /// carried a trace context and it was applied (`false` also when no OpenTelemetry
+        /// layer records `span`).
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = concat!("# async fn demo(", $var, ": rockq::", $ty, ") {")]
+        /// use tracing::Instrument;
+        #[doc = concat!("let span = tracing::info_span!(\"bill\", seq = ", $var, ".seq());")]
+        #[doc = concat!($var, ".follow_trace(&span, rockq::otel::TraceRelation::Child);")]
+        /// async { /* handle it; its events and spans join the producer's trace */ }
+        ///     .instrument(span)
+        ///     .await;
+        /// # }
+        /// ```
+        #[cfg(feature = "otel")]
+        pub fn follow_trace(&self, span: &tracing::Span, relation: crate::otel::TraceRelation) -> bool {
+            crate::otel::follow(span, self.headers(), relation)
+        }
+
         /// Decodes the payload as a `T` with the codec its
         /// [`CODEC_HEADER`](crate::CODEC_HEADER) header names (JSON without one): the
         /// counterpart of a [`TypedQueue`](crate::TypedQueue) send. A pool's

@@ -48,6 +48,7 @@ const VALUES: &[&str] = &[
     "model",
     "name",
     "options",
+    "otel",
     "retention",
     "retry",
     "schedule",

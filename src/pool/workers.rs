@@ -81,7 +81,16 @@ pub struct Workers<S = ()> {
     heartbeat: bool,
     pub(super) token: CancellationToken,
     drain_timeout: Duration,
+    /// How handler spans relate to the producers' (feature `otel`).
+    trace: Trace,
 }
+
+/// How a handler's span relates to its producer's: [`TraceRelation`](crate::otel::TraceRelation)
+/// with the `otel` feature, nothing without.
+#[cfg(feature = "otel")]
+type Trace = crate::otel::TraceRelation;
+#[cfg(not(feature = "otel"))]
+type Trace = ();
 
 enum Done {
     Acked,
@@ -137,6 +146,7 @@ impl Workers {
             heartbeat: false,
             token: CancellationToken::new(),
             drain_timeout: Duration::from_secs(30),
+            trace: Trace::default(),
         }
     }
 }
@@ -175,6 +185,7 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
             heartbeat: self.heartbeat,
             token: self.token,
             drain_timeout: self.drain_timeout,
+            trace: self.trace,
         }
     }
 
@@ -222,6 +233,25 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
     /// ```
     pub fn heartbeat(mut self, on: bool) -> Self {
         self.heartbeat = on;
+        self
+    }
+
+    /// How each handler's `rockq.job` span relates to the span that sent its message (feature
+    /// `otel`, see [`rockq::otel`](crate::otel)): its child (the default), a new trace linked
+    /// to it, or neither.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(group: rockq::WorkGroup) -> Result<(), rockq::Error> {
+    /// use rockq::otel::TraceRelation;
+    /// // A nightly batch consumer: a trace of its own per job, linked to the producer's.
+    /// group.workers(4).trace(TraceRelation::Link).run(|task: rockq::Task| async move { Ok(()) }).await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "otel")]
+    pub fn trace(mut self, relation: crate::otel::TraceRelation) -> Self {
+        self.trace = relation;
         self
     }
 
@@ -344,7 +374,7 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
         let mut adapt = self.prefetch.is_none().then(|| Adapt::new(sub.permits().clone(), ahead, room));
         sub.set_limit(limit, ahead.max(1));
         let handler = Arc::new(handler);
-        let heartbeat = self.heartbeat;
+        let (heartbeat, trace) = (self.heartbeat, self.trace);
         let clock = shared.clock().clone();
         let state = sub.state().clone();
 
@@ -370,7 +400,7 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
                     // redelivered): fencing is never bypassed.
                     // The group's lease now: an update applies to the next job started.
                     let _ = job.extend(job.group_lease());
-                    match run_one(handler.as_ref(), &app, job, heartbeat, clock.clone()).await {
+                    match run_one(handler.as_ref(), &app, job, heartbeat, trace, clock.clone()).await {
                         Ran::Done(done) => report.count(done),
                         Ran::Commit(tx, job) => {
                             drop(committing.spawn(commit_with_ack(tx, job, feed.clone())))
@@ -576,15 +606,44 @@ impl Drop for PoolGuard {
     }
 }
 
+/// The span a handler runs in. Its events carry the job's coordinates; at DEBUG, so INFO costs
+/// nothing.
+#[cfg(not(feature = "otel"))]
+fn job_span(job: &Job, _: Trace) -> tracing::Span {
+    tracing::debug_span!("rockq.job", queue = %job.queue(), group = %job.group(), seq = job.seq(), attempt = job.attempt())
+}
+
+/// The span a handler runs in, in (or linked to) its producer's trace. At INFO, because a span
+/// an `info` filter disables cannot be the parent of the handler's own spans, and the trace
+/// would break there; `otel.kind` and the `messaging.*` fields are OpenTelemetry's messaging
+/// conventions for a consumer's span.
+#[cfg(feature = "otel")]
+fn job_span(job: &Job, trace: Trace) -> tracing::Span {
+    let span = tracing::info_span!(
+        "rockq.job",
+        otel.kind = "consumer",
+        messaging.system = "rockq",
+        messaging.operation.type = "process",
+        messaging.destination.name = %job.queue(),
+        messaging.consumer.group.name = %job.group(),
+        queue = %job.queue(),
+        group = %job.group(),
+        seq = job.seq(),
+        attempt = job.attempt()
+    );
+    job.follow_trace(&span, trace);
+    span
+}
+
 async fn run_one<S: Send + Sync + 'static, H: Handler<S>>(
     handler: &H,
     state: &S,
     job: Job,
     heartbeat: bool,
+    trace: Trace,
     clock: crate::clock::Clock,
 ) -> Ran {
-    // The handler's own events carry the job's coordinates (at DEBUG, so INFO costs nothing).
-    let span = tracing::debug_span!("rockq.job", queue = %job.queue(), group = %job.group(), seq = job.seq(), attempt = job.attempt());
+    let span = job_span(&job, trace);
     let work = AssertUnwindSafe(tracing::Instrument::instrument(handler.handle(job.task(), state), span))
         .catch_unwind();
     let result = match heartbeat {

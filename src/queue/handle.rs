@@ -194,8 +194,8 @@ impl Queue {
     /// # Ok(()) }
     /// ```
     pub async fn enqueue(&self, message: impl Into<Message>) -> Result<SendReceipt, Error> {
-        let message = message.into();
-        self.check(0, &message)?;
+        let mut message = message.into();
+        self.check(0, &mut message)?;
         // A single message may carry an idempotency key: the writer checks it as it appends.
         Self::plain(0, &message, true)?;
         self.stage(std::slice::from_ref(&message)).await
@@ -320,14 +320,18 @@ impl Queue {
     }
 
     /// Refuses a message before anything is staged: after shutdown, over the size limit, or
-    /// with headers that cannot be encoded.
-    fn check(&self, index: usize, m: &Message) -> Result<(), Error> {
+    /// with headers that cannot be encoded. Every send passes here, so this is also where the
+    /// `otel` feature writes the current trace context into the headers (before the size
+    /// check, which then counts them).
+    fn check(&self, index: usize, m: &mut Message) -> Result<(), Error> {
         if self.shared.is_closed() {
             return Err(Error::Shutdown);
         }
         if self.state.is_deleted() {
             return Err(Error::QueueDeleted { queue: self.state.name.to_string() });
         }
+        #[cfg(feature = "otel")]
+        crate::otel::inject(m);
         let max = self.shared.options().max_message_bytes;
         let size = boundary::body_len(m);
         if size > max {
@@ -367,8 +371,8 @@ impl Queue {
             if index >= max {
                 return Err(Error::BatchTooLarge { len: index + 1, max });
             }
-            let m = m.into();
-            self.check(index, &m)?;
+            let mut m = m.into();
+            self.check(index, &mut m)?;
             if plain {
                 Self::plain(index, &m, false)?;
             }
@@ -400,9 +404,9 @@ impl Queue {
     pub(crate) fn transactional(
         &self,
         index: usize,
-        m: Message,
+        mut m: Message,
     ) -> Result<(Arc<Shared>, Arc<QueueState>, Submission), Error> {
-        self.check(index, &m)?;
+        self.check(index, &mut m)?;
         let due = m.due.map(|d| due_micros(self.shared.clock(), d));
         let sub =
             Submission { envelope: boundary::encode(&m), due, idempotency_key: m.idempotency_key.clone() };
@@ -459,8 +463,8 @@ impl Queue {
     /// # Ok(()) }
     /// ```
     pub async fn submit(&self, message: impl Into<Message>) -> Result<Sent, Error> {
-        let message = message.into();
-        self.check(0, &message)?;
+        let mut message = message.into();
+        self.check(0, &mut message)?;
         if message.due.is_none() {
             // Not delayed: staged like a plain send (one shared round), the key checked by the
             // writer as it appends.
