@@ -356,8 +356,9 @@ macro_rules! message_accessors {
         /// Makes `span` a child of the producer's span, or links it to it, as `relation` says
         /// (feature `otel`; see [`rockq::otel`](crate::otel)). Call it right after creating
         /// the span: a span's parent is fixed once it is entered. Returns whether the message
-        /// carried a trace context and it was applied (`false` also when no OpenTelemetry
-        /// layer records `span`).
+        /// carried a valid trace context and `span` is recorded by a subscriber; for
+        /// [`Child`](crate::otel::TraceRelation::Child), also that an OpenTelemetry layer took
+        /// the parent (`false` if none records `span`, or it had already started).
         ///
         /// # Examples
         ///

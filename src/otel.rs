@@ -2,7 +2,8 @@
 //!
 //! With the feature on, every send ([`Queue::send`](crate::Queue::send), `enqueue`,
 //! `send_batch`, `submit`, transactions, typed sends) writes the OpenTelemetry context that is
-//! current at the call into the message's [`TRACEPARENT`] and [`TRACESTATE`] headers, in the
+//! current where the call's future is first polled (for `.await`ed calls: at the call) into
+//! the message's [`TRACEPARENT`] and [`TRACESTATE`] headers, in the
 //! [W3C Trace Context](https://www.w3.org/TR/trace-context/) format every broker
 //! instrumentation uses (Kafka, NATS, RabbitMQ, SQS). The current context is the one of the
 //! current `tracing` span, as `tracing-opentelemetry` maps it, or else OpenTelemetry's own
@@ -23,6 +24,12 @@
 //! With the feature on, the pool's `rockq.job` span is at `INFO` (at `DEBUG` without it), so
 //! that an exporter behind an `info` filter records it: a span the filter disables cannot be
 //! the parent of the handler's own spans.
+//!
+//! **Versions.** The context is read through `opentelemetry` 0.33 and `tracing-opentelemetry`
+//! 0.34, re-exported as [`rockq::otel::opentelemetry`](opentelemetry): an application must
+//! use versions semver-compatible with them. With other versions the two sides do not see
+//! each other's context, and nothing is propagated (nothing fails either). Moving rockq to a
+//! newer OpenTelemetry release is a breaking change of the `otel` feature.
 //!
 //! The two headers count toward [`Options::max_message_bytes`](crate::Options::max_message_bytes)
 //! (about 60 bytes, more with a `tracestate`).
@@ -49,13 +56,13 @@
 //! # Ok(()) }
 //! ```
 
+pub use opentelemetry;
+
 use bytes::Bytes;
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::{SpanContext, TraceContextExt};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
-
-use crate::message::Message;
 
 /// The header that carries the producer's trace and span id and its sampling flag
 /// (`00-<trace id>-<span id>-<flags>`).
@@ -65,6 +72,9 @@ pub const TRACEPARENT: &str = "traceparent";
 pub const TRACESTATE: &str = "tracestate";
 
 /// How a consumer's span relates to the span that sent the message.
+///
+/// A message moved to a dead-letter queue, and redriven from there, keeps its producer's
+/// headers: its next handler joins (or links to) the original trace, however old.
 ///
 /// # Examples
 ///
@@ -78,7 +88,8 @@ pub enum TraceRelation {
     /// is sent.
     #[default]
     Child,
-    /// The consumer's span starts a new trace with a link to the producer's span: traces stay
+    /// The consumer's span gets a link to the producer's span, and stays in its own trace (a
+    /// pool's `rockq.job` span, which has no parent, starts a new one): traces stay
     /// short when messages are consumed long after, or by many groups (the OpenTelemetry
     /// messaging conventions' choice for batch and fan-out consumers).
     Link,
@@ -86,36 +97,43 @@ pub enum TraceRelation {
     None,
 }
 
-/// Writes the current OpenTelemetry context into `m`'s headers, unless it already has a
-/// `traceparent` or there is no valid current context.
-pub(crate) fn inject(m: &mut Message) {
-    if m.headers.iter().any(|(k, _)| k == TRACEPARENT) {
+/// Writes the current OpenTelemetry context into `headers` (a message's, before it is
+/// checked), unless they already have a `traceparent` or there is no valid current context.
+pub(crate) fn inject(headers: &mut Vec<(String, Bytes)>) {
+    if headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(TRACEPARENT)) {
         return;
     }
     // The `tracing` span's context (built on first use), else OpenTelemetry's own current one
-    // (an `opentelemetry` span in scope, or a `tracing` span the layer activated).
+    // (an `opentelemetry` span in scope, or a `tracing` span the layer activated). Both are
+    // cheap to ask when there is none: a disabled span answers at once, and the current
+    // context is a thread-local read.
     let mut cx = tracing::Span::current().context();
     if !cx.span().span_context().is_valid() {
-        cx = opentelemetry::Context::current();
-        if !cx.span().span_context().is_valid() {
+        if !opentelemetry::Context::map_current(|cx| cx.span().span_context().is_valid()) {
             return;
         }
+        cx = opentelemetry::Context::current();
     }
-    TraceContextPropagator::new().inject_context(&cx, &mut Headers(&mut m.headers));
+    TraceContextPropagator::new().inject_context(&cx, &mut Headers(headers));
 }
 
 /// The producer's span context in `headers`, if they carry a valid `traceparent`.
 pub(crate) fn producer(headers: &[(String, Bytes)]) -> Option<SpanContext> {
-    let cx = TraceContextPropagator::new().extract(&ReadHeaders(headers));
+    // From an empty context: `extract` starts from the current one, and would hand back the
+    // caller's own span for a message without a (valid) header.
+    let cx = TraceContextPropagator::new()
+        .extract_with_context(&opentelemetry::Context::new(), &ReadHeaders(headers));
     let span = cx.span().span_context().clone();
     span.is_valid().then_some(span)
 }
 
 /// Makes `span` a child of, or links it to, the producer's span in `headers`. `span` must not
 /// have started (been entered, or its context read) for [`TraceRelation::Child`]: its parent
-/// is fixed when it starts. Returns whether the headers carried a context that was applied.
+/// is fixed when it starts. Returns whether the headers carried a context that was applied
+/// (see `follow_trace`).
 pub(crate) fn follow(span: &tracing::Span, headers: &[(String, Bytes)], relation: TraceRelation) -> bool {
-    if relation == TraceRelation::None {
+    // A span no subscriber records (filtered out, or none installed) costs no header parse.
+    if relation == TraceRelation::None || span.is_disabled() {
         return false;
     }
     let Some(producer) = producer(headers) else { return false };

@@ -197,10 +197,11 @@ async fn every_send_path_carries_the_context_and_ordered_consumers_can_follow_it
         let mut tx = broker.transaction();
         tx.send(&q, "transaction").unwrap();
         tx.commit().await.unwrap();
-        // A message that carries its own context keeps it, untouched and not doubled.
+        // A message that carries its own context keeps it, untouched and not doubled (header names
+        // are case-insensitive).
         q.send(
             Message::new("forwarded")
-                .header(TRACEPARENT, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+                .header("TraceParent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
         )
         .await
         .unwrap();
@@ -248,6 +249,11 @@ async fn every_send_path_carries_the_context_and_ordered_consumers_can_follow_it
     let untraced = sub.next().await.unwrap().unwrap();
     assert!(untraced.headers().is_empty());
     assert!(untraced.trace_context().is_none());
+    // Read inside a span of the consumer's own: still none (not the consumer's own span).
+    tracing::info_span!("reader").in_scope(|| {
+        assert!(untraced.trace_context().is_none());
+        assert!(!untraced.follow_trace(&tracing::info_span!("inner"), TraceRelation::Link));
+    });
     let span = tracing::info_span!("audit-untraced");
     assert!(!untraced.follow_trace(&span, TraceRelation::Child), "nothing to follow");
     untraced.ack().unwrap();

@@ -331,7 +331,7 @@ impl Queue {
             return Err(Error::QueueDeleted { queue: self.state.name.to_string() });
         }
         #[cfg(feature = "otel")]
-        crate::otel::inject(m);
+        crate::otel::inject(&mut m.headers);
         let max = self.shared.options().max_message_bytes;
         let size = boundary::body_len(m);
         if size > max {
