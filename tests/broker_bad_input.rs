@@ -132,6 +132,34 @@ async fn a_creation_killed_before_current_was_written_is_created_again() {
     assert_eq!(std::fs::read_dir(mixed.path()).unwrap().count(), 2, "nothing was created");
 }
 
+/// Regression: a process killed after RocksDB wrote `CURRENT` but before it created rockq's
+/// column families (it creates them one manifest write at a time, after the database) left a
+/// RocksDB database with only `default`, which every later open refused as a foreign one —
+/// found by the kill -9 pipeline test. rockq marks a creation in progress first, and completes
+/// a marked one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_creation_killed_before_its_column_families_existed_is_completed() {
+    let dir = tempdir();
+    // What such a kill leaves: the marker, then a database with the default column family only.
+    std::fs::write(dir.path().join("ROCKQ-CREATING"), b"").unwrap();
+    {
+        let mut o = rocksdb::Options::default();
+        o.create_if_missing(true);
+        drop(rocksdb::DB::open(&o, dir.path()).unwrap());
+    }
+    let broker = Broker::open(dir.path()).await.unwrap();
+    broker.queue("q").await.unwrap().send("x").await.unwrap();
+    broker.shutdown().await.unwrap();
+    assert!(!dir.path().join("ROCKQ-CREATING").exists(), "the marker goes once the database is whole");
+    let broker = Broker::open(dir.path()).await.unwrap();
+    assert_eq!(broker.get_queue("q").unwrap().len(), 1);
+    broker.shutdown().await.unwrap();
+    // A creation that was not interrupted leaves no marker.
+    let fresh = tempdir();
+    Broker::open(fresh.path()).await.unwrap().shutdown().await.unwrap();
+    assert!(!fresh.path().join("ROCKQ-CREATING").exists());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paths_that_are_not_rockq_databases_are_refused_untouched() {
     let dir = tempdir();

@@ -137,7 +137,7 @@ fn copy_files(from: &Path, to: &Path) -> Result<(), Error> {
 
 /// Fsyncs a directory, so the names in it survive power loss (a no-op where directories cannot
 /// be opened).
-fn sync_dir(dir: &Path) -> Result<(), Error> {
+pub(super) fn sync_dir(dir: &Path) -> Result<(), Error> {
     #[cfg(unix)]
     fs::File::open(dir).and_then(|f| f.sync_all()).map_err(io(dir))?;
     #[cfg(not(unix))]

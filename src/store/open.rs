@@ -117,9 +117,10 @@ fn inspect(path: &Path) -> Result<PathState, Error> {
 }
 
 /// Files RocksDB writes while creating a database, before `CURRENT` names its manifest (its
-/// first WAL comes after `CURRENT`: a directory with a WAL and no `CURRENT` is not ours).
+/// first WAL comes after `CURRENT`: a directory with a WAL and no `CURRENT` is not ours), and
+/// rockq's own creation marker.
 fn rocksdb_bookkeeping(name: &str) -> bool {
-    matches!(name, "LOCK" | "LOG" | "IDENTITY")
+    matches!(name, "LOCK" | "LOG" | "IDENTITY" | CREATING)
         || name.starts_with("LOG.old.")
         || name.starts_with("MANIFEST-")
         || name.starts_with("OPTIONS-")
@@ -187,23 +188,38 @@ pub(crate) fn open(path: &Path, o: &Options) -> Result<(Store, Loaded), Error> {
     o.validate()?;
     let state = inspect(path)?;
     let not_ours = |reason: &str| Error::NotRockq { path: path.to_path_buf(), reason: reason.into() };
-    match state {
+    let io = |source| Error::Io { path: Some(path.to_path_buf()), source: std::sync::Arc::new(source) };
+    let creating = match state {
         PathState::Missing | PathState::Empty if !o.create_if_missing => {
             return Err(Error::NoDatabase { path: path.to_path_buf() });
         }
-        PathState::Missing => std::fs::create_dir_all(path).map_err(|source| Error::Io {
-            path: Some(path.to_path_buf()),
-            source: std::sync::Arc::new(source),
-        })?,
-        PathState::Empty => {}
+        PathState::Missing => {
+            std::fs::create_dir_all(path).map_err(io)?;
+            true
+        }
+        PathState::Empty => true,
         PathState::RocksDb => {
             // Checked before opening: opening would create our column families in a foreign
             // database, and "bad input changes nothing".
             let cfs = DB::list_cf(&rocksdb::Options::default(), path).map_err(|e| map_open_error(path, e))?;
+            let interrupted = path.join(CREATING).is_file();
             if !cfs.iter().any(|c| c == CF_META) {
-                return Err(not_ours("a RocksDB database without rockq's column families"));
+                if !interrupted {
+                    return Err(not_ours("a RocksDB database without rockq's column families"));
+                }
+                tracing::warn!(path = %path.display(), "rockq: an interrupted database creation found; completing it");
             }
+            interrupted
         }
+    };
+    // RocksDB creates a database, then each missing column family, one manifest write at a
+    // time: a creation killed in between leaves a database with only some of them (or none of
+    // rockq's), which would read as a foreign one for ever (found by the kill -9 pipeline
+    // test). The marker, durable before RocksDB writes anything and removed once the format
+    // marker is, says the database is rockq's own creation, to be completed.
+    if creating {
+        write_durably(&path.join(CREATING), b"rockq: database creation in progress\n").map_err(io)?;
+        super::backup::sync_dir(path)?;
     }
 
     let opts = rocks_options(o);
@@ -214,6 +230,11 @@ pub(crate) fn open(path: &Path, o: &Options) -> Result<(Store, Loaded), Error> {
         .map(|&name| ColumnFamilyDescriptor::new(name, cf_options(name)));
     let db = DB::open_cf_descriptors(&opts, path, descriptors).map_err(|e| map_open_error(path, e))?;
     let loaded = load(&db, path, true)?;
+    if creating {
+        // The format marker is durable (written with sync by `load`): the database is whole.
+        std::fs::remove_file(path.join(CREATING)).map_err(io)?;
+        super::backup::sync_dir(path)?;
+    }
     let store = Store {
         db: RwLock::new(Some(db)),
         path: path.to_path_buf(),
@@ -222,6 +243,17 @@ pub(crate) fn open(path: &Path, o: &Options) -> Result<(Store, Loaded), Error> {
         read_only: false,
     };
     Ok((store, loaded))
+}
+
+/// The file that marks a database creation in progress (see `open`).
+const CREATING: &str = "ROCKQ-CREATING";
+
+/// Writes `bytes` to a new file at `path` and fsyncs it.
+fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
 }
 
 /// Opens the database at `path` read-only: no lock is taken, so this works while another
