@@ -61,6 +61,8 @@ cargo test --features "$features" --test ordered_basics --test ordered_offsets -
   --test pool_typed_jobs "$@" -- --skip a_tower_timeout_layer --skip a_corrupt_record_mid_batch
 cargo test --features "$features" --test ordered_poison "$@" -- --skip trimmed --skip stale_delivery_records --skip saturated --skip a_crash_after
 cargo test --features "$features" --test dlq_redrive "$@" -- --skip a_corrupted_message
+# Operators' actions on one job (retry now, delete, dead-letter).
+cargo test --features "$features" --test job_actions "$@"
 cargo test --features "$features" --test queue_retention "$@" -- --skip large_consumed_backlog
 # Idempotency keys (not delayed messages: the scheduler is not on etcd yet).
 cargo test --features "$features" --test queue_dedup "$@" -- --skip a_delayed_message

@@ -102,6 +102,46 @@ async fn an_old_holders_ack_is_refused_by_etcd_while_its_watch_lags() {
     b.shutdown().await.expect("shutdown");
 }
 
+/// An operator's action is decided on what this process knows of the job, and etcd's compare
+/// on the claim's revision refuses it if another process changed the job meanwhile: `b`,
+/// whose watch lags, deletes a job it still sees waiting for a retry, which `a` has claimed
+/// again since. The delete is refused, changes nothing, and `a`'s lease stands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_action_decided_on_a_stale_view_is_refused_by_etcd() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let a = connect_with(&cluster, "operator-stale", &clock).await;
+    let qa = a.queue("q").await.expect("queue");
+    qa.send("one").await.expect("send");
+    let backoff = std::time::Duration::from_secs(60);
+    let policy = rockq::RetryPolicy::default().max_attempts(5).backoff(backoff, backoff).jitter(0.0);
+    let mut ja =
+        qa.work_group("w").expect("group").retry_policy(policy).subscribe().await.expect("subscribe");
+    next_job(&mut ja).await.fail_durable("503").await.expect("fail");
+    // `b` loads the group with the retry waiting; from now on no watch brings anything.
+    let b = connect_with(&cluster, "operator-stale", &clock).await;
+    fail::cfg("rockq-etcd-claim-watch", "return").expect("failpoint");
+    clock.advance(backoff + std::time::Duration::from_secs(1));
+    let again = next_job(&mut ja).await;
+    assert_eq!((again.seq(), again.attempt()), (1, 2));
+    let refused = b.delete_job("q", "w", 1).await;
+    fail::remove("rockq-etcd-claim-watch");
+    match refused {
+        Err(rockq::Error::JobState { seq: 1, state, action: "delete", .. })
+            if state.starts_with("changed meanwhile") => {}
+        other => panic!("etcd must refuse a delete decided on a stale view, got {other:?}"),
+    }
+    // It learned the job's state from the refusal: now it says why.
+    let e = b.delete_job("q", "w", 1).await.expect_err("leased");
+    assert!(matches!(e, rockq::Error::JobState { state: "leased", .. }), "{e}");
+    again.ack_durable().await.expect("the holder's lease stands");
+    a.flush().await.expect("flush");
+    assert_eq!(committed(&a.stats().await.expect("stats")), 1);
+    a.shutdown().await.expect("shutdown");
+    b.shutdown().await.expect("shutdown");
+}
+
 /// A claim whose answer was lost is sent again; the second try finds the records this
 /// process meant to write and counts the claim as made (not as lost to another process, which
 /// would leave the message leased to nobody until the lease ran out).

@@ -249,6 +249,78 @@ async fn retries_wait_their_backoff_across_brokers_and_exhausted_messages_are_de
     b.shutdown().await.unwrap();
 }
 
+/// An operator on one broker (the console of another instance) acts on jobs another broker
+/// claimed: a retry waiting an hour runs now with its attempts, a job never claimed is deleted
+/// or dead-lettered, a live lease is refused; every broker sees the result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_on_one_broker_acts_on_jobs_another_broker_claimed() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let a = connect(&cluster, "operator", &clock).await;
+    let hour = Duration::from_secs(3600);
+    let policy = RetryPolicy::default().max_attempts(5).backoff(hour, hour).jitter(0.0);
+    let qa = a.queue("q").await.unwrap();
+    qa.send_batch(["1", "2", "3", "4", "5"]).await.unwrap();
+    let mut ja = qa
+        .work_group("w")
+        .unwrap()
+        .retry_policy(policy)
+        .read_batch(1)
+        .max_in_flight(1)
+        .subscribe()
+        .await
+        .unwrap();
+    let failed = next(&mut ja).await;
+    assert_eq!(failed.seq(), 1);
+    failed.fail_durable("downstream 503").await.unwrap();
+    let held = next(&mut ja).await;
+    assert_eq!(held.seq(), 2);
+
+    // `b` starts after (it loads the group, `a`'s lease and the waiting retry with it).
+    let b = connect(&cluster, "operator", &clock).await;
+    for e in [
+        b.delete_job("q", "w", 2).await.unwrap_err(),
+        b.retry_job_now("q", "w", 2).await.unwrap_err(),
+        b.dead_letter_job("q", "w", 2, "x").await.unwrap_err(),
+    ] {
+        assert!(matches!(e, Error::JobState { state: "leased", seq: 2, .. }), "{e}");
+    }
+    let e = b.retry_job_now("q", "w", 3).await.unwrap_err();
+    assert!(matches!(e, Error::JobState { state: "claimable now", .. }), "{e}");
+    b.retry_job_now("q", "w", 1).await.unwrap();
+    b.delete_job("q", "w", 3).await.unwrap();
+    b.dead_letter_job("q", "w", 4, "bad input").await.unwrap();
+    // As stored in etcd, read by the other broker: 1 due now with its attempt and error.
+    let pending = a.pending("q", "w").await.unwrap();
+    let one = pending.iter().find(|p| p.seq == 1).expect("job 1 pending");
+    assert_eq!((one.attempt, one.last_error.as_deref()), (1, Some("downstream 503")));
+    assert!(one.retry_at.unwrap() <= clock.wall_time(), "due now, not in an hour: {one:?}");
+
+    // `a` runs 1 at once (attempt 2, the clock never moved), then 5; 3 and 4 never come.
+    held.ack_durable().await.unwrap();
+    let j = next(&mut ja).await;
+    assert_eq!((j.seq(), j.attempt()), (1, 2));
+    j.ack_durable().await.unwrap();
+    let j = next(&mut ja).await;
+    assert_eq!((j.seq(), j.attempt()), (5, 1));
+    j.ack_durable().await.unwrap();
+    let s = wait_stats(&b, |s| committed(s, "w") == 5).await;
+    assert_eq!(s.groups.iter().find(|g| g.group == "w").unwrap().lag, 0);
+    nothing_claimable(&a, &mut ja).await;
+    // The dead letter, with the operator's reason.
+    let dlq = a.queue("q.dlq").await.unwrap();
+    let mut letters = dlq.group("inspect").unwrap().subscribe().await.unwrap();
+    let d = tokio::time::timeout(HANG_GUARD, letters.next()).await.unwrap().unwrap().unwrap();
+    assert_eq!(&d.payload()[..], b"4");
+    assert!(String::from_utf8_lossy(d.header("rockq-dlq-reason").unwrap()).contains("bad input"));
+    assert_eq!(dlq.last_seq(), 1, "one copy");
+    // Finished jobs are no one's to act on.
+    let e = b.delete_job("q", "w", 3).await.unwrap_err();
+    assert!(matches!(e, Error::NoSuchJob { seq: 3, .. }), "{e}");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_broker_resumes_the_group_with_the_leases_and_attempts_others_left() {
     let cluster = etcd::Cluster::start(1).await;

@@ -16,8 +16,10 @@ impl Broker {
     /// [`Error::NoSuchJob`] if the group finished it, retention deleted it, or it was never
     /// sent; [`Error::JobState`] if it is not waiting for a retry (leased, being settled, or
     /// claimable already); [`Error::NoSuchGroup`], [`Error::InvalidName`],
-    /// [`Error::GroupDeleted`], [`Error::Shutdown`], [`Error::Storage`]; on the etcd engine
-    /// [`Error::Unsupported`].
+    /// [`Error::GroupDeleted`], [`Error::Shutdown`], [`Error::Storage`]. On the etcd engine the
+    /// action is decided on what this process knows of the job and compared with it in etcd:
+    /// [`Error::JobState`] (`"changed meanwhile"`) if another process claimed or settled it
+    /// since, and nothing changed.
     ///
     /// # Cancel safety
     ///

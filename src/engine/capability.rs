@@ -102,7 +102,8 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             Capability::IdempotencyKeys
             | Capability::PauseGroup
             | Capability::ResetGroup
-            | Capability::PurgeQueue => true,
+            | Capability::PurgeQueue
+            | Capability::JobActions => true,
             Capability::Delete
             | Capability::Scheduling
             | Capability::Keyspaces
@@ -111,7 +112,6 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::StoreInspection
             | Capability::LargeSendCall
             | Capability::BufferedDurability
-            | Capability::JobActions
             | Capability::DeadLetterActions
             | Capability::Backup => false,
         },

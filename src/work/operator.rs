@@ -87,6 +87,7 @@ pub(crate) async fn act(
     // Cancelled before the writer has it (or refused by the channel): as it was.
     let mut revert = OperatorGuard { group, seq, previous: Some(taken.previous) };
     let dlq = group.settings().map_or_else(|| group.recorded_dlq(), |s| s.dead_letter_queue.clone());
+    let action_name = action.name();
     let mut waiting = None;
     let outcome = match action {
         JobAction::Delete => Outcome::Ack,
@@ -114,18 +115,47 @@ pub(crate) async fn act(
     });
     shared.tx.send(req).await.map_err(|_| Error::Shutdown)?;
     revert.previous = None;
-    // Queued: the writer applies it after every earlier write for `seq` (see `Job::settle`).
-    if let Some(error) = waiting {
-        group.to_waiting(seq, now, error);
-    }
-    match rx.await {
+    // A retry is due here once the writer has answered — or at once if this future is
+    // dropped first. Not before: the etcd engine's writer writes it only over a slot still
+    // settled by this action (anything its watch learned meanwhile moved the slot, and then
+    // the action is refused rather than written over what another process did); made due
+    // before, the slot would no longer say so. Unchanged by a refusal: the slot is no longer
+    // settling then.
+    let _due = waiting.map(|error| DueOnDrop { group, seq, now, error: Some(error) });
+    let res = match rx.await {
         Ok(res) => res,
         Err(_) => Err(Error::Shutdown),
+    };
+    res.map_err(|e| match e {
+        // The job changed since the action was decided: another process (on etcd) claimed
+        // or settled it, or the group was reset. Nothing was written.
+        Error::LeaseLost { .. } => Error::JobState {
+            queue,
+            group: name,
+            seq,
+            state: "changed meanwhile (claimed or settled by another process, or reset)",
+            action: action_name,
+        },
+        other => other,
+    })
+}
+
+/// Makes an operator's retry due here when dropped (see `act`).
+struct DueOnDrop<'a> {
+    group: &'a WorkGroupState,
+    seq: u64,
+    now: std::time::Instant,
+    error: Option<String>,
+}
+
+impl Drop for DueOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(error) = self.error.take() {
+            self.group.to_waiting(self.seq, self.now, error);
+        }
     }
 }
 
-/// Gives a job taken for an operator's action back as it was, unless disarmed (`previous`
-/// taken) once the writer has the outcome.
 struct OperatorGuard<'a> {
     group: &'a WorkGroupState,
     seq: u64,

@@ -268,13 +268,17 @@ impl Writer {
         };
         let mut known = ws.known.lock().await;
         let clock = self.engine.clock().clone();
-        // The revision the outcome was decided on: this process's claim for a retry (the job
-        // made the slot wait already); for an ack or a dead letter, whatever the slot was when
-        // it was set settling (a job's claim, or a message out of attempts), unless the watch
-        // taught something newer since (then the slot is no longer settling).
+        // The revision the outcome was decided on: this process's claim for a holder's retry
+        // (the job made the slot wait already); for an ack, a dead letter or an operator's
+        // retry (`work/operator.rs`: the slot stays settling until this answers), whatever the
+        // record was when the slot was set settling (a job's claim, a message out of attempts,
+        // a retry waiting, nothing), unless the watch taught something newer since (then the
+        // slot is no longer settling). The write compares that revision: anything another
+        // process wrote since refuses it.
+        let settled = || group.is_settling(seq).then(|| known.expected(seq));
         let expected = match &outcome {
-            Outcome::Retry { .. } => known.own(seq),
-            _ => group.is_settling(seq).then(|| known.expected(seq)),
+            Outcome::Retry { .. } => known.own(seq).or_else(settled),
+            _ => settled(),
         };
         let Some(expected) = expected else {
             // Another process's write to it was learned since: its state stands.
