@@ -1,8 +1,8 @@
 //! The console over the etcd engine (features `web` and `etcd`), against a real single-member
 //! etcd started on loopback ports chosen at run time: every page a several-instance deployment
 //! opens answers with the figures of `Broker::stats`, and what the engine does not carry out
-//! yet (delayed messages and schedules, per-job and per-letter actions) is a clear 501 page
-//! that changes nothing — never a 500 or a broken page.
+//! yet (delayed messages and schedules, per-letter actions) is a clear 501 page that changes
+//! nothing — never a 500 or a broken page; per-job actions work as embedded.
 
 mod common;
 #[path = "common/etcd.rs"]
@@ -69,14 +69,18 @@ async fn every_page_works_on_etcd_and_what_it_cannot_do_says_so() {
     assert!(a.body.contains("etcd"), "{}", a.body);
     let bearer = format!("Bearer {TOKEN}");
     let h = [("authorization", bearer.as_str())];
-    let a = post(&app, "/api/groups/jobs/workers/jobs/3/delete", "", &h).await;
-    assert_eq!(a.status, StatusCode::NOT_IMPLEMENTED, "{}", a.body);
     let a = post(&app, "/api/dlq/jobs.dlq/letters/1/delete", "", &h).await;
     assert_eq!(a.status, StatusCode::NOT_IMPLEMENTED, "{}", a.body);
     assert_eq!(broker.dead_letters("jobs.dlq").await.unwrap().len().await.unwrap(), 1);
     assert_eq!(broker.stats().await.unwrap().groups[0].committed, 1);
 
+    // Per-job actions work on etcd: the held job is refused (409, untouched), job 3 is deleted.
+    let a = post(&app, "/api/groups/jobs/workers/jobs/2/delete", "", &h).await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{}", a.body);
+    let a = post(&app, "/api/groups/jobs/workers/jobs/3/delete", "", &h).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
     held.ack_durable().await.unwrap();
+    assert_eq!(broker.stats().await.unwrap().groups[0].committed, 3, "1 dead, 2 acked, 3 deleted");
     drop(sub);
     broker.shutdown().await.unwrap();
 }
