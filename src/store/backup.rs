@@ -89,14 +89,14 @@ pub(crate) fn restore(from: &Path, to: &Path) -> Result<BackupReport, Error> {
         let _ = fs::remove_dir_all(&staging);
         return Err(e);
     }
-    sync_dir(&staging)?;
+    super::open::sync_dir(&staging)?;
     if fs::symlink_metadata(to).is_ok() {
         // The empty directory `check_target` took: `rename` replaces an empty directory.
         fs::remove_dir(to).map_err(io(to))?;
     }
     fs::rename(&staging, to).map_err(io(to))?;
     if let Some(parent) = to.parent().filter(|p| !p.as_os_str().is_empty()) {
-        sync_dir(parent)?;
+        super::open::sync_dir(parent)?;
     }
     report(to)
 }
@@ -132,16 +132,6 @@ fn copy_files(from: &Path, to: &Path) -> Result<(), Error> {
         fs::copy(&src, &dst).map_err(io(&dst))?;
         fs::File::open(&dst).and_then(|f| f.sync_all()).map_err(io(&dst))?;
     }
-    Ok(())
-}
-
-/// Fsyncs a directory, so the names in it survive power loss (a no-op where directories cannot
-/// be opened).
-pub(super) fn sync_dir(dir: &Path) -> Result<(), Error> {
-    #[cfg(unix)]
-    fs::File::open(dir).and_then(|f| f.sync_all()).map_err(io(dir))?;
-    #[cfg(not(unix))]
-    let _ = dir;
     Ok(())
 }
 

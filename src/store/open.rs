@@ -219,7 +219,7 @@ pub(crate) fn open(path: &Path, o: &Options) -> Result<(Store, Loaded), Error> {
     // marker is, says the database is rockq's own creation, to be completed.
     if creating {
         write_durably(&path.join(CREATING), b"rockq: database creation in progress\n").map_err(io)?;
-        super::backup::sync_dir(path)?;
+        sync_dir(path)?;
     }
 
     let opts = rocks_options(o);
@@ -233,7 +233,7 @@ pub(crate) fn open(path: &Path, o: &Options) -> Result<(Store, Loaded), Error> {
     if creating {
         // The format marker is durable (written with sync by `load`): the database is whole.
         std::fs::remove_file(path.join(CREATING)).map_err(io)?;
-        super::backup::sync_dir(path)?;
+        sync_dir(path)?;
     }
     let store = Store {
         db: RwLock::new(Some(db)),
@@ -243,6 +243,18 @@ pub(crate) fn open(path: &Path, o: &Options) -> Result<(Store, Loaded), Error> {
         read_only: false,
     };
     Ok((store, loaded))
+}
+
+/// Fsyncs a directory, so the names in it survive power loss (a no-op where directories cannot
+/// be opened).
+pub(super) fn sync_dir(dir: &Path) -> Result<(), Error> {
+    #[cfg(unix)]
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|source| Error::Io { path: Some(dir.to_path_buf()), source: std::sync::Arc::new(source) })?;
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
 }
 
 /// The file that marks a database creation in progress (see `open`).
