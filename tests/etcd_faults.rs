@@ -434,11 +434,17 @@ async fn a_claim_the_watch_brings_after_a_reset_it_predates_is_forgotten() {
     let seen = reached.clone();
     fail::cfg_callback("rockq-etcd-claim-watch-apply", move || {
         seen.store(true, std::sync::atomic::Ordering::SeqCst);
-        let (lock, cv) = &*held;
-        let mut closed = lock.lock().unwrap();
-        while *closed {
-            closed = cv.wait(closed).unwrap();
-        }
+        // Waits off the runtime's worker (`block_in_place` hands its queue to another thread):
+        // blocked on it, a task the watch had just woken would sit in the worker's LIFO slot,
+        // which other workers do not steal, until the gate opened — never, if the test waits
+        // for that task (a hang CI found once in the reset below).
+        tokio::task::block_in_place(|| {
+            let (lock, cv) = &*held;
+            let mut closed = lock.lock().unwrap();
+            while *closed {
+                closed = cv.wait(closed).unwrap();
+            }
+        })
     })
     .expect("failpoint");
     let mut jobs = group.subscribe().await.expect("subscribe");
