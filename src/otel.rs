@@ -97,24 +97,37 @@ pub enum TraceRelation {
     None,
 }
 
-/// Writes the current OpenTelemetry context into `headers` (a message's, before it is
-/// checked), unless they already have a `traceparent` or there is no valid current context.
-pub(crate) fn inject(headers: &mut Vec<(String, Bytes)>) {
-    if headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(TRACEPARENT)) {
-        return;
+/// The current OpenTelemetry context as the headers a send writes: read once per send call
+/// (a batch's messages share it), then written into each message without a `traceparent`.
+#[derive(Debug, Default)]
+pub(crate) struct Outgoing(Vec<(String, Bytes)>);
+
+impl Outgoing {
+    /// The context current here: the `tracing` span's (built on first use), else
+    /// OpenTelemetry's own current one (an `opentelemetry` span in scope, or a `tracing` span
+    /// the layer activated). Both are cheap to ask when there is none: a disabled span answers
+    /// at once, and the current context is a thread-local read.
+    pub(crate) fn current() -> Self {
+        let mut cx = tracing::Span::current().context();
+        if !cx.span().span_context().is_valid() {
+            if !opentelemetry::Context::map_current(|cx| cx.span().span_context().is_valid()) {
+                return Outgoing::default();
+            }
+            cx = opentelemetry::Context::current();
+        }
+        let mut headers = Vec::with_capacity(2);
+        TraceContextPropagator::new().inject_context(&cx, &mut Headers(&mut headers));
+        Outgoing(headers)
     }
-    // The `tracing` span's context (built on first use), else OpenTelemetry's own current one
-    // (an `opentelemetry` span in scope, or a `tracing` span the layer activated). Both are
-    // cheap to ask when there is none: a disabled span answers at once, and the current
-    // context is a thread-local read.
-    let mut cx = tracing::Span::current().context();
-    if !cx.span().span_context().is_valid() {
-        if !opentelemetry::Context::map_current(|cx| cx.span().span_context().is_valid()) {
+
+    /// Adds the context to a message's `headers` (before it is checked), unless there is none
+    /// or the message carries its own `traceparent`.
+    pub(crate) fn apply(&self, headers: &mut Vec<(String, Bytes)>) {
+        if self.0.is_empty() || headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(TRACEPARENT)) {
             return;
         }
-        cx = opentelemetry::Context::current();
+        headers.extend(self.0.iter().cloned());
     }
-    TraceContextPropagator::new().inject_context(&cx, &mut Headers(headers));
 }
 
 /// The producer's span context in `headers`, if they carry a valid `traceparent`.

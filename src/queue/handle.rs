@@ -18,6 +18,21 @@ use crate::sent::{ScheduledMessage, Sent};
 use crate::work::WorkGroup;
 use std::time::Duration;
 
+// The trace context a send call writes into its messages (feature `otel`), read once per call.
+#[cfg(feature = "otel")]
+use crate::otel::Outgoing as Trace;
+
+/// Without feature `otel`, sends carry no trace context.
+#[cfg(not(feature = "otel"))]
+struct Trace;
+
+#[cfg(not(feature = "otel"))]
+impl Trace {
+    fn current() -> Self {
+        Trace
+    }
+}
+
 /// A handle to one queue. Cheap to clone; all clones send to the same queue.
 ///
 /// Obtained from [`Broker::queue`](crate::Broker::queue).
@@ -195,7 +210,7 @@ impl Queue {
     /// ```
     pub async fn enqueue(&self, message: impl Into<Message>) -> Result<SendReceipt, Error> {
         let mut message = message.into();
-        self.check(0, &mut message)?;
+        self.check(0, &mut message, &Trace::current())?;
         // A single message may carry an idempotency key: the writer checks it as it appends.
         Self::plain(0, &message, true)?;
         self.stage(std::slice::from_ref(&message)).await
@@ -323,7 +338,7 @@ impl Queue {
     /// with headers that cannot be encoded. Every send passes here, so this is also where the
     /// `otel` feature writes the current trace context into the headers (before the size
     /// check, which then counts them).
-    fn check(&self, index: usize, m: &mut Message) -> Result<(), Error> {
+    fn check(&self, index: usize, m: &mut Message, trace: &Trace) -> Result<(), Error> {
         if self.shared.is_closed() {
             return Err(Error::Shutdown);
         }
@@ -331,7 +346,9 @@ impl Queue {
             return Err(Error::QueueDeleted { queue: self.state.name.to_string() });
         }
         #[cfg(feature = "otel")]
-        crate::otel::inject(&mut m.headers);
+        trace.apply(&mut m.headers);
+        #[cfg(not(feature = "otel"))]
+        let _ = trace;
         let max = self.shared.options().max_message_bytes;
         let size = boundary::body_len(m);
         if size > max {
@@ -366,13 +383,14 @@ impl Queue {
         I::Item: Into<Message>,
     {
         let max = self.shared.options().max_batch_messages;
+        let trace = Trace::current();
         let mut batch: Vec<Message> = Vec::new();
         for (index, m) in messages.into_iter().enumerate() {
             if index >= max {
                 return Err(Error::BatchTooLarge { len: index + 1, max });
             }
             let mut m = m.into();
-            self.check(index, &mut m)?;
+            self.check(index, &mut m, &trace)?;
             if plain {
                 Self::plain(index, &m, false)?;
             }
@@ -406,7 +424,7 @@ impl Queue {
         index: usize,
         mut m: Message,
     ) -> Result<(Arc<Shared>, Arc<QueueState>, Submission), Error> {
-        self.check(index, &mut m)?;
+        self.check(index, &mut m, &Trace::current())?;
         let due = m.due.map(|d| due_micros(self.shared.clock(), d));
         let sub =
             Submission { envelope: boundary::encode(&m), due, idempotency_key: m.idempotency_key.clone() };
@@ -464,7 +482,7 @@ impl Queue {
     /// ```
     pub async fn submit(&self, message: impl Into<Message>) -> Result<Sent, Error> {
         let mut message = message.into();
-        self.check(0, &mut message)?;
+        self.check(0, &mut message, &Trace::current())?;
         if message.due.is_none() {
             // Not delayed: staged like a plain send (one shared round), the key checked by the
             // writer as it appends.
