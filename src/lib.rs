@@ -82,6 +82,8 @@ mod codec;
 mod entry;
 mod error;
 mod events;
+#[cfg(feature = "json")]
+pub mod export;
 mod faults;
 mod json;
 mod message;
@@ -117,6 +119,8 @@ pub use error::{
     UnsupportedError,
 };
 pub use events::Event;
+#[cfg(feature = "json")]
+pub use export::{TransferProgress, TransferReport};
 pub use inspector::Inspector;
 pub use kv::{Keyspace, Scan};
 pub use message::{MAX_KEY_LEN, Message};

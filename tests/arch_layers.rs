@@ -42,6 +42,7 @@ const VALUES: &[&str] = &[
     "entry",
     "error",
     "events",
+    "export",
     "faults",
     "json",
     "message",

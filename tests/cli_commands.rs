@@ -453,3 +453,55 @@ async fn backup_and_restore_copy_a_database_and_refuse_what_they_would_overwrite
     let refused = rockq(&restored).arg("restore").arg(&backup).assert().code(1).get_output().clone();
     assert!(String::from_utf8_lossy(&refused.stderr).contains("already exists"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn export_and_import_move_a_database_through_a_file_or_a_pipe() {
+    let (dir, out) = (tempdir(), tempdir());
+    let db = dir.path().to_path_buf();
+    let file = out.path().join("db.jsonl");
+    let broker = open(&db).await;
+    let (js, held) = populate(&broker).await;
+    // The service holds the database: it exports itself with `Broker::export`.
+    let failed = rockq(&db).arg("export").arg(&file).assert().code(3).get_output().clone();
+    assert!(String::from_utf8_lossy(&failed.stderr).contains("locked by another process"));
+    assert!(!file.exists());
+    drop((js, held));
+    broker.shutdown().await.unwrap();
+
+    let written = json(&db, &["export", file.to_str().unwrap()]);
+    assert_eq!(written["export"], file.display().to_string());
+    assert_eq!((written["queues"].as_u64(), written["messages"].as_u64()), (Some(3), Some(9)), "{written}");
+    assert_eq!(written["entries"].as_u64(), Some(2));
+    assert_eq!(written["bytes"].as_u64(), Some(std::fs::metadata(&file).unwrap().len()));
+    // An export never overwrites a file.
+    let again = rockq(&db).arg("export").arg(&file).assert().code(1).get_output().clone();
+    assert!(String::from_utf8_lossy(&again.stderr).contains("exists"), "{again:?}");
+
+    let imported = out.path().join("imported");
+    let report = text(&imported, &["import", file.to_str().unwrap()]);
+    assert!(report.contains("3 queues, 9 messages"), "{report}");
+    let groups = |db: &Path| {
+        let g = json(db, &["groups"]);
+        g["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| (g["group"].clone(), g["committed"].clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(groups(&imported), groups(&db));
+    assert_eq!(json(&imported, &["peek", "orders"]), json(&db, &["peek", "orders"]));
+    assert_eq!(json(&imported, &["pending", "jobs", "workers"]), json(&db, &["pending", "jobs", "workers"]));
+    let refused = rockq(&imported).arg("import").arg(&file).assert().code(1).get_output().clone();
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("already exists"));
+
+    // `-`: standard output into standard input, as in `rockq export - | ssh host rockq import -`.
+    let piped = rockq(&db).arg("export").arg("-").assert().success().get_output().stdout.clone();
+    // The same lines as the file but the header (its time).
+    let file_text = std::fs::read_to_string(&file).unwrap();
+    let piped_text = String::from_utf8(piped.clone()).unwrap();
+    assert_eq!(piped_text.lines().skip(1).collect::<Vec<_>>(), file_text.lines().skip(1).collect::<Vec<_>>());
+    let from_pipe = out.path().join("from-pipe");
+    rockq(&from_pipe).arg("import").arg("-").write_stdin(piped).assert().success();
+    assert_eq!(json(&from_pipe, &["peek", "orders"]), json(&db, &["peek", "orders"]));
+}

@@ -198,4 +198,55 @@ impl Broker {
             crate::engine::boundary::connect_etcd(&endpoints, namespace, options.options, settings).await?;
         Ok(Broker { shared: Arc::clone(&shared) })
     }
+
+    /// Makes the etcd namespace `namespace` from the export read from `input` (written by
+    /// [`Broker::export`] on either engine), and reports what it read; then
+    /// [`connect_etcd`](Broker::connect_etcd) to it. The way from one machine to several
+    /// instances: export the embedded database, import it into etcd.
+    ///
+    /// The namespace must be empty. The import takes it with a mark first (connecting to it
+    /// is refused until the import ends), checks every line as [`Broker::import`] does, and
+    /// writes them in transactions of up to 127 puts; a last transaction writes the format
+    /// record and removes the mark, so the namespace appears whole. An import that fails
+    /// deletes what it wrote; one stopped by a crash leaves its mark, which the next import
+    /// into the namespace clears. Queue ids are handed out anew; sequences, offsets, claims
+    /// with their attempts, redrive cursors and idempotency keys (each under an etcd lease
+    /// running out with its window; expired ones are left out) are kept.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] naming the line for a bad or cut-short file, or if the namespace is
+    /// not empty; [`Error::Unsupported`] naming what etcd does not hold yet — delayed messages,
+    /// recurring schedules, keyspaces, dead letters settled on their own — with nothing left
+    /// in the namespace; [`Error::IncompatibleVersion`], [`Error::InvalidOption`] for a bad
+    /// endpoint or namespace, [`Error::Io`], [`Error::Storage`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: dropped midway, the import leaves its mark and what it wrote (the
+    /// namespace refuses connections until the next import into it clears them).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let file = std::fs::File::open("rockq.jsonl")?;
+    /// rockq::Broker::import_etcd(file, ["http://10.0.0.1:2379"], "orders", rockq::EtcdOptions::new()).await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "json")]
+    pub async fn import_etcd(
+        input: impl std::io::Read + Send + 'static,
+        endpoints: impl IntoIterator<Item = impl Into<String>>,
+        namespace: &str,
+        options: EtcdOptions,
+    ) -> Result<crate::export::TransferReport, Error> {
+        let endpoints: Vec<String> = endpoints.into_iter().map(Into::into).collect();
+        let settings = crate::engine::boundary::EtcdSettings {
+            request_timeout: options.request_timeout,
+            attempt_timeout: options.attempt_timeout.max(Duration::from_millis(1)),
+            owner_ttl: options.owner_ttl,
+        };
+        crate::engine::boundary::import_etcd(Box::new(input), &endpoints, namespace, &settings, None).await
+    }
 }

@@ -5,6 +5,8 @@
 mod admin;
 mod backup;
 pub(crate) mod events;
+#[cfg(feature = "json")]
+mod export;
 mod jobs;
 mod kv;
 mod lifecycle;

@@ -301,6 +301,30 @@ impl Backend {
         }
     }
 
+    /// Writes the store's records to `out` as an export (`Broker::export`), on the blocking
+    /// pool.
+    #[cfg(feature = "json")]
+    pub async fn export(
+        &self,
+        runtime: &Handle,
+        now_micros: u64,
+        out: Box<dyn std::io::Write + Send>,
+        progress: Option<crate::export::ProgressFn>,
+    ) -> Result<crate::export::TransferReport, Error> {
+        match self {
+            Backend::Embedded(store) => {
+                let store = store.clone();
+                runtime
+                    .spawn_blocking(move || super::export::export(&store, now_micros, out, progress))
+                    .await
+                    .map_err(|_| Error::Shutdown)?
+            }
+            Backend::Etcd(side) => {
+                on_etcd!(side => super::export::export_etcd(&side.store, runtime, now_micros, out, progress).await)
+            }
+        }
+    }
+
     /// The sequence a reset of a group on `queue` to `to` starts at, if it is retained.
     pub async fn reset_target(
         &self,

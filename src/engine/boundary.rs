@@ -43,7 +43,11 @@ pub(crate) use super::completion::{Completion, staged_sent};
 cfg_etcd! {
     pub(crate) use super::connect::connect as connect_etcd;
     pub(crate) use super::etcd::EtcdSettings;
+    #[cfg(feature = "json")]
+    pub(crate) use super::export::import_etcd;
 }
+#[cfg(feature = "json")]
+pub(crate) use super::export::import;
 pub(crate) use super::inspect::ReadOnly;
 pub(crate) use super::open::{open, restore};
 pub(crate) use super::registry::{

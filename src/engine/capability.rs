@@ -66,6 +66,8 @@ pub(crate) enum Capability {
     DeadLetterActions,
     /// `Broker::backup`: a copy of the store made by this process.
     Backup,
+    /// `Broker::export`: a stream of the store's records, read at one instant.
+    Export,
 }
 
 impl Capability {
@@ -89,6 +91,7 @@ impl Capability {
             Capability::JobActions => "acting on one job (retry now, delete, dead-letter)",
             Capability::DeadLetterActions => "redriving or deleting one dead letter on its own",
             Capability::Backup => "a backup by the broker (back etcd up with `etcdctl snapshot save`)",
+            Capability::Export => "an export of the store",
         }
     }
 }
@@ -103,7 +106,8 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::PauseGroup
             | Capability::ResetGroup
             | Capability::PurgeQueue
-            | Capability::JobActions => true,
+            | Capability::JobActions
+            | Capability::Export => true,
             Capability::Delete
             | Capability::Scheduling
             | Capability::Keyspaces

@@ -37,6 +37,8 @@ mod capability;
 mod completion;
 mod dead_letter;
 pub(crate) mod etcd;
+#[cfg(feature = "json")]
+pub(crate) mod export;
 mod figures;
 mod gauges;
 mod inbox;

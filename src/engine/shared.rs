@@ -311,6 +311,19 @@ impl Shared {
         self.backend.backup(&self.runtime, dir).await
     }
 
+    /// Writes an export of the store to `out`.
+    #[cfg(feature = "json")]
+    pub async fn export(
+        &self,
+        out: Box<dyn std::io::Write + Send>,
+        progress: Option<crate::export::ProgressFn>,
+    ) -> Result<crate::export::TransferReport, Error> {
+        self.check(Capability::Export)?;
+        self.open_for_reads()?;
+        let now = self.clock().wall_micros();
+        self.backend.export(&self.runtime, now, out, progress).await
+    }
+
     /// The pending claims of one work group, with this process's lease deadlines.
     pub async fn pending(&self, group: &str, queue: &str) -> Result<Vec<PendingClaim>, Error> {
         self.open_for_reads()?;

@@ -25,13 +25,13 @@ use super::db::{Store, storage};
 use crate::backup::BackupReport;
 use crate::error::Error;
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+pub(super) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |source| Error::Io { path: Some(path.to_path_buf()), source: Arc::new(source) }
 }
 
 /// Refuses a target that exists (a backup never overwrites anything); `empty_ok`: an empty
 /// directory is taken (a restore into a prepared mount point).
-fn check_target(dir: &Path, empty_ok: bool) -> Result<(), Error> {
+pub(super) fn check_target(dir: &Path, empty_ok: bool) -> Result<(), Error> {
     let meta = match fs::symlink_metadata(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(io(dir)(e)),
@@ -41,12 +41,15 @@ fn check_target(dir: &Path, empty_ok: bool) -> Result<(), Error> {
         return Ok(());
     }
     Err(Error::Invalid {
-        reason: format!("{} already exists: a backup or restore writes a new directory", dir.display()),
+        reason: format!(
+            "{} already exists: a backup, restore or import writes a new directory",
+            dir.display()
+        ),
     })
 }
 
 /// Creates the parent directories of `dir`.
-fn make_parent(dir: &Path) -> Result<(), Error> {
+pub(super) fn make_parent(dir: &Path) -> Result<(), Error> {
     match dir.parent() {
         Some(p) if !p.as_os_str().is_empty() => fs::create_dir_all(p).map_err(io(p)),
         _ => Ok(()),
@@ -78,33 +81,44 @@ pub(crate) fn restore(from: &Path, to: &Path) -> Result<BackupReport, Error> {
     let (source, _) = super::open_read_only(from)?;
     source.close()?;
     make_parent(to)?;
-    let staging = staging_path(to);
-    if fs::symlink_metadata(&staging).is_ok() {
-        // A restore stopped before its rename: nothing else writes there.
-        fs::remove_dir_all(&staging).map_err(io(&staging))?;
-    }
-    fs::create_dir(&staging).map_err(io(&staging))?;
+    let staging = staging_path(to, "restore");
+    clear_staging(&staging)?;
     let copied = copy_files(from, &staging);
     if let Err(e) = copied {
         let _ = fs::remove_dir_all(&staging);
         return Err(e);
     }
-    super::open::sync_dir(&staging)?;
-    if fs::symlink_metadata(to).is_ok() {
-        // The empty directory `check_target` took: `rename` replaces an empty directory.
-        fs::remove_dir(to).map_err(io(to))?;
-    }
-    fs::rename(&staging, to).map_err(io(to))?;
-    if let Some(parent) = to.parent().filter(|p| !p.as_os_str().is_empty()) {
-        super::open::sync_dir(parent)?;
-    }
+    install(&staging, to)?;
     report(to)
 }
 
-/// `<parent>/.<name>.rockq-restore`: beside the target, so the rename stays on one filesystem.
-fn staging_path(to: &Path) -> PathBuf {
+/// `<parent>/.<name>.rockq-<what>`: beside the target, so the rename stays on one filesystem.
+pub(super) fn staging_path(to: &Path, what: &str) -> PathBuf {
     let name = to.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "db".into());
-    to.with_file_name(format!(".{name}.rockq-restore"))
+    to.with_file_name(format!(".{name}.rockq-{what}"))
+}
+
+/// Removes what a restore or import stopped before its rename left in `staging` (nothing else
+/// writes there), and creates it empty.
+pub(super) fn clear_staging(staging: &Path) -> Result<(), Error> {
+    if fs::symlink_metadata(staging).is_ok() {
+        fs::remove_dir_all(staging).map_err(io(staging))?;
+    }
+    fs::create_dir(staging).map_err(io(staging))
+}
+
+/// Fsyncs `staging` and renames it to `to` (replacing the empty directory `check_target`
+/// took), then fsyncs `to`'s parent: the database appears whole under its name or not at all.
+pub(super) fn install(staging: &Path, to: &Path) -> Result<(), Error> {
+    super::open::sync_dir(staging)?;
+    if fs::symlink_metadata(to).is_ok() {
+        fs::remove_dir(to).map_err(io(to))?;
+    }
+    fs::rename(staging, to).map_err(io(to))?;
+    if let Some(parent) = to.parent().filter(|p| !p.as_os_str().is_empty()) {
+        super::open::sync_dir(parent)?;
+    }
+    Ok(())
 }
 
 /// Copies the database files of `from` into `to`: SST files hard-linked where the filesystem

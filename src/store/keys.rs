@@ -237,6 +237,56 @@ pub(crate) fn letter_seq(key: &[u8]) -> Result<u64, CorruptionError> {
     Ok(u64::from_be_bytes(seq))
 }
 
+/// Splits a letter mark key into `(dlq, seq)`.
+pub(crate) fn parse_letter_key(key: &[u8]) -> Result<(&str, u64), CorruptionError> {
+    let seq = letter_seq(key)?;
+    let bad = || CorruptionError::new("letter mark key", key, "expected letter:<dlq>:<seq>");
+    let names = key.get(LETTER_PREFIX.len()..key.len() - 9).ok_or_else(bad)?;
+    if key.get(key.len() - 9) != Some(&b':') {
+        return Err(bad());
+    }
+    let dlq = std::str::from_utf8(names).map_err(|_| bad())?;
+    Ok((dlq, seq))
+}
+
+/// What a key of the meta column family is (keyspaces' keys are `kv.rs`'s: `Other`).
+pub(crate) enum MetaKey<'k> {
+    Format,
+    Queue(&'k str),
+    Group(&'k str, &'k str),
+    Redrive(&'k str),
+    Letter(&'k str, u64),
+    ScheduledId,
+    NextQueueId,
+    Other,
+}
+
+/// Tells what `key` of the meta column family is.
+pub(crate) fn classify_meta(key: &[u8]) -> Result<MetaKey<'_>, CorruptionError> {
+    Ok(if key == FORMAT_KEY {
+        MetaKey::Format
+    } else if key == SCHEDULED_ID_KEY {
+        MetaKey::ScheduledId
+    } else if key == NEXT_QUEUE_ID_KEY {
+        MetaKey::NextQueueId
+    } else if key.starts_with(QUEUE_PREFIX) {
+        MetaKey::Queue(queue_name_from_key(key)?)
+    } else if key.starts_with(GROUP_PREFIX) {
+        let (g, q) = parse_group_key(key)?;
+        MetaKey::Group(g, q)
+    } else if let Some(dlq) = key.strip_prefix(REDRIVE_PREFIX) {
+        MetaKey::Redrive(
+            std::str::from_utf8(dlq)
+                .map_err(|_| CorruptionError::new("redrive cursor key", key, "not UTF-8"))?,
+        )
+    } else if key.starts_with(LETTER_PREFIX) {
+        let (dlq, seq) = parse_letter_key(key)?;
+        MetaKey::Letter(dlq, seq)
+    } else {
+        MetaKey::Other
+    })
+}
+
 /// Key of the next schedule id in the meta column family.
 pub(crate) const SCHEDULED_ID_KEY: &[u8] = b"scheduled-id";
 /// Key of the lowest queue id never handed out, in the meta column family: written when a queue

@@ -18,9 +18,9 @@ use super::batch::Batch;
 use super::db::{ReadError, Store, bounded, storage};
 use crate::error::{CorruptionError, StorageError};
 
-const KEYSPACE_PREFIX: &[u8] = b"kv:";
+pub(super) const KEYSPACE_PREFIX: &[u8] = b"kv:";
 /// The last revision handed out.
-const REVISION_KEY: &[u8] = b"kv-revision";
+pub(super) const REVISION_KEY: &[u8] = b"kv-revision";
 const ENTRY_V1: u8 = 1;
 const KEYSPACE_V1: u8 = 1;
 
@@ -35,7 +35,7 @@ pub(crate) struct LoadedKeyspace {
 /// One stored entry: its key within the keyspace, revision and value.
 pub(crate) type RawEntry = (Vec<u8>, u64, Vec<u8>);
 
-fn entry_key(keyspace: u32, key: &[u8]) -> Vec<u8> {
+pub(super) fn entry_key(keyspace: u32, key: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(4 + key.len());
     k.extend_from_slice(&keyspace.to_be_bytes());
     k.extend_from_slice(key);
@@ -46,7 +46,7 @@ fn keyspace_key(name: &str) -> Vec<u8> {
     [KEYSPACE_PREFIX, name.as_bytes()].concat()
 }
 
-fn encode_entry(revision: u64, value: &[u8]) -> Vec<u8> {
+pub(super) fn encode_entry(revision: u64, value: &[u8]) -> Vec<u8> {
     let mut v = Vec::with_capacity(9 + value.len());
     v.push(ENTRY_V1);
     v.extend_from_slice(&revision.to_be_bytes());
@@ -54,7 +54,7 @@ fn encode_entry(revision: u64, value: &[u8]) -> Vec<u8> {
     v
 }
 
-fn decode_entry(key: &[u8], v: &[u8]) -> Result<(u64, Vec<u8>), CorruptionError> {
+pub(super) fn decode_entry(key: &[u8], v: &[u8]) -> Result<(u64, Vec<u8>), CorruptionError> {
     let bad = |r: &str| CorruptionError::new("keyspace entry", key, r);
     if v.len() < 9 {
         return Err(bad("shorter than its header"));
@@ -76,7 +76,7 @@ fn decode_revision_only(key: &[u8], v: &[u8]) -> Result<u64, CorruptionError> {
     Ok(u64::from_be_bytes(rev))
 }
 
-fn encode_keyspace(id: u32, keys: u64) -> [u8; 13] {
+pub(super) fn encode_keyspace(id: u32, keys: u64) -> [u8; 13] {
     let mut v = [0u8; 13];
     v[0] = KEYSPACE_V1;
     v[1..5].copy_from_slice(&id.to_be_bytes());
@@ -84,7 +84,7 @@ fn encode_keyspace(id: u32, keys: u64) -> [u8; 13] {
     v
 }
 
-fn decode_keyspace(key: &[u8], v: &[u8]) -> Result<(u32, u64), CorruptionError> {
+pub(super) fn decode_keyspace(key: &[u8], v: &[u8]) -> Result<(u32, u64), CorruptionError> {
     let bad = |r: &str| CorruptionError::new("keyspace", key, r);
     let v: &[u8; 13] = v.try_into().map_err(|_| bad("wrong length"))?;
     if v[0] != KEYSPACE_V1 {

@@ -20,8 +20,14 @@ mod db;
 mod decode_props;
 pub(crate) mod envelope;
 pub(crate) mod etcd;
+#[cfg(feature = "json")]
+mod export;
 #[cfg(fuzzing)]
 pub mod fuzzing;
+#[cfg(feature = "json")]
+mod import;
+#[cfg(feature = "json")]
+mod import_check;
 mod inspect;
 pub(crate) mod keys;
 mod kv;
@@ -33,6 +39,10 @@ mod scheduled;
 
 pub(crate) use backup::restore;
 pub(crate) use batch::{Batch, GroupKeys, WriteMode, group_id};
+#[cfg(feature = "json")]
+pub(crate) use import::import;
+#[cfg(feature = "json")]
+pub(crate) use import_check::Reader;
 pub(crate) use inspect::Snapshot;
 pub(crate) use open::{Loaded, LoadedClaim, LoadedQueue, open, open_read_only};
 pub(crate) use read::{

@@ -206,3 +206,31 @@ async fn on_etcd(path: &Path, options: Options) -> Option<Broker> {
     // commits first, then revokes. Connecting never waits for that; subscribing does.
     Some(Broker::connect_etcd(endpoints, &namespace, opts).await.expect("connect to etcd"))
 }
+
+/// Queue `jobs` with four jobs and work group `workers` (30 s lease, 10 s backoff, no jitter)
+/// in the middle of its work: job 1 dead-lettered ("malformed"), job 2 failed ("downstream
+/// 503") and waiting for its retry, job 3 leased by the returned subscription, job 4 waiting.
+/// What backups and exports must carry over, attempts included.
+#[allow(dead_code)]
+pub async fn jobs_mid_work(broker: &Broker) -> (rockq::WorkSubscription, rockq::Job) {
+    let jobs = broker.queue("jobs").await.unwrap();
+    jobs.send_batch(["j1", "j2", "j3", "j4"]).await.unwrap();
+    let workers = jobs
+        .work_group("workers")
+        .unwrap()
+        .lease(Duration::from_secs(30))
+        .retry_policy(
+            rockq::RetryPolicy::default()
+                .max_attempts(5)
+                .backoff(Duration::from_secs(10), Duration::from_secs(10))
+                .jitter(0.0),
+        )
+        .read_batch(3)
+        .max_in_flight(3);
+    let mut js = workers.subscribe().await.unwrap();
+    next_job(&mut js).await.dead_letter_durable("malformed").await.unwrap();
+    next_job(&mut js).await.fail_durable("downstream 503").await.unwrap();
+    let held = next_job(&mut js).await;
+    assert_eq!(held.seq(), 3);
+    (js, held)
+}

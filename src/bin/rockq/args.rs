@@ -120,6 +120,21 @@ pub enum Command {
         /// The backup directory.
         backup: PathBuf,
     },
+    /// Writes the whole database to FILE (a new file; `-`: standard output) as JSON lines,
+    /// read at one instant: queues and messages, groups with offsets and claims, schedules,
+    /// idempotency keys, keyspaces (the format: the `rockq::export` docs). Needs the database
+    /// to itself: a running service exports itself with `Broker::export`.
+    Export {
+        /// The file to create, or `-`.
+        file: PathBuf,
+    },
+    /// Makes the database directory (--db, which must not exist or be empty) from an export
+    /// (`-`: standard input). Nothing is left under --db if a line is bad or the file was
+    /// cut short.
+    Import {
+        /// The export file, or `-`.
+        file: PathBuf,
+    },
     /// Deletes a group (offset, claims, delivery records, settings), either mode.
     DeleteGroup {
         /// The queue.

@@ -3,7 +3,7 @@
 //! Read-only commands (`stats`, `groups`, `peek`, `pending`, `scheduled`, `schedules`,
 //! `dlq list`, `dlq peek`) open the database read-only, which takes no lock: they work while the service runs. Commands that
 //! change it (`dlq redrive`, `group reset|pause|resume`, `trim`, `delete-queue`, `purge`,
-//! `delete-group`) and `backup` need it to themselves and fail with exit code 3 while another process holds
+//! `delete-group`), `backup` and `export` need it to themselves and fail with exit code 3 while another process holds
 //! it. The destructive ones (`delete-queue`, `purge`, `delete-group`) ask for confirmation on a
 //! terminal and need `--yes` otherwise (exit code 2 without it). `serve` (feature `web`) runs
 //! the web console: full when the database is free, read-only while another process holds it.
@@ -16,6 +16,7 @@ mod run;
 #[cfg(feature = "web")]
 mod serve;
 mod session;
+mod transfer;
 
 use clap::Parser;
 

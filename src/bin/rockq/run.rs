@@ -3,7 +3,9 @@
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
+
+use crate::format::progress;
 use rockq::{Broker, Inspector, ResetTo};
 use serde_json::json;
 
@@ -50,6 +52,8 @@ pub async fn run(cli: Cli) -> Result<()> {
         }
         Command::Backup { ref dir } => crate::backup::backup(db, json, dir).await,
         Command::Restore { ref backup } => crate::backup::restore(db, json, backup).await,
+        Command::Export { ref file } => crate::transfer::export(db, json, file).await,
+        Command::Import { ref file } => crate::transfer::import(db, json, file).await,
         Command::Trim => {
             let broker = exclusive(db, "trim").await?;
             let res = trim(&broker, json).await;
@@ -391,19 +395,6 @@ async fn trim(broker: &Broker, json: bool) -> Result<()> {
         || format!("deleted {} messages; {} → {} bytes on disk", r.deleted, r.bytes_before, r.bytes_after),
     );
     Ok(())
-}
-
-/// A progress bar on stderr, hidden under `--json` or when stderr is not a terminal.
-fn progress(json: bool, total: u64, what: &str) -> ProgressBar {
-    if json {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(total);
-    if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} ({per_sec}, eta {eta})") {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.set_message(what.to_owned());
-    bar
 }
 
 fn spinner(json: bool, what: &str) -> ProgressBar {

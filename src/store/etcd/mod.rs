@@ -24,6 +24,10 @@
 //! | `N d/<qid u32><key>` | an idempotency key's dedup record, under an expiring lease (`dedup.rs`) |
 
 pub(crate) mod dedup;
+#[cfg(feature = "json")]
+pub(crate) mod export;
+#[cfg(feature = "json")]
+pub(crate) mod import;
 pub(crate) mod members;
 pub(crate) mod redrive;
 pub(crate) mod reset;
@@ -121,14 +125,7 @@ impl EtcdStore {
         attempt: Duration,
         timeout: Duration,
     ) -> Result<EtcdStore, ConnectFailure> {
-        for e in endpoints {
-            check_endpoint(e).map_err(ConnectFailure::Invalid)?;
-        }
-        let members = Members::new(endpoints, attempt, timeout).await.map_err(ConnectFailure::Storage)?;
-        let mut ns = namespace.as_bytes().to_vec();
-        ns.push(b'/');
-        let label = format!("etcd://{}/{namespace}", endpoints.first().map_or("", String::as_str));
-        let store = EtcdStore { members: Arc::new(members), sizes: Arc::default(), ns, label };
+        let store = Self::connect_bare(endpoints, namespace, attempt, timeout).await?;
         let deadline = tokio::time::Instant::now() + timeout;
         let mut backoff = Duration::from_millis(10);
         loop {
@@ -141,6 +138,24 @@ impl EtcdStore {
                 done => return done.map(|()| store),
             }
         }
+    }
+
+    /// Connects to `endpoints` without reading or writing anything of the namespace (an
+    /// import writes its format record last).
+    pub async fn connect_bare(
+        endpoints: &[String],
+        namespace: &str,
+        attempt: Duration,
+        timeout: Duration,
+    ) -> Result<EtcdStore, ConnectFailure> {
+        for e in endpoints {
+            check_endpoint(e).map_err(ConnectFailure::Invalid)?;
+        }
+        let members = Members::new(endpoints, attempt, timeout).await.map_err(ConnectFailure::Storage)?;
+        let mut ns = namespace.as_bytes().to_vec();
+        ns.push(b'/');
+        let label = format!("etcd://{}/{namespace}", endpoints.first().map_or("", String::as_str));
+        Ok(EtcdStore { members: Arc::new(members), sizes: Arc::default(), ns, label })
     }
 
     fn kv(&self) -> Kv<'_> {
@@ -187,18 +202,42 @@ impl EtcdStore {
         self.key(b"own/", &keys::offset_key(group, queue))
     }
 
-    /// Creates the format record, or checks the one there.
+    /// `N meta/importing`: an import into the namespace has not finished (`import.rs`).
+    fn import_mark_key(&self) -> Vec<u8> {
+        self.key(b"meta/", b"importing")
+    }
+
+    /// Creates the format record (unless an import holds the namespace), or checks the one
+    /// there.
     async fn ensure_format(&self) -> Result<(), ConnectFailure> {
         let key = self.format_key();
+        let mark = self.import_mark_key();
         let txn = Txn::new()
-            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+            .when([
+                Compare::version(key.clone(), CompareOp::Equal, 0),
+                Compare::version(mark.clone(), CompareOp::Equal, 0),
+            ])
             .and_then([TxnOp::put(key.clone(), records::encode_format(), None)])
-            .or_else([TxnOp::get(key.clone(), None)]);
+            .or_else([TxnOp::get(key.clone(), None), TxnOp::get(mark, None)]);
         let resp = self.kv().txn(txn).await.map_err(ConnectFailure::Storage)?;
         if resp.succeeded() {
             return Ok(());
         }
-        let found = first_get(&resp).map(|kv| kv.value().to_vec()).unwrap_or_default();
+        let gets: Vec<Option<etcd_client::KeyValue>> = resp
+            .op_responses()
+            .into_iter()
+            .map(|r| match r {
+                etcd_client::TxnOpResponse::Get(g) => g.kvs().first().cloned(),
+                _ => None,
+            })
+            .collect();
+        if gets.get(1).is_some_and(Option::is_some) {
+            return Err(ConnectFailure::Foreign(
+                "an import into it has not finished (import again: it clears what a stopped import left)"
+                    .into(),
+            ));
+        }
+        let found = gets.into_iter().next().flatten().map(|kv| kv.value().to_vec()).unwrap_or_default();
         match records::decode_format(&found) {
             Some(records::FORMAT_VERSION) => Ok(()),
             Some(v) => Err(ConnectFailure::Foreign(format!(

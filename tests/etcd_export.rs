@@ -1,0 +1,321 @@
+//! Export of an etcd namespace (`Broker::export` on the etcd engine) against a real
+//! single-member etcd, imported into an embedded database: the embedded database holds what
+//! the namespace held — queues with trimmed heads, messages with keys and headers, ordered and
+//! work groups' offsets, claims with their attempts and errors, dead letters and redrive
+//! cursors, idempotency keys — and goes on from there as the namespace would have.
+
+mod common;
+#[path = "common/etcd.rs"]
+mod etcd;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use rockq::{Broker, EtcdOptions, ManualClock, Message, Original, Sent};
+
+use common::{HANG_GUARD, open_clock, tempdir};
+
+async fn next_job(jobs: &mut rockq::WorkSubscription) -> rockq::Job {
+    tokio::time::timeout(HANG_GUARD, jobs.next()).await.expect("a job in time").expect("open").expect("a job")
+}
+
+/// What a broker shows of its state, on either engine.
+async fn contents(broker: &Broker) -> String {
+    let mut stats = broker.stats().await.unwrap();
+    stats.bytes_on_disk = 0;
+    for q in &mut stats.queues {
+        q.oldest_age = None;
+        q.bytes_on_disk = 0;
+        q.bytes = 0;
+    }
+    for g in &mut stats.groups {
+        g.oldest_unacked_age = None;
+        g.in_flight = 0;
+    }
+    let queues: Vec<_> =
+        stats.queues.iter().map(|q| (q.name.clone(), q.first_seq, q.last_seq, q.len)).collect();
+    let groups: Vec<_> =
+        stats.groups.iter().map(|g| (g.group.clone(), g.queue.clone(), g.committed, g.paused)).collect();
+    let pending: Vec<_> = broker
+        .pending("jobs", "workers")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|p| (p.seq, p.attempt, p.last_error))
+        .collect();
+    let mut messages = Vec::new();
+    for q in &stats.queues {
+        for m in broker.peek(&q.name, None, 100).await.unwrap() {
+            messages.push(format!(
+                "{}#{} {:?} {:?} {:?} {:?}",
+                q.name, m.seq, m.payload, m.headers, m.key, m.enqueued_at
+            ));
+        }
+    }
+    format!("{queues:?}\n{groups:?}\n{pending:?}\n{messages:?}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_namespace_exported_and_imported_into_an_embedded_database_is_the_same_state() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let opts = EtcdOptions::new()
+        .owner_ttl(Duration::from_secs(2))
+        .options(rockq::Options::new().clock(clock.clone()));
+    let broker = Broker::connect_etcd(cluster.endpoints(), "moving", opts).await.unwrap();
+
+    let orders = broker.queue("orders").await.unwrap();
+    orders.send_batch((1..=5).map(|i| format!("o{i}"))).await.unwrap();
+    orders.submit(Message::new("keyed").key("customer-7").header("h", &b"\x00\xff"[..])).await.unwrap();
+    assert_eq!(
+        orders.submit(Message::new("charge").idempotency_key("order-9")).await.unwrap(),
+        Sent::Appended(7)
+    );
+    let mut sub = orders.group("billing").unwrap().subscribe().await.unwrap();
+    for _ in 0..2 {
+        tokio::time::timeout(HANG_GUARD, sub.next()).await.unwrap().unwrap().unwrap().ack().unwrap();
+    }
+    sub.commit().await.unwrap();
+    drop(sub);
+    let trimmed = broker.queue("trimmed").await.unwrap();
+    trimmed.send_batch(["t1", "t2", "t3"]).await.unwrap();
+    broker.purge_queue("trimmed").await.unwrap();
+    trimmed.send("t4").await.unwrap();
+    // A work group: a dead letter, a failed job waiting for its retry, and a leased one.
+    let (js, held) = common::jobs_mid_work(&broker).await;
+    // A dead-letter queue redriven: its cursor.
+    let mail = broker.queue("mail").await.unwrap();
+    mail.send("m1").await.unwrap();
+    let mut senders = mail.work_group("senders").unwrap().subscribe().await.unwrap();
+    next_job(&mut senders).await.dead_letter_durable("bounced").await.unwrap();
+    drop(senders);
+    let moved = broker.dead_letters("mail.dlq").await.unwrap().redrive(rockq::Redrive::new()).await.unwrap();
+    assert_eq!(moved, 1);
+    broker.flush().await.unwrap();
+
+    let before = contents(&broker).await;
+    let dir = tempdir();
+    let file = dir.path().join("moving.jsonl");
+    let report = broker.export(std::fs::File::create(&file).unwrap()).await.unwrap();
+    assert_eq!(report.bytes, std::fs::metadata(&file).unwrap().len());
+    assert_eq!((report.queues, report.idempotency_keys), (6, 1), "{report:?}");
+    let kinds: std::collections::BTreeSet<String> = std::fs::read_to_string(&file)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["t"].as_str().unwrap().to_owned())
+        .collect();
+    for kind in ["header", "queue", "message", "group", "offset", "claim", "redrive", "dedup", "end"] {
+        assert!(kinds.contains(kind), "no {kind} line in {kinds:?}");
+    }
+    let header: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(&file).unwrap().lines().next().unwrap()).unwrap();
+    assert_eq!(header["source"], "etcd");
+    drop(js);
+    drop(held);
+    broker.shutdown().await.unwrap();
+
+    let into = dir.path().join("embedded");
+    let read = Broker::import(std::fs::File::open(&file).unwrap(), &into).await.unwrap();
+    assert_eq!(read.records, report.records);
+    let embedded = open_clock(&into, &clock).await;
+    assert_eq!(contents(&embedded).await, before, "the embedded database holds what the namespace held");
+
+    // And goes on from there: the key is remembered, sequences follow, attempts survive.
+    let orders = embedded.queue("orders").await.unwrap();
+    assert_eq!(
+        orders.submit(Message::new("again").idempotency_key("order-9")).await.unwrap(),
+        Sent::Duplicate(Original::Appended(7))
+    );
+    assert_eq!(orders.send("o8").await.unwrap(), 8);
+    assert_eq!(embedded.queue("trimmed").await.unwrap().send("t5").await.unwrap(), 5);
+    clock.advance(Duration::from_secs(31));
+    let mut js =
+        embedded.queue("jobs").await.unwrap().work_group("workers").unwrap().subscribe().await.unwrap();
+    let mut got = BTreeMap::new();
+    for _ in 0..3 {
+        let j = next_job(&mut js).await;
+        got.insert(j.seq(), j.attempt());
+        j.ack_durable().await.unwrap();
+    }
+    assert_eq!(got, BTreeMap::from([(2, 2), (3, 2), (4, 1)]));
+    drop(js);
+    let dlq = embedded.dead_letters("jobs.dlq").await.unwrap();
+    assert_eq!(dlq.len().await.unwrap(), 1);
+    // The redrive cursor came along: a second redrive finds nothing more to move.
+    let again =
+        embedded.dead_letters("mail.dlq").await.unwrap().redrive(rockq::Redrive::new()).await.unwrap();
+    assert_eq!(again, 0);
+    embedded.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_moves_embedded_to_etcd_and_back_with_its_state() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let dir = tempdir();
+    let embedded = open_clock(&dir.path().join("one-machine"), &clock).await;
+
+    // What a service on one machine has: ordered and work groups in the middle of their work.
+    let orders = embedded.queue("orders").await.unwrap();
+    orders.send_batch((1..=5).map(|i| format!("o{i}"))).await.unwrap();
+    orders.submit(Message::new("keyed").key("customer-7").header("h", &b"\x00\xff"[..])).await.unwrap();
+    assert_eq!(
+        orders.submit(Message::new("charge").idempotency_key("order-9")).await.unwrap(),
+        Sent::Appended(7)
+    );
+    let mut sub = orders.group("billing").unwrap().subscribe().await.unwrap();
+    for _ in 0..2 {
+        tokio::time::timeout(HANG_GUARD, sub.next()).await.unwrap().unwrap().unwrap().ack().unwrap();
+    }
+    sub.commit().await.unwrap();
+    drop(sub);
+    embedded.pause_group("orders", "billing").await.unwrap();
+    let (js, held) = common::jobs_mid_work(&embedded).await;
+    let before = contents(&embedded).await;
+    let file = dir.path().join("to-etcd.jsonl");
+    let exported = embedded.export(std::fs::File::create(&file).unwrap()).await.unwrap();
+    drop((js, held));
+    embedded.shutdown().await.unwrap();
+
+    // Into etcd: the namespace holds the same state, and every instance sees it.
+    let report = Broker::import_etcd(
+        std::fs::File::open(&file).unwrap(),
+        cluster.endpoints(),
+        "grown",
+        EtcdOptions::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (report.records, report.messages, report.claims),
+        (exported.records, exported.messages, exported.claims)
+    );
+    assert_eq!(
+        report.path.as_deref().map(|p| p.display().to_string()),
+        Some(format!("etcd://{}/grown", cluster.endpoints()[0]))
+    );
+    let opts = || {
+        EtcdOptions::new()
+            .owner_ttl(Duration::from_secs(2))
+            .options(rockq::Options::new().clock(clock.clone()))
+    };
+    let a = Broker::connect_etcd(cluster.endpoints(), "grown", opts()).await.unwrap();
+    let b = Broker::connect_etcd(cluster.endpoints(), "grown", opts()).await.unwrap();
+    assert_eq!(contents(&a).await, before, "the namespace holds what the embedded database held");
+    assert_eq!(contents(&b).await, before);
+    // It goes on there as it would have: the key is remembered across instances, sequences
+    // follow, the paused group stays paused, attempts survive.
+    let orders_b = b.queue("orders").await.unwrap();
+    assert_eq!(
+        orders_b.submit(Message::new("again").idempotency_key("order-9")).await.unwrap(),
+        Sent::Duplicate(Original::Appended(7))
+    );
+    assert_eq!(a.queue("orders").await.unwrap().send("o8").await.unwrap(), 8);
+    assert!(a.stats().await.unwrap().groups.iter().any(|g| g.group == "billing" && g.paused));
+    clock.advance(Duration::from_secs(31));
+    // One job at a time, and the group paused once it has it: nothing else is claimed.
+    let one = b.queue("jobs").await.unwrap().work_group("workers").unwrap().read_batch(1).max_in_flight(1);
+    let mut js = one.subscribe().await.unwrap();
+    let j = next_job(&mut js).await;
+    assert_eq!((j.seq(), j.attempt()), (2, 2), "the failed job's next attempt");
+    b.pause_group("jobs", "workers").await.unwrap();
+    j.fail_durable("still down").await.unwrap();
+    drop(js);
+    b.flush().await.unwrap();
+    let middle = contents(&b).await;
+
+    // And back: an export of the namespace imported into a new embedded database.
+    let back = dir.path().join("back.jsonl");
+    a.export(std::fs::File::create(&back).unwrap()).await.unwrap();
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+    let again = dir.path().join("again");
+    Broker::import(std::fs::File::open(&back).unwrap(), &again).await.unwrap();
+    let embedded = open_clock(&again, &clock).await;
+    assert_eq!(contents(&embedded).await, middle, "back on one machine with the namespace's state");
+    embedded.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_into_etcd_refuses_what_etcd_cannot_hold_and_leaves_the_namespace_empty() {
+    let cluster = etcd::Cluster::start(1).await;
+    let dir = tempdir();
+    let embedded = common::open(&dir.path().join("db")).await;
+    let q = embedded.queue("q").await.unwrap();
+    q.send_batch(["a", "b"]).await.unwrap();
+    q.submit(Message::new("later").deliver_after(Duration::from_secs(60))).await.unwrap();
+    let file = dir.path().join("with-delay.jsonl");
+    embedded.export(std::fs::File::create(&file).unwrap()).await.unwrap();
+    embedded.kv("ks").await.unwrap().put("k", "v").await.unwrap();
+    let with_kv = dir.path().join("with-kv.jsonl");
+    embedded.export(std::fs::File::create(&with_kv).unwrap()).await.unwrap();
+    embedded.shutdown().await.unwrap();
+
+    let mut client = cluster.client().await;
+    let count = |c: &mut etcd_client::Client| {
+        let mut c = c.clone();
+        async move {
+            c.get("refused/", Some(etcd_client::GetOptions::new().with_prefix().with_count_only()))
+                .await
+                .unwrap()
+                .count()
+        }
+    };
+    for f in [&file, &with_kv] {
+        let e = Broker::import_etcd(
+            std::fs::File::open(f).unwrap(),
+            cluster.endpoints(),
+            "refused",
+            EtcdOptions::new(),
+        )
+        .await
+        .unwrap_err();
+        assert!(e.unsupported().is_some_and(|u| u.engine() == "etcd"), "{e}");
+        assert_eq!(count(&mut client).await, 0, "a refused import leaves nothing in the namespace");
+    }
+
+    // A namespace in use is not an import's target.
+    let used = Broker::connect_etcd(cluster.endpoints(), "used", EtcdOptions::new()).await.unwrap();
+    used.queue("x").await.unwrap().send("x").await.unwrap();
+    let small = small_file(dir.path()).await;
+    let e = Broker::import_etcd(
+        std::fs::File::open(&small).unwrap(),
+        cluster.endpoints(),
+        "used",
+        EtcdOptions::new(),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(e, rockq::Error::Invalid { .. }), "{e}");
+    assert_eq!(used.stats().await.unwrap().queues.len(), 1);
+    used.shutdown().await.unwrap();
+
+    // A stopped import's mark: connecting is refused until an import clears it.
+    client.put("stopped/meta/importing", "rockq import", None).await.unwrap();
+    client.put("stopped/q/half", "x", None).await.unwrap();
+    let e = Broker::connect_etcd(cluster.endpoints(), "stopped", EtcdOptions::new()).await.err().unwrap();
+    assert!(e.to_string().contains("import"), "{e}");
+    Broker::import_etcd(
+        std::fs::File::open(&small).unwrap(),
+        cluster.endpoints(),
+        "stopped",
+        EtcdOptions::new(),
+    )
+    .await
+    .unwrap();
+    let b = Broker::connect_etcd(cluster.endpoints(), "stopped", EtcdOptions::new()).await.unwrap();
+    let names: Vec<_> = b.stats().await.unwrap().queues.into_iter().map(|q| (q.name, q.len)).collect();
+    assert_eq!(names, [("s".to_owned(), 2)]);
+    b.shutdown().await.unwrap();
+}
+
+/// An export of one queue `s` with two messages.
+async fn small_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let broker = common::open(&dir.join("small")).await;
+    broker.queue("s").await.unwrap().send_batch(["1", "2"]).await.unwrap();
+    let file = dir.join("small.jsonl");
+    broker.export(std::fs::File::create(&file).unwrap()).await.unwrap();
+    broker.shutdown().await.unwrap();
+    file
+}
