@@ -32,17 +32,7 @@ fn listing(dir: &std::path::Path) -> Vec<(std::ffi::OsString, u64)> {
 async fn contents(
     broker: &Broker,
 ) -> (rockq::Stats, Vec<(u64, u32, Option<String>)>, usize, usize, Option<String>) {
-    let mut stats = broker.stats().await.unwrap();
-    stats.bytes_on_disk = 0;
-    for q in &mut stats.queues {
-        q.oldest_age = None;
-        q.bytes_on_disk = 0;
-        q.bytes = 0;
-    }
-    for g in &mut stats.groups {
-        g.oldest_unacked_age = None;
-        g.in_flight = 0;
-    }
+    let stats = lasting_stats(broker).await;
     let pending = broker
         .pending("jobs", "workers")
         .await

@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use rockq::{Broker, EtcdOptions, ManualClock, Message, Original, Sent};
 
-use common::{HANG_GUARD, open_clock, tempdir};
+use common::{HANG_GUARD, lasting_stats, open_clock, orders_mid_work, tempdir};
 
 async fn next_job(jobs: &mut rockq::WorkSubscription) -> rockq::Job {
     tokio::time::timeout(HANG_GUARD, jobs.next()).await.expect("a job in time").expect("open").expect("a job")
@@ -22,17 +22,7 @@ async fn next_job(jobs: &mut rockq::WorkSubscription) -> rockq::Job {
 
 /// What a broker shows of its state, on either engine.
 async fn contents(broker: &Broker) -> String {
-    let mut stats = broker.stats().await.unwrap();
-    stats.bytes_on_disk = 0;
-    for q in &mut stats.queues {
-        q.oldest_age = None;
-        q.bytes_on_disk = 0;
-        q.bytes = 0;
-    }
-    for g in &mut stats.groups {
-        g.oldest_unacked_age = None;
-        g.in_flight = 0;
-    }
+    let stats = lasting_stats(broker).await;
     let queues: Vec<_> =
         stats.queues.iter().map(|q| (q.name.clone(), q.first_seq, q.last_seq, q.len)).collect();
     let groups: Vec<_> =
@@ -65,19 +55,7 @@ async fn an_etcd_namespace_exported_and_imported_into_an_embedded_database_is_th
         .options(rockq::Options::new().clock(clock.clone()));
     let broker = Broker::connect_etcd(cluster.endpoints(), "moving", opts).await.unwrap();
 
-    let orders = broker.queue("orders").await.unwrap();
-    orders.send_batch((1..=5).map(|i| format!("o{i}"))).await.unwrap();
-    orders.submit(Message::new("keyed").key("customer-7").header("h", &b"\x00\xff"[..])).await.unwrap();
-    assert_eq!(
-        orders.submit(Message::new("charge").idempotency_key("order-9")).await.unwrap(),
-        Sent::Appended(7)
-    );
-    let mut sub = orders.group("billing").unwrap().subscribe().await.unwrap();
-    for _ in 0..2 {
-        tokio::time::timeout(HANG_GUARD, sub.next()).await.unwrap().unwrap().unwrap().ack().unwrap();
-    }
-    sub.commit().await.unwrap();
-    drop(sub);
+    orders_mid_work(&broker).await;
     let trimmed = broker.queue("trimmed").await.unwrap();
     trimmed.send_batch(["t1", "t2", "t3"]).await.unwrap();
     broker.purge_queue("trimmed").await.unwrap();
@@ -157,19 +135,7 @@ async fn a_database_moves_embedded_to_etcd_and_back_with_its_state() {
     let embedded = open_clock(&dir.path().join("one-machine"), &clock).await;
 
     // What a service on one machine has: ordered and work groups in the middle of their work.
-    let orders = embedded.queue("orders").await.unwrap();
-    orders.send_batch((1..=5).map(|i| format!("o{i}"))).await.unwrap();
-    orders.submit(Message::new("keyed").key("customer-7").header("h", &b"\x00\xff"[..])).await.unwrap();
-    assert_eq!(
-        orders.submit(Message::new("charge").idempotency_key("order-9")).await.unwrap(),
-        Sent::Appended(7)
-    );
-    let mut sub = orders.group("billing").unwrap().subscribe().await.unwrap();
-    for _ in 0..2 {
-        tokio::time::timeout(HANG_GUARD, sub.next()).await.unwrap().unwrap().unwrap().ack().unwrap();
-    }
-    sub.commit().await.unwrap();
-    drop(sub);
+    orders_mid_work(&embedded).await;
     embedded.pause_group("orders", "billing").await.unwrap();
     let (js, held) = common::jobs_mid_work(&embedded).await;
     let before = contents(&embedded).await;

@@ -18,17 +18,7 @@ use rockq::{Broker, Error, ManualClock, Message, Original, Sent, Task, TransferP
 /// What a database holds, as its admin API shows it, without what a reopen changes by nature
 /// (ages, byte estimates, in-flight counts).
 async fn contents(broker: &Broker) -> String {
-    let mut stats = broker.stats().await.unwrap();
-    stats.bytes_on_disk = 0;
-    for q in &mut stats.queues {
-        q.oldest_age = None;
-        q.bytes_on_disk = 0;
-        q.bytes = 0;
-    }
-    for g in &mut stats.groups {
-        g.oldest_unacked_age = None;
-        g.in_flight = 0;
-    }
+    let stats = lasting_stats(broker).await;
     let pending: Vec<_> = broker
         .pending("jobs", "workers")
         .await

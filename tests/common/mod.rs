@@ -234,3 +234,40 @@ pub async fn jobs_mid_work(broker: &Broker) -> (rockq::WorkSubscription, rockq::
     assert_eq!(held.seq(), 3);
     (js, held)
 }
+
+/// The broker's stats without what a reopen or a move to another database changes by nature:
+/// ages (the wall clock moves), byte estimates, in-flight counts (leases are a process's own).
+#[allow(dead_code)]
+pub async fn lasting_stats(broker: &Broker) -> rockq::Stats {
+    let mut stats = broker.stats().await.unwrap();
+    stats.bytes_on_disk = 0;
+    for q in &mut stats.queues {
+        q.oldest_age = None;
+        q.bytes_on_disk = 0;
+        q.bytes = 0;
+    }
+    for g in &mut stats.groups {
+        g.oldest_unacked_age = None;
+        g.in_flight = 0;
+    }
+    stats
+}
+
+/// Queue `orders`: five orders, one with an ordering key and a binary header (seq 6), one with
+/// idempotency key `order-9` (seq 7); ordered group `billing` committed at 2.
+#[allow(dead_code)]
+pub async fn orders_mid_work(broker: &Broker) {
+    let orders = broker.queue("orders").await.unwrap();
+    orders.send_batch((1..=5).map(|i| format!("o{i}"))).await.unwrap();
+    orders
+        .submit(rockq::Message::new("keyed").key("customer-7").header("h", &b"\x00\xff"[..]))
+        .await
+        .unwrap();
+    let charged = orders.submit(rockq::Message::new("charge").idempotency_key("order-9")).await.unwrap();
+    assert_eq!(charged, rockq::Sent::Appended(7));
+    let mut sub = orders.group("billing").unwrap().subscribe().await.unwrap();
+    for d in take(&mut sub, 2).await {
+        d.ack().unwrap();
+    }
+    sub.commit().await.unwrap();
+}
