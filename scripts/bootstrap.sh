@@ -49,4 +49,7 @@ if [ -z "${CARGO_TARGET_DIR:-}" ]; then
   export CARGO_TARGET_DIR="${ROCKQ_CACHE_DIR:-$HOME/.cache/rockq}/target"
 fi
 mkdir -p "$CARGO_TARGET_DIR"
+# Old builds of rockq pile up in that shared dir; prune them when the disk runs low.
+source "$(dirname "${BASH_SOURCE[0]}")/prune-cache.sh"
+rockq_prune_cache "$CARGO_TARGET_DIR"
 echo "bootstrap: CARGO_TARGET_DIR=$CARGO_TARGET_DIR" >&2
