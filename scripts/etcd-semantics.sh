@@ -63,6 +63,8 @@ cargo test --features "$features" --test ordered_poison "$@" -- --skip trimmed -
 cargo test --features "$features" --test dlq_redrive "$@" -- --skip a_corrupted_message
 # Operators' actions on one job (retry now, delete, dead-letter).
 cargo test --features "$features" --test job_actions "$@"
+# Where one job stands (Broker::job).
+cargo test --features "$features" --test job_status "$@"
 cargo test --features "$features" --test queue_retention "$@" -- --skip large_consumed_backlog
 # Idempotency keys (not delayed messages: the scheduler is not on etcd yet).
 cargo test --features "$features" --test queue_dedup "$@" -- --skip a_delayed_message

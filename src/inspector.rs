@@ -7,7 +7,7 @@ use crate::clock::Clock;
 use crate::dead_letter::DeadLetter;
 use crate::engine::boundary::ReadOnly;
 use crate::error::Error;
-use crate::stats::{PendingClaim, Stats, StoredMessage};
+use crate::stats::{JobStatus, PendingClaim, Stats, StoredMessage};
 
 /// A read-only view of a rockq database, for inspection tools such as `rockq stats`.
 ///
@@ -127,6 +127,37 @@ impl Inspector {
         let (g, q) = (group.to_owned(), queue.to_owned());
         let now = Clock::tokio().wall_micros();
         self.run(move |s| s.pending(&g, &q, now)).await
+    }
+
+    /// Where job `seq` of work group `group` on `queue` stands, as the database's records say;
+    /// see [`Broker::job`](crate::Broker::job). Read from the records alone, not from the
+    /// running service's memory: a lease shows the deadline its claim record was written with
+    /// (an extension since is not seen), a job never claimed shows as
+    /// [`Queued`](crate::JobState::Queued) even when it waits behind its key, and what the
+    /// service decided but its writer has not written yet shows at its next round. The last
+    /// error is known only while a job waits for its retry.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSuchJob`] if `seq` was never sent; [`Error::NoSuchGroup`] (also for an
+    /// ordered group), [`Error::InvalidName`], [`Error::Corrupt`], [`Error::Storage`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(inspector: rockq::Inspector) -> Result<(), rockq::Error> {
+    /// let job = inspector.job("thumbnails", "resizer", 42).await?;
+    /// println!("#42 {} (attempt {})", job.state.as_str(), job.attempt);
+    /// # Ok(()) }
+    /// ```
+    pub async fn job(&self, queue: &str, group: &str, seq: u64) -> Result<JobStatus, Error> {
+        let (g, q) = (group.to_owned(), queue.to_owned());
+        let now = Clock::tokio().wall_micros();
+        self.run(move |s| s.job(&g, &q, seq, now)).await
     }
 
     /// Up to `limit` messages of `queue` from `from`; see [`Broker::peek`](crate::Broker::peek).

@@ -1,4 +1,4 @@
-//! The one JSON shape of rockq's reports — [`Stats`] and its parts, [`PendingClaim`],
+//! The one JSON shape of rockq's reports — [`Stats`] and its parts, [`PendingClaim`], [`JobStatus`],
 //! [`StoredMessage`], the schedule listings, a [`Retention`] — as `serde::Serialize`
 //! implementations, so the web console's `/api` and `rockq … --json` print the same fields
 //! under the same names. Written by hand rather than derived: durations are seconds
@@ -13,7 +13,9 @@ use serde::ser::{Serialize, SerializeMap, SerializeStruct, Serializer};
 use crate::retention::Retention;
 use crate::retry::RetryPolicy;
 use crate::schedule::{DelayedInfo, Missed, ScheduleInfo};
-use crate::stats::{GroupStats, KeyspaceStats, PendingClaim, QueueStats, Stats, StoredMessage};
+use crate::stats::{
+    GroupStats, JobState, JobStatus, KeyspaceStats, PendingClaim, QueueStats, Stats, StoredMessage,
+};
 
 /// Microseconds since the Unix epoch (0 before it).
 pub(crate) fn micros(t: SystemTime) -> u64 {
@@ -156,6 +158,26 @@ impl Serialize for PendingClaim {
         c.serialize_field("retry_at_micros", &opt_micros(self.retry_at))?;
         c.serialize_field("last_error", &self.last_error)?;
         c.end()
+    }
+}
+
+impl Serialize for JobStatus {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (lease_remaining, due_in) = match self.state {
+            JobState::Leased { lease_remaining } => (Some(lease_remaining), None),
+            JobState::RetryWaiting { due_in } => (None, Some(due_in)),
+            _ => (None, None),
+        };
+        let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+        let mut j = s.serialize_struct("JobStatus", 7)?;
+        j.serialize_field("seq", &self.seq)?;
+        j.serialize_field("state", self.state.as_str())?;
+        j.serialize_field("attempt", &self.attempt)?;
+        j.serialize_field("holder", &self.holder)?;
+        j.serialize_field("lease_remaining_secs", &secs(lease_remaining))?;
+        j.serialize_field("due_in_secs", &secs(due_in))?;
+        j.serialize_field("last_error", &self.last_error)?;
+        j.end()
     }
 }
 

@@ -139,8 +139,8 @@ pub use schedule::ScheduledInfo;
 pub use schedule::{DelayedInfo, Missed, Recurrence, ScheduleInfo};
 pub use sent::{Original, ScheduledMessage, Sent};
 pub use stats::{
-    GroupMode, GroupStats, KeyspaceStats, PendingClaim, PendingState, QueueStats, Stats, StorageStats,
-    StoredMessage, WriterStats,
+    GroupMode, GroupStats, JobState, JobStatus, KeyspaceStats, PendingClaim, PendingState, QueueStats, Stats,
+    StorageStats, StoredMessage, WriterStats,
 };
 pub use tokio_util::sync::CancellationToken;
 pub use txn::task::TaskTx;

@@ -203,6 +203,102 @@ pub struct PendingClaim {
     pub last_error: Option<String>,
 }
 
+/// Where one job of a work group stands. See [`Broker::job`](crate::Broker::job).
+///
+/// A job's id is its message's sequence in its queue (what a [`SendReceipt`](crate::SendReceipt)
+/// resolves to, [`Sent::seq`](crate::Sent::seq), [`Job::seq`](crate::Job::seq) in a handler):
+/// keep it to ask later. A delayed message gets its sequence when it is due.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct JobStatus {
+    /// The job's sequence.
+    pub seq: u64,
+    /// What the group does with it next.
+    pub state: JobState,
+    /// Attempts started so far, counting a running one (0: never claimed). Survives restarts,
+    /// as the claim records do. 0 for a [`Finished`](JobState::Finished) or
+    /// [`Removed`](JobState::Removed) job: its records are gone.
+    pub attempt: u32,
+    /// The error of its last failed attempt, if one failed.
+    pub last_error: Option<String>,
+    /// Who holds (or held, when [`Expired`](JobState::Expired)) its lease, as its claim record
+    /// names it ([`WorkGroup::consumer_name`](crate::WorkGroup::consumer_name)). `None` in other
+    /// states, and for a claim whose record the writer has not written yet (its next round).
+    pub holder: Option<String>,
+}
+
+/// The state in a [`JobStatus`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum JobState {
+    /// Waits to be claimed: never claimed yet, released by its holder, or its retry is due.
+    /// In a group [ordered by key](crate::WorkGroup::ordered_by_key), a job never claimed may
+    /// still wait behind its key once the group reaches it.
+    Queued,
+    /// Waits for an earlier unfinished job with its ordering key
+    /// ([`WorkGroup::ordered_by_key`](crate::WorkGroup::ordered_by_key)).
+    Parked,
+    /// Held under a lease, for `lease_remaining` more (on the broker's clock).
+    Leased {
+        /// Until the lease runs out, unless its holder extends it.
+        lease_remaining: Duration,
+    },
+    /// Its holder's lease ran out before an outcome: claimable again, and the next claim
+    /// starts a new attempt.
+    Expired,
+    /// An attempt failed; it runs again in `due_in` (on the broker's clock).
+    RetryWaiting {
+        /// Until it is claimable again.
+        due_in: Duration,
+    },
+    /// An outcome (ack, retry, dead letter, an operator's action) is on its way to the
+    /// writer: in a moment it is finished or waiting for a retry.
+    Settling,
+    /// The group is done with it: acked, deleted, or dead-lettered (which of them is not
+    /// kept). The group never runs it again, short of a [`reset`](crate::Broker::reset_group).
+    Finished,
+    /// The message is no longer stored: retention or a purge deleted it, after the group
+    /// finished it or before (not told apart). Either way the group never runs it.
+    Removed,
+}
+
+impl JobState {
+    /// `"queued"`, `"parked"`, `"leased"`, `"expired"`, `"retry-waiting"`, `"settling"`,
+    /// `"finished"` or `"removed"`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(rockq::JobState::Queued.as_str(), "queued");
+    /// assert_eq!(rockq::JobState::Finished.as_str(), "finished");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Parked => "parked",
+            JobState::Leased { .. } => "leased",
+            JobState::Expired => "expired",
+            JobState::RetryWaiting { .. } => "retry-waiting",
+            JobState::Settling => "settling",
+            JobState::Finished => "finished",
+            JobState::Removed => "removed",
+        }
+    }
+
+    /// Whether the group will not run it again: [`Finished`](JobState::Finished) or
+    /// [`Removed`](JobState::Removed).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(rockq::JobState::Finished.is_final());
+    /// assert!(!rockq::JobState::Expired.is_final());
+    /// ```
+    pub fn is_final(self) -> bool {
+        matches!(self, JobState::Finished | JobState::Removed)
+    }
+}
+
 /// A stored message, as [`Broker::peek`](crate::Broker::peek) shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

@@ -137,6 +137,21 @@ async fn read_only_commands_inspect_a_database_the_service_holds() {
     assert!(claims[0]["lease_deadline_micros"].as_u64().unwrap() > 0);
     assert!(text(&db, &["pending", "jobs", "workers"]).contains("cli-test"));
 
+    // One job: the held one, and the dead-lettered one (finished for its group).
+    let seq = held.seq().to_string();
+    let job = json(&db, &["job", "jobs", "workers", &seq]);
+    assert_eq!(
+        (job["seq"].as_u64(), job["state"].as_str(), job["attempt"].as_u64(), job["holder"].as_str()),
+        (Some(held.seq()), Some("leased"), Some(1), Some("cli-test")),
+        "{job}"
+    );
+    assert!(job["lease_remaining_secs"].as_f64().unwrap() > 0.0, "{job}");
+    assert!(job["due_in_secs"].is_null(), "{job}");
+    let finished = json(&db, &["job", "jobs", "workers", "1"]);
+    assert_eq!((finished["state"].as_str(), finished["attempt"].as_u64()), (Some("finished"), Some(0)));
+    let table = text(&db, &["job", "jobs", "workers", &seq]);
+    assert!(table.contains("leased") && table.contains("cli-test") && table.contains("lease "), "{table}");
+
     let letters = json(&db, &["dlq", "list", "jobs.dlq"]);
     assert_eq!(letters.as_array().unwrap().len(), 1);
     assert_eq!((letters[0]["queue"].as_str(), letters[0]["seq"].as_u64()), (Some("jobs"), Some(1)));
@@ -355,6 +370,7 @@ fn bad_input_gets_a_clear_error_and_an_exit_code() {
     };
     assert!(err(&["peek", "missing"]).contains("does not exist"));
     assert!(err(&["pending", "orders", "g"]).contains("does not exist"));
+    assert!(err(&["job", "orders", "g", "1"]).contains("does not exist"));
     assert!(err(&["peek", "bad:name"]).contains("allowed are"));
     assert!(err(&["group", "pause", "orders", "g"]).contains("does not exist"));
     for args in [&["group", "reset", "other", "g", "--earliest"][..], &["dlq", "redrive", "other.dlq"]] {

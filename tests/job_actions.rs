@@ -7,33 +7,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{next_job, open_clock, tempdir};
-use rockq::{Broker, ErrorKind, ManualClock, RetryPolicy, WorkGroup};
-
-const LEASE: Duration = Duration::from_secs(30);
-const BACKOFF: Duration = Duration::from_secs(3600);
-
-async fn workers(broker: &Broker) -> WorkGroup {
-    broker
-        .queue("jobs")
-        .await
-        .unwrap()
-        .work_group("workers")
-        .unwrap()
-        .lease(LEASE)
-        .retry_policy(RetryPolicy::default().max_attempts(5).backoff(BACKOFF, BACKOFF).jitter(0.0))
-        .read_batch(1)
-        .max_in_flight(1)
-}
-
-async fn setup(n: u64) -> (tempfile::TempDir, ManualClock, Broker) {
-    let dir = tempdir();
-    let clock = ManualClock::new();
-    let broker = open_clock(dir.path(), &clock).await;
-    let jobs = broker.queue("jobs").await.unwrap();
-    jobs.send_batch((1..=n).map(|i| format!("job {i}"))).await.unwrap();
-    (dir, clock, broker)
-}
+use common::{
+    JOB_BACKOFF as BACKOFF, JOB_LEASE as LEASE, hourly_workers as workers, jobs_setup as setup, next_job,
+    open_clock, tempdir,
+};
+use rockq::{ErrorKind, ManualClock};
 
 fn group(stats: &rockq::Stats) -> &rockq::GroupStats {
     stats.groups.iter().find(|g| g.group == "workers").unwrap()

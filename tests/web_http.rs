@@ -168,6 +168,22 @@ async fn api_json_matches_stats_pending_peek_and_dead_letters() {
     let pending = f.broker.pending("jobs", "workers").await.unwrap();
     assert_eq!(p.as_array().unwrap().len(), pending.len());
     assert_eq!(p[0]["seq"], pending[0].seq);
+    // One job, as Broker::job sees it.
+    let path = format!("/api/queues/jobs/groups/workers/jobs/{}", pending[0].seq);
+    let j: serde_json::Value = serde_json::from_str(&get(&app, &path).await.body).unwrap();
+    let status = f.broker.job("jobs", "workers", pending[0].seq).await.unwrap();
+    assert_eq!(j["seq"], status.seq);
+    assert_eq!(j["state"], status.state.as_str());
+    assert_eq!(j["attempt"], status.attempt);
+    assert_eq!(j["holder"].as_str(), status.holder.as_deref());
+    assert_eq!(j["last_error"].as_str(), status.last_error.as_deref());
+    for (path, code) in [
+        ("/api/queues/jobs/groups/workers/jobs/999", StatusCode::NOT_FOUND),
+        ("/api/queues/jobs/groups/nobody/jobs/1", StatusCode::NOT_FOUND),
+        ("/api/queues/jobs/groups/workers/jobs/-1", StatusCode::BAD_REQUEST),
+    ] {
+        assert_eq!(get(&app, path).await.status, code, "{path}");
+    }
     let m: serde_json::Value =
         serde_json::from_str(&get(&app, "/api/queues/orders/messages?limit=2").await.body).unwrap();
     assert_eq!(m[0]["payload"]["text"], SCRIPT);

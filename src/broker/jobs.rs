@@ -2,6 +2,7 @@
 //! (what the console's per-job buttons call).
 
 use crate::error::{Error, NameKind};
+use crate::stats::JobStatus;
 use crate::work::operator::{self, JobAction};
 
 use super::Broker;
@@ -91,6 +92,90 @@ impl Broker {
         reason: impl Into<String>,
     ) -> Result<(), Error> {
         self.job_action(queue, group, seq, JobAction::DeadLetter(reason.into())).await
+    }
+
+    /// Where job `seq` of work group `group` on `queue` stands: queued, parked behind its key,
+    /// leased (for how long, by whom), expired, waiting for a retry (when, after which error),
+    /// settling, finished, or removed by retention before it ran — with its attempts so far.
+    /// Read from the group's claim index in memory (what claims and outcomes decide, before
+    /// the writer has written it), so it is current, not as of the last write; a lease's
+    /// holder comes from its claim record (one point read). Changes nothing.
+    ///
+    /// A job's id is its message's sequence: what [`Queue::send`](crate::Queue::send)'s
+    /// receipt resolves to. A finished job's outcome (acked, deleted or dead-lettered) is not
+    /// kept: its claim record goes once the group's offset passes it. On etcd the view is this
+    /// process's, kept current by the watch on the group's claim records: another process's
+    /// claim shows once its record is written and watched (milliseconds).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSuchJob`] if `seq` was never sent to `queue`; [`Error::NoSuchGroup`] if
+    /// there is no work group `group` on `queue` (an ordered group has no jobs; on etcd, a group
+    /// another process created after this one connected is not known yet);
+    /// [`Error::GroupDeleted`], [`Error::InvalidName`], [`Error::Shutdown`]; [`Error::Storage`]
+    /// if the holder's record cannot be read.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker, queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use rockq::JobState;
+    /// let id = queue.send("resize image 7").await?;
+    /// // … later, perhaps from an HTTP handler:
+    /// let status = broker.job("images", "resizers", id).await?;
+    /// match status.state {
+    ///     JobState::Leased { lease_remaining } => {
+    ///         println!("attempt {} running on {:?}, {lease_remaining:?} left", status.attempt, status.holder)
+    ///     }
+    ///     JobState::RetryWaiting { due_in } => {
+    ///         println!("failed ({:?}), again in {due_in:?}", status.last_error)
+    ///     }
+    ///     state => println!("{}", state.as_str()),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn job(&self, queue: &str, group: &str, seq: u64) -> Result<JobStatus, Error> {
+        crate::name::validate(NameKind::Queue, queue)?;
+        crate::name::validate(NameKind::Group, group)?;
+        self.shared.job(group, queue, seq).await
+    }
+
+    /// Waits until job `seq` of work group `group` on `queue` is final — finished (acked,
+    /// deleted or dead-lettered) or removed by retention — and returns its [`JobStatus`]. Woken
+    /// when the group's durable offset moves or a finished job is forgotten (once per writer
+    /// round), never polling; a job already final returns at once. "Finished" here means
+    /// durable: the outcome's write has completed.
+    ///
+    /// To wait with a deadline, wrap it in `tokio::time::timeout`. On etcd, another process's
+    /// outcome is seen once the watch delivers it.
+    ///
+    /// # Errors
+    ///
+    /// As for [`job`](Broker::job); [`Error::GroupDeleted`] if the group is deleted while it
+    /// waits; [`Error::Shutdown`] if the broker shuts down first; [`Error::Failed`] if it
+    /// failed closed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only waits and reads.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker, queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let id = queue.send("build report 7").await?;
+    /// let done = broker.wait_job("reports", "builders", id).await?;
+    /// println!("job {id}: {}", done.state.as_str()); // "finished" (or "removed")
+    /// # Ok(()) }
+    /// ```
+    pub async fn wait_job(&self, queue: &str, group: &str, seq: u64) -> Result<JobStatus, Error> {
+        crate::name::validate(NameKind::Queue, queue)?;
+        crate::name::validate(NameKind::Group, group)?;
+        self.shared.wait_job(group, queue, seq).await
     }
 
     async fn job_action(&self, queue: &str, group: &str, seq: u64, action: JobAction) -> Result<(), Error> {

@@ -29,6 +29,7 @@ use super::{inspect, retention};
 use crate::backup::BackupReport;
 use crate::error::{Error, StorageError};
 use crate::message::Message;
+use crate::model::Claim;
 use crate::retention::{ResetTo, TrimReport};
 use crate::schedule::{DelayedInfo, ScheduleInfo};
 use crate::stats::{PendingClaim, Stats, StorageStats, StoredMessage};
@@ -230,6 +231,21 @@ impl Backend {
                 let live = super::figures::live_leases(engine, Some((group, queue)));
                 etcd::inspect::pending(engine, side, group, queue, &live).await
             }),
+        }
+    }
+
+    /// The claim record of `seq` in work group `group` on `queue`, if there is one.
+    pub async fn claim(
+        &self,
+        engine: &Arc<Engine>,
+        runtime: &Handle,
+        group: &str,
+        queue: &str,
+        seq: u64,
+    ) -> Result<Option<Claim>, Error> {
+        match self {
+            Backend::Embedded(store) => inspect::live_claim(engine, store, runtime, group, queue, seq).await,
+            Backend::Etcd(side) => on_etcd!(side => etcd::inspect::claim(side, group, queue, seq).await),
         }
     }
 

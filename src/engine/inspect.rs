@@ -16,7 +16,10 @@ use super::figures::{LiveLeases, live_leases, micros_to_time, pending_claim};
 use crate::error::{CorruptionError, Error, NameKind, StorageError};
 use crate::model::{Claim, GroupMode, GroupSettings, QueueMeta};
 use crate::schedule::{DelayedInfo, ScheduleInfo};
-use crate::stats::{GroupStats, KeyspaceStats, PendingClaim, PendingState, QueueStats, Stats, StoredMessage};
+use crate::stats::{
+    GroupStats, JobState, JobStatus, KeyspaceStats, PendingClaim, PendingState, QueueStats, Stats,
+    StoredMessage,
+};
 use crate::store::{self, LoadedQueue, RawMessage, ReadOutcome, Snapshot, Store};
 
 /// A registry record read for inspection: anything but a storage error is a record that does
@@ -183,6 +186,57 @@ fn pending(
         }
     }
     Ok(out)
+}
+
+/// Where job `seq` of work group `group` on `queue` stands, from the records alone (an
+/// [`Inspector`](crate::Inspector)'s view: no process's memory, so a lease is as its record
+/// says — an extension made since is not seen — and a claim or outcome the writer has not
+/// written yet is not either).
+fn job_on_disk(store: &Store, group: &str, queue: &str, seq: u64, now: u64) -> Result<JobStatus, Error> {
+    crate::name::validate(NameKind::Group, group)?;
+    crate::name::validate(NameKind::Queue, queue)?;
+    let guard = store.lock();
+    let Some(db) = guard.inspect(&store.path) else { return Err(Error::Shutdown) };
+    let no_group = || Error::NoSuchGroup { group: group.to_owned(), queue: queue.to_owned() };
+    let offset = db.offset(group, queue).map_err(Error::from)?.ok_or_else(no_group)?;
+    if offset.mode != GroupMode::WorkQueue {
+        return Err(no_group());
+    }
+    let (meta, last) = db.queue(queue).map_err(from_open)?.ok_or_else(no_group)?;
+    if seq == 0 || seq > last {
+        return Err(Error::NoSuchJob { queue: queue.to_owned(), group: group.to_owned(), seq });
+    }
+    let mut status = JobStatus { seq, state: JobState::Queued, attempt: 0, last_error: None, holder: None };
+    if seq < meta.first_seq {
+        status.state = JobState::Removed;
+        return Ok(status);
+    }
+    if seq <= offset.committed {
+        status.state = JobState::Finished;
+        return Ok(status);
+    }
+    let until = |at: u64| Duration::from_micros(at.saturating_sub(now));
+    match db.claim(group, queue, seq).map_err(Error::from)? {
+        None => {}
+        Some(Claim::Done) => status.state = JobState::Finished,
+        Some(Claim::Leased { attempt, deadline_micros, holder, .. }) => {
+            status.attempt = attempt;
+            status.holder = (!holder.is_empty()).then(|| holder.to_string());
+            status.state = if deadline_micros > now {
+                JobState::Leased { lease_remaining: until(deadline_micros) }
+            } else {
+                JobState::Expired
+            };
+        }
+        Some(Claim::Waiting { attempt, not_before_micros, last_error, .. }) => {
+            status.attempt = attempt;
+            status.last_error = (!last_error.is_empty()).then_some(last_error);
+            if not_before_micros > now {
+                status.state = JobState::RetryWaiting { due_in: until(not_before_micros) };
+            }
+        }
+    }
+    Ok(status)
 }
 
 /// The queue's metadata and last sequence.
@@ -373,6 +427,24 @@ pub(super) async fn live_pending(
     on_store(engine, store, runtime, move |s, now| pending(s, &g, &q, now, Some(&live))).await
 }
 
+/// The claim record of `seq` in work group `group` on `queue`, on a live broker.
+pub(super) async fn live_claim(
+    engine: &Arc<Engine>,
+    store: &Arc<Store>,
+    runtime: &tokio::runtime::Handle,
+    group: &str,
+    queue: &str,
+    seq: u64,
+) -> Result<Option<Claim>, Error> {
+    let (g, q) = (group.to_owned(), queue.to_owned());
+    on_store(engine, store, runtime, move |store, _| {
+        let guard = store.lock();
+        let Some(db) = guard.inspect(&store.path) else { return Err(Error::Shutdown) };
+        db.claim(&g, &q, seq).map_err(Error::from)
+    })
+    .await
+}
+
 /// Up to `limit` stored messages of `queue` from `from`, on a live broker.
 pub(super) async fn live_peek(
     engine: &Arc<Engine>,
@@ -408,6 +480,11 @@ impl ReadOnly {
     /// The pending claims of one work group. Blocking.
     pub fn pending(&self, group: &str, queue: &str, now_micros: u64) -> Result<Vec<PendingClaim>, Error> {
         pending(&self.0, group, queue, now_micros, None)
+    }
+
+    /// Where job `seq` of work group `group` on `queue` stands, as its records say. Blocking.
+    pub fn job(&self, group: &str, queue: &str, seq: u64, now_micros: u64) -> Result<JobStatus, Error> {
+        job_on_disk(&self.0, group, queue, seq, now_micros)
     }
 
     /// Up to `limit` stored messages of `queue` from `from`. Blocking.

@@ -127,6 +127,9 @@ impl Engine {
         for g in self.registry.ordered.iter() {
             g.value().durable_moved.notify_waiters();
         }
+        for g in self.registry.work.iter() {
+            g.value().settled.notify_waiters();
+        }
     }
 
     pub fn mark_dirty(&self, group: Arc<OrderedGroupState>) {

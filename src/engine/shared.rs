@@ -20,10 +20,11 @@ use crate::clock::Clock;
 use crate::error::{Error, NameKind};
 use crate::events::Event;
 use crate::message::Message;
+use crate::model::Claim;
 use crate::options::Options;
 use crate::retention::{ResetTo, TrimReport};
 use crate::schedule::{DelayedInfo, ScheduleInfo};
-use crate::stats::{PendingClaim, Stats, StorageStats, StoredMessage, WriterStats};
+use crate::stats::{JobState, JobStatus, PendingClaim, Stats, StorageStats, StoredMessage, WriterStats};
 use crate::store::{RawEntry, ReadOutcome};
 
 /// The user-side half of the engine: what every public handle holds. Owns the writer's request
@@ -328,6 +329,73 @@ impl Shared {
     pub async fn pending(&self, group: &str, queue: &str) -> Result<Vec<PendingClaim>, Error> {
         self.open_for_reads()?;
         self.backend.pending(&self.engine, &self.runtime, group, queue).await
+    }
+
+    /// Where job `seq` of work group `group` on `queue` stands: this process's view of the
+    /// group (on etcd, with what other processes' records said), and for a lease, its holder
+    /// from the claim record.
+    pub async fn job(&self, group: &str, queue: &str, seq: u64) -> Result<JobStatus, Error> {
+        self.open_for_reads()?;
+        let g = self
+            .work_group(group, queue)
+            .ok_or_else(|| Error::NoSuchGroup { group: group.to_owned(), queue: queue.to_owned() })?;
+        if g.is_deleted() {
+            return Err(Error::GroupDeleted { queue: queue.to_owned(), group: group.to_owned() });
+        }
+        let mut status = g.status(seq, self.clock().now()).ok_or_else(|| Error::NoSuchJob {
+            queue: queue.to_owned(),
+            group: group.to_owned(),
+            seq,
+        })?;
+        if matches!(status.state, JobState::Leased { .. } | JobState::Expired) {
+            let record = self.backend.claim(&self.engine, &self.runtime, group, queue, seq).await?;
+            // Only the record of this attempt names its holder: an older one (the claim's
+            // record not written yet) names the previous attempt's.
+            if let Some(Claim::Leased { attempt, holder, .. }) = record
+                && attempt == status.attempt
+                && !holder.is_empty()
+            {
+                status.holder = Some(holder.to_string());
+            }
+        }
+        Ok(status)
+    }
+
+    /// Waits until job `seq` of work group `group` on `queue` is final (finished or removed)
+    /// and returns its status, woken by the group's `settled` signal: no polling.
+    pub async fn wait_job(&self, group: &str, queue: &str, seq: u64) -> Result<JobStatus, Error> {
+        self.open_for_reads()?;
+        let g = self
+            .work_group(group, queue)
+            .ok_or_else(|| Error::NoSuchGroup { group: group.to_owned(), queue: queue.to_owned() })?;
+        loop {
+            // Registered before the look, so a change between the look and the wait wakes it.
+            let settled = g.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            if g.is_deleted() {
+                return Err(Error::GroupDeleted { queue: queue.to_owned(), group: group.to_owned() });
+            }
+            let status = g.status(seq, self.clock().now()).ok_or_else(|| Error::NoSuchJob {
+                queue: queue.to_owned(),
+                group: group.to_owned(),
+                seq,
+            })?;
+            if status.state.is_final() {
+                return Ok(status);
+            }
+            if self.is_closed() {
+                return Err(Error::Shutdown);
+            }
+            if let Some(failed) = self.failed() {
+                // Failed closed: no outcome becomes durable in this process any more.
+                return Err(Error::Failed(failed));
+            }
+            tokio::select! {
+                _ = settled => {}
+                _ = self.closing.cancelled() => {}
+            }
+        }
     }
 
     /// Up to `limit` stored messages of `queue` from `from`.

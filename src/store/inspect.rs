@@ -102,6 +102,15 @@ impl Snapshot<'_> {
         }
     }
 
+    /// The claim record of `seq` in work-queue group `group` on `queue`, if there is one.
+    pub fn claim(&self, group: &str, queue: &str, seq: u64) -> Result<Option<Claim>, ReadError> {
+        let key = keys::claim_key(&keys::claim_prefix(group, queue), seq);
+        match self.db.get_cf(self.cfs.claims, &key).map_err(storage)? {
+            Some(v) => Ok(Some(records::decode_claim(&key, &v)?)),
+            None => Ok(None),
+        }
+    }
+
     /// The claims of work-queue group `group` on `queue` above sequence `after`, in order.
     pub fn claims_above(&self, group: &str, queue: &str, after: u64) -> Result<Vec<(u64, Claim)>, ReadError> {
         let prefix = keys::claim_prefix(group, queue);

@@ -110,6 +110,22 @@ pub(crate) async fn pending(
     answer(&ctx, r)
 }
 
+/// GET `/api/queues/{queue}/groups/{group}/jobs/{seq}`: where one job of a work group stands
+/// (`Broker::job`; not a redrive job, which is `/api/jobs/{id}`).
+pub(crate) async fn work_job(
+    AxState(st): AxState<Arc<State>>,
+    ctx: Ctx,
+    Path((q, g, seq)): Path<(String, String, String)>,
+) -> Response {
+    let r = async {
+        let (q, g) = (input::name("queue", &q)?, input::name("group", &g)?);
+        let seq = input::seq("job", &seq)?;
+        Ok(to_json(&st.source.job(q, g, seq).await?))
+    }
+    .await;
+    answer(&ctx, r)
+}
+
 /// GET `/api/dlq/{queue}?limit=`.
 pub(crate) async fn dead_letters(
     AxState(st): AxState<Arc<State>>,

@@ -31,7 +31,7 @@
 //! | POST | `/dlq/{queue}/redrive`, `/trim` | redrive, retention pass |
 //! | GET | `/metrics` | Prometheus text |
 //! | GET | `/favicon.ico` | the console's icon (open, like `/login`) |
-//! | GET | `/api/stats`, `/api/history`, `/api/queues/{queue}/messages`, `/api/queues/{queue}/groups/{group}/pending`, `/api/dlq/{queue}`, `/api/jobs/{id}` | JSON |
+//! | GET | `/api/stats`, `/api/history`, `/api/queues/{queue}/messages`, `/api/queues/{queue}/groups/{group}/pending`, `/api/queues/{queue}/groups/{group}/jobs/{seq}`, `/api/dlq/{queue}`, `/api/jobs/{id}` | JSON |
 //! | POST | `/api/groups/{queue}/{group}/pause`, `/resume`, `/reset`, `/api/dlq/{queue}/redrive`, `/api/trim` | JSON actions (bearer token) |
 
 mod actions;

@@ -73,6 +73,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/api/history", get(api::history))
         .route("/api/queues/{queue}/messages", get(api::messages))
         .route("/api/queues/{queue}/groups/{group}/pending", get(api::pending))
+        .route("/api/queues/{queue}/groups/{group}/jobs/{seq}", get(api::work_job))
         .route("/api/dlq/{queue}", get(api::dead_letters))
         .route("/api/jobs/{id}", get(api::job))
         .route("/api/groups/{queue}/{group}/pause", action(actions::pause))

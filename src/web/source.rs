@@ -16,7 +16,7 @@ use crate::broker::Broker;
 use crate::dead_letter::DeadLetter;
 use crate::inspector::Inspector;
 use crate::schedule::{DelayedInfo, ScheduleInfo};
-use crate::stats::{GroupStats, PendingClaim, QueueStats, Stats, StoredMessage};
+use crate::stats::{GroupStats, JobStatus, PendingClaim, QueueStats, Stats, StoredMessage};
 
 /// How stale the read-only view may get before it is reopened.
 const INSPECTOR_MAX_AGE: Duration = Duration::from_secs(1);
@@ -74,6 +74,16 @@ impl Source {
             Source::ReadOnly { .. } => match self.inspector().await? {
                 Some(i) => Ok(i.pending(queue, group).await?),
                 None => Ok(Vec::new()),
+            },
+        }
+    }
+
+    pub(crate) async fn job(&self, queue: &str, group: &str, seq: u64) -> Result<JobStatus, Failure> {
+        match self {
+            Source::Broker(b) => Ok(b.job(queue, group, seq).await?),
+            Source::ReadOnly { .. } => match self.inspector().await? {
+                Some(i) => Ok(i.job(queue, group, seq).await?),
+                None => Err(Failure::not_found(format!("no job {seq}: the database does not exist yet"))),
             },
         }
     }

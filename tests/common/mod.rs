@@ -271,3 +271,33 @@ pub async fn orders_mid_work(broker: &Broker) {
     }
     sub.commit().await.unwrap();
 }
+
+/// The job-lookup tests' work group: "workers" on "jobs", a 30 s lease ([`JOB_LEASE`]), five
+/// attempts an hour apart ([`JOB_BACKOFF`], no jitter), one job at a time.
+pub async fn hourly_workers(broker: &Broker) -> rockq::WorkGroup {
+    broker
+        .queue("jobs")
+        .await
+        .unwrap()
+        .work_group("workers")
+        .unwrap()
+        .lease(JOB_LEASE)
+        .retry_policy(
+            rockq::RetryPolicy::default().max_attempts(5).backoff(JOB_BACKOFF, JOB_BACKOFF).jitter(0.0),
+        )
+        .read_batch(1)
+        .max_in_flight(1)
+}
+
+pub const JOB_LEASE: Duration = Duration::from_secs(30);
+pub const JOB_BACKOFF: Duration = Duration::from_secs(3600);
+
+/// A broker on a fresh `ManualClock` with `n` messages ("job 1" …) in queue "jobs".
+pub async fn jobs_setup(n: u64) -> (tempfile::TempDir, rockq::ManualClock, Broker) {
+    let dir = tempdir();
+    let clock = rockq::ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let jobs = broker.queue("jobs").await.unwrap();
+    jobs.send_batch((1..=n).map(|i| format!("job {i}"))).await.unwrap();
+    (dir, clock, broker)
+}

@@ -57,6 +57,16 @@ pub enum Command {
         /// The group.
         group: String,
     },
+    /// Where one job of a work-queue group stands: state, attempt, holder, time left, last
+    /// error (as the database's records say).
+    Job {
+        /// The queue.
+        queue: String,
+        /// The group.
+        group: String,
+        /// The job's sequence (what its send returned).
+        seq: u64,
+    },
     /// Dead-letter queues.
     #[command(subcommand)]
     Dlq(Dlq),

@@ -1,6 +1,6 @@
 //! `rockq`: inspect and operate a rockq database from the shell.
 //!
-//! Read-only commands (`stats`, `groups`, `peek`, `pending`, `scheduled`, `schedules`,
+//! Read-only commands (`stats`, `groups`, `peek`, `pending`, `job`, `scheduled`, `schedules`,
 //! `dlq list`, `dlq peek`) open the database read-only, which takes no lock: they work while the service runs. Commands that
 //! change it (`dlq redrive`, `group reset|pause|resume`, `trim`, `delete-queue`, `purge`,
 //! `delete-group`), `backup` and `export` need it to themselves and fail with exit code 3 while another process holds

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use indicatif::ProgressBar;
 
 use crate::format::progress;
-use rockq::{Broker, Inspector, ResetTo};
+use rockq::{Broker, Inspector, JobState, ResetTo};
 use serde_json::json;
 
 use crate::args::{Cli, Command, Dlq, Group, ResetTarget};
@@ -24,6 +24,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         }
         Command::Schedules => schedules(&inspect(db).await?, json).await,
         Command::Pending { group, queue } => pending(&inspect(db).await?, json, &group, &queue).await,
+        Command::Job { queue, group, seq } => job(&inspect(db).await?, json, &queue, &group, seq).await,
         Command::Dlq(Dlq::List { dlq, limit }) => dlq_list(&inspect(db).await?, json, &dlq, limit).await,
         Command::Dlq(Dlq::Peek { dlq }) => dlq_peek(&inspect(db).await?, json, &dlq).await,
         Command::Dlq(Dlq::Redrive { ref dlq, ref to, limit, rate }) => {
@@ -254,6 +255,29 @@ async fn pending(inspector: &Inspector, json: bool, group: &str, queue: &str) ->
         })
         .collect();
     table(&["SEQ", "STATE", "ATTEMPT", "HOLDER", "UNTIL", "LAST ERROR"], &rows);
+    Ok(())
+}
+
+async fn job(inspector: &Inspector, json: bool, queue: &str, group: &str, seq: u64) -> Result<()> {
+    let job = inspector.job(queue, group, seq).await?;
+    if json {
+        print_json(&json!(job));
+        return Ok(());
+    }
+    let time_left = match job.state {
+        JobState::Leased { lease_remaining } => format!("lease {:.1}s", lease_remaining.as_secs_f64()),
+        JobState::RetryWaiting { due_in } => format!("retry in {:.1}s", due_in.as_secs_f64()),
+        _ => "-".into(),
+    };
+    let row = vec![
+        job.seq.to_string(),
+        job.state.as_str().to_owned(),
+        job.attempt.to_string(),
+        job.holder.clone().unwrap_or_else(|| "-".into()),
+        time_left,
+        job.last_error.as_deref().map_or_else(|| "-".into(), |e| format::payload(e.as_bytes(), 50)),
+    ];
+    table(&["SEQ", "STATE", "ATTEMPT", "HOLDER", "UNTIL", "LAST ERROR"], &[row]);
     Ok(())
 }
 

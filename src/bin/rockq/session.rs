@@ -49,7 +49,7 @@ fn open_failure(db: &Path, e: Error, what: &str) -> Failure {
             message: format!(
                 "database {} is locked by another process. `rockq {what}` changes the database and needs it to \
                  itself: stop the service first, or call the library from it. Read-only commands (stats, groups, \
-                 peek, scheduled, schedules, pending, dlq list, dlq peek) work while it runs.",
+                 peek, scheduled, schedules, pending, job, dlq list, dlq peek) work while it runs.",
                 db.display()
             ),
             code: LOCKED,

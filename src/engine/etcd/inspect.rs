@@ -8,7 +8,7 @@ use super::side::{EtcdSide, retrying};
 use crate::engine::Engine;
 use crate::engine::figures::{LiveLeases, micros_to_time, pending_claim};
 use crate::error::{Error, NameKind};
-use crate::model::GroupMode;
+use crate::model::{Claim, GroupMode};
 use crate::stats::{PendingClaim, StoredMessage};
 use crate::store::etcd::decode_envelope;
 
@@ -34,6 +34,17 @@ pub(crate) async fn pending(
     let now = engine.clock().wall_micros();
     let live = live.get(&(group.to_owned(), queue.to_owned()));
     Ok(records.into_iter().filter_map(|r| pending_claim(r.seq, r.claim, now, live)).collect())
+}
+
+/// The claim record of `seq` in work group `group` on `queue`, if there is one.
+pub(crate) async fn claim(
+    side: &EtcdSide,
+    group: &str,
+    queue: &str,
+    seq: u64,
+) -> Result<Option<Claim>, Error> {
+    let t = side.settings.request_timeout;
+    Ok(retrying(t, || side.store.claim(group, queue, seq)).await?)
 }
 
 /// Up to `limit` stored messages of `queue` from `from` (default: the first live one).

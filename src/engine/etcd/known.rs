@@ -122,6 +122,7 @@ impl Known {
         // A reset may go backwards: store, not max.
         g.durable.store(offset, Ordering::SeqCst);
         g.changed.notify_waiters();
+        g.settled.notify_waiters();
         true
     }
 
@@ -138,6 +139,7 @@ impl Known {
         let before = g.durable.fetch_max(offset, Ordering::SeqCst);
         if offset > before {
             g.changed.notify_waiters();
+            g.settled.notify_waiters();
         }
     }
 }

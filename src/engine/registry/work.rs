@@ -24,6 +24,7 @@ use crate::clock::Clock;
 use crate::events::Event;
 use crate::model::Claim;
 use crate::model::WorkSettings;
+use crate::stats::{JobState, JobStatus};
 use crate::store::GroupKeys;
 
 /// One work-queue group on one queue.
@@ -37,6 +38,10 @@ pub(crate) struct WorkGroupState {
     dispatch: Mutex<Dispatch>,
     /// Signalled when something may have become claimable (a release, a new retry time).
     pub changed: Notify,
+    /// Signalled when a job may have become final (the durable offset moved, a finished job
+    /// was forgotten, retention skipped ahead, a reset): what `Broker::wait_job` waits on. Once
+    /// per group per writer round, not per job.
+    pub settled: Notify,
     /// Writer-only: the offset and finished sequences above it.
     pub progress: Mutex<Progress>,
     next_token: AtomicU64,
@@ -192,6 +197,7 @@ impl WorkGroupState {
             durable: AtomicU64::new(committed),
             dispatch: Mutex::new(Dispatch::new(committed + 1)),
             changed: Notify::new(),
+            settled: Notify::new(),
             progress: Mutex::new(Progress { offset: committed, done: Finished::new(committed + 1) }),
             next_token: AtomicU64::new(seed),
             queued_acks: Mutex::new(Vec::new()),
@@ -276,6 +282,7 @@ impl WorkGroupState {
     pub fn mark_deleted(&self) {
         self.deleted.store(true, Ordering::Release);
         self.changed.notify_waiters();
+        self.settled.notify_waiters();
         self.queue.poke();
     }
 
@@ -502,6 +509,51 @@ impl WorkGroupState {
         }
     }
 
+    /// Where `seq` stands in this process's view (`Broker::job`), read under the dispatch lock
+    /// and changing nothing; `None` if it was never sent. On the etcd engine the view includes
+    /// what other processes' claim records said, as the watch delivered them. The holder is left
+    /// for the caller (it is in the claim record, not in memory).
+    pub fn status(&self, seq: u64, now: Instant) -> Option<JobStatus> {
+        let d = self.dispatch();
+        if seq == 0 || seq > self.queue.last_seq() {
+            return None;
+        }
+        let of = |state: JobState, attempt: u32, last_error: &str| JobStatus {
+            seq,
+            state,
+            attempt,
+            last_error: (!last_error.is_empty()).then(|| last_error.to_owned()),
+            holder: None,
+        };
+        // Retention's trim moves the group's offset over what it deleted, so the offset cannot
+        // tell a finished job from a deleted one: the queue's head is asked first.
+        if seq < self.queue.first_seq.load(Ordering::Acquire) {
+            return Some(of(JobState::Removed, 0, ""));
+        }
+        if seq <= self.durable.load(Ordering::Acquire) {
+            return Some(of(JobState::Finished, 0, ""));
+        }
+        let Some(slot) = d.get(seq) else {
+            // Below the frontier without a slot: claimed and finished, its offset move not
+            // durable yet. From the frontier on: never claimed.
+            let state = if seq < d.frontier { JobState::Finished } else { JobState::Queued };
+            return Some(of(state, 0, ""));
+        };
+        let state = match slot.state {
+            SlotState::Available if slot.expired => JobState::Expired,
+            SlotState::Available => JobState::Queued,
+            SlotState::Parked => JobState::Parked,
+            SlotState::Settling => JobState::Settling,
+            SlotState::Leased { deadline, .. } if deadline > now => {
+                JobState::Leased { lease_remaining: deadline - now }
+            }
+            SlotState::Leased { .. } => JobState::Expired,
+            SlotState::Waiting { due } if due > now => JobState::RetryWaiting { due_in: due - now },
+            SlotState::Waiting { .. } => JobState::Queued,
+        };
+        Some(of(state, slot.attempt, &slot.last_error))
+    }
+
     /// Starts settling `seq` for the holder of `token`: fails if the lease expired or the
     /// message was claimed again since.
     pub fn begin_settle(&self, seq: u64, token: u64, now: Instant) -> Result<(), Lost> {
@@ -659,6 +711,7 @@ impl WorkGroupState {
         if promoted {
             self.changed.notify_waiters();
         }
+        self.settled.notify_waiters();
     }
 
     /// Writer only, when it applies a reset to `offset`: every claim is forgotten, claiming
@@ -673,12 +726,14 @@ impl WorkGroupState {
         drop(d);
         drop(self.take_queued_acks());
         self.changed.notify_waiters();
+        self.settled.notify_waiters();
     }
 
     /// Retention deleted everything up to `to`: forget it and never claim it.
     pub fn skip_to(&self, to: u64) {
         self.dispatch().drop_through(to);
         self.changed.notify_waiters();
+        self.settled.notify_waiters();
     }
 
     /// Counts and reports a subscription or pool that stayed at its bound of `max` too long.
@@ -749,6 +804,7 @@ impl WorkGroupState {
                 Claim::Done => {
                     p.finish(seq);
                     d.remove(seq);
+                    self.settled.notify_waiters();
                 }
                 Claim::Leased { attempt, deadline_micros, .. } => {
                     let deadline = clock.instant_at_wall(*deadline_micros);
@@ -784,6 +840,7 @@ impl WorkGroupState {
             d.remove(seq);
         }
         self.changed.notify_waiters();
+        self.settled.notify_waiters();
     }
 
     /// The etcd engine: whether `seq` is still leased to the holder of `token` (nothing learned

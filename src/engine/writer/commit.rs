@@ -138,7 +138,9 @@ pub(super) fn complete(engine: &Engine, c: Completions) {
         telemetry::produced(&q.name, n);
     }
     for (g, offset) in c.work_durable {
-        g.durable.fetch_max(offset, Ordering::SeqCst);
+        if offset > g.durable.fetch_max(offset, Ordering::SeqCst) {
+            g.settled.notify_waiters();
+        }
     }
     for (g, seqs) in c.work_finished {
         g.finished(&seqs);

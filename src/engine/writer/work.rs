@@ -513,6 +513,7 @@ fn reset(r: &mut Round<'_>, group: Arc<WorkGroupState>, offset: u64, reply: Repl
         if res.is_ok() {
             // A reset may go backwards: store, not max.
             group.durable.store(offset, Ordering::SeqCst);
+            group.settled.notify_waiters();
         }
         let _ = reply.send(res.map_err(|e| Error::Storage(e.clone())));
     });

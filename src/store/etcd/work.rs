@@ -301,6 +301,13 @@ impl EtcdStore {
         self.watch_events(prefix, opts, decode).await
     }
 
+    /// The claim record of `seq` in work group `group` on `queue`, if there is one.
+    pub async fn claim(&self, group: &str, queue: &str, seq: u64) -> Result<Option<Claim>, StorageError> {
+        let key = keys::claim_key(&self.claims_prefix(group, queue), seq);
+        let got = self.kv().get(key, None).await?;
+        got.kvs().first().map(|kv| records::decode_claim(kv.key(), kv.value()).map_err(corrupt)).transpose()
+    }
+
     /// The message at `seq` of queue `qid`, if stored.
     pub async fn message(&self, qid: u32, seq: u64) -> Result<Option<Vec<u8>>, StorageError> {
         let got = self.kv().get(self.message_key(qid, seq), None).await?;
