@@ -326,6 +326,23 @@ async fn pages(b: &Browser, base: &str, f: &console::Fixture) -> PathBuf {
     }
     b.screenshot("group-workers").await;
 
+    // Find a job: typed into the form, shown as Broker::job tells it.
+    let leased = pending.iter().find(|c| c.state == rockq::PendingState::Leased).expect("a leased claim");
+    b.type_into("form.find-job input[name=job]", &leased.seq.to_string()).await;
+    b.click_to("#find-job", "/groups/jobs/workers").await;
+    let job = f.broker.job("jobs", "workers", leased.seq).await.unwrap();
+    let rows = b.table("job").await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(
+        (num(&rows[0]["seq"]), num(&rows[0]["state"]), num(&rows[0]["holder"])),
+        (
+            leased.seq.to_string(),
+            job.state.as_str().to_owned(),
+            job.holder.clone().unwrap_or_else(|| "-".into())
+        )
+    );
+    b.screenshot("group-find-job").await;
+
     // Retry now, by its button: due at once.
     b.click_to("#retry-3", "/groups/jobs/workers").await;
     let p = f.broker.pending("jobs", "workers").await.unwrap();

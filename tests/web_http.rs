@@ -132,6 +132,27 @@ async fn queue_page_lists_pending_claims_as_broker_pending_does() {
     }
     assert!(rows.iter().any(|r| r["holder"] == "host-a/1" && r["lease-deadline"] != "-"));
     assert!(rows.iter().any(|r| r["state"] == "retrying" && r["retry-at"] != "-"));
+
+    // One job looked up on the page: what Broker::job says, for each claimed one.
+    assert!(page.body.contains(r#"<form class="find-job" method="get""#));
+    for c in &pending {
+        let page = get(&app, &format!("/groups/jobs/workers?job={}", c.seq)).await;
+        let job = f.broker.job("jobs", "workers", c.seq).await.unwrap();
+        let rows = table(&page.body, "job");
+        assert_eq!(rows.len(), 1, "{}", page.body);
+        assert_eq!(
+            (rows[0]["seq"].as_str(), rows[0]["state"].as_str(), rows[0]["attempt"].clone()),
+            (c.seq.to_string().as_str(), job.state.as_str(), job.attempt.to_string())
+        );
+        assert_eq!(rows[0]["holder"], job.holder.clone().unwrap_or_else(|| "-".into()));
+        assert_eq!(rows[0]["last-error"], job.last_error.clone().unwrap_or_else(|| "-".into()));
+        assert_ne!(rows[0]["time-left"], "-", "a leased or retrying job has a time left");
+    }
+    // A job never sent is said on the page; a malformed one is a 400.
+    let page = get(&app, "/groups/jobs/workers?job=999").await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.contains(r#"id="job-missing""#) && page.body.contains("999"), "{}", page.body);
+    assert_eq!(get(&app, "/groups/jobs/workers?job=x1").await.status, StatusCode::BAD_REQUEST);
     drop(f.held);
     // Closed before the test ends: a broker dropped as the binary exits would race
     // RocksDB's own teardown ("pthread lock: Invalid argument").

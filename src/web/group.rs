@@ -1,13 +1,15 @@
 //! A group's own page: its figures and problems, stored settings, chart, the claims of a
-//! work group (attempts, holders, deadlines, last errors, with expired leases marked) and the
-//! most frequent last errors; for an operator, pause or resume, reset and delete.
+//! work group (attempts, holders, deadlines, last errors, with expired leases marked), one job
+//! looked up by its sequence (`?job=N`: where it stands, as `Broker::job` tells) and the most
+//! frequent last errors; for an operator, pause or resume, reset and delete.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use axum::extract::{Path, State as AxState};
+use axum::extract::{Path, Query, State as AxState};
+use axum::http::StatusCode;
 use axum::response::Response;
 
 use super::ctx::Ctx;
@@ -17,7 +19,7 @@ use super::html::{self, esc};
 use super::input;
 use super::state::State;
 use super::tables::{self, GROUP_HEADERS};
-use crate::stats::{GroupMode, PendingState};
+use crate::stats::{GroupMode, JobState, PendingState};
 
 /// Claims listed on the page (the JSON lists all).
 const MAX_CLAIMS: usize = 200;
@@ -36,11 +38,58 @@ pub(crate) async fn page(
     AxState(st): AxState<Arc<State>>,
     ctx: Ctx,
     Path((queue, group)): Path<(String, String)>,
+    Query(p): Query<HashMap<String, String>>,
 ) -> Response {
-    ctx.render(render(&st, &ctx, &queue, &group).await)
+    ctx.render(render(&st, &ctx, &queue, &group, p.get("job").map(String::as_str)).await)
 }
 
-async fn render(st: &State, ctx: &Ctx, queue: &str, group: &str) -> Result<Response, Failure> {
+/// The "Find a job" form, and the job asked for (`job`: its sequence as typed) if any: a job
+/// that does not exist is said on the page, not as an error page.
+async fn find_job(st: &State, b: &str, q: &str, g: &str, job: Option<&str>) -> Result<String, Failure> {
+    let (qn, gn) = (esc(q), esc(g));
+    let asked = job.map(str::trim).filter(|j| !j.is_empty());
+    let mut out = format!(
+        r#"<h2>Find a job</h2><form class="find-job" method="get" action="{b}/groups/{qn}/{gn}"><input name="job" placeholder="sequence" value="{v}"> <button id="find-job">Find</button></form>"#,
+        v = esc(asked.unwrap_or("")),
+    );
+    let Some(asked) = asked else { return Ok(out) };
+    let seq = input::seq("job", asked)?;
+    let job = match st.source.job(q, g, seq).await {
+        Ok(job) => job,
+        Err(f) if f.status == StatusCode::NOT_FOUND => {
+            let _ = write!(out, r#"<p class="summary bad" id="job-missing">{}</p>"#, esc(&f.message));
+            return Ok(out);
+        }
+        Err(f) => return Err(f),
+    };
+    let time_left = match job.state {
+        JobState::Leased { lease_remaining } => format!("lease ends in {}", html::duration(lease_remaining)),
+        JobState::RetryWaiting { due_in } => format!("retry in {}", html::duration(due_in)),
+        _ => "-".into(),
+    };
+    let row = vec![
+        format!(r#"<a href="{b}/queues/{qn}?order=oldest&from={seq}&limit=1">{seq}</a>"#),
+        format!(r#"<span class="state {0}">{0}</span>"#, job.state.as_str()),
+        job.attempt.to_string(),
+        esc(job.holder.as_deref().unwrap_or("-")),
+        time_left,
+        esc(job.last_error.as_deref().unwrap_or("-")),
+    ];
+    out.push_str(&html::table(
+        "job",
+        &["Seq", "State", "Attempt", "Holder", "Time left", "Last error"],
+        &[row],
+    ));
+    Ok(out)
+}
+
+async fn render(
+    st: &State,
+    ctx: &Ctx,
+    queue: &str,
+    group: &str,
+    job: Option<&str>,
+) -> Result<Response, Failure> {
     let (q, g) = (input::name("queue", queue)?, input::name("group", group)?);
     let stats = st.source.stats().await?;
     let gs = super::source::group_in(&stats, q, g)?;
@@ -81,6 +130,7 @@ async fn render(st: &State, ctx: &Ctx, queue: &str, group: &str) -> Result<Respo
     body.push_str(&super::charts::render(st, &stats, Some(q), Some(g)));
 
     if gs.mode == GroupMode::WorkQueue {
+        body.push_str(&find_job(st, &b, q, g, job).await?);
         let claims = st.source.pending(q, g).await?;
         let count = |s: PendingState| claims.iter().filter(|c| c.state == s).count();
         let _ = write!(

@@ -24,6 +24,7 @@
 //! |---|---|---|
 //! | GET | `/` | overview: queues, groups, charts (auto-refresh) |
 //! | GET | `/queues/{queue}` | messages (`?from=&limit=&view=text\|json\|hex`), pending claims, actions |
+//! | GET | `/groups/{queue}/{group}` | a group: settings, claims, one job (`?job=N`), actions |
 //! | GET | `/dlq/{queue}` | dead letters, redrive form |
 //! | GET | `/jobs/{id}` | a redrive's progress |
 //! | GET, POST | `/login`, POST `/logout` | browser session |
