@@ -231,7 +231,9 @@ pub struct JobStatus {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum JobState {
-    /// Waits to be claimed: never claimed yet, released by its holder, or its retry is due.
+    /// Waits to be claimed: never claimed yet, released by its holder, its retry is due, or
+    /// its lease was held when the process stopped (a restart voids every lease; the attempt
+    /// stays counted).
     /// In a group [ordered by key](crate::WorkGroup::ordered_by_key), a job never claimed may
     /// still wait behind its key once the group reaches it.
     Queued,
@@ -255,7 +257,8 @@ pub enum JobState {
     /// writer: in a moment it is finished or waiting for a retry.
     Settling,
     /// The group is done with it: acked, deleted, or dead-lettered (which of them is not
-    /// kept). The group never runs it again, short of a [`reset`](crate::Broker::reset_group).
+    /// kept), or a [`reset`](crate::Broker::reset_group) moved the group past it. The group
+    /// never runs it again, short of a reset back.
     Finished,
     /// The message is no longer stored: retention or a purge deleted it, after the group
     /// finished it or before (not told apart). Either way the group never runs it.

@@ -780,3 +780,64 @@ async fn a_sigkilled_process_s_leased_jobs_go_to_the_other_process_once_their_le
     assert_eq!(committed(&s, "w"), 20);
     broker.shutdown().await.unwrap();
 }
+
+/// Where a job stands and waiting for it, across processes: one broker's lookup sees another's
+/// lease (with its holder) and its ack; a wait in one broker ends when the other acks the job,
+/// or when the other trims it away before anyone claimed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_looked_up_and_waited_for_in_one_broker_follows_what_another_does() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let a = connect(&cluster, "status", &clock).await;
+    let b = connect(&cluster, "status", &clock).await;
+    let q = a.queue("jobs").await.unwrap();
+    q.send_batch(["j1", "j2", "j3"]).await.unwrap();
+    let group = |broker: &Broker| {
+        let broker = broker.clone();
+        async move {
+            let q = broker.queue("jobs").await.unwrap();
+            q.work_group("workers").unwrap().consumer_name("host-a").read_batch(1).max_in_flight(1)
+        }
+    };
+    let mut sub_a = group(&a).await.subscribe().await.unwrap();
+    let sub_b = group(&b).await.subscribe().await.unwrap(); // loads the group in b
+    let job = next(&mut sub_a).await;
+    assert_eq!(job.seq(), 1);
+    a.flush().await.unwrap();
+    // b sees a's lease once its record is watched.
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    let seen = loop {
+        let s = b.job("jobs", "workers", 1).await.unwrap();
+        if matches!(s.state, rockq::JobState::Leased { .. }) && s.holder.is_some() {
+            break s;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "b never saw a's lease: {s:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!((seen.attempt, seen.holder.as_deref()), (1, Some("host-a")));
+
+    // A wait in b ends when a acks.
+    let wait = tokio::spawn({
+        let b = b.clone();
+        async move { b.wait_job("jobs", "workers", 1).await }
+    });
+    job.ack_durable().await.unwrap();
+    let done =
+        tokio::time::timeout(HANG_GUARD, wait).await.expect("b's wait was not woken").unwrap().unwrap();
+    assert_eq!(done.state, rockq::JobState::Finished);
+
+    // A wait in b on a job nobody claimed ends when a's retention deletes it.
+    drop(sub_a);
+    let wait = tokio::spawn({
+        let b = b.clone();
+        async move { b.wait_job("jobs", "workers", 2).await }
+    });
+    q.set_retention(rockq::Retention::MaxLen(1)).await.unwrap();
+    assert_eq!(a.trim().await.unwrap().deleted, 2);
+    let gone =
+        tokio::time::timeout(HANG_GUARD, wait).await.expect("b's wait was not woken").unwrap().unwrap();
+    assert_eq!(gone.state, rockq::JobState::Removed);
+    drop(sub_b);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}

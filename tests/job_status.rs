@@ -283,3 +283,35 @@ async fn a_wait_ends_with_a_dead_letter_a_removal_a_deletion_or_the_shutdown() {
     let e = broker.wait_job("jobs", "workers", 3).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Shutdown);
 }
+
+#[tokio::test]
+async fn a_wait_ends_as_the_shutdown_starts_not_after_the_pools_drained() {
+    let (_dir, _clock, broker) = setup(1).await;
+    // A handler that holds its job until the test lets it go: the shutdown's drain waits for it.
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
+    let release = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let gate = release.clone();
+    let _pool = workers(&broker).await.workers(1).spawn(move |task: rockq::Task| {
+        let (started_tx, gate) = (started_tx.clone(), gate.clone());
+        async move {
+            let _ = started_tx.send(task.seq());
+            let _permit = gate.acquire().await;
+            Ok(())
+        }
+    });
+    assert_eq!(tokio::time::timeout(common::HANG_GUARD, started.recv()).await.unwrap(), Some(1));
+    let wait = broker.wait_job("jobs", "workers", 1);
+    // One task polls both (current-thread runtime): the wait must give up as the shutdown
+    // starts, so that the shutdown gets polled again and the handler is let go.
+    let (stopped, waited) = tokio::time::timeout(common::HANG_GUARD, async {
+        tokio::join!(broker.shutdown(), async {
+            let r = wait.await;
+            release.add_permits(1);
+            r
+        })
+    })
+    .await
+    .expect("the wait held the shutdown up");
+    stopped.unwrap();
+    assert_eq!(waited.unwrap_err().kind(), ErrorKind::Shutdown);
+}

@@ -155,9 +155,10 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// As for [`job`](Broker::job); [`Error::GroupDeleted`] if the group is deleted while it
-    /// waits; [`Error::Shutdown`] if the broker shuts down first; [`Error::Failed`] if it
-    /// failed closed.
+    /// As for [`job`](Broker::job) (on etcd, a group this process has not loaded is
+    /// [`Error::NoSuchGroup`]); [`Error::GroupDeleted`] if the group is deleted while it waits;
+    /// [`Error::Shutdown`] as soon as the broker starts shutting down (it does not wait for the
+    /// pools' drain); [`Error::Failed`] if it failed closed.
     ///
     /// # Cancel safety
     ///

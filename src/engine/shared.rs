@@ -384,7 +384,10 @@ impl Shared {
             if status.state.is_final() {
                 return Ok(status);
             }
-            if self.is_closed() {
+            // From the moment a shutdown starts (`closing`), not when it ends (`closed`): the
+            // shutdown waits for worker pools to drain first, and a wait polled beside it (one
+            // task, `join!`) must not keep it from getting there.
+            if self.is_closed() || self.closing.is_cancelled() {
                 return Err(Error::Shutdown);
             }
             if let Some(failed) = self.failed() {

@@ -53,10 +53,14 @@ async fn find_job(st: &State, b: &str, q: &str, g: &str, job: Option<&str>) -> R
         v = esc(asked.unwrap_or("")),
     );
     let Some(asked) = asked else { return Ok(out) };
-    let seq = input::seq("job", asked)?;
-    let job = match st.source.job(q, g, seq).await {
+    let job = match input::seq("job", asked) {
+        Ok(seq) => st.source.job(q, g, seq).await,
+        Err(f) => Err(f),
+    };
+    let job = match job {
         Ok(job) => job,
-        Err(f) if f.status == StatusCode::NOT_FOUND => {
+        // Said beside the form (a typo keeps the page): not a sequence, or no such job.
+        Err(f) if matches!(f.status, StatusCode::NOT_FOUND | StatusCode::BAD_REQUEST) => {
             let _ = write!(out, r#"<p class="summary bad" id="job-missing">{}</p>"#, esc(&f.message));
             return Ok(out);
         }
@@ -67,6 +71,7 @@ async fn find_job(st: &State, b: &str, q: &str, g: &str, job: Option<&str>) -> R
         JobState::RetryWaiting { due_in } => format!("retry in {}", html::duration(due_in)),
         _ => "-".into(),
     };
+    let seq = job.seq;
     let row = vec![
         format!(r#"<a href="{b}/queues/{qn}?order=oldest&from={seq}&limit=1">{seq}</a>"#),
         format!(r#"<span class="state {0}">{0}</span>"#, job.state.as_str()),

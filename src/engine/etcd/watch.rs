@@ -119,14 +119,21 @@ pub(super) async fn learn_queue(engine: &Engine, side: &EtcdSide, name: &str, me
     *q.retention.lock().unwrap_or_else(|p| p.into_inner()) = meta.retention;
     q.set_dedup_window(meta.dedup_window);
     let before = q.first_seq.fetch_max(meta.first_seq, Ordering::AcqRel);
+    let to = meta.first_seq - 1;
     if meta.first_seq > before {
         // Trimmed (here or elsewhere): the marks of ordered groups held here go (the trim
-        // deleted them in etcd), work groups jump past the deleted head; subscriptions skip to
-        // the new first sequence as embedded.
-        let to = meta.first_seq - 1;
+        // deleted them in etcd); subscriptions skip to the new first sequence as embedded.
         for g in engine.registry.ordered.iter().filter(|g| g.queue.id == q.id) {
             g.records().forget_through(to);
         }
+    }
+    // Work groups jump past the deleted head — also when another path here (a read that met
+    // the gap, a new group's start) raised the first sequence before this record arrived:
+    // judged by the groups' offsets, not by who raised it, so none stays behind the trim (and
+    // `Broker::wait_job` on a job the trim removed is woken).
+    let behind =
+        engine.registry.work.iter().any(|g| g.queue.id == q.id && g.durable.load(Ordering::Acquire) < to);
+    if meta.first_seq > before || behind {
         super::claims::trimmed(side, q.id, to).await;
     }
 }

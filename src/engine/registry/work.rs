@@ -726,7 +726,8 @@ impl WorkGroupState {
         drop(d);
         drop(self.take_queued_acks());
         self.changed.notify_waiters();
-        self.settled.notify_waiters();
+        // (`settled` is signalled once the reset is durable: by the writer, or on etcd by
+        // `Known::reset`.)
     }
 
     /// Retention deleted everything up to `to`: forget it and never claim it.
