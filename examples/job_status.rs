@@ -1,6 +1,7 @@
 //! "Where is my job?": a producer keeps the ids its sends returned, asks a work group where
-//! each job stands while a pool runs them (one fails once and waits for its retry), then waits
-//! for each to finish without polling.
+//! each job stands while a pool runs them (one fails once and waits for its retry; each reports
+//! its progress), then waits for each to finish without polling and reads the result its
+//! handler set (the group keeps outcomes for a day).
 //!
 //! `cargo run --example job_status`
 
@@ -21,7 +22,8 @@ async fn main() -> Result<(), rockq::Error> {
             RetryPolicy::default()
                 .max_attempts(3)
                 .backoff(Duration::from_millis(300), Duration::from_secs(1)),
-        );
+        )
+        .keep_outcomes(Duration::from_secs(24 * 3600));
 
     // A job's id is the sequence its send returned.
     let mut ids = Vec::new();
@@ -30,11 +32,15 @@ async fn main() -> Result<(), rockq::Error> {
     }
 
     // The pool: "february" fails its first attempt.
-    let pool = group.workers(2).spawn(|task: Task| async move {
+    let pool = group.clone().workers(2).spawn(|task: Task| async move {
+        task.progress("fetching the ledger")?;
         tokio::time::sleep(Duration::from_millis(100)).await;
         if task.payload().as_ref() == b"february" && task.attempt() == 1 {
             return Err(HandlerError::retry("the ledger service timed out"));
         }
+        task.progress("rendering")?;
+        let month = String::from_utf8_lossy(task.payload()).into_owned();
+        task.set_result(format!("reports/{month}.pdf"))?;
         Ok(())
     });
 
@@ -44,7 +50,8 @@ async fn main() -> Result<(), rockq::Error> {
         let job = broker.job("reports", "builders", id).await?;
         match job.state {
             JobState::Leased { lease_remaining } => println!(
-                "job {id}: running, attempt {} on {}, lease {lease_remaining:.1?} left",
+                "job {id}: running ({}), attempt {} on {}, lease {lease_remaining:.1?} left",
+                job.progress.as_deref().map(String::from_utf8_lossy).unwrap_or_default(),
                 job.attempt,
                 job.holder.as_deref().unwrap_or("?")
             ),
@@ -52,14 +59,28 @@ async fn main() -> Result<(), rockq::Error> {
                 "job {id}: failed ({}), again in {due_in:.1?}",
                 job.last_error.as_deref().unwrap_or("?")
             ),
+            JobState::Finished => match &job.outcome {
+                Some(o) => {
+                    println!("job {id}: finished already, {} after attempt {}", o.kind.as_str(), o.attempt)
+                }
+                None => println!("job {id}: finished already"),
+            },
             state => println!("job {id}: {} (attempt {})", state.as_str(), job.attempt),
         }
     }
 
     // Wait for each: woken when its outcome is durable.
     for &id in &ids {
-        let done = broker.wait_job("reports", "builders", id).await?;
-        println!("job {id}: {}", done.state.as_str());
+        let done = group.wait_job(id).await?;
+        match done.outcome {
+            Some(o) => println!(
+                "job {id}: {} after attempt {}, result {}",
+                o.kind.as_str(),
+                o.attempt,
+                o.result.as_deref().map(String::from_utf8_lossy).unwrap_or_default()
+            ),
+            None => println!("job {id}: {}", done.state.as_str()),
+        }
     }
     pool.shutdown().await?;
     broker.shutdown().await?;

@@ -14,7 +14,8 @@ use crate::retention::Retention;
 use crate::retry::RetryPolicy;
 use crate::schedule::{DelayedInfo, Missed, ScheduleInfo};
 use crate::stats::{
-    GroupStats, JobState, JobStatus, KeyspaceStats, PendingClaim, QueueStats, Stats, StoredMessage,
+    GroupStats, JobOutcome, JobState, JobStatus, KeyspaceStats, OutcomeKind, PendingClaim, QueueStats, Stats,
+    StoredMessage,
 };
 
 /// Microseconds since the Unix epoch (0 before it).
@@ -128,7 +129,7 @@ impl Serialize for QueueStats {
 
 impl Serialize for GroupStats {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut g = s.serialize_struct("GroupStats", 14)?;
+        let mut g = s.serialize_struct("GroupStats", 15)?;
         g.serialize_field("group", &self.group)?;
         g.serialize_field("queue", &self.queue)?;
         g.serialize_field("mode", self.mode.as_str())?;
@@ -143,6 +144,7 @@ impl Serialize for GroupStats {
         g.serialize_field("lease_secs", &secs(self.lease))?;
         g.serialize_field("retry_policy", &self.retry_policy)?;
         g.serialize_field("ordered_by_key", &self.ordered_by_key)?;
+        g.serialize_field("keep_outcomes_secs", &secs(self.keep_outcomes))?;
         g.end()
     }
 }
@@ -169,7 +171,7 @@ impl Serialize for JobStatus {
             _ => (None, None),
         };
         let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
-        let mut j = s.serialize_struct("JobStatus", 7)?;
+        let mut j = s.serialize_struct("JobStatus", 9)?;
         j.serialize_field("seq", &self.seq)?;
         j.serialize_field("state", self.state.as_str())?;
         j.serialize_field("attempt", &self.attempt)?;
@@ -177,7 +179,27 @@ impl Serialize for JobStatus {
         j.serialize_field("lease_remaining_secs", &secs(lease_remaining))?;
         j.serialize_field("due_in_secs", &secs(due_in))?;
         j.serialize_field("last_error", &self.last_error)?;
+        j.serialize_field("progress", &self.progress.as_deref().map(Blob))?;
+        j.serialize_field("outcome", &self.outcome)?;
         j.end()
+    }
+}
+
+/// `{"kind", "finished_at_micros", "attempt", "result"}`, and for a dead letter `"reason"`,
+/// `"dead_letter_queue"`, `"dead_letter_seq"`; the result as a blob (`{"text"}` or `{"hex"}`) or `null`.
+impl Serialize for JobOutcome {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut o = s.serialize_struct("JobOutcome", 7)?;
+        o.serialize_field("kind", self.kind.as_str())?;
+        o.serialize_field("finished_at_micros", &micros(self.finished_at))?;
+        o.serialize_field("attempt", &self.attempt)?;
+        o.serialize_field("result", &self.result.as_deref().map(Blob))?;
+        if let OutcomeKind::DeadLettered { reason, dead_letter_queue, dead_letter_seq } = &self.kind {
+            o.serialize_field("reason", reason)?;
+            o.serialize_field("dead_letter_queue", dead_letter_queue)?;
+            o.serialize_field("dead_letter_seq", dead_letter_seq)?;
+        }
+        o.end()
     }
 }
 

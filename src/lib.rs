@@ -139,8 +139,9 @@ pub use schedule::ScheduledInfo;
 pub use schedule::{DelayedInfo, Missed, Recurrence, ScheduleInfo};
 pub use sent::{Original, ScheduledMessage, Sent};
 pub use stats::{
-    GroupMode, GroupStats, JobState, JobStatus, KeyspaceStats, PendingClaim, PendingState, QueueStats, Stats,
-    StorageStats, StoredMessage, WriterStats,
+    GroupMode, GroupStats, JobOutcome, JobState, JobStatus, KeyspaceStats, MAX_PROGRESS_BYTES,
+    MAX_RESULT_BYTES, OutcomeKind, PendingClaim, PendingState, QueueStats, Stats, StorageStats,
+    StoredMessage, WriterStats,
 };
 pub use tokio_util::sync::CancellationToken;
 pub use txn::task::TaskTx;

@@ -231,6 +231,8 @@ pub(crate) struct WorkSettings {
     pub dead_letter_queue: Arc<str>,
     /// Messages with the same ordering key are handed out one at a time.
     pub ordered_by_key: bool,
+    /// How long a finished job's outcome record is kept; zero: none is written.
+    pub keep_outcomes: Duration,
 }
 
 impl WorkSettings {
@@ -266,6 +268,7 @@ pub(crate) struct RequestedWork {
     pub policy: Option<RetryPolicy>,
     pub dead_letter_queue: Option<String>,
     pub ordered_by_key: Option<bool>,
+    pub keep_outcomes: Option<Duration>,
 }
 
 /// An explicitly set value that differs from the stored one.
@@ -317,7 +320,8 @@ impl RequestedWork {
             .as_deref()
             .and_then(|d| differ("dead_letter_queue", &&*stored.dead_letter_queue, &d));
         let keyed = self.ordered_by_key.and_then(|k| differ("ordered_by_key", &stored.ordered_by_key, &k));
-        lease.or(policy).or(dlq).or(keyed)
+        let outcomes = self.keep_outcomes.and_then(|k| differ("keep_outcomes", &stored.keep_outcomes, &k));
+        lease.or(policy).or(dlq).or(keyed).or(outcomes)
     }
 
     /// The settings to store for a group of `queue` whose record (`record`) has no work terms
@@ -332,6 +336,7 @@ impl RequestedWork {
                 None => dead_letter_queue_of(record, queue),
             },
             ordered_by_key: self.ordered_by_key.unwrap_or(false),
+            keep_outcomes: self.keep_outcomes.unwrap_or(Duration::ZERO),
         }
     }
 
@@ -345,6 +350,7 @@ impl RequestedWork {
                 None => stored.dead_letter_queue.clone(),
             },
             ordered_by_key: self.ordered_by_key.unwrap_or(stored.ordered_by_key),
+            keep_outcomes: self.keep_outcomes.unwrap_or(stored.keep_outcomes),
         }
     }
 }
@@ -378,6 +384,8 @@ mod settings_tests {
         assert_eq!(dlq.mismatch(&s).unwrap().setting, "dead_letter_queue");
         let keyed = RequestedWork { ordered_by_key: Some(true), ..Default::default() };
         assert_eq!(keyed.mismatch(&s).unwrap().setting, "ordered_by_key");
+        let kept = RequestedWork { keep_outcomes: Some(Duration::from_secs(60)), ..Default::default() };
+        assert_eq!(kept.mismatch(&s).unwrap().setting, "keep_outcomes");
     }
 
     #[test]

@@ -73,6 +73,9 @@ pub struct TrimReport {
     pub compacted: bool,
     /// Idempotency keys forgotten because their dedup window had passed.
     pub dedup_expired: u64,
+    /// Job outcomes deleted because their group's retention had passed
+    /// ([`WorkGroup::keep_outcomes`](crate::WorkGroup::keep_outcomes)).
+    pub outcomes_expired: u64,
 }
 
 /// Wall-clock microseconds of `t` (0 before the epoch).

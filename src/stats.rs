@@ -129,6 +129,10 @@ pub struct GroupStats {
     /// Whether a work-queue group is stored as
     /// [ordered by key](crate::WorkGroup::ordered_by_key) (`false` when nothing is stored).
     pub ordered_by_key: bool,
+    /// How long a work-queue group keeps job outcomes
+    /// ([`WorkGroup::keep_outcomes`](crate::WorkGroup::keep_outcomes)); `None` when it keeps
+    /// none or nothing is stored.
+    pub keep_outcomes: Option<Duration>,
 }
 
 impl GroupStats {
@@ -217,7 +221,8 @@ pub struct JobStatus {
     pub state: JobState,
     /// Attempts started so far, counting a running one (0: never claimed). Survives restarts,
     /// as the claim records do. 0 for a [`Finished`](JobState::Finished) or
-    /// [`Removed`](JobState::Removed) job: its records are gone.
+    /// [`Removed`](JobState::Removed) job: its records are gone (a kept outcome names the
+    /// attempt that ended it).
     pub attempt: u32,
     /// The error of its last failed attempt, if one failed.
     pub last_error: Option<String>,
@@ -225,6 +230,72 @@ pub struct JobStatus {
     /// names it ([`WorkGroup::consumer_name`](crate::WorkGroup::consumer_name)). `None` in other
     /// states, and for a claim whose record the writer has not written yet (its next round).
     pub holder: Option<String>,
+    /// How it ended, for a [`Finished`](JobState::Finished) job of a group that
+    /// [keeps outcomes](crate::WorkGroup::keep_outcomes), until the outcome's retention ends.
+    /// `None` otherwise (and for a job finished before the group kept outcomes, or by a reset).
+    pub outcome: Option<JobOutcome>,
+    /// The job's last progress report ([`Task::progress`](crate::Task::progress)), of this
+    /// attempt or an earlier one, while it is not finished. Survives restarts.
+    pub progress: Option<Bytes>,
+}
+
+/// The largest job result ([`Task::set_result`](crate::Task::set_result)): 1 MiB. A result is
+/// a small answer (an id, a URL, a summary); larger output belongs in a keyspace or a store.
+pub const MAX_RESULT_BYTES: usize = 1 << 20;
+
+/// The largest progress report ([`Task::progress`](crate::Task::progress)): 64 KiB. A report
+/// is rewritten on every call (once per writer round at most): keep it a checkpoint, not a log.
+pub const MAX_PROGRESS_BYTES: usize = 64 << 10;
+
+/// How a job ended, as a group that [keeps outcomes](crate::WorkGroup::keep_outcomes) records
+/// it in the same write that finishes the job. See [`JobStatus::outcome`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct JobOutcome {
+    /// Acked, deleted or dead-lettered.
+    pub kind: OutcomeKind,
+    /// When the writer recorded it (the broker's wall clock).
+    pub finished_at: SystemTime,
+    /// The attempt that ended it (0 for an operator's action on a job never claimed).
+    pub attempt: u32,
+    /// What the handler returned ([`Task::set_result`](crate::Task::set_result)), if it did.
+    pub result: Option<Bytes>,
+}
+
+/// The kind of a [`JobOutcome`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OutcomeKind {
+    /// A handler acked it (alone, or as part of a transaction).
+    Acked,
+    /// An operator deleted it ([`Broker::delete_job`](crate::Broker::delete_job)).
+    Deleted,
+    /// It went to a dead-letter queue: its attempts ran out, a handler or an operator sent it.
+    DeadLettered {
+        /// Why, as the dead letter records it.
+        reason: String,
+        /// The dead-letter queue.
+        dead_letter_queue: String,
+        /// Its sequence there.
+        dead_letter_seq: u64,
+    },
+}
+
+impl OutcomeKind {
+    /// `"acked"`, `"deleted"` or `"dead-lettered"`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(rockq::OutcomeKind::Acked.as_str(), "acked");
+    /// ```
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            OutcomeKind::Acked => "acked",
+            OutcomeKind::Deleted => "deleted",
+            OutcomeKind::DeadLettered { .. } => "dead-lettered",
+        }
+    }
 }
 
 /// The state in a [`JobStatus`].
@@ -256,12 +327,16 @@ pub enum JobState {
     /// An outcome (ack, retry, dead letter, an operator's action) is on its way to the
     /// writer: in a moment it is finished or waiting for a retry.
     Settling,
-    /// The group is done with it: acked, deleted, or dead-lettered (which of them is not
-    /// kept), or a [`reset`](crate::Broker::reset_group) moved the group past it. The group
-    /// never runs it again, short of a reset back.
+    /// The group is done with it: acked, deleted, or dead-lettered (which one, when, and the
+    /// result or reason: [`JobStatus::outcome`], for a group that
+    /// [keeps outcomes](crate::WorkGroup::keep_outcomes)), or a
+    /// [`reset`](crate::Broker::reset_group) moved the group past it. The group never runs it
+    /// again, short of a reset back. A kept outcome outlives the message: such a job stays
+    /// `Finished` after retention deletes its message.
     Finished,
     /// The message is no longer stored: retention or a purge deleted it, after the group
-    /// finished it or before (not told apart). Either way the group never runs it.
+    /// finished it or before (not told apart without a kept outcome). Either way the group
+    /// never runs it.
     Removed,
 }
 

@@ -45,6 +45,7 @@ async fn populate(broker: &rockq::Broker) -> (rockq::WorkSubscription, rockq::Jo
         .unwrap()
         .consumer_name("cli-test")
         .lease(Duration::from_secs(3600))
+        .keep_outcomes(Duration::from_secs(3600))
         .read_batch(2)
         .max_in_flight(2)
         .subscribe()
@@ -52,6 +53,8 @@ async fn populate(broker: &rockq::Broker) -> (rockq::WorkSubscription, rockq::Jo
         .unwrap();
     next_job(&mut js).await.dead_letter_durable("malformed").await.unwrap();
     let held = next_job(&mut js).await;
+    held.progress("row 40 of 90").unwrap();
+    broker.flush().await.unwrap();
     (js, held)
 }
 
@@ -147,10 +150,29 @@ async fn read_only_commands_inspect_a_database_the_service_holds() {
     );
     assert!(job["lease_remaining_secs"].as_f64().unwrap() > 0.0, "{job}");
     assert!(job["due_in_secs"].is_null(), "{job}");
+    assert_eq!(job["progress"]["text"].as_str(), Some("row 40 of 90"), "{job}");
+    assert!(job["outcome"].is_null(), "{job}");
     let finished = json(&db, &["job", "jobs", "workers", "1"]);
     assert_eq!((finished["state"].as_str(), finished["attempt"].as_u64()), (Some("finished"), Some(0)));
+    let outcome = &finished["outcome"];
+    assert_eq!(
+        (outcome["kind"].as_str(), outcome["attempt"].as_u64(), outcome["reason"].as_str()),
+        (Some("dead-lettered"), Some(1), Some("malformed")),
+        "{finished}"
+    );
+    assert_eq!(
+        (outcome["dead_letter_queue"].as_str(), outcome["dead_letter_seq"].as_u64()),
+        (Some("jobs.dlq"), Some(1))
+    );
+    assert!(outcome["finished_at_micros"].as_u64().unwrap() > 0 && outcome["result"].is_null(), "{finished}");
     let table = text(&db, &["job", "jobs", "workers", &seq]);
     assert!(table.contains("leased") && table.contains("cli-test") && table.contains("lease "), "{table}");
+    assert!(table.contains("row 40 of 90"), "{table}");
+    let table = text(&db, &["job", "jobs", "workers", "1"]);
+    assert!(
+        table.contains("dead-lettered (attempt 1)") && table.contains("jobs.dlq#1: malformed"),
+        "{table}"
+    );
 
     let letters = json(&db, &["dlq", "list", "jobs.dlq"]);
     assert_eq!(letters.as_array().unwrap().len(), 1);

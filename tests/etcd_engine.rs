@@ -362,6 +362,23 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
     assert!(is_etcd(e.unsupported()), "oversized batch: {e}");
     let e = q.work_group("w").unwrap().ordered_by_key(true).subscribe().await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "work group ordered by key: {e}");
+    let keeping = q.work_group("w").unwrap().keep_outcomes(std::time::Duration::from_secs(60));
+    let e = keeping.update().await.unwrap_err();
+    assert!(is_etcd(e.unsupported()), "kept job outcomes: {e}");
+    // Nothing was stored: joining without it works, and a result is refused as on a group
+    // that keeps none.
+    let mut jobs = q.work_group("w").unwrap().subscribe().await.unwrap();
+    q.send("for a result").await.unwrap();
+    let job = tokio::time::timeout(std::time::Duration::from_secs(30), futures::StreamExt::next(&mut jobs))
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(job.set_result("x").unwrap_err().kind(), rockq::ErrorKind::InvalidInput);
+    let e = job.progress("half").unwrap_err();
+    assert!(is_etcd(e.unsupported()), "progress reports: {e}");
+    assert_eq!(job.last_progress(), None, "nothing was kept");
+    job.ack_durable().await.unwrap();
     let e = broker.kv("accounts").await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "keyspace: {e}");
     let e = broker.transaction().commit().await.unwrap_err();

@@ -341,6 +341,9 @@ async fn pages(b: &Browser, base: &str, f: &console::Fixture) -> PathBuf {
             job.holder.clone().unwrap_or_else(|| "-".into())
         )
     );
+    // Its progress report, shown as text (the fixture's is markup, escaped by the page).
+    let progress = job.progress.as_deref().map_or("-".into(), |p| String::from_utf8_lossy(p).into_owned());
+    assert_eq!(rows[0]["progress"], progress);
     b.screenshot("group-find-job").await;
 
     // Retry now, by its button: due at once.

@@ -147,7 +147,28 @@ async fn queue_page_lists_pending_claims_as_broker_pending_does() {
         assert_eq!(rows[0]["holder"], job.holder.clone().unwrap_or_else(|| "-".into()));
         assert_eq!(rows[0]["last-error"], job.last_error.clone().unwrap_or_else(|| "-".into()));
         assert_ne!(rows[0]["time-left"], "-", "a leased or retrying job has a time left");
+        assert_eq!(rows[0]["outcome"], "-", "running");
+        // (Escaped: the cell is read as HTML with its tags stripped.)
+        let progress = job
+            .progress
+            .as_deref()
+            .map_or("-".into(), |p| String::from_utf8_lossy(p).replace('<', "&lt;").replace('>', "&gt;"));
+        assert_eq!(rows[0]["progress"], progress);
     }
+    // The held job's progress report, escaped.
+    let page = get(&app, &format!("/groups/jobs/workers?job={}", f.held.seq())).await;
+    assert!(page.body.contains("&lt;i&gt;75%&lt;/i&gt;") && !page.body.contains("<i>75%"), "{}", page.body);
+    // A dead-lettered job: its kept outcome, the reason escaped.
+    let page = get(&app, "/groups/jobs/workers?job=1").await;
+    let rows = table(&page.body, "job");
+    assert_eq!(rows[0]["state"], "finished");
+    assert!(rows[0]["outcome"].starts_with("dead-lettered (attempt 1) at "), "{}", rows[0]["outcome"]);
+    assert!(
+        rows[0]["outcome"].ends_with("to jobs.dlq#1: bad input: &lt;missing field&gt;"),
+        "{}",
+        rows[0]["outcome"]
+    );
+    assert!(page.body.contains("bad input: &lt;missing field&gt;") && !page.body.contains("<missing"));
     // A job never sent, or a typo, is said beside the form; the page stays.
     for (asked, said) in [("999", "999"), ("x1", "not a sequence number")] {
         let page = get(&app, &format!("/groups/jobs/workers?job={asked}")).await;

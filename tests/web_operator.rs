@@ -207,6 +207,7 @@ async fn the_group_page_shows_settings_claims_and_last_errors() {
     assert_eq!(value("Lease"), "30.0s");
     assert!(value("Retries").starts_with("up to 3 attempts"), "{}", value("Retries"));
     assert_eq!(value("Dead-letter queue"), "jobs.dlq");
+    assert_eq!(value("Keeps outcomes"), "1d00h");
     let claims = table(&page.body, "claims");
     let pending = f.broker.pending("jobs", "workers").await.unwrap();
     assert_eq!(claims.len(), pending.len());

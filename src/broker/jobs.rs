@@ -102,8 +102,11 @@ impl Broker {
     /// holder comes from its claim record (one point read). Changes nothing.
     ///
     /// A job's id is its message's sequence: what [`Queue::send`](crate::Queue::send)'s
-    /// receipt resolves to. A finished job's outcome (acked, deleted or dead-lettered) is not
-    /// kept: its claim record goes once the group's offset passes it. On etcd the view is this
+    /// receipt resolves to. A finished job's outcome (acked with its result, deleted, or
+    /// dead-lettered with the reason) is in [`JobStatus::outcome`] when the group
+    /// [keeps outcomes](crate::WorkGroup::keep_outcomes) (one more point read for a final job);
+    /// otherwise only that it finished is known. A running job's last progress report is in
+    /// [`JobStatus::progress`]. On etcd the view is this
     /// process's, kept current by the watch on the group's claim records: another process's
     /// claim shows once its record is written and watched (milliseconds).
     ///
@@ -148,7 +151,9 @@ impl Broker {
     /// deleted or dead-lettered) or removed by retention — and returns its [`JobStatus`]. Woken
     /// when the group's durable offset moves or a finished job is forgotten (once per writer
     /// round), never polling; a job already final returns at once. "Finished" here means
-    /// durable: the outcome's write has completed.
+    /// durable: the outcome's write has completed, and a kept outcome (with the handler's
+    /// result) is in the status returned. [`WorkGroup::wait_job`](crate::WorkGroup::wait_job)
+    /// is the same from a group's handle.
     ///
     /// To wait with a deadline, wrap it in `tokio::time::timeout`. On etcd, another process's
     /// outcome is seen once the watch delivers it.

@@ -32,7 +32,7 @@ use crate::message::Message;
 use crate::model::Claim;
 use crate::retention::{ResetTo, TrimReport};
 use crate::schedule::{DelayedInfo, ScheduleInfo};
-use crate::stats::{PendingClaim, Stats, StorageStats, StoredMessage};
+use crate::stats::{JobOutcome, PendingClaim, Stats, StorageStats, StoredMessage};
 use crate::store::{self, RawEntry, ReadOutcome, Store};
 
 /// Marks items compiled only with the etcd engine (feature `etcd`), as tokio's `cfg_rt!`
@@ -246,6 +246,24 @@ impl Backend {
         match self {
             Backend::Embedded(store) => inspect::live_claim(engine, store, runtime, group, queue, seq).await,
             Backend::Etcd(side) => on_etcd!(side => etcd::inspect::claim(side, group, queue, seq).await),
+        }
+    }
+
+    /// The kept outcome of job `seq` in work group `group` on `queue`, if there is one. The
+    /// etcd engine keeps none (`Capability::KeepOutcomes`).
+    pub async fn outcome(
+        &self,
+        engine: &Arc<Engine>,
+        runtime: &Handle,
+        group: &str,
+        queue: &str,
+        seq: u64,
+    ) -> Result<Option<JobOutcome>, Error> {
+        match self {
+            Backend::Embedded(store) => {
+                inspect::live_outcome(engine, store, runtime, group, queue, seq).await
+            }
+            Backend::Etcd(_) => Ok(None),
         }
     }
 

@@ -51,8 +51,8 @@ pub(crate) use super::export::import;
 pub(crate) use super::inspect::ReadOnly;
 pub(crate) use super::open::{open, restore};
 pub(crate) use super::registry::{
-    Claimed, KeyLock, KeyspaceState, LiveSubscription, OrderedGroupState, PendingRecord, QueueState, Refused,
-    SettlingGuard, TakenFrom, Watching, WorkGroupState,
+    Claimed, KeyLock, KeyspaceState, LiveSubscription, OrderedGroupState, PendingRecord, QueueState,
+    QueuedAck, Refused, SettlingGuard, TakenFrom, Watching, WorkGroupState,
 };
 pub(crate) use super::request::{
     HeldLease, KvRequest, KvWrite, LifecycleRequest, OrderedRequest, Outcome, QueueRequest, RedriveItem,

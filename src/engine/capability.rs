@@ -68,6 +68,10 @@ pub(crate) enum Capability {
     Backup,
     /// `Broker::export`: a stream of the store's records, read at one instant.
     Export,
+    /// `WorkGroup::keep_outcomes`: job outcome records and their retention.
+    KeepOutcomes,
+    /// `Task::progress`: progress reports of running jobs.
+    JobProgress,
 }
 
 impl Capability {
@@ -92,6 +96,8 @@ impl Capability {
             Capability::DeadLetterActions => "redriving or deleting one dead letter on its own",
             Capability::Backup => "a backup by the broker (back etcd up with `etcdctl snapshot save`)",
             Capability::Export => "an export of the store",
+            Capability::KeepOutcomes => "keeping job outcomes (WorkGroup::keep_outcomes)",
+            Capability::JobProgress => "progress reports of running jobs (Task::progress)",
         }
     }
 }
@@ -117,7 +123,9 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::LargeSendCall
             | Capability::BufferedDurability
             | Capability::DeadLetterActions
-            | Capability::Backup => false,
+            | Capability::Backup
+            | Capability::KeepOutcomes
+            | Capability::JobProgress => false,
         },
     }
 }
@@ -151,6 +159,7 @@ pub(crate) fn for_request(req: &Request) -> Option<Capability> {
             Capability::ResetGroup
         }
         Request::Retention(RetentionRequest::ExpireDedup { .. }) => Capability::IdempotencyKeys,
+        Request::Retention(RetentionRequest::ExpireOutcomes { .. }) => Capability::KeepOutcomes,
         Request::Settings(_) => Capability::PauseGroup,
         Request::Schedule(_) => Capability::Scheduling,
         Request::Lifecycle(LifecycleRequest::DeleteQueue { .. } | LifecycleRequest::DeleteGroup { .. }) => {

@@ -110,6 +110,7 @@ pub(crate) fn snapshot(
             lease: None,
             retry_policy: None,
             ordered_by_key: false,
+            keep_outcomes: None,
         });
     }
     let clock_now = engine.clock().now();
@@ -167,6 +168,7 @@ pub(crate) fn snapshot(
             lease: settings.as_ref().map(|s| s.lease),
             retry_policy: settings.as_ref().map(|s| s.policy.clone()),
             ordered_by_key: settings.as_ref().is_some_and(|s| s.ordered_by_key),
+            keep_outcomes: settings.as_ref().map(|s| s.keep_outcomes).filter(|k| !k.is_zero()),
         });
     }
     // Only what this tick used is kept: the cache never outgrows the queues and groups.

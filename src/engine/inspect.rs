@@ -17,8 +17,8 @@ use crate::error::{CorruptionError, Error, NameKind, StorageError};
 use crate::model::{Claim, GroupMode, GroupSettings, QueueMeta};
 use crate::schedule::{DelayedInfo, ScheduleInfo};
 use crate::stats::{
-    GroupStats, JobState, JobStatus, KeyspaceStats, PendingClaim, PendingState, QueueStats, Stats,
-    StoredMessage,
+    GroupStats, JobOutcome, JobState, JobStatus, KeyspaceStats, PendingClaim, PendingState, QueueStats,
+    Stats, StoredMessage,
 };
 use crate::store::{self, LoadedQueue, RawMessage, ReadOutcome, Snapshot, Store};
 
@@ -147,6 +147,7 @@ fn stats(store: &Store, now_micros: u64) -> Result<Stats, Error> {
             lease: terms.map(|t| t.lease),
             retry_policy: terms.map(|t| t.policy.clone()),
             ordered_by_key: terms.is_some_and(|t| t.ordered_by_key),
+            keep_outcomes: terms.map(|t| t.keep_outcomes).filter(|k| !k.is_zero()),
         });
     }
     groups.sort_by(|a, b| (&a.queue, &a.group).cmp(&(&b.queue, &b.group)));
@@ -206,7 +207,24 @@ fn job_on_disk(store: &Store, group: &str, queue: &str, seq: u64, now: u64) -> R
     if seq == 0 || seq > last {
         return Err(Error::NoSuchJob { queue: queue.to_owned(), group: group.to_owned(), seq });
     }
-    let mut status = JobStatus { seq, state: JobState::Queued, attempt: 0, last_error: None, holder: None };
+    let mut status = JobStatus {
+        seq,
+        state: JobState::Queued,
+        attempt: 0,
+        last_error: None,
+        holder: None,
+        outcome: None,
+        progress: None,
+    };
+    // Read whatever the state: a report is deleted with its job's finish (or the trim or reset
+    // past it), so one on a final job would show a record that outlived its job.
+    status.progress = db.progress(group, queue, seq).map_err(Error::from)?;
+    // A kept outcome outlives the message (and decides between finished and removed).
+    if let Some(outcome) = db.outcome(group, queue, seq).map_err(Error::from)? {
+        status.state = JobState::Finished;
+        status.outcome = Some(outcome);
+        return Ok(status);
+    }
     if seq < meta.first_seq {
         status.state = JobState::Removed;
         return Ok(status);
@@ -441,6 +459,24 @@ pub(super) async fn live_claim(
         let guard = store.lock();
         let Some(db) = guard.inspect(&store.path) else { return Err(Error::Shutdown) };
         db.claim(&g, &q, seq).map_err(Error::from)
+    })
+    .await
+}
+
+/// The kept outcome of job `seq` in work group `group` on `queue`, if there is one.
+pub(super) async fn live_outcome(
+    engine: &Arc<Engine>,
+    store: &Arc<Store>,
+    runtime: &tokio::runtime::Handle,
+    group: &str,
+    queue: &str,
+    seq: u64,
+) -> Result<Option<JobOutcome>, Error> {
+    let (g, q) = (group.to_owned(), queue.to_owned());
+    on_store(engine, store, runtime, move |store, _| {
+        let guard = store.lock();
+        let Some(db) = guard.inspect(&store.path) else { return Err(Error::Shutdown) };
+        db.outcome(&g, &q, seq).map_err(Error::from)
     })
     .await
 }

@@ -53,6 +53,7 @@ impl Request {
             Request::Retention(RetentionRequest::SetPolicy { reply, .. }) => refuse(reply, why),
             Request::Retention(RetentionRequest::Trim { reply, .. }) => refuse(reply, why),
             Request::Retention(RetentionRequest::ExpireDedup { reply, .. }) => refuse(reply, why),
+            Request::Retention(RetentionRequest::ExpireOutcomes { reply, .. }) => refuse(reply, why),
             Request::Settings(s) => refuse(s.reply, why),
             Request::WorkSettings(s) => refuse(s.reply, why),
             Request::Schedule(ScheduleRequest::Submit { reply, .. }) => refuse(reply, why),
@@ -256,6 +257,9 @@ pub(crate) enum RetentionRequest {
     /// in its order; each is deleted only if its record still has that expiry. The reply gives
     /// how many were deleted.
     ExpireDedup { expired: Vec<(u64, u32, Vec<u8>)>, reply: Reply<u64, Error> },
+    /// Delete job outcomes of `group` listed `(seq, finished at µs)`, each only if its record
+    /// still has that finish time. The reply gives how many were deleted.
+    ExpireOutcomes { group: Arc<WorkGroupState>, expired: Vec<(u64, u64)>, reply: Reply<u64, Error> },
 }
 
 /// One queue's cut in a [`RetentionRequest::Trim`]: delete up to `to`, as computed under
@@ -303,8 +307,11 @@ pub(crate) enum SettingsMode {
 
 /// What became of one attempt of a work-queue message.
 pub(crate) enum Outcome {
-    /// Finished: the offset may pass it.
-    Ack,
+    /// Finished: the offset may pass it. `result` is the handler's, kept by a group that keeps
+    /// outcomes.
+    Ack { result: Option<bytes::Bytes> },
+    /// An operator finished it without running it (`Broker::delete_job`).
+    Deleted,
     /// Failed; try again after `delay` (the claim holds the retry time and the error).
     Retry { claim: Claim, delay: std::time::Duration },
     /// Move it to the dead-letter queue `dlq`.
@@ -367,6 +374,8 @@ pub(crate) struct TxJob {
     /// The holder's lease, read when it is handed back: a lease extension that failed
     /// meanwhile (etcd) has put its deadline back.
     pub lease: Arc<std::sync::Mutex<HeldLease>>,
+    /// The handler's result (`Task::set_result`), kept by a group that keeps outcomes.
+    pub result: Option<bytes::Bytes>,
 }
 
 /// An ordered delivery a transaction acks. The request owns it: a refused transaction hands

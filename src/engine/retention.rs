@@ -12,7 +12,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 
 use super::Engine;
-use super::registry::QueueState;
+use super::registry::{QueueState, WorkGroupState};
 use super::request::{Request, RetentionRequest, TrimCut};
 use crate::error::{Error, FailedError};
 use crate::retention::{ResetTo, Retention, TrimReport, micros};
@@ -115,6 +115,7 @@ pub(super) async fn pass(
         report.compacted = true;
     }
     report.dedup_expired = expire_dedup(engine, store, tx, runtime).await?;
+    report.outcomes_expired = expire_outcomes(engine, store, tx, runtime).await?;
     report.bytes_after = bytes().await;
     Ok(report)
 }
@@ -158,6 +159,59 @@ async fn expire_dedup(
             return Ok(total);
         }
     }
+}
+
+/// Outcomes one writer round deletes (each a point read and a delete in the round).
+const OUTCOME_CHUNK: usize = 8192;
+
+/// Unexpired outcomes a scan reads past before it stops (see `WorkGroup::keep_outcomes`).
+const OUTCOME_LOOKAHEAD: usize = 1024;
+
+/// Deletes job outcomes past their group's retention (every outcome of a group that keeps
+/// none any more): read from the head of each group's outcomes on the blocking pool, deleted
+/// by the writer a chunk per round. Returns how many went.
+async fn expire_outcomes(
+    engine: &Arc<Engine>,
+    store: &Arc<Store>,
+    tx: &mpsc::Sender<Request>,
+    runtime: &Handle,
+) -> Result<u64, Error> {
+    let groups: Vec<Arc<WorkGroupState>> =
+        engine.registry.work.iter().map(|g| g.clone()).filter(|g| !g.is_deleted()).collect();
+    let mut total = 0;
+    for g in groups {
+        let keep = g.settings().map_or(std::time::Duration::ZERO, |s| s.keep_outcomes);
+        loop {
+            let now = engine.clock().wall_micros();
+            let before = now.saturating_sub(u64::try_from(keep.as_micros()).unwrap_or(u64::MAX));
+            let (s, gs) = (store.clone(), g.clone());
+            let expired = runtime
+                .spawn_blocking(move || {
+                    let guard = s.lock();
+                    let Some(db) = guard.inspect(&s.path) else { return Ok(Vec::new()) };
+                    db.expired_outcomes(&gs.name, &gs.queue.name, before, OUTCOME_CHUNK, OUTCOME_LOOKAHEAD)
+                })
+                .await
+                .map_err(|e| {
+                    Error::Failed(FailedError::internal(format!("outcome expiry scan failed: {e}")))
+                })?
+                .map_err(Error::from)?;
+            if expired.is_empty() {
+                break;
+            }
+            let last_chunk = expired.len() < OUTCOME_CHUNK;
+            let (reply, rx) = oneshot::channel();
+            let req = RetentionRequest::ExpireOutcomes { group: g.clone(), expired, reply };
+            tx.send(Request::Retention(req)).await.map_err(|_| Error::Shutdown)?;
+            let deleted = rx.await.map_err(|_| Error::Shutdown)??;
+            total += deleted;
+            // Nothing deleted: every listed one changed meanwhile; the next pass looks again.
+            if last_chunk || deleted == 0 {
+                break;
+            }
+        }
+    }
+    Ok(total)
 }
 
 /// The sequence a reset to `to` starts at, if it is retained.

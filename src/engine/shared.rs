@@ -347,6 +347,9 @@ impl Shared {
             group: group.to_owned(),
             seq,
         })?;
+        if status.state.is_final() {
+            return self.with_outcome(group, queue, status).await;
+        }
         if matches!(status.state, JobState::Leased { .. } | JobState::Expired) {
             let record = self.backend.claim(&self.engine, &self.runtime, group, queue, seq).await?;
             // Only the record of this attempt names its holder: an older one (the claim's
@@ -357,6 +360,22 @@ impl Shared {
             {
                 status.holder = Some(holder.to_string());
             }
+        }
+        Ok(status)
+    }
+
+    /// A final `status` with the job's kept outcome, if there is one: it is written in the
+    /// write that finished the job, so it is there once memory says finished (and it outlives
+    /// the message: a removed job with an outcome was finished first).
+    async fn with_outcome(
+        &self,
+        group: &str,
+        queue: &str,
+        mut status: JobStatus,
+    ) -> Result<JobStatus, Error> {
+        if let Some(o) = self.backend.outcome(&self.engine, &self.runtime, group, queue, status.seq).await? {
+            status.state = JobState::Finished;
+            status.outcome = Some(o);
         }
         Ok(status)
     }
@@ -382,7 +401,7 @@ impl Shared {
                 seq,
             })?;
             if status.state.is_final() {
-                return Ok(status);
+                return self.with_outcome(group, queue, status).await;
             }
             // From the moment a shutdown starts (`closing`), not when it ends (`closed`): the
             // shutdown waits for worker pools to drain first, and a wait polled beside it (one

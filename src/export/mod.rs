@@ -24,6 +24,7 @@
 //! | `delayed` | `queue`, `id`, `due_micros`, `body` | a delayed message not yet due |
 //! | `group`, `offset` | `group`, `queue`, `record` | a group's settings; its offset (mode, last committed sequence) |
 //! | `claim`, `delivery` | `group`, `queue`, `seq`, `record` | a work group's claim (leased, waiting retry, done); an ordered group's delivery mark |
+//! | `outcome`, `progress` | `group`, `queue`, `seq`, `record` | a work group's kept job outcome ([`WorkGroup::keep_outcomes`](crate::WorkGroup::keep_outcomes)); an unfinished job's last progress report (added within version 1: written only by databases that have them; an import into etcd refuses them) |
 //! | `redrive`, `letter` | `dlq`, `record` / `seq` | a dead-letter queue's redrive cursor; a dead letter settled on its own above it |
 //! | `schedule`, `schedule_due` | `name`, `record` / `id`, `due_micros` | a recurring schedule; its next firing |
 //! | `dedup` | `queue`, `key`, `record` | an idempotency key's record (the original message, expiry) |
@@ -69,8 +70,10 @@ pub struct TransferReport {
     pub delayed: u64,
     /// Groups (their offsets).
     pub groups: u64,
-    /// Work groups' claims and ordered groups' delivery marks.
+    /// Work groups' claims and progress reports, and ordered groups' delivery marks.
     pub claims: u64,
+    /// Work groups' kept job outcomes.
+    pub outcomes: u64,
     /// Recurring schedules.
     pub schedules: u64,
     /// Idempotency keys.
@@ -106,7 +109,8 @@ impl TransferReport {
             Record::Message { .. } => self.messages += 1,
             Record::Delayed { .. } => self.delayed += 1,
             Record::Offset { .. } => self.groups += 1,
-            Record::Claim { .. } | Record::Delivery { .. } => self.claims += 1,
+            Record::Claim { .. } | Record::Delivery { .. } | Record::Progress { .. } => self.claims += 1,
+            Record::Outcome { .. } => self.outcomes += 1,
             Record::Schedule { .. } => self.schedules += 1,
             Record::Dedup { .. } => self.idempotency_keys += 1,
             Record::Keyspace { .. } => self.keyspaces += 1,

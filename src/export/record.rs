@@ -75,6 +75,22 @@ pub(crate) enum Record {
         #[serde(with = "b64")]
         record: Vec<u8>,
     },
+    /// A work group's kept outcome of one job (`WorkGroup::keep_outcomes`).
+    Outcome {
+        group: String,
+        queue: String,
+        seq: u64,
+        #[serde(with = "b64")]
+        record: Vec<u8>,
+    },
+    /// A work group's last progress report on one unfinished job (`Task::progress`).
+    Progress {
+        group: String,
+        queue: String,
+        seq: u64,
+        #[serde(with = "b64")]
+        record: Vec<u8>,
+    },
     /// A dead-letter queue's redrive cursor.
     Redrive {
         dlq: String,

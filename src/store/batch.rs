@@ -20,17 +20,31 @@ use crate::model::{Claim, GroupOffset, GroupSettings, OrderedMark, QueueMeta};
 pub(crate) struct GroupKeys {
     offset: Vec<u8>,
     records: Vec<u8>,
+    /// The prefixes of a work group's job outcomes and progress reports; empty for an
+    /// ordered group.
+    outcomes: Vec<u8>,
+    progress: Vec<u8>,
 }
 
 impl GroupKeys {
     /// An ordered group: its per-message records are `ordered:` marks.
     pub fn ordered(group: &str, queue: &str) -> Self {
-        GroupKeys { offset: keys::offset_key(group, queue), records: keys::ordered_prefix(group, queue) }
+        GroupKeys {
+            offset: keys::offset_key(group, queue),
+            records: keys::ordered_prefix(group, queue),
+            outcomes: Vec::new(),
+            progress: Vec::new(),
+        }
     }
 
     /// A work-queue group: its per-message records are `claim:` records.
     pub fn work(group: &str, queue: &str) -> Self {
-        GroupKeys { offset: keys::offset_key(group, queue), records: keys::claim_prefix(group, queue) }
+        GroupKeys {
+            offset: keys::offset_key(group, queue),
+            records: keys::claim_prefix(group, queue),
+            outcomes: keys::outcome_prefix(group, queue),
+            progress: keys::progress_prefix(group, queue),
+        }
     }
 
     /// The group's identity: equal for the same (group, queue) whatever the mode.
@@ -41,6 +55,16 @@ impl GroupKeys {
     /// The key of the group's claim or mark on `seq` (for error reports).
     pub fn record(&self, seq: u64) -> Vec<u8> {
         keys::claim_key(&self.records, seq)
+    }
+
+    /// The key of a work group's outcome of job `seq`.
+    pub fn outcome(&self, seq: u64) -> Vec<u8> {
+        keys::claim_key(&self.outcomes, seq)
+    }
+
+    /// The key of a work group's progress report on job `seq`.
+    pub fn progress(&self, seq: u64) -> Vec<u8> {
+        keys::claim_key(&self.progress, seq)
     }
 }
 
@@ -127,6 +151,59 @@ impl<'a> Batch<'a> {
     pub fn delete_all_records(&mut self, group: &GroupKeys) {
         self.wb.delete_range_cf(self.cfs.claims, group.record(0), group.record(u64::MAX));
         self.wb.delete_cf(self.cfs.claims, group.record(u64::MAX));
+    }
+
+    /// Deletes every job outcome and progress report of a work group (it is deleted).
+    pub fn delete_job_records(&mut self, group: &GroupKeys) {
+        for prefix in [&group.outcomes, &group.progress] {
+            if !prefix.is_empty() {
+                let key = |seq: u64| keys::claim_key(prefix, seq);
+                self.wb.delete_range_cf(self.cfs.claims, key(0), key(u64::MAX));
+                self.wb.delete_cf(self.cfs.claims, key(u64::MAX));
+            }
+        }
+    }
+
+    /// Deletes a work group's progress reports on jobs `from..=through` (one range tombstone).
+    pub fn delete_progress_between(&mut self, group: &GroupKeys, from: u64, through: u64) {
+        self.wb.delete_range_cf(
+            self.cfs.claims,
+            group.progress(from),
+            group.progress(through.saturating_add(1)),
+        );
+    }
+
+    /// Writes a work group's latest progress report on job `seq`.
+    pub fn put_progress(&mut self, group: &GroupKeys, seq: u64, value: &[u8]) {
+        self.wb.put_cf(self.cfs.claims, group.progress(seq), super::outcomes::encode_progress(value));
+    }
+
+    /// Deletes a work group's progress report on job `seq`.
+    pub fn delete_progress(&mut self, group: &GroupKeys, seq: u64) {
+        self.wb.delete_cf(self.cfs.claims, group.progress(seq));
+    }
+
+    /// Writes a work group's outcome of job `seq`.
+    pub fn put_outcome(&mut self, group: &GroupKeys, seq: u64, outcome: &crate::stats::JobOutcome) {
+        self.wb.put_cf(self.cfs.claims, group.outcome(seq), super::outcomes::encode_outcome(outcome));
+    }
+
+    /// Deletes a work group's outcome of job `seq`.
+    pub fn delete_outcome(&mut self, group: &GroupKeys, seq: u64) {
+        self.wb.delete_cf(self.cfs.claims, group.outcome(seq));
+    }
+
+    /// The outcome of job `seq` as last written (not this batch's own entries).
+    pub fn outcome(
+        &self,
+        group: &GroupKeys,
+        seq: u64,
+    ) -> Result<Option<crate::stats::JobOutcome>, ReadError> {
+        let key = group.outcome(seq);
+        match self.db.get_pinned_cf(self.cfs.claims, &key).map_err(storage)? {
+            None => Ok(None),
+            Some(v) => Ok(Some(super::outcomes::decode_outcome(&key, &v)?)),
+        }
     }
 
     /// Writes the settings of `group` on `queue`.

@@ -186,6 +186,14 @@ impl Store {
                 let (group, queue, seq) = keys::parse_claim_key(&k)?;
                 records::decode_claim(&k, &v)?;
                 Record::Claim { group: group.into(), queue: queue.into(), seq, record }
+            } else if k.starts_with(b"outcome:") {
+                let (group, queue, seq) = keys::parse_outcome_key(&k)?;
+                super::outcomes::decode_outcome(&k, &v)?;
+                Record::Outcome { group: group.into(), queue: queue.into(), seq, record }
+            } else if k.starts_with(b"progress:") {
+                let (group, queue, seq) = keys::parse_progress_key(&k)?;
+                super::outcomes::decode_progress(&k, &v)?;
+                Record::Progress { group: group.into(), queue: queue.into(), seq, record }
             } else {
                 let (group, queue, seq) = keys::parse_ordered_key(&k)?;
                 records::decode_mark(&k, &v)?;

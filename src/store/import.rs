@@ -85,6 +85,20 @@ fn write(input: &mut Reader, dir: &Path) -> Result<(), Error> {
                         record,
                     );
                 }
+                Write::Outcome { group, queue, seq, record } => {
+                    wb.put_cf(
+                        cfs.claims,
+                        keys::claim_key(&keys::outcome_prefix(&group, &queue), seq),
+                        record,
+                    );
+                }
+                Write::Progress { group, queue, seq, record } => {
+                    wb.put_cf(
+                        cfs.claims,
+                        keys::claim_key(&keys::progress_prefix(&group, &queue), seq),
+                        record,
+                    );
+                }
                 Write::Redrive { dlq, record } => wb.put_cf(cfs.meta, keys::redrive_key(&dlq), record),
                 Write::Letter { dlq, seq } => wb.put_cf(cfs.meta, keys::letter_key(&dlq, seq), []),
                 Write::Schedule { name, record } => {

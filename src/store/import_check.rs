@@ -28,6 +28,8 @@ pub(crate) enum Write {
     Offset { group: String, queue: String, record: Vec<u8> },
     Claim { group: String, queue: String, seq: u64, record: Vec<u8> },
     Delivery { group: String, queue: String, seq: u64, record: Vec<u8> },
+    Outcome { group: String, queue: String, seq: u64, record: Vec<u8> },
+    Progress { group: String, queue: String, seq: u64, record: Vec<u8> },
     Redrive { dlq: String, record: Vec<u8> },
     Letter { dlq: String, seq: u64 },
     Schedule { name: String, record: Vec<u8> },
@@ -238,6 +240,24 @@ impl Reader {
                 records::decode_mark(&keys::claim_key(&keys::ordered_prefix(&group, &queue), seq), &record)
                     .map_err(bad)?;
                 Write::Delivery { group, queue, seq, record }
+            }
+            Record::Outcome { group, queue, seq, record } => {
+                pair(n, &group, &queue)?;
+                super::outcomes::decode_outcome(
+                    &keys::claim_key(&keys::outcome_prefix(&group, &queue), seq),
+                    &record,
+                )
+                .map_err(bad)?;
+                Write::Outcome { group, queue, seq, record }
+            }
+            Record::Progress { group, queue, seq, record } => {
+                pair(n, &group, &queue)?;
+                super::outcomes::decode_progress(
+                    &keys::claim_key(&keys::progress_prefix(&group, &queue), seq),
+                    &record,
+                )
+                .map_err(bad)?;
+                Write::Progress { group, queue, seq, record }
             }
             Record::Redrive { dlq, record } => {
                 name(n, NameKind::Queue, &dlq)?;

@@ -111,6 +111,71 @@ impl Snapshot<'_> {
         }
     }
 
+    /// The outcome of job `seq` in work-queue group `group` on `queue`, if one is kept.
+    pub fn outcome(
+        &self,
+        group: &str,
+        queue: &str,
+        seq: u64,
+    ) -> Result<Option<crate::stats::JobOutcome>, ReadError> {
+        let key = keys::claim_key(&keys::outcome_prefix(group, queue), seq);
+        match self.db.get_pinned_cf(self.cfs.claims, &key).map_err(storage)? {
+            Some(v) => Ok(Some(super::outcomes::decode_outcome(&key, &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The last progress report on job `seq` in work-queue group `group` on `queue`, if any.
+    pub fn progress(&self, group: &str, queue: &str, seq: u64) -> Result<Option<bytes::Bytes>, ReadError> {
+        let key = keys::claim_key(&keys::progress_prefix(group, queue), seq);
+        match self.db.get_pinned_cf(self.cfs.claims, &key).map_err(storage)? {
+            Some(v) => Ok(Some(super::outcomes::decode_progress(&key, &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The outcomes of work-queue group `group` on `queue` recorded at or before `before`
+    /// (µs since the epoch), `(seq, finished at µs)` each, in sequence order from the lowest:
+    /// at most `limit`, and the scan ends after `lookahead` outcomes in a row that have not
+    /// expired (outcomes are recorded in roughly sequence order, so the expired ones are near
+    /// the head; one slow job must not keep every later one, nor a pass read them all).
+    pub fn expired_outcomes(
+        &self,
+        group: &str,
+        queue: &str,
+        before: u64,
+        limit: usize,
+        lookahead: usize,
+    ) -> Result<Vec<(u64, u64)>, ReadError> {
+        let prefix = keys::outcome_prefix(group, queue);
+        let lo = keys::claim_key(&prefix, 0);
+        let hi = keys::claim_key(&prefix, u64::MAX);
+        let iter = self.db.iterator_cf_opt(
+            self.cfs.claims,
+            bounded(lo.clone(), hi),
+            IteratorMode::From(&lo, Direction::Forward),
+        );
+        let (mut out, mut fresh) = (Vec::new(), 0);
+        for item in iter {
+            let (k, v) = item.map_err(storage)?;
+            let seq = keys::claim_key_seq(&prefix, &k)?;
+            let at = super::outcomes::micros_of(super::outcomes::decode_outcome(&k, &v)?.finished_at);
+            if at <= before {
+                out.push((seq, at));
+                fresh = 0;
+                if out.len() >= limit {
+                    break;
+                }
+            } else {
+                fresh += 1;
+                if fresh >= lookahead {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// The claims of work-queue group `group` on `queue` above sequence `after`, in order.
     pub fn claims_above(&self, group: &str, queue: &str, after: u64) -> Result<Vec<(u64, Claim)>, ReadError> {
         let prefix = keys::claim_prefix(group, queue);

@@ -10,6 +10,8 @@
 //! | `rockq.offsets` | `consumer:<group>:<queue>` | offset record (last committed seq, mode) |
 //! | `rockq.claims` | `claim:<group>:<queue>:<seq u64 BE>` | claim record (work-queue groups) |
 //! | `rockq.claims` | `ordered:<group>:<queue>:<seq u64 BE>` | delivery record (ordered groups) |
+//! | `rockq.claims` | `outcome:<group>:<queue>:<seq u64 BE>` | job outcome (work groups that keep outcomes) |
+//! | `rockq.claims` | `progress:<group>:<queue>:<seq u64 BE>` | a running job's last progress report |
 //! | `rockq.meta` | `scheduled-id` | next schedule id |
 //! | `rockq.meta` | `queue-id` | lowest queue id never handed out (written when a queue is deleted) |
 //! | `rockq.scheduled` | `t<due u64 BE><queue_id u32 BE><id u64 BE>` | delayed message envelope, or a recurring schedule's name (queue id `u32::MAX`) |
@@ -39,6 +41,8 @@ const REDRIVE_PREFIX: &[u8] = b"redrive:";
 const LETTER_PREFIX: &[u8] = b"letter:";
 const GROUP_PREFIX: &[u8] = b"group:";
 const ORDERED_PREFIX: &[u8] = b"ordered:";
+const OUTCOME_PREFIX: &[u8] = b"outcome:";
+const PROGRESS_PREFIX: &[u8] = b"progress:";
 
 pub(crate) fn message_key(queue_id: u32, seq: u64) -> [u8; MESSAGE_KEY_LEN] {
     let mut k = [0u8; MESSAGE_KEY_LEN];
@@ -183,6 +187,40 @@ pub(crate) fn ordered_prefix(group: &str, queue: &str) -> Vec<u8> {
     [ORDERED_PREFIX, group.as_bytes(), b":", queue.as_bytes(), b":"].concat()
 }
 
+/// `outcome:<group>:<queue>:`, the prefix of a work group's job outcomes (build each key with
+/// [`claim_key`]).
+pub(crate) fn outcome_prefix(group: &str, queue: &str) -> Vec<u8> {
+    [OUTCOME_PREFIX, group.as_bytes(), b":", queue.as_bytes(), b":"].concat()
+}
+
+/// `progress:<group>:<queue>:`, the prefix of a work group's progress reports (build each key
+/// with [`claim_key`]).
+pub(crate) fn progress_prefix(group: &str, queue: &str) -> Vec<u8> {
+    [PROGRESS_PREFIX, group.as_bytes(), b":", queue.as_bytes(), b":"].concat()
+}
+
+/// Bounds of the range holding every progress report.
+pub(crate) fn progress_key_range() -> (Vec<u8>, Vec<u8>) {
+    prefix_range(PROGRESS_PREFIX)
+}
+
+/// Splits a job outcome's key into `(group, queue, seq)`.
+pub(crate) fn parse_outcome_key(key: &[u8]) -> Result<(&str, &str, u64), CorruptionError> {
+    parse_prefixed(OUTCOME_PREFIX, "outcome key", "expected outcome:<group>:<queue>:<seq>", key)
+}
+
+/// Splits a progress report's key into `(group, queue, seq)`.
+pub(crate) fn parse_progress_key(key: &[u8]) -> Result<(&str, &str, u64), CorruptionError> {
+    parse_prefixed(PROGRESS_PREFIX, "progress key", "expected progress:<group>:<queue>:<seq>", key)
+}
+
+/// The sequence of a key built with [`claim_key`] on `prefix`.
+pub(crate) fn claim_key_seq(prefix: &[u8], key: &[u8]) -> Result<u64, CorruptionError> {
+    let bad = || CorruptionError::new("record key", key, "expected <prefix><seq u64 BE>");
+    let seq = key.strip_prefix(prefix).ok_or_else(bad)?;
+    Ok(u64::from_be_bytes(seq.try_into().map_err(|_| bad())?))
+}
+
 /// `ordered:<group>:<queue>:<seq u64 BE>` (build with [`claim_key`] on an [`ordered_prefix`]).
 pub(crate) fn ordered_key_range() -> (Vec<u8>, Vec<u8>) {
     prefix_range(ORDERED_PREFIX)
@@ -190,8 +228,19 @@ pub(crate) fn ordered_key_range() -> (Vec<u8>, Vec<u8>) {
 
 /// Splits an ordered delivery record's key into `(group, queue, seq)`.
 pub(crate) fn parse_ordered_key(key: &[u8]) -> Result<(&str, &str, u64), CorruptionError> {
-    let bad = || CorruptionError::new("delivery key", key, "expected ordered:<group>:<queue>:<seq>");
-    let rest = key.strip_prefix(ORDERED_PREFIX).ok_or_else(bad)?;
+    parse_prefixed(ORDERED_PREFIX, "delivery key", "expected ordered:<group>:<queue>:<seq>", key)
+}
+
+/// `<prefix><group>:<queue>:<seq u64 BE>` into `(group, queue, seq)`; a corruption of `what`
+/// (saying `expected`) otherwise.
+fn parse_prefixed<'k>(
+    prefix: &[u8],
+    what: &'static str,
+    expected: &'static str,
+    key: &'k [u8],
+) -> Result<(&'k str, &'k str, u64), CorruptionError> {
+    let bad = || CorruptionError::new(what, key, expected);
+    let rest = key.strip_prefix(prefix).ok_or_else(bad)?;
     parse_seq_key(rest).ok_or_else(bad)
 }
 

@@ -41,6 +41,7 @@ impl Batch<'_> {
         for records in [GroupKeys::ordered(group, queue), GroupKeys::work(group, queue)] {
             self.delete_all_records(&records);
         }
+        self.delete_job_records(&GroupKeys::work(group, queue));
         self.wb.delete_cf(self.cfs.meta, keys::group_key(group, queue));
     }
 

@@ -11,7 +11,8 @@
 //! - `scheduled.rs`: delayed messages, recurring schedules and idempotency keys.
 //! - `lifecycle.rs`: deleting every record of a queue or a group.
 //! - `kv.rs`: keyspaces of versioned entries (application state written with the queues).
-//! - `keys.rs`, `records.rs`, `envelope.rs`: the key layout and the codecs of every value.
+//! - `keys.rs`, `records.rs`, `envelope.rs`, `outcomes.rs`: the key layout and the codecs of
+//!   every value (`outcomes.rs`: job outcomes and progress reports).
 
 mod backup;
 mod batch;
@@ -33,6 +34,7 @@ pub(crate) mod keys;
 mod kv;
 mod lifecycle;
 mod open;
+mod outcomes;
 mod read;
 pub(crate) mod records;
 mod scheduled;
@@ -45,6 +47,7 @@ pub(crate) use import::import;
 pub(crate) use import_check::Reader;
 pub(crate) use inspect::Snapshot;
 pub(crate) use open::{Loaded, LoadedClaim, LoadedQueue, open, open_read_only};
+pub(crate) use outcomes::micros_of;
 pub(crate) use read::{
     RawMessage, ReadOutcome, first_enqueued_at, last_enqueued_before, newest_stamp, read_cursor,
     read_letter_marks, read_range, read_seqs,

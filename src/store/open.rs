@@ -64,6 +64,9 @@ pub(crate) struct Loaded {
     pub queues: Vec<LoadedQueue>,
     pub groups: Vec<LoadedGroup>,
     pub claims: Vec<LoadedClaim>,
+    /// Work groups' progress reports `(group, queue, seq, report)`: few (running jobs that
+    /// reported).
+    pub progress: Vec<(String, String, u64, bytes::Bytes)>,
     pub settings: Vec<LoadedSettings>,
     pub marks: Vec<LoadedMark>,
     /// The next schedule id to hand out (1 on a fresh database).
@@ -407,6 +410,17 @@ pub(super) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, Error
         claims.push(LoadedClaim { group: group.to_owned(), queue: queue.to_owned(), seq, claim });
     }
 
+    let mut progress = Vec::new();
+    let (lo, hi) = keys::progress_key_range();
+    for item in
+        db.iterator_cf_opt(claims_cf, bounded(lo.clone(), hi), IteratorMode::From(&lo, Direction::Forward))
+    {
+        let (k, v) = item.map_err(storage)?;
+        let (group, queue, seq) = keys::parse_progress_key(&k)?;
+        let report = super::outcomes::decode_progress(&k, &v)?;
+        progress.push((group.to_owned(), queue.to_owned(), seq, report));
+    }
+
     // Ordered groups' marks: few (only messages whose deliveries came back).
     let mut marks = Vec::new();
     let (lo, hi) = keys::ordered_key_range();
@@ -442,6 +456,7 @@ pub(super) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, Error
         queues,
         groups,
         claims,
+        progress,
         settings,
         marks,
         next_scheduled_id,

@@ -368,15 +368,20 @@ pub(crate) fn decode_mark(key: &[u8], v: &[u8]) -> Result<OrderedMark, Corruptio
 /// follow): `lease ns u64, max attempts u32, initial backoff ns u64, max backoff ns u64,
 /// multiplier f64 bits u64, jitter f64 bits u64, ordered by key u8`. Durations are whole
 /// nanoseconds, so a stored value compares equal to the one a handle sets (each is at most 100
-/// years, which fits). Version 1 reads as "no terms stored".
+/// years, which fits). Version 1 reads as "no terms stored". Version 3 (written only for a
+/// group that keeps outcomes, so a group that does not stays readable by older builds) appends
+/// `keep outcomes ns u64` to the terms.
 const GROUP_SETTINGS_V1: u8 = 1;
 const GROUP_SETTINGS_V2: u8 = 2;
+const GROUP_SETTINGS_V3: u8 = 3;
 const WORK_TERMS_LEN: usize = 8 + 4 + 8 + 8 + 8 + 8 + 1;
+const WORK_TERMS_V3_LEN: usize = WORK_TERMS_LEN + 8;
 
 pub(crate) fn encode_settings(s: &GroupSettings) -> Vec<u8> {
     let dlq = truncate_utf8(&s.dead_letter_queue, 255).as_bytes();
-    let mut v = Vec::with_capacity(4 + dlq.len() + WORK_TERMS_LEN);
-    v.push(GROUP_SETTINGS_V2);
+    let keeps = s.work.as_ref().is_some_and(|t| !t.keep_outcomes.is_zero());
+    let mut v = Vec::with_capacity(4 + dlq.len() + WORK_TERMS_V3_LEN);
+    v.push(if keeps { GROUP_SETTINGS_V3 } else { GROUP_SETTINGS_V2 });
     v.push(u8::from(s.paused));
     v.push(dlq.len() as u8);
     v.extend_from_slice(dlq);
@@ -392,6 +397,9 @@ pub(crate) fn encode_settings(s: &GroupSettings) -> Vec<u8> {
             v.extend_from_slice(&t.policy.growth().to_bits().to_be_bytes());
             v.extend_from_slice(&t.policy.jitter_fraction().to_bits().to_be_bytes());
             v.push(u8::from(t.ordered_by_key));
+            if keeps {
+                v.extend_from_slice(&nanos(t.keep_outcomes).to_be_bytes());
+            }
         }
     }
     v
@@ -400,7 +408,7 @@ pub(crate) fn encode_settings(s: &GroupSettings) -> Vec<u8> {
 pub(crate) fn decode_settings(key: &[u8], v: &[u8]) -> Result<GroupSettings, CorruptionError> {
     let bad = |r: &str| CorruptionError::new("group settings", key, r);
     let [version, paused, len, rest @ ..] = v else { return Err(bad("shorter than the header")) };
-    if *version != GROUP_SETTINGS_V1 && *version != GROUP_SETTINGS_V2 {
+    if !(GROUP_SETTINGS_V1..=GROUP_SETTINGS_V3).contains(version) {
         return Err(bad("unknown version"));
     }
     let paused = match paused {
@@ -410,19 +418,26 @@ pub(crate) fn decode_settings(key: &[u8], v: &[u8]) -> Result<GroupSettings, Cor
     };
     let (dlq, terms) = match *version {
         GROUP_SETTINGS_V1 if rest.len() == *len as usize => (rest, &[][..]),
-        GROUP_SETTINGS_V2 if rest.len() > *len as usize => rest.split_at(*len as usize),
+        GROUP_SETTINGS_V2 | GROUP_SETTINGS_V3 if rest.len() > *len as usize => rest.split_at(*len as usize),
         _ => return Err(bad("dead-letter queue length does not match")),
     };
     let dlq = std::str::from_utf8(dlq).map_err(|_| bad("dead-letter queue is not UTF-8"))?;
     let work = match terms {
         [] | [0] => None,
-        [1, t @ ..] if t.len() == WORK_TERMS_LEN => {
+        [1, t @ ..] if *version == GROUP_SETTINGS_V2 && t.len() == WORK_TERMS_LEN => {
             Some(decode_terms(t, dlq).ok_or_else(|| bad("work terms out of range"))?)
+        }
+        [1, t @ ..] if *version == GROUP_SETTINGS_V3 && t.len() == WORK_TERMS_V3_LEN => {
+            let (t, kept) = t.split_at(WORK_TERMS_LEN);
+            let keep_outcomes = be_u64(kept, 0).map(std::time::Duration::from_nanos).filter(|d| !d.is_zero());
+            let terms = decode_terms(t, dlq).zip(keep_outcomes);
+            let (terms, keep_outcomes) = terms.ok_or_else(|| bad("work terms out of range"))?;
+            Some(WorkSettings { keep_outcomes, ..terms })
         }
         _ => return Err(bad("work terms flag or length is wrong")),
     };
     // A version-1 record has no terms byte; a version-2 one always has it.
-    if *version == GROUP_SETTINGS_V2 && terms.is_empty() {
+    if *version != GROUP_SETTINGS_V1 && terms.is_empty() {
         return Err(bad("work terms flag missing"));
     }
     Ok(GroupSettings { paused, dead_letter_queue: dlq.to_owned(), work })
@@ -452,6 +467,7 @@ fn decode_terms(t: &[u8], dlq: &str) -> Option<WorkSettings> {
         policy,
         dead_letter_queue: Arc::from(dlq),
         ordered_by_key,
+        keep_outcomes: std::time::Duration::ZERO,
     })
 }
 
@@ -609,13 +625,16 @@ mod tests {
             policy: crate::retry::RetryPolicy::default().max_attempts(3).multiplier(1.5).jitter(0.0),
             dead_letter_queue: Arc::from("orders.dlq"),
             ordered_by_key: true,
+            keep_outcomes: std::time::Duration::ZERO,
         };
-        for s in [
-            GroupSettings { paused: true, dead_letter_queue: "orders.dlq".into(), work: None },
-            GroupSettings { paused: false, dead_letter_queue: "orders.dlq".into(), work: Some(terms) },
+        let keeping = WorkSettings { keep_outcomes: std::time::Duration::from_secs(3600), ..terms.clone() };
+        for (s, version) in [
+            (GroupSettings { paused: true, dead_letter_queue: "orders.dlq".into(), work: None }, 2),
+            (GroupSettings { paused: false, dead_letter_queue: "orders.dlq".into(), work: Some(terms) }, 2),
+            (GroupSettings { paused: false, dead_letter_queue: "orders.dlq".into(), work: Some(keeping) }, 3),
         ] {
             let v = encode_settings(&s);
-            assert_eq!(v[0], GROUP_SETTINGS_V2);
+            assert_eq!(v[0], version, "a group that keeps no outcomes is written as older builds read it");
             assert_eq!(decode_settings(b"k", &v).unwrap(), s);
             for cut in 0..v.len() {
                 assert!(decode_settings(b"k", &v[..cut]).is_err(), "cut at {cut}");
@@ -648,6 +667,7 @@ mod tests {
                 .jitter(0.5),
             dead_letter_queue: Arc::from("d"),
             ordered_by_key: true,
+            keep_outcomes: std::time::Duration::ZERO,
         };
         let s = GroupSettings { paused: true, dead_letter_queue: "d".into(), work: Some(terms) };
         let mut want = vec![2, 1, 1, b'd', 1];
@@ -660,6 +680,35 @@ mod tests {
         want.push(1);
         assert_eq!(encode_settings(&s), want);
         assert_eq!(decode_settings(b"k", &want).unwrap(), s);
+    }
+
+    /// Version 3 is version 2 plus the outcome retention; zero there is a corruption (a group
+    /// that keeps none is written as version 2).
+    #[test]
+    fn group_settings_version_3_appends_the_outcome_retention() {
+        let terms = WorkSettings {
+            lease: std::time::Duration::from_secs(2),
+            policy: crate::retry::RetryPolicy::default(),
+            dead_letter_queue: Arc::from(""),
+            ordered_by_key: false,
+            keep_outcomes: std::time::Duration::ZERO,
+        };
+        let v2 = encode_settings(&GroupSettings { work: Some(terms.clone()), ..GroupSettings::default() });
+        let kept = WorkSettings { keep_outcomes: std::time::Duration::from_secs(7), ..terms };
+        let s = GroupSettings { work: Some(kept), ..GroupSettings::default() };
+        let v3 = encode_settings(&s);
+        let mut want = v2.clone();
+        want[0] = 3;
+        want.extend_from_slice(&7_000_000_000u64.to_be_bytes());
+        assert_eq!(v3, want);
+        assert_eq!(decode_settings(b"k", &v3).unwrap(), s);
+        let mut zero = v2.clone();
+        zero[0] = 3;
+        zero.extend_from_slice(&0u64.to_be_bytes());
+        assert!(decode_settings(b"k", &zero).is_err(), "zero retention in a version-3 record");
+        let mut short = v2;
+        short[0] = 3;
+        assert!(decode_settings(b"k", &short).is_err(), "version 3 without the retention");
     }
 
     #[test]
@@ -677,6 +726,7 @@ mod tests {
             policy: crate::retry::RetryPolicy::default(),
             dead_letter_queue: Arc::from(""),
             ordered_by_key: false,
+            keep_outcomes: std::time::Duration::ZERO,
         };
         let good = encode_settings(&GroupSettings { work: Some(terms), ..GroupSettings::default() });
         let at = good.len() - WORK_TERMS_LEN;

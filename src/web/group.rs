@@ -79,13 +79,33 @@ async fn find_job(st: &State, b: &str, q: &str, g: &str, job: Option<&str>) -> R
         esc(job.holder.as_deref().unwrap_or("-")),
         time_left,
         esc(job.last_error.as_deref().unwrap_or("-")),
+        job.progress.as_deref().map_or_else(|| "-".into(), |p| html::payload(p, html::View::Text, 200)),
+        job.outcome.as_ref().map_or_else(|| "-".into(), outcome),
     ];
     out.push_str(&html::table(
         "job",
-        &["Seq", "State", "Attempt", "Holder", "Time left", "Last error"],
+        &["Seq", "State", "Attempt", "Holder", "Time left", "Last error", "Progress", "Outcome"],
         &[row],
     ));
     Ok(out)
+}
+
+/// A kept outcome, escaped: its kind, attempt and time, where a dead letter went and why, and
+/// the handler's result (as payloads are shown).
+fn outcome(o: &crate::stats::JobOutcome) -> String {
+    let mut s = format!(
+        r#"<span class="outcome">{}</span> (attempt {}) at {}"#,
+        o.kind.as_str(),
+        o.attempt,
+        html::time(o.finished_at)
+    );
+    if let crate::stats::OutcomeKind::DeadLettered { reason, dead_letter_queue, dead_letter_seq } = &o.kind {
+        let _ = write!(s, " to {}#{dead_letter_seq}: {}", esc(dead_letter_queue), esc(reason));
+    }
+    if let Some(r) = &o.result {
+        let _ = write!(s, ", result {}", html::payload(r, html::View::Text, 200));
+    }
+    s
 }
 
 async fn render(
@@ -123,6 +143,10 @@ async fn render(
             ]);
         }
         settings.push(vec!["Ordered by key".into(), if gs.ordered_by_key { "yes" } else { "no" }.into()]);
+        settings.push(vec![
+            "Keeps outcomes".into(),
+            gs.keep_outcomes.map_or_else(|| "no".into(), html::duration),
+        ]);
         settings.push(vec![
             "Dead-letter queue".into(),
             gs.dead_letter_queue

@@ -32,7 +32,8 @@ static NEXT_CONSUMER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 /// time; a group name is either one or the other on a queue.
 ///
 /// **Stored settings.** The [lease](WorkGroup::lease), [retry policy](WorkGroup::retry_policy),
-/// [dead-letter queue](WorkGroup::dead_letter_queue) and [key ordering](WorkGroup::ordered_by_key)
+/// [dead-letter queue](WorkGroup::dead_letter_queue), [key ordering](WorkGroup::ordered_by_key)
+/// and [outcome retention](WorkGroup::keep_outcomes)
 /// are stored with the group (its `group:<group>:<queue>` record), like a JetStream consumer's
 /// config, so every process sharing the database over time runs the group the same way:
 ///
@@ -77,6 +78,7 @@ pub struct WorkGroup {
     policy: Option<RetryPolicy>,
     dlq: Option<String>,
     ordered_by_key: Option<bool>,
+    keep_outcomes: Option<Duration>,
     max_in_flight: usize,
     claim_batch: usize,
     saturation_after: Duration,
@@ -100,6 +102,7 @@ impl WorkGroup {
             policy: None,
             dlq: None,
             ordered_by_key: None,
+            keep_outcomes: None,
             max_in_flight: 256,
             claim_batch: 64,
             saturation_after: Duration::from_secs(1),
@@ -308,6 +311,102 @@ impl WorkGroup {
     pub fn ordered_by_key(mut self, on: bool) -> Self {
         self.ordered_by_key = Some(on);
         self
+    }
+
+    /// Keeps each finished job's outcome for `retention`: how it ended (acked, deleted, or
+    /// dead-lettered with the reason and where the letter went), when, after which attempt,
+    /// and the handler's result ([`Task::set_result`](crate::Task::set_result)).
+    /// [`Broker::job`](crate::Broker::job) and [`Broker::wait_job`](crate::Broker::wait_job)
+    /// return it in [`JobStatus::outcome`](crate::JobStatus::outcome), and it outlives the
+    /// message: a job whose message retention deleted still reads as finished, with its
+    /// outcome. `Duration::ZERO` keeps none (the default for a new group).
+    ///
+    /// **Stored with the group** like the [lease](WorkGroup::lease). The outcome is written
+    /// in the write that finishes the job (one record per job, with the ack: what it costs),
+    /// so a job is never finished without it, and survives what that write survives (see
+    /// [`Durability`](crate::Durability)). A retention pass ([`Broker::trim`](crate::Broker::trim),
+    /// or the background one) deletes outcomes older than `retention`, oldest sequences first:
+    /// one is kept **at least** `retention`, and longer when it sits behind unexpired ones
+    /// (outcomes finished out of order: a pass reads past at most 1,024 unexpired outcomes
+    /// before it stops). An [`update`](WorkGroup::update) changes the retention of the
+    /// outcomes kept already too; turning it off (`Duration::ZERO`) stops new ones and the
+    /// next retention pass deletes the kept ones. Deleting the group deletes them.
+    ///
+    /// Not on the etcd engine ([`Error::Unsupported`] when stored).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// use std::time::Duration;
+    /// let queue = broker.queue("invoices").await?;
+    /// let seq = queue.send("render invoice 7").await?;
+    /// let group = queue.work_group("render")?.keep_outcomes(Duration::from_secs(7 * 24 * 3600));
+    /// let pool = group.workers(4).spawn(|task: rockq::Task| async move {
+    ///     task.set_result(format!("invoice-{}.pdf", task.seq()))?;
+    ///     Ok(())
+    /// });
+    /// let done = broker.wait_job("invoices", "render", seq).await?;
+    /// println!("{:?}", done.outcome.and_then(|o| o.result)); // Some(b"invoice-1.pdf")
+    /// pool.shutdown().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn keep_outcomes(mut self, retention: Duration) -> Self {
+        self.keep_outcomes = Some(retention);
+        self
+    }
+
+    /// Where job `seq` of this group stands: [`Broker::job`](crate::Broker::job) for this
+    /// group's queue and name.
+    ///
+    /// # Errors
+    ///
+    /// As [`Broker::job`](crate::Broker::job).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// let seq = queue.send("resize 7.png").await?;
+    /// let status = queue.work_group("thumbnails")?.job(seq).await?;
+    /// println!("{}: {}", seq, status.state.as_str());
+    /// # Ok(()) }
+    /// ```
+    pub async fn job(&self, seq: u64) -> Result<crate::stats::JobStatus, Error> {
+        self.shared.job(&self.name, &self.queue.name, seq).await
+    }
+
+    /// Waits until job `seq` of this group is final and returns its status, with its kept
+    /// outcome: [`Broker::wait_job`](crate::Broker::wait_job) for this group's queue and name.
+    /// What a producer awaits after a send to learn that (and how) its job finished.
+    ///
+    /// # Errors
+    ///
+    /// As [`Broker::wait_job`](crate::Broker::wait_job).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads and waits.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use std::time::Duration;
+    /// let group = queue.work_group("render")?.keep_outcomes(Duration::from_secs(3600));
+    /// let seq = queue.send("invoice 7").await?;
+    /// let done = group.wait_job(seq).await?;
+    /// if let Some(outcome) = done.outcome {
+    ///     println!("{} after {} attempts: {:?}", outcome.kind.as_str(), outcome.attempt, outcome.result);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn wait_job(&self, seq: u64) -> Result<crate::stats::JobStatus, Error> {
+        self.shared.wait_job(&self.name, &self.queue.name, seq).await
     }
 
     pub(crate) fn saturation_threshold(&self) -> Duration {
@@ -531,6 +630,9 @@ impl WorkGroup {
         if self.ordered_by_key == Some(true) {
             self.shared.check(Capability::OrderedByKey)?;
         }
+        if self.keep_outcomes.is_some_and(|k| !k.is_zero()) {
+            self.shared.check(Capability::KeepOutcomes)?;
+        }
         if let Some(l) = self.lease
             && l < MIN_LEASE
         {
@@ -549,6 +651,7 @@ impl WorkGroup {
             policy: self.policy.clone(),
             dead_letter_queue: self.dlq.clone(),
             ordered_by_key: self.ordered_by_key,
+            keep_outcomes: self.keep_outcomes.map(crate::clock::clamp_delay),
         })
     }
 

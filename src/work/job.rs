@@ -9,7 +9,8 @@ use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use super::limits::HandleLimits;
 use crate::engine::boundary::{
-    Claimed, HeldLease, Outcome, RawMessage, Request, SettlingGuard, Shared, WorkGroupState, WorkRequest,
+    Claimed, HeldLease, Outcome, QueuedAck, RawMessage, Request, SettlingGuard, Shared, WorkGroupState,
+    WorkRequest,
 };
 use crate::error::Error;
 use crate::model::Claim;
@@ -34,6 +35,8 @@ pub(crate) struct JobInner {
     /// How many times in a row its pool handler's transaction conflicted (see the pool's
     /// `commit_with_ack`).
     pub conflicts: std::sync::atomic::AtomicU32,
+    /// The handler's result (`set_result`), written with the ack's outcome.
+    result: Mutex<Option<bytes::Bytes>>,
 }
 
 impl JobInner {
@@ -57,7 +60,65 @@ impl JobInner {
             uncounted: AtomicBool::new(true),
             tx: std::sync::OnceLock::new(),
             conflicts: Default::default(),
+            result: Mutex::new(None),
         })
+    }
+
+    /// The result set so far (cloned: a refused transaction leaves it for the next ack).
+    pub(crate) fn result(&self) -> Option<bytes::Bytes> {
+        self.result.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn report_progress(&self, report: bytes::Bytes) -> Result<(), Error> {
+        let shared = &self.shared;
+        shared.check(crate::engine::boundary::Capability::JobProgress)?;
+        if report.len() > crate::stats::MAX_PROGRESS_BYTES {
+            return Err(Error::Invalid {
+                reason: format!(
+                    "a progress report of {} bytes is over the maximum of {} (MAX_PROGRESS_BYTES)",
+                    report.len(),
+                    crate::stats::MAX_PROGRESS_BYTES
+                ),
+            });
+        }
+        if shared.is_closed() {
+            return Err(Error::Shutdown);
+        }
+        if self.group.is_deleted() {
+            return Err(deleted(&self.group));
+        }
+        let (seq, now) = (self.msg.seq, shared.clock().now());
+        let first = self
+            .group
+            .report_progress(seq, self.token, now, report)
+            .map_err(|_| self.group.lease_lost(seq, self.attempt))?;
+        if first {
+            shared.mark_work_dirty(self.group.clone());
+            shared.nudge_writer();
+        }
+        Ok(())
+    }
+
+    fn set_result(&self, value: bytes::Bytes) -> Result<(), Error> {
+        let (queue, group) = (&self.group.queue.name, &self.group.name);
+        if self.config.settings(&self.group).keep_outcomes.is_zero() {
+            return Err(Error::Invalid {
+                reason: format!(
+                    "work group {group} on queue {queue} keeps no outcomes (WorkGroup::keep_outcomes): a result would be dropped"
+                ),
+            });
+        }
+        if value.len() > crate::stats::MAX_RESULT_BYTES {
+            return Err(Error::Invalid {
+                reason: format!(
+                    "a job result of {} bytes is over the maximum of {} (MAX_RESULT_BYTES)",
+                    value.len(),
+                    crate::stats::MAX_RESULT_BYTES
+                ),
+            });
+        }
+        *self.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(value);
+        Ok(())
     }
 
     /// When this holder's lease ends, on the broker's clock.
@@ -191,6 +252,93 @@ macro_rules! accessors {
         /// ```
         pub fn extend(&self, by: Duration) -> Result<(), Error> {
             self.inner.extend(by)
+        }
+
+        /// Sets the job's result: kept with its outcome when the job is acked (by a pool when
+        /// the handler returns `Ok`, or by [`Job::ack`] and its twins), for as long as the group
+        /// [keeps outcomes](crate::WorkGroup::keep_outcomes); read back with
+        /// [`Broker::job`](crate::Broker::job) or [`Broker::wait_job`](crate::Broker::wait_job)
+        /// ([`JobOutcome::result`](crate::JobOutcome::result)). A later call replaces it; a
+        /// failed attempt drops it. Nothing is written until the ack.
+        ///
+        /// # Errors
+        ///
+        /// [`Error::Invalid`] if the group keeps no outcomes (the result would be dropped) or
+        /// the value is over [`MAX_RESULT_BYTES`](crate::stats::MAX_RESULT_BYTES). Nothing changes.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+        /// use std::time::Duration;
+        /// let group = queue.work_group("thumbnails")?.keep_outcomes(Duration::from_secs(24 * 3600));
+        /// group.workers(4).run(|task: rockq::Task| async move {
+        ///     let url = format!("https://cdn.example/{}.webp", task.seq());
+        ///     task.set_result(url)?;
+        ///     Ok(())
+        /// }).await?;
+        /// # Ok(()) }
+        /// ```
+        pub fn set_result(&self, value: impl Into<bytes::Bytes>) -> Result<(), Error> {
+            self.inner.set_result(value.into())
+        }
+
+        /// Reports progress: `report` (a percentage, a cursor, a checkpoint — your encoding)
+        /// becomes the job's last progress report at once, for [`Broker::job`](crate::Broker::job)
+        /// ([`JobStatus::progress`](crate::JobStatus::progress)) and for
+        /// [`last_progress`](Self::last_progress) in this or a later attempt, and is written
+        /// in the writer's next round: reports made faster than rounds are coalesced, the
+        /// last one is written. Returns without waiting for the write; a crash before it keeps
+        /// the report written before. The report goes when the job is finished (it lives as
+        /// long as the job runs or waits for a retry), and with a reset or a retention trim
+        /// past it.
+        ///
+        /// # Errors
+        ///
+        /// [`Error::LeaseLost`] if this holder's lease ran out (the report is not kept);
+        /// [`Error::Invalid`] for a report over [`MAX_PROGRESS_BYTES`](crate::stats::MAX_PROGRESS_BYTES);
+        /// [`Error::GroupDeleted`], [`Error::Shutdown`]; [`Error::Unsupported`] on the etcd
+        /// engine. Nothing changes on an error.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # async fn demo(group: rockq::WorkGroup) -> Result<(), rockq::Error> {
+        /// group.workers(2).run(|task: rockq::Task| async move {
+        ///     // Resume after the last checkpoint of an earlier attempt (a crash, a retry).
+        ///     let start: usize = task
+        ///         .last_progress()
+        ///         .and_then(|p| std::str::from_utf8(&p).ok()?.parse().ok())
+        ///         .unwrap_or(0);
+        ///     for row in start..10_000 {
+        ///         // ... import row ...
+        ///         if row % 500 == 0 {
+        ///             task.progress(row.to_string())?;
+        ///         }
+        ///     }
+        ///     Ok(())
+        /// }).await?;
+        /// # Ok(()) }
+        /// ```
+        pub fn progress(&self, report: impl Into<bytes::Bytes>) -> Result<(), Error> {
+            self.inner.report_progress(report.into())
+        }
+
+        /// The job's last progress report ([`progress`](Self::progress)): this attempt's, or
+        /// an earlier attempt's (before a retry, an expired lease or a restart), so that a
+        /// handler can resume from it. `None` if none was made.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # fn demo(task: rockq::Task) {
+        /// if let Some(p) = task.last_progress() {
+        ///     println!("attempt {} resumes after {:?}", task.attempt(), p);
+        /// }
+        /// # }
+        /// ```
+        pub fn last_progress(&self) -> Option<bytes::Bytes> {
+            self.inner.group.last_progress(self.inner.msg.seq)
         }
     };
 }
@@ -342,7 +490,8 @@ impl Job {
             .begin_settle(seq, inner.token, shared.clock().now())
             .map_err(|_| group.lease_lost(seq, attempt))?;
         // Coalesced: the writer picks up every queued ack of the group in its next round.
-        if group.queue_ack(seq, attempt, inner.epoch) {
+        let ack = QueuedAck { seq, attempt, epoch: inner.epoch, result: inner.result() };
+        if group.queue_ack(ack) {
             shared.mark_work_dirty(group.clone());
             shared.nudge_writer();
         }
@@ -601,7 +750,7 @@ impl Job {
         let cfg = inner.config.settings(group);
         let mut waiting = None;
         let outcome = match kind {
-            Kind::Ack => Outcome::Ack,
+            Kind::Ack => Outcome::Ack { result: inner.result() },
             Kind::Retry { delay, error } if attempt < cfg.policy.attempts() => {
                 // Clamped to 100 years: `Duration::MAX` would overflow `Instant` arithmetic.
                 let delay =
@@ -685,6 +834,7 @@ impl Job {
             token: inner.token,
             epoch: inner.epoch,
             lease,
+            result: inner.result(),
         })
     }
 

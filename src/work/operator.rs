@@ -90,7 +90,7 @@ pub(crate) async fn act(
     let action_name = action.name();
     let mut waiting = None;
     let outcome = match action {
-        JobAction::Delete => Outcome::Ack,
+        JobAction::Delete => Outcome::Deleted,
         JobAction::DeadLetter(reason) => Outcome::DeadLetter { reason, dlq },
         JobAction::RetryNow => {
             // Durable: a restart finds it due, not waiting for the old retry time.

@@ -52,7 +52,8 @@ pub async fn fixture() -> Fixture {
                 .jitter(0.0),
         )
         .read_batch(4)
-        .max_in_flight(4);
+        .max_in_flight(4)
+        .keep_outcomes(Duration::from_secs(24 * 3600));
     let mut work = wg.subscribe().await.unwrap();
     let j1 = next_job(&mut work).await;
     let j2 = next_job(&mut work).await;
@@ -61,6 +62,7 @@ pub async fn fixture() -> Fixture {
     j1.dead_letter_durable("bad input: <missing field>").await.unwrap();
     j2.dead_letter_durable("poison").await.unwrap();
     j3.fail_durable("downstream 503").await.unwrap();
+    held.progress("<i>75%</i>").unwrap();
     let accounts = broker.kv("accounts").await.unwrap();
     for name in ["ada", "grace", "linus"] {
         accounts.put(name, "1").await.unwrap();

@@ -276,9 +276,24 @@ async fn job(inspector: &Inspector, json: bool, queue: &str, group: &str, seq: u
         job.holder.clone().unwrap_or_else(|| "-".into()),
         time_left,
         job.last_error.as_deref().map_or_else(|| "-".into(), |e| format::payload(e.as_bytes(), 50)),
+        job.progress.as_deref().map_or_else(|| "-".into(), |p| format::payload(p, 30)),
+        job.outcome.as_ref().map_or_else(|| "-".into(), outcome),
     ];
-    table(&["SEQ", "STATE", "ATTEMPT", "HOLDER", "UNTIL", "LAST ERROR"], &[row]);
+    table(&["SEQ", "STATE", "ATTEMPT", "HOLDER", "UNTIL", "LAST ERROR", "PROGRESS", "OUTCOME"], &[row]);
     Ok(())
+}
+
+/// `acked (attempt 2) at <time>, result "…"`, `dead-lettered … to <dlq>#<seq>: <reason>`.
+fn outcome(o: &rockq::JobOutcome) -> String {
+    let mut s = format!("{} (attempt {}) at {}", o.kind.as_str(), o.attempt, format::time(o.finished_at));
+    if let rockq::OutcomeKind::DeadLettered { reason, dead_letter_queue, dead_letter_seq } = &o.kind {
+        s +=
+            &format!(" to {dead_letter_queue}#{dead_letter_seq}: {}", format::payload(reason.as_bytes(), 50));
+    }
+    if let Some(r) = &o.result {
+        s += &format!(", result {}", format::payload(r, 50));
+    }
+    s
 }
 
 async fn dlq_list(inspector: &Inspector, json: bool, dlq: &str, limit: usize) -> Result<()> {

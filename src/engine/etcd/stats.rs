@@ -71,6 +71,7 @@ pub(crate) async fn stats(engine: &Arc<Engine>, side: &EtcdSide) -> Result<Stats
             lease: None,
             retry_policy: None,
             ordered_by_key: false,
+            keep_outcomes: None,
         };
         if offset.mode == StoredMode::WorkQueue {
             // Claim counts from every process's records, as embedded from the disk's.

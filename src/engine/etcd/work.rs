@@ -89,6 +89,10 @@ impl Writer {
             let _ = reply.send(Err(capability::refusal(Flavour::Etcd, Capability::OrderedByKey)));
             return;
         }
+        if requested.keep_outcomes.is_some_and(|k| !k.is_zero()) {
+            let _ = reply.send(Err(capability::refusal(Flavour::Etcd, Capability::KeepOutcomes)));
+            return;
+        }
         let _ = reply.send(self.store_work_settings(&group, &requested, mode).await);
     }
 
@@ -287,7 +291,7 @@ impl Writer {
         };
         let (queue, gname) = (group.queue.name.clone(), group.name.clone());
         match outcome {
-            Outcome::Ack => {
+            Outcome::Ack { .. } | Outcome::Deleted => {
                 let writes = [ClaimWrite { seq, expected, record: Claim::Done }];
                 match self.write(&group, &writes, None).await {
                     Ok(Written::Yes(rev)) => {
@@ -517,7 +521,7 @@ impl Writer {
                     if !own {
                         let p = g.progress();
                         if a.seq <= p.offset || p.done.contains(a.seq) {
-                            finished.push(*a);
+                            finished.push(a.clone());
                         } else {
                             tracing::debug!(queue = %g.queue.name, group = %g.name, seq = a.seq, "rockq: an ack lost its claim to another process");
                         }
@@ -528,7 +532,7 @@ impl Writer {
                 while !left.is_empty() {
                     if result.as_ref().is_err_and(StorageError::is_transient) {
                         // etcd is unreachable this round: these wait for the next, untried.
-                        if left.drain(..).fold(false, |d, a| g.queue_ack(a.seq, a.attempt, a.epoch) | d) {
+                        if left.drain(..).fold(false, |d, a| g.queue_ack(a) | d) {
                             self.engine.mark_work_dirty(g.clone());
                         }
                         break;
@@ -570,7 +574,7 @@ impl Writer {
                                         None => seq <= offset,
                                     };
                                     if done {
-                                        finished.push(*a);
+                                        finished.push(a.clone());
                                     } else {
                                         tracing::debug!(queue = %g.queue.name, group = %g.name, seq, "rockq: an ack lost its claim to another process");
                                     }
@@ -591,7 +595,7 @@ impl Writer {
                             tracing::warn!(queue = %g.queue.name, group = %g.name, error = %e, acks = left.len(), "rockq: acks could not reach etcd; keeping them for the next round");
                             let mut dirty = false;
                             for a in left.drain(..) {
-                                dirty |= g.queue_ack(a.seq, a.attempt, a.epoch);
+                                dirty |= g.queue_ack(a);
                             }
                             if dirty {
                                 self.engine.mark_work_dirty(g.clone());

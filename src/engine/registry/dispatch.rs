@@ -34,11 +34,22 @@ pub(super) struct Slot {
     /// Whether `key` was read from the message (slots restored at open, or claimed before the
     /// group was ordered by key, do not know it yet).
     pub key_known: bool,
+    /// The last progress report of any attempt (`Task::progress`); boxed, since few jobs
+    /// report and every slot pays for the field.
+    pub progress: Option<Box<bytes::Bytes>>,
 }
 
 impl Slot {
     pub fn available(attempt: u32, last_error: String) -> Self {
-        Slot { attempt, state: SlotState::Available, last_error, expired: false, key: None, key_known: false }
+        Slot {
+            attempt,
+            state: SlotState::Available,
+            last_error,
+            expired: false,
+            key: None,
+            key_known: false,
+            progress: None,
+        }
     }
 }
 
@@ -155,6 +166,11 @@ impl Dispatch {
 
     pub fn get(&self, seq: u64) -> Option<&Slot> {
         self.slots.get(&seq)
+    }
+
+    /// `seq`'s slot to change anything but its state (which the indexes follow: use `set`).
+    pub fn get_mut_unindexed(&mut self, seq: u64) -> Option<&mut Slot> {
+        self.slots.get_mut(&seq)
     }
 
     /// Moves `seq` to `state` (nothing if it has no slot); `f` may change the rest of the slot.

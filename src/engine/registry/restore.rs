@@ -19,8 +19,18 @@ impl Registry {
         loaded: Loaded,
         options: &Options,
     ) -> Result<(Registry, Vec<Arc<OrderedGroupState>>), Error> {
-        let Loaded { queues, groups, claims, settings, marks, scheduled, keyspaces, kv_revision, .. } =
-            loaded;
+        let Loaded {
+            queues,
+            groups,
+            claims,
+            progress,
+            settings,
+            marks,
+            scheduled,
+            keyspaces,
+            kv_revision,
+            ..
+        } = loaded;
         let registry = Registry::default();
         for k in keyspaces {
             let state = KeyspaceState::new(k.id, &k.name, k.keys);
@@ -65,6 +75,13 @@ impl Registry {
         }
         for g in registry.work.iter() {
             g.restore(by_group.remove(g.keys.id()).unwrap_or_default(), &options.clock);
+        }
+        // Progress reports of running jobs (one of a job finished since is deleted with it; one
+        // left below the offset by an older trim goes with the group's next trim or reset).
+        for (group, queue, seq, report) in progress {
+            if let Some(g) = registry.work.get(&group_id(&group, &queue)) {
+                g.restore_progress(seq, report);
+            }
         }
         // Ordered groups' delivery counts and dead letters above their offsets.
         let mut stale = Vec::new();

@@ -48,6 +48,11 @@ pub(crate) struct WorkGroupState {
     /// Acks (sequence, attempt) queued for the writer's next round, coalesced like ordered
     /// offsets: one channel message per round instead of one per ack.
     queued_acks: Mutex<Vec<QueuedAck>>,
+    /// Progress reports queued for the writer's next round: the latest per job (coalesced).
+    queued_progress: Mutex<std::collections::HashMap<u64, bytes::Bytes>>,
+    /// Whether a progress record may exist (one was reported, or found at open): trims and
+    /// resets then delete the records of what they move past.
+    pub has_progress: std::sync::atomic::AtomicBool,
     /// Messages this group never received because retention deleted them first.
     pub skipped: AtomicU64,
     /// Times a subscription of this group waited on its in-flight bound for too long.
@@ -166,12 +171,14 @@ impl Drop for SettlingGuard<'_> {
 }
 
 /// An ack queued for the writer's next round.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct QueuedAck {
     pub seq: u64,
     pub attempt: u32,
     /// The reset epoch of the claim it settles.
     pub epoch: u64,
+    /// The handler's result, kept with the outcome by a group that keeps outcomes.
+    pub result: Option<bytes::Bytes>,
 }
 
 /// How far ahead an instant is clamped when a duration would overflow `Instant` (about a
@@ -201,6 +208,8 @@ impl WorkGroupState {
             progress: Mutex::new(Progress { offset: committed, done: Finished::new(committed + 1) }),
             next_token: AtomicU64::new(seed),
             queued_acks: Mutex::new(Vec::new()),
+            queued_progress: Mutex::new(std::collections::HashMap::new()),
+            has_progress: std::sync::atomic::AtomicBool::new(false),
             saturations: AtomicU64::new(0),
             subscriptions: std::sync::atomic::AtomicUsize::new(0),
             skipped: AtomicU64::new(0),
@@ -524,6 +533,8 @@ impl WorkGroupState {
             attempt,
             last_error: (!last_error.is_empty()).then(|| last_error.to_owned()),
             holder: None,
+            outcome: None,
+            progress: None,
         };
         // Retention's trim moves the group's offset over what it deleted, so the offset cannot
         // tell a finished job from a deleted one: the queue's head is asked first.
@@ -551,7 +562,9 @@ impl WorkGroupState {
             SlotState::Waiting { due } if due > now => JobState::RetryWaiting { due_in: due - now },
             SlotState::Waiting { .. } => JobState::Queued,
         };
-        Some(of(state, slot.attempt, &slot.last_error))
+        let mut status = of(state, slot.attempt, &slot.last_error);
+        status.progress = slot.progress.as_deref().cloned();
+        Some(status)
     }
 
     /// Starts settling `seq` for the holder of `token`: fails if the lease expired or the
@@ -676,10 +689,68 @@ impl WorkGroupState {
 
     /// Queues an ack (already fenced by `begin_settle`). Returns true if the queue was empty:
     /// the caller then hands the group to the writer.
-    pub fn queue_ack(&self, seq: u64, attempt: u32, epoch: u64) -> bool {
+    pub fn queue_ack(&self, ack: QueuedAck) -> bool {
         let mut q = self.queued_acks.lock().unwrap_or_else(|p| p.into_inner());
-        q.push(QueuedAck { seq, attempt, epoch });
+        q.push(ack);
         q.len() == 1
+    }
+
+    /// The holder of `token` reports progress `report` on `seq`: kept on the slot at once (what
+    /// `Broker::job` and the next attempt read) and queued for the writer. Fenced like an
+    /// extension: the lease must be this holder's and running. Returns whether the group must
+    /// be marked for the writer (nothing was queued before).
+    pub fn report_progress(
+        &self,
+        seq: u64,
+        token: u64,
+        now: Instant,
+        report: bytes::Bytes,
+    ) -> Result<bool, Lost> {
+        let mut d = self.dispatch();
+        let Some(slot) = d.get_mut_unindexed(seq) else { return Err(Lost) };
+        match slot.state {
+            SlotState::Leased { token: t, deadline } if t == token && now < deadline => {}
+            _ => return Err(Lost),
+        }
+        slot.progress = Some(Box::new(report.clone()));
+        self.has_progress.store(true, Ordering::Release);
+        // Queued under the dispatch lock: a reset (which takes it) either comes first and this
+        // holder's lease is gone, or after, and drops what is queued.
+        let mut q = self.queued_progress.lock().unwrap_or_else(|p| p.into_inner());
+        q.insert(seq, report);
+        Ok(q.len() == 1)
+    }
+
+    /// The writer takes every queued progress report.
+    pub fn take_queued_progress(&self) -> std::collections::HashMap<u64, bytes::Bytes> {
+        // The writer asks every round: a group that never reported skips the lock.
+        if !self.has_progress.load(Ordering::Acquire) {
+            return std::collections::HashMap::new();
+        }
+        std::mem::take(&mut *self.queued_progress.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// `seq`'s last progress report, of this attempt or an earlier one.
+    pub fn last_progress(&self, seq: u64) -> Option<bytes::Bytes> {
+        self.dispatch().get(seq).and_then(|s| s.progress.as_deref().cloned())
+    }
+
+    /// The writer finishes `seq`: drops its progress report from memory. Returns whether it
+    /// had one (its record goes in the same batch).
+    pub fn forget_progress(&self, seq: u64) -> bool {
+        // Asked for every finished job: a group that never reported skips the dispatch lock.
+        if !self.has_progress.load(Ordering::Acquire) {
+            return false;
+        }
+        self.dispatch().get_mut_unindexed(seq).and_then(|s| s.progress.take()).is_some()
+    }
+
+    /// A progress report found at open.
+    pub fn restore_progress(&self, seq: u64, report: bytes::Bytes) {
+        self.has_progress.store(true, Ordering::Release);
+        if let Some(slot) = self.dispatch().get_mut_unindexed(seq) {
+            slot.progress = Some(Box::new(report));
+        }
     }
 
     /// The writer takes every queued ack.
@@ -1152,7 +1223,7 @@ mod tests {
         let now = Instant::now();
         let t = g.take(now, 3, 3, LEASE, MAX);
         assert!(t.claimed.iter().all(|c| c.epoch == 0));
-        g.queue_ack(1, 1, 0);
+        g.queue_ack(QueuedAck { seq: 1, attempt: 1, epoch: 0, result: None });
         g.reset(1);
         assert_eq!(g.epoch(), 1);
         assert!(g.take_queued_acks().is_empty());

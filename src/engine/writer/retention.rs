@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use super::round::Round;
 use super::{ordered, work};
-use crate::engine::registry::QueueState;
+use crate::engine::registry::{QueueState, WorkGroupState};
 use crate::engine::request::{Reply, RetentionRequest, TrimCut};
 use crate::error::Error;
 use crate::events::Event;
@@ -30,6 +30,16 @@ pub(super) fn apply(r: &mut Round<'_>, req: RetentionRequest) {
                 drop(reply.send(res.map(|()| deleted).map_err(|e| Error::Storage(e.clone()))))
             });
         }
+        RetentionRequest::ExpireOutcomes { group, expired, reply } => {
+            let deleted = expire_outcomes(r, &group, expired);
+            if deleted == 0 {
+                let _ = reply.send(Ok(0));
+                return;
+            }
+            r.on_done(move |res| {
+                drop(reply.send(res.map(|()| deleted).map_err(|e| Error::Storage(e.clone()))))
+            });
+        }
         RetentionRequest::ExpireDedup { expired, reply } => {
             let deleted = expire_dedup(r, expired);
             r.on_done(move |res| {
@@ -37,6 +47,29 @@ pub(super) fn apply(r: &mut Round<'_>, req: RetentionRequest) {
             });
         }
     }
+}
+
+/// Deletes the listed outcomes of `g` whose records still carry the finish time the scan read
+/// (a job finished again since, after a reset, has a new one, and stays). Returns how many went.
+fn expire_outcomes(r: &mut Round<'_>, g: &WorkGroupState, expired: Vec<(u64, u64)>) -> u64 {
+    if g.is_deleted() {
+        return 0;
+    }
+    let mut deleted = 0;
+    for (seq, at) in expired {
+        match r.batch.outcome(&g.keys, seq) {
+            Ok(Some(o)) if crate::store::micros_of(o.finished_at) == at => {
+                r.batch.delete_outcome(&g.keys, seq);
+                deleted += 1;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                // Unreadable: left for an operator (the job's lookup reports the corruption).
+                tracing::warn!(queue = %g.queue.name, group = %g.name, seq, error = %e, "rockq: an outcome record could not be read; not expired");
+            }
+        }
+    }
+    deleted
 }
 
 /// Deletes the idempotency keys whose records still carry the expiry the index listed them

@@ -221,7 +221,7 @@ async fn work_group(fx: &mut Fixture) -> Arc<WorkGroupState> {
 
 fn ack(group: &Arc<WorkGroupState>, seq: u64) -> (Request, oneshot::Receiver<Result<(), Error>>) {
     let (reply, rx) = oneshot::channel();
-    let outcome = Outcome::Ack;
+    let outcome = Outcome::Ack { result: None };
     (
         Request::Work(WorkRequest::Outcome {
             group: group.clone(),

@@ -26,6 +26,7 @@ use crate::engine::request::{KvRequest, KvWrite, Reply, TxApplied, TxDelivery, T
 use crate::error::Error;
 use crate::events::Event;
 use crate::model::OrderedMark;
+use crate::stats::OutcomeKind;
 use crate::telemetry;
 
 pub(super) fn apply_kv(r: &mut Round<'_>, req: KvRequest) {
@@ -76,7 +77,7 @@ pub(super) fn apply(r: &mut Round<'_>, tx: TxRequest) {
             return;
         }
     };
-    let TxRequest { writes, sends, jobs, deliveries, reply } = tx;
+    let TxRequest { writes, sends, mut jobs, deliveries, reply } = tx;
     let Checked { revisions, originals } = found;
 
     // Keys: one new revision for all of the transaction's writes.
@@ -100,8 +101,11 @@ pub(super) fn apply(r: &mut Round<'_>, tx: TxRequest) {
         }
     }
 
-    for j in &jobs {
-        work::finish_seq(r, &j.group, j.seq);
+    for j in &mut jobs {
+        if work::finish_seq(r, &j.group, j.seq) {
+            let (kind, attempt, result) = (OutcomeKind::Acked, j.attempt, j.result.take());
+            work::keep_outcome(r, &j.group, j.seq, work::Finish { kind, attempt, result });
+        }
     }
     for d in &deliveries {
         ack_delivery(r, d);

@@ -17,6 +17,7 @@ use crate::engine::request::{Outcome, RedriveItem, RedriveReply, Reply, WorkRequ
 use crate::error::{Error, FailedError};
 use crate::events::Event;
 use crate::model::{Claim, GroupMode, GroupOffset};
+use crate::stats::{JobOutcome, OutcomeKind};
 use crate::store::{ReadError, envelope};
 use crate::telemetry;
 
@@ -87,14 +88,30 @@ pub(super) fn commit_queued_acks(r: &mut Round<'_>) {
         if g.is_deleted() {
             // Its offset record is gone: an ack must not write it back.
             drop(g.take_queued_acks());
+            drop(g.take_queued_progress());
             continue;
+        }
+        // Progress first: an ack of the same job in this round then deletes what this writes.
+        // A report on a job finished already (its ack in an earlier request of this round, or
+        // round) is not written: nothing would delete it.
+        for (seq, report) in g.take_queued_progress() {
+            let p = g.progress();
+            let finished = seq <= p.offset || p.done.contains(seq);
+            drop(p);
+            if !finished {
+                r.batch.put_progress(&g.keys, seq, &report);
+            }
         }
         let epoch = g.epoch();
         // Acks queued before a reset are dropped by it (see `WorkGroupState::reset`); one that
         // raced past it still carries the old epoch.
-        let acks: Vec<_> = g.take_queued_acks().into_iter().filter(|a| a.epoch == epoch).collect();
-        for a in &acks {
-            finish_seq(r, &g, a.seq);
+        let mut acks: Vec<_> = g.take_queued_acks().into_iter().filter(|a| a.epoch == epoch).collect();
+        let keeps = keeps_outcomes(&g);
+        for a in &mut acks {
+            if finish_seq(r, &g, a.seq) && keeps {
+                let kind = OutcomeKind::Acked;
+                keep_outcome(r, &g, a.seq, Finish { kind, attempt: a.attempt, result: a.result.take() });
+            }
         }
         let engine = r.engine.clone();
         r.on_done(move |res| {
@@ -133,16 +150,21 @@ const RANGE_DELETE_OVER: u64 = 32;
 /// finished sequence, and their claims are deleted — one by one for a short move, with one
 /// range tombstone for a long one. A finished sequence above a gap keeps a `Done` claim so a
 /// restart does not deliver it again: O(1) per message however long the gap stays open.
-pub(super) fn finish_seq(r: &mut Round<'_>, g: &Arc<WorkGroupState>, seq: u64) {
+///
+/// Returns whether it finished `seq` now (not at or below the offset, nor finished already).
+pub(super) fn finish_seq(r: &mut Round<'_>, g: &Arc<WorkGroupState>, seq: u64) -> bool {
     let mut p = g.progress();
     let before = p.offset;
     if seq <= before || !p.finish(seq) {
-        return;
+        return false;
     }
     let after = p.offset;
     drop(p);
     if after < seq {
         r.batch.put_claim(&g.keys, seq, &Claim::Done);
+    }
+    if g.forget_progress(seq) {
+        r.batch.delete_progress(&g.keys, seq);
     }
     if after > before {
         if after - before > RANGE_DELETE_OVER {
@@ -156,6 +178,32 @@ pub(super) fn finish_seq(r: &mut Round<'_>, g: &Arc<WorkGroupState>, seq: u64) {
     }
     // Forgotten in memory once durable, per group in one lock (see `commit.rs`).
     r.done.work_finished(g, seq);
+    true
+}
+
+/// How a job was finished, for its outcome record.
+pub(super) struct Finish {
+    pub kind: OutcomeKind,
+    pub attempt: u32,
+    pub result: Option<Bytes>,
+}
+
+/// Whether `g`'s settings now keep outcomes.
+fn keeps_outcomes(g: &WorkGroupState) -> bool {
+    g.settings().is_some_and(|s| !s.keep_outcomes.is_zero())
+}
+
+/// Writes job `seq`'s outcome if its group keeps outcomes (in the batch that finishes it, so
+/// a job is never finished without its outcome, nor the other way round). The finish time is
+/// the broker's wall clock now.
+pub(super) fn keep_outcome(r: &mut Round<'_>, g: &WorkGroupState, seq: u64, finish: Finish) {
+    if !keeps_outcomes(g) {
+        return;
+    }
+    let finished_at =
+        std::time::UNIX_EPOCH + std::time::Duration::from_micros(r.engine.clock().wall_micros());
+    let Finish { kind, attempt, result } = finish;
+    r.batch.put_outcome(&g.keys, seq, &JobOutcome { kind, finished_at, attempt, result });
 }
 
 /// One attempt of one message of a group.
@@ -170,8 +218,14 @@ fn record_outcome(r: &mut Round<'_>, at: Attempt, outcome: Outcome, reply: Reply
     let engine = r.engine.clone();
     let (queue, group) = (g.queue.name.clone(), g.name.clone());
     match outcome {
-        Outcome::Ack => {
-            finish_seq(r, &g, seq);
+        Outcome::Ack { .. } | Outcome::Deleted => {
+            let (kind, result) = match outcome {
+                Outcome::Ack { result } => (OutcomeKind::Acked, result),
+                _ => (OutcomeKind::Deleted, None),
+            };
+            if finish_seq(r, &g, seq) {
+                keep_outcome(r, &g, seq, Finish { kind, attempt, result });
+            }
             r.on_done(move |res| {
                 if res.is_ok() {
                     tracing::trace!(%queue, %group, seq, attempt, "rockq: acked");
@@ -233,7 +287,14 @@ fn record_outcome(r: &mut Round<'_>, at: Attempt, outcome: Outcome, reply: Reply
                 Ok(done) => done,
                 Err(e) => return refuse_outcome(&g, seq, reply, Error::Failed(FailedError::internal(e))),
             };
-            finish_seq(r, &g, seq);
+            if finish_seq(r, &g, seq) {
+                let kind = OutcomeKind::DeadLettered {
+                    reason: reason.clone(),
+                    dead_letter_queue: dlq.to_string(),
+                    dead_letter_seq: dlq_seq,
+                };
+                keep_outcome(r, &g, seq, Finish { kind, attempt, result: None });
+            }
             r.on_done(move |res| {
                 if res.is_ok() {
                     tracing::warn!(%queue, %group, seq, attempt, %reason, dlq = %dlq, dlq_seq, "rockq: dead-lettered");
@@ -507,6 +568,11 @@ fn reset(r: &mut Round<'_>, group: Arc<WorkGroupState>, offset: u64, reply: Repl
     // arriving after it carry the old epoch and are refused; queued acks are dropped.
     group.reset(offset);
     r.batch.delete_all_records(&group.keys);
+    // Progress goes with the claims (a reset forgets attempts); kept outcomes stay.
+    drop(group.take_queued_progress());
+    if group.has_progress.load(Ordering::Acquire) {
+        r.batch.delete_progress_between(&group.keys, 0, u64::MAX);
+    }
     r.batch.put_offset(&group.keys, GroupOffset { mode: GroupMode::WorkQueue, committed: offset });
     r.done.work_offsets.remove(&super::round::GroupPtr::of(&group));
     r.on_done(move |res| {
@@ -535,6 +601,9 @@ pub(super) fn trimmed(r: &mut Round<'_>, queue: &QueueState, to: u64, report: bo
         let offset = p.trim_to(to);
         drop(p);
         r.batch.delete_records_through(&g.keys, offset);
+        if g.has_progress.load(Ordering::Acquire) {
+            r.batch.delete_progress_between(&g.keys, 0, offset);
+        }
         r.done.work_offset_moved(&g);
         let engine = r.engine.clone();
         r.on_done(move |res| {

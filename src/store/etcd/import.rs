@@ -110,6 +110,13 @@ impl EtcdStore {
             }
             Write::Message { qid, seq, envelope } => (self.message_key(qid, seq), envelope, None),
             Write::Group { group, queue, record } => {
+                let kept = records::decode_settings(b"", &record)
+                    .ok()
+                    .and_then(|s| s.work)
+                    .is_some_and(|t| !t.keep_outcomes.is_zero());
+                if kept {
+                    return Err(refused(n, "importing a work group that keeps job outcomes"));
+                }
                 (self.key(b"g/", &keys::group_key(&group, &queue)), record, None)
             }
             Write::Offset { group, queue, record } => (self.offset_key(&group, &queue), record, None),
@@ -135,6 +142,8 @@ impl EtcdStore {
             }
             Write::Keyspace | Write::Entry { .. } => return Err(refused(n, "importing keyspaces")),
             Write::Letter { .. } => return Err(refused(n, "importing dead letters settled on their own")),
+            Write::Outcome { .. } => return Err(refused(n, "importing kept job outcomes")),
+            Write::Progress { .. } => return Err(refused(n, "importing progress reports")),
         };
         self.import_put(imp, key, value, lease).await
     }
