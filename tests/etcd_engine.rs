@@ -365,20 +365,6 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
     let keeping = q.work_group("w").unwrap().keep_outcomes(std::time::Duration::from_secs(60));
     let e = keeping.update().await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "kept job outcomes: {e}");
-    // Nothing was stored: joining without it works, and a result is refused as on a group
-    // that keeps none.
-    let mut jobs = q.work_group("w").unwrap().subscribe().await.unwrap();
-    q.send("for a result").await.unwrap();
-    let job = tokio::time::timeout(std::time::Duration::from_secs(30), futures::StreamExt::next(&mut jobs))
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert_eq!(job.set_result("x").unwrap_err().kind(), rockq::ErrorKind::InvalidInput);
-    let e = job.progress("half").unwrap_err();
-    assert!(is_etcd(e.unsupported()), "progress reports: {e}");
-    assert_eq!(job.last_progress(), None, "nothing was kept");
-    job.ack_durable().await.unwrap();
     let e = broker.kv("accounts").await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "keyspace: {e}");
     let e = broker.transaction().commit().await.unwrap_err();
@@ -713,4 +699,27 @@ async fn a_pause_by_any_broker_holds_every_brokers_subscriptions_until_resumed()
     for broker in [a, b, c] {
         broker.shutdown().await.unwrap();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_and_a_progress_report_are_refused_and_the_job_still_acks() {
+    let cluster = etcd::Cluster::start(1).await;
+    let broker = connect(&cluster, "outcomes").await;
+    let q = broker.queue("q").await.unwrap();
+    let mut jobs = q.work_group("w").unwrap().subscribe().await.unwrap();
+    q.send("for a result").await.unwrap();
+    let job = tokio::time::timeout(Duration::from_secs(30), futures::StreamExt::next(&mut jobs))
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    // The group keeps no outcomes (it cannot be stored here): a result is refused as there.
+    assert_eq!(job.set_result("x").unwrap_err().kind(), rockq::ErrorKind::InvalidInput);
+    let e = job.progress("half").unwrap_err();
+    assert_eq!(e.unsupported().map(|u| u.engine()), Some("etcd"), "progress reports: {e}");
+    assert_eq!(job.last_progress(), None, "nothing was kept");
+    job.ack_durable().await.unwrap();
+    let s = broker.job("q", "w", 1).await.unwrap();
+    assert_eq!((s.state, s.outcome, s.progress), (rockq::JobState::Finished, None, None));
+    broker.shutdown().await.unwrap();
 }

@@ -29,6 +29,12 @@ async fn outcome(broker: &Broker, seq: u64) -> Option<JobOutcome> {
     s.outcome
 }
 
+/// Job `seq` as its records say (`Inspector::job`, beside the running broker): what a lookup
+/// after a restart would find.
+async fn recorded(dir: &std::path::Path, seq: u64) -> rockq::JobStatus {
+    rockq::Inspector::open(dir).await.unwrap().job("jobs", "workers", seq).await.unwrap()
+}
+
 /// The clock's wall time as the writer stamps it (whole microseconds).
 fn now(clock: &ManualClock) -> SystemTime {
     let micros = clock.wall_time().duration_since(UNIX_EPOCH).unwrap().as_micros() as u64;
@@ -56,6 +62,7 @@ async fn an_ack_keeps_its_outcome_and_result_through_a_restart_and_past_its_mess
     j.set_result("not this one").unwrap();
     j.fail_durable("flaky").await.unwrap();
     assert_eq!(outcome(&broker, 1).await, None);
+    assert_eq!(recorded(dir.path(), 1).await.outcome, None, "nothing written for a retry");
     clock.advance(common::JOB_BACKOFF);
     // Job 1, attempt 2: a result, acked durably.
     let j = next_job(&mut sub).await;
@@ -74,6 +81,8 @@ async fn an_ack_keeps_its_outcome_and_result_through_a_restart_and_past_its_mess
     assert_eq!(parts(outcome(&broker, 2).await), acked(at2, 1, None));
     // Job 3 is not finished: no outcome.
     assert_eq!(outcome(&broker, 3).await, None);
+    assert_eq!(parts(recorded(dir.path(), 2).await.outcome), acked(at2, 1, None));
+    assert_eq!(recorded(dir.path(), 3).await.outcome, None);
 
     // Retention deletes the acked messages: their outcomes stay, so they are finished, not
     // removed.
@@ -265,7 +274,7 @@ async fn the_retention_is_stored_with_the_group_and_checked() {
 
 #[tokio::test]
 async fn deleting_the_group_deletes_its_outcomes() {
-    let (_dir, _clock, broker) = setup(1).await;
+    let (dir, _clock, broker) = setup(1).await;
     let mut sub = keeping(&broker).await.subscribe().await.unwrap();
     next_job(&mut sub).await.ack_durable().await.unwrap();
     drop(sub);
@@ -275,6 +284,38 @@ async fn deleting_the_group_deletes_its_outcomes() {
     drop(keeping(&broker).await.subscribe().await.unwrap());
     let s = broker.job("jobs", "workers", 1).await.unwrap();
     assert_eq!((s.state, s.outcome), (JobState::Queued, None));
+    let s = recorded(dir.path(), 1).await;
+    assert_eq!((s.state, s.outcome), (JobState::Queued, None), "the record went with the group");
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_reset_back_drops_the_outcomes_of_the_jobs_that_run_again_and_keeps_the_rest() {
+    let (dir, clock, broker) = setup(2).await;
+    broker.queue("jobs").await.unwrap().set_retention(Retention::Forever).await.unwrap();
+    let mut sub = keeping(&broker).await.subscribe().await.unwrap();
+    for _ in 0..2 {
+        let j = next_job(&mut sub).await;
+        j.set_result(format!("first run of {}", j.seq())).unwrap();
+        j.ack_durable().await.unwrap();
+    }
+    drop(sub);
+    // Run job 2 again: its old outcome must not make it read as finished.
+    broker.reset_group("jobs", "workers", rockq::ResetTo::Sequence(2)).await.unwrap();
+    for s in [broker.job("jobs", "workers", 2).await.unwrap(), recorded(dir.path(), 2).await] {
+        assert_eq!((s.state, s.outcome), (JobState::Queued, None));
+    }
+    assert_eq!(outcome(&broker, 1).await.unwrap().result, Some(Bytes::from("first run of 1")));
+    clock.advance(Duration::from_secs(5));
+    let mut sub = keeping(&broker).await.subscribe().await.unwrap();
+    let j = next_job(&mut sub).await;
+    assert_eq!((j.seq(), j.attempt()), (2, 1));
+    j.set_result("second run").unwrap();
+    let at = now(&clock);
+    j.ack_durable().await.unwrap();
+    let second = Some((OutcomeKind::Acked, at, 1, Some(Bytes::from("second run"))));
+    assert_eq!(parts(outcome(&broker, 2).await), second);
+    assert_eq!(parts(recorded(dir.path(), 2).await.outcome), second);
     broker.shutdown().await.unwrap();
 }
 

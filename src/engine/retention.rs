@@ -107,9 +107,7 @@ pub(super) async fn pass(
     if compact && !compact_ranges.is_empty() {
         let s = store.clone();
         runtime
-            .spawn_blocking(move || {
-                compact_ranges.into_iter().try_for_each(|(id, below)| s.compact_trimmed(id, below))
-            })
+            .spawn_blocking(move || s.compact_trimmed(&compact_ranges))
             .await
             .map_err(|e| Error::Failed(FailedError::internal(format!("compaction task failed: {e}"))))??;
         report.compacted = true;
@@ -181,6 +179,7 @@ async fn expire_outcomes(
     let mut total = 0;
     for g in groups {
         let keep = g.settings().map_or(std::time::Duration::ZERO, |s| s.keep_outcomes);
+        let mut from = 0;
         loop {
             let now = engine.clock().wall_micros();
             let before = now.saturating_sub(u64::try_from(keep.as_micros()).unwrap_or(u64::MAX));
@@ -189,7 +188,14 @@ async fn expire_outcomes(
                 .spawn_blocking(move || {
                     let guard = s.lock();
                     let Some(db) = guard.inspect(&s.path) else { return Ok(Vec::new()) };
-                    db.expired_outcomes(&gs.name, &gs.queue.name, before, OUTCOME_CHUNK, OUTCOME_LOOKAHEAD)
+                    db.expired_outcomes(
+                        &gs.name,
+                        &gs.queue.name,
+                        from,
+                        before,
+                        OUTCOME_CHUNK,
+                        OUTCOME_LOOKAHEAD,
+                    )
                 })
                 .await
                 .map_err(|e| {
@@ -200,6 +206,9 @@ async fn expire_outcomes(
                 break;
             }
             let last_chunk = expired.len() < OUTCOME_CHUNK;
+            // The next chunk goes on after this one (not from the head again, over the
+            // tombstones this one leaves).
+            from = expired.last().map_or(from, |&(seq, _)| seq.saturating_add(1));
             let (reply, rx) = oneshot::channel();
             let req = RetentionRequest::ExpireOutcomes { group: g.clone(), expired, reply };
             tx.send(Request::Retention(req)).await.map_err(|_| Error::Shutdown)?;

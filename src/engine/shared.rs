@@ -373,6 +373,15 @@ impl Shared {
         queue: &str,
         mut status: JobStatus,
     ) -> Result<JobStatus, Error> {
+        // A group that keeps none has none to read (what it kept before it stopped goes at
+        // the next retention pass): no read on the blocking pool.
+        let keeps = self
+            .work_group(group, queue)
+            .and_then(|g| g.settings())
+            .is_some_and(|s| !s.keep_outcomes.is_zero());
+        if !keeps {
+            return Ok(status);
+        }
         if let Some(o) = self.backend.outcome(&self.engine, &self.runtime, group, queue, status.seq).await? {
             status.state = JobState::Finished;
             status.outcome = Some(o);

@@ -741,6 +741,7 @@ async fn commit_with_ack(tx: crate::txn::Transaction, job: Job, feed: Arc<Feed>)
             let (queue, group) = (job.inner().group.queue.name.clone(), job.inner().group.name.clone());
             telemetry::group_counter(telemetry::POOL_CONFLICTS, &queue, &group, 1);
             tracing::debug!(queue = %job.queue(), group = %job.group(), seq = job.seq(), error = %e, "rockq: a job's transaction conflicted; running it again");
+            job.inner().clear_result();
             if let Err(job) = feed.requeue(job) {
                 // The pool is stopping: give the job back without counting the attempt.
                 job.inner().uncounted.store(true, Ordering::Release);

@@ -164,6 +164,15 @@ impl<'a> Batch<'a> {
         }
     }
 
+    /// Deletes a work group's kept outcomes of jobs `from..=through` (one range tombstone).
+    pub fn delete_outcomes_between(&mut self, group: &GroupKeys, from: u64, through: u64) {
+        self.wb.delete_range_cf(
+            self.cfs.claims,
+            group.outcome(from),
+            group.outcome(through.saturating_add(1)),
+        );
+    }
+
     /// Deletes a work group's progress reports on jobs `from..=through` (one range tombstone).
     pub fn delete_progress_between(&mut self, group: &GroupKeys, from: u64, through: u64) {
         self.wb.delete_range_cf(

@@ -148,15 +148,22 @@ impl Store {
         guard.get().map_or(0, |(db, cfs)| db_bytes(db, &cfs))
     }
 
-    /// Compacts the messages of `queue_id` below `below` (a trimmed head) and the claims CF, so
-    /// deleted entries and their tombstones leave the disk. Blocking.
-    pub fn compact_trimmed(&self, queue_id: u32, below: u64) -> Result<(), StorageError> {
+    /// Compacts the messages of each `(queue_id, below)` below `below` (a trimmed head), then
+    /// the claims CF once, so deleted entries and their tombstones leave the disk. Kept job
+    /// outcomes are left out of the claims' compaction: they are many and long-lived, and a
+    /// trim deletes none of them (their own expiry leaves tombstones to ordinary compaction).
+    /// Blocking.
+    pub fn compact_trimmed(&self, trimmed: &[(u32, u64)]) -> Result<(), StorageError> {
         let guard = self.lock();
         let Some((db, cfs)) = guard.get() else { return Ok(()) };
-        let lo = keys::message_key(queue_id, 0);
-        let hi = keys::message_key(queue_id, below);
-        db.compact_range_cf(cfs.messages, Some(&lo[..]), Some(&hi[..]));
-        db.compact_range_cf(cfs.claims, None::<&[u8]>, None::<&[u8]>);
+        for &(queue_id, below) in trimmed {
+            let lo = keys::message_key(queue_id, 0);
+            let hi = keys::message_key(queue_id, below);
+            db.compact_range_cf(cfs.messages, Some(&lo[..]), Some(&hi[..]));
+        }
+        let (outcomes, after) = keys::outcome_key_range();
+        db.compact_range_cf(cfs.claims, None::<&[u8]>, Some(&outcomes[..]));
+        db.compact_range_cf(cfs.claims, Some(&after[..]), None::<&[u8]>);
         Ok(())
     }
 

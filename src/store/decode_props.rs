@@ -28,6 +28,10 @@ proptest! {
         let _ = keys::parse_offset_key(&b);
         let _ = keys::parse_claim_key(&b);
         let _ = keys::queue_name_from_key(&b);
+        let _ = super::outcomes::decode_outcome(b"k", &b);
+        let _ = super::outcomes::decode_progress(b"k", &b);
+        let _ = keys::parse_outcome_key(&b);
+        let _ = keys::parse_progress_key(&b);
     }
 
     #[test]

@@ -139,16 +139,21 @@ impl Snapshot<'_> {
     /// at most `limit`, and the scan ends after `lookahead` outcomes in a row that have not
     /// expired (outcomes are recorded in roughly sequence order, so the expired ones are near
     /// the head; one slow job must not keep every later one, nor a pass read them all).
+    ///
+    /// The scan starts at sequence `from` (a pass goes on from where its last chunk ended). A
+    /// record that does not decode is skipped (left for an operator: a lookup of its job
+    /// reports the corruption), so one bad record does not stop every later expiry.
     pub fn expired_outcomes(
         &self,
         group: &str,
         queue: &str,
+        from: u64,
         before: u64,
         limit: usize,
         lookahead: usize,
     ) -> Result<Vec<(u64, u64)>, ReadError> {
         let prefix = keys::outcome_prefix(group, queue);
-        let lo = keys::claim_key(&prefix, 0);
+        let lo = keys::claim_key(&prefix, from);
         let hi = keys::claim_key(&prefix, u64::MAX);
         let iter = self.db.iterator_cf_opt(
             self.cfs.claims,
@@ -159,7 +164,13 @@ impl Snapshot<'_> {
         for item in iter {
             let (k, v) = item.map_err(storage)?;
             let seq = keys::claim_key_seq(&prefix, &k)?;
-            let at = super::outcomes::micros_of(super::outcomes::decode_outcome(&k, &v)?.finished_at);
+            let at = match super::outcomes::decode_outcome(&k, &v) {
+                Ok(o) => super::outcomes::micros_of(o.finished_at),
+                Err(e) => {
+                    tracing::warn!(%group, %queue, seq, error = %e, "rockq: a job outcome does not decode; not expired");
+                    continue;
+                }
+            };
             if at <= before {
                 out.push((seq, at));
                 fresh = 0;

@@ -199,6 +199,11 @@ pub(crate) fn progress_prefix(group: &str, queue: &str) -> Vec<u8> {
     [PROGRESS_PREFIX, group.as_bytes(), b":", queue.as_bytes(), b":"].concat()
 }
 
+/// Bounds of the range holding every kept job outcome.
+pub(crate) fn outcome_key_range() -> (Vec<u8>, Vec<u8>) {
+    prefix_range(OUTCOME_PREFIX)
+}
+
 /// Bounds of the range holding every progress report.
 pub(crate) fn progress_key_range() -> (Vec<u8>, Vec<u8>) {
     prefix_range(PROGRESS_PREFIX)

@@ -7,7 +7,7 @@
 //! result bytes]`, then for a dead letter `dead-letter seq u64, dead-letter queue length u8, its
 //! UTF-8, reason length u32, its UTF-8`. Every integer is big-endian.
 
-// Decoders read untrusted bytes: no indexing that could panic (the fuzz targets check it too).
+// Decoders read untrusted bytes: no indexing that could panic (decode_props.rs checks it).
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -429,7 +429,9 @@ pub(crate) fn decode_settings(key: &[u8], v: &[u8]) -> Result<GroupSettings, Cor
         }
         [1, t @ ..] if *version == GROUP_SETTINGS_V3 && t.len() == WORK_TERMS_V3_LEN => {
             let (t, kept) = t.split_at(WORK_TERMS_LEN);
-            let keep_outcomes = be_u64(kept, 0).map(std::time::Duration::from_nanos).filter(|d| !d.is_zero());
+            let max = crate::clock::clamp_delay(std::time::Duration::MAX);
+            let keep_outcomes =
+                be_u64(kept, 0).map(std::time::Duration::from_nanos).filter(|d| !d.is_zero() && *d <= max);
             let terms = decode_terms(t, dlq).zip(keep_outcomes);
             let (terms, keep_outcomes) = terms.ok_or_else(|| bad("work terms out of range"))?;
             Some(WorkSettings { keep_outcomes, ..terms })
@@ -439,6 +441,10 @@ pub(crate) fn decode_settings(key: &[u8], v: &[u8]) -> Result<GroupSettings, Cor
     // A version-1 record has no terms byte; a version-2 one always has it.
     if *version != GROUP_SETTINGS_V1 && terms.is_empty() {
         return Err(bad("work terms flag missing"));
+    }
+    // Version 3 is written only for a work group's terms (with the outcome retention).
+    if *version == GROUP_SETTINGS_V3 && work.is_none() {
+        return Err(bad("version 3 without work terms"));
     }
     Ok(GroupSettings { paused, dead_letter_queue: dlq.to_owned(), work })
 }

@@ -64,6 +64,12 @@ impl JobInner {
         })
     }
 
+    /// Forgets the result set so far: the handler runs again (a conflicted transaction's
+    /// rerun), and what the discarded run set must not go with the rerun's ack.
+    pub(crate) fn clear_result(&self) {
+        *self.result.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
     /// The result set so far (cloned: a refused transaction leaves it for the next ack).
     pub(crate) fn result(&self) -> Option<bytes::Bytes> {
         self.result.lock().unwrap_or_else(|p| p.into_inner()).clone()

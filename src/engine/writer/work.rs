@@ -568,11 +568,14 @@ fn reset(r: &mut Round<'_>, group: Arc<WorkGroupState>, offset: u64, reply: Repl
     // arriving after it carry the old epoch and are refused; queued acks are dropped.
     group.reset(offset);
     r.batch.delete_all_records(&group.keys);
-    // Progress goes with the claims (a reset forgets attempts); kept outcomes stay.
+    // Progress goes with the claims (a reset forgets attempts). Kept outcomes stay for what
+    // stays finished (at or below the new offset); those above go, since their jobs run again
+    // (an old outcome must not make a queued job read as finished).
     drop(group.take_queued_progress());
     if group.has_progress.load(Ordering::Acquire) {
         r.batch.delete_progress_between(&group.keys, 0, u64::MAX);
     }
+    r.batch.delete_outcomes_between(&group.keys, offset.saturating_add(1), u64::MAX);
     r.batch.put_offset(&group.keys, GroupOffset { mode: GroupMode::WorkQueue, committed: offset });
     r.done.work_offsets.remove(&super::round::GroupPtr::of(&group));
     r.on_done(move |res| {
