@@ -5,7 +5,9 @@
 //! flight, a pool spawned on the runtime) the other benches print.
 //!
 //! `cargo bench --bench user_style`; `ROCKQ_BENCH_N` sets the message count (default 500k),
-//! `ROCKQ_BENCH_ONLY=send|fsync|batch|e2e|pool|latency` runs one part. The throughput rows are
+//! `ROCKQ_BENCH_ONLY=send|fsync|batch|e2e|pool|outcomes|latency` runs one part (`outcomes`:
+//! the pool(8) drain again with the group keeping outcomes and each job setting a 16-byte
+//! result, and with a progress report per job too: their cost per job beside the plain drain). The throughput rows are
 //! the median of three runs, alternating with their tuned counterpart where there is one.
 //! `ROCKQ_BENCH_THREADS=1` prints, after each send and pool run, every thread's time on a CPU
 //! and waiting for one, and the writer's rounds: which thread bounds the run.
@@ -108,6 +110,30 @@ fn main() {
                 raw1000,
                 "raw unsynced b1000",
                 Some(("the pool spawned on the runtime", t)),
+            );
+        }
+    }
+    if run("outcomes") {
+        let mut runs: [Vec<f64>; 3] = Default::default();
+        for i in 0..REPS {
+            for (v, secs) in
+                [Kept::Nothing, Kept::Outcomes, Kept::OutcomesAndProgress].into_iter().zip(&mut runs)
+            {
+                secs.push(rt.block_on(pool_keeping(&dir(format!("outcomes-{v:?}-{i}")), n, v)));
+            }
+        }
+        let [plain, kept, progress] = runs.map(median);
+        let per_job = |secs: f64| (secs - plain) / n as f64 * 1e6;
+        for (what, secs) in [
+            ("no-op handler, defaults", plain),
+            ("`keep_outcomes(1h)`, `set_result` of 16 bytes", kept),
+            ("`keep_outcomes(1h)`, `set_result` and one `progress` report", progress),
+        ] {
+            println!(
+                "`workers(8).run(handler).await`, {n} backlog, Buffered, {what}: {:.0} jobs/s ({:+.2} µs/job, {:.0} % of raw unsynced b1000)",
+                n as f64 / secs,
+                per_job(secs),
+                n as f64 / secs / raw1000 * 100.0
             );
         }
     }
@@ -225,6 +251,44 @@ async fn pool(path: &Path, n: u64, workers: usize, spawned: bool) -> f64 {
     let secs = start.elapsed().as_secs_f64();
     common::print_threads(&threads);
     common::print_rounds(&writer, &broker.writer_stats(), secs);
+    assert_eq!(report.acked, n);
+    broker.shutdown().await.unwrap();
+    secs
+}
+
+/// What a [`pool_keeping`] run keeps per job.
+#[derive(Debug, Clone, Copy)]
+enum Kept {
+    Nothing,
+    Outcomes,
+    OutcomesAndProgress,
+}
+
+/// [`pool`] with 8 workers, as a user writes it, the group keeping what `kept` says.
+async fn pool_keeping(path: &Path, n: u64, kept: Kept) -> f64 {
+    let broker = open(path, Durability::Buffered).await;
+    let q = broker.queue("jobs").await.unwrap();
+    fill(&q, n).await;
+    let token = rockq::CancellationToken::new();
+    let stop = stop_after(n, &token);
+    let mut group = q.work_group("mailer").unwrap();
+    if !matches!(kept, Kept::Nothing) {
+        group = group.keep_outcomes(Duration::from_secs(3600));
+    }
+    let handler = move |task: rockq::Task| {
+        match kept {
+            Kept::Nothing => {}
+            Kept::Outcomes => task.set_result(&b"result-of-the-job"[..16]).unwrap(),
+            Kept::OutcomesAndProgress => {
+                task.progress(&b"half"[..]).unwrap();
+                task.set_result(&b"result-of-the-job"[..16]).unwrap();
+            }
+        }
+        stop(task)
+    };
+    let start = Instant::now();
+    let report = group.workers(8).shutdown_on(token).run(handler).await.unwrap();
+    let secs = start.elapsed().as_secs_f64();
     assert_eq!(report.acked, n);
     broker.shutdown().await.unwrap();
     secs
