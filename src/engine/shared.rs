@@ -348,7 +348,7 @@ impl Shared {
             seq,
         })?;
         if status.state.is_final() {
-            return self.with_outcome(group, queue, status).await;
+            return self.with_outcome(&g, status).await;
         }
         if matches!(status.state, JobState::Leased { .. } | JobState::Expired) {
             let record = self.backend.claim(&self.engine, &self.runtime, group, queue, seq).await?;
@@ -367,21 +367,13 @@ impl Shared {
     /// A final `status` with the job's kept outcome, if there is one: it is written in the
     /// write that finished the job, so it is there once memory says finished (and it outlives
     /// the message: a removed job with an outcome was finished first).
-    async fn with_outcome(
-        &self,
-        group: &str,
-        queue: &str,
-        mut status: JobStatus,
-    ) -> Result<JobStatus, Error> {
+    async fn with_outcome(&self, g: &WorkGroupState, mut status: JobStatus) -> Result<JobStatus, Error> {
         // A group that keeps none has none to read (what it kept before it stopped goes at
         // the next retention pass): no read on the blocking pool.
-        let keeps = self
-            .work_group(group, queue)
-            .and_then(|g| g.settings())
-            .is_some_and(|s| !s.keep_outcomes.is_zero());
-        if !keeps {
+        if !g.keeps_outcomes() {
             return Ok(status);
         }
+        let (group, queue) = (&g.name, &g.queue.name);
         if let Some(o) = self.backend.outcome(&self.engine, &self.runtime, group, queue, status.seq).await? {
             status.state = JobState::Finished;
             status.outcome = Some(o);
@@ -410,7 +402,7 @@ impl Shared {
                 seq,
             })?;
             if status.state.is_final() {
-                return self.with_outcome(group, queue, status).await;
+                return self.with_outcome(&g, status).await;
             }
             // From the moment a shutdown starts (`closing`), not when it ends (`closed`): the
             // shutdown waits for worker pools to drain first, and a wait polled beside it (one

@@ -78,15 +78,7 @@ impl JobInner {
     fn report_progress(&self, report: bytes::Bytes) -> Result<(), Error> {
         let shared = &self.shared;
         shared.check(crate::engine::boundary::Capability::JobProgress)?;
-        if report.len() > crate::stats::MAX_PROGRESS_BYTES {
-            return Err(Error::Invalid {
-                reason: format!(
-                    "a progress report of {} bytes is over the maximum of {} (MAX_PROGRESS_BYTES)",
-                    report.len(),
-                    crate::stats::MAX_PROGRESS_BYTES
-                ),
-            });
-        }
+        at_most("a progress report", report.len(), crate::stats::MAX_PROGRESS_BYTES, "MAX_PROGRESS_BYTES")?;
         if shared.is_closed() {
             return Err(Error::Shutdown);
         }
@@ -114,15 +106,7 @@ impl JobInner {
                 ),
             });
         }
-        if value.len() > crate::stats::MAX_RESULT_BYTES {
-            return Err(Error::Invalid {
-                reason: format!(
-                    "a job result of {} bytes is over the maximum of {} (MAX_RESULT_BYTES)",
-                    value.len(),
-                    crate::stats::MAX_RESULT_BYTES
-                ),
-            });
-        }
+        at_most("a job result", value.len(), crate::stats::MAX_RESULT_BYTES, "MAX_RESULT_BYTES")?;
         *self.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(value);
         Ok(())
     }
@@ -166,6 +150,16 @@ impl JobInner {
         );
         Ok(())
     }
+}
+
+/// `Error::Invalid` for `what` of `len` bytes over `max` (the constant named `name`).
+fn at_most(what: &str, len: usize, max: usize, name: &str) -> Result<(), Error> {
+    if len > max {
+        return Err(Error::Invalid {
+            reason: format!("{what} of {len} bytes is over the maximum of {max} ({name})"),
+        });
+    }
+    Ok(())
 }
 
 /// Read accessors shared by [`Job`] and [`Task`].

@@ -721,6 +721,11 @@ impl WorkGroupState {
         Ok(q.len() == 1)
     }
 
+    /// Whether the group's stored settings now keep job outcomes.
+    pub fn keeps_outcomes(&self) -> bool {
+        self.settings().is_some_and(|s| !s.keep_outcomes.is_zero())
+    }
+
     /// The writer takes every queued progress report.
     pub fn take_queued_progress(&self) -> std::collections::HashMap<u64, bytes::Bytes> {
         // The writer asks every round: a group that never reported skips the lock.

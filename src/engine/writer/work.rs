@@ -106,7 +106,7 @@ pub(super) fn commit_queued_acks(r: &mut Round<'_>) {
         // Acks queued before a reset are dropped by it (see `WorkGroupState::reset`); one that
         // raced past it still carries the old epoch.
         let mut acks: Vec<_> = g.take_queued_acks().into_iter().filter(|a| a.epoch == epoch).collect();
-        let keeps = keeps_outcomes(&g);
+        let keeps = g.keeps_outcomes();
         for a in &mut acks {
             if finish_seq(r, &g, a.seq) && keeps {
                 let kind = OutcomeKind::Acked;
@@ -188,16 +188,11 @@ pub(super) struct Finish {
     pub result: Option<Bytes>,
 }
 
-/// Whether `g`'s settings now keep outcomes.
-fn keeps_outcomes(g: &WorkGroupState) -> bool {
-    g.settings().is_some_and(|s| !s.keep_outcomes.is_zero())
-}
-
 /// Writes job `seq`'s outcome if its group keeps outcomes (in the batch that finishes it, so
 /// a job is never finished without its outcome, nor the other way round). The finish time is
 /// the broker's wall clock now.
 pub(super) fn keep_outcome(r: &mut Round<'_>, g: &WorkGroupState, seq: u64, finish: Finish) {
-    if !keeps_outcomes(g) {
+    if !g.keeps_outcomes() {
         return;
     }
     let finished_at =
