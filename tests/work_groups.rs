@@ -636,6 +636,42 @@ async fn one_claim_reads_at_most_four_mib_and_releases_the_rest_unread() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_finished_above_a_reset_runs_again_and_its_new_ack_holds_across_a_restart() {
+    // Fault (found by the model test once priorities let a job finish above the offset): a
+    // reset to the offset the group already had kept what was finished above it as finished.
+    // The job ran again, but its second ack was taken for a duplicate: no `Done` record was
+    // written, and after a restart the job ran a third time.
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("q").await.unwrap();
+    q.send_batch(["1", "2"]).await.unwrap();
+    let group = q.work_group("w").unwrap().lease(Duration::from_secs(10)).max_in_flight(2).read_batch(2);
+    let mut jobs = group.subscribe().await.unwrap();
+    let (one, two) = (next_job(&mut jobs).await, next_job(&mut jobs).await);
+    two.ack_durable().await.unwrap();
+    drop((one, jobs));
+    assert_eq!(group.committed(), Some(0), "1 is unfinished: the offset stays");
+    assert_eq!(group.reset_to(rockq::ResetTo::Sequence(1)).await.unwrap(), 1);
+    let mut jobs = group.subscribe().await.unwrap();
+    let (one, two) = (next_job(&mut jobs).await, next_job(&mut jobs).await);
+    assert_eq!((one.seq(), two.seq(), two.attempt()), (1, 2, 1), "both run again");
+    two.ack_durable().await.unwrap();
+    drop((one, jobs));
+    broker.shutdown().await.unwrap();
+    let broker = open_clock(dir.path(), &clock).await;
+    let group = broker.queue("q").await.unwrap().work_group("w").unwrap();
+    let mut jobs = group.subscribe().await.unwrap();
+    let one = next_job(&mut jobs).await;
+    assert_eq!(one.seq(), 1);
+    one.ack_durable().await.unwrap();
+    assert_eq!(group.committed(), Some(2), "2's second ack was recorded: it does not run again");
+    assert_eq!(broker.job("q", "w", 2).await.unwrap().state, rockq::JobState::Finished);
+    drop(jobs);
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_work_group_reset_is_not_kept_out_by_a_lease_that_ran_out() {
     // Fault (issue 13, found by the model test once resets were among its operations): a job
     // whose lease ran out still counted as held, so `reset_to` answered `Active` until some

@@ -117,7 +117,7 @@ impl Known {
         self.revs.clear();
         self.mine.clear();
         self.doubted.clear();
-        g.progress().move_to(offset);
+        g.progress().reset_to(offset);
         g.reset(offset);
         // A reset may go backwards: store, not max.
         g.durable.store(offset, Ordering::SeqCst);

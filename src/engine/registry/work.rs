@@ -111,6 +111,15 @@ impl Progress {
         self.done.rebase(offset + 1);
     }
 
+    /// A reset to `offset`: everything above it runs again, so nothing there is finished
+    /// (`move_to` keeps what is finished above a trim's cut; a reset must not: a job finished
+    /// above the new offset and run again would find itself finished already, and its new
+    /// outcome would be dropped — its `Done` record never written, its slot never forgotten).
+    pub fn reset_to(&mut self, offset: u64) {
+        self.offset = offset;
+        self.done = Finished::new(offset + 1);
+    }
+
     /// Retention deleted everything through `to`: the offset moves there and on over the run
     /// of finished messages right above it (finished while an earlier one waited). Returns the
     /// new offset.

@@ -558,7 +558,7 @@ fn reset(r: &mut Round<'_>, group: Arc<WorkGroupState>, offset: u64, reply: Repl
         let _ = reply.send(Err(e));
         return;
     }
-    group.progress().move_to(offset);
+    group.progress().reset_to(offset);
     // In memory now, not when durable: outcomes, claims and acks decided before the reset but
     // arriving after it carry the old epoch and are refused; queued acks are dropped.
     group.reset(offset);
