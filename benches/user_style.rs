@@ -7,7 +7,10 @@
 //! `cargo bench --bench user_style`; `ROCKQ_BENCH_N` sets the message count (default 500k),
 //! `ROCKQ_BENCH_ONLY=send|fsync|batch|e2e|pool|outcomes|latency` runs one part (`outcomes`:
 //! the pool(8) drain again with the group keeping outcomes and each job setting a 16-byte
-//! result, and with a progress report per job too: their cost per job beside the plain drain). The throughput rows are
+//! result, and with a progress report per job too: their cost per job beside the plain drain;
+//! `priorities`: the pool(8) drain of the backlog while 1,000 urgent jobs (priority 9) arrive
+//! one by one, each timed from its send to its handler, beside the same drain without
+//! priorities, and with every backlog job at priority 1). The throughput rows are
 //! the median of three runs, alternating with their tuned counterpart where there is one.
 //! `ROCKQ_BENCH_THREADS=1` prints, after each send and pool run, every thread's time on a CPU
 //! and waiting for one, and the writer's rounds: which thread bounds the run.
@@ -134,6 +137,41 @@ fn main() {
                 n as f64 / secs,
                 per_job(secs),
                 n as f64 / secs / raw1000 * 100.0
+            );
+        }
+    }
+    if run("priorities") {
+        let urgent = 1000;
+        let mut runs: [Vec<(f64, Vec<Duration>)>; 3] = Default::default();
+        let variants = [Prio::None, Prio::Urgent, Prio::AllPrioritised];
+        for i in 0..REPS {
+            // Rotated each repetition: a run's place in the sequence biases it (±20 % here).
+            for k in 0..variants.len() {
+                let j = (i + k) % variants.len();
+                let v = variants[j];
+                runs[j].push(rt.block_on(pool_priorities(&dir(format!("prio-{v:?}-{i}")), n, urgent, v)));
+            }
+        }
+        let total = n + urgent;
+        let plain = median(runs[0].iter().map(|r| r.0).collect());
+        for (what, rows) in [
+            ("no priorities (the 1,000 sent plain)", &runs[0]),
+            ("backlog priority 0, the 1,000 at priority 9", &runs[1]),
+            ("backlog priority 1 (all indexed), the 1,000 at priority 9", &runs[2]),
+        ] {
+            let secs = median(rows.iter().map(|r| r.0).collect());
+            let mut lat: Vec<Duration> = rows.iter().flat_map(|r| r.1.iter().copied()).collect();
+            lat.sort_unstable();
+            let pct = |p: f64| lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)));
+            let ms = |d: Option<&Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3);
+            println!(
+                "`workers(8).run(handler).await`, {n} backlog + {urgent} sent during the drain, Buffered, {what}: {:.0} jobs/s ({:.0} % of the drain without priorities, {:.0} % of raw unsynced b1000); the {urgent}: send → handler p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+                total as f64 / secs,
+                plain / secs * 100.0,
+                total as f64 / secs / raw1000 * 100.0,
+                ms(pct(0.5)),
+                ms(pct(0.99)),
+                ms(lat.last()),
             );
         }
     }
@@ -292,6 +330,65 @@ async fn pool_keeping(path: &Path, n: u64, kept: Kept) -> f64 {
     assert_eq!(report.acked, n);
     broker.shutdown().await.unwrap();
     secs
+}
+
+/// What a [`pool_priorities`] run sends.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Prio {
+    /// The urgent ones without a priority.
+    None,
+    /// The urgent ones at 9, the backlog at 0.
+    Urgent,
+    /// The urgent ones at 9, every backlog message at 1 (each in the index).
+    AllPrioritised,
+}
+
+/// [`pool`] with 8 workers draining an `n` backlog while a task sends `urgent` more, one every
+/// 2 ms, each carrying its send time: seconds for the whole drain, and each urgent job's time
+/// from its send to its handler.
+async fn pool_priorities(path: &Path, n: u64, urgent: u64, prio: Prio) -> (f64, Vec<Duration>) {
+    use std::sync::{Arc, Mutex};
+    let broker = open(path, Durability::Buffered).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let level = if prio == Prio::AllPrioritised { 1 } else { 0 };
+    let mut sent = 0;
+    while sent < n {
+        let k = (n - sent).min(4096);
+        q.send_batch((sent..sent + k).map(|i| rockq::Message::new(value(i)).priority(level))).await.unwrap();
+        sent += k;
+    }
+    let token = rockq::CancellationToken::new();
+    let stop = stop_after(n + urgent, &token);
+    let base = Instant::now();
+    let seen: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let s = seen.clone();
+    let handler = move |task: rockq::Task| {
+        if task.payload().len() == 8 {
+            let at = u64::from_be_bytes(task.payload()[..8].try_into().unwrap());
+            s.lock().unwrap().push(base.elapsed() - Duration::from_nanos(at));
+        }
+        stop(task)
+    };
+    let producer = {
+        let q = q.clone();
+        tokio::spawn(async move {
+            for _ in 0..urgent {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                let at = (base.elapsed().as_nanos() as u64).to_be_bytes().to_vec();
+                let p = if prio == Prio::None { 0 } else { 9 };
+                q.send(rockq::Message::new(at).priority(p)).await.unwrap();
+            }
+        })
+    };
+    let start = Instant::now();
+    let report = q.work_group("mailer").unwrap().workers(8).shutdown_on(token).run(handler).await.unwrap();
+    let secs = start.elapsed().as_secs_f64();
+    producer.await.unwrap();
+    assert_eq!(report.acked, n + urgent);
+    broker.shutdown().await.unwrap();
+    let lat = std::mem::take(&mut *seen.lock().unwrap());
+    assert_eq!(lat.len() as u64, urgent);
+    (secs, lat)
 }
 
 /// A task sends `rate` messages a second (a 100 µs interval, `send().await` each) for `seconds`;

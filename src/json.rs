@@ -171,9 +171,10 @@ impl Serialize for JobStatus {
             _ => (None, None),
         };
         let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
-        let mut j = s.serialize_struct("JobStatus", 9)?;
+        let mut j = s.serialize_struct("JobStatus", 10)?;
         j.serialize_field("seq", &self.seq)?;
         j.serialize_field("state", self.state.as_str())?;
+        j.serialize_field("priority", &self.priority)?;
         j.serialize_field("attempt", &self.attempt)?;
         j.serialize_field("holder", &self.holder)?;
         j.serialize_field("lease_remaining_secs", &secs(lease_remaining))?;
@@ -205,11 +206,12 @@ impl Serialize for JobOutcome {
 
 impl Serialize for StoredMessage {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_struct("StoredMessage", 6)?;
+        let mut m = s.serialize_struct("StoredMessage", 7)?;
         m.serialize_field("seq", &self.seq)?;
         m.serialize_field("enqueued_at_micros", &micros(self.enqueued_at))?;
         m.serialize_field("key", &self.key)?;
         m.serialize_field("idempotency_key", &self.idempotency_key)?;
+        m.serialize_field("priority", &self.priority)?;
         m.serialize_field("headers", &Headers(&self.headers))?;
         m.serialize_field("payload", &Blob(&self.payload))?;
         m.end()

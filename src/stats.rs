@@ -237,6 +237,9 @@ pub struct JobStatus {
     /// The job's last progress report ([`Task::progress`](crate::Task::progress)), of this
     /// attempt or an earlier one, while it is not finished. Survives restarts.
     pub progress: Option<Bytes>,
+    /// Its message's [priority](crate::Message::priority), while the message is retained (0
+    /// once retention deleted it).
+    pub priority: u8,
 }
 
 /// The largest job result ([`Task::set_result`](crate::Task::set_result)): 1 MiB. A result is
@@ -390,6 +393,8 @@ pub struct StoredMessage {
     /// Its idempotency key ([`Message::idempotency_key`](crate::Message::idempotency_key)),
     /// if it has one.
     pub idempotency_key: Option<String>,
+    /// Its priority ([`Message::priority`](crate::Message::priority)); 0 if none.
+    pub priority: u8,
     /// Its headers.
     pub headers: Vec<(String, Bytes)>,
     /// Its payload.

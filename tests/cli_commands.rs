@@ -152,6 +152,7 @@ async fn read_only_commands_inspect_a_database_the_service_holds() {
     assert!(job["due_in_secs"].is_null(), "{job}");
     assert_eq!(job["progress"]["text"].as_str(), Some("row 40 of 90"), "{job}");
     assert!(job["outcome"].is_null(), "{job}");
+    assert_eq!(job["priority"].as_u64(), Some(0), "{job}");
     let finished = json(&db, &["job", "jobs", "workers", "1"]);
     assert_eq!((finished["state"].as_str(), finished["attempt"].as_u64()), (Some("finished"), Some(0)));
     let outcome = &finished["outcome"];
@@ -167,6 +168,7 @@ async fn read_only_commands_inspect_a_database_the_service_holds() {
     assert!(outcome["finished_at_micros"].as_u64().unwrap() > 0 && outcome["result"].is_null(), "{finished}");
     let table = text(&db, &["job", "jobs", "workers", &seq]);
     assert!(table.contains("leased") && table.contains("cli-test") && table.contains("lease "), "{table}");
+    assert!(table.contains("PRIORITY"), "{table}");
     assert!(table.contains("row 40 of 90"), "{table}");
     let table = text(&db, &["job", "jobs", "workers", "1"]);
     assert!(

@@ -723,3 +723,22 @@ async fn a_result_and_a_progress_report_are_refused_and_the_job_still_acks() {
     assert_eq!((s.state, s.outcome, s.progress), (rockq::JobState::Finished, None, None));
     broker.shutdown().await.unwrap();
 }
+
+/// A message priority is refused with the family's `Unsupported` error, for `send`, a batch and
+/// a submit, and nothing is appended; a priority of 0 (the default) is a plain send.
+#[tokio::test]
+async fn a_message_priority_is_refused_and_nothing_is_sent() {
+    let cluster = etcd::Cluster::start(1).await;
+    let broker = connect(&cluster, "priorities").await;
+    let q = broker.queue("q").await.unwrap();
+    let urgent = || rockq::Message::new("urgent").priority(9);
+    let e = q.send(urgent()).await.unwrap_err();
+    assert_eq!(e.unsupported().map(|u| u.engine()), Some("etcd"), "send: {e}");
+    let e = q.send_batch([rockq::Message::new("plain"), urgent()]).await.unwrap_err();
+    assert_eq!(e.unsupported().map(|u| u.engine()), Some("etcd"), "batch: {e}");
+    let e = q.submit(urgent().idempotency_key("k")).await.unwrap_err();
+    assert_eq!(e.unsupported().map(|u| u.engine()), Some("etcd"), "submit: {e}");
+    assert_eq!(q.last_seq(), 0, "nothing was appended");
+    assert_eq!(q.send(rockq::Message::new("plain").priority(0)).await.unwrap(), 1);
+    broker.shutdown().await.unwrap();
+}

@@ -219,6 +219,14 @@ async fn an_import_into_etcd_refuses_what_etcd_cannot_hold_and_leaves_the_namesp
     let with_kv = dir.path().join("with-kv.jsonl");
     embedded.export(std::fs::File::create(&with_kv).unwrap()).await.unwrap();
     embedded.shutdown().await.unwrap();
+    // Only a prioritised message to refuse.
+    let other = common::open(&dir.path().join("prio")).await;
+    let q = other.queue("q").await.unwrap();
+    q.send_batch(["a", "b"]).await.unwrap();
+    q.send(Message::new("urgent").priority(9)).await.unwrap();
+    let with_priority = dir.path().join("with-priority.jsonl");
+    other.export(std::fs::File::create(&with_priority).unwrap()).await.unwrap();
+    other.shutdown().await.unwrap();
 
     let mut client = cluster.client().await;
     let count = |c: &mut etcd_client::Client| {
@@ -230,7 +238,7 @@ async fn an_import_into_etcd_refuses_what_etcd_cannot_hold_and_leaves_the_namesp
                 .count()
         }
     };
-    for f in [&file, &with_kv] {
+    for f in [&file, &with_kv, &with_priority] {
         let e = Broker::import_etcd(
             std::fs::File::open(f).unwrap(),
             cluster.endpoints(),

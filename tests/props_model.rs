@@ -5,6 +5,8 @@
 //! clock), trim, redrive, resets of either group, a stored record corrupted across a restart,
 //! and restart, checked step by step against a small reference model of what is delivered next, with which attempt
 //! or delivery count, what is committed, what is dead-lettered and where the queue starts.
+//! Some messages carry a priority: the work group claims by priority (the model sorts what is
+//! claimable), the ordered group ignores it, and a redrive keeps it.
 //!
 //! A second model (`job_features_match_the_model`, below) covers the job-queue features:
 //! delayed sends, cancels, reschedules, idempotency keys and keyed messages in a group ordered
@@ -31,6 +33,8 @@ const O_DELAY: u64 = 5;
 #[derive(Debug, Clone)]
 enum Op {
     Send(u8),
+    /// One message with this priority: the work group claims it ahead of lower ones.
+    SendUrgent(u8),
     ORecv,
     OAck(usize),
     ODrop(usize),
@@ -65,6 +69,7 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (1u8..5).prop_map(Op::Send),
+        1 => (1u8..4).prop_map(Op::SendUrgent),
         3 => Just(Op::ORecv),
         2 => any::<usize>().prop_map(Op::OAck),
         1 => any::<usize>().prop_map(Op::ODrop),
@@ -112,11 +117,12 @@ struct Model {
     o_held: Vec<(u64, u32)>,
     o_dlq: Vec<u64>,
     o_dlq_cursor: usize,
-    // Work group: its offset as last reset, claimed sequences (below the frontier), the
-    // frontier, held jobs.
+    /// Each message's priority (those without one are absent).
+    prio: BTreeMap<u64, u8>,
+    // Work group: its offset as last reset, claimed sequences (never-claimed ones above the
+    // offset are the others), held jobs.
     w_base: u64,
     w: BTreeMap<u64, (u32, W)>,
-    w_frontier: u64,
     /// Attempts given back by a conflict: in memory only, counted again by a restart that
     /// comes before the next claim (which records the attempt anew).
     w_given_back: BTreeSet<u64>,
@@ -136,7 +142,7 @@ struct Model {
 
 impl Model {
     fn new() -> Self {
-        Model { first: 1, o_next_new: 1, w_frontier: 1, ..Model::default() }
+        Model { first: 1, o_next_new: 1, ..Model::default() }
     }
     /// The next ordered delivery, taken: due delayed redeliveries join the handed-back ones,
     /// which go first; new messages skip dead-lettered ones and wait if still delayed.
@@ -216,10 +222,10 @@ impl Model {
     /// be delivered: the test then does not poll the stream, so nothing at all changes (a
     /// corrupt record meets its dead-lettering at the next claim that delivers something).
     fn w_claim(&mut self) -> Option<(u64, u32)> {
-        let (w, frontier, dlq) = (self.w.clone(), self.w_frontier, self.dlq.len());
+        let (w, dlq) = (self.w.clone(), self.dlq.len());
         loop {
             let Some((seq, attempt)) = self.w_claim_once() else {
-                (self.w, self.w_frontier) = (w, frontier);
+                self.w = w;
                 self.dlq.truncate(dlq);
                 return None;
             };
@@ -230,30 +236,32 @@ impl Model {
             self.dlq.push(seq);
         }
     }
+    /// One claim: the claimable messages (released or nacked ones, and never-claimed ones
+    /// above the offset) highest priority first, oldest first within one; those out of
+    /// attempts met on the way are dead-lettered.
     fn w_claim_once(&mut self) -> Option<(u64, u32)> {
-        let target = self
+        let prio = |s: &u64| self.prio.get(s).copied().unwrap_or(0);
+        let lo = self.first.max(self.w_base + 1);
+        let mut open: Vec<u64> = self
             .w
             .iter()
-            .find(|(_, (a, st))| *st == W::Available && *a < MAX_ATTEMPTS)
+            .filter(|(_, (_, st))| *st == W::Available)
             .map(|(s, _)| *s)
-            .or((self.w_frontier <= self.last).then_some(self.w_frontier))?;
-        let exhausted: Vec<u64> = self
-            .w
-            .iter()
-            .filter(|(s, (a, st))| **s < target && *st == W::Available && *a >= MAX_ATTEMPTS)
-            .map(|(s, _)| *s)
+            .chain((lo..=self.last).filter(|s| !self.w.contains_key(s)))
             .collect();
-        for s in exhausted {
-            self.w.get_mut(&s).unwrap().1 = W::Done;
-            self.dlq.push(s);
+        open.sort_by_key(|s| (std::cmp::Reverse(prio(s)), *s));
+        for target in open {
+            let slot = self.w.entry(target).or_insert((0, W::Available));
+            if slot.0 >= MAX_ATTEMPTS {
+                slot.1 = W::Done;
+                self.dlq.push(target);
+                continue;
+            }
+            slot.0 += 1;
+            slot.1 = W::Held;
+            return Some((target, slot.0));
         }
-        if target == self.w_frontier {
-            self.w_frontier += 1;
-        }
-        let slot = self.w.entry(target).or_insert((0, W::Available));
-        slot.0 += 1;
-        slot.1 = W::Held;
-        Some((target, slot.0))
+        None
     }
 }
 
@@ -368,6 +376,12 @@ async fn run(ops: Vec<Op>) {
                 let range = r.q.send_batch((0..n).map(|i| vec![i])).await.unwrap();
                 assert_eq!(*range.start(), m.last + 1, "{ctx}");
                 m.last += u64::from(n);
+            }
+            Op::SendUrgent(p) => {
+                let seq = r.q.send(rockq::Message::new(vec![p]).priority(p)).await.unwrap();
+                m.last += 1;
+                assert_eq!(seq, m.last, "{ctx}");
+                m.prio.insert(seq, p);
             }
             Op::ORecv => {
                 let Some(expected) = m.o_take_next() else { continue };
@@ -484,14 +498,25 @@ async fn run(ops: Vec<Op>) {
                 let dlq = r.broker.dead_letters("q.dlq").await.unwrap();
                 let moved = dlq.redrive(Redrive::new()).await.unwrap();
                 assert_eq!(moved as usize, m.dlq.len() - m.dlq_cursor, "{ctx}");
+                // A redrive keeps each letter's priority.
+                for i in m.dlq_cursor..m.dlq.len() {
+                    m.last += 1;
+                    if let Some(&p) = m.prio.get(&m.dlq[i]) {
+                        m.prio.insert(m.last, p);
+                    }
+                }
                 m.dlq_cursor = m.dlq.len();
-                m.last += moved;
                 // The ordered group's dead letters go back to the end of the queue too.
                 let odlq = r.broker.dead_letters("o.dlq").await.unwrap();
                 let moved = odlq.redrive(Redrive::new()).await.unwrap();
                 assert_eq!(moved as usize, m.o_dlq.len() - m.o_dlq_cursor, "{ctx}");
+                for i in m.o_dlq_cursor..m.o_dlq.len() {
+                    m.last += 1;
+                    if let Some(&p) = m.prio.get(&m.o_dlq[i]) {
+                        m.prio.insert(m.last, p);
+                    }
+                }
                 m.o_dlq_cursor = m.o_dlq.len();
-                m.last += moved;
                 assert_eq!(r.q.last_seq(), m.last, "{ctx}");
             }
             Op::Restart | Op::CorruptRestart(_) => {
@@ -574,7 +599,6 @@ async fn run(ops: Vec<Op>) {
                 m.w.clear();
                 m.w_given_back.clear();
                 m.w_base = seq - 1;
-                m.w_frontier = seq;
             }
             Op::OTxAck(i) if !r.o_held.is_empty() => {
                 let i = i % r.o_held.len();

@@ -145,6 +145,7 @@ async fn queue_page_lists_pending_claims_as_broker_pending_does() {
             (c.seq.to_string().as_str(), job.state.as_str(), job.attempt.to_string())
         );
         assert_eq!(rows[0]["holder"], job.holder.clone().unwrap_or_else(|| "-".into()));
+        assert_eq!(rows[0]["priority"], job.priority.to_string());
         assert_eq!(rows[0]["last-error"], job.last_error.clone().unwrap_or_else(|| "-".into()));
         assert_ne!(rows[0]["time-left"], "-", "a leased or retrying job has a time left");
         assert_eq!(rows[0]["outcome"], "-", "running");

@@ -47,6 +47,9 @@ pub struct DeadLetter {
     pub headers: Vec<(String, Bytes)>,
     /// The original ordering key ([`Message::key`](crate::Message::key)), kept by a redrive.
     pub key: Option<String>,
+    /// The original priority ([`Message::priority`](crate::Message::priority)), kept by a
+    /// redrive.
+    pub priority: u8,
 }
 
 /// The JSON shape of a dead letter (see `json.rs`): the console's and the CLI's.
@@ -54,7 +57,7 @@ impl serde::Serialize for DeadLetter {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use crate::json::{Blob, Headers, micros};
         use serde::ser::SerializeStruct;
-        let mut d = s.serialize_struct("DeadLetter", 11)?;
+        let mut d = s.serialize_struct("DeadLetter", 12)?;
         d.serialize_field("dlq_seq", &self.dlq_seq)?;
         d.serialize_field("queue", &self.queue)?;
         d.serialize_field("seq", &self.seq)?;
@@ -66,6 +69,7 @@ impl serde::Serialize for DeadLetter {
         d.serialize_field("headers", &Headers(&self.headers))?;
         d.serialize_field("payload", &Blob(&self.payload))?;
         d.serialize_field("key", &self.key)?;
+        d.serialize_field("priority", &self.priority)?;
         d.end()
     }
 }
@@ -88,6 +92,7 @@ impl DeadLetter {
             payload: msg.payload,
             headers: Vec::new(),
             key: msg.key,
+            priority: msg.priority,
         };
         for (k, v) in msg.headers {
             let text = || String::from_utf8_lossy(&v).into_owned();
@@ -489,7 +494,13 @@ pub(crate) fn redrive_item(d: DeadLetter, to: Option<&str>, now_micros: u64) -> 
     crate::name::validate(NameKind::Queue, &target)?;
     // The ordering key goes back with it; the idempotency key does not (a redrive is
     // deliberate, and it would be a duplicate of the original within its window).
-    let message = Message { payload: d.payload, headers: d.headers, key: d.key, ..Message::default() };
+    let message = Message {
+        payload: d.payload,
+        headers: d.headers,
+        key: d.key,
+        priority: d.priority,
+        ..Message::default()
+    };
     boundary::validate(&message).map_err(|e| {
         Error::Failed(crate::error::FailedError::internal(format!(
             "cannot re-encode dead letter {}: {e:?}",

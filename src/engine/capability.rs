@@ -72,6 +72,8 @@ pub(crate) enum Capability {
     KeepOutcomes,
     /// `Task::progress`: progress reports of running jobs.
     JobProgress,
+    /// `Message::priority` above 0: claims by priority.
+    Priority,
 }
 
 impl Capability {
@@ -98,6 +100,7 @@ impl Capability {
             Capability::Export => "an export of the store",
             Capability::KeepOutcomes => "keeping job outcomes (WorkGroup::keep_outcomes)",
             Capability::JobProgress => "progress reports of running jobs (Task::progress)",
+            Capability::Priority => "a message priority (Message::priority)",
         }
     }
 }
@@ -125,7 +128,8 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::DeadLetterActions
             | Capability::Backup
             | Capability::KeepOutcomes
-            | Capability::JobProgress => false,
+            | Capability::JobProgress
+            | Capability::Priority => false,
         },
     }
 }

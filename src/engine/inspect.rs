@@ -215,6 +215,7 @@ fn job_on_disk(store: &Store, group: &str, queue: &str, seq: u64, now: u64) -> R
         holder: None,
         outcome: None,
         progress: None,
+        priority: db.priority(meta.id, seq).map_err(Error::from)?,
     };
     // Read whatever the state: a report is deleted with its job's finish (or the trim or reset
     // past it), so one on a final job would show a record that outlived its job.
@@ -295,6 +296,7 @@ fn peek(store: &Store, queue: &str, from: Option<u64>, limit: usize) -> Result<V
             enqueued_at: micros_to_time(m.enqueued_at_micros),
             key: m.key,
             idempotency_key: m.idempotency_key,
+            priority: m.priority,
             headers: m.headers,
             payload: m.payload,
         })

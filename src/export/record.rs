@@ -164,11 +164,18 @@ pub(crate) struct Body {
     pub key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// Its priority (`Message::priority`); absent for 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: u8,
     /// `[name, base64 value]` pairs, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty", with = "b64_headers")]
     pub headers: Vec<(String, Vec<u8>)>,
     #[serde(with = "b64")]
     pub payload: Vec<u8>,
+}
+
+fn is_zero(p: &u8) -> bool {
+    *p == 0
 }
 
 impl Record {
@@ -232,6 +239,7 @@ mod tests {
             enqueued_at_micros: 7,
             key: Some("k".into()),
             idempotency_key: None,
+            priority: 7,
             headers: vec![("h".into(), vec![0, 255])],
             payload: b"\x00payload\xff".to_vec(),
         };

@@ -433,6 +433,11 @@ impl Queue {
 
     /// Checks and encodes the messages of a submit call and hands them to the writer.
     async fn submit_checked(&self, msgs: Vec<Message>) -> Result<Vec<Sent>, Error> {
+        // The one send check of submits (a plain send's is in `stage`): what an engine may
+        // refuse of a message itself.
+        if msgs.iter().any(|m| m.priority > 0) {
+            self.shared.check(boundary::Capability::Priority)?;
+        }
         let clock = self.shared.clock();
         let subs = msgs
             .iter()

@@ -269,6 +269,11 @@ impl<T: Serialize, C: Codec> TypedSend<'_, T, C> {
         self.map(|m| m.idempotency_key(key))
     }
 
+    /// Sets the priority; see [`Message::priority`].
+    pub fn priority(self, priority: u8) -> Self {
+        self.map(|m| m.priority(priority))
+    }
+
     /// Delays it by `delay`; see [`Message::deliver_after`] (send it with
     /// [`submit`](TypedSend::submit)).
     pub fn deliver_after(self, delay: Duration) -> Self {

@@ -100,6 +100,25 @@ impl<'a> Batch<'a> {
         self.wb.put_cf(self.cfs.messages, keys::message_key(queue_id, seq), envelope);
     }
 
+    /// Indexes prioritised message `seq` of a queue (see `keys.rs`; the registry's
+    /// `priority.rs` is its memory).
+    pub fn put_priority(&mut self, queue_id: u32, seq: u64, priority: u8) {
+        self.wb.put_cf(self.cfs.scheduled, keys::priority_key(queue_id, seq), [priority]);
+    }
+
+    /// Deletes the priority entries of messages `from..=through` of a queue (one range
+    /// tombstone, with the messages' own).
+    pub fn trim_priorities(&mut self, queue_id: u32, from: u64, through: u64) {
+        self.wb.delete_range_cf(
+            self.cfs.scheduled,
+            keys::priority_key(queue_id, from).to_vec(),
+            match through.checked_add(1) {
+                Some(next) => keys::priority_key(queue_id, next).to_vec(),
+                None => keys::priority_range(Some(queue_id)).1,
+            },
+        );
+    }
+
     /// Deletes messages `from..=through` of a queue with one range tombstone.
     pub fn trim_messages(&mut self, queue_id: u32, from: u64, through: u64) {
         self.wb.delete_range_cf(

@@ -3,8 +3,10 @@
 //! ```text
 //! [0]      envelope version (2; version 1 is still read)
 //! [1]      flags: bit 0 = headers present, bit 1 = ordering key present,
-//!          bit 2 = idempotency key present (version 2 only); other bits must be zero
+//!          bit 2 = idempotency key present, bit 3 = priority present (version 2 only);
+//!          other bits must be zero
 //! [2..10]  enqueue time, microseconds since the Unix epoch, u64 BE
+//! if priority: [10] the priority (1..=255; 0, the default, is not written)
 //! if key:  u16 BE length, key (UTF-8)
 //! if idempotency key: u16 BE length, key (UTF-8)
 //! if headers: u16 BE count, then per header: u16 BE key length, key (UTF-8),
@@ -13,7 +15,8 @@
 //! ```
 //!
 //! The payload is last so it needs no length prefix, and a plain message costs ten bytes of
-//! overhead. Version 1 (rockq's first format) is version 2 without the key flags; both decode.
+//! overhead. The priority sits at a fixed place, so the writer reads it without parsing (it
+//! indexes prioritised messages as it appends them). Version 1 (rockq's first format) is version 2 without the key flags; both decode.
 //! A scheduled message waits in the schedule as the same envelope, its time field holding the
 //! time it was sent; it is stamped again when it is appended.
 
@@ -32,6 +35,7 @@ pub(crate) const ENVELOPE_V2: u8 = 2;
 const FLAG_HEADERS: u8 = 1;
 const FLAG_KEY: u8 = 2;
 const FLAG_IDEMPOTENCY: u8 = 4;
+const FLAG_PRIORITY: u8 = 8;
 const FIXED_LEN: usize = 10;
 
 /// Why a message cannot be encoded.
@@ -53,7 +57,7 @@ pub(crate) fn body_len(msg: &Message) -> usize {
         2 + msg.headers.iter().map(|(k, v)| 2 + k.len() + 4 + v.len()).sum::<usize>()
     };
     let keys: usize = [&msg.key, &msg.idempotency_key].into_iter().flatten().map(|k| 2 + k.len()).sum();
-    headers + keys + msg.payload.len()
+    headers + keys + usize::from(msg.priority > 0) + msg.payload.len()
 }
 
 /// Size the stored envelope will have.
@@ -105,8 +109,14 @@ pub(crate) fn encode_into(msg: &Message, enqueued_at_micros: u64, out: &mut Vec<
     if msg.idempotency_key.is_some() {
         flags |= FLAG_IDEMPOTENCY;
     }
+    if msg.priority > 0 {
+        flags |= FLAG_PRIORITY;
+    }
     out.push(flags);
     out.extend_from_slice(&enqueued_at_micros.to_be_bytes());
+    if msg.priority > 0 {
+        out.push(msg.priority);
+    }
     for k in [&msg.key, &msg.idempotency_key].into_iter().flatten() {
         let kl = u16::try_from(k.len()).unwrap_or(u16::MAX);
         out.extend_from_slice(&kl.to_be_bytes());
@@ -142,7 +152,7 @@ pub(crate) fn idempotency_key(envelope: &[u8]) -> Option<&str> {
     if envelope.first() != Some(&ENVELOPE_V2) || flags & FLAG_IDEMPOTENCY == 0 {
         return None;
     }
-    let mut r = Reader { buf: envelope.get(FIXED_LEN..)? };
+    let mut r = Reader { buf: envelope.get(FIXED_LEN + usize::from(flags & FLAG_PRIORITY != 0)..)? };
     if flags & FLAG_KEY != 0 {
         let n = r.u16()?;
         r.take(usize::from(n))?;
@@ -151,10 +161,22 @@ pub(crate) fn idempotency_key(envelope: &[u8]) -> Option<&str> {
     std::str::from_utf8(r.take(usize::from(n))?).ok()
 }
 
+/// The priority of an encoded envelope, read from its fixed header (0 if it has none or does
+/// not parse).
+pub(crate) fn priority(envelope: &[u8]) -> u8 {
+    match (envelope.first(), envelope.get(1)) {
+        (Some(&ENVELOPE_V2), Some(flags)) if flags & FLAG_PRIORITY != 0 => {
+            envelope.get(FIXED_LEN).copied().unwrap_or(0)
+        }
+        _ => 0,
+    }
+}
+
 /// A decoded envelope.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Envelope {
     pub enqueued_at_micros: u64,
+    pub priority: u8,
     pub key: Option<String>,
     pub idempotency_key: Option<String>,
     pub headers: Vec<(String, Bytes)>,
@@ -169,6 +191,7 @@ impl Envelope {
             headers: self.headers,
             key: self.key,
             idempotency_key: self.idempotency_key,
+            priority: self.priority,
             due: None,
         }
     }
@@ -197,6 +220,7 @@ pub(crate) fn decode(key: &[u8], value: &[u8]) -> Result<Envelope, CorruptionErr
         p.headers.into_iter().map(|(k, v)| Ok((k, slice(v)?))).collect::<Result<_, CorruptionError>>()?;
     Ok(Envelope {
         enqueued_at_micros: p.enqueued_at_micros,
+        priority: p.priority,
         key: p.key,
         idempotency_key: p.idempotency_key,
         headers,
@@ -210,6 +234,7 @@ pub(crate) fn decode_shared(key: &[u8], value: &Bytes) -> Result<Envelope, Corru
     let p = parse(key, value)?;
     Ok(Envelope {
         enqueued_at_micros: p.enqueued_at_micros,
+        priority: p.priority,
         key: p.key,
         idempotency_key: p.idempotency_key,
         headers: p.headers.into_iter().map(|(k, v)| (k, value.slice(v))).collect(),
@@ -220,6 +245,7 @@ pub(crate) fn decode_shared(key: &[u8], value: &Bytes) -> Result<Envelope, Corru
 /// Where the parts of an envelope lie within its value.
 struct Parsed {
     enqueued_at_micros: u64,
+    priority: u8,
     key: Option<String>,
     idempotency_key: Option<String>,
     headers: Vec<(String, Range<usize>)>,
@@ -233,7 +259,7 @@ fn parse(key: &[u8], value: &[u8]) -> Result<Parsed, CorruptionError> {
     let version = r.u8().ok_or_else(|| bad("empty value"))?;
     let known = match version {
         ENVELOPE_V1 => FLAG_HEADERS,
-        ENVELOPE_V2 => FLAG_HEADERS | FLAG_KEY | FLAG_IDEMPOTENCY,
+        ENVELOPE_V2 => FLAG_HEADERS | FLAG_KEY | FLAG_IDEMPOTENCY | FLAG_PRIORITY,
         _ => return Err(bad(&format!("unknown envelope version {version}"))),
     };
     let flags = r.u8().ok_or_else(|| bad("truncated flags"))?;
@@ -241,6 +267,14 @@ fn parse(key: &[u8], value: &[u8]) -> Result<Parsed, CorruptionError> {
         return Err(bad(&format!("unknown flags {flags:#04x}")));
     }
     let ts = r.u64().ok_or_else(|| bad("truncated timestamp"))?;
+    let priority = match flags & FLAG_PRIORITY {
+        0 => 0,
+        _ => match r.u8() {
+            Some(0) => return Err(bad("priority 0 written out")),
+            Some(p) => p,
+            None => return Err(bad("truncated priority")),
+        },
+    };
     let mut text = |present: bool, what: &str| -> Result<Option<String>, CorruptionError> {
         if !present {
             return Ok(None);
@@ -267,7 +301,14 @@ fn parse(key: &[u8], value: &[u8]) -> Result<Parsed, CorruptionError> {
             headers.push((k.to_owned(), start..start + vl));
         }
     }
-    Ok(Parsed { enqueued_at_micros: ts, key, idempotency_key, headers, payload: at(&r)..value.len() })
+    Ok(Parsed {
+        enqueued_at_micros: ts,
+        priority,
+        key,
+        idempotency_key,
+        headers,
+        payload: at(&r)..value.len(),
+    })
 }
 
 struct Reader<'a> {

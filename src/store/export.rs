@@ -38,6 +38,7 @@ pub(in crate::store) fn body(key: &[u8], value: &[u8]) -> Result<Body, Corruptio
         enqueued_at_micros: e.enqueued_at_micros,
         key: e.key,
         idempotency_key: e.idempotency_key,
+        priority: e.priority,
         headers: e.headers.into_iter().map(|(k, v)| (k, v.to_vec())).collect(),
         payload: e.payload.to_vec(),
     })
@@ -221,8 +222,9 @@ impl Store {
                         );
                     }
                 }
-                // The id index is rebuilt from the due entries.
-                Some(b'i') => {}
+                // The id index is rebuilt from the due entries, the priority index from the
+                // messages.
+                Some(b'i' | b'p') => {}
                 _ => {
                     let name = keys::schedule_name_from_key(&k)?;
                     scheduled::decode_schedule(&k, &v)?;

@@ -63,6 +63,11 @@ fn write(input: &mut Reader, dir: &Path) -> Result<(), Error> {
                     wb.put_cf(cfs.meta, keys::queue_key(&name), records::encode_queue(&meta));
                 }
                 Write::Message { qid, seq, envelope } => {
+                    // The priority index is rebuilt from the envelopes (export leaves it out).
+                    let priority = super::envelope::priority(&envelope);
+                    if priority > 0 {
+                        wb.put_cf(cfs.scheduled, keys::priority_key(qid, seq), [priority]);
+                    }
                     wb.put_cf(cfs.messages, keys::message_key(qid, seq), envelope)
                 }
                 Write::Delayed { qid, id, due_micros, envelope } => {

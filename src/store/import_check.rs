@@ -349,6 +349,7 @@ fn envelope_of(n: u64, body: Body) -> Result<Vec<u8>, Error> {
         headers: body.headers.into_iter().map(|(k, v)| (k, v.into())).collect(),
         key: body.key,
         idempotency_key: body.idempotency_key,
+        priority: body.priority,
         due: None,
     };
     envelope::validate(&msg)

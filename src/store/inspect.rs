@@ -125,6 +125,18 @@ impl Snapshot<'_> {
         }
     }
 
+    /// The priority of message `seq` of queue `queue_id` (0: none).
+    pub fn priority(&self, queue_id: u32, seq: u64) -> Result<u8, ReadError> {
+        let key = keys::priority_key(queue_id, seq);
+        match self.db.get_pinned_cf(self.cfs.scheduled, key).map_err(storage)? {
+            Some(v) => match *v {
+                [p] => Ok(p),
+                _ => Err(crate::error::CorruptionError::new("priority", &key, "expected one byte").into()),
+            },
+            None => Ok(0),
+        }
+    }
+
     /// The last progress report on job `seq` in work-queue group `group` on `queue`, if any.
     pub fn progress(&self, group: &str, queue: &str, seq: u64) -> Result<Option<bytes::Bytes>, ReadError> {
         let key = keys::claim_key(&keys::progress_prefix(group, queue), seq);

@@ -17,6 +17,7 @@
 //! | `rockq.scheduled` | `t<due u64 BE><queue_id u32 BE><id u64 BE>` | delayed message envelope, or a recurring schedule's name (queue id `u32::MAX`) |
 //! | `rockq.scheduled` | `i<queue_id u32 BE><id u64 BE>` | due time of a delayed message (cancel, reschedule) |
 //! | `rockq.scheduled` | `s:<name>` | recurring schedule record |
+//! | `rockq.scheduled` | `p<queue_id u32 BE><seq u64 BE>` | priority of a message sent with one (1 byte) |
 //! | `rockq.dedup` | `k<queue_id u32 BE><idempotency key>` | dedup record (original, expiry) |
 //! | `rockq.dedup` | `x<expires u64 BE><queue_id u32 BE><idempotency key>` | expiry index (empty) |
 //!
@@ -382,36 +383,72 @@ pub(crate) fn due_range() -> (Vec<u8>, Vec<u8>) {
     (b"t".to_vec(), b"u".to_vec())
 }
 
+/// `<tag><queue_id u32 BE><n u64 BE>`: the per-queue keys of `rockq.scheduled` (the id index
+/// of delayed messages, the priority index).
+fn queue_key_of(tag: u8, queue_id: u32, n: u64) -> [u8; 13] {
+    let mut k = [0u8; 13];
+    k[0] = tag;
+    k[1..5].copy_from_slice(&queue_id.to_be_bytes());
+    k[5..].copy_from_slice(&n.to_be_bytes());
+    k
+}
+
+/// Every `tag` key of one queue (`None`: of every queue).
+fn queue_range_of(tag: u8, queue_id: Option<u32>) -> (Vec<u8>, Vec<u8>) {
+    match queue_id {
+        Some(q) => ([&[tag][..], &q.to_be_bytes()].concat(), [&[tag][..], &(q + 1).to_be_bytes()].concat()),
+        None => (vec![tag], vec![tag + 1]),
+    }
+}
+
+/// Splits a `tag` key into `(queue_id, n)`; `what` and `expected` describe a corruption.
+fn parse_queue_key_of(
+    tag: u8,
+    key: &[u8],
+    what: &'static str,
+    expected: &'static str,
+) -> Result<(u32, u64), CorruptionError> {
+    let bad = || CorruptionError::new(what, key, expected);
+    let arr: &[u8; 13] = key.try_into().map_err(|_| bad())?;
+    let (first, rest) = arr.split_first().ok_or_else(bad)?;
+    if *first != tag {
+        return Err(bad());
+    }
+    let (queue, n) = rest.split_at(4);
+    Ok((
+        u32::from_be_bytes(queue.try_into().map_err(|_| bad())?),
+        u64::from_be_bytes(n.try_into().map_err(|_| bad())?),
+    ))
+}
+
 /// `i<queue_id><id>`: a delayed message's due time, by id.
 pub(crate) fn scheduled_id_key(queue_id: u32, id: u64) -> [u8; 13] {
-    let mut k = [0u8; 13];
-    k[0] = b'i';
-    k[1..5].copy_from_slice(&queue_id.to_be_bytes());
-    k[5..].copy_from_slice(&id.to_be_bytes());
-    k
+    queue_key_of(b'i', queue_id, id)
 }
 
 /// Every id key of one queue (`None`: of every queue).
 pub(crate) fn scheduled_id_range(queue_id: Option<u32>) -> (Vec<u8>, Vec<u8>) {
-    match queue_id {
-        Some(q) => ([&b"i"[..], &q.to_be_bytes()].concat(), [&b"i"[..], &(q + 1).to_be_bytes()].concat()),
-        None => (b"i".to_vec(), b"j".to_vec()),
-    }
+    queue_range_of(b'i', queue_id)
 }
 
 /// Splits an id key into `(queue_id, id)`.
 pub(crate) fn parse_scheduled_id_key(key: &[u8]) -> Result<(u32, u64), CorruptionError> {
-    let bad = || CorruptionError::new("scheduled id key", key, "expected i<queue><id>");
-    let arr: &[u8; 13] = key.try_into().map_err(|_| bad())?;
-    let (tag, rest) = arr.split_first().ok_or_else(bad)?;
-    if *tag != b'i' {
-        return Err(bad());
-    }
-    let (queue, id) = rest.split_at(4);
-    Ok((
-        u32::from_be_bytes(queue.try_into().map_err(|_| bad())?),
-        u64::from_be_bytes(id.try_into().map_err(|_| bad())?),
-    ))
+    parse_queue_key_of(b'i', key, "scheduled id key", "expected i<queue><id>")
+}
+
+/// `p<queue_id><seq>`: the priority index entry of a prioritised message.
+pub(crate) fn priority_key(queue_id: u32, seq: u64) -> [u8; 13] {
+    queue_key_of(b'p', queue_id, seq)
+}
+
+/// Every priority entry of one queue (`None`: of every queue).
+pub(crate) fn priority_range(queue_id: Option<u32>) -> (Vec<u8>, Vec<u8>) {
+    queue_range_of(b'p', queue_id)
+}
+
+/// Splits a priority key into `(queue_id, seq)`.
+pub(crate) fn parse_priority_key(key: &[u8]) -> Result<(u32, u64), CorruptionError> {
+    parse_queue_key_of(b'p', key, "priority key", "expected p<queue><seq>")
 }
 
 /// `s:<name>`: a recurring schedule.
@@ -472,6 +509,22 @@ fn prefix_range(prefix: &[u8]) -> (Vec<u8>, Vec<u8>) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn priority_keys_round_trip_sort_by_queue_then_sequence_and_stay_in_their_range() {
+        use super::*;
+        let k = priority_key(7, u64::MAX);
+        assert_eq!(parse_priority_key(&k).unwrap(), (7, u64::MAX));
+        assert!(parse_priority_key(&scheduled_id_key(7, 1)).is_err(), "an id key is not a priority key");
+        assert!(parse_priority_key(&k[..12]).is_err());
+        assert!(priority_key(7, 2) < priority_key(7, 10) && priority_key(7, u64::MAX) < priority_key(8, 0));
+        let (lo, hi) = priority_range(Some(7));
+        assert!(lo.as_slice() <= &k[..] && &k[..] < hi.as_slice());
+        assert!(&priority_key(8, 0)[..] >= hi.as_slice());
+        let (lo, hi) = priority_range(None);
+        assert!(lo.as_slice() <= &k[..] && &k[..] < hi.as_slice());
+        assert!(&scheduled_id_key(u32::MAX - 1, u64::MAX)[..] < lo.as_slice(), "apart from the id index");
+    }
+
     use super::*;
 
     #[test]

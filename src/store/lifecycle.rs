@@ -14,7 +14,8 @@ use crate::error::StorageError;
 
 impl Batch<'_> {
     /// Deletes queue `name` (id `queue_id`): its record, every message (one range tombstone),
-    /// its delayed messages' id index and its idempotency keys (a range tombstone each), and
+    /// its delayed messages' id index, its priority index and its idempotency keys (a range
+    /// tombstone each), and
     /// its redrive cursor. The due entries and expiry entries are not contiguous per queue:
     /// the caller deletes them one by one ([`Batch::delete_due`], [`Batch::delete_dedup_expiry`]).
     pub fn delete_queue(&mut self, name: &str, queue_id: u32) {
@@ -25,6 +26,8 @@ impl Batch<'_> {
             keys::queue_upper_bound(queue_id).to_vec(),
         );
         let (lo, hi) = keys::scheduled_id_range(Some(queue_id));
+        self.wb.delete_range_cf(self.cfs.scheduled, lo, hi);
+        let (lo, hi) = keys::priority_range(Some(queue_id));
         self.wb.delete_range_cf(self.cfs.scheduled, lo, hi);
         let (lo, hi) = dedup_range(queue_id);
         self.wb.delete_range_cf(self.cfs.dedup, lo, hi);

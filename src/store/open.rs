@@ -79,6 +79,8 @@ pub(crate) struct Loaded {
     pub keyspaces: Vec<super::kv::LoadedKeyspace>,
     /// The last keyspace revision handed out.
     pub kv_revision: u64,
+    /// The priority index: `(queue id, seq, priority)` of each prioritised message retained.
+    pub priorities: Vec<(u32, u64, u8)>,
 }
 
 enum PathState {
@@ -450,9 +452,27 @@ pub(super) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, Error
     let first_due = super::scheduled::first_due(db, scheduled).map_err(Error::from)?;
     let scheduled_counts = super::scheduled::scheduled_counts(db, scheduled).map_err(Error::from)?;
     let (keyspaces, kv_revision) = super::kv::load(db, meta).map_err(Error::from)?;
+    let mut priorities = Vec::new();
+    let (lo, hi) = keys::priority_range(None);
+    for item in
+        db.iterator_cf_opt(scheduled, bounded(lo.clone(), hi), IteratorMode::From(&lo, Direction::Forward))
+    {
+        let (k, v) = item.map_err(storage)?;
+        let (qid, seq) = keys::parse_priority_key(&k)?;
+        let priority = match *v {
+            [p] if p > 0 => p,
+            _ => {
+                return Err(
+                    crate::error::CorruptionError::new("priority", &k, "expected one byte, 1..=255").into()
+                );
+            }
+        };
+        priorities.push((qid, seq, priority));
+    }
     Ok(Loaded {
         keyspaces,
         kv_revision,
+        priorities,
         queues,
         groups,
         claims,

@@ -12,6 +12,7 @@ use crate::error::{Error, StorageError};
 pub(crate) struct RawMessage {
     pub seq: u64,
     pub enqueued_at_micros: u64,
+    pub priority: u8,
     pub key: Option<String>,
     pub idempotency_key: Option<String>,
     pub headers: Vec<(String, Bytes)>,
@@ -24,6 +25,7 @@ impl RawMessage {
         RawMessage {
             seq,
             enqueued_at_micros: env.enqueued_at_micros,
+            priority: env.priority,
             key: env.key,
             idempotency_key: env.idempotency_key,
             headers: env.headers,
@@ -35,6 +37,7 @@ impl RawMessage {
     pub fn envelope(&self) -> envelope::Envelope {
         envelope::Envelope {
             enqueued_at_micros: self.enqueued_at_micros,
+            priority: self.priority,
             key: self.key.clone(),
             idempotency_key: self.idempotency_key.clone(),
             headers: self.headers.clone(),

@@ -75,6 +75,7 @@ async fn find_job(st: &State, b: &str, q: &str, g: &str, job: Option<&str>) -> R
     let row = vec![
         format!(r#"<a href="{b}/queues/{qn}?order=oldest&from={seq}&limit=1">{seq}</a>"#),
         format!(r#"<span class="state {0}">{0}</span>"#, job.state.as_str()),
+        job.priority.to_string(),
         job.attempt.to_string(),
         esc(job.holder.as_deref().unwrap_or("-")),
         time_left,
@@ -84,7 +85,7 @@ async fn find_job(st: &State, b: &str, q: &str, g: &str, job: Option<&str>) -> R
     ];
     out.push_str(&html::table(
         "job",
-        &["Seq", "State", "Attempt", "Holder", "Time left", "Last error", "Progress", "Outcome"],
+        &["Seq", "State", "Priority", "Attempt", "Holder", "Time left", "Last error", "Progress", "Outcome"],
         &[row],
     ));
     Ok(out)

@@ -274,6 +274,13 @@ pub(crate) async fn section(
                 let _ =
                     write!(key, r#"<br><small title="idempotency key">idem <code>{}</code></small>"#, esc(i));
             }
+            if m.priority > 0 {
+                let _ = write!(
+                    key,
+                    r#"<br><small class="priority" title="priority">priority {}</small>"#,
+                    m.priority
+                );
+            }
             let mut row = vec![
                 format!(r#"<span id="m{}">{}</span>"#, m.seq, m.seq),
                 fmt::when(m.enqueued_at, now),

@@ -83,6 +83,7 @@ pub struct WorkGroup {
     claim_batch: usize,
     saturation_after: Duration,
     consumer: Option<Arc<str>>,
+    priority_share: u32,
 }
 
 impl std::fmt::Debug for WorkGroup {
@@ -107,6 +108,7 @@ impl WorkGroup {
             claim_batch: 64,
             saturation_after: Duration::from_secs(1),
             consumer: None,
+            priority_share: 0,
         }
     }
 
@@ -222,6 +224,28 @@ impl WorkGroup {
     /// ```
     pub fn read_batch(mut self, n: usize) -> Self {
         self.claim_batch = n.clamp(1, Self::MAX_CLAIM_BATCH);
+        self
+    }
+
+    /// Starvation protection for [prioritised](crate::Message::priority) messages: one claim
+    /// in `n` takes the oldest claimable job, whatever its priority; the others take the
+    /// highest priority first. Default 0: strictly by priority, so a steady stream of urgent
+    /// jobs holds the others back for as long as it lasts. `1` ignores priorities.
+    ///
+    /// The share is this handle's (a pool's or a subscription's claims): the count of claims
+    /// since the oldest was last taken is the group's, in this process. It changes nothing
+    /// stored.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// // Urgent mail first, but every tenth claim goes to the oldest newsletter.
+    /// let jobs = queue.work_group("mailer")?.priority_share(10).subscribe().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn priority_share(mut self, n: u32) -> Self {
+        self.priority_share = n;
         self
     }
 
@@ -565,6 +589,7 @@ impl WorkGroup {
             max_in_flight: self.max_in_flight,
             claim_batch: self.claim_batch,
             saturation_after: self.saturation_after,
+            priority_share: self.priority_share,
             consumer: self.consumer.clone().unwrap_or_else(|| {
                 let n = NEXT_CONSUMER.fetch_add(1, Ordering::Relaxed);
                 Arc::from(format!("{}-{n}", std::process::id()))

@@ -24,6 +24,8 @@ pub(crate) struct HandleLimits {
     pub max_in_flight: usize,
     pub claim_batch: usize,
     pub saturation_after: Duration,
+    /// One claim in this many takes the oldest job whatever its priority (0: never).
+    pub priority_share: u32,
     /// Recorded as the holder of each claim (see [`WorkGroup::consumer_name`]).
     pub consumer: Arc<str>,
 }

@@ -13,7 +13,8 @@ use tokio::sync::{Semaphore, oneshot};
 use super::job::{Job, JobInner};
 use super::limits::HandleLimits;
 use crate::engine::boundary::{
-    self, Claimed, Outcome, ReadOutcome, Request, SettlingGuard, Shared, WorkGroupState, WorkRequest,
+    self, Claimed, Outcome, QueueState, ReadOutcome, Request, SettlingGuard, Shared, WorkGroupState,
+    WorkRequest,
 };
 use crate::error::{CorruptionError, Error};
 use crate::events::Event;
@@ -403,7 +404,14 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
         };
         // Read per claim: an update of the group's settings applies to the next claim.
         let settings = cfg.settings(group);
-        let take = group.take(clock.now(), permits.len(), last, settings.lease, settings.policy.attempts());
+        let take = group.take(
+            clock.now(),
+            permits.len(),
+            last,
+            settings.lease,
+            settings.policy.attempts(),
+            cfg.priority_share,
+        );
         // Attempts used up (a crash loop, or expired leases): dead-letter without delivering.
         // Every one is already `Settling`: each is reverted unless its request gets queued
         // (this future may be dropped while the channel is full).
@@ -458,17 +466,13 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
         return Ok(Some(Vec::new()));
     }
     let mut seqs: Vec<u64> = claimed.iter().map(|c| c.seq).collect();
+    // Claimed out of sequence order (a priority, a retry before newer messages): handed out
+    // in the order claimed, read in sequence order.
+    let claim_order: Option<std::collections::HashMap<u64, usize>> =
+        (!seqs.is_sorted()).then(|| seqs.iter().enumerate().map(|(i, &s)| (s, i)).collect());
     seqs.sort_unstable();
     let (reader, queue) = (shared.clone(), group.queue.clone());
-    let read = shared.runtime.spawn_blocking(move || {
-        match (seqs.first(), seqs.last()) {
-            // New messages come in runs: one bounded iterator reads each block once.
-            (Some(&lo), Some(&hi)) if hi - lo + 1 == seqs.len() as u64 => {
-                reader.read_range(&queue, lo, hi, CLAIM_READ_BYTES)
-            }
-            _ => reader.read_seqs(&queue, &seqs),
-        }
-    });
+    let read = shared.runtime.spawn_blocking(move || read_claimed(&reader, &queue, &seqs));
     let (written, read) = tokio::join!(rx, read);
     match written {
         Ok(Ok(())) => {}
@@ -527,8 +531,53 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
     // uncounted, so they can be claimed again at once (the next read meets the bad record
     // first and dead-letters only it).
     guard.claims.retain(|(seq, _)| by_seq.contains_key(seq));
+    if let Some(order) = claim_order {
+        jobs.sort_by_key(|j| order.get(&j.seq()).copied().unwrap_or(usize::MAX));
+    }
     crate::telemetry::delivered(&group.queue.name, &group.name, "work-queue", jobs.len() as u64);
     Ok(Some(jobs))
+}
+
+/// Reads the claimed messages `seqs` (ascending). New messages come in runs: one bounded
+/// iterator reads each run once; the sequences outside the runs (retries, prioritised messages
+/// claimed ahead of the backlog) are read by key, together. Blocking.
+fn read_claimed(reader: &Shared, queue: &QueueState, seqs: &[u64]) -> Result<ReadOutcome, Error> {
+    /// Shorter runs are read by key with the stragglers.
+    const RUN: usize = 8;
+    let (Some(&lo), Some(&hi)) = (seqs.first(), seqs.last()) else {
+        return Ok(ReadOutcome::Messages(Vec::new()));
+    };
+    if hi - lo + 1 == seqs.len() as u64 {
+        return reader.read_range(queue, lo, hi, CLAIM_READ_BYTES);
+    }
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    let mut singles: Vec<u64> = Vec::new();
+    let mut start = 0;
+    for i in 1..=seqs.len() {
+        if i == seqs.len() || seqs[i] != seqs[i - 1] + 1 {
+            if i - start >= RUN {
+                runs.push((seqs[start], seqs[i - 1]));
+            } else {
+                singles.extend_from_slice(&seqs[start..i]);
+            }
+            start = i;
+        }
+    }
+    let mut out = Vec::with_capacity(seqs.len());
+    for (lo, hi) in runs {
+        match reader.read_range(queue, lo, hi, CLAIM_READ_BYTES)? {
+            ReadOutcome::Messages(m) => out.extend(m),
+            ReadOutcome::Closed => return Ok(ReadOutcome::Closed),
+        }
+    }
+    if !singles.is_empty() {
+        match reader.read_seqs(queue, &singles)? {
+            ReadOutcome::Messages(m) => out.extend(m),
+            ReadOutcome::Closed => return Ok(ReadOutcome::Closed),
+        }
+    }
+    out.sort_unstable_by_key(|m| m.seq);
+    Ok(ReadOutcome::Messages(out))
 }
 
 #[cfg(test)]

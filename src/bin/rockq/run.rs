@@ -272,6 +272,7 @@ async fn job(inspector: &Inspector, json: bool, queue: &str, group: &str, seq: u
     let row = vec![
         job.seq.to_string(),
         job.state.as_str().to_owned(),
+        job.priority.to_string(),
         job.attempt.to_string(),
         job.holder.clone().unwrap_or_else(|| "-".into()),
         time_left,
@@ -279,7 +280,10 @@ async fn job(inspector: &Inspector, json: bool, queue: &str, group: &str, seq: u
         job.progress.as_deref().map_or_else(|| "-".into(), |p| format::payload(p, 30)),
         job.outcome.as_ref().map_or_else(|| "-".into(), outcome),
     ];
-    table(&["SEQ", "STATE", "ATTEMPT", "HOLDER", "UNTIL", "LAST ERROR", "PROGRESS", "OUTCOME"], &[row]);
+    table(
+        &["SEQ", "STATE", "PRIORITY", "ATTEMPT", "HOLDER", "UNTIL", "LAST ERROR", "PROGRESS", "OUTCOME"],
+        &[row],
+    );
     Ok(())
 }
 

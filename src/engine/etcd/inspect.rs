@@ -77,6 +77,7 @@ pub(crate) async fn peek(
                 enqueued_at: micros_to_time(env.enqueued_at_micros),
                 key: env.key,
                 idempotency_key: env.idempotency_key,
+                priority: env.priority,
                 headers: env.headers,
                 payload: env.payload,
             });

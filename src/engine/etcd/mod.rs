@@ -57,6 +57,9 @@ pub(crate) fn check_send(msgs: &[crate::message::Message]) -> Result<(), Error> 
     if ops > MAX_TXN_OPS - 1 || bytes > MAX_TXN_BYTES {
         capability::check(Flavour::Etcd, Capability::LargeSendCall)?;
     }
+    if msgs.iter().any(|m| m.priority > 0) {
+        capability::check(Flavour::Etcd, Capability::Priority)?;
+    }
     Ok(())
 }
 

@@ -3,7 +3,8 @@
 //! sequences that merely wait.
 //!
 //! - `ready`: claimable now (released, reverted, left behind by a crash, or moved here when
-//!   its timer fired), in sequence order — a claim takes the smallest.
+//!   its timer fired), in sequence order — a claim takes the smallest; `urgent`, the ones of
+//!   them with a priority above 0, highest first — a claim takes those before.
 //! - `timers`: `(instant, seq)` of every lease deadline and retry time — a claim first moves
 //!   the due ones to `ready`, and the first entry is when to look again.
 //! - settling sequences (an outcome on its way to the writer) are in neither.
@@ -12,6 +13,14 @@
 //!   are in neither; `keys` lists each key's unfinished sequences, and only the first of them
 //!   (the key's head) is ever anything but parked. When the head is forgotten (finished), the
 //!   next one becomes claimable.
+//!
+//! - prioritised messages never claimed are found in the queue's index (`priority.rs`) from
+//!   the group's `cursors` (one per priority: everything of it below was claimed); one
+//!   claimed ahead of the frontier is in `ahead` until the frontier steps over it.
+//!
+//! A claim takes the highest priority among the urgent slots, the index and the plain
+//! candidates (the oldest ready slot, the frontier), the lowest sequence within one; with a
+//! share `n` (`WorkGroup::priority_share`), every `n`-th claim takes the oldest instead.
 //!
 //! With a million retries waiting for a far-off time, or a million messages parked behind
 //! busy keys, a claim costs O(log n): it looks at the first timer and the first ready
@@ -37,6 +46,8 @@ pub(super) struct Slot {
     /// The last progress report of any attempt (`Task::progress`); boxed, since few jobs
     /// report and every slot pays for the field.
     pub progress: Option<Box<bytes::Bytes>>,
+    /// Its message's priority (`Message::priority`).
+    pub priority: u8,
 }
 
 impl Slot {
@@ -49,6 +60,7 @@ impl Slot {
             key: None,
             key_known: false,
             progress: None,
+            priority: 0,
         }
     }
 }
@@ -67,6 +79,23 @@ pub(super) enum SlotState {
     Parked,
 }
 
+/// What [`Dispatch::pick`] chose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Pick {
+    /// A ready slot (now settling).
+    Ready(u64),
+    /// A message never claimed, with its priority (it has no slot yet).
+    Fresh(u64, u8),
+}
+
+impl Pick {
+    fn seq(self) -> u64 {
+        match self {
+            Pick::Ready(seq) | Pick::Fresh(seq, _) => seq,
+        }
+    }
+}
+
 /// The token of a lease another process holds (the etcd engine): tokens here are seeded from
 /// the wall clock, so none is 0.
 pub(crate) const FOREIGN_TOKEN: u64 = 0;
@@ -76,6 +105,15 @@ pub(crate) const FOREIGN_TOKEN: u64 = 0;
 pub(super) struct Dispatch {
     slots: BTreeMap<u64, Slot>,
     ready: BTreeSet<u64>,
+    /// The ready slots with a priority above 0: highest first, then by sequence.
+    urgent: BTreeSet<(std::cmp::Reverse<u8>, u64)>,
+    /// Sequences from the frontier on that were claimed out of order (a priority's turn).
+    ahead: BTreeSet<u64>,
+    /// Per priority, the first sequence of it in the queue's index this group has not
+    /// claimed.
+    cursors: BTreeMap<u8, u64>,
+    /// Claims since the last one that took the oldest claimable job.
+    since_oldest: u32,
     timers: BTreeSet<(Instant, u64)>,
     leased: usize,
     waiting: usize,
@@ -98,6 +136,10 @@ impl Dispatch {
         Dispatch {
             slots: BTreeMap::new(),
             ready: BTreeSet::new(),
+            urgent: BTreeSet::new(),
+            ahead: BTreeSet::new(),
+            cursors: BTreeMap::new(),
+            since_oldest: 0,
             timers: BTreeSet::new(),
             leased: 0,
             waiting: 0,
@@ -110,10 +152,13 @@ impl Dispatch {
         }
     }
 
-    fn index(&mut self, seq: u64, state: SlotState) {
+    fn index(&mut self, seq: u64, state: SlotState, priority: u8) {
         match state {
             SlotState::Available => {
                 self.ready.insert(seq);
+                if priority > 0 {
+                    self.urgent.insert((std::cmp::Reverse(priority), seq));
+                }
             }
             SlotState::Leased { deadline, .. } => {
                 self.timers.insert((deadline, seq));
@@ -128,10 +173,13 @@ impl Dispatch {
         }
     }
 
-    fn unindex(&mut self, seq: u64, state: SlotState) {
+    fn unindex(&mut self, seq: u64, state: SlotState, priority: u8) {
         match state {
             SlotState::Available => {
                 self.ready.remove(&seq);
+                if priority > 0 {
+                    self.urgent.remove(&(std::cmp::Reverse(priority), seq));
+                }
             }
             SlotState::Leased { deadline, .. } => {
                 self.timers.remove(&(deadline, seq));
@@ -148,13 +196,13 @@ impl Dispatch {
 
     /// Adds (or replaces) the slot of `seq`.
     pub fn insert(&mut self, seq: u64, slot: Slot) {
-        let state = slot.state;
+        let (state, priority) = (slot.state, slot.priority);
         self.unknown += usize::from(!slot.key_known);
         if let Some(old) = self.slots.insert(seq, slot) {
             self.unknown -= usize::from(!old.key_known);
-            self.unindex(seq, old.state);
+            self.unindex(seq, old.state, old.priority);
         }
-        self.index(seq, state);
+        self.index(seq, state, priority);
     }
 
     /// Inserts `slot` unless `seq` has one.
@@ -177,9 +225,10 @@ impl Dispatch {
     pub fn set(&mut self, seq: u64, state: SlotState, f: impl FnOnce(&mut Slot)) {
         let Some(slot) = self.slots.get_mut(&seq) else { return };
         let old = std::mem::replace(&mut slot.state, state);
+        let priority = slot.priority;
         f(slot);
-        self.unindex(seq, old);
-        self.index(seq, state);
+        self.unindex(seq, old, priority);
+        self.index(seq, state, priority);
     }
 
     /// Forgets `seq`. Returns whether that made a parked sequence claimable.
@@ -187,7 +236,7 @@ impl Dispatch {
         match self.slots.remove(&seq) {
             Some(old) => {
                 self.unknown -= usize::from(!old.key_known);
-                self.unindex(seq, old.state);
+                self.unindex(seq, old.state, old.priority);
                 self.forget_key(seq, old.key)
             }
             None => false,
@@ -216,13 +265,20 @@ impl Dispatch {
 
     /// Adds never-claimed sequence `seq` (the frontier) with ordering key `key`: claimable if
     /// its key has no unfinished earlier message, parked behind it otherwise.
-    pub fn learn(&mut self, seq: u64, key: Option<u64>) {
-        debug_assert_eq!(seq, self.frontier);
+    pub fn learn(&mut self, seq: u64, key: Option<u64>, priority: u8) {
+        self.skip_ahead();
+        if seq != self.frontier {
+            return;
+        }
         self.frontier = seq + 1;
-        let mut slot = Slot { key, key_known: true, ..Slot::available(0, String::new()) };
+        let mut slot = Slot { key, key_known: true, priority, ..Slot::available(0, String::new()) };
         if let Some(k) = key {
             let list = self.keys.entry(k).or_default();
-            if !list.is_empty() {
+            // Behind an earlier unfinished one only: one of its key claimed ahead of the
+            // frontier (a prioritised claim made before the group was ordered by key) is
+            // already out of order, and waiting behind it would stall this one for good (its
+            // finish promotes only the key's first).
+            if list.first().is_some_and(|&head| head < seq) {
                 slot.state = SlotState::Parked;
             }
             list.insert(seq);
@@ -303,16 +359,125 @@ impl Dispatch {
         }
     }
 
-    /// The smallest claimable sequence at or above `from`: taken out of `ready` (the caller
-    /// moves it on).
-    pub fn pop_ready(&mut self, from: u64) -> Option<u64> {
-        let seq = *self.ready.range(from..).next()?;
+    /// Takes ready `seq` out of the ready views (the caller moves it on).
+    fn take_ready(&mut self, seq: u64) {
         self.ready.remove(&seq);
         // Out of `ready` and into nothing until the caller's `set`: settling for a moment.
         if let Some(slot) = self.slots.get_mut(&seq) {
             slot.state = SlotState::Settling;
+            if slot.priority > 0 {
+                self.urgent.remove(&(std::cmp::Reverse(slot.priority), seq));
+            }
         }
-        Some(seq)
+    }
+
+    /// Moves the frontier over the sequences claimed ahead of it (and forgets those it passed
+    /// otherwise: a trim, a reset, an operator's reach).
+    pub fn skip_ahead(&mut self) {
+        while let Some(&a) = self.ahead.first() {
+            if a > self.frontier {
+                break;
+            }
+            self.ahead.pop_first();
+            if a == self.frontier {
+                self.frontier += 1;
+            }
+        }
+    }
+
+    /// Whether `seq`, at or above the frontier, was claimed ahead of it.
+    pub fn is_ahead(&self, seq: u64) -> bool {
+        self.ahead.contains(&seq)
+    }
+
+    /// Picks the next claim (see the module docs): from `from` (the first live sequence) up to
+    /// `to` (the last published), reading never-claimed prioritised messages from `index`, and
+    /// never-claimed plain ones from the frontier if `fresh` (a group ordered by key learns
+    /// them instead). `share`: every `share`-th claim takes the oldest (0: never). A ready
+    /// slot picked is settling (the caller moves it on); a never-claimed message picked has no
+    /// slot yet (the caller inserts it).
+    pub fn pick(
+        &mut self,
+        from: u64,
+        to: u64,
+        index: Option<&super::priority::Priorities>,
+        fresh: bool,
+        share: u32,
+    ) -> Option<Pick> {
+        self.frontier = self.frontier.max(from);
+        self.skip_ahead();
+        // Stale entries below the first live sequence are dropped by the trim that made them
+        // so; skipping them here keeps a claim right meanwhile.
+        let urgent = self.urgent.iter().find(|(_, s)| *s >= from).map(|&(p, s)| (p.0, s));
+        let indexed = match index {
+            Some(ix) if fresh => {
+                let cursors = &self.cursors;
+                ix.best(self.frontier, to, |p| cursors.get(&p).copied().unwrap_or(0))
+            }
+            _ => None,
+        };
+        // Highest priority, then lowest sequence.
+        let high = match (urgent, indexed) {
+            (Some(u), Some(i)) => Some(if (u.0, std::cmp::Reverse(u.1)) >= (i.0, std::cmp::Reverse(i.1)) {
+                Pick::Ready(u.1)
+            } else {
+                Pick::Fresh(i.1, i.0)
+            }),
+            (Some(u), None) => Some(Pick::Ready(u.1)),
+            (None, Some(i)) => Some(Pick::Fresh(i.1, i.0)),
+            (None, None) => None,
+        };
+        let ready = self.ready.range(from..).next().copied();
+        let frontier = (fresh && self.frontier <= to).then_some(self.frontier);
+        let oldest = match (ready, frontier) {
+            (Some(r), Some(f)) if f < r => Some(Pick::Fresh(f, 0)),
+            (Some(r), _) => Some(Pick::Ready(r)),
+            (None, Some(f)) => Some(Pick::Fresh(f, 0)),
+            (None, None) => None,
+        };
+        let share_turn = share > 0 && self.since_oldest.saturating_add(1) >= share;
+        let pick = match (high, oldest) {
+            (Some(h), Some(o)) if !share_turn => {
+                // The oldest may be the prioritised one itself.
+                self.since_oldest = if h.seq() == o.seq() { 0 } else { self.since_oldest.saturating_add(1) };
+                h
+            }
+            (_, Some(o)) => {
+                self.since_oldest = 0;
+                o
+            }
+            (Some(h), None) => h,
+            (None, None) => return None,
+        };
+        match pick {
+            Pick::Ready(seq) => self.take_ready(seq),
+            Pick::Fresh(seq, p) if seq == self.frontier => {
+                self.frontier += 1;
+                // A prioritised message reached by the frontier first: its index entry is
+                // passed over with it (the index is read from the frontier on).
+                let _ = p;
+            }
+            Pick::Fresh(seq, p) => {
+                self.cursors.insert(p, seq + 1);
+                self.ahead.insert(seq);
+            }
+        }
+        Some(pick)
+    }
+
+    /// The restore of a prioritised message claimed ahead of the frontier (its claim record was
+    /// found at open, or it lies before another such): its priority's cursor moves past it.
+    pub fn restore_ahead(&mut self, seq: u64, priority: u8) {
+        if seq >= self.frontier {
+            self.ahead.insert(seq);
+            let c = self.cursors.entry(priority).or_insert(0);
+            *c = (*c).max(seq + 1);
+        }
+    }
+
+    /// Per priority, the first sequence of it not claimed (for the restore's holes).
+    pub fn cursor(&self, priority: u8) -> u64 {
+        self.cursors.get(&priority).copied().unwrap_or(0)
     }
 
     /// When the next lease runs out or the next retry is due.
@@ -333,7 +498,7 @@ impl Dispatch {
         let gone = std::mem::replace(&mut self.slots, keep);
         for (seq, slot) in gone {
             self.unknown -= usize::from(!slot.key_known);
-            self.unindex(seq, slot.state);
+            self.unindex(seq, slot.state, slot.priority);
             match (slot.key, slot.state) {
                 // Deleted under a live lease: its handler may still be running, and the next
                 // message of its key must not start beside it. It keeps the key's place until

@@ -5,7 +5,8 @@
 //! creates queues and groups), so a queue or group exists in memory exactly when its record is
 //! durable.
 //!
-//! - `queue.rs`: a queue (id, first sequence, the published last sequence subscribers wait on).
+//! - `queue.rs`: a queue (id, first sequence, the published last sequence subscribers wait on),
+//!   with the index of its prioritised messages (`priority.rs`).
 //! - `ordered.rs`, `records.rs`: an ordered group, and what it remembers about single messages
 //!   above its offset (the live subscription's acknowledgement window is the consumer's, seen
 //!   here through `LiveSubscription`).
@@ -19,6 +20,9 @@ mod finished;
 mod key_locks;
 mod keyspace;
 mod ordered;
+mod priority;
+#[cfg(test)]
+mod priority_props;
 mod queue;
 mod records;
 mod restore;

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use tokio::sync::watch;
 
+use super::priority::Priorities;
 use crate::retention::Retention;
 
 /// One queue.
@@ -37,6 +38,10 @@ pub(crate) struct QueueState {
     /// Everything up to here was purged (`Broker::purge_queue`): a subscription passing over
     /// it does not count those messages as skipped by retention.
     pub purged_through: AtomicU64,
+    /// Its retained messages sent with a priority (`priority.rs`).
+    priorities: std::sync::Mutex<Priorities>,
+    /// Whether `priorities` may hold any: claims in a queue that never had one skip its lock.
+    prioritised: AtomicBool,
 }
 
 impl QueueState {
@@ -53,7 +58,39 @@ impl QueueState {
             scheduled: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
             purged_through: AtomicU64::new(0),
+            priorities: std::sync::Mutex::new(Priorities::default()),
+            prioritised: AtomicBool::new(false),
         })
+    }
+
+    /// Indexes message `seq`'s priority (the writer as it appends it; the index loaded at
+    /// open). Before the message is published, so a claim that sees it sees its priority.
+    pub fn index_priority(&self, seq: u64, priority: u8) {
+        if priority > 0 {
+            self.priorities().insert(seq, priority);
+            self.prioritised.store(true, Ordering::Release);
+        }
+    }
+
+    /// The index of prioritised messages, if the queue ever had one (else `None`, lock-free).
+    pub fn priorities_if_any(&self) -> Option<std::sync::MutexGuard<'_, Priorities>> {
+        self.prioritised.load(Ordering::Acquire).then(|| self.priorities())
+    }
+
+    /// Message `seq`'s priority (0: none, or not retained).
+    pub fn priority_of(&self, seq: u64) -> u8 {
+        self.priorities_if_any().map_or(0, |p| p.of(seq))
+    }
+
+    /// Retention deleted everything through `through`: their index entries go.
+    pub fn forget_priorities_through(&self, through: u64) {
+        if let Some(mut p) = self.priorities_if_any() {
+            p.forget_through(through);
+        }
+    }
+
+    fn priorities(&self) -> std::sync::MutexGuard<'_, Priorities> {
+        self.priorities.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether the queue was deleted (this state is then dead for good).

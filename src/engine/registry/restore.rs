@@ -29,6 +29,7 @@ impl Registry {
             scheduled,
             keyspaces,
             kv_revision,
+            priorities,
             ..
         } = loaded;
         let registry = Registry::default();
@@ -43,6 +44,16 @@ impl Registry {
             let waiting = scheduled.get(&q.meta.id).map_or(0, |s| s.0);
             state.scheduled.store(waiting, std::sync::atomic::Ordering::Relaxed);
             registry.queues.insert(state.name.clone(), state);
+        }
+        // The priority index, before the groups' claims: a restore tells a prioritised claim
+        // (which may lie ahead of the group's frontier) from a plain one.
+        let by_id: std::collections::HashMap<u32, Arc<QueueState>> =
+            registry.queues.iter().map(|q| (q.id, q.value().clone())).collect();
+        for (qid, seq, priority) in priorities {
+            // An entry of no queue, or below its head, is a leftover a range delete covers.
+            if let Some(q) = by_id.get(&qid).filter(|q| seq >= q.first_seq.load(Ordering::Relaxed)) {
+                q.index_priority(seq, priority);
+            }
         }
         for g in groups {
             // An offset for a queue that has no record cannot be produced by rockq.
@@ -61,6 +72,22 @@ impl Registry {
                 }
                 GroupMode::Ordered => {
                     registry.ordered.insert(id, OrderedGroupState::new(&g.group, queue, g.offset.committed));
+                }
+            }
+        }
+        // Settings of a group that no longer exists (a removed group) are ignored. Before the
+        // claims: a work group's restore depends on whether it is ordered by key.
+        for s in settings {
+            if let Some(g) = registry.ordered(&s.group, &s.queue) {
+                g.paused.store(s.settings.paused, Ordering::Relaxed);
+            }
+            if let Some(g) = registry.work(&s.group, &s.queue) {
+                g.paused.store(s.settings.paused, Ordering::Relaxed);
+                // Stored terms are what every subscription runs with; a record without them (an
+                // older build's) only names a dead-letter queue, adopted by the next subscribe.
+                match WorkSettings::stored(&s.settings, &s.queue) {
+                    Some(w) => g.set_settings(Arc::new(w)),
+                    None => g.set_recorded_dlq(s.settings.dead_letter_queue),
                 }
             }
         }
@@ -112,21 +139,6 @@ impl Registry {
                     crate::model::OrderedMark::CameBack { deliveries, not_before_micros } => {
                         rec.failed.insert(m.seq, (deliveries, not_before_micros));
                     }
-                }
-            }
-        }
-        // Settings of a group that no longer exists (a removed group) are ignored.
-        for s in settings {
-            if let Some(g) = registry.ordered(&s.group, &s.queue) {
-                g.paused.store(s.settings.paused, Ordering::Relaxed);
-            }
-            if let Some(g) = registry.work(&s.group, &s.queue) {
-                g.paused.store(s.settings.paused, Ordering::Relaxed);
-                // Stored terms are what every subscription runs with; a record without them (an
-                // older build's) only names a dead-letter queue, adopted by the next subscribe.
-                match WorkSettings::stored(&s.settings, &s.queue) {
-                    Some(w) => g.set_settings(Arc::new(w)),
-                    None => g.set_recorded_dlq(s.settings.dead_letter_queue),
                 }
             }
         }

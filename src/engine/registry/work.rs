@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::dispatch::{Dispatch, FOREIGN_TOKEN, Slot, SlotState};
+use super::dispatch::{Dispatch, FOREIGN_TOKEN, Pick, Slot, SlotState};
 use super::finished::Finished;
 use super::queue::QueueState;
 use crate::clock::Clock;
@@ -341,15 +341,18 @@ impl WorkGroupState {
     /// subscription learned meanwhile is skipped). Returns how many were added.
     pub fn learn(&self, keys: impl IntoIterator<Item = (u64, Option<u64>)>) -> usize {
         let mut d = self.dispatch();
+        // After the dispatch lock, as every holder of both takes them.
+        let index = self.queue.priorities_if_any();
         let mut n = 0;
         for (seq, key) in keys {
+            d.skip_ahead();
             if seq < d.frontier {
                 continue;
             }
             if seq > d.frontier {
                 break;
             }
-            d.learn(seq, key);
+            d.learn(seq, key, index.as_ref().map_or(0, |ix| ix.of(seq)));
             n += 1;
         }
         n
@@ -370,12 +373,25 @@ impl WorkGroupState {
     pub fn restore(&self, claims: impl IntoIterator<Item = (u64, Claim)>, clock: &Clock) {
         let mut d = self.dispatch();
         let mut p = self.progress();
+        let index = self.queue.priorities_if_any();
+        let priority_of = |seq: u64| index.as_ref().map_or(0, |ix| ix.of(seq));
         let committed = p.offset;
+        // Prioritised messages may have been claimed ahead of the frontier: their records do
+        // not move it (the plain ones' records do), they are put ahead of it below. A group
+        // ordered by key claims only what it has read (learned) in order, below its frontier:
+        // every record moves it, as before priorities.
+        let keyed = self.keyed();
+        let mut prioritised = Vec::new();
         for (seq, claim) in claims {
             if seq <= committed {
                 continue;
             }
-            d.frontier = d.frontier.max(seq + 1);
+            let priority = priority_of(seq);
+            if priority > 0 && !keyed {
+                prioritised.push((seq, priority));
+            } else {
+                d.frontier = d.frontier.max(seq + 1);
+            }
             let slot = match claim {
                 Claim::Done => {
                     p.done.insert(seq);
@@ -387,13 +403,33 @@ impl WorkGroupState {
                     ..Slot::available(attempt, last_error)
                 },
             };
-            d.insert(seq, slot);
+            d.insert(seq, Slot { priority, ..slot });
         }
         // Sequences below the frontier with no record were claimed in a batch that never
         // reached the disk: nobody holds them.
+        d.frontier = d.frontier.max(committed + 1);
         for seq in committed + 1..d.frontier {
             if !p.done.contains(seq) {
-                d.insert_missing(seq, Slot::available(0, String::new()));
+                d.insert_missing(
+                    seq,
+                    Slot { priority: priority_of(seq), ..Slot::available(0, String::new()) },
+                );
+            }
+        }
+        // Prioritised ones past it were claimed ahead of it; so were those of their priority
+        // before them (each priority is claimed in order), whose records never reached the
+        // disk: nobody holds those.
+        for &(seq, priority) in &prioritised {
+            d.restore_ahead(seq, priority);
+        }
+        if let Some(ix) = index.as_ref().filter(|_| !keyed) {
+            for priority in ix.levels() {
+                for seq in ix.range_of(priority, d.frontier, d.cursor(priority)) {
+                    if !p.done.contains(seq) && d.get(seq).is_none() {
+                        d.insert(seq, Slot { priority, ..Slot::available(0, String::new()) });
+                        d.restore_ahead(seq, priority);
+                    }
+                }
             }
         }
         // Finished messages right above the offset: written by versions whose trims did not
@@ -405,8 +441,10 @@ impl WorkGroupState {
         self.next_token.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Claims up to `max` messages, oldest first: released ones, expired leases, due retries,
-    /// then never-claimed sequences up to `last_published`. Messages whose attempts are used up
+    /// Claims up to `max` messages, highest priority first and oldest first within one:
+    /// released ones, expired leases, due retries, never-claimed sequences up to
+    /// `last_published` (every `share`-th claim the oldest of them whatever its priority; 0:
+    /// strictly by priority). Messages whose attempts are used up
     /// come back in `exhausted` (already marked settling) instead. O(log n) per message taken,
     /// however many wait (see `dispatch.rs`).
     pub fn take(
@@ -416,6 +454,7 @@ impl WorkGroupState {
         last_published: u64,
         lease: Duration,
         max_attempts: u32,
+        share: u32,
     ) -> Take {
         let mut out = Take::default();
         let mut d = self.dispatch();
@@ -427,42 +466,50 @@ impl WorkGroupState {
         d.frontier = d.frontier.max(first);
         d.fire_due(now);
         // Ordered by key, a slot whose key is unknown may have to park: nothing is claimed
-        // until the claimer has read them all.
-        let blocked = self.keyed() && d.has_unknown_keys();
-        while !blocked && out.claimed.len() < max {
-            let Some(seq) = d.pop_ready(first) else { break };
-            let Some(slot) = d.get(seq) else { continue };
-            let (attempt, expired) = (slot.attempt, slot.expired);
-            if attempt >= max_attempts {
-                // Empty: the last attempt's lease ran out with no outcome recorded.
-                let last_error = slot.last_error.clone();
-                // `pop_ready` left it settling.
-                out.exhausted.push(Exhausted { seq, attempt, last_error, epoch });
-                continue;
-            }
-            let token = self.token();
-            d.set(seq, SlotState::Leased { token, deadline }, |s| {
-                s.attempt += 1;
-                s.expired = false;
-            });
-            out.claimed.push(Claimed { seq, attempt: attempt + 1, token, deadline, expired, epoch });
-        }
-        // Ordered by key: never-claimed sequences are learned (with their keys) before they
-        // can be claimed, and only from `ready`; none until every slot knows its key.
+        // until the claimer has read them all. Never-claimed messages are learned (with their
+        // keys) before they can be claimed, and only from `ready`: no fresh claims, and no
+        // prioritised ones ahead of their keys.
         let keyed = self.keyed();
-        while !keyed && out.claimed.len() < max && d.frontier <= last_published {
-            let seq = d.frontier;
-            d.frontier += 1;
+        let blocked = keyed && d.has_unknown_keys();
+        let index = self.queue.priorities_if_any();
+        while !blocked && out.claimed.len() < max {
+            let Some(pick) = d.pick(first, last_published, index.as_deref(), !keyed, share) else { break };
             let token = self.token();
-            d.insert(
-                seq,
-                Slot {
-                    attempt: 1,
-                    state: SlotState::Leased { token, deadline },
-                    ..Slot::available(0, String::new())
-                },
-            );
-            out.claimed.push(Claimed { seq, attempt: 1, token, deadline, expired: false, epoch });
+            match pick {
+                Pick::Ready(seq) => {
+                    let Some(slot) = d.get(seq) else { continue };
+                    let (attempt, expired) = (slot.attempt, slot.expired);
+                    if attempt >= max_attempts {
+                        // Empty: the last attempt's lease ran out with no outcome recorded.
+                        let last_error = slot.last_error.clone();
+                        // `pick` left it settling.
+                        out.exhausted.push(Exhausted { seq, attempt, last_error, epoch });
+                        continue;
+                    }
+                    d.set(seq, SlotState::Leased { token, deadline }, |s| {
+                        s.attempt += 1;
+                        s.expired = false;
+                    });
+                    out.claimed.push(Claimed { seq, attempt: attempt + 1, token, deadline, expired, epoch });
+                }
+                Pick::Fresh(seq, priority) => {
+                    // The frontier's pick does not look its priority up; its retries need it.
+                    let priority = match (priority, &index) {
+                        (0, Some(ix)) => ix.of(seq),
+                        _ => priority,
+                    };
+                    d.insert(
+                        seq,
+                        Slot {
+                            attempt: 1,
+                            state: SlotState::Leased { token, deadline },
+                            priority,
+                            ..Slot::available(0, String::new())
+                        },
+                    );
+                    out.claimed.push(Claimed { seq, attempt: 1, token, deadline, expired: false, epoch });
+                }
+            }
         }
         out.next_wake = d.next_timer();
         out
@@ -506,16 +553,21 @@ impl WorkGroupState {
                 let epoch = self.epoch.load(Ordering::Acquire);
                 Ok(Operated { attempt, last_error, token, epoch, previous: TakenFrom(state) })
             }
-            // Below the frontier without a slot: finished, its offset move not durable yet.
-            None if seq < d.frontier.max(first) => Err(Refused::Finished),
+            // Below the frontier (or claimed ahead of it) without a slot: finished, its offset
+            // move not durable yet.
+            None if seq < d.frontier.max(first) || d.is_ahead(seq) => Err(Refused::Finished),
             None if waiting_only => Err(Refused::State("claimable now")),
             None => {
                 if seq - d.frontier.max(first) > MAX_REACH {
                     return Err(Refused::TooFarAhead);
                 }
                 d.frontier = d.frontier.max(first);
-                reach(&mut d, seq);
-                d.insert(seq, Slot { state: SlotState::Settling, ..Slot::available(0, String::new()) });
+                reach(&mut d, seq, &self.queue);
+                let priority = self.queue.priority_of(seq);
+                d.insert(
+                    seq,
+                    Slot { state: SlotState::Settling, priority, ..Slot::available(0, String::new()) },
+                );
                 Ok(Operated {
                     attempt: 0,
                     last_error: String::new(),
@@ -544,6 +596,7 @@ impl WorkGroupState {
             holder: None,
             outcome: None,
             progress: None,
+            priority: self.queue.priority_of(seq),
         };
         // Retention's trim moves the group's offset over what it deleted, so the offset cannot
         // tell a finished job from a deleted one: the queue's head is asked first.
@@ -556,7 +609,8 @@ impl WorkGroupState {
         let Some(slot) = d.get(seq) else {
             // Below the frontier without a slot: claimed and finished, its offset move not
             // durable yet. From the frontier on: never claimed.
-            let state = if seq < d.frontier { JobState::Finished } else { JobState::Queued };
+            let finished = seq < d.frontier || d.is_ahead(seq);
+            let state = if finished { JobState::Finished } else { JobState::Queued };
             return Some(of(state, 0, ""));
         };
         let state = match slot.state {
@@ -885,7 +939,7 @@ impl WorkGroupState {
             if seq <= p.offset {
                 return;
             }
-            reach(&mut d, seq);
+            reach(&mut d, seq, &self.queue);
             match claim {
                 Claim::Done => {
                     p.finish(seq);
@@ -920,7 +974,7 @@ impl WorkGroupState {
             let mut d = self.dispatch();
             let mut p = self.progress();
             if seq > p.offset {
-                reach(&mut d, seq);
+                reach(&mut d, seq, &self.queue);
                 p.finish(seq);
             }
             d.remove(seq);
@@ -967,7 +1021,7 @@ impl WorkGroupState {
             if seq <= self.progress().offset {
                 return;
             }
-            reach(&mut d, seq);
+            reach(&mut d, seq, &self.queue);
             d.insert_missing(seq, Slot::available(0, String::new()));
             if d.get(seq).is_some_and(|s| s.state == SlotState::Settling) {
                 d.set(seq, SlotState::Available, |_| {});
@@ -1019,10 +1073,17 @@ pub(crate) enum Refused {
 
 /// Moves the frontier past `seq`: the sequences skipped were never claimed, so they are
 /// claimable (a slot each, as restored ones are).
-fn reach(d: &mut Dispatch, seq: u64) {
-    while d.frontier < seq {
+fn reach(d: &mut Dispatch, seq: u64, queue: &QueueState) {
+    let index = queue.priorities_if_any();
+    loop {
+        // Those claimed ahead of the frontier are held or finished: not claimable again.
+        d.skip_ahead();
+        if d.frontier >= seq {
+            break;
+        }
         let s = d.frontier;
-        d.insert_missing(s, Slot::available(0, String::new()));
+        let priority = index.as_ref().map_or(0, |ix| ix.of(s));
+        d.insert_missing(s, Slot { priority, ..Slot::available(0, String::new()) });
         d.frontier += 1;
     }
     d.frontier = d.frontier.max(seq + 1);
@@ -1051,27 +1112,27 @@ mod tests {
     fn claims_go_oldest_first_within_max_and_the_published_end() {
         let g = group(0);
         let now = Instant::now();
-        assert_eq!(seqs(&g.take(now, 2, 3, LEASE, MAX)), [(1, 1), (2, 1)]);
-        assert_eq!(seqs(&g.take(now, 2, 3, LEASE, MAX)), [(3, 1)], "nothing past the last published");
-        assert!(g.take(now, 2, 3, LEASE, MAX).claimed.is_empty());
+        assert_eq!(seqs(&g.take(now, 2, 3, LEASE, MAX, 0)), [(1, 1), (2, 1)]);
+        assert_eq!(seqs(&g.take(now, 2, 3, LEASE, MAX, 0)), [(3, 1)], "nothing past the last published");
+        assert!(g.take(now, 2, 3, LEASE, MAX, 0).claimed.is_empty());
         // A released message goes before never-claimed ones.
-        let t = g.take(now, 1, 4, LEASE, MAX);
+        let t = g.take(now, 1, 4, LEASE, MAX, 0);
         assert_eq!(seqs(&t), [(4, 1)]);
         let token = t.claimed[0].token;
         g.release(4, token, true);
-        assert_eq!(seqs(&g.take(now, 2, 5, LEASE, MAX)), [(4, 2), (5, 1)]);
+        assert_eq!(seqs(&g.take(now, 2, 5, LEASE, MAX, 0)), [(4, 2), (5, 1)]);
     }
 
     #[test]
     fn an_expired_lease_is_claimed_again_with_the_next_attempt_and_fences_the_old_holder() {
         let g = group(0);
         let now = Instant::now();
-        let old = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
-        let t = g.take(now, 1, 1, LEASE, MAX);
+        let old = g.take(now, 1, 1, LEASE, MAX, 0).claimed.remove(0);
+        let t = g.take(now, 1, 1, LEASE, MAX, 0);
         assert!(t.claimed.is_empty());
         assert_eq!(t.next_wake, Some(old.deadline), "look again when the lease runs out");
         let later = now + LEASE;
-        let new = g.take(later, 1, 1, LEASE, MAX).claimed.remove(0);
+        let new = g.take(later, 1, 1, LEASE, MAX, 0).claimed.remove(0);
         assert_eq!((new.seq, new.attempt, new.expired), (1, 2, true));
         assert!(g.begin_settle(1, old.token, later).is_err(), "the old holder lost it");
         assert!(g.extend(1, old.token, later, later + LEASE).is_err());
@@ -1084,23 +1145,23 @@ mod tests {
     fn releasing_uncounted_gives_the_attempt_back() {
         let g = group(0);
         let now = Instant::now();
-        let c = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+        let c = g.take(now, 1, 1, LEASE, MAX, 0).claimed.remove(0);
         g.release(1, c.token, false);
-        assert_eq!(seqs(&g.take(now, 1, 1, LEASE, MAX)), [(1, 1)]);
+        assert_eq!(seqs(&g.take(now, 1, 1, LEASE, MAX, 0)), [(1, 1)]);
     }
 
     #[test]
     fn a_settling_message_is_neither_claimed_nor_settled_twice_and_revert_frees_it() {
         let g = group(0);
         let now = Instant::now();
-        let c = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+        let c = g.take(now, 1, 1, LEASE, MAX, 0).claimed.remove(0);
         g.begin_settle(1, c.token, now).unwrap();
         assert!(g.begin_settle(1, c.token, now).is_err());
         let far = now + LEASE * 10;
-        assert!(g.take(far, 1, 1, LEASE, MAX).claimed.is_empty(), "no lease runs out while settling");
+        assert!(g.take(far, 1, 1, LEASE, MAX, 0).claimed.is_empty(), "no lease runs out while settling");
         assert!(!g.held(far), "an outcome being written does not keep a reset out");
         g.revert(1);
-        assert_eq!(seqs(&g.take(far, 1, 1, LEASE, MAX)), [(1, 2)]);
+        assert_eq!(seqs(&g.take(far, 1, 1, LEASE, MAX, 0)), [(1, 2)]);
     }
 
     /// Regression (review of transactions): a transaction refused after a reset gave its
@@ -1109,7 +1170,7 @@ mod tests {
     fn a_refused_transaction_gives_a_lease_back_only_within_its_reset_epoch() {
         let g = group(0);
         let now = Instant::now();
-        let old = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+        let old = g.take(now, 1, 1, LEASE, MAX, 0).claimed.remove(0);
         g.begin_settle(1, old.token, now).unwrap();
         let epoch = g.epoch();
         // Refused in its own epoch: leased to its holder again, who can settle it.
@@ -1117,34 +1178,34 @@ mod tests {
         g.begin_settle(1, old.token, now).unwrap();
         // A reset, another claim and another settle meanwhile...
         g.reset(0);
-        let new = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+        let new = g.take(now, 1, 1, LEASE, MAX, 0).claimed.remove(0);
         g.begin_settle(1, new.token, now).unwrap();
         // ...and then the first transaction is refused: the new settle stands.
         g.unsettle(1, old.token, old.deadline, epoch);
         assert!(g.begin_settle(1, old.token, now).is_err(), "the old holder got nothing back");
-        assert!(g.take(now + LEASE * 10, 1, 1, LEASE, MAX).claimed.is_empty(), "still settling");
+        assert!(g.take(now + LEASE * 10, 1, 1, LEASE, MAX, 0).claimed.is_empty(), "still settling");
     }
 
     #[test]
     fn a_retry_waits_until_due() {
         let g = group(0);
         let now = Instant::now();
-        let c = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+        let c = g.take(now, 1, 1, LEASE, MAX, 0).claimed.remove(0);
         g.begin_settle(1, c.token, now).unwrap();
         let due = now + Duration::from_secs(5);
         g.to_waiting(1, due, "boom".into());
         assert_eq!(g.waiting(), 1);
-        let t = g.take(now, 1, 1, LEASE, MAX);
+        let t = g.take(now, 1, 1, LEASE, MAX, 0);
         assert!(t.claimed.is_empty());
         assert_eq!(t.next_wake, Some(due));
-        assert_eq!(seqs(&g.take(due, 1, 1, LEASE, MAX)), [(1, 2)]);
+        assert_eq!(seqs(&g.take(due, 1, 1, LEASE, MAX, 0)), [(1, 2)]);
     }
 
     #[test]
     fn an_operator_action_abandoned_gives_the_message_back_as_it_was() {
         let g = group(0);
         let now = Instant::now();
-        let c = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+        let c = g.take(now, 1, 1, LEASE, MAX, 0).claimed.remove(0);
         // A live lease is refused, untouched.
         assert_eq!(g.operator_take(1, now, false).unwrap_err(), Refused::State("leased"));
         g.begin_settle(1, c.token, now).unwrap();
@@ -1153,16 +1214,16 @@ mod tests {
         // Taken, then abandoned (a cancelled call): still waiting until `due`, not claimable.
         let taken = g.operator_take(1, now, true).unwrap();
         assert_eq!((taken.attempt, taken.last_error.as_str()), (1, "boom"));
-        assert!(g.take(now, 1, 1, LEASE, MAX).claimed.is_empty(), "settling: nobody claims it");
+        assert!(g.take(now, 1, 1, LEASE, MAX, 0).claimed.is_empty(), "settling: nobody claims it");
         g.operator_revert(1, taken.previous);
-        let t = g.take(now, 1, 1, LEASE, MAX);
+        let t = g.take(now, 1, 1, LEASE, MAX, 0);
         assert!(t.claimed.is_empty() && t.next_wake == Some(due), "waits for its retry again");
         // A never-claimed one further on: the ones skipped become claimable, it is settling.
         let taken = g.operator_take(4, now, false).unwrap();
         assert_eq!(taken.attempt, 0);
-        assert_eq!(seqs(&g.take(now, 10, 4, LEASE, MAX)), [(2, 1), (3, 1)]);
+        assert_eq!(seqs(&g.take(now, 10, 4, LEASE, MAX, 0)), [(2, 1), (3, 1)]);
         g.operator_revert(4, taken.previous);
-        assert_eq!(seqs(&g.take(now, 10, 4, LEASE, MAX)), [(4, 1)]);
+        assert_eq!(seqs(&g.take(now, 10, 4, LEASE, MAX, 0)), [(4, 1)]);
         // Finished or never sent: no job.
         assert_eq!(g.operator_take(0, now, false).unwrap_err(), Refused::Finished);
         assert_eq!(g.operator_take(1_000_000, now, false).unwrap_err(), Refused::NotSent);
@@ -1175,14 +1236,14 @@ mod tests {
         let now = Instant::now();
         let a = Some(7);
         assert_eq!(g.learn([(1, a), (2, a)]), 2);
-        assert_eq!(seqs(&g.take(now, 10, 2, LEASE, MAX)), [(1, 1)]);
+        assert_eq!(seqs(&g.take(now, 10, 2, LEASE, MAX, 0)), [(1, 1)]);
         let taken = g.operator_take(2, now, false).unwrap();
         g.operator_revert(2, taken.previous);
-        assert!(g.take(now, 10, 2, LEASE, MAX).claimed.is_empty(), "2 still behind 1");
+        assert!(g.take(now, 10, 2, LEASE, MAX, 0).claimed.is_empty(), "2 still behind 1");
         // The writer refusing it (`revert`) parks it too.
         g.operator_take(2, now, false).unwrap();
         g.revert(2);
-        assert!(g.take(now, 10, 2, LEASE, MAX).claimed.is_empty(), "2 still behind 1");
+        assert!(g.take(now, 10, 2, LEASE, MAX, 0).claimed.is_empty(), "2 still behind 1");
     }
 
     #[test]
@@ -1190,26 +1251,26 @@ mod tests {
         let g = group(0);
         let mut now = Instant::now();
         for attempt in 1..=MAX {
-            let c = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+            let c = g.take(now, 1, 1, LEASE, MAX, 0).claimed.remove(0);
             assert_eq!(c.attempt, attempt);
             now += LEASE; // each lease runs out
         }
-        let t = g.take(now, 1, 2, LEASE, MAX);
+        let t = g.take(now, 1, 2, LEASE, MAX, 0);
         assert_eq!(seqs(&t), [(2, 1)], "the claim goes on past it");
         assert_eq!(t.exhausted.len(), 1);
         assert_eq!((t.exhausted[0].seq, t.exhausted[0].attempt), (1, MAX));
         assert_eq!(t.exhausted[0].last_error, "", "no outcome was recorded: its lease ran out");
-        assert!(g.take(now + LEASE * 10, 1, 2, LEASE, MAX).exhausted.is_empty(), "marked settling");
+        assert!(g.take(now + LEASE * 10, 1, 2, LEASE, MAX, 0).exhausted.is_empty(), "marked settling");
     }
 
     #[test]
     fn extend_moves_only_a_live_lease_of_its_holder() {
         let g = group(0);
         let now = Instant::now();
-        let c = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+        let c = g.take(now, 1, 1, LEASE, MAX, 0).claimed.remove(0);
         assert!(g.extend(1, c.token + 1, now, now + LEASE * 3).is_err());
         g.extend(1, c.token, now, now + LEASE * 3).unwrap();
-        assert!(g.take(now + LEASE * 2, 1, 1, LEASE, MAX).claimed.is_empty(), "still held");
+        assert!(g.take(now + LEASE * 2, 1, 1, LEASE, MAX, 0).claimed.is_empty(), "still held");
         assert!(g.held(now + LEASE * 2));
         assert!(!g.held(now + LEASE * 3), "a lease that ran out is nobody's");
     }
@@ -1226,7 +1287,7 @@ mod tests {
         let now = clock.now();
         assert_eq!(g.live_leased(now), 1, "mirrored as leased: nobody here claims it");
         assert!(!g.held(now), "but not held by this process");
-        let mine = g.take(now, 1, 2, LEASE, MAX).claimed;
+        let mine = g.take(now, 1, 2, LEASE, MAX, 0).claimed;
         assert_eq!(mine.iter().map(|c| c.seq).collect::<Vec<_>>(), [2]);
         assert!(g.held(now), "its own lease is");
     }
@@ -1235,14 +1296,14 @@ mod tests {
     fn a_reset_forgets_every_claim_moves_the_epoch_and_drops_queued_acks() {
         let g = group(0);
         let now = Instant::now();
-        let t = g.take(now, 3, 3, LEASE, MAX);
+        let t = g.take(now, 3, 3, LEASE, MAX, 0);
         assert!(t.claimed.iter().all(|c| c.epoch == 0));
         g.queue_ack(QueuedAck { seq: 1, attempt: 1, epoch: 0, result: None });
         g.reset(1);
         assert_eq!(g.epoch(), 1);
         assert!(g.take_queued_acks().is_empty());
         assert_eq!(g.leased(), 0);
-        let t = g.take(now, 3, 3, LEASE, MAX);
+        let t = g.take(now, 3, 3, LEASE, MAX, 0);
         assert_eq!(seqs(&t), [(2, 1), (3, 1)], "claiming restarts after the reset offset");
         assert!(t.claimed.iter().all(|c| c.epoch == 1));
     }
@@ -1251,12 +1312,12 @@ mod tests {
     fn nothing_below_the_queue_head_is_claimed() {
         let g = group(0);
         let now = Instant::now();
-        g.take(now, 2, 2, LEASE, MAX);
+        g.take(now, 2, 2, LEASE, MAX, 0);
         g.skip_to(5);
         assert_eq!(g.leased(), 0);
-        assert_eq!(seqs(&g.take(now, 1, 6, LEASE, MAX)), [(6, 1)]);
+        assert_eq!(seqs(&g.take(now, 1, 6, LEASE, MAX, 0)), [(6, 1)]);
         g.queue.first_seq.store(8, Ordering::Release);
-        assert_eq!(seqs(&g.take(now, 1, 9, LEASE, MAX)), [(8, 1)], "head moved by retention");
+        assert_eq!(seqs(&g.take(now, 1, 9, LEASE, MAX, 0)), [(8, 1)], "head moved by retention");
     }
 
     #[test]
@@ -1279,10 +1340,22 @@ mod tests {
         assert_eq!(g.waiting(), 1);
         let now = clock.now();
         // 4 was claimed in a batch that never reached the disk: claimable, no attempt counted.
-        assert_eq!(seqs(&g.take(now, 10, 6, LEASE, MAX)), [(2, 3), (4, 1), (6, 1)]);
+        assert_eq!(seqs(&g.take(now, 10, 6, LEASE, MAX, 0)), [(2, 3), (4, 1), (6, 1)]);
     }
 
     /// Per-key ordering: only a key's first unfinished message is ever claimable.
+    #[test]
+    fn a_keyed_group_claims_by_priority_among_its_keys_heads() {
+        let g = group(0);
+        g.set_keyed(true);
+        g.queue.index_priority(2, 9);
+        g.queue.index_priority(3, 1);
+        let now = Instant::now();
+        assert_eq!(g.learn([(1, Some(7)), (2, Some(7)), (3, None)]), 3);
+        // 2 waits for 1 (its key's head) whatever its priority; 3 goes before 1.
+        assert_eq!(seqs(&g.take(now, 10, 3, LEASE, MAX, 0)), [(3, 1), (1, 1)]);
+    }
+
     #[test]
     fn a_keyed_group_parks_each_message_behind_its_keys_unfinished_head() {
         let g = group(0);
@@ -1290,7 +1363,7 @@ mod tests {
         let now = Instant::now();
         let (a, b) = (Some(1), Some(2));
         assert_eq!(g.learn([(1, a), (2, a), (3, b), (4, a), (5, None), (6, b)]), 6);
-        assert!(g.take(now, 10, 6, LEASE, MAX).claimed.iter().all(|c| c.seq != 2));
+        assert!(g.take(now, 10, 6, LEASE, MAX, 0).claimed.iter().all(|c| c.seq != 2));
         // Claimed: 1 (a's head), 3 (b's head), 5 (no key). Parked: 2, 4, 6.
         assert_eq!(g.live_leases().iter().map(|l| l.0).collect::<Vec<_>>(), [1, 3, 5]);
         // A retry keeps its key busy.
@@ -1306,21 +1379,21 @@ mod tests {
         g.begin_settle(3, token(3), now).unwrap();
         let due = now + Duration::from_secs(1);
         g.to_waiting(3, due, "boom".into());
-        assert!(g.take(now, 10, 6, LEASE, MAX).claimed.is_empty(), "6 waits behind 3's retry");
+        assert!(g.take(now, 10, 6, LEASE, MAX, 0).claimed.is_empty(), "6 waits behind 3's retry");
         // 1 finishes: 2 is next for a, and only 2.
         g.begin_settle(1, token(1), now).unwrap();
         g.finished(&[(1, g.epoch())]);
-        assert_eq!(seqs(&g.take(now, 10, 6, LEASE, MAX)), [(2, 1)]);
+        assert_eq!(seqs(&g.take(now, 10, 6, LEASE, MAX, 0)), [(2, 1)]);
         // 3's retry comes due: claimed again (attempt 2), 6 still parked.
-        assert_eq!(seqs(&g.take(due, 10, 6, LEASE, MAX)), [(3, 2)]);
+        assert_eq!(seqs(&g.take(due, 10, 6, LEASE, MAX, 0)), [(3, 2)]);
         // Dead-lettering (finishing) 3 releases b: 6 goes.
         g.finished(&[(3, g.epoch())]);
-        assert_eq!(seqs(&g.take(due, 10, 6, LEASE, MAX)), [(6, 1)]);
+        assert_eq!(seqs(&g.take(due, 10, 6, LEASE, MAX, 0)), [(6, 1)]);
         // Retention dropping 2 (a's head, leased) promotes 4 once 2's lease has run out.
         g.skip_to(2);
-        assert!(g.take(due, 10, 6, LEASE, MAX).claimed.is_empty());
+        assert!(g.take(due, 10, 6, LEASE, MAX, 0).claimed.is_empty());
         // (5, without a key, was leased at the same time: its lease ran out too.)
-        assert_eq!(seqs(&g.take(now + LEASE, 10, 6, LEASE, MAX)), [(4, 1), (5, 2)]);
+        assert_eq!(seqs(&g.take(now + LEASE, 10, 6, LEASE, MAX, 0)), [(4, 1), (5, 2)]);
     }
 
     /// After a restart the restored slots do not know their keys: nothing is claimed until
@@ -1333,13 +1406,13 @@ mod tests {
         let leased = |attempt| Claim::Leased { attempt, token: 7, deadline_micros: 0, holder: Arc::from("") };
         g.restore([(1, leased(1)), (3, leased(1))], &clock); // 2 never reached the disk
         let now = clock.now();
-        assert!(g.take(now, 10, 3, LEASE, MAX).claimed.is_empty(), "keys unknown: nothing claimed");
+        assert!(g.take(now, 10, 3, LEASE, MAX, 0).claimed.is_empty(), "keys unknown: nothing claimed");
         assert_eq!(g.unknown_keys(), [1, 2, 3]);
         g.assign_keys([(1, Some(9)), (2, Some(9)), (3, Some(4))]);
         assert!(g.unknown_keys().is_empty());
-        assert_eq!(seqs(&g.take(now, 10, 3, LEASE, MAX)), [(1, 2), (3, 2)], "2 parks behind 1");
+        assert_eq!(seqs(&g.take(now, 10, 3, LEASE, MAX, 0)), [(1, 2), (3, 2)], "2 parks behind 1");
         g.finished(&[(1, g.epoch())]);
-        assert_eq!(seqs(&g.take(now, 10, 3, LEASE, MAX)), [(2, 1)]);
+        assert_eq!(seqs(&g.take(now, 10, 3, LEASE, MAX, 0)), [(2, 1)]);
     }
 
     /// Regression (review of issue 16): a slot claimed before the group was ordered by key,
@@ -1349,12 +1422,12 @@ mod tests {
     fn late_assigned_keys_keep_the_order_whatever_the_slots_states() {
         let g = group(0);
         let now = Instant::now();
-        let c = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0); // no keys yet: 1 claimed
+        let c = g.take(now, 1, 1, LEASE, MAX, 0).claimed.remove(0); // no keys yet: 1 claimed
         g.release(1, c.token, false);
         g.set_keyed(true);
         g.learn([(2, Some(5))]);
         g.assign_keys([(1, Some(5))]);
-        assert_eq!(seqs(&g.take(now, 10, 2, LEASE, MAX)), [(1, 1)], "2 waits behind 1");
+        assert_eq!(seqs(&g.take(now, 10, 2, LEASE, MAX, 0)), [(1, 1)], "2 waits behind 1");
 
         let g = group(0);
         g.set_keyed(true);
@@ -1365,7 +1438,7 @@ mod tests {
         g.restore([(1, waiting(1)), (2, waiting(1))], &clock);
         g.assign_keys([(1, Some(5)), (2, Some(5))]);
         let later = clock.now() + Duration::from_secs(2);
-        assert_eq!(seqs(&g.take(later, 10, 2, LEASE, MAX)), [(1, 2)], "2's retry waits behind 1");
+        assert_eq!(seqs(&g.take(later, 10, 2, LEASE, MAX, 0)), [(1, 2)], "2's retry waits behind 1");
     }
 
     /// Regression (review of issue 16): a round that finished a message was still syncing when
@@ -1375,11 +1448,11 @@ mod tests {
     fn a_finish_from_before_a_reset_does_not_remove_the_new_claim() {
         let g = group(0);
         let now = Instant::now();
-        let c = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+        let c = g.take(now, 1, 1, LEASE, MAX, 0).claimed.remove(0);
         g.begin_settle(1, c.token, now).unwrap();
         let finished_in = g.epoch();
         g.reset(0);
-        let again = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+        let again = g.take(now, 1, 1, LEASE, MAX, 0).claimed.remove(0);
         assert_eq!(again.seq, 1);
         g.finished(&[(1, finished_in)]); // the old round completes now
         assert_eq!(g.leased(), 1, "the new claim keeps its slot");
@@ -1395,14 +1468,14 @@ mod tests {
         g.set_keyed(true);
         let now = Instant::now();
         g.learn([(1, Some(7)), (2, Some(7))]);
-        let held = g.take(now, 10, 2, LEASE, MAX).claimed;
+        let held = g.take(now, 10, 2, LEASE, MAX, 0).claimed;
         assert_eq!(held.iter().map(|c| c.seq).collect::<Vec<_>>(), [1]);
         g.queue.first_seq.store(2, Ordering::Release);
         g.skip_to(1); // retention deleted 1 under its live lease
-        let t = g.take(now, 10, 2, LEASE, MAX);
+        let t = g.take(now, 10, 2, LEASE, MAX, 0);
         assert!(t.claimed.is_empty(), "2 waits while 1's handler may run");
         assert_eq!(t.next_wake, Some(held[0].deadline), "look again when that lease ends");
-        assert_eq!(seqs(&g.take(held[0].deadline, 10, 2, LEASE, MAX)), [(2, 1)]);
+        assert_eq!(seqs(&g.take(held[0].deadline, 10, 2, LEASE, MAX, 0)), [(2, 1)]);
     }
 
     /// The learning window starts at the frontier, stops at the published end, and stops
@@ -1429,7 +1502,7 @@ mod tests {
         assert_eq!(g.progress().offset, 3);
         assert_eq!(g.progress().done.iter().collect::<Vec<_>>(), [5]);
         // 4 was claimed in a batch that never reached the disk: claimable.
-        assert_eq!(seqs(&g.take(clock.now(), 10, 6, LEASE, MAX)), [(4, 1), (6, 1)]);
+        assert_eq!(seqs(&g.take(clock.now(), 10, 6, LEASE, MAX, 0)), [(4, 1), (6, 1)]);
     }
 
     // Regression (review finding): a retry whose record was queued after the etcd engine had
@@ -1441,7 +1514,7 @@ mod tests {
         let g = group(0);
         let clock = crate::clock::Clock::tokio();
         let now = clock.now();
-        let c = g.take(now, 1, 1, LEASE, MAX).claimed.remove(0);
+        let c = g.take(now, 1, 1, LEASE, MAX, 0).claimed.remove(0);
         g.begin_settle(1, c.token, now).unwrap();
         let theirs = crate::model::Claim::Leased {
             attempt: 2,
@@ -1452,7 +1525,7 @@ mod tests {
         g.learn_claim(1, &theirs, &clock);
         g.to_waiting(1, now + Duration::from_secs(1), "boom".into());
         let later = now + Duration::from_secs(2);
-        assert!(g.take(later, 1, 1, LEASE, MAX).claimed.is_empty(), "the other process's lease stands");
+        assert!(g.take(later, 1, 1, LEASE, MAX, 0).claimed.is_empty(), "the other process's lease stands");
         assert!(!g.holds_lease(1, c.token));
     }
 }
@@ -1576,7 +1649,7 @@ mod index_props {
                 match op {
                     Op::Take { max, publish } => {
                         last += publish;
-                        let t = g.take(now, max, last, LEASE, MAX);
+                        let t = g.take(now, max, last, LEASE, MAX, 0);
                         let (claimed, exhausted) = m.take(now, max, last);
                         let got: Vec<_> = t.claimed.iter().map(|c| (c.seq, c.attempt, c.expired)).collect();
                         prop_assert_eq!(got, claimed);

@@ -175,7 +175,7 @@ fn purge_queue(r: &mut Round<'_>, name: &str, reply: Reply<u64, Error>) {
     let deleted = if last >= first {
         // Readers switch to the new first sequence before the range disappears (as for a trim).
         queue.first_seq.store(last + 1, Ordering::SeqCst);
-        r.batch.trim_messages(queue.id, first, last);
+        super::queue::trim(r, &queue, first, last);
         r.batch.put_queue(&queue.name, &super::queue::meta(&queue));
         last - first + 1
     } else {

@@ -101,10 +101,33 @@ pub(super) fn append(r: &mut Round<'_>, queue: &Arc<QueueState>, envelope: &[u8]
     let next = r.written.next_seq.get_mut(&queue.id)?;
     let seq = *next;
     *next += 1;
-    r.batch.put_message(queue.id, seq, envelope);
+    put(r, queue, seq, envelope);
     r.done.messages += 1;
     r.done.touched(queue, seq, 1);
     Some(seq)
+}
+
+/// Writes message `seq` of `queue`, and its priority index entry if it has a priority (in the
+/// same batch: the index is never behind the messages, nor ahead of them).
+#[inline]
+fn put(r: &mut Round<'_>, queue: &QueueState, seq: u64, envelope: &[u8]) {
+    r.batch.put_message(queue.id, seq, envelope);
+    let priority = envelope::priority(envelope);
+    if priority > 0 {
+        r.batch.put_priority(queue.id, seq, priority);
+        // In memory at once: claims read it only up to the published sequence, which this
+        // round's completion moves past `seq` after the write.
+        queue.index_priority(seq, priority);
+    }
+}
+
+/// Deletes messages `first..=to` of `queue` (retention, a purge), with their priority entries.
+pub(super) fn trim(r: &mut Round<'_>, queue: &QueueState, first: u64, to: u64) {
+    r.batch.trim_messages(queue.id, first, to);
+    if queue.priorities_if_any().is_some() {
+        r.batch.trim_priorities(queue.id, first, to);
+        queue.forget_priorities_through(to);
+    }
 }
 
 /// Appends one staged round's messages with sequences allocated in staging order, stamped
@@ -150,7 +173,7 @@ pub(super) fn put_staged(r: &mut Round<'_>, mut s: Staged, now: u64) {
             seqs.push(next[q]);
         }
         envelope::stamp(env, now);
-        r.batch.put_message(s.queues[q].id, next[q], env);
+        put(r, &s.queues[q], next[q], env);
         next[q] += 1;
         written += 1;
     }

@@ -156,7 +156,7 @@ fn trim(r: &mut Round<'_>, cut: TrimCut) -> u64 {
     // Readers switch to the new first sequence before the range disappears, so none walks into
     // deleted keys (a read already in flight that finds them gone re-checks it).
     queue.first_seq.store(to + 1, Ordering::SeqCst);
-    r.batch.trim_messages(queue.id, first, to);
+    super::queue::trim(r, &queue, first, to);
     r.batch.put_queue(&queue.name, &super::queue::meta(&queue));
     ordered::trimmed(r, &queue, to);
     // Work-queue groups behind the cut jump past it: their claims there go too.

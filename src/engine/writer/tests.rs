@@ -421,6 +421,7 @@ fn raw(seq: u64) -> crate::store::RawMessage {
     crate::store::RawMessage {
         seq,
         enqueued_at_micros: 0,
+        priority: 0,
         key: None,
         idempotency_key: None,
         headers: Vec::new(),

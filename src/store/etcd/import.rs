@@ -108,7 +108,12 @@ impl EtcdStore {
                 self.import_put(imp, self.tail_key(meta.id), encode_tail(last_seq, 0), None).await?;
                 (self.queue_key(&name), records::encode_queue(&meta).to_vec(), None)
             }
-            Write::Message { qid, seq, envelope } => (self.message_key(qid, seq), envelope, None),
+            Write::Message { qid, seq, envelope } => {
+                if crate::store::envelope::priority(&envelope) > 0 {
+                    return Err(refused(n, "importing a message with a priority"));
+                }
+                (self.message_key(qid, seq), envelope, None)
+            }
             Write::Group { group, queue, record } => {
                 let kept = records::decode_settings(b"", &record)
                     .ok()
