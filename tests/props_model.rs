@@ -498,10 +498,12 @@ async fn run(ops: Vec<Op>) {
                 let dlq = r.broker.dead_letters("q.dlq").await.unwrap();
                 let moved = dlq.redrive(Redrive::new()).await.unwrap();
                 assert_eq!(moved as usize, m.dlq.len() - m.dlq_cursor, "{ctx}");
-                // A redrive keeps each letter's priority.
+                // A redrive keeps each letter's priority — but a record that did not decode is
+                // dead-lettered as its raw bytes: its priority is unknown, the letter plain.
                 for i in m.dlq_cursor..m.dlq.len() {
                     m.last += 1;
-                    if let Some(&p) = m.prio.get(&m.dlq[i]) {
+                    let origin = m.dlq[i];
+                    if let Some(&p) = m.prio.get(&origin).filter(|_| !m.corrupt.contains(&origin)) {
                         m.prio.insert(m.last, p);
                     }
                 }
@@ -512,7 +514,8 @@ async fn run(ops: Vec<Op>) {
                 assert_eq!(moved as usize, m.o_dlq.len() - m.o_dlq_cursor, "{ctx}");
                 for i in m.o_dlq_cursor..m.o_dlq.len() {
                     m.last += 1;
-                    if let Some(&p) = m.prio.get(&m.o_dlq[i]) {
+                    let origin = m.o_dlq[i];
+                    if let Some(&p) = m.prio.get(&origin).filter(|_| !m.corrupt.contains(&origin)) {
                         m.prio.insert(m.last, p);
                     }
                 }
