@@ -1,8 +1,16 @@
 //! The sequences a work-queue group finished above its offset, as a bitmap that starts at the
 //! offset: marking one is O(1) amortised however many wait above a gap, and closing the gap
 //! walks the bitmap a word (64 sequences) at a time.
+//!
+//! The bitmap spans at most [`WINDOW`] sequences; one finished farther ahead (a prioritised job
+//! claimed past a large backlog) is kept in a sorted set until the window reaches it, so a job
+//! finished a billion messages ahead costs a set entry, not 125 MB of bits.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
+
+/// Sequences the bitmap spans from its front word (a multiple of 64): 128 KiB of bits. Small
+/// in unit tests, so that they cross it.
+const WINDOW: u64 = if cfg!(test) { 128 } else { 1 << 20 };
 
 /// Finished sequences above a base. Sequence `base` is bit `skip` of the front word; the bits
 /// below `skip` are passed (ignored), so moving the base never shifts the words.
@@ -13,13 +21,15 @@ pub(crate) struct Finished {
     /// Bits of the front word below the base.
     skip: u32,
     words: VecDeque<u64>,
+    /// Marked sequences past the bitmap's window (see the module docs).
+    far: BTreeSet<u64>,
     len: usize,
 }
 
 impl Finished {
     /// An empty set whose window starts at `base`.
     pub fn new(base: u64) -> Self {
-        Finished { base, skip: 0, words: VecDeque::new(), len: 0 }
+        Finished { base, skip: 0, words: VecDeque::new(), far: BTreeSet::new(), len: 0 }
     }
 
     /// How many sequences are marked.
@@ -27,21 +37,35 @@ impl Finished {
         self.len
     }
 
-    /// Word and bit of `seq`, if it is at or above the base.
-    fn position(&self, seq: u64) -> Option<(usize, u64)> {
-        let i = seq.checked_sub(self.base)? + u64::from(self.skip);
-        Some((usize::try_from(i / 64).ok()?, i % 64))
+    /// Bit index of `seq` from the front word's first bit, if it is at or above the base.
+    fn index(&self, seq: u64) -> Option<u64> {
+        Some(seq.checked_sub(self.base)? + u64::from(self.skip))
     }
 
     /// Whether `seq` is marked.
     pub fn contains(&self, seq: u64) -> bool {
-        let Some((w, b)) = self.position(seq) else { return false };
+        let Some(i) = self.index(seq) else { return false };
+        if i >= WINDOW {
+            return self.far.contains(&seq);
+        }
+        let (w, b) = ((i / 64) as usize, i % 64);
         self.words.get(w).is_some_and(|word| word & (1 << b) != 0)
     }
 
     /// Marks `seq` (at or above the base); false if it was marked or lies below the base.
     pub fn insert(&mut self, seq: u64) -> bool {
-        let Some((w, b)) = self.position(seq) else { return false };
+        let Some(i) = self.index(seq) else { return false };
+        if i >= WINDOW {
+            let new = self.far.insert(seq);
+            self.len += usize::from(new);
+            return new;
+        }
+        self.set_bit(i)
+    }
+
+    /// Sets bit `i` (within the window); false if it was set.
+    fn set_bit(&mut self, i: u64) -> bool {
+        let (w, b) = ((i / 64) as usize, i % 64);
         if self.words.len() <= w {
             self.words.resize(w + 1, 0);
         }
@@ -57,6 +81,26 @@ impl Finished {
     /// Unmarks the contiguous run of marked sequences at the base and moves the base past it;
     /// returns the new base (unchanged if the base itself is not marked). A word at a time.
     pub fn advance(&mut self) -> u64 {
+        loop {
+            self.advance_bits();
+            // The window moved: what was past it and now falls inside goes into the bitmap.
+            let end = self.base - u64::from(self.skip) + WINDOW;
+            let mut moved = false;
+            while let Some(&seq) = self.far.first().filter(|&&s| s < end) {
+                self.far.pop_first();
+                self.len -= 1;
+                let i = seq - self.base + u64::from(self.skip);
+                self.set_bit(i);
+                moved = true;
+            }
+            if !moved {
+                return self.base;
+            }
+        }
+    }
+
+    /// [`advance`](Finished::advance) within the bitmap.
+    fn advance_bits(&mut self) {
         while let Some(&word) = self.words.front() {
             let passed = (1u64 << self.skip) - 1;
             let word = word | passed;
@@ -78,7 +122,6 @@ impl Finished {
         if self.words.is_empty() {
             self.skip = 0;
         }
-        self.base
     }
 
     /// Forgets every sequence below `base` and starts the window there (retention skipped the
@@ -95,13 +138,15 @@ impl Finished {
         }
     }
 
-    /// The marked sequences, ascending.
+    /// The marked sequences, ascending (the bitmap's all lie below the far ones: the window
+    /// is moved only by `advance`, which moves the far ones it reaches into the bitmap).
     pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
         let (skip, first) = (u64::from(self.skip), self.base);
-        self.words.iter().enumerate().flat_map(move |(w, &word)| {
+        let bits = self.words.iter().enumerate().flat_map(move |(w, &word)| {
             let start = if w == 0 { skip } else { 0 };
             (start..64).filter(move |b| word & (1 << b) != 0).map(move |b| first + 64 * w as u64 + b - skip)
-        })
+        });
+        bits.chain(self.far.iter().copied())
     }
 }
 
@@ -116,7 +161,7 @@ mod tests {
     proptest! {
         /// Against a `BTreeSet` and an offset moved one by one (what the writer did before).
         #[test]
-        fn behaves_like_a_set_with_an_offset(ops in proptest::collection::vec((0u64..300, any::<bool>()), 0..400)) {
+        fn behaves_like_a_set_with_an_offset(ops in proptest::collection::vec((0u64..700, any::<bool>()), 0..400)) {
             let mut f = Finished::new(1);
             let (mut set, mut offset) = (BTreeSet::new(), 0u64);
             for (seq, rebase) in ops {
@@ -136,7 +181,7 @@ mod tests {
                 prop_assert_eq!(f.advance(), offset + 1);
                 prop_assert_eq!(f.len(), set.len());
                 prop_assert_eq!(f.iter().collect::<Vec<_>>(), set.iter().copied().collect::<Vec<_>>());
-                for s in 0..320 {
+                for s in 0..720 {
                     prop_assert_eq!(f.contains(s), set.contains(&s));
                 }
             }
