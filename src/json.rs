@@ -129,7 +129,7 @@ impl Serialize for QueueStats {
 
 impl Serialize for GroupStats {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut g = s.serialize_struct("GroupStats", 15)?;
+        let mut g = s.serialize_struct("GroupStats", 18)?;
         g.serialize_field("group", &self.group)?;
         g.serialize_field("queue", &self.queue)?;
         g.serialize_field("mode", self.mode.as_str())?;
@@ -145,7 +145,20 @@ impl Serialize for GroupStats {
         g.serialize_field("retry_policy", &self.retry_policy)?;
         g.serialize_field("ordered_by_key", &self.ordered_by_key)?;
         g.serialize_field("keep_outcomes_secs", &secs(self.keep_outcomes))?;
+        g.serialize_field("rate_limit", &self.rate_limit)?;
+        g.serialize_field("concurrency_limit", &self.concurrency_limit)?;
+        g.serialize_field("limited", &self.limited)?;
         g.end()
+    }
+}
+
+impl Serialize for crate::rate_limit::RateLimit {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut r = s.serialize_struct("RateLimit", 3)?;
+        r.serialize_field("jobs", &self.jobs())?;
+        r.serialize_field("per_secs", &self.per().as_secs_f64())?;
+        r.serialize_field("burst", &self.burst_size())?;
+        r.end()
     }
 }
 

@@ -92,6 +92,7 @@ mod name;
 mod options;
 #[cfg(feature = "otel")]
 pub mod otel;
+mod rate_limit;
 mod retention;
 mod retry;
 mod schedule;
@@ -132,6 +133,7 @@ pub use pool::{
     Handler, HandlerError, HandlerResultExt, IntoHandler, IntoTypedHandler, PoolHandle, PoolReport, Workers,
 };
 pub use queue::{Queue, SendReceipt, TypedQueue, TypedSend};
+pub use rate_limit::RateLimit;
 pub use retention::{ResetTo, Retention, TrimReport};
 pub use retry::RetryPolicy;
 #[allow(deprecated)]

@@ -233,6 +233,10 @@ pub(crate) struct WorkSettings {
     pub ordered_by_key: bool,
     /// How long a finished job's outcome record is kept; zero: none is written.
     pub keep_outcomes: Duration,
+    /// Claims per interval, across every pool and restart (`WorkGroup::rate_limit`).
+    pub rate_limit: Option<crate::rate_limit::RateLimit>,
+    /// Jobs held at once, across every pool (`WorkGroup::concurrency_limit`).
+    pub concurrency_limit: Option<u32>,
 }
 
 impl WorkSettings {
@@ -269,6 +273,10 @@ pub(crate) struct RequestedWork {
     pub dead_letter_queue: Option<String>,
     pub ordered_by_key: Option<bool>,
     pub keep_outcomes: Option<Duration>,
+    /// `Some(None)`: explicitly no rate limit.
+    pub rate_limit: Option<Option<crate::rate_limit::RateLimit>>,
+    /// `Some(None)`: explicitly no concurrency limit.
+    pub concurrency_limit: Option<Option<u32>>,
 }
 
 /// An explicitly set value that differs from the stored one.
@@ -321,7 +329,10 @@ impl RequestedWork {
             .and_then(|d| differ("dead_letter_queue", &&*stored.dead_letter_queue, &d));
         let keyed = self.ordered_by_key.and_then(|k| differ("ordered_by_key", &stored.ordered_by_key, &k));
         let outcomes = self.keep_outcomes.and_then(|k| differ("keep_outcomes", &stored.keep_outcomes, &k));
-        lease.or(policy).or(dlq).or(keyed).or(outcomes)
+        let rate = self.rate_limit.and_then(|r| differ("rate_limit", &stored.rate_limit, &r));
+        let concurrency =
+            self.concurrency_limit.and_then(|c| differ("concurrency_limit", &stored.concurrency_limit, &c));
+        lease.or(policy).or(dlq).or(keyed).or(outcomes).or(rate).or(concurrency)
     }
 
     /// The settings to store for a group of `queue` whose record (`record`) has no work terms
@@ -337,6 +348,8 @@ impl RequestedWork {
             },
             ordered_by_key: self.ordered_by_key.unwrap_or(false),
             keep_outcomes: self.keep_outcomes.unwrap_or(Duration::ZERO),
+            rate_limit: self.rate_limit.flatten(),
+            concurrency_limit: self.concurrency_limit.flatten(),
         }
     }
 
@@ -351,6 +364,8 @@ impl RequestedWork {
             },
             ordered_by_key: self.ordered_by_key.unwrap_or(stored.ordered_by_key),
             keep_outcomes: self.keep_outcomes.unwrap_or(stored.keep_outcomes),
+            rate_limit: self.rate_limit.unwrap_or(stored.rate_limit),
+            concurrency_limit: self.concurrency_limit.unwrap_or(stored.concurrency_limit),
         }
     }
 }
@@ -386,6 +401,18 @@ mod settings_tests {
         assert_eq!(keyed.mismatch(&s).unwrap().setting, "ordered_by_key");
         let kept = RequestedWork { keep_outcomes: Some(Duration::from_secs(60)), ..Default::default() };
         assert_eq!(kept.mismatch(&s).unwrap().setting, "keep_outcomes");
+        let rate = crate::rate_limit::RateLimit::per_second(5);
+        let limited = RequestedWork { rate_limit: Some(Some(rate)), ..Default::default() };
+        assert_eq!(limited.mismatch(&s).unwrap().setting, "rate_limit");
+        let unlimited =
+            RequestedWork { rate_limit: Some(None), concurrency_limit: Some(None), ..Default::default() };
+        assert_eq!(unlimited.mismatch(&s), None, "explicitly none matches none stored");
+        let stored_limited = limited.applied_to(&s);
+        assert_eq!(unlimited.mismatch(&stored_limited).unwrap().setting, "rate_limit");
+        assert_eq!(RequestedWork::default().mismatch(&stored_limited), None, "unset adopts the stored limit");
+        assert_eq!(unlimited.applied_to(&stored_limited).rate_limit, None, "an update can remove a limit");
+        let capped = RequestedWork { concurrency_limit: Some(Some(3)), ..Default::default() };
+        assert_eq!(capped.mismatch(&s).unwrap().setting, "concurrency_limit");
     }
 
     #[test]

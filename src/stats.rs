@@ -133,6 +133,17 @@ pub struct GroupStats {
     /// ([`WorkGroup::keep_outcomes`](crate::WorkGroup::keep_outcomes)); `None` when it keeps
     /// none or nothing is stored.
     pub keep_outcomes: Option<Duration>,
+    /// A work-queue group's stored rate limit
+    /// ([`WorkGroup::rate_limit`](crate::WorkGroup::rate_limit)).
+    pub rate_limit: Option<crate::rate_limit::RateLimit>,
+    /// A work-queue group's stored concurrency limit
+    /// ([`WorkGroup::concurrency_limit`](crate::WorkGroup::concurrency_limit)).
+    pub concurrency_limit: Option<u32>,
+    /// Jobs claimable now that the group's rate or concurrency limit holds back (0 when no
+    /// limit is reached, and when read from an [`Inspector`](crate::Inspector), which sees
+    /// only the disk). Never-claimed messages of a group ordered by key are not counted (their
+    /// keys are read as they are reached).
+    pub limited: u64,
 }
 
 impl GroupStats {
@@ -311,6 +322,10 @@ pub enum JobState {
     /// In a group [ordered by key](crate::WorkGroup::ordered_by_key), a job never claimed may
     /// still wait behind its key once the group reaches it.
     Queued,
+    /// Waits to be claimed, and the group's
+    /// [rate](crate::WorkGroup::rate_limit) or [concurrency](crate::WorkGroup::concurrency_limit)
+    /// limit holds every claim back right now: it is claimed once a token or a place is free.
+    Limited,
     /// Waits for an earlier unfinished job with its ordering key
     /// ([`WorkGroup::ordered_by_key`](crate::WorkGroup::ordered_by_key)).
     Parked,
@@ -344,8 +359,8 @@ pub enum JobState {
 }
 
 impl JobState {
-    /// `"queued"`, `"parked"`, `"leased"`, `"expired"`, `"retry-waiting"`, `"settling"`,
-    /// `"finished"` or `"removed"`.
+    /// `"queued"`, `"limited"`, `"parked"`, `"leased"`, `"expired"`, `"retry-waiting"`,
+    /// `"settling"`, `"finished"` or `"removed"`.
     ///
     /// # Examples
     ///
@@ -356,6 +371,7 @@ impl JobState {
     pub fn as_str(self) -> &'static str {
         match self {
             JobState::Queued => "queued",
+            JobState::Limited => "limited",
             JobState::Parked => "parked",
             JobState::Leased { .. } => "leased",
             JobState::Expired => "expired",

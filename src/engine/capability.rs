@@ -74,6 +74,8 @@ pub(crate) enum Capability {
     JobProgress,
     /// `Message::priority` above 0: claims by priority.
     Priority,
+    /// `WorkGroup::rate_limit` and `WorkGroup::concurrency_limit`: durable limits on claims.
+    Limits,
 }
 
 impl Capability {
@@ -101,6 +103,9 @@ impl Capability {
             Capability::KeepOutcomes => "keeping job outcomes (WorkGroup::keep_outcomes)",
             Capability::JobProgress => "progress reports of running jobs (Task::progress)",
             Capability::Priority => "a message priority (Message::priority)",
+            Capability::Limits => {
+                "a work group's rate or concurrency limit (WorkGroup::rate_limit, WorkGroup::concurrency_limit)"
+            }
         }
     }
 }
@@ -129,7 +134,8 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::Backup
             | Capability::KeepOutcomes
             | Capability::JobProgress
-            | Capability::Priority => false,
+            | Capability::Priority
+            | Capability::Limits => false,
         },
     }
 }

@@ -111,6 +111,9 @@ pub(crate) fn snapshot(
             retry_policy: None,
             ordered_by_key: false,
             keep_outcomes: None,
+            rate_limit: None,
+            concurrency_limit: None,
+            limited: 0,
         });
     }
     let clock_now = engine.clock().now();
@@ -169,6 +172,9 @@ pub(crate) fn snapshot(
             retry_policy: settings.as_ref().map(|s| s.policy.clone()),
             ordered_by_key: settings.as_ref().is_some_and(|s| s.ordered_by_key),
             keep_outcomes: settings.as_ref().map(|s| s.keep_outcomes).filter(|k| !k.is_zero()),
+            rate_limit: settings.as_ref().and_then(|s| s.rate_limit),
+            concurrency_limit: settings.as_ref().and_then(|s| s.concurrency_limit),
+            limited: g.limited(clock_now),
         });
     }
     // Only what this tick used is kept: the cache never outgrows the queues and groups.

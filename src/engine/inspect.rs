@@ -148,6 +148,9 @@ fn stats(store: &Store, now_micros: u64) -> Result<Stats, Error> {
             retry_policy: terms.map(|t| t.policy.clone()),
             ordered_by_key: terms.is_some_and(|t| t.ordered_by_key),
             keep_outcomes: terms.map(|t| t.keep_outcomes).filter(|k| !k.is_zero()),
+            rate_limit: terms.and_then(|t| t.rate_limit),
+            concurrency_limit: terms.and_then(|t| t.concurrency_limit),
+            limited: 0,
         });
     }
     groups.sort_by(|a, b| (&a.queue, &a.group).cmp(&(&b.queue, &b.group)));

@@ -177,7 +177,14 @@ pub(crate) enum WorkRequest {
     },
     /// Persist claims (attempt counts) before their handlers run. Refused with `LeaseLost` if
     /// the group was reset since `epoch`.
-    Claim { group: Arc<WorkGroupState>, epoch: u64, claims: Vec<(u64, Claim)>, reply: Reply<(), Error> },
+    /// `bucket`: the group's rate bucket after these claims (wall micros), written with them.
+    Claim {
+        group: Arc<WorkGroupState>,
+        epoch: u64,
+        claims: Vec<(u64, Claim)>,
+        bucket: Option<u64>,
+        reply: Reply<(), Error>,
+    },
     /// Record the outcome of one attempt, claimed in reset epoch `epoch`. If the writer refuses
     /// it, it puts the message back to claimable itself.
     Outcome {

@@ -234,6 +234,11 @@ impl<'a> Batch<'a> {
         }
     }
 
+    /// Writes a rate-limited work group's bucket (with the claims it admitted).
+    pub fn put_rate(&mut self, group: &str, queue: &str, tat_micros: u64) {
+        self.wb.put_cf(self.cfs.claims, keys::rate_key(group, queue), records::encode_rate(tat_micros));
+    }
+
     /// Writes the settings of `group` on `queue`.
     pub fn put_settings(&mut self, group: &str, queue: &str, settings: &GroupSettings) {
         self.wb.put_cf(self.cfs.meta, keys::group_key(group, queue), records::encode_settings(settings));

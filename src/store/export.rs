@@ -182,6 +182,13 @@ impl Store {
         }
         for item in all(cfs.claims) {
             let (k, v) = item.map_err(storage)?;
+            if k.starts_with(b"rate:") {
+                // A rate bucket is this database's recent claims, not data: checked, not
+                // exported (an imported group starts with a full burst).
+                keys::parse_rate_key(&k)?;
+                records::decode_rate(&k, &v)?;
+                continue;
+            }
             let record = v.to_vec();
             out(if k.starts_with(b"claim:") {
                 let (group, queue, seq) = keys::parse_claim_key(&k)?;

@@ -12,6 +12,7 @@
 //! | `rockq.claims` | `ordered:<group>:<queue>:<seq u64 BE>` | delivery record (ordered groups) |
 //! | `rockq.claims` | `outcome:<group>:<queue>:<seq u64 BE>` | job outcome (work groups that keep outcomes) |
 //! | `rockq.claims` | `progress:<group>:<queue>:<seq u64 BE>` | a running job's last progress report |
+//! | `rockq.claims` | `rate:<group>:<queue>` | a rate-limited work group's bucket (next claim's theoretical time) |
 //! | `rockq.meta` | `scheduled-id` | next schedule id |
 //! | `rockq.meta` | `queue-id` | lowest queue id never handed out (written when a queue is deleted) |
 //! | `rockq.scheduled` | `t<due u64 BE><queue_id u32 BE><id u64 BE>` | delayed message envelope, or a recurring schedule's name (queue id `u32::MAX`) |
@@ -44,6 +45,7 @@ const GROUP_PREFIX: &[u8] = b"group:";
 const ORDERED_PREFIX: &[u8] = b"ordered:";
 const OUTCOME_PREFIX: &[u8] = b"outcome:";
 const PROGRESS_PREFIX: &[u8] = b"progress:";
+const RATE_PREFIX: &[u8] = b"rate:";
 
 pub(crate) fn message_key(queue_id: u32, seq: u64) -> [u8; MESSAGE_KEY_LEN] {
     let mut k = [0u8; MESSAGE_KEY_LEN];
@@ -198,6 +200,21 @@ pub(crate) fn outcome_prefix(group: &str, queue: &str) -> Vec<u8> {
 /// with [`claim_key`]).
 pub(crate) fn progress_prefix(group: &str, queue: &str) -> Vec<u8> {
     [PROGRESS_PREFIX, group.as_bytes(), b":", queue.as_bytes(), b":"].concat()
+}
+
+/// `rate:<group>:<queue>`: a rate-limited work group's bucket, written with its claims.
+pub(crate) fn rate_key(group: &str, queue: &str) -> Vec<u8> {
+    [RATE_PREFIX, group.as_bytes(), b":", queue.as_bytes()].concat()
+}
+
+/// Bounds of the range holding every rate bucket.
+pub(crate) fn rate_key_range() -> (Vec<u8>, Vec<u8>) {
+    prefix_range(RATE_PREFIX)
+}
+
+/// Splits `rate:<group>:<queue>` into `(group, queue)`.
+pub(crate) fn parse_rate_key(key: &[u8]) -> Result<(&str, &str), CorruptionError> {
+    parse_pair(RATE_PREFIX, "rate bucket key", key)
 }
 
 /// Bounds of the range holding every kept job outcome.

@@ -38,13 +38,14 @@ impl Batch<'_> {
 
     /// Deletes group `group` on `queue`, whichever its mode: its offset record, every claim or
     /// delivery record (ordered and work-queue prefixes both: a record of either kind has no
-    /// meaning once the group is gone) and its settings record.
+    /// meaning once the group is gone), its rate bucket and its settings record.
     pub fn delete_group(&mut self, group: &str, queue: &str) {
         self.wb.delete_cf(self.cfs.offsets, keys::offset_key(group, queue));
         for records in [GroupKeys::ordered(group, queue), GroupKeys::work(group, queue)] {
             self.delete_all_records(&records);
         }
         self.delete_job_records(&GroupKeys::work(group, queue));
+        self.wb.delete_cf(self.cfs.claims, keys::rate_key(group, queue));
         self.wb.delete_cf(self.cfs.meta, keys::group_key(group, queue));
     }
 

@@ -67,6 +67,8 @@ pub(crate) struct Loaded {
     /// Work groups' progress reports `(group, queue, seq, report)`: few (running jobs that
     /// reported).
     pub progress: Vec<(String, String, u64, bytes::Bytes)>,
+    /// Rate-limited work groups' buckets `(group, queue, next claim's time in wall micros)`.
+    pub buckets: Vec<(String, String, u64)>,
     pub settings: Vec<LoadedSettings>,
     pub marks: Vec<LoadedMark>,
     /// The next schedule id to hand out (1 on a fresh database).
@@ -423,6 +425,16 @@ pub(super) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, Error
         progress.push((group.to_owned(), queue.to_owned(), seq, report));
     }
 
+    let mut buckets = Vec::new();
+    let (lo, hi) = keys::rate_key_range();
+    for item in
+        db.iterator_cf_opt(claims_cf, bounded(lo.clone(), hi), IteratorMode::From(&lo, Direction::Forward))
+    {
+        let (k, v) = item.map_err(storage)?;
+        let (group, queue) = keys::parse_rate_key(&k)?;
+        buckets.push((group.to_owned(), queue.to_owned(), records::decode_rate(&k, &v)?));
+    }
+
     // Ordered groups' marks: few (only messages whose deliveries came back).
     let mut marks = Vec::new();
     let (lo, hi) = keys::ordered_key_range();
@@ -477,6 +489,7 @@ pub(super) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, Error
         groups,
         claims,
         progress,
+        buckets,
         settings,
         marks,
         next_scheduled_id,

@@ -370,18 +370,28 @@ pub(crate) fn decode_mark(key: &[u8], v: &[u8]) -> Result<OrderedMark, Corruptio
 /// nanoseconds, so a stored value compares equal to the one a handle sets (each is at most 100
 /// years, which fits). Version 1 reads as "no terms stored". Version 3 (written only for a
 /// group that keeps outcomes, so a group that does not stays readable by older builds) appends
-/// `keep outcomes ns u64` to the terms.
+/// `keep outcomes ns u64` to the terms. Version 4 (written only for a group with a rate or
+/// concurrency limit, for the same reason) appends, after the outcome retention (0: none),
+/// `rate jobs u32, rate window ns u64, rate burst u32, concurrency u32` (0 jobs: no rate limit;
+/// 0 concurrency: none).
 const GROUP_SETTINGS_V1: u8 = 1;
 const GROUP_SETTINGS_V2: u8 = 2;
 const GROUP_SETTINGS_V3: u8 = 3;
+const GROUP_SETTINGS_V4: u8 = 4;
 const WORK_TERMS_LEN: usize = 8 + 4 + 8 + 8 + 8 + 8 + 1;
 const WORK_TERMS_V3_LEN: usize = WORK_TERMS_LEN + 8;
+const WORK_TERMS_V4_LEN: usize = WORK_TERMS_V3_LEN + 4 + 8 + 4 + 4;
 
 pub(crate) fn encode_settings(s: &GroupSettings) -> Vec<u8> {
     let dlq = truncate_utf8(&s.dead_letter_queue, 255).as_bytes();
     let keeps = s.work.as_ref().is_some_and(|t| !t.keep_outcomes.is_zero());
-    let mut v = Vec::with_capacity(4 + dlq.len() + WORK_TERMS_V3_LEN);
-    v.push(if keeps { GROUP_SETTINGS_V3 } else { GROUP_SETTINGS_V2 });
+    let limits = s.work.as_ref().is_some_and(|t| t.rate_limit.is_some() || t.concurrency_limit.is_some());
+    let mut v = Vec::with_capacity(4 + dlq.len() + WORK_TERMS_V4_LEN);
+    v.push(match (limits, keeps) {
+        (true, _) => GROUP_SETTINGS_V4,
+        (false, true) => GROUP_SETTINGS_V3,
+        (false, false) => GROUP_SETTINGS_V2,
+    });
     v.push(u8::from(s.paused));
     v.push(dlq.len() as u8);
     v.extend_from_slice(dlq);
@@ -397,8 +407,19 @@ pub(crate) fn encode_settings(s: &GroupSettings) -> Vec<u8> {
             v.extend_from_slice(&t.policy.growth().to_bits().to_be_bytes());
             v.extend_from_slice(&t.policy.jitter_fraction().to_bits().to_be_bytes());
             v.push(u8::from(t.ordered_by_key));
-            if keeps {
+            if keeps || limits {
                 v.extend_from_slice(&nanos(t.keep_outcomes).to_be_bytes());
+            }
+            if limits {
+                let rate = t.rate_limit.unwrap_or(crate::rate_limit::RateLimit {
+                    jobs: 0,
+                    per: std::time::Duration::ZERO,
+                    burst: 0,
+                });
+                v.extend_from_slice(&rate.jobs.to_be_bytes());
+                v.extend_from_slice(&nanos(rate.per).to_be_bytes());
+                v.extend_from_slice(&rate.burst.to_be_bytes());
+                v.extend_from_slice(&t.concurrency_limit.unwrap_or(0).to_be_bytes());
             }
         }
     }
@@ -408,7 +429,7 @@ pub(crate) fn encode_settings(s: &GroupSettings) -> Vec<u8> {
 pub(crate) fn decode_settings(key: &[u8], v: &[u8]) -> Result<GroupSettings, CorruptionError> {
     let bad = |r: &str| CorruptionError::new("group settings", key, r);
     let [version, paused, len, rest @ ..] = v else { return Err(bad("shorter than the header")) };
-    if !(GROUP_SETTINGS_V1..=GROUP_SETTINGS_V3).contains(version) {
+    if !(GROUP_SETTINGS_V1..=GROUP_SETTINGS_V4).contains(version) {
         return Err(bad("unknown version"));
     }
     let paused = match paused {
@@ -418,7 +439,9 @@ pub(crate) fn decode_settings(key: &[u8], v: &[u8]) -> Result<GroupSettings, Cor
     };
     let (dlq, terms) = match *version {
         GROUP_SETTINGS_V1 if rest.len() == *len as usize => (rest, &[][..]),
-        GROUP_SETTINGS_V2 | GROUP_SETTINGS_V3 if rest.len() > *len as usize => rest.split_at(*len as usize),
+        GROUP_SETTINGS_V2 | GROUP_SETTINGS_V3 | GROUP_SETTINGS_V4 if rest.len() > *len as usize => {
+            rest.split_at(*len as usize)
+        }
         _ => return Err(bad("dead-letter queue length does not match")),
     };
     let dlq = std::str::from_utf8(dlq).map_err(|_| bad("dead-letter queue is not UTF-8"))?;
@@ -429,12 +452,22 @@ pub(crate) fn decode_settings(key: &[u8], v: &[u8]) -> Result<GroupSettings, Cor
         }
         [1, t @ ..] if *version == GROUP_SETTINGS_V3 && t.len() == WORK_TERMS_V3_LEN => {
             let (t, kept) = t.split_at(WORK_TERMS_LEN);
-            let max = crate::clock::clamp_delay(std::time::Duration::MAX);
-            let keep_outcomes =
-                be_u64(kept, 0).map(std::time::Duration::from_nanos).filter(|d| !d.is_zero() && *d <= max);
+            let keep_outcomes = decode_retention(kept).filter(|d| !d.is_zero());
             let terms = decode_terms(t, dlq).zip(keep_outcomes);
             let (terms, keep_outcomes) = terms.ok_or_else(|| bad("work terms out of range"))?;
             Some(WorkSettings { keep_outcomes, ..terms })
+        }
+        [1, t @ ..] if *version == GROUP_SETTINGS_V4 && t.len() == WORK_TERMS_V4_LEN => {
+            let (t, rest) = t.split_at(WORK_TERMS_LEN);
+            let (kept, limits) = rest.split_at(8);
+            let terms = decode_terms(t, dlq).zip(decode_retention(kept));
+            let (terms, keep_outcomes) = terms.ok_or_else(|| bad("work terms out of range"))?;
+            let (rate_limit, concurrency_limit) =
+                decode_limits(limits).ok_or_else(|| bad("rate or concurrency limit out of range"))?;
+            if rate_limit.is_none() && concurrency_limit.is_none() {
+                return Err(bad("version 4 without a limit"));
+            }
+            Some(WorkSettings { keep_outcomes, rate_limit, concurrency_limit, ..terms })
         }
         _ => return Err(bad("work terms flag or length is wrong")),
     };
@@ -442,11 +475,55 @@ pub(crate) fn decode_settings(key: &[u8], v: &[u8]) -> Result<GroupSettings, Cor
     if *version != GROUP_SETTINGS_V1 && terms.is_empty() {
         return Err(bad("work terms flag missing"));
     }
-    // Version 3 is written only for a work group's terms (with the outcome retention).
-    if *version == GROUP_SETTINGS_V3 && work.is_none() {
-        return Err(bad("version 3 without work terms"));
+    // Versions 3 and 4 are written only for a work group's terms.
+    if *version >= GROUP_SETTINGS_V3 && work.is_none() {
+        return Err(bad("version 3 or 4 without work terms"));
     }
     Ok(GroupSettings { paused, dead_letter_queue: dlq.to_owned(), work })
+}
+
+/// `rate:<group>:<queue>` in the claims CF: `version u8 (1), next claim's theoretical time
+/// (wall-clock micros) u64` — a rate-limited group's bucket (`rate_limit.rs`).
+const RATE_RECORD_V1: u8 = 1;
+
+pub(crate) fn encode_rate(tat_micros: u64) -> [u8; 9] {
+    let mut v = [0u8; 9];
+    v[0] = RATE_RECORD_V1;
+    v[1..].copy_from_slice(&tat_micros.to_be_bytes());
+    v
+}
+
+pub(crate) fn decode_rate(key: &[u8], v: &[u8]) -> Result<u64, CorruptionError> {
+    match v {
+        [RATE_RECORD_V1, rest @ ..] if rest.len() == 8 => {
+            be_u64(rest, 0).ok_or_else(|| CorruptionError::new("rate bucket", key, "too short"))
+        }
+        [RATE_RECORD_V1, ..] => Err(CorruptionError::new("rate bucket", key, "wrong length")),
+        _ => Err(CorruptionError::new("rate bucket", key, "unknown version")),
+    }
+}
+
+/// An outcome retention (8 bytes: nanoseconds, 0: none), if one a handle can set.
+fn decode_retention(v: &[u8]) -> Option<std::time::Duration> {
+    let max = crate::clock::clamp_delay(std::time::Duration::MAX);
+    be_u64(v, 0).map(std::time::Duration::from_nanos).filter(|d| *d <= max)
+}
+
+/// A version-4 record's limits (20 bytes), if each is one a handle can store.
+fn decode_limits(v: &[u8]) -> Option<(Option<crate::rate_limit::RateLimit>, Option<u32>)> {
+    let (jobs, per, burst, concurrency) = (be_u32(v, 0)?, be_u64(v, 4)?, be_u32(v, 12)?, be_u32(v, 16)?);
+    let rate = match (jobs, per, burst) {
+        (0, 0, 0) => None,
+        _ => {
+            let rate =
+                crate::rate_limit::RateLimit { jobs, per: std::time::Duration::from_nanos(per), burst };
+            if rate.invalid().is_some() {
+                return None;
+            }
+            Some(rate)
+        }
+    };
+    Some((rate, (concurrency != 0).then_some(concurrency)))
 }
 
 /// A work group's terms (`WORK_TERMS_LEN` bytes) with the record's dead-letter queue `dlq`, if
@@ -474,6 +551,8 @@ fn decode_terms(t: &[u8], dlq: &str) -> Option<WorkSettings> {
         dead_letter_queue: Arc::from(dlq),
         ordered_by_key,
         keep_outcomes: std::time::Duration::ZERO,
+        rate_limit: None,
+        concurrency_limit: None,
     })
 }
 
@@ -632,12 +711,21 @@ mod tests {
             dead_letter_queue: Arc::from("orders.dlq"),
             ordered_by_key: true,
             keep_outcomes: std::time::Duration::ZERO,
+            rate_limit: None,
+            concurrency_limit: None,
         };
         let keeping = WorkSettings { keep_outcomes: std::time::Duration::from_secs(3600), ..terms.clone() };
+        let rate = crate::rate_limit::RateLimit::new(7, std::time::Duration::from_millis(1500)).burst(3);
+        let limited = WorkSettings { rate_limit: Some(rate), ..terms.clone() };
+        let capped = WorkSettings { concurrency_limit: Some(4), ..keeping.clone() };
+        let both = WorkSettings { rate_limit: Some(rate), concurrency_limit: Some(1), ..keeping.clone() };
         for (s, version) in [
             (GroupSettings { paused: true, dead_letter_queue: "orders.dlq".into(), work: None }, 2),
             (GroupSettings { paused: false, dead_letter_queue: "orders.dlq".into(), work: Some(terms) }, 2),
             (GroupSettings { paused: false, dead_letter_queue: "orders.dlq".into(), work: Some(keeping) }, 3),
+            (GroupSettings { paused: false, dead_letter_queue: "orders.dlq".into(), work: Some(limited) }, 4),
+            (GroupSettings { paused: true, dead_letter_queue: "orders.dlq".into(), work: Some(capped) }, 4),
+            (GroupSettings { paused: false, dead_letter_queue: "orders.dlq".into(), work: Some(both) }, 4),
         ] {
             let v = encode_settings(&s);
             assert_eq!(v[0], version, "a group that keeps no outcomes is written as older builds read it");
@@ -674,6 +762,8 @@ mod tests {
             dead_letter_queue: Arc::from("d"),
             ordered_by_key: true,
             keep_outcomes: std::time::Duration::ZERO,
+            rate_limit: None,
+            concurrency_limit: None,
         };
         let s = GroupSettings { paused: true, dead_letter_queue: "d".into(), work: Some(terms) };
         let mut want = vec![2, 1, 1, b'd', 1];
@@ -698,6 +788,8 @@ mod tests {
             dead_letter_queue: Arc::from(""),
             ordered_by_key: false,
             keep_outcomes: std::time::Duration::ZERO,
+            rate_limit: None,
+            concurrency_limit: None,
         };
         let v2 = encode_settings(&GroupSettings { work: Some(terms.clone()), ..GroupSettings::default() });
         let kept = WorkSettings { keep_outcomes: std::time::Duration::from_secs(7), ..terms };
@@ -733,6 +825,8 @@ mod tests {
             dead_letter_queue: Arc::from(""),
             ordered_by_key: false,
             keep_outcomes: std::time::Duration::ZERO,
+            rate_limit: None,
+            concurrency_limit: None,
         };
         let good = encode_settings(&GroupSettings { work: Some(terms), ..GroupSettings::default() });
         let at = good.len() - WORK_TERMS_LEN;
@@ -750,6 +844,68 @@ mod tests {
             ("keyed flag 2", patch(44, &[2])),
         ] {
             assert!(decode_settings(b"k", &v).is_err(), "{what}");
+        }
+    }
+
+    /// Version 4 is version 3 (the outcome retention, 0 allowed) plus the limits; a version-4
+    /// record without a limit, or with a limit no handle can store, is a corruption.
+    mod v4 {
+        use super::super::*;
+
+        #[test]
+        fn a_rate_bucket_round_trips_and_rejects_bad_bytes() {
+            let v = encode_rate(1_700_000_000_123_456);
+            assert_eq!(decode_rate(b"k", &v).unwrap(), 1_700_000_000_123_456);
+            for cut in 0..v.len() {
+                assert!(decode_rate(b"k", &v[..cut]).is_err());
+            }
+            let mut bad = v;
+            bad[0] = 2;
+            assert!(decode_rate(b"k", &bad).is_err());
+            assert!(decode_rate(b"k", &[v.as_slice(), &[0]].concat()).is_err());
+        }
+
+        #[test]
+        fn group_settings_version_4_appends_the_limits() {
+            let terms = WorkSettings {
+                lease: std::time::Duration::from_secs(2),
+                policy: crate::retry::RetryPolicy::default(),
+                dead_letter_queue: Arc::from(""),
+                ordered_by_key: false,
+                keep_outcomes: std::time::Duration::ZERO,
+                rate_limit: None,
+                concurrency_limit: None,
+            };
+            let v2 =
+                encode_settings(&GroupSettings { work: Some(terms.clone()), ..GroupSettings::default() });
+            let rate = crate::rate_limit::RateLimit::new(10, std::time::Duration::from_secs(1)).burst(2);
+            let limited =
+                WorkSettings { rate_limit: Some(rate), concurrency_limit: Some(3), ..terms.clone() };
+            let s = GroupSettings { work: Some(limited), ..GroupSettings::default() };
+            let v4 = encode_settings(&s);
+            let mut want = v2.clone();
+            want[0] = 4;
+            want.extend_from_slice(&0u64.to_be_bytes());
+            want.extend_from_slice(&10u32.to_be_bytes());
+            want.extend_from_slice(&1_000_000_000u64.to_be_bytes());
+            want.extend_from_slice(&2u32.to_be_bytes());
+            want.extend_from_slice(&3u32.to_be_bytes());
+            assert_eq!(v4, want);
+            assert_eq!(decode_settings(b"k", &v4).unwrap(), s);
+            let n = v4.len();
+            let mut none = v4.clone();
+            none[n - 20..].fill(0);
+            assert!(decode_settings(b"k", &none).is_err(), "version 4 without a limit");
+            let mut zero_burst = v4.clone();
+            zero_burst[n - 8..n - 4].fill(0);
+            assert!(decode_settings(b"k", &zero_burst).is_err(), "a burst of 0");
+            let mut short_window = v4.clone();
+            short_window[n - 16..n - 8].copy_from_slice(&1u64.to_be_bytes());
+            assert!(decode_settings(b"k", &short_window).is_err(), "a window under a millisecond");
+            let mut only_concurrency = v4;
+            only_concurrency[n - 20..n - 4].fill(0);
+            let got = decode_settings(b"k", &only_concurrency).unwrap();
+            assert_eq!(got.work.unwrap().rate_limit, None);
         }
     }
 }

@@ -149,6 +149,21 @@ async fn render(
             gs.keep_outcomes.map_or_else(|| "no".into(), html::duration),
         ]);
         settings.push(vec![
+            "Rate limit".into(),
+            gs.rate_limit.map_or_else(
+                || "none".into(),
+                |r| match r.burst_size() {
+                    1 => format!("{} per {}", r.jobs(), html::duration(r.per())),
+                    n => format!("{} per {} (bursts of {n})", r.jobs(), html::duration(r.per())),
+                },
+            ),
+        ]);
+        settings.push(vec![
+            "Concurrency limit".into(),
+            gs.concurrency_limit.map_or_else(|| "none".into(), |n| format!("{n} at once")),
+        ]);
+        settings.push(vec!["Held back by a limit".into(), gs.limited.to_string()]);
+        settings.push(vec![
             "Dead-letter queue".into(),
             gs.dead_letter_queue
                 .as_deref()

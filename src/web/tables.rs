@@ -104,6 +104,10 @@ pub(crate) fn status(g: &GroupStats, history: &History) -> String {
     if g.waiting_retry > 0 {
         let _ = write!(out, r#"<span class="badge warn">{} retrying</span> "#, g.waiting_retry);
     }
+    if g.limited > 0 {
+        // Held back on purpose (a rate or concurrency limit), not stuck: shown, not alarmed.
+        let _ = write!(out, r#"<span class="badge">{} limited</span> "#, g.limited);
+    }
     if out.is_empty() {
         out.push_str(r#"<span class="badge ok">ok</span>"#);
     }

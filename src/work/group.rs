@@ -15,6 +15,7 @@ use crate::error::{Error, NameKind};
 use crate::model::StartFrom;
 use crate::model::{MIN_LEASE, RequestedWork, WorkSettings};
 use crate::name::{self, MAX_NAME_LEN};
+use crate::rate_limit::RateLimit;
 use crate::retention::ResetTo;
 use crate::retry::RetryPolicy;
 
@@ -79,6 +80,8 @@ pub struct WorkGroup {
     dlq: Option<String>,
     ordered_by_key: Option<bool>,
     keep_outcomes: Option<Duration>,
+    rate_limit: Option<Option<RateLimit>>,
+    concurrency_limit: Option<Option<u32>>,
     max_in_flight: usize,
     claim_batch: usize,
     saturation_after: Duration,
@@ -104,6 +107,8 @@ impl WorkGroup {
             dlq: None,
             ordered_by_key: None,
             keep_outcomes: None,
+            rate_limit: None,
+            concurrency_limit: None,
             max_in_flight: 256,
             claim_batch: 64,
             saturation_after: Duration::from_secs(1),
@@ -377,6 +382,63 @@ impl WorkGroup {
     /// ```
     pub fn keep_outcomes(mut self, retention: Duration) -> Self {
         self.keep_outcomes = Some(retention);
+        self
+    }
+
+    /// Limits how many jobs of the group start per interval, across every pool and
+    /// subscription of the group and across restarts: stored with the group, as its lease is
+    /// (the first subscribe stores it; a later handle that sets another is refused until an
+    /// [`update`](WorkGroup::update)). `None` removes a stored limit (with `update`).
+    ///
+    /// What is limited is claims: a job held back is not claimed, so no lease runs out while
+    /// it waits, and [`GroupStats::limited`](crate::GroupStats::limited) counts it. The
+    /// bucket's state is written with the claims it admitted, so a restart does not refill it
+    /// into a burst. The exact guarantee and the burst: [`RateLimit`]. Retries take a token
+    /// each; a job whose attempts are used up is dead-lettered without one.
+    ///
+    /// Not on the etcd engine ([`Error::Unsupported`] when stored).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// // At most 10 calls a second to the payment provider, however many pools run.
+    /// let queue = broker.queue("charges").await?;
+    /// let group = queue.work_group("charge")?.rate_limit(rockq::RateLimit::per_second(10));
+    /// let pool = group.workers(8).spawn(|task: rockq::Task| async move {
+    ///     println!("charging {}", task.seq());
+    ///     Ok(())
+    /// });
+    /// # pool.shutdown().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn rate_limit(mut self, limit: impl Into<Option<RateLimit>>) -> Self {
+        self.rate_limit = Some(limit.into());
+        self
+    }
+
+    /// Limits how many jobs of the group are held at once — leased, or with their outcome on
+    /// its way to the disk — across every pool and subscription of the group: stored with the
+    /// group, as [`rate_limit`](WorkGroup::rate_limit) is. `None` removes a stored limit (with
+    /// [`update`](WorkGroup::update)); 0 is refused ([`Error::InvalidOption`]).
+    ///
+    /// A job held back is not claimed (no lease runs out while it waits). A pool's prefetched
+    /// jobs count: they are leased. After a crash, the leases the crashed process held count
+    /// until they run out, as they do for any claim.
+    ///
+    /// Not on the etcd engine ([`Error::Unsupported`] when stored).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// // Three exports at once, whatever the number of workers.
+    /// let group = queue.work_group("export")?.concurrency_limit(3);
+    /// # let _ = group;
+    /// # Ok(()) }
+    /// ```
+    pub fn concurrency_limit(mut self, n: impl Into<Option<u32>>) -> Self {
+        self.concurrency_limit = Some(n.into());
         self
     }
 
@@ -658,6 +720,24 @@ impl WorkGroup {
         if self.keep_outcomes.is_some_and(|k| !k.is_zero()) {
             self.shared.check(Capability::KeepOutcomes)?;
         }
+        if self.rate_limit.is_some_and(|r| r.is_some()) || self.concurrency_limit.is_some_and(|c| c.is_some())
+        {
+            self.shared.check(Capability::Limits)?;
+        }
+        if let Some(Some(r)) = self.rate_limit
+            && let Some(why) = r.invalid()
+        {
+            return Err(Error::InvalidOption(format!(
+                "work group {} on queue {}: {why}",
+                self.name, self.queue.name
+            )));
+        }
+        if self.concurrency_limit == Some(Some(0)) {
+            return Err(Error::InvalidOption(format!(
+                "work group {} on queue {}: a concurrency limit of 0 would claim nothing, ever (pause the group instead)",
+                self.name, self.queue.name
+            )));
+        }
         if let Some(l) = self.lease
             && l < MIN_LEASE
         {
@@ -677,6 +757,8 @@ impl WorkGroup {
             dead_letter_queue: self.dlq.clone(),
             ordered_by_key: self.ordered_by_key,
             keep_outcomes: self.keep_outcomes.map(crate::clock::clamp_delay),
+            rate_limit: self.rate_limit,
+            concurrency_limit: self.concurrency_limit,
         })
     }
 

@@ -371,7 +371,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
     }
 
     let (mut last_rx, _watching) = group.queue.watch();
-    let claimed: Vec<Claimed> = loop {
+    let (claimed, bucket): (Vec<Claimed>, Option<std::time::Instant>) = loop {
         if shared.is_closed() || shared.closing.is_cancelled() {
             return Ok(Some(Vec::new()));
         }
@@ -428,7 +428,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
         }
         pending.rest.clear();
         if !take.claimed.is_empty() {
-            break take.claimed;
+            break (take.claimed, take.rate_tat);
         }
         if learned {
             // More keys may be readable, or the ones just read made something claimable.
@@ -461,7 +461,10 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
     // One `take` under one lock: every claim of the batch has the same epoch.
     let epoch = claimed.first().map_or(0, |c| c.epoch);
     let (reply, rx) = oneshot::channel();
-    let req = Request::Work(WorkRequest::Claim { group: group.clone(), epoch, claims: records, reply });
+    // Rounded up to the next microsecond: a bucket read back never admits a claim earlier.
+    let bucket = bucket.map(|t| clock.wall_micros_at(t).saturating_add(1));
+    let req =
+        Request::Work(WorkRequest::Claim { group: group.clone(), epoch, claims: records, bucket, reply });
     if shared.tx.send(req).await.is_err() {
         return Ok(Some(Vec::new()));
     }

@@ -141,6 +141,7 @@ async fn stats(inspector: &Inspector, json: bool, only_queue: Option<&str>, queu
                     },
                 ),
                 if g.ordered_by_key { "by key".into() } else { "-".into() },
+                limits(g.rate_limit, g.concurrency_limit),
             ]
         })
         .collect();
@@ -159,10 +160,22 @@ async fn stats(inspector: &Inspector, json: bool, only_queue: Option<&str>, queu
             "LEASE",
             "ATTEMPTS (BACKOFF)",
             "ORDER",
+            "LIMITS",
         ],
         &rows,
     );
     Ok(())
+}
+
+/// A group's stored limits: `10/1s` (burst `+4`), `3 at once`, both, or `-`.
+fn limits(rate: Option<rockq::RateLimit>, concurrency: Option<u32>) -> String {
+    let rate = rate.map(|r| match r.burst_size() {
+        1 => format!("{}/{}", r.jobs(), format::duration(r.per())),
+        n => format!("{}/{} burst {n}", r.jobs(), format::duration(r.per())),
+    });
+    let at_once = concurrency.map(|n| format!("{n} at once"));
+    let both: Vec<String> = rate.into_iter().chain(at_once).collect();
+    if both.is_empty() { "-".into() } else { both.join(", ") }
 }
 
 async fn peek(inspector: &Inspector, json: bool, queue: &str, from: Option<u64>, limit: usize) -> Result<()> {

@@ -72,6 +72,9 @@ pub(crate) async fn stats(engine: &Arc<Engine>, side: &EtcdSide) -> Result<Stats
             retry_policy: None,
             ordered_by_key: false,
             keep_outcomes: None,
+            rate_limit: None,
+            concurrency_limit: None,
+            limited: 0,
         };
         if offset.mode == StoredMode::WorkQueue {
             // Claim counts from every process's records, as embedded from the disk's.

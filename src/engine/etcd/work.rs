@@ -93,6 +93,12 @@ impl Writer {
             let _ = reply.send(Err(capability::refusal(Flavour::Etcd, Capability::KeepOutcomes)));
             return;
         }
+        if requested.rate_limit.is_some_and(|r| r.is_some())
+            || requested.concurrency_limit.is_some_and(|c| c.is_some())
+        {
+            let _ = reply.send(Err(capability::refusal(Flavour::Etcd, Capability::Limits)));
+            return;
+        }
         let _ = reply.send(self.store_work_settings(&group, &requested, mode).await);
     }
 

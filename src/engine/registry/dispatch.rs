@@ -129,6 +129,9 @@ pub(super) struct Dispatch {
     ghost_keys: rustc_hash::FxHashMap<u64, u64>,
     /// Sequences from here on were never claimed (nor, in a group ordered by key, learned).
     pub frontier: u64,
+    /// The group's rate-limit bucket (`rate_limit.rs`): under this lock, so a claim and the
+    /// token it takes are one decision. A reset keeps it (the claims it admitted happened).
+    pub bucket: crate::rate_limit::Bucket,
 }
 
 impl Dispatch {
@@ -149,6 +152,7 @@ impl Dispatch {
             ghosts: BTreeSet::new(),
             ghost_keys: Default::default(),
             frontier,
+            bucket: Default::default(),
         }
     }
 
@@ -489,7 +493,27 @@ impl Dispatch {
 
     /// Forgets every slot; claiming restarts at `frontier`.
     pub fn clear(&mut self, frontier: u64) {
+        let bucket = self.bucket;
         *self = Dispatch::new(frontier);
+        self.bucket = bucket;
+    }
+
+    /// Slots whose outcome (or an operator's action) is on its way to the writer: with the
+    /// leased ones, what a concurrency limit counts as held.
+    pub fn settling(&self) -> usize {
+        self.slots.len().saturating_sub(self.ready.len() + self.leased + self.waiting + self.parked)
+    }
+
+    /// Jobs a claim could take now, as far as memory tells without reading: the ready slots,
+    /// and (unless keys must be read first) the never-claimed messages up to `last`.
+    pub fn claimable_count(&self, last: u64, fresh: bool) -> u64 {
+        let never = match fresh {
+            true => {
+                last.saturating_add(1).saturating_sub(self.frontier).saturating_sub(self.ahead.len() as u64)
+            }
+            false => 0,
+        };
+        self.ready.len() as u64 + never
     }
 
     /// Forgets every slot at or below `to`, and never claims it.

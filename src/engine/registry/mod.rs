@@ -19,6 +19,8 @@ mod dispatch;
 mod finished;
 mod key_locks;
 mod keyspace;
+#[cfg(test)]
+mod limit_props;
 mod ordered;
 mod priority;
 #[cfg(test)]

@@ -24,6 +24,7 @@ impl Registry {
             groups,
             claims,
             progress,
+            buckets,
             settings,
             marks,
             scheduled,
@@ -108,6 +109,13 @@ impl Registry {
         for (group, queue, seq, report) in progress {
             if let Some(g) = registry.work.get(&group_id(&group, &queue)) {
                 g.restore_progress(seq, report);
+            }
+        }
+        // Rate buckets as the last claims left them: a restart does not refill one into a
+        // burst (a bucket of a removed group is ignored; the group's deletion deleted it).
+        for (group, queue, micros) in buckets {
+            if let Some(g) = registry.work.get(&group_id(&group, &queue)) {
+                g.restore_bucket(options.clock.instant_at_wall(micros), micros);
             }
         }
         // Ordered groups' delivery counts and dead letters above their offsets.

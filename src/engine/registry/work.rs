@@ -77,6 +77,8 @@ pub(crate) struct WorkGroupState {
     /// Ordered by key: a message is not claimed while an earlier one with the same ordering
     /// key is unfinished (set by the first subscription that asks; see `set_keyed`).
     keyed: std::sync::atomic::AtomicBool,
+    /// Writer-only: the rate bucket's state last written (wall-clock micros; 0: none).
+    bucket_written: AtomicU64,
 }
 
 impl std::fmt::Debug for WorkGroupState {
@@ -153,6 +155,13 @@ pub(crate) struct Exhausted {
     pub epoch: u64,
 }
 
+/// A work group's durable limits, as its stored settings give them.
+#[derive(Debug, Clone, Copy, Default)]
+struct Limits {
+    rate: Option<crate::rate_limit::RateLimit>,
+    concurrency: Option<u32>,
+}
+
 /// What one [`WorkGroupState::take`] produced.
 #[derive(Debug, Default)]
 pub(crate) struct Take {
@@ -160,6 +169,11 @@ pub(crate) struct Take {
     pub exhausted: Vec<Exhausted>,
     /// The earliest future lease deadline or retry time: when to look again.
     pub next_wake: Option<Instant>,
+    /// The rate-limit bucket's state after this take, if it took tokens: written with the
+    /// claims (`WorkRequest::Claim`), so a restart finds the bucket as these claims left it.
+    pub rate_tat: Option<Instant>,
+    /// A limit stopped the take (the group's rate or concurrency limit).
+    pub limited: bool,
 }
 
 /// Puts a `Settling` message back to claimable if its outcome never reaches the writer (the
@@ -228,6 +242,7 @@ impl WorkGroupState {
             epoch: AtomicU64::new(0),
             deleted: std::sync::atomic::AtomicBool::new(false),
             keyed: std::sync::atomic::AtomicBool::new(false),
+            bucket_written: AtomicU64::new(0),
         })
     }
 
@@ -472,7 +487,22 @@ impl WorkGroupState {
         let keyed = self.keyed();
         let blocked = keyed && d.has_unknown_keys();
         let index = self.queue.priorities_if_any();
+        // The group's durable limits (`WorkGroup::rate_limit`, `concurrency_limit`): checked
+        // before each claim, a token taken only by a claim that hands a job out.
+        let limits = self.limits();
+        let mut room = limits.concurrency.map(|n| (n as usize).saturating_sub(d.leased() + d.settling()));
         while !blocked && out.claimed.len() < max {
+            if room == Some(0) {
+                out.limited = true;
+                break;
+            }
+            if let Some(rate) = &limits.rate
+                && let Some(at) = d.bucket.next_at(rate).filter(|at| *at > now)
+            {
+                out.limited = true;
+                out.next_wake = Some(at);
+                break;
+            }
             let Some(pick) = d.pick(first, last_published, index.as_deref(), !keyed, share) else { break };
             let token = self.token();
             match pick {
@@ -510,9 +540,61 @@ impl WorkGroupState {
                     out.claimed.push(Claimed { seq, attempt: 1, token, deadline, expired: false, epoch });
                 }
             }
+            // Reached only by a claim (an exhausted job went on above, without a token).
+            room = room.map(|r| r.saturating_sub(1));
+            if let Some(rate) = &limits.rate {
+                d.bucket.try_take(rate, now);
+                out.rate_tat = d.bucket.tat;
+            }
         }
-        out.next_wake = d.next_timer();
+        let timer = d.next_timer();
+        out.next_wake = match (out.next_wake, timer) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         out
+    }
+
+    /// The group's stored limits (none until its settings are known).
+    fn limits(&self) -> Limits {
+        self.settings()
+            .map_or(Limits::default(), |s| Limits { rate: s.rate_limit, concurrency: s.concurrency_limit })
+    }
+
+    /// Whether a limit holds every claim back at `now`: the concurrency limit is reached, or
+    /// the rate limit has no token.
+    fn limit_reached(&self, d: &Dispatch, limits: &Limits, now: Instant) -> bool {
+        let full = limits.concurrency.is_some_and(|n| d.leased() + d.settling() >= n as usize);
+        let dry = limits.rate.as_ref().is_some_and(|r| d.bucket.next_at(r).is_some_and(|at| at > now));
+        full || dry
+    }
+
+    /// Jobs a claim could take now but the group's rate or concurrency limit holds back (0
+    /// when no limit is reached). Never-claimed messages count as claimable, except in a
+    /// group ordered by key (which learns their keys first: some may be parked).
+    pub fn limited(&self, now: Instant) -> u64 {
+        let limits = self.limits();
+        if limits.rate.is_none() && limits.concurrency.is_none() {
+            return 0;
+        }
+        let d = self.dispatch();
+        match self.limit_reached(&d, &limits, now) {
+            true => d.claimable_count(self.queue.last_seq(), !self.keyed()),
+            false => 0,
+        }
+    }
+
+    /// The writer, as it writes a claim batch: the rate bucket's state to write with it — the
+    /// latest of what it was handed and what it wrote before (claims decided in one order
+    /// may reach the writer in another; the bucket only moves forward). Wall-clock micros.
+    pub fn bucket_to_write(&self, tat_micros: u64) -> u64 {
+        self.bucket_written.fetch_max(tat_micros, Ordering::AcqRel).max(tat_micros)
+    }
+
+    /// At open: the rate bucket as the last claims left it (`tat` on this process's clock).
+    pub fn restore_bucket(&self, tat: Instant, micros: u64) {
+        self.dispatch().bucket.tat = Some(tat);
+        self.bucket_written.store(micros, Ordering::Relaxed);
     }
 
     /// Takes message `seq` for an operator's action on it (`Broker::delete_job` and its
@@ -606,15 +688,24 @@ impl WorkGroupState {
         if seq <= self.durable.load(Ordering::Acquire) {
             return Some(of(JobState::Finished, 0, ""));
         }
+        let limited = {
+            let limits = self.limits();
+            (limits.rate.is_some() || limits.concurrency.is_some()) && self.limit_reached(&d, &limits, now)
+        };
         let Some(slot) = d.get(seq) else {
             // Below the frontier without a slot: claimed and finished, its offset move not
             // durable yet. From the frontier on: never claimed.
             let finished = seq < d.frontier || d.is_ahead(seq);
-            let state = if finished { JobState::Finished } else { JobState::Queued };
+            let state = match (finished, limited && !self.keyed()) {
+                (true, _) => JobState::Finished,
+                (false, true) => JobState::Limited,
+                (false, false) => JobState::Queued,
+            };
             return Some(of(state, 0, ""));
         };
         let state = match slot.state {
             SlotState::Available if slot.expired => JobState::Expired,
+            SlotState::Available if limited => JobState::Limited,
             SlotState::Available => JobState::Queued,
             SlotState::Parked => JobState::Parked,
             SlotState::Settling => JobState::Settling,
@@ -847,7 +938,9 @@ impl WorkGroupState {
                 }
             }
         }
-        if promoted {
+        // A finished job frees a place under a concurrency limit: claimers waiting for one
+        // look again (nothing else would wake them).
+        if promoted || self.limits().concurrency.is_some() {
             self.changed.notify_waiters();
         }
         self.settled.notify_waiters();

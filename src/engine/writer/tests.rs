@@ -243,7 +243,12 @@ async fn finishing_above_a_gap_keeps_done_claims_and_closing_it_writes_one_offse
         |seq: u64| (seq, Claim::Leased { attempt: 1, token: 7, deadline_micros: 1, holder: "w".into() });
     let (reply, claimed) = oneshot::channel();
     let claims = vec![leased(1), leased(2), leased(3), leased(4)];
-    fx.land(|r| apply(r, Request::Work(WorkRequest::Claim { group: g.clone(), epoch: 0, claims, reply })));
+    fx.land(|r| {
+        apply(
+            r,
+            Request::Work(WorkRequest::Claim { group: g.clone(), epoch: 0, claims, bucket: None, reply }),
+        )
+    });
     claimed.await.unwrap().unwrap();
 
     // 2 and 3 finish while 1 is still out: the offset cannot move.
@@ -285,7 +290,12 @@ async fn a_long_gap_closes_with_one_range_delete_of_exactly_what_the_offset_pass
         |seq: u64| (seq, Claim::Leased { attempt: 1, token: 7, deadline_micros: 1, holder: "w".into() });
     let (reply, claimed) = oneshot::channel();
     let claims = (1..=60).map(leased).collect();
-    fx.land(|r| apply(r, Request::Work(WorkRequest::Claim { group: g.clone(), epoch: 0, claims, reply })));
+    fx.land(|r| {
+        apply(
+            r,
+            Request::Work(WorkRequest::Claim { group: g.clone(), epoch: 0, claims, bucket: None, reply }),
+        )
+    });
     claimed.await.unwrap().unwrap();
 
     // Everything but 1 and 50 finishes: 2..=49 and 51..=60 wait above the gap as `done`.
@@ -321,7 +331,10 @@ async fn a_claim_or_outcome_from_before_a_reset_is_refused_with_lease_lost() {
     let claims = vec![(1, Claim::Leased { attempt: 1, token: 1, deadline_micros: 1, holder: "w".into() })];
     let (req, acked) = ack(&g, 1);
     let (_, done) = fx.round(|r| {
-        apply(r, Request::Work(WorkRequest::Claim { group: g.clone(), epoch: 0, claims, reply }));
+        apply(
+            r,
+            Request::Work(WorkRequest::Claim { group: g.clone(), epoch: 0, claims, bucket: None, reply }),
+        );
         apply(r, req);
     });
     assert!(matches!(claimed.await.unwrap(), Err(Error::LeaseLost { seq: 1, attempt: 1, .. })));

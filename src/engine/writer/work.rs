@@ -26,7 +26,7 @@ pub(super) fn apply(r: &mut Round<'_>, req: WorkRequest) {
         WorkRequest::Create { queue, group, start, reply } => {
             groups::create::<WorkGroupState>(r, queue, group, start, reply)
         }
-        WorkRequest::Claim { group, epoch, claims, reply } => {
+        WorkRequest::Claim { group, epoch, claims, bucket, reply } => {
             if group.is_deleted() {
                 let _ = reply.send(Err(deleted(&group)));
                 return;
@@ -43,6 +43,10 @@ pub(super) fn apply(r: &mut Round<'_>, req: WorkRequest) {
             let offset = group.progress().offset;
             for (seq, claim) in claims.iter().filter(|(seq, _)| *seq > offset) {
                 r.batch.put_claim(&group.keys, *seq, claim);
+            }
+            // In the claims' batch: no claim is durable without the token it took.
+            if let Some(micros) = bucket {
+                r.batch.put_rate(&group.name, &group.queue.name, group.bucket_to_write(micros));
             }
             r.on_done(move |res| drop(reply.send(res.map_err(|e| Error::Storage(e.clone())))));
         }

@@ -1,0 +1,276 @@
+//! Durable limits of work groups (`WorkGroup::rate_limit`, `WorkGroup::concurrency_limit`),
+//! against a real database on a `ManualClock`: never more claims than the rate in any window,
+//! across a restart (the bucket is not refilled by one); never more jobs held at once than the
+//! limit, across subscriptions and a pool's workers; jobs held back are not claimed and show as
+//! `Limited` (job status) and in `GroupStats::limited`; the limits are stored, compared and
+//! updated like the group's other settings, and bad ones are refused before anything is
+//! written. The bucket arithmetic against every window is a proptest in `src/rate_limit.rs`;
+//! the etcd engine's refusal is in tests/etcd_engine.rs.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::{next_job, open_clock, reopen_after_drop_with};
+use rockq::{Broker, JobState, ManualClock, Options, RateLimit};
+
+async fn group(broker: &Broker) -> rockq::WorkGroup {
+    common::hourly_workers(broker).await
+}
+
+async fn state(broker: &Broker, seq: u64) -> JobState {
+    broker.job("jobs", "workers", seq).await.unwrap().state
+}
+
+/// Drives one subscription under a rate limit: the clock moves only when the next job is
+/// `Limited` (so every claim is seen at the instant it was made), by the next step of `steps`.
+/// Returns the clock's elapsed time at each claim.
+async fn drive(
+    broker: &Broker,
+    clock: &ManualClock,
+    sub: &mut rockq::WorkSubscription,
+    next: &mut u64,
+    until: u64,
+    steps: &mut impl Iterator<Item = u64>,
+) -> Vec<Duration> {
+    let mut claims = Vec::new();
+    while *next <= until {
+        match state(broker, *next).await {
+            JobState::Limited => clock.advance(Duration::from_millis(steps.next().unwrap())),
+            JobState::Queued | JobState::Leased { .. } | JobState::Settling => {
+                let j = next_job(sub).await;
+                assert_eq!(j.seq(), *next, "claims in order");
+                claims.push(clock.elapsed());
+                j.ack().unwrap();
+                *next += 1;
+            }
+            other => panic!("job {next} is {other:?}"),
+        }
+    }
+    claims
+}
+
+fn check_windows(claims: &[Duration], per: Duration, max: usize) {
+    for (i, &start) in claims.iter().enumerate() {
+        let within = claims[i..].iter().take_while(|&&t| t < start + per).count();
+        assert!(within <= max, "{within} claims in the window from {start:?} (at most {max}): {claims:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_rate_limit_holds_in_every_window_and_a_restart_does_not_refill_the_bucket() {
+    let dir = common::tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    q.send_batch((1..=40).map(|i| format!("job {i}"))).await.unwrap();
+    let rate = RateLimit::new(5, Duration::from_secs(1));
+    let mut sub = group(&broker).await.rate_limit(rate).subscribe().await.unwrap();
+    // Uneven steps: some shorter than the interval (200 ms), some far longer (a full burst's
+    // worth of quiet, which a burst of 1 must not turn into several claims at once).
+    let pattern = [70u64, 130, 10, 400, 200, 50, 1_500, 90, 250, 30];
+    let mut steps = pattern.iter().copied().cycle();
+    let mut next = 1;
+    let mut claims = drive(&broker, &clock, &mut sub, &mut next, 20, &mut steps).await;
+    // Held back, not claimed: no lease runs while it waits.
+    assert_eq!(state(&broker, next).await, JobState::Limited);
+    let stats = broker.stats().await.unwrap();
+    let g = stats.groups.iter().find(|g| g.group == "workers").unwrap();
+    assert_eq!((g.rate_limit, g.in_flight), (Some(rate), 0));
+    assert_eq!(g.limited, 40 - 20, "every job left is held back by the limit");
+
+    // Restart at once after a claim: the bucket is as that claim left it.
+    drop((sub, q));
+    drop(broker);
+    let c2 = clock.clone();
+    let broker = reopen_after_drop_with(dir.path(), move || Options::new().clock(c2.clone())).await;
+    assert_eq!(state(&broker, next).await, JobState::Limited, "a restart does not refill the bucket");
+    let mut sub = group(&broker).await.subscribe().await.unwrap();
+    claims.extend(drive(&broker, &clock, &mut sub, &mut next, 40, &mut steps).await);
+    check_windows(&claims, rate.per(), 5);
+    assert_eq!(claims.len(), 40);
+    let g = group(&broker).await;
+    broker.flush().await.unwrap();
+    assert_eq!(g.committed(), Some(40));
+}
+
+#[tokio::test]
+async fn a_burst_starts_that_many_at_once_and_then_the_rate_applies() {
+    let dir = common::tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    q.send_batch((1..=30).map(|i| format!("job {i}"))).await.unwrap();
+    let rate = RateLimit::new(4, Duration::from_secs(2)).burst(3);
+    let mut sub = group(&broker).await.rate_limit(rate).max_in_flight(8).subscribe().await.unwrap();
+    // Three at once on a full bucket, then one per interval (500 ms).
+    let first: Vec<u64> = futures_take(&mut sub, 3).await;
+    assert_eq!(first, [1, 2, 3]);
+    assert_eq!(state(&broker, 4).await, JobState::Limited);
+    clock.advance(Duration::from_millis(499));
+    assert_eq!(state(&broker, 4).await, JobState::Limited);
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(futures_take(&mut sub, 1).await, [4]);
+    let mut steps = [120u64, 700, 40, 3_000, 260].into_iter().cycle();
+    let mut next = 5;
+    let mut claims = vec![Duration::ZERO; 3];
+    claims.push(Duration::from_millis(500));
+    claims.extend(drive(&broker, &clock, &mut sub, &mut next, 30, &mut steps).await);
+    check_windows(&claims, rate.per(), 4 + 3 - 1);
+    broker.shutdown().await.unwrap();
+}
+
+/// Takes `n` jobs and acks them; their sequences.
+async fn futures_take(sub: &mut rockq::WorkSubscription, n: usize) -> Vec<u64> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let j = next_job(sub).await;
+        out.push(j.seq());
+        j.ack().unwrap();
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_concurrency_limit_holds_across_subscriptions_and_frees_a_place_per_finished_job() {
+    let dir = common::tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    q.send_batch((1..=10).map(|i| format!("job {i}"))).await.unwrap();
+    let g = || async { group(&broker).await.concurrency_limit(2).max_in_flight(5).read_batch(5) };
+    let mut a = g().await.subscribe().await.unwrap();
+    let mut b = g().await.subscribe().await.unwrap();
+    let j1 = next_job(&mut a).await;
+    let j2 = next_job(&mut a).await;
+    assert_eq!((j1.seq(), j2.seq()), (1, 2));
+    // The limit is the group's: the second subscription claims nothing while two are held.
+    assert_eq!(state(&broker, 3).await, JobState::Limited);
+    let stats = broker.stats().await.unwrap();
+    let gs = stats.groups.iter().find(|g| g.group == "workers").unwrap();
+    assert_eq!((gs.concurrency_limit, gs.in_flight, gs.limited), (Some(2), 2, 8));
+    // A retry frees the place too (the job waits, it is not held).
+    j1.nack().await.unwrap();
+    let j3 = next_job(&mut b).await;
+    assert_eq!(j3.seq(), 3);
+    assert_eq!(state(&broker, 4).await, JobState::Limited);
+    j2.ack_durable().await.unwrap();
+    let j4 = tokio::select! { j = next_job(&mut a) => j, j = next_job(&mut b) => j };
+    assert_eq!(j4.seq(), 4);
+    assert_eq!(state(&broker, 5).await, JobState::Limited);
+    // An expired lease frees its place.
+    clock.advance(common::JOB_LEASE + Duration::from_secs(1));
+    let j5 = tokio::select! { j = next_job(&mut a) => j, j = next_job(&mut b) => j };
+    let j6 = tokio::select! { j = next_job(&mut a) => j, j = next_job(&mut b) => j };
+    let mut got = [j5.seq(), j6.seq()];
+    got.sort_unstable();
+    assert_eq!(got, [3, 4], "the expired leases were claimed again first (job 1's retry is an hour away)");
+    drop((j3, j4));
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_pool_of_eight_workers_runs_at_most_the_limit_at_once() {
+    let dir = common::tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    q.send_batch((1..=20).map(|i| format!("job {i}"))).await.unwrap();
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let go = Arc::new(tokio::sync::Semaphore::new(0));
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
+    let handler = {
+        let (running, most, go) = (running.clone(), most.clone(), go.clone());
+        move |task: rockq::Task| {
+            let (running, most, go, started_tx) =
+                (running.clone(), most.clone(), go.clone(), started_tx.clone());
+            async move {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                started_tx.send(task.seq()).unwrap();
+                go.acquire().await.unwrap().forget();
+                running.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, rockq::HandlerError>(())
+            }
+        }
+    };
+    let pool = group(&broker).await.max_in_flight(64).concurrency_limit(3).workers(8).spawn(handler);
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        seen.push(tokio::time::timeout(common::HANG_GUARD, started.recv()).await.unwrap().unwrap());
+    }
+    // Three running, every other job held back (not prefetched: a prefetched job is leased).
+    assert_eq!(state(&broker, 4).await, JobState::Limited);
+    for _ in 3..20 {
+        go.add_permits(1);
+        seen.push(tokio::time::timeout(common::HANG_GUARD, started.recv()).await.unwrap().unwrap());
+    }
+    go.add_permits(3);
+    for seq in 1..=20 {
+        broker.wait_job("jobs", "workers", seq).await.unwrap();
+    }
+    let report = pool.shutdown().await.unwrap();
+    assert_eq!(report.acked, 20);
+    seen.sort_unstable();
+    assert_eq!(seen, (1..=20).collect::<Vec<_>>(), "each job ran once");
+    assert_eq!(most.load(Ordering::SeqCst), 3, "never more than the limit at once, and the limit reached");
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn limits_are_stored_compared_updated_and_survive_a_restart() {
+    let dir = common::tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let rate = RateLimit::per_minute(600).burst(10);
+    drop(group(&broker).await.rate_limit(rate).concurrency_limit(4).subscribe().await.unwrap());
+    // A handle that sets another value is refused; one that sets nothing adopts the stored.
+    let e = group(&broker).await.concurrency_limit(5).subscribe().await.unwrap_err();
+    assert!(matches!(e, rockq::Error::SettingsMismatch { setting: "concurrency_limit", .. }), "{e}");
+    let e = group(&broker).await.rate_limit(None).subscribe().await.unwrap_err();
+    assert!(matches!(e, rockq::Error::SettingsMismatch { setting: "rate_limit", .. }), "{e}");
+    drop(group(&broker).await.subscribe().await.unwrap());
+    drop(q);
+    drop(broker);
+    let c2 = clock.clone();
+    let broker = reopen_after_drop_with(dir.path(), move || Options::new().clock(c2.clone())).await;
+    let stats = broker.stats().await.unwrap();
+    let g = stats.groups.iter().find(|g| g.group == "workers").unwrap();
+    assert_eq!((g.rate_limit, g.concurrency_limit), (Some(rate), Some(4)));
+    // An update removes one and keeps the other.
+    group(&broker).await.rate_limit(None).update().await.unwrap();
+    let stats = broker.stats().await.unwrap();
+    let g = stats.groups.iter().find(|g| g.group == "workers").unwrap();
+    assert_eq!((g.rate_limit, g.concurrency_limit), (None, Some(4)));
+    broker.shutdown().await.unwrap();
+    // The inspector (the disk) reads them too.
+    let inspector = rockq::Inspector::open(dir.path()).await.unwrap();
+    let stats = inspector.stats().await.unwrap();
+    let g = stats.groups.iter().find(|g| g.group == "workers").unwrap();
+    assert_eq!((g.rate_limit, g.concurrency_limit, g.limited), (None, Some(4), 0));
+}
+
+#[tokio::test]
+async fn bad_limits_are_refused_before_anything_is_written() {
+    let dir = common::tempdir();
+    let broker = common::open(dir.path()).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let bad = [
+        q.work_group("w").unwrap().rate_limit(RateLimit::per_second(0)),
+        q.work_group("w").unwrap().rate_limit(RateLimit::per_second(3).burst(0)),
+        q.work_group("w").unwrap().rate_limit(RateLimit::new(3, Duration::from_micros(10))),
+        q.work_group("w").unwrap().rate_limit(RateLimit::new(3, Duration::MAX)),
+        q.work_group("w").unwrap().concurrency_limit(0),
+    ];
+    for g in bad {
+        let e = g.subscribe().await.unwrap_err();
+        assert!(matches!(e, rockq::Error::InvalidOption(_)), "{e}");
+    }
+    let stats = broker.stats().await.unwrap();
+    assert!(stats.groups.is_empty(), "no group was created");
+    broker.shutdown().await.unwrap();
+}
