@@ -5,12 +5,14 @@
 //! flight, a pool spawned on the runtime) the other benches print.
 //!
 //! `cargo bench --bench user_style`; `ROCKQ_BENCH_N` sets the message count (default 500k),
-//! `ROCKQ_BENCH_ONLY=send|fsync|batch|e2e|pool|outcomes|latency` runs one part (`outcomes`:
+//! `ROCKQ_BENCH_ONLY=send|fsync|batch|e2e|pool|outcomes|priorities|limits|latency` runs one part (`outcomes`:
 //! the pool(8) drain again with the group keeping outcomes and each job setting a 16-byte
 //! result, and with a progress report per job too: their cost per job beside the plain drain;
 //! `priorities`: the pool(8) drain of the backlog while 1,000 urgent jobs (priority 9) arrive
 //! one by one, each timed from its send to its handler, beside the same drain without
-//! priorities, and with every backlog job at priority 1). The throughput rows are
+//! priorities, and with every backlog job at priority 1; `limits`: the pool(8) drain with a
+//! concurrency limit and with a rate limit, each set too high to bind — the cost per job of
+//! checking them and writing the bucket — beside the plain drain). The throughput rows are
 //! the median of three runs, alternating with their tuned counterpart where there is one.
 //! `ROCKQ_BENCH_THREADS=1` prints, after each send and pool run, every thread's time on a CPU
 //! and waiting for one, and the writer's rounds: which thread bounds the run.
@@ -136,6 +138,32 @@ fn main() {
                 "`workers(8).run(handler).await`, {n} backlog, Buffered, {what}: {:.0} jobs/s ({:+.2} µs/job, {:.0} % of raw unsynced b1000)",
                 n as f64 / secs,
                 per_job(secs),
+                n as f64 / secs / raw1000 * 100.0
+            );
+        }
+    }
+    if run("limits") {
+        let mut runs: [Vec<f64>; 3] = Default::default();
+        let variants = [Limit::None, Limit::Concurrency, Limit::Rate];
+        for i in 0..REPS {
+            for k in 0..variants.len() {
+                let j = (i + k) % variants.len();
+                let v = variants[j];
+                runs[j].push(rt.block_on(pool_limited(&dir(format!("limits-{v:?}-{i}")), n, v)));
+            }
+        }
+        let [plain, capped, rated] = runs.map(median);
+        let per_job = |secs: f64| (secs - plain) / n as f64 * 1e6;
+        for (what, secs) in [
+            ("no limit, defaults", plain),
+            ("`concurrency_limit(1024)` (never reached)", capped),
+            ("`rate_limit(RateLimit::per_second(100_000_000).burst(1_000_000))` (never reached)", rated),
+        ] {
+            println!(
+                "`workers(8).run(handler).await`, {n} backlog, Buffered, {what}: {:.0} jobs/s ({:+.2} µs/job, {:.0} % of the plain drain, {:.0} % of raw unsynced b1000)",
+                n as f64 / secs,
+                per_job(secs),
+                plain / secs * 100.0,
                 n as f64 / secs / raw1000 * 100.0
             );
         }
@@ -289,6 +317,35 @@ async fn pool(path: &Path, n: u64, workers: usize, spawned: bool) -> f64 {
     let secs = start.elapsed().as_secs_f64();
     common::print_threads(&threads);
     common::print_rounds(&writer, &broker.writer_stats(), secs);
+    assert_eq!(report.acked, n);
+    broker.shutdown().await.unwrap();
+    secs
+}
+
+/// Which limit a [`pool_limited`] run sets.
+#[derive(Debug, Clone, Copy)]
+enum Limit {
+    None,
+    Concurrency,
+    Rate,
+}
+
+/// [`pool`] with 8 workers, as a user writes it, under a limit too high to bind.
+async fn pool_limited(path: &Path, n: u64, limit: Limit) -> f64 {
+    let broker = open(path, Durability::Buffered).await;
+    let q = broker.queue("jobs").await.unwrap();
+    fill(&q, n).await;
+    let token = rockq::CancellationToken::new();
+    let handler = stop_after(n, &token);
+    let group = q.work_group("mailer").unwrap();
+    let group = match limit {
+        Limit::None => group,
+        Limit::Concurrency => group.concurrency_limit(1024),
+        Limit::Rate => group.rate_limit(rockq::RateLimit::per_second(100_000_000).burst(1_000_000)),
+    };
+    let start = Instant::now();
+    let report = group.workers(8).shutdown_on(token).run(handler).await.unwrap();
+    let secs = start.elapsed().as_secs_f64();
     assert_eq!(report.acked, n);
     broker.shutdown().await.unwrap();
     secs

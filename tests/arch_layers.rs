@@ -50,6 +50,7 @@ const VALUES: &[&str] = &[
     "name",
     "options",
     "otel",
+    "rate_limit",
     "retention",
     "retry",
     "schedule",

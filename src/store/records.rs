@@ -847,65 +847,59 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_rate_bucket_round_trips_and_rejects_bad_bytes() {
+        let v = encode_rate(1_700_000_000_123_456);
+        assert_eq!(decode_rate(b"k", &v).unwrap(), 1_700_000_000_123_456);
+        for cut in 0..v.len() {
+            assert!(decode_rate(b"k", &v[..cut]).is_err());
+        }
+        let mut bad = v;
+        bad[0] = 2;
+        assert!(decode_rate(b"k", &bad).is_err());
+        assert!(decode_rate(b"k", &[v.as_slice(), &[0]].concat()).is_err());
+    }
+
     /// Version 4 is version 3 (the outcome retention, 0 allowed) plus the limits; a version-4
     /// record without a limit, or with a limit no handle can store, is a corruption.
-    mod v4 {
-        use super::super::*;
-
-        #[test]
-        fn a_rate_bucket_round_trips_and_rejects_bad_bytes() {
-            let v = encode_rate(1_700_000_000_123_456);
-            assert_eq!(decode_rate(b"k", &v).unwrap(), 1_700_000_000_123_456);
-            for cut in 0..v.len() {
-                assert!(decode_rate(b"k", &v[..cut]).is_err());
-            }
-            let mut bad = v;
-            bad[0] = 2;
-            assert!(decode_rate(b"k", &bad).is_err());
-            assert!(decode_rate(b"k", &[v.as_slice(), &[0]].concat()).is_err());
-        }
-
-        #[test]
-        fn group_settings_version_4_appends_the_limits() {
-            let terms = WorkSettings {
-                lease: std::time::Duration::from_secs(2),
-                policy: crate::retry::RetryPolicy::default(),
-                dead_letter_queue: Arc::from(""),
-                ordered_by_key: false,
-                keep_outcomes: std::time::Duration::ZERO,
-                rate_limit: None,
-                concurrency_limit: None,
-            };
-            let v2 =
-                encode_settings(&GroupSettings { work: Some(terms.clone()), ..GroupSettings::default() });
-            let rate = crate::rate_limit::RateLimit::new(10, std::time::Duration::from_secs(1)).burst(2);
-            let limited =
-                WorkSettings { rate_limit: Some(rate), concurrency_limit: Some(3), ..terms.clone() };
-            let s = GroupSettings { work: Some(limited), ..GroupSettings::default() };
-            let v4 = encode_settings(&s);
-            let mut want = v2.clone();
-            want[0] = 4;
-            want.extend_from_slice(&0u64.to_be_bytes());
-            want.extend_from_slice(&10u32.to_be_bytes());
-            want.extend_from_slice(&1_000_000_000u64.to_be_bytes());
-            want.extend_from_slice(&2u32.to_be_bytes());
-            want.extend_from_slice(&3u32.to_be_bytes());
-            assert_eq!(v4, want);
-            assert_eq!(decode_settings(b"k", &v4).unwrap(), s);
-            let n = v4.len();
-            let mut none = v4.clone();
-            none[n - 20..].fill(0);
-            assert!(decode_settings(b"k", &none).is_err(), "version 4 without a limit");
-            let mut zero_burst = v4.clone();
-            zero_burst[n - 8..n - 4].fill(0);
-            assert!(decode_settings(b"k", &zero_burst).is_err(), "a burst of 0");
-            let mut short_window = v4.clone();
-            short_window[n - 16..n - 8].copy_from_slice(&1u64.to_be_bytes());
-            assert!(decode_settings(b"k", &short_window).is_err(), "a window under a millisecond");
-            let mut only_concurrency = v4;
-            only_concurrency[n - 20..n - 4].fill(0);
-            let got = decode_settings(b"k", &only_concurrency).unwrap();
-            assert_eq!(got.work.unwrap().rate_limit, None);
-        }
+    #[test]
+    fn group_settings_version_4_appends_the_limits() {
+        let terms = WorkSettings {
+            lease: std::time::Duration::from_secs(2),
+            policy: crate::retry::RetryPolicy::default(),
+            dead_letter_queue: Arc::from(""),
+            ordered_by_key: false,
+            keep_outcomes: std::time::Duration::ZERO,
+            rate_limit: None,
+            concurrency_limit: None,
+        };
+        let v2 = encode_settings(&GroupSettings { work: Some(terms.clone()), ..GroupSettings::default() });
+        let rate = crate::rate_limit::RateLimit::new(10, std::time::Duration::from_secs(1)).burst(2);
+        let limited = WorkSettings { rate_limit: Some(rate), concurrency_limit: Some(3), ..terms.clone() };
+        let s = GroupSettings { work: Some(limited), ..GroupSettings::default() };
+        let v4 = encode_settings(&s);
+        let mut want = v2.clone();
+        want[0] = 4;
+        want.extend_from_slice(&0u64.to_be_bytes());
+        want.extend_from_slice(&10u32.to_be_bytes());
+        want.extend_from_slice(&1_000_000_000u64.to_be_bytes());
+        want.extend_from_slice(&2u32.to_be_bytes());
+        want.extend_from_slice(&3u32.to_be_bytes());
+        assert_eq!(v4, want);
+        assert_eq!(decode_settings(b"k", &v4).unwrap(), s);
+        let n = v4.len();
+        let mut none = v4.clone();
+        none[n - 20..].fill(0);
+        assert!(decode_settings(b"k", &none).is_err(), "version 4 without a limit");
+        let mut zero_burst = v4.clone();
+        zero_burst[n - 8..n - 4].fill(0);
+        assert!(decode_settings(b"k", &zero_burst).is_err(), "a burst of 0");
+        let mut short_window = v4.clone();
+        short_window[n - 16..n - 8].copy_from_slice(&1u64.to_be_bytes());
+        assert!(decode_settings(b"k", &short_window).is_err(), "a window under a millisecond");
+        let mut only_concurrency = v4;
+        only_concurrency[n - 20..n - 4].fill(0);
+        let got = decode_settings(b"k", &only_concurrency).unwrap();
+        assert_eq!(got.work.unwrap().rate_limit, None);
     }
 }
