@@ -129,7 +129,7 @@ impl Serialize for QueueStats {
 
 impl Serialize for GroupStats {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut g = s.serialize_struct("GroupStats", 18)?;
+        let mut g = s.serialize_struct("GroupStats", 19)?;
         g.serialize_field("group", &self.group)?;
         g.serialize_field("queue", &self.queue)?;
         g.serialize_field("mode", self.mode.as_str())?;
@@ -147,6 +147,7 @@ impl Serialize for GroupStats {
         g.serialize_field("keep_outcomes_secs", &secs(self.keep_outcomes))?;
         g.serialize_field("rate_limit", &self.rate_limit)?;
         g.serialize_field("concurrency_limit", &self.concurrency_limit)?;
+        g.serialize_field("per_key_limit", &self.per_key_limit)?;
         g.serialize_field("limited", &self.limited)?;
         g.end()
     }

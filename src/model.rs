@@ -213,6 +213,10 @@ mod tests {
 // asks for, defaults included. The writer resolves both under its single thread, so two
 // handles racing to store different settings cannot both win.
 
+/// The largest per-key limit (`WorkGroup::per_key_limit`): each finish looks at its key's
+/// first `n` unfinished messages.
+pub(crate) const MAX_PER_KEY_LIMIT: u32 = 1024;
+
 /// The lease of a group that never set one.
 pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
@@ -237,6 +241,8 @@ pub(crate) struct WorkSettings {
     pub rate_limit: Option<crate::rate_limit::RateLimit>,
     /// Jobs held at once, across every pool (`WorkGroup::concurrency_limit`).
     pub concurrency_limit: Option<u32>,
+    /// Jobs held at once per ordering key (`WorkGroup::per_key_limit`).
+    pub per_key_limit: Option<u32>,
 }
 
 impl WorkSettings {
@@ -277,6 +283,8 @@ pub(crate) struct RequestedWork {
     pub rate_limit: Option<Option<crate::rate_limit::RateLimit>>,
     /// `Some(None)`: explicitly no concurrency limit.
     pub concurrency_limit: Option<Option<u32>>,
+    /// `Some(None)`: explicitly no per-key limit.
+    pub per_key_limit: Option<Option<u32>>,
 }
 
 /// An explicitly set value that differs from the stored one.
@@ -332,7 +340,8 @@ impl RequestedWork {
         let rate = self.rate_limit.and_then(|r| differ("rate_limit", &stored.rate_limit, &r));
         let concurrency =
             self.concurrency_limit.and_then(|c| differ("concurrency_limit", &stored.concurrency_limit, &c));
-        lease.or(policy).or(dlq).or(keyed).or(outcomes).or(rate).or(concurrency)
+        let per_key = self.per_key_limit.and_then(|c| differ("per_key_limit", &stored.per_key_limit, &c));
+        lease.or(policy).or(dlq).or(keyed).or(outcomes).or(rate).or(concurrency).or(per_key)
     }
 
     /// The settings to store for a group of `queue` whose record (`record`) has no work terms
@@ -350,6 +359,7 @@ impl RequestedWork {
             keep_outcomes: self.keep_outcomes.unwrap_or(Duration::ZERO),
             rate_limit: self.rate_limit.flatten(),
             concurrency_limit: self.concurrency_limit.flatten(),
+            per_key_limit: self.per_key_limit.flatten(),
         }
     }
 
@@ -366,6 +376,7 @@ impl RequestedWork {
             keep_outcomes: self.keep_outcomes.unwrap_or(stored.keep_outcomes),
             rate_limit: self.rate_limit.unwrap_or(stored.rate_limit),
             concurrency_limit: self.concurrency_limit.unwrap_or(stored.concurrency_limit),
+            per_key_limit: self.per_key_limit.unwrap_or(stored.per_key_limit),
         }
     }
 }
@@ -413,6 +424,8 @@ mod settings_tests {
         assert_eq!(unlimited.applied_to(&stored_limited).rate_limit, None, "an update can remove a limit");
         let capped = RequestedWork { concurrency_limit: Some(Some(3)), ..Default::default() };
         assert_eq!(capped.mismatch(&s).unwrap().setting, "concurrency_limit");
+        let per_key = RequestedWork { per_key_limit: Some(Some(2)), ..Default::default() };
+        assert_eq!(per_key.mismatch(&s).unwrap().setting, "per_key_limit");
     }
 
     #[test]

@@ -142,18 +142,27 @@ pub(crate) struct Bucket {
 }
 
 impl Bucket {
-    /// When the next claim conforms (`None`: now, whatever now is).
-    pub fn next_at(&self, limit: &RateLimit) -> Option<Instant> {
+    /// The state as `limit` can have left it at `now`: under one limit `tat` never passes
+    /// `now + burst · interval` (a full burst just taken). Farther is a tighter limit's
+    /// leftover (loosened by an update) or a clock stepped back, and would hold claims back
+    /// for as long as that limit's window, even across restarts: it is cut to the bound.
+    fn tat_at(&self, limit: &RateLimit, now: Instant) -> Option<Instant> {
+        let most = now.checked_add(limit.interval().saturating_mul(limit.burst.max(1)));
+        self.tat.map(|t| most.map_or(t, |m| t.min(m)))
+    }
+
+    /// When the next claim conforms at `now` (`None`: at once).
+    pub fn next_at(&self, limit: &RateLimit, now: Instant) -> Option<Instant> {
         let tolerance = limit.interval().saturating_mul(limit.burst.saturating_sub(1));
-        self.tat.map(|t| t.checked_sub(tolerance).unwrap_or(t))
+        self.tat_at(limit, now).map(|t| t.checked_sub(tolerance).unwrap_or(t))
     }
 
     /// Takes a token at `now` if one is there.
     pub fn try_take(&mut self, limit: &RateLimit, now: Instant) -> bool {
-        if self.next_at(limit).is_some_and(|at| at > now) {
+        if self.next_at(limit, now).is_some_and(|at| at > now) {
             return false;
         }
-        let from = self.tat.map_or(now, |t| t.max(now));
+        let from = self.tat_at(limit, now).map_or(now, |t| t.max(now));
         self.tat = Some(from.checked_add(limit.interval()).unwrap_or(from));
         true
     }
@@ -171,12 +180,25 @@ mod tests {
         let mut b = Bucket::default();
         assert!(b.try_take(&limit, t0));
         assert!(!b.try_take(&limit, t0));
-        assert_eq!(b.next_at(&limit), Some(t0 + Duration::from_millis(250)));
+        assert_eq!(b.next_at(&limit, t0), Some(t0 + Duration::from_millis(250)));
         assert!(b.try_take(&limit, t0 + Duration::from_millis(250)));
         let burst = limit.burst(3);
         let mut b = Bucket::default();
         let admitted = (0..10).filter(|_| b.try_take(&burst, t0)).count();
         assert_eq!(admitted, 3);
+    }
+
+    #[test]
+    fn a_tighter_limit_s_leftover_is_cut_to_what_the_new_limit_could_have_left() {
+        let t0 = Instant::now();
+        let day = RateLimit::new(1, Duration::from_secs(86_400));
+        let mut b = Bucket::default();
+        assert!(b.try_take(&day, t0));
+        assert!(!b.try_take(&day, t0 + Duration::from_secs(3600)), "a day's limit holds for a day");
+        // Loosened to 10 a second: the next claim waits one new interval at most, not a day.
+        let fast = RateLimit::per_second(10);
+        assert_eq!(b.next_at(&fast, t0), Some(t0 + Duration::from_millis(100)));
+        assert!(b.try_take(&fast, t0 + Duration::from_millis(100)));
     }
 
     proptest! {

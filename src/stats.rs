@@ -139,10 +139,14 @@ pub struct GroupStats {
     /// A work-queue group's stored concurrency limit
     /// ([`WorkGroup::concurrency_limit`](crate::WorkGroup::concurrency_limit)).
     pub concurrency_limit: Option<u32>,
-    /// Jobs claimable now that the group's rate or concurrency limit holds back (0 when no
-    /// limit is reached, and when read from an [`Inspector`](crate::Inspector), which sees
-    /// only the disk). Never-claimed messages of a group ordered by key are not counted (their
-    /// keys are read as they are reached).
+    /// A work-queue group's stored per-key limit
+    /// ([`WorkGroup::per_key_limit`](crate::WorkGroup::per_key_limit)).
+    pub per_key_limit: Option<u32>,
+    /// Jobs held back by the group's limits now: the claimable ones while its rate or
+    /// concurrency limit is reached, plus those waiting behind their key's first `n` under a
+    /// per-key limit (0 when read from an [`Inspector`](crate::Inspector), which sees only the
+    /// disk). In a group ordered by key or limited per key, never-claimed messages the group
+    /// has not read yet are not counted (their keys are read as they are reached).
     pub limited: u64,
 }
 
@@ -322,9 +326,11 @@ pub enum JobState {
     /// In a group [ordered by key](crate::WorkGroup::ordered_by_key), a job never claimed may
     /// still wait behind its key once the group reaches it.
     Queued,
-    /// Waits to be claimed, and the group's
+    /// Waits to be claimed, and a limit holds it back: the group's
     /// [rate](crate::WorkGroup::rate_limit) or [concurrency](crate::WorkGroup::concurrency_limit)
-    /// limit holds every claim back right now: it is claimed once a token or a place is free.
+    /// limit holds every claim back right now (it is claimed once a token or a place is
+    /// free), or its key's first `n` unfinished jobs are ahead of it under a
+    /// [per-key limit](crate::WorkGroup::per_key_limit).
     Limited,
     /// Waits for an earlier unfinished job with its ordering key
     /// ([`WorkGroup::ordered_by_key`](crate::WorkGroup::ordered_by_key)).

@@ -274,3 +274,163 @@ async fn bad_limits_are_refused_before_anything_is_written() {
     assert!(stats.groups.is_empty(), "no group was created");
     broker.shutdown().await.unwrap();
 }
+
+async fn keyed_sends(broker: &Broker) {
+    let q = broker.queue("jobs").await.unwrap();
+    for (i, key) in ["t1", "t1", "t2", "t1", "none", "t1", "t2", "t2", "t1", "none"].iter().enumerate() {
+        let m = rockq::Message::new(format!("job {}", i + 1));
+        q.send(if *key == "none" { m } else { m.key(*key) }).await.unwrap();
+    }
+}
+
+fn keys_of(seqs: &[u64]) -> Vec<&'static str> {
+    const KEYS: [&str; 10] = ["t1", "t1", "t2", "t1", "none", "t1", "t2", "t2", "t1", "none"];
+    seqs.iter().map(|&s| KEYS[s as usize - 1]).collect()
+}
+
+/// Takes every job a subscription hands out before the next one is `Limited`: `expect` of
+/// them (their order is the claim order).
+async fn take_held(sub: &mut rockq::WorkSubscription, expect: usize) -> Vec<rockq::Job> {
+    let mut jobs = Vec::new();
+    for _ in 0..expect {
+        jobs.push(next_job(sub).await);
+    }
+    jobs
+}
+
+#[tokio::test]
+async fn a_per_key_limit_holds_each_key_to_n_at_once_in_order_and_across_a_restart() {
+    let dir = common::tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    keyed_sends(&broker).await;
+    let g = || async { group(&broker).await.per_key_limit(2).max_in_flight(20).read_batch(20) };
+    let mut sub = g().await.subscribe().await.unwrap();
+    // The first two of each key, and every job without one.
+    let held = take_held(&mut sub, 6).await;
+    let mut seqs: Vec<u64> = held.iter().map(|j| j.seq()).collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, [1, 2, 3, 5, 7, 10]);
+    for (seq, want) in
+        [(4, JobState::Limited), (6, JobState::Limited), (8, JobState::Limited), (9, JobState::Limited)]
+    {
+        assert_eq!(state(&broker, seq).await, want, "job {seq}");
+    }
+    let stats = broker.stats().await.unwrap();
+    let gs = stats.groups.iter().find(|g| g.group == "workers").unwrap();
+    assert_eq!((gs.per_key_limit, gs.limited, gs.in_flight), (Some(2), 4, 6));
+    // A t1 finishes: the next t1 (4, in order) may start; t2 stays held.
+    let mut held: std::collections::BTreeMap<u64, rockq::Job> =
+        held.into_iter().map(|j| (j.seq(), j)).collect();
+    held.remove(&1).unwrap().ack_durable().await.unwrap();
+    let j = next_job(&mut sub).await;
+    assert_eq!(j.seq(), 4);
+    held.insert(4, j);
+    // A retry keeps its place among the key's two: t2's 8 stays held while 3 waits.
+    held.remove(&3).unwrap().nack().await.unwrap();
+    assert_eq!(state(&broker, 8).await, JobState::Limited);
+
+    // Restart with t1's 2 and 4 held: leases are void after it, and each key again runs at
+    // most two, its earliest first.
+    drop((held, sub));
+    broker.shutdown().await.unwrap();
+    let c2 = clock.clone();
+    let broker = reopen_after_drop_with(dir.path(), move || Options::new().clock(c2.clone())).await;
+    clock.advance(common::JOB_BACKOFF); // 3's retry is due
+    let mut sub = group(&broker).await.max_in_flight(20).read_batch(20).subscribe().await.unwrap();
+    let mut got: Vec<u64> = take_held(&mut sub, 6)
+        .await
+        .into_iter()
+        .map(|j| {
+            let s = j.seq();
+            std::mem::forget(j);
+            s
+        })
+        .collect();
+    got.sort_unstable();
+    assert_eq!(got, [2, 3, 4, 5, 7, 10], "t1: 2 and 4; t2: 3 and 7; the keyless ones");
+    assert_eq!(keys_of(&got).iter().filter(|k| **k == "t1").count(), 2);
+    for seq in [6, 8, 9] {
+        assert_eq!(state(&broker, seq).await, JobState::Limited, "job {seq}");
+    }
+}
+
+#[tokio::test]
+async fn a_per_key_limit_and_key_order_are_one_setting() {
+    let dir = common::tempdir();
+    let broker = common::open(dir.path()).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let both = q.work_group("w").unwrap().ordered_by_key(true).per_key_limit(2);
+    assert!(matches!(both.subscribe().await.unwrap_err(), rockq::Error::InvalidOption(_)));
+    for n in [0, 1025] {
+        let e = q.work_group("w").unwrap().per_key_limit(n).subscribe().await.unwrap_err();
+        assert!(matches!(e, rockq::Error::InvalidOption(_)), "{n}: {e}");
+    }
+    // Stored as ordered by key; an update adding a per-key limit is refused and changes nothing.
+    drop(q.work_group("w").unwrap().ordered_by_key(true).subscribe().await.unwrap());
+    let e = q.work_group("w").unwrap().per_key_limit(3).update().await.unwrap_err();
+    assert!(matches!(e, rockq::Error::InvalidOption(_)), "{e}");
+    // Switching is one update of both.
+    q.work_group("w").unwrap().ordered_by_key(false).per_key_limit(3).update().await.unwrap();
+    let stats = broker.stats().await.unwrap();
+    let g = stats.groups.iter().find(|g| g.group == "w").unwrap();
+    assert_eq!((g.ordered_by_key, g.per_key_limit), (false, Some(3)));
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_pool_runs_at_most_n_jobs_of_a_key_at_once() {
+    let dir = common::tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    for i in 0..18 {
+        q.send(rockq::Message::new(format!("job {i}")).key(format!("tenant-{}", i % 3))).await.unwrap();
+    }
+    let running: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>> = Default::default();
+    let most = Arc::new(AtomicUsize::new(0));
+    let go = Arc::new(tokio::sync::Semaphore::new(0));
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
+    let handler = {
+        let (running, most, go) = (running.clone(), most.clone(), go.clone());
+        move |task: rockq::Task| {
+            let (running, most, go, started_tx) =
+                (running.clone(), most.clone(), go.clone(), started_tx.clone());
+            async move {
+                let key = task.key().unwrap_or_default().to_owned();
+                let now = {
+                    let mut r = running.lock().unwrap();
+                    let n = r.entry(key.clone()).or_default();
+                    *n += 1;
+                    *n
+                };
+                most.fetch_max(now, Ordering::SeqCst);
+                started_tx.send(task.seq()).unwrap();
+                go.acquire().await.unwrap().forget();
+                *running.lock().unwrap().get_mut(&key).unwrap() -= 1;
+                Ok::<_, rockq::HandlerError>(())
+            }
+        }
+    };
+    let pool = group(&broker).await.max_in_flight(64).per_key_limit(2).workers(8).spawn(handler);
+    let mut seen = Vec::new();
+    // Two per tenant: six of the eight workers busy, every other job held back.
+    for _ in 0..6 {
+        seen.push(tokio::time::timeout(common::HANG_GUARD, started.recv()).await.unwrap().unwrap());
+    }
+    let stats = broker.stats().await.unwrap();
+    assert_eq!(stats.groups.iter().find(|g| g.group == "workers").unwrap().limited, 12);
+    for _ in 6..18 {
+        go.add_permits(1);
+        seen.push(tokio::time::timeout(common::HANG_GUARD, started.recv()).await.unwrap().unwrap());
+    }
+    go.add_permits(6);
+    for seq in 1..=18 {
+        broker.wait_job("jobs", "workers", seq).await.unwrap();
+    }
+    assert_eq!(pool.shutdown().await.unwrap().acked, 18);
+    seen.sort_unstable();
+    assert_eq!(seen, (1..=18).collect::<Vec<_>>(), "each job ran once");
+    assert_eq!(most.load(Ordering::SeqCst), 2, "never more than two of a tenant at once");
+    broker.shutdown().await.unwrap();
+}

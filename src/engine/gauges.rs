@@ -113,6 +113,7 @@ pub(crate) fn snapshot(
             keep_outcomes: None,
             rate_limit: None,
             concurrency_limit: None,
+            per_key_limit: None,
             limited: 0,
         });
     }
@@ -174,6 +175,7 @@ pub(crate) fn snapshot(
             keep_outcomes: settings.as_ref().map(|s| s.keep_outcomes).filter(|k| !k.is_zero()),
             rate_limit: settings.as_ref().and_then(|s| s.rate_limit),
             concurrency_limit: settings.as_ref().and_then(|s| s.concurrency_limit),
+            per_key_limit: settings.as_ref().and_then(|s| s.per_key_limit),
             limited: g.limited(clock_now),
         });
     }

@@ -150,6 +150,7 @@ fn stats(store: &Store, now_micros: u64) -> Result<Stats, Error> {
             keep_outcomes: terms.map(|t| t.keep_outcomes).filter(|k| !k.is_zero()),
             rate_limit: terms.and_then(|t| t.rate_limit),
             concurrency_limit: terms.and_then(|t| t.concurrency_limit),
+            per_key_limit: terms.and_then(|t| t.per_key_limit),
             limited: 0,
         });
     }

@@ -205,7 +205,11 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
     /// Setting a number fixes it. A prefetched job's lease runs while it waits, and is
     /// renewed to a full term when a handler starts it; so with slow handlers keep
     /// `prefetch / concurrency × handler time` well below the lease. `0` claims only for idle
-    /// handlers (one claim write per free handler).
+    /// handlers (one claim write per free handler): the default for a group with a
+    /// [rate](WorkGroup::rate_limit), [concurrency](WorkGroup::concurrency_limit) or
+    /// [per-key](WorkGroup::per_key_limit) limit, whose limits count claims — so that a
+    /// claim is a start (a pool started before a limit was stored keeps its prefetch until
+    /// it is started again).
     ///
     /// # Examples
     ///
@@ -362,8 +366,15 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
         let Some(_running) = shared.pool_started() else {
             return Err(crate::error::Error::Shutdown);
         };
+        // A limited group (rate, concurrency, per key) claims only for idle handlers unless
+        // the application fixed a prefetch: a limit counts claims, and a job claimed ahead
+        // would hold a token or a place while it waits, then start bunched with others.
+        let prefetch = match self.prefetch {
+            None if self.group.has_limits() => Some(0),
+            p => p,
+        };
         // Adaptive: room for the largest prefetch, the part above the current one held back.
-        let (ahead, room) = match self.prefetch {
+        let (ahead, room) = match prefetch {
             Some(n) => (n, n),
             None => (self.concurrency, MAX_AUTO_PREFETCH.max(self.concurrency)),
         };
@@ -371,7 +382,7 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
         let in_flight = self.concurrency + room;
         let mut sub =
             self.group.clone().max_in_flight(in_flight).read_batch(ahead.max(1)).subscribe().await?;
-        let mut adapt = self.prefetch.is_none().then(|| Adapt::new(sub.permits().clone(), ahead, room));
+        let mut adapt = prefetch.is_none().then(|| Adapt::new(sub.permits().clone(), ahead, room));
         sub.set_limit(limit, ahead.max(1));
         let handler = Arc::new(handler);
         let (heartbeat, trace) = (self.heartbeat, self.trace);

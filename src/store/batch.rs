@@ -239,6 +239,11 @@ impl<'a> Batch<'a> {
         self.wb.put_cf(self.cfs.claims, keys::rate_key(group, queue), records::encode_rate(tat_micros));
     }
 
+    /// Deletes a work group's rate bucket (its rate limit was removed).
+    pub fn delete_rate(&mut self, group: &str, queue: &str) {
+        self.wb.delete_cf(self.cfs.claims, keys::rate_key(group, queue));
+    }
+
     /// Writes the settings of `group` on `queue`.
     pub fn put_settings(&mut self, group: &str, queue: &str, settings: &GroupSettings) {
         self.wb.put_cf(self.cfs.meta, keys::group_key(group, queue), records::encode_settings(settings));

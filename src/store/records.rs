@@ -372,20 +372,22 @@ pub(crate) fn decode_mark(key: &[u8], v: &[u8]) -> Result<OrderedMark, Corruptio
 /// group that keeps outcomes, so a group that does not stays readable by older builds) appends
 /// `keep outcomes ns u64` to the terms. Version 4 (written only for a group with a rate or
 /// concurrency limit, for the same reason) appends, after the outcome retention (0: none),
-/// `rate jobs u32, rate window ns u64, rate burst u32, concurrency u32` (0 jobs: no rate limit;
-/// 0 concurrency: none).
+/// `rate jobs u32, rate window ns u64, rate burst u32, concurrency u32, per key u32` (0 jobs:
+/// no rate limit; 0 concurrency or per key: none).
 const GROUP_SETTINGS_V1: u8 = 1;
 const GROUP_SETTINGS_V2: u8 = 2;
 const GROUP_SETTINGS_V3: u8 = 3;
 const GROUP_SETTINGS_V4: u8 = 4;
 const WORK_TERMS_LEN: usize = 8 + 4 + 8 + 8 + 8 + 8 + 1;
 const WORK_TERMS_V3_LEN: usize = WORK_TERMS_LEN + 8;
-const WORK_TERMS_V4_LEN: usize = WORK_TERMS_V3_LEN + 4 + 8 + 4 + 4;
+const WORK_TERMS_V4_LEN: usize = WORK_TERMS_V3_LEN + 4 + 8 + 4 + 4 + 4;
 
 pub(crate) fn encode_settings(s: &GroupSettings) -> Vec<u8> {
     let dlq = truncate_utf8(&s.dead_letter_queue, 255).as_bytes();
     let keeps = s.work.as_ref().is_some_and(|t| !t.keep_outcomes.is_zero());
-    let limits = s.work.as_ref().is_some_and(|t| t.rate_limit.is_some() || t.concurrency_limit.is_some());
+    let limits = s.work.as_ref().is_some_and(|t| {
+        t.rate_limit.is_some() || t.concurrency_limit.is_some() || t.per_key_limit.is_some()
+    });
     let mut v = Vec::with_capacity(4 + dlq.len() + WORK_TERMS_V4_LEN);
     v.push(match (limits, keeps) {
         (true, _) => GROUP_SETTINGS_V4,
@@ -420,6 +422,7 @@ pub(crate) fn encode_settings(s: &GroupSettings) -> Vec<u8> {
                 v.extend_from_slice(&nanos(rate.per).to_be_bytes());
                 v.extend_from_slice(&rate.burst.to_be_bytes());
                 v.extend_from_slice(&t.concurrency_limit.unwrap_or(0).to_be_bytes());
+                v.extend_from_slice(&t.per_key_limit.unwrap_or(0).to_be_bytes());
             }
         }
     }
@@ -462,12 +465,15 @@ pub(crate) fn decode_settings(key: &[u8], v: &[u8]) -> Result<GroupSettings, Cor
             let (kept, limits) = rest.split_at(8);
             let terms = decode_terms(t, dlq).zip(decode_retention(kept));
             let (terms, keep_outcomes) = terms.ok_or_else(|| bad("work terms out of range"))?;
-            let (rate_limit, concurrency_limit) =
-                decode_limits(limits).ok_or_else(|| bad("rate or concurrency limit out of range"))?;
-            if rate_limit.is_none() && concurrency_limit.is_none() {
+            let (rate_limit, concurrency_limit, per_key_limit) =
+                decode_limits(limits).ok_or_else(|| bad("a limit out of range"))?;
+            if rate_limit.is_none() && concurrency_limit.is_none() && per_key_limit.is_none() {
                 return Err(bad("version 4 without a limit"));
             }
-            Some(WorkSettings { keep_outcomes, rate_limit, concurrency_limit, ..terms })
+            if per_key_limit.is_some() && terms.ordered_by_key {
+                return Err(bad("a per-key limit on a group ordered by key"));
+            }
+            Some(WorkSettings { keep_outcomes, rate_limit, concurrency_limit, per_key_limit, ..terms })
         }
         _ => return Err(bad("work terms flag or length is wrong")),
     };
@@ -509,9 +515,14 @@ fn decode_retention(v: &[u8]) -> Option<std::time::Duration> {
     be_u64(v, 0).map(std::time::Duration::from_nanos).filter(|d| *d <= max)
 }
 
-/// A version-4 record's limits (20 bytes), if each is one a handle can store.
-fn decode_limits(v: &[u8]) -> Option<(Option<crate::rate_limit::RateLimit>, Option<u32>)> {
-    let (jobs, per, burst, concurrency) = (be_u32(v, 0)?, be_u64(v, 4)?, be_u32(v, 12)?, be_u32(v, 16)?);
+/// A version-4 record's limits (24 bytes), if each is one a handle can store.
+type Limits = (Option<crate::rate_limit::RateLimit>, Option<u32>, Option<u32>);
+fn decode_limits(v: &[u8]) -> Option<Limits> {
+    let (jobs, per, burst) = (be_u32(v, 0)?, be_u64(v, 4)?, be_u32(v, 12)?);
+    let (concurrency, per_key) = (be_u32(v, 16)?, be_u32(v, 20)?);
+    if per_key > crate::model::MAX_PER_KEY_LIMIT {
+        return None;
+    }
     let rate = match (jobs, per, burst) {
         (0, 0, 0) => None,
         _ => {
@@ -523,7 +534,7 @@ fn decode_limits(v: &[u8]) -> Option<(Option<crate::rate_limit::RateLimit>, Opti
             Some(rate)
         }
     };
-    Some((rate, (concurrency != 0).then_some(concurrency)))
+    Some((rate, (concurrency != 0).then_some(concurrency), (per_key != 0).then_some(per_key)))
 }
 
 /// A work group's terms (`WORK_TERMS_LEN` bytes) with the record's dead-letter queue `dlq`, if
@@ -553,6 +564,7 @@ fn decode_terms(t: &[u8], dlq: &str) -> Option<WorkSettings> {
         keep_outcomes: std::time::Duration::ZERO,
         rate_limit: None,
         concurrency_limit: None,
+        per_key_limit: None,
     })
 }
 
@@ -713,12 +725,14 @@ mod tests {
             keep_outcomes: std::time::Duration::ZERO,
             rate_limit: None,
             concurrency_limit: None,
+            per_key_limit: None,
         };
         let keeping = WorkSettings { keep_outcomes: std::time::Duration::from_secs(3600), ..terms.clone() };
         let rate = crate::rate_limit::RateLimit::new(7, std::time::Duration::from_millis(1500)).burst(3);
         let limited = WorkSettings { rate_limit: Some(rate), ..terms.clone() };
         let capped = WorkSettings { concurrency_limit: Some(4), ..keeping.clone() };
         let both = WorkSettings { rate_limit: Some(rate), concurrency_limit: Some(1), ..keeping.clone() };
+        let per_key = WorkSettings { ordered_by_key: false, per_key_limit: Some(3), ..terms.clone() };
         for (s, version) in [
             (GroupSettings { paused: true, dead_letter_queue: "orders.dlq".into(), work: None }, 2),
             (GroupSettings { paused: false, dead_letter_queue: "orders.dlq".into(), work: Some(terms) }, 2),
@@ -726,6 +740,7 @@ mod tests {
             (GroupSettings { paused: false, dead_letter_queue: "orders.dlq".into(), work: Some(limited) }, 4),
             (GroupSettings { paused: true, dead_letter_queue: "orders.dlq".into(), work: Some(capped) }, 4),
             (GroupSettings { paused: false, dead_letter_queue: "orders.dlq".into(), work: Some(both) }, 4),
+            (GroupSettings { paused: false, dead_letter_queue: "orders.dlq".into(), work: Some(per_key) }, 4),
         ] {
             let v = encode_settings(&s);
             assert_eq!(v[0], version, "a group that keeps no outcomes is written as older builds read it");
@@ -764,6 +779,7 @@ mod tests {
             keep_outcomes: std::time::Duration::ZERO,
             rate_limit: None,
             concurrency_limit: None,
+            per_key_limit: None,
         };
         let s = GroupSettings { paused: true, dead_letter_queue: "d".into(), work: Some(terms) };
         let mut want = vec![2, 1, 1, b'd', 1];
@@ -790,6 +806,7 @@ mod tests {
             keep_outcomes: std::time::Duration::ZERO,
             rate_limit: None,
             concurrency_limit: None,
+            per_key_limit: None,
         };
         let v2 = encode_settings(&GroupSettings { work: Some(terms.clone()), ..GroupSettings::default() });
         let kept = WorkSettings { keep_outcomes: std::time::Duration::from_secs(7), ..terms };
@@ -827,6 +844,7 @@ mod tests {
             keep_outcomes: std::time::Duration::ZERO,
             rate_limit: None,
             concurrency_limit: None,
+            per_key_limit: None,
         };
         let good = encode_settings(&GroupSettings { work: Some(terms), ..GroupSettings::default() });
         let at = good.len() - WORK_TERMS_LEN;
@@ -872,6 +890,7 @@ mod tests {
             keep_outcomes: std::time::Duration::ZERO,
             rate_limit: None,
             concurrency_limit: None,
+            per_key_limit: None,
         };
         let v2 = encode_settings(&GroupSettings { work: Some(terms.clone()), ..GroupSettings::default() });
         let rate = crate::rate_limit::RateLimit::new(10, std::time::Duration::from_secs(1)).burst(2);
@@ -885,21 +904,25 @@ mod tests {
         want.extend_from_slice(&1_000_000_000u64.to_be_bytes());
         want.extend_from_slice(&2u32.to_be_bytes());
         want.extend_from_slice(&3u32.to_be_bytes());
+        want.extend_from_slice(&0u32.to_be_bytes());
         assert_eq!(v4, want);
         assert_eq!(decode_settings(b"k", &v4).unwrap(), s);
         let n = v4.len();
         let mut none = v4.clone();
-        none[n - 20..].fill(0);
+        none[n - 24..].fill(0);
         assert!(decode_settings(b"k", &none).is_err(), "version 4 without a limit");
         let mut zero_burst = v4.clone();
-        zero_burst[n - 8..n - 4].fill(0);
+        zero_burst[n - 12..n - 8].fill(0);
         assert!(decode_settings(b"k", &zero_burst).is_err(), "a burst of 0");
         let mut short_window = v4.clone();
-        short_window[n - 16..n - 8].copy_from_slice(&1u64.to_be_bytes());
+        short_window[n - 20..n - 12].copy_from_slice(&1u64.to_be_bytes());
         assert!(decode_settings(b"k", &short_window).is_err(), "a window under a millisecond");
-        let mut only_concurrency = v4;
-        only_concurrency[n - 20..n - 4].fill(0);
+        let mut only_concurrency = v4.clone();
+        only_concurrency[n - 24..n - 8].fill(0);
         let got = decode_settings(b"k", &only_concurrency).unwrap();
         assert_eq!(got.work.unwrap().rate_limit, None);
+        let mut too_wide = v4;
+        too_wide[n - 4..].copy_from_slice(&(crate::model::MAX_PER_KEY_LIMIT + 1).to_be_bytes());
+        assert!(decode_settings(b"k", &too_wide).is_err(), "a per-key limit over the maximum");
     }
 }

@@ -162,6 +162,10 @@ async fn render(
             "Concurrency limit".into(),
             gs.concurrency_limit.map_or_else(|| "none".into(), |n| format!("{n} at once")),
         ]);
+        settings.push(vec![
+            "Per-key limit".into(),
+            gs.per_key_limit.map_or_else(|| "none".into(), |n| format!("{n} at once per key")),
+        ]);
         settings.push(vec!["Held back by a limit".into(), gs.limited.to_string()]);
         settings.push(vec![
             "Dead-letter queue".into(),

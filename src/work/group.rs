@@ -82,6 +82,7 @@ pub struct WorkGroup {
     keep_outcomes: Option<Duration>,
     rate_limit: Option<Option<RateLimit>>,
     concurrency_limit: Option<Option<u32>>,
+    per_key_limit: Option<Option<u32>>,
     max_in_flight: usize,
     claim_batch: usize,
     saturation_after: Duration,
@@ -109,6 +110,7 @@ impl WorkGroup {
             keep_outcomes: None,
             rate_limit: None,
             concurrency_limit: None,
+            per_key_limit: None,
             max_in_flight: 256,
             claim_batch: 64,
             saturation_after: Duration::from_secs(1),
@@ -442,6 +444,35 @@ impl WorkGroup {
         self
     }
 
+    /// Limits how many jobs with the same [`Message::key`](crate::Message::key) are held at
+    /// once — "at most 3 jobs at once per tenant" — across every pool and subscription of the
+    /// group: stored with the group, as [`rate_limit`](WorkGroup::rate_limit) is. A key's
+    /// first `n` unfinished jobs may run; the later ones wait (`JobState::Limited`) until one
+    /// of those finishes, so a key's jobs also *start* in order. A job waiting for its retry
+    /// keeps its place among the `n`. Jobs without a key are not limited by it.
+    ///
+    /// [`ordered_by_key`](WorkGroup::ordered_by_key) is the case `n = 1`; a group has one or
+    /// the other ([`Error::InvalidOption`] for both). `n` is 1 to 1,024; `None` removes a
+    /// stored limit (with [`update`](WorkGroup::update)). Keys are read from the messages as
+    /// the group reaches them, as for `ordered_by_key` (its costs apply). Not on the etcd
+    /// engine ([`Error::Unsupported`] when stored).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(queue: rockq::Queue) -> Result<(), rockq::Error> {
+    /// use rockq::Message;
+    /// queue.send(Message::new("export 1").key("tenant-7")).await?;
+    /// // Two exports at once per tenant, however many workers the pool has.
+    /// let group = queue.work_group("exports")?.per_key_limit(2);
+    /// # let _ = group;
+    /// # Ok(()) }
+    /// ```
+    pub fn per_key_limit(mut self, n: impl Into<Option<u32>>) -> Self {
+        self.per_key_limit = Some(n.into());
+        self
+    }
+
     /// Where job `seq` of this group stands: [`Broker::job`](crate::Broker::job) for this
     /// group's queue and name.
     ///
@@ -493,6 +524,19 @@ impl WorkGroup {
     /// ```
     pub async fn wait_job(&self, seq: u64) -> Result<crate::stats::JobStatus, Error> {
         self.shared.wait_job(&self.name, &self.queue.name, seq).await
+    }
+
+    /// Whether the group claims under a rate, concurrency or per-key limit: set by this
+    /// handle, or stored with the group when this process last saw its settings. A worker pool
+    /// then claims only for idle handlers (see `Workers::prefetch`).
+    pub(crate) fn has_limits(&self) -> bool {
+        let set = self.rate_limit.is_some_and(|r| r.is_some())
+            || self.concurrency_limit.is_some_and(|c| c.is_some())
+            || self.per_key_limit.is_some_and(|c| c.is_some());
+        let stored = self.state().and_then(|g| g.settings()).is_some_and(|s| {
+            s.rate_limit.is_some() || s.concurrency_limit.is_some() || s.per_key_limit.is_some()
+        });
+        set || stored
     }
 
     pub(crate) fn saturation_threshold(&self) -> Duration {
@@ -720,9 +764,27 @@ impl WorkGroup {
         if self.keep_outcomes.is_some_and(|k| !k.is_zero()) {
             self.shared.check(Capability::KeepOutcomes)?;
         }
-        if self.rate_limit.is_some_and(|r| r.is_some()) || self.concurrency_limit.is_some_and(|c| c.is_some())
+        if self.rate_limit.is_some_and(|r| r.is_some())
+            || self.concurrency_limit.is_some_and(|c| c.is_some())
+            || self.per_key_limit.is_some_and(|c| c.is_some())
         {
             self.shared.check(Capability::Limits)?;
+        }
+        if let Some(Some(n)) = self.per_key_limit {
+            if !(1..=crate::model::MAX_PER_KEY_LIMIT).contains(&n) {
+                return Err(Error::InvalidOption(format!(
+                    "work group {} on queue {}: a per-key limit must be 1 to {}, not {n}",
+                    self.name,
+                    self.queue.name,
+                    crate::model::MAX_PER_KEY_LIMIT
+                )));
+            }
+            if self.ordered_by_key == Some(true) {
+                return Err(Error::InvalidOption(format!(
+                    "work group {} on queue {}: ordered_by_key is a per-key limit of 1; set one or the other",
+                    self.name, self.queue.name
+                )));
+            }
         }
         if let Some(Some(r)) = self.rate_limit
             && let Some(why) = r.invalid()
@@ -759,6 +821,7 @@ impl WorkGroup {
             keep_outcomes: self.keep_outcomes.map(crate::clock::clamp_delay),
             rate_limit: self.rate_limit,
             concurrency_limit: self.concurrency_limit,
+            per_key_limit: self.per_key_limit,
         })
     }
 

@@ -461,8 +461,9 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
     // One `take` under one lock: every claim of the batch has the same epoch.
     let epoch = claimed.first().map_or(0, |c| c.epoch);
     let (reply, rx) = oneshot::channel();
-    // Rounded up to the next microsecond: a bucket read back never admits a claim earlier.
-    let bucket = bucket.map(|t| clock.wall_micros_at(t).saturating_add(1));
+    // Rounded up: the conversion truncates twice (the wall reading and the distance to it),
+    // and a bucket read back must never admit a claim earlier than this one would.
+    let bucket = bucket.map(|t| clock.wall_micros_at(t).saturating_add(2));
     let req =
         Request::Work(WorkRequest::Claim { group: group.clone(), epoch, claims: records, bucket, reply });
     if shared.tx.send(req).await.is_err() {

@@ -141,7 +141,7 @@ async fn stats(inspector: &Inspector, json: bool, only_queue: Option<&str>, queu
                     },
                 ),
                 if g.ordered_by_key { "by key".into() } else { "-".into() },
-                limits(g.rate_limit, g.concurrency_limit),
+                limits(g.rate_limit, g.concurrency_limit, g.per_key_limit),
             ]
         })
         .collect();
@@ -167,14 +167,15 @@ async fn stats(inspector: &Inspector, json: bool, only_queue: Option<&str>, queu
     Ok(())
 }
 
-/// A group's stored limits: `10/1s` (burst `+4`), `3 at once`, both, or `-`.
-fn limits(rate: Option<rockq::RateLimit>, concurrency: Option<u32>) -> String {
+/// A group's stored limits: `10/1s` (with a burst), `3 at once`, `2 per key`, or `-`.
+fn limits(rate: Option<rockq::RateLimit>, concurrency: Option<u32>, per_key: Option<u32>) -> String {
     let rate = rate.map(|r| match r.burst_size() {
         1 => format!("{}/{}", r.jobs(), format::duration(r.per())),
         n => format!("{}/{} burst {n}", r.jobs(), format::duration(r.per())),
     });
     let at_once = concurrency.map(|n| format!("{n} at once"));
-    let both: Vec<String> = rate.into_iter().chain(at_once).collect();
+    let per_key = per_key.map(|n| format!("{n} per key"));
+    let both: Vec<String> = rate.into_iter().chain(at_once).chain(per_key).collect();
     if both.is_empty() { "-".into() } else { both.join(", ") }
 }
 

@@ -74,6 +74,7 @@ pub(crate) async fn stats(engine: &Arc<Engine>, side: &EtcdSide) -> Result<Stats
             keep_outcomes: None,
             rate_limit: None,
             concurrency_limit: None,
+            per_key_limit: None,
             limited: 0,
         };
         if offset.mode == StoredMode::WorkQueue {

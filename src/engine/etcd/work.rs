@@ -95,6 +95,7 @@ impl Writer {
         }
         if requested.rate_limit.is_some_and(|r| r.is_some())
             || requested.concurrency_limit.is_some_and(|c| c.is_some())
+            || requested.per_key_limit.is_some_and(|c| c.is_some())
         {
             let _ = reply.send(Err(capability::refusal(Flavour::Etcd, Capability::Limits)));
             return;

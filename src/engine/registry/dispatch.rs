@@ -132,6 +132,9 @@ pub(super) struct Dispatch {
     /// The group's rate-limit bucket (`rate_limit.rs`): under this lock, so a claim and the
     /// token it takes are one decision. A reset keeps it (the claims it admitted happened).
     pub bucket: crate::rate_limit::Bucket,
+    /// How many of a key's unfinished messages may be claimable or held at once: its first
+    /// `window` (1: ordered by key; `n`: `WorkGroup::per_key_limit(n)`); the rest are parked.
+    window: usize,
 }
 
 impl Dispatch {
@@ -153,6 +156,7 @@ impl Dispatch {
             ghost_keys: Default::default(),
             frontier,
             bucket: Default::default(),
+            window: 1,
         }
     }
 
@@ -247,19 +251,20 @@ impl Dispatch {
         }
     }
 
-    /// Takes `seq` out of its key's list; if it was the key's head, the next one is claimable
-    /// now. Returns whether one became claimable.
+    /// Takes `seq` out of its key's list; if it was among the key's first `window`, the one
+    /// that moves into them is claimable now. Returns whether one became claimable.
     fn forget_key(&mut self, seq: u64, key: Option<u64>) -> bool {
         let Some(k) = key else { return false };
+        let window = self.window;
         let Some(list) = self.keys.get_mut(&k) else { return false };
-        let was_head = list.first() == Some(&seq);
-        list.remove(&seq);
-        let next = list.first().copied();
+        let was_within = list.range(..seq).take(window).count() < window;
+        let removed = list.remove(&seq);
+        let next = if was_within && removed { list.iter().nth(window - 1).copied() } else { None };
         if list.is_empty() {
             self.keys.remove(&k);
         }
         match next {
-            Some(next) if was_head && self.slots.get(&next).is_some_and(|s| s.state == SlotState::Parked) => {
+            Some(next) if self.slots.get(&next).is_some_and(|s| s.state == SlotState::Parked) => {
                 self.set(next, SlotState::Available, |_| {});
                 true
             }
@@ -268,7 +273,8 @@ impl Dispatch {
     }
 
     /// Adds never-claimed sequence `seq` (the frontier) with ordering key `key`: claimable if
-    /// its key has no unfinished earlier message, parked behind it otherwise.
+    /// its key has fewer than `window` unfinished earlier messages, parked behind them
+    /// otherwise.
     pub fn learn(&mut self, seq: u64, key: Option<u64>, priority: u8) {
         self.skip_ahead();
         if seq != self.frontier {
@@ -282,7 +288,7 @@ impl Dispatch {
             // frontier (a prioritised claim made before the group was ordered by key) is
             // already out of order, and waiting behind it would stall this one for good (its
             // finish promotes only the key's first).
-            if list.first().is_some_and(|&head| head < seq) {
+            if list.range(..seq).take(self.window).count() >= self.window {
                 slot.state = SlotState::Parked;
             }
             list.insert(seq);
@@ -302,27 +308,58 @@ impl Dispatch {
         self.unknown -= 1;
         slot.key = key;
         let Some(k) = key else { return };
+        let window = self.window;
         let list = self.keys.entry(k).or_default();
-        let old_head = list.first().copied();
         list.insert(seq);
         let parkable = |s: &Slot| matches!(s.state, SlotState::Available | SlotState::Waiting { .. });
-        // Behind its key's head, it waits (a retry it was waiting for is due when it is its
-        // turn); ahead of what was the head (a slot claimed without keys, found after later ones
-        // were read), the old head waits behind it, unless it is held already.
-        let wait = match old_head {
-            Some(head) if head < seq => Some(seq),
-            Some(head) => Some(head),
-            None => None,
+        // Behind its key's first `window`, it waits (a retry it was waiting for is due when it
+        // is its turn); among them (a slot claimed without keys, found after later ones were
+        // read), the one it pushes out of them waits, unless it is held already.
+        let wait = match list.range(..seq).take(window).count() >= window {
+            true => Some(seq),
+            false => list.iter().nth(window).copied(),
         };
         if let Some(w) = wait.filter(|w| self.slots.get(w).is_some_and(parkable)) {
             self.set(w, SlotState::Parked, |_| {});
         }
     }
 
-    /// Whether `seq`'s key (known) has an unfinished earlier message: it must wait behind it.
+    /// Whether `seq`'s key (known) has `window` unfinished earlier messages: it must wait
+    /// behind them.
     pub fn behind_its_key(&self, seq: u64) -> bool {
         let Some(k) = self.slots.get(&seq).and_then(|s| s.key.filter(|_| s.key_known)) else { return false };
-        self.keys.get(&k).and_then(|l| l.first()).is_some_and(|&head| head < seq)
+        self.keys.get(&k).is_some_and(|l| l.range(..seq).take(self.window).count() >= self.window)
+    }
+
+    /// Lets each key's first `window` unfinished messages be claimable (a new per-key limit):
+    /// the parked ones among them are promoted, the claimable or waiting ones past them park
+    /// (held ones stay held: they finish before their key's later ones start).
+    pub fn set_window(&mut self, window: usize) {
+        let window = window.max(1);
+        if window == self.window {
+            return;
+        }
+        self.window = window;
+        let mut moves = Vec::new();
+        for list in self.keys.values() {
+            for (i, &seq) in list.iter().enumerate() {
+                match self.slots.get(&seq).map(|s| s.state) {
+                    Some(SlotState::Parked) if i < window => moves.push((seq, SlotState::Available)),
+                    Some(SlotState::Available | SlotState::Waiting { .. }) if i >= window => {
+                        moves.push((seq, SlotState::Parked))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for (seq, state) in moves {
+            self.set(seq, state, |_| {});
+        }
+    }
+
+    /// Slots parked behind their key's earlier messages.
+    pub fn parked(&self) -> usize {
+        self.parked
     }
 
     /// Sequences whose slot does not know its key yet, in order.
@@ -493,9 +530,9 @@ impl Dispatch {
 
     /// Forgets every slot; claiming restarts at `frontier`.
     pub fn clear(&mut self, frontier: u64) {
-        let bucket = self.bucket;
+        let (bucket, window) = (self.bucket, self.window);
         *self = Dispatch::new(frontier);
-        self.bucket = bucket;
+        (self.bucket, self.window) = (bucket, window);
     }
 
     /// Slots whose outcome (or an operator's action) is on its way to the writer: with the

@@ -160,6 +160,8 @@ pub(crate) struct Exhausted {
 struct Limits {
     rate: Option<crate::rate_limit::RateLimit>,
     concurrency: Option<u32>,
+    /// A per-key limit is set: what is parked is held back by a limit, not by an order.
+    per_key: bool,
 }
 
 /// What one [`WorkGroupState::take`] produced.
@@ -261,7 +263,17 @@ impl WorkGroupState {
     /// Installs the stored settings (read at open, or durably written): claims and outcomes
     /// decided from now on use them. Claimers are woken, as key ordering may have changed.
     pub fn set_settings(&self, settings: Arc<WorkSettings>) {
-        self.set_keyed(settings.ordered_by_key);
+        // A per-key limit of `n` is key ordering with a window of `n` (`dispatch.rs`).
+        self.set_keyed(settings.ordered_by_key || settings.per_key_limit.is_some());
+        {
+            let mut d = self.dispatch();
+            d.set_window(settings.per_key_limit.map_or(1, |n| n as usize));
+            if settings.rate_limit.is_none() {
+                // Its record is deleted with the limit (`writer/settings.rs`).
+                d.bucket = Default::default();
+                self.bucket_written.store(0, Ordering::Relaxed);
+            }
+        }
         *self.settings.lock().unwrap_or_else(|p| p.into_inner()) = Some(settings);
         self.changed.notify_waiters();
     }
@@ -497,7 +509,7 @@ impl WorkGroupState {
                 break;
             }
             if let Some(rate) = &limits.rate
-                && let Some(at) = d.bucket.next_at(rate).filter(|at| *at > now)
+                && let Some(at) = d.bucket.next_at(rate, now).filter(|at| *at > now)
             {
                 out.limited = true;
                 out.next_wake = Some(at);
@@ -557,31 +569,36 @@ impl WorkGroupState {
 
     /// The group's stored limits (none until its settings are known).
     fn limits(&self) -> Limits {
-        self.settings()
-            .map_or(Limits::default(), |s| Limits { rate: s.rate_limit, concurrency: s.concurrency_limit })
+        self.settings().map_or(Limits::default(), |s| Limits {
+            rate: s.rate_limit,
+            concurrency: s.concurrency_limit,
+            per_key: s.per_key_limit.is_some(),
+        })
     }
 
     /// Whether a limit holds every claim back at `now`: the concurrency limit is reached, or
     /// the rate limit has no token.
     fn limit_reached(&self, d: &Dispatch, limits: &Limits, now: Instant) -> bool {
         let full = limits.concurrency.is_some_and(|n| d.leased() + d.settling() >= n as usize);
-        let dry = limits.rate.as_ref().is_some_and(|r| d.bucket.next_at(r).is_some_and(|at| at > now));
+        let dry = limits.rate.as_ref().is_some_and(|r| d.bucket.next_at(r, now).is_some_and(|at| at > now));
         full || dry
     }
 
-    /// Jobs a claim could take now but the group's rate or concurrency limit holds back (0
-    /// when no limit is reached). Never-claimed messages count as claimable, except in a
-    /// group ordered by key (which learns their keys first: some may be parked).
+    /// Jobs a claim could take now but the group's limits hold back: the claimable ones when
+    /// the rate or concurrency limit is reached, and those parked behind their key's first `n`
+    /// under a per-key limit. Never-claimed messages count as claimable, except in a group
+    /// ordered by key or limited per key (which learns their keys first: some may park).
     pub fn limited(&self, now: Instant) -> u64 {
         let limits = self.limits();
-        if limits.rate.is_none() && limits.concurrency.is_none() {
+        if limits.rate.is_none() && limits.concurrency.is_none() && !limits.per_key {
             return 0;
         }
         let d = self.dispatch();
-        match self.limit_reached(&d, &limits, now) {
+        let held_back = match self.limit_reached(&d, &limits, now) {
             true => d.claimable_count(self.queue.last_seq(), !self.keyed()),
             false => 0,
-        }
+        };
+        held_back + if limits.per_key { d.parked() as u64 } else { 0 }
     }
 
     /// The writer, as it writes a claim batch: the rate bucket's state to write with it — the
@@ -688,10 +705,10 @@ impl WorkGroupState {
         if seq <= self.durable.load(Ordering::Acquire) {
             return Some(of(JobState::Finished, 0, ""));
         }
-        let limited = {
-            let limits = self.limits();
-            (limits.rate.is_some() || limits.concurrency.is_some()) && self.limit_reached(&d, &limits, now)
-        };
+        let limits = self.limits();
+        let per_key = limits.per_key;
+        let limited =
+            (limits.rate.is_some() || limits.concurrency.is_some()) && self.limit_reached(&d, &limits, now);
         let Some(slot) = d.get(seq) else {
             // Below the frontier without a slot: claimed and finished, its offset move not
             // durable yet. From the frontier on: never claimed.
@@ -707,6 +724,7 @@ impl WorkGroupState {
             SlotState::Available if slot.expired => JobState::Expired,
             SlotState::Available if limited => JobState::Limited,
             SlotState::Available => JobState::Queued,
+            SlotState::Parked if per_key => JobState::Limited,
             SlotState::Parked => JobState::Parked,
             SlotState::Settling => JobState::Settling,
             SlotState::Leased { deadline, .. } if deadline > now => {
@@ -714,6 +732,7 @@ impl WorkGroupState {
             }
             SlotState::Leased { .. } => JobState::Expired,
             SlotState::Waiting { due } if due > now => JobState::RetryWaiting { due_in: due - now },
+            SlotState::Waiting { .. } if limited => JobState::Limited,
             SlotState::Waiting { .. } => JobState::Queued,
         };
         let mut status = of(state, slot.attempt, &slot.last_error);

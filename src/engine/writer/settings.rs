@@ -106,6 +106,16 @@ pub(super) fn apply_work(r: &mut Round<'_>, req: WorkSettingsRequest) {
         (Some(stored), SettingsMode::Update) => requested.applied_to(&stored),
         (None, _) => requested.initial(&current, &queue.name),
     };
+    // One handle may set a per-key limit on a group another stored as ordered by key (or the
+    // other way round): the two are one setting.
+    if next.ordered_by_key && next.per_key_limit.is_some() {
+        let _ = reply.send(Err(Error::InvalidOption(format!(
+            "work group {} on queue {}: ordered_by_key is a per-key limit of 1; set one or the other \
+             (update one to `false`/`None` first)",
+            group.name, queue.name
+        ))));
+        return;
+    }
     // Only a default name can be too long: an explicit one was validated by the handle.
     if next.dead_letter_queue.len() > crate::name::MAX_NAME_LEN {
         let _ = reply.send(Err(Error::DeadLetterName { queue: queue.name.to_string() }));
@@ -114,6 +124,12 @@ pub(super) fn apply_work(r: &mut Round<'_>, req: WorkSettingsRequest) {
     let record = next.stored_in(&current);
     if record != current {
         r.batch.put_settings(&group.name, &queue.name, &record);
+    }
+    // A rate limit removed takes its bucket with it: a group without one writes what older
+    // builds read (their exports know no `rate:` record).
+    let had_rate = WorkSettings::stored(&current, &queue.name).is_some_and(|s| s.rate_limit.is_some());
+    if had_rate && next.rate_limit.is_none() {
+        r.batch.delete_rate(&group.name, &queue.name);
     }
     r.written.settings.insert((group.name.to_string(), queue.name.clone()), record);
     let next = Arc::new(next);

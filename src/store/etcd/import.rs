@@ -115,12 +115,18 @@ impl EtcdStore {
                 (self.message_key(qid, seq), envelope, None)
             }
             Write::Group { group, queue, record } => {
-                let kept = records::decode_settings(b"", &record)
-                    .ok()
-                    .and_then(|s| s.work)
-                    .is_some_and(|t| !t.keep_outcomes.is_zero());
-                if kept {
+                let terms = records::decode_settings(b"", &record).ok().and_then(|s| s.work);
+                if terms.as_ref().is_some_and(|t| !t.keep_outcomes.is_zero()) {
                     return Err(refused(n, "importing a work group that keeps job outcomes"));
+                }
+                // The etcd engine would run them in each process on its own, unseen by stats.
+                if terms.is_some_and(|t| {
+                    t.rate_limit.is_some() || t.concurrency_limit.is_some() || t.per_key_limit.is_some()
+                }) {
+                    return Err(refused(
+                        n,
+                        "importing a work group with a rate, concurrency or per-key limit",
+                    ));
                 }
                 (self.key(b"g/", &keys::group_key(&group, &queue)), record, None)
             }
