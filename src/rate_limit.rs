@@ -135,36 +135,47 @@ impl RateLimit {
 pub(crate) const MIN_PER: Duration = Duration::from_millis(1);
 
 /// The bucket's state (see the module docs): `tat`, the theoretical arrival time of the next
-/// claim; `None`: never claimed, a full burst available.
+/// claim, and `last`, when the last claim was taken (or the bucket was read back at open);
+/// `None`: never claimed, a full burst available.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Bucket {
     pub tat: Option<Instant>,
+    pub last: Option<Instant>,
 }
 
 impl Bucket {
-    /// The state as `limit` can have left it at `now`: under one limit `tat` never passes
-    /// `now + burst · interval` (a full burst just taken). Farther is a tighter limit's
+    /// The state as `limit` can have left it: under one limit a claim at `c` leaves `tat` at
+    /// most `c + burst · interval` (a full burst taken at `c`). Farther is a tighter limit's
     /// leftover (loosened by an update) or a clock stepped back, and would hold claims back
-    /// for as long as that limit's window, even across restarts: it is cut to the bound.
-    fn tat_at(&self, limit: &RateLimit, now: Instant) -> Option<Instant> {
-        let most = now.checked_add(limit.interval().saturating_mul(limit.burst.max(1)));
+    /// for as long as that limit's window, even across restarts: it is cut to the bound. The
+    /// bound is anchored at the last claim, not at the time of asking, so it does not move on
+    /// with the clock.
+    fn tat_of(&self, limit: &RateLimit) -> Option<Instant> {
+        let most = self.last.and_then(|c| c.checked_add(limit.interval().saturating_mul(limit.burst.max(1))));
         self.tat.map(|t| most.map_or(t, |m| t.min(m)))
     }
 
-    /// When the next claim conforms at `now` (`None`: at once).
-    pub fn next_at(&self, limit: &RateLimit, now: Instant) -> Option<Instant> {
+    /// When the next claim conforms (`None`: at once).
+    pub fn next_at(&self, limit: &RateLimit) -> Option<Instant> {
         let tolerance = limit.interval().saturating_mul(limit.burst.saturating_sub(1));
-        self.tat_at(limit, now).map(|t| t.checked_sub(tolerance).unwrap_or(t))
+        self.tat_of(limit).map(|t| t.checked_sub(tolerance).unwrap_or(t))
     }
 
     /// Takes a token at `now` if one is there.
     pub fn try_take(&mut self, limit: &RateLimit, now: Instant) -> bool {
-        if self.next_at(limit, now).is_some_and(|at| at > now) {
+        if self.next_at(limit).is_some_and(|at| at > now) {
             return false;
         }
-        let from = self.tat_at(limit, now).map_or(now, |t| t.max(now));
+        let from = self.tat_of(limit).map_or(now, |t| t.max(now));
         self.tat = Some(from.checked_add(limit.interval()).unwrap_or(from));
+        self.last = Some(now);
         true
+    }
+
+    /// The state read back at open, at `now`: the time of the last claim is not stored, and
+    /// `now` is after it, so the bound (`tat_of`) only loosens by the downtime.
+    pub fn restored(tat: Instant, now: Instant) -> Self {
+        Bucket { tat: Some(tat), last: Some(now) }
     }
 }
 
@@ -180,7 +191,7 @@ mod tests {
         let mut b = Bucket::default();
         assert!(b.try_take(&limit, t0));
         assert!(!b.try_take(&limit, t0));
-        assert_eq!(b.next_at(&limit, t0), Some(t0 + Duration::from_millis(250)));
+        assert_eq!(b.next_at(&limit), Some(t0 + Duration::from_millis(250)));
         assert!(b.try_take(&limit, t0 + Duration::from_millis(250)));
         let burst = limit.burst(3);
         let mut b = Bucket::default();
@@ -197,7 +208,8 @@ mod tests {
         assert!(!b.try_take(&day, t0 + Duration::from_secs(3600)), "a day's limit holds for a day");
         // Loosened to 10 a second: the next claim waits one new interval at most, not a day.
         let fast = RateLimit::per_second(10);
-        assert_eq!(b.next_at(&fast, t0), Some(t0 + Duration::from_millis(100)));
+        assert_eq!(b.next_at(&fast), Some(t0 + Duration::from_millis(100)));
+        assert!(!b.try_take(&fast, t0 + Duration::from_millis(99)));
         assert!(b.try_take(&fast, t0 + Duration::from_millis(100)));
     }
 

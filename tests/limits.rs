@@ -434,3 +434,39 @@ async fn a_pool_runs_at_most_n_jobs_of_a_key_at_once() {
     assert_eq!(most.load(Ordering::SeqCst), 2, "never more than two of a tenant at once");
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_loosened_rate_limit_applies_at_once_and_a_removed_one_across_a_restart() {
+    let dir = common::tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    q.send_batch((1..=4).map(|i| format!("job {i}"))).await.unwrap();
+    let slow = RateLimit::new(1, Duration::from_secs(86_400));
+    let mut sub = group(&broker).await.rate_limit(slow).subscribe().await.unwrap();
+    next_job(&mut sub).await.ack().unwrap();
+    assert_eq!(state(&broker, 2).await, JobState::Limited, "a day's limit");
+    // Loosened: the next claim waits one new interval, not the rest of the day.
+    group(&broker).await.rate_limit(RateLimit::per_second(10)).update().await.unwrap();
+    clock.advance(Duration::from_millis(100));
+    let j = next_job(&mut sub).await;
+    assert_eq!(j.seq(), 2);
+    j.ack().unwrap();
+    assert_eq!(state(&broker, 3).await, JobState::Limited);
+    // Removed: nothing holds claims back, now or after a restart.
+    group(&broker).await.rate_limit(None).update().await.unwrap();
+    let j = next_job(&mut sub).await;
+    assert_eq!(j.seq(), 3);
+    j.ack().unwrap();
+    drop((sub, q));
+    broker.shutdown().await.unwrap();
+    let c2 = clock.clone();
+    let broker = reopen_after_drop_with(dir.path(), move || Options::new().clock(c2.clone())).await;
+    let mut sub = group(&broker).await.subscribe().await.unwrap();
+    assert_eq!(next_job(&mut sub).await.seq(), 4);
+    let stats = broker.stats().await.unwrap();
+    let g = stats.groups.iter().find(|g| g.group == "workers").unwrap();
+    assert_eq!((g.rate_limit, g.limited), (None, 0));
+    drop(sub);
+    broker.shutdown().await.unwrap();
+}

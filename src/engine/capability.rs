@@ -104,7 +104,7 @@ impl Capability {
             Capability::JobProgress => "progress reports of running jobs (Task::progress)",
             Capability::Priority => "a message priority (Message::priority)",
             Capability::Limits => {
-                "a work group's rate or concurrency limit (WorkGroup::rate_limit, WorkGroup::concurrency_limit)"
+                "a work group's rate, concurrency or per-key limit (WorkGroup::rate_limit, concurrency_limit, per_key_limit)"
             }
         }
     }

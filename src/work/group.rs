@@ -393,9 +393,12 @@ impl WorkGroup {
     /// [`update`](WorkGroup::update)). `None` removes a stored limit (with `update`).
     ///
     /// What is limited is claims: a job held back is not claimed, so no lease runs out while
-    /// it waits, and [`GroupStats::limited`](crate::GroupStats::limited) counts it. The
+    /// it waits, and [`GroupStats::limited`](crate::GroupStats::limited) counts it; a worker
+    /// pool on a limited group claims only for idle handlers (unless its
+    /// [`prefetch`](crate::Workers::prefetch) is set), so its claims are its starts. The
     /// bucket's state is written with the claims it admitted, so a restart does not refill it
-    /// into a burst. The exact guarantee and the burst: [`RateLimit`]. Retries take a token
+    /// into a burst (under `Durability::Buffered`, a power loss can lose the last claims with
+    /// their token). The exact guarantee and the burst: [`RateLimit`]. Retries take a token
     /// each; a job whose attempts are used up is dead-lettered without one.
     ///
     /// Not on the etcd engine ([`Error::Unsupported`] when stored).
@@ -424,9 +427,10 @@ impl WorkGroup {
     /// group, as [`rate_limit`](WorkGroup::rate_limit) is. `None` removes a stored limit (with
     /// [`update`](WorkGroup::update)); 0 is refused ([`Error::InvalidOption`]).
     ///
-    /// A job held back is not claimed (no lease runs out while it waits). A pool's prefetched
-    /// jobs count: they are leased. After a crash, the leases the crashed process held count
-    /// until they run out, as they do for any claim.
+    /// A job held back is not claimed (no lease runs out while it waits). A worker pool on a
+    /// limited group claims only for idle handlers, unless its prefetch is set. A restart
+    /// voids every lease, as it does for any claim: the jobs held are claimable at once,
+    /// within the limit.
     ///
     /// Not on the etcd engine ([`Error::Unsupported`] when stored).
     ///

@@ -255,7 +255,7 @@ proptest! {
                     g = group(&queue, committed, limits);
                     g.restore(records, &clock);
                     if let Some(tat) = written {
-                        g.restore_bucket(tat, 1);
+                        g.restore_bucket(tat, 1, now);
                     }
                     now = now.max(clock.now());
                     for s in m.slots.values_mut() {

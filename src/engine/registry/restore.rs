@@ -115,7 +115,7 @@ impl Registry {
         // burst (a bucket of a removed group is ignored; the group's deletion deleted it).
         for (group, queue, micros) in buckets {
             if let Some(g) = registry.work.get(&group_id(&group, &queue)) {
-                g.restore_bucket(options.clock.instant_at_wall(micros), micros);
+                g.restore_bucket(options.clock.instant_at_wall(micros), micros, options.clock.now());
             }
         }
         // Ordered groups' delivery counts and dead letters above their offsets.

@@ -509,7 +509,7 @@ impl WorkGroupState {
                 break;
             }
             if let Some(rate) = &limits.rate
-                && let Some(at) = d.bucket.next_at(rate, now).filter(|at| *at > now)
+                && let Some(at) = d.bucket.next_at(rate).filter(|at| *at > now)
             {
                 out.limited = true;
                 out.next_wake = Some(at);
@@ -580,7 +580,7 @@ impl WorkGroupState {
     /// the rate limit has no token.
     fn limit_reached(&self, d: &Dispatch, limits: &Limits, now: Instant) -> bool {
         let full = limits.concurrency.is_some_and(|n| d.leased() + d.settling() >= n as usize);
-        let dry = limits.rate.as_ref().is_some_and(|r| d.bucket.next_at(r, now).is_some_and(|at| at > now));
+        let dry = limits.rate.as_ref().is_some_and(|r| d.bucket.next_at(r).is_some_and(|at| at > now));
         full || dry
     }
 
@@ -608,9 +608,10 @@ impl WorkGroupState {
         self.bucket_written.fetch_max(tat_micros, Ordering::AcqRel).max(tat_micros)
     }
 
-    /// At open: the rate bucket as the last claims left it (`tat` on this process's clock).
-    pub fn restore_bucket(&self, tat: Instant, micros: u64) {
-        self.dispatch().bucket.tat = Some(tat);
+    /// At open (`now`): the rate bucket as the last claims left it (`tat` on this process's
+    /// clock).
+    pub fn restore_bucket(&self, tat: Instant, micros: u64, now: Instant) {
+        self.dispatch().bucket = crate::rate_limit::Bucket::restored(tat, now);
         self.bucket_written.store(micros, Ordering::Relaxed);
     }
 
