@@ -12,7 +12,8 @@
 //! one by one, each timed from its send to its handler, beside the same drain without
 //! priorities, and with every backlog job at priority 1; `limits`: the pool(8) drain with a
 //! concurrency limit and with a rate limit, each set too high to bind — the cost per job of
-//! checking them and writing the bucket — beside the plain drain). The throughput rows are
+//! checking them and writing the bucket, and of the rate-limited pool's claims for idle
+//! handlers only — beside the plain drain). The throughput rows are
 //! the median of three runs, alternating with their tuned counterpart where there is one.
 //! `ROCKQ_BENCH_THREADS=1` prints, after each send and pool run, every thread's time on a CPU
 //! and waiting for one, and the writer's rounds: which thread bounds the run.
@@ -143,8 +144,8 @@ fn main() {
         }
     }
     if run("limits") {
-        let mut runs: [Vec<f64>; 3] = Default::default();
-        let variants = [Limit::None, Limit::Concurrency, Limit::Rate];
+        let mut runs: [Vec<f64>; 4] = Default::default();
+        let variants = [Limit::None, Limit::Concurrency, Limit::Rate, Limit::RatePrefetched];
         for i in 0..REPS {
             for k in 0..variants.len() {
                 let j = (i + k) % variants.len();
@@ -152,12 +153,16 @@ fn main() {
                 runs[j].push(rt.block_on(pool_limited(&dir(format!("limits-{v:?}-{i}")), n, v)));
             }
         }
-        let [plain, capped, rated] = runs.map(median);
+        let [plain, capped, rated, prefetched] = runs.map(median);
         let per_job = |secs: f64| (secs - plain) / n as f64 * 1e6;
         for (what, secs) in [
             ("no limit, defaults", plain),
             ("`concurrency_limit(1024)` (never reached)", capped),
-            ("`rate_limit(RateLimit::per_second(100_000_000).burst(1_000_000))` (never reached)", rated),
+            (
+                "`rate_limit(RateLimit::per_second(100_000_000).burst(1_000_000))` (never reached; the pool claims only for idle handlers)",
+                rated,
+            ),
+            ("the same rate limit, `workers(8).prefetch(1024)`", prefetched),
         ] {
             println!(
                 "`workers(8).run(handler).await`, {n} backlog, Buffered, {what}: {:.0} jobs/s ({:+.2} µs/job, {:.0} % of the plain drain, {:.0} % of raw unsynced b1000)",
@@ -328,6 +333,7 @@ enum Limit {
     None,
     Concurrency,
     Rate,
+    RatePrefetched,
 }
 
 /// [`pool`] with 8 workers, as a user writes it, under a limit too high to bind.
@@ -341,10 +347,16 @@ async fn pool_limited(path: &Path, n: u64, limit: Limit) -> f64 {
     let group = match limit {
         Limit::None => group,
         Limit::Concurrency => group.concurrency_limit(1024),
-        Limit::Rate => group.rate_limit(rockq::RateLimit::per_second(100_000_000).burst(1_000_000)),
+        Limit::Rate | Limit::RatePrefetched => {
+            group.rate_limit(rockq::RateLimit::per_second(100_000_000).burst(1_000_000))
+        }
+    };
+    let workers = match limit {
+        Limit::RatePrefetched => group.workers(8).prefetch(1024),
+        _ => group.workers(8),
     };
     let start = Instant::now();
-    let report = group.workers(8).shutdown_on(token).run(handler).await.unwrap();
+    let report = workers.shutdown_on(token).run(handler).await.unwrap();
     let secs = start.elapsed().as_secs_f64();
     assert_eq!(report.acked, n);
     broker.shutdown().await.unwrap();

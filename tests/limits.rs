@@ -470,3 +470,44 @@ async fn a_loosened_rate_limit_applies_at_once_and_a_removed_one_across_a_restar
     drop(sub);
     broker.shutdown().await.unwrap();
 }
+
+/// A rate limit counts claims, so a pool on a rate-limited group claims only for idle
+/// handlers: a job claimed ahead would wait, then start bunched with others.
+#[tokio::test]
+async fn a_pool_on_a_rate_limited_group_claims_only_for_idle_handlers() {
+    let dir = common::tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    q.send_batch((1..=6).map(|i| format!("job {i}"))).await.unwrap();
+    let go = Arc::new(tokio::sync::Semaphore::new(0));
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
+    let handler = {
+        let go = go.clone();
+        move |task: rockq::Task| {
+            let (go, started_tx) = (go.clone(), started_tx.clone());
+            async move {
+                started_tx.send(task.seq()).unwrap();
+                go.acquire().await.unwrap().forget();
+                Ok::<_, rockq::HandlerError>(())
+            }
+        }
+    };
+    let rate = RateLimit::per_second(100).burst(10);
+    let pool = group(&broker).await.max_in_flight(64).rate_limit(rate).workers(2).spawn(handler);
+    for _ in 0..2 {
+        tokio::time::timeout(common::HANG_GUARD, started.recv()).await.unwrap().unwrap();
+    }
+    // Tokens are there, but both handlers are busy: nothing more is claimed.
+    assert_eq!(state(&broker, 3).await, JobState::Queued);
+    go.add_permits(1);
+    let third = tokio::time::timeout(common::HANG_GUARD, started.recv()).await.unwrap().unwrap();
+    assert_eq!(third, 3);
+    assert_eq!(state(&broker, 4).await, JobState::Queued);
+    go.add_permits(10);
+    for seq in 1..=6 {
+        broker.wait_job("jobs", "workers", seq).await.unwrap();
+    }
+    assert_eq!(pool.shutdown().await.unwrap().acked, 6);
+    broker.shutdown().await.unwrap();
+}

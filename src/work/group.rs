@@ -427,10 +427,12 @@ impl WorkGroup {
     /// group, as [`rate_limit`](WorkGroup::rate_limit) is. `None` removes a stored limit (with
     /// [`update`](WorkGroup::update)); 0 is refused ([`Error::InvalidOption`]).
     ///
-    /// A job held back is not claimed (no lease runs out while it waits). A worker pool on a
-    /// limited group claims only for idle handlers, unless its prefetch is set. A restart
-    /// voids every lease, as it does for any claim: the jobs held are claimable at once,
-    /// within the limit.
+    /// A job held back is not claimed (no lease runs out while it waits). A worker pool's
+    /// prefetched jobs are leased, so they count: a pool with more handlers than the limit
+    /// simply leaves the extra ones idle, and one whose prefetch reaches past the limit holds
+    /// places its handlers are not using yet (set [`prefetch(0)`](crate::Workers::prefetch)
+    /// where several pools share a small limit). A restart voids every lease, as it does for
+    /// any claim: the jobs held are claimable at once, within the limit.
     ///
     /// Not on the etcd engine ([`Error::Unsupported`] when stored).
     ///
@@ -530,17 +532,12 @@ impl WorkGroup {
         self.shared.wait_job(&self.name, &self.queue.name, seq).await
     }
 
-    /// Whether the group claims under a rate, concurrency or per-key limit: set by this
-    /// handle, or stored with the group when this process last saw its settings. A worker pool
-    /// then claims only for idle handlers (see `Workers::prefetch`).
-    pub(crate) fn has_limits(&self) -> bool {
-        let set = self.rate_limit.is_some_and(|r| r.is_some())
-            || self.concurrency_limit.is_some_and(|c| c.is_some())
-            || self.per_key_limit.is_some_and(|c| c.is_some());
-        let stored = self.state().and_then(|g| g.settings()).is_some_and(|s| {
-            s.rate_limit.is_some() || s.concurrency_limit.is_some() || s.per_key_limit.is_some()
-        });
-        set || stored
+    /// Whether the group claims under a rate limit: set by this handle, or stored with the
+    /// group when this process last saw its settings. A worker pool then claims only for idle
+    /// handlers (see `Workers::prefetch`).
+    pub(crate) fn has_rate_limit(&self) -> bool {
+        let set = self.rate_limit.is_some_and(|r| r.is_some());
+        set || self.state().and_then(|g| g.settings()).is_some_and(|s| s.rate_limit.is_some())
     }
 
     pub(crate) fn saturation_threshold(&self) -> Duration {
