@@ -20,6 +20,8 @@ async fn run_until(broker: &Broker, started: Instant, last: u64) -> Result<(), r
     // Set on the first run, stored with the group; the second run adopts them (setting other
     // values would be refused until `WorkGroup::update`).
     let group = charges.work_group("provider")?.rate_limit(RateLimit::per_second(5)).concurrency_limit(2);
+    // Stores them (and creates the group) before anything asks about its jobs.
+    group.update().await?;
     let pool = group.workers(8).spawn(move |task: Task| {
         let running = running.clone();
         async move {
