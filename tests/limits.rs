@@ -511,3 +511,28 @@ async fn a_pool_on_a_rate_limited_group_claims_only_for_idle_handlers() {
     assert_eq!(pool.shutdown().await.unwrap().acked, 6);
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn removing_a_per_key_limit_frees_what_it_held_back_at_once() {
+    let dir = common::tempdir();
+    let broker = common::open(dir.path()).await;
+    let q = broker.queue("jobs").await.unwrap();
+    for i in 1..=6 {
+        q.send(rockq::Message::new(format!("job {i}")).key("tenant")).await.unwrap();
+    }
+    let g = || async { group(&broker).await.max_in_flight(20).read_batch(20) };
+    let mut sub = g().await.per_key_limit(2).subscribe().await.unwrap();
+    let held = take_held(&mut sub, 2).await;
+    assert_eq!(state(&broker, 3).await, JobState::Limited);
+    g().await.per_key_limit(None).update().await.unwrap();
+    // Not one at a time behind the held two: all four at once.
+    let rest = take_held(&mut sub, 4).await;
+    let mut seqs: Vec<u64> = held.iter().chain(&rest).map(|j| j.seq()).collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, [1, 2, 3, 4, 5, 6]);
+    let stats = broker.stats().await.unwrap();
+    let gs = stats.groups.iter().find(|g| g.group == "workers").unwrap();
+    assert_eq!((gs.per_key_limit, gs.limited, gs.in_flight), (None, 0, 6));
+    drop((held, rest, sub));
+    broker.shutdown().await.unwrap();
+}

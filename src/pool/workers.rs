@@ -381,7 +381,7 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
         let in_flight = self.concurrency + room;
         // A claim takes at most what the pool has room for; without a prefetch that room is
         // its idle handlers, and one claim takes them all (not one claim write each).
-        let batch = if ahead == 0 { self.concurrency } else { ahead };
+        let batch = if ahead == 0 { self.concurrency } else { ahead }.clamp(1, WorkGroup::MAX_CLAIM_BATCH);
         let mut sub = self.group.clone().max_in_flight(in_flight).read_batch(batch).subscribe().await?;
         let mut adapt = prefetch.is_none().then(|| Adapt::new(sub.permits().clone(), ahead, room));
         sub.set_limit(limit, batch);

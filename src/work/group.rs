@@ -454,8 +454,10 @@ impl WorkGroup {
     /// once — "at most 3 jobs at once per tenant" — across every pool and subscription of the
     /// group: stored with the group, as [`rate_limit`](WorkGroup::rate_limit) is. A key's
     /// first `n` unfinished jobs may run; the later ones wait (`JobState::Limited`) until one
-    /// of those finishes, so a key's jobs also *start* in order. A job waiting for its retry
-    /// keeps its place among the `n`. Jobs without a key are not limited by it.
+    /// of those finishes, so a key's jobs are also *claimed* in order (with `n > 1`, jobs
+    /// claimed together may start in any order). A job waiting for its retry keeps its place
+    /// among the `n`. Jobs without a key are not limited by it. Removing the limit makes what
+    /// it held back claimable at once.
     ///
     /// [`ordered_by_key`](WorkGroup::ordered_by_key) is the case `n = 1`; a group has one or
     /// the other ([`Error::InvalidOption`] for both). `n` is 1 to 1,024; `None` removes a

@@ -9,10 +9,10 @@
 //!   the due ones to `ready`, and the first entry is when to look again.
 //! - settling sequences (an outcome on its way to the writer) are in neither.
 //!
-//! - parked sequences (per-key ordering: an earlier message with the same key is unfinished)
-//!   are in neither; `keys` lists each key's unfinished sequences, and only the first of them
-//!   (the key's head) is ever anything but parked. When the head is forgotten (finished), the
-//!   next one becomes claimable.
+//! - parked sequences (per-key ordering or a per-key limit: `window` earlier messages with the
+//!   same key are unfinished) are in neither; `keys` lists each key's unfinished sequences, and
+//!   only the first `window` of them (1: the key's head) are ever anything but parked. When one
+//!   of those is forgotten (finished), the next one becomes claimable.
 //!
 //! - prioritised messages never claimed are found in the queue's index (`priority.rs`) from
 //!   the group's `cursors` (one per priority: everything of it below was claimed); one
@@ -257,9 +257,13 @@ impl Dispatch {
         let Some(k) = key else { return false };
         let window = self.window;
         let Some(list) = self.keys.get_mut(&k) else { return false };
-        let was_within = list.range(..seq).take(window).count() < window;
+        // No window (neither key order nor a per-key limit): nothing waits, nothing to count.
+        let was_within = window == usize::MAX || list.range(..seq).take(window).count() < window;
         let removed = list.remove(&seq);
-        let next = if was_within && removed { list.iter().nth(window - 1).copied() } else { None };
+        let next = match was_within && removed && window <= list.len() {
+            true => list.iter().nth(window - 1).copied(),
+            false => None,
+        };
         if list.is_empty() {
             self.keys.remove(&k);
         }
@@ -328,7 +332,8 @@ impl Dispatch {
     /// behind them.
     pub fn behind_its_key(&self, seq: u64) -> bool {
         let Some(k) = self.slots.get(&seq).and_then(|s| s.key.filter(|_| s.key_known)) else { return false };
-        self.keys.get(&k).is_some_and(|l| l.range(..seq).take(self.window).count() >= self.window)
+        self.window != usize::MAX
+            && self.keys.get(&k).is_some_and(|l| l.range(..seq).take(self.window).count() >= self.window)
     }
 
     /// Lets each key's first `window` unfinished messages be claimable (a new per-key limit):
@@ -568,7 +573,7 @@ impl Dispatch {
                     self.ghosts.insert((deadline, seq));
                     self.ghost_keys.insert(seq, k);
                 }
-                // In order: each key's next head is promoted once its earlier ones are gone.
+                // In order: each key's next one is promoted once its earlier ones are gone.
                 (key, _) => {
                     self.forget_key(seq, key);
                 }

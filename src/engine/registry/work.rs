@@ -249,8 +249,8 @@ impl WorkGroupState {
     }
 
     /// Orders the group by key from now on (or stops), for every subscription of it in this
-    /// process. Turning it off leaves messages parked behind their key's head parked until
-    /// that head finishes; nothing is parked after that.
+    /// process. Which of a key's messages are claimable is the claim index's window
+    /// (`set_settings` sets both).
     pub fn set_keyed(&self, on: bool) {
         self.keyed.store(on, Ordering::Release);
     }
@@ -263,14 +263,25 @@ impl WorkGroupState {
     /// Installs the stored settings (read at open, or durably written): claims and outcomes
     /// decided from now on use them. Claimers are woken, as key ordering may have changed.
     pub fn set_settings(&self, settings: Arc<WorkSettings>) {
-        // A per-key limit of `n` is key ordering with a window of `n` (`dispatch.rs`).
+        // A per-key limit of `n` is key ordering with a window of `n` (`dispatch.rs`); with
+        // neither, no window: whatever a key order or limit had parked is claimable at once.
         self.set_keyed(settings.ordered_by_key || settings.per_key_limit.is_some());
+        let window = match (settings.per_key_limit, settings.ordered_by_key) {
+            (Some(n), _) => n as usize,
+            (None, true) => 1,
+            (None, false) => usize::MAX,
+        };
+        let rate_before = self.settings().and_then(|s| s.rate_limit);
         {
             let mut d = self.dispatch();
-            d.set_window(settings.per_key_limit.map_or(1, |n| n as usize));
+            d.set_window(window);
             if settings.rate_limit.is_none() {
                 // Its record is deleted with the limit (`writer/settings.rs`).
                 d.bucket = Default::default();
+            }
+            if settings.rate_limit != rate_before {
+                // What was written under another limit is not a floor for this one's writes
+                // (the bucket in memory is cut to the new limit: `rate_limit.rs`).
                 self.bucket_written.store(0, Ordering::Relaxed);
             }
         }
