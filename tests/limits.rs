@@ -171,6 +171,75 @@ async fn a_concurrency_limit_holds_across_subscriptions_and_frees_a_place_per_fi
     broker.shutdown().await.unwrap();
 }
 
+/// Handlers that report each start and then wait for the test to let them finish, counting
+/// how many run at once: all together, or per `Message::key`.
+struct Gate {
+    go: Arc<tokio::sync::Semaphore>,
+    started: tokio::sync::mpsc::UnboundedReceiver<u64>,
+    started_tx: tokio::sync::mpsc::UnboundedSender<u64>,
+    running: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    most: Arc<AtomicUsize>,
+    per_key: bool,
+}
+
+impl Gate {
+    fn new(per_key: bool) -> Gate {
+        let (started_tx, started) = tokio::sync::mpsc::unbounded_channel();
+        Gate {
+            go: Arc::new(tokio::sync::Semaphore::new(0)),
+            started,
+            started_tx,
+            running: Default::default(),
+            most: Arc::new(AtomicUsize::new(0)),
+            per_key,
+        }
+    }
+
+    /// The pool's handler.
+    fn handler(
+        &self,
+    ) -> impl Fn(rockq::Task) -> futures::future::BoxFuture<'static, Result<(), rockq::HandlerError>>
+    + Clone
+    + Send
+    + Sync
+    + 'static {
+        let (go, tx, running, most, per_key) =
+            (self.go.clone(), self.started_tx.clone(), self.running.clone(), self.most.clone(), self.per_key);
+        move |task: rockq::Task| {
+            let (go, tx, running, most) = (go.clone(), tx.clone(), running.clone(), most.clone());
+            Box::pin(async move {
+                let key = if per_key { task.key().unwrap_or_default().to_owned() } else { String::new() };
+                let now = {
+                    let mut r = running.lock().unwrap();
+                    let n = r.entry(key.clone()).or_default();
+                    *n += 1;
+                    *n
+                };
+                most.fetch_max(now, Ordering::SeqCst);
+                tx.send(task.seq()).unwrap();
+                go.acquire().await.unwrap().forget();
+                *running.lock().unwrap().get_mut(&key).unwrap() -= 1;
+                Ok(())
+            })
+        }
+    }
+
+    /// The next job a handler started.
+    async fn started(&mut self) -> u64 {
+        tokio::time::timeout(common::HANG_GUARD, self.started.recv()).await.unwrap().unwrap()
+    }
+
+    /// Lets `n` waiting (or future) handlers finish.
+    fn release(&self, n: usize) {
+        self.go.add_permits(n);
+    }
+
+    /// The most handlers that ran at once (of one key, per key).
+    fn most(&self) -> usize {
+        self.most.load(Ordering::SeqCst)
+    }
+}
+
 #[tokio::test]
 async fn a_pool_of_eight_workers_runs_at_most_the_limit_at_once() {
     let dir = common::tempdir();
@@ -178,37 +247,20 @@ async fn a_pool_of_eight_workers_runs_at_most_the_limit_at_once() {
     let broker = open_clock(dir.path(), &clock).await;
     let q = broker.queue("jobs").await.unwrap();
     q.send_batch((1..=20).map(|i| format!("job {i}"))).await.unwrap();
-    let running = Arc::new(AtomicUsize::new(0));
-    let most = Arc::new(AtomicUsize::new(0));
-    let go = Arc::new(tokio::sync::Semaphore::new(0));
-    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
-    let handler = {
-        let (running, most, go) = (running.clone(), most.clone(), go.clone());
-        move |task: rockq::Task| {
-            let (running, most, go, started_tx) =
-                (running.clone(), most.clone(), go.clone(), started_tx.clone());
-            async move {
-                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
-                most.fetch_max(now, Ordering::SeqCst);
-                started_tx.send(task.seq()).unwrap();
-                go.acquire().await.unwrap().forget();
-                running.fetch_sub(1, Ordering::SeqCst);
-                Ok::<_, rockq::HandlerError>(())
-            }
-        }
-    };
+    let mut gate = Gate::new(false);
+    let handler = gate.handler();
     let pool = group(&broker).await.max_in_flight(64).concurrency_limit(3).workers(8).spawn(handler);
     let mut seen = Vec::new();
     for _ in 0..3 {
-        seen.push(tokio::time::timeout(common::HANG_GUARD, started.recv()).await.unwrap().unwrap());
+        seen.push(gate.started().await);
     }
     // Three running, every other job held back (not prefetched: a prefetched job is leased).
     assert_eq!(state(&broker, 4).await, JobState::Limited);
     for _ in 3..20 {
-        go.add_permits(1);
-        seen.push(tokio::time::timeout(common::HANG_GUARD, started.recv()).await.unwrap().unwrap());
+        gate.release(1);
+        seen.push(gate.started().await);
     }
-    go.add_permits(3);
+    gate.release(3);
     for seq in 1..=20 {
         broker.wait_job("jobs", "workers", seq).await.unwrap();
     }
@@ -216,7 +268,7 @@ async fn a_pool_of_eight_workers_runs_at_most_the_limit_at_once() {
     assert_eq!(report.acked, 20);
     seen.sort_unstable();
     assert_eq!(seen, (1..=20).collect::<Vec<_>>(), "each job ran once");
-    assert_eq!(most.load(Ordering::SeqCst), 3, "never more than the limit at once, and the limit reached");
+    assert_eq!(gate.most(), 3, "never more than the limit at once, and the limit reached");
     broker.shutdown().await.unwrap();
 }
 
@@ -387,51 +439,28 @@ async fn a_pool_runs_at_most_n_jobs_of_a_key_at_once() {
     for i in 0..18 {
         q.send(rockq::Message::new(format!("job {i}")).key(format!("tenant-{}", i % 3))).await.unwrap();
     }
-    let running: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>> = Default::default();
-    let most = Arc::new(AtomicUsize::new(0));
-    let go = Arc::new(tokio::sync::Semaphore::new(0));
-    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
-    let handler = {
-        let (running, most, go) = (running.clone(), most.clone(), go.clone());
-        move |task: rockq::Task| {
-            let (running, most, go, started_tx) =
-                (running.clone(), most.clone(), go.clone(), started_tx.clone());
-            async move {
-                let key = task.key().unwrap_or_default().to_owned();
-                let now = {
-                    let mut r = running.lock().unwrap();
-                    let n = r.entry(key.clone()).or_default();
-                    *n += 1;
-                    *n
-                };
-                most.fetch_max(now, Ordering::SeqCst);
-                started_tx.send(task.seq()).unwrap();
-                go.acquire().await.unwrap().forget();
-                *running.lock().unwrap().get_mut(&key).unwrap() -= 1;
-                Ok::<_, rockq::HandlerError>(())
-            }
-        }
-    };
+    let mut gate = Gate::new(true);
+    let handler = gate.handler();
     let pool = group(&broker).await.max_in_flight(64).per_key_limit(2).workers(8).spawn(handler);
     let mut seen = Vec::new();
     // Two per tenant: six of the eight workers busy, every other job held back.
     for _ in 0..6 {
-        seen.push(tokio::time::timeout(common::HANG_GUARD, started.recv()).await.unwrap().unwrap());
+        seen.push(gate.started().await);
     }
     let stats = broker.stats().await.unwrap();
     assert_eq!(stats.groups.iter().find(|g| g.group == "workers").unwrap().limited, 12);
     for _ in 6..18 {
-        go.add_permits(1);
-        seen.push(tokio::time::timeout(common::HANG_GUARD, started.recv()).await.unwrap().unwrap());
+        gate.release(1);
+        seen.push(gate.started().await);
     }
-    go.add_permits(6);
+    gate.release(6);
     for seq in 1..=18 {
         broker.wait_job("jobs", "workers", seq).await.unwrap();
     }
     assert_eq!(pool.shutdown().await.unwrap().acked, 18);
     seen.sort_unstable();
     assert_eq!(seen, (1..=18).collect::<Vec<_>>(), "each job ran once");
-    assert_eq!(most.load(Ordering::SeqCst), 2, "never more than two of a tenant at once");
+    assert_eq!(gate.most(), 2, "never more than two of a tenant at once");
     broker.shutdown().await.unwrap();
 }
 
@@ -480,31 +509,20 @@ async fn a_pool_on_a_rate_limited_group_claims_only_for_idle_handlers() {
     let broker = open_clock(dir.path(), &clock).await;
     let q = broker.queue("jobs").await.unwrap();
     q.send_batch((1..=6).map(|i| format!("job {i}"))).await.unwrap();
-    let go = Arc::new(tokio::sync::Semaphore::new(0));
-    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
-    let handler = {
-        let go = go.clone();
-        move |task: rockq::Task| {
-            let (go, started_tx) = (go.clone(), started_tx.clone());
-            async move {
-                started_tx.send(task.seq()).unwrap();
-                go.acquire().await.unwrap().forget();
-                Ok::<_, rockq::HandlerError>(())
-            }
-        }
-    };
+    let mut gate = Gate::new(false);
+    let handler = gate.handler();
     let rate = RateLimit::per_second(100).burst(10);
     let pool = group(&broker).await.max_in_flight(64).rate_limit(rate).workers(2).spawn(handler);
     for _ in 0..2 {
-        tokio::time::timeout(common::HANG_GUARD, started.recv()).await.unwrap().unwrap();
+        gate.started().await;
     }
     // Tokens are there, but both handlers are busy: nothing more is claimed.
     assert_eq!(state(&broker, 3).await, JobState::Queued);
-    go.add_permits(1);
-    let third = tokio::time::timeout(common::HANG_GUARD, started.recv()).await.unwrap().unwrap();
+    gate.release(1);
+    let third = gate.started().await;
     assert_eq!(third, 3);
     assert_eq!(state(&broker, 4).await, JobState::Queued);
-    go.add_permits(10);
+    gate.release(10);
     for seq in 1..=6 {
         broker.wait_job("jobs", "workers", seq).await.unwrap();
     }
