@@ -743,6 +743,13 @@ pub enum Error {
         /// The group.
         group: String,
     },
+    /// There is no flow `flow` ([`Broker::flow_status`](crate::Broker::flow_status)): never
+    /// submitted, or deleted. Kind [`NotFound`](ErrorKind::NotFound).
+    #[error("there is no flow {flow} (never submitted, or deleted)")]
+    NoSuchFlow {
+        /// The flow's id.
+        flow: u64,
+    },
     /// Message `seq` of `queue` is not an unfinished job of work group `group`: the group
     /// finished it (acked or dead-lettered), retention deleted it, or it was never sent. Kind
     /// [`NotFound`](ErrorKind::NotFound).
@@ -954,6 +961,7 @@ impl Error {
             | Error::NoSuchQueue { .. }
             | Error::NoSuchGroup { .. }
             | Error::NoSuchJob { .. }
+            | Error::NoSuchFlow { .. }
             | Error::NoSuchLetter { .. }
             | Error::NoSuchSchedule { .. } => ErrorKind::NotFound,
             Error::QueueDeleted { .. } | Error::GroupDeleted { .. } => ErrorKind::Deleted,

@@ -61,6 +61,7 @@
 // plain value types (the rest).
 mod broker;
 mod dead_letter;
+mod flow;
 mod group_admin;
 mod inspector;
 mod kv;
@@ -85,6 +86,7 @@ mod events;
 #[cfg(feature = "json")]
 pub mod export;
 mod faults;
+mod flow_state;
 mod json;
 mod message;
 mod model;
@@ -122,6 +124,11 @@ pub use error::{
 pub use events::Event;
 #[cfg(feature = "json")]
 pub use export::{TransferProgress, TransferReport};
+pub use flow::Flow;
+pub use flow_state::{
+    FLOW_HEADER, FlowState, FlowStatus, FlowStep, MAX_FLOW_STEPS, RunWhen, Step, StepState, StepStatus,
+    Submitted,
+};
 pub use inspector::Inspector;
 pub use kv::{Keyspace, Scan};
 pub use message::{MAX_KEY_LEN, Message};

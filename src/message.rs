@@ -372,6 +372,22 @@ macro_rules! message_accessors {
             self.raw().map_or(0, |m| m.priority)
         }
 
+        /// Which step of which flow this message is ([`Flow`](crate::Flow)), from its
+        /// [`FLOW_HEADER`](crate::FLOW_HEADER); `None` for a message sent outside a flow.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = concat!("# fn demo(", $var, ": &rockq::", $ty, ") {")]
+        #[doc = concat!("if let Some(at) = ", $var, ".flow_step() {")]
+        ///     println!("step {} of flow {}", at.step, at.flow);
+        /// }
+        /// # }
+        /// ```
+        pub fn flow_step(&self) -> Option<crate::flow_state::FlowStep> {
+            self.header(crate::flow_state::FLOW_HEADER).and_then(|v| crate::flow_state::FlowStep::parse(v))
+        }
+
         /// The first header named `key`.
         ///
         /// # Examples

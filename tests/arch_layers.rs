@@ -5,7 +5,7 @@
 //! `docs/ARCHITECTURE.md`, whose claims these are.
 //!
 //! Layers, top down:
-//! 1. handles: `broker/`, `queue/`, `ordered/`, `work/`, `pool/`, `dead_letter/`, `kv/`,
+//! 1. handles: `broker/`, `queue/`, `ordered/`, `work/`, `pool/`, `dead_letter/`, `flow/`, `kv/`,
 //!    `txn/`, `inspector.rs` (and `lib.rs`), and `web/`, the console, which stays on the public
 //!    API: not even `engine::boundary`;
 //! 2. the engine: `engine/`;
@@ -29,6 +29,7 @@ const HANDLES: &[&str] = &[
     "work",
     "pool",
     "dead_letter",
+    "flow",
     "group_admin",
     "kv",
     "txn",
@@ -37,6 +38,7 @@ const HANDLES: &[&str] = &[
 ];
 const VALUES: &[&str] = &[
     "backup",
+    "flow_state",
     "clock",
     "codec",
     "entry",

@@ -764,3 +764,25 @@ async fn a_rate_or_concurrency_limit_is_refused_and_nothing_is_stored() {
     assert_eq!((g.rate_limit, g.concurrency_limit, g.limited), (None, None, 0));
     broker.shutdown().await.unwrap();
 }
+
+/// Flows are refused with the family's `Unsupported` error, and nothing is sent or stored.
+#[tokio::test]
+async fn a_flow_is_refused_and_nothing_is_sent() {
+    let cluster = etcd::Cluster::start(1).await;
+    let broker = connect(&cluster, "flows").await;
+    let q = broker.queue("q").await.unwrap();
+    let group = q.work_group("w").unwrap();
+    let mut flow = broker.flow();
+    let a = flow.job(&group, "a").unwrap();
+    flow.then(&group, "b", &[a]).unwrap();
+    let e = flow.submit().await.unwrap_err();
+    assert_eq!(e.unsupported().map(|u| u.engine()), Some("etcd"), "submit: {e}");
+    let e = broker.flow_status(1).await.unwrap_err();
+    assert_eq!(e.unsupported().map(|u| u.engine()), Some("etcd"), "status: {e}");
+    let e = broker.flows(0, 10).await.unwrap_err();
+    assert_eq!(e.unsupported().map(|u| u.engine()), Some("etcd"), "list: {e}");
+    let e = broker.delete_flow(1).await.unwrap_err();
+    assert_eq!(e.unsupported().map(|u| u.engine()), Some("etcd"), "delete: {e}");
+    assert_eq!(q.last_seq(), 0, "nothing was appended");
+    broker.shutdown().await.unwrap();
+}

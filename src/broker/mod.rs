@@ -7,6 +7,7 @@ mod backup;
 pub(crate) mod events;
 #[cfg(feature = "json")]
 mod export;
+mod flows;
 mod jobs;
 mod kv;
 mod lifecycle;

@@ -267,6 +267,33 @@ impl Backend {
         }
     }
 
+    /// Flow `id` as stored (`None`: no such flow).
+    pub async fn flow_status(
+        &self,
+        engine: &Arc<Engine>,
+        runtime: &Handle,
+        id: u64,
+    ) -> Result<Option<crate::flow_state::FlowStatus>, Error> {
+        match self {
+            Backend::Embedded(store) => inspect::live_flow(engine, store, runtime, id).await,
+            Backend::Etcd(_) => Err(super::capability::refusal(Flavour::Etcd, Capability::Flows)),
+        }
+    }
+
+    /// Up to `limit` flow ids from `from`.
+    pub async fn flow_ids(
+        &self,
+        engine: &Arc<Engine>,
+        runtime: &Handle,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<u64>, Error> {
+        match self {
+            Backend::Embedded(store) => inspect::live_flow_ids(engine, store, runtime, from, limit).await,
+            Backend::Etcd(_) => Err(super::capability::refusal(Flavour::Etcd, Capability::Flows)),
+        }
+    }
+
     /// Up to `limit` stored messages of `queue` from `from`.
     pub async fn peek(
         &self,

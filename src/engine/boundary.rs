@@ -55,9 +55,9 @@ pub(crate) use super::registry::{
     QueuedAck, Refused, SettlingGuard, TakenFrom, Watching, WorkGroupState,
 };
 pub(crate) use super::request::{
-    HeldLease, KvRequest, KvWrite, LifecycleRequest, OrderedRequest, Outcome, QueueRequest, RedriveItem,
-    Request, RetentionRequest, ScheduleRequest, SettingsMode, Submission, TxApplied, TxDelivery, TxJob,
-    TxRequest, TxSend, WorkRequest, WorkSettingsRequest,
+    FlowStepSpec, HeldLease, KvRequest, KvWrite, LifecycleRequest, OrderedRequest, Outcome, QueueRequest,
+    RedriveItem, Request, RetentionRequest, ScheduleRequest, SettingsMode, Submission, TxApplied, TxDelivery,
+    TxJob, TxRequest, TxSend, WorkRequest, WorkSettingsRequest,
 };
 pub(crate) use super::shared::Shared;
 pub(crate) use crate::store::envelope::{EncodeError, body_len, validate};

@@ -76,6 +76,8 @@ pub(crate) enum Capability {
     Priority,
     /// `WorkGroup::rate_limit` and `WorkGroup::concurrency_limit`: durable limits on claims.
     Limits,
+    /// Flows of dependent jobs (`Broker::flow`).
+    Flows,
 }
 
 impl Capability {
@@ -106,6 +108,7 @@ impl Capability {
             Capability::Limits => {
                 "a work group's rate, concurrency or per-key limit (WorkGroup::rate_limit, concurrency_limit, per_key_limit)"
             }
+            Capability::Flows => "flows of dependent jobs (Broker::flow)",
         }
     }
 }
@@ -135,7 +138,8 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::KeepOutcomes
             | Capability::JobProgress
             | Capability::Priority
-            | Capability::Limits => false,
+            | Capability::Limits
+            | Capability::Flows => false,
         },
     }
 }
@@ -178,6 +182,7 @@ pub(crate) fn for_request(req: &Request) -> Option<Capability> {
         Request::Lifecycle(LifecycleRequest::PurgeQueue { .. }) => Capability::PurgeQueue,
         Request::Kv(_) => Capability::Keyspaces,
         Request::Tx(_) => Capability::Transactions,
+        Request::Flow(_) => Capability::Flows,
         Request::Work(WorkRequest::SettleLetter { .. }) => Capability::DeadLetterActions,
         _ => return None,
     })

@@ -487,6 +487,28 @@ pub(super) async fn live_outcome(
     .await
 }
 
+/// Flow `id` as stored, on a live broker.
+pub(super) async fn live_flow(
+    engine: &Arc<Engine>,
+    store: &Arc<Store>,
+    runtime: &tokio::runtime::Handle,
+    id: u64,
+) -> Result<Option<crate::flow_state::FlowStatus>, Error> {
+    on_store(engine, store, runtime, move |s, _| crate::store::flow_status(s, id).map_err(Error::from)).await
+}
+
+/// Up to `limit` flow ids from `from`, on a live broker.
+pub(super) async fn live_flow_ids(
+    engine: &Arc<Engine>,
+    store: &Arc<Store>,
+    runtime: &tokio::runtime::Handle,
+    from: u64,
+    limit: usize,
+) -> Result<Vec<u64>, Error> {
+    on_store(engine, store, runtime, move |s, _| crate::store::flow_ids(s, from, limit).map_err(Error::from))
+        .await
+}
+
 /// Up to `limit` stored messages of `queue` from `from`, on a live broker.
 pub(super) async fn live_peek(
     engine: &Arc<Engine>,

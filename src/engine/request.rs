@@ -69,6 +69,8 @@ impl Request {
             Request::Lifecycle(LifecycleRequest::PurgeQueue { reply, .. }) => refuse(reply, why),
             Request::Kv(KvRequest::Create { reply, .. }) => refuse(reply, why),
             Request::Tx(tx) => tx.refuse(why),
+            Request::Flow(FlowRequest::Submit { reply, .. }) => refuse(reply, why),
+            Request::Flow(FlowRequest::Delete { reply, .. }) => refuse(reply, why),
             Request::Commit => {}
             Request::Flush { reply } => refuse(reply, why),
             // Whoever asked to stop is told it is stopped.
@@ -91,6 +93,8 @@ pub(crate) enum Request {
     Kv(KvRequest),
     /// A transaction (`writer/txn.rs`).
     Tx(TxRequest),
+    /// Flows of dependent jobs (`writer/flow.rs`).
+    Flow(FlowRequest),
     /// Wake-up only: a group became dirty while the writer was idle.
     Commit,
     /// Reply once every acknowledgement recorded before this request is durable.
@@ -335,6 +339,26 @@ pub(crate) struct RedriveItem {
     pub target: Arc<str>,
     pub message: Message,
     pub enqueued_at_micros: u64,
+}
+
+/// Flows of dependent jobs (`writer/flow.rs`).
+pub(crate) enum FlowRequest {
+    /// Store a flow and send its steps that run after nothing; answers its id and each sent
+    /// step's sequence.
+    Submit { steps: Vec<FlowStepSpec>, reply: Reply<crate::flow_state::Submitted, Error> },
+    /// Delete flow `id`'s records (its sent jobs stay in their queues); `false` if there is
+    /// none.
+    Delete { id: u64, reply: Reply<bool, Error> },
+}
+
+/// One step of a flow on its way to the writer, checked by the caller (names, sizes, the
+/// dependencies come before it).
+pub(crate) struct FlowStepSpec {
+    pub queue: Arc<QueueState>,
+    pub group: String,
+    pub when: crate::flow_state::RunWhen,
+    pub after: Vec<u32>,
+    pub message: Message,
 }
 
 /// Keyspaces (`writer/txn.rs`).

@@ -15,7 +15,7 @@ use super::backend::{Backend, OwnerHold};
 use super::capability::{Capability, Flavour};
 use super::inbox::Staging;
 use super::registry::{OrderedGroupState, QueueState, WorkGroupState};
-use super::request::{Request, SettingsChange, SettingsRequest};
+use super::request::{FlowRequest, FlowStepSpec, Request, SettingsChange, SettingsRequest};
 use crate::clock::Clock;
 use crate::error::{Error, NameKind};
 use crate::events::Event;
@@ -419,6 +419,34 @@ impl Shared {
                 _ = self.closing.cancelled() => {}
             }
         }
+    }
+
+    /// Stores a flow and sends its first steps (`Broker::flow`).
+    pub async fn submit_flow(&self, steps: Vec<FlowStepSpec>) -> Result<crate::flow_state::Submitted, Error> {
+        self.check(Capability::Flows)?;
+        let (reply, rx) = oneshot::channel();
+        self.ask(Request::Flow(FlowRequest::Submit { steps, reply }), rx).await
+    }
+
+    /// Deletes flow `id`'s records; `false` if there is none.
+    pub async fn delete_flow(&self, id: u64) -> Result<bool, Error> {
+        self.check(Capability::Flows)?;
+        let (reply, rx) = oneshot::channel();
+        self.ask(Request::Flow(FlowRequest::Delete { id, reply }), rx).await
+    }
+
+    /// Flow `id` as stored.
+    pub async fn flow_status(&self, id: u64) -> Result<crate::flow_state::FlowStatus, Error> {
+        self.check(Capability::Flows)?;
+        self.open_for_reads()?;
+        self.backend.flow_status(&self.engine, &self.runtime, id).await?.ok_or(Error::NoSuchFlow { flow: id })
+    }
+
+    /// Up to `limit` flow ids from `from`, in id order.
+    pub async fn flow_ids(&self, from: u64, limit: usize) -> Result<Vec<u64>, Error> {
+        self.check(Capability::Flows)?;
+        self.open_for_reads()?;
+        self.backend.flow_ids(&self.engine, &self.runtime, from, limit).await
     }
 
     /// Up to `limit` stored messages of `queue` from `from`.

@@ -339,39 +339,7 @@ impl Queue {
     /// `otel` feature writes the current trace context into the headers (before the size
     /// check, which then counts them).
     fn check(&self, index: usize, m: &mut Message, trace: &Trace) -> Result<(), Error> {
-        if self.shared.is_closed() {
-            return Err(Error::Shutdown);
-        }
-        if self.state.is_deleted() {
-            return Err(Error::QueueDeleted { queue: self.state.name.to_string() });
-        }
-        #[cfg(feature = "otel")]
-        trace.apply(&mut m.headers);
-        #[cfg(not(feature = "otel"))]
-        let _ = trace;
-        let max = self.shared.options().max_message_bytes;
-        let size = boundary::body_len(m);
-        if size > max {
-            return Err(Error::MessageTooLarge { index, size, max });
-        }
-        boundary::validate(m).map_err(|e| Error::InvalidHeader {
-            index,
-            reason: match e {
-                EncodeError::HeaderKeyTooLong => "key longer than 65535 bytes",
-                EncodeError::TooManyHeaders => "more than 65535 headers",
-                EncodeError::HeaderValueTooLong => "value longer than 4 GiB",
-                EncodeError::KeyEmpty | EncodeError::KeyTooLong => {
-                    return Error::InvalidKey {
-                        index,
-                        reason: if matches!(e, EncodeError::KeyEmpty) {
-                            "empty"
-                        } else {
-                            "longer than MAX_KEY_LEN bytes"
-                        },
-                    };
-                }
-            },
-        })
+        check_message(&self.shared, &self.state, index, m, trace)
     }
 
     /// The messages of a batch call, each checked, before anything is staged: at most
@@ -709,4 +677,58 @@ fn due_micros(clock: &crate::clock::Clock, due: Due) -> u64 {
             .map_or(0, |d| d.as_micros().min(u128::from(u64::MAX)) as u64),
     }
     .min(latest)
+}
+
+/// A message of a flow's step, checked as a send to `state` is (the current trace context
+/// written into it with the `otel` feature).
+pub(crate) fn check_flow_message(
+    shared: &Shared,
+    state: &QueueState,
+    index: usize,
+    m: &mut Message,
+) -> Result<(), Error> {
+    check_message(shared, state, index, m, &Trace::current())
+}
+
+/// The one check of every message sent (`Queue::check`, a flow's steps).
+fn check_message(
+    shared: &Shared,
+    state: &QueueState,
+    index: usize,
+    m: &mut Message,
+    trace: &Trace,
+) -> Result<(), Error> {
+    if shared.is_closed() {
+        return Err(Error::Shutdown);
+    }
+    if state.is_deleted() {
+        return Err(Error::QueueDeleted { queue: state.name.to_string() });
+    }
+    #[cfg(feature = "otel")]
+    trace.apply(&mut m.headers);
+    #[cfg(not(feature = "otel"))]
+    let _ = trace;
+    let max = shared.options().max_message_bytes;
+    let size = boundary::body_len(m);
+    if size > max {
+        return Err(Error::MessageTooLarge { index, size, max });
+    }
+    boundary::validate(m).map_err(|e| Error::InvalidHeader {
+        index,
+        reason: match e {
+            EncodeError::HeaderKeyTooLong => "key longer than 65535 bytes",
+            EncodeError::TooManyHeaders => "more than 65535 headers",
+            EncodeError::HeaderValueTooLong => "value longer than 4 GiB",
+            EncodeError::KeyEmpty | EncodeError::KeyTooLong => {
+                return Error::InvalidKey {
+                    index,
+                    reason: if matches!(e, EncodeError::KeyEmpty) {
+                        "empty"
+                    } else {
+                        "longer than MAX_KEY_LEN bytes"
+                    },
+                };
+            }
+        },
+    })
 }

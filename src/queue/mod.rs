@@ -7,5 +7,6 @@ mod txn;
 mod typed;
 
 pub use handle::Queue;
+pub(crate) use handle::check_flow_message;
 pub use receipt::SendReceipt;
 pub use typed::{TypedQueue, TypedSend};

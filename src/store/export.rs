@@ -232,6 +232,9 @@ impl Store {
                 // The id index is rebuilt from the due entries, the priority index from the
                 // messages.
                 Some(b'i' | b'p') => {}
+                // Flows are not exported (docs/operations.md): their steps name sequences of
+                // this database, which an import does not keep.
+                _ if super::flows::is_flow_key(&k) => {}
                 _ => {
                     let name = keys::schedule_name_from_key(&k)?;
                     scheduled::decode_schedule(&k, &v)?;

@@ -10,6 +10,7 @@
 //! - `read.rs`: the consumers' bounded reads; `inspect.rs`: the reads behind stats.
 //! - `scheduled.rs`: delayed messages, recurring schedules and idempotency keys.
 //! - `lifecycle.rs`: deleting every record of a queue or a group.
+//! - `flows.rs`: flows of dependent jobs (their steps, kept messages and job index).
 //! - `kv.rs`: keyspaces of versioned entries (application state written with the queues).
 //! - `keys.rs`, `records.rs`, `envelope.rs`, `outcomes.rs`: the key layout and the codecs of
 //!   every value (`outcomes.rs`: job outcomes and progress reports).
@@ -23,6 +24,7 @@ pub(crate) mod envelope;
 pub(crate) mod etcd;
 #[cfg(feature = "json")]
 mod export;
+mod flows;
 #[cfg(fuzzing)]
 pub mod fuzzing;
 #[cfg(feature = "json")]
@@ -54,6 +56,7 @@ pub(crate) use read::{
 };
 
 pub(crate) use db::{ReadError, Store};
+pub(crate) use flows::{LoadedFlows, flow_ids, flow_status};
 pub(crate) use keys::RECURRING;
 pub(crate) use kv::{RawEntry, kv_get, kv_scan, prefix_end};
 pub(crate) use lifecycle::next_queue_id;

@@ -79,6 +79,8 @@ pub(crate) struct Loaded {
     pub scheduled: std::collections::HashMap<u32, (u64, u64)>,
     /// Every keyspace.
     pub keyspaces: Vec<super::kv::LoadedKeyspace>,
+    /// Every sent flow step's job, and the next flow id (the writer takes them).
+    pub flows: super::flows::LoadedFlows,
     /// The last keyspace revision handed out.
     pub kv_revision: u64,
     /// The priority index: `(queue id, seq, priority)` of each prioritised message retained.
@@ -464,6 +466,7 @@ pub(super) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, Error
     let first_due = super::scheduled::first_due(db, scheduled).map_err(Error::from)?;
     let scheduled_counts = super::scheduled::scheduled_counts(db, scheduled).map_err(Error::from)?;
     let (keyspaces, kv_revision) = super::kv::load(db, meta).map_err(Error::from)?;
+    let flows = super::flows::load(db, scheduled).map_err(Error::from)?;
     let mut priorities = Vec::new();
     let (lo, hi) = keys::priority_range(None);
     for item in
@@ -483,6 +486,7 @@ pub(super) fn load(db: &DB, path: &Path, writable: bool) -> Result<Loaded, Error
     }
     Ok(Loaded {
         keyspaces,
+        flows,
         kv_revision,
         priorities,
         queues,

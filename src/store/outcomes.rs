@@ -64,10 +64,10 @@ pub(crate) fn encode_outcome(o: &JobOutcome) -> Vec<u8> {
 }
 
 /// Reads a record byte by byte, never past its end.
-struct Reader<'a>(&'a [u8]);
+pub(super) struct Reader<'a>(pub(super) &'a [u8]);
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+    pub(super) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         if self.0.len() < n {
             return None;
         }
@@ -75,16 +75,16 @@ impl<'a> Reader<'a> {
         self.0 = rest;
         Some(head)
     }
-    fn u8(&mut self) -> Option<u8> {
+    pub(super) fn u8(&mut self) -> Option<u8> {
         self.take(1)?.first().copied()
     }
-    fn u32(&mut self) -> Option<u32> {
+    pub(super) fn u32(&mut self) -> Option<u32> {
         self.take(4)?.try_into().ok().map(u32::from_be_bytes)
     }
-    fn u64(&mut self) -> Option<u64> {
+    pub(super) fn u64(&mut self) -> Option<u64> {
         self.take(8)?.try_into().ok().map(u64::from_be_bytes)
     }
-    fn text(&mut self, len: usize) -> Option<String> {
+    pub(super) fn text(&mut self, len: usize) -> Option<String> {
         std::str::from_utf8(self.take(len)?).ok().map(str::to_owned)
     }
 }

@@ -537,6 +537,11 @@ impl WorkGroup {
     /// Whether the group claims under a rate limit: set by this handle, or stored with the
     /// group when this process last saw its settings. A worker pool then claims only for idle
     /// handlers (see `Workers::prefetch`).
+    /// The group's queue (a flow step is sent to it).
+    pub(crate) fn queue_state(&self) -> &Arc<QueueState> {
+        &self.queue
+    }
+
     pub(crate) fn has_rate_limit(&self) -> bool {
         let set = self.rate_limit.is_some_and(|r| r.is_some());
         set || self.state().and_then(|g| g.settings()).is_some_and(|s| s.rate_limit.is_some())

@@ -99,7 +99,9 @@ impl JobInner {
 
     fn set_result(&self, value: bytes::Bytes) -> Result<(), Error> {
         let (queue, group) = (&self.group.queue.name, &self.group.name);
-        if self.config.settings(&self.group).keep_outcomes.is_zero() {
+        // A flow step's result goes to its flow's record (`FlowStatus`), kept or not here.
+        let step = self.msg.headers.iter().any(|(k, _)| k == crate::flow_state::FLOW_HEADER);
+        if self.config.settings(&self.group).keep_outcomes.is_zero() && !step {
             return Err(Error::Invalid {
                 reason: format!(
                     "work group {group} on queue {queue} keeps no outcomes (WorkGroup::keep_outcomes): a result would be dropped"
@@ -166,6 +168,35 @@ fn at_most(what: &str, len: usize, max: usize, name: &str) -> Result<(), Error> 
 macro_rules! accessors {
     ($var:literal, $ty:literal) => {
         crate::message::message_accessors!($var, $ty);
+
+        /// The flow steps this job runs after, with their states and results (a parent's
+        /// children, the step before in a chain, a batch's jobs): read from its flow's records,
+        /// which its dependencies finished in before this job was sent. Empty for a job that
+        /// is no flow step, or a step that runs after nothing.
+        ///
+        /// # Errors
+        ///
+        /// [`Error::NoSuchFlow`] if the flow was deleted; [`Error::Unsupported`] on the etcd
+        /// engine; [`Error::Shutdown`], [`Error::Storage`], [`Error::Corrupt`].
+        ///
+        /// # Cancel safety
+        ///
+        /// Cancel safe: it only reads.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = concat!("# async fn demo(", $var, ": rockq::", $ty, ") -> Result<(), rockq::Error> {")]
+        #[doc = concat!("for child in ", $var, ".flow_dependencies().await? {")]
+        ///     println!("step {} returned {:?}", child.step, child.state.result());
+        /// }
+        /// # Ok(()) }
+        /// ```
+        pub async fn flow_dependencies(&self) -> Result<Vec<crate::flow_state::StepStatus>, Error> {
+            let Some(at) = self.flow_step() else { return Ok(Vec::new()) };
+            let status = self.inner.shared.flow_status(at.flow).await?;
+            Ok(status.dependencies(at.step).into_iter().cloned().collect())
+        }
 
         /// Its message.
         fn raw(&self) -> Option<&RawMessage> {
@@ -258,12 +289,16 @@ macro_rules! accessors {
         /// the handler returns `Ok`, or by [`Job::ack`] and its twins), for as long as the group
         /// [keeps outcomes](crate::WorkGroup::keep_outcomes); read back with
         /// [`Broker::job`](crate::Broker::job) or [`Broker::wait_job`](crate::Broker::wait_job)
-        /// ([`JobOutcome::result`](crate::JobOutcome::result)). A later call replaces it; a
-        /// failed attempt drops it. Nothing is written until the ack.
+        /// ([`JobOutcome::result`](crate::JobOutcome::result)). A flow step's result is also
+        /// kept in its flow's record, for the steps after it
+        /// ([`flow_dependencies`](Self::flow_dependencies)), whether the group keeps outcomes
+        /// or not. A later call replaces it; a failed attempt drops it. Nothing is written
+        /// until the ack.
         ///
         /// # Errors
         ///
-        /// [`Error::Invalid`] if the group keeps no outcomes (the result would be dropped) or
+        /// [`Error::Invalid`] if the group keeps no outcomes and the job is no flow step (the
+        /// result would be dropped) or
         /// the value is over [`MAX_RESULT_BYTES`](crate::stats::MAX_RESULT_BYTES). Nothing changes.
         ///
         /// # Examples

@@ -53,6 +53,9 @@ pub(crate) struct Registry {
     pub keyspaces: DashMap<Arc<str>, Arc<KeyspaceState>>,
     /// The last keyspace revision handed out, as loaded at open (the writer counts on from it).
     pub kv_revision: std::sync::atomic::AtomicU64,
+    /// Flows' sent steps and the next flow id as loaded at open, until the writer takes them
+    /// (it alone keeps flows from then on).
+    pub flows_at_open: std::sync::Mutex<Option<crate::store::LoadedFlows>>,
 }
 
 impl Registry {

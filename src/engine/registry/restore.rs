@@ -31,9 +31,11 @@ impl Registry {
             keyspaces,
             kv_revision,
             priorities,
+            flows,
             ..
         } = loaded;
         let registry = Registry::default();
+        *registry.flows_at_open.lock().unwrap_or_else(|p| p.into_inner()) = Some(flows);
         for k in keyspaces {
             let state = KeyspaceState::new(k.id, &k.name, k.keys);
             registry.keyspaces.insert(state.name.clone(), state);

@@ -15,6 +15,7 @@
 mod commit;
 pub(crate) mod dead_letter;
 mod dedup;
+mod flow;
 mod groups;
 mod lifecycle;
 mod ordered;
@@ -105,6 +106,14 @@ impl Writer {
         written.next_queue_id = (max_id + 1).max(persisted);
         written.next_scheduled_id = engine.timer.first_id;
         written.kv_revision = engine.registry.kv_revision.load(Ordering::Relaxed);
+        let flows = engine.registry.flows_at_open.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let flows = flows.unwrap_or_default();
+        written.next_flow_id = flows.next_id.max(1);
+        written.flow_jobs = flows
+            .jobs
+            .into_iter()
+            .map(|(at, (flow, step, group))| (at, (flow, step, Arc::from(group))))
+            .collect();
         written.next_keyspace_id = engine.registry.keyspaces.iter().map(|k| k.id + 1).max().unwrap_or(0);
         written.index_registry(&engine);
         // Issue 13 (enqueue stamps across a restart): stamps used to restart from the clock, going
@@ -364,6 +373,7 @@ fn apply(r: &mut Round<'_>, req: Request) {
         Request::Lifecycle(l) => lifecycle::apply(r, l),
         Request::Kv(k) => txn::apply_kv(r, k),
         Request::Tx(t) => txn::apply(r, t),
+        Request::Flow(f) => flow::apply(r, f),
         Request::Commit => {}
         Request::Flush { reply } => r.done.flushes.push(reply),
         Request::Shutdown { reply } => r.done.shutdown = Some(reply),

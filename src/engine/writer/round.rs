@@ -64,6 +64,17 @@ pub(crate) struct RoundJobs {
     /// a copy per lookup): the revision written (`Some`) or deleted (`None`). Conditions of a
     /// later transaction in the round read these first.
     pub kv: rustc_hash::FxHashMap<u32, rustc_hash::FxHashMap<Vec<u8>, Option<u64>>>,
+    /// Flow steps written this round (`writer/flow.rs` reads them before the store).
+    pub flow_steps: rustc_hash::FxHashMap<(u64, u32), crate::flow_state::StepRecord>,
+    /// Flows deleted this round.
+    pub flows_deleted: rustc_hash::FxHashSet<u64>,
+}
+
+impl Written {
+    /// Whether some sent message is a flow step (finishing a job then looks it up).
+    pub fn has_flow_jobs(&self) -> bool {
+        !self.flow_jobs.is_empty()
+    }
 }
 
 impl Round<'_> {
@@ -116,6 +127,10 @@ pub(crate) struct Written {
     pub next_keyspace_id: u32,
     /// The last keyspace revision handed out (persisted with every transaction that writes).
     pub kv_revision: u64,
+    /// The next flow id (persisted whenever one is handed out).
+    pub next_flow_id: u64,
+    /// Which sent message is which flow step: `(queue id, seq) → (flow, step, group)`.
+    pub flow_jobs: rustc_hash::FxHashMap<(u32, u64), (u64, u32, Arc<str>)>,
 }
 
 /// The groups of one queue.

@@ -112,7 +112,8 @@ pub(super) fn commit_queued_acks(r: &mut Round<'_>) {
         let mut acks: Vec<_> = g.take_queued_acks().into_iter().filter(|a| a.epoch == epoch).collect();
         let keeps = g.keeps_outcomes();
         for a in &mut acks {
-            if finish_seq(r, &g, a.seq) && keeps {
+            // Not only when the group keeps outcomes: a flow step's ack moves its flow.
+            if finish_seq(r, &g, a.seq) && (keeps || r.written.has_flow_jobs()) {
                 let kind = OutcomeKind::Acked;
                 keep_outcome(r, &g, a.seq, Finish { kind, attempt: a.attempt, result: a.result.take() });
             }
@@ -193,9 +194,11 @@ pub(super) struct Finish {
 }
 
 /// Writes job `seq`'s outcome if its group keeps outcomes (in the batch that finishes it, so
-/// a job is never finished without its outcome, nor the other way round). The finish time is
-/// the broker's wall clock now.
+/// a job is never finished without its outcome, nor the other way round), and moves its flow
+/// on if it is a flow step (`flow.rs`). The finish time is the broker's wall clock now. Every
+/// path that finishes a job calls it.
 pub(super) fn keep_outcome(r: &mut Round<'_>, g: &WorkGroupState, seq: u64, finish: Finish) {
+    super::flow::finished(r, g, seq, &finish.kind, finish.result.as_ref());
     if !g.keeps_outcomes() {
         return;
     }
@@ -387,6 +390,7 @@ fn redrive(
     let mut events = Vec::with_capacity(items.len());
     for ((item, q), value) in items.into_iter().zip(targets).zip(encoded) {
         let Some(seq) = queue::append(r, &q, &value) else { continue };
+        super::flow::redriven(r, &q, seq, &item.message, (&dlq.name, item.dlq_seq));
         events.push((item.dlq_seq, q.name.clone(), seq));
         moved.push((q.name.clone(), seq));
     }
@@ -517,6 +521,7 @@ fn settle_letter(
             let _ = reply.send(Err(Error::QueueDeleted { queue: item.target.to_string() }));
             return;
         };
+        super::flow::redriven(r, &q, new_seq, &item.message, (&dlq.name, seq));
         moved = Some((q.name.clone(), new_seq));
     }
     if seq == cursor + 1 {
