@@ -5,7 +5,7 @@
 //! flight, a pool spawned on the runtime) the other benches print.
 //!
 //! `cargo bench --bench user_style`; `ROCKQ_BENCH_N` sets the message count (default 500k),
-//! `ROCKQ_BENCH_ONLY=send|fsync|batch|e2e|pool|outcomes|priorities|limits|latency` runs one part (`outcomes`:
+//! `ROCKQ_BENCH_ONLY=send|fsync|batch|e2e|pool|outcomes|priorities|limits|flows|latency` runs one part (`outcomes`:
 //! the pool(8) drain again with the group keeping outcomes and each job setting a 16-byte
 //! result, and with a progress report per job too: their cost per job beside the plain drain;
 //! `priorities`: the pool(8) drain of the backlog while 1,000 urgent jobs (priority 9) arrive
@@ -13,7 +13,9 @@
 //! priorities, and with every backlog job at priority 1; `limits`: the pool(8) drain with a
 //! concurrency limit and with a rate limit, each set too high to bind — the cost per job of
 //! checking them and writing the bucket, and of the rate-limited pool's claims for idle
-//! handlers only — beside the plain drain). The throughput rows are
+//! handlers only — beside the plain drain; `flows`: the same backlog submitted as flows of ten
+//! jobs and a `then` step each, in the same work group, drained by the pool(8) — each step's
+//! cost beside the plain drain, and the submission's beside `send_batch`). The throughput rows are
 //! the median of three runs, alternating with their tuned counterpart where there is one.
 //! `ROCKQ_BENCH_THREADS=1` prints, after each send and pool run, every thread's time on a CPU
 //! and waiting for one, and the writer's rounds: which thread bounds the run.
@@ -170,6 +172,33 @@ fn main() {
                 per_job(secs),
                 plain / secs * 100.0,
                 n as f64 / secs / raw1000 * 100.0
+            );
+        }
+    }
+    if run("flows") {
+        let mut runs: [Vec<(f64, f64)>; 2] = Default::default();
+        for i in 0..REPS {
+            for k in 0..2 {
+                let j = (i + k) % 2;
+                runs[j].push(rt.block_on(pool_flows(&dir(format!("flows-{j}-{i}")), n, j == 1)));
+            }
+        }
+        let jobs = n / FLOW_WIDTH * FLOW_WIDTH;
+        let [plain, flows] =
+            runs.map(|r| (median(r.iter().map(|r| r.0).collect()), median(r.iter().map(|r| r.1).collect())));
+        let children = FLOW_WIDTH - 1;
+        for (what, (fill, drain)) in [
+            ("plain jobs (`send_batch` of 4,096)", plain),
+            (&*format!("flows of {children} jobs and one `then` step (8 tasks submitting)"), flows),
+        ] {
+            println!(
+                "`workers(8).run(handler).await`, {jobs} jobs, Buffered, {what}: drain {:.0} jobs/s ({:+.2} µs/job, {:.0} % of the plain drain, {:.0} % of raw unsynced b1000); submitted at {:.0} jobs/s ({:+.2} µs/job beside `send_batch`)",
+                jobs as f64 / drain,
+                (drain - plain.1) / jobs as f64 * 1e6,
+                plain.1 / drain * 100.0,
+                jobs as f64 / drain / raw1000 * 100.0,
+                jobs as f64 / fill,
+                (fill - plain.0) / jobs as f64 * 1e6,
             );
         }
     }
@@ -399,6 +428,59 @@ async fn pool_keeping(path: &Path, n: u64, kept: Kept) -> f64 {
     assert_eq!(report.acked, n);
     broker.shutdown().await.unwrap();
     secs
+}
+
+/// Jobs per flow in the `flows` rows: children and the one `then` step that waits for them all.
+const FLOW_WIDTH: u64 = 11;
+
+/// [`pool`] with 8 workers over a backlog of `n` (rounded down to whole flows) jobs: plain, sent
+/// with `send_batch`, or as flows of ten children and a `then` step in the same group, submitted
+/// by 8 tasks (whose `then` steps the writer sends as the children finish, so part of the
+/// backlog appears during the drain). Seconds to fill, and seconds to drain.
+async fn pool_flows(path: &Path, n: u64, flows: bool) -> (f64, f64) {
+    let broker = open(path, Durability::Buffered).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let group = q.work_group("mailer").unwrap();
+    let count = n / FLOW_WIDTH;
+    let jobs = count * FLOW_WIDTH;
+    let start = Instant::now();
+    if flows {
+        let tasks: Vec<_> = (0..8u64)
+            .map(|t| {
+                let (broker, group) = (broker.clone(), group.clone());
+                tokio::spawn(async move {
+                    for f in (t..count).step_by(8) {
+                        let mut flow = broker.flow();
+                        let base = f * FLOW_WIDTH;
+                        let steps: Vec<_> =
+                            (0..FLOW_WIDTH - 1).map(|c| flow.job(&group, value(base + c)).unwrap()).collect();
+                        flow.then(&group, value(base + FLOW_WIDTH - 1), &steps).unwrap();
+                        flow.submit().await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+    } else {
+        let mut sent = 0;
+        while sent < jobs {
+            let k = (jobs - sent).min(4096);
+            q.send_batch((sent..sent + k).map(value)).await.unwrap();
+            sent += k;
+        }
+    }
+    let fill = start.elapsed().as_secs_f64();
+    let token = rockq::CancellationToken::new();
+    let handler = stop_after(jobs, &token);
+    let start = Instant::now();
+    let report = group.workers(8).shutdown_on(token).run(handler).await.unwrap();
+    let drain = start.elapsed().as_secs_f64();
+    assert_eq!(report.acked, jobs);
+    assert_eq!(q.last_seq(), jobs);
+    broker.shutdown().await.unwrap();
+    (fill, drain)
 }
 
 /// What a [`pool_priorities`] run sends.

@@ -277,6 +277,60 @@ impl FlowStatus {
         let Some(s) = self.steps.get(step as usize) else { return Vec::new() };
         s.after.iter().filter_map(|&d| self.steps.get(d as usize)).collect()
     }
+
+    /// How many of its steps stand in each state (which of a batch of 10,000 failed is in
+    /// [`steps`](FlowStatus::steps); how many, here).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(broker: rockq::Broker) -> Result<(), rockq::Error> {
+    /// let t = broker.flow_status(7).await?.tally();
+    /// println!("{} of {} done, {} failed", t.succeeded + t.failed, t.total(), t.failed);
+    /// # Ok(()) }
+    /// ```
+    pub fn tally(&self) -> StepTally {
+        let mut t = StepTally::default();
+        for s in &self.steps {
+            match s.state {
+                StepState::Waiting { .. } => t.waiting += 1,
+                StepState::Blocked { .. } => t.blocked += 1,
+                StepState::Queued { .. } => t.queued += 1,
+                StepState::Succeeded { .. } => t.succeeded += 1,
+                StepState::Failed { .. } => t.failed += 1,
+            }
+        }
+        t
+    }
+}
+
+/// The steps of a flow counted by state: [`FlowStatus::tally`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct StepTally {
+    /// Not sent, waiting for dependencies.
+    pub waiting: usize,
+    /// Not sent, and will not be unless a failed dependency is redriven.
+    pub blocked: usize,
+    /// Sent: waiting, running or retrying in their group.
+    pub queued: usize,
+    /// Acked by their group.
+    pub succeeded: usize,
+    /// Dead-lettered or deleted.
+    pub failed: usize,
+}
+
+impl StepTally {
+    /// Every step counted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(rockq::StepTally::default().total(), 0);
+    /// ```
+    pub fn total(&self) -> usize {
+        self.waiting + self.blocked + self.queued + self.succeeded + self.failed
+    }
 }
 
 /// What the store keeps of one step: its place in the flow and its state. The counts are of

@@ -7,6 +7,7 @@ use crate::clock::Clock;
 use crate::dead_letter::DeadLetter;
 use crate::engine::boundary::ReadOnly;
 use crate::error::Error;
+use crate::flow_state::FlowStatus;
 use crate::stats::{JobStatus, PendingClaim, Stats, StoredMessage};
 
 /// A read-only view of a rockq database, for inspection tools such as `rockq stats`.
@@ -158,6 +159,52 @@ impl Inspector {
         let (g, q) = (group.to_owned(), queue.to_owned());
         let now = Clock::tokio().wall_micros();
         self.run(move |s| s.job(&g, &q, seq, now)).await
+    }
+
+    /// Flow `id` with every step, as stored; see [`Broker::flow_status`](crate::Broker::flow_status).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSuchFlow`], [`Error::Corrupt`], [`Error::Storage`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(inspector: rockq::Inspector) -> Result<(), rockq::Error> {
+    /// let flow = inspector.flow(1).await?;
+    /// println!("flow 1 {}: {} steps", flow.state.as_str(), flow.steps.len());
+    /// # Ok(()) }
+    /// ```
+    pub async fn flow(&self, id: u64) -> Result<FlowStatus, Error> {
+        self.run(move |s| s.flow(id)).await?.ok_or(Error::NoSuchFlow { flow: id })
+    }
+
+    /// Up to `limit` flow ids from `from` (inclusive), in id order; see
+    /// [`Broker::flows`](crate::Broker::flows).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`], [`Error::Storage`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads (on a blocking thread); dropping the future loses the result.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(inspector: rockq::Inspector) -> Result<(), rockq::Error> {
+    /// for id in inspector.flows(0, 20).await? {
+    ///     println!("flow {id}: {}", inspector.flow(id).await?.state.as_str());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn flows(&self, from: u64, limit: usize) -> Result<Vec<u64>, Error> {
+        self.run(move |s| s.flow_ids(from, limit)).await
     }
 
     /// Up to `limit` messages of `queue` from `from`; see [`Broker::peek`](crate::Broker::peek).

@@ -1,5 +1,5 @@
 //! The one JSON shape of rockq's reports — [`Stats`] and its parts, [`PendingClaim`], [`JobStatus`],
-//! [`StoredMessage`], the schedule listings, a [`Retention`] — as `serde::Serialize`
+//! [`StoredMessage`], the schedule listings, a [`Retention`], a [`FlowStatus`] — as `serde::Serialize`
 //! implementations, so the web console's `/api` and `rockq … --json` print the same fields
 //! under the same names. Written by hand rather than derived: durations are seconds
 //! (`…_secs`, fractional), times are microseconds since the Unix epoch (`…_micros`), and bytes
@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use serde::ser::{Serialize, SerializeMap, SerializeStruct, Serializer};
 
+use crate::flow_state::{FlowStatus, StepState, StepStatus, StepTally};
 use crate::retention::Retention;
 use crate::retry::RetryPolicy;
 use crate::schedule::{DelayedInfo, Missed, ScheduleInfo};
@@ -268,5 +269,108 @@ impl Serialize for ScheduleInfo {
         m.serialize_field("last_micros", &opt_micros(self.last.map(|(t, _)| t)))?;
         m.serialize_field("last_seq", &self.last.map(|(_, seq)| seq))?;
         m.end()
+    }
+}
+
+/// `{"id", "created_at_micros", "state", "tally", "steps": [...]}`, the flow's state as
+/// [`FlowState::as_str`](crate::FlowState::as_str) names it.
+impl Serialize for FlowStatus {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut f = s.serialize_struct("FlowStatus", 5)?;
+        f.serialize_field("id", &self.id)?;
+        f.serialize_field("created_at_micros", &micros(self.created_at))?;
+        f.serialize_field("state", self.state.as_str())?;
+        f.serialize_field("tally", &self.tally())?;
+        f.serialize_field("steps", &self.steps)?;
+        f.end()
+    }
+}
+
+/// A flow without its steps (listings): `{"id", "created_at_micros", "state", "tally"}`.
+pub(crate) struct FlowSummary<'a>(pub &'a FlowStatus);
+
+impl Serialize for FlowSummary<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut f = s.serialize_struct("FlowSummary", 4)?;
+        f.serialize_field("id", &self.0.id)?;
+        f.serialize_field("created_at_micros", &micros(self.0.created_at))?;
+        f.serialize_field("state", self.0.state.as_str())?;
+        f.serialize_field("tally", &self.0.tally())?;
+        f.end()
+    }
+}
+
+/// `{"waiting", "blocked", "queued", "succeeded", "failed", "total"}`.
+impl Serialize for StepTally {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut t = s.serialize_struct("StepTally", 6)?;
+        t.serialize_field("waiting", &self.waiting)?;
+        t.serialize_field("blocked", &self.blocked)?;
+        t.serialize_field("queued", &self.queued)?;
+        t.serialize_field("succeeded", &self.succeeded)?;
+        t.serialize_field("failed", &self.failed)?;
+        t.serialize_field("total", &self.total())?;
+        t.end()
+    }
+}
+
+/// Every field on every step, `null` where the state has none: `"when"` (`null` for a step sent
+/// at once), `"after"`, `"state"`, `"seq"` (once sent), `"dependencies"` (`{"succeeded",
+/// "failed", "of"}` while waiting or blocked; `"succeeded"` is `null` for a blocked step), `"finished_at_micros"`, `"result"` (a blob) and
+/// `"failure"` (the kept outcome of a failed step, as a job's `"outcome"` has it, without result).
+impl Serialize for StepStatus {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(serde::Serialize)]
+        struct Deps {
+            /// Unknown for a blocked step (its record keeps only the failures).
+            succeeded: Option<u32>,
+            failed: u32,
+            of: u32,
+        }
+        let (seq, deps, finished, result, how) = match &self.state {
+            StepState::Waiting { succeeded, failed, of } => {
+                (None, Some(Deps { succeeded: Some(*succeeded), failed: *failed, of: *of }), None, None, None)
+            }
+            StepState::Blocked { failed, of } => {
+                (None, Some(Deps { succeeded: None, failed: *failed, of: *of }), None, None, None)
+            }
+            StepState::Queued { seq } => (Some(*seq), None, None, None, None),
+            StepState::Succeeded { seq, finished_at, result } => {
+                (Some(*seq), None, Some(micros(*finished_at)), result.as_deref().map(Blob), None)
+            }
+            StepState::Failed { seq, finished_at, how } => {
+                (Some(*seq), None, Some(micros(*finished_at)), None, Some(StepFailure(how)))
+            }
+        };
+        let mut m = s.serialize_struct("StepStatus", 11)?;
+        m.serialize_field("step", &self.step)?;
+        m.serialize_field("queue", &self.queue)?;
+        m.serialize_field("group", &self.group)?;
+        m.serialize_field("when", &(!self.after.is_empty()).then(|| self.when.as_str()))?;
+        m.serialize_field("after", &self.after)?;
+        m.serialize_field("state", self.state.as_str())?;
+        m.serialize_field("seq", &seq)?;
+        m.serialize_field("dependencies", &deps)?;
+        m.serialize_field("finished_at_micros", &finished)?;
+        m.serialize_field("result", &result)?;
+        m.serialize_field("failure", &how)?;
+        m.end()
+    }
+}
+
+/// How a failed step ended: `{"kind"}`, and for a dead letter `"reason"`, `"dead_letter_queue"`,
+/// `"dead_letter_seq"`.
+struct StepFailure<'a>(&'a OutcomeKind);
+
+impl Serialize for StepFailure<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut o = s.serialize_struct("StepFailure", 4)?;
+        o.serialize_field("kind", self.0.as_str())?;
+        if let OutcomeKind::DeadLettered { reason, dead_letter_queue, dead_letter_seq } = self.0 {
+            o.serialize_field("reason", reason)?;
+            o.serialize_field("dead_letter_queue", dead_letter_queue)?;
+            o.serialize_field("dead_letter_seq", dead_letter_seq)?;
+        }
+        o.end()
     }
 }

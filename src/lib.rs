@@ -127,7 +127,7 @@ pub use export::{TransferProgress, TransferReport};
 pub use flow::Flow;
 pub use flow_state::{
     FLOW_HEADER, FlowState, FlowStatus, FlowStep, MAX_FLOW_STEPS, RunWhen, Step, StepState, StepStatus,
-    Submitted,
+    StepTally, Submitted,
 };
 pub use inspector::Inspector;
 pub use kv::{Keyspace, Scan};

@@ -545,3 +545,70 @@ async fn export_and_import_move_a_database_through_a_file_or_a_pipe() {
     rockq(&from_pipe).arg("import").arg("-").write_stdin(piped).assert().success();
     assert_eq!(json(&from_pipe, &["peek", "orders"]), json(&db, &["peek", "orders"]));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flow_lists_flows_and_shows_each_step() {
+    let dir = tempdir();
+    let db = dir.path().to_path_buf();
+    let broker = open(&db).await;
+    assert!(text(&db, &["flow"]).contains("no flows"));
+    let id = flow_in_progress(&broker).await;
+    let expected = broker.flow_status(id).await.unwrap();
+    assert_eq!(expected.state, rockq::FlowState::Running, "the report is queued");
+
+    // The list, read while the service holds the database.
+    let list = json(&db, &["flow"]);
+    let rows = list.as_array().unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0]["id"].as_u64(), rows[0]["state"].as_str()), (Some(id), Some("running")));
+    let tally = &rows[0]["tally"];
+    assert_eq!(
+        [&tally["succeeded"], &tally["failed"], &tally["blocked"], &tally["queued"], &tally["total"]]
+            .map(|v| v.as_u64().unwrap()),
+        [2, 1, 1, 1, 5]
+    );
+    assert!(json(&db, &["flow", "--from", &(id + 1).to_string()]).as_array().unwrap().is_empty());
+    let table = text(&db, &["flow"]);
+    assert!(
+        table.contains("running") && table.contains("blocked 1, queued 1, succeeded 2, failed 1"),
+        "{table}"
+    );
+
+    // One flow: every step as Broker::flow_status has it.
+    let one = json(&db, &["flow", &id.to_string()]);
+    let steps = one["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), expected.steps.len());
+    for (row, s) in steps.iter().zip(&expected.steps) {
+        assert_eq!(row["step"].as_u64(), Some(u64::from(s.step)));
+        assert_eq!((row["queue"].as_str(), row["group"].as_str()), (Some(&*s.queue), Some(&*s.group)));
+        assert_eq!(row["state"].as_str(), Some(s.state.as_str()));
+        let after: Vec<u32> =
+            row["after"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        assert_eq!(after, s.after);
+    }
+    assert_eq!(steps[0]["result"]["text"], "small-a.jpg");
+    assert_eq!(steps[2]["failure"]["kind"], "dead-lettered");
+    assert_eq!(steps[2]["failure"]["reason"], FLOW_FAILURE);
+    assert_eq!(
+        (steps[3]["when"].as_str(), steps[3]["state"].as_str()),
+        (Some("all_succeeded"), Some("blocked"))
+    );
+    assert_eq!(steps[3]["dependencies"]["failed"], 1);
+    assert_eq!(
+        (steps[4]["when"].as_str(), steps[4]["state"].as_str()),
+        (Some("all_finished"), Some("queued"))
+    );
+    assert!(steps[4]["seq"].as_u64().is_some());
+    let shown = text(&db, &["flow", &id.to_string()]);
+    assert!(shown.contains(&format!("flow {id} running")), "{shown}");
+    assert!(shown.contains("all succeeded of 0-2") && shown.contains("result small-b.jpg"), "{shown}");
+    assert!(shown.contains("dead-lettered to images.dlq"), "{shown}");
+    let cut = text(&db, &["flow", &id.to_string(), "--limit", "2"]);
+    assert!(cut.contains("3 more steps"), "{cut}");
+
+    // An unknown flow is an error with exit code 1; --from with an id is a usage error.
+    let out = rockq(&db).args(["flow", "99"]).assert().code(1).get_output().clone();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("99"), "{out:?}");
+    rockq(&db).args(["flow", "1", "--from", "3"]).assert().code(2);
+    broker.shutdown().await.unwrap();
+}

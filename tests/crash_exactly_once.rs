@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::io::BufRead;
 use std::time::Duration;
 
 use common::*;
@@ -135,71 +134,22 @@ async fn helper_pipeline() {
     }
 }
 
-/// A small deterministic generator (no dev-dependency needed): xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self, below: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % below
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkilled_pipeline_processes_every_order_exactly_once() {
     let cycles: u64 = std::env::var("ROCKQ_EO_CYCLES").ok().and_then(|c| c.parse().ok()).unwrap_or(200);
     let dir = tempdir();
     let path = dir.path().to_str().unwrap().to_owned();
-    let seed =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
-    println!("seed {seed}");
-    let mut rng = Rng(seed);
-    let mut killed_before_ready = 0;
-    for _ in 0..cycles {
-        let mut child = spawn_helper("helper_pipeline", &[("ROCKQ_EO_PATH", &path)]);
-        // One kill in eight lands anywhere, opening included; the rest after the child is
-        // running, 0–60 ms in.
-        if rng.next(8) == 0 {
-            std::thread::sleep(Duration::from_millis(rng.next(40)));
-            killed_before_ready += 1;
-        } else {
-            let stdout = child.stdout.take().unwrap();
-            let lines = std::io::BufReader::new(stdout).lines();
-            // libtest prints the test's name on the line the child's first output joins.
-            let ready = lines.map_while(Result::ok).any(|l| l.contains("READY"));
-            if !ready {
-                let _ = child.kill();
-                panic!("the child did not start");
-            }
-            std::thread::sleep(Duration::from_millis(rng.next(60)));
-        }
-        // SIGKILL by pid, then reap it.
-        child.kill().unwrap();
-        child.wait().unwrap();
-    }
+    let mut rng = Rng::from_clock();
+    // Kills 0–60 ms after the child is running (one in eight anywhere, opening included).
+    let killed_before_ready =
+        kill_cycles("helper_pipeline", &[("ROCKQ_EO_PATH", &path)], cycles, 60, &mut rng);
 
     // A last run drains everything (producing nothing new).
-    let mut child = spawn_helper("helper_pipeline", &[("ROCKQ_EO_PATH", &path), ("ROCKQ_EO_DRAIN", "1")]);
-    let stdout = child.stdout.take().unwrap();
-    // A drain that never finishes fails the test instead of hanging it.
-    let pid = child.id() as libc::pid_t;
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-    let watchdog = std::thread::spawn(move || {
-        if stop_rx.recv_timeout(Duration::from_secs(120)).is_err() {
-            // SAFETY: signals our own child by its pid.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-    });
-    // Read to the end: a closed pipe would fail the child's last writes.
-    let out: Vec<String> = std::io::BufReader::new(stdout).lines().map_while(Result::ok).collect();
-    let done = out.iter().any(|l| l.contains("DONE"));
-    let status = child.wait().unwrap();
-    let _ = stop_tx.send(());
-    watchdog.join().unwrap();
-    assert!(done, "the drain run finished");
-    assert!(status.success());
+    run_to_done(
+        "helper_pipeline",
+        &[("ROCKQ_EO_PATH", &path), ("ROCKQ_EO_DRAIN", "1")],
+        Duration::from_secs(120),
+    );
 
     let broker = open_fsync(&path).await;
     let orders = num(broker.get_kv("meta").unwrap().get("next-order").await.unwrap());

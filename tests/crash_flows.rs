@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::io::BufRead;
 use std::time::Duration;
 
 use common::*;
@@ -138,18 +137,6 @@ async fn helper_flows() {
     }
 }
 
-/// A small deterministic generator: xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self, below: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % below
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkilled_flows_run_every_parent_and_callback_exactly_once() {
     let cycles: u64 = std::env::var("ROCKQ_FL_CYCLES").ok().and_then(|c| c.parse().ok()).unwrap_or(60);
@@ -176,49 +163,12 @@ async fn sigkilled_flows_run_every_parent_and_callback_exactly_once() {
         broker.shutdown().await.unwrap();
         (fan_id, batch_id)
     };
-    let seed =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
-    println!("seed {seed}");
-    let mut rng = Rng(seed);
-    for _ in 0..cycles {
-        let mut child = spawn_helper("helper_flows", &[("ROCKQ_FL_PATH", &path)]);
-        if rng.next(8) == 0 {
-            std::thread::sleep(Duration::from_millis(rng.next(40)));
-        } else {
-            let stdout = child.stdout.take().unwrap();
-            let ready =
-                std::io::BufReader::new(stdout).lines().map_while(Result::ok).any(|l| l.contains("READY"));
-            if !ready {
-                let _ = child.kill();
-                panic!("the child did not start");
-            }
-            std::thread::sleep(Duration::from_millis(rng.next(80)));
-        }
-        child.kill().unwrap();
-        child.wait().unwrap();
-    }
+    let mut rng = Rng::from_clock();
+    kill_cycles("helper_flows", &[("ROCKQ_FL_PATH", &path)], cycles, 80, &mut rng);
 
     let ids = format!("{fan_id},{batch_id}");
-    let mut child = spawn_helper(
-        "helper_flows",
-        &[("ROCKQ_FL_PATH", &path), ("ROCKQ_FL_DRAIN", "1"), ("ROCKQ_FL_IDS", &ids)],
-    );
-    let stdout = child.stdout.take().unwrap();
-    let pid = child.id() as libc::pid_t;
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-    let watchdog = std::thread::spawn(move || {
-        if stop_rx.recv_timeout(Duration::from_secs(300)).is_err() {
-            // SAFETY: signals our own child by its pid.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-    });
-    let out: Vec<String> = std::io::BufReader::new(stdout).lines().map_while(Result::ok).collect();
-    let done = out.iter().any(|l| l.contains("DONE"));
-    let status = child.wait().unwrap();
-    let _ = stop_tx.send(());
-    watchdog.join().unwrap();
-    assert!(done, "the drain run finished");
-    assert!(status.success());
+    let drain = [("ROCKQ_FL_PATH", path.as_str()), ("ROCKQ_FL_DRAIN", "1"), ("ROCKQ_FL_IDS", &ids)];
+    run_to_done("helper_flows", &drain, Duration::from_secs(300));
 
     let broker = open_fsync(&path).await;
     let runs = broker.kv("runs").await.unwrap();

@@ -234,6 +234,14 @@ async fn bad_flows_are_refused_and_write_nothing() {
     let e = flow.job(&work, rockq::Message::new("x").idempotency_key("k")).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidInput, "an idempotency key: {e}");
     assert!(flow.is_empty());
+    // The step header the writer adds counts: a message that just fits a plain send does not
+    // fit a step, so no step is ever sent over `max_message_bytes`.
+    let max = 1 << 20;
+    let full = rockq::Message::new(vec![b'x'; max - 20]);
+    let e = flow.job(&work, full.clone()).unwrap_err();
+    assert!(matches!(e, rockq::Error::MessageTooLarge { .. }), "{e}");
+    broker.queue("plain").await.unwrap().send(full).await.expect("fits a plain send");
+    assert!(flow.is_empty());
     let dir2 = tempdir();
     let other = open(dir2.path(), &clock).await;
     let foreign = group(&other, "jobs", "w").await;

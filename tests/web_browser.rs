@@ -209,6 +209,7 @@ async fn the_console_in_a_headless_browser() {
         .schedule("nightly-report", Duration::from_secs(86_400), "orders", "build the report")
         .await
         .unwrap();
+    common::flow_in_progress(&f.broker).await;
     sampler.sample_now().await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -434,6 +435,32 @@ async fn pages(b: &Browser, base: &str, f: &console::Fixture) -> PathBuf {
     assert_eq!(b.table("delayed").await.len(), 1);
     assert_eq!(num(&b.table("schedules").await[0]["schedule"]), "nightly-report");
     b.screenshot("delayed-and-schedules").await;
+
+    // Flows: listed, reached from the list; the flow's steps drawn as a graph coloured by
+    // state (two resizes done, one dead, the album blocked behind it, the report queued).
+    let id = f.broker.flows(0, 1).await.unwrap()[0];
+    b.open(&format!("{base}/flows")).await;
+    let rows = b.table("flows").await;
+    assert_eq!((rows.len(), num(&rows[0]["flow"])), (1, id.to_string()));
+    b.click_to(&format!("#flows a[href$='/flows/{id}']"), &format!("/flows/{id}")).await;
+    let status = f.broker.flow_status(id).await.unwrap();
+    let steps = b.table("steps").await;
+    assert_eq!(steps.len(), status.steps.len());
+    for (row, s) in steps.iter().zip(&status.steps) {
+        assert_eq!(num(&row["state"]), s.state.as_str());
+    }
+    let drawn = b
+        .js("return Array.from(document.querySelectorAll('#flow-graph g.node')).map(g => g.dataset.state)")
+        .await;
+    assert_eq!(drawn, json!(["succeeded", "succeeded", "failed", "blocked", "queued"]));
+    // The stylesheet reaches the SVG: a failed step is drawn red, a done one green.
+    let fill = |state: &str| {
+        format!("return getComputedStyle(document.querySelector('#flow-graph g.node.{state} rect')).fill")
+    };
+    assert_eq!(b.js(&fill("failed")).await, "rgb(255, 241, 243)");
+    assert_eq!(b.js(&fill("succeeded")).await, "rgb(236, 253, 243)");
+    assert_eq!(b.js("return document.querySelectorAll('#flow-graph path.edge').length").await, 6);
+    b.screenshot("flow").await;
 
     // Trim: a confirmation, then a report of what it deleted.
     b.open(&format!("{base}/")).await;

@@ -64,9 +64,11 @@ async fn every_page_works_on_etcd_and_what_it_cannot_do_says_so() {
     assert_eq!(claims.len(), broker.pending("jobs", "workers").await.unwrap().len());
 
     // Not carried out on etcd yet: 501 naming it, nothing changed.
-    let a = get(&app, "/delayed").await;
-    assert_eq!(a.status, StatusCode::NOT_IMPLEMENTED, "{}", a.body);
-    assert!(a.body.contains("etcd"), "{}", a.body);
+    for path in ["/delayed", "/flows", "/flows/1", "/api/flows"] {
+        let a = get(&app, path).await;
+        assert_eq!(a.status, StatusCode::NOT_IMPLEMENTED, "{path}: {}", a.body);
+        assert!(a.body.contains("etcd"), "{path}: {}", a.body);
+    }
     let bearer = format!("Bearer {TOKEN}");
     let h = [("authorization", bearer.as_str())];
     let a = post(&app, "/api/dlq/jobs.dlq/letters/1/delete", "", &h).await;

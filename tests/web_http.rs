@@ -1024,8 +1024,15 @@ async fn the_sampler_task_records_on_its_tick() {
 async fn with_a_token_every_read_needs_it_unless_reads_are_public() {
     let f = fixture().await;
     let app = Console::new(f.broker.clone()).token(TOKEN).manual_sampling().router();
-    let pages = ["/", "/queues/orders", "/dlq/jobs.dlq", "/queues/orders?view=hex"];
-    let api = ["/api/stats", "/api/history", "/api/queues/orders/messages", "/api/dlq/jobs.dlq", "/metrics"];
+    let pages = ["/", "/queues/orders", "/dlq/jobs.dlq", "/queues/orders?view=hex", "/flows"];
+    let api = [
+        "/api/stats",
+        "/api/history",
+        "/api/queues/orders/messages",
+        "/api/dlq/jobs.dlq",
+        "/api/flows",
+        "/metrics",
+    ];
     for path in pages {
         let a = get(&app, path).await;
         assert_eq!(a.status, StatusCode::SEE_OTHER, "{path}");
@@ -1121,6 +1128,93 @@ async fn redrive_and_the_dead_letter_views_refuse_a_queue_that_is_not_a_dead_let
     assert_eq!((orders.len(), f.broker.stats().await.unwrap()), before, "nothing moved");
     // A real one still works.
     assert_eq!(get(&app, "/dlq/jobs.dlq").await.status, StatusCode::OK);
+    drop(f.held);
+    let _ = f.broker.shutdown().await;
+}
+
+/// Flows: the list and one flow's page show what `Broker::flow_status` says (graph and steps,
+/// failure reasons escaped), the JSON is the library's one shape, bad ids are clear errors, and
+/// a read-only console reads them too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flow_pages_and_json_show_what_flow_status_says() {
+    let f = fixture().await;
+    let app = writable(&f.broker);
+    let empty = get(&app, "/flows").await;
+    assert_eq!(empty.status, StatusCode::OK);
+    assert!(table(&empty.body, "flows").is_empty());
+    let id = common::flow_in_progress(&f.broker).await;
+    let status = f.broker.flow_status(id).await.unwrap();
+
+    let list = get(&app, "/flows").await;
+    let rows = table(&list.body, "flows");
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0]["flow"].as_str(), rows[0]["steps"].as_str()), (id.to_string().as_str(), "5"));
+    assert!(rows[0]["state"].contains("running"), "{:?}", rows[0]);
+    assert!(
+        list.body.contains("nav") && list.body.contains(r#"href="/flows""#),
+        "linked from the navigation"
+    );
+
+    let page = get(&app, &format!("/flows/{id}")).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let steps = table(&page.body, "steps");
+    assert_eq!(steps.len(), status.steps.len());
+    for (row, s) in steps.iter().zip(&status.steps) {
+        assert_eq!(row["step"], s.step.to_string());
+        assert!(row["state"].contains(s.state.as_str()), "{row:?}");
+        assert!(row["queue"].contains(&s.queue) && row["group"].contains(&s.group), "{row:?}");
+    }
+    assert!(steps[0]["detail"].contains("small-a.jpg"), "{:?}", steps[0]);
+    assert!(steps[3]["after"].contains("all succeeded of 0-2"), "{:?}", steps[3]);
+    // The dead letter's reason is text, never markup.
+    assert!(!page.body.contains("<img src=x>"), "unescaped reason");
+    assert!(page.body.contains("unreadable &lt;img src=x&gt;"));
+    // The graph: three resizes, the album and the report, edges from each resize to both.
+    assert!(page.body.contains(r#"id="flow-graph""#));
+    assert_eq!(page.body.matches(r#"<g class="node "#).count(), 5);
+    assert_eq!(page.body.matches(r#"class="edge""#).count(), 6);
+    assert_eq!(page.body.matches(r#"data-state="failed""#).count(), 1);
+    assert_eq!(page.body.matches(r#"data-state="blocked""#).count(), 1);
+    assert_eq!(page.body.matches(r#"data-state="succeeded""#).count(), 2);
+    assert!(page.body.contains(r#"href="/groups/images/resize?job=3""#), "a step links to its job");
+
+    // JSON: the library's shape, the same as `rockq flow --json`.
+    let one = get(&app, &format!("/api/flows/{id}")).await;
+    assert_eq!(one.status, StatusCode::OK);
+    let v: serde_json::Value = serde_json::from_str(&one.body).unwrap();
+    assert_eq!(v["state"], "running");
+    assert_eq!(v["tally"]["total"], 5);
+    let states: Vec<_> =
+        v["steps"].as_array().unwrap().iter().map(|s| s["state"].as_str().unwrap().to_owned()).collect();
+    let expected: Vec<_> = status.steps.iter().map(|s| s.state.as_str().to_owned()).collect();
+    assert_eq!(states, expected);
+    let listed: serde_json::Value = serde_json::from_str(&get(&app, "/api/flows").await.body).unwrap();
+    assert_eq!(listed[0]["id"], id);
+    assert!(listed[0].get("steps").is_none(), "the list leaves the steps out");
+    let after: serde_json::Value =
+        serde_json::from_str(&get(&app, &format!("/api/flows?from={}", id + 1)).await.body).unwrap();
+    assert_eq!(after, serde_json::json!([]));
+
+    // Bad input: clear errors.
+    for (path, code) in [
+        ("/flows/abc", StatusCode::BAD_REQUEST),
+        ("/flows/99", StatusCode::NOT_FOUND),
+        ("/api/flows/99", StatusCode::NOT_FOUND),
+        ("/flows?limit=100000", StatusCode::BAD_REQUEST),
+        ("/flows?from=x", StatusCode::BAD_REQUEST),
+    ] {
+        let a = get(&app, path).await;
+        assert_eq!(a.status, code, "{path}: {}", a.body);
+    }
+    assert!(get(&app, "/flows/99").await.body.contains("no flow 99"));
+
+    // A read-only console over the same database (the service holds it).
+    f.broker.flush().await.unwrap();
+    let ro = Console::read_only(f.dir.path()).token(TOKEN).public_reads(true).manual_sampling().router();
+    let page = get(&ro, &format!("/flows/{id}")).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert_eq!(table(&page.body, "steps").len(), 5);
+    assert_eq!(table(&get(&ro, "/flows").await.body, "flows").len(), 1);
     drop(f.held);
     let _ = f.broker.shutdown().await;
 }

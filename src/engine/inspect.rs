@@ -566,6 +566,16 @@ impl ReadOnly {
         schedules(&self.0)
     }
 
+    /// Flow `id` as stored (`None`: no such flow). Blocking.
+    pub fn flow(&self, id: u64) -> Result<Option<crate::flow_state::FlowStatus>, Error> {
+        crate::store::flow_status(&self.0, id).map_err(Error::from)
+    }
+
+    /// Up to `limit` flow ids from `from`, in id order. Blocking.
+    pub fn flow_ids(&self, from: u64, limit: usize) -> Result<Vec<u64>, Error> {
+        crate::store::flow_ids(&self.0, from, limit).map_err(Error::from)
+    }
+
     /// Up to `limit` dead letters of `dlq` not yet redriven, as stored. Blocking.
     pub fn dead_letters(&self, dlq: &str, limit: usize) -> Result<Vec<RawMessage>, Error> {
         dead_letters(&self.0, dlq, limit)

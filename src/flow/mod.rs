@@ -5,7 +5,10 @@ use std::sync::Arc;
 
 use crate::engine::boundary::{FlowStepSpec, Shared};
 use crate::error::Error;
-use crate::flow_state::{MAX_FLOW_STEPS, MAX_STEP_DEPENDENCIES, RunWhen, Step, Submitted};
+use crate::flow_state::{FLOW_HEADER, MAX_FLOW_STEPS, MAX_STEP_DEPENDENCIES, RunWhen, Step, Submitted};
+
+/// The longest value of the step header the writer adds (`"<flow u64>/<step u32>"`).
+const LONGEST_STEP_HEADER: &[u8] = b"18446744073709551615/4294967295";
 use crate::message::Message;
 use crate::work::WorkGroup;
 
@@ -215,7 +218,15 @@ impl Flow {
         if message.idempotency_key.is_some() {
             return Err(Error::InvalidOption("a flow step cannot carry an idempotency key".into()));
         }
-        crate::queue::check_flow_message(&self.shared, group.queue_state(), index, &mut message)?;
+        // The writer names the step in a header when it sends it: the message is checked with
+        // that header at its longest, so a step accepted here is within `max_message_bytes`
+        // when sent. A header of that name given by the caller is replaced, as the writer does.
+        message.headers.retain(|(k, _)| k != FLOW_HEADER);
+        message.headers.push((FLOW_HEADER.to_owned(), bytes::Bytes::from_static(LONGEST_STEP_HEADER)));
+        let checked =
+            crate::queue::check_flow_message(&self.shared, group.queue_state(), index, &mut message);
+        message.headers.retain(|(k, _)| k != FLOW_HEADER);
+        checked?;
         let mut deps: Vec<u32> = after.iter().map(|s| s.0).collect();
         deps.sort_unstable();
         deps.dedup();

@@ -51,7 +51,7 @@ pub(crate) fn page(frame: &Frame<'_>, body: &str) -> String {
         r#"<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 {refresh}<title>{title} · rockq</title><link rel="icon" type="image/svg+xml" href="{base}/favicon.ico"><style>{CSS}</style></head>
-<body><header><a class="brand" href="{home}">rockq</a><nav><a href="{home}">Overview</a><a href="{base}/metrics">Metrics</a><a href="{base}/api/stats">JSON</a></nav>{banner}</header>
+<body><header><a class="brand" href="{home}">rockq</a><nav><a href="{home}">Overview</a><a href="{base}/flows">Flows</a><a href="{base}/metrics">Metrics</a><a href="{base}/api/stats">JSON</a></nav>{banner}</header>
 <main><h1>{title}</h1>
 {body}
 </main></body></html>

@@ -27,12 +27,13 @@
 //! | GET | `/groups/{queue}/{group}` | a group: settings, claims, one job (`?job=N`), actions |
 //! | GET | `/dlq/{queue}` | dead letters, redrive form |
 //! | GET | `/jobs/{id}` | a redrive's progress |
+//! | GET | `/flows`, `/flows/{id}` | flows of dependent jobs (`?from=&limit=`), one flow's graph and steps |
 //! | GET, POST | `/login`, POST `/logout` | browser session |
 //! | POST | `/groups/{queue}/{group}/pause`, `/resume`, `/reset` | group actions (reset asks to confirm) |
 //! | POST | `/dlq/{queue}/redrive`, `/trim` | redrive, retention pass |
 //! | GET | `/metrics` | Prometheus text |
 //! | GET | `/favicon.ico` | the console's icon (open, like `/login`) |
-//! | GET | `/api/stats`, `/api/history`, `/api/queues/{queue}/messages`, `/api/queues/{queue}/groups/{group}/pending`, `/api/queues/{queue}/groups/{group}/jobs/{seq}`, `/api/dlq/{queue}`, `/api/jobs/{id}` | JSON |
+//! | GET | `/api/stats`, `/api/history`, `/api/queues/{queue}/messages`, `/api/queues/{queue}/groups/{group}/pending`, `/api/queues/{queue}/groups/{group}/jobs/{seq}`, `/api/dlq/{queue}`, `/api/jobs/{id}`, `/api/flows`, `/api/flows/{id}` | JSON |
 //! | POST | `/api/groups/{queue}/{group}/pause`, `/resume`, `/reset`, `/api/dlq/{queue}/redrive`, `/api/trim` | JSON actions (bearer token) |
 
 mod actions;
@@ -44,6 +45,7 @@ mod confirm;
 mod ctx;
 mod error;
 mod failure;
+mod flows;
 mod fmt;
 mod group;
 mod guard;

@@ -11,7 +11,7 @@ use axum::routing::{MethodRouter, get, post};
 use super::ctx::Ctx;
 use super::failure::Failure;
 use super::state::State;
-use super::{actions, api, group, job_actions, letter_actions, maintenance, pages, schedules};
+use super::{actions, api, flows, group, job_actions, letter_actions, maintenance, pages, schedules};
 
 /// Pages hold CSRF tokens and live figures: never cached. No script runs on any page, so the
 /// policy forbids scripts outright (an injected `<script>` would not run even if escaping
@@ -55,6 +55,8 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/groups/{queue}/{group}", get(group::page))
         .route("/delayed", get(schedules::page))
         .route("/jobs/{id}", get(pages::job))
+        .route("/flows", get(flows::list))
+        .route("/flows/{id}", get(flows::page))
         .route("/login", get(pages::login_form).post(actions::login))
         .route("/logout", action(actions::logout))
         .route("/groups/{queue}/{group}/pause", action(actions::pause))
@@ -76,6 +78,8 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/api/queues/{queue}/groups/{group}/jobs/{seq}", get(api::work_job))
         .route("/api/dlq/{queue}", get(api::dead_letters))
         .route("/api/jobs/{id}", get(api::job))
+        .route("/api/flows", get(flows::api_list))
+        .route("/api/flows/{id}", get(flows::api_flow))
         .route("/api/groups/{queue}/{group}/pause", action(actions::pause))
         .route("/api/groups/{queue}/{group}/resume", action(actions::resume))
         .route("/api/groups/{queue}/{group}/reset", action(actions::reset))

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use super::failure::Failure;
 use crate::broker::Broker;
 use crate::dead_letter::DeadLetter;
+use crate::flow_state::FlowStatus;
 use crate::inspector::Inspector;
 use crate::schedule::{DelayedInfo, ScheduleInfo};
 use crate::stats::{GroupStats, JobStatus, PendingClaim, QueueStats, Stats, StoredMessage};
@@ -84,6 +85,28 @@ impl Source {
             Source::ReadOnly { .. } => match self.inspector().await? {
                 Some(i) => Ok(i.job(queue, group, seq).await?),
                 None => Err(Failure::not_found(format!("no job {seq}: the database does not exist yet"))),
+            },
+        }
+    }
+
+    /// Flow `id` with every step.
+    pub(crate) async fn flow(&self, id: u64) -> Result<FlowStatus, Failure> {
+        match self {
+            Source::Broker(b) => Ok(b.flow_status(id).await?),
+            Source::ReadOnly { .. } => match self.inspector().await? {
+                Some(i) => Ok(i.flow(id).await?),
+                None => Err(Failure::not_found(format!("no flow {id}: the database does not exist yet"))),
+            },
+        }
+    }
+
+    /// Up to `limit` flow ids from `from`, in id order.
+    pub(crate) async fn flows(&self, from: u64, limit: usize) -> Result<Vec<u64>, Failure> {
+        match self {
+            Source::Broker(b) => Ok(b.flows(from, limit).await?),
+            Source::ReadOnly { .. } => match self.inspector().await? {
+                Some(i) => Ok(i.flows(from, limit).await?),
+                None => Ok(Vec::new()),
             },
         }
     }

@@ -93,6 +93,81 @@ pub fn spawn_helper(name: &str, env: &[(&str, &str)]) -> std::process::Child {
     cmd.spawn().expect("spawn helper")
 }
 
+/// A small deterministic generator (xorshift64*): kill timings a failing run can replay.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// Seeded from the clock; the seed is printed, so a failure can be replayed.
+    pub fn from_clock() -> Rng {
+        let seed =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+        println!("seed {seed}");
+        Rng(seed)
+    }
+
+    /// A number below `below`.
+    pub fn next(&mut self, below: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % below
+    }
+}
+
+/// Starts helper test `name` with `env` `cycles` times and SIGKILLs each run by its pid (then
+/// reaps it): one kill in eight lands anywhere, opening included (0–40 ms in); the others after
+/// the helper printed `READY`, 0–`after_ready_ms` ms later. Returns how many were killed before
+/// they were ready.
+pub fn kill_cycles(name: &str, env: &[(&str, &str)], cycles: u64, after_ready_ms: u64, rng: &mut Rng) -> u64 {
+    use std::io::BufRead;
+    let mut before_ready = 0;
+    for _ in 0..cycles {
+        let mut child = spawn_helper(name, env);
+        if rng.next(8) == 0 {
+            std::thread::sleep(Duration::from_millis(rng.next(40)));
+            before_ready += 1;
+        } else {
+            let stdout = child.stdout.take().unwrap();
+            // libtest prints the test's name on the line the child's first output joins.
+            let ready =
+                std::io::BufReader::new(stdout).lines().map_while(Result::ok).any(|l| l.contains("READY"));
+            if !ready {
+                let _ = child.kill();
+                panic!("the child did not start");
+            }
+            std::thread::sleep(Duration::from_millis(rng.next(after_ready_ms)));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    before_ready
+}
+
+/// Runs helper test `name` with `env` to its end and asserts it printed `DONE` and exited
+/// cleanly; a run that takes longer than `limit` is SIGKILLed (by its pid), failing the test
+/// instead of hanging it. Its standard output is read to the end (a closed pipe would fail the
+/// helper's last writes).
+pub fn run_to_done(name: &str, env: &[(&str, &str)], limit: Duration) {
+    use std::io::BufRead;
+    let mut child = spawn_helper(name, env);
+    let stdout = child.stdout.take().unwrap();
+    let pid = child.id() as libc::pid_t;
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if stop_rx.recv_timeout(limit).is_err() {
+            // SAFETY: signals our own child by its pid.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    });
+    let out: Vec<String> = std::io::BufReader::new(stdout).lines().map_while(Result::ok).collect();
+    let done = out.iter().any(|l| l.contains("DONE"));
+    let status = child.wait().unwrap();
+    let _ = stop_tx.send(());
+    watchdog.join().unwrap();
+    assert!(done, "the {name} run finished");
+    assert!(status.success(), "{name}: {status}");
+}
+
 /// Opens the database again after a broker was dropped without a shutdown: its writer closes
 /// RocksDB on its own thread, so the lock is retried until it is released (bounded by
 /// `HANG_GUARD`).
@@ -300,4 +375,35 @@ pub async fn jobs_setup(n: u64) -> (tempfile::TempDir, rockq::ManualClock, Broke
     let jobs = broker.queue("jobs").await.unwrap();
     jobs.send_batch((1..=n).map(|i| format!("job {i}"))).await.unwrap();
     (dir, clock, broker)
+}
+
+/// Why [`flow_in_progress`] dead-letters its third resize (markup: pages must escape it).
+pub const FLOW_FAILURE: &str = "unreadable <img src=x>";
+
+/// A flow of three resizes, an album after all succeeded and a report after all finished: two
+/// resizes acked (with results), one dead-lettered — so the album is blocked and the report sent.
+pub async fn flow_in_progress(broker: &rockq::Broker) -> u64 {
+    let lease = Duration::from_secs(3600);
+    let images = broker.queue("images").await.unwrap();
+    let resize = images.work_group("resize").unwrap().lease(lease);
+    let albums = broker.queue("albums").await.unwrap().work_group("build").unwrap().lease(lease);
+    let mut flow = broker.flow();
+    let children: Vec<_> =
+        ["a.jpg", "b.jpg", "c.jpg"].iter().map(|n| flow.job(&resize, *n).unwrap()).collect();
+    flow.then(&albums, "album", &children).unwrap();
+    flow.finally(&albums, "report", &children).unwrap();
+    let id = flow.submit().await.unwrap().id;
+    let mut sub = resize.subscribe().await.unwrap();
+    for i in 0..3 {
+        let job = next_job(&mut sub).await;
+        if i < 2 {
+            job.set_result(format!("small-{}", String::from_utf8_lossy(job.payload()))).unwrap();
+            job.ack_durable().await.unwrap();
+        } else {
+            job.dead_letter_durable(FLOW_FAILURE).await.unwrap();
+        }
+    }
+    drop(sub);
+    broker.flush().await.unwrap();
+    id
 }

@@ -67,6 +67,19 @@ pub enum Command {
         /// The job's sequence (what its send returned).
         seq: u64,
     },
+    /// Flows of dependent jobs: without ID, the flows from --from with each one's state and
+    /// how many steps stand where; with ID, that flow's steps (queue, group, the steps each
+    /// runs after, state, job sequence, result or failure) as the database's records say.
+    Flow {
+        /// The flow's id (what `Flow::submit` returned).
+        id: Option<u64>,
+        /// List flows from this id on (inclusive).
+        #[arg(long, default_value_t = 0, conflicts_with = "id")]
+        from: u64,
+        /// Most flows to list, or steps to show.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
     /// Dead-letter queues.
     #[command(subcommand)]
     Dlq(Dlq),

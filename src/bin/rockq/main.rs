@@ -10,6 +10,7 @@
 
 mod args;
 mod backup;
+mod flows;
 mod format;
 mod lifecycle;
 mod run;

@@ -25,6 +25,12 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Schedules => schedules(&inspect(db).await?, json).await,
         Command::Pending { group, queue } => pending(&inspect(db).await?, json, &group, &queue).await,
         Command::Job { queue, group, seq } => job(&inspect(db).await?, json, &queue, &group, seq).await,
+        Command::Flow { id: Some(id), limit, .. } => {
+            crate::flows::show(&inspect(db).await?, json, id, limit).await
+        }
+        Command::Flow { id: None, from, limit } => {
+            crate::flows::list(&inspect(db).await?, json, from, limit).await
+        }
         Command::Dlq(Dlq::List { dlq, limit }) => dlq_list(&inspect(db).await?, json, &dlq, limit).await,
         Command::Dlq(Dlq::Peek { dlq }) => dlq_peek(&inspect(db).await?, json, &dlq).await,
         Command::Dlq(Dlq::Redrive { ref dlq, ref to, limit, rate }) => {
