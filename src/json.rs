@@ -287,8 +287,10 @@ impl Serialize for FlowStatus {
 }
 
 /// A flow without its steps (listings): `{"id", "created_at_micros", "state", "tally"}`.
+#[cfg(feature = "web")]
 pub(crate) struct FlowSummary<'a>(pub &'a FlowStatus);
 
+#[cfg(feature = "web")]
 impl Serialize for FlowSummary<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut f = s.serialize_struct("FlowSummary", 4)?;

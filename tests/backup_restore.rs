@@ -202,12 +202,22 @@ async fn a_backup_taken_under_load_is_a_consistent_prefix_of_the_database() {
         tokio::task::yield_now().await;
     }
     stop.store(true, Ordering::SeqCst);
-    for p in producers {
+    for p in &producers {
         p.abort();
     }
     consumer.abort();
     pool.abort();
-    drop(broker);
+    drop((broker, q));
+    // Waited for (their handles dropped), then the database reopened once its writer thread
+    // has closed it: a test that returns while that thread is still closing RocksDB lets the
+    // process exit under it, and RocksDB aborts in its teardown ("pthread lock: Invalid
+    // argument", seen in CI).
+    for p in producers {
+        let _ = p.await;
+    }
+    let _ = consumer.await;
+    let _ = pool.await;
+    common::reopen_after_drop(dir.path()).await.shutdown().await.unwrap();
 
     let restored_dir = backups.path().join("restored");
     Broker::restore(&copy, &restored_dir).await.unwrap();

@@ -362,9 +362,6 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
     assert!(is_etcd(e.unsupported()), "oversized batch: {e}");
     let e = q.work_group("w").unwrap().ordered_by_key(true).subscribe().await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "work group ordered by key: {e}");
-    let keeping = q.work_group("w").unwrap().keep_outcomes(std::time::Duration::from_secs(60));
-    let e = keeping.update().await.unwrap_err();
-    assert!(is_etcd(e.unsupported()), "kept job outcomes: {e}");
     let e = broker.kv("accounts").await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "keyspace: {e}");
     let e = broker.transaction().commit().await.unwrap_err();
@@ -386,8 +383,6 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
         matches!(e, rockq::Error::NoSuchGroup { .. }),
         "a job action on a group that does not exist: {e}"
     );
-    let e = broker.dead_letters("q").await.unwrap().delete(1).await.unwrap_err();
-    assert!(is_etcd(e.unsupported()), "deleting one dead letter: {e}");
     let opts = EtcdOptions::new().options(rockq::Options::new().durability(rockq::Durability::Buffered));
     match Broker::connect_etcd(cluster.endpoints(), "refused", opts).await {
         Err(rockq::Error::Unsupported(u)) => assert_eq!(u.engine(), "etcd"),

@@ -62,14 +62,18 @@ async fn an_etcd_namespace_exported_and_imported_into_an_embedded_database_is_th
     trimmed.send("t4").await.unwrap();
     // A work group: a dead letter, a failed job waiting for its retry, and a leased one.
     let (js, held) = common::jobs_mid_work(&broker).await;
-    // A dead-letter queue redriven: its cursor.
+    // A dead-letter queue redriven in part: its cursor (after letter 1), and letter 3 settled
+    // on its own (a mark); letter 2 is still to be redriven.
     let mail = broker.queue("mail").await.unwrap();
-    mail.send("m1").await.unwrap();
+    mail.send_batch(["m1", "m2", "m3"]).await.unwrap();
     let mut senders = mail.work_group("senders").unwrap().subscribe().await.unwrap();
-    next_job(&mut senders).await.dead_letter_durable("bounced").await.unwrap();
+    for _ in 0..3 {
+        next_job(&mut senders).await.dead_letter_durable("bounced").await.unwrap();
+    }
     drop(senders);
-    let moved = broker.dead_letters("mail.dlq").await.unwrap().redrive(rockq::Redrive::new()).await.unwrap();
-    assert_eq!(moved, 1);
+    let mail_dlq = broker.dead_letters("mail.dlq").await.unwrap();
+    assert_eq!(mail_dlq.redrive(rockq::Redrive::new().limit(1)).await.unwrap(), 1);
+    mail_dlq.delete(3).await.unwrap();
     broker.flush().await.unwrap();
 
     let before = contents(&broker).await;
@@ -83,7 +87,9 @@ async fn an_etcd_namespace_exported_and_imported_into_an_embedded_database_is_th
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["t"].as_str().unwrap().to_owned())
         .collect();
-    for kind in ["header", "queue", "message", "group", "offset", "claim", "redrive", "dedup", "end"] {
+    for kind in
+        ["header", "queue", "message", "group", "offset", "claim", "redrive", "letter", "dedup", "end"]
+    {
         assert!(kinds.contains(kind), "no {kind} line in {kinds:?}");
     }
     let header: serde_json::Value =
@@ -120,10 +126,12 @@ async fn an_etcd_namespace_exported_and_imported_into_an_embedded_database_is_th
     drop(js);
     let dlq = embedded.dead_letters("jobs.dlq").await.unwrap();
     assert_eq!(dlq.len().await.unwrap(), 1);
-    // The redrive cursor came along: a second redrive finds nothing more to move.
-    let again =
-        embedded.dead_letters("mail.dlq").await.unwrap().redrive(rockq::Redrive::new()).await.unwrap();
-    assert_eq!(again, 0);
+    // The redrive cursor and the mark came along: letter 2 alone is left to move.
+    let mail_dlq = embedded.dead_letters("mail.dlq").await.unwrap();
+    let left: Vec<_> = mail_dlq.list(10).await.unwrap().iter().map(|d| d.dlq_seq).collect();
+    assert_eq!(left, [2]);
+    assert_eq!(mail_dlq.redrive(rockq::Redrive::new()).await.unwrap(), 1);
+    assert_eq!(mail_dlq.redrive(rockq::Redrive::new()).await.unwrap(), 0);
     embedded.shutdown().await.unwrap();
 }
 
@@ -138,6 +146,19 @@ async fn a_database_moves_embedded_to_etcd_and_back_with_its_state() {
     orders_mid_work(&embedded).await;
     embedded.pause_group("orders", "billing").await.unwrap();
     let (js, held) = common::jobs_mid_work(&embedded).await;
+    // A dead letter settled on its own (a mark above the cursor).
+    let returns = embedded.queue("returns.dlq").await.unwrap();
+    returns.send_batch(["r1", "r2", "r3"]).await.unwrap();
+    embedded.dead_letters("returns.dlq").await.unwrap().delete(2).await.unwrap();
+    // A group that keeps job outcomes, with one kept (and its result).
+    let reports = embedded.queue("reports").await.unwrap();
+    reports.send("build report").await.unwrap();
+    let makers = reports.work_group("makers").unwrap().keep_outcomes(Duration::from_secs(3600));
+    let mut ms = makers.subscribe().await.unwrap();
+    let j = next_job(&mut ms).await;
+    j.set_result("report.pdf").unwrap();
+    j.ack_durable().await.unwrap();
+    drop(ms);
     let before = contents(&embedded).await;
     let file = dir.path().join("to-etcd.jsonl");
     let exported = embedded.export(std::fs::File::create(&file).unwrap()).await.unwrap();
@@ -172,6 +193,13 @@ async fn a_database_moves_embedded_to_etcd_and_back_with_its_state() {
     let b = Broker::connect_etcd(cluster.endpoints(), "grown", opts()).await.unwrap();
     assert_eq!(contents(&a).await, before, "the namespace holds what the embedded database held");
     assert_eq!(contents(&b).await, before);
+    let letters = |ls: Vec<rockq::DeadLetter>| ls.iter().map(|d| d.dlq_seq).collect::<Vec<_>>();
+    let listed = letters(a.dead_letters("returns.dlq").await.unwrap().list(10).await.unwrap());
+    assert_eq!(listed, [1, 3], "letter 2 stays settled");
+    b.dead_letters("returns.dlq").await.unwrap().delete(3).await.unwrap();
+    let result = |s: rockq::JobStatus| s.outcome.and_then(|o| o.result);
+    let kept = result(b.job("reports", "makers", 1).await.unwrap());
+    assert_eq!(kept.as_deref(), Some(&b"report.pdf"[..]), "the kept outcome came along");
     // It goes on there as it would have: the key is remembered across instances, sequences
     // follow, the paused group stays paused, attempts survive.
     let orders_b = b.queue("orders").await.unwrap();
@@ -202,6 +230,11 @@ async fn a_database_moves_embedded_to_etcd_and_back_with_its_state() {
     Broker::import(std::fs::File::open(&back).unwrap(), &again).await.unwrap();
     let embedded = open_clock(&again, &clock).await;
     assert_eq!(contents(&embedded).await, middle, "back on one machine with the namespace's state");
+    let returns = embedded.dead_letters("returns.dlq").await.unwrap();
+    assert_eq!(letters(returns.list(10).await.unwrap()), [1], "settled in etcd, settled here");
+    assert_eq!(returns.len().await.unwrap(), 1);
+    let kept = result(embedded.job("reports", "makers", 1).await.unwrap());
+    assert_eq!(kept.as_deref(), Some(&b"report.pdf"[..]), "and back");
     embedded.shutdown().await.unwrap();
 }
 

@@ -15,6 +15,41 @@ use rockq::{Broker, EtcdOptions};
 /// Failpoints are process-wide: one scenario at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// Configures failpoint `point` to run `work` the first time it is reached, as another process
+/// would: on a thread of its own, with a runtime and a broker of its own on namespace `ns` (the
+/// callback runs inside the engine, where it cannot await). Returns a flag set once it ran.
+fn once_elsewhere<F, Fut>(
+    point: &str,
+    endpoints: Vec<String>,
+    ns: &'static str,
+    work: F,
+) -> std::sync::Arc<std::sync::atomic::AtomicBool>
+where
+    F: Fn(Broker) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = ran.clone();
+    fail::cfg_callback(point, move || {
+        if flag.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let (endpoints, work) = (endpoints.clone(), work.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            rt.block_on(async move {
+                let b = Broker::connect_etcd(endpoints, ns, EtcdOptions::new()).await.expect("connect");
+                work(b.clone()).await;
+                b.shutdown().await.expect("shutdown");
+            });
+        })
+        .join()
+        .expect("the other process");
+    })
+    .expect("failpoint");
+    ran
+}
+
 async fn lose_once(point: &str) {
     let _one_at_a_time = SERIAL.lock().await;
     let cluster = etcd::Cluster::start(1).await;
@@ -228,27 +263,10 @@ async fn a_group_created_while_a_trim_is_planned_keeps_its_messages() {
     a.flush().await.expect("flush");
     // Another process creates a group starting at the earliest message, right between the
     // pass's read and its trim.
-    let endpoints = cluster.endpoints();
-    let created = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = created.clone();
-    fail::cfg_callback("rockq-etcd-trim-planned", move || {
-        if flag.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            return;
-        }
-        let endpoints = endpoints.clone();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            rt.block_on(async {
-                let b = Broker::connect_etcd(endpoints, "race", EtcdOptions::new()).await.expect("connect");
-                let q = b.queue("q").await.expect("queue");
-                drop(q.group("late").expect("group").subscribe().await.expect("subscribe"));
-                b.shutdown().await.expect("shutdown");
-            });
-        })
-        .join()
-        .expect("the other process");
-    })
-    .expect("failpoint");
+    let created = once_elsewhere("rockq-etcd-trim-planned", cluster.endpoints(), "race", |b| async move {
+        let q = b.queue("q").await.expect("queue");
+        drop(q.group("late").expect("group").subscribe().await.expect("subscribe"));
+    });
     let report = a.trim().await;
     fail::remove("rockq-etcd-trim-planned");
     assert!(created.load(std::sync::atomic::Ordering::SeqCst), "the group was created mid-pass");
@@ -284,27 +302,10 @@ async fn a_work_group_created_on_a_head_trimmed_meanwhile_starts_at_the_new_head
         q.send(format!("m{i}")).await.expect("send");
     }
     q.set_retention(rockq::Retention::MaxLen(3)).await.expect("policy");
-    let endpoints = cluster.endpoints();
-    let trimmed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = trimmed.clone();
-    fail::cfg_callback("rockq-etcd-work-group-planned", move || {
-        if flag.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            return;
-        }
-        let endpoints = endpoints.clone();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            rt.block_on(async {
-                let b =
-                    Broker::connect_etcd(endpoints, "stale-head", EtcdOptions::new()).await.expect("connect");
-                assert_eq!(b.trim().await.expect("trim").deleted, 7);
-                b.shutdown().await.expect("shutdown");
-            });
-        })
-        .join()
-        .expect("the other process");
-    })
-    .expect("failpoint");
+    let point = "rockq-etcd-work-group-planned";
+    let trimmed = once_elsewhere(point, cluster.endpoints(), "stale-head", |b| async move {
+        assert_eq!(b.trim().await.expect("trim").deleted, 7);
+    });
     let group = q.work_group("w").expect("group");
     let mut jobs = group.subscribe().await.expect("subscribe");
     fail::remove("rockq-etcd-work-group-planned");
@@ -482,5 +483,41 @@ async fn a_claim_the_watch_brings_after_a_reset_it_predates_is_forgotten() {
     assert_eq!((job.seq(), job.attempt()), (1, 1), "the reset forgot the old attempt");
     job.ack_durable().await.expect("ack");
     drop(jobs);
+    a.shutdown().await.expect("shutdown");
+}
+
+/// A dead letter that another process settles on its own (`DeadLetters::delete`) after a
+/// redrive read the cursor and the letters, and before its transaction, is left out of the
+/// redrive: the settle rewrote the cursor, so the redrive's transaction is refused, and the
+/// redrive reads the marks again and moves the others. Without the cursor rewrite the letter
+/// would be both deleted and redriven; treating the refusal as another redrive's would fail
+/// the redrive with a conflict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_letter_settled_by_another_process_while_a_redrive_is_planned_is_not_moved() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let a = connect_with(&cluster, "letters", &clock).await;
+    let dlq_queue = a.queue("jobs.dlq").await.expect("queue");
+    dlq_queue.send_batch(["l1", "l2", "l3", "l4"]).await.expect("letters");
+    a.queue("quarantine").await.expect("target");
+    let point = "rockq-etcd-redrive-planned";
+    let settled = once_elsewhere(point, cluster.endpoints(), "letters", |b| async move {
+        b.dead_letters("jobs.dlq").await.expect("dlq").delete(3).await.expect("delete letter 3");
+    });
+    let dlq = a.dead_letters("jobs.dlq").await.expect("dlq");
+    let moved = dlq.redrive(rockq::Redrive::new().to("quarantine")).await;
+    fail::remove("rockq-etcd-redrive-planned");
+    assert!(settled.load(std::sync::atomic::Ordering::SeqCst), "letter 3 was settled mid-redrive");
+    assert_eq!(moved.expect("the redrive goes on over the marks it read again"), 3);
+    let got: Vec<_> = a
+        .peek("quarantine", None, 10)
+        .await
+        .expect("peek")
+        .into_iter()
+        .map(|m| String::from_utf8(m.payload.to_vec()).expect("utf8"))
+        .collect();
+    assert_eq!(got, ["l1", "l2", "l4"], "the deleted letter is not redriven");
+    assert!(dlq.is_empty().await.expect("len"));
     a.shutdown().await.expect("shutdown");
 }

@@ -841,3 +841,147 @@ async fn a_job_looked_up_and_waited_for_in_one_broker_follows_what_another_does(
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
+
+/// Dead letters settled on their own (`DeadLetters::delete`, `redrive_one`) from one broker are
+/// settled for every broker: listings, counts and `dlq_depth` agree; two brokers settling the
+/// same letter at once settle it once (the other is told it is gone); the cursor moves over
+/// settled letters once the next one is settled; a later redrive moves only what is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_settled_on_one_broker_are_settled_for_every_broker() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let a = connect(&cluster, "letters", &clock).await;
+    let b = connect(&cluster, "letters", &clock).await;
+    let jobs = a.queue("jobs").await.unwrap();
+    jobs.send_batch((1..=6).map(|i| format!("job {i}"))).await.unwrap();
+    let mut ja = jobs.work_group("w").unwrap().read_batch(6).max_in_flight(6).subscribe().await.unwrap();
+    for _ in 0..6 {
+        next(&mut ja).await.dead_letter_durable("poison").await.unwrap();
+    }
+    let (da, db) = (a.dead_letters("jobs.dlq").await.unwrap(), b.dead_letters("jobs.dlq").await.unwrap());
+    let seqs = |ls: Vec<rockq::DeadLetter>| ls.iter().map(|d| d.dlq_seq).collect::<Vec<_>>();
+    let depth = |s: &rockq::Stats| s.groups.iter().find(|g| g.group == "w").unwrap().dlq_depth;
+    assert_eq!(db.len().await.unwrap(), 6);
+
+    db.delete(3).await.unwrap();
+    let (queue, seq) = da.redrive_one(4, None).await.unwrap();
+    assert_eq!((queue.as_str(), seq), ("jobs", 7), "appended to its origin queue");
+    for d in [&da, &db] {
+        assert_eq!(seqs(d.list(10).await.unwrap()), [1, 2, 5, 6]);
+        assert_eq!(d.len().await.unwrap(), 4);
+    }
+    assert_eq!(depth(&a.stats().await.unwrap()), 4);
+    assert_eq!(depth(&b.stats().await.unwrap()), 4);
+    // The copy is a job like any other, in either broker.
+    let j = next(&mut ja).await;
+    assert_eq!((j.seq(), &j.payload()[..]), (7, &b"job 4"[..]));
+    j.ack_durable().await.unwrap();
+
+    // Both settle letter 5 at once: one does, the other finds it gone.
+    b.queue("quarantine").await.unwrap();
+    let (x, y) = tokio::join!(da.delete(5), db.redrive_one(5, Some("quarantine")));
+    match (&x, &y) {
+        (Ok(()), Err(Error::NoSuchLetter { seq: 5, .. })) => {
+            assert_eq!(b.queue("quarantine").await.unwrap().last_seq(), 0, "not redriven as well");
+        }
+        (Err(Error::NoSuchLetter { seq: 5, .. }), Ok((q, 1))) if q == "quarantine" => {}
+        other => panic!("exactly one settle of letter 5, got {other:?}"),
+    }
+    for d in [&da, &db] {
+        assert_eq!(seqs(d.list(10).await.unwrap()), [1, 2, 6]);
+        for s in [3, 4, 5] {
+            assert!(matches!(d.delete(s).await.unwrap_err(), Error::NoSuchLetter { .. }), "letter {s}");
+        }
+    }
+
+    // Settling 2 marks it; settling 1 (the next) moves the cursor over 1..=5.
+    da.delete(2).await.unwrap();
+    db.delete(1).await.unwrap();
+    assert_eq!(seqs(da.list(10).await.unwrap()), [6]);
+    assert_eq!(depth(&b.stats().await.unwrap()), 1);
+    // A redrive from the other broker moves 6 alone, then finds nothing.
+    assert_eq!(da.redrive(rockq::Redrive::new().to("quarantine")).await.unwrap(), 1);
+    let last = a.queue("quarantine").await.unwrap();
+    let q: Vec<_> = a.peek("quarantine", None, 10).await.unwrap().into_iter().map(|m| m.payload).collect();
+    assert_eq!(q.last().map(|p| &p[..]), Some(&b"job 6"[..]), "{q:?} (last {})", last.last_seq());
+    assert_eq!(db.redrive(rockq::Redrive::new()).await.unwrap(), 0);
+    assert!(db.is_empty().await.unwrap());
+    assert_eq!(depth(&a.stats().await.unwrap()), 0);
+    drop(ja);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+/// Kept job outcomes (`WorkGroup::keep_outcomes`) on etcd: an outcome and its result written by
+/// one broker's ack (queued or durable) or dead letter are what another broker's lookup and
+/// wait return; a reset back from either broker drops the outcomes of the jobs that run again;
+/// any broker's retention pass expires them on the brokers' clock once the group's retention
+/// has passed; the setting is the group's, as stored in etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcomes_kept_by_one_broker_are_read_waited_for_reset_and_expired_by_another() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let a = connect(&cluster, "outcomes", &clock).await;
+    let keep = Duration::from_secs(3600);
+    let jobs = a.queue("jobs").await.unwrap();
+    jobs.set_retention(rockq::Retention::Forever).await.unwrap();
+    jobs.send_batch(["j1", "j2", "j3", "j4"]).await.unwrap();
+    let policy = RetryPolicy::default().max_attempts(1);
+    let wg =
+        jobs.work_group("w").unwrap().keep_outcomes(keep).retry_policy(policy).read_batch(1).max_in_flight(1);
+    let mut ja = wg.subscribe().await.unwrap();
+    // b starts after the group exists (it loads the groups it finds at connect), and waits for
+    // job 1 before it is finished.
+    let b = connect(&cluster, "outcomes", &clock).await;
+    let wait = tokio::spawn({
+        let b = b.clone();
+        async move { b.wait_job("jobs", "w", 1).await }
+    });
+    let j = next(&mut ja).await;
+    j.set_result("sent to 3 recipients").unwrap();
+    j.ack_durable().await.unwrap();
+    let done = tokio::time::timeout(HANG_GUARD, wait).await.expect("b's wait was woken").unwrap().unwrap();
+    assert_eq!(done.state, rockq::JobState::Finished);
+    let o = done.outcome.expect("the outcome a kept");
+    assert_eq!((o.kind.as_str(), o.attempt), ("acked", 1));
+    assert_eq!(o.result.as_deref(), Some(&b"sent to 3 recipients"[..]));
+    // A queued ack (written by a's next round), and a handler's dead letter.
+    let j = next(&mut ja).await;
+    j.set_result("queued").unwrap();
+    j.ack().unwrap();
+    a.flush().await.unwrap();
+    next(&mut ja).await.dead_letter_durable("malformed").await.unwrap();
+    drop(ja);
+    let o = b.job("jobs", "w", 2).await.unwrap().outcome.expect("job 2's outcome");
+    assert_eq!(o.result.as_deref(), Some(&b"queued"[..]));
+    let o = b.job("jobs", "w", 3).await.unwrap().outcome.expect("job 3's outcome");
+    match &o.kind {
+        rockq::OutcomeKind::DeadLettered { reason, dead_letter_queue, dead_letter_seq } => {
+            assert_eq!(
+                (reason.as_str(), dead_letter_queue.as_str(), *dead_letter_seq),
+                ("malformed", "jobs.dlq", 1)
+            );
+        }
+        other => panic!("job 3 was dead-lettered, not {other:?}"),
+    }
+    let stats = b.stats().await.unwrap();
+    assert_eq!(stats.groups.iter().find(|g| g.group == "w").unwrap().keep_outcomes, Some(keep));
+
+    // b resets the group back to job 2: 2 and 3 run again, their outcomes go; 1's stays.
+    b.reset_group("jobs", "w", rockq::ResetTo::Sequence(2)).await.unwrap();
+    for seq in [2, 3] {
+        let s = a.job("jobs", "w", seq).await.unwrap();
+        assert_eq!((s.state, s.outcome), (rockq::JobState::Queued, None), "job {seq}");
+    }
+    assert!(a.job("jobs", "w", 1).await.unwrap().outcome.is_some());
+
+    // An hour later on the brokers' clock, b's pass expires job 1's outcome (the only one).
+    clock.advance(keep - Duration::from_secs(1));
+    assert_eq!(b.trim().await.unwrap().outcomes_expired, 0, "one second short");
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(b.trim().await.unwrap().outcomes_expired, 1);
+    let s = a.job("jobs", "w", 1).await.unwrap();
+    assert_eq!((s.state, s.outcome), (rockq::JobState::Finished, None));
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}

@@ -5,7 +5,8 @@
 //! that an outcome survives a restart and outlives its message, that a retention pass deletes
 //! it only once its retention has passed, that the setting is stored and checked like the
 //! group's others, and that a result the group would drop, or too large, is refused and changes
-//! nothing. The etcd engine refuses the setting (tests/etcd_engine.rs).
+//! nothing. `scripts/etcd-semantics.sh` runs the tests that need neither the Inspector, a
+//! keyspace, deleting a group nor progress reports against etcd as well.
 
 mod common;
 

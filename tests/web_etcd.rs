@@ -1,8 +1,8 @@
 //! The console over the etcd engine (features `web` and `etcd`), against a real single-member
 //! etcd started on loopback ports chosen at run time: every page a several-instance deployment
 //! opens answers with the figures of `Broker::stats`, and what the engine does not carry out
-//! yet (delayed messages and schedules, per-letter actions) is a clear 501 page that changes
-//! nothing — never a 500 or a broken page; per-job actions work as embedded.
+//! yet (delayed messages and schedules, flows) is a clear 501 page that changes nothing — never
+//! a 500 or a broken page; per-job and per-letter actions work as embedded.
 
 mod common;
 #[path = "common/etcd.rs"]
@@ -71,10 +71,16 @@ async fn every_page_works_on_etcd_and_what_it_cannot_do_says_so() {
     }
     let bearer = format!("Bearer {TOKEN}");
     let h = [("authorization", bearer.as_str())];
-    let a = post(&app, "/api/dlq/jobs.dlq/letters/1/delete", "", &h).await;
-    assert_eq!(a.status, StatusCode::NOT_IMPLEMENTED, "{}", a.body);
-    assert_eq!(broker.dead_letters("jobs.dlq").await.unwrap().len().await.unwrap(), 1);
     assert_eq!(broker.stats().await.unwrap().groups[0].committed, 1);
+    // Per-letter actions work on etcd: letter 1 deleted, then gone (404), the page lists none.
+    let dlq = broker.dead_letters("jobs.dlq").await.unwrap();
+    assert_eq!(dlq.len().await.unwrap(), 1);
+    let a = post(&app, "/api/dlq/jobs.dlq/letters/1/delete", "", &h).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    assert_eq!(dlq.len().await.unwrap(), 0);
+    let a = post(&app, "/api/dlq/jobs.dlq/letters/1/delete", "", &h).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND, "{}", a.body);
+    assert_eq!(broker.stats().await.unwrap().groups[0].dlq_depth, 0);
 
     // Per-job actions work on etcd: the held job is refused (409, untouched), job 3 is deleted.
     let a = post(&app, "/api/groups/jobs/workers/jobs/2/delete", "", &h).await;

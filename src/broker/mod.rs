@@ -367,6 +367,11 @@ impl Broker {
     /// [`Error::Shutdown`](crate::Error::Shutdown); those messages are redelivered
     /// after the next open.
     ///
+    /// Call it before the process exits. A broker whose last handle is dropped without it
+    /// closes in the background: its writer thread commits what was queued and closes RocksDB.
+    /// A process that exits meanwhile (returning from `main` right after the drop) ends as a
+    /// crash would for what was not committed, and RocksDB may abort in its teardown.
+    ///
     /// # Errors
     ///
     /// [`Error::Storage`] if the final commit or the WAL sync failed (the database is

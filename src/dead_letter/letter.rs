@@ -20,7 +20,9 @@ impl DeadLetters {
     /// [`Error::NoSuchLetter`] if it was redriven or deleted already, trimmed, or never
     /// written; [`Error::NoOrigin`] without `to` for a letter sent to the dead-letter queue
     /// directly; [`Error::InvalidName`]; [`Error::QueueDeleted`], [`Error::Shutdown`],
-    /// [`Error::Storage`]; on the etcd engine [`Error::Unsupported`].
+    /// [`Error::Storage`] (on the etcd engine also when etcd's answer was lost: the letter may
+    /// have been settled). On the etcd engine two processes settling the same letter settle
+    /// it once; the other gets [`Error::NoSuchLetter`].
     ///
     /// # Cancel safety
     ///

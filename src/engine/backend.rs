@@ -177,12 +177,17 @@ impl Backend {
         }
     }
 
-    /// The dead letters of `dlq` settled on their own above its cursor (none on etcd, which
-    /// refuses settling one letter). Blocking.
-    pub fn read_letter_marks(&self, dlq: &str) -> Result<std::collections::BTreeSet<u64>, Error> {
+    /// The dead letters of `dlq` settled on their own (marks the cursor has not passed yet,
+    /// and on etcd perhaps some below it: callers count those above the cursor). Blocking.
+    pub fn read_letter_marks(
+        &self,
+        runtime: &Handle,
+        dlq: &str,
+    ) -> Result<std::collections::BTreeSet<u64>, Error> {
+        let _ = runtime;
         match self {
             Backend::Embedded(store) => store::read_letter_marks(store, dlq),
-            Backend::Etcd(_) => Ok(std::collections::BTreeSet::new()),
+            Backend::Etcd(side) => on_etcd!(side => side.read_letter_marks(runtime, dlq)),
         }
     }
 
@@ -249,8 +254,7 @@ impl Backend {
         }
     }
 
-    /// The kept outcome of job `seq` in work group `group` on `queue`, if there is one. The
-    /// etcd engine keeps none (`Capability::KeepOutcomes`).
+    /// The kept outcome of job `seq` in work group `group` on `queue`, if there is one.
     pub async fn outcome(
         &self,
         engine: &Arc<Engine>,
@@ -263,7 +267,7 @@ impl Backend {
             Backend::Embedded(store) => {
                 inspect::live_outcome(engine, store, runtime, group, queue, seq).await
             }
-            Backend::Etcd(_) => Ok(None),
+            Backend::Etcd(side) => on_etcd!(side => etcd::inspect::outcome(side, group, queue, seq).await),
         }
     }
 

@@ -124,6 +124,8 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::ResetGroup
             | Capability::PurgeQueue
             | Capability::JobActions
+            | Capability::DeadLetterActions
+            | Capability::KeepOutcomes
             | Capability::Export => true,
             Capability::Delete
             | Capability::Scheduling
@@ -133,9 +135,7 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::StoreInspection
             | Capability::LargeSendCall
             | Capability::BufferedDurability
-            | Capability::DeadLetterActions
             | Capability::Backup
-            | Capability::KeepOutcomes
             | Capability::JobProgress
             | Capability::Priority
             | Capability::Limits

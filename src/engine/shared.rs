@@ -220,7 +220,7 @@ impl Shared {
 
     /// The dead letters of `dlq` settled on their own above its cursor. Blocking.
     pub fn read_letter_marks(&self, dlq: &str) -> Result<std::collections::BTreeSet<u64>, Error> {
-        self.backend.read_letter_marks(dlq)
+        self.backend.read_letter_marks(&self.runtime, dlq)
     }
 
     /// Takes the cross-process ownership of ordered group `group` for a new subscription: with

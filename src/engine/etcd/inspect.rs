@@ -47,6 +47,21 @@ pub(crate) async fn claim(
     Ok(retrying(t, || side.store.claim(group, queue, seq)).await?)
 }
 
+/// The kept outcome of job `seq` in work group `group` on `queue`, if there is one (a record
+/// that does not decode is `Error::Corrupt`).
+pub(crate) async fn outcome(
+    side: &EtcdSide,
+    group: &str,
+    queue: &str,
+    seq: u64,
+) -> Result<Option<crate::stats::JobOutcome>, Error> {
+    let t = side.settings.request_timeout;
+    match retrying(t, || side.store.outcome(group, queue, seq)).await? {
+        Some(decoded) => Ok(Some(decoded?)),
+        None => Ok(None),
+    }
+}
+
 /// Up to `limit` stored messages of `queue` from `from` (default: the first live one).
 pub(crate) async fn peek(
     side: &EtcdSide,

@@ -4,6 +4,12 @@
 //! `Conflict`) and with each target's tail (another process appending meanwhile: the batch goes
 //! again on the new tails). A batch too large for one transaction goes in parts, each moving
 //! the cursor over what it carried, so an interruption never leaves a letter moved twice.
+//!
+//! One letter settled on its own (`DeadLetters::redrive_one`, `delete`) is one transaction:
+//! its copy, and the cursor moved over it (the next letter) or its mark. Every such write
+//! rewrites the cursor, so a redrive whose cursor was rewritten meanwhile with its value
+//! unchanged lost no race to another redrive: it reads the marks again, leaves out the letters
+//! settled meanwhile (as the embedded writer does) and goes on.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,16 +22,26 @@ use crate::engine::request::{RedriveItem, RedriveReply};
 use crate::error::{Error, FailedError, StorageError};
 use crate::events::Event;
 use crate::store::envelope;
-use crate::store::etcd::redrive::RedriveOutcome;
+use crate::store::etcd::redrive::{RedriveOutcome, SettleLetter};
 use crate::store::etcd::{DeadLetterAppend, MAX_TXN_BYTES, MAX_TXN_OPS};
 use crate::telemetry;
 
 /// Letters per transaction: each may go to its own target (a message and a tail each), plus
-/// the cursor.
-const PER_TXN: usize = (MAX_TXN_OPS - 1) / 2;
+/// the cursor and the deletion of the marks it passes.
+const PER_TXN: usize = (MAX_TXN_OPS - 2) / 2;
 
 /// A letter on its way: its dead-letter sequence, its target and its encoded envelope.
 type Letter = (u64, Arc<QueueState>, Vec<u8>);
+
+/// A part written (the cursor's new revision, where each letter went), or refused because the
+/// cursor was rewritten meanwhile (its value and revision now).
+type PartOutcome = Result<(i64, Vec<(Arc<str>, u64)>), (u64, i64)>;
+
+/// The cursor as callers read it: raised to just below the queue's first message (a purge or
+/// trim that moved the head past the stored cursor covered those letters too).
+fn effective(dlq: &QueueState, stored: u64) -> u64 {
+    stored.max(dlq.first_seq.load(std::sync::atomic::Ordering::Acquire).saturating_sub(1))
+}
 
 impl Writer {
     pub(super) async fn redrive(
@@ -49,9 +65,10 @@ impl Writer {
         let store = self.side.store.clone();
         let t = self.side.settings.request_timeout;
         let (cursor, mut cursor_rev) = retrying(t, || store.cursor(&dlq.name)).await?;
-        if cursor != expected {
+        if effective(dlq, cursor) != expected {
             return Err(Error::RedriveConflict { dlq: dlq.name.to_string() });
         }
+        crate::faults::reached("rockq-etcd-redrive-planned");
         // Every message encoded and every target resolved first: a bad one moves nothing.
         let mut letters = Vec::with_capacity(items.len());
         for item in &items {
@@ -79,30 +96,184 @@ impl Writer {
                 p.push(l);
             }
         }
-        let mut moved = Vec::with_capacity(items.len());
+        // Where each part moves the cursor, fixed before any letter is left out of a part.
         let n = parts.len();
-        for (i, part) in parts.into_iter().enumerate() {
-            let to = if i + 1 == n { last } else { part.last().map_or(last, |l| l.0) };
-            let (rev, got) = self.redrive_part(dlq, cursor_rev, to, &part).await?;
-            cursor_rev = rev;
-            telemetry::queue_counter(telemetry::REDRIVEN, &dlq.name, got.len() as u64);
-            for ((dlq_seq, _, _), (queue, seq)) in part.iter().zip(&got) {
-                let (dlq_seq, seq, queue) = (*dlq_seq, *seq, queue.clone());
-                self.engine.emit(|| Event::Redriven { dlq: dlq.name.clone(), dlq_seq, queue, seq });
+        let tos: Vec<u64> = (0..n)
+            .map(|i| match i + 1 == n {
+                true => last,
+                false => parts[i].last().map_or(last, |l| l.0),
+            })
+            .collect();
+        let mut moved = Vec::with_capacity(items.len());
+        let (mut i, mut from) = (0, expected);
+        let deadline = Instant::now() + t;
+        while i < n {
+            match self.redrive_part(dlq, cursor_rev, tos[i], &parts[i]).await? {
+                Ok((rev, got)) => {
+                    cursor_rev = rev;
+                    telemetry::queue_counter(telemetry::REDRIVEN, &dlq.name, got.len() as u64);
+                    for ((dlq_seq, _, _), (queue, seq)) in parts[i].iter().zip(&got) {
+                        let (dlq_seq, seq, queue) = (*dlq_seq, *seq, queue.clone());
+                        self.engine.emit(|| Event::Redriven { dlq: dlq.name.clone(), dlq_seq, queue, seq });
+                    }
+                    moved.extend(got);
+                    from = tos[i];
+                    i += 1;
+                }
+                // Rewritten with another value: another redrive (or a settle of the next
+                // letter) moved it.
+                Err((value, _)) if effective(dlq, value) != from => {
+                    return Err(Error::RedriveConflict { dlq: dlq.name.to_string() });
+                }
+                // Rewritten unchanged: a letter was settled on its own meanwhile.
+                Err((_, rev)) => {
+                    if Instant::now() >= deadline {
+                        return Err(Error::Storage(StorageError::new(
+                            "etcd: letters kept being settled during a redrive",
+                        )));
+                    }
+                    let marks = retrying(t, || store.letter_marks(&dlq.name)).await?;
+                    for p in &mut parts[i..] {
+                        p.retain(|l| !marks.contains(&l.0));
+                    }
+                    cursor_rev = rev;
+                }
             }
-            moved.extend(got);
         }
         Ok(moved)
     }
 
-    /// One transaction's part; returns the cursor's new revision and where each letter went.
+    /// Settles dead letter `seq` of `dlq` on its own (see the module's docs): answers with
+    /// where its copy went (`None` for a delete).
+    pub(super) async fn settle_letter(
+        &mut self,
+        dlq: Arc<QueueState>,
+        seq: u64,
+        item: Option<RedriveItem>,
+        reply: crate::engine::request::Reply<Option<(Arc<str>, u64)>, Error>,
+    ) {
+        let _ = reply.send(self.settle_one(&dlq, seq, item).await);
+    }
+
+    async fn settle_one(
+        &mut self,
+        dlq: &Arc<QueueState>,
+        seq: u64,
+        item: Option<RedriveItem>,
+    ) -> Result<Option<(Arc<str>, u64)>, Error> {
+        if dlq.is_deleted() {
+            return Err(Error::QueueDeleted { queue: dlq.name.to_string() });
+        }
+        let store = self.side.store.clone();
+        let t = self.side.settings.request_timeout;
+        // The copy encoded and its target found first: a bad one changes nothing.
+        let copy = match item {
+            Some(item) => {
+                let env = envelope::encode(&item.message, item.enqueued_at_micros).map_err(|e| {
+                    Error::Failed(FailedError::internal(format!("cannot re-encode dead letter {seq}: {e:?}")))
+                })?;
+                let target = self.create_queue(&item.target).await.map_err(|e| {
+                    Error::Failed(FailedError::internal(format!("target {:?}: {e}", item.target)))
+                })?;
+                Some((target, env))
+            }
+            None => None,
+        };
+        let deadline = Instant::now() + t;
+        loop {
+            // The cursor first: the transaction compares its revision, which every change of
+            // the marks moves too, so marks read after it are the ones it was written with.
+            let (stored, rev) = retrying(t, || store.cursor(&dlq.name)).await?;
+            let marks = retrying(t, || store.letter_marks(&dlq.name)).await?;
+            let cursor = effective(dlq, stored);
+            if seq <= cursor || marks.contains(&seq) {
+                return Err(Error::NoSuchLetter { dlq: dlq.name.to_string(), seq });
+            }
+            // Settled letters right above the cursor count as passed: a batch redrive leaves
+            // the marks above its last letter for the next move to sweep.
+            let mut next = cursor;
+            while marks.contains(&(next + 1)) {
+                next += 1;
+            }
+            let cursor_to = (seq == next + 1).then(|| {
+                let mut to = seq;
+                while marks.contains(&(to + 1)) {
+                    to += 1;
+                }
+                to
+            });
+            let append = match &copy {
+                Some((q, env)) => {
+                    let (last, nonce) = match self.tails.get(&q.id) {
+                        Some(&tail) => tail,
+                        None => retrying(t, || store.tail_record(q.id)).await?,
+                    };
+                    Some(DeadLetterAppend {
+                        qid: q.id,
+                        expected_last: last,
+                        expected_nonce: nonce,
+                        nonce: self.nonce(),
+                        envelopes: vec![env.clone()],
+                    })
+                }
+                None => None,
+            };
+            let settle = SettleLetter { seq, cursor, cursor_to, copy: append };
+            match store.settle_letter(&dlq.name, rev, &settle).await {
+                Ok(RedriveOutcome::Done { .. }) => {
+                    let moved = match (&copy, &settle.copy) {
+                        (Some((q, _)), Some(a)) => {
+                            let at = a.expected_last + 1;
+                            self.tails.insert(q.id, (at, a.nonce));
+                            q.publish_max(at);
+                            telemetry::queue_counter(telemetry::REDRIVEN, &dlq.name, 1);
+                            let (queue, seq_in) = (q.name.clone(), at);
+                            self.engine.emit(|| Event::Redriven {
+                                dlq: dlq.name.clone(),
+                                dlq_seq: seq,
+                                queue,
+                                seq: seq_in,
+                            });
+                            Some((q.name.clone(), at))
+                        }
+                        _ => None,
+                    };
+                    tracing::info!(dlq = %dlq.name, seq, redriven = ?moved, "rockq: dead letter settled");
+                    return Ok(moved);
+                }
+                Ok(RedriveOutcome::Refused { tails, .. }) => {
+                    if let (Some((q, _)), Some(tail)) = (&copy, tails.into_iter().next()) {
+                        match tail {
+                            Some(tail) => self.tails.insert(q.id, tail),
+                            None => self.tails.remove(&q.id),
+                        };
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(Error::Storage(StorageError::new(
+                            "etcd: the dead-letter queue or the target kept moving while settling a letter",
+                        )));
+                    }
+                }
+                // The outcome is unknown: it may have been applied (as a send that fails).
+                Err(e) => {
+                    if let Some((q, _)) = &copy {
+                        self.tails.remove(&q.id);
+                    }
+                    return Err(Error::Storage(e));
+                }
+            }
+        }
+    }
+
+    /// One transaction's part; returns the cursor's new revision and where each letter went,
+    /// or, if the cursor was rewritten meanwhile, its value and revision now.
     async fn redrive_part(
         &mut self,
         dlq: &QueueState,
         cursor_rev: i64,
         to: u64,
         part: &[Letter],
-    ) -> Result<(i64, Vec<(Arc<str>, u64)>), Error> {
+    ) -> Result<PartOutcome, Error> {
         let store = self.side.store.clone();
         let t = self.side.settings.request_timeout;
         let deadline = Instant::now() + t;
@@ -142,11 +313,11 @@ impl Writer {
                         got.push((q.name.clone(), *seq));
                         *seq += 1;
                     }
-                    return Ok((rev, got));
+                    return Ok(Ok((rev, got)));
                 }
                 Ok(RedriveOutcome::Refused { cursor, tails }) => {
                     if cursor.1 != cursor_rev {
-                        return Err(Error::RedriveConflict { dlq: dlq.name.to_string() });
+                        return Ok(Err(cursor));
                     }
                     for (a, tail) in appends.iter().zip(tails) {
                         match tail {

@@ -9,6 +9,7 @@
 //! to the revision the namespace had [`COMPACT_WINDOW`](super::side::COMPACT_WINDOW) earlier (as this process's passes saw
 //! it), so watches and in-doubt appends of the last minutes can still read it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -86,6 +87,7 @@ pub(crate) async fn pass(
         }
         pending = Some(refused);
     }
+    report.outcomes_expired = expire_outcomes(engine, side).await?;
     let window = started_at.and_then(|rev| side.revisions.note(clock.now(), rev));
     if compact.unwrap_or(report.deleted >= 64 * 1024)
         && let Some(rev) = window
@@ -94,6 +96,47 @@ pub(crate) async fn pass(
         report.compacted = true;
     }
     Ok(report)
+}
+
+/// Deletes the kept job outcomes of every work group of the namespace whose retention
+/// (`keep_outcomes`, as the group's settings record in etcd says now, read once per pass) has
+/// passed on the broker's clock, as the embedded pass does; an outcome of a group that keeps
+/// none any more goes at once. Each is compared with the revision it was read at. Returns how
+/// many went.
+async fn expire_outcomes(engine: &Engine, side: &EtcdSide) -> Result<u64, Error> {
+    let t = side.settings.request_timeout;
+    let now = engine.clock().wall_micros();
+    let mut keeps: HashMap<(String, String), u64> = HashMap::new();
+    let mut total = 0;
+    let mut from = Vec::new();
+    loop {
+        let (page, next) = retrying(t, || side.store.scan_outcomes(&from)).await?;
+        let mut expired: Vec<(Vec<u8>, i64)> = Vec::new();
+        for o in page {
+            let pair = (o.group, o.queue);
+            let keep = match keeps.get(&pair) {
+                Some(&k) => k,
+                None => {
+                    let (record, _) = retrying(t, || side.store.work_settings(&pair.0, &pair.1)).await?;
+                    let keep = record.and_then(|r| r.work).map(|w| w.keep_outcomes).unwrap_or_default();
+                    let k = u64::try_from(keep.as_micros()).unwrap_or(u64::MAX);
+                    keeps.insert(pair, k);
+                    k
+                }
+            };
+            // Unreadable: left for an operator (the job's lookup reports the corruption).
+            if o.finished_micros.is_some_and(|at| at.saturating_add(keep) <= now) {
+                expired.push((o.key, o.rev));
+            }
+        }
+        if !expired.is_empty() {
+            total += retrying(t, || side.store.delete_outcomes(&expired)).await?;
+        }
+        match next {
+            Some(n) => from = n,
+            None => return Ok(total),
+        }
+    }
 }
 
 /// Why a queue's head is cut.

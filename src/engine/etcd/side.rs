@@ -117,6 +117,17 @@ impl EtcdSide {
         let (cursor, rev) = runtime.block_on(retrying(t, || self.store.cursor(dlq)))?;
         Ok((rev != 0).then_some(cursor))
     }
+
+    /// The dead letters of `dlq` settled on their own (marked). Blocking, as
+    /// [`read_range`](Self::read_range).
+    pub fn read_letter_marks(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        dlq: &str,
+    ) -> Result<std::collections::BTreeSet<u64>, crate::error::Error> {
+        let t = self.settings.request_timeout;
+        Ok(runtime.block_on(retrying(t, || self.store.letter_marks(dlq)))?)
+    }
 }
 
 impl EtcdSide {

@@ -96,12 +96,16 @@ pub(crate) async fn stats(engine: &Arc<Engine>, side: &EtcdSide) -> Result<Stats
             let dlq = crate::model::dead_letter_queue_of(&record, queue).to_string();
             if let Some((first, last)) = last_of(&dlq) {
                 let (cursor, _) = side.store.cursor(&dlq).await?;
-                g.dlq_depth = last.saturating_sub(cursor.max(first - 1));
+                let cursor = cursor.max(first - 1);
+                // Less the letters settled on their own above the cursor.
+                let settled = side.store.letter_marks(&dlq).await?.range(cursor + 1..).count() as u64;
+                g.dlq_depth = last.saturating_sub(cursor).saturating_sub(settled);
             }
             g.dead_letter_queue = Some(dlq);
             if let Some(t) = &record.work {
                 (g.lease, g.retry_policy, g.ordered_by_key) =
                     (Some(t.lease), Some(t.policy.clone()), t.ordered_by_key);
+                g.keep_outcomes = Some(t.keep_outcomes).filter(|k| !k.is_zero());
             }
         }
         groups.push(g);

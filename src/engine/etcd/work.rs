@@ -37,9 +37,10 @@ use crate::error::{Error, StorageError};
 use crate::events::Event;
 use crate::model::WorkSettings;
 use crate::model::{Claim, GroupMode, GroupOffset, StartFrom};
+use crate::stats::{JobOutcome, OutcomeKind};
 use crate::store::envelope;
 use crate::store::etcd::work::{ClaimRecord, ClaimWrite, ClaimsOutcome};
-use crate::store::etcd::{DeadLetterAppend, MAX_TXN_OPS};
+use crate::store::etcd::{DeadLetterAppend, MAX_TXN_BYTES, MAX_TXN_OPS};
 use crate::telemetry;
 
 /// Records per claim or ack transaction: etcd's operation limit, with room for the offset
@@ -87,10 +88,6 @@ impl Writer {
         let WorkSettingsRequest { group, requested, mode, reply } = req;
         if requested.ordered_by_key == Some(true) {
             let _ = reply.send(Err(capability::refusal(Flavour::Etcd, Capability::OrderedByKey)));
-            return;
-        }
-        if requested.keep_outcomes.is_some_and(|k| !k.is_zero()) {
-            let _ = reply.send(Err(capability::refusal(Flavour::Etcd, Capability::KeepOutcomes)));
             return;
         }
         if requested.rate_limit.is_some_and(|r| r.is_some())
@@ -169,10 +166,8 @@ impl Writer {
                 let _ = reply.send(Err(group.lease_lost(*seq, attempt_of(c))));
                 return;
             }
-            let writes: Vec<ClaimWrite> = chunk
-                .iter()
-                .map(|(seq, c)| ClaimWrite { seq: *seq, expected: known.expected(*seq), record: c.clone() })
-                .collect();
+            let writes: Vec<ClaimWrite> =
+                chunk.iter().map(|(seq, c)| ClaimWrite::new(*seq, known.expected(*seq), c.clone())).collect();
             match self.write(&group, &writes, None).await {
                 Ok(Written::Yes(rev)) => {
                     for w in &writes {
@@ -299,7 +294,12 @@ impl Writer {
         let (queue, gname) = (group.queue.name.clone(), group.name.clone());
         match outcome {
             Outcome::Ack { .. } | Outcome::Deleted => {
-                let writes = [ClaimWrite { seq, expected, record: Claim::Done }];
+                let (kind, result) = match outcome {
+                    Outcome::Ack { result } => (OutcomeKind::Acked, result),
+                    _ => (OutcomeKind::Deleted, None),
+                };
+                let outcome = self.outcome_record(&group, kind, attempt, result);
+                let writes = [ClaimWrite { seq, expected, record: Claim::Done, outcome }];
                 match self.write(&group, &writes, None).await {
                     Ok(Written::Yes(rev)) => {
                         known.wrote(seq, rev);
@@ -327,7 +327,7 @@ impl Writer {
                     Claim::Waiting { last_error, .. } => last_error.clone(),
                     _ => String::new(),
                 };
-                let writes = [ClaimWrite { seq, expected, record: claim }];
+                let writes = [ClaimWrite::new(seq, expected, claim)];
                 match self.write(&group, &writes, None).await {
                     Ok(Written::Yes(rev)) => {
                         known.wrote(seq, rev);
@@ -412,7 +412,7 @@ impl Writer {
         let requested = lease.lock().unwrap_or_else(|p| p.into_inner()).requested;
         let claim =
             Claim::Leased { attempt, token, deadline_micros: clock.wall_micros_at(requested), holder };
-        let writes = [ClaimWrite { seq, expected, record: claim.clone() }];
+        let writes = [ClaimWrite::new(seq, expected, claim.clone())];
         match self.write(&group, &writes, None).await {
             Ok(Written::Yes(rev)) => {
                 known.wrote(seq, rev);
@@ -473,7 +473,13 @@ impl Writer {
                 nonce: self.nonce(),
                 envelopes: vec![copy.clone()],
             };
-            let writes = [ClaimWrite { seq, expected, record: Claim::Done }];
+            let kind = OutcomeKind::DeadLettered {
+                reason: reason.clone(),
+                dead_letter_queue: dlq.to_owned(),
+                dead_letter_seq: last + 1,
+            };
+            let outcome = self.outcome_record(group, kind, attempt, None);
+            let writes = [ClaimWrite { seq, expected, record: Claim::Done, outcome }];
             match self.write(group, &writes, Some(&append)).await {
                 Ok(Written::Yes(rev)) => {
                     known.wrote(seq, rev);
@@ -517,7 +523,7 @@ impl Writer {
             let Some(ws) = self.work_side(&g) else { continue };
             let mut known = ws.known.lock().await;
             let clock = self.engine.clock().clone();
-            for chunk in acks.chunks(MAX_RECORDS) {
+            for chunk in ack_chunks(&acks, g.keeps_outcomes()) {
                 let mut left: Vec<QueuedAck> = chunk.to_vec();
                 // Claims another process took since (as learned): lost, nothing is sent. One
                 // learned finished (most often this very ack, written by a round whose answer
@@ -551,6 +557,12 @@ impl Writer {
                                 seq: a.seq,
                                 expected,
                                 record: Claim::Done,
+                                outcome: self.outcome_record(
+                                    &g,
+                                    OutcomeKind::Acked,
+                                    a.attempt,
+                                    a.result.clone(),
+                                ),
                             })
                         })
                         .collect();
@@ -673,6 +685,47 @@ impl Writer {
         }
         Ok(())
     }
+}
+
+impl Writer {
+    /// Job `seq`'s outcome record, for a group that keeps outcomes (`None` otherwise), stamped
+    /// with the broker's wall clock now.
+    fn outcome_record(
+        &self,
+        g: &WorkGroupState,
+        kind: OutcomeKind,
+        attempt: u32,
+        result: Option<bytes::Bytes>,
+    ) -> Option<JobOutcome> {
+        if !g.keeps_outcomes() {
+            return None;
+        }
+        let finished_at = std::time::UNIX_EPOCH + Duration::from_micros(self.engine.clock().wall_micros());
+        Some(JobOutcome { kind, finished_at, attempt, result })
+    }
+}
+
+/// `acks` cut into transactions: [`MAX_RECORDS`] records, or half as many acks when each also
+/// puts its outcome record, whose results together stay within [`MAX_TXN_BYTES`] (at least
+/// one ack each: a result is at most 1 MiB, within etcd's request limit).
+fn ack_chunks(acks: &[QueuedAck], keeps_outcomes: bool) -> Vec<&[QueuedAck]> {
+    if !keeps_outcomes {
+        return acks.chunks(MAX_RECORDS).collect();
+    }
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, a) in acks.iter().enumerate() {
+        let size = a.result.as_ref().map_or(0, |r| r.len());
+        if i > start && (i - start >= MAX_RECORDS / 2 || bytes + size > MAX_TXN_BYTES) {
+            out.push(&acks[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += size;
+    }
+    if start < acks.len() {
+        out.push(&acks[start..]);
+    }
+    out
 }
 
 /// The answer to [`Writer::write`].

@@ -191,6 +191,9 @@ impl Writer {
             Request::Work(WorkRequest::Redrive { dlq, expected, last, items, reply }) => {
                 self.redrive(dlq, expected, last, items, reply).await;
             }
+            Request::Work(WorkRequest::SettleLetter { dlq, seq, item, reply }) => {
+                self.settle_letter(dlq, seq, item, reply).await;
+            }
             Request::WorkSettings(req) => self.work_settings(req).await,
             Request::Retention(RetentionRequest::SetPolicy { queue, retention, reply }) => {
                 let _ = reply.send(self.set_queue_record(&queue, |m| QueueMeta { retention, ..m }).await);

@@ -165,6 +165,12 @@ impl EtcdStore {
         self.pages(b"r/", ALL, rev, out, |page| {
             let mut batch = Vec::new();
             for (k, v) in page {
+                // A dead letter settled on its own: `letter:<dlq>:<seq u64>`.
+                if k.starts_with(b"letter:") {
+                    let (dlq, seq) = keys::parse_letter_key(&k)?;
+                    batch.push(Record::Letter { dlq: dlq.into(), seq });
+                    continue;
+                }
                 let dlq = k.strip_prefix(b"redrive:").and_then(|d| std::str::from_utf8(d).ok()).ok_or_else(
                     || CorruptionError::new("redrive cursor key", &k, "expected redrive:<dlq>"),
                 )?;
@@ -193,6 +199,16 @@ impl EtcdStore {
                 }
                 records::decode_claim(&k, &v)?;
                 batch.push(Record::Claim { group: group.into(), queue: queue.into(), seq, record: v });
+            }
+            Ok(batch)
+        })
+        .await?;
+        self.pages(b"j/", ALL, rev, out, |page| {
+            let mut batch = Vec::new();
+            for (k, v) in page {
+                let (group, queue, seq) = keys::parse_outcome_key(&k)?;
+                crate::store::outcomes::decode_outcome(&k, &v)?;
+                batch.push(Record::Outcome { group: group.into(), queue: queue.into(), seq, record: v });
             }
             Ok(batch)
         })

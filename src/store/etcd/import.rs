@@ -11,8 +11,8 @@
 //! import clears (and `connect_etcd` names).
 //!
 //! What etcd does not hold yet is refused with `Error::Unsupported` naming the line: delayed
-//! messages, recurring schedules, keyspaces, and dead letters settled on their own (letter
-//! marks). The schedule-id counter is left out (nothing on etcd uses it).
+//! messages, recurring schedules and keyspaces (and work-group settings and records only the
+//! embedded engine carries out: limits, progress reports). The schedule-id counter is left out (nothing on etcd uses it).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -116,9 +116,6 @@ impl EtcdStore {
             }
             Write::Group { group, queue, record } => {
                 let terms = records::decode_settings(b"", &record).ok().and_then(|s| s.work);
-                if terms.as_ref().is_some_and(|t| !t.keep_outcomes.is_zero()) {
-                    return Err(refused(n, "importing a work group that keeps job outcomes"));
-                }
                 // The etcd engine would run them in each process on its own, unseen by stats.
                 if terms.is_some_and(|t| {
                     t.rate_limit.is_some() || t.concurrency_limit.is_some() || t.per_key_limit.is_some()
@@ -152,8 +149,11 @@ impl EtcdStore {
                 return Err(refused(n, "importing recurring schedules"));
             }
             Write::Keyspace | Write::Entry { .. } => return Err(refused(n, "importing keyspaces")),
-            Write::Letter { .. } => return Err(refused(n, "importing dead letters settled on their own")),
-            Write::Outcome { .. } => return Err(refused(n, "importing kept job outcomes")),
+            Write::Letter { dlq, seq } => (self.key(b"r/", &keys::letter_key(&dlq, seq)), Vec::new(), None),
+            // Kept as they are: the retention pass expires them on the broker's clock.
+            Write::Outcome { group, queue, seq, record } => {
+                (self.outcome_key(&group, &queue, seq), record, None)
+            }
             Write::Progress { .. } => return Err(refused(n, "importing progress reports")),
         };
         self.import_put(imp, key, value, lease).await

@@ -21,7 +21,9 @@
 //! | `N c/claim:<group>:<queue>:<u64::MAX>` | a work group's reset mark: its last reset's offset (`reset.rs`) |
 //! | `N g/group:<group>:<queue>` | a work group's settings record (`work.rs`) |
 //! | `N r/redrive:<dlq>` | a dead-letter queue's redrive cursor (`redrive.rs`) |
+//! | `N r/letter:<dlq>:<seq>` | a dead letter above the cursor settled on its own, empty (`redrive.rs`) |
 //! | `N d/<qid u32><key>` | an idempotency key's dedup record, under an expiring lease (`dedup.rs`) |
+//! | `N j/outcome:<group>:<queue>:<seq>` | a kept job outcome (same codec as RocksDB's, `outcomes.rs`) |
 
 pub(crate) mod dedup;
 #[cfg(feature = "json")]
@@ -29,6 +31,7 @@ pub(crate) mod export;
 #[cfg(feature = "json")]
 pub(crate) mod import;
 pub(crate) mod members;
+pub(crate) mod outcomes;
 pub(crate) mod redrive;
 pub(crate) mod reset;
 pub(crate) mod retention;

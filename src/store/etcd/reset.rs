@@ -126,6 +126,9 @@ impl EtcdStore {
             TxnOp::put(self.offset_key(group, queue), offset_record(GroupMode::WorkQueue, offset), None),
             TxnOp::put(mark, offset_record(GroupMode::WorkQueue, offset), None),
             TxnOp::put(self.queue_key(queue), records::encode_queue(meta).to_vec(), None),
+            // Kept outcomes of the jobs that run again go (an old outcome must not make a
+            // queued job read as finished); those at or below the new offset stay.
+            self.delete_outcomes_after(group, queue, offset),
         ];
         let txn =
             Txn::new().when(cmps).and_then(ops).or_else([TxnOp::get(self.offset_key(group, queue), None)]);

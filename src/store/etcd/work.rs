@@ -60,6 +60,16 @@ pub(crate) struct ClaimWrite {
     pub seq: u64,
     pub expected: i64,
     pub record: Claim,
+    /// The job's outcome record (`outcomes.rs`), for a group that keeps outcomes: put in the
+    /// same transaction as the `Done` that finishes it.
+    pub outcome: Option<crate::stats::JobOutcome>,
+}
+
+impl ClaimWrite {
+    /// `record` at `seq`, expected at revision `expected`, with no outcome record.
+    pub fn new(seq: u64, expected: i64, record: Claim) -> Self {
+        ClaimWrite { seq, expected, record, outcome: None }
+    }
 }
 
 /// What became of [`EtcdStore::write_claims`].
@@ -160,6 +170,10 @@ impl EtcdStore {
             cmps.push(Compare::mod_revision(key.clone(), CompareOp::Equal, w.expected));
             ops.push(TxnOp::put(key.clone(), records::encode_claim(&w.record), None));
             gets.push(TxnOp::get(key, None));
+            if let Some(outcome) = &w.outcome {
+                let value = crate::store::outcomes::encode_outcome(outcome);
+                ops.push(TxnOp::put(self.outcome_key(group, queue, w.seq), value, None));
+            }
         }
         let tail_key = dead_letters.map(|dl| self.push_append(dl, &mut cmps, &mut ops));
         if let Some(tail) = &tail_key {

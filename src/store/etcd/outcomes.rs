@@ -1,0 +1,118 @@
+//! Kept job outcomes in etcd (`WorkGroup::keep_outcomes`): `N j/outcome:<group>:<queue>:<seq>`,
+//! the embedded outcome record's key and codec (`store/outcomes.rs`). An outcome is put in
+//! the claim transaction that finishes its job (`work.rs`, `ClaimWrite::outcome`), so a job is
+//! never finished without it; a work group's reset deletes those of the jobs that run again
+//! (`reset.rs`); the retention pass deletes those past the group's retention, each compared
+//! with the revision it was read at (a job finished again since keeps its new one).
+
+use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
+
+use super::EtcdStore;
+use crate::error::{CorruptionError, StorageError};
+use crate::store::{keys, outcomes};
+
+/// Outcomes read per request by the expiry scan.
+const PAGE: i64 = 512;
+
+/// A kept outcome as the expiry scan read it.
+pub(crate) struct ScannedOutcome {
+    /// Its group and queue.
+    pub group: String,
+    pub queue: String,
+    /// When it was recorded (µs since the epoch); `None`: the record does not decode (left
+    /// for an operator: the job's lookup reports it).
+    pub finished_micros: Option<u64>,
+    /// Its key (whole) and `mod_revision`: the deletion compares it.
+    pub key: Vec<u8>,
+    pub rev: i64,
+}
+
+impl EtcdStore {
+    /// The key of work group `group`'s outcome of job `seq` on `queue`.
+    pub(super) fn outcome_key(&self, group: &str, queue: &str, seq: u64) -> Vec<u8> {
+        self.key(b"j/", &keys::claim_key(&keys::outcome_prefix(group, queue), seq))
+    }
+
+    /// Deletes `group`'s outcomes of the jobs after `offset` (they run again after a reset).
+    pub(super) fn delete_outcomes_after(&self, group: &str, queue: &str, offset: u64) -> TxnOp {
+        let mut end = self.key(b"j/", &keys::outcome_prefix(group, queue));
+        // The prefix ends in ':': the next byte value bounds every key under it.
+        if let Some(last) = end.last_mut() {
+            *last += 1;
+        }
+        let from = self.outcome_key(group, queue, offset.saturating_add(1));
+        TxnOp::delete(from, Some(DeleteOptions::new().with_range(end)))
+    }
+
+    /// The kept outcome of job `seq` (`None`: none kept, or it expired).
+    pub async fn outcome(
+        &self,
+        group: &str,
+        queue: &str,
+        seq: u64,
+    ) -> Result<Option<Result<crate::stats::JobOutcome, CorruptionError>>, StorageError> {
+        let got = self.kv().get(self.outcome_key(group, queue, seq), None).await?;
+        Ok(got.kvs().first().map(|kv| outcomes::decode_outcome(kv.key(), kv.value())))
+    }
+
+    /// Up to a page of kept outcomes from `from` (a key under `N j/`; empty: the first), with
+    /// the key to go on from (`None`: that was the last page).
+    pub async fn scan_outcomes(
+        &self,
+        from: &[u8],
+    ) -> Result<(Vec<ScannedOutcome>, Option<Vec<u8>>), StorageError> {
+        let (lo, hi) = keys::outcome_key_range();
+        let (lo, hi) = (self.key(b"j/", &lo), self.key(b"j/", &hi));
+        let start = if from.is_empty() { lo } else { from.to_vec() };
+        let got = self.kv().get(start, Some(GetOptions::new().with_range(hi).with_limit(PAGE))).await?;
+        let strip = self.key(b"j/", b"").len();
+        let mut out = Vec::with_capacity(got.kvs().len());
+        for kv in got.kvs() {
+            let rest = kv.key().get(strip..).unwrap_or_default();
+            // A key that does not parse is not an outcome of any group: skipped, as the
+            // embedded scan skips what is not under a group's prefix.
+            let Ok((group, queue, _)) = keys::parse_outcome_key(rest) else { continue };
+            let finished_micros =
+                outcomes::decode_outcome(rest, kv.value()).ok().map(|o| outcomes::micros_of(o.finished_at));
+            out.push(ScannedOutcome {
+                group: group.to_owned(),
+                queue: queue.to_owned(),
+                finished_micros,
+                key: kv.key().to_vec(),
+                rev: kv.mod_revision(),
+            });
+        }
+        let next = match got.kvs().last() {
+            Some(last) if got.more() => Some([last.key(), &[0][..]].concat()),
+            _ => None,
+        };
+        Ok((out, next))
+    }
+
+    /// Deletes the outcomes `expired` (key, revision), each only if its revision is still the
+    /// one read, in transactions of at most etcd's operations; returns how many went.
+    pub async fn delete_outcomes(&self, expired: &[(Vec<u8>, i64)]) -> Result<u64, StorageError> {
+        let mut deleted = 0;
+        for chunk in expired.chunks(super::MAX_TXN_OPS) {
+            let cmps: Vec<Compare> = chunk
+                .iter()
+                .map(|(k, rev)| Compare::mod_revision(k.clone(), CompareOp::Equal, *rev))
+                .collect();
+            let ops: Vec<TxnOp> = chunk.iter().map(|(k, _)| TxnOp::delete(k.clone(), None)).collect();
+            if self.kv().txn(Txn::new().when(cmps).and_then(ops)).await?.succeeded() {
+                deleted += chunk.len() as u64;
+                continue;
+            }
+            // One changed meanwhile (finished again after a reset): each alone, so the rest go.
+            for (k, rev) in chunk {
+                let txn = Txn::new()
+                    .when([Compare::mod_revision(k.clone(), CompareOp::Equal, *rev)])
+                    .and_then([TxnOp::delete(k.clone(), None)]);
+                if self.kv().txn(txn).await?.succeeded() {
+                    deleted += 1;
+                }
+            }
+        }
+        Ok(deleted)
+    }
+}
