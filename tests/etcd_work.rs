@@ -922,6 +922,9 @@ async fn outcomes_kept_by_one_broker_are_read_waited_for_reset_and_expired_by_an
     let cluster = etcd::Cluster::start(1).await;
     let clock = ManualClock::new();
     let a = connect(&cluster, "outcomes", &clock).await;
+    // b starts before the group exists: its lookups, waits and job actions load the group
+    // from etcd when first asked.
+    let b = connect(&cluster, "outcomes", &clock).await;
     let keep = Duration::from_secs(3600);
     let jobs = a.queue("jobs").await.unwrap();
     jobs.set_retention(rockq::Retention::Forever).await.unwrap();
@@ -930,9 +933,7 @@ async fn outcomes_kept_by_one_broker_are_read_waited_for_reset_and_expired_by_an
     let wg =
         jobs.work_group("w").unwrap().keep_outcomes(keep).retry_policy(policy).read_batch(1).max_in_flight(1);
     let mut ja = wg.subscribe().await.unwrap();
-    // b starts after the group exists (it loads the groups it finds at connect), and waits for
-    // job 1 before it is finished.
-    let b = connect(&cluster, "outcomes", &clock).await;
+    // b waits for job 1 before it is finished.
     let wait = tokio::spawn({
         let b = b.clone();
         async move { b.wait_job("jobs", "w", 1).await }
@@ -966,10 +967,14 @@ async fn outcomes_kept_by_one_broker_are_read_waited_for_reset_and_expired_by_an
     }
     let stats = b.stats().await.unwrap();
     assert_eq!(stats.groups.iter().find(|g| g.group == "w").unwrap().keep_outcomes, Some(keep));
+    // An operator on b deletes job 4 (never claimed): kept as deleted, read by a.
+    b.delete_job("jobs", "w", 4).await.unwrap();
+    let o = a.job("jobs", "w", 4).await.unwrap().outcome.expect("job 4's outcome");
+    assert_eq!((o.kind.as_str(), o.attempt), ("deleted", 0));
 
-    // b resets the group back to job 2: 2 and 3 run again, their outcomes go; 1's stays.
+    // b resets the group back to job 2: 2, 3 and 4 run again, their outcomes go; 1's stays.
     b.reset_group("jobs", "w", rockq::ResetTo::Sequence(2)).await.unwrap();
-    for seq in [2, 3] {
+    for seq in [2, 3, 4] {
         let s = a.job("jobs", "w", seq).await.unwrap();
         assert_eq!((s.state, s.outcome), (rockq::JobState::Queued, None), "job {seq}");
     }

@@ -189,7 +189,7 @@ impl Broker {
         crate::name::validate(NameKind::Group, group)?;
         operator::check(&self.shared)?;
         let missing = || Error::NoSuchGroup { group: group.to_owned(), queue: queue.to_owned() };
-        let g = self.shared.work_group(group, queue).ok_or_else(missing)?;
+        let g = self.shared.find_work_group(group, queue).await?.ok_or_else(missing)?;
         operator::act(&self.shared, &g, seq, action).await
     }
 }

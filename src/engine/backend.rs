@@ -254,6 +254,17 @@ impl Backend {
         }
     }
 
+    /// Whether `group` on `queue` is a work group as the store holds it: asked for a group this
+    /// process has not registered. The embedded engine registers every group at open (and
+    /// this process is the only writer), so none is found; on etcd another process may have
+    /// created it since this one connected.
+    pub async fn stored_work_group(&self, group: &str, queue: &str) -> Result<bool, Error> {
+        match self {
+            Backend::Embedded(_) => Ok(false),
+            Backend::Etcd(side) => on_etcd!(side => etcd::inspect::is_work_group(side, group, queue).await),
+        }
+    }
+
     /// The kept outcome of job `seq` in work group `group` on `queue`, if there is one.
     pub async fn outcome(
         &self,

@@ -137,6 +137,36 @@ impl Shared {
         self.engine.registry.work(group, queue)
     }
 
+    /// Work group `group` on `queue` as registered here, or — on etcd, for a group another
+    /// process created after this one connected — loaded now if the store has it (its claim
+    /// records read and watched, as a subscribe would; never created). `None`: no such group.
+    pub async fn find_work_group(
+        &self,
+        group: &str,
+        queue: &str,
+    ) -> Result<Option<Arc<WorkGroupState>>, Error> {
+        if let Some(g) = self.work_group(group, queue) {
+            return Ok(Some(g));
+        }
+        if !self.backend.stored_work_group(group, queue).await? {
+            return Ok(None);
+        }
+        // The group exists, so its queue does: this finds it (registering it here).
+        let (reply, rx) = oneshot::channel();
+        let q = self
+            .ask(Request::Queue(super::request::QueueRequest::Create { name: queue.to_owned(), reply }), rx)
+            .await?;
+        let (reply, rx) = oneshot::channel();
+        let start = crate::model::StartFrom::default();
+        let req = Request::Work(super::request::WorkRequest::Create {
+            queue: q,
+            group: group.to_owned(),
+            start,
+            reply,
+        });
+        self.ask(req, rx).await.map(Some)
+    }
+
     /// Stages one send call's messages for the writer's next round (see `Inbox::push`).
     pub async fn stage(&self, queue: &Arc<QueueState>, msgs: &[Message]) -> Result<Staging, Error> {
         self.engine.inbox.push(queue, msgs).await
@@ -337,7 +367,8 @@ impl Shared {
     pub async fn job(&self, group: &str, queue: &str, seq: u64) -> Result<JobStatus, Error> {
         self.open_for_reads()?;
         let g = self
-            .work_group(group, queue)
+            .find_work_group(group, queue)
+            .await?
             .ok_or_else(|| Error::NoSuchGroup { group: group.to_owned(), queue: queue.to_owned() })?;
         if g.is_deleted() {
             return Err(Error::GroupDeleted { queue: queue.to_owned(), group: group.to_owned() });
@@ -386,7 +417,8 @@ impl Shared {
     pub async fn wait_job(&self, group: &str, queue: &str, seq: u64) -> Result<JobStatus, Error> {
         self.open_for_reads()?;
         let g = self
-            .work_group(group, queue)
+            .find_work_group(group, queue)
+            .await?
             .ok_or_else(|| Error::NoSuchGroup { group: group.to_owned(), queue: queue.to_owned() })?;
         loop {
             // Registered before the look, so a change between the look and the wait wakes it.

@@ -47,6 +47,13 @@ pub(crate) async fn claim(
     Ok(retrying(t, || side.store.claim(group, queue, seq)).await?)
 }
 
+/// Whether `group` on `queue` is a work group in etcd (its offset record says so).
+pub(crate) async fn is_work_group(side: &EtcdSide, group: &str, queue: &str) -> Result<bool, Error> {
+    let t = side.settings.request_timeout;
+    let offset = retrying(t, || side.store.offset(group, queue)).await?;
+    Ok(offset.is_some_and(|o| o.mode == GroupMode::WorkQueue))
+}
+
 /// The kept outcome of job `seq` in work group `group` on `queue`, if there is one (a record
 /// that does not decode is `Error::Corrupt`).
 pub(crate) async fn outcome(
