@@ -486,14 +486,18 @@ async fn a_claim_the_watch_brings_after_a_reset_it_predates_is_forgotten() {
     a.shutdown().await.expect("shutdown");
 }
 
-/// A dead letter that another process settles on its own (`DeadLetters::delete`) after a
-/// redrive read the cursor and the letters, and before its transaction, is left out of the
-/// redrive: the settle rewrote the cursor, so the redrive's transaction is refused, and the
-/// redrive reads the marks again and moves the others. Without the cursor rewrite the letter
-/// would be both deleted and redriven; treating the refusal as another redrive's would fail
-/// the redrive with a conflict.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_letter_settled_by_another_process_while_a_redrive_is_planned_is_not_moved() {
+/// A dead letter that another process settles on its own (`DeadLetters::delete`) while a
+/// redrive of the letters around it is on its way is left out of the redrive, which moves the
+/// others, at either point of the writer's work:
+///
+/// - `rockq-etcd-redrive-received`: after the handle read the marks, before the writer read
+///   the cursor. The writer reads the marks itself; going by the handle's would move the
+///   deleted letter as well.
+/// - `rockq-etcd-redrive-planned`: after the writer read the cursor and the marks, before its
+///   transaction. The settle rewrote the cursor, so the transaction is refused and the marks
+///   read again; without the rewrite the letter would be both deleted and redriven, and
+///   treating the refusal as another redrive's would fail the redrive with a conflict.
+async fn a_letter_settled_elsewhere_during_a_redrive_is_not_moved(point: &'static str) {
     let _one_at_a_time = SERIAL.lock().await;
     let cluster = etcd::Cluster::start(1).await;
     let clock = rockq::ManualClock::new();
@@ -501,15 +505,14 @@ async fn a_letter_settled_by_another_process_while_a_redrive_is_planned_is_not_m
     let dlq_queue = a.queue("jobs.dlq").await.expect("queue");
     dlq_queue.send_batch(["l1", "l2", "l3", "l4"]).await.expect("letters");
     a.queue("quarantine").await.expect("target");
-    let point = "rockq-etcd-redrive-planned";
     let settled = once_elsewhere(point, cluster.endpoints(), "letters", |b| async move {
         b.dead_letters("jobs.dlq").await.expect("dlq").delete(3).await.expect("delete letter 3");
     });
     let dlq = a.dead_letters("jobs.dlq").await.expect("dlq");
     let moved = dlq.redrive(rockq::Redrive::new().to("quarantine")).await;
-    fail::remove("rockq-etcd-redrive-planned");
+    fail::remove(point);
     assert!(settled.load(std::sync::atomic::Ordering::SeqCst), "letter 3 was settled mid-redrive");
-    assert_eq!(moved.expect("the redrive goes on over the marks it read again"), 3);
+    assert_eq!(moved.expect("the redrive goes on over the marks it read"), 3);
     let got: Vec<_> = a
         .peek("quarantine", None, 10)
         .await
@@ -520,4 +523,14 @@ async fn a_letter_settled_by_another_process_while_a_redrive_is_planned_is_not_m
     assert_eq!(got, ["l1", "l2", "l4"], "the deleted letter is not redriven");
     assert!(dlq.is_empty().await.expect("len"));
     a.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_letter_settled_elsewhere_before_the_writer_reads_the_cursor_is_not_moved() {
+    a_letter_settled_elsewhere_during_a_redrive_is_not_moved("rockq-etcd-redrive-received").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_letter_settled_elsewhere_before_the_redrive_s_transaction_is_not_moved() {
+    a_letter_settled_elsewhere_during_a_redrive_is_not_moved("rockq-etcd-redrive-planned").await;
 }

@@ -139,7 +139,9 @@ impl Shared {
 
     /// Work group `group` on `queue` as registered here, or — on etcd, for a group another
     /// process created after this one connected — loaded now if the store has it (its claim
-    /// records read and watched, as a subscribe would; never created). `None`: no such group.
+    /// records read and watched, as a subscribe would). `None`: no such group. The check and
+    /// the load are two steps: a group deleted between them would be created again, which
+    /// cannot happen while the etcd engine refuses deleting groups (`Capability::Delete`).
     pub async fn find_work_group(
         &self,
         group: &str,

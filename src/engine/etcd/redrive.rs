@@ -64,10 +64,19 @@ impl Writer {
     ) -> Result<Vec<(Arc<str>, u64)>, Error> {
         let store = self.side.store.clone();
         let t = self.side.settings.request_timeout;
+        // Tests settle a letter here, after the handle read the marks (in this process or
+        // another): the marks read below leave it out.
+        crate::faults::reached("rockq-etcd-redrive-received");
         let (cursor, mut cursor_rev) = retrying(t, || store.cursor(&dlq.name)).await?;
         if effective(dlq, cursor) != expected {
             return Err(Error::RedriveConflict { dlq: dlq.name.to_string() });
         }
+        // The marks as they are at the cursor's revision (read after it: a settle since then
+        // rewrites the cursor, and the transactions below are refused and read them again).
+        // The handle's were read before this request was queued: a letter settled in between
+        // would otherwise be moved as well.
+        let marks = retrying(t, || store.letter_marks(&dlq.name)).await?;
+        let items: Vec<RedriveItem> = items.into_iter().filter(|i| !marks.contains(&i.dlq_seq)).collect();
         crate::faults::reached("rockq-etcd-redrive-planned");
         // Every message encoded and every target resolved first: a bad one moves nothing.
         let mut letters = Vec::with_capacity(items.len());

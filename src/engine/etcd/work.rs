@@ -234,10 +234,19 @@ impl Writer {
                     let copies = dead_letters.is_none_or(|dl| {
                         tail == Some((dl.expected_last + dl.envelopes.len() as u64, dl.nonce))
                     });
-                    let ours = in_doubt
+                    let mut ours = in_doubt
                         && !found.is_empty()
                         && copies
                         && writes.iter().zip(&found).all(|(w, f)| landed(w, f));
+                    // And the outcome records are the ones it meant to put (another process's
+                    // `Done`, an operator's delete, comes with an outcome of its own).
+                    // Unknown still if it cannot be read: the write's outcome is unknown.
+                    for w in writes {
+                        if let (true, Some(o)) = (ours, &w.outcome) {
+                            let (g, q) = (&group.name, &group.queue.name);
+                            ours = until(deadline, store.outcome_is(g, q, w.seq, o)).await?;
+                        }
+                    }
                     if ours {
                         let rev =
                             found.iter().filter_map(|(_, r)| r.as_ref().map(|r| r.rev)).max().unwrap_or(0);
@@ -298,7 +307,7 @@ impl Writer {
                     Outcome::Ack { result } => (OutcomeKind::Acked, result),
                     _ => (OutcomeKind::Deleted, None),
                 };
-                let outcome = self.outcome_record(&group, kind, attempt, result);
+                let outcome = self.outcome_record(group.keeps_outcomes(), kind, attempt, result);
                 let writes = [ClaimWrite { seq, expected, record: Claim::Done, outcome }];
                 match self.write(&group, &writes, None).await {
                     Ok(Written::Yes(rev)) => {
@@ -478,7 +487,7 @@ impl Writer {
                 dead_letter_queue: dlq.to_owned(),
                 dead_letter_seq: last + 1,
             };
-            let outcome = self.outcome_record(group, kind, attempt, None);
+            let outcome = self.outcome_record(group.keeps_outcomes(), kind, attempt, None);
             let writes = [ClaimWrite { seq, expected, record: Claim::Done, outcome }];
             match self.write(group, &writes, Some(&append)).await {
                 Ok(Written::Yes(rev)) => {
@@ -523,7 +532,9 @@ impl Writer {
             let Some(ws) = self.work_side(&g) else { continue };
             let mut known = ws.known.lock().await;
             let clock = self.engine.clock().clone();
-            for chunk in ack_chunks(&acks, g.keeps_outcomes()) {
+            // Read once: the settings watch may change it while a chunk is written.
+            let keeps = g.keeps_outcomes();
+            for chunk in ack_chunks(&acks, keeps) {
                 let mut left: Vec<QueuedAck> = chunk.to_vec();
                 // Claims another process took since (as learned): lost, nothing is sent. One
                 // learned finished (most often this very ack, written by a round whose answer
@@ -558,7 +569,7 @@ impl Writer {
                                 expected,
                                 record: Claim::Done,
                                 outcome: self.outcome_record(
-                                    &g,
+                                    keeps,
                                     OutcomeKind::Acked,
                                     a.attempt,
                                     a.result.clone(),
@@ -688,16 +699,17 @@ impl Writer {
 }
 
 impl Writer {
-    /// Job `seq`'s outcome record, for a group that keeps outcomes (`None` otherwise), stamped
-    /// with the broker's wall clock now.
+    /// Job `seq`'s outcome record if `keeps` (its group keeps outcomes: read once by the
+    /// caller, so that a batch cut for it gets outcomes all or none), stamped with the broker's
+    /// wall clock now.
     fn outcome_record(
         &self,
-        g: &WorkGroupState,
+        keeps: bool,
         kind: OutcomeKind,
         attempt: u32,
         result: Option<bytes::Bytes>,
     ) -> Option<JobOutcome> {
-        if !g.keeps_outcomes() {
+        if !keeps {
             return None;
         }
         let finished_at = std::time::UNIX_EPOCH + Duration::from_micros(self.engine.clock().wall_micros());

@@ -11,7 +11,7 @@ use super::EtcdStore;
 use crate::error::{CorruptionError, StorageError};
 use crate::store::{keys, outcomes};
 
-/// Outcomes read per request by the expiry scan.
+/// Outcomes read per request by the expiry scan (fewer when their results are large).
 const PAGE: i64 = 512;
 
 /// A kept outcome as the expiry scan read it.
@@ -55,6 +55,20 @@ impl EtcdStore {
         Ok(got.kvs().first().map(|kv| outcomes::decode_outcome(kv.key(), kv.value())))
     }
 
+    /// Whether job `seq`'s stored outcome is `expected`, byte for byte: after a claim write
+    /// whose answer was lost, a `Done` found alone may be another process's (an operator's
+    /// delete), whose outcome differs.
+    pub async fn outcome_is(
+        &self,
+        group: &str,
+        queue: &str,
+        seq: u64,
+        expected: &crate::stats::JobOutcome,
+    ) -> Result<bool, StorageError> {
+        let got = self.kv().get(self.outcome_key(group, queue, seq), None).await?;
+        Ok(got.kvs().first().is_some_and(|kv| kv.value() == outcomes::encode_outcome(expected).as_slice()))
+    }
+
     /// Up to a page of kept outcomes from `from` (a key under `N j/`; empty: the first), with
     /// the key to go on from (`None`: that was the last page).
     pub async fn scan_outcomes(
@@ -64,7 +78,21 @@ impl EtcdStore {
         let (lo, hi) = keys::outcome_key_range();
         let (lo, hi) = (self.key(b"j/", &lo), self.key(b"j/", &hi));
         let start = if from.is_empty() { lo } else { from.to_vec() };
-        let got = self.kv().get(start, Some(GetOptions::new().with_range(hi).with_limit(PAGE))).await?;
+        // Results make outcomes up to 1 MiB each: a page whose answer outgrew the client's
+        // limit is asked again for a quarter as many, down to one.
+        let mut limit = PAGE;
+        let got = loop {
+            let opts = GetOptions::new().with_range(hi.clone()).with_limit(limit);
+            match self.kv().get_bounded(start.clone(), Some(opts)).await? {
+                Some(got) => break got,
+                None if limit > 1 => limit = (limit / 4).max(1),
+                None => {
+                    return Err(StorageError::new(
+                        "etcd: one outcome is larger than the client's answer limit",
+                    ));
+                }
+            }
+        };
         let strip = self.key(b"j/", b"").len();
         let mut out = Vec::with_capacity(got.kvs().len());
         for kv in got.kvs() {
