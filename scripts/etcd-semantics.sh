@@ -69,10 +69,10 @@ cargo test --features "$features" --test dead_letter_actions "$@" -- --skip acro
 cargo test --features "$features" --test job_actions "$@"
 # Where one job stands (Broker::job).
 cargo test --features "$features" --test job_status "$@"
-# Kept job outcomes and results (not the tests that read with the Inspector, use a keyspace,
-# delete a group or report progress: not on etcd yet).
+# Kept job outcomes, results and progress reports (not the tests that read with the Inspector,
+# use a keyspace or delete a group: not on etcd).
 cargo test --features "$features" --test job_outcomes "$@" -- --skip through_a_restart --skip pool_handlers \
-  --skip deleting_the_group --skip a_reset_back --skip progress --skip a_report_from --skip a_trim_or_a_reset \
+  --skip deleting_the_group --skip a_reset_back --skip progress_is_seen --skip a_trim_or_a_reset \
   --skip export_and_import
 cargo test --features "$features" --test queue_retention "$@" -- --skip large_consumed_backlog
 # Idempotency keys (not delayed messages: the scheduler is not on etcd yet).

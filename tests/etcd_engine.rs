@@ -697,7 +697,7 @@ async fn a_pause_by_any_broker_holds_every_brokers_subscriptions_until_resumed()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_result_and_a_progress_report_are_refused_and_the_job_still_acks() {
+async fn a_result_the_group_would_drop_is_refused_and_a_progress_report_goes_with_the_ack() {
     let cluster = etcd::Cluster::start(1).await;
     let broker = connect(&cluster, "outcomes").await;
     let q = broker.queue("q").await.unwrap();
@@ -710,9 +710,10 @@ async fn a_result_and_a_progress_report_are_refused_and_the_job_still_acks() {
         .unwrap();
     // The group keeps no outcomes (it cannot be stored here): a result is refused as there.
     assert_eq!(job.set_result("x").unwrap_err().kind(), rockq::ErrorKind::InvalidInput);
-    let e = job.progress("half").unwrap_err();
-    assert_eq!(e.unsupported().map(|u| u.engine()), Some("etcd"), "progress reports: {e}");
-    assert_eq!(job.last_progress(), None, "nothing was kept");
+    job.progress("half").unwrap();
+    assert_eq!(job.last_progress().as_deref(), Some(&b"half"[..]));
+    broker.flush().await.unwrap();
+    assert_eq!(broker.job("q", "w", 1).await.unwrap().progress.as_deref(), Some(&b"half"[..]));
     job.ack_durable().await.unwrap();
     let s = broker.job("q", "w", 1).await.unwrap();
     assert_eq!((s.state, s.outcome, s.progress), (rockq::JobState::Finished, None, None));

@@ -975,8 +975,21 @@ async fn outcomes_kept_by_one_broker_are_read_waited_for_reset_and_expired_by_an
     // b resets the group back to job 2: 2, 3 and 4 run again, their outcomes go; 1's stays.
     b.reset_group("jobs", "w", rockq::ResetTo::Sequence(2)).await.unwrap();
     for seq in [2, 3, 4] {
-        let s = a.job("jobs", "w", seq).await.unwrap();
+        let s = b.job("jobs", "w", seq).await.unwrap();
         assert_eq!((s.state, s.outcome), (rockq::JobState::Queued, None), "job {seq}");
+    }
+    // a follows once its claim watch brings the reset.
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    for seq in [2, 3, 4] {
+        loop {
+            let s = a.job("jobs", "w", seq).await.unwrap();
+            if s.state == rockq::JobState::Queued {
+                assert_eq!(s.outcome, None, "job {seq}");
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "a never saw the reset of job {seq}: {s:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
     assert!(a.job("jobs", "w", 1).await.unwrap().outcome.is_some());
 
@@ -987,6 +1000,64 @@ async fn outcomes_kept_by_one_broker_are_read_waited_for_reset_and_expired_by_an
     assert_eq!(b.trim().await.unwrap().outcomes_expired, 1);
     let s = a.job("jobs", "w", 1).await.unwrap();
     assert_eq!((s.state, s.outcome), (rockq::JobState::Finished, None));
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+/// Progress reports (`Task::progress`) on etcd: a holder's report is written by its broker's
+/// next round, fenced by its claim, and read by another broker's lookup; the next attempt, in
+/// another broker, reads it back; the ack that finishes the job deletes it, also above an
+/// unfinished job, where the offset does not pass it (none is left in the namespace's export).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_progress_report_is_seen_by_other_brokers_and_read_back_by_the_next_attempt_elsewhere() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let a = connect(&cluster, "progress", &clock).await;
+    let b = connect(&cluster, "progress", &clock).await;
+    let lease = Duration::from_secs(30);
+    let jobs = a.queue("jobs").await.unwrap();
+    jobs.send_batch(["j1", "j2"]).await.unwrap();
+    let group = |broker: &Broker| {
+        let broker = broker.clone();
+        async move {
+            let q = broker.queue("jobs").await.unwrap();
+            q.work_group("w").unwrap().lease(lease).read_batch(2).max_in_flight(2)
+        }
+    };
+    let mut ja = group(&a).await.subscribe().await.unwrap();
+    let (one, two) = (next(&mut ja).await, next(&mut ja).await);
+    assert_eq!((two.seq(), two.attempt(), two.last_progress()), (2, 1, None));
+    two.progress("step 1 of 3").unwrap();
+    two.progress("step 2 of 3").unwrap(); // coalesced: the last one is written
+    a.flush().await.unwrap();
+    let seen = b.job("jobs", "w", 2).await.unwrap();
+    assert_eq!(seen.progress.as_deref(), Some(&b"step 2 of 3"[..]), "b reads a's report from etcd");
+
+    // a stalls: its leases run out, and b's attempt reads the report back.
+    drop(ja);
+    clock.advance(lease + Duration::from_secs(1));
+    let e = two.progress("too late").unwrap_err();
+    assert!(matches!(e, Error::LeaseLost { .. }), "{e}");
+    drop(one);
+    let mut jb = group(&b).await.subscribe().await.unwrap();
+    let (first, again) = (next(&mut jb).await, next(&mut jb).await);
+    assert_eq!((first.seq(), again.seq(), again.attempt()), (1, 2, 2));
+    assert_eq!(again.last_progress().as_deref(), Some(&b"step 2 of 3"[..]));
+    again.progress("step 3 of 3").unwrap();
+    b.flush().await.unwrap();
+    assert_eq!(a.job("jobs", "w", 2).await.unwrap().progress.as_deref(), Some(&b"step 3 of 3"[..]));
+    // Job 2 finishes while job 1 is still held: the offset stays below it.
+    again.ack_durable().await.unwrap();
+    let done = a.job("jobs", "w", 2).await.unwrap();
+    assert_eq!((done.state, done.progress), (rockq::JobState::Finished, None));
+    // The record went with the ack.
+    let dir = common::tempdir();
+    let file = dir.path().join("ns.jsonl");
+    a.export(std::fs::File::create(&file).unwrap()).await.unwrap();
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(!text.contains(r#""t":"progress""#), "a progress record was left: {text}");
+    first.ack_durable().await.unwrap();
+    drop(jb);
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }

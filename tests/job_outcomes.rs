@@ -6,7 +6,7 @@
 //! it only once its retention has passed, that the setting is stored and checked like the
 //! group's others, and that a result the group would drop, or too large, is refused and changes
 //! nothing. `scripts/etcd-semantics.sh` runs the tests that need neither the Inspector, a
-//! keyspace, deleting a group nor progress reports against etcd as well.
+//! keyspace nor deleting a group against etcd as well.
 
 mod common;
 

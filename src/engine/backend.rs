@@ -265,6 +265,15 @@ impl Backend {
         }
     }
 
+    /// The stored progress report of unfinished job `seq` (asked on etcd only: the embedded
+    /// engine's memory has every report, restored at open and written by this process only).
+    pub async fn progress(&self, group: &str, queue: &str, seq: u64) -> Result<Option<bytes::Bytes>, Error> {
+        match self {
+            Backend::Embedded(_) => Ok(None),
+            Backend::Etcd(side) => on_etcd!(side => etcd::inspect::progress(side, group, queue, seq).await),
+        }
+    }
+
     /// The kept outcome of job `seq` in work group `group` on `queue`, if there is one.
     pub async fn outcome(
         &self,

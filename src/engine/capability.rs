@@ -126,6 +126,7 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::JobActions
             | Capability::DeadLetterActions
             | Capability::KeepOutcomes
+            | Capability::JobProgress
             | Capability::Export => true,
             Capability::Delete
             | Capability::Scheduling
@@ -136,7 +137,6 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::LargeSendCall
             | Capability::BufferedDurability
             | Capability::Backup
-            | Capability::JobProgress
             | Capability::Priority
             | Capability::Limits
             | Capability::Flows => false,

@@ -383,6 +383,11 @@ impl Shared {
         if status.state.is_final() {
             return self.with_outcome(&g, status).await;
         }
+        if self.backend.flavour() == Flavour::Etcd && !g.progress_queued(seq) {
+            // What etcd holds: this process's slot keeps the reports of its own attempts,
+            // and another process's holder may have written a newer one since.
+            status.progress = self.backend.progress(group, queue, seq).await?;
+        }
         if matches!(status.state, JobState::Leased { .. } | JobState::Expired) {
             let record = self.backend.claim(&self.engine, &self.runtime, group, queue, seq).await?;
             // Only the record of this attempt names its holder: an older one (the claim's

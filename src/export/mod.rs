@@ -24,7 +24,7 @@
 //! | `delayed` | `queue`, `id`, `due_micros`, `body` | a delayed message not yet due |
 //! | `group`, `offset` | `group`, `queue`, `record` | a group's settings; its offset (mode, last committed sequence) |
 //! | `claim`, `delivery` | `group`, `queue`, `seq`, `record` | a work group's claim (leased, waiting retry, done); an ordered group's delivery mark |
-//! | `outcome`, `progress` | `group`, `queue`, `seq`, `record` | a work group's kept job outcome ([`WorkGroup::keep_outcomes`](crate::WorkGroup::keep_outcomes)); an unfinished job's last progress report (added within version 1: written only by databases that have them; an import into etcd refuses progress reports) |
+//! | `outcome`, `progress` | `group`, `queue`, `seq`, `record` | a work group's kept job outcome ([`WorkGroup::keep_outcomes`](crate::WorkGroup::keep_outcomes)); an unfinished job's last progress report (added within version 1: written only by databases that have them) |
 //! | `redrive`, `letter` | `dlq`, `record` / `seq` | a dead-letter queue's redrive cursor; a dead letter settled on its own above it |
 //! | `schedule`, `schedule_due` | `name`, `record` / `id`, `due_micros` | a recurring schedule; its next firing |
 //! | `dedup` | `queue`, `key`, `record` | an idempotency key's record (the original message, expiry) |

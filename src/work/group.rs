@@ -363,7 +363,8 @@ impl WorkGroup {
     /// outcomes kept already too; turning it off (`Duration::ZERO`) stops new ones and the
     /// next retention pass deletes the kept ones. Deleting the group deletes them.
     ///
-    /// Not on the etcd engine ([`Error::Unsupported`] when stored).
+    /// On the etcd engine the outcome is written with the transaction that finishes the job,
+    /// and any process's lookups, waits and retention passes see it.
     ///
     /// # Examples
     ///

@@ -332,8 +332,8 @@ macro_rules! accessors {
         ///
         /// [`Error::LeaseLost`] if this holder's lease ran out (the report is not kept);
         /// [`Error::Invalid`] for a report over [`MAX_PROGRESS_BYTES`](crate::stats::MAX_PROGRESS_BYTES);
-        /// [`Error::GroupDeleted`], [`Error::Shutdown`]; [`Error::Unsupported`] on the etcd
-        /// engine. Nothing changes on an error.
+        /// [`Error::GroupDeleted`], [`Error::Shutdown`]. Nothing changes on an error. On the etcd
+        /// engine a report is written only while this holder's claim is still its own there.
         ///
         /// # Examples
         ///

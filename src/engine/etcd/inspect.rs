@@ -47,6 +47,21 @@ pub(crate) async fn claim(
     Ok(retrying(t, || side.store.claim(group, queue, seq)).await?)
 }
 
+/// The stored progress report of job `seq` (a record that does not decode is
+/// `Error::Corrupt`).
+pub(crate) async fn progress(
+    side: &EtcdSide,
+    group: &str,
+    queue: &str,
+    seq: u64,
+) -> Result<Option<bytes::Bytes>, Error> {
+    let t = side.settings.request_timeout;
+    match retrying(t, || side.store.progress(group, queue, seq)).await? {
+        Some(decoded) => Ok(Some(decoded?)),
+        None => Ok(None),
+    }
+}
+
 /// Whether `group` on `queue` is a work group in etcd (its offset record says so).
 pub(crate) async fn is_work_group(side: &EtcdSide, group: &str, queue: &str) -> Result<bool, Error> {
     let t = side.settings.request_timeout;

@@ -173,6 +173,23 @@ impl Writer {
                     for w in &writes {
                         known.wrote(w.seq, rev);
                     }
+                    // A later attempt reads back the last report of an earlier one, which
+                    // another process may have written: read before the job is handed out.
+                    let store = self.side.store.clone();
+                    let deadline = Instant::now() + self.budget();
+                    for (seq, _) in chunk.iter().filter(|(_, c)| attempt_of(c) > 1) {
+                        let (g, q) = (&group.name, &group.queue.name);
+                        match until(deadline, store.progress(g, q, *seq)).await {
+                            Ok(Some(Ok(report))) => group.restore_progress(*seq, report),
+                            Ok(None) => {}
+                            Ok(Some(Err(e))) => {
+                                tracing::warn!(queue = %q, group = %g, seq, error = %e, "rockq: a progress report does not decode; the attempt starts without it");
+                            }
+                            Err(e) => {
+                                tracing::warn!(queue = %q, group = %g, seq, error = %e, "rockq: the last progress report could not be read; the attempt starts without it");
+                            }
+                        }
+                    }
                 }
                 Ok(Written::No { offset, found, .. }) => {
                     known.learn(&group, offset, found, &clock);
@@ -308,7 +325,8 @@ impl Writer {
                     _ => (OutcomeKind::Deleted, None),
                 };
                 let outcome = self.outcome_record(group.keeps_outcomes(), kind, attempt, result);
-                let writes = [ClaimWrite { seq, expected, record: Claim::Done, outcome }];
+                let delete_progress = group.forget_progress(seq);
+                let writes = [ClaimWrite { seq, expected, record: Claim::Done, outcome, delete_progress }];
                 match self.write(&group, &writes, None).await {
                     Ok(Written::Yes(rev)) => {
                         known.wrote(seq, rev);
@@ -453,6 +471,7 @@ impl Writer {
     ) -> Result<Option<(u64, String)>, StorageError> {
         let store = self.side.store.clone();
         let t = self.side.settings.request_timeout;
+        let delete_progress = group.forget_progress(seq);
         let q = self.create_queue(dlq).await.map_err(|e| StorageError::new(e.to_string()))?;
         let stored = retrying(t, || store.message(group.queue.id, seq)).await?;
         let (env, reason) = match stored {
@@ -488,7 +507,7 @@ impl Writer {
                 dead_letter_seq: last + 1,
             };
             let outcome = self.outcome_record(group.keeps_outcomes(), kind, attempt, None);
-            let writes = [ClaimWrite { seq, expected, record: Claim::Done, outcome }];
+            let writes = [ClaimWrite { seq, expected, record: Claim::Done, outcome, delete_progress }];
             match self.write(group, &writes, Some(&append)).await {
                 Ok(Written::Yes(rev)) => {
                     known.wrote(seq, rev);
@@ -532,9 +551,15 @@ impl Writer {
             let Some(ws) = self.work_side(&g) else { continue };
             let mut known = ws.known.lock().await;
             let clock = self.engine.clock().clone();
+            self.write_progress(&g, &known).await;
             // Read once: the settings watch may change it while a chunk is written.
             let keeps = g.keeps_outcomes();
-            for chunk in ack_chunks(&acks, keeps) {
+            // The jobs whose reports go with their acks (taken from memory once: a chunk
+            // written again after a refusal still deletes them).
+            let with_progress: std::collections::HashSet<u64> =
+                acks.iter().filter(|a| g.forget_progress(a.seq)).map(|a| a.seq).collect();
+            let per_ack = 1 + usize::from(keeps) + usize::from(!with_progress.is_empty());
+            for chunk in ack_chunks(&acks, per_ack) {
                 let mut left: Vec<QueuedAck> = chunk.to_vec();
                 // Claims another process took since (as learned): lost, nothing is sent. One
                 // learned finished (most often this very ack, written by a round whose answer
@@ -574,6 +599,7 @@ impl Writer {
                                     a.attempt,
                                     a.result.clone(),
                                 ),
+                                delete_progress: with_progress.contains(&a.seq),
                             })
                         })
                         .collect();
@@ -699,6 +725,32 @@ impl Writer {
 }
 
 impl Writer {
+    /// Writes `g`'s queued progress reports, each only while the reporting holder's claim is
+    /// still this process's (compared by revision in etcd). A report whose holder lost its
+    /// claim, or that etcd did not take, is dropped: the slot keeps it for this attempt's
+    /// lookups here, and the holder's next report goes again.
+    async fn write_progress(&mut self, g: &WorkGroupState, known: &Known) {
+        let reports = g.take_queued_progress();
+        if reports.is_empty() {
+            return;
+        }
+        let store = self.side.store.clone();
+        let deadline = Instant::now() + self.budget();
+        for (seq, report) in reports {
+            let Some(rev) = known.own(seq) else { continue };
+            let put = until(deadline, store.put_progress(&g.name, &g.queue.name, seq, rev, &report)).await;
+            match put {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::debug!(queue = %g.queue.name, group = %g.name, seq, "rockq: a progress report lost its claim; not written");
+                }
+                Err(e) => {
+                    tracing::warn!(queue = %g.queue.name, group = %g.name, seq, error = %e, "rockq: a progress report could not be written to etcd");
+                }
+            }
+        }
+    }
+
     /// Job `seq`'s outcome record if `keeps` (its group keeps outcomes: read once by the
     /// caller, so that a batch cut for it gets outcomes all or none), stamped with the broker's
     /// wall clock now.
@@ -717,18 +769,20 @@ impl Writer {
     }
 }
 
-/// `acks` cut into transactions: [`MAX_RECORDS`] records, or half as many acks when each also
-/// puts its outcome record, whose results together stay within [`MAX_TXN_BYTES`] (at least
-/// one ack each: a result is at most 1 MiB, within etcd's request limit).
-fn ack_chunks(acks: &[QueuedAck], keeps_outcomes: bool) -> Vec<&[QueuedAck]> {
-    if !keeps_outcomes {
-        return acks.chunks(MAX_RECORDS).collect();
+/// `acks` cut into transactions of at most [`MAX_RECORDS`] operations, `per_ack` each (its
+/// `Done`, its outcome record, the deletion of its progress report), whose results together
+/// stay within [`MAX_TXN_BYTES`] (at least one ack each: a result is at most 1 MiB, within
+/// etcd's request limit).
+fn ack_chunks(acks: &[QueuedAck], per_ack: usize) -> Vec<&[QueuedAck]> {
+    let most = (MAX_RECORDS / per_ack.max(1)).max(1);
+    if per_ack <= 1 {
+        return acks.chunks(most).collect();
     }
     let mut out = Vec::new();
     let (mut start, mut bytes) = (0, 0);
     for (i, a) in acks.iter().enumerate() {
         let size = a.result.as_ref().map_or(0, |r| r.len());
-        if i > start && (i - start >= MAX_RECORDS / 2 || bytes + size > MAX_TXN_BYTES) {
+        if i > start && (i - start >= most || bytes + size > MAX_TXN_BYTES) {
             out.push(&acks[start..i]);
             (start, bytes) = (i, 0);
         }

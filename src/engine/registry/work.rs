@@ -920,6 +920,12 @@ impl WorkGroupState {
         std::mem::take(&mut *self.queued_progress.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
+    /// Whether a report on `seq` is queued here, not yet handed to the writer.
+    pub fn progress_queued(&self, seq: u64) -> bool {
+        self.has_progress.load(Ordering::Acquire)
+            && self.queued_progress.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&seq)
+    }
+
     /// `seq`'s last progress report, of this attempt or an earlier one.
     pub fn last_progress(&self, seq: u64) -> Option<bytes::Bytes> {
         self.dispatch().get(seq).and_then(|s| s.progress.as_deref().cloned())

@@ -206,6 +206,12 @@ impl EtcdStore {
         self.pages(b"j/", ALL, rev, out, |page| {
             let mut batch = Vec::new();
             for (k, v) in page {
+                if k.starts_with(b"progress:") {
+                    let (group, queue, seq) = keys::parse_progress_key(&k)?;
+                    crate::store::outcomes::decode_progress(&k, &v)?;
+                    batch.push(Record::Progress { group: group.into(), queue: queue.into(), seq, record: v });
+                    continue;
+                }
                 let (group, queue, seq) = keys::parse_outcome_key(&k)?;
                 crate::store::outcomes::decode_outcome(&k, &v)?;
                 batch.push(Record::Outcome { group: group.into(), queue: queue.into(), seq, record: v });

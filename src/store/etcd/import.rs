@@ -12,7 +12,7 @@
 //!
 //! What etcd does not hold yet is refused with `Error::Unsupported` naming the line: delayed
 //! messages, recurring schedules and keyspaces (and work-group settings and records only the
-//! embedded engine carries out: limits, progress reports). The schedule-id counter is left out (nothing on etcd uses it).
+//! embedded engine carries out: limits). The schedule-id counter is left out (nothing on etcd uses it).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -154,7 +154,9 @@ impl EtcdStore {
             Write::Outcome { group, queue, seq, record } => {
                 (self.outcome_key(&group, &queue, seq), record, None)
             }
-            Write::Progress { .. } => return Err(refused(n, "importing progress reports")),
+            Write::Progress { group, queue, seq, record } => {
+                (self.progress_key(&group, &queue, seq), record, None)
+            }
         };
         self.import_put(imp, key, value, lease).await
     }

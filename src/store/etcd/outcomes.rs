@@ -1,5 +1,13 @@
-//! Kept job outcomes in etcd (`WorkGroup::keep_outcomes`): `N j/outcome:<group>:<queue>:<seq>`,
-//! the embedded outcome record's key and codec (`store/outcomes.rs`). An outcome is put in
+//! Job records in etcd beside the claims: kept job outcomes (`WorkGroup::keep_outcomes`,
+//! `N j/outcome:<group>:<queue>:<seq>`) and progress reports (`Task::progress`,
+//! `N j/progress:<group>:<queue>:<seq>`), with the embedded records' keys and codecs
+//! (`store/outcomes.rs`).
+//!
+//! A progress report is put only while the reporting holder's claim record is the one it
+//! wrote (compared by revision: a holder whose lease another process took writes nothing);
+//! the write that finishes the job deletes it, as does every offset move over it and a reset.
+//!
+//! Outcomes: An outcome is put in
 //! the claim transaction that finishes its job (`work.rs`, `ClaimWrite::outcome`), so a job is
 //! never finished without it; a work group's reset deletes those of the jobs that run again
 //! (`reset.rs`); the retention pass deletes those past the group's retention, each compared
@@ -31,6 +39,55 @@ impl EtcdStore {
     /// The key of work group `group`'s outcome of job `seq` on `queue`.
     pub(super) fn outcome_key(&self, group: &str, queue: &str, seq: u64) -> Vec<u8> {
         self.key(b"j/", &keys::claim_key(&keys::outcome_prefix(group, queue), seq))
+    }
+
+    /// The key of work group `group`'s progress report on job `seq` of `queue`.
+    pub(super) fn progress_key(&self, group: &str, queue: &str, seq: u64) -> Vec<u8> {
+        self.key(b"j/", &keys::claim_key(&keys::progress_prefix(group, queue), seq))
+    }
+
+    /// Deletes `group`'s progress reports on jobs `from..=through`.
+    pub(super) fn delete_progress_between(&self, group: &str, queue: &str, from: u64, through: u64) -> TxnOp {
+        let end = match through.checked_add(1) {
+            Some(next) => self.progress_key(group, queue, next),
+            None => {
+                let mut end = self.key(b"j/", &keys::progress_prefix(group, queue));
+                // The prefix ends in ':': the next byte value bounds every key under it.
+                if let Some(last) = end.last_mut() {
+                    *last += 1;
+                }
+                end
+            }
+        };
+        TxnOp::delete(self.progress_key(group, queue, from), Some(DeleteOptions::new().with_range(end)))
+    }
+
+    /// Puts `report` as the progress of job `seq`, if its claim record's `mod_revision` is
+    /// still `claim_rev` (the reporting holder's). Returns whether it was put.
+    pub async fn put_progress(
+        &self,
+        group: &str,
+        queue: &str,
+        seq: u64,
+        claim_rev: i64,
+        report: &[u8],
+    ) -> Result<bool, StorageError> {
+        let claim = keys::claim_key(&self.claims_prefix(group, queue), seq);
+        let txn = Txn::new().when([Compare::mod_revision(claim, CompareOp::Equal, claim_rev)]).and_then([
+            TxnOp::put(self.progress_key(group, queue, seq), outcomes::encode_progress(report), None),
+        ]);
+        Ok(self.kv().txn(txn).await?.succeeded())
+    }
+
+    /// Job `seq`'s last progress report (`None`: none stored).
+    pub async fn progress(
+        &self,
+        group: &str,
+        queue: &str,
+        seq: u64,
+    ) -> Result<Option<Result<bytes::Bytes, CorruptionError>>, StorageError> {
+        let got = self.kv().get(self.progress_key(group, queue, seq), None).await?;
+        Ok(got.kvs().first().map(|kv| outcomes::decode_progress(kv.key(), kv.value())))
     }
 
     /// Deletes `group`'s outcomes of the jobs after `offset` (they run again after a reset).

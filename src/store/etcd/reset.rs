@@ -129,6 +129,8 @@ impl EtcdStore {
             // Kept outcomes of the jobs that run again go (an old outcome must not make a
             // queued job read as finished); those at or below the new offset stay.
             self.delete_outcomes_after(group, queue, offset),
+            // Progress goes with the claims (a reset forgets attempts).
+            self.delete_progress_between(group, queue, 0, u64::MAX),
         ];
         let txn =
             Txn::new().when(cmps).and_then(ops).or_else([TxnOp::get(self.offset_key(group, queue), None)]);

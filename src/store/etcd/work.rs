@@ -63,12 +63,14 @@ pub(crate) struct ClaimWrite {
     /// The job's outcome record (`outcomes.rs`), for a group that keeps outcomes: put in the
     /// same transaction as the `Done` that finishes it.
     pub outcome: Option<crate::stats::JobOutcome>,
+    /// Whether the job's progress report goes (it is finished, and a report was known).
+    pub delete_progress: bool,
 }
 
 impl ClaimWrite {
     /// `record` at `seq`, expected at revision `expected`, with no outcome record.
     pub fn new(seq: u64, expected: i64, record: Claim) -> Self {
-        ClaimWrite { seq, expected, record, outcome: None }
+        ClaimWrite { seq, expected, record, outcome: None, delete_progress: false }
     }
 }
 
@@ -174,6 +176,9 @@ impl EtcdStore {
                 let value = crate::store::outcomes::encode_outcome(outcome);
                 ops.push(TxnOp::put(self.outcome_key(group, queue, w.seq), value, None));
             }
+            if w.delete_progress {
+                ops.push(TxnOp::delete(self.progress_key(group, queue, w.seq), None));
+            }
         }
         let tail_key = dead_letters.map(|dl| self.push_append(dl, &mut cmps, &mut ops));
         if let Some(tail) = &tail_key {
@@ -248,6 +253,8 @@ impl EtcdStore {
                         .with_range(keys::claim_key(&prefix, to.saturating_add(1))),
                 ),
             ),
+            // Reports of finished jobs, and of any a trim moved the group past.
+            self.delete_progress_between(group, queue, 0, to),
         ]);
         Ok(self.kv().txn(txn).await?.succeeded())
     }
