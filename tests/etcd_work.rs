@@ -58,6 +58,20 @@ async fn wait_stats(broker: &Broker, cond: impl Fn(&rockq::Stats) -> bool) -> ro
     }
 }
 
+/// Job `seq` of group `w` on `jobs` once `broker` sees it finished: another broker's outcome
+/// reaches this one's view through its claim watch.
+async fn finished(broker: &Broker, seq: u64) -> rockq::JobStatus {
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    loop {
+        let s = broker.job("jobs", "w", seq).await.unwrap();
+        if s.state == rockq::JobState::Finished {
+            return s;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "job {seq} never read as finished: {s:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn committed(s: &rockq::Stats, group: &str) -> u64 {
     s.groups.iter().find(|g| g.group == group).map_or(0, |g| g.committed)
 }
@@ -953,9 +967,9 @@ async fn outcomes_kept_by_one_broker_are_read_waited_for_reset_and_expired_by_an
     a.flush().await.unwrap();
     next(&mut ja).await.dead_letter_durable("malformed").await.unwrap();
     drop(ja);
-    let o = b.job("jobs", "w", 2).await.unwrap().outcome.expect("job 2's outcome");
+    let o = finished(&b, 2).await.outcome.expect("job 2's outcome");
     assert_eq!(o.result.as_deref(), Some(&b"queued"[..]));
-    let o = b.job("jobs", "w", 3).await.unwrap().outcome.expect("job 3's outcome");
+    let o = finished(&b, 3).await.outcome.expect("job 3's outcome");
     match &o.kind {
         rockq::OutcomeKind::DeadLettered { reason, dead_letter_queue, dead_letter_seq } => {
             assert_eq!(
@@ -969,7 +983,7 @@ async fn outcomes_kept_by_one_broker_are_read_waited_for_reset_and_expired_by_an
     assert_eq!(stats.groups.iter().find(|g| g.group == "w").unwrap().keep_outcomes, Some(keep));
     // An operator on b deletes job 4 (never claimed): kept as deleted, read by a.
     b.delete_job("jobs", "w", 4).await.unwrap();
-    let o = a.job("jobs", "w", 4).await.unwrap().outcome.expect("job 4's outcome");
+    let o = finished(&a, 4).await.outcome.expect("job 4's outcome");
     assert_eq!((o.kind.as_str(), o.attempt), ("deleted", 0));
 
     // b resets the group back to job 2: 2, 3 and 4 run again, their outcomes go; 1's stays.
@@ -1048,8 +1062,7 @@ async fn a_progress_report_is_seen_by_other_brokers_and_read_back_by_the_next_at
     assert_eq!(a.job("jobs", "w", 2).await.unwrap().progress.as_deref(), Some(&b"step 3 of 3"[..]));
     // Job 2 finishes while job 1 is still held: the offset stays below it.
     again.ack_durable().await.unwrap();
-    let done = a.job("jobs", "w", 2).await.unwrap();
-    assert_eq!((done.state, done.progress), (rockq::JobState::Finished, None));
+    assert_eq!(finished(&a, 2).await.progress, None);
     // The record went with the ack.
     let dir = common::tempdir();
     let file = dir.path().join("ns.jsonl");

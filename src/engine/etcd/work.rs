@@ -154,7 +154,7 @@ impl Writer {
         };
         let mut known = ws.known.lock().await;
         let clock = self.engine.clock().clone();
-        for chunk in claims.chunks(MAX_RECORDS) {
+        for chunk in claim_chunks(&claims) {
             // Decided before the watch taught this process otherwise (another process claimed
             // or finished one of them since): the expected revision would be that process's,
             // and the write would take its live lease. Nothing is written.
@@ -166,29 +166,22 @@ impl Writer {
                 let _ = reply.send(Err(group.lease_lost(*seq, attempt_of(c))));
                 return;
             }
-            let writes: Vec<ClaimWrite> =
-                chunk.iter().map(|(seq, c)| ClaimWrite::new(*seq, known.expected(*seq), c.clone())).collect();
+            // A later attempt reads back the last report of an earlier one, which another
+            // process may have written, in the claim's own transaction (no round trip more).
+            let writes: Vec<ClaimWrite> = chunk
+                .iter()
+                .map(|(seq, c)| ClaimWrite {
+                    read_progress: attempt_of(c) > 1,
+                    ..ClaimWrite::new(*seq, known.expected(*seq), c.clone())
+                })
+                .collect();
             match self.write(&group, &writes, None).await {
                 Ok(Written::Yes(rev)) => {
                     for w in &writes {
                         known.wrote(w.seq, rev);
                     }
-                    // A later attempt reads back the last report of an earlier one, which
-                    // another process may have written: read before the job is handed out.
-                    let store = self.side.store.clone();
-                    let deadline = Instant::now() + self.budget();
-                    for (seq, _) in chunk.iter().filter(|(_, c)| attempt_of(c) > 1) {
-                        let (g, q) = (&group.name, &group.queue.name);
-                        match until(deadline, store.progress(g, q, *seq)).await {
-                            Ok(Some(Ok(report))) => group.restore_progress(*seq, report),
-                            Ok(None) => {}
-                            Ok(Some(Err(e))) => {
-                                tracing::warn!(queue = %q, group = %g, seq, error = %e, "rockq: a progress report does not decode; the attempt starts without it");
-                            }
-                            Err(e) => {
-                                tracing::warn!(queue = %q, group = %g, seq, error = %e, "rockq: the last progress report could not be read; the attempt starts without it");
-                            }
-                        }
+                    for (seq, report) in std::mem::take(&mut self.read_back) {
+                        group.restore_progress(seq, report);
                     }
                 }
                 Ok(Written::No { offset, found, .. }) => {
@@ -238,7 +231,10 @@ impl Writer {
             match until(deadline, store.write_claims(&group.name, &group.queue.name, writes, dead_letters))
                 .await
             {
-                Ok(ClaimsOutcome::Written { rev }) => return Ok(Written::Yes(rev)),
+                Ok(ClaimsOutcome::Written { rev, progress }) => {
+                    self.read_back = progress;
+                    return Ok(Written::Yes(rev));
+                }
                 Ok(ClaimsOutcome::Refused { offset, found, tail }) => {
                     // After an unknown outcome: ours if every record is the one this write
                     // meant to put (a `Done` may since have been passed by the offset and
@@ -326,7 +322,8 @@ impl Writer {
                 };
                 let outcome = self.outcome_record(group.keeps_outcomes(), kind, attempt, result);
                 let delete_progress = group.forget_progress(seq);
-                let writes = [ClaimWrite { seq, expected, record: Claim::Done, outcome, delete_progress }];
+                let writes =
+                    [ClaimWrite { outcome, delete_progress, ..ClaimWrite::new(seq, expected, Claim::Done) }];
                 match self.write(&group, &writes, None).await {
                     Ok(Written::Yes(rev)) => {
                         known.wrote(seq, rev);
@@ -507,7 +504,8 @@ impl Writer {
                 dead_letter_seq: last + 1,
             };
             let outcome = self.outcome_record(group.keeps_outcomes(), kind, attempt, None);
-            let writes = [ClaimWrite { seq, expected, record: Claim::Done, outcome, delete_progress }];
+            let writes =
+                [ClaimWrite { outcome, delete_progress, ..ClaimWrite::new(seq, expected, Claim::Done) }];
             match self.write(group, &writes, Some(&append)).await {
                 Ok(Written::Yes(rev)) => {
                     known.wrote(seq, rev);
@@ -600,6 +598,7 @@ impl Writer {
                                     a.result.clone(),
                                 ),
                                 delete_progress: with_progress.contains(&a.seq),
+                                read_progress: false,
                             })
                         })
                         .collect();
@@ -767,6 +766,30 @@ impl Writer {
         let finished_at = std::time::UNIX_EPOCH + Duration::from_micros(self.engine.clock().wall_micros());
         Some(JobOutcome { kind, finished_at, attempt, result })
     }
+}
+
+/// Progress reports read back in one claim transaction at most: each is up to 64 KiB, and the
+/// answer must stay within the client's 4 MiB.
+const READ_BACKS: usize = 32;
+
+/// `claims` cut into transactions of at most [`MAX_RECORDS`] operations: a claim of a later
+/// attempt takes two (it reads its progress report back), and at most [`READ_BACKS`] do.
+fn claim_chunks(claims: &[(u64, Claim)]) -> Vec<&[(u64, Claim)]> {
+    let mut out = Vec::new();
+    let (mut start, mut ops, mut reads) = (0, 0, 0);
+    for (i, (_, c)) in claims.iter().enumerate() {
+        let read = usize::from(attempt_of(c) > 1);
+        if i > start && (ops + 1 + read > MAX_RECORDS || reads + read > READ_BACKS) {
+            out.push(&claims[start..i]);
+            (start, ops, reads) = (i, 0, 0);
+        }
+        ops += 1 + read;
+        reads += read;
+    }
+    if start < claims.len() {
+        out.push(&claims[start..]);
+    }
+    out
 }
 
 /// `acks` cut into transactions of at most [`MAX_RECORDS`] operations, `per_ack` each (its

@@ -58,6 +58,8 @@ pub(super) struct Writer {
     pub(super) unreachable: bool,
     /// The broker stopped (ends the work groups' watches).
     pub(super) stop: tokio_util::sync::CancellationToken,
+    /// The progress reports the last claim write read back (`work.rs`), taken by its caller.
+    pub(super) read_back: Vec<(u64, bytes::Bytes)>,
     /// Wakes this writer without keeping it alive (a work group's watch saw its offset behind).
     pub(super) nudge: mpsc::WeakSender<Request>,
     /// The leases dedup records go under, per window: (lease, handed out until).
@@ -80,6 +82,7 @@ pub(super) async fn run(
         retry_after: None,
         unreachable: false,
         stop,
+        read_back: Vec::new(),
         nudge,
         dedup_leases: HashMap::new(),
     };

@@ -65,20 +65,23 @@ pub(crate) struct ClaimWrite {
     pub outcome: Option<crate::stats::JobOutcome>,
     /// Whether the job's progress report goes (it is finished, and a report was known).
     pub delete_progress: bool,
+    /// Whether the job's progress report is read in the same transaction (a claim of a later
+    /// attempt reads back what an earlier one reported, without a round trip of its own).
+    pub read_progress: bool,
 }
 
 impl ClaimWrite {
     /// `record` at `seq`, expected at revision `expected`, with no outcome record.
     pub fn new(seq: u64, expected: i64, record: Claim) -> Self {
-        ClaimWrite { seq, expected, record, outcome: None, delete_progress: false }
+        ClaimWrite { seq, expected, record, outcome: None, delete_progress: false, read_progress: false }
     }
 }
 
 /// What became of [`EtcdStore::write_claims`].
 #[derive(Debug)]
 pub(crate) enum ClaimsOutcome {
-    /// Every record written at revision `rev`.
-    Written { rev: i64 },
+    /// Every record written at revision `rev`, with the progress reports read back.
+    Written { rev: i64, progress: Vec<(u64, bytes::Bytes)> },
     /// Nothing written: the offset and the records as they are now (`None`: no record), and
     /// the dead-letter queue's tail if one was compared.
     Refused { offset: u64, found: Vec<(u64, Option<ClaimRecord>)>, tail: Option<(u64, u64)> },
@@ -179,6 +182,9 @@ impl EtcdStore {
             if w.delete_progress {
                 ops.push(TxnOp::delete(self.progress_key(group, queue, w.seq), None));
             }
+            if w.read_progress {
+                ops.push(TxnOp::get(self.progress_key(group, queue, w.seq), None));
+            }
         }
         let tail_key = dead_letters.map(|dl| self.push_append(dl, &mut cmps, &mut ops));
         if let Some(tail) = &tail_key {
@@ -198,7 +204,27 @@ impl EtcdStore {
         // Tests lose the answer of an applied write: the caller must find out it landed.
         crate::faults::check("rockq-etcd-claim-answer")?;
         if resp.succeeded() {
-            return Ok(ClaimsOutcome::Written { rev: resp.header().map_or(0, |h| h.revision()) });
+            let rev = resp.header().map_or(0, |h| h.revision());
+            // The reports read back (only the gets answer with values).
+            let progress_prefix = self.key(b"j/", &keys::progress_prefix(group, queue));
+            let mut progress = Vec::new();
+            for r in resp.op_responses() {
+                let etcd_client::TxnOpResponse::Get(g) = r else { continue };
+                for kv in g.kvs() {
+                    let seq = kv
+                        .key()
+                        .get(progress_prefix.len()..)
+                        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                        .map(u64::from_be_bytes);
+                    match (seq, crate::store::outcomes::decode_progress(kv.key(), kv.value())) {
+                        (Some(seq), Ok(report)) => progress.push((seq, report)),
+                        _ => {
+                            tracing::warn!(%group, %queue, "rockq: a progress report does not decode; the attempt starts without it")
+                        }
+                    }
+                }
+            }
+            return Ok(ClaimsOutcome::Written { rev, progress });
         }
         // The answers to the gets, in order: the offset, each record, the tail.
         let mut answers = resp.op_responses().into_iter().filter_map(|r| match r {
