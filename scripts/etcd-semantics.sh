@@ -53,7 +53,7 @@ for attempt in 1 2 3; do
 done
 [ -n "$pid" ] || { echo "etcd-semantics: could not start etcd" >&2; exit 1; }
 export ROCKQ_TEST_ETCD="http://127.0.0.1:$client"
-# Skipped: the tests of what the etcd engine refuses (send calls over one etcd transaction), and those that open or write RocksDB directly or measure its disk space.
+# Skipped: the tests that open or write RocksDB directly or measure its disk space.
 features="${ROCKQ_FEATURES:-etcd}"
 # (typed_jobs: its tower test runs on tokio's paused clock, under which every etcd request times
 # out at once.)

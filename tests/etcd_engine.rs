@@ -354,12 +354,10 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
         .unwrap_err();
     assert!(is_etcd(e.unsupported()), "a batch with a delay: {e}");
     let e = q
-        .submit_batch((0..100).map(|i| Message::new(format!("{i}")).idempotency_key(format!("k{i}"))))
+        .submit_batch((0..126).map(|i| Message::new(format!("{i}")).idempotency_key(format!("k{i}"))))
         .await
         .unwrap_err();
-    assert!(is_etcd(e.unsupported()), "a keyed batch over one transaction (a record per key): {e}");
-    let e = q.send_batch((0..200).map(|i| Message::new(format!("{i}")))).await.unwrap_err();
-    assert!(is_etcd(e.unsupported()), "oversized batch: {e}");
+    assert!(is_etcd(e.unsupported()), "more keys than the transaction that makes a call visible holds: {e}");
     let e = q.work_group("w").unwrap().ordered_by_key(true).subscribe().await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "work group ordered by key: {e}");
     let e = broker.kv("accounts").await.unwrap_err();
@@ -781,4 +779,89 @@ async fn a_flow_is_refused_and_nothing_is_sent() {
     assert_eq!(e.unsupported().map(|u| u.engine()), Some("etcd"), "delete: {e}");
     assert_eq!(q.last_seq(), 0, "nothing was appended");
     broker.shutdown().await.unwrap();
+}
+
+/// A send call larger than one etcd transaction (127 messages, 1 MiB of values) is written
+/// under a reservation of its sequences: it is one call as embedded (contiguous sequences,
+/// in order), another broker's sends meanwhile land before or after it, never inside, and
+/// the sequences stay dense. A keyed call of that size records every key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_call_larger_than_a_transaction_is_one_contiguous_call_beside_other_brokers_sends() {
+    let cluster = etcd::Cluster::start(1).await;
+    let a = connect(&cluster, "large").await;
+    let b = connect(&cluster, "large").await;
+    let qa = a.queue("q").await.unwrap();
+    let qb = b.queue("q").await.unwrap();
+
+    // b sends one at a time all along, while a sends two large calls: 1000 small messages
+    // (eight transactions) and five of 400 KiB (2 MiB: three transactions by bytes).
+    let small = tokio::spawn(async move {
+        let mut seqs = Vec::new();
+        for i in 0..200 {
+            seqs.push((qb.send(format!("b{i}")).await.unwrap(), format!("b{i}")));
+        }
+        seqs
+    });
+    let first_small = *qa.send_batch((0..1000).map(|i| Message::new(format!("a{i}")))).await.unwrap().start();
+    let big = |i: usize| {
+        let mut v = vec![b'x'; 400 * 1024];
+        v[0] = b'0' + i as u8;
+        v
+    };
+    let first_big = *qa.send_batch((0..5).map(|i| Message::new(big(i)))).await.unwrap().start();
+    let b_seqs = small.await.unwrap();
+
+    let mut expected: std::collections::BTreeMap<u64, Vec<u8>> = std::collections::BTreeMap::new();
+    for i in 0..1000u64 {
+        expected.insert(first_small + i, format!("a{i}").into_bytes());
+    }
+    for i in 0..5u64 {
+        expected.insert(first_big + i, big(i as usize));
+    }
+    for (seq, p) in &b_seqs {
+        assert!(expected.insert(*seq, p.clone().into_bytes()).is_none(), "sequence {seq} given twice");
+    }
+    assert_eq!(expected.len(), 1205);
+    assert_eq!(expected.keys().copied().collect::<Vec<_>>(), (1..=1205).collect::<Vec<_>>(), "dense");
+
+    // Read back in order by a third broker, all of it.
+    let c = connect(&cluster, "large").await;
+    let qc = c.queue("q").await.unwrap();
+    let mut sub = qc.group("g").unwrap().subscribe().await.unwrap();
+    for (seq, payload) in &expected {
+        let d = next(&mut sub).await;
+        assert_eq!(d.seq(), *seq);
+        assert!(d.payload().as_ref() == payload.as_slice(), "payload of {seq}");
+        d.ack().unwrap();
+    }
+    drop(sub);
+
+    // A keyed submit of 300 messages, 100 of them keyed: all written, every key recorded.
+    let batch = || {
+        (0..300).map(|i| match i % 3 {
+            0 => Message::new(format!("k{i}")).idempotency_key(format!("key{i}")),
+            _ => Message::new(format!("u{i}")),
+        })
+    };
+    let sent = qa.submit_batch(batch()).await.unwrap();
+    assert_eq!(sent.len(), 300);
+    for (i, s) in sent.iter().enumerate() {
+        assert!(!s.is_duplicate(), "{i}");
+        assert_eq!(s.seq(), Some(1206 + i as u64));
+    }
+    // Sent again from the other broker: the keyed ones are duplicates of those sequences.
+    let again = qc.submit_batch(batch()).await.unwrap();
+    for (i, s) in again.iter().enumerate() {
+        if i % 3 == 0 {
+            assert!(s.is_duplicate(), "{i}");
+            assert_eq!(s.seq(), Some(1206 + i as u64), "the original of {i}");
+        } else {
+            assert_eq!(s.seq(), Some(1506 + (i - i / 3 - 1) as u64), "{i}");
+        }
+    }
+    let stats = c.stats().await.unwrap();
+    assert_eq!(stats.queues[0].last_seq, 1205 + 300 + 200);
+    for broker in [a, b, c] {
+        broker.shutdown().await.unwrap();
+    }
 }

@@ -534,3 +534,189 @@ async fn a_letter_settled_elsewhere_before_the_writer_reads_the_cursor_is_not_mo
 async fn a_letter_settled_elsewhere_before_the_redrive_s_transaction_is_not_moved() {
     a_letter_settled_elsewhere_during_a_redrive_is_not_moved("rockq-etcd-redrive-planned").await;
 }
+
+/// A large send call one of whose requests or answers was lost (`point`): settled, stored
+/// once, at the sequences it was given, in order.
+async fn large_call_losing(point: &str) {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let broker =
+        Broker::connect_etcd(cluster.endpoints(), "large-doubt", EtcdOptions::new()).await.expect("connect");
+    let q = broker.queue("q").await.expect("queue");
+    q.send("before").await.expect("send");
+    fail::cfg(point, "1*return").expect("failpoint");
+    let first = q.send_batch((0..300).map(|i| rockq::Message::new(format!("m{i}")))).await;
+    fail::remove(point);
+    assert_eq!(first.expect("the lost request is settled, not failed"), 2..=301);
+    assert_eq!(q.send("after").await.expect("send"), 302);
+    let stats = broker.stats().await.expect("stats");
+    assert_eq!((stats.queues[0].last_seq, stats.queues[0].len), (302, 302), "stored once");
+    let mut sub = q.group("g").expect("group").subscribe().await.expect("subscribe");
+    for seq in 1..=302u64 {
+        let d = tokio::time::timeout(common::HANG_GUARD, sub.next())
+            .await
+            .expect("delivery")
+            .expect("open")
+            .expect("ok");
+        let want = match seq {
+            1 => "before".to_owned(),
+            302 => "after".to_owned(),
+            s => format!("m{}", s - 2),
+        };
+        assert_eq!((d.seq(), d.payload().as_ref()), (seq, want.as_bytes()));
+        d.ack().expect("ack");
+    }
+    drop(sub);
+    broker.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_call_whose_commit_answer_was_lost_is_found_and_stored_once() {
+    large_call_losing("rockq-etcd-reserved-commit-answer").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_call_whose_reservation_answer_was_lost_finds_it_held() {
+    large_call_losing("rockq-etcd-reserve-answer").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_call_whose_write_under_the_reservation_was_lost_writes_it_again() {
+    large_call_losing("rockq-etcd-reserved-write").await;
+}
+
+/// A process that dies holding a reservation (its writes done, never committed): the other
+/// brokers' appends wait until its lease runs out, then take the same sequences; what the dead
+/// call wrote above the tail is never read, and is overwritten by the appends that reach it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_left_by_a_dead_process_holds_the_queue_until_its_lease_runs_out_and_shows_nothing() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let opts = || EtcdOptions::new().request_timeout(std::time::Duration::from_secs(1));
+    let a = Broker::connect_etcd(cluster.endpoints(), "large-dead", opts()).await.expect("connect");
+    let b =
+        Broker::connect_etcd(cluster.endpoints(), "large-dead", EtcdOptions::new()).await.expect("connect");
+    let qa = a.queue("q").await.expect("queue");
+    let qb = b.queue("q").await.expect("queue");
+    // a's call writes everything but its commit, then gives up and leaves its reservation.
+    fail::cfg("rockq-etcd-reserved-commit-request", "return").expect("failpoint");
+    fail::cfg("rockq-etcd-reserved-abandon", "return").expect("failpoint");
+    let failed = qa.send_batch((0..400).map(|i| rockq::Message::new(format!("dead{i}")))).await;
+    fail::remove("rockq-etcd-reserved-commit-request");
+    fail::remove("rockq-etcd-reserved-abandon");
+    assert!(matches!(failed, Err(rockq::Error::Storage(_))), "{failed:?}");
+
+    // b waits for the lease (5 s from a's call, at least 4 s from now), then appends after
+    // the old tail: sequence 1.
+    let mut first = tokio::spawn(async move { qb.send("b0").await.map(|s| (s, qb)) });
+    let waited = tokio::time::timeout(std::time::Duration::from_millis(1500), &mut first).await;
+    assert!(waited.is_err(), "b's append waits while the reservation stands");
+    let (seq, qb) = first.await.expect("task").expect("send once the reservation ran out");
+    assert_eq!(seq, 1);
+    for i in 1..150 {
+        // The answer of the append of 127, the first key the dead call wrote, is lost: it is
+        // found by the revision that put it there (not the one that created the key).
+        if i == 126 {
+            fail::cfg("rockq-etcd-append-answer", "1*return").expect("failpoint");
+        }
+        assert_eq!(qb.send(format!("b{i}")).await.expect("send"), i + 1);
+        fail::remove("rockq-etcd-append-answer");
+    }
+    let stats = b.stats().await.expect("stats");
+    assert_eq!((stats.queues[0].last_seq, stats.queues[0].len), (150, 150));
+    let mut sub = qb.group("g").expect("group").subscribe().await.expect("subscribe");
+    for i in 0..150u64 {
+        let d = tokio::time::timeout(common::HANG_GUARD, sub.next())
+            .await
+            .expect("delivery")
+            .expect("open")
+            .expect("ok");
+        assert_eq!((d.seq(), d.payload().as_ref()), (i + 1, format!("b{i}").as_bytes()));
+        d.ack().expect("ack");
+    }
+    // The dead call's messages above the tail are not read.
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(300), sub.next()).await.is_err(),
+        "nothing after b's messages"
+    );
+    drop(sub);
+    a.shutdown().await.expect("shutdown");
+    b.shutdown().await.expect("shutdown");
+}
+
+/// Another process's appends wait while a large call holds the queue, and never land inside
+/// it: held at the call's first write under its reservation, `b` sends three batches; they
+/// are appended after the call, each message where its receipt says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_elsewhere_wait_for_a_large_call_and_never_land_inside_it() {
+    use std::sync::{Arc, Condvar, Mutex};
+    type Landed = Arc<(Mutex<Option<Vec<(u64, String)>>>, Condvar)>;
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let a =
+        Broker::connect_etcd(cluster.endpoints(), "large-race", EtcdOptions::new()).await.expect("connect");
+    let qa = a.queue("q").await.expect("queue");
+    let landed: Landed = Arc::new((Mutex::new(None), Condvar::new()));
+    let (endpoints, seen, fired) =
+        (cluster.endpoints(), landed.clone(), Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    fail::cfg_callback("rockq-etcd-reserved-write", move || {
+        if fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let (endpoints, out) = (endpoints.clone(), seen.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            let got = rt.block_on(async move {
+                let b =
+                    Broker::connect_etcd(endpoints, "large-race", EtcdOptions::new()).await.expect("connect");
+                let q = b.queue("q").await.expect("queue");
+                let mut got = Vec::new();
+                for k in 0..3 {
+                    let payloads: Vec<String> = (0..100).map(|i| format!("b{k}-{i}")).collect();
+                    let seqs = q
+                        .send_batch(payloads.iter().map(|p| rockq::Message::new(p.clone())))
+                        .await
+                        .expect("send");
+                    got.extend(seqs.zip(payloads));
+                }
+                b.shutdown().await.expect("shutdown");
+                got
+            });
+            *out.0.lock().expect("lock") = Some(got);
+            out.1.notify_all();
+        });
+        // Give b every chance to append inside the reservation (it must not: it waits).
+        let guard = seen.0.lock().expect("lock");
+        drop(seen.1.wait_timeout_while(guard, std::time::Duration::from_secs(2), |g| g.is_none()));
+    })
+    .expect("failpoint");
+    let ours = qa.send_batch((0..400).map(|i| rockq::Message::new(format!("a{i}")))).await.expect("send");
+    fail::remove("rockq-etcd-reserved-write");
+    let b_sent = tokio::task::spawn_blocking(move || {
+        let guard = landed.0.lock().expect("lock");
+        let (mut g, _) =
+            landed.1.wait_timeout_while(guard, common::HANG_GUARD, |g| g.is_none()).expect("wait");
+        g.take().expect("b's sends finished")
+    })
+    .await
+    .expect("task");
+    assert_eq!(ours, 1..=400, "the call holds the sequences it reserved");
+    let mut expected: std::collections::BTreeMap<u64, String> =
+        (1..=400).map(|s| (s, format!("a{}", s - 1))).collect();
+    for (seq, p) in b_sent {
+        assert!(expected.insert(seq, p).is_none(), "sequence {seq} given twice");
+    }
+    assert_eq!(expected.keys().copied().collect::<Vec<_>>(), (1..=700).collect::<Vec<_>>(), "dense");
+    let mut sub = qa.group("g").expect("group").subscribe().await.expect("subscribe");
+    for (seq, payload) in &expected {
+        let d = tokio::time::timeout(common::HANG_GUARD, sub.next())
+            .await
+            .expect("delivery")
+            .expect("open")
+            .expect("ok");
+        assert_eq!((d.seq(), d.payload().as_ref()), (*seq, payload.as_bytes()));
+        d.ack().expect("ack");
+    }
+    drop(sub);
+    a.shutdown().await.expect("shutdown");
+}

@@ -56,8 +56,9 @@ pub(crate) enum Capability {
     OrderedByKey,
     /// Reads of the store directly: delayed-message and schedule listings, the inspector's.
     StoreInspection,
-    /// A send call larger than one etcd transaction (127 messages or 1 MiB).
-    LargeSendCall,
+    /// A message larger than one etcd transaction (1 MiB), or a call recording more idempotency
+    /// keys than one transaction holds: what etcd's limits on one transaction forbid.
+    HugeMessage,
     /// `Durability::Buffered`.
     BufferedDurability,
     /// An operator's action on one job: retry now, delete, dead-letter.
@@ -96,7 +97,9 @@ impl Capability {
             Capability::StoreInspection => {
                 "this inspection (delayed messages, schedules, the store directly)"
             }
-            Capability::LargeSendCall => "a send call larger than one etcd transaction (127 messages, 1 MiB)",
+            Capability::HugeMessage => {
+                "a message over 1 MiB, or over 125 idempotency keys in one call (the limits of one etcd transaction)"
+            }
             Capability::BufferedDurability => "Durability::Buffered (every etcd write is a quorum write)",
             Capability::JobActions => "acting on one job (retry now, delete, dead-letter)",
             Capability::DeadLetterActions => "redriving or deleting one dead letter on its own",
@@ -134,7 +137,7 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::Transactions
             | Capability::OrderedByKey
             | Capability::StoreInspection
-            | Capability::LargeSendCall
+            | Capability::HugeMessage
             | Capability::BufferedDurability
             | Capability::Backup
             | Capability::Priority

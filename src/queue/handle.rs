@@ -226,6 +226,10 @@ impl Queue {
     /// [`Options::max_batch_messages`](crate::Options::max_batch_messages)). Validation
     /// happens before anything is queued: one bad message rejects the whole call.
     ///
+    /// On etcd a call larger than one transaction (127 messages or 1 MiB) is just as atomic:
+    /// its sequences are reserved first and other appends to the queue wait until it is
+    /// visible (`docs/etcd.md`); a message over 1 MiB is [`Error::Unsupported`] there.
+    ///
     /// # Cancel safety
     ///
     /// As [`send`](Queue::send): a dropped future may still have written the whole batch, never

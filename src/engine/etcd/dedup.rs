@@ -15,7 +15,7 @@ use crate::engine::request::Submission;
 use crate::error::{Error, StorageError};
 use crate::sent::{Original, Sent};
 use crate::store::envelope;
-use crate::store::etcd::{DedupWrite, MAX_TXN_BYTES, MAX_TXN_OPS};
+use crate::store::etcd::{DedupWrite, MAX_TXN_BYTES};
 
 /// What one try of an append writes and reports.
 #[derive(Default)]
@@ -137,10 +137,12 @@ impl Writer {
         if let Some(f) = self.engine.failure() {
             return Err(crate::error::Closed::Failed(f).into());
         }
-        let ops = msgs.len() + msgs.iter().filter(|m| m.idempotency_key.is_some()).count();
-        let bytes: usize = msgs.iter().map(|m| m.envelope.len()).sum();
-        if ops > MAX_TXN_OPS - 1 || bytes > MAX_TXN_BYTES {
-            return Err(capability::refusal(Flavour::Etcd, Capability::LargeSendCall));
+        // Each message must fit a transaction, and every key is recorded by the one
+        // transaction that makes the call visible (`reserve.rs`).
+        let keyed = msgs.iter().filter(|m| m.idempotency_key.is_some()).count();
+        if keyed > super::reserve::MAX_KEYS_PER_CALL || msgs.iter().any(|m| m.envelope.len() > MAX_TXN_BYTES)
+        {
+            return Err(capability::refusal(Flavour::Etcd, Capability::HugeMessage));
         }
         self.last_stamp = self.last_stamp.max(self.engine.clock().wall_micros());
         let now = self.last_stamp;

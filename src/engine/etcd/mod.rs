@@ -29,6 +29,7 @@ mod owners;
 mod pause;
 mod purge;
 mod redrive;
+mod reserve;
 pub(crate) mod reset;
 pub(crate) mod retention;
 mod settings;
@@ -47,15 +48,11 @@ use super::capability::{self, Capability, Flavour};
 use super::request::{Request, WorkRequest};
 use crate::error::Error;
 
-/// A send call must fit one append transaction (it is never split: its sequences are
-/// contiguous): what the call needs is asked of the table.
+/// A send call of any size is written (one larger than a transaction under a reservation of
+/// its sequences, `reserve.rs`), but each message must fit one transaction on its own.
 pub(crate) fn check_send(msgs: &[crate::message::Message]) -> Result<(), Error> {
-    use crate::store::etcd::{MAX_TXN_BYTES, MAX_TXN_OPS};
-    let bytes: usize = msgs.iter().map(crate::store::envelope::encoded_len).sum();
-    // A message with an idempotency key takes a second operation: its dedup record.
-    let ops = msgs.len() + msgs.iter().filter(|m| m.idempotency_key.is_some()).count();
-    if ops > MAX_TXN_OPS - 1 || bytes > MAX_TXN_BYTES {
-        capability::check(Flavour::Etcd, Capability::LargeSendCall)?;
+    if msgs.iter().any(|m| crate::store::envelope::encoded_len(m) > crate::store::etcd::MAX_TXN_BYTES) {
+        capability::check(Flavour::Etcd, Capability::HugeMessage)?;
     }
     if msgs.iter().any(|m| m.priority > 0) {
         capability::check(Flavour::Etcd, Capability::Priority)?;

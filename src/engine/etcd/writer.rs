@@ -2,7 +2,8 @@
 //! embedded writer thread and carries them out as etcd transactions.
 //!
 //! A round: the staged sends (group commit: each queue's messages go in as few transactions as
-//! etcd's limits allow, each a compare-and-set on the queue's tail), then the requests, then
+//! etcd's limits allow, each a compare-and-set on the queue's tail; a single call larger than
+//! one transaction reserves its sequences first, `reserve.rs`), then the requests, then
 //! the ordered groups' offset commits (each compared with the group's owner key). A send
 //! resolves when its transaction is committed by a quorum of the cluster.
 //!
@@ -458,6 +459,7 @@ impl Writer {
         };
         let nonce = self.nonce();
         let mut backoff = Duration::from_millis(10);
+        let mut held = Duration::from_millis(2);
         loop {
             // Keys are read again on every try: a race lost on a key is a duplicate now.
             let plan = self.plan_dedup(queue, envs.len(), keys, now, left()).await?;
@@ -470,6 +472,29 @@ impl Writer {
             };
             let written: Vec<&[u8]> = plan.written.iter().map(|&i| envs[i]).collect();
             let n = written.len() as u64;
+            if !crate::store::etcd::reserve::fits_one(&written, plan.records.len()) {
+                let dedup = lease.map(|l| (&plan.records[..], l));
+                match self
+                    .append_reserved(queue.id, (last, cur_nonce), nonce, &written, dedup, deadline)
+                    .await
+                {
+                    Ok(None) => {
+                        self.tails.insert(queue.id, (last + n, nonce));
+                        return Ok((last + 1, plan.originals(last + 1)));
+                    }
+                    Ok(Some((l, n))) => (last, cur_nonce) = (l, n),
+                    Err(e) if self.forget_dedup_lease(&e) => {}
+                    Err(e) => {
+                        self.tails.remove(&queue.id);
+                        return Err(e);
+                    }
+                }
+                if Instant::now() >= deadline {
+                    self.tails.remove(&queue.id);
+                    return Err(StorageError::new("etcd: appending timed out under contention"));
+                }
+                continue;
+            }
             match until(
                 deadline,
                 store.append(
@@ -489,6 +514,11 @@ impl Writer {
                 }
                 Ok(Appended::Moved { last: l, nonce: n }) => {
                     (last, cur_nonce) = (l, n);
+                }
+                // A large send call holds the queue (`reserve.rs`): wait for its commit.
+                Ok(Appended::Reserved) => {
+                    tokio::time::sleep(held).await;
+                    held = (held * 2).min(Duration::from_millis(100));
                 }
                 Err(e) if self.forget_dedup_lease(&e) => {}
                 Err(e) => {

@@ -13,6 +13,7 @@
 //! | `N q/<name>` | queue record (same codec as RocksDB's) |
 //! | `N s/<qid u32>` | a queue's purge mark: the last sequence purged, `u64` (`retention.rs`) |
 //! | `N t/<qid u32>` | the tail: last sequence `u64` and the nonce of the append that wrote it |
+//! | `N p/<qid u32>` | a send call's reservation of the sequences after the tail, under a lease (`reserve.rs`) |
 //! | `N m/<qid u32><seq u64>` | a message envelope (same codec) |
 //! | `N o/<group>:<queue>` | a group's offset (same codec) |
 //! | `N k/<group>:<queue>:<seq>` | an ordered group's mark (same codec) |
@@ -33,6 +34,7 @@ pub(crate) mod import;
 pub(crate) mod members;
 pub(crate) mod outcomes;
 pub(crate) mod redrive;
+pub(crate) mod reserve;
 pub(crate) mod reset;
 pub(crate) mod retention;
 pub(crate) mod settings;
@@ -103,6 +105,9 @@ pub(crate) enum Appended {
     Stored,
     /// Another process appended first: the tail is now `last`; nothing of this was stored.
     Moved { last: u64, nonce: u64 },
+    /// A send call larger than one transaction holds the queue (`reserve.rs`): nothing of
+    /// this was stored; the tail has not moved.
+    Reserved,
 }
 
 /// One idempotency key recorded by an append (`dedup.rs`): the message at `index` of the
@@ -393,13 +398,18 @@ impl EtcdStore {
             ops.push(TxnOp::put(self.message_key(qid, expected_last + 1 + i as u64), env.to_vec(), None));
         }
         ops.push(TxnOp::put(tail.clone(), encode_tail(expected_last + envelopes.len() as u64, nonce), None));
-        let mut cmps =
-            vec![Compare::value(tail.clone(), CompareOp::Equal, encode_tail(expected_last, expected_nonce))];
+        let mut cmps = vec![
+            Compare::value(tail.clone(), CompareOp::Equal, encode_tail(expected_last, expected_nonce)),
+            self.no_reservation(qid),
+        ];
         // A key recorded meanwhile fails the compare like a moved tail: the caller reads again.
         if let Some((records, lease)) = dedup {
             self.push_dedup(qid, expected_last + 1, records, lease, &mut cmps, &mut ops);
         }
-        let txn = Txn::new().when(cmps).and_then(ops).or_else([TxnOp::get(tail.clone(), None)]);
+        let txn = Txn::new()
+            .when(cmps)
+            .and_then(ops)
+            .or_else([TxnOp::get(tail.clone(), None), self.get_reservation(qid)]);
         // Tests lose the request (not applied) or its answer (applied): either way the caller
         // sees an error whose outcome it must find out.
         crate::faults::check("rockq-etcd-append-request")?;
@@ -408,12 +418,15 @@ impl EtcdStore {
         if resp.succeeded() {
             return Ok(Appended::Stored);
         }
-        match first_get(&resp) {
-            Some(t) => {
+        match two_gets(&resp) {
+            (Some(t), reservation) => {
                 let (last, nonce) = decode_tail(t.key(), t.value())?;
-                Ok(Appended::Moved { last, nonce })
+                match (last, nonce) == (expected_last, expected_nonce) && reservation.is_some() {
+                    true => Ok(Appended::Reserved),
+                    false => Ok(Appended::Moved { last, nonce }),
+                }
             }
-            None => Err(StorageError::new(format!("queue {qid} has no tail record in etcd"))),
+            (None, _) => Err(StorageError::new(format!("queue {qid} has no tail record in etcd"))),
         }
     }
 
@@ -441,8 +454,10 @@ impl EtcdStore {
             // cannot be told whose it was. Report it stored by someone else.
             return Ok((false, last, now_nonce));
         };
+        // The revision that last put it, not the one that created it: a reserved call whose
+        // holder died may have left a message at this key before (`reserve.rs`).
         let then =
-            kv.get(self.tail_key(qid), Some(GetOptions::new().with_revision(m.create_revision()))).await?;
+            kv.get(self.tail_key(qid), Some(GetOptions::new().with_revision(m.mod_revision()))).await?;
         let ours = match then.kvs().first() {
             Some(t) => decode_tail(t.key(), t.value())?.1 == nonce,
             None => false,
@@ -649,7 +664,7 @@ impl EtcdStore {
     }
 
     /// Revokes `lease` (the keys attached to it go), if a member answers; else it runs out.
-    async fn revoke(&self, lease: i64) {
+    pub(crate) async fn revoke(&self, lease: i64) {
         let _ = self.members.run(false, |c| async move { c.lease_client().revoke(lease).await }).await;
     }
 
@@ -789,6 +804,8 @@ impl EtcdStore {
             CompareOp::Equal,
             encode_tail(a.expected_last, a.expected_nonce),
         ));
+        // Refused like a moved tail while a large send call holds the queue (`reserve.rs`).
+        cmps.push(self.no_reservation(a.qid));
         for (i, env) in a.envelopes.iter().enumerate() {
             ops.push(TxnOp::put(self.message_key(a.qid, a.expected_last + 1 + i as u64), env.clone(), None));
         }
@@ -878,6 +895,22 @@ pub(crate) fn decode_purge(key: &[u8], value: &[u8]) -> Result<u64, StorageError
     <[u8; 8]>::try_from(value)
         .map(u64::from_be_bytes)
         .map_err(|_| corrupt(CorruptionError::new("purge mark", key, "not 8 bytes")))
+}
+
+/// The answers of a transaction's gets, in order (`None`: the key was absent).
+fn answers(resp: &etcd_client::TxnResponse) -> impl Iterator<Item = Option<etcd_client::KeyValue>> + '_ {
+    resp.op_responses().into_iter().filter_map(|r| match r {
+        etcd_client::TxnOpResponse::Get(g) => Some(g.kvs().first().cloned()),
+        _ => None,
+    })
+}
+
+/// The answers of a transaction's first two gets, in order.
+fn two_gets(
+    resp: &etcd_client::TxnResponse,
+) -> (Option<etcd_client::KeyValue>, Option<etcd_client::KeyValue>) {
+    let mut gets = answers(resp);
+    (gets.next().flatten(), gets.next().flatten())
 }
 
 fn first_get(resp: &etcd_client::TxnResponse) -> Option<etcd_client::KeyValue> {

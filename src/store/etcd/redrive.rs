@@ -165,10 +165,7 @@ impl EtcdStore {
         if resp.succeeded() {
             return Ok(RedriveOutcome::Done { rev: resp.header().map_or(0, |h| h.revision()) });
         }
-        let mut answers = resp.op_responses().into_iter().filter_map(|r| match r {
-            etcd_client::TxnOpResponse::Get(g) => Some(g.kvs().first().cloned()),
-            _ => None,
-        });
+        let mut answers = super::answers(&resp);
         let cursor = match answers.next().flatten() {
             Some(kv) => (records::decode_cursor(kv.key(), kv.value()).map_err(corrupt)?, kv.mod_revision()),
             None => (0, 0),

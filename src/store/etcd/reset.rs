@@ -16,7 +16,7 @@
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, Txn, TxnOp};
 
-use super::{EtcdStore, corrupt, decode_envelope, first_get};
+use super::{EtcdStore, corrupt, decode_envelope, first_get, two_gets};
 use crate::error::StorageError;
 use crate::model::{GroupMode, GroupOffset, QueueMeta};
 use crate::store::{keys, records};
@@ -177,15 +177,4 @@ fn offset_record(mode: GroupMode, committed: u64) -> Vec<u8> {
 /// The revision a transaction was applied at.
 fn revision(resp: &etcd_client::TxnResponse) -> i64 {
     resp.header().map_or(0, |h| h.revision())
-}
-
-/// The answers of a refused transaction's two gets, in order.
-fn two_gets(
-    resp: &etcd_client::TxnResponse,
-) -> (Option<etcd_client::KeyValue>, Option<etcd_client::KeyValue>) {
-    let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
-        etcd_client::TxnOpResponse::Get(g) => Some(g.kvs().first().cloned()),
-        _ => None,
-    });
-    (gets.next().flatten(), gets.next().flatten())
 }

@@ -227,10 +227,7 @@ impl EtcdStore {
             return Ok(ClaimsOutcome::Written { rev, progress });
         }
         // The answers to the gets, in order: the offset, each record, the tail.
-        let mut answers = resp.op_responses().into_iter().filter_map(|r| match r {
-            etcd_client::TxnOpResponse::Get(g) => Some(g.kvs().first().cloned()),
-            _ => None,
-        });
+        let mut answers = super::answers(&resp);
         let offset = match answers.next().flatten() {
             Some(o) => records::decode_offset(o.key(), o.value()).map_err(corrupt)?.committed,
             None => {
