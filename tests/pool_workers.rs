@@ -379,8 +379,11 @@ async fn an_adaptive_pool_drains_a_backlog_and_leaves_nothing_leased() {
     // A backlog large enough that the pool grows and shrinks several times on RocksDB; a tenth of
     // it on etcd (see `against_etcd`).
     let n = if against_etcd() { 2_000u64 } else { 20_000 };
-    // One call: on etcd (scripts/etcd-semantics.sh) larger than a transaction, so reserved.
-    q.send_batch((0..n).map(|i| format!("m{i}"))).await.unwrap();
+    // Calls of 1,000: on etcd (scripts/etcd-semantics.sh) larger than a transaction, so
+    // reserved.
+    for chunk in 0..n / 1000 {
+        q.send_batch((chunk * 1000..(chunk + 1) * 1000).map(|i| format!("m{i}"))).await.unwrap();
+    }
     let done = Arc::new(AtomicUsize::new(0));
     let token = CancellationToken::new();
     let handler = {

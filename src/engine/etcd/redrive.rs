@@ -252,6 +252,12 @@ impl Writer {
                 }
                 Ok(RedriveOutcome::Refused { tails, .. }) => {
                     if let (Some((q, _)), Some(tail)) = (&copy, tails.into_iter().next()) {
+                        // The tail as compared: a large send call holds the queue
+                        // (`reserve.rs`); wait a moment rather than ask again at once.
+                        let a = settle.copy.as_ref().map(|a| (a.expected_last, a.expected_nonce));
+                        if tail.is_some() && tail == a {
+                            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                        }
                         match tail {
                             Some(tail) => self.tails.insert(q.id, tail),
                             None => self.tails.remove(&q.id),
@@ -327,6 +333,15 @@ impl Writer {
                 Ok(RedriveOutcome::Refused { cursor, tails }) => {
                     if cursor.1 != cursor_rev {
                         return Ok(Err(cursor));
+                    }
+                    // A tail as compared: a large send call holds that queue (`reserve.rs`);
+                    // wait a moment rather than ask again at once.
+                    let held = appends
+                        .iter()
+                        .zip(&tails)
+                        .any(|(a, t)| *t == Some((a.expected_last, a.expected_nonce)));
+                    if held {
+                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
                     }
                     for (a, tail) in appends.iter().zip(tails) {
                         match tail {

@@ -74,24 +74,23 @@ impl Writer {
         let first_room = MAX_TXN_OPS.saturating_sub(2 + keys).max(1);
         let chunks = cut(envs, first_room);
         let r = Reservation { last, count: envs.len() as u64, nonce };
-        let lease = until(deadline, store.grant_expiring(RESERVATION_TTL)).await?;
-        let mut renewed = Instant::now();
+        let mut lease = Lease {
+            id: until(deadline, store.grant_expiring(RESERVATION_TTL)).await?,
+            renewed: Instant::now(),
+        };
         let result = async {
-            if let Some(moved) = self.reserve(qid, cur_nonce, &r, lease, deadline).await? {
+            if let Some(moved) = self.reserve(qid, cur_nonce, &r, &mut lease, deadline).await? {
                 return Ok(moved);
             }
             for range in &chunks[1..] {
-                if renewed.elapsed() >= RESERVATION_TTL / 3 {
-                    if !until(deadline, store.renew(lease)).await? {
-                        return Err(lost());
-                    }
-                    renewed = Instant::now();
-                }
                 let first = last + 1 + range.start as u64;
                 let part = &envs[range.clone()];
                 // A lost answer: the same puts again (the reservation still compares).
                 let mut backoff = Duration::from_millis(10);
                 loop {
+                    if !lease.keep(&store, deadline).await {
+                        return Err(lost());
+                    }
                     match until(deadline, store.write_reserved(qid, &r, first, part)).await {
                         Ok(true) => break,
                         Ok(false) => return Err(lost()),
@@ -108,7 +107,7 @@ impl Writer {
             // Tests leave the reservation as a process that died would.
             _ if crate::faults::check("rockq-etcd-reserved-abandon").is_err() => {}
             // Nothing visible: let the others append now rather than when the lease runs out.
-            _ => store.revoke(lease).await,
+            _ => store.revoke(lease.id).await,
         }
         result.map(|large| match large {
             Large::Stored => None,
@@ -123,16 +122,26 @@ impl Writer {
         qid: u32,
         cur_nonce: u64,
         r: &Reservation,
-        lease: i64,
+        lease: &mut Lease,
         deadline: Instant,
     ) -> Result<Option<Large>, StorageError> {
         let store = self.side.store.clone();
         let mut backoff = Duration::from_millis(5);
         loop {
-            match until(deadline, store.reserve(qid, cur_nonce, r, lease)).await {
+            // Waiting behind another call may outlast the lease: kept alive, or taken anew
+            // (nothing is attached to it yet).
+            if !lease.keep(&store, deadline).await {
+                lease.id = until(deadline, store.grant_expiring(RESERVATION_TTL)).await?;
+                lease.renewed = Instant::now();
+            }
+            match until(deadline, store.reserve(qid, cur_nonce, r, lease.id)).await {
                 Ok(Reserved::Held) => return Ok(None),
                 Ok(Reserved::Moved { last, nonce }) => return Ok(Some(Large::Again { last, nonce })),
                 Ok(Reserved::Busy) => {}
+                Err(e) if e.to_string().contains("lease not found") => {
+                    lease.id = until(deadline, store.grant_expiring(RESERVATION_TTL)).await?;
+                    lease.renewed = Instant::now();
+                }
                 // Unknown: the reservation is ours if it names this call.
                 Err(e) => {
                     if let Ok(true) = until(deadline, store.holds(qid, r)).await {
@@ -165,26 +174,46 @@ impl Writer {
     ) -> Result<Large, StorageError> {
         let store = self.side.store.clone();
         let mut backoff = Duration::from_millis(10);
+        // An attempt whose answer was lost may still land after a later one was sent.
+        let mut in_doubt = false;
         loop {
             match until(deadline, store.commit_reserved(qid, cur_nonce, r, first, dedup)).await {
                 Ok(Committed::Yes) => return Ok(Large::Stored),
-                Ok(Committed::KeyRecorded) => return Ok(Large::Again { last: r.last, nonce: cur_nonce }),
-                Ok(Committed::Lost) => return Err(lost()),
+                Ok(Committed::KeyRecorded) if !in_doubt => {
+                    return Ok(Large::Again { last: r.last, nonce: cur_nonce });
+                }
+                Ok(Committed::Lost) if !in_doubt => return Err(lost()),
+                // Refused after an attempt in doubt: that attempt may be what removed the
+                // reservation (or recorded the keys). Ours if the call is there.
+                Ok(_) => {
+                    return match until(deadline, store.resolve_append(qid, r.last, r.nonce)).await {
+                        Ok((true, _, _)) => Ok(Large::Stored),
+                        _ => Err(unknown()),
+                    };
+                }
                 // The dedup records' lease ran out: refused, nothing applied (the caller
                 // takes a new one).
                 Err(e) if e.to_string().contains("lease not found") => return Err(e),
                 Err(e) => loop {
+                    in_doubt = true;
                     if Instant::now() + backoff >= deadline {
                         return Err(e);
                     }
                     pause(&mut backoff).await;
                     match until(deadline, store.resolve_append(qid, r.last, r.nonce)).await {
                         Ok((true, _, _)) => return Ok(Large::Stored),
-                        // Not applied: again, while the reservation stands (the tail cannot
-                        // have moved under it).
+                        // Not seen applied: again, while the reservation stands (the tail
+                        // cannot move under it; should the lost attempt land meanwhile, the
+                        // next one is refused and looks again).
                         Ok((false, _, _)) => match until(deadline, store.holds(qid, r)).await {
                             Ok(true) => break,
-                            Ok(false) => return Err(lost()),
+                            Ok(false) => {
+                                return match until(deadline, store.resolve_append(qid, r.last, r.nonce)).await
+                                {
+                                    Ok((true, _, _)) => Ok(Large::Stored),
+                                    _ => Err(unknown()),
+                                };
+                            }
                             Err(_) => continue,
                         },
                         Err(_) => continue,
@@ -201,6 +230,39 @@ fn lost() -> StorageError {
     StorageError::new(
         "etcd: a send call's reservation ran out before it was written; nothing of it was stored",
     )
+}
+
+/// A commit in doubt that could not be told stored or not (the reservation gone, the call not
+/// found): the send fails as one whose outcome is unknown.
+fn unknown() -> StorageError {
+    StorageError::unreachable(
+        "etcd: a send call's commit was lost and its outcome could not be told; it may be stored",
+    )
+}
+
+/// The reservation's lease, and when it was last renewed.
+struct Lease {
+    id: i64,
+    renewed: Instant,
+}
+
+impl Lease {
+    /// Renews the lease once a third of its TTL has passed; `false` once it is gone (etcd says
+    /// so, or no renewal got through for a whole TTL). A renewal that fails is tried again at
+    /// the next call.
+    async fn keep(&mut self, store: &crate::store::etcd::EtcdStore, deadline: Instant) -> bool {
+        if self.renewed.elapsed() < RESERVATION_TTL / 3 {
+            return true;
+        }
+        match until(deadline, store.renew(self.id)).await {
+            Ok(true) => {
+                self.renewed = Instant::now();
+                true
+            }
+            Ok(false) => false,
+            Err(_) => self.renewed.elapsed() < RESERVATION_TTL,
+        }
+    }
 }
 
 async fn pause(backoff: &mut Duration) {

@@ -517,7 +517,12 @@ impl Writer {
                     let still_ours = offset < seq
                         && found.first().and_then(|(_, r)| r.as_ref()).is_some_and(|r| r.rev == expected);
                     if still_ours && Instant::now() < deadline {
-                        // Only the dead-letter queue's tail moved: append on the new one.
+                        // Only the dead-letter queue's tail moved: append on the new one. Not
+                        // moved at all: a large send call holds the queue (`reserve.rs`); wait
+                        // a moment rather than ask again at once.
+                        if tail == Some((last, nonce)) {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
                         match tail {
                             Some(t) => self.tails.insert(q.id, t),
                             None => self.tails.remove(&q.id),
