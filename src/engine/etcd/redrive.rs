@@ -251,18 +251,7 @@ impl Writer {
                     return Ok(moved);
                 }
                 Ok(RedriveOutcome::Refused { tails, .. }) => {
-                    if let (Some((q, _)), Some(tail)) = (&copy, tails.into_iter().next()) {
-                        // The tail as compared: a large send call holds the queue
-                        // (`reserve.rs`); wait a moment rather than ask again at once.
-                        let a = settle.copy.as_ref().map(|a| (a.expected_last, a.expected_nonce));
-                        if tail.is_some() && tail == a {
-                            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-                        }
-                        match tail {
-                            Some(tail) => self.tails.insert(q.id, tail),
-                            None => self.tails.remove(&q.id),
-                        };
-                    }
+                    self.learn_tails(settle.copy.as_slice(), tails).await;
                     if Instant::now() >= deadline {
                         return Err(Error::Storage(StorageError::new(
                             "etcd: the dead-letter queue or the target kept moving while settling a letter",
@@ -334,21 +323,7 @@ impl Writer {
                     if cursor.1 != cursor_rev {
                         return Ok(Err(cursor));
                     }
-                    // A tail as compared: a large send call holds that queue (`reserve.rs`);
-                    // wait a moment rather than ask again at once.
-                    let held = appends
-                        .iter()
-                        .zip(&tails)
-                        .any(|(a, t)| *t == Some((a.expected_last, a.expected_nonce)));
-                    if held {
-                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-                    }
-                    for (a, tail) in appends.iter().zip(tails) {
-                        match tail {
-                            Some(tail) => self.tails.insert(a.qid, tail),
-                            None => self.tails.remove(&a.qid),
-                        };
-                    }
+                    self.learn_tails(&appends, tails).await;
                     if Instant::now() >= deadline {
                         return Err(Error::Storage(StorageError::new(
                             "etcd: the target queues kept moving during a redrive",
@@ -362,6 +337,22 @@ impl Writer {
                     return Err(Error::Storage(e));
                 }
             }
+        }
+    }
+
+    /// After a transaction with `appends` was refused: learns each target's tail as it is now
+    /// (`tails`, in order; `None`: no tail record). A tail still the one compared means a large
+    /// send call holds that queue (`reserve.rs`): wait a moment rather than ask again at once.
+    async fn learn_tails(&mut self, appends: &[DeadLetterAppend], tails: Vec<Option<(u64, u64)>>) {
+        let held = appends.iter().zip(&tails).any(|(a, t)| *t == Some((a.expected_last, a.expected_nonce)));
+        if held {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        for (a, tail) in appends.iter().zip(tails) {
+            match tail {
+                Some(tail) => self.tails.insert(a.qid, tail),
+                None => self.tails.remove(&a.qid),
+            };
         }
     }
 }
