@@ -606,13 +606,19 @@ async fn a_reservation_left_by_a_dead_process_holds_the_queue_until_its_lease_ru
     fail::remove("rockq-etcd-reserved-abandon");
     assert!(matches!(failed, Err(rockq::Error::Storage(_))), "{failed:?}");
 
-    // b waits for the lease (5 s from a's call, at least 4 s from now), then appends after
-    // the old tail: sequence 1.
-    let mut first = tokio::spawn(async move { qb.send("b0").await.map(|s| (s, qb)) });
-    let waited = tokio::time::timeout(std::time::Duration::from_millis(1500), &mut first).await;
-    assert!(waited.is_err(), "b's append waits while the reservation stands");
-    let (seq, qb) = first.await.expect("task").expect("send once the reservation ran out");
+    // b's append is refused while the reservation stands (5 s from a's call, at least 4 s from
+    // now) and tried again until it ran out: more than one request. Then it appends after the
+    // old tail: sequence 1.
+    let tries = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = tries.clone();
+    fail::cfg_callback("rockq-etcd-append-request", move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    })
+    .expect("failpoint");
+    let seq = qb.send("b0").await.expect("send once the reservation ran out");
+    fail::remove("rockq-etcd-append-request");
     assert_eq!(seq, 1);
+    assert!(tries.load(std::sync::atomic::Ordering::SeqCst) > 1, "b's append waited for the reservation");
     for i in 1..150 {
         // The answer of the append of 127, the first key the dead call wrote, is lost: it is
         // found by the revision that put it there (not the one that created the key).
@@ -634,11 +640,15 @@ async fn a_reservation_left_by_a_dead_process_holds_the_queue_until_its_lease_ru
         assert_eq!((d.seq(), d.payload().as_ref()), (i + 1, format!("b{i}").as_bytes()));
         d.ack().expect("ack");
     }
-    // The dead call's messages above the tail are not read.
-    assert!(
-        tokio::time::timeout(std::time::Duration::from_millis(300), sub.next()).await.is_err(),
-        "nothing after b's messages"
-    );
+    // The dead call's messages above the tail (151..=400) are not read: the next delivery is
+    // the next message b sends.
+    assert_eq!(qb.send("b150").await.expect("send"), 151);
+    let d = tokio::time::timeout(common::HANG_GUARD, sub.next())
+        .await
+        .expect("delivery")
+        .expect("open")
+        .expect("ok");
+    assert_eq!((d.seq(), d.payload().as_ref()), (151, b"b150".as_slice()));
     drop(sub);
     a.shutdown().await.expect("shutdown");
     b.shutdown().await.expect("shutdown");
@@ -657,6 +667,16 @@ async fn appends_elsewhere_wait_for_a_large_call_and_never_land_inside_it() {
         Broker::connect_etcd(cluster.endpoints(), "large-race", EtcdOptions::new()).await.expect("connect");
     let qa = a.queue("q").await.expect("queue");
     let landed: Landed = Arc::new((Mutex::new(None), Condvar::new()));
+    // b's append requests: a second one means the first was answered (refused, as it must be,
+    // or stored inside the reservation, which the assertions below catch).
+    let tries = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (counted, woken) = (tries.clone(), landed.clone());
+    fail::cfg_callback("rockq-etcd-append-request", move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let _guard = woken.0.lock().expect("lock");
+        woken.1.notify_all();
+    })
+    .expect("failpoint");
     let (endpoints, seen, fired) =
         (cluster.endpoints(), landed.clone(), Arc::new(std::sync::atomic::AtomicBool::new(false)));
     fail::cfg_callback("rockq-etcd-reserved-write", move || {
@@ -685,13 +705,15 @@ async fn appends_elsewhere_wait_for_a_large_call_and_never_land_inside_it() {
             *out.0.lock().expect("lock") = Some(got);
             out.1.notify_all();
         });
-        // Give b every chance to append inside the reservation (it must not: it waits).
+        // Hold the call here until b's first append was answered (or all of b's landed).
         let guard = seen.0.lock().expect("lock");
-        drop(seen.1.wait_timeout_while(guard, std::time::Duration::from_secs(2), |g| g.is_none()));
+        let tried = || tries.load(std::sync::atomic::Ordering::SeqCst) >= 2;
+        drop(seen.1.wait_timeout_while(guard, common::HANG_GUARD, |g| g.is_none() && !tried()));
     })
     .expect("failpoint");
     let ours = qa.send_batch((0..400).map(|i| rockq::Message::new(format!("a{i}")))).await.expect("send");
     fail::remove("rockq-etcd-reserved-write");
+    fail::remove("rockq-etcd-append-request");
     let b_sent = tokio::task::spawn_blocking(move || {
         let guard = landed.0.lock().expect("lock");
         let (mut g, _) =

@@ -202,20 +202,10 @@ impl Writer {
                     pause(&mut backoff).await;
                     match until(deadline, store.resolve_append(qid, r.last, r.nonce)).await {
                         Ok((true, _, _)) => return Ok(Large::Stored),
-                        // Not seen applied: again, while the reservation stands (the tail
-                        // cannot move under it; should the lost attempt land meanwhile, the
-                        // next one is refused and looks again).
-                        Ok((false, _, _)) => match until(deadline, store.holds(qid, r)).await {
-                            Ok(true) => break,
-                            Ok(false) => {
-                                return match until(deadline, store.resolve_append(qid, r.last, r.nonce)).await
-                                {
-                                    Ok((true, _, _)) => Ok(Large::Stored),
-                                    _ => Err(unknown()),
-                                };
-                            }
-                            Err(_) => continue,
-                        },
+                        // Not seen applied: again (the reservation and the tail compare). Should
+                        // the lost attempt land meanwhile, or the reservation be gone, the next
+                        // one is refused and looks once more (the arm above).
+                        Ok((false, _, _)) => break,
                         Err(_) => continue,
                     }
                 },
