@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the embedded engine's semantics suites (ordered groups, work groups, worker pools,
-# dead letters and redrive, retention, idempotency keys) unchanged against a real single-member etcd (feature `etcd`):
+# dead letters and redrive, retention, idempotency keys, delayed messages) unchanged against a real
+# single-member etcd (feature `etcd`):
 # starts Debian's `etcd` on loopback ports chosen now, data in a temp dir, points the tests at
 # it (`ROCKQ_TEST_ETCD`, see tests/common/mod.rs), and stops it by its pid at the end.
 # Called by scripts/test.sh and scripts/etcd-tests.sh.
@@ -75,5 +76,9 @@ cargo test --features "$features" --test job_outcomes "$@" -- --skip through_a_r
   --skip deleting_the_group --skip a_reset_back --skip progress_is_seen --skip a_trim_or_a_reset \
   --skip export_and_import
 cargo test --features "$features" --test queue_retention "$@" -- --skip large_consumed_backlog
-# Idempotency keys (not delayed messages: the scheduler is not on etcd yet).
-cargo test --features "$features" --test queue_dedup "$@" -- --skip a_delayed_message
+# Idempotency keys, delayed ones included.
+cargo test --features "$features" --test queue_dedup "$@"
+# Delayed messages (not recurring schedules: not on etcd yet).
+cargo test --features "$features" --test schedule_delays "$@" -- --skip an_interval_schedule \
+  --skip firings_missed --skip firings_late --skip a_thousand_on_time_firings --skip an_interval_under \
+  --skip a_cron_schedule

@@ -346,13 +346,15 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
     let q = broker.queue("q").await.unwrap();
     let is_etcd = |u: Option<&rockq::UnsupportedError>| u.is_some_and(|u| u.engine() == "etcd");
 
-    let e = q.submit(Message::new("later").deliver_after(Duration::from_secs(5))).await.unwrap_err();
-    assert!(is_etcd(e.unsupported()), "delay: {e}");
     let e = q
-        .submit_batch([Message::new("now"), Message::new("later").deliver_after(Duration::from_secs(5))])
+        .submit_batch((0..64).map(|i| Message::new(format!("{i}")).deliver_after(Duration::from_secs(5))))
         .await
         .unwrap_err();
-    assert!(is_etcd(e.unsupported()), "a batch with a delay: {e}");
+    assert!(is_etcd(e.unsupported()), "a submit call with delays larger than one transaction: {e}");
+    let e = broker.schedule("nightly", Duration::from_secs(60), "q", "tick").await.unwrap_err();
+    assert!(is_etcd(e.unsupported()), "a recurring schedule: {e}");
+    let e = broker.schedules().await.unwrap_err();
+    assert!(is_etcd(e.unsupported()), "listing recurring schedules: {e}");
     let e = q
         .submit_batch((0..126).map(|i| Message::new(format!("{i}")).idempotency_key(format!("k{i}"))))
         .await
@@ -374,8 +376,6 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
     assert!(!dir.path().join("copy").exists());
     let e = broker.pause_group("q", "g").await.unwrap_err();
     assert!(matches!(e, rockq::Error::NoSuchGroup { .. }), "pausing a group that does not exist: {e}");
-    let e = broker.delayed(Some("q"), 10).await.unwrap_err();
-    assert!(is_etcd(e.unsupported()), "listing delayed messages: {e}");
     let e = broker.delete_job("q", "g", 1).await.unwrap_err();
     assert!(
         matches!(e, rockq::Error::NoSuchGroup { .. }),
@@ -390,6 +390,8 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
     // Nothing of it landed: the queue is as it was, and still works.
     let stats = broker.stats().await.unwrap();
     assert_eq!(stats.queues.iter().map(|q| (q.name.as_str(), q.len)).collect::<Vec<_>>(), [("q", 0)]);
+    assert_eq!(stats.queues[0].scheduled, 0, "no delayed message of the refused call");
+    assert!(broker.delayed(Some("q"), 100).await.unwrap().is_empty());
     assert!(stats.groups.is_empty(), "no group was created: {:?}", stats.groups);
     assert_eq!(q.send("still works").await.unwrap(), 1);
     broker.shutdown().await.unwrap();
@@ -864,4 +866,113 @@ async fn a_send_call_larger_than_a_transaction_is_one_contiguous_call_beside_oth
     for broker in [a, b, c] {
         broker.shutdown().await.unwrap();
     }
+}
+
+fn scheduled(s: rockq::Sent) -> rockq::ScheduledMessage {
+    match s {
+        rockq::Sent::Scheduled(m) => m,
+        other => panic!("expected a scheduled message, got {other:?}"),
+    }
+}
+
+async fn connect_clock(cluster: &etcd::Cluster, ns: &str, clock: &rockq::ManualClock) -> Broker {
+    let options = rockq::Options::new().clock(clock.clone());
+    let opts = EtcdOptions::new().options(options).owner_ttl(Duration::from_secs(2));
+    Broker::connect_etcd(cluster.endpoints(), ns, opts).await.expect("connect to etcd")
+}
+
+/// Two brokers on one clock write delayed messages, cancel and move each other's, and both
+/// fire when the clock passes them: every message is appended exactly once, at dense
+/// sequences in due order; what one broker wrote fires after it shut down; an idempotency key
+/// names the delayed message across brokers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delayed_messages_fire_once_whichever_broker_fires_and_any_broker_cancels_or_moves_them() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let a = connect_clock(&cluster, "delayed", &clock).await;
+    let b = connect_clock(&cluster, "delayed", &clock).await;
+    let qa = a.queue("q").await.unwrap();
+    let qb = b.queue("q").await.unwrap();
+    // 120 from a (three calls of 40, one transaction each), 40 from b; due 10 s to 19.9 s.
+    let mut ids = Vec::new();
+    for call in 0..4 {
+        let q = if call < 3 { &qa } else { &qb };
+        let msgs = (0..40).map(|i| {
+            let n = call * 40 + i;
+            Message::new(format!("m{n}")).deliver_after(Duration::from_millis(10_000 + 60 * n as u64))
+        });
+        ids.extend(q.submit_batch(msgs).await.unwrap().into_iter().map(|s| scheduled(s).id));
+    }
+    assert_eq!(ids.iter().collect::<BTreeSet<_>>().len(), 160, "ids are unique across brokers");
+    // A keyed delayed message: the key names it from the other broker too.
+    let keyed = scheduled(
+        qa.submit(Message::new("keyed").idempotency_key("once").deliver_after(Duration::from_secs(15)))
+            .await
+            .unwrap(),
+    );
+    match qb.submit(Message::new("keyed again").idempotency_key("once")).await.unwrap() {
+        rockq::Sent::Duplicate(rockq::Original::Scheduled(id)) => assert_eq!(id, keyed.id),
+        other => panic!("expected a duplicate of the delayed message, got {other:?}"),
+    }
+    // b cancels one of a's; a then finds nothing to cancel. b moves another of a's to 100 s.
+    assert!(qb.cancel(ids[0]).await.unwrap());
+    assert!(!qa.cancel(ids[0]).await.unwrap(), "cancelled once, by the other broker");
+    let moved = qb.reschedule(ids[1], clock.wall_time() + Duration::from_secs(100)).await.unwrap().unwrap();
+    assert_eq!(moved.id, ids[1]);
+    let listed = a.delayed(Some("q"), 1000).await.unwrap();
+    assert_eq!(listed.len(), 160, "159 of the calls and the keyed one");
+    assert!(listed.iter().all(|d| d.queue == "q" && d.id != ids[0]));
+    let stats = a.stats().await.unwrap();
+    assert_eq!(stats.queues[0].scheduled, 160);
+    assert_eq!(stats.queues[0].next_due, listed.iter().map(|d| d.due).min());
+    assert_eq!(qa.last_seq(), 0, "nothing visible before it is due");
+
+    // Both brokers' timers fire at once: each message is appended once.
+    let mut sub = qb.group("g").unwrap().subscribe().await.unwrap();
+    clock.advance(Duration::from_secs(30));
+    let mut seen = Vec::new();
+    for _ in 0..159 {
+        let d = next(&mut sub).await;
+        seen.push((d.seq(), String::from_utf8(d.payload().to_vec()).unwrap()));
+        d.ack().unwrap();
+    }
+    assert_eq!(seen.iter().map(|s| s.0).collect::<Vec<_>>(), (1..=159).collect::<Vec<_>>(), "dense");
+    let names: Vec<&str> = seen.iter().map(|s| s.1.as_str()).collect();
+    let mut expected: Vec<String> = (2..160).map(|n| format!("m{n}")).collect();
+    // The keyed one is due at 15 s: between m83 (14.98 s) and m84 (15.04 s).
+    expected.insert(82, "keyed".into());
+    assert_eq!(names, expected, "each once, in due order");
+    common::assert_next_is_sentinel(&qb, &mut sub).await;
+
+    // The moved one was a's; a is gone when it falls due: b fires it.
+    a.shutdown().await.unwrap();
+    clock.advance(Duration::from_secs(100));
+    let d = next(&mut sub).await;
+    assert_eq!((d.seq(), d.payload().as_ref()), (161, &b"m1"[..]));
+    d.ack().unwrap();
+    common::assert_next_is_sentinel(&qb, &mut sub).await;
+    assert!(b.delayed(None, 10).await.unwrap().is_empty());
+    assert_eq!(b.stats().await.unwrap().queues[0].scheduled, 0);
+    assert!(qb.reschedule(ids[1], clock.wall_time()).await.unwrap().is_none(), "fired: not scheduled");
+    b.shutdown().await.unwrap();
+}
+
+/// A delayed message written by a broker that is gone before it falls due is fired by a broker
+/// connected later (its timer starts at the earliest due time in the namespace).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_connected_later_fires_what_an_earlier_one_delayed() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let a = connect_clock(&cluster, "later", &clock).await;
+    let q = a.queue("q").await.unwrap();
+    q.submit(Message::new("x").deliver_after(Duration::from_secs(5))).await.unwrap();
+    a.shutdown().await.unwrap();
+    clock.advance(Duration::from_secs(10));
+    let b = connect_clock(&cluster, "later", &clock).await;
+    let q = b.queue("q").await.unwrap();
+    let mut sub = q.group("g").unwrap().subscribe().await.unwrap();
+    let d = next(&mut sub).await;
+    assert_eq!((d.seq(), d.payload().as_ref()), (1, &b"x"[..]));
+    d.ack().unwrap();
+    b.shutdown().await.unwrap();
 }

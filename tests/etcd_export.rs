@@ -245,8 +245,8 @@ async fn an_import_into_etcd_refuses_what_etcd_cannot_hold_and_leaves_the_namesp
     let embedded = common::open(&dir.path().join("db")).await;
     let q = embedded.queue("q").await.unwrap();
     q.send_batch(["a", "b"]).await.unwrap();
-    q.submit(Message::new("later").deliver_after(Duration::from_secs(60))).await.unwrap();
-    let file = dir.path().join("with-delay.jsonl");
+    embedded.schedule("tick", Duration::from_secs(60), "q", "t").await.unwrap();
+    let file = dir.path().join("with-schedule.jsonl");
     embedded.export(std::fs::File::create(&file).unwrap()).await.unwrap();
     embedded.kv("ks").await.unwrap().put("k", "v").await.unwrap();
     let with_kv = dir.path().join("with-kv.jsonl");
@@ -327,4 +327,72 @@ async fn small_file(dir: &std::path::Path) -> std::path::PathBuf {
     broker.export(std::fs::File::create(&file).unwrap()).await.unwrap();
     broker.shutdown().await.unwrap();
     file
+}
+
+/// Delayed messages move both ways: embedded → file → etcd (listed with their ids and due
+/// times, fired there when due, ids never handed out again) → file → embedded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delayed_messages_go_through_export_and_import_both_ways() {
+    let cluster = etcd::Cluster::start(1).await;
+    let dir = tempdir();
+    let clock = rockq::ManualClock::new();
+    let embedded = common::open_clock(&dir.path().join("db"), &clock).await;
+    let q = embedded.queue("q").await.unwrap();
+    q.send("now").await.unwrap();
+    let later = match q
+        .submit(Message::new("later").key("k").deliver_after(Duration::from_secs(60)))
+        .await
+        .unwrap()
+    {
+        rockq::Sent::Scheduled(s) => s,
+        other => panic!("expected scheduled, got {other:?}"),
+    };
+    let file = dir.path().join("delayed.jsonl");
+    embedded.export(std::fs::File::create(&file).unwrap()).await.unwrap();
+    embedded.shutdown().await.unwrap();
+
+    Broker::import_etcd(
+        std::fs::File::open(&file).unwrap(),
+        cluster.endpoints(),
+        "delays",
+        EtcdOptions::new(),
+    )
+    .await
+    .unwrap();
+    let opts = EtcdOptions::new().options(rockq::Options::new().clock(clock.clone()));
+    let on_etcd = Broker::connect_etcd(cluster.endpoints(), "delays", opts).await.unwrap();
+    let listed = on_etcd.delayed(Some("q"), 10).await.unwrap();
+    assert_eq!(
+        listed.iter().map(|d| (d.id, d.due, d.key.as_deref())).collect::<Vec<_>>(),
+        [(later.id, later.due, Some("k"))]
+    );
+    let back = dir.path().join("back.jsonl");
+    on_etcd.export(std::fs::File::create(&back).unwrap()).await.unwrap();
+    let q = on_etcd.queue("q").await.unwrap();
+    let fresh = match q.submit(Message::new("x").deliver_after(Duration::from_secs(600))).await.unwrap() {
+        rockq::Sent::Scheduled(s) => s,
+        other => panic!("expected scheduled, got {other:?}"),
+    };
+    assert!(fresh.id > later.id, "ids the file named are not handed out again");
+    let mut sub = q.group("g").unwrap().subscribe().await.unwrap();
+    let first = tokio::time::timeout(common::HANG_GUARD, sub.next()).await.unwrap().unwrap().unwrap();
+    assert_eq!(first.seq(), 1);
+    first.ack().unwrap();
+    clock.advance(Duration::from_secs(61));
+    let d = tokio::time::timeout(common::HANG_GUARD, sub.next()).await.unwrap().unwrap().unwrap();
+    assert_eq!(
+        (d.seq(), d.payload().as_ref(), d.key()),
+        (2, &b"later"[..], Some("k")),
+        "fired on etcd when due"
+    );
+    drop(sub);
+    on_etcd.shutdown().await.unwrap();
+
+    // The file etcd wrote (before the firing) holds it too: imported embedded, it is listed.
+    let again = dir.path().join("again");
+    Broker::import(std::fs::File::open(&back).unwrap(), &again).await.unwrap();
+    let embedded = common::open(&again).await;
+    let listed = embedded.delayed(Some("q"), 10).await.unwrap();
+    assert_eq!(listed.iter().map(|d| (d.id, d.due)).collect::<Vec<_>>(), [(later.id, later.due)]);
+    embedded.shutdown().await.unwrap();
 }

@@ -742,3 +742,90 @@ async fn appends_elsewhere_wait_for_a_large_call_and_never_land_inside_it() {
     drop(sub);
     a.shutdown().await.expect("shutdown");
 }
+
+/// A submit of a keyed delayed message with `point` failing once: it is scheduled once (the
+/// call's marker tells a lost answer from a lost request), its key names it, and it fires once.
+async fn delayed_submit_losing(point: &str) {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let broker = connect_with(&cluster, "delay-doubt", &clock).await;
+    let q = broker.queue("q").await.expect("queue");
+    let later =
+        || rockq::Message::new("later").idempotency_key("k").deliver_after(std::time::Duration::from_secs(5));
+    fail::cfg(point, "1*return").expect("failpoint");
+    let sent = q.submit(later()).await;
+    fail::remove(point);
+    let id = match sent.expect("the lost submit is settled, not failed") {
+        rockq::Sent::Scheduled(s) => s.id,
+        other => panic!("expected it scheduled (not a duplicate of itself), got {other:?}"),
+    };
+    assert_eq!(
+        q.submit(later()).await.expect("again"),
+        rockq::Sent::Duplicate(rockq::Original::Scheduled(id))
+    );
+    let listed = q.delayed(10).await.expect("list");
+    assert_eq!(listed.iter().map(|d| d.id).collect::<Vec<_>>(), [id], "scheduled once");
+    let mut sub = q.group("g").expect("group").subscribe().await.expect("subscribe");
+    clock.advance(std::time::Duration::from_secs(10));
+    let d = tokio::time::timeout(common::HANG_GUARD, sub.next())
+        .await
+        .expect("delivery")
+        .expect("open")
+        .expect("ok");
+    assert_eq!((d.seq(), d.payload().as_ref()), (1, &b"later"[..]));
+    d.ack().expect("ack");
+    common::assert_next_is_sentinel(&q, &mut sub).await;
+    drop(sub);
+    broker.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_submit_whose_answer_was_lost_is_found_by_its_marker() {
+    delayed_submit_losing("rockq-etcd-delay-answer").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_submit_lost_before_it_was_applied_is_sent_again() {
+    delayed_submit_losing("rockq-etcd-delay-request").await;
+}
+
+/// A firing whose append loses its answer (or its request) is settled through the tail's
+/// nonce: the message is appended once.
+async fn firing_losing(point: &str) {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let broker = connect_with(&cluster, "fire-doubt", &clock).await;
+    let q = broker.queue("q").await.expect("queue");
+    let msgs =
+        ["a", "b", "c"].map(|p| rockq::Message::new(p).deliver_after(std::time::Duration::from_secs(5)));
+    q.submit_batch(msgs).await.expect("submit");
+    let mut sub = q.group("g").expect("group").subscribe().await.expect("subscribe");
+    fail::cfg(point, "1*return").expect("failpoint");
+    clock.advance(std::time::Duration::from_secs(10));
+    for (seq, payload) in [(1, "a"), (2, "b"), (3, "c")] {
+        let d = tokio::time::timeout(common::HANG_GUARD, sub.next())
+            .await
+            .expect("delivery")
+            .expect("open")
+            .expect("ok");
+        assert_eq!((d.seq(), d.payload().as_ref()), (seq, payload.as_bytes()));
+        d.ack().expect("ack");
+    }
+    fail::remove(point);
+    common::assert_next_is_sentinel(&q, &mut sub).await;
+    assert!(q.delayed(10).await.expect("list").is_empty());
+    drop(sub);
+    broker.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_firing_whose_answer_was_lost_appends_once() {
+    firing_losing("rockq-etcd-append-answer").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_firing_lost_before_it_was_applied_is_sent_again() {
+    firing_losing("rockq-etcd-append-request").await;
+}

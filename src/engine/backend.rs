@@ -343,7 +343,7 @@ impl Backend {
     ) -> Result<Vec<DelayedInfo>, Error> {
         match self {
             Backend::Embedded(store) => inspect::live_scheduled(engine, store, runtime, queue, limit).await,
-            Backend::Etcd(_) => Err(self.refusal(Capability::StoreInspection)),
+            Backend::Etcd(side) => on_etcd!(side => etcd::inspect::delayed(side, queue, limit).await),
         }
     }
 

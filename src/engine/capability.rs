@@ -8,7 +8,7 @@
 //! that expect the refusal fail until the table and the engine agree).
 
 use super::request::{
-    LifecycleRequest, OrderedRequest, QueueRequest, Request, RetentionRequest, WorkRequest,
+    LifecycleRequest, OrderedRequest, QueueRequest, Request, RetentionRequest, ScheduleRequest, WorkRequest,
 };
 use crate::error::{Error, UnsupportedError};
 
@@ -44,7 +44,9 @@ pub(crate) enum Capability {
     Delete,
     /// Purging a queue.
     PurgeQueue,
-    /// Delayed messages, `submit`, cancel and reschedule, recurring schedules.
+    /// Delayed messages: `submit` with a delay, `cancel`, `reschedule`, their listing.
+    DelayedMessages,
+    /// Recurring schedules (`Broker::schedule` and its siblings).
     Scheduling,
     /// Idempotency keys and the dedup window.
     IdempotencyKeys,
@@ -89,16 +91,15 @@ impl Capability {
             Capability::PauseGroup => "pausing groups",
             Capability::Delete => "deleting queues and groups",
             Capability::PurgeQueue => "purging a queue",
-            Capability::Scheduling => "delayed messages, idempotent submits and schedules",
+            Capability::DelayedMessages => "delayed messages",
+            Capability::Scheduling => "recurring schedules",
             Capability::IdempotencyKeys => "idempotency keys",
             Capability::Keyspaces => "keyspaces",
             Capability::Transactions => "transactions",
             Capability::OrderedByKey => "ordering a work group by key",
-            Capability::StoreInspection => {
-                "this inspection (delayed messages, schedules, the store directly)"
-            }
+            Capability::StoreInspection => "this inspection (recurring schedules, the store directly)",
             Capability::HugeMessage => {
-                "a message over 1 MiB, or over 125 idempotency keys in one call (the limits of one etcd transaction)"
+                "a message over 1 MiB, over 125 idempotency keys in one call, or a submit call with delayed messages larger than one transaction (the limits of one etcd transaction)"
             }
             Capability::BufferedDurability => "Durability::Buffered (every etcd write is a quorum write)",
             Capability::JobActions => "acting on one job (retry now, delete, dead-letter)",
@@ -130,6 +131,7 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::DeadLetterActions
             | Capability::KeepOutcomes
             | Capability::JobProgress
+            | Capability::DelayedMessages
             | Capability::Export => true,
             Capability::Delete
             | Capability::Scheduling
@@ -178,7 +180,10 @@ pub(crate) fn for_request(req: &Request) -> Option<Capability> {
         Request::Retention(RetentionRequest::ExpireDedup { .. }) => Capability::IdempotencyKeys,
         Request::Retention(RetentionRequest::ExpireOutcomes { .. }) => Capability::KeepOutcomes,
         Request::Settings(_) => Capability::PauseGroup,
-        Request::Schedule(_) => Capability::Scheduling,
+        Request::Schedule(
+            ScheduleRequest::Upsert { .. } | ScheduleRequest::Pause { .. } | ScheduleRequest::Delete { .. },
+        ) => Capability::Scheduling,
+        Request::Schedule(_) => Capability::DelayedMessages,
         Request::Lifecycle(LifecycleRequest::DeleteQueue { .. } | LifecycleRequest::DeleteGroup { .. }) => {
             Capability::Delete
         }

@@ -21,7 +21,9 @@ pub(crate) async fn connect(
     let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
     let started = start::start(&runtime, endpoints, namespace, &options, settings).await?;
     let start::Started { engine, side, tx, stopped } = started;
+    let timer = engine.timer.clone();
     let shared = Shared::new(engine, Backend::Etcd(side), tx, runtime, None, stopped);
+    tasks::spawn_timer(&shared, timer);
     tasks::spawn_retention(&shared, options.retention_interval);
     Ok(shared)
 }

@@ -7,42 +7,16 @@
 
 use std::time::{Duration, Instant};
 
+use super::plan::DedupPlan;
 use super::side::retrying;
 use super::writer::Writer;
 use crate::engine::capability::{self, Capability, Flavour};
 use crate::engine::registry::QueueState;
 use crate::engine::request::Submission;
 use crate::error::{Error, StorageError};
-use crate::sent::{Original, Sent};
+use crate::sent::Sent;
 use crate::store::envelope;
 use crate::store::etcd::{DedupWrite, MAX_TXN_BYTES};
-
-/// What one try of an append writes and reports.
-#[derive(Default)]
-pub(super) struct DedupPlan {
-    /// The indexes (in the call's envelopes) of the messages written, in order.
-    pub written: Vec<usize>,
-    /// The keys recorded, by position in `written`.
-    pub records: Vec<DedupWrite>,
-    /// Duplicates: the envelope's index and its original (`Ok`), or the position in `written`
-    /// of the message of this append it duplicates (`Err`).
-    pub duplicates: Vec<(usize, Result<Original, usize>)>,
-}
-
-impl DedupPlan {
-    /// Every message written, nothing keyed.
-    pub fn plain(n: usize) -> DedupPlan {
-        DedupPlan { written: (0..n).collect(), ..DedupPlan::default() }
-    }
-
-    /// The duplicates' originals, once the append stored its messages from `first`.
-    pub fn originals(&self, first: u64) -> Vec<(usize, Original)> {
-        self.duplicates
-            .iter()
-            .map(|&(i, o)| (i, o.unwrap_or_else(|pos| Original::Appended(first + pos as u64))))
-            .collect()
-    }
-}
 
 /// How long one dedup lease is handed out for: its records outlive the window by at most this.
 fn bucket(window: Duration) -> Duration {
@@ -87,6 +61,7 @@ impl Writer {
                     key: key.clone(),
                     expected: found.map_or(0, |(_, rev)| rev),
                     expires_micros: now.saturating_add(window),
+                    scheduled: None,
                 });
                 plan.written.push(i);
             }
@@ -168,14 +143,20 @@ impl Writer {
                 }
             }
         }
-        if seq > first {
-            queue.publish_max(seq - 1);
-            crate::telemetry::produced(&queue.name, seq - first);
-        }
-        let hits = out.iter().filter(|s| matches!(s, Sent::Duplicate(_))).count() as u64;
-        if hits > 0 {
-            crate::telemetry::queue_counter(crate::telemetry::DEDUP_HITS, &queue.name, hits);
-        }
+        submitted(queue, first..seq, &out);
         Ok(out)
+    }
+}
+
+/// A submit call's outcomes made known: the sequences `appended` published (subscriptions here
+/// wake) and counted, the duplicates counted.
+pub(super) fn submitted(queue: &QueueState, appended: std::ops::Range<u64>, out: &[Sent]) {
+    if !appended.is_empty() {
+        queue.publish_max(appended.end - 1);
+        crate::telemetry::produced(&queue.name, appended.end - appended.start);
+    }
+    let hits = out.iter().filter(|s| matches!(s, Sent::Duplicate(_))).count() as u64;
+    if hits > 0 {
+        crate::telemetry::queue_counter(crate::telemetry::DEDUP_HITS, &queue.name, hits);
     }
 }

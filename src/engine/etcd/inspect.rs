@@ -123,3 +123,38 @@ pub(crate) async fn peek(
     }
     Ok(out)
 }
+
+/// Up to `limit` delayed messages of `queue` (every queue: `None`), in queue then schedule-id
+/// order, as every process left them.
+pub(crate) async fn delayed(
+    side: &EtcdSide,
+    queue: Option<String>,
+    limit: usize,
+) -> Result<Vec<crate::schedule::DelayedInfo>, Error> {
+    let t = side.settings.request_timeout;
+    let loaded = retrying(t, || side.store.load()).await?;
+    let names: std::collections::HashMap<u32, &str> =
+        loaded.queues.iter().map(|(n, m, _)| (m.id, n.as_str())).collect();
+    let qid = match &queue {
+        Some(name) => {
+            crate::name::validate(NameKind::Queue, name)?;
+            let found = loaded.queues.iter().find(|(n, _, _)| n == name).map(|(_, m, _)| m.id);
+            Some(found.ok_or_else(|| Error::NoSuchQueue { queue: name.clone() })?)
+        }
+        None => None,
+    };
+    let records = retrying(t, || side.store.list_delayed(qid, limit)).await?;
+    let mut out = Vec::with_capacity(records.len());
+    for r in records {
+        let env = crate::store::envelope::decode(&r.id.to_be_bytes(), &r.env)?;
+        out.push(crate::schedule::DelayedInfo {
+            id: r.id,
+            queue: names.get(&r.qid).map_or_else(|| format!("#{}", r.qid), |n| (*n).to_owned()),
+            due: micros_to_time(r.due),
+            sent_at: micros_to_time(env.enqueued_at_micros),
+            payload_len: env.payload.len(),
+            key: env.key,
+        });
+    }
+    Ok(out)
+}

@@ -19,14 +19,18 @@
 //!   that teaches the claim state machine what other processes wrote.
 //! - `reset.rs`: group resets, which move an offset backwards on a store where every other
 //!   write moves it forward; `purge.rs`: a purge, a trim through the tail.
+//! - `delayed.rs`: delayed messages; every process's timer fires what is due, each message
+//!   once (the firing's transaction compares its record).
 
 mod claims;
 mod dedup;
+mod delayed;
 pub(crate) mod inspect;
 mod known;
 pub(crate) mod owner;
 mod owners;
 mod pause;
+mod plan;
 mod purge;
 mod redrive;
 mod reserve;

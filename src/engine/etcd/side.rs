@@ -44,6 +44,10 @@ pub(crate) struct EtcdSide {
     /// The latest settings record of every group, by group id, with its `mod_revision`
     /// (`settings.rs`).
     pub group_settings: dashmap::DashMap<Vec<u8>, (crate::model::GroupSettings, i64)>,
+    /// The earliest due time the namespace watch brought since the writer's last firing
+    /// began (`u64::MAX`: none): the timer's next time counts it, so a delayed message another
+    /// process wrote while this one was firing is not overlooked (`delayed.rs`).
+    pub due_offers: std::sync::atomic::AtomicU64,
 }
 
 impl EtcdSide {

@@ -83,8 +83,11 @@ pub(crate) async fn start(
         work: Default::default(),
         revisions: Default::default(),
         group_settings: Default::default(),
+        due_offers: std::sync::atomic::AtomicU64::new(u64::MAX),
     });
-    let timer = Arc::new(Timer::new(None, 0));
+    // The earliest delayed message in the namespace: the timer fires it, whoever wrote it.
+    let first_due = retrying(side.settings.request_timeout, || store.first_due()).await?;
+    let timer = Arc::new(Timer::new(first_due, 0));
     let engine = Arc::new(Engine::new(registry, options.clone(), timer, 4096));
     tracing::info!(store = %store.label, queues = engine.registry.queues.len(), "rockq: connected to etcd");
     let (tx, rx) = mpsc::channel(options.channel_capacity);

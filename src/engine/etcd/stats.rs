@@ -14,6 +14,7 @@ use crate::stats::{GroupMode, GroupStats, PendingState, QueueStats, Stats};
 pub(crate) async fn stats(engine: &Arc<Engine>, side: &EtcdSide) -> Result<Stats, Error> {
     let loaded = side.store.load().await?;
     let now = engine.clock().wall_micros();
+    let delayed = side.store.delayed_counts().await?;
     let mut queues = Vec::with_capacity(loaded.queues.len());
     for (name, meta, last) in &loaded.queues {
         let oldest_age = match *last >= meta.first_seq {
@@ -35,8 +36,8 @@ pub(crate) async fn stats(engine: &Arc<Engine>, side: &EtcdSide) -> Result<Stats
             bytes: 0,
             retention: meta.retention,
             oldest_age,
-            scheduled: 0,
-            next_due: None,
+            scheduled: delayed.get(&meta.id).map_or(0, |d| d.0),
+            next_due: delayed.get(&meta.id).map(|d| crate::schedule::time_of(d.1)),
             dedup_window: meta.dedup_window,
         });
     }

@@ -62,6 +62,10 @@ pub(super) async fn run(
                         events.push(NamespaceEvent::Tail { qid: meta.id, last });
                         events.push(NamespaceEvent::Queue { name, meta });
                     }
+                    // A delayed message written while the watch was down wakes the timer.
+                    if let Ok(Some(due)) = side.store.first_due().await {
+                        events.push(NamespaceEvent::Due { due });
+                    }
                     apply(&engine, &side, events).await;
                     revision = loaded.revision;
                     break;
@@ -95,6 +99,10 @@ async fn apply(engine: &Engine, side: &EtcdSide, events: Vec<NamespaceEvent>) {
             NamespaceEvent::Queue { name, meta } => learn_queue(engine, side, &name, &meta).await,
             NamespaceEvent::Tail { qid, last } => tails.push((qid, last)),
             NamespaceEvent::Purged { .. } => {}
+            NamespaceEvent::Due { due } => {
+                side.due_offers.fetch_min(due, Ordering::AcqRel);
+                engine.timer.offer(due);
+            }
         }
     }
     for (qid, last) in tails {

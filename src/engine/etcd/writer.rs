@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use super::plan::{Done, Extra, Split};
 use super::side::{EtcdSide, register_queue, retrying, until};
 use crate::engine::Engine;
 use crate::engine::capability::{self, Flavour};
@@ -36,6 +37,7 @@ use crate::error::{Closed, Error, StorageError, UnsupportedError};
 use crate::events::Event;
 use crate::model::{GroupMode, GroupOffset, OrderedMark, QueueMeta, StartFrom};
 use crate::store::envelope;
+use crate::store::etcd::Along;
 use crate::store::etcd::{
     Appended, CommitOutcome, DeadLetterAppend, MAX_TXN_BYTES, MAX_TXN_OPS, OrderedCommit,
 };
@@ -65,6 +67,10 @@ pub(super) struct Writer {
     pub(super) nudge: mpsc::WeakSender<Request>,
     /// The leases dedup records go under, per window: (lease, handed out until).
     pub(super) dedup_leases: HashMap<Duration, (i64, Instant)>,
+    /// Schedule ids taken from the namespace's counter and not handed out yet: `next..end`.
+    pub(super) scheduled_ids: (u64, u64),
+    /// The lease submit markers go under, and until when it is handed out (`delayed.rs`).
+    pub(super) marker_lease: Option<(i64, Instant)>,
 }
 
 /// Runs until every handle is gone or a shutdown is asked for.
@@ -86,6 +92,8 @@ pub(super) async fn run(
         read_back: Vec::new(),
         nudge,
         dedup_leases: HashMap::new(),
+        scheduled_ids: (0, 0),
+        marker_lease: None,
     };
     let max_requests = w.engine.options.max_batch_messages;
     let mut pending: Vec<Request> = Vec::new();
@@ -202,12 +210,22 @@ impl Writer {
             Request::Retention(RetentionRequest::SetPolicy { queue, retention, reply }) => {
                 let _ = reply.send(self.set_queue_record(&queue, |m| QueueMeta { retention, ..m }).await);
             }
-            // Not delayed: appended now, in one transaction (delays wait for the scheduler).
+            // Not delayed: appended now, in one transaction (large calls reserve first).
             Request::Schedule(ScheduleRequest::Submit { queue, msgs, reply })
                 if msgs.iter().all(|m| m.due.is_none()) =>
             {
                 let _ = reply.send(self.submit_now(&queue, msgs).await);
             }
+            Request::Schedule(ScheduleRequest::Submit { queue, msgs, reply }) => {
+                let _ = reply.send(self.submit_delayed(&queue, msgs).await);
+            }
+            Request::Schedule(ScheduleRequest::Cancel { queue, id, reply }) => {
+                let _ = reply.send(self.cancel_delayed(&queue, id).await);
+            }
+            Request::Schedule(ScheduleRequest::Reschedule { queue, id, due, reply }) => {
+                let _ = reply.send(self.reschedule_delayed(&queue, id, due).await);
+            }
+            Request::Schedule(ScheduleRequest::Fire) => self.fire().await,
             Request::Settings(req) => {
                 let SettingsRequest { queue, group, change, reply } = req;
                 let _ = reply.send(self.change_settings(&queue, &group, change).await);
@@ -451,6 +469,26 @@ impl Writer {
         now: u64,
         deadline: Instant,
     ) -> Result<(u64, Vec<(usize, crate::sent::Original)>), StorageError> {
+        match self.append_with(queue, envs, keys, now, deadline, Extra::Nothing).await? {
+            Done::Stored { first, originals } => Ok((first, originals)),
+            // Only a firing's compares can refuse it.
+            Done::Changed => Err(StorageError::new("etcd: an append was refused without cause")),
+        }
+    }
+
+    /// [`append`](Self::append), with what `extra` says: some of the messages delayed (their
+    /// records written instead, in the same transaction or, if nothing is appended now, in
+    /// one of their own), or the messages fired from the schedule (their records deleted,
+    /// compared as read: [`Done::Changed`] if one changed meanwhile, nothing written).
+    pub(super) async fn append_with(
+        &mut self,
+        queue: &QueueState,
+        envs: &[&[u8]],
+        keys: &[(usize, String)],
+        now: u64,
+        deadline: Instant,
+        extra: Extra<'_>,
+    ) -> Result<Done, StorageError> {
         let store = self.side.store.clone();
         let left = || deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
         let (mut last, mut cur_nonce) = match self.tails.get(&queue.id) {
@@ -464,23 +502,40 @@ impl Writer {
             // Keys are read again on every try: a race lost on a key is a duplicate now.
             let plan = self.plan_dedup(queue, envs.len(), keys, now, left()).await?;
             if plan.written.is_empty() {
-                return Ok((last + 1, plan.originals(last + 1)));
+                return Ok(Done::Stored { first: last + 1, originals: plan.originals(last + 1) });
             }
             let lease = match plan.records.is_empty() {
                 true => None,
                 false => Some(self.dedup_lease(queue, left()).await?),
             };
-            let written: Vec<&[u8]> = plan.written.iter().map(|&i| envs[i]).collect();
+            let split = Split::of(&plan, &extra);
+            let written: Vec<&[u8]> = split.now.iter().map(|&i| envs[i]).collect();
             let n = written.len() as u64;
-            if !crate::store::etcd::reserve::fits_one(&written, plan.records.len()) {
-                let dedup = lease.map(|l| (&plan.records[..], l));
+            if written.is_empty() {
+                // Every message written is delayed: no tail moves (`delayed.rs`).
+                let dedup = lease.map(|l| (&split.records[..], l));
+                let puts = split.puts(envs);
+                if self.put_delayed(queue, &puts, dedup, deadline).await? {
+                    return Ok(Done::Stored { first: last + 1, originals: split.originals(&plan, last + 1) });
+                }
+                // A key was recorded meanwhile: planned again, it is a duplicate now.
+                continue;
+            }
+            let along = match &extra {
+                Extra::Fired(f) => Along::Fired(f),
+                _ => Along::Nothing,
+            };
+            let puts = split.puts(envs);
+            let along = if puts.is_empty() { along } else { Along::Delayed(&puts) };
+            if !crate::store::etcd::reserve::fits_one(&written, split.records.len() + along.ops()) {
+                let dedup = lease.map(|l| (&split.records[..], l));
                 match self
                     .append_reserved(queue.id, (last, cur_nonce), nonce, &written, dedup, deadline)
                     .await
                 {
                     Ok(None) => {
                         self.tails.insert(queue.id, (last + n, nonce));
-                        return Ok((last + 1, plan.originals(last + 1)));
+                        return Ok(Done::Stored { first: last + 1, originals: plan.originals(last + 1) });
                     }
                     Ok(Some((l, n))) => (last, cur_nonce) = (l, n),
                     Err(e) if self.forget_dedup_lease(&e) => {}
@@ -495,22 +550,19 @@ impl Writer {
                 }
                 continue;
             }
-            match until(
-                deadline,
-                store.append(
-                    queue.id,
-                    last,
-                    cur_nonce,
-                    nonce,
-                    &written,
-                    lease.map(|l| (&plan.records[..], l)),
-                ),
-            )
-            .await
+            let dedup = lease.map(|l| (&split.records[..], l));
+            match until(deadline, store.append(queue.id, (last, cur_nonce), nonce, &written, dedup, along))
+                .await
             {
                 Ok(Appended::Stored) => {
                     self.tails.insert(queue.id, (last + n, nonce));
-                    return Ok((last + 1, plan.originals(last + 1)));
+                    return Ok(Done::Stored { first: last + 1, originals: split.originals(&plan, last + 1) });
+                }
+                // The tail as read, no reservation: a fired message's record changed.
+                Ok(Appended::Moved { last: l, nonce: n })
+                    if (l, n) == (last, cur_nonce) && matches!(extra, Extra::Fired(_)) =>
+                {
+                    return Ok(Done::Changed);
                 }
                 Ok(Appended::Moved { last: l, nonce: n }) => {
                     (last, cur_nonce) = (l, n);
@@ -533,7 +585,8 @@ impl Writer {
                         match until(deadline, store.resolve_append(queue.id, last, nonce)).await {
                             Ok((true, _, _)) => {
                                 self.tails.remove(&queue.id);
-                                return Ok((last + 1, plan.originals(last + 1)));
+                                let originals = split.originals(&plan, last + 1);
+                                return Ok(Done::Stored { first: last + 1, originals });
                             }
                             Ok((false, l, n)) => {
                                 (last, cur_nonce) = (l, n);

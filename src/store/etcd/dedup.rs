@@ -71,7 +71,7 @@ impl EtcdStore {
             let key = self.dedup_key(qid, &d.key);
             cmps.push(Compare::mod_revision(key.clone(), CompareOp::Equal, d.expected));
             let record = DedupRecord {
-                original: Original::Appended(first + d.index as u64),
+                original: d.scheduled.map_or(Original::Appended(first + d.index as u64), Original::Scheduled),
                 expires_micros: d.expires_micros,
             };
             ops.push(TxnOp::put(

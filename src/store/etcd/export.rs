@@ -229,6 +229,26 @@ impl EtcdStore {
             Ok(batch)
         })
         .await?;
+        self.pages(b"sx/", ALL, rev, out, |page| {
+            let mut batch = Vec::new();
+            for (k, v) in page {
+                let bad = || CorruptionError::new("delayed message key", &k, "expected <queue><id>");
+                let (q, id) = k.split_first_chunk::<4>().ok_or_else(bad)?;
+                let id: [u8; 8] = id.try_into().map_err(|_| bad())?;
+                let (due_micros, env) = super::delayed::decode_record(&k, &v)?;
+                if let Some(queue) = names.get(&u32::from_be_bytes(*q)) {
+                    let body = crate::store::export::body(&k, &env)?;
+                    batch.push(Record::Delayed {
+                        queue: (*queue).into(),
+                        id: u64::from_be_bytes(id),
+                        due_micros,
+                        body,
+                    });
+                }
+            }
+            Ok(batch)
+        })
+        .await?;
         self.pages(b"d/", ALL, rev, out, |page| {
             let mut batch = Vec::new();
             for (k, v) in page {

@@ -10,9 +10,10 @@
 //! before), so nothing is left; an import stopped by a crash leaves the mark, which the next
 //! import clears (and `connect_etcd` names).
 //!
-//! What etcd does not hold yet is refused with `Error::Unsupported` naming the line: delayed
-//! messages, recurring schedules and keyspaces (and work-group settings and records only the
-//! embedded engine carries out: limits). The schedule-id counter is left out (nothing on etcd uses it).
+//! What etcd does not hold yet is refused with `Error::Unsupported` naming the line: recurring
+//! schedules and keyspaces (and work-group settings and records only the embedded engine
+//! carries out: limits). Delayed messages are imported with both their records, and the
+//! schedule-id counter is written past every id the file names.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -30,6 +31,8 @@ pub(crate) struct EtcdImport {
     mark_rev: i64,
     /// The next queue id to hand out (the counter written at the end).
     next_queue_id: u32,
+    /// The next schedule id to hand out (the counter written at the end).
+    next_scheduled_id: u64,
     /// Leases of idempotency records, by the whole minute they run out at.
     leases: HashMap<u64, i64>,
     now_micros: u64,
@@ -85,6 +88,7 @@ impl EtcdStore {
         Ok(EtcdImport {
             mark_rev,
             next_queue_id: 1,
+            next_scheduled_id: 1,
             leases: HashMap::new(),
             now_micros,
             ops: Vec::new(),
@@ -143,8 +147,15 @@ impl EtcdStore {
                 let lease = self.import_lease(imp, expires_micros).await?;
                 (self.dedup_key(qid, &key), record, Some(lease))
             }
-            Write::ScheduledId(_) => return Ok(()),
-            Write::Delayed { .. } => return Err(refused(n, "importing delayed messages")),
+            Write::ScheduledId(next) => {
+                imp.next_scheduled_id = imp.next_scheduled_id.max(next);
+                return Ok(());
+            }
+            Write::Delayed { qid, id, due_micros, envelope } => {
+                imp.next_scheduled_id = imp.next_scheduled_id.max(id + 1);
+                self.import_put(imp, self.due_key(due_micros, qid, id), Vec::new(), None).await?;
+                (self.delayed_key(qid, id), super::delayed::encode_record(due_micros, &envelope), None)
+            }
             Write::Schedule { .. } | Write::ScheduleDue { .. } => {
                 return Err(refused(n, "importing recurring schedules"));
             }
@@ -215,6 +226,11 @@ impl EtcdStore {
             .when([Compare::mod_revision(self.import_mark_key(), CompareOp::Equal, imp.mark_rev)])
             .and_then([
                 TxnOp::put(self.next_id_key(), imp.next_queue_id.to_be_bytes().to_vec(), None),
+                TxnOp::put(
+                    self.key(b"meta/", keys::SCHEDULED_ID_KEY),
+                    imp.next_scheduled_id.to_be_bytes().to_vec(),
+                    None,
+                ),
                 TxnOp::put(self.format_key(), records::encode_format(), None),
                 TxnOp::delete(self.import_mark_key(), None),
             ]);

@@ -25,8 +25,12 @@
 //! | `N r/letter:<dlq>:<seq>` | a dead letter above the cursor settled on its own, empty (`redrive.rs`) |
 //! | `N d/<qid u32><key>` | an idempotency key's dedup record, under an expiring lease (`dedup.rs`) |
 //! | `N j/outcome:<group>:<queue>:<seq>` | a kept job outcome (same codec as RocksDB's, `outcomes.rs`) |
+//! | `N sx/<qid u32><id u64>`, `N sd/<due u64><qid u32><id u64>` | a delayed message and its due-index entry (`delayed.rs`) |
+//! | `N y/<nonce u64>` | a submit's marker under an expiring lease (`delayed.rs`) |
+//! | `N meta/scheduled-id` | the next schedule id not handed out (`delayed.rs`) |
 
 pub(crate) mod dedup;
+pub(crate) mod delayed;
 #[cfg(feature = "json")]
 pub(crate) mod export;
 #[cfg(feature = "json")]
@@ -119,6 +123,46 @@ pub(crate) struct DedupWrite {
     pub key: String,
     pub expected: i64,
     pub expires_micros: u64,
+    /// The key names delayed message `id` (not the appended message at `index`).
+    pub scheduled: Option<u64>,
+}
+
+/// A delayed message a submit writes: its schedule id, due time (µs) and envelope.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DelayedPut<'a> {
+    pub id: u64,
+    pub due: u64,
+    pub env: &'a [u8],
+}
+
+/// A due message a firing appends: its id, due time and the `mod_revision` of its record as
+/// read (the firing compares it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fired {
+    pub id: u64,
+    pub due: u64,
+    pub rev: i64,
+}
+
+/// What an append carries besides its messages (`EtcdStore::append`; `delayed.rs`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Along<'a> {
+    Nothing,
+    /// A submit's delayed messages, written with its appended ones.
+    Delayed(&'a [DelayedPut<'a>]),
+    /// The delayed messages the append fires (its envelopes, in order).
+    Fired(&'a [Fired]),
+}
+
+impl Along<'_> {
+    /// Operations it adds to the transaction.
+    pub fn ops(&self) -> usize {
+        match self {
+            Along::Nothing => 0,
+            Along::Delayed(d) => 2 * d.len(),
+            Along::Fired(f) => 2 * f.len(),
+        }
+    }
 }
 
 /// A message read back: its sequence and envelope.
@@ -379,21 +423,22 @@ impl EtcdStore {
     }
 
     /// Appends `envelopes` to queue `qid` as sequences `expected_last + 1 ..`, if its tail is
-    /// still `expected_last`: `If value(tail) == (expected_last, any) Then Put messages, Put
-    /// tail`. `nonce` names this append (random, kept through its retries): after an error whose
+    /// still `expected = (expected_last, expected_nonce)`: `If value(tail) == expected Then Put
+    /// messages, Put tail` (with what `dedup` and `along` add). `nonce` names this append (random, kept through its retries): after an error whose
     /// outcome is unknown, [`resolve_append`](Self::resolve_append) finds out whether it was
     /// applied. Sequences never repeat or skip: the tail only grows, and only through this.
     pub async fn append(
         &self,
         qid: u32,
-        expected_last: u64,
-        expected_nonce: u64,
+        (expected_last, expected_nonce): (u64, u64),
         nonce: u64,
         envelopes: &[&[u8]],
         dedup: Option<(&[DedupWrite], i64)>,
+        along: Along<'_>,
     ) -> Result<Appended, StorageError> {
         let tail = self.tail_key(qid);
-        let mut ops = Vec::with_capacity(envelopes.len() + dedup.map_or(0, |(d, _)| d.len()) + 1);
+        let mut ops =
+            Vec::with_capacity(envelopes.len() + dedup.map_or(0, |(d, _)| d.len()) + 1 + along.ops());
         for (i, env) in envelopes.iter().enumerate() {
             ops.push(TxnOp::put(self.message_key(qid, expected_last + 1 + i as u64), env.to_vec(), None));
         }
@@ -406,6 +451,7 @@ impl EtcdStore {
         if let Some((records, lease)) = dedup {
             self.push_dedup(qid, expected_last + 1, records, lease, &mut cmps, &mut ops);
         }
+        self.push_along(qid, along, &mut cmps, &mut ops);
         let txn = Txn::new()
             .when(cmps)
             .and_then(ops)

@@ -74,6 +74,8 @@ pub(crate) enum NamespaceEvent {
     Queue { name: String, meta: QueueMeta },
     /// Queue `qid` was purged through `through` ([`TrimPlan::purge`]).
     Purged { qid: u32, through: u64 },
+    /// A delayed message due at `due` was written (`delayed.rs`).
+    Due { due: u64 },
 }
 
 impl TrimPlan {
@@ -295,14 +297,15 @@ impl EtcdStore {
     ) -> Result<impl futures::Stream<Item = Result<Vec<NamespaceEvent>, StorageError>> + use<>, StorageError>
     {
         // `q/` (queue records) up to and including `t/` (tails): one watch for those and the
-        // purge marks (`s/`) between them. What else lies between (`r/`, redrive cursors) is
-        // skipped.
+        // purge marks (`s/`) and delayed messages' due-index entries (`sd/`) between them.
+        // What else lies between (`r/`, redrive cursors; `sx/`, delayed messages) is skipped.
         let (qprefix, tprefix) = (self.key(b"q/", b""), self.key(b"t/", b""));
         let sprefix = self.key(b"s/", b"");
+        let dprefix = self.key(b"sd/", b"");
         let opts = WatchOptions::new().with_range(self.key(b"t0", b"")).with_start_revision(revision + 1);
         let key = qprefix.clone();
         let decode = move |kind, kv: &etcd_client::KeyValue| match kind {
-            WatchedKind::Put => namespace_event(&qprefix, &sprefix, &tprefix, kv),
+            WatchedKind::Put => namespace_event(&qprefix, &sprefix, &tprefix, &dprefix, kv),
             WatchedKind::Delete => Ok(None),
         };
         self.watch_events(key, opts, decode).await
@@ -314,9 +317,15 @@ fn namespace_event(
     qprefix: &[u8],
     sprefix: &[u8],
     tprefix: &[u8],
+    dprefix: &[u8],
     kv: &etcd_client::KeyValue,
 ) -> Result<Option<NamespaceEvent>, StorageError> {
     let key = kv.key();
+    // A delayed message's due-index entry (`delayed.rs`): `<due u64><qid u32><id u64>`.
+    if let Some(rest) = key.strip_prefix(dprefix) {
+        let Some(due) = rest.first_chunk::<8>() else { return Ok(None) };
+        return Ok(Some(NamespaceEvent::Due { due: u64::from_be_bytes(*due) }));
+    }
     if let Some(rest) = key.strip_prefix(sprefix) {
         let Ok(qid) = <[u8; 4]>::try_from(rest) else { return Ok(None) };
         let through = decode_purge(key, kv.value())?;

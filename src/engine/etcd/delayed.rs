@@ -1,0 +1,320 @@
+//! Delayed messages on etcd, the writer's side (the records: `store/etcd/delayed.rs`).
+//!
+//! - **Submit**: a call's messages due later get schedule ids (blocks of the namespace's
+//!   counter) and records; those due now are appended; both, with the idempotency keys'
+//!   records, in one transaction — atomic as embedded. Its size is one transaction's: a
+//!   call that does not fit is refused (`HugeMessage`), nothing written.
+//! - **Fire**: every process's timer wakes at the earliest due time it knows (its own writes,
+//!   and every other process's through the namespace watch), reads what is due and appends it
+//!   to its queue, deleting the records in the same transaction, compared with each record's
+//!   revision as read. Processes racing for one message: one transaction wins, the others'
+//!   compares fail and they read again — each message fires once, whichever process fires it,
+//!   and whichever process dies. A delayed message gets its sequence when it fires, as
+//!   embedded.
+//! - **Cancel / reschedule**: compared with the record's revision as read; a firing or another
+//!   process's change in between makes them read again.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::plan::{Done, Extra};
+use super::side::{retrying, until};
+use super::writer::Writer;
+use crate::engine::capability::{self, Capability, Flavour};
+use crate::engine::registry::QueueState;
+use crate::engine::request::Submission;
+use crate::error::{Error, StorageError};
+use crate::sent::{ScheduledMessage, Sent};
+use crate::store::envelope;
+use crate::store::etcd::delayed::DelayedRecord;
+use crate::store::etcd::{DedupWrite, MAX_TXN_BYTES, MAX_TXN_OPS};
+use crate::store::etcd::{DelayedPut, Fired};
+
+/// Due entries one firing reads at a time.
+const FIRE_READ: usize = 256;
+/// Messages one firing transaction appends: each is a put and two deletes, with the tail's put.
+const FIRE_TXN: usize = (MAX_TXN_OPS - 1) / 3;
+/// Reads of due entries one `Fire` request makes before it lets other requests in (the timer
+/// asks again at once if more is due).
+const FIRE_ROUNDS: usize = 4;
+
+impl Writer {
+    /// A fresh schedule id (the namespace's counter is asked for a block when this process's
+    /// is used up).
+    async fn scheduled_id(&mut self, left: Duration) -> Result<u64, StorageError> {
+        if self.scheduled_ids.0 >= self.scheduled_ids.1 {
+            let store = self.side.store.clone();
+            self.scheduled_ids = retrying(left, || store.take_scheduled_ids()).await?;
+        }
+        let id = self.scheduled_ids.0;
+        self.scheduled_ids.0 += 1;
+        Ok(id)
+    }
+
+    /// Writes delayed messages that nothing appended goes with (`Writer::append_with`):
+    /// `false` if a key's record changed meanwhile (nothing written; the caller plans again).
+    /// Its answer lost, the call's marker says whether it was applied.
+    pub(super) async fn put_delayed(
+        &mut self,
+        queue: &QueueState,
+        puts: &[DelayedPut<'_>],
+        dedup: Option<(&[DedupWrite], i64)>,
+        deadline: Instant,
+    ) -> Result<bool, StorageError> {
+        let store = self.side.store.clone();
+        let left = || deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        let marker = self.marker_lease(left()).await?;
+        let nonce = self.nonce();
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            match until(deadline, store.put_delayed(queue.id, puts, dedup, nonce, marker)).await {
+                Ok(written) => return Ok(written),
+                Err(e) => loop {
+                    if Instant::now() >= deadline {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(250));
+                    match until(deadline, store.marker_exists(nonce)).await {
+                        Ok(true) => return Ok(true),
+                        // Not applied: sent again (the same ids; puts of the same records).
+                        Ok(false) => break,
+                        Err(_) => continue,
+                    }
+                },
+            }
+        }
+    }
+
+    /// The lease submit markers go under: handed out for a minute, lasting a request timeout
+    /// and a minute more, so a marker outlives every lookup of it.
+    async fn marker_lease(&mut self, left: Duration) -> Result<i64, StorageError> {
+        if let Some((lease, until)) = self.marker_lease
+            && Instant::now() < until
+        {
+            return Ok(lease);
+        }
+        let bucket = Duration::from_secs(60);
+        let store = self.side.store.clone();
+        let ttl = bucket + self.side.settings.request_timeout + Duration::from_secs(60);
+        let lease = retrying(left, || store.grant_expiring(ttl)).await?;
+        self.marker_lease = Some((lease, Instant::now() + bucket));
+        Ok(lease)
+    }
+
+    /// `Queue::submit` and `submit_batch` of a call with delayed messages: one transaction.
+    pub(super) async fn submit_delayed(
+        &mut self,
+        queue: &QueueState,
+        mut msgs: Vec<Submission>,
+    ) -> Result<Vec<Sent>, Error> {
+        if let Some(f) = self.engine.failure() {
+            return Err(crate::error::Closed::Failed(f).into());
+        }
+        self.last_stamp = self.last_stamp.max(self.engine.clock().wall_micros());
+        let now = self.last_stamp;
+        let delayed = |m: &Submission| m.due.is_some_and(|d| d > now);
+        // One transaction: each message appended now is a put, each delayed one two, each key
+        // one more, with the tail's put.
+        let ops =
+            msgs.iter().map(|m| if delayed(m) { 2 } else { 1 } + usize::from(m.idempotency_key.is_some()));
+        let bytes: usize = msgs.iter().map(|m| m.envelope.len() + 8).sum();
+        if ops.sum::<usize>() + 1 > MAX_TXN_OPS || bytes > MAX_TXN_BYTES {
+            return Err(capability::refusal(Flavour::Etcd, Capability::HugeMessage));
+        }
+        let t = self.side.settings.request_timeout;
+        let deadline = Instant::now() + t;
+        let mut delays = Vec::with_capacity(msgs.len());
+        for m in &mut msgs {
+            // The time field holds when it was sent; it is stamped again when it fires.
+            envelope::stamp(&mut m.envelope, now);
+            delays.push(match m.due.filter(|&d| d > now) {
+                Some(due) => Some((self.scheduled_id(t).await?, due)),
+                None => None,
+            });
+        }
+        let envs: Vec<&[u8]> = msgs.iter().map(|m| m.envelope.as_slice()).collect();
+        let keys: Vec<(usize, String)> =
+            msgs.iter().enumerate().filter_map(|(i, m)| m.idempotency_key.clone().map(|k| (i, k))).collect();
+        let appended = self.append_with(queue, &envs, &keys, now, deadline, Extra::Delays(&delays)).await;
+        self.note(&appended);
+        let Done::Stored { first, originals } = appended? else {
+            return Err(Error::Internal("a submit's append reported a firing's refusal".into()));
+        };
+        let mut dups = originals.into_iter().peekable();
+        let mut seq = first;
+        let mut out = Vec::with_capacity(msgs.len());
+        for (i, d) in delays.iter().enumerate() {
+            out.push(match (dups.next_if(|(at, _)| *at == i), d) {
+                (Some((_, original)), _) => Sent::Duplicate(original),
+                (None, Some((id, due))) => {
+                    self.engine.timer.offer(*due);
+                    Sent::Scheduled(ScheduledMessage { id: *id, due: crate::schedule::time_of(*due) })
+                }
+                (None, None) => {
+                    seq += 1;
+                    Sent::Appended(seq - 1)
+                }
+            });
+        }
+        super::dedup::submitted(queue, first..seq, &out);
+        Ok(out)
+    }
+
+    /// `Queue::cancel`: `false` if `id` is not scheduled on `queue`.
+    pub(super) async fn cancel_delayed(&mut self, queue: &QueueState, id: u64) -> Result<bool, Error> {
+        let (store, t) = (self.side.store.clone(), self.side.settings.request_timeout);
+        loop {
+            let Some(r) = retrying(t, || store.delayed(queue.id, id)).await? else { return Ok(false) };
+            if retrying(t, || store.cancel_delayed(&r)).await? {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// `Queue::reschedule`: `None` if `id` is not scheduled on `queue`.
+    pub(super) async fn reschedule_delayed(
+        &mut self,
+        queue: &QueueState,
+        id: u64,
+        due: u64,
+    ) -> Result<Option<ScheduledMessage>, Error> {
+        self.last_stamp = self.last_stamp.max(self.engine.clock().wall_micros());
+        // A time in the past is due now.
+        let due = due.max(self.last_stamp);
+        let (store, t) = (self.side.store.clone(), self.side.settings.request_timeout);
+        loop {
+            let Some(r) = retrying(t, || store.delayed(queue.id, id)).await? else { return Ok(None) };
+            if retrying(t, || store.move_delayed(&r, due)).await? {
+                self.engine.timer.offer(due);
+                return Ok(Some(ScheduledMessage { id, due: crate::schedule::time_of(due) }));
+            }
+        }
+    }
+
+    /// The timer found something due: appends what is due, then tells the timer the earliest
+    /// due time left (with any the watch brought meanwhile).
+    pub(super) async fn fire(&mut self) {
+        let side = self.side.clone();
+        let offers = &side.due_offers;
+        offers.store(u64::MAX, Ordering::Release);
+        self.last_stamp = self.last_stamp.max(self.engine.clock().wall_micros());
+        let now = self.last_stamp;
+        let next = match self.fire_due(now).await {
+            Ok(()) => {
+                let store = self.side.store.clone();
+                let read = retrying(self.budget(), || store.first_due()).await;
+                self.note(&read);
+                read.map_err(
+                    |e| tracing::warn!(error = %e, "rockq: reading the next due time from etcd failed"),
+                )
+                .unwrap_or(Some(now.saturating_add(1_000_000)))
+            }
+            Err(e) => {
+                // Try again in a second rather than spin on a failing cluster.
+                tracing::warn!(error = %e, "rockq: firing delayed messages failed; trying again in 1 s");
+                Some(now.saturating_add(1_000_000))
+            }
+        };
+        let offered = Some(offers.load(Ordering::Acquire)).filter(|&o| o != u64::MAX);
+        let next = match (next, offered) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.engine.timer.set(next);
+    }
+
+    async fn fire_due(&mut self, now: u64) -> Result<(), StorageError> {
+        let store = self.side.store.clone();
+        let deadline = Instant::now() + self.budget();
+        for _ in 0..FIRE_ROUNDS {
+            let entries = retrying(self.budget(), || store.due_entries(now, FIRE_READ)).await?;
+            if entries.is_empty() {
+                return Ok(());
+            }
+            let ids: Vec<(u32, u64)> = entries.iter().map(|&(_, q, id)| (q, id)).collect();
+            let records = retrying(self.budget(), || store.delayed_records(&ids)).await?;
+            // An entry whose record is gone or moved was fired, cancelled or moved after the
+            // entry was read (both change in one transaction): its key is gone too. Found
+            // again (only a foreign write leaves one), it would hold the timer: deleted.
+            let (mut live, mut stale) = (Vec::new(), Vec::new());
+            for (&(due, qid, id), r) in entries.iter().zip(records) {
+                match r {
+                    Some(r) if r.due == due => live.push(r),
+                    _ => stale.push((due, qid, id)),
+                }
+            }
+            if !stale.is_empty() {
+                retrying(self.budget(), || store.drop_due_entries(&stale)).await?;
+            }
+            let mut queues: Vec<u32> = live.iter().map(|r| r.qid).collect();
+            queues.sort_unstable();
+            queues.dedup();
+            let mut changed = false;
+            for qid in queues {
+                let mine: Vec<&DelayedRecord> = live.iter().filter(|r| r.qid == qid).collect();
+                let Some(queue) = self.queue_by_id(qid).await? else {
+                    tracing::error!(qid, "rockq: delayed messages name a queue etcd does not hold; left");
+                    continue;
+                };
+                for chunk in mine.chunks(FIRE_TXN) {
+                    if !self.fire_chunk(&queue, chunk, now, deadline).await? {
+                        // A record changed meanwhile: read again rather than fire the later
+                        // ones first (sequences follow due order).
+                        changed = true;
+                        break;
+                    }
+                }
+            }
+            if entries.len() < FIRE_READ && !changed {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Queue `qid` as registered here, or — created by another process a moment ago, not yet
+    /// brought by the watch — learnt from etcd now.
+    async fn queue_by_id(&mut self, qid: u32) -> Result<Option<Arc<QueueState>>, StorageError> {
+        let known = |w: &Writer| w.engine.registry.queues.iter().find(|q| q.id == qid).map(|q| q.clone());
+        if let Some(q) = known(self) {
+            return Ok(Some(q));
+        }
+        let store = self.side.store.clone();
+        let loaded = retrying(self.budget(), || store.load()).await?;
+        for (name, meta, _) in loaded.queues.iter().filter(|(_, m, _)| m.id == qid) {
+            super::watch::learn_queue(&self.engine, &self.side, name, meta).await;
+        }
+        Ok(known(self))
+    }
+
+    /// Appends `chunk` (due messages of `queue`, in due order) and deletes their records, in
+    /// one transaction; a record changed meanwhile leaves them for the next read (`false`).
+    async fn fire_chunk(
+        &mut self,
+        queue: &Arc<QueueState>,
+        chunk: &[&DelayedRecord],
+        now: u64,
+        deadline: Instant,
+    ) -> Result<bool, StorageError> {
+        let mut envs: Vec<Vec<u8>> = chunk.iter().map(|r| r.env.clone()).collect();
+        for e in &mut envs {
+            envelope::stamp(e, now);
+        }
+        let envs: Vec<&[u8]> = envs.iter().map(Vec::as_slice).collect();
+        let fired: Vec<Fired> = chunk.iter().map(|r| Fired { id: r.id, due: r.due, rev: r.rev }).collect();
+        let done = self.append_with(queue, &envs, &[], now, deadline, Extra::Fired(&fired)).await;
+        self.note(&done);
+        match done? {
+            Done::Stored { first, .. } => {
+                let last = first + envs.len() as u64 - 1;
+                queue.publish_max(last);
+                crate::telemetry::produced(&queue.name, envs.len() as u64);
+                tracing::debug!(queue = %queue.name, first, last, "rockq: delayed messages fired");
+                Ok(true)
+            }
+            Done::Changed => Ok(false),
+        }
+    }
+}

@@ -1,0 +1,327 @@
+//! Delayed messages in etcd (`engine/etcd/delayed.rs` drives them):
+//!
+//! | key | value |
+//! | --- | --- |
+//! | `N sx/<qid u32><id u64>` | the delayed message: its due time (`u64` µs) and envelope |
+//! | `N sd/<due u64><qid u32><id u64>` | the due index, empty: what the firing reads, in due order |
+//! | `N y/<nonce u64>` | a submit's marker, empty, under an expiring lease (in-doubt writes) |
+//! | `N meta/scheduled-id` | the next schedule id not handed out, `u64` |
+//!
+//! Both records of a message are written and deleted together, in one transaction. The due
+//! index lies inside the namespace watch's range (`q/` to `t/`), so every process learns a new
+//! earliest due time without polling; the records stay out of the events' way (the watch skips
+//! them).
+//!
+//! **Firing** is an append (`EtcdStore::append` with [`Along::Fired`]): the messages put at
+//! the tail, the two records of each deleted, compared with the revision of each `sx/` record
+//! as read. Two processes firing the same message cannot both succeed: the second's compare
+//! fails (the record is gone), and so does its tail's. A cancel or a reschedule compares the
+//! same revision, so a firing and a cancel of one message exclude each other.
+//!
+//! **A submit** of delayed messages writes their records with the call's appended messages (the
+//! same append transaction) or, if nothing is appended now, in a transaction of its own that
+//! also puts the marker `y/<nonce>`: its answer lost, the marker says whether it was applied
+//! (its messages may already have fired, so their records cannot tell).
+
+use std::collections::HashMap;
+
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+
+use super::{Along, DedupWrite, DelayedPut, EtcdStore, corrupt};
+use crate::error::{CorruptionError, StorageError};
+
+/// Schedule ids one process takes from the counter at a time.
+const ID_BLOCK: u64 = 256;
+
+/// A delayed message as stored: its queue, id, due time, envelope and record's revision.
+#[derive(Debug, Clone)]
+pub(crate) struct DelayedRecord {
+    pub qid: u32,
+    pub id: u64,
+    pub due: u64,
+    pub env: Vec<u8>,
+    pub rev: i64,
+}
+
+pub(super) fn encode_record(due: u64, env: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(8 + env.len());
+    v.extend_from_slice(&due.to_be_bytes());
+    v.extend_from_slice(env);
+    v
+}
+
+pub(super) fn decode_record(key: &[u8], v: &[u8]) -> Result<(u64, Vec<u8>), StorageError> {
+    match v.split_first_chunk::<8>() {
+        Some((due, env)) => Ok((u64::from_be_bytes(*due), env.to_vec())),
+        None => Err(corrupt(CorruptionError::new("delayed message", key, "shorter than its due time"))),
+    }
+}
+
+impl EtcdStore {
+    pub(super) fn delayed_key(&self, qid: u32, id: u64) -> Vec<u8> {
+        let mut rest = qid.to_be_bytes().to_vec();
+        rest.extend_from_slice(&id.to_be_bytes());
+        self.key(b"sx/", &rest)
+    }
+
+    pub(super) fn due_key(&self, due: u64, qid: u32, id: u64) -> Vec<u8> {
+        let mut rest = due.to_be_bytes().to_vec();
+        rest.extend_from_slice(&qid.to_be_bytes());
+        rest.extend_from_slice(&id.to_be_bytes());
+        self.key(b"sd/", &rest)
+    }
+
+    fn marker_key(&self, nonce: u64) -> Vec<u8> {
+        self.key(b"y/", &nonce.to_be_bytes())
+    }
+
+    /// `(due, qid, id)` of a due-index key (`None`: not one).
+    pub(super) fn parse_due_key(&self, key: &[u8]) -> Option<(u64, u32, u64)> {
+        let rest = key.strip_prefix(self.key(b"sd/", b"").as_slice())?;
+        let rest: &[u8; 20] = rest.try_into().ok()?;
+        let due = u64::from_be_bytes(rest[..8].try_into().ok()?);
+        let qid = u32::from_be_bytes(rest[8..12].try_into().ok()?);
+        let id = u64::from_be_bytes(rest[12..].try_into().ok()?);
+        Some((due, qid, id))
+    }
+
+    /// A block of fresh schedule ids, `first..first + ID_BLOCK`: taken from the namespace's
+    /// counter by a compare-and-set, so no two processes (and no restart) hand out one twice.
+    pub async fn take_scheduled_ids(&self) -> Result<(u64, u64), StorageError> {
+        let kv = self.kv();
+        let key = self.key(b"meta/", crate::store::keys::SCHEDULED_ID_KEY);
+        loop {
+            let got = kv.get(key.clone(), None).await?;
+            let (first, cmp) = match got.kvs().first() {
+                Some(k) => {
+                    let v: [u8; 8] = k.value().try_into().map_err(|_| {
+                        corrupt(CorruptionError::new("schedule id counter", k.key(), "not 8 bytes"))
+                    })?;
+                    (
+                        u64::from_be_bytes(v),
+                        Compare::mod_revision(key.clone(), CompareOp::Equal, k.mod_revision()),
+                    )
+                }
+                None => (1, Compare::version(key.clone(), CompareOp::Equal, 0)),
+            };
+            let end = first.checked_add(ID_BLOCK).ok_or_else(|| StorageError::new("no schedule id left"))?;
+            let txn =
+                Txn::new().when([cmp]).and_then([TxnOp::put(key.clone(), end.to_be_bytes().to_vec(), None)]);
+            if kv.txn(txn).await?.succeeded() {
+                return Ok((first, end));
+            }
+        }
+    }
+
+    /// Adds what `along` carries to an append's transaction for queue `qid`.
+    pub(super) fn push_along(
+        &self,
+        qid: u32,
+        along: Along<'_>,
+        cmps: &mut Vec<Compare>,
+        ops: &mut Vec<TxnOp>,
+    ) {
+        match along {
+            Along::Nothing => {}
+            Along::Delayed(puts) => self.push_delayed(qid, puts, ops),
+            Along::Fired(fired) => {
+                for f in fired {
+                    let key = self.delayed_key(qid, f.id);
+                    cmps.push(Compare::mod_revision(key.clone(), CompareOp::Equal, f.rev));
+                    ops.push(TxnOp::delete(key, None));
+                    ops.push(TxnOp::delete(self.due_key(f.due, qid, f.id), None));
+                }
+            }
+        }
+    }
+
+    fn push_delayed(&self, qid: u32, puts: &[DelayedPut<'_>], ops: &mut Vec<TxnOp>) {
+        for p in puts {
+            ops.push(TxnOp::put(self.delayed_key(qid, p.id), encode_record(p.due, p.env), None));
+            ops.push(TxnOp::put(self.due_key(p.due, qid, p.id), Vec::new(), None));
+        }
+    }
+
+    /// A submit that appends nothing now: its delayed messages' records and the idempotency
+    /// keys' records (compared with the revisions they were read at) and the marker
+    /// `y/<nonce>` under `marker_lease`, in one transaction. `false`: a key was recorded
+    /// meanwhile, nothing written.
+    pub async fn put_delayed(
+        &self,
+        qid: u32,
+        puts: &[DelayedPut<'_>],
+        dedup: Option<(&[DedupWrite], i64)>,
+        nonce: u64,
+        marker_lease: i64,
+    ) -> Result<bool, StorageError> {
+        let mut cmps = Vec::new();
+        let mut ops = Vec::with_capacity(2 * puts.len() + 1);
+        self.push_delayed(qid, puts, &mut ops);
+        ops.push(TxnOp::put(
+            self.marker_key(nonce),
+            Vec::new(),
+            Some(PutOptions::new().with_lease(marker_lease)),
+        ));
+        if let Some((records, lease)) = dedup {
+            // Every record of this call names a delayed message (`scheduled`): `first` is unused.
+            self.push_dedup(qid, 0, records, lease, &mut cmps, &mut ops);
+        }
+        crate::faults::check("rockq-etcd-delay-request")?;
+        let resp = self.kv().txn(Txn::new().when(cmps).and_then(ops)).await?;
+        crate::faults::check("rockq-etcd-delay-answer")?;
+        Ok(resp.succeeded())
+    }
+
+    /// Whether the submit named `nonce` was applied (its marker is there).
+    pub async fn marker_exists(&self, nonce: u64) -> Result<bool, StorageError> {
+        let opts = GetOptions::new().with_count_only();
+        Ok(self.kv().get(self.marker_key(nonce), Some(opts)).await?.count() > 0)
+    }
+
+    /// Delayed message `id` of queue `qid`, if it is scheduled.
+    pub async fn delayed(&self, qid: u32, id: u64) -> Result<Option<DelayedRecord>, StorageError> {
+        let got = self.kv().get(self.delayed_key(qid, id), None).await?;
+        let Some(kv) = got.kvs().first() else { return Ok(None) };
+        let (due, env) = decode_record(kv.key(), kv.value())?;
+        Ok(Some(DelayedRecord { qid, id, due, env, rev: kv.mod_revision() }))
+    }
+
+    /// Takes delayed message `r` out of the schedule if its record is still as read. `false`:
+    /// it changed meanwhile (fired, cancelled or moved elsewhere), nothing written.
+    pub async fn cancel_delayed(&self, r: &DelayedRecord) -> Result<bool, StorageError> {
+        let key = self.delayed_key(r.qid, r.id);
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key.clone(), CompareOp::Equal, r.rev)])
+            .and_then([TxnOp::delete(key, None), TxnOp::delete(self.due_key(r.due, r.qid, r.id), None)]);
+        Ok(self.kv().txn(txn).await?.succeeded())
+    }
+
+    /// Moves delayed message `r` to `due` if its record is still as read (`false`: it changed
+    /// meanwhile, nothing written).
+    pub async fn move_delayed(&self, r: &DelayedRecord, due: u64) -> Result<bool, StorageError> {
+        let key = self.delayed_key(r.qid, r.id);
+        let txn = Txn::new().when([Compare::mod_revision(key.clone(), CompareOp::Equal, r.rev)]).and_then([
+            TxnOp::delete(self.due_key(r.due, r.qid, r.id), None),
+            TxnOp::put(self.due_key(due, r.qid, r.id), Vec::new(), None),
+            TxnOp::put(key, encode_record(due, &r.env), None),
+        ]);
+        Ok(self.kv().txn(txn).await?.succeeded())
+    }
+
+    /// Up to `limit` entries of the due index due at or before `now`, in due order:
+    /// `(due, qid, id)`.
+    pub async fn due_entries(&self, now: u64, limit: usize) -> Result<Vec<(u64, u32, u64)>, StorageError> {
+        let start = self.key(b"sd/", b"");
+        let end = self.key(b"sd/", &now.saturating_add(1).to_be_bytes());
+        let opts = GetOptions::new().with_range(end).with_keys_only().with_limit(limit as i64);
+        let got = self.kv().get(start, Some(opts)).await?;
+        Ok(got.kvs().iter().filter_map(|kv| self.parse_due_key(kv.key())).collect())
+    }
+
+    /// Deletes due-index entries `(due, qid, id)` whose records are gone or moved.
+    pub async fn drop_due_entries(&self, entries: &[(u64, u32, u64)]) -> Result<(), StorageError> {
+        for chunk in entries.chunks(super::MAX_TXN_OPS) {
+            let ops: Vec<TxnOp> =
+                chunk.iter().map(|&(d, q, id)| TxnOp::delete(self.due_key(d, q, id), None)).collect();
+            self.kv().txn(Txn::new().and_then(ops)).await?;
+        }
+        Ok(())
+    }
+
+    /// The earliest due time in the namespace, if anything is scheduled.
+    pub async fn first_due(&self) -> Result<Option<u64>, StorageError> {
+        let start = self.key(b"sd/", b"");
+        let end = crate::store::prefix_end(&start).unwrap_or_default();
+        let opts = GetOptions::new().with_range(end).with_keys_only().with_limit(1);
+        let got = self.kv().get(start, Some(opts)).await?;
+        Ok(got.kvs().first().and_then(|kv| self.parse_due_key(kv.key())).map(|(due, _, _)| due))
+    }
+
+    /// The records of `entries` (`(qid, id)`), in order (`None`: gone meanwhile).
+    pub async fn delayed_records(
+        &self,
+        entries: &[(u32, u64)],
+    ) -> Result<Vec<Option<DelayedRecord>>, StorageError> {
+        let mut out = Vec::with_capacity(entries.len());
+        for chunk in entries.chunks(super::MAX_TXN_OPS) {
+            let gets: Vec<TxnOp> =
+                chunk.iter().map(|&(q, id)| TxnOp::get(self.delayed_key(q, id), None)).collect();
+            let resp = self.kv().txn(Txn::new().and_then(gets)).await?;
+            for (kv, &(qid, id)) in super::answers(&resp).zip(chunk) {
+                out.push(match kv {
+                    Some(kv) => {
+                        let (due, env) = decode_record(kv.key(), kv.value())?;
+                        Some(DelayedRecord { qid, id, due, env, rev: kv.mod_revision() })
+                    }
+                    None => None,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Up to `limit` delayed messages of queue `qid` (every queue: `None`), in queue then id
+    /// order, a page at a time.
+    pub async fn list_delayed(
+        &self,
+        qid: Option<u32>,
+        limit: usize,
+    ) -> Result<Vec<DelayedRecord>, StorageError> {
+        let prefix = self.key(b"sx/", &qid.map(u32::to_be_bytes).unwrap_or_default());
+        let end = crate::store::prefix_end(&prefix).unwrap_or_default();
+        let base = self.key(b"sx/", b"").len();
+        let mut start = prefix;
+        let mut out = Vec::new();
+        while out.len() < limit {
+            let page = (limit - out.len()).min(256) as i64;
+            let opts = GetOptions::new().with_range(end.clone()).with_limit(page);
+            let got = self.kv().get(start.clone(), Some(opts)).await?;
+            for kv in got.kvs() {
+                let bad =
+                    || corrupt(CorruptionError::new("delayed message", kv.key(), "expected <queue><id>"));
+                let rest: &[u8; 12] = kv.key().get(base..).and_then(|r| r.try_into().ok()).ok_or_else(bad)?;
+                let (q, id) = rest.split_at(4);
+                let (due, env) = decode_record(kv.key(), kv.value())?;
+                out.push(DelayedRecord {
+                    qid: u32::from_be_bytes(q.try_into().map_err(|_| bad())?),
+                    id: u64::from_be_bytes(id.try_into().map_err(|_| bad())?),
+                    due,
+                    env,
+                    rev: kv.mod_revision(),
+                });
+            }
+            match got.kvs().last() {
+                Some(kv) if got.more() => {
+                    start = kv.key().to_vec();
+                    start.push(0);
+                }
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Per queue: how many delayed messages it has and the earliest due time (the due index
+    /// read keys only, a page at a time).
+    pub async fn delayed_counts(&self) -> Result<HashMap<u32, (u64, u64)>, StorageError> {
+        let mut start = self.key(b"sd/", b"");
+        let end = crate::store::prefix_end(&start).unwrap_or_default();
+        let mut out: HashMap<u32, (u64, u64)> = HashMap::new();
+        loop {
+            let opts = GetOptions::new().with_range(end.clone()).with_keys_only().with_limit(4096);
+            let got = self.kv().get(start.clone(), Some(opts)).await?;
+            for (due, qid, _) in got.kvs().iter().filter_map(|kv| self.parse_due_key(kv.key())) {
+                let e = out.entry(qid).or_insert((0, due));
+                e.0 += 1;
+                e.1 = e.1.min(due);
+            }
+            match got.kvs().last() {
+                Some(kv) if got.more() => {
+                    start = kv.key().to_vec();
+                    start.push(0);
+                }
+                _ => return Ok(out),
+            }
+        }
+    }
+}
