@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the embedded engine's semantics suites (ordered groups, work groups, worker pools,
-# dead letters and redrive, retention, idempotency keys, delayed messages) unchanged against a real
-# single-member etcd (feature `etcd`):
+# dead letters and redrive, retention, idempotency keys, delayed messages and schedules) unchanged
+# against a real single-member etcd (feature `etcd`):
 # starts Debian's `etcd` on loopback ports chosen now, data in a temp dir, points the tests at
 # it (`ROCKQ_TEST_ETCD`, see tests/common/mod.rs), and stops it by its pid at the end.
 # Called by scripts/test.sh and scripts/etcd-tests.sh.
@@ -78,7 +78,5 @@ cargo test --features "$features" --test job_outcomes "$@" -- --skip through_a_r
 cargo test --features "$features" --test queue_retention "$@" -- --skip large_consumed_backlog
 # Idempotency keys, delayed ones included.
 cargo test --features "$features" --test queue_dedup "$@"
-# Delayed messages (not recurring schedules: not on etcd yet).
-cargo test --features "$features" --test schedule_delays "$@" -- --skip an_interval_schedule \
-  --skip firings_missed --skip firings_late --skip a_thousand_on_time_firings --skip an_interval_under \
-  --skip a_cron_schedule
+# Delayed messages and recurring schedules.
+cargo test --features "$features" --test schedule_delays "$@"

@@ -448,3 +448,24 @@ mod settings_tests {
         assert_eq!(set.initial(&old, "jobs").dead_letter_queue.as_ref(), "mine");
     }
 }
+
+impl ScheduleRecord {
+    /// What `Broker::schedules` says of this schedule, named `name` (either engine).
+    pub(crate) fn info(self, name: String) -> crate::schedule::ScheduleInfo {
+        use crate::schedule::time_of;
+        crate::schedule::ScheduleInfo {
+            name,
+            recurrence: self.recurrence.describe(),
+            cron: self.recurrence.cron_expr().map(str::to_owned),
+            interval: self.recurrence.interval(),
+            grace: self.recurrence.grace,
+            missed: self.recurrence.missed,
+            next: (self.next_micros != 0).then(|| time_of(self.next_micros)),
+            paused: self.paused,
+            fired: self.fired,
+            missed_firings: self.missed_firings,
+            last: (self.last_seq != 0).then(|| (time_of(self.last_micros), self.last_seq)),
+            queue: self.queue,
+        }
+    }
+}

@@ -325,6 +325,67 @@ pub struct DelayedInfo {
 #[deprecated(since = "0.2.0", note = "renamed `DelayedInfo`")]
 pub type ScheduledInfo = DelayedInfo;
 
+/// What one due entry of a recurring schedule fires: how many firings are late (more than the
+/// grace), how many are on time (each gets its own message), and where the schedule continues.
+pub(crate) struct FiringPlan {
+    pub late: u64,
+    pub on_time: usize,
+    /// The next firing to arm: after now, or the first on-time firing left for the next round.
+    pub next: Option<u64>,
+}
+
+impl FiringPlan {
+    /// The messages to send, each with how many late firings it stands for beyond its own (one
+    /// catch-up for the late firings if the policy says so, then one per on-time firing), and
+    /// how many late firings are skipped.
+    pub(crate) fn sends(&self, policy: Missed) -> (Vec<u64>, u64) {
+        let mut sends = Vec::with_capacity(self.on_time + 1);
+        let mut skipped = 0;
+        if self.late > 0 {
+            match policy {
+                Missed::CatchUpOnce => sends.push(self.late - 1),
+                Missed::Skip => skipped = self.late,
+            }
+        }
+        sends.extend(std::iter::repeat_n(0, self.on_time));
+        (sends, skipped)
+    }
+}
+
+/// Messages one round sends for one schedule's on-time firings. A 1 ms schedule after a 60 s
+/// stall has 60,000 on-time firings: the rest fire in later rounds, so one schedule cannot fill
+/// the writer's batch (nor hold it for long).
+pub(crate) const ON_TIME_PER_ROUND: usize = 256;
+
+/// Cap on late firings counted one by one (a cron expression is walked firing by firing): a
+/// per-second cron after weeks down would otherwise walk millions of firings on the writer
+/// thread. Past it, the missed count says "at least".
+const LATE_COUNT_CAP: u64 = 10_000;
+
+/// Splits the firings due by `now`, the first at `first`, into late ones (due more than `grace`
+/// before `now`) and on-time ones, at most `per_round` of those (the rest are left for the next
+/// round: `next` is the first of them).
+pub(crate) fn plan_firings(
+    rec: &Recurrence,
+    first: u64,
+    now: u64,
+    grace: u64,
+    anchor: u64,
+    per_round: usize,
+) -> FiringPlan {
+    // Late means now − t > grace, that is t < now − grace.
+    let cut = now.saturating_sub(grace);
+    let late =
+        if first < cut { 1 + rec.firings_between(first, cut - 1, anchor, LATE_COUNT_CAP - 1).0 } else { 0 };
+    let on_time_from = if first >= cut { first } else { cut };
+    let on_time = rec.firings_from(on_time_from, now, anchor, per_round + 1);
+    let (next, on_time) = match on_time.get(per_round) {
+        Some(&left) => (Some(left), per_round),
+        None => (rec.next_after(now, anchor), on_time.len()),
+    };
+    FiringPlan { late, on_time, next }
+}
+
 pub(crate) fn time_of(micros: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_micros(micros)
 }

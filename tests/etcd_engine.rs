@@ -351,10 +351,6 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
         .await
         .unwrap_err();
     assert!(is_etcd(e.unsupported()), "a submit call with delays larger than one transaction: {e}");
-    let e = broker.schedule("nightly", Duration::from_secs(60), "q", "tick").await.unwrap_err();
-    assert!(is_etcd(e.unsupported()), "a recurring schedule: {e}");
-    let e = broker.schedules().await.unwrap_err();
-    assert!(is_etcd(e.unsupported()), "listing recurring schedules: {e}");
     let e = q
         .submit_batch((0..126).map(|i| Message::new(format!("{i}")).idempotency_key(format!("k{i}"))))
         .await
@@ -922,6 +918,7 @@ async fn delayed_messages_fire_once_whichever_broker_fires_and_any_broker_cancel
     let listed = a.delayed(Some("q"), 1000).await.unwrap();
     assert_eq!(listed.len(), 160, "159 of the calls and the keyed one");
     assert!(listed.iter().all(|d| d.queue == "q" && d.id != ids[0]));
+    assert_eq!(b.delayed(None, 1000).await.unwrap().len(), 160, "every queue's, listed by the other broker");
     let stats = a.stats().await.unwrap();
     assert_eq!(stats.queues[0].scheduled, 160);
     assert_eq!(stats.queues[0].next_due, listed.iter().map(|d| d.due).min());
@@ -974,5 +971,54 @@ async fn a_broker_connected_later_fires_what_an_earlier_one_delayed() {
     let d = next(&mut sub).await;
     assert_eq!((d.seq(), d.payload().as_ref()), (1, &b"x"[..]));
     d.ack().unwrap();
+    b.shutdown().await.unwrap();
+}
+
+/// A recurring schedule made by one broker fires each occurrence once while two brokers' timers
+/// race for it; another broker pauses, resumes and deletes it; it goes on firing after the
+/// broker that made it is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recurring_schedule_fires_each_occurrence_once_across_brokers() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let a = connect_clock(&cluster, "recurring", &clock).await;
+    let b = connect_clock(&cluster, "recurring", &clock).await;
+    a.schedule("tick", Duration::from_secs(10), "q", "t").await.unwrap();
+    let listed = b.schedules().await.unwrap();
+    assert_eq!(
+        listed.iter().map(|s| (s.name.as_str(), s.queue.as_str())).collect::<Vec<_>>(),
+        [("tick", "q")]
+    );
+    let q = b.queue("q").await.unwrap();
+    let mut sub = q.group("g").unwrap().subscribe().await.unwrap();
+    for seq in 1..=5 {
+        clock.advance(Duration::from_secs(10));
+        let d = next(&mut sub).await;
+        assert_eq!((d.seq(), d.payload().as_ref()), (seq, &b"t"[..]), "one message per occurrence");
+        d.ack().unwrap();
+    }
+    common::assert_next_is_sentinel(&q, &mut sub).await;
+    assert_eq!(a.schedules().await.unwrap()[0].fired, 5);
+
+    // Paused by b: nothing while paused, and those firings are not missed ones.
+    b.pause_schedule("tick").await.unwrap();
+    assert!(a.schedules().await.unwrap()[0].paused);
+    clock.advance(Duration::from_secs(30));
+    common::assert_next_is_sentinel(&q, &mut sub).await;
+    a.resume_schedule("tick").await.unwrap();
+    a.shutdown().await.unwrap();
+    // a is gone: b fires it alone.
+    clock.advance(Duration::from_secs(10));
+    let d = next(&mut sub).await;
+    assert_eq!((d.seq(), d.payload().as_ref()), (8, &b"t"[..]));
+    d.ack().unwrap();
+    let s = &b.schedules().await.unwrap()[0];
+    assert_eq!((s.fired, s.missed_firings, s.paused), (6, 0, false));
+    assert!(b.delete_schedule("tick").await.unwrap());
+    assert!(!b.delete_schedule("tick").await.unwrap());
+    clock.advance(Duration::from_secs(30));
+    common::assert_next_is_sentinel(&q, &mut sub).await;
+    assert!(b.schedules().await.unwrap().is_empty());
+    assert!(b.delayed(None, 10).await.unwrap().is_empty(), "its pending firing went with it");
     b.shutdown().await.unwrap();
 }

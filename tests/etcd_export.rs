@@ -245,9 +245,6 @@ async fn an_import_into_etcd_refuses_what_etcd_cannot_hold_and_leaves_the_namesp
     let embedded = common::open(&dir.path().join("db")).await;
     let q = embedded.queue("q").await.unwrap();
     q.send_batch(["a", "b"]).await.unwrap();
-    embedded.schedule("tick", Duration::from_secs(60), "q", "t").await.unwrap();
-    let file = dir.path().join("with-schedule.jsonl");
-    embedded.export(std::fs::File::create(&file).unwrap()).await.unwrap();
     embedded.kv("ks").await.unwrap().put("k", "v").await.unwrap();
     let with_kv = dir.path().join("with-kv.jsonl");
     embedded.export(std::fs::File::create(&with_kv).unwrap()).await.unwrap();
@@ -271,7 +268,7 @@ async fn an_import_into_etcd_refuses_what_etcd_cannot_hold_and_leaves_the_namesp
                 .count()
         }
     };
-    for f in [&file, &with_kv, &with_priority] {
+    for f in [&with_kv, &with_priority] {
         let e = Broker::import_etcd(
             std::fs::File::open(f).unwrap(),
             cluster.endpoints(),
@@ -329,8 +326,9 @@ async fn small_file(dir: &std::path::Path) -> std::path::PathBuf {
     file
 }
 
-/// Delayed messages move both ways: embedded → file → etcd (listed with their ids and due
-/// times, fired there when due, ids never handed out again) → file → embedded.
+/// Delayed messages and recurring schedules move both ways: embedded → file → etcd (listed
+/// with their ids and due times, fired there when due, ids never handed out again) → file →
+/// embedded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delayed_messages_go_through_export_and_import_both_ways() {
     let cluster = etcd::Cluster::start(1).await;
@@ -347,6 +345,7 @@ async fn delayed_messages_go_through_export_and_import_both_ways() {
         rockq::Sent::Scheduled(s) => s,
         other => panic!("expected scheduled, got {other:?}"),
     };
+    embedded.schedule("tick", Duration::from_secs(90), "q", "t").await.unwrap();
     let file = dir.path().join("delayed.jsonl");
     embedded.export(std::fs::File::create(&file).unwrap()).await.unwrap();
     embedded.shutdown().await.unwrap();
@@ -366,6 +365,8 @@ async fn delayed_messages_go_through_export_and_import_both_ways() {
         listed.iter().map(|d| (d.id, d.due, d.key.as_deref())).collect::<Vec<_>>(),
         [(later.id, later.due, Some("k"))]
     );
+    let schedules = on_etcd.schedules().await.unwrap();
+    assert_eq!(schedules.iter().map(|s| (s.name.as_str(), s.fired)).collect::<Vec<_>>(), [("tick", 0)]);
     let back = dir.path().join("back.jsonl");
     on_etcd.export(std::fs::File::create(&back).unwrap()).await.unwrap();
     let q = on_etcd.queue("q").await.unwrap();
@@ -385,6 +386,12 @@ async fn delayed_messages_go_through_export_and_import_both_ways() {
         (2, &b"later"[..], Some("k")),
         "fired on etcd when due"
     );
+    d.ack().unwrap();
+    clock.advance(Duration::from_secs(30));
+    let d = tokio::time::timeout(common::HANG_GUARD, sub.next()).await.unwrap().unwrap().unwrap();
+    assert_eq!((d.seq(), d.payload().as_ref()), (3, &b"t"[..]), "the schedule fired on etcd");
+    d.ack().unwrap();
+    assert_eq!(on_etcd.schedules().await.unwrap()[0].fired, 1);
     drop(sub);
     on_etcd.shutdown().await.unwrap();
 
@@ -394,5 +401,7 @@ async fn delayed_messages_go_through_export_and_import_both_ways() {
     let embedded = common::open(&again).await;
     let listed = embedded.delayed(Some("q"), 10).await.unwrap();
     assert_eq!(listed.iter().map(|d| (d.id, d.due)).collect::<Vec<_>>(), [(later.id, later.due)]);
+    let schedules = embedded.schedules().await.unwrap();
+    assert_eq!(schedules.iter().map(|s| (s.name.as_str(), s.fired)).collect::<Vec<_>>(), [("tick", 0)]);
     embedded.shutdown().await.unwrap();
 }

@@ -829,3 +829,33 @@ async fn a_firing_whose_answer_was_lost_appends_once() {
 async fn a_firing_lost_before_it_was_applied_is_sent_again() {
     firing_losing("rockq-etcd-append-request").await;
 }
+
+/// A recurring schedule's firing whose answer is lost (the process that fired it cannot tell
+/// whether it landed) is settled through the tail's nonce: the occurrence is one message, and
+/// the schedule goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_firing_whose_answer_was_lost_fires_once() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let broker = connect_with(&cluster, "schedule-doubt", &clock).await;
+    broker.schedule("tick", std::time::Duration::from_secs(10), "q", "t").await.expect("schedule");
+    let q = broker.queue("q").await.expect("queue");
+    let mut sub = q.group("g").expect("group").subscribe().await.expect("subscribe");
+    fail::cfg("rockq-etcd-append-answer", "1*return").expect("failpoint");
+    for seq in 1..=2 {
+        clock.advance(std::time::Duration::from_secs(10));
+        let d = tokio::time::timeout(common::HANG_GUARD, sub.next())
+            .await
+            .expect("delivery")
+            .expect("open")
+            .expect("ok");
+        assert_eq!((d.seq(), d.payload().as_ref()), (seq, &b"t"[..]));
+        d.ack().expect("ack");
+    }
+    fail::remove("rockq-etcd-append-answer");
+    common::assert_next_is_sentinel(&q, &mut sub).await;
+    assert_eq!(broker.schedules().await.expect("list")[0].fired, 2);
+    drop(sub);
+    broker.shutdown().await.expect("shutdown");
+}

@@ -1,8 +1,7 @@
 //! The console over the etcd engine (features `web` and `etcd`), against a real single-member
 //! etcd started on loopback ports chosen at run time: every page a several-instance deployment
 //! opens answers with the figures of `Broker::stats`, and what the engine does not carry out
-//! yet (recurring schedules, flows) is a clear 501 page (or, on the delayed-messages page, a
-//! note in place of the schedules' table) that changes nothing — never
+//! yet (flows) is a clear 501 page that changes nothing — never
 //! a 500 or a broken page; per-job and per-letter actions work as embedded.
 
 mod common;
@@ -64,11 +63,18 @@ async fn every_page_works_on_etcd_and_what_it_cannot_do_says_so() {
     let claims = table(&get(&app, "/groups/jobs/workers").await.body, "claims");
     assert_eq!(claims.len(), broker.pending("jobs", "workers").await.unwrap().len());
 
-    // Delayed messages are listed; recurring schedules, not on etcd yet, are named in place.
+    // Delayed messages and recurring schedules are listed as embedded.
+    let hour = std::time::Duration::from_secs(3600);
+    broker.schedule("nightly-report", hour, "jobs", "tick").await.unwrap();
+    let later = rockq::Message::new("later").deliver_after(hour);
+    let jobs = broker.queue("jobs").await.unwrap();
+    let rockq::Sent::Scheduled(s) = jobs.submit(later).await.unwrap() else { panic!("not delayed") };
     let a = get(&app, "/delayed").await;
     assert_eq!(a.status, StatusCode::OK, "{}", a.body);
-    assert!(a.body.contains("recurring schedules") && a.body.contains("etcd"), "{}", a.body);
-    assert!(a.body.contains("Delayed messages"), "{}", a.body);
+    assert_eq!(table(&a.body, "schedules").len(), 1, "{}", a.body);
+    assert!(a.body.contains("nightly-report"), "{}", a.body);
+    assert_eq!(table(&a.body, "delayed").len(), 1, "{}", a.body);
+    assert!(jobs.cancel(s.id).await.unwrap());
     // Not carried out on etcd yet: 501 naming it, nothing changed.
     for path in ["/flows", "/flows/1", "/api/flows"] {
         let a = get(&app, path).await;

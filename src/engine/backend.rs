@@ -355,7 +355,7 @@ impl Backend {
     ) -> Result<Vec<ScheduleInfo>, Error> {
         match self {
             Backend::Embedded(store) => inspect::live_schedules(engine, store, runtime).await,
-            Backend::Etcd(_) => Err(self.refusal(Capability::StoreInspection)),
+            Backend::Etcd(side) => on_etcd!(side => etcd::inspect::schedules(side).await),
         }
     }
 

@@ -346,25 +346,7 @@ fn scheduled(store: &Store, queue: Option<&str>, limit: usize) -> Result<Vec<Del
 fn schedules(store: &Store) -> Result<Vec<ScheduleInfo>, Error> {
     let guard = store.lock();
     let Some(db) = guard.inspect(&store.path) else { return Err(Error::Shutdown) };
-    Ok(db
-        .list_schedules()
-        .map_err(Error::from)?
-        .into_iter()
-        .map(|(name, r)| ScheduleInfo {
-            name,
-            recurrence: r.recurrence.describe(),
-            cron: r.recurrence.cron_expr().map(str::to_owned),
-            interval: r.recurrence.interval(),
-            grace: r.recurrence.grace,
-            missed: r.recurrence.missed,
-            next: (r.next_micros != 0).then(|| micros_to_time(r.next_micros)),
-            paused: r.paused,
-            fired: r.fired,
-            missed_firings: r.missed_firings,
-            last: (r.last_seq != 0).then(|| (micros_to_time(r.last_micros), r.last_seq)),
-            queue: r.queue,
-        })
-        .collect())
+    Ok(db.list_schedules().map_err(Error::from)?.into_iter().map(|(name, r)| r.info(name)).collect())
 }
 
 /// Up to `limit` dead letters of `dlq` not yet redriven, as stored.

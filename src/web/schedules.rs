@@ -42,88 +42,77 @@ async fn render(st: &State, ctx: &Ctx, p: &HashMap<String, String>) -> Result<Re
     let b = esc(&ctx.base);
     let mut body = String::new();
 
-    // The etcd engine carries out delayed messages but not recurring schedules yet: the page
-    // says so in place of their table, and lists the delayed messages all the same.
-    let schedules = match st.source.schedules().await {
-        Ok(s) => Some(s),
-        Err(f) if f.status == axum::http::StatusCode::NOT_IMPLEMENTED => {
-            let _ = write!(body, r#"<h2>Recurring schedules</h2><p class="summary">{}</p>"#, esc(&f.message));
-            None
-        }
-        Err(f) => return Err(f),
-    };
-    if let Some(schedules) = schedules {
-        let rows: Vec<_> = schedules
-            .iter()
-            .filter(|s| queue.is_none_or(|q| q == s.queue))
-            .map(|s| {
-                let mut actions = String::new();
-                if let Some(csrf) = ctx.csrf() {
-                    let n = &s.name;
-                    let (verb, label) = if s.paused { ("resume", "Resume") } else { ("pause", "Pause") };
-                    actions.push_str(&button(
-                        &ctx.base,
-                        csrf,
-                        &format!("/schedules/{n}/{verb}"),
-                        label,
-                        &format!("{verb}-schedule-{n}"),
-                    ));
-                    actions.push(' ');
-                    actions.push_str(&button(
-                        &ctx.base,
-                        csrf,
-                        &format!("/schedules/{n}/delete"),
-                        "Delete…",
-                        &format!("delete-schedule-{n}"),
-                    ));
+    let schedules = st.source.schedules().await?;
+    let rows: Vec<_> = schedules
+        .iter()
+        .filter(|s| queue.is_none_or(|q| q == s.queue))
+        .map(|s| {
+            let mut actions = String::new();
+            if let Some(csrf) = ctx.csrf() {
+                let n = &s.name;
+                let (verb, label) = if s.paused { ("resume", "Resume") } else { ("pause", "Pause") };
+                actions.push_str(&button(
+                    &ctx.base,
+                    csrf,
+                    &format!("/schedules/{n}/{verb}"),
+                    label,
+                    &format!("{verb}-schedule-{n}"),
+                ));
+                actions.push(' ');
+                actions.push_str(&button(
+                    &ctx.base,
+                    csrf,
+                    &format!("/schedules/{n}/delete"),
+                    "Delete…",
+                    &format!("delete-schedule-{n}"),
+                ));
+            } else {
+                actions.push('-');
+            }
+            vec![
+                esc(&s.name),
+                format!(r#"<a href="{b}/queues/{q}">{q}</a>"#, q = esc(&s.queue)),
+                format!("<code>{}</code>", esc(&s.recurrence)),
+                if s.paused {
+                    r#"<span class="badge warn">paused</span>"#.into()
                 } else {
-                    actions.push('-');
-                }
-                vec![
-                    esc(&s.name),
-                    format!(r#"<a href="{b}/queues/{q}">{q}</a>"#, q = esc(&s.queue)),
-                    format!("<code>{}</code>", esc(&s.recurrence)),
-                    if s.paused {
-                        r#"<span class="badge warn">paused</span>"#.into()
-                    } else {
-                        fmt::opt_when(s.next, now)
+                    fmt::opt_when(s.next, now)
+                },
+                s.last.map_or_else(|| "-".into(), |(t, seq)| format!("{} → #{seq}", fmt::when(t, now))),
+                s.fired.to_string(),
+                if s.missed_firings > 0 {
+                    format!(r#"<span class="warn">{}</span>"#, s.missed_firings)
+                } else {
+                    "0".into()
+                },
+                format!(
+                    "{} (grace {})",
+                    match s.missed {
+                        Missed::Skip => "skip",
+                        _ => "catch up once",
                     },
-                    s.last.map_or_else(|| "-".into(), |(t, seq)| format!("{} → #{seq}", fmt::when(t, now))),
-                    s.fired.to_string(),
-                    if s.missed_firings > 0 {
-                        format!(r#"<span class="warn">{}</span>"#, s.missed_firings)
-                    } else {
-                        "0".into()
-                    },
-                    format!(
-                        "{} (grace {})",
-                        match s.missed {
-                            Missed::Skip => "skip",
-                            _ => "catch up once",
-                        },
-                        html::duration(s.grace)
-                    ),
-                    actions,
-                ]
-            })
-            .collect();
-        body.push_str("<h2>Recurring schedules</h2>");
-        body.push_str(&html::table(
-            "schedules",
-            &[
-                "Schedule",
-                "Queue",
-                "Recurrence",
-                "Next",
-                "Last firing",
-                "Fired",
-                "Missed",
-                "When missed",
-                "Actions",
-            ],
-            &rows,
-        ));
-    }
+                    html::duration(s.grace)
+                ),
+                actions,
+            ]
+        })
+        .collect();
+    body.push_str("<h2>Recurring schedules</h2>");
+    body.push_str(&html::table(
+        "schedules",
+        &[
+            "Schedule",
+            "Queue",
+            "Recurrence",
+            "Next",
+            "Last firing",
+            "Fired",
+            "Missed",
+            "When missed",
+            "Actions",
+        ],
+        &rows,
+    ));
 
     let delayed = st.source.delayed(queue, limit).await?;
     let _ = write!(

@@ -30,6 +30,7 @@ use crate::store::envelope;
 use crate::store::etcd::delayed::DelayedRecord;
 use crate::store::etcd::{DedupWrite, MAX_TXN_BYTES, MAX_TXN_OPS};
 use crate::store::etcd::{DelayedPut, Fired};
+use crate::store::keys::RECURRING;
 
 /// Due entries one firing reads at a time.
 const FIRE_READ: usize = 256;
@@ -42,7 +43,7 @@ const FIRE_ROUNDS: usize = 4;
 impl Writer {
     /// A fresh schedule id (the namespace's counter is asked for a block when this process's
     /// is used up).
-    async fn scheduled_id(&mut self, left: Duration) -> Result<u64, StorageError> {
+    pub(super) async fn scheduled_id(&mut self, left: Duration) -> Result<u64, StorageError> {
         if self.scheduled_ids.0 >= self.scheduled_ids.1 {
             let store = self.side.store.clone();
             self.scheduled_ids = retrying(left, || store.take_scheduled_ids()).await?;
@@ -238,7 +239,7 @@ impl Writer {
             // An entry whose record is gone or moved was fired, cancelled or moved after the
             // entry was read (both change in one transaction): its key is gone too. Found
             // again (only a foreign write leaves one), it would hold the timer: deleted.
-            let (mut live, mut stale) = (Vec::new(), Vec::new());
+            let (mut live, mut stale): (Vec<DelayedRecord>, _) = (Vec::new(), Vec::new());
             for (&(due, qid, id), r) in entries.iter().zip(records) {
                 match r {
                     Some(r) if r.due == due => live.push(r),
@@ -248,17 +249,24 @@ impl Writer {
             if !stale.is_empty() {
                 retrying(self.budget(), || store.drop_due_entries(&stale)).await?;
             }
+            // Recurring schedules' firings first, each on its own.
+            let mut changed = false;
+            for r in live.iter().filter(|r| r.qid == RECURRING) {
+                if !self.fire_recurring(r, now, deadline).await? {
+                    changed = true;
+                }
+            }
+            live.retain(|r| r.qid != RECURRING);
             let mut queues: Vec<u32> = live.iter().map(|r| r.qid).collect();
             queues.sort_unstable();
             queues.dedup();
-            let mut changed = false;
             for qid in queues {
                 let mine: Vec<&DelayedRecord> = live.iter().filter(|r| r.qid == qid).collect();
                 let Some(queue) = self.queue_by_id(qid).await? else {
                     tracing::error!(qid, "rockq: delayed messages name a queue etcd does not hold; left");
                     continue;
                 };
-                for chunk in mine.chunks(FIRE_TXN) {
+                for chunk in chunks(&mine) {
                     if !self.fire_chunk(&queue, chunk, now, deadline).await? {
                         // A record changed meanwhile: read again rather than fire the later
                         // ones first (sequences follow due order).
@@ -317,4 +325,28 @@ impl Writer {
             Done::Changed => Ok(false),
         }
     }
+}
+
+/// `due` cut into transactions: at most [`FIRE_TXN`] messages and [`MAX_TXN_BYTES`] of
+/// envelopes each (one message at least).
+fn chunks<'a>(due: &'a [&'a DelayedRecord]) -> impl Iterator<Item = &'a [&'a DelayedRecord]> + 'a {
+    let mut rest = due;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut bytes = 0;
+        let n = rest
+            .iter()
+            .take(FIRE_TXN)
+            .take_while(|r| {
+                bytes += r.env.len();
+                bytes <= MAX_TXN_BYTES
+            })
+            .count()
+            .max(1);
+        let (chunk, more) = rest.split_at(n);
+        rest = more;
+        Some(chunk)
+    })
 }

@@ -145,7 +145,8 @@ pub(crate) async fn delayed(
     };
     let records = retrying(t, || side.store.list_delayed(qid, limit)).await?;
     let mut out = Vec::with_capacity(records.len());
-    for r in records {
+    // (Recurring schedules' pending firings share the index: not delayed messages.)
+    for r in records.into_iter().filter(|r| r.qid != crate::store::keys::RECURRING) {
         let env = crate::store::envelope::decode(&r.id.to_be_bytes(), &r.env)?;
         out.push(crate::schedule::DelayedInfo {
             id: r.id,
@@ -157,4 +158,11 @@ pub(crate) async fn delayed(
         });
     }
     Ok(out)
+}
+
+/// Every recurring schedule, as every process left it.
+pub(crate) async fn schedules(side: &EtcdSide) -> Result<Vec<crate::schedule::ScheduleInfo>, Error> {
+    let t = side.settings.request_timeout;
+    let all = retrying(t, || side.store.schedules()).await?;
+    Ok(all.into_iter().map(|(name, r)| r.info(name)).collect())
 }

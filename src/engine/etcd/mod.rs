@@ -20,7 +20,8 @@
 //! - `reset.rs`: group resets, which move an offset backwards on a store where every other
 //!   write moves it forward; `purge.rs`: a purge, a trim through the tail.
 //! - `delayed.rs`: delayed messages; every process's timer fires what is due, each message
-//!   once (the firing's transaction compares its record).
+//!   once (the firing's transaction compares its record); `schedules.rs`: recurring schedules,
+//!   each occurrence once (compared with the schedule's record).
 
 mod claims;
 mod dedup;
@@ -36,6 +37,7 @@ mod redrive;
 mod reserve;
 pub(crate) mod reset;
 pub(crate) mod retention;
+mod schedules;
 mod settings;
 mod side;
 pub(crate) mod start;

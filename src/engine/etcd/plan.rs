@@ -5,7 +5,7 @@
 
 use crate::sent::Original;
 use crate::store::etcd::DedupWrite;
-use crate::store::etcd::{DelayedPut, Fired};
+use crate::store::etcd::{DelayedPut, Fired, ScheduleWrite};
 
 /// What one try of an append writes and reports.
 #[derive(Default)]
@@ -41,13 +41,15 @@ pub(super) enum Extra<'a> {
     Delays(&'a [Option<(u64, u64)>]),
     /// The append fires these delayed messages (its envelopes, in order).
     Fired(&'a [Fired]),
+    /// The append is a recurring schedule's firing (its messages), rewriting its record.
+    Schedule(&'a ScheduleWrite<'a>),
 }
 
 /// How an append ended.
 pub(super) enum Done {
     /// Written: the first sequence appended, and each duplicate's original.
     Stored { first: u64, originals: Vec<(usize, Original)> },
-    /// A fired message's record changed meanwhile: nothing written.
+    /// A fired message's record (or the firing schedule's) changed meanwhile: nothing written.
     Changed,
 }
 

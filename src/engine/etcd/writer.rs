@@ -226,6 +226,15 @@ impl Writer {
                 let _ = reply.send(self.reschedule_delayed(&queue, id, due).await);
             }
             Request::Schedule(ScheduleRequest::Fire) => self.fire().await,
+            Request::Schedule(ScheduleRequest::Upsert { name, record, reply }) => {
+                let _ = reply.send(self.upsert_schedule(&name, record).await);
+            }
+            Request::Schedule(ScheduleRequest::Pause { name, paused, reply }) => {
+                let _ = reply.send(self.pause_schedule(&name, paused).await);
+            }
+            Request::Schedule(ScheduleRequest::Delete { name, reply }) => {
+                let _ = reply.send(self.delete_schedule(&name).await);
+            }
             Request::Settings(req) => {
                 let SettingsRequest { queue, group, change, reply } = req;
                 let _ = reply.send(self.change_settings(&queue, &group, change).await);
@@ -523,11 +532,16 @@ impl Writer {
             }
             let along = match &extra {
                 Extra::Fired(f) => Along::Fired(f),
+                Extra::Schedule(w) => Along::Schedule(w),
                 _ => Along::Nothing,
             };
             let puts = split.puts(envs);
             let along = if puts.is_empty() { along } else { Along::Delayed(&puts) };
             if !crate::store::etcd::reserve::fits_one(&written, split.records.len() + along.ops()) {
+                // Callers size what they send along to fit (`delayed.rs`, `schedules.rs`).
+                if !matches!(along, Along::Nothing) {
+                    return Err(StorageError::new("etcd: a submit or a firing larger than one transaction"));
+                }
                 let dedup = lease.map(|l| (&split.records[..], l));
                 match self
                     .append_reserved(queue.id, (last, cur_nonce), nonce, &written, dedup, deadline)
@@ -560,7 +574,8 @@ impl Writer {
                 }
                 // The tail as read, no reservation: a fired message's record changed.
                 Ok(Appended::Moved { last: l, nonce: n })
-                    if (l, n) == (last, cur_nonce) && matches!(extra, Extra::Fired(_)) =>
+                    if (l, n) == (last, cur_nonce)
+                        && matches!(extra, Extra::Fired(_) | Extra::Schedule(_)) =>
                 {
                     return Ok(Done::Changed);
                 }

@@ -22,7 +22,7 @@ use crate::engine::request::{Reply, ScheduleRequest, Submission};
 use crate::error::{Error, FailedError};
 use crate::events::Event;
 use crate::model::ScheduleRecord;
-use crate::schedule::{Missed, Recurrence};
+use crate::schedule::{ON_TIME_PER_ROUND, plan_firings};
 use crate::sent::{Original, ScheduledMessage, Sent};
 use crate::store::{DueEntry, RECURRING, ReadError, envelope};
 use crate::telemetry;
@@ -302,18 +302,8 @@ fn fire_recurring(r: &mut Round<'_>, e: DueEntry, now: u64) -> bool {
         _ => return true,
     };
     let grace = rec.recurrence.grace.as_micros().min(u128::from(u64::MAX)) as u64;
-    let plan = plan_firings(&rec.recurrence, e.due, now, grace, rec.anchor_micros);
-    // The messages to send, each with how many late firings it stands for beyond its own: one
-    // catch-up for the late firings (if the policy says so), then one per on-time firing.
-    let mut sends = Vec::with_capacity(plan.on_time + 1);
-    let mut missed = 0;
-    if plan.late > 0 {
-        match rec.recurrence.missed {
-            Missed::CatchUpOnce => sends.push(plan.late - 1),
-            Missed::Skip => missed = plan.late,
-        }
-    }
-    sends.extend(std::iter::repeat_n(0, plan.on_time));
+    let plan = plan_firings(&rec.recurrence, e.due, now, grace, rec.anchor_micros, ON_TIME_PER_ROUND);
+    let (sends, mut missed) = plan.sends(rec.recurrence.missed);
     let mut fired: Vec<(u64, u64)> = Vec::with_capacity(sends.len());
     if !sends.is_empty() {
         match queue::ensure(r, &rec.queue) {
@@ -371,41 +361,6 @@ fn fire_recurring(r: &mut Round<'_>, e: DueEntry, now: u64) -> bool {
         }
     });
     true
-}
-
-/// What one due entry of a recurring schedule fires: how many firings are late (more than the
-/// grace), how many are on time (each gets its own message), and where the schedule continues.
-struct FiringPlan {
-    late: u64,
-    on_time: usize,
-    /// The next firing to arm: after now, or the first on-time firing left for the next round.
-    next: Option<u64>,
-}
-
-/// Messages one round sends for one schedule's on-time firings. A 1 ms schedule after a 60 s
-/// stall has 60,000 on-time firings: the rest fire in later rounds, so one schedule cannot fill
-/// the writer's batch (nor hold it for long).
-const ON_TIME_PER_ROUND: usize = 256;
-
-/// Cap on late firings counted one by one (a cron expression is walked firing by firing): a
-/// per-second cron after weeks down would otherwise walk millions of firings on the writer
-/// thread. Past it, the missed count says "at least".
-const LATE_COUNT_CAP: u64 = 10_000;
-
-/// Splits the firings due by `now`, the first at `first`, into late ones (due more than `grace`
-/// before `now`) and on-time ones.
-fn plan_firings(rec: &Recurrence, first: u64, now: u64, grace: u64, anchor: u64) -> FiringPlan {
-    // Late means now − t > grace, that is t < now − grace.
-    let cut = now.saturating_sub(grace);
-    let late =
-        if first < cut { 1 + rec.firings_between(first, cut - 1, anchor, LATE_COUNT_CAP - 1).0 } else { 0 };
-    let on_time_from = if first >= cut { first } else { cut };
-    let on_time = rec.firings_from(on_time_from, now, anchor, ON_TIME_PER_ROUND + 1);
-    let (next, on_time) = match on_time.get(ON_TIME_PER_ROUND) {
-        Some(&left) => (Some(left), ON_TIME_PER_ROUND),
-        None => (rec.next_after(now, anchor), on_time.len()),
-    };
-    FiringPlan { late, on_time, next }
 }
 
 /// Recurring schedule `name` as this round sees it.

@@ -113,16 +113,22 @@ impl EtcdStore {
         }
     }
 
-    /// Adds what `along` carries to an append's transaction for queue `qid`.
+    /// Adds what `along` carries to an append's transaction for queue `qid` (`last`: the
+    /// append's new tail).
     pub(super) fn push_along(
         &self,
         qid: u32,
         along: Along<'_>,
+        last: u64,
         cmps: &mut Vec<Compare>,
         ops: &mut Vec<TxnOp>,
     ) {
         match along {
             Along::Nothing => {}
+            Along::Schedule(w) => {
+                let record = crate::model::ScheduleRecord { last_seq: last, ..w.record.clone() };
+                self.push_schedule(&super::ScheduleWrite { record: &record, ..w.clone() }, false, cmps, ops);
+            }
             Along::Delayed(puts) => self.push_delayed(qid, puts, ops),
             Along::Fired(fired) => {
                 for f in fired {
@@ -267,7 +273,8 @@ impl EtcdStore {
         qid: Option<u32>,
         limit: usize,
     ) -> Result<Vec<DelayedRecord>, StorageError> {
-        let prefix = self.key(b"sx/", &qid.map(u32::to_be_bytes).unwrap_or_default());
+        // Every queue: the whole `sx/` range (a queue: its id's).
+        let prefix = self.key(b"sx/", qid.map(u32::to_be_bytes).as_ref().map_or(&[][..], |q| &q[..]));
         let end = crate::store::prefix_end(&prefix).unwrap_or_default();
         let base = self.key(b"sx/", b"").len();
         let mut start = prefix;

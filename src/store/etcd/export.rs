@@ -229,6 +229,17 @@ impl EtcdStore {
             Ok(batch)
         })
         .await?;
+        self.pages(b"sr/", ALL, rev, out, |page| {
+            let mut batch = Vec::new();
+            for (k, v) in page {
+                let name = String::from_utf8(k.clone())
+                    .map_err(|_| CorruptionError::new("schedule key", &k, "name is not UTF-8"))?;
+                scheduled::decode_schedule(&k, &v)?;
+                batch.push(Record::Schedule { name, record: v });
+            }
+            Ok(batch)
+        })
+        .await?;
         self.pages(b"sx/", ALL, rev, out, |page| {
             let mut batch = Vec::new();
             for (k, v) in page {
@@ -236,14 +247,14 @@ impl EtcdStore {
                 let (q, id) = k.split_first_chunk::<4>().ok_or_else(bad)?;
                 let id: [u8; 8] = id.try_into().map_err(|_| bad())?;
                 let (due_micros, env) = super::delayed::decode_record(&k, &v)?;
-                if let Some(queue) = names.get(&u32::from_be_bytes(*q)) {
+                let id = u64::from_be_bytes(id);
+                if u32::from_be_bytes(*q) == crate::store::keys::RECURRING {
+                    // A recurring schedule's pending firing: its value is the schedule's name.
+                    let name = String::from_utf8(env).map_err(|_| bad())?;
+                    batch.push(Record::ScheduleDue { name, id, due_micros });
+                } else if let Some(queue) = names.get(&u32::from_be_bytes(*q)) {
                     let body = crate::store::export::body(&k, &env)?;
-                    batch.push(Record::Delayed {
-                        queue: (*queue).into(),
-                        id: u64::from_be_bytes(id),
-                        due_micros,
-                        body,
-                    });
+                    batch.push(Record::Delayed { queue: (*queue).into(), id, due_micros, body });
                 }
             }
             Ok(batch)

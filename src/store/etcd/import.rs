@@ -10,10 +10,10 @@
 //! before), so nothing is left; an import stopped by a crash leaves the mark, which the next
 //! import clears (and `connect_etcd` names).
 //!
-//! What etcd does not hold yet is refused with `Error::Unsupported` naming the line: recurring
-//! schedules and keyspaces (and work-group settings and records only the embedded engine
-//! carries out: limits). Delayed messages are imported with both their records, and the
-//! schedule-id counter is written past every id the file names.
+//! What etcd does not hold yet is refused with `Error::Unsupported` naming the line: keyspaces
+//! (and work-group settings and records only the embedded engine carries out: limits).
+//! Delayed messages and recurring schedules' pending firings are imported with both their
+//! records, and the schedule-id counter is written past every id the file names.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -156,8 +156,13 @@ impl EtcdStore {
                 self.import_put(imp, self.due_key(due_micros, qid, id), Vec::new(), None).await?;
                 (self.delayed_key(qid, id), super::delayed::encode_record(due_micros, &envelope), None)
             }
-            Write::Schedule { .. } | Write::ScheduleDue { .. } => {
-                return Err(refused(n, "importing recurring schedules"));
+            Write::Schedule { name, record } => (self.key(b"sr/", name.as_bytes()), record, None),
+            Write::ScheduleDue { name, id, due_micros } => {
+                imp.next_scheduled_id = imp.next_scheduled_id.max(id + 1);
+                let (qid, entry) =
+                    (keys::RECURRING, super::delayed::encode_record(due_micros, name.as_bytes()));
+                self.import_put(imp, self.due_key(due_micros, qid, id), Vec::new(), None).await?;
+                (self.delayed_key(qid, id), entry, None)
             }
             Write::Keyspace | Write::Entry { .. } => return Err(refused(n, "importing keyspaces")),
             Write::Letter { dlq, seq } => (self.key(b"r/", &keys::letter_key(&dlq, seq)), Vec::new(), None),

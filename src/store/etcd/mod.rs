@@ -28,6 +28,7 @@
 //! | `N sx/<qid u32><id u64>`, `N sd/<due u64><qid u32><id u64>` | a delayed message and its due-index entry (`delayed.rs`) |
 //! | `N y/<nonce u64>` | a submit's marker under an expiring lease (`delayed.rs`) |
 //! | `N meta/scheduled-id` | the next schedule id not handed out (`delayed.rs`) |
+//! | `N sr/<name>` | a recurring schedule's record (same codec as RocksDB's, `schedules.rs`) |
 
 pub(crate) mod dedup;
 pub(crate) mod delayed;
@@ -41,6 +42,7 @@ pub(crate) mod redrive;
 pub(crate) mod reserve;
 pub(crate) mod reset;
 pub(crate) mod retention;
+pub(crate) mod schedules;
 pub(crate) mod settings;
 pub(crate) mod work;
 
@@ -152,6 +154,9 @@ pub(crate) enum Along<'a> {
     Delayed(&'a [DelayedPut<'a>]),
     /// The delayed messages the append fires (its envelopes, in order).
     Fired(&'a [Fired]),
+    /// A recurring schedule's firing: its record rewritten (its last sequence set to the
+    /// append's last) and its due entry moved, compared with the record as read.
+    Schedule(&'a ScheduleWrite<'a>),
 }
 
 impl Along<'_> {
@@ -161,8 +166,23 @@ impl Along<'_> {
             Along::Nothing => 0,
             Along::Delayed(d) => 2 * d.len(),
             Along::Fired(f) => 2 * f.len(),
+            Along::Schedule(w) => 1 + 2 * usize::from(w.unarm.is_some()) + 2 * usize::from(w.arm.is_some()),
         }
     }
+}
+
+/// A schedule's record as rewritten by a change or a firing, with the due entry it leaves and
+/// the one it arms (`(due, id)`; the id names the record's version).
+#[derive(Debug, Clone)]
+pub(crate) struct ScheduleWrite<'a> {
+    pub name: &'a str,
+    /// The record's `mod_revision` as read (0: absent).
+    pub rev: i64,
+    pub record: &'a crate::model::ScheduleRecord,
+    /// The due entry to delete: `(due, id)`.
+    pub unarm: Option<(u64, u64)>,
+    /// The due entry to write: `(due, id)`.
+    pub arm: Option<(u64, u64)>,
 }
 
 /// A message read back: its sequence and envelope.
@@ -451,7 +471,7 @@ impl EtcdStore {
         if let Some((records, lease)) = dedup {
             self.push_dedup(qid, expected_last + 1, records, lease, &mut cmps, &mut ops);
         }
-        self.push_along(qid, along, &mut cmps, &mut ops);
+        self.push_along(qid, along, expected_last + envelopes.len() as u64, &mut cmps, &mut ops);
         let txn = Txn::new()
             .when(cmps)
             .and_then(ops)
