@@ -1022,3 +1022,37 @@ async fn a_recurring_schedule_fires_each_occurrence_once_across_brokers() {
     assert!(b.delayed(None, 10).await.unwrap().is_empty(), "its pending firing went with it");
     b.shutdown().await.unwrap();
 }
+
+/// Large delayed messages (900 KiB each: together over the client's 4 MiB answer limit) are
+/// listed and fire, each once, in due order; a reschedule to the time already set is answered
+/// (a transaction that deletes and puts one key would be refused by etcd).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_delayed_messages_are_listed_and_fire_and_a_reschedule_in_place_is_answered() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let b = connect_clock(&cluster, "large-delays", &clock).await;
+    let q = b.queue("big").await.unwrap();
+    let body = vec![b'x'; 900 * 1024];
+    let mut ids = Vec::new();
+    for i in 0..6u64 {
+        let m =
+            Message::new(body.clone()).header("n", i.to_string()).deliver_after(Duration::from_secs(10 + i));
+        ids.push(scheduled(q.submit(m).await.unwrap()).id);
+    }
+    let listed = b.delayed(Some("big"), 10).await.unwrap();
+    assert_eq!(listed.iter().map(|d| d.id).collect::<Vec<_>>(), ids);
+    assert!(listed.iter().all(|d| d.payload_len == body.len()));
+    let again = q.reschedule(ids[0], listed[0].due).await.unwrap().expect("still scheduled");
+    assert_eq!(again.due, listed[0].due);
+
+    let mut sub = q.group("g").unwrap().subscribe().await.unwrap();
+    clock.advance(Duration::from_secs(30));
+    for i in 0..6u64 {
+        let d = next(&mut sub).await;
+        assert_eq!((d.seq(), d.header("n").map(|v| v.to_vec())), (i + 1, Some(i.to_string().into_bytes())));
+        assert_eq!(d.payload().len(), body.len());
+        d.ack().unwrap();
+    }
+    common::assert_next_is_sentinel(&q, &mut sub).await;
+    b.shutdown().await.unwrap();
+}

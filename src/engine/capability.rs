@@ -99,7 +99,7 @@ impl Capability {
             Capability::OrderedByKey => "ordering a work group by key",
             Capability::StoreInspection => "this inspection (recurring schedules, the store directly)",
             Capability::HugeMessage => {
-                "a message over 1 MiB, over 125 idempotency keys in one call, a submit call with delayed messages larger than one transaction, or a recurring schedule's message over 512 KiB (the limits of one etcd transaction)"
+                "a message over 1 MiB, over 125 idempotency keys in one call, a submit call with delayed messages larger than one transaction, or a recurring schedule's message over 256 KiB (the limits of one etcd transaction)"
             }
             Capability::BufferedDurability => "Durability::Buffered (every etcd write is a quorum write)",
             Capability::JobActions => "acting on one job (retry now, delete, dead-letter)",

@@ -224,62 +224,128 @@ impl Writer {
             (a, b) => a.or(b),
         };
         self.engine.timer.set(next);
+        // An offer the watch made between the load above and this `set` was overwritten by
+        // it: made again.
+        if let Some(o) = Some(offers.load(Ordering::Acquire)).filter(|&o| o != u64::MAX) {
+            self.engine.timer.offer(o);
+        }
     }
 
+    /// Fires what is due at `now`, in due order. An error on one queue or schedule leaves its
+    /// entries for the next firing (in a second) and the others fire all the same; the first
+    /// such error is returned.
     async fn fire_due(&mut self, now: u64) -> Result<(), StorageError> {
         let store = self.side.store.clone();
         let deadline = Instant::now() + self.budget();
+        let mut failed: Option<StorageError> = None;
         for _ in 0..FIRE_ROUNDS {
             let entries = retrying(self.budget(), || store.due_entries(now, FIRE_READ)).await?;
             if entries.is_empty() {
-                return Ok(());
+                break;
             }
             let ids: Vec<(u32, u64)> = entries.iter().map(|&(_, q, id)| (q, id)).collect();
             let records = retrying(self.budget(), || store.delayed_records(&ids)).await?;
-            // An entry whose record is gone or moved was fired, cancelled or moved after the
-            // entry was read (both change in one transaction): its key is gone too. Found
-            // again (only a foreign write leaves one), it would hold the timer: deleted.
-            let (mut live, mut stale): (Vec<DelayedRecord>, _) = (Vec::new(), Vec::new());
-            for (&(due, qid, id), r) in entries.iter().zip(records) {
+            // An entry whose record is gone or due at another time was fired, cancelled or
+            // moved after the entry was read (record and entry change in one transaction): its
+            // key is gone too. Found again (only a foreign write leaves one), it would hold the
+            // timer: deleted, compared with the record as read.
+            let mut live: Vec<DelayedRecord> = Vec::new();
+            for (&entry, r) in entries.iter().zip(records) {
                 match r {
-                    Some(r) if r.due == due => live.push(r),
-                    _ => stale.push((due, qid, id)),
-                }
-            }
-            if !stale.is_empty() {
-                retrying(self.budget(), || store.drop_due_entries(&stale)).await?;
-            }
-            // Recurring schedules' firings first, each on its own.
-            let mut changed = false;
-            for r in live.iter().filter(|r| r.qid == RECURRING) {
-                if !self.fire_recurring(r, now, deadline).await? {
-                    changed = true;
-                }
-            }
-            live.retain(|r| r.qid != RECURRING);
-            let mut queues: Vec<u32> = live.iter().map(|r| r.qid).collect();
-            queues.sort_unstable();
-            queues.dedup();
-            for qid in queues {
-                let mine: Vec<&DelayedRecord> = live.iter().filter(|r| r.qid == qid).collect();
-                let Some(queue) = self.queue_by_id(qid).await? else {
-                    tracing::error!(qid, "rockq: delayed messages name a queue etcd does not hold; left");
-                    continue;
-                };
-                for chunk in chunks(&mine) {
-                    if !self.fire_chunk(&queue, chunk, now, deadline).await? {
-                        // A record changed meanwhile: read again rather than fire the later
-                        // ones first (sequences follow due order).
-                        changed = true;
-                        break;
+                    Some(r) if r.due == entry.0 => live.push(r),
+                    r => {
+                        let rev = r.map_or(0, |r| r.rev);
+                        retrying(self.budget(), || store.drop_due_entry(entry, rev)).await?;
                     }
                 }
             }
+            // In due order: the delayed messages due before a schedule's firing are appended
+            // before it, so a queue both feed gets its sequences in due order as embedded.
+            let mut changed = false;
+            let mut pending: Vec<&DelayedRecord> = Vec::new();
+            for r in &live {
+                if r.qid != RECURRING {
+                    pending.push(r);
+                    continue;
+                }
+                if !self.fire_pending(&mut pending, now, deadline, &mut failed).await {
+                    changed = true;
+                    break;
+                }
+                match self.fire_recurring(r, now, deadline).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        changed = true;
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "rockq: firing a recurring schedule failed; trying again in 1 s");
+                        failed.get_or_insert(e);
+                    }
+                }
+            }
+            if !changed {
+                changed = !self.fire_pending(&mut pending, now, deadline, &mut failed).await;
+            }
             if entries.len() < FIRE_READ && !changed {
-                return Ok(());
+                break;
             }
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Fires `pending` (due delayed messages, in due order), queue by queue. `false`: a record
+    /// changed meanwhile, and the caller reads again rather than fire later ones first.
+    async fn fire_pending(
+        &mut self,
+        pending: &mut Vec<&DelayedRecord>,
+        now: u64,
+        deadline: Instant,
+        failed: &mut Option<StorageError>,
+    ) -> bool {
+        let due = std::mem::take(pending);
+        let mut queues: Vec<u32> = due.iter().map(|r| r.qid).collect();
+        queues.sort_unstable();
+        queues.dedup();
+        for qid in queues {
+            let mine: Vec<&DelayedRecord> = due.iter().copied().filter(|r| r.qid == qid).collect();
+            let fired = self.fire_queue(qid, &mine, now, deadline).await;
+            match fired {
+                Ok(true) => {}
+                Ok(false) => return false,
+                Err(e) => {
+                    tracing::warn!(qid, error = %e, "rockq: firing delayed messages failed; trying again in 1 s");
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        true
+    }
+
+    /// Fires `mine`, the due messages of queue `qid` (`false`: one changed meanwhile).
+    async fn fire_queue(
+        &mut self,
+        qid: u32,
+        mine: &[&DelayedRecord],
+        now: u64,
+        deadline: Instant,
+    ) -> Result<bool, StorageError> {
+        let Some(queue) = self.queue_by_id(qid).await? else {
+            // Only a foreign write (queues are not deleted on etcd) names a queue etcd does
+            // not hold: dropped, as embedded, rather than hold the timer for good.
+            tracing::error!(qid, n = mine.len(), "rockq: delayed messages name no queue; dropped");
+            let store = self.side.store.clone();
+            for r in mine {
+                retrying(self.budget(), || store.cancel_delayed(r)).await?;
+            }
+            return Ok(true);
+        };
+        for chunk in chunks(mine) {
+            if !self.fire_chunk(&queue, chunk, now, deadline).await? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Queue `qid` as registered here, or — created by another process a moment ago, not yet

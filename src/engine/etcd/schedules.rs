@@ -37,8 +37,9 @@ impl Writer {
         name: &str,
         mut rec: ScheduleRecord,
     ) -> Result<Option<u64>, Error> {
-        // A firing carries a catch-up message and an on-time one in one transaction at least.
-        if rec.envelope.len() > MAX_TXN_BYTES / 2 {
+        // A firing carries a catch-up message, an on-time one and the record (which holds the
+        // message too) in one transaction at least.
+        if rec.envelope.len() > MAX_TXN_BYTES / 4 {
             return Err(capability::refusal(Flavour::Etcd, Capability::HugeMessage));
         }
         let (store, t) = (self.side.store.clone(), self.side.settings.request_timeout);
@@ -135,9 +136,11 @@ impl Writer {
             _ => return retrying(self.budget(), || store.cancel_delayed(entry)).await,
         };
         let grace = rec.recurrence.grace.as_micros().min(u128::from(u64::MAX)) as u64;
-        // As many on-time firings as one transaction carries beside a catch-up message (by
-        // count and by bytes; an upsert refused messages over half a transaction).
-        let per_txn = (MAX_TXN_BYTES / rec.envelope.len().max(1)).saturating_sub(1).clamp(1, ON_TIME_PER_TXN);
+        // As many on-time firings as one transaction carries beside a catch-up message and the
+        // record (by count and by bytes, a KiB left for keys and the record's other fields; an
+        // upsert refused messages over a quarter of a transaction).
+        let room = (MAX_TXN_BYTES - 1024) / rec.envelope.len().max(1);
+        let per_txn = room.saturating_sub(2).clamp(1, ON_TIME_PER_TXN);
         let plan = plan_firings(&rec.recurrence, entry.due, now, grace, rec.anchor_micros, per_txn);
         let (sends, skipped) = plan.sends(rec.recurrence.missed);
         let folded: u64 = sends.iter().sum();

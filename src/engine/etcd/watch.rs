@@ -51,8 +51,14 @@ pub(super) async fn run(
         }
         // Re-read every queue and tail, then watch from there.
         loop {
-            match side.store.load().await {
-                Ok(loaded) => {
+            // The earliest due time too: a delayed message or a firing written while the
+            // watch was down wakes the timer (read after the namespace, so nothing written
+            // between the two is missed: the watch starts at the namespace's revision).
+            let read = async {
+                Ok::<_, crate::error::StorageError>((side.store.load().await?, side.store.first_due().await?))
+            };
+            match read.await {
+                Ok((loaded, first_due)) => {
                     let Some(engine) = engine.upgrade() else { return };
                     let mut events = Vec::with_capacity(loaded.queues.len() * 2);
                     let purged =
@@ -62,10 +68,7 @@ pub(super) async fn run(
                         events.push(NamespaceEvent::Tail { qid: meta.id, last });
                         events.push(NamespaceEvent::Queue { name, meta });
                     }
-                    // A delayed message written while the watch was down wakes the timer.
-                    if let Ok(Some(due)) = side.store.first_due().await {
-                        events.push(NamespaceEvent::Due { due });
-                    }
+                    events.extend(first_due.map(|due| NamespaceEvent::Due { due }));
                     apply(&engine, &side, events).await;
                     revision = loaded.revision;
                     break;

@@ -507,6 +507,9 @@ impl Writer {
         let nonce = self.nonce();
         let mut backoff = Duration::from_millis(10);
         let mut held = Duration::from_millis(2);
+        // A try's outcome was unknown and it was found not applied: it may still land (a
+        // request etcd had not answered yet), so a moved tail is looked at for it.
+        let mut in_doubt = false;
         loop {
             // Keys are read again on every try: a race lost on a key is a duplicate now.
             let plan = self.plan_dedup(queue, envs.len(), keys, now, left()).await?;
@@ -580,6 +583,17 @@ impl Writer {
                     return Ok(Done::Changed);
                 }
                 Ok(Appended::Moved { last: l, nonce: n }) => {
+                    if in_doubt
+                        && let Ok((true, _, _)) =
+                            until(deadline, store.resolve_append(queue.id, last, nonce)).await
+                    {
+                        // The earlier try landed late: stored once, there.
+                        self.tails.remove(&queue.id);
+                        return Ok(Done::Stored {
+                            first: last + 1,
+                            originals: split.originals(&plan, last + 1),
+                        });
+                    }
                     (last, cur_nonce) = (l, n);
                 }
                 // A large send call holds the queue (`reserve.rs`): wait for its commit.
@@ -605,6 +619,7 @@ impl Writer {
                             }
                             Ok((false, l, n)) => {
                                 (last, cur_nonce) = (l, n);
+                                in_doubt = true;
                                 break;
                             }
                             Err(_) => continue,

@@ -2,18 +2,18 @@
 //!
 //! | key | value |
 //! | --- | --- |
-//! | `N sx/<qid u32><id u64>` | the delayed message: its due time (`u64` µs) and envelope |
+//! | `N x/<qid u32><id u64>` | the delayed message: its due time (`u64` µs) and envelope |
 //! | `N sd/<due u64><qid u32><id u64>` | the due index, empty: what the firing reads, in due order |
 //! | `N y/<nonce u64>` | a submit's marker, empty, under an expiring lease (in-doubt writes) |
 //! | `N meta/scheduled-id` | the next schedule id not handed out, `u64` |
 //!
 //! Both records of a message are written and deleted together, in one transaction. The due
 //! index lies inside the namespace watch's range (`q/` to `t/`), so every process learns a new
-//! earliest due time without polling; the records stay out of the events' way (the watch skips
-//! them).
+//! earliest due time without polling; the records (envelopes) lie outside it, so the watch does
+//! not carry them to every process.
 //!
 //! **Firing** is an append (`EtcdStore::append` with [`Along::Fired`]): the messages put at
-//! the tail, the two records of each deleted, compared with the revision of each `sx/` record
+//! the tail, the two records of each deleted, compared with the revision of each `x/` record
 //! as read. Two processes firing the same message cannot both succeed: the second's compare
 //! fails (the record is gone), and so does its tail's. A cancel or a reschedule compares the
 //! same revision, so a firing and a cancel of one message exclude each other.
@@ -61,7 +61,7 @@ impl EtcdStore {
     pub(super) fn delayed_key(&self, qid: u32, id: u64) -> Vec<u8> {
         let mut rest = qid.to_be_bytes().to_vec();
         rest.extend_from_slice(&id.to_be_bytes());
-        self.key(b"sx/", &rest)
+        self.key(b"x/", &rest)
     }
 
     pub(super) fn due_key(&self, due: u64, qid: u32, id: u64) -> Vec<u8> {
@@ -160,14 +160,14 @@ impl EtcdStore {
         nonce: u64,
         marker_lease: i64,
     ) -> Result<bool, StorageError> {
-        let mut cmps = Vec::new();
+        // Fenced by its own marker: a resend after a lost answer cannot write the records a
+        // second time (after the first try's messages fired or were cancelled), should the
+        // first try land late.
+        let marker = self.marker_key(nonce);
+        let mut cmps = vec![Compare::version(marker.clone(), CompareOp::Equal, 0)];
         let mut ops = Vec::with_capacity(2 * puts.len() + 1);
         self.push_delayed(qid, puts, &mut ops);
-        ops.push(TxnOp::put(
-            self.marker_key(nonce),
-            Vec::new(),
-            Some(PutOptions::new().with_lease(marker_lease)),
-        ));
+        ops.push(TxnOp::put(marker, Vec::new(), Some(PutOptions::new().with_lease(marker_lease))));
         if let Some((records, lease)) = dedup {
             // Every record of this call names a delayed message (`scheduled`): `first` is unused.
             self.push_dedup(qid, 0, records, lease, &mut cmps, &mut ops);
@@ -175,7 +175,8 @@ impl EtcdStore {
         crate::faults::check("rockq-etcd-delay-request")?;
         let resp = self.kv().txn(Txn::new().when(cmps).and_then(ops)).await?;
         crate::faults::check("rockq-etcd-delay-answer")?;
-        Ok(resp.succeeded())
+        // Refused: a key recorded meanwhile, or this very call applied before (its marker).
+        Ok(resp.succeeded() || self.marker_exists(nonce).await?)
     }
 
     /// Whether the submit named `nonce` was applied (its marker is there).
@@ -205,6 +206,10 @@ impl EtcdStore {
     /// Moves delayed message `r` to `due` if its record is still as read (`false`: it changed
     /// meanwhile, nothing written).
     pub async fn move_delayed(&self, r: &DelayedRecord, due: u64) -> Result<bool, StorageError> {
+        if due == r.due {
+            // Where it is already (etcd refuses a transaction deleting and putting one key).
+            return Ok(true);
+        }
         let key = self.delayed_key(r.qid, r.id);
         let txn = Txn::new().when([Compare::mod_revision(key.clone(), CompareOp::Equal, r.rev)]).and_then([
             TxnOp::delete(self.due_key(r.due, r.qid, r.id), None),
@@ -224,14 +229,17 @@ impl EtcdStore {
         Ok(got.kvs().iter().filter_map(|kv| self.parse_due_key(kv.key())).collect())
     }
 
-    /// Deletes due-index entries `(due, qid, id)` whose records are gone or moved.
-    pub async fn drop_due_entries(&self, entries: &[(u64, u32, u64)]) -> Result<(), StorageError> {
-        for chunk in entries.chunks(super::MAX_TXN_OPS) {
-            let ops: Vec<TxnOp> =
-                chunk.iter().map(|&(d, q, id)| TxnOp::delete(self.due_key(d, q, id), None)).collect();
-            self.kv().txn(Txn::new().and_then(ops)).await?;
-        }
-        Ok(())
+    /// Deletes due-index entry `(due, qid, id)`, found stale (its record gone: `rev` 0, or due
+    /// at another time), if the record is still as read — else it changed meanwhile and the
+    /// entry may be live again: left for the next read.
+    pub async fn drop_due_entry(
+        &self,
+        (due, qid, id): (u64, u32, u64),
+        rev: i64,
+    ) -> Result<(), StorageError> {
+        let cmp = Compare::mod_revision(self.delayed_key(qid, id), CompareOp::Equal, rev);
+        let txn = Txn::new().when([cmp]).and_then([TxnOp::delete(self.due_key(due, qid, id), None)]);
+        self.kv().txn(txn).await.map(|_| ())
     }
 
     /// The earliest due time in the namespace, if anything is scheduled.
@@ -249,10 +257,18 @@ impl EtcdStore {
         entries: &[(u32, u64)],
     ) -> Result<Vec<Option<DelayedRecord>>, StorageError> {
         let mut out = Vec::with_capacity(entries.len());
-        for chunk in entries.chunks(super::MAX_TXN_OPS) {
+        // As many at a time as the client's answer limit lets through (records of up to 1 MiB).
+        let mut rest = entries;
+        let mut per = super::MAX_TXN_OPS;
+        while !rest.is_empty() {
+            let chunk = &rest[..per.min(rest.len())];
             let gets: Vec<TxnOp> =
                 chunk.iter().map(|&(q, id)| TxnOp::get(self.delayed_key(q, id), None)).collect();
-            let resp = self.kv().txn(Txn::new().and_then(gets)).await?;
+            let Some(resp) = self.kv().txn_bounded(Txn::new().and_then(gets)).await? else {
+                per = (chunk.len() / 4).max(1);
+                continue;
+            };
+            rest = &rest[chunk.len()..];
             for (kv, &(qid, id)) in super::answers(&resp).zip(chunk) {
                 out.push(match kv {
                     Some(kv) => {
@@ -273,16 +289,21 @@ impl EtcdStore {
         qid: Option<u32>,
         limit: usize,
     ) -> Result<Vec<DelayedRecord>, StorageError> {
-        // Every queue: the whole `sx/` range (a queue: its id's).
-        let prefix = self.key(b"sx/", qid.map(u32::to_be_bytes).as_ref().map_or(&[][..], |q| &q[..]));
+        // Every queue: the whole `x/` range (a queue: its id's).
+        let prefix = self.key(b"x/", qid.map(u32::to_be_bytes).as_ref().map_or(&[][..], |q| &q[..]));
         let end = crate::store::prefix_end(&prefix).unwrap_or_default();
-        let base = self.key(b"sx/", b"").len();
+        let base = self.key(b"x/", b"").len();
         let mut start = prefix;
         let mut out = Vec::new();
+        let mut page = 256;
         while out.len() < limit {
-            let page = (limit - out.len()).min(256) as i64;
-            let opts = GetOptions::new().with_range(end.clone()).with_limit(page);
-            let got = self.kv().get(start.clone(), Some(opts)).await?;
+            let n = (limit - out.len()).min(page) as i64;
+            let opts = GetOptions::new().with_range(end.clone()).with_limit(n);
+            // Over the client's answer limit (large messages): a quarter as many.
+            let Some(got) = self.kv().get_bounded(start.clone(), Some(opts)).await? else {
+                page = (page / 4).max(1);
+                continue;
+            };
             for kv in got.kvs() {
                 let bad =
                     || corrupt(CorruptionError::new("delayed message", kv.key(), "expected <queue><id>"));

@@ -229,7 +229,7 @@ impl EtcdStore {
             Ok(batch)
         })
         .await?;
-        self.pages(b"sr/", ALL, rev, out, |page| {
+        self.pages(b"w/", ALL, rev, out, |page| {
             let mut batch = Vec::new();
             for (k, v) in page {
                 let name = String::from_utf8(k.clone())
@@ -240,7 +240,7 @@ impl EtcdStore {
             Ok(batch)
         })
         .await?;
-        self.pages(b"sx/", ALL, rev, out, |page| {
+        self.pages(b"x/", ALL, rev, out, |page| {
             let mut batch = Vec::new();
             for (k, v) in page {
                 let bad = || CorruptionError::new("delayed message key", &k, "expected <queue><id>");

@@ -156,7 +156,7 @@ impl EtcdStore {
                 self.import_put(imp, self.due_key(due_micros, qid, id), Vec::new(), None).await?;
                 (self.delayed_key(qid, id), super::delayed::encode_record(due_micros, &envelope), None)
             }
-            Write::Schedule { name, record } => (self.key(b"sr/", name.as_bytes()), record, None),
+            Write::Schedule { name, record } => (self.key(b"w/", name.as_bytes()), record, None),
             Write::ScheduleDue { name, id, due_micros } => {
                 imp.next_scheduled_id = imp.next_scheduled_id.max(id + 1);
                 let (qid, entry) =

@@ -25,10 +25,10 @@
 //! | `N r/letter:<dlq>:<seq>` | a dead letter above the cursor settled on its own, empty (`redrive.rs`) |
 //! | `N d/<qid u32><key>` | an idempotency key's dedup record, under an expiring lease (`dedup.rs`) |
 //! | `N j/outcome:<group>:<queue>:<seq>` | a kept job outcome (same codec as RocksDB's, `outcomes.rs`) |
-//! | `N sx/<qid u32><id u64>`, `N sd/<due u64><qid u32><id u64>` | a delayed message and its due-index entry (`delayed.rs`) |
+//! | `N x/<qid u32><id u64>`, `N sd/<due u64><qid u32><id u64>` | a delayed message and its due-index entry (`delayed.rs`) |
 //! | `N y/<nonce u64>` | a submit's marker under an expiring lease (`delayed.rs`) |
 //! | `N meta/scheduled-id` | the next schedule id not handed out (`delayed.rs`) |
-//! | `N sr/<name>` | a recurring schedule's record (same codec as RocksDB's, `schedules.rs`) |
+//! | `N w/<name>` | a recurring schedule's record (same codec as RocksDB's, `schedules.rs`) |
 
 pub(crate) mod dedup;
 pub(crate) mod delayed;

@@ -298,7 +298,7 @@ impl EtcdStore {
     {
         // `q/` (queue records) up to and including `t/` (tails): one watch for those and the
         // purge marks (`s/`) and delayed messages' due-index entries (`sd/`) between them.
-        // What else lies between (`r/`, redrive cursors; `sx/`, delayed messages) is skipped.
+        // What else lies between (`r/`, redrive cursors) is skipped.
         let (qprefix, tprefix) = (self.key(b"q/", b""), self.key(b"t/", b""));
         let sprefix = self.key(b"s/", b"");
         let dprefix = self.key(b"sd/", b"");

@@ -1,7 +1,7 @@
-//! Recurring schedules in etcd (`engine/etcd/schedules.rs` drives them): `N sr/<name>` holds
+//! Recurring schedules in etcd (`engine/etcd/schedules.rs` drives them): `N w/<name>` holds
 //! a schedule's record (the RocksDB codec: its id, queue, recurrence, anchor, next firing,
 //! counters and message). Its pending firing is a due-index entry like a delayed message's,
-//! under the queue id `RECURRING` (`N sd/<next><RECURRING><id>`, and `N sx/<RECURRING><id>` =
+//! under the queue id `RECURRING` (`N sd/<next><RECURRING><id>`, and `N x/<RECURRING><id>` =
 //! the due time and the schedule's name), so the timer every process runs finds it.
 //!
 //! Every change compares the record's `mod_revision` as read: an upsert, a pause, a delete, and
@@ -19,7 +19,7 @@ use crate::store::scheduled::{decode_schedule, encode_schedule};
 
 impl EtcdStore {
     fn schedule_key(&self, name: &str) -> Vec<u8> {
-        self.key(b"sr/", name.as_bytes())
+        self.key(b"w/", name.as_bytes())
     }
 
     /// Schedule `name` and its record's `mod_revision`, if it exists.
@@ -30,17 +30,30 @@ impl EtcdStore {
         Ok(Some((rec, kv.mod_revision())))
     }
 
-    /// Every schedule, by name.
+    /// Every schedule, by name, a page at a time (a schedule's record holds its message: the
+    /// pages shrink under the client's answer limit).
     pub async fn schedules(&self) -> Result<Vec<(String, ScheduleRecord)>, StorageError> {
-        let prefix = self.key(b"sr/", b"");
+        let prefix = self.key(b"w/", b"");
         let end = crate::store::prefix_end(&prefix).unwrap_or_default();
-        let got = self.kv().get(prefix.clone(), Some(GetOptions::new().with_range(end))).await?;
-        let mut out = Vec::with_capacity(got.kvs().len());
-        for kv in got.kvs() {
-            let name = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
-            out.push((name, decode_schedule(kv.key(), kv.value()).map_err(corrupt)?));
+        let (mut start, mut page, mut out) = (prefix.clone(), 256, Vec::new());
+        loop {
+            let opts = GetOptions::new().with_range(end.clone()).with_limit(page);
+            let Some(got) = self.kv().get_bounded(start.clone(), Some(opts)).await? else {
+                page = (page / 4).max(1);
+                continue;
+            };
+            for kv in got.kvs() {
+                let name = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
+                out.push((name, decode_schedule(kv.key(), kv.value()).map_err(corrupt)?));
+            }
+            match got.kvs().last() {
+                Some(kv) if got.more() => {
+                    start = kv.key().to_vec();
+                    start.push(0);
+                }
+                _ => return Ok(out),
+            }
         }
-        Ok(out)
     }
 
     /// Adds a schedule change to a transaction: compared with the record as read, the record
