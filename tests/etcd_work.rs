@@ -598,6 +598,12 @@ async fn work_helper_process() {
         futures::future::pending::<()>().await;
         return;
     }
+    if mode == "fire" {
+        // Nothing but the broker's timer, firing the namespace's schedules until killed.
+        say("@ready".into());
+        futures::future::pending::<()>().await;
+        return;
+    }
     say("@ready".into());
     while cmd_rx.recv().await.as_deref() != Some("go") {}
     let sends: u64 = var("ROCKQ_ETCD_SENDS").parse().expect("number");
@@ -1073,4 +1079,44 @@ async fn a_progress_report_is_seen_by_other_brokers_and_read_back_by_the_next_at
     drop(jb);
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
+}
+
+/// A recurring schedule fires each occurrence once while the processes firing it are SIGKILLed
+/// at random moments, mid-firing among them: two processes race for every occurrence, both die,
+/// two more start; at the end every message its firings appended is counted once in its record
+/// (`fired`), and the record names the last of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_fires_each_occurrence_once_while_its_firing_processes_are_killed() {
+    let cluster = etcd::Cluster::start(1).await;
+    let endpoints = cluster.endpoints().join(",");
+    let broker = Broker::connect_etcd(cluster.endpoints(), "tick-kill", EtcdOptions::new()).await.unwrap();
+    broker.schedule("tick", Duration::from_millis(20), "ticks", "t").await.unwrap();
+    broker.shutdown().await.unwrap();
+    let mut rng = common::Rng::from_clock();
+    let vars = [("ROCKQ_ETCD_NS", "tick-kill"), ("ROCKQ_ETCD_NAME", "firer"), ("ROCKQ_ETCD_MODE", "fire")];
+    for _ in 0..6 {
+        let (mut a, mut b) = (helper(&endpoints, &vars), helper(&endpoints, &vars));
+        let ((la, ra), (lb, rb)) = (collect(&mut a), collect(&mut b));
+        wait_until("both firing processes up", || {
+            !lines(&la, "@ready").is_empty() && !lines(&lb, "@ready").is_empty()
+        })
+        .await;
+        // Kill moments, not synchronisation: whatever they hit, the counts below must agree.
+        for child in [&mut a, &mut b] {
+            tokio::time::sleep(Duration::from_millis(rng.next(250))).await;
+            child.kill().expect("kill");
+            child.wait().expect("reap");
+        }
+        ra.join().expect("output");
+        rb.join().expect("output");
+    }
+    let broker = Broker::connect_etcd(cluster.endpoints(), "tick-kill", EtcdOptions::new()).await.unwrap();
+    broker.pause_schedule("tick").await.unwrap();
+    let s = broker.schedules().await.unwrap().remove(0);
+    let stats = broker.stats().await.unwrap();
+    let ticks = stats.queues.iter().find(|q| q.name == "ticks").expect("the schedule fired");
+    assert!(s.fired > 0);
+    assert_eq!(ticks.last_seq, s.fired, "each firing's message appended once, none lost");
+    assert_eq!(s.last.map(|(_, seq)| seq), Some(ticks.last_seq));
+    broker.shutdown().await.unwrap();
 }
