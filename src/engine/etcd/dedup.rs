@@ -119,8 +119,7 @@ impl Writer {
         {
             return Err(capability::refusal(Flavour::Etcd, Capability::HugeMessage));
         }
-        self.last_stamp = self.last_stamp.max(self.engine.clock().wall_micros());
-        let now = self.last_stamp;
+        let now = self.stamp();
         for m in &mut msgs {
             envelope::stamp(&mut m.envelope, now);
         }

@@ -113,8 +113,7 @@ impl Writer {
         if let Some(f) = self.engine.failure() {
             return Err(crate::error::Closed::Failed(f).into());
         }
-        self.last_stamp = self.last_stamp.max(self.engine.clock().wall_micros());
-        let now = self.last_stamp;
+        let now = self.stamp();
         let delayed = |m: &Submission| m.due.is_some_and(|d| d > now);
         // One transaction: each message appended now is a put, each delayed one two, each key
         // one more, with the tail's put.
@@ -181,9 +180,9 @@ impl Writer {
         id: u64,
         due: u64,
     ) -> Result<Option<ScheduledMessage>, Error> {
-        self.last_stamp = self.last_stamp.max(self.engine.clock().wall_micros());
+        let now = self.stamp();
         // A time in the past is due now.
-        let due = due.max(self.last_stamp);
+        let due = due.max(now);
         let (store, t) = (self.side.store.clone(), self.side.settings.request_timeout);
         loop {
             let Some(r) = retrying(t, || store.delayed(queue.id, id)).await? else { return Ok(None) };
@@ -200,8 +199,7 @@ impl Writer {
         let side = self.side.clone();
         let offers = &side.due_offers;
         offers.store(u64::MAX, Ordering::Release);
-        self.last_stamp = self.last_stamp.max(self.engine.clock().wall_micros());
-        let now = self.last_stamp;
+        let now = self.stamp();
         let next = match self.fire_due(now).await {
             Ok(()) => {
                 let store = self.side.store.clone();

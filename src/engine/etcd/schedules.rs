@@ -53,8 +53,7 @@ impl Writer {
                 }
                 None => (0, None),
             };
-            self.last_stamp = self.last_stamp.max(self.engine.clock().wall_micros());
-            let now = self.last_stamp;
+            let now = self.stamp();
             // A fresh id: a firing of the old version in flight can never match it.
             rec.id = self.scheduled_id(t).await?;
             rec.anchor_micros = now;
@@ -85,11 +84,11 @@ impl Writer {
                 return Ok(());
             }
             let unarm = (rec.next_micros != 0).then_some((rec.next_micros, rec.id));
-            self.last_stamp = self.last_stamp.max(self.engine.clock().wall_micros());
+            let now = self.stamp();
             rec.paused = paused;
             rec.next_micros = match paused {
                 true => 0,
-                false => rec.recurrence.next_after(self.last_stamp, rec.anchor_micros).unwrap_or(0),
+                false => rec.recurrence.next_after(now, rec.anchor_micros).unwrap_or(0),
             };
             let arm = (rec.next_micros != 0).then_some((rec.next_micros, rec.id));
             let w = ScheduleWrite { name, rev, record: &rec, unarm, arm };

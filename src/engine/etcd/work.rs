@@ -481,10 +481,9 @@ impl Writer {
             }
             None => (envelope::Envelope::default(), format!("{reason} (the stored message was missing)")),
         };
-        self.last_stamp = self.last_stamp.max(self.engine.clock().wall_micros());
+        let stamped = self.stamp();
         let origin = Origin { queue: &group.queue, group: &group.name, seq, attempts: attempt };
-        let (copy, reason) =
-            dead_letter::copy(&origin, &reason, env, self.last_stamp).map_err(StorageError::new)?;
+        let (copy, reason) = dead_letter::copy(&origin, &reason, env, stamped).map_err(StorageError::new)?;
         let deadline = Instant::now() + t;
         loop {
             let (last, nonce) = match self.tails.get(&q.id) {

@@ -172,6 +172,13 @@ impl Writer {
         fastrand::u64(1..)
     }
 
+    /// The time this writer stamps what it writes now (wall micros): the clock's, never below
+    /// an earlier stamp, so enqueue times never go back within this process.
+    pub(super) fn stamp(&mut self) -> u64 {
+        self.last_stamp = self.last_stamp.max(self.engine.clock().wall_micros());
+        self.last_stamp
+    }
+
     /// Carries out one request, or refuses it as unsupported.
     async fn apply(&mut self, req: Request) {
         match req {
@@ -348,8 +355,7 @@ impl Writer {
             s.fail(&f);
             return;
         }
-        self.last_stamp = self.last_stamp.max(self.engine.clock().wall_micros());
-        let now = self.last_stamp;
+        let now = self.stamp();
         // Each send call: its queue, and its messages' byte ranges in the arena.
         let mut calls: Vec<(usize, Vec<(usize, usize)>)> = Vec::with_capacity(s.sends.len());
         let mut start = 0;
@@ -705,10 +711,10 @@ impl Writer {
                         }
                     };
                     drop(q);
-                    self.last_stamp = self.last_stamp.max(self.engine.clock().wall_micros());
+                    let stamped = self.stamp();
                     let origin =
                         Origin { queue: &g.queue, group: &g.name, seq: msg.seq, attempts: deliveries };
-                    match dead_letter::copy(&origin, &reason, msg.envelope(), self.last_stamp) {
+                    match dead_letter::copy(&origin, &reason, msg.envelope(), stamped) {
                         Ok((env, reason)) => {
                             marks.push((msg.seq, OrderedMark::DeadLettered { deliveries }));
                             letters.push((PendingLetter { msg, deliveries, reason, sub }, env));
