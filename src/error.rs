@@ -213,6 +213,7 @@ impl StorageError {
 
     /// The store could not be reached (on etcd: no member answered in time, no quorum, no
     /// leader): the same request may well succeed later.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     pub(crate) fn unreachable(message: impl Into<std::sync::Arc<str>>) -> Self {
         StorageError { message: message.into(), transient: true }
     }

@@ -28,12 +28,25 @@ use crate::stats::{JobStatus, PendingClaim, Stats, StoredMessage};
 /// ```
 #[derive(Clone)]
 pub struct Inspector {
-    db: Arc<ReadOnly>,
+    source: Source,
+}
+
+/// What an inspector reads: a RocksDB database opened read-only, or an etcd namespace through
+/// a passive connection (one that fires and trims nothing; `Broker::connect_etcd_as`).
+#[derive(Clone)]
+enum Source {
+    File(Arc<ReadOnly>),
+    #[cfg(feature = "etcd")]
+    Etcd(crate::broker::Broker),
 }
 
 impl std::fmt::Debug for Inspector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Inspector").field("path", &self.db.path()).finish()
+        match &self.source {
+            Source::File(db) => f.debug_struct("Inspector").field("path", &db.path()).finish(),
+            #[cfg(feature = "etcd")]
+            Source::Etcd(b) => f.debug_struct("Inspector").field("etcd", b).finish(),
+        }
     }
 }
 
@@ -64,14 +77,69 @@ impl Inspector {
         let db = tokio::task::spawn_blocking(move || ReadOnly::open(&path))
             .await
             .map_err(|e| Error::InvalidOption(format!("open task failed: {e}")))??;
-        Ok(Inspector { db: Arc::new(db) })
+        Ok(Inspector { source: Source::File(Arc::new(db)) })
+    }
+
+    /// Connects to the etcd namespace `namespace` at `endpoints` for inspection (feature
+    /// `etcd`): the same reads as over a database, of the namespace several processes share.
+    ///
+    /// Unlike a database opened read-only, the view is live: every call reads the namespace
+    /// as it is then (the connection learns other processes' writes through its watch). The
+    /// connection writes nothing: the namespace is not created if missing, and it does not
+    /// fire delayed messages or schedules, nor trim — the brokers do. The options' broker
+    /// [`Options`](crate::Options) apply as for [`Broker::connect_etcd`](crate::Broker::connect_etcd) (the
+    /// clock, say); drop the inspector to disconnect.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoDatabase`] if the namespace does not exist, [`Error::NotRockq`] if it holds
+    /// another format, [`Error::InvalidOption`] for a bad namespace, no endpoint or a
+    /// malformed endpoint URL, [`Error::Storage`] if no member answered within the request
+    /// timeout, [`Error::NoRuntime`] outside a Tokio runtime.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: nothing is written, and nothing is started until the last step.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), rockq::Error> {
+    /// let inspector =
+    ///     rockq::Inspector::connect_etcd(["http://127.0.0.1:2379"], "shop", rockq::EtcdOptions::new()).await?;
+    /// for q in inspector.stats().await?.queues {
+    ///     println!("{}: {} messages", q.name, q.len);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "etcd")]
+    pub async fn connect_etcd(
+        endpoints: impl IntoIterator<Item = impl Into<String>>,
+        namespace: &str,
+        options: crate::broker::etcd::EtcdOptions,
+    ) -> Result<Inspector, Error> {
+        let broker = crate::broker::Broker::connect_etcd_as(endpoints, namespace, options, true).await?;
+        Ok(Inspector { source: Source::Etcd(broker) })
+    }
+
+    /// The broker of an etcd inspection (`None`: a database read-only).
+    fn broker(&self) -> Option<&crate::broker::Broker> {
+        match &self.source {
+            Source::File(_) => None,
+            #[cfg(feature = "etcd")]
+            Source::Etcd(b) => Some(b),
+        }
     }
 
     async fn run<T: Send + 'static>(
         &self,
         f: impl FnOnce(&ReadOnly) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, Error> {
-        let db = self.db.clone();
+        let db = match &self.source {
+            Source::File(db) => db.clone(),
+            #[cfg(feature = "etcd")]
+            Source::Etcd(_) => return Err(Error::Internal("an etcd inspection has no database file".into())),
+        };
         tokio::task::spawn_blocking(move || f(&db)).await.map_err(|_| Error::Shutdown)?
     }
 
@@ -99,6 +167,9 @@ impl Inspector {
     /// # Ok(()) }
     /// ```
     pub async fn stats(&self) -> Result<Stats, Error> {
+        if let Some(b) = self.broker() {
+            return b.stats().await;
+        }
         let now = Clock::tokio().wall_micros();
         self.run(move |s| s.stats(now)).await
     }
@@ -125,6 +196,9 @@ impl Inspector {
     /// # Ok(()) }
     /// ```
     pub async fn pending(&self, queue: &str, group: &str) -> Result<Vec<PendingClaim>, Error> {
+        if let Some(b) = self.broker() {
+            return b.pending(queue, group).await;
+        }
         let (g, q) = (group.to_owned(), queue.to_owned());
         let now = Clock::tokio().wall_micros();
         self.run(move |s| s.pending(&g, &q, now)).await
@@ -156,6 +230,9 @@ impl Inspector {
     /// # Ok(()) }
     /// ```
     pub async fn job(&self, queue: &str, group: &str, seq: u64) -> Result<JobStatus, Error> {
+        if let Some(b) = self.broker() {
+            return b.job(queue, group, seq).await;
+        }
         let (g, q) = (group.to_owned(), queue.to_owned());
         let now = Clock::tokio().wall_micros();
         self.run(move |s| s.job(&g, &q, seq, now)).await
@@ -180,6 +257,9 @@ impl Inspector {
     /// # Ok(()) }
     /// ```
     pub async fn flow(&self, id: u64) -> Result<FlowStatus, Error> {
+        if let Some(b) = self.broker() {
+            return b.flow_status(id).await;
+        }
         self.run(move |s| s.flow(id)).await?.ok_or(Error::NoSuchFlow { flow: id })
     }
 
@@ -204,6 +284,9 @@ impl Inspector {
     /// # Ok(()) }
     /// ```
     pub async fn flows(&self, from: u64, limit: usize) -> Result<Vec<u64>, Error> {
+        if let Some(b) = self.broker() {
+            return b.flows(from, limit).await;
+        }
         self.run(move |s| s.flow_ids(from, limit)).await
     }
 
@@ -233,6 +316,9 @@ impl Inspector {
         from: Option<u64>,
         limit: usize,
     ) -> Result<Vec<StoredMessage>, Error> {
+        if let Some(b) = self.broker() {
+            return b.peek(queue, from, limit).await;
+        }
         let q = queue.to_owned();
         self.run(move |s| s.peek(&q, from, limit)).await
     }
@@ -257,6 +343,14 @@ impl Inspector {
     /// # Ok(()) }
     /// ```
     pub async fn dead_letters(&self, dlq: &str, limit: usize) -> Result<Vec<DeadLetter>, Error> {
+        if let Some(b) = self.broker() {
+            // `Broker::dead_letters` creates the queue: an inspection must not.
+            crate::name::validate(crate::error::NameKind::Queue, dlq)?;
+            if !b.queue_names().iter().any(|q| q == dlq) {
+                return Err(Error::NoSuchQueue { queue: dlq.to_owned() });
+            }
+            return b.dead_letters(dlq).await?.list(limit).await;
+        }
         let q = dlq.to_owned();
         let raw = self.run(move |s| s.dead_letters(&q, limit)).await?;
         Ok(raw.into_iter().map(DeadLetter::from_raw).collect())
@@ -286,6 +380,9 @@ impl Inspector {
         queue: Option<&str>,
         limit: usize,
     ) -> Result<Vec<crate::schedule::DelayedInfo>, Error> {
+        if let Some(b) = self.broker() {
+            return b.delayed(queue, limit).await;
+        }
         let q = queue.map(str::to_owned);
         self.run(move |s| s.scheduled(q.as_deref(), limit)).await
     }
@@ -328,6 +425,9 @@ impl Inspector {
     /// # Ok(()) }
     /// ```
     pub async fn schedules(&self) -> Result<Vec<crate::schedule::ScheduleInfo>, Error> {
+        if let Some(b) = self.broker() {
+            return b.schedules().await;
+        }
         self.run(|s| s.schedules()).await
     }
 }

@@ -1056,3 +1056,85 @@ async fn large_delayed_messages_are_listed_and_fire_and_a_reschedule_in_place_is
     common::assert_next_is_sentinel(&q, &mut sub).await;
     b.shutdown().await.unwrap();
 }
+
+/// The namespace's current revision (it moves with every write, and only then).
+async fn revision(cluster: &etcd::Cluster) -> i64 {
+    let mut client = cluster.client().await;
+    let opts = etcd_client::GetOptions::new().with_count_only();
+    client.get("revision-probe", Some(opts)).await.unwrap().header().unwrap().revision()
+}
+
+/// `Inspector::connect_etcd` reads what the brokers wrote (the same answers as a broker's),
+/// writes nothing — not even a delayed message that fell due on its clock, which a broker on
+/// that clock fires at once — and refuses a namespace that does not exist without creating it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inspector_reads_the_namespace_live_and_writes_nothing() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let a = connect_clock(&cluster, "seen", &clock).await;
+    let orders = a.queue("orders").await.unwrap();
+    orders.send_batch(["o1", "o2", "o3"]).await.unwrap();
+    let jobs = a.queue("jobs").await.unwrap();
+    jobs.send_batch(["j1", "j2"]).await.unwrap();
+    let mut js = jobs.work_group("workers").unwrap().consumer_name("held-here").subscribe().await.unwrap();
+    let held = common::next_job(&mut js).await;
+    let delayed =
+        scheduled(orders.submit(Message::new("later").deliver_after(Duration::from_secs(60))).await.unwrap());
+
+    let inspector = rockq::Inspector::connect_etcd(cluster.endpoints(), "seen", EtcdOptions::new())
+        .await
+        .expect("inspect the namespace");
+    let (mine, theirs) = (a.stats().await.unwrap(), inspector.stats().await.unwrap());
+    let lens = |s: &rockq::Stats| s.queues.iter().map(|q| (q.name.clone(), q.len)).collect::<Vec<_>>();
+    assert_eq!(lens(&theirs), lens(&mine));
+    let pending = inspector.pending("jobs", "workers").await.unwrap();
+    assert_eq!(pending, a.pending("jobs", "workers").await.unwrap());
+    let claim = pending.iter().find(|p| p.seq == held.seq()).expect("the held job's claim");
+    assert_eq!(claim.holder.as_deref(), Some("held-here"));
+    let peeked: Vec<u64> = inspector.peek("orders", None, 10).await.unwrap().iter().map(|m| m.seq).collect();
+    assert_eq!(peeked, vec![1, 2, 3]);
+    assert_eq!(inspector.delayed(Some("orders"), 10).await.unwrap()[0].id, delayed.id);
+    // Live: a send after the connection is seen by the next read.
+    orders.send("o4").await.unwrap();
+    assert_eq!(inspector.peek("orders", Some(4), 10).await.unwrap()[0].payload.as_ref(), b"o4");
+    // Reading a dead-letter queue that does not exist creates nothing.
+    assert!(matches!(inspector.dead_letters("nothing.dlq", 5).await, Err(Error::NoSuchQueue { .. })));
+    drop((held, js));
+    a.shutdown().await.unwrap();
+
+    // Past the delayed message's due time on the inspector's clock: a broker would fire it.
+    clock.advance(Duration::from_secs(120));
+    let before = revision(&cluster).await;
+    let options = rockq::Options::new().clock(clock.clone());
+    let late =
+        rockq::Inspector::connect_etcd(cluster.endpoints(), "seen", EtcdOptions::new().options(options))
+            .await
+            .unwrap();
+    for _ in 0..3 {
+        assert_eq!(late.stats().await.unwrap().queues.iter().find(|q| q.name == "orders").unwrap().len, 4);
+        assert_eq!(late.delayed(None, 10).await.unwrap().len(), 1, "not fired by an inspection");
+        late.pending("jobs", "workers").await.unwrap();
+    }
+    assert_eq!(revision(&cluster).await, before, "an inspection wrote something");
+    drop((late, inspector));
+    // The control: a broker on the same clock fires it.
+    let b = connect_clock(&cluster, "seen", &clock).await;
+    let q = b.queue("orders").await.unwrap();
+    let mut sub = q.group("g").unwrap().start_from(rockq::StartFrom::Sequence(5)).subscribe().await.unwrap();
+    assert_eq!(next(&mut sub).await.payload().as_ref(), b"later");
+    drop(sub);
+    b.shutdown().await.unwrap();
+
+    // A namespace that does not exist: refused, and still not there.
+    let before = revision(&cluster).await;
+    match rockq::Inspector::connect_etcd(cluster.endpoints(), "absent", EtcdOptions::new()).await {
+        Err(Error::NoDatabase { path }) => assert!(path.display().to_string().contains("absent"), "{path:?}"),
+        other => panic!("expected NoDatabase, got {other:?}"),
+    }
+    let opts = rockq::Options::new().create_if_missing(false);
+    match Broker::connect_etcd(cluster.endpoints(), "absent", EtcdOptions::new().options(opts)).await {
+        Err(Error::NoDatabase { .. }) => {}
+        other => panic!("expected NoDatabase, got {:?}", other.map(|_| ())),
+    }
+    assert_eq!(revision(&cluster).await, before, "nothing was created");
+}

@@ -147,11 +147,22 @@ impl EtcdOptions {
     pub fn get_owner_ttl(&self) -> Duration {
         self.owner_ttl
     }
+
+    /// The engine's settings from these options.
+    fn settings(&self, passive: bool) -> crate::engine::boundary::EtcdSettings {
+        crate::engine::boundary::EtcdSettings {
+            request_timeout: self.request_timeout,
+            attempt_timeout: self.attempt_timeout.max(Duration::from_millis(1)),
+            owner_ttl: self.owner_ttl,
+            passive,
+        }
+    }
 }
 
 impl Broker {
     /// Connects to the etcd cluster at `endpoints` and opens namespace `namespace` on it (a
-    /// queue-name-like string; created if missing). Several processes connecting to the same
+    /// queue-name-like string; created if missing, unless the options'
+    /// [`create_if_missing`](Options::create_if_missing) is off). Several processes connecting to the same
     /// namespace share its queues and groups: producers anywhere append to one sequence per
     /// queue, and an ordered group has one active subscriber across all of them.
     ///
@@ -164,7 +175,8 @@ impl Broker {
     ///
     /// [`Error::Storage`] if no member answered within the request timeout (one member down
     /// of several is not an error: the others are asked), [`Error::NotRockq`] if the
-    /// namespace holds another format, [`Error::Unsupported`] for
+    /// namespace holds another format, [`Error::NoDatabase`] for a namespace that does not
+    /// exist when [`create_if_missing`](Options::create_if_missing) is off, [`Error::Unsupported`] for
     /// [`Durability::Buffered`](crate::Durability::Buffered), [`Error::InvalidOption`] for
     /// a bad namespace, no endpoint or a malformed endpoint URL, [`Error::NoRuntime`] outside
     /// a Tokio runtime.
@@ -188,12 +200,19 @@ impl Broker {
         namespace: &str,
         options: EtcdOptions,
     ) -> Result<Broker, Error> {
+        Self::connect_etcd_as(endpoints, namespace, options, false).await
+    }
+
+    /// [`connect_etcd`](Self::connect_etcd), or with `passive` an inspection's connection
+    /// (`Inspector::connect_etcd`): the namespace must exist, and nothing fires or trims.
+    pub(crate) async fn connect_etcd_as(
+        endpoints: impl IntoIterator<Item = impl Into<String>>,
+        namespace: &str,
+        options: EtcdOptions,
+        passive: bool,
+    ) -> Result<Broker, Error> {
         let endpoints: Vec<String> = endpoints.into_iter().map(Into::into).collect();
-        let settings = crate::engine::boundary::EtcdSettings {
-            request_timeout: options.request_timeout,
-            attempt_timeout: options.attempt_timeout.max(Duration::from_millis(1)),
-            owner_ttl: options.owner_ttl,
-        };
+        let settings = options.settings(passive);
         let shared =
             crate::engine::boundary::connect_etcd(&endpoints, namespace, options.options, settings).await?;
         Ok(Broker { shared: Arc::clone(&shared) })
@@ -216,9 +235,8 @@ impl Broker {
     /// # Errors
     ///
     /// [`Error::Invalid`] naming the line for a bad or cut-short file, or if the namespace is
-    /// not empty; [`Error::Unsupported`] naming what etcd does not hold yet — delayed messages,
-    /// recurring schedules, keyspaces, dead letters settled on their own — with nothing left
-    /// in the namespace; [`Error::IncompatibleVersion`], [`Error::InvalidOption`] for a bad
+    /// not empty; [`Error::Unsupported`] naming what etcd does not hold yet — keyspaces and
+    /// work-group limits — with nothing left in the namespace; [`Error::IncompatibleVersion`], [`Error::InvalidOption`] for a bad
     /// endpoint or namespace, [`Error::Io`], [`Error::Storage`].
     ///
     /// # Cancel safety
@@ -242,11 +260,7 @@ impl Broker {
         options: EtcdOptions,
     ) -> Result<crate::export::TransferReport, Error> {
         let endpoints: Vec<String> = endpoints.into_iter().map(Into::into).collect();
-        let settings = crate::engine::boundary::EtcdSettings {
-            request_timeout: options.request_timeout,
-            attempt_timeout: options.attempt_timeout.max(Duration::from_millis(1)),
-            owner_ttl: options.owner_ttl,
-        };
+        let settings = options.settings(false);
         crate::engine::boundary::import_etcd(Box::new(input), &endpoints, namespace, &settings, None).await
     }
 }

@@ -258,6 +258,7 @@ impl Backend {
     /// process has not registered. The embedded engine registers every group at open (and
     /// this process is the only writer), so none is found; on etcd another process may have
     /// created it since this one connected.
+    #[cfg_attr(not(feature = "etcd"), allow(unused_variables))]
     pub async fn stored_work_group(&self, group: &str, queue: &str) -> Result<bool, Error> {
         match self {
             Backend::Embedded(_) => Ok(false),
@@ -267,6 +268,7 @@ impl Backend {
 
     /// The stored progress report of unfinished job `seq` (asked on etcd only: the embedded
     /// engine's memory has every report, restored at open and written by this process only).
+    #[cfg_attr(not(feature = "etcd"), allow(unused_variables))]
     pub async fn progress(&self, group: &str, queue: &str, seq: u64) -> Result<Option<bytes::Bytes>, Error> {
         match self {
             Backend::Embedded(_) => Ok(None),

@@ -22,8 +22,12 @@ pub(crate) async fn connect(
     let started = start::start(&runtime, endpoints, namespace, &options, settings).await?;
     let start::Started { engine, side, tx, stopped } = started;
     let timer = engine.timer.clone();
+    let passive = side.settings.passive;
     let shared = Shared::new(engine, Backend::Etcd(side), tx, runtime, None, stopped);
-    tasks::spawn_timer(&shared, timer);
-    tasks::spawn_retention(&shared, options.retention_interval);
+    // An inspection writes nothing of its own accord: the other processes fire and trim.
+    if !passive {
+        tasks::spawn_timer(&shared, timer);
+        tasks::spawn_retention(&shared, options.retention_interval);
+    }
     Ok(shared)
 }

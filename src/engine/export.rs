@@ -136,6 +136,8 @@ pub(crate) async fn import_etcd(
             .map_err(|e| match e {
                 ConnectFailure::Storage(s) => Error::Storage(s),
                 ConnectFailure::Invalid(why) | ConnectFailure::Foreign(why) => Error::InvalidOption(why),
+                // `connect_bare` reads nothing of the namespace.
+                ConnectFailure::Missing => Error::Internal("connect_bare found no namespace".into()),
             })?;
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     let mut imp = store.begin_import(u64::try_from(now.as_micros()).unwrap_or(u64::MAX)).await?;

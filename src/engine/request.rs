@@ -228,6 +228,7 @@ pub(crate) struct HeldLease {
     pub requested: std::time::Instant,
     /// The deadline other processes read (etcd: the stored claim's), as far as this process
     /// knows.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     pub persisted: std::time::Instant,
     /// Extensions asked for so far: an extension's write applies its deadline only if no
     /// later one was asked for meanwhile.

@@ -21,22 +21,88 @@ pub(super) fn invalid(n: u64, reason: impl std::fmt::Display) -> Error {
 /// One checked line, as the write it makes (ids are the new database's).
 #[derive(Debug)]
 pub(crate) enum Write {
-    Queue { name: String, meta: QueueMeta, last_seq: u64 },
-    Message { qid: u32, seq: u64, envelope: Vec<u8> },
-    Delayed { qid: u32, id: u64, due_micros: u64, envelope: Vec<u8> },
-    Group { group: String, queue: String, record: Vec<u8> },
-    Offset { group: String, queue: String, record: Vec<u8> },
-    Claim { group: String, queue: String, seq: u64, record: Vec<u8> },
-    Delivery { group: String, queue: String, seq: u64, record: Vec<u8> },
-    Outcome { group: String, queue: String, seq: u64, record: Vec<u8> },
-    Progress { group: String, queue: String, seq: u64, record: Vec<u8> },
-    Redrive { dlq: String, record: Vec<u8> },
-    Letter { dlq: String, seq: u64 },
-    Schedule { name: String, record: Vec<u8> },
-    ScheduleDue { name: String, id: u64, due_micros: u64 },
-    Dedup { qid: u32, key: String, record: Vec<u8>, expires_micros: u64 },
+    // `last_seq`: the etcd import writes the tail; the embedded one knows it from the messages.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    Queue {
+        name: String,
+        meta: QueueMeta,
+        last_seq: u64,
+    },
+    Message {
+        qid: u32,
+        seq: u64,
+        envelope: Vec<u8>,
+    },
+    Delayed {
+        qid: u32,
+        id: u64,
+        due_micros: u64,
+        envelope: Vec<u8>,
+    },
+    Group {
+        group: String,
+        queue: String,
+        record: Vec<u8>,
+    },
+    Offset {
+        group: String,
+        queue: String,
+        record: Vec<u8>,
+    },
+    Claim {
+        group: String,
+        queue: String,
+        seq: u64,
+        record: Vec<u8>,
+    },
+    Delivery {
+        group: String,
+        queue: String,
+        seq: u64,
+        record: Vec<u8>,
+    },
+    Outcome {
+        group: String,
+        queue: String,
+        seq: u64,
+        record: Vec<u8>,
+    },
+    Progress {
+        group: String,
+        queue: String,
+        seq: u64,
+        record: Vec<u8>,
+    },
+    Redrive {
+        dlq: String,
+        record: Vec<u8>,
+    },
+    Letter {
+        dlq: String,
+        seq: u64,
+    },
+    Schedule {
+        name: String,
+        record: Vec<u8>,
+    },
+    ScheduleDue {
+        name: String,
+        id: u64,
+        due_micros: u64,
+    },
+    Dedup {
+        qid: u32,
+        key: String,
+        record: Vec<u8>,
+        expires_micros: u64,
+    },
     Keyspace,
-    Entry { keyspace: u32, key: Vec<u8>, revision: u64, value: Vec<u8> },
+    Entry {
+        keyspace: u32,
+        key: Vec<u8>,
+        revision: u64,
+        value: Vec<u8>,
+    },
     ScheduledId(u64),
 }
 

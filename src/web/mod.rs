@@ -139,6 +139,23 @@ impl Console {
         Console::with(source::Source::ReadOnly { path: path.into(), view: tokio::sync::Mutex::new(None) })
     }
 
+    /// A read-only console over `inspector` — with
+    /// [`Inspector::connect_etcd`](crate::Inspector::connect_etcd), over an etcd namespace that
+    /// brokers elsewhere write (its view is live). Mutating routes answer 403 whatever the
+    /// token.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let inspector = rockq::Inspector::open("./data").await?;
+    /// rockq::web::Console::inspector(inspector).serve(([127, 0, 0, 1], 8080).into()).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn inspector(inspector: crate::inspector::Inspector) -> Console {
+        Console::with(source::Source::Inspector(inspector))
+    }
+
     fn with(source: source::Source) -> Console {
         Console {
             source,

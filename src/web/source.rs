@@ -1,5 +1,6 @@
 //! Where the console reads from: a live [`Broker`] (which it may also change, given a token),
-//! or a read-only [`Inspector`] for a database another process holds.
+//! a read-only [`Inspector`] for a database another process holds, or an inspector given by
+//! the caller (an etcd namespace's, `Inspector::connect_etcd`: live, never reopened).
 //!
 //! An `Inspector` sees the database as it was when opened, so the read-only source reopens it
 //! when its view is older than [`INSPECTOR_MAX_AGE`]: pages stay current without paying a
@@ -25,6 +26,7 @@ const INSPECTOR_MAX_AGE: Duration = Duration::from_secs(1);
 pub(crate) enum Source {
     Broker(Broker),
     ReadOnly { path: PathBuf, view: Mutex<Option<(Instant, Inspector)>> },
+    Inspector(Inspector),
 }
 
 impl Source {
@@ -32,7 +34,7 @@ impl Source {
     pub(crate) fn broker(&self) -> Option<&Broker> {
         match self {
             Source::Broker(b) => Some(b),
-            Source::ReadOnly { .. } => None,
+            Source::ReadOnly { .. } | Source::Inspector(_) => None,
         }
     }
 
@@ -42,7 +44,11 @@ impl Source {
     }
 
     async fn inspector(&self) -> Result<Option<Inspector>, Failure> {
-        let Source::ReadOnly { path, view } = self else { return Ok(None) };
+        let (path, view) = match self {
+            Source::ReadOnly { path, view } => (path, view),
+            Source::Inspector(i) => return Ok(Some(i.clone())),
+            Source::Broker(_) => return Ok(None),
+        };
         let mut view = view.lock().await;
         if let Some((at, i)) = view.as_ref()
             && at.elapsed() < INSPECTOR_MAX_AGE
@@ -62,7 +68,7 @@ impl Source {
     pub(crate) async fn stats(&self) -> Result<Stats, Failure> {
         match self {
             Source::Broker(b) => Ok(b.stats().await?),
-            Source::ReadOnly { .. } => match self.inspector().await? {
+            Source::ReadOnly { .. } | Source::Inspector(_) => match self.inspector().await? {
                 Some(i) => Ok(i.stats().await?),
                 None => Ok(Stats::default()),
             },
@@ -72,7 +78,7 @@ impl Source {
     pub(crate) async fn pending(&self, queue: &str, group: &str) -> Result<Vec<PendingClaim>, Failure> {
         match self {
             Source::Broker(b) => Ok(b.pending(queue, group).await?),
-            Source::ReadOnly { .. } => match self.inspector().await? {
+            Source::ReadOnly { .. } | Source::Inspector(_) => match self.inspector().await? {
                 Some(i) => Ok(i.pending(queue, group).await?),
                 None => Ok(Vec::new()),
             },
@@ -82,7 +88,7 @@ impl Source {
     pub(crate) async fn job(&self, queue: &str, group: &str, seq: u64) -> Result<JobStatus, Failure> {
         match self {
             Source::Broker(b) => Ok(b.job(queue, group, seq).await?),
-            Source::ReadOnly { .. } => match self.inspector().await? {
+            Source::ReadOnly { .. } | Source::Inspector(_) => match self.inspector().await? {
                 Some(i) => Ok(i.job(queue, group, seq).await?),
                 None => Err(Failure::not_found(format!("no job {seq}: the database does not exist yet"))),
             },
@@ -93,7 +99,7 @@ impl Source {
     pub(crate) async fn flow(&self, id: u64) -> Result<FlowStatus, Failure> {
         match self {
             Source::Broker(b) => Ok(b.flow_status(id).await?),
-            Source::ReadOnly { .. } => match self.inspector().await? {
+            Source::ReadOnly { .. } | Source::Inspector(_) => match self.inspector().await? {
                 Some(i) => Ok(i.flow(id).await?),
                 None => Err(Failure::not_found(format!("no flow {id}: the database does not exist yet"))),
             },
@@ -104,7 +110,7 @@ impl Source {
     pub(crate) async fn flows(&self, from: u64, limit: usize) -> Result<Vec<u64>, Failure> {
         match self {
             Source::Broker(b) => Ok(b.flows(from, limit).await?),
-            Source::ReadOnly { .. } => match self.inspector().await? {
+            Source::ReadOnly { .. } | Source::Inspector(_) => match self.inspector().await? {
                 Some(i) => Ok(i.flows(from, limit).await?),
                 None => Ok(Vec::new()),
             },
@@ -119,7 +125,7 @@ impl Source {
     ) -> Result<Vec<StoredMessage>, Failure> {
         match self {
             Source::Broker(b) => Ok(b.peek(queue, from, limit).await?),
-            Source::ReadOnly { .. } => match self.inspector().await? {
+            Source::ReadOnly { .. } | Source::Inspector(_) => match self.inspector().await? {
                 Some(i) => Ok(i.peek(queue, from, limit).await?),
                 None => Ok(Vec::new()),
             },
@@ -134,7 +140,7 @@ impl Source {
     ) -> Result<Vec<DelayedInfo>, Failure> {
         match self {
             Source::Broker(b) => Ok(b.delayed(queue, limit).await?),
-            Source::ReadOnly { .. } => match self.inspector().await? {
+            Source::ReadOnly { .. } | Source::Inspector(_) => match self.inspector().await? {
                 Some(i) => Ok(i.delayed(queue, limit).await?),
                 None => Ok(Vec::new()),
             },
@@ -145,7 +151,7 @@ impl Source {
     pub(crate) async fn schedules(&self) -> Result<Vec<ScheduleInfo>, Failure> {
         match self {
             Source::Broker(b) => Ok(b.schedules().await?),
-            Source::ReadOnly { .. } => match self.inspector().await? {
+            Source::ReadOnly { .. } | Source::Inspector(_) => match self.inspector().await? {
                 Some(i) => Ok(i.schedules().await?),
                 None => Ok(Vec::new()),
             },
@@ -158,7 +164,7 @@ impl Source {
     pub(crate) async fn dlq_depth(&self, dlq: &str) -> Result<Option<u64>, Failure> {
         match self {
             Source::Broker(b) => Ok(Some(b.dead_letters(dlq).await?.len().await?)),
-            Source::ReadOnly { .. } => {
+            Source::ReadOnly { .. } | Source::Inspector(_) => {
                 let stats = self.stats().await?;
                 Ok(stats
                     .groups
@@ -193,7 +199,7 @@ impl Source {
                 }
                 Ok(b.dead_letters(dlq).await?.list(limit).await?)
             }
-            Source::ReadOnly { .. } => match self.inspector().await? {
+            Source::ReadOnly { .. } | Source::Inspector(_) => match self.inspector().await? {
                 Some(i) => Ok(i.dead_letters(dlq, limit).await?),
                 None => Ok(Vec::new()),
             },

@@ -11,6 +11,14 @@ pub struct Cli {
     /// The database directory.
     #[arg(long, env = "ROCKQ_DB", global = true, default_value = "./data")]
     pub db: PathBuf,
+    /// etcd endpoints, comma-separated (e.g. http://10.0.0.1:2379,http://10.0.0.2:2379):
+    /// operate the etcd namespace --namespace, which several services share, instead of a
+    /// database directory (a build with the `etcd` feature).
+    #[arg(long, env = "ROCKQ_ETCD", global = true, value_delimiter = ',', value_name = "ENDPOINTS")]
+    pub etcd: Vec<String>,
+    /// The etcd namespace (with --etcd): what the services pass to `Broker::connect_etcd`.
+    #[arg(long, env = "ROCKQ_NAMESPACE", global = true)]
+    pub namespace: Option<String>,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
@@ -104,7 +112,8 @@ pub enum Command {
     },
     /// Serves the web console (feature `web`). With the database to itself it runs a full
     /// broker (actions need --token); while another process holds the database it serves a
-    /// read-only view.
+    /// read-only view. With --etcd it connects to the namespace as one more instance: full
+    /// (actions need --token) unless --read-only.
     #[cfg(feature = "web")]
     Serve {
         /// Address to listen on. Non-loopback addresses also need --allow-remote.
@@ -132,7 +141,8 @@ pub enum Command {
     },
     /// Writes a consistent copy of the database into DIR, a new directory (SST files
     /// hard-linked on the same filesystem). Needs the database to itself: a running service
-    /// backs itself up with `Broker::backup`.
+    /// backs itself up with `Broker::backup`. Not for --etcd: back etcd up with `etcdctl
+    /// snapshot save` (or export the namespace).
     Backup {
         /// The directory to create.
         dir: PathBuf,
@@ -146,14 +156,16 @@ pub enum Command {
     /// Writes the whole database to FILE (a new file; `-`: standard output) as JSON lines,
     /// read at one instant: queues and messages, groups with offsets and claims, schedules,
     /// idempotency keys, keyspaces (the format: the `rockq::export` docs). Needs the database
-    /// to itself: a running service exports itself with `Broker::export`.
+    /// to itself: a running service exports itself with `Broker::export`. With --etcd it
+    /// exports the namespace while the services run (read at one etcd revision).
     Export {
         /// The file to create, or `-`.
         file: PathBuf,
     },
     /// Makes the database directory (--db, which must not exist or be empty) from an export
     /// (`-`: standard input). Nothing is left under --db if a line is bad or the file was
-    /// cut short.
+    /// cut short. With --etcd it makes the namespace, which must be empty (the way from one
+    /// machine to several instances: export the database, import it into etcd).
     Import {
         /// The export file, or `-`.
         file: PathBuf,

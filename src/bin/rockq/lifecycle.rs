@@ -3,18 +3,17 @@
 //! not held while a person reads the question — then runs on an exclusive open.
 
 use std::io::{BufRead, IsTerminal, Write};
-use std::path::Path;
 
 use rockq::Broker;
 use serde_json::json;
 
 use crate::args::Confirm;
-use crate::session::{Failure, Result, exclusive, finish, say};
+use crate::session::{Failure, Result, Target, exclusive, finish, say};
 
 /// Exit code of a destructive command refused for want of a confirmation.
 const NOT_CONFIRMED: u8 = 2;
 
-pub async fn delete_queue(db: &Path, json: bool, queue: &str, confirm: &Confirm) -> Result<()> {
+pub async fn delete_queue(db: &Target, json: bool, queue: &str, confirm: &Confirm) -> Result<()> {
     confirmed(confirm, format!("Delete queue {queue:?} with all its messages and groups?")).await?;
     let broker = exclusive(db, "delete-queue").await?;
     let res = match existing(&broker, queue) {
@@ -26,7 +25,7 @@ pub async fn delete_queue(db: &Path, json: bool, queue: &str, confirm: &Confirm)
     finish(broker, res).await
 }
 
-pub async fn purge(db: &Path, json: bool, queue: &str, confirm: &Confirm) -> Result<()> {
+pub async fn purge(db: &Target, json: bool, queue: &str, confirm: &Confirm) -> Result<()> {
     confirmed(confirm, format!("Delete every message of queue {queue:?}?")).await?;
     let broker = exclusive(db, "purge").await?;
     let res = match existing(&broker, queue) {
@@ -38,7 +37,13 @@ pub async fn purge(db: &Path, json: bool, queue: &str, confirm: &Confirm) -> Res
     finish(broker, res).await
 }
 
-pub async fn delete_group(db: &Path, json: bool, queue: &str, group: &str, confirm: &Confirm) -> Result<()> {
+pub async fn delete_group(
+    db: &Target,
+    json: bool,
+    queue: &str,
+    group: &str,
+    confirm: &Confirm,
+) -> Result<()> {
     confirmed(confirm, format!("Delete group {group:?} on queue {queue:?}?")).await?;
     let broker = exclusive(db, "delete-group").await?;
     let res = match broker.delete_group(queue, group).await {

@@ -7,6 +7,13 @@
 //! it. The destructive ones (`delete-queue`, `purge`, `delete-group`) ask for confirmation on a
 //! terminal and need `--yes` otherwise (exit code 2 without it). `serve` (feature `web`) runs
 //! the web console: full when the database is free, read-only while another process holds it.
+//!
+//! With `--etcd ENDPOINTS --namespace NS` (feature `etcd`) every command operates that etcd
+//! namespace instead: the services share it, so nothing needs it to itself. Read-only
+//! commands connect with `Inspector::connect_etcd` (which writes nothing); the others connect
+//! as one more instance (`Broker::connect_etcd`, never creating the namespace); `export` and
+//! `import` move a namespace to and from a file; `backup` and `restore` are for a database
+//! directory (etcd has `etcdctl snapshot save`).
 
 mod args;
 mod backup;

@@ -1,6 +1,5 @@
 //! Carrying out a command: opening the database the right way and printing the answer.
 
-use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use indicatif::ProgressBar;
@@ -11,13 +10,14 @@ use serde_json::json;
 
 use crate::args::{Cli, Command, Dlq, Group, ResetTarget};
 use crate::format::{self, table};
-use crate::session::{Failure, Result, exclusive, finish, inspect, say};
+use crate::session::{Failure, Result, Target, exclusive, finish, inspect, say};
 
 pub async fn run(cli: Cli) -> Result<()> {
-    let (json, db) = (cli.json, cli.db.as_path());
+    let target = Target::of(&cli)?;
+    let (json, db) = (cli.json, &target);
     match cli.command {
-        Command::Stats => stats(&inspect(db).await?, json, None, true).await,
-        Command::Groups { queue } => stats(&inspect(db).await?, json, queue.as_deref(), false).await,
+        Command::Stats => stats(&inspect(db).await?, json, None, Some(db)).await,
+        Command::Groups { queue } => stats(&inspect(db).await?, json, queue.as_deref(), None).await,
         Command::Peek { queue, from, limit } => peek(&inspect(db).await?, json, &queue, from, limit).await,
         Command::Scheduled { queue, limit } => {
             scheduled(&inspect(db).await?, json, queue.as_deref(), limit).await
@@ -73,13 +73,19 @@ fn print_json(value: &serde_json::Value) {
     println!("{}", serde_json::to_string_pretty(value).unwrap_or_default());
 }
 
-async fn stats(inspector: &Inspector, json: bool, only_queue: Option<&str>, queues: bool) -> Result<()> {
+/// The groups (of `only_queue`), and with `queues` (what was inspected) the queues and keyspaces.
+async fn stats(
+    inspector: &Inspector,
+    json: bool,
+    only_queue: Option<&str>,
+    queues: Option<&Target>,
+) -> Result<()> {
     let stats = inspector.stats().await?;
     let groups: Vec<_> = stats.groups.iter().filter(|g| only_queue.is_none_or(|q| g.queue == q)).collect();
     if json {
         // The library's JSON shape of the stats (the console's `/api/stats` too).
         let mut out = json!({ "groups": groups });
-        if queues {
+        if queues.is_some() {
             out["bytes_on_disk"] = json!(stats.bytes_on_disk);
             out["queues"] = json!(stats.queues);
             out["keyspaces"] = json!(stats.keyspaces);
@@ -87,7 +93,7 @@ async fn stats(inspector: &Inspector, json: bool, only_queue: Option<&str>, queu
         print_json(&out);
         return Ok(());
     }
-    if queues {
+    if let Some(target) = queues {
         let rows: Vec<_> = stats
             .queues
             .iter()
@@ -109,10 +115,13 @@ async fn stats(inspector: &Inspector, json: bool, only_queue: Option<&str>, queu
             &["QUEUE", "FIRST", "LAST", "LEN", "BYTES", "OLDEST", "SCHEDULED", "NEXT DUE", "RETENTION"],
             &rows,
         );
-        println!(
-            "database: {} bytes (SST files and memtables; per-queue bytes are estimates, recent writes included)",
-            stats.bytes_on_disk
-        );
+        // An etcd namespace has no size of its own (etcd's is the cluster's: `etcdctl endpoint status`).
+        if matches!(target, Target::Db(_)) {
+            println!(
+                "database: {} bytes (SST files and memtables; per-queue bytes are estimates, recent writes included)",
+                stats.bytes_on_disk
+            );
+        }
         println!();
         if !stats.keyspaces.is_empty() {
             let rows: Vec<_> =
@@ -373,7 +382,7 @@ async fn dlq_peek(inspector: &Inspector, json: bool, dlq: &str) -> Result<()> {
     Ok(())
 }
 
-async fn pause(db: &Path, json: bool, group: &str, queue: &str, paused: bool) -> Result<()> {
+async fn pause(db: &Target, json: bool, group: &str, queue: &str, paused: bool) -> Result<()> {
     let (verb, done) = if paused { ("group pause", "paused") } else { ("group resume", "resumed") };
     let broker = exclusive(db, verb).await?;
     let res = match paused {

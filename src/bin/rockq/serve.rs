@@ -3,11 +3,10 @@
 //! the service writes, when another process holds it — the same rule as the other commands.
 
 use std::net::SocketAddr;
-use std::path::Path;
 
 use rockq::web::Console;
 
-use crate::session::{Failure, Result, exclusive_or_locked, finish};
+use crate::session::{Failure, Result, Target, exclusive_or_locked, finish};
 
 /// Who may reach the console and read it.
 pub struct Access {
@@ -17,10 +16,10 @@ pub struct Access {
     pub allowed_hosts: Vec<String>,
 }
 
-pub async fn serve(db: &Path, listen: SocketAddr, access: Access, read_only: bool) -> Result<()> {
+pub async fn serve(db: &Target, listen: SocketAddr, access: Access, read_only: bool) -> Result<()> {
     let Access { token, allow_remote, public_reads, allowed_hosts } = access;
     let broker = if read_only { None } else { exclusive_or_locked(db).await? };
-    if broker.is_none() {
+    if broker.is_none() && matches!(db, Target::Db(_)) {
         // The read-only console reopens the database per refresh: check once that it opens at
         // all, so a wrong --db fails here rather than on every page.
         crate::session::inspect(db).await?;
@@ -39,7 +38,11 @@ pub async fn serve(db: &Path, listen: SocketAddr, access: Access, read_only: boo
     };
     let mut console = match &broker {
         Some(b) => Console::new(b.clone()),
-        None => Console::read_only(db),
+        None => match db {
+            Target::Db(path) => Console::read_only(path),
+            // An etcd namespace read-only: a connection that writes nothing.
+            Target::Etcd { .. } => Console::inspector(crate::session::inspect(db).await?),
+        },
     };
     if let Some(t) = token {
         console = console.token(t);

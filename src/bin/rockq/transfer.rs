@@ -7,11 +7,11 @@ use rockq::{Broker, TransferProgress, TransferReport};
 use serde_json::json;
 
 use crate::format::progress;
-use crate::session::{Failure, Result, exclusive, finish, say};
+use crate::session::{Failure, Result, Target, exclusive, finish, say};
 
 /// `rockq export FILE` (`-`: standard output): needs the database to itself (a running
 /// service exports itself with `Broker::export`).
-pub async fn export(db: &Path, json: bool, file: &Path) -> Result<()> {
+pub async fn export(db: &Target, json: bool, file: &Path) -> Result<()> {
     let broker = exclusive(db, "export").await?;
     let to_stdout = file == Path::new("-");
     let out: Box<dyn std::io::Write + Send> = if to_stdout {
@@ -32,7 +32,7 @@ pub async fn export(db: &Path, json: bool, file: &Path) -> Result<()> {
     bar.finish_and_clear();
     let res = res.map_err(Failure::from).map(|r| {
         if !to_stdout {
-            print(json, "export", db, file, &r);
+            print(json, "export", &db.to_string(), &file.display().to_string(), &r);
         }
     });
     finish(broker, res).await
@@ -40,7 +40,7 @@ pub async fn export(db: &Path, json: bool, file: &Path) -> Result<()> {
 
 /// `rockq import FILE` (`-`: standard input) into `--db`, which must not exist (or be an
 /// empty directory).
-pub async fn import(db: &Path, json: bool, file: &Path) -> Result<()> {
+pub async fn import(db: &Target, json: bool, file: &Path) -> Result<()> {
     let input: Box<dyn std::io::Read + Send> = if file == Path::new("-") {
         Box::new(std::io::stdin())
     } else {
@@ -51,10 +51,33 @@ pub async fn import(db: &Path, json: bool, file: &Path) -> Result<()> {
     };
     let bar = progress(json, 0, "import");
     let b = bar.clone();
-    let res = Broker::import_with_progress(input, db, move |p: &TransferProgress| show(&b, p)).await;
+    let res = match db {
+        Target::Db(path) => {
+            Broker::import_with_progress(input, path, move |p: &TransferProgress| show(&b, p)).await
+        }
+        Target::Etcd { endpoints, namespace } => import_etcd(input, endpoints, namespace).await,
+    };
     bar.finish_and_clear();
-    print(json, "import", file, db, &res?);
+    print(json, "import", &file.display().to_string(), &db.to_string(), &res?);
     Ok(())
+}
+
+#[cfg(feature = "etcd")]
+async fn import_etcd(
+    input: Box<dyn std::io::Read + Send>,
+    endpoints: &[String],
+    namespace: &str,
+) -> std::result::Result<TransferReport, rockq::Error> {
+    Broker::import_etcd(input, endpoints, namespace, rockq::EtcdOptions::new()).await
+}
+
+#[cfg(not(feature = "etcd"))]
+async fn import_etcd(
+    _: Box<dyn std::io::Read + Send>,
+    _: &[String],
+    _: &str,
+) -> std::result::Result<TransferReport, rockq::Error> {
+    Err(rockq::Error::InvalidOption("this rockq was built without the etcd feature".into()))
 }
 
 fn show(bar: &indicatif::ProgressBar, p: &TransferProgress) {
@@ -62,10 +85,10 @@ fn show(bar: &indicatif::ProgressBar, p: &TransferProgress) {
     bar.set_position(p.messages);
 }
 
-fn print(json: bool, what: &str, from: &Path, to: &Path, r: &TransferReport) {
+fn print(json: bool, what: &str, from: &str, to: &str, r: &TransferReport) {
     let value = json!({
-        what: to.display().to_string(),
-        "from": from.display().to_string(),
+        what: to,
+        "from": from,
         "records": r.records,
         "bytes": r.bytes,
         "queues": r.queues,
@@ -82,8 +105,8 @@ fn print(json: bool, what: &str, from: &Path, to: &Path, r: &TransferReport) {
         format!(
             "{what} of {} written to {}: {} lines, {} bytes; {} queues, {} messages, {} delayed, {} groups, \
              {} claims, {} schedules, {} idempotency keys, {} keyspaces ({} entries)",
-            from.display(),
-            to.display(),
+            from,
+            to,
             r.records,
             r.bytes,
             r.queues,

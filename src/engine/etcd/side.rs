@@ -28,6 +28,10 @@ pub(crate) struct EtcdSettings {
     pub attempt_timeout: Duration,
     /// The lease holding an ordered group's active subscriber.
     pub owner_ttl: Duration,
+    /// An inspection (`Inspector::connect_etcd`): the namespace must exist, and the engine
+    /// writes nothing of its own accord — no timer firing delayed messages or schedules, no
+    /// retention pass. It still answers what it is asked, as a broker would.
+    pub passive: bool,
 }
 
 /// The etcd side of an engine: the store and the ownership this process holds.

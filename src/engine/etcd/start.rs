@@ -45,15 +45,20 @@ pub(crate) async fn start(
     if endpoints.is_empty() {
         return Err(Error::InvalidOption("no etcd endpoint given".into()));
     }
-    let store = EtcdStore::connect(endpoints, namespace, settings.attempt_timeout, settings.request_timeout)
-        .await
-        .map_err(|e| match e {
-            ConnectFailure::Storage(s) => Error::Storage(s),
-            ConnectFailure::Invalid(why) => Error::InvalidOption(why),
-            ConnectFailure::Foreign(reason) => {
-                Error::NotRockq { path: format!("etcd namespace {namespace:?}").into(), reason }
-            }
-        })?;
+    let create = options.create_if_missing && !settings.passive;
+    let store =
+        EtcdStore::connect(endpoints, namespace, settings.attempt_timeout, settings.request_timeout, create)
+            .await
+            .map_err(|e| match e {
+                ConnectFailure::Storage(s) => Error::Storage(s),
+                ConnectFailure::Missing => {
+                    Error::NoDatabase { path: format!("etcd namespace {namespace:?}").into() }
+                }
+                ConnectFailure::Invalid(why) => Error::InvalidOption(why),
+                ConnectFailure::Foreign(reason) => {
+                    Error::NotRockq { path: format!("etcd namespace {namespace:?}").into(), reason }
+                }
+            })?;
     let loaded = retrying(settings.request_timeout, || store.load()).await?;
     let registry = Registry::default();
     for (name, meta, last) in &loaded.queues {

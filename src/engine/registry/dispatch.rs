@@ -592,10 +592,14 @@ impl Dispatch {
         self.waiting
     }
 
-    /// `(seq, attempt, deadline)` of every lease.
+    /// `(seq, attempt, deadline)` of every lease held in this process.
     pub fn leases(&self) -> impl Iterator<Item = (u64, u32, Instant)> + '_ {
+        // Not another process's (etcd): its record is what it wrote, extensions included, and
+        // a deadline taken through this clock's `Instant` and back would be off by rounding.
         self.timers.iter().filter_map(|&(t, seq)| match self.slots.get(&seq) {
-            Some(s) if matches!(s.state, SlotState::Leased { .. }) => Some((seq, s.attempt, t)),
+            Some(s) if matches!(s.state, SlotState::Leased { token, .. } if token != FOREIGN_TOKEN) => {
+                Some((seq, s.attempt, t))
+            }
             _ => None,
         })
     }

@@ -102,6 +102,8 @@ pub(crate) enum ConnectFailure {
     Invalid(String),
     /// The namespace holds something that is not ours (or a newer format).
     Foreign(String),
+    /// The namespace has no format record, and the caller asked not to create it.
+    Missing,
 }
 
 /// The outcome of one append transaction.
@@ -189,19 +191,21 @@ pub(crate) struct ScheduleWrite<'a> {
 pub(crate) type EtcdMessage = (u64, Vec<u8>);
 
 impl EtcdStore {
-    /// Connects to `endpoints` (each checked first) and checks (or creates) the namespace's
-    /// format record, asking member after member until one answers or `timeout` passed.
+    /// Connects to `endpoints` (each checked first) and checks the namespace's format record
+    /// — creating it if missing when `create` says so, else [`ConnectFailure::Missing`] —
+    /// asking member after member until one answers or `timeout` passed.
     pub async fn connect(
         endpoints: &[String],
         namespace: &str,
         attempt: Duration,
         timeout: Duration,
+        create: bool,
     ) -> Result<EtcdStore, ConnectFailure> {
         let store = Self::connect_bare(endpoints, namespace, attempt, timeout).await?;
         let deadline = tokio::time::Instant::now() + timeout;
         let mut backoff = Duration::from_millis(10);
         loop {
-            match store.ensure_format().await {
+            match store.ensure_format(create).await {
                 Err(ConnectFailure::Storage(e)) if tokio::time::Instant::now() + backoff < deadline => {
                     tracing::debug!(error = %e, "rockq: etcd connect: no answer yet; trying the next member");
                     tokio::time::sleep(backoff).await;
@@ -281,19 +285,23 @@ impl EtcdStore {
 
     /// Creates the format record (unless an import holds the namespace), or checks the one
     /// there.
-    async fn ensure_format(&self) -> Result<(), ConnectFailure> {
+    async fn ensure_format(&self, create: bool) -> Result<(), ConnectFailure> {
         let key = self.format_key();
         let mark = self.import_mark_key();
+        // Without `create` the transaction writes nothing either way (a read-only transaction
+        // does not even move the revision).
+        let then: Vec<TxnOp> =
+            if create { vec![TxnOp::put(key.clone(), records::encode_format(), None)] } else { Vec::new() };
         let txn = Txn::new()
             .when([
                 Compare::version(key.clone(), CompareOp::Equal, 0),
                 Compare::version(mark.clone(), CompareOp::Equal, 0),
             ])
-            .and_then([TxnOp::put(key.clone(), records::encode_format(), None)])
+            .and_then(then)
             .or_else([TxnOp::get(key.clone(), None), TxnOp::get(mark, None)]);
         let resp = self.kv().txn(txn).await.map_err(ConnectFailure::Storage)?;
         if resp.succeeded() {
-            return Ok(());
+            return if create { Ok(()) } else { Err(ConnectFailure::Missing) };
         }
         let gets: Vec<Option<etcd_client::KeyValue>> = resp
             .op_responses()
