@@ -224,6 +224,17 @@ async fn commands_that_write_work_beside_the_running_service() {
     assert!(unconfirmed.contains("--yes"), "{unconfirmed}");
     json(&ns, &["trim"]);
 
+    // A group deleted from the command line ends in the service too.
+    let mut live = billing.subscribe().await.unwrap();
+    assert_eq!(json(&ns, &["delete-group", "orders", "billing", "--yes"])["deleted"], true);
+    let ended = tokio::time::timeout(HANG_GUARD, futures::StreamExt::next(&mut live)).await.unwrap();
+    assert!(matches!(ended, Some(Err(rockq::Error::GroupDeleted { .. }))), "{ended:?}");
+    drop(live);
+    let groups = json(&ns, &["groups"]);
+    assert!(groups["groups"].as_array().unwrap().iter().all(|g| g["group"] != "billing"), "{groups}");
+    let missing = fails(&ns, &["delete-group", "orders", "billing", "--yes"], 1);
+    assert!(missing.contains("does not exist"), "{missing}");
+
     // Deleting queues is not carried out on etcd yet: the engine's typed refusal, nothing changed.
     let refused = fails(&ns, &["delete-queue", "jobs", "--yes"], 1);
     assert!(refused.contains("deleting queues") && refused.contains("etcd"), "{refused}");

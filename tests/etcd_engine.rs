@@ -364,8 +364,6 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
     assert!(is_etcd(e.unsupported()), "transaction: {e}");
     let e = broker.delete_queue("q").await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "delete: {e}");
-    let e = broker.delete_group("q", "g").await.unwrap_err();
-    assert!(is_etcd(e.unsupported()), "delete a group: {e}");
     let dir = tempfile::tempdir().unwrap();
     let e = broker.backup(dir.path().join("copy")).await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "backup: {e}");
@@ -1137,4 +1135,74 @@ async fn an_inspector_reads_the_namespace_live_and_writes_nothing() {
         other => panic!("expected NoDatabase, got {:?}", other.map(|_| ())),
     }
     assert_eq!(revision(&cluster).await, before, "nothing was created");
+}
+
+/// Keys of the namespace `ns` under `kind` (`o/`, `c/`…).
+async fn keys_under(cluster: &etcd::Cluster, ns: &str, kind: &str) -> i64 {
+    let mut client = cluster.client().await;
+    let opts = etcd_client::GetOptions::new().with_prefix().with_count_only();
+    client.get(format!("{ns}/{kind}"), Some(opts)).await.unwrap().count()
+}
+
+/// A group deleted by one broker ends the other broker's subscriptions of it (ordered, work
+/// queue) with `GroupDeleted`, its jobs still out fail to settle with it, nothing of the group
+/// is left in etcd — not even what the other broker acknowledged and was about to commit — and
+/// a later subscribe creates the group anew from its start, in either broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_deleted_by_one_broker_ends_it_in_every_broker_and_a_subscribe_makes_it_anew() {
+    let cluster = etcd::Cluster::start(1).await;
+    let (a, b) = (connect(&cluster, "del").await, connect(&cluster, "del").await);
+    let qa = a.queue("q").await.unwrap();
+    qa.send_batch((1..=5).map(|i| format!("m{i}"))).await.unwrap();
+    let qb = b.queue("q").await.unwrap();
+    let mut ordered = qb.group("o").unwrap().subscribe().await.unwrap();
+    for _ in 0..2 {
+        next(&mut ordered).await.ack().unwrap();
+    }
+    ordered.commit().await.unwrap();
+    let mut stays = qb.group("stays").unwrap().subscribe().await.unwrap();
+    let mut jobs = qb.work_group("w").unwrap().read_batch(1).max_in_flight(1).subscribe().await.unwrap();
+    let held = common::next_job(&mut jobs).await;
+    b.pause_group("q", "w").await.unwrap();
+    // Acknowledged here, not yet committed: the deletion must not be undone by the commit.
+    next(&mut ordered).await.ack().unwrap();
+
+    assert!(a.delete_group("q", "o").await.unwrap());
+    assert!(a.delete_group("q", "w").await.unwrap());
+    for (what, e) in [
+        ("ordered", tokio::time::timeout(HANG_GUARD, ordered.next()).await.unwrap().map(|r| r.map(|_| ()))),
+        ("work", tokio::time::timeout(HANG_GUARD, jobs.next()).await.unwrap().map(|r| r.map(|_| ()))),
+    ] {
+        let e = e.unwrap_or_else(|| panic!("{what}: ended without an error"));
+        assert!(matches!(e, Err(Error::GroupDeleted { .. })), "{what}: {e:?}");
+    }
+    assert!(matches!(held.ack_durable().await, Err(Error::GroupDeleted { .. })));
+    assert!(!a.delete_group("q", "o").await.unwrap(), "already gone");
+    assert!(!b.delete_group("q", "never").await.unwrap());
+    assert!(!b.delete_group("no-such-queue", "o").await.unwrap());
+    drop((ordered, jobs));
+    b.flush().await.unwrap();
+    // Nothing of either group is left; the other group and the queue are untouched.
+    for kind in
+        ["o/consumer:o:", "o/consumer:w:", "own/consumer:o:", "k/ordered:o:", "c/claim:w:", "g/group:w:"]
+    {
+        assert_eq!(keys_under(&cluster, "del", kind).await, 0, "{kind}");
+    }
+    let groups: Vec<String> =
+        a.stats().await.unwrap().groups.into_iter().filter(|g| g.queue == "q").map(|g| g.group).collect();
+    assert_eq!(groups, ["stays"]);
+    assert_eq!(next(&mut stays).await.seq(), 1);
+    assert_eq!(qa.len(), 5);
+
+    // Anew, from the start, in either broker: no offset, no claim, no pause carried over.
+    let mut again = subscribe_when_free(&qa.group("o").unwrap()).await;
+    assert_eq!(next(&mut again).await.seq(), 1, "its old offset is gone");
+    let mut again_w = qb.work_group("w").unwrap().read_batch(1).max_in_flight(1).subscribe().await.unwrap();
+    assert!(!qb.work_group("w").unwrap().is_paused(), "its settings are gone");
+    let job = common::next_job(&mut again_w).await;
+    assert_eq!((job.seq(), job.attempt()), (1, 1), "its claims are gone");
+    job.ack_durable().await.unwrap();
+    drop((again, again_w, stays));
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
 }

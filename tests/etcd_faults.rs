@@ -15,6 +15,68 @@ use rockq::{Broker, EtcdOptions};
 /// Failpoints are process-wide: one scenario at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// A watch held at failpoint `apply` (its callback blocks until [`Hold::release`]), with
+/// `applied` reached once the held batch went through.
+struct Hold {
+    gate: std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    reached: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    applied: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    points: (&'static str, &'static str),
+}
+
+impl Hold {
+    fn at(apply: &'static str, applied: &'static str) -> Hold {
+        let gate = std::sync::Arc::new((std::sync::Mutex::new(true), std::sync::Condvar::new()));
+        let (held, reached) = (gate.clone(), std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
+        let seen = reached.clone();
+        fail::cfg_callback(apply, move || {
+            seen.store(true, std::sync::atomic::Ordering::SeqCst);
+            // Waits off the runtime's worker (`block_in_place` hands its queue to another
+            // thread): blocked on it, a task the watch had just woken would sit in the worker's
+            // LIFO slot, which other workers do not steal, until the gate opened — never, if
+            // the test waits for that task (a hang CI found once).
+            tokio::task::block_in_place(|| {
+                let (lock, cv) = &*held;
+                let mut closed = lock.lock().unwrap();
+                while *closed {
+                    closed = cv.wait(closed).unwrap();
+                }
+            })
+        })
+        .expect("failpoint");
+        let applied_flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done = applied_flag.clone();
+        fail::cfg_callback(applied, move || done.store(true, std::sync::atomic::Ordering::SeqCst))
+            .expect("failpoint");
+        Hold { gate, reached, applied: applied_flag, points: (apply, applied) }
+    }
+
+    /// Waits until the watch reached the hold (a batch is held).
+    async fn reached(&self) {
+        wait_for(&self.reached, "the watch never brought the batch").await;
+    }
+
+    /// Lets the held batch through, and waits until it was applied.
+    async fn release(self) {
+        fail::remove(self.points.0);
+        {
+            let (lock, cv) = &*self.gate;
+            *lock.lock().unwrap() = false;
+            cv.notify_all();
+        }
+        wait_for(&self.applied, "the watch never applied what it held").await;
+        fail::remove(self.points.1);
+    }
+}
+
+async fn wait_for(flag: &std::sync::atomic::AtomicBool, what: &str) {
+    let deadline = tokio::time::Instant::now() + common::HANG_GUARD;
+    while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::task::yield_now().await;
+    }
+}
+
 /// Configures failpoint `point` to run `work` the first time it is reached, as another process
 /// would: on a thread of its own, with a runtime and a broker of its own on namespace `ns` (the
 /// callback runs inside the engine, where it cannot await). Returns a flag set once it ran.
@@ -429,55 +491,17 @@ async fn a_claim_the_watch_brings_after_a_reset_it_predates_is_forgotten() {
     q.send("1").await.expect("send");
     let group = q.work_group("w").expect("group").lease(std::time::Duration::from_secs(10));
     // Hold every claim-watch batch until released.
-    let gate = std::sync::Arc::new((std::sync::Mutex::new(true), std::sync::Condvar::new()));
-    let held = gate.clone();
-    let reached = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let seen = reached.clone();
-    fail::cfg_callback("rockq-etcd-claim-watch-apply", move || {
-        seen.store(true, std::sync::atomic::Ordering::SeqCst);
-        // Waits off the runtime's worker (`block_in_place` hands its queue to another thread):
-        // blocked on it, a task the watch had just woken would sit in the worker's LIFO slot,
-        // which other workers do not steal, until the gate opened — never, if the test waits
-        // for that task (a hang CI found once in the reset below).
-        tokio::task::block_in_place(|| {
-            let (lock, cv) = &*held;
-            let mut closed = lock.lock().unwrap();
-            while *closed {
-                closed = cv.wait(closed).unwrap();
-            }
-        })
-    })
-    .expect("failpoint");
+    let hold = Hold::at("rockq-etcd-claim-watch-apply", "rockq-etcd-claim-watch-applied");
     let mut jobs = group.subscribe().await.expect("subscribe");
     let job = next_job(&mut jobs).await;
     assert_eq!((job.seq(), job.attempt()), (1, 1));
     drop(jobs);
-    let deadline = tokio::time::Instant::now() + common::HANG_GUARD;
-    while !reached.load(std::sync::atomic::Ordering::SeqCst) {
-        assert!(tokio::time::Instant::now() < deadline, "the claim watch never brought the claim");
-        tokio::task::yield_now().await;
-    }
+    hold.reached().await;
     clock.advance(std::time::Duration::from_secs(11));
     assert!(matches!(job.ack_durable().await, Err(rockq::Error::LeaseLost { .. })));
     assert_eq!(group.reset_to(rockq::ResetTo::Sequence(1)).await.expect("reset"), 1);
     // Now the watch applies what it held, the claim from before the reset; wait until it has.
-    let applied = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let done = applied.clone();
-    fail::cfg_callback("rockq-etcd-claim-watch-applied", move || {
-        done.store(true, std::sync::atomic::Ordering::SeqCst);
-    })
-    .expect("failpoint");
-    fail::remove("rockq-etcd-claim-watch-apply");
-    {
-        let (lock, cv) = &*gate;
-        *lock.lock().unwrap() = false;
-        cv.notify_all();
-    }
-    while !applied.load(std::sync::atomic::Ordering::SeqCst) {
-        assert!(tokio::time::Instant::now() < deadline, "the claim watch never applied what it held");
-        tokio::task::yield_now().await;
-    }
-    fail::remove("rockq-etcd-claim-watch-applied");
+    hold.release().await;
     let mut jobs = group.subscribe().await.expect("subscribe");
     let job = next_job(&mut jobs).await;
     assert_eq!((job.seq(), job.attempt()), (1, 1), "the reset forgot the old attempt");
@@ -858,4 +882,48 @@ async fn a_schedule_firing_whose_answer_was_lost_fires_once() {
     assert_eq!(broker.schedules().await.expect("list")[0].fired, 2);
     drop(sub);
     broker.shutdown().await.expect("shutdown");
+}
+
+/// A group deleted and made anew by the same process before its watch brought the deletion:
+/// the deletion's late event is of the earlier group and leaves the new one alone (its
+/// subscription goes on). Without the revision each group was read at, the event would end the
+/// new subscription with `GroupDeleted`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_deletion_event_leaves_the_group_made_anew_alone() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let a =
+        Broker::connect_etcd(cluster.endpoints(), "late-delete", EtcdOptions::new()).await.expect("connect");
+    let q = a.queue("q").await.expect("queue");
+    q.send_batch(["m1", "m2", "m3"]).await.expect("send");
+    let group = q.group("o").expect("group");
+    let mut sub = group.subscribe().await.expect("subscribe");
+    let first = sub.next().await.expect("a delivery").expect("ok");
+    first.ack().expect("ack");
+    sub.commit().await.expect("commit");
+    drop(sub);
+
+    // The deletion watch holds what it brings until released.
+    let hold = Hold::at("rockq-etcd-group-deletions-apply", "rockq-etcd-group-deletions-applied");
+    assert!(a.delete_group("q", "o").await.expect("delete"));
+    hold.reached().await;
+    let deadline = tokio::time::Instant::now() + common::HANG_GUARD;
+    // Made anew while the deletion's event waits: from the start, its old offset gone.
+    let mut again = loop {
+        match group.subscribe().await {
+            Ok(s) => break s,
+            Err(rockq::Error::Active { .. }) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await
+            }
+            Err(e) => panic!("subscribe anew: {e}"),
+        }
+    };
+    let d = again.next().await.expect("a delivery").expect("ok");
+    assert_eq!(d.seq(), 1);
+    d.ack().expect("ack");
+    hold.release().await;
+    let d = tokio::time::timeout(common::HANG_GUARD, again.next()).await.expect("hang guard");
+    assert_eq!(d.expect("the stream ended").expect("the new group was forgotten").seq(), 2);
+    drop(again);
+    a.shutdown().await.expect("shutdown");
 }

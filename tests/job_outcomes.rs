@@ -5,8 +5,10 @@
 //! that an outcome survives a restart and outlives its message, that a retention pass deletes
 //! it only once its retention has passed, that the setting is stored and checked like the
 //! group's others, and that a result the group would drop, or too large, is refused and changes
-//! nothing. `scripts/etcd-semantics.sh` runs the tests that need neither the Inspector, a
-//! keyspace nor deleting a group against etcd as well.
+//! nothing. `scripts/etcd-semantics.sh` runs them against etcd as well (the Inspector there is
+//! `Inspector::connect_etcd`), but those that need a keyspace, an import into a database
+//! directory, or a reset of a work group while a dropped job's lease still runs (refused on
+//! etcd: `docs/DISTRIBUTED.md`).
 
 mod common;
 
@@ -33,7 +35,7 @@ async fn outcome(broker: &Broker, seq: u64) -> Option<JobOutcome> {
 /// Job `seq` as its records say (`Inspector::job`, beside the running broker): what a lookup
 /// after a restart would find.
 async fn recorded(dir: &std::path::Path, seq: u64) -> rockq::JobStatus {
-    rockq::Inspector::open(dir).await.unwrap().job("jobs", "workers", seq).await.unwrap()
+    common::inspector(dir).await.job("jobs", "workers", seq).await.unwrap()
 }
 
 /// The clock's wall time as the writer stamps it (whole microseconds).
@@ -102,7 +104,7 @@ async fn an_ack_keeps_its_outcome_and_result_through_a_restart_and_past_its_mess
     broker.shutdown().await.unwrap();
 
     // Read-only, from the records.
-    let inspector = rockq::Inspector::open(dir.path()).await.unwrap();
+    let inspector = common::inspector(dir.path()).await;
     let s = inspector.job("jobs", "workers", 1).await.unwrap();
     assert_eq!((s.state, parts(s.outcome)), (JobState::Finished, acked(at1, 2, Some("thumb-1.webp"))));
     assert_eq!(inspector.job("jobs", "workers", 3).await.unwrap().outcome, None);
@@ -347,7 +349,7 @@ async fn progress_is_seen_at_once_written_by_the_next_round_and_read_back_by_the
     broker.shutdown().await.unwrap();
 
     // Written: a restart keeps it, for lookups, the Inspector and the next attempt.
-    let inspector = rockq::Inspector::open(dir.path()).await.unwrap();
+    let inspector = common::inspector(dir.path()).await;
     assert_eq!(inspector.job("jobs", "workers", 1).await.unwrap().progress, Some(Bytes::from("40%")));
     drop(inspector);
     let broker = open_clock(dir.path(), &clock).await;
@@ -363,7 +365,7 @@ async fn progress_is_seen_at_once_written_by_the_next_round_and_read_back_by_the
     assert_eq!((s.state, s.progress), (JobState::Finished, None));
     drop(sub);
     broker.shutdown().await.unwrap();
-    let inspector = rockq::Inspector::open(dir.path()).await.unwrap();
+    let inspector = common::inspector(dir.path()).await;
     assert_eq!(inspector.job("jobs", "workers", 1).await.unwrap().progress, None, "the record went too");
 }
 
@@ -406,7 +408,7 @@ async fn a_trim_or_a_reset_past_a_running_job_takes_its_report() {
     assert!(a.progress("late").is_err(), "the message is gone");
     drop((a, b, sub));
     broker.shutdown().await.unwrap();
-    let inspector = rockq::Inspector::open(dir.path()).await.unwrap();
+    let inspector = common::inspector(dir.path()).await;
     for seq in [1, 2] {
         let s = inspector.job("jobs", "workers", seq).await.unwrap();
         assert_eq!((s.state, s.progress), (JobState::Removed, None), "job {seq}");
@@ -426,7 +428,7 @@ async fn a_trim_or_a_reset_past_a_running_job_takes_its_report() {
     let s = broker.job("jobs", "workers", 3).await.unwrap();
     assert_eq!((s.state, s.attempt, s.progress), (JobState::Queued, 0, None));
     broker.shutdown().await.unwrap();
-    let inspector = rockq::Inspector::open(dir.path()).await.unwrap();
+    let inspector = common::inspector(dir.path()).await;
     assert_eq!(inspector.job("jobs", "workers", 3).await.unwrap().progress, None);
 }
 

@@ -206,13 +206,11 @@ async fn what_does_not_exist_is_a_typed_error() {
         let e = broker.job(queue, group, 1).await.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidInput, "{queue:?} {group:?}: {e}");
     }
-    // A deleted group (deleting groups is not on etcd yet); then after shutdown.
+    // A deleted group; then after shutdown.
     drop(_sub);
-    if !common::against_etcd() {
-        broker.delete_group("jobs", "workers").await.unwrap();
-        let e = broker.job("jobs", "workers", 1).await.unwrap_err();
-        assert!(matches!(e.kind(), ErrorKind::Deleted | ErrorKind::NotFound), "{e}");
-    }
+    broker.delete_group("jobs", "workers").await.unwrap();
+    let e = broker.job("jobs", "workers", 1).await.unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::Deleted | ErrorKind::NotFound), "{e}");
     broker.shutdown().await.unwrap();
     let e = broker.job("jobs", "workers", 1).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Shutdown, "{e}");
@@ -266,17 +264,15 @@ async fn a_wait_ends_with_a_dead_letter_a_removal_a_deletion_or_the_shutdown() {
     broker.trim().await.unwrap();
     let s = tokio::time::timeout(common::HANG_GUARD, wait).await.unwrap().unwrap();
     assert_eq!(s.state, JobState::Removed);
-    // The group deleted under a wait (not on etcd yet), or the broker shut down.
+    // The group deleted under a wait, or the broker shut down.
     let mut wait = Box::pin(broker.wait_job("jobs", "workers", 3));
     assert!(futures::poll!(&mut wait).is_pending());
-    if !common::against_etcd() {
-        broker.delete_group("jobs", "workers").await.unwrap();
-        let e = tokio::time::timeout(common::HANG_GUARD, wait).await.unwrap().unwrap_err();
-        assert!(matches!(e, rockq::Error::GroupDeleted { .. }), "{e}");
-        drop(workers(&broker).await.subscribe().await.unwrap());
-        wait = Box::pin(broker.wait_job("jobs", "workers", 3));
-        assert!(futures::poll!(&mut wait).is_pending());
-    }
+    broker.delete_group("jobs", "workers").await.unwrap();
+    let e = tokio::time::timeout(common::HANG_GUARD, wait).await.unwrap().unwrap_err();
+    assert!(matches!(e, rockq::Error::GroupDeleted { .. }), "{e}");
+    drop(workers(&broker).await.subscribe().await.unwrap());
+    wait = Box::pin(broker.wait_job("jobs", "workers", 3));
+    assert!(futures::poll!(&mut wait).is_pending());
     let (stop, e) = tokio::join!(broker.shutdown(), wait);
     stop.unwrap();
     assert_eq!(e.unwrap_err().kind(), ErrorKind::Shutdown);

@@ -40,8 +40,10 @@ pub(crate) enum Capability {
     ResetGroup,
     /// Pausing and resuming groups.
     PauseGroup,
-    /// Deleting queues and groups.
-    Delete,
+    /// Deleting queues.
+    DeleteQueue,
+    /// Deleting groups.
+    DeleteGroup,
     /// Purging a queue.
     PurgeQueue,
     /// Delayed messages: `submit` with a delay, `cancel`, `reschedule`, their listing.
@@ -89,7 +91,8 @@ impl Capability {
         match self {
             Capability::ResetGroup => "resetting a group",
             Capability::PauseGroup => "pausing groups",
-            Capability::Delete => "deleting queues and groups",
+            Capability::DeleteQueue => "deleting queues",
+            Capability::DeleteGroup => "deleting groups",
             Capability::PurgeQueue => "purging a queue",
             Capability::DelayedMessages => "delayed messages",
             Capability::Scheduling => "recurring schedules",
@@ -133,8 +136,9 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::JobProgress
             | Capability::DelayedMessages
             | Capability::Scheduling
+            | Capability::DeleteGroup
             | Capability::Export => true,
-            Capability::Delete
+            Capability::DeleteQueue
             | Capability::Keyspaces
             | Capability::Transactions
             | Capability::OrderedByKey
@@ -184,9 +188,8 @@ pub(crate) fn for_request(req: &Request) -> Option<Capability> {
             ScheduleRequest::Upsert { .. } | ScheduleRequest::Pause { .. } | ScheduleRequest::Delete { .. },
         ) => Capability::Scheduling,
         Request::Schedule(_) => Capability::DelayedMessages,
-        Request::Lifecycle(LifecycleRequest::DeleteQueue { .. } | LifecycleRequest::DeleteGroup { .. }) => {
-            Capability::Delete
-        }
+        Request::Lifecycle(LifecycleRequest::DeleteQueue { .. }) => Capability::DeleteQueue,
+        Request::Lifecycle(LifecycleRequest::DeleteGroup { .. }) => Capability::DeleteGroup,
         Request::Lifecycle(LifecycleRequest::PurgeQueue { .. }) => Capability::PurgeQueue,
         Request::Kv(_) => Capability::Keyspaces,
         Request::Tx(_) => Capability::Transactions,

@@ -140,8 +140,8 @@ impl Shared {
     /// Work group `group` on `queue` as registered here, or — on etcd, for a group another
     /// process created after this one connected — loaded now if the store has it (its claim
     /// records read and watched, as a subscribe would). `None`: no such group. The check and
-    /// the load are two steps: a group deleted between them would be created again, which
-    /// cannot happen while the etcd engine refuses deleting groups (`Capability::Delete`).
+    /// the load are two steps: a group deleted between them is created again (from the
+    /// default start), as a subscribe after the deletion would.
     pub async fn find_work_group(
         &self,
         group: &str,

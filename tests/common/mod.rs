@@ -260,23 +260,44 @@ pub fn corrupt_message(path: &Path, queue_id: u32, seq: u64, value: &[u8]) {
     db.put_cf(messages, key, value).unwrap();
 }
 
+/// With `ROCKQ_TEST_ETCD` set (`scripts/etcd-semantics.sh`): the etcd endpoints, and the
+/// namespace that stands for "the database at `path`" (see [`on_etcd`]).
+fn etcd_namespace(path: &Path) -> Option<(Vec<String>, String)> {
+    use std::hash::{Hash, Hasher};
+    if !cfg!(feature = "etcd") {
+        return None;
+    }
+    let endpoints = std::env::var("ROCKQ_TEST_ETCD").ok()?;
+    let mut h = std::hash::DefaultHasher::new();
+    path.hash(&mut h);
+    Some((endpoints.split(',').map(str::to_owned).collect(), format!("t{:016x}", h.finish())))
+}
+
+/// A read-only view of the database at `path` (`Inspector::open`), or in the semantics suites
+/// on etcd of the namespace standing for it (`Inspector::connect_etcd`: live, where a database
+/// opened read-only shows the moment it was opened).
+pub async fn inspector(path: &Path) -> rockq::Inspector {
+    #[cfg(feature = "etcd")]
+    if let Some((endpoints, namespace)) = etcd_namespace(path) {
+        return rockq::Inspector::connect_etcd(endpoints, &namespace, rockq::EtcdOptions::new())
+            .await
+            .expect("inspect the namespace");
+    }
+    rockq::Inspector::open(path).await.expect("open the database read-only")
+}
+
 /// The semantics suites on etcd (`scripts/etcd-semantics.sh`): with `ROCKQ_TEST_ETCD` set to an
 /// etcd endpoint, a test's "database at `path`" is the namespace named after `path`, so that
 /// opening the same path again (a restart) connects to the same namespace, and every test has
 /// its own. Durability is the cluster's quorum write (`Buffered` is not carried out there).
 #[cfg(feature = "etcd")]
 async fn on_etcd(path: &Path, options: Options) -> Option<Broker> {
-    use std::hash::{Hash, Hasher};
-    let endpoints = std::env::var("ROCKQ_TEST_ETCD").ok()?;
-    let mut h = std::hash::DefaultHasher::new();
-    path.hash(&mut h);
-    let namespace = format!("t{:016x}", h.finish());
+    let (endpoints, namespace) = etcd_namespace(path)?;
     let options = options
         .durability(Durability::Fsync)
         .retention_interval(Duration::ZERO)
         .metrics_interval(Duration::ZERO);
     let opts = rockq::EtcdOptions::new().options(options).owner_ttl(Duration::from_secs(2));
-    let endpoints: Vec<String> = endpoints.split(',').map(str::to_owned).collect();
     // A broker just dropped may still hold an ordered group's lease for a moment: its release
     // commits first, then revokes. Connecting never waits for that; subscribing does.
     Some(Broker::connect_etcd(endpoints, &namespace, opts).await.expect("connect to etcd"))

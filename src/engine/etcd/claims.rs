@@ -73,6 +73,8 @@ pub(super) async fn load(
         }
     }
     let ws = Arc::new(WorkSide { group: g.clone(), known: tokio::sync::Mutex::new(known) });
+    // Before the registry: a deletion the watch brings later is judged by this revision.
+    side.group_seen.insert(id.clone(), rev);
     side.work.insert(id.clone(), ws.clone());
     engine.registry.work.insert(id, g.clone());
     // A change the settings watch saw meanwhile (kept before it looks for the group).

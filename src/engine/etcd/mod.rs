@@ -26,6 +26,8 @@
 mod claims;
 mod dedup;
 mod delayed;
+mod follow;
+mod groups;
 pub(crate) mod inspect;
 mod known;
 pub(crate) mod owner;

@@ -11,9 +11,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
+use super::follow::{Followed, follow};
 use super::side::EtcdSide;
 use crate::engine::Engine;
 use crate::model::{GroupSettings, WorkSettings};
@@ -38,23 +38,12 @@ pub(super) async fn run(engine: Weak<Engine>, side: Arc<EtcdSide>, stop: Cancell
         };
         match side.store.watch_settings(revision).await {
             Ok(stream) => {
-                let mut stream = std::pin::pin!(stream);
-                loop {
-                    let next = tokio::select! {
-                        _ = stop.cancelled() => return,
-                        next = stream.next() => next,
-                    };
-                    match next {
-                        Some(Ok(records)) => {
-                            let Some(engine) = engine.upgrade() else { return };
-                            records.iter().for_each(|r| learn(&engine, &side, r));
-                        }
-                        Some(Err(e)) => {
-                            tracing::debug!(error = %e, "rockq: etcd settings watch broke; re-reading");
-                            break;
-                        }
-                        None => break,
-                    }
+                let apply = |engine: Arc<Engine>, records: Vec<SettingsRecord>| {
+                    records.iter().for_each(|r| learn(&engine, &side, r));
+                    std::future::ready(())
+                };
+                if let Followed::Stopped = follow(stream, "settings", &engine, &stop, apply).await {
+                    return;
                 }
             }
             Err(e) => tracing::debug!(error = %e, "rockq: etcd settings watch did not start; retrying"),

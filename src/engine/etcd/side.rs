@@ -52,6 +52,10 @@ pub(crate) struct EtcdSide {
     /// began (`u64::MAX`: none): the timer's next time counts it, so a delayed message another
     /// process wrote while this one was firing is not overlooked (`delayed.rs`).
     pub due_offers: std::sync::atomic::AtomicU64,
+    /// The revision at which this process read each group it registered (by group id): a
+    /// deletion at or before it is of an earlier group of the name, already gone when this
+    /// one was read (`groups.rs`).
+    pub group_seen: dashmap::DashMap<Vec<u8>, i64>,
 }
 
 impl EtcdSide {

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::owners::Owners;
 use super::side::{EtcdSettings, EtcdSide, retrying};
-use super::{claims, settings, watch, writer};
+use super::{claims, groups, settings, watch, writer};
 use crate::engine::Engine;
 use crate::engine::capability::{self, Capability, Flavour};
 use crate::engine::registry::{OrderedGroupState, QueueState, Registry};
@@ -89,6 +89,11 @@ pub(crate) async fn start(
         revisions: Default::default(),
         group_settings: Default::default(),
         due_offers: std::sync::atomic::AtomicU64::new(u64::MAX),
+        group_seen: loaded
+            .groups
+            .iter()
+            .map(|(group, queue, _)| (crate::store::group_id(group, queue), loaded.revision))
+            .collect(),
     });
     // The earliest delayed message in the namespace: the timer fires it, whoever wrote it.
     let first_due = retrying(side.settings.request_timeout, || store.first_due()).await?;
@@ -99,6 +104,7 @@ pub(crate) async fn start(
     let stopped = CancellationToken::new();
     runtime.spawn(watch::run(Arc::downgrade(&engine), side.clone(), loaded.revision, stopped.clone()));
     runtime.spawn(settings::run(Arc::downgrade(&engine), side.clone(), stopped.clone()));
+    runtime.spawn(groups::run(Arc::downgrade(&engine), side.clone(), loaded.revision, stopped.clone()));
     let nudge = tx.downgrade();
     // Every work group, as embedded at open: its claims, settings and counts are known before
     // anything subscribes.

@@ -11,9 +11,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
+use super::follow::{Followed, follow};
 use super::side::{EtcdSide, register_queue};
 use crate::engine::Engine;
 use crate::model::QueueMeta;
@@ -28,23 +28,10 @@ pub(super) async fn run(
     loop {
         match side.store.watch_namespace(revision).await {
             Ok(stream) => {
-                let mut stream = std::pin::pin!(stream);
-                loop {
-                    let next = tokio::select! {
-                        _ = stop.cancelled() => return,
-                        next = stream.next() => next,
-                    };
-                    match next {
-                        Some(Ok(events)) => {
-                            let Some(engine) = engine.upgrade() else { return };
-                            apply(&engine, &side, events).await;
-                        }
-                        Some(Err(e)) => {
-                            tracing::debug!(error = %e, "rockq: etcd watch broke; re-reading the namespace");
-                            break;
-                        }
-                        None => break,
-                    }
+                let side = &side;
+                let each = |engine: Arc<Engine>, events| async move { apply(&engine, side, events).await };
+                if let Followed::Stopped = follow(stream, "namespace", &engine, &stop, each).await {
+                    return;
                 }
             }
             Err(e) => tracing::debug!(error = %e, "rockq: etcd watch did not start; retrying"),

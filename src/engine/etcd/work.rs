@@ -69,7 +69,7 @@ impl Writer {
                 // Tests trim the queue here, after the head was read.
                 crate::faults::reached("rockq-etcd-work-group-planned");
                 let offset = GroupOffset { mode: GroupMode::WorkQueue, committed };
-                retrying(t, || store.create_group(&group, &queue.name, offset)).await?
+                retrying(t, || store.create_group(&group, &queue.name, offset)).await?.0
             }
         };
         if stood.mode != GroupMode::WorkQueue {

@@ -201,6 +201,9 @@ impl Writer {
             Request::Lifecycle(LifecycleRequest::PurgeQueue { name, reply }) => {
                 let _ = reply.send(self.purge_queue(&name).await);
             }
+            Request::Lifecycle(LifecycleRequest::DeleteGroup { queue, group, reply }) => {
+                let _ = reply.send(self.delete_group(&queue, &group).await);
+            }
             Request::Ordered(OrderedRequest::Reset { group, offset, reply }) => {
                 let _ = reply.send(self.reset_ordered(group, offset).await);
             }
@@ -290,9 +293,9 @@ impl Writer {
             |existing| Error::WrongMode { group: group.clone(), queue: queue.name.to_string(), existing };
         let store = &self.side.store;
         let t = self.side.settings.request_timeout;
-        let stood = match retrying(t, || store.offset(&group, &queue.name)).await? {
-            Some(o) => o,
-            None => {
+        let (stood, seen) = match retrying(t, || store.offset_at(&group, &queue.name)).await? {
+            (Some(o), rev) => (o, rev),
+            (None, _) => {
                 let offset = GroupOffset {
                     mode: GroupMode::Ordered,
                     committed: self.start_offset(&queue, start).await?,
@@ -304,6 +307,8 @@ impl Writer {
             return Err(wrong("work-queue"));
         }
         let g = OrderedGroupState::new(&group, queue.clone(), stood.committed);
+        // Before the registry: a deletion the watch brings later is judged by this revision.
+        self.side.group_seen.insert(id.clone(), seen);
         self.engine.registry.ordered.insert(id, g.clone());
         super::settings::adopt(&self.engine, &self.side, &group, &queue.name);
         Ok(g)

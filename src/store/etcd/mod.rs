@@ -34,6 +34,7 @@ pub(crate) mod dedup;
 pub(crate) mod delayed;
 #[cfg(feature = "json")]
 pub(crate) mod export;
+pub(crate) mod groups;
 #[cfg(feature = "json")]
 pub(crate) mod import;
 pub(crate) mod members;
@@ -614,29 +615,45 @@ impl EtcdStore {
 
     /// The offset record of `group` on `queue`, if any.
     pub async fn offset(&self, group: &str, queue: &str) -> Result<Option<GroupOffset>, StorageError> {
+        Ok(self.offset_at(group, queue).await?.0)
+    }
+
+    /// [`offset`](Self::offset), with the revision it was read at.
+    pub async fn offset_at(
+        &self,
+        group: &str,
+        queue: &str,
+    ) -> Result<(Option<GroupOffset>, i64), StorageError> {
         let got = self.kv().get(self.offset_key(group, queue), None).await?;
-        got.kvs().first().map(|o| records::decode_offset(o.key(), o.value()).map_err(corrupt)).transpose()
+        let rev = got.header().map_or(0, |h| h.revision());
+        let offset = got
+            .kvs()
+            .first()
+            .map(|o| records::decode_offset(o.key(), o.value()).map_err(corrupt))
+            .transpose()?;
+        Ok((offset, rev))
     }
 
     /// Creates the offset record of `group` on `queue` at `committed` unless one exists;
-    /// returns the record that stands.
+    /// returns the record that stands and the revision it was read or written at.
     pub async fn create_group(
         &self,
         group: &str,
         queue: &str,
         offset: GroupOffset,
-    ) -> Result<GroupOffset, StorageError> {
+    ) -> Result<(GroupOffset, i64), StorageError> {
         let key = self.offset_key(group, queue);
         let txn = Txn::new()
             .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key.clone(), records::encode_offset(&offset).to_vec(), None)])
             .or_else([TxnOp::get(key.clone(), None)]);
         let resp = self.kv().txn(txn).await?;
+        let rev = resp.header().map_or(0, |h| h.revision());
         if resp.succeeded() {
-            return Ok(offset);
+            return Ok((offset, rev));
         }
         match first_get(&resp) {
-            Some(o) => records::decode_offset(o.key(), o.value()).map_err(corrupt),
+            Some(o) => Ok((records::decode_offset(o.key(), o.value()).map_err(corrupt)?, rev)),
             None => Err(StorageError::new("group record vanished while it was created")),
         }
     }

@@ -91,7 +91,7 @@ impl EtcdStore {
     pub(super) fn claims_prefix(&self, group: &str, queue: &str) -> Vec<u8> {
         self.key(b"c/", &keys::claim_prefix(group, queue))
     }
-    fn settings_key(&self, group: &str, queue: &str) -> Vec<u8> {
+    pub(super) fn settings_key(&self, group: &str, queue: &str) -> Vec<u8> {
         self.key(b"g/", &keys::group_key(group, queue))
     }
 
