@@ -64,8 +64,7 @@ cargo test --features "$features" --test ordered_poison "$@" -- --skip trimmed -
 cargo test --features "$features" --test dlq_redrive "$@" -- --skip a_corrupted_message
 # One dead letter on its own (not the restart test, which opens the database with the
 # Inspector, nor deleting the dead-letter queue: deleting queues is not on etcd yet).
-cargo test --features "$features" --test dead_letter_actions "$@" -- --skip across_a_restart \
-  --skip deleting_a_dead_letter_queue
+cargo test --features "$features" --test dead_letter_actions "$@" -- --skip across_a_restart
 # Operators' actions on one job (retry now, delete, dead-letter).
 cargo test --features "$features" --test job_actions "$@"
 # Where one job stands (Broker::job).
@@ -74,9 +73,8 @@ cargo test --features "$features" --test job_status "$@"
 # use a keyspace or delete a group: not on etcd).
 cargo test --features "$features" --test job_outcomes "$@" -- --skip pool_handlers --skip a_trim_or_a_reset \
   --skip export_and_import
-# Deleting groups and purging; deleting queues is not carried out on etcd yet.
-cargo test --features "$features" --test admin_lifecycle "$@" -- --skip a_stale_handle --skip bad_input_and_missing \
-  --skip delete_and_recreate --skip delete_queue_under --skip live_consumers_end
+# Deleting and purging (not the tests that list RocksDB's keys).
+cargo test --features "$features" --test admin_lifecycle "$@" -- --skip delete_and_recreate --skip delete_queue_under
 cargo test --features "$features" --test queue_retention "$@" -- --skip large_consumed_backlog
 # Idempotency keys, delayed ones included.
 cargo test --features "$features" --test queue_dedup "$@"

@@ -10,7 +10,8 @@
 //! outcomes, lease extensions), `rockq-etcd-claim-watch-apply` and
 //! `rockq-etcd-claim-watch-applied` (a claim watch is about to apply a batch of events, and
 //! has applied it: a test's callbacks hold it back and learn when it went through; the same
-//! for the group-deletion watch: `rockq-etcd-group-deletions-apply` and `…-applied`), `rockq-etcd-revoke-late` (an ordered group's owner lease is
+//! for the group-deletion watch: `rockq-etcd-group-deletions-apply` and `…-applied`, and the
+//! namespace watch: `rockq-etcd-namespace-apply` and `…-applied`), `rockq-etcd-revoke-late` (an ordered group's owner lease is
 //! revoked 200 ms late, as on a busy runtime), `rockq-etcd-redrive-received` and
 //! `rockq-etcd-redrive-planned` (the writer has a redrive batch and has not read the cursor
 //! yet; it has read the cursor it will compare and the marks: another process may settle a

@@ -85,8 +85,9 @@ impl Inspector {
     ///
     /// Unlike a database opened read-only, the view is live: every call reads the namespace
     /// as it is then (the connection learns other processes' writes through its watch). The
-    /// connection writes nothing: the namespace is not created if missing, and it does not
-    /// fire delayed messages or schedules, nor trim — the brokers do. The options' broker
+    /// connection writes nothing: the namespace is not created if missing, no queue or group
+    /// it is asked about is made, and it neither fires delayed messages or schedules, nor
+    /// trims, nor moves a work group's offset over what it sees finished — the brokers do. The options' broker
     /// [`Options`](crate::Options) apply as for [`Broker::connect_etcd`](crate::Broker::connect_etcd) (the
     /// clock, say); drop the inspector to disconnect.
     ///

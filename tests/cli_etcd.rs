@@ -235,10 +235,16 @@ async fn commands_that_write_work_beside_the_running_service() {
     let missing = fails(&ns, &["delete-group", "orders", "billing", "--yes"], 1);
     assert!(missing.contains("does not exist"), "{missing}");
 
-    // Deleting queues is not carried out on etcd yet: the engine's typed refusal, nothing changed.
-    let refused = fails(&ns, &["delete-queue", "jobs", "--yes"], 1);
-    assert!(refused.contains("deleting queues") && refused.contains("etcd"), "{refused}");
-    assert_eq!(find(&json(&ns, &["stats"])["queues"], "name", "jobs")["last_seq"].as_u64(), Some(4));
+    // A queue deleted from the command line: gone for the service too (its handle refuses).
+    assert_eq!(json(&ns, &["delete-queue", "jobs", "--yes"])["deleted"], true);
+    let stats = json(&ns, &["stats"]);
+    assert!(stats["queues"].as_array().unwrap().iter().all(|q| q["name"] != "jobs"), "{stats}");
+    // Whether or not its watch brought the deletion yet: refused here, or by etcd (the tail is
+    // gone) and answered as deleted. Nothing is written.
+    let refused = jobs.send("late").await.unwrap_err();
+    assert!(matches!(refused, rockq::Error::QueueDeleted { .. }), "{refused}");
+    let missing = fails(&ns, &["delete-queue", "jobs", "--yes"], 1);
+    assert!(missing.contains("does not exist"), "{missing}");
 
     drop((js, held));
     broker.shutdown().await.unwrap();
@@ -313,6 +319,19 @@ async fn export_import_and_what_is_refused_with_a_clear_error() {
     let endpoints = cluster.endpoints().join(",");
     assert!(bare(&["--etcd", &endpoints, "stats"]).contains("--etcd needs --namespace"));
     assert!(bare(&["--namespace", "shop", "stats"]).contains("give the endpoints with --etcd"));
+    assert!(
+        bare(&["--etcd", &endpoints, "--namespace", "shop", "--db", "/tmp/x", "stats"]).contains("give one")
+    );
+    // ROCKQ_NAMESPACE in the environment (set for the etcd commands) leaves --db commands alone.
+    let mut cmd = assert_cmd::Command::new(env!("CARGO_BIN_EXE_rockq"));
+    let nodb = out.path().join("no-database");
+    cmd.env_remove("ROCKQ_ETCD").env("ROCKQ_NAMESPACE", "shop").args([
+        "--db",
+        nodb.to_str().unwrap(),
+        "stats",
+    ]);
+    let out_db = cmd.timeout(HANG_GUARD).assert().code(1).get_output().clone();
+    assert!(String::from_utf8_lossy(&out_db.stderr).contains("no database at"), "{out_db:?}");
 
     drop((js, held));
     broker.shutdown().await.unwrap();

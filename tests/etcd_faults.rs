@@ -58,13 +58,23 @@ impl Hold {
 
     /// Lets the held batch through, and waits until it was applied.
     async fn release(self) {
-        fail::remove(self.points.0);
-        {
-            let (lock, cv) = &*self.gate;
-            *lock.lock().unwrap() = false;
-            cv.notify_all();
-        }
+        self.open();
         wait_for(&self.applied, "the watch never applied what it held").await;
+    }
+
+    fn open(&self) {
+        fail::remove(self.points.0);
+        let (lock, cv) = &*self.gate;
+        *lock.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        cv.notify_all();
+    }
+}
+
+/// A test that fails while the watch is held lets it go: blocked on the gate, the runtime's
+/// shutdown would wait for ever and the failure would show as a hang.
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.open();
         fail::remove(self.points.1);
     }
 }
@@ -926,4 +936,35 @@ async fn a_late_deletion_event_leaves_the_group_made_anew_alone() {
     assert_eq!(d.expect("the stream ended").expect("the new group was forgotten").seq(), 2);
     drop(again);
     a.shutdown().await.expect("shutdown");
+}
+
+/// A queue deleted by another process while this one's namespace watch lags: this process's
+/// send through its old handle is refused by etcd (the tail is gone) and answered
+/// `QueueDeleted` — not stored, not an opaque storage error — and nothing of it is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_to_a_queue_deleted_elsewhere_before_the_watch_says_so_is_answered_deleted() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let a =
+        Broker::connect_etcd(cluster.endpoints(), "late-queue", EtcdOptions::new()).await.expect("connect");
+    let b =
+        Broker::connect_etcd(cluster.endpoints(), "late-queue", EtcdOptions::new()).await.expect("connect");
+    a.queue("q").await.expect("queue").send("m1").await.expect("send");
+    let qb = b.queue("q").await.expect("queue");
+    assert_eq!(qb.send("m2").await.expect("send"), 2);
+    // Every namespace watch is held from here (both brokers': failpoints are process-wide).
+    let hold = Hold::at("rockq-etcd-namespace-apply", "rockq-etcd-namespace-applied");
+    assert!(a.delete_queue("q").await.expect("delete"));
+    let e = qb.send("late").await.expect_err("a send to a deleted queue");
+    assert!(matches!(e, rockq::Error::QueueDeleted { .. }), "{e}");
+    assert!(b.get_queue("q").is_none(), "forgotten once etcd refused the append");
+    let mut client = cluster.client().await;
+    let count = etcd_client::GetOptions::new().with_prefix().with_count_only();
+    assert_eq!(client.get("late-queue/m/", Some(count)).await.expect("count").count(), 0, "nothing written");
+    hold.reached().await;
+    hold.release().await;
+    // The name makes a new queue, here too.
+    assert_eq!(b.queue("q").await.expect("queue").send("new").await.expect("send"), 1);
+    a.shutdown().await.expect("shutdown");
+    b.shutdown().await.expect("shutdown");
 }

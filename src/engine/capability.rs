@@ -137,9 +137,9 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::DelayedMessages
             | Capability::Scheduling
             | Capability::DeleteGroup
+            | Capability::DeleteQueue
             | Capability::Export => true,
-            Capability::DeleteQueue
-            | Capability::Keyspaces
+            Capability::Keyspaces
             | Capability::Transactions
             | Capability::OrderedByKey
             | Capability::StoreInspection

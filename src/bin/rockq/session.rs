@@ -50,8 +50,15 @@ impl std::fmt::Display for Target {
 impl Target {
     /// The target the command line names: `--etcd` (with `--namespace`) or `--db`.
     pub(crate) fn of(cli: &Cli) -> Result<Target> {
+        // Given on the command line (not from the environment, where ROCKQ_NAMESPACE may be set
+        // for the etcd commands of the same shell).
+        let given = |flag: &str| std::env::args().any(|a| a == flag || a.starts_with(&format!("{flag}=")));
+        if !cli.etcd.is_empty() && given("--db") {
+            return Err(usage("--db names a database directory and --etcd an etcd namespace: give one"));
+        }
         match (cli.etcd.is_empty(), &cli.namespace) {
             (true, None) => Ok(Target::Db(cli.db.clone())),
+            (true, Some(_)) if !given("--namespace") => Ok(Target::Db(cli.db.clone())),
             (true, Some(_)) => {
                 Err(usage("--namespace names an etcd namespace: give the endpoints with --etcd"))
             }

@@ -30,14 +30,16 @@ pub(super) async fn advance(
     known: &mut Known,
 ) -> Result<bool, StorageError> {
     let to = g.progress().offset;
-    if to <= known.stored_offset {
+    // An inspection writes nothing: the consuming processes move their offsets.
+    if to <= known.stored_offset || side.settings.passive {
         return Ok(false);
     }
     // Tests hold an offset move back to a later round (a reset lands in between).
     crate::faults::check("rockq-etcd-offset-move")?;
     let (store, t) = (&side.store, side.settings.request_timeout);
     let reset_rev = known.reset_rev;
-    let moved = retrying(t, || store.move_work_offset(&g.name, &g.queue.name, to, reset_rev)).await?;
+    let seen = side.seen(&g.name, &g.queue.name);
+    let moved = retrying(t, || store.move_work_offset(&g.name, &g.queue.name, seen, to, reset_rev)).await?;
     // Not moved: another process moved it at least as far, or a reset this process has not
     // learned yet refused the move (its watch brings the reset, which replaces all of this).
     known.learn_offset(g, to);
@@ -46,7 +48,8 @@ pub(super) async fn advance(
 
 /// Loads work group `group` on `queue` (its offset record exists): its claim records into a new
 /// state machine, its stored settings, and a watch on its records from the revision they were
-/// read at. Registered in the engine (at connect for every group, else at first use).
+/// read at. Registered in the engine (at connect for every group, else at first use). `None`:
+/// deleted since it was found.
 pub(super) async fn load(
     engine: &Arc<Engine>,
     side: &Arc<EtcdSide>,
@@ -54,10 +57,10 @@ pub(super) async fn load(
     group: &str,
     stop: &CancellationToken,
     nudge: &mpsc::WeakSender<Request>,
-) -> Result<Arc<WorkGroupState>, StorageError> {
+) -> Result<Option<Arc<WorkGroupState>>, StorageError> {
     let id = crate::store::group_id(group, &queue.name);
     let (store, t) = (&side.store, side.settings.request_timeout);
-    let loaded = retrying(t, || store.load_claims(group, &queue.name)).await?;
+    let Some(loaded) = retrying(t, || store.load_claims(group, &queue.name)).await? else { return Ok(None) };
     let (offset, records, rev) = (loaded.offset, loaded.records, loaded.rev);
     let g = WorkGroupState::new(group, queue.clone(), offset);
     let clock = engine.clock().clone();
@@ -93,7 +96,9 @@ pub(super) async fn load(
         advance(side, &g, &mut known).await?;
     }
     tokio::spawn(watch(side.clone(), Arc::downgrade(&ws), rev, clock, stop.clone(), nudge.clone()));
-    Ok(g)
+    // A deletion the watch applied while this group was read (before it was registered).
+    super::forget::forget_if_deleted_since(engine, side, group, &queue.name, rev);
+    Ok(Some(g))
 }
 
 /// Queue `qid` was trimmed through `to`: its work groups here jump past the deleted head (a
@@ -208,7 +213,9 @@ async fn watch(
         }
         loop {
             match side.store.load_claims(&gname, &qname).await {
-                Ok(loaded) => {
+                // Deleted: the deletion watch forgets the group, and this watch ends with it.
+                Ok(None) => return,
+                Ok(Some(loaded)) => {
                     let Some(ws) = ws.upgrade() else { return };
                     let mut known = ws.known.lock().await;
                     // A reset missed while the watch was down: start again from it.

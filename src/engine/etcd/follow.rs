@@ -1,5 +1,5 @@
 //! Following one etcd watch: what the namespace-wide watches (`watch.rs`, `settings.rs`,
-//! `groups.rs`) share. Each re-reads the state it follows when its watch breaks, then watches
+//! `deletion.rs`) share. Each re-reads the state it follows when its watch breaks, then watches
 //! again from there; this is the part in between.
 
 use std::sync::{Arc, Weak};

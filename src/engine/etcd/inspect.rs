@@ -30,7 +30,10 @@ pub(crate) async fn pending(
     if offset.mode != GroupMode::WorkQueue {
         return Ok(Vec::new());
     }
-    let records = retrying(t, || side.store.load_claims(group, queue)).await?.records;
+    let Some(loaded) = retrying(t, || side.store.load_claims(group, queue)).await? else {
+        return Err(Error::NoSuchGroup { group: group.to_owned(), queue: queue.to_owned() });
+    };
+    let records = loaded.records;
     let now = engine.clock().wall_micros();
     let live = live.get(&(group.to_owned(), queue.to_owned()));
     Ok(records.into_iter().filter_map(|r| pending_claim(r.seq, r.claim, now, live)).collect())

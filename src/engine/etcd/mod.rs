@@ -26,8 +26,9 @@
 mod claims;
 mod dedup;
 mod delayed;
+mod deletion;
 mod follow;
-mod groups;
+mod forget;
 pub(crate) mod inspect;
 mod known;
 pub(crate) mod owner;

@@ -62,10 +62,19 @@ pub(crate) async fn acquire(
         match retrying(t, || store.acquire_owner(&g.name, &g.queue.name, &side.owner_id, ttl)).await? {
             Ok(lease) => break lease,
             // This process's own lease, being revoked right now: wait for it.
-            Err(holder) if holder == side.owner_id && tokio::time::Instant::now() < deadline => {
+            Err(Some(holder)) if holder == side.owner_id && tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             }
-            Err(_) => return Err(busy()),
+            // Freed between the compare and the read: try again.
+            Err(Some(holder)) if holder.is_empty() && tokio::time::Instant::now() < deadline => {}
+            Err(Some(_)) => return Err(busy()),
+            // Deleted by another process; this one's watch has not brought it yet.
+            Err(None) => {
+                return Err(Error::GroupDeleted {
+                    group: g.name.to_string(),
+                    queue: g.queue.name.to_string(),
+                });
+            }
         }
     };
     let stop = CancellationToken::new();

@@ -9,6 +9,7 @@ use crate::engine::request::SettingsChange;
 use crate::error::Error;
 use crate::model::GroupSettings;
 use crate::store::etcd::settings::SettingsRecord;
+use crate::store::etcd::work::SettingsPut;
 
 impl Writer {
     /// Changes group `group`'s settings record as `change` says, by a compare-and-set on the
@@ -38,11 +39,23 @@ impl Writer {
                 apply(&self.engine, group, qname, &next);
                 return Ok(());
             }
-            if let Some(rev) = retrying(t, || store.put_work_settings(group, qname, &next, rev)).await? {
-                let record =
-                    SettingsRecord { group: group.to_owned(), queue: qname.to_string(), settings: next, rev };
-                learn(&self.engine, &self.side, &record);
-                return Ok(());
+            let seen = self.side.seen(group, qname);
+            match retrying(t, || store.put_work_settings(group, qname, &next, rev, seen)).await? {
+                SettingsPut::Written(rev) => {
+                    let record = SettingsRecord {
+                        group: group.to_owned(),
+                        queue: qname.to_string(),
+                        settings: next,
+                        rev,
+                    };
+                    learn(&self.engine, &self.side, &record);
+                    return Ok(());
+                }
+                SettingsPut::Changed => {}
+                // Deleted meanwhile (by any process).
+                SettingsPut::GroupGone => {
+                    return Err(Error::NoSuchGroup { group: group.to_owned(), queue: qname.to_string() });
+                }
             }
         }
     }

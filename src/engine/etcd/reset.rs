@@ -111,7 +111,13 @@ impl Writer {
         // learns the reset this process wrote as already known.
         let mut known = ws.known.lock().await;
         for _ in 0..TRIES {
-            let loaded = retrying(t, || store.load_claims(&group.name, &group.queue.name)).await?;
+            let Some(loaded) = retrying(t, || store.load_claims(&group.name, &group.queue.name)).await?
+            else {
+                return Err(Error::GroupDeleted {
+                    group: group.name.to_string(),
+                    queue: group.queue.name.to_string(),
+                });
+            };
             let now = clock.wall_micros();
             let live =
                 |c: &Claim| matches!(c, Claim::Leased { deadline_micros, .. } if *deadline_micros > now);

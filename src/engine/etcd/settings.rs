@@ -60,6 +60,11 @@ pub(super) async fn run(engine: Weak<Engine>, side: Arc<EtcdSide>, stop: Cancell
 /// kept changes nothing.
 pub(super) fn learn(engine: &Engine, side: &EtcdSide, r: &SettingsRecord) {
     let id = crate::store::group_id(&r.group, &r.queue);
+    // Of a group deleted since (this watch and the deletions' are two streams): a group of the
+    // name made anew must not take it up.
+    if side.group_deleted.get(&id).is_some_and(|d| *d > r.rev) {
+        return;
+    }
     {
         let mut kept = side.group_settings.entry(id).or_insert((GroupSettings::default(), 0));
         if kept.1 >= r.rev {

@@ -54,11 +54,20 @@ pub(crate) struct EtcdSide {
     pub due_offers: std::sync::atomic::AtomicU64,
     /// The revision at which this process read each group it registered (by group id): a
     /// deletion at or before it is of an earlier group of the name, already gone when this
-    /// one was read (`groups.rs`).
+    /// one was read (`deletion.rs`).
     pub group_seen: dashmap::DashMap<Vec<u8>, i64>,
+    /// The latest deletion of each group the deletion watch brought (by group id): a group
+    /// registered from a read before it is forgotten once registered (`forget.rs`).
+    pub group_deleted: dashmap::DashMap<Vec<u8>, i64>,
 }
 
 impl EtcdSide {
+    /// The revision this process read group `group` on `queue` at (`group_seen`); a group not
+    /// registered here is not fenced by it.
+    pub fn seen(&self, group: &str, queue: &str) -> i64 {
+        self.group_seen.get(&crate::store::group_id(group, queue)).map_or(i64::MAX - 1, |s| *s)
+    }
+
     /// Messages `from..=to` of `queue`, at most `max_bytes` of values (at least one). Blocking:
     /// runs the request on `runtime` from a blocking-pool thread.
     pub fn read_range(

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::owners::Owners;
 use super::side::{EtcdSettings, EtcdSide, retrying};
-use super::{claims, groups, settings, watch, writer};
+use super::{claims, deletion, settings, watch, writer};
 use crate::engine::Engine;
 use crate::engine::capability::{self, Capability, Flavour};
 use crate::engine::registry::{OrderedGroupState, QueueState, Registry};
@@ -94,6 +94,7 @@ pub(crate) async fn start(
             .iter()
             .map(|(group, queue, _)| (crate::store::group_id(group, queue), loaded.revision))
             .collect(),
+        group_deleted: Default::default(),
     });
     // The earliest delayed message in the namespace: the timer fires it, whoever wrote it.
     let first_due = retrying(side.settings.request_timeout, || store.first_due()).await?;
@@ -104,13 +105,14 @@ pub(crate) async fn start(
     let stopped = CancellationToken::new();
     runtime.spawn(watch::run(Arc::downgrade(&engine), side.clone(), loaded.revision, stopped.clone()));
     runtime.spawn(settings::run(Arc::downgrade(&engine), side.clone(), stopped.clone()));
-    runtime.spawn(groups::run(Arc::downgrade(&engine), side.clone(), loaded.revision, stopped.clone()));
+    runtime.spawn(deletion::run(Arc::downgrade(&engine), side.clone(), loaded.revision, stopped.clone()));
     let nudge = tx.downgrade();
     // Every work group, as embedded at open: its claims, settings and counts are known before
     // anything subscribes.
     for (group, queue, offset) in &loaded.groups {
         if offset.mode == GroupMode::WorkQueue
             && let Some(q) = engine.registry.queue(queue)
+            // (A group deleted since the namespace was read: `Ok(None)`, skipped.)
             && let Err(e) = claims::load(&engine, &side, q, group, &stopped, &nudge).await
         {
             stopped.cancel();

@@ -80,7 +80,8 @@ pub(crate) async fn stats(engine: &Arc<Engine>, side: &EtcdSide) -> Result<Stats
         };
         if offset.mode == StoredMode::WorkQueue {
             // Claim counts from every process's records, as embedded from the disk's.
-            let records = side.store.load_claims(group, queue).await?.records;
+            // (Deleted since the groups were read: none.)
+            let records = side.store.load_claims(group, queue).await?.map(|l| l.records).unwrap_or_default();
             let live = live.get(&(group.clone(), queue.clone()));
             let mut done = 0;
             for r in records.into_iter().filter(|r| r.seq >= start) {

@@ -29,7 +29,12 @@ pub(super) async fn run(
         match side.store.watch_namespace(revision).await {
             Ok(stream) => {
                 let side = &side;
-                let each = |engine: Arc<Engine>, events| async move { apply(&engine, side, events).await };
+                let each = |engine: Arc<Engine>, events| async move {
+                    // Tests hold a batch back here (a slow watch), and learn when it went through.
+                    crate::faults::reached("rockq-etcd-namespace-apply");
+                    apply(&engine, side, events).await;
+                    crate::faults::reached("rockq-etcd-namespace-applied");
+                };
                 if let Followed::Stopped = follow(stream, "namespace", &engine, &stop, each).await {
                     return;
                 }
@@ -47,6 +52,7 @@ pub(super) async fn run(
             match read.await {
                 Ok((loaded, first_due)) => {
                     let Some(engine) = engine.upgrade() else { return };
+                    forget_missing(&engine, &side, &loaded.queues).await;
                     let mut events = Vec::with_capacity(loaded.queues.len() * 2);
                     let purged =
                         loaded.purged.iter().map(|&(qid, through)| NamespaceEvent::Purged { qid, through });
@@ -71,6 +77,24 @@ pub(super) async fn run(
     }
 }
 
+/// Forgets each queue registered here that the namespace no longer holds (deleted while the
+/// watch was down), asked again on its own: one registered after the namespace was read is
+/// not mistaken for a deleted one.
+async fn forget_missing(engine: &Engine, side: &EtcdSide, stored: &[(String, QueueMeta, u64)]) {
+    let here: Vec<(String, u32)> =
+        engine.registry.queues.iter().map(|q| (q.name.to_string(), q.id)).collect();
+    for (name, id) in here {
+        if stored.iter().any(|(n, meta, _)| *n == name && meta.id == id) {
+            continue;
+        }
+        if let Ok(found) = side.store.queue_record(&name).await
+            && found.is_none_or(|(meta, _)| meta.id != id)
+        {
+            super::forget::forget_queue(engine, side, &name, id);
+        }
+    }
+}
+
 /// Applies what the watch saw. Purge marks first, so that subscriptions here drop what was
 /// purged before they see the new first sequence (which alone would let them hand out what
 /// they had read ahead, as after a retention trim); then queue records, so that a tail of a
@@ -89,6 +113,7 @@ async fn apply(engine: &Engine, side: &EtcdSide, events: Vec<NamespaceEvent>) {
             NamespaceEvent::Queue { name, meta } => learn_queue(engine, side, &name, &meta).await,
             NamespaceEvent::Tail { qid, last } => tails.push((qid, last)),
             NamespaceEvent::Purged { .. } => {}
+            NamespaceEvent::QueueGone { name, id } => super::forget::forget_queue(engine, side, &name, id),
             NamespaceEvent::Due { due } => {
                 side.due_offers.fetch_min(due, Ordering::AcqRel);
                 engine.timer.offer(due);
@@ -107,8 +132,15 @@ async fn apply(engine: &Engine, side: &EtcdSide, events: Vec<NamespaceEvent>) {
 pub(super) async fn learn_queue(engine: &Engine, side: &EtcdSide, name: &str, meta: &QueueMeta) {
     let q = match engine.registry.queue(name) {
         Some(q) if q.id == meta.id => q,
-        // Another queue of the name (deleted and created again) is not carried out on etcd.
-        Some(_) => return,
+        // An older record of the name than the queue registered here: stale.
+        Some(q) if q.id > meta.id => return,
+        // The queue registered here was deleted and the name made anew (ids only grow): its
+        // deletion was missed (a watch that broke meanwhile).
+        Some(q) => {
+            super::forget::forget_queue(engine, side, name, q.id);
+            register_queue(engine, name, meta, meta.first_seq - 1);
+            return;
+        }
         None => {
             register_queue(engine, name, meta, meta.first_seq - 1);
             return;

@@ -39,7 +39,7 @@ use crate::model::WorkSettings;
 use crate::model::{Claim, GroupMode, GroupOffset, StartFrom};
 use crate::stats::{JobOutcome, OutcomeKind};
 use crate::store::envelope;
-use crate::store::etcd::work::{ClaimRecord, ClaimWrite, ClaimsOutcome};
+use crate::store::etcd::work::{ClaimRecord, ClaimWrite, ClaimsOutcome, SettingsPut};
 use crate::store::etcd::{DeadLetterAppend, MAX_TXN_BYTES, MAX_TXN_OPS};
 use crate::telemetry;
 
@@ -57,6 +57,10 @@ impl Writer {
         start: StartFrom,
     ) -> Result<Arc<WorkGroupState>, Error> {
         let id = crate::store::group_id(&group, &queue.name);
+        // A stale handle's queue (deleted; the name may have made another): not the new one's.
+        if queue.is_deleted() {
+            return Err(Error::QueueDeleted { queue: queue.name.to_string() });
+        }
         if let Some(g) = self.engine.registry.work.get(&id) {
             return Ok(g.clone());
         }
@@ -64,6 +68,10 @@ impl Writer {
         let t = self.side.settings.request_timeout;
         let stood = match retrying(t, || store.offset(&group, &queue.name)).await? {
             Some(o) => o,
+            // An inspection makes nothing: the group was deleted since it was found.
+            None if self.side.settings.passive => {
+                return Err(Error::NoSuchGroup { group, queue: queue.name.to_string() });
+            }
             None => {
                 let committed = self.start_offset(&queue, start).await?;
                 // Tests trim the queue here, after the head was read.
@@ -79,7 +87,11 @@ impl Writer {
                 existing: "ordered",
             });
         }
-        Ok(load(&self.engine, &self.side, queue, &group, &self.stop, &self.nudge).await?)
+        match load(&self.engine, &self.side, queue.clone(), &group, &self.stop, &self.nudge).await? {
+            Some(g) => Ok(g),
+            // Deleted by another process between the read above and the load.
+            None => Err(Error::GroupDeleted { group, queue: queue.name.to_string() }),
+        }
     }
 
     /// A work group's settings, resolved against the stored record as the embedded writer
@@ -124,9 +136,15 @@ impl Writer {
                 return Err(Error::DeadLetterName { queue: qname.to_string() });
             }
             let record = next.stored_in(&current);
-            if record == current
-                || retrying(t, || store.put_work_settings(gname, qname, &record, rev)).await?.is_some()
-            {
+            let seen = self.side.seen(gname, qname);
+            let put = match record == current {
+                true => SettingsPut::Written(rev),
+                false => retrying(t, || store.put_work_settings(gname, qname, &record, rev, seen)).await?,
+            };
+            if put == SettingsPut::GroupGone {
+                return Err(Error::GroupDeleted { group: gname.to_string(), queue: qname.to_string() });
+            }
+            if let SettingsPut::Written(_) = put {
                 let next = Arc::new(next);
                 group.set_settings(next.clone());
                 return Ok(next);
@@ -135,8 +153,11 @@ impl Writer {
         }
     }
 
+    /// The claims' view of `g` — of this very group: one of the name made anew after `g` was
+    /// deleted has its own, which `g`'s late requests must not reach.
     fn work_side(&self, g: &WorkGroupState) -> Option<Arc<WorkSide>> {
-        self.side.work.get(&crate::store::group_id(&g.name, &g.queue.name)).map(|w| w.clone())
+        let ws = self.side.work.get(&crate::store::group_id(&g.name, &g.queue.name)).map(|w| w.clone())?;
+        std::ptr::eq(Arc::as_ptr(&ws.group), g).then_some(ws)
     }
 
     /// Persists claims decided here. Refused (another process wrote one of the records since
@@ -228,8 +249,12 @@ impl Writer {
         let mut backoff = Duration::from_millis(20);
         let mut in_doubt = false;
         loop {
-            match until(deadline, store.write_claims(&group.name, &group.queue.name, writes, dead_letters))
-                .await
+            let seen = self.side.seen(&group.name, &group.queue.name);
+            match until(
+                deadline,
+                store.write_claims(&group.name, &group.queue.name, seen, writes, dead_letters),
+            )
+            .await
             {
                 Ok(ClaimsOutcome::Written { rev, progress }) => {
                     self.read_back = progress;

@@ -204,6 +204,9 @@ impl Writer {
             Request::Lifecycle(LifecycleRequest::DeleteGroup { queue, group, reply }) => {
                 let _ = reply.send(self.delete_group(&queue, &group).await);
             }
+            Request::Lifecycle(LifecycleRequest::DeleteQueue { name, reply }) => {
+                let _ = reply.send(self.delete_queue(&name).await);
+            }
             Request::Ordered(OrderedRequest::Reset { group, offset, reply }) => {
                 let _ = reply.send(self.reset_ordered(group, offset).await);
             }
@@ -273,7 +276,15 @@ impl Writer {
             return Ok(q);
         }
         let store = &self.side.store;
-        let (meta, last) = retrying(self.side.settings.request_timeout, || store.create_queue(name)).await?;
+        let t = self.side.settings.request_timeout;
+        // An inspection makes nothing: a queue it was asked about was deleted meanwhile.
+        if self.side.settings.passive {
+            let Some((meta, last)) = retrying(t, || store.queue(name)).await? else {
+                return Err(Error::NoSuchQueue { queue: name.to_owned() });
+            };
+            return Ok(register_queue(&self.engine, name, &meta, last));
+        }
+        let (meta, last) = retrying(t, || store.create_queue(name)).await?;
         let q = register_queue(&self.engine, name, &meta, last);
         tracing::debug!(queue = %name, id = meta.id, "rockq: queue created or found in etcd");
         Ok(q)
@@ -286,6 +297,10 @@ impl Writer {
         start: StartFrom,
     ) -> Result<Arc<OrderedGroupState>, Error> {
         let id = crate::store::group_id(&group, &queue.name);
+        // A stale handle's queue (deleted; the name may have made another): not the new one's.
+        if queue.is_deleted() {
+            return Err(Error::QueueDeleted { queue: queue.name.to_string() });
+        }
         if let Some(g) = self.engine.registry.ordered.get(&id) {
             return Ok(g.clone());
         }
@@ -295,6 +310,10 @@ impl Writer {
         let t = self.side.settings.request_timeout;
         let (stood, seen) = match retrying(t, || store.offset_at(&group, &queue.name)).await? {
             (Some(o), rev) => (o, rev),
+            // An inspection makes nothing.
+            (None, _) if self.side.settings.passive => {
+                return Err(Error::NoSuchGroup { group, queue: queue.name.to_string() });
+            }
             (None, _) => {
                 let offset = GroupOffset {
                     mode: GroupMode::Ordered,
@@ -310,6 +329,8 @@ impl Writer {
         // Before the registry: a deletion the watch brings later is judged by this revision.
         self.side.group_seen.insert(id.clone(), seen);
         self.engine.registry.ordered.insert(id, g.clone());
+        // One the watch applied while this group was read.
+        super::forget::forget_if_deleted_since(&self.engine, &self.side, &group, &queue.name, seen);
         super::settings::adopt(&self.engine, &self.side, &group, &queue.name);
         Ok(g)
     }
@@ -387,11 +408,20 @@ impl Writer {
         let mut firsts: Vec<u64> = vec![0; calls.len()];
         let mut hits = 0u64;
         let mut result: Result<(), StorageError> = Ok(());
+        // Sends to a queue deleted before they were written: answered `QueueDeleted`.
+        let mut refused: Vec<(usize, Arc<str>)> = Vec::new();
         for (qi, cs) in per_queue.iter().enumerate() {
             if cs.is_empty() {
                 continue;
             }
             let queue = s.queues[qi].clone();
+            if queue.is_deleted() {
+                for &c in cs {
+                    firsts[c] = crate::engine::completion::DELETED_VALUE;
+                    refused.push((c, queue.name.clone()));
+                }
+                continue;
+            }
             let mut chunk: Vec<usize> = Vec::new();
             let (mut ops, mut bytes) = (0, 0);
             let mut chunks: Vec<Vec<usize>> = Vec::new();
@@ -412,7 +442,7 @@ impl Writer {
                 bytes += b;
             }
             chunks.push(chunk);
-            for chunk in chunks {
+            for (ci, chunk) in chunks.iter().enumerate() {
                 let envs: Vec<&[u8]> =
                     chunk.iter().flat_map(|&c| calls[c].1.iter().map(|&(a, z)| &s.arena[a..z])).collect();
                 let keys: Vec<(usize, String)> = envs
@@ -427,7 +457,7 @@ impl Writer {
                         let written = envs.len() - duplicates.len();
                         let mut dups = duplicates.into_iter().peekable();
                         let (mut seq, mut i) = (first, 0);
-                        for &c in &chunk {
+                        for &c in chunk {
                             // Only calls of one message carry a key: a duplicate is a whole call.
                             match dups.next_if(|(at, _)| *at == i) {
                                 Some((_, original)) => {
@@ -454,11 +484,23 @@ impl Writer {
                         }
                     }
                     Err(e) => {
+                        // Deleted by another process since this one last heard (its tail is
+                        // gone): this chunk and the later ones were not written.
+                        if self.queue_gone(&queue).await {
+                            for &c in chunks[ci..].iter().flatten() {
+                                firsts[c] = crate::engine::completion::DELETED_VALUE;
+                                refused.push((c, queue.name.clone()));
+                            }
+                            break;
+                        }
                         result = Err(e);
                         break;
                     }
                 }
             }
+        }
+        if !refused.is_empty() {
+            s.resolver.completion().note_deleted(refused.into_boxed_slice());
         }
         let counters = &self.engine.counters;
         counters.rounds.fetch_add(1, Ordering::Relaxed);
@@ -513,7 +555,16 @@ impl Writer {
         let left = || deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
         let (mut last, mut cur_nonce) = match self.tails.get(&queue.id) {
             Some(&t) => t,
-            None => retrying(left(), || store.tail_record(queue.id)).await?,
+            None => match retrying(left(), || store.get_tail(queue.id)).await? {
+                Some(t) => t,
+                // Deleted by another process: the round answers its sends (`queue_gone`).
+                None => {
+                    return Err(StorageError::new(format!(
+                        "etcd: queue {} has no tail: deleted",
+                        queue.name
+                    )));
+                }
+            },
         };
         let nonce = self.nonce();
         let mut backoff = Duration::from_millis(10);
@@ -606,6 +657,14 @@ impl Writer {
                         });
                     }
                     (last, cur_nonce) = (l, n);
+                }
+                // Deleted by another process: the round answers its sends (`queue_gone`).
+                Ok(Appended::NoTail) => {
+                    self.tails.remove(&queue.id);
+                    return Err(StorageError::new(format!(
+                        "etcd: queue {} has no tail: deleted",
+                        queue.name
+                    )));
                 }
                 // A large send call holds the queue (`reserve.rs`): wait for its commit.
                 Ok(Appended::Reserved) => {

@@ -32,9 +32,9 @@
 
 pub(crate) mod dedup;
 pub(crate) mod delayed;
+pub(crate) mod deletion;
 #[cfg(feature = "json")]
 pub(crate) mod export;
-pub(crate) mod groups;
 #[cfg(feature = "json")]
 pub(crate) mod import;
 pub(crate) mod members;
@@ -117,6 +117,8 @@ pub(crate) enum Appended {
     /// A send call larger than one transaction holds the queue (`reserve.rs`): nothing of
     /// this was stored; the tail has not moved.
     Reserved,
+    /// The queue has no tail: deleted (`deletion.rs`). Nothing of this was stored.
+    NoTail,
 }
 
 /// One idempotency key recorded by an append (`dedup.rs`): the message at `index` of the
@@ -441,7 +443,7 @@ impl EtcdStore {
     }
 
     /// The tail record of queue `qid`, if it has one.
-    async fn get_tail(&self, qid: u32) -> Result<Option<(u64, u64)>, StorageError> {
+    pub async fn get_tail(&self, qid: u32) -> Result<Option<(u64, u64)>, StorageError> {
         let got = self.kv().get(self.tail_key(qid), None).await?;
         got.kvs().first().map(|t| decode_tail(t.key(), t.value())).transpose()
     }
@@ -501,7 +503,7 @@ impl EtcdStore {
                     false => Ok(Appended::Moved { last, nonce }),
                 }
             }
-            (None, _) => Err(StorageError::new(format!("queue {qid} has no tail record in etcd"))),
+            (None, _) => Ok(Appended::NoTail),
         }
     }
 
@@ -732,20 +734,39 @@ impl EtcdStore {
         queue: &str,
         owner: &[u8],
         ttl: Duration,
-    ) -> Result<Result<i64, Vec<u8>>, StorageError> {
+    ) -> Result<Result<i64, Option<Vec<u8>>>, StorageError> {
         let secs = ttl.as_secs().max(1) as i64;
         let lease =
             self.members.run(false, |c| async move { c.lease_client().grant(secs, None).await }).await?.id();
         let key = self.owner_key(group, queue);
+        let offset = self.offset_key(group, queue);
+        // The group must still exist: an owner taken after a deletion (by a process that has
+        // not heard of it) would commit the deleted group's offset back.
         let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .when([
+                Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                Compare::version(offset.clone(), CompareOp::Greater, 0),
+            ])
             .and_then([TxnOp::put(key.clone(), owner.to_vec(), Some(PutOptions::new().with_lease(lease)))])
-            .or_else([TxnOp::get(key, None)]);
+            .or_else([TxnOp::get(key, None), TxnOp::get(offset, None)]);
         match self.kv().txn(txn).await {
             Ok(r) if r.succeeded() => Ok(Ok(lease)),
             Ok(r) => {
                 self.revoke(lease).await;
-                Ok(Err(first_get(&r).map(|kv| kv.value().to_vec()).unwrap_or_default()))
+                let gets: Vec<Option<Vec<u8>>> = r
+                    .op_responses()
+                    .into_iter()
+                    .map(|o| match o {
+                        etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
+                        _ => None,
+                    })
+                    .collect();
+                match (gets.first().cloned().flatten(), gets.get(1).is_some_and(Option::is_some)) {
+                    (Some(holder), _) => Ok(Err(Some(holder))),
+                    (None, false) => Ok(Err(None)),
+                    // Freed between the compare and the read: another try decides.
+                    (None, true) => Ok(Err(Some(Vec::new()))),
+                }
             }
             Err(e) => {
                 self.revoke(lease).await;
@@ -832,10 +853,13 @@ impl EtcdStore {
 }
 
 /// What a watch saw of one key: written, or deleted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum WatchedKind {
     Put,
-    Delete,
+    /// With the value it had, for a watch that asked for it (`with_prev_key`).
+    Delete {
+        prev: Option<Vec<u8>>,
+    },
 }
 
 impl EtcdStore {
@@ -867,7 +891,9 @@ impl EtcdStore {
                             let Some(kv) = ev.kv() else { continue };
                             let kind = match ev.event_type() {
                                 etcd_client::EventType::Put => WatchedKind::Put,
-                                etcd_client::EventType::Delete => WatchedKind::Delete,
+                                etcd_client::EventType::Delete => {
+                                    WatchedKind::Delete { prev: ev.prev_kv().map(|p| p.value().to_vec()) }
+                                }
                             };
                             match decode(kind, kv) {
                                 Ok(Some(t)) => out.push(t),

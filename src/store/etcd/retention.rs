@@ -76,6 +76,8 @@ pub(crate) enum NamespaceEvent {
     Purged { qid: u32, through: u64 },
     /// A delayed message due at `due` was written (`delayed.rs`).
     Due { due: u64 },
+    /// Queue `name` of id `id` was deleted (`deletion.rs`).
+    QueueGone { name: String, id: u32 },
 }
 
 impl TrimPlan {
@@ -302,11 +304,24 @@ impl EtcdStore {
         let (qprefix, tprefix) = (self.key(b"q/", b""), self.key(b"t/", b""));
         let sprefix = self.key(b"s/", b"");
         let dprefix = self.key(b"sd/", b"");
-        let opts = WatchOptions::new().with_range(self.key(b"t0", b"")).with_start_revision(revision + 1);
+        // The deleted value comes with a deletion: a deleted queue record names its id.
+        let opts = WatchOptions::new()
+            .with_range(self.key(b"t0", b""))
+            .with_start_revision(revision + 1)
+            .with_prev_key();
         let key = qprefix.clone();
         let decode = move |kind, kv: &etcd_client::KeyValue| match kind {
             WatchedKind::Put => namespace_event(&qprefix, &sprefix, &tprefix, &dprefix, kv),
-            WatchedKind::Delete => Ok(None),
+            WatchedKind::Delete { prev: Some(prev) } => match kv.key().strip_prefix(qprefix.as_slice()) {
+                Some(name) => {
+                    let name = std::str::from_utf8(name)
+                        .map_err(|_| corrupt(CorruptionError::new("queue", kv.key(), "name is not UTF-8")))?;
+                    let meta = records::decode_queue(kv.key(), &prev).map_err(corrupt)?;
+                    Ok(Some(NamespaceEvent::QueueGone { name: name.to_owned(), id: meta.id }))
+                }
+                None => Ok(None),
+            },
+            WatchedKind::Delete { prev: None } => Ok(None),
         };
         self.watch_events(key, opts, decode).await
     }

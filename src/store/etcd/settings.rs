@@ -55,8 +55,8 @@ impl EtcdStore {
         let store = self.clone();
         let decode = move |kind, kv: &etcd_client::KeyValue| match kind {
             WatchedKind::Put => store.settings_record(kv).map(Some),
-            // Deleted with their group: the group deletions' watch (`groups.rs`) forgets them.
-            WatchedKind::Delete => Ok(None),
+            // Deleted with their group: the group deletions' watch (`deletion.rs`) forgets them.
+            WatchedKind::Delete { .. } => Ok(None),
         };
         self.watch_events(prefix, opts, decode).await
     }

@@ -19,6 +19,24 @@ use crate::error::{CorruptionError, StorageError};
 use crate::model::{Claim, GroupMode, GroupOffset, GroupSettings};
 use crate::store::{keys, records};
 
+/// The group's offset record was made at or before `seen`, the revision this process read the
+/// group at: a group deleted and made anew since (a process that has not heard of the deletion)
+/// is another group, which this process's writes must not reach.
+fn same_group(offset_key: &[u8], seen: i64) -> Compare {
+    Compare::create_revision(offset_key.to_vec(), CompareOp::Less, seen.saturating_add(1))
+}
+
+/// What became of [`EtcdStore::put_work_settings`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SettingsPut {
+    /// Written at this revision.
+    Written(i64),
+    /// The record changed since it was read: read it again.
+    Changed,
+    /// The group was deleted (and perhaps made anew) since this process read it.
+    GroupGone,
+}
+
 /// A claim record as read: its sequence, record and `mod_revision`.
 #[derive(Debug, Clone)]
 pub(crate) struct ClaimRecord {
@@ -108,7 +126,8 @@ impl EtcdStore {
 
     /// A work group's offset and its claim records above it, read at one revision (returned:
     /// a watch starts after it).
-    pub async fn load_claims(&self, group: &str, queue: &str) -> Result<LoadedClaims, StorageError> {
+    /// `None`: the group has no offset record (deleted by any process since it was found).
+    pub async fn load_claims(&self, group: &str, queue: &str) -> Result<Option<LoadedClaims>, StorageError> {
         let kv = self.kv();
         let prefix = self.claims_prefix(group, queue);
         // In pages at one revision: a group with many records above its offset (a slow head
@@ -129,9 +148,7 @@ impl EtcdStore {
             kv.get(self.offset_key(group, queue), Some(GetOptions::new().with_revision(rev))).await?;
         let offset = match offset.kvs().first() {
             Some(o) => records::decode_offset(o.key(), o.value()).map_err(corrupt)?.committed,
-            None => {
-                return Err(StorageError::new(format!("work group {group} on {queue} has no offset record")));
-            }
+            None => return Ok(None),
         };
         let mark = self.reset_mark_key(group, queue);
         let mut records = Vec::new();
@@ -146,7 +163,7 @@ impl EtcdStore {
                 records.push(r);
             }
         }
-        Ok(LoadedClaims { offset, records, rev, reset_rev })
+        Ok(Some(LoadedClaims { offset, records, rev, reset_rev }))
     }
 
     /// Writes claim records (claims, outcomes) in one transaction, if every record's
@@ -156,6 +173,7 @@ impl EtcdStore {
         &self,
         group: &str,
         queue: &str,
+        seen: i64,
         writes: &[ClaimWrite],
         dead_letters: Option<&DeadLetterAppend>,
     ) -> Result<ClaimsOutcome, StorageError> {
@@ -163,11 +181,10 @@ impl EtcdStore {
         let offset_key = self.offset_key(group, queue);
         let floor = writes.iter().map(|w| w.seq).min().unwrap_or(u64::MAX);
         let below = GroupOffset { mode: GroupMode::WorkQueue, committed: floor };
-        let mut cmps = vec![Compare::value(
-            offset_key.clone(),
-            CompareOp::Less,
-            records::encode_offset(&below).to_vec(),
-        )];
+        let mut cmps = vec![
+            Compare::value(offset_key.clone(), CompareOp::Less, records::encode_offset(&below).to_vec()),
+            same_group(&offset_key, seen),
+        ];
         let mut ops = Vec::with_capacity(writes.len() + 2);
         let mut gets = vec![TxnOp::get(offset_key, None)];
         for w in writes {
@@ -257,6 +274,7 @@ impl EtcdStore {
         &self,
         group: &str,
         queue: &str,
+        seen: i64,
         to: u64,
         reset_rev: i64,
     ) -> Result<bool, StorageError> {
@@ -266,6 +284,7 @@ impl EtcdStore {
         let cmps = [
             Compare::value(offset_key.clone(), CompareOp::Less, rec.clone()),
             Compare::mod_revision(self.reset_mark_key(group, queue), CompareOp::Equal, reset_rev),
+            same_group(&offset_key, seen),
         ];
         let txn = Txn::new().when(cmps).and_then([
             TxnOp::put(offset_key, rec, None),
@@ -300,19 +319,35 @@ impl EtcdStore {
 
     /// Replaces a group's settings record if its `mod_revision` is still `expected`; returns
     /// the new record's `mod_revision` (`None`: it had changed, nothing written).
+    ///
+    /// Only while the group exists, and is the one read at `seen`: a settings record written
+    /// after a deletion would be taken up by the next group of the name.
     pub async fn put_work_settings(
         &self,
         group: &str,
         queue: &str,
         record: &GroupSettings,
         expected: i64,
-    ) -> Result<Option<i64>, StorageError> {
+        seen: i64,
+    ) -> Result<SettingsPut, StorageError> {
         let key = self.settings_key(group, queue);
+        let offset_key = self.offset_key(group, queue);
         let txn = Txn::new()
-            .when([Compare::mod_revision(key.clone(), CompareOp::Equal, expected)])
-            .and_then([TxnOp::put(key, records::encode_settings(record), None)]);
+            .when([
+                Compare::mod_revision(key.clone(), CompareOp::Equal, expected),
+                Compare::version(offset_key.clone(), CompareOp::Greater, 0),
+                same_group(&offset_key, seen),
+            ])
+            .and_then([TxnOp::put(key, records::encode_settings(record), None)])
+            .or_else([TxnOp::get(offset_key, None)]);
         let resp = self.kv().txn(txn).await?;
-        Ok(resp.succeeded().then(|| resp.header().map_or(0, |h| h.revision())))
+        if resp.succeeded() {
+            return Ok(SettingsPut::Written(resp.header().map_or(0, |h| h.revision())));
+        }
+        match super::first_get(&resp) {
+            Some(o) if o.create_revision() <= seen => Ok(SettingsPut::Changed),
+            _ => Ok(SettingsPut::GroupGone),
+        }
     }
 
     /// A stream of changes to a work group's claim records after `revision`. Ends (with `Err`)
@@ -334,9 +369,9 @@ impl EtcdStore {
                 .map_err(corrupt),
             WatchedKind::Put => store.claim_record(&p, kv).map(|r| Some(ClaimEvent::Put(r))),
             // The group went with its reset mark: nothing the offset passed.
-            WatchedKind::Delete if kv.key() == mark.as_slice() => Ok(None),
+            WatchedKind::Delete { .. } if kv.key() == mark.as_slice() => Ok(None),
             // A deleted record (the offset passed it) names only its sequence.
-            WatchedKind::Delete => Ok(kv
+            WatchedKind::Delete { .. } => Ok(kv
                 .key()
                 .get(p.len()..)
                 .and_then(|b| <[u8; 8]>::try_from(b).ok())
