@@ -119,8 +119,8 @@ impl Writer {
     /// Whether `queue` is gone from etcd (its record deleted, or the name's record of another
     /// id): then forgotten here. Asked after an append was refused.
     pub(super) async fn queue_gone(&mut self, queue: &crate::engine::registry::QueueState) -> bool {
-        let store = &self.side.store;
-        match retrying(self.side.settings.request_timeout, || store.queue_record(&queue.name)).await {
+        // One try: the sends wait for this answer, and their request timeout is already spent.
+        match self.side.store.queue_record(&queue.name).await {
             Ok(Some((meta, _))) if meta.id == queue.id => false,
             Ok(_) => {
                 self.tails.remove(&queue.id);

@@ -485,8 +485,9 @@ impl Writer {
                     }
                     Err(e) => {
                         // Deleted by another process since this one last heard (its tail is
-                        // gone): this chunk and the later ones were not written.
-                        if self.queue_gone(&queue).await {
+                        // gone): this chunk and the later ones were not written. (An outage's
+                        // errors are transient: no more time is spent on them.)
+                        if !e.is_transient() && self.queue_gone(&queue).await {
                             for &c in chunks[ci..].iter().flatten() {
                                 firsts[c] = crate::engine::completion::DELETED_VALUE;
                                 refused.push((c, queue.name.clone()));
