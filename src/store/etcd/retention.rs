@@ -18,7 +18,8 @@
 //! ([`TrimPlan::split`]). A process stopped in between leaves groups moved past messages that
 //! are still there, which the next pass trims: what the policy decided, in more steps.
 
-use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp, WatchOptions};
+use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp, WatchFilterType, WatchOptions};
+use futures::StreamExt;
 
 use super::{EtcdStore, WatchedKind, corrupt, decode_envelope, decode_purge, decode_tail};
 use crate::error::{CorruptionError, StorageError};
@@ -290,9 +291,16 @@ impl EtcdStore {
         }
     }
 
-    /// A stream of queue-record writes and tail moves after `revision`, over every queue of the
-    /// namespace. Ends (with `Err`) when the watch breaks or its start was compacted: the caller
-    /// re-reads and watches again.
+    /// A stream of queue-record writes and deletions and tail moves after `revision`, over
+    /// every queue of the namespace. Ends (with `Err`) when the watch breaks or its start was
+    /// compacted: the caller re-reads and watches again.
+    ///
+    /// Two etcd watches: the writes, and the deletions of queue records with the values they
+    /// had (a deleted record names its queue's id). Kept apart because a watch that asks for
+    /// previous values makes etcd read one for every event, and a tail moves with every
+    /// append: asked on the writes' watch, that cost ~10 % of produce throughput. The two
+    /// streams are not ordered with each other; what they feed does not depend on it (a queue
+    /// is forgotten by its id, and a record of a higher id replaces a lower one).
     pub async fn watch_namespace(
         &self,
         revision: i64,
@@ -304,26 +312,40 @@ impl EtcdStore {
         let (qprefix, tprefix) = (self.key(b"q/", b""), self.key(b"t/", b""));
         let sprefix = self.key(b"s/", b"");
         let dprefix = self.key(b"sd/", b"");
-        // The deleted value comes with a deletion: a deleted queue record names its id.
         let opts = WatchOptions::new()
             .with_range(self.key(b"t0", b""))
             .with_start_revision(revision + 1)
-            .with_prev_key();
-        let key = qprefix.clone();
+            .with_filters([WatchFilterType::NoDelete]);
+        let (key, q) = (qprefix.clone(), qprefix.clone());
         let decode = move |kind, kv: &etcd_client::KeyValue| match kind {
-            WatchedKind::Put => namespace_event(&qprefix, &sprefix, &tprefix, &dprefix, kv),
-            WatchedKind::Delete { prev: Some(prev) } => match kv.key().strip_prefix(qprefix.as_slice()) {
-                Some(name) => {
-                    let name = std::str::from_utf8(name)
-                        .map_err(|_| corrupt(CorruptionError::new("queue", kv.key(), "name is not UTF-8")))?;
-                    let meta = records::decode_queue(kv.key(), &prev).map_err(corrupt)?;
-                    Ok(Some(NamespaceEvent::QueueGone { name: name.to_owned(), id: meta.id }))
-                }
-                None => Ok(None),
-            },
-            WatchedKind::Delete { prev: None } => Ok(None),
+            WatchedKind::Put => namespace_event(&q, &sprefix, &tprefix, &dprefix, kv),
+            WatchedKind::Delete { .. } => Ok(None),
         };
-        self.watch_events(key, opts, decode).await
+        let writes = self.watch_events(key, opts, decode).await?;
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision + 1)
+            .with_filters([WatchFilterType::NoPut])
+            .with_prev_key();
+        let decode = move |kind, kv: &etcd_client::KeyValue| match kind {
+            WatchedKind::Delete { prev: Some(prev) } => {
+                let name = kv.key().get(qprefix.len()..).unwrap_or_default();
+                let name = std::str::from_utf8(name)
+                    .map_err(|_| corrupt(CorruptionError::new("queue", kv.key(), "name is not UTF-8")))?;
+                let meta = records::decode_queue(kv.key(), &prev).map_err(corrupt)?;
+                Ok(Some(NamespaceEvent::QueueGone { name: name.to_owned(), id: meta.id }))
+            }
+            // A deletion without its value was compacted away: re-read (its id is unknown).
+            WatchedKind::Delete { prev: None } => {
+                Err(StorageError::new("etcd watch: a queue record's deletion came without its value"))
+            }
+            WatchedKind::Put => Ok(None),
+        };
+        let deletions = self.watch_events(self.key(b"q/", b""), opts, decode).await?;
+        // Either ending ends both: the caller re-reads, and no deletion is missed while the
+        // other goes on.
+        let end = || futures::stream::once(async { Err(StorageError::new("etcd watch ended")) });
+        Ok(futures::stream::select(writes.chain(end()), deletions.chain(end())))
     }
 }
 
