@@ -76,6 +76,10 @@ cargo test --features "$features" --test job_outcomes "$@" -- --skip pool_handle
 # Deleting and purging (not the tests that list RocksDB's keys).
 cargo test --features "$features" --test admin_lifecycle "$@" -- --skip delete_and_recreate --skip delete_queue_under
 cargo test --features "$features" --test queue_retention "$@" -- --skip large_consumed_backlog
+# Keyspaces, and transactions of keyspace writes and conditions (not those that ack or send:
+# not on etcd yet).
+cargo test --features "$features" --test kv_transactions "$@" -- keyspace_reads_and_writes scans_and_prefixes \
+  bad_input_is_refused many_concurrent_compare_and_sets dropping_a_transaction a_transaction_holding_an_expired_lease
 # Idempotency keys, delayed ones included.
 cargo test --features "$features" --test queue_dedup "$@"
 # Delayed messages and recurring schedules.

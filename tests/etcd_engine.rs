@@ -358,10 +358,16 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
     assert!(is_etcd(e.unsupported()), "more keys than the transaction that makes a call visible holds: {e}");
     let e = q.work_group("w").unwrap().ordered_by_key(true).subscribe().await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "work group ordered by key: {e}");
-    let e = broker.kv("accounts").await.unwrap_err();
-    assert!(is_etcd(e.unsupported()), "keyspace: {e}");
-    let e = broker.transaction().commit().await.unwrap_err();
-    assert!(is_etcd(e.unsupported()), "transaction: {e}");
+    // Keyspace writes alone are carried out; with a send, the transaction is refused whole.
+    let kv = broker.kv("accounts").await.unwrap();
+    let mut tx = broker.transaction();
+    tx.put(&kv, "a", "1").unwrap();
+    tx.send(&q, "in a transaction").unwrap();
+    let e = tx.commit().await.unwrap_err();
+    assert!(is_etcd(e.unsupported()), "a transaction that sends: {e}");
+    assert_eq!(kv.get("a").await.unwrap(), None);
+    let empty = broker.transaction().commit().await.unwrap();
+    assert_eq!((empty.revision(), empty.sent().len()), (None, 0));
     let dir = tempfile::tempdir().unwrap();
     let e = broker.backup(dir.path().join("copy")).await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "backup: {e}");
@@ -1293,4 +1299,140 @@ async fn a_queue_deleted_by_one_broker_is_gone_everywhere_and_its_name_makes_a_n
     assert_eq!(other.len(), 1);
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
+}
+
+/// Adds one to `key` of `kv` `n` times, each by a compare-and-set on the revision it read (a
+/// conflict, another writer first: read again).
+async fn increment(kv: rockq::Keyspace, key: &'static str, n: u32) {
+    for _ in 0..n {
+        loop {
+            let current = kv.get(key).await.unwrap();
+            let value: u32 =
+                current.as_ref().map_or(0, |e| std::str::from_utf8(&e.value).unwrap().parse().unwrap());
+            let expect = rockq::Expect::from_read(current.as_ref());
+            match kv.compare_and_set(key, expect, Some((value + 1).to_string())).await {
+                Ok(_) => break,
+                Err(e) if e.is_conflict() => continue,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+    }
+}
+
+/// Keyspaces across processes: one made by a broker is found by the other (by name at once,
+/// listed once its watch brings it); reads see the other's writes at etcd's revisions;
+/// compare-and-set fences both (increments from two brokers each count once); what one etcd
+/// transaction cannot hold, and a transaction that also sends, are refused whole; large
+/// values scan across answers; `stats` counts what etcd holds, whoever wrote it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyspaces_are_shared_by_every_broker_and_fenced_by_etcd_revisions() {
+    let cluster = etcd::Cluster::start(1).await;
+    let (a, b) = (connect(&cluster, "kv").await, connect(&cluster, "kv").await);
+    let ka = a.kv("counters").await.unwrap();
+    let until = tokio::time::Instant::now() + HANG_GUARD;
+    while b.get_kv("counters").is_none() {
+        assert!(tokio::time::Instant::now() < until, "the other broker never learnt the keyspace");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(b.kv_names(), ["counters"]);
+    let kb = b.kv("counters").await.unwrap();
+    let r1 = ka.put("x", "1").await.unwrap();
+    let seen = kb.get("x").await.unwrap().unwrap();
+    assert_eq!((seen.value.as_ref(), seen.revision), (&b"1"[..], r1));
+    let r2 = kb.put("x", "2").await.unwrap();
+    assert!(r2 > r1);
+    let stale = ka.compare_and_set("x", rockq::Expect::Revision(r1), Some("3")).await.unwrap_err();
+    assert!(matches!(&stale, Error::Conflict { found: Some(f), .. } if *f == r2), "{stale:?}");
+    assert!(matches!(
+        kb.compare_and_set("x", rockq::Expect::Absent, Some("4")).await,
+        Err(Error::Conflict { found: Some(_), .. })
+    ));
+    kb.delete("x").await.unwrap();
+    assert_eq!(ka.get("x").await.unwrap(), None);
+    // Deleted and written again: a revision read before never holds again (no ABA).
+    let r3 = ka.put("x", "5").await.unwrap();
+    assert!(matches!(
+        kb.compare_and_set("x", rockq::Expect::Revision(r2), Some("6")).await,
+        Err(Error::Conflict { .. })
+    ));
+    assert_eq!(kb.get("x").await.unwrap().unwrap().revision, r3);
+
+    // Three tasks in each broker, 15 increments each: 90, none lost, none twice.
+    let tasks: Vec<_> = (0..3)
+        .flat_map(|_| {
+            [tokio::spawn(increment(ka.clone(), "hits", 15)), tokio::spawn(increment(kb.clone(), "hits", 15))]
+        })
+        .collect();
+    for t in tasks {
+        tokio::time::timeout(HANG_GUARD, t).await.expect("increments hung").unwrap();
+    }
+    assert_eq!(ka.get("hits").await.unwrap().unwrap().value.as_ref(), b"90");
+
+    // A transaction's writes and conditions are one etcd transaction: a failed condition
+    // writes nothing.
+    let hits = ka.get("hits").await.unwrap().unwrap();
+    let mut tx = a.transaction();
+    tx.put(&ka, "side", "1").unwrap();
+    tx.expect(&ka, "hits", rockq::Expect::Revision(hits.revision - 1)).unwrap();
+    assert!(tx.commit().await.unwrap_err().is_conflict());
+    assert_eq!(kb.get("side").await.unwrap(), None);
+    let mut tx = b.transaction();
+    tx.put(&kb, "side", "1").unwrap();
+    tx.put(&kb, "side", "2").unwrap(); // the last write of a key wins
+    tx.delete(&kb, "gone").unwrap();
+    tx.expect(&kb, "hits", rockq::Expect::Revision(hits.revision)).unwrap();
+    let rev = tx.commit().await.unwrap().revision().unwrap();
+    let side = ka.get("side").await.unwrap().unwrap();
+    assert_eq!((side.value.as_ref(), side.revision), (&b"2"[..], rev));
+
+    // Beyond what one etcd transaction holds (128 operations): refused whole.
+    let mut tx = a.transaction();
+    for i in 0..200 {
+        tx.put(&ka, format!("many/{i:03}"), "v").unwrap();
+    }
+    assert!(matches!(tx.commit().await, Err(Error::Unsupported(_))));
+    assert_eq!(ka.prefix("many/").count().await, 0);
+    // With a send: refused whole (acks and sends in transactions are not on etcd).
+    let q = a.queue("q").await.unwrap();
+    let mut tx = a.transaction();
+    tx.put(&ka, "with-send", "1").unwrap();
+    tx.send(&q, "m").unwrap();
+    let refused = tx.commit().await.unwrap_err();
+    assert!(
+        matches!(&refused, Error::Unsupported(u) if u.to_string().contains("acks or sends")),
+        "{refused}"
+    );
+    assert_eq!(ka.get("with-send").await.unwrap(), None);
+    assert_eq!(q.len(), 0);
+
+    // Values of 900 KiB: a page of them is larger than one etcd answer (4 MiB); a scan reads
+    // them in as many answers as it takes, in order.
+    let large = vec![7u8; 900 << 10];
+    let blobs = b.kv("blobs").await.unwrap();
+    for i in 0..6 {
+        blobs.put(format!("b{i}"), large.clone()).await.unwrap();
+    }
+    let read: Vec<rockq::Entry> =
+        futures::TryStreamExt::try_collect(blobs.scan::<&[u8], _>(..)).await.unwrap();
+    assert_eq!(
+        read.iter().map(|e| e.key.to_vec()).collect::<Vec<_>>(),
+        (0..6).map(|i| format!("b{i}").into_bytes()).collect::<Vec<_>>()
+    );
+    assert!(read.iter().all(|e| e.value.len() == large.len()));
+
+    // Counts: etcd's, whoever wrote.
+    let counts = |s: rockq::Stats| s.keyspaces.into_iter().map(|k| (k.name, k.keys)).collect::<Vec<_>>();
+    let expected = vec![("blobs".to_owned(), 6), ("counters".to_owned(), 3)];
+    assert_eq!(counts(a.stats().await.unwrap()), expected);
+    assert_eq!(counts(b.stats().await.unwrap()), expected);
+    assert_eq!((ka.len(), kb.len()), (3, 3), "set from etcd by stats");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+
+    // Reconnected: every keyspace and entry is there.
+    let c = connect(&cluster, "kv").await;
+    assert_eq!(c.kv_names().len(), 2);
+    let kc = c.get_kv("counters").expect("loaded at connect");
+    assert_eq!((kc.len(), kc.get("hits").await.unwrap().unwrap().value.as_ref()), (3, &b"90"[..]));
+    c.shutdown().await.unwrap();
 }

@@ -74,6 +74,13 @@ async fn an_etcd_namespace_exported_and_imported_into_an_embedded_database_is_th
     let mail_dlq = broker.dead_letters("mail.dlq").await.unwrap();
     assert_eq!(mail_dlq.redrive(rockq::Redrive::new().limit(1)).await.unwrap(), 1);
     mail_dlq.delete(3).await.unwrap();
+    // A keyspace: entries at etcd's revisions, one deleted.
+    let accounts = broker.kv("accounts").await.unwrap();
+    let alice = accounts.put("alice", "10").await.unwrap();
+    accounts.put("bob", "20").await.unwrap();
+    accounts.delete("bob").await.unwrap();
+    let carol = accounts.put("carol", "30").await.unwrap();
+    broker.kv("empty").await.unwrap();
     broker.flush().await.unwrap();
 
     let before = contents(&broker).await;
@@ -87,9 +94,10 @@ async fn an_etcd_namespace_exported_and_imported_into_an_embedded_database_is_th
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["t"].as_str().unwrap().to_owned())
         .collect();
-    for kind in
-        ["header", "queue", "message", "group", "offset", "claim", "redrive", "letter", "dedup", "end"]
-    {
+    for kind in [
+        "header", "queue", "message", "group", "offset", "claim", "redrive", "letter", "dedup", "keyspace",
+        "entry", "counter", "end",
+    ] {
         assert!(kinds.contains(kind), "no {kind} line in {kinds:?}");
     }
     let header: serde_json::Value =
@@ -104,6 +112,26 @@ async fn an_etcd_namespace_exported_and_imported_into_an_embedded_database_is_th
     assert_eq!(read.records, report.records);
     let embedded = open_clock(&into, &clock).await;
     assert_eq!(contents(&embedded).await, before, "the embedded database holds what the namespace held");
+    // The keyspaces, their entries at the revisions etcd gave them; a write goes on above.
+    assert_eq!(embedded.kv_names(), ["accounts", "empty"]);
+    let accounts = embedded.get_kv("accounts").unwrap();
+    let entries: Vec<(String, String, u64)> =
+        futures::TryStreamExt::try_collect::<Vec<_>>(accounts.scan::<&[u8], _>(..))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| {
+                (
+                    String::from_utf8(e.key.to_vec()).unwrap(),
+                    String::from_utf8(e.value.to_vec()).unwrap(),
+                    e.revision,
+                )
+            })
+            .collect();
+    assert_eq!(entries, [("alice".into(), "10".into(), alice), ("carol".into(), "30".into(), carol)]);
+    assert_eq!(accounts.len(), 2);
+    assert!(accounts.put("dave", "40").await.unwrap() > carol);
+    accounts.compare_and_set("alice", rockq::Expect::Revision(alice), Some("11")).await.unwrap();
 
     // And goes on from there: the key is remembered, sequences follow, attempts survive.
     let orders = embedded.queue("orders").await.unwrap();
@@ -159,6 +187,9 @@ async fn a_database_moves_embedded_to_etcd_and_back_with_its_state() {
     j.set_result("report.pdf").unwrap();
     j.ack_durable().await.unwrap();
     drop(ms);
+    let accounts = embedded.kv("accounts").await.unwrap();
+    accounts.put("alice", "10").await.unwrap();
+    accounts.put("bob", vec![0u8, 255]).await.unwrap();
     let before = contents(&embedded).await;
     let file = dir.path().join("to-etcd.jsonl");
     let exported = embedded.export(std::fs::File::create(&file).unwrap()).await.unwrap();
@@ -200,6 +231,24 @@ async fn a_database_moves_embedded_to_etcd_and_back_with_its_state() {
     let result = |s: rockq::JobStatus| s.outcome.and_then(|o| o.result);
     let kept = result(b.job("reports", "makers", 1).await.unwrap());
     assert_eq!(kept.as_deref(), Some(&b"report.pdf"[..]), "the kept outcome came along");
+    // The keyspace, in every instance: keys and values kept, revisions etcd's own; a
+    // compare-and-set on a revision read there fences the other instance.
+    let (ka, kb) = (a.get_kv("accounts").unwrap(), b.get_kv("accounts").unwrap());
+    assert_eq!((ka.len(), kb.len()), (2, 2));
+    assert_eq!(kb.get("bob").await.unwrap().unwrap().value.as_ref(), [0u8, 255]);
+    let alice = ka.get("alice").await.unwrap().unwrap();
+    assert_eq!(alice.value.as_ref(), b"10");
+    kb.compare_and_set("alice", rockq::Expect::Revision(alice.revision), Some("11")).await.unwrap();
+    assert!(
+        ka.compare_and_set("alice", rockq::Expect::Revision(alice.revision), Some("12"))
+            .await
+            .unwrap_err()
+            .is_conflict()
+    );
+    ka.put("carol", "30").await.unwrap();
+    assert!(a.kv("more").await.is_ok(), "a keyspace made after the import gets a fresh id");
+    a.get_kv("more").unwrap().put("k", "v").await.unwrap();
+    assert_eq!(ka.len(), 3);
     // It goes on there as it would have: the key is remembered across instances, sequences
     // follow, the paused group stays paused, attempts survive.
     let orders_b = b.queue("orders").await.unwrap();
@@ -230,6 +279,19 @@ async fn a_database_moves_embedded_to_etcd_and_back_with_its_state() {
     Broker::import(std::fs::File::open(&back).unwrap(), &again).await.unwrap();
     let embedded = open_clock(&again, &clock).await;
     assert_eq!(contents(&embedded).await, middle, "back on one machine with the namespace's state");
+    let accounts = embedded.get_kv("accounts").unwrap();
+    let values: Vec<(rockq::Bytes, rockq::Bytes)> =
+        futures::TryStreamExt::try_collect::<Vec<_>>(accounts.scan::<&[u8], _>(..))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.key, e.value))
+            .collect();
+    let bytes = |s: &'static [u8]| rockq::Bytes::from_static(s);
+    let expected =
+        [(bytes(b"alice"), bytes(b"11")), (bytes(b"bob"), bytes(&[0, 255])), (bytes(b"carol"), bytes(b"30"))];
+    assert_eq!(values, expected);
+    assert_eq!(embedded.get_kv("more").unwrap().get("k").await.unwrap().unwrap().value.as_ref(), b"v");
     let returns = embedded.dead_letters("returns.dlq").await.unwrap();
     assert_eq!(letters(returns.list(10).await.unwrap()), [1], "settled in etcd, settled here");
     assert_eq!(returns.len().await.unwrap(), 1);
@@ -242,14 +304,7 @@ async fn a_database_moves_embedded_to_etcd_and_back_with_its_state() {
 async fn an_import_into_etcd_refuses_what_etcd_cannot_hold_and_leaves_the_namespace_empty() {
     let cluster = etcd::Cluster::start(1).await;
     let dir = tempdir();
-    let embedded = common::open(&dir.path().join("db")).await;
-    let q = embedded.queue("q").await.unwrap();
-    q.send_batch(["a", "b"]).await.unwrap();
-    embedded.kv("ks").await.unwrap().put("k", "v").await.unwrap();
-    let with_kv = dir.path().join("with-kv.jsonl");
-    embedded.export(std::fs::File::create(&with_kv).unwrap()).await.unwrap();
-    embedded.shutdown().await.unwrap();
-    // Only a prioritised message to refuse.
+    // A prioritised message to refuse.
     let other = common::open(&dir.path().join("prio")).await;
     let q = other.queue("q").await.unwrap();
     q.send_batch(["a", "b"]).await.unwrap();
@@ -268,7 +323,7 @@ async fn an_import_into_etcd_refuses_what_etcd_cannot_hold_and_leaves_the_namesp
                 .count()
         }
     };
-    for f in [&with_kv, &with_priority] {
+    for f in [&with_priority] {
         let e = Broker::import_etcd(
             std::fs::File::open(f).unwrap(),
             cluster.endpoints(),

@@ -968,3 +968,37 @@ async fn a_send_to_a_queue_deleted_elsewhere_before_the_watch_says_so_is_answere
     a.shutdown().await.expect("shutdown");
     b.shutdown().await.expect("shutdown");
 }
+
+/// A keyspace transaction whose answer is lost (or its request) is settled by its marker:
+/// applied once, reported applied — never a conflict with its own write, never twice.
+async fn kv_transaction_losing(point: &str) {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let broker = connect_with(&cluster, "kv-doubt", &clock).await;
+    let kv = broker.kv("counters").await.expect("keyspace");
+    let r0 = kv.put("hits", "0").await.expect("put");
+    fail::cfg(point, "1*return").expect("failpoint");
+    let mut tx = broker.transaction();
+    tx.put_if(&kv, "hits", "1", rockq::Expect::Revision(r0)).expect("put_if");
+    tx.put(&kv, "new", "x").expect("put");
+    let done = tx.commit().await;
+    fail::remove(point);
+    let revision = done.expect("applied once, its lost answer settled").revision().expect("a revision");
+    let hits = kv.get("hits").await.expect("get").expect("there");
+    assert_eq!((hits.value.as_ref(), hits.revision), (&b"1"[..], revision));
+    assert_eq!(kv.get("new").await.expect("get").expect("there").revision, revision);
+    // Counted once: the lost answer's count is read again from etcd.
+    assert_eq!(kv.len(), 2);
+    broker.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyspace_transaction_whose_answer_was_lost_is_found_by_its_marker() {
+    kv_transaction_losing("rockq-etcd-kv-answer").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyspace_transaction_lost_before_it_was_applied_is_sent_again() {
+    kv_transaction_losing("rockq-etcd-kv-request").await;
+}

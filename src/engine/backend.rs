@@ -192,24 +192,32 @@ impl Backend {
     }
 
     /// `key` of keyspace `keyspace`: its revision and value. Blocking.
-    pub fn kv_get(&self, keyspace: u32, key: &[u8]) -> Result<Option<(u64, Vec<u8>)>, Error> {
+    pub fn kv_get(
+        &self,
+        runtime: &Handle,
+        keyspace: u32,
+        key: &[u8],
+    ) -> Result<Option<(u64, Vec<u8>)>, Error> {
+        let _ = runtime;
         match self {
             Backend::Embedded(store) => Ok(store::kv_get(store, keyspace, key)?),
-            Backend::Etcd(_) => Err(self.refusal(Capability::Keyspaces)),
+            Backend::Etcd(side) => on_etcd!(side => side.kv_get(runtime, keyspace, key)),
         }
     }
 
     /// Up to `limit` entries of keyspace `keyspace` in `[from, to)`, in key order. Blocking.
     pub fn kv_scan(
         &self,
+        runtime: &Handle,
         keyspace: u32,
         from: &[u8],
         to: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<RawEntry>, Error> {
+        let _ = runtime;
         match self {
             Backend::Embedded(store) => Ok(store::kv_scan(store, keyspace, from, to, limit)?),
-            Backend::Etcd(_) => Err(self.refusal(Capability::Keyspaces)),
+            Backend::Etcd(side) => on_etcd!(side => side.kv_scan(runtime, keyspace, from, to, limit)),
         }
     }
 

@@ -54,7 +54,7 @@ pub(crate) enum Capability {
     IdempotencyKeys,
     /// Keyspaces.
     Keyspaces,
-    /// Transactions.
+    /// Transactions that ack or send (keyspace writes and conditions alone are `Keyspaces`).
     Transactions,
     /// Work groups ordered by key.
     OrderedByKey,
@@ -98,11 +98,13 @@ impl Capability {
             Capability::Scheduling => "recurring schedules",
             Capability::IdempotencyKeys => "idempotency keys",
             Capability::Keyspaces => "keyspaces",
-            Capability::Transactions => "transactions",
+            Capability::Transactions => {
+                "transactions with acks or sends (keyspace writes and conditions alone are carried out)"
+            }
             Capability::OrderedByKey => "ordering a work group by key",
             Capability::StoreInspection => "this inspection (recurring schedules, the store directly)",
             Capability::HugeMessage => {
-                "a message over 1 MiB, over 125 idempotency keys in one call, a submit call with delayed messages larger than one transaction, or a recurring schedule's message over 256 KiB (the limits of one etcd transaction)"
+                "a message over 1 MiB, over 125 idempotency keys in one call, a submit call with delayed messages larger than one transaction, a recurring schedule's message over 256 KiB, or a keyspace transaction of over 127 keys, 127 conditions or 1 MiB (the limits of one etcd transaction)"
             }
             Capability::BufferedDurability => "Durability::Buffered (every etcd write is a quorum write)",
             Capability::JobActions => "acting on one job (retry now, delete, dead-letter)",
@@ -138,9 +140,9 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::Scheduling
             | Capability::DeleteGroup
             | Capability::DeleteQueue
+            | Capability::Keyspaces
             | Capability::Export => true,
-            Capability::Keyspaces
-            | Capability::Transactions
+            Capability::Transactions
             | Capability::OrderedByKey
             | Capability::StoreInspection
             | Capability::HugeMessage

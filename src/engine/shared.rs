@@ -311,7 +311,9 @@ impl Shared {
             return Err(Error::Shutdown);
         }
         // Closed between the check and the read: that is a shutdown, not a storage error.
-        self.backend.kv_get(keyspace, key).map_err(|e| if self.is_closed() { Error::Shutdown } else { e })
+        self.backend
+            .kv_get(&self.runtime, keyspace, key)
+            .map_err(|e| if self.is_closed() { Error::Shutdown } else { e })
     }
 
     /// Up to `limit` entries of keyspace `keyspace` in `[from, to)`, in key order. Blocking.
@@ -326,7 +328,7 @@ impl Shared {
             return Err(Error::Shutdown);
         }
         self.backend
-            .kv_scan(keyspace, from, to, limit)
+            .kv_scan(&self.runtime, keyspace, from, to, limit)
             .map_err(|e| if self.is_closed() { Error::Shutdown } else { e })
     }
 

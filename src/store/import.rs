@@ -117,7 +117,7 @@ fn write(input: &mut Reader, dir: &Path) -> Result<(), Error> {
                     wb.put_cf(cfs.dedup, keys::dedup_expiry_key(expires_micros, qid, key.as_bytes()), []);
                 }
                 // Its record is written at the end, with its count of keys.
-                Write::Keyspace => {}
+                Write::Keyspace { .. } => {}
                 Write::Entry { keyspace, key, revision, value } => {
                     wb.put_cf(kv_cf, kv::entry_key(keyspace, &key), kv::encode_entry(revision, &value));
                 }

@@ -96,7 +96,12 @@ pub(crate) enum Write {
         record: Vec<u8>,
         expires_micros: u64,
     },
-    Keyspace,
+    /// (Its name and id are read by the import into etcd only, feature `etcd`.)
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    Keyspace {
+        name: String,
+        id: u32,
+    },
     Entry {
         keyspace: u32,
         key: Vec<u8>,
@@ -360,7 +365,7 @@ impl Reader {
                 let id = self.next_keyspace_id;
                 self.next_keyspace_id += 1;
                 self.keyspaces.insert(ks.clone(), KeyspaceIn { id, keys: 0, last_key: None });
-                Write::Keyspace
+                Write::Keyspace { name: ks, id }
             }
             Record::Entry { keyspace, key, revision, value } => {
                 let Some(ks) = self.keyspaces.get_mut(keyspace.as_str()) else {

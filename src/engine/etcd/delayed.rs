@@ -90,7 +90,7 @@ impl Writer {
 
     /// The lease submit markers go under: handed out for a minute, lasting a request timeout
     /// and a minute more, so a marker outlives every lookup of it.
-    async fn marker_lease(&mut self, left: Duration) -> Result<i64, StorageError> {
+    pub(super) async fn marker_lease(&mut self, left: Duration) -> Result<i64, StorageError> {
         if let Some((lease, until)) = self.marker_lease
             && Instant::now() < until
         {

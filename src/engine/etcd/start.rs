@@ -107,6 +107,20 @@ pub(crate) async fn start(
     runtime.spawn(settings::run(Arc::downgrade(&engine), side.clone(), stopped.clone()));
     runtime.spawn(deletion::run(Arc::downgrade(&engine), side.clone(), loaded.revision, stopped.clone()));
     let nudge = tx.downgrade();
+    // Every keyspace, with its count (made later elsewhere: the namespace watch brings it).
+    let keyspaces = match retrying(side.settings.request_timeout, || store.keyspaces()).await {
+        Ok(k) => k,
+        Err(e) => {
+            stopped.cancel();
+            return Err(e.into());
+        }
+    };
+    for (name, id) in keyspaces {
+        if let Err(e) = super::keyspaces::learn_keyspace(&engine, &side, &name, id).await {
+            stopped.cancel();
+            return Err(e.into());
+        }
+    }
     // Every work group, as embedded at open: its claims, settings and counts are known before
     // anything subscribes.
     for (group, queue, offset) in &loaded.groups {

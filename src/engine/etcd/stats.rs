@@ -113,5 +113,6 @@ pub(crate) async fn stats(engine: &Arc<Engine>, side: &EtcdSide) -> Result<Stats
         groups.push(g);
     }
     groups.sort_by(|a, b| (&a.queue, &a.group).cmp(&(&b.queue, &b.group)));
-    Ok(Stats { queues, groups, bytes_on_disk: 0, keyspaces: Vec::new() })
+    let keyspaces = super::keyspaces::counts(engine, side).await?;
+    Ok(Stats { queues, groups, bytes_on_disk: 0, keyspaces })
 }

@@ -47,10 +47,15 @@ pub(super) async fn run(
             // watch was down wakes the timer (read after the namespace, so nothing written
             // between the two is missed: the watch starts at the namespace's revision).
             let read = async {
-                Ok::<_, crate::error::StorageError>((side.store.load().await?, side.store.first_due().await?))
+                let loaded = side.store.load().await?;
+                Ok::<_, crate::error::StorageError>((
+                    loaded,
+                    side.store.first_due().await?,
+                    side.store.keyspaces().await?,
+                ))
             };
             match read.await {
-                Ok((loaded, first_due)) => {
+                Ok((loaded, first_due, keyspaces)) => {
                     let Some(engine) = engine.upgrade() else { return };
                     forget_missing(&engine, &side, &loaded.queues).await;
                     let mut events = Vec::with_capacity(loaded.queues.len() * 2);
@@ -62,6 +67,9 @@ pub(super) async fn run(
                         events.push(NamespaceEvent::Queue { name, meta });
                     }
                     events.extend(first_due.map(|due| NamespaceEvent::Due { due }));
+                    events.extend(
+                        keyspaces.into_iter().map(|(name, id)| NamespaceEvent::Keyspace { name, id }),
+                    );
                     apply(&engine, &side, events).await;
                     revision = loaded.revision;
                     break;
@@ -114,6 +122,12 @@ async fn apply(engine: &Engine, side: &EtcdSide, events: Vec<NamespaceEvent>) {
             NamespaceEvent::Tail { qid, last } => tails.push((qid, last)),
             NamespaceEvent::Purged { .. } => {}
             NamespaceEvent::QueueGone { name, id } => super::forget::forget_queue(engine, side, &name, id),
+            // Not registered if its count cannot be read now: `Broker::kv` finds it then.
+            NamespaceEvent::Keyspace { name, id } => {
+                if let Err(e) = super::keyspaces::learn_keyspace(engine, side, &name, id).await {
+                    tracing::debug!(keyspace = %name, error = %e, "rockq: a keyspace seen in etcd not registered");
+                }
+            }
             NamespaceEvent::Due { due } => {
                 side.due_offers.fetch_min(due, Ordering::AcqRel);
                 engine.timer.offer(due);

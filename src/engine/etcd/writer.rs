@@ -30,7 +30,7 @@ use crate::engine::dead_letter::{self, Origin};
 use crate::engine::inbox::Staged;
 use crate::engine::registry::{OrderedGroupState, PendingRecord, QueueState};
 use crate::engine::request::{
-    LifecycleRequest, OrderedRequest, QueueRequest, Request, RetentionRequest, ScheduleRequest,
+    KvRequest, LifecycleRequest, OrderedRequest, QueueRequest, Request, RetentionRequest, ScheduleRequest,
     SettingsRequest, WorkRequest,
 };
 use crate::error::{Closed, Error, StorageError, UnsupportedError};
@@ -255,6 +255,13 @@ impl Writer {
             Request::Queue(QueueRequest::SetDedupWindow { queue, window, reply }) => {
                 let _ = reply
                     .send(self.set_queue_record(&queue, |m| QueueMeta { dedup_window: window, ..m }).await);
+            }
+            Request::Kv(KvRequest::Create { name, reply }) => {
+                let _ = reply.send(self.create_keyspace(&name).await);
+            }
+            // Keyspace writes and conditions alone; with acks or sends, refused below.
+            Request::Tx(tx) if tx.sends.is_empty() && tx.jobs.is_empty() && tx.deliveries.is_empty() => {
+                self.kv_transaction(tx).await;
             }
             Request::Commit => {}
             // No handler here: refused as the capability table says (a request the table

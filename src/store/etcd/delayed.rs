@@ -71,7 +71,7 @@ impl EtcdStore {
         self.key(b"sd/", &rest)
     }
 
-    fn marker_key(&self, nonce: u64) -> Vec<u8> {
+    pub(super) fn marker_key(&self, nonce: u64) -> Vec<u8> {
         self.key(b"y/", &nonce.to_be_bytes())
     }
 

@@ -41,10 +41,23 @@ impl EtcdStore {
     async fn pages(
         &self,
         kind: &[u8],
-        (from, to): (&[u8], &[u8]),
+        range: (&[u8], &[u8]),
         rev: i64,
         out: &mut Out<'_>,
         mut each: impl FnMut(Vec<(Vec<u8>, Vec<u8>)>) -> Result<Vec<Record>, Error>,
+    ) -> Result<(), Error> {
+        self.pages_at(kind, range, rev, out, |page| each(page.into_iter().map(|(k, v, _)| (k, v)).collect()))
+            .await
+    }
+
+    /// [`pages`](Self::pages) with each record's `mod_revision`.
+    async fn pages_at(
+        &self,
+        kind: &[u8],
+        (from, to): (&[u8], &[u8]),
+        rev: i64,
+        out: &mut Out<'_>,
+        mut each: impl FnMut(Vec<(Vec<u8>, Vec<u8>, i64)>) -> Result<Vec<Record>, Error>,
     ) -> Result<(), Error> {
         let base = self.key(kind, b"");
         let end = if to.is_empty() {
@@ -66,8 +79,11 @@ impl EtcdStore {
                 limit = (limit / 4).max(1);
                 continue;
             };
-            let page: Vec<_> =
-                got.kvs().iter().map(|kv| (kv.key()[base.len()..].to_vec(), kv.value().to_vec())).collect();
+            let page: Vec<_> = got
+                .kvs()
+                .iter()
+                .map(|kv| (kv.key()[base.len()..].to_vec(), kv.value().to_vec(), kv.mod_revision()))
+                .collect();
             let Some(last) = got.kvs().last() else { return Ok(()) };
             start = [last.key(), &[0][..]].concat();
             let more = got.more();
@@ -275,6 +291,39 @@ impl EtcdStore {
             Ok(batch)
         })
         .await?;
+        // Keyspaces, each before its entries (in key order); an entry's revision is its etcd
+        // `mod_revision`, and the counter is the export's revision (above every entry's): an
+        // import into the embedded engine goes on above them.
+        let mut keyspaces = Vec::new();
+        self.pages(b"sk/", ALL, rev, out, |page| {
+            for (k, v) in page {
+                let name = String::from_utf8(k.clone())
+                    .map_err(|_| CorruptionError::new("keyspace key", &k, "name is not UTF-8"))?;
+                keyspaces.push((name, super::kv::decode_keyspace(&k, &v)?));
+            }
+            Ok(Vec::new())
+        })
+        .await?;
+        for (name, id) in &keyspaces {
+            out.send(vec![Record::Keyspace { name: name.clone() }]).await?;
+            let (from, to) =
+                (id.to_be_bytes(), crate::store::prefix_end(&id.to_be_bytes()).unwrap_or_default());
+            self.pages_at(b"v/", (&from, &to), rev, out, |page| {
+                let mut batch = Vec::with_capacity(page.len());
+                for (k, v, at) in page {
+                    let (revision, value) = super::kv::decode_entry(&k, &v, at)?;
+                    batch.push(Record::Entry {
+                        keyspace: name.clone(),
+                        key: k[4..].to_vec(),
+                        revision,
+                        value,
+                    });
+                }
+                Ok(batch)
+            })
+            .await?;
+        }
+        out.send(vec![Record::Counter { name: "kv-revision".into(), value: rev as u64 }]).await?;
         let records = out.lines;
         out.send(vec![Record::End { records }]).await
     }

@@ -10,8 +10,11 @@
 //! before), so nothing is left; an import stopped by a crash leaves the mark, which the next
 //! import clears (and `connect_etcd` names).
 //!
-//! What etcd does not hold yet is refused with `Error::Unsupported` naming the line: keyspaces
-//! (and work-group settings and records only the embedded engine carries out: limits).
+//! What etcd does not hold yet is refused with `Error::Unsupported` naming the line:
+//! work-group settings and records only the embedded engine carries out (limits, priorities).
+//! Keyspace entries are written with etcd's own revisions (an etcd key's `mod_revision` is
+//! the revision of the transaction that wrote it: the file's revisions cannot be kept); their
+//! keys and values are kept.
 //! Delayed messages and recurring schedules' pending firings are imported with both their
 //! records, and the schedule-id counter is written past every id the file names.
 
@@ -33,6 +36,8 @@ pub(crate) struct EtcdImport {
     next_queue_id: u32,
     /// The next schedule id to hand out (the counter written at the end).
     next_scheduled_id: u64,
+    /// The next keyspace id to hand out (the counter written at the end).
+    next_keyspace_id: u32,
     /// Leases of idempotency records, by the whole minute they run out at.
     leases: HashMap<u64, i64>,
     now_micros: u64,
@@ -89,6 +94,7 @@ impl EtcdStore {
             mark_rev,
             next_queue_id: 1,
             next_scheduled_id: 1,
+            next_keyspace_id: 1,
             leases: HashMap::new(),
             now_micros,
             ops: Vec::new(),
@@ -164,7 +170,14 @@ impl EtcdStore {
                 self.import_put(imp, self.due_key(due_micros, qid, id), Vec::new(), None).await?;
                 (self.delayed_key(qid, id), entry, None)
             }
-            Write::Keyspace | Write::Entry { .. } => return Err(refused(n, "importing keyspaces")),
+            // Entries get etcd's revisions (the file's cannot be given to etcd keys).
+            Write::Keyspace { name, id } => {
+                imp.next_keyspace_id = imp.next_keyspace_id.max(id + 1);
+                (self.keyspace_key(&name), super::kv::encode_keyspace(id), None)
+            }
+            Write::Entry { keyspace, key, value, .. } => {
+                (self.entry_key(keyspace, &key), super::kv::encode_entry(&value), None)
+            }
             Write::Letter { dlq, seq } => (self.key(b"r/", &keys::letter_key(&dlq, seq)), Vec::new(), None),
             // Kept as they are: the retention pass expires them on the broker's clock.
             Write::Outcome { group, queue, seq, record } => {
@@ -236,6 +249,7 @@ impl EtcdStore {
                     imp.next_scheduled_id.to_be_bytes().to_vec(),
                     None,
                 ),
+                TxnOp::put(self.next_keyspace_id_key(), imp.next_keyspace_id.to_be_bytes().to_vec(), None),
                 TxnOp::put(self.format_key(), records::encode_format(), None),
                 TxnOp::delete(self.import_mark_key(), None),
             ]);

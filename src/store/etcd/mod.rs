@@ -29,6 +29,9 @@
 //! | `N y/<nonce u64>` | a submit's marker under an expiring lease (`delayed.rs`) |
 //! | `N meta/scheduled-id` | the next schedule id not handed out (`delayed.rs`) |
 //! | `N w/<name>` | a recurring schedule's record (same codec as RocksDB's, `schedules.rs`) |
+//! | `N sk/<name>` | a keyspace: its id (`kv.rs`) |
+//! | `N v/<keyspace id u32><key>` | a keyspace entry; its revision is etcd's `mod_revision` (`kv.rs`) |
+//! | `N meta/keyspace-id` | the next keyspace id (`kv.rs`) |
 
 pub(crate) mod dedup;
 pub(crate) mod delayed;
@@ -37,6 +40,7 @@ pub(crate) mod deletion;
 pub(crate) mod export;
 #[cfg(feature = "json")]
 pub(crate) mod import;
+pub(crate) mod kv;
 pub(crate) mod members;
 pub(crate) mod outcomes;
 pub(crate) mod redrive;
@@ -403,19 +407,7 @@ impl EtcdStore {
                 let last = self.tail(meta.id).await?.unwrap_or(meta.first_seq - 1);
                 return Ok((meta, last));
             }
-            let ids = kv.get(idkey.clone(), None).await?;
-            let (id, id_cmp) = match ids.kvs().first() {
-                Some(k) => {
-                    let id = u32::from_be_bytes(k.value().try_into().map_err(|_| {
-                        corrupt(CorruptionError::new("queue id", k.key(), "length is not 4"))
-                    })?);
-                    (id, Compare::mod_revision(idkey.clone(), CompareOp::Equal, k.mod_revision()))
-                }
-                None => (1, Compare::version(idkey.clone(), CompareOp::Equal, 0)),
-            };
-            if id == u32::MAX {
-                return Err(StorageError::new("no queue id left in this namespace"));
-            }
+            let (id, id_cmp) = self.next_id(&idkey, "queue id").await?;
             let meta = QueueMeta {
                 id,
                 first_seq: 1,
@@ -433,6 +425,31 @@ impl EtcdStore {
             }
             // Another process created it, or took the id: look again.
         }
+    }
+
+    /// The id counter at `idkey` (`what`: "queue id", "keyspace id"): the next id, and the
+    /// compare that takes it (the counter unchanged since it was read). Ids start at 1.
+    pub(super) async fn next_id(
+        &self,
+        idkey: &[u8],
+        what: &'static str,
+    ) -> Result<(u32, Compare), StorageError> {
+        let ids = self.kv().get(idkey.to_vec(), None).await?;
+        let (id, cmp) = match ids.kvs().first() {
+            Some(k) => {
+                let id = u32::from_be_bytes(
+                    k.value()
+                        .try_into()
+                        .map_err(|_| corrupt(CorruptionError::new(what, k.key(), "length is not 4")))?,
+                );
+                (id, Compare::mod_revision(idkey.to_vec(), CompareOp::Equal, k.mod_revision()))
+            }
+            None => (1, Compare::version(idkey.to_vec(), CompareOp::Equal, 0)),
+        };
+        if id == u32::MAX {
+            return Err(StorageError::new(format!("no {what} left in this namespace")));
+        }
+        Ok((id, cmp))
     }
 
     /// The tail record of queue `qid`: (last, nonce).

@@ -79,6 +79,8 @@ pub(crate) enum NamespaceEvent {
     Due { due: u64 },
     /// Queue `name` of id `id` was deleted (`deletion.rs`).
     QueueGone { name: String, id: u32 },
+    /// Keyspace `name` (`id`) was made (`kv.rs`).
+    Keyspace { name: String, id: u32 },
 }
 
 impl TrimPlan {
@@ -317,7 +319,12 @@ impl EtcdStore {
             .with_start_revision(revision + 1)
             .with_filters([WatchFilterType::NoDelete]);
         let (key, q) = (qprefix.clone(), qprefix.clone());
+        let kprefix = self.keyspace_prefix();
         let decode = move |kind, kv: &etcd_client::KeyValue| match kind {
+            WatchedKind::Put if kv.key().starts_with(&kprefix) => {
+                let (name, id) = super::kv::keyspace_record(&kprefix, kv.key(), kv.value())?;
+                Ok(Some(NamespaceEvent::Keyspace { name, id }))
+            }
             WatchedKind::Put => namespace_event(&q, &sprefix, &tprefix, &dprefix, kv),
             WatchedKind::Delete { .. } => Ok(None),
         };
