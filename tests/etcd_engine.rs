@@ -358,13 +358,13 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
     assert!(is_etcd(e.unsupported()), "more keys than the transaction that makes a call visible holds: {e}");
     let e = q.work_group("w").unwrap().ordered_by_key(true).subscribe().await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "work group ordered by key: {e}");
-    // Keyspace writes alone are carried out; with a send, the transaction is refused whole.
+    // A transaction that sends with a delay: refused whole.
     let kv = broker.kv("accounts").await.unwrap();
     let mut tx = broker.transaction();
     tx.put(&kv, "a", "1").unwrap();
-    tx.send(&q, "in a transaction").unwrap();
+    tx.send(&q, Message::new("later").deliver_after(Duration::from_secs(5))).unwrap();
     let e = tx.commit().await.unwrap_err();
-    assert!(is_etcd(e.unsupported()), "a transaction that sends: {e}");
+    assert!(is_etcd(e.unsupported()), "a transaction that sends a delayed message: {e}");
     assert_eq!(kv.get("a").await.unwrap(), None);
     let empty = broker.transaction().commit().await.unwrap();
     assert_eq!((empty.revision(), empty.sent().len()), (None, 0));
@@ -1392,14 +1392,14 @@ async fn keyspaces_are_shared_by_every_broker_and_fenced_by_etcd_revisions() {
     }
     assert!(matches!(tx.commit().await, Err(Error::Unsupported(_))));
     assert_eq!(ka.prefix("many/").count().await, 0);
-    // With a send: refused whole (acks and sends in transactions are not on etcd).
+    // With a send that carries an idempotency key: refused whole (not on etcd yet).
     let q = a.queue("q").await.unwrap();
     let mut tx = a.transaction();
     tx.put(&ka, "with-send", "1").unwrap();
-    tx.send(&q, "m").unwrap();
+    tx.send(&q, Message::new("m").idempotency_key("k")).unwrap();
     let refused = tx.commit().await.unwrap_err();
     assert!(
-        matches!(&refused, Error::Unsupported(u) if u.to_string().contains("acks or sends")),
+        matches!(&refused, Error::Unsupported(u) if u.to_string().contains("idempotency key")),
         "{refused}"
     );
     assert_eq!(ka.get("with-send").await.unwrap(), None);
@@ -1435,4 +1435,127 @@ async fn keyspaces_are_shared_by_every_broker_and_fenced_by_etcd_revisions() {
     let kc = c.get_kv("counters").expect("loaded at connect");
     assert_eq!((kc.len(), kc.get("hits").await.unwrap().unwrap().value.as_ref()), (3, &b"90"[..]));
     c.shutdown().await.unwrap();
+}
+
+/// The exactly-once pipeline across processes: worker pools in two brokers take jobs of one
+/// work group, and each handler's transaction — a read-modify-write of an account's balance
+/// (`get_for_update`), an invoice sent, the job's ack — is one etcd transaction. Concurrent
+/// updates of one account conflict (across brokers too) and the job runs again; every order
+/// is charged once and invoiced once, none lost, none twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_in_two_brokers_apply_each_jobs_transaction_exactly_once() {
+    let cluster = etcd::Cluster::start(1).await;
+    let (a, b) = (connect(&cluster, "pipeline").await, connect(&cluster, "pipeline").await);
+    let orders = a.queue("orders").await.unwrap();
+    const ORDERS: u32 = 40;
+    for i in 0..ORDERS {
+        orders.send(Message::new(format!("{}", i % 7 + 1)).key(format!("acct-{}", i % 3))).await.unwrap();
+    }
+    let pool = |broker: &Broker| {
+        let broker = broker.clone();
+        async move {
+            let orders = broker.queue("orders").await.unwrap();
+            let invoices = broker.queue("invoices").await.unwrap();
+            let balances = broker.kv("balances").await.unwrap();
+            let group = orders.work_group("billing").unwrap().retry_policy(
+                rockq::RetryPolicy::default()
+                    .max_attempts(1000)
+                    .backoff(Duration::from_millis(1), Duration::from_millis(5)),
+            );
+            group.workers(4).spawn(move |task: rockq::Task| {
+                let (inv, bal) = (invoices.clone(), balances.clone());
+                async move {
+                    let tx = task.tx();
+                    let account = task.key().unwrap().to_owned();
+                    let cur = tx.get_for_update(&bal, &account).await?;
+                    let n: u64 = cur.map_or(0, |e| String::from_utf8_lossy(&e.value).parse().unwrap());
+                    let amount: u64 = String::from_utf8_lossy(task.payload()).parse().unwrap();
+                    tx.put(&bal, &account, (n + amount).to_string())?;
+                    tx.send(&inv, format!("order {} charged {amount}", task.seq()))?;
+                    Ok::<_, rockq::HandlerError>(())
+                }
+            })
+        }
+    };
+    let (pa, pb) = (pool(&a).await, pool(&b).await);
+    let committed =
+        |s: rockq::Stats| s.groups.iter().find(|g| g.group == "billing").map_or(0, |g| g.committed);
+    tokio::time::timeout(HANG_GUARD, async {
+        while committed(a.stats().await.unwrap()) < u64::from(ORDERS) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the pools drain the orders");
+    let (ra, rb) = (pa.shutdown().await.unwrap(), pb.shutdown().await.unwrap());
+    let balances = b.kv("balances").await.unwrap();
+    let mut expected = [0u64; 3];
+    for i in 0..ORDERS {
+        expected[(i % 3) as usize] += u64::from(i % 7 + 1);
+    }
+    for (acct, want) in expected.iter().enumerate() {
+        let got = balances.get(format!("acct-{acct}")).await.unwrap().unwrap();
+        assert_eq!(std::str::from_utf8(&got.value).unwrap(), want.to_string(), "account {acct}");
+    }
+    // One invoice per order, whichever broker ran it: conflicted attempts sent nothing.
+    let invoices = b.peek("invoices", None, 1000).await.unwrap();
+    let mut invoiced: Vec<u64> = invoices
+        .iter()
+        .map(|m| std::str::from_utf8(&m.payload).unwrap().split(' ').nth(1).unwrap().parse().unwrap())
+        .collect();
+    invoiced.sort_unstable();
+    assert_eq!(invoiced, (1..=u64::from(ORDERS)).collect::<Vec<_>>());
+    assert!(ra.acked + rb.acked == u64::from(ORDERS), "{ra:?} {rb:?}");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+/// A transaction is fenced by its jobs' claims across processes: a broker whose lease ran out
+/// on another broker's clock (that one claimed the job since) commits nothing — not its
+/// keyspace write, not its send — and is told `LeaseLost`; the job is the other's to finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_acking_a_job_another_broker_took_since_applies_nothing() {
+    let cluster = etcd::Cluster::start(1).await;
+    let (clock_a, clock_b) = (rockq::ManualClock::new(), rockq::ManualClock::new());
+    let a = connect_clock(&cluster, "fenced-tx", &clock_a).await;
+    let b = connect_clock(&cluster, "fenced-tx", &clock_b).await;
+    let jobs = a.queue("jobs").await.unwrap();
+    jobs.send("j1").await.unwrap();
+    let group = |broker: &Broker| {
+        let broker = broker.clone();
+        async move {
+            let q = broker.queue("jobs").await.unwrap();
+            q.work_group("w").unwrap().lease(Duration::from_secs(5)).read_batch(1).max_in_flight(1)
+        }
+    };
+    let mut ja = group(&a).await.subscribe().await.unwrap();
+    let held = common::next_job(&mut ja).await;
+    // On b's clock the lease has run out: b claims the job (a's clock has not moved).
+    clock_b.advance(Duration::from_secs(10));
+    let mut jb = group(&b).await.subscribe().await.unwrap();
+    let taken = common::next_job(&mut jb).await;
+    assert_eq!((taken.seq(), taken.attempt()), (1, 2));
+
+    let (kv, out) = (a.kv("state").await.unwrap(), a.queue("out").await.unwrap());
+    let mut tx = a.transaction();
+    tx.put(&kv, "j1", "done by a").unwrap();
+    tx.send(&out, "from a").unwrap();
+    tx.ack_job(held);
+    let refused = tx.commit().await.unwrap_err();
+    assert!(matches!(refused, Error::LeaseLost { seq: 1, .. }), "{refused:?}");
+    assert_eq!(kv.get("j1").await.unwrap(), None, "nothing of the transaction applied");
+    assert_eq!(b.peek("out", None, 10).await.unwrap().len(), 0);
+    // b finishes it, with its own transaction.
+    let (kb, outb) = (b.kv("state").await.unwrap(), b.queue("out").await.unwrap());
+    let mut tx = b.transaction();
+    tx.put(&kb, "j1", "done by b").unwrap();
+    tx.send(&outb, "from b").unwrap();
+    tx.ack_job(taken);
+    tx.commit().await.unwrap();
+    assert_eq!(kv.get("j1").await.unwrap().unwrap().value.as_ref(), b"done by b");
+    let out: Vec<_> = a.peek("out", None, 10).await.unwrap().into_iter().map(|m| m.payload).collect();
+    assert_eq!(out, [rockq::Bytes::from_static(b"from b")]);
+    drop((ja, jb));
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
 }

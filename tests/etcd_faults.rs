@@ -969,36 +969,96 @@ async fn a_send_to_a_queue_deleted_elsewhere_before_the_watch_says_so_is_answere
     b.shutdown().await.expect("shutdown");
 }
 
-/// A keyspace transaction whose answer is lost (or its request) is settled by its marker:
-/// applied once, reported applied — never a conflict with its own write, never twice.
-async fn kv_transaction_losing(point: &str) {
+/// A transaction (a keyspace write under a condition, a job's ack, a send) whose answer is
+/// lost (or its request) is settled by its marker: applied once, reported applied — never a
+/// conflict with its own write, never a lost lease of its own ack, never sent twice.
+async fn transaction_losing(point: &str) {
     let _one_at_a_time = SERIAL.lock().await;
     let cluster = etcd::Cluster::start(1).await;
     let clock = rockq::ManualClock::new();
     let broker = connect_with(&cluster, "kv-doubt", &clock).await;
     let kv = broker.kv("counters").await.expect("keyspace");
     let r0 = kv.put("hits", "0").await.expect("put");
+    let (jobs, out) = (broker.queue("jobs").await.expect("queue"), broker.queue("out").await.expect("queue"));
+    jobs.send_batch(["j1", "j2"]).await.expect("send");
+    let mut js = jobs.work_group("w").expect("group").subscribe().await.expect("subscribe");
+    let job = next_job(&mut js).await;
+    assert_eq!(job.seq(), 1);
     fail::cfg(point, "1*return").expect("failpoint");
     let mut tx = broker.transaction();
     tx.put_if(&kv, "hits", "1", rockq::Expect::Revision(r0)).expect("put_if");
     tx.put(&kv, "new", "x").expect("put");
+    tx.send(&out, "result of j1").expect("send");
+    tx.ack_job(job);
     let done = tx.commit().await;
     fail::remove(point);
-    let revision = done.expect("applied once, its lost answer settled").revision().expect("a revision");
+    let done = done.expect("applied once, its lost answer settled");
+    let revision = done.revision().expect("a revision");
+    assert_eq!(done.sent(), [rockq::Sent::Appended(1)]);
     let hits = kv.get("hits").await.expect("get").expect("there");
     assert_eq!((hits.value.as_ref(), hits.revision), (&b"1"[..], revision));
     assert_eq!(kv.get("new").await.expect("get").expect("there").revision, revision);
     // Counted once: the lost answer's count is read again from etcd.
     assert_eq!(kv.len(), 2);
+    // Sent once; the job acked once: the next one is job 2, and nothing comes back.
+    assert_eq!(out.send("next").await.expect("send"), 2);
+    assert_eq!(next_job(&mut js).await.seq(), 2);
+    let status = broker.job("jobs", "w", 1).await.expect("job");
+    assert_eq!(status.state, rockq::JobState::Finished, "{status:?}");
+    drop(js);
     broker.shutdown().await.expect("shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_keyspace_transaction_whose_answer_was_lost_is_found_by_its_marker() {
-    kv_transaction_losing("rockq-etcd-kv-answer").await;
+async fn a_transaction_whose_answer_was_lost_is_found_by_its_marker() {
+    transaction_losing("rockq-etcd-txn-answer").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_keyspace_transaction_lost_before_it_was_applied_is_sent_again() {
-    kv_transaction_losing("rockq-etcd-kv-request").await;
+async fn a_transaction_lost_before_it_was_applied_is_sent_again() {
+    transaction_losing("rockq-etcd-txn-request").await;
+}
+
+/// A transaction's ack is fenced by etcd's compare on the claim's revision, not by what the
+/// watch told this process: with `a`'s claim watch held back, `a` (whose clock lags) still
+/// holds its job when `b` claims it after the stored deadline; `a`'s transaction — a keyspace
+/// write, a send and the ack — reaches etcd, is refused whole (`LeaseLost`) and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_of_an_old_holder_is_refused_whole_by_etcd_while_its_watch_lags() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let (clock_a, clock_b) = (rockq::ManualClock::new(), rockq::ManualClock::new());
+    let a = connect_with(&cluster, "tx-lag", &clock_a).await;
+    let qa = a.queue("q").await.expect("queue");
+    qa.send("one").await.expect("send");
+    let (kv, out) = (a.kv("state").await.expect("keyspace"), a.queue("out").await.expect("queue"));
+    let lease = std::time::Duration::from_secs(30);
+    let mut ja = qa.work_group("w").expect("group").lease(lease).subscribe().await.expect("subscribe");
+    let held = next_job(&mut ja).await;
+    fail::cfg("rockq-etcd-claim-watch", "return").expect("failpoint");
+    let b = connect_with(&cluster, "tx-lag", &clock_b).await;
+    let qb = b.queue("q").await.expect("queue");
+    let mut jb = qb.work_group("w").expect("group").subscribe().await.expect("subscribe");
+    clock_b.advance(lease + std::time::Duration::from_secs(5));
+    let taken = next_job(&mut jb).await;
+    assert_eq!((taken.seq(), taken.attempt()), (1, 2));
+    let mut tx = a.transaction();
+    tx.put(&kv, "one", "done by a").expect("put");
+    tx.send(&out, "from a").expect("send");
+    tx.ack_job(held);
+    let refused = tx.commit().await;
+    fail::remove("rockq-etcd-claim-watch");
+    match refused {
+        Err(rockq::Error::LeaseLost { seq: 1, .. }) => {}
+        other => panic!("etcd must refuse the old holder's transaction, got {other:?}"),
+    }
+    assert_eq!(kv.get("one").await.expect("get"), None, "no keyspace write");
+    assert_eq!(out.send("next").await.expect("send"), 1, "no message sent");
+    assert_eq!(committed(&a.stats().await.expect("stats")), 0, "no ack");
+    taken.ack_durable().await.expect("the new holder's ack");
+    b.flush().await.expect("flush");
+    assert_eq!(committed(&b.stats().await.expect("stats")), 1);
+    drop((ja, jb));
+    a.shutdown().await.expect("shutdown");
+    b.shutdown().await.expect("shutdown");
 }

@@ -6,9 +6,9 @@
 //! it only once its retention has passed, that the setting is stored and checked like the
 //! group's others, and that a result the group would drop, or too large, is refused and changes
 //! nothing. `scripts/etcd-semantics.sh` runs them against etcd as well (the Inspector there is
-//! `Inspector::connect_etcd`), but those that need a keyspace, an import into a database
-//! directory, or a reset of a work group while a dropped job's lease still runs (refused on
-//! etcd: `docs/DISTRIBUTED.md`).
+//! `Inspector::connect_etcd`), but those that need an import into a database directory, or a
+//! reset of a work group while a dropped job's lease still runs (refused on etcd:
+//! `docs/DISTRIBUTED.md`).
 
 mod common;
 

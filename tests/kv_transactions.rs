@@ -1,7 +1,8 @@
 //! Keyspaces and transactions: application state in the broker's database, and acks, sends and
 //! writes applied as one atomic write (all or nothing), against real RocksDB databases.
-//! `scripts/etcd-semantics.sh` runs the keyspace tests against etcd as well (not those whose
-//! transactions ack or send: not on etcd yet).
+//! `scripts/etcd-semantics.sh` runs them against etcd as well (not those that ack ordered
+//! deliveries, send with an idempotency key or a delay, or hold more operations than one etcd
+//! transaction: not on etcd).
 
 mod common;
 

@@ -54,7 +54,8 @@ pub(crate) enum Capability {
     IdempotencyKeys,
     /// Keyspaces.
     Keyspaces,
-    /// Transactions that ack or send (keyspace writes and conditions alone are `Keyspaces`).
+    /// Transactions that ack ordered deliveries, or send with idempotency keys or delays
+    /// (keyspace writes, job acks and plain sends: `Keyspaces`).
     Transactions,
     /// Work groups ordered by key.
     OrderedByKey,
@@ -99,7 +100,7 @@ impl Capability {
             Capability::IdempotencyKeys => "idempotency keys",
             Capability::Keyspaces => "keyspaces",
             Capability::Transactions => {
-                "transactions with acks or sends (keyspace writes and conditions alone are carried out)"
+                "a transaction that acks an ordered delivery, or sends a message with an idempotency key or a delay (keyspace writes, job acks and plain sends are carried out)"
             }
             Capability::OrderedByKey => "ordering a work group by key",
             Capability::StoreInspection => "this inspection (recurring schedules, the store directly)",

@@ -47,6 +47,7 @@ mod settings;
 mod side;
 pub(crate) mod start;
 pub(crate) mod stats;
+mod txn;
 mod watch;
 mod work;
 mod writer;

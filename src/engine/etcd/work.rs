@@ -155,7 +155,7 @@ impl Writer {
 
     /// The claims' view of `g` — of this very group: one of the name made anew after `g` was
     /// deleted has its own, which `g`'s late requests must not reach.
-    fn work_side(&self, g: &WorkGroupState) -> Option<Arc<WorkSide>> {
+    pub(super) fn work_side(&self, g: &WorkGroupState) -> Option<Arc<WorkSide>> {
         let ws = self.side.work.get(&crate::store::group_id(&g.name, &g.queue.name)).map(|w| w.clone())?;
         std::ptr::eq(Arc::as_ptr(&ws.group), g).then_some(ws)
     }
@@ -742,7 +742,11 @@ impl Writer {
     }
 
     /// Moves `g`'s stored offset over the finished run above it, if this process knows of one.
-    async fn advance(&mut self, g: &WorkGroupState, known: &mut Known) -> Result<(), StorageError> {
+    pub(super) async fn advance(
+        &mut self,
+        g: &WorkGroupState,
+        known: &mut Known,
+    ) -> Result<(), StorageError> {
         let moved = until(Instant::now() + self.budget(), advance(&self.side, g, known)).await;
         self.note(&moved);
         if moved? {
@@ -782,7 +786,7 @@ impl Writer {
     /// Job `seq`'s outcome record if `keeps` (its group keeps outcomes: read once by the
     /// caller, so that a batch cut for it gets outcomes all or none), stamped with the broker's
     /// wall clock now.
-    fn outcome_record(
+    pub(super) fn outcome_record(
         &self,
         keeps: bool,
         kind: OutcomeKind,

@@ -259,10 +259,7 @@ impl Writer {
             Request::Kv(KvRequest::Create { name, reply }) => {
                 let _ = reply.send(self.create_keyspace(&name).await);
             }
-            // Keyspace writes and conditions alone; with acks or sends, refused below.
-            Request::Tx(tx) if tx.sends.is_empty() && tx.jobs.is_empty() && tx.deliveries.is_empty() => {
-                self.kv_transaction(tx).await;
-            }
+            Request::Tx(tx) => self.transaction(tx).await,
             Request::Commit => {}
             // No handler here: refused as the capability table says (a request the table
             // says this engine carries out but that reaches here is a bug, refused all the same).

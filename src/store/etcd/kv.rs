@@ -14,7 +14,7 @@
 //! - `N v/<keyspace id u32 BE><key>` → `version u8 (1), value`: an entry.
 //! - `N meta/keyspace-id` → the next keyspace id, `u32 BE`.
 
-use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 
 use super::{EtcdStore, corrupt};
 use crate::entry::Expect;
@@ -34,43 +34,6 @@ pub(crate) struct KvOp {
     pub expect: Option<Expect>,
     /// Checks `expect` and writes nothing.
     pub condition_only: bool,
-}
-
-/// How a keyspace transaction ended.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum KvApplied {
-    /// Applied at `revision` (`None`: it wrote nothing, its conditions held); `added` is how
-    /// many keys each keyspace it wrote gained (negative: lost), `None` when an earlier try
-    /// of this same call was applied (its answer lost: found by its marker).
-    Applied { revision: Option<u64>, added: Option<Vec<(u32, i64)>> },
-    /// The condition of op `index` did not hold: the key's revision then (`None`: absent).
-    Conflict { index: usize, found: Option<u64> },
-}
-
-impl KvOp {
-    /// The compare standing for `expect` on the key `key`.
-    fn compare(key: Vec<u8>, expect: Expect) -> Compare {
-        match expect {
-            Expect::Absent => Compare::version(key, CompareOp::Equal, 0),
-            Expect::Present => Compare::version(key, CompareOp::Greater, 0),
-            // A revision etcd cannot have is one no key has (a missing key compares as 0).
-            Expect::Revision(r) => {
-                Compare::mod_revision(key, CompareOp::Equal, i64::try_from(r).unwrap_or(-1))
-            }
-        }
-    }
-}
-
-/// A keyspace transaction's size as etcd counts it: (compares, writes, key and value bytes),
-/// its marker's compare and put included.
-pub(crate) fn txn_size(ops: &[KvOp]) -> (usize, usize, usize) {
-    let compares = ops.iter().filter(|o| o.expect.is_some()).count();
-    let mut written: Vec<(u32, &[u8])> =
-        ops.iter().filter(|o| !o.condition_only).map(|o| (o.keyspace, o.key.as_slice())).collect();
-    written.sort_unstable();
-    written.dedup();
-    let bytes = ops.iter().map(|o| o.key.len() + o.value.as_ref().map_or(0, Vec::len)).sum();
-    (compares + 1, written.len() + 1, bytes)
 }
 
 impl EtcdStore {
@@ -188,93 +151,6 @@ impl EtcdStore {
         let got = self.kv().get(prefix, Some(GetOptions::new().with_prefix().with_count_only())).await?;
         Ok(u64::try_from(got.count()).unwrap_or(0))
     }
-
-    /// Applies `ops` as one etcd transaction: every condition compared, then the writes (the
-    /// last write of a key wins, as when the embedded writer applies them in order). Within
-    /// etcd's limits: the caller checks [`txn_size`].
-    ///
-    /// In doubt (no answer), call again with the same `nonce`: the transaction also puts the
-    /// marker `y/<nonce>` under `marker_lease` and requires it absent, so a second try after
-    /// a first that was applied is refused and reports the first as applied — never as a
-    /// conflict with its own writes, never applied twice.
-    pub async fn kv_txn(
-        &self,
-        ops: &[KvOp],
-        nonce: u64,
-        marker_lease: i64,
-    ) -> Result<KvApplied, StorageError> {
-        let marker = self.marker_key(nonce);
-        let mut cmps = vec![Compare::version(marker.clone(), CompareOp::Equal, 0)];
-        let mut checks = Vec::new();
-        for (i, op) in ops.iter().enumerate() {
-            if let Some(expect) = op.expect {
-                let key = self.entry_key(op.keyspace, &op.key);
-                cmps.push(KvOp::compare(key.clone(), expect));
-                checks.push((i, key));
-            }
-        }
-        // The last write of each key, in the order of first appearance.
-        let mut last: Vec<&KvOp> = Vec::new();
-        for op in ops.iter().filter(|o| !o.condition_only) {
-            match last.iter_mut().find(|w| w.keyspace == op.keyspace && w.key == op.key) {
-                Some(w) => *w = op,
-                None => last.push(op),
-            }
-        }
-        let mut writes: Vec<TxnOp> = last
-            .iter()
-            .map(|w| {
-                let key = self.entry_key(w.keyspace, &w.key);
-                match &w.value {
-                    Some(v) => TxnOp::put(key, encode_entry(v), Some(PutOptions::new().with_prev_key())),
-                    None => TxnOp::delete(key, Some(DeleteOptions::new().with_prev_key())),
-                }
-            })
-            .collect();
-        // On a failed compare, the compared keys as they were then: which condition failed.
-        let keys_only = || Some(GetOptions::new().with_keys_only());
-        let mut reads: Vec<TxnOp> =
-            checks.iter().map(|(_, key)| TxnOp::get(key.clone(), keys_only())).collect();
-        reads.push(TxnOp::get(marker.clone(), keys_only()));
-        let wrote = !writes.is_empty();
-        writes.push(TxnOp::put(marker, Vec::new(), Some(PutOptions::new().with_lease(marker_lease))));
-        crate::faults::check("rockq-etcd-kv-request")?;
-        let resp = self.kv().txn(Txn::new().when(cmps).and_then(writes).or_else(reads)).await?;
-        crate::faults::check("rockq-etcd-kv-answer")?;
-        if resp.succeeded() {
-            let revision = wrote.then(|| resp.header().map_or(0, |h| h.revision()) as u64);
-            let mut added: Vec<(u32, i64)> = Vec::new();
-            for (w, r) in last.iter().zip(resp.op_responses()) {
-                let delta = match r {
-                    TxnOpResponse::Put(p) if p.prev_key().is_none() => 1,
-                    TxnOpResponse::Delete(d) => -d.deleted(),
-                    _ => 0,
-                };
-                match added.iter_mut().find(|(k, _)| *k == w.keyspace) {
-                    Some((_, n)) => *n += delta,
-                    None => added.push((w.keyspace, delta)),
-                }
-            }
-            return Ok(KvApplied::Applied { revision, added: Some(added) });
-        }
-        let answers = resp.op_responses();
-        if let Some(TxnOpResponse::Get(g)) = answers.last()
-            && let Some(m) = g.kvs().first()
-        {
-            let revision = wrote.then_some(m.mod_revision() as u64);
-            return Ok(KvApplied::Applied { revision, added: None });
-        }
-        for ((i, _), r) in checks.iter().zip(answers) {
-            let TxnOpResponse::Get(g) = r else { continue };
-            let found = g.kvs().first().map(|e| e.mod_revision() as u64);
-            if let Some(expect) = ops[*i].expect
-                && !expect.holds(found)
-            {
-                return Ok(KvApplied::Conflict { index: *i, found });
-            }
-        }
-        Err(StorageError::new("etcd: a keyspace transaction's compare failed, yet every condition holds"))
-    }
 }
 
 /// A keyspace record as (name, id); `prefix` is the keyspace records' prefix
@@ -321,27 +197,6 @@ pub(super) fn decode_entry(key: &[u8], v: &[u8], revision: i64) -> Result<(u64, 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn op(keyspace: u32, key: &str, write: bool, expect: Option<Expect>) -> KvOp {
-        KvOp {
-            keyspace,
-            key: key.into(),
-            value: write.then(|| b"v".to_vec()),
-            expect,
-            condition_only: !write,
-        }
-    }
-
-    #[test]
-    fn a_transaction_counts_each_written_key_once_and_every_condition() {
-        let ops = [
-            op(1, "a", true, None),
-            op(1, "a", true, Some(Expect::Absent)),
-            op(2, "a", true, None),
-            op(1, "b", false, Some(Expect::Present)),
-        ];
-        assert_eq!(txn_size(&ops), (3, 3, 4 + 3));
-    }
 
     #[test]
     fn records_decode_what_they_encode_and_refuse_other_versions() {

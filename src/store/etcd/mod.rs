@@ -49,6 +49,7 @@ pub(crate) mod reset;
 pub(crate) mod retention;
 pub(crate) mod schedules;
 pub(crate) mod settings;
+pub(crate) mod txn;
 pub(crate) mod work;
 
 use std::time::Duration;

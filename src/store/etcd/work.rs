@@ -105,7 +105,90 @@ pub(crate) enum ClaimsOutcome {
     Refused { offset: u64, found: Vec<(u64, Option<ClaimRecord>)>, tail: Option<(u64, u64)> },
 }
 
+/// What a refused claim write found: the group's offset, and each record written as it is now
+/// (`None`: no record).
+pub(crate) type FoundClaims = (u64, Vec<(u64, Option<ClaimRecord>)>);
+
+/// The claim records of one work group that a transaction writes, as
+/// [`EtcdStore::write_claims`] compares and writes them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClaimsTxn<'a> {
+    pub group: &'a str,
+    pub queue: &'a str,
+    /// The revision this process read the group at (`same_group`).
+    pub seen: i64,
+    pub writes: &'a [ClaimWrite],
+}
+
 impl EtcdStore {
+    /// Adds `c`'s compares (the group's offset below every sequence written, the group the
+    /// one read at `seen`, each record's `mod_revision`), writes, and the gets a refusal
+    /// answers with (the offset, then each record: [`refused_claims`](Self::refused_claims)).
+    pub(super) fn push_claims(
+        &self,
+        c: ClaimsTxn<'_>,
+        cmps: &mut Vec<Compare>,
+        ops: &mut Vec<TxnOp>,
+        gets: &mut Vec<TxnOp>,
+    ) {
+        let ClaimsTxn { group, queue, seen, writes } = c;
+        let prefix = self.claims_prefix(group, queue);
+        let offset_key = self.offset_key(group, queue);
+        let floor = writes.iter().map(|w| w.seq).min().unwrap_or(u64::MAX);
+        let below = GroupOffset { mode: GroupMode::WorkQueue, committed: floor };
+        cmps.push(Compare::value(
+            offset_key.clone(),
+            CompareOp::Less,
+            records::encode_offset(&below).to_vec(),
+        ));
+        cmps.push(same_group(&offset_key, seen));
+        gets.push(TxnOp::get(offset_key, None));
+        for w in writes {
+            let key = keys::claim_key(&prefix, w.seq);
+            cmps.push(Compare::mod_revision(key.clone(), CompareOp::Equal, w.expected));
+            ops.push(TxnOp::put(key.clone(), records::encode_claim(&w.record), None));
+            gets.push(TxnOp::get(key, None));
+            if let Some(outcome) = &w.outcome {
+                let value = crate::store::outcomes::encode_outcome(outcome);
+                ops.push(TxnOp::put(self.outcome_key(group, queue, w.seq), value, None));
+            }
+            if w.delete_progress {
+                ops.push(TxnOp::delete(self.progress_key(group, queue, w.seq), None));
+            }
+            if w.read_progress {
+                ops.push(TxnOp::get(self.progress_key(group, queue, w.seq), None));
+            }
+        }
+    }
+
+    /// What a refused transaction's gets of [`push_claims`](Self::push_claims) found, taken
+    /// from `answers`: the group's offset, and each record as it is now (`None`: none).
+    pub(super) fn refused_claims(
+        &self,
+        c: &ClaimsTxn<'_>,
+        answers: &mut impl Iterator<Item = Option<etcd_client::KeyValue>>,
+    ) -> Result<FoundClaims, StorageError> {
+        let prefix = self.claims_prefix(c.group, c.queue);
+        let offset = match answers.next().flatten() {
+            Some(o) => records::decode_offset(o.key(), o.value()).map_err(corrupt)?.committed,
+            None => {
+                return Err(StorageError::new(format!(
+                    "work group {} on {} has no offset record",
+                    c.group, c.queue
+                )));
+            }
+        };
+        let mut found = Vec::with_capacity(c.writes.len());
+        for w in c.writes {
+            let rec = match answers.next().flatten() {
+                Some(kv) => Some(self.claim_record(&prefix, &kv)?),
+                None => None,
+            };
+            found.push((w.seq, rec));
+        }
+        Ok((offset, found))
+    }
+
     pub(super) fn claims_prefix(&self, group: &str, queue: &str) -> Vec<u8> {
         self.key(b"c/", &keys::claim_prefix(group, queue))
     }
@@ -177,32 +260,8 @@ impl EtcdStore {
         writes: &[ClaimWrite],
         dead_letters: Option<&DeadLetterAppend>,
     ) -> Result<ClaimsOutcome, StorageError> {
-        let prefix = self.claims_prefix(group, queue);
-        let offset_key = self.offset_key(group, queue);
-        let floor = writes.iter().map(|w| w.seq).min().unwrap_or(u64::MAX);
-        let below = GroupOffset { mode: GroupMode::WorkQueue, committed: floor };
-        let mut cmps = vec![
-            Compare::value(offset_key.clone(), CompareOp::Less, records::encode_offset(&below).to_vec()),
-            same_group(&offset_key, seen),
-        ];
-        let mut ops = Vec::with_capacity(writes.len() + 2);
-        let mut gets = vec![TxnOp::get(offset_key, None)];
-        for w in writes {
-            let key = keys::claim_key(&prefix, w.seq);
-            cmps.push(Compare::mod_revision(key.clone(), CompareOp::Equal, w.expected));
-            ops.push(TxnOp::put(key.clone(), records::encode_claim(&w.record), None));
-            gets.push(TxnOp::get(key, None));
-            if let Some(outcome) = &w.outcome {
-                let value = crate::store::outcomes::encode_outcome(outcome);
-                ops.push(TxnOp::put(self.outcome_key(group, queue, w.seq), value, None));
-            }
-            if w.delete_progress {
-                ops.push(TxnOp::delete(self.progress_key(group, queue, w.seq), None));
-            }
-            if w.read_progress {
-                ops.push(TxnOp::get(self.progress_key(group, queue, w.seq), None));
-            }
-        }
+        let (mut cmps, mut ops, mut gets) = (Vec::new(), Vec::new(), Vec::new());
+        self.push_claims(ClaimsTxn { group, queue, seen, writes }, &mut cmps, &mut ops, &mut gets);
         let tail_key = dead_letters.map(|dl| self.push_append(dl, &mut cmps, &mut ops));
         if let Some(tail) = &tail_key {
             gets.push(TxnOp::get(tail.clone(), None));
@@ -245,20 +304,7 @@ impl EtcdStore {
         }
         // The answers to the gets, in order: the offset, each record, the tail.
         let mut answers = super::answers(&resp);
-        let offset = match answers.next().flatten() {
-            Some(o) => records::decode_offset(o.key(), o.value()).map_err(corrupt)?.committed,
-            None => {
-                return Err(StorageError::new(format!("work group {group} on {queue} has no offset record")));
-            }
-        };
-        let mut found = Vec::with_capacity(writes.len());
-        for w in writes {
-            let rec = match answers.next().flatten() {
-                Some(kv) => Some(self.claim_record(&prefix, &kv)?),
-                None => None,
-            };
-            found.push((w.seq, rec));
-        }
+        let (offset, found) = self.refused_claims(&ClaimsTxn { group, queue, seen, writes }, &mut answers)?;
         let tail = match (tail_key, answers.next().flatten()) {
             (Some(_), Some(t)) => Some(decode_tail(t.key(), t.value())?),
             _ => None,

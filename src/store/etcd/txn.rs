@@ -1,0 +1,174 @@
+//! One etcd transaction for a rockq `Transaction`: keyspace writes and conditions
+//! (`kv.rs`), work-group acks (claim records compared with the revisions their holders
+//! claimed them at, as `work.rs` writes them) and appends (compared with each queue's tail),
+//! all applied or none — the exactly-once pipeline across processes: a job's ack, the state
+//! it changed and the messages it sent land together or not at all.
+//!
+//! In doubt (no answer), the caller sends the same transaction again with the same `nonce`:
+//! it also puts the marker `y/<nonce>` (under an expiring lease) and requires it absent, so a
+//! second try after a first that was applied is refused and reports the first as applied —
+//! never as a conflict with its own writes, never applied twice.
+
+use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+
+use super::kv::{KvOp, encode_entry};
+use super::work::{ClaimsTxn, FoundClaims};
+use super::{DeadLetterAppend, EtcdStore, MAX_TXN_BYTES, MAX_TXN_OPS, decode_tail};
+use crate::error::StorageError;
+
+/// What one transaction holds.
+#[derive(Clone, Copy)]
+pub(crate) struct TxnParts<'a> {
+    pub kv: &'a [KvOp],
+    /// Per work group: its jobs' `Done` records (with outcome records).
+    pub claims: &'a [ClaimsTxn<'a>],
+    /// Per queue: the messages it appends.
+    pub appends: &'a [DeadLetterAppend],
+}
+
+/// How a transaction ended.
+#[derive(Debug)]
+pub(crate) enum TxnOutcome {
+    /// Applied at `revision`; `added` is how many keys each keyspace it wrote gained (negative:
+    /// lost), `None` when an earlier try of this same call was applied (its answer lost: found
+    /// by its marker).
+    Applied { revision: i64, added: Option<Vec<(u32, i64)>> },
+    /// Nothing written: what it compared, as it is now.
+    Refused(Refusal),
+    /// More than one etcd transaction holds (operations, compares or bytes): not sent.
+    TooLarge,
+}
+
+/// What a refused transaction found.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    /// The first keyspace condition that did not hold: its op's index and the key's revision
+    /// (`None`: absent).
+    pub conflict: Option<(usize, Option<u64>)>,
+    /// Per [`TxnParts::claims`]: the group's offset and each record as it is now.
+    pub claims: Vec<FoundClaims>,
+    /// Per [`TxnParts::appends`]: the queue's tail now (`None`: no tail record).
+    pub tails: Vec<Option<(u64, u64)>>,
+}
+
+impl KvOp {
+    /// The compare standing for `expect` on the key `key`.
+    fn compare(key: Vec<u8>, expect: crate::entry::Expect) -> Compare {
+        use crate::entry::Expect;
+        match expect {
+            Expect::Absent => Compare::version(key, CompareOp::Equal, 0),
+            Expect::Present => Compare::version(key, CompareOp::Greater, 0),
+            // A revision etcd cannot have is one no key has (a missing key compares as 0).
+            Expect::Revision(r) => {
+                Compare::mod_revision(key, CompareOp::Equal, i64::try_from(r).unwrap_or(-1))
+            }
+        }
+    }
+}
+
+impl EtcdStore {
+    /// Applies `parts` as one etcd transaction (see the module's docs): every keyspace
+    /// condition, claim revision, group offset and tail compared, then every write (the last
+    /// write of a key wins, as when the embedded writer applies them in order).
+    pub async fn transaction(
+        &self,
+        parts: TxnParts<'_>,
+        nonce: u64,
+        marker_lease: i64,
+    ) -> Result<TxnOutcome, StorageError> {
+        let marker = self.marker_key(nonce);
+        let keys_only = || Some(GetOptions::new().with_keys_only());
+        let mut cmps = vec![Compare::version(marker.clone(), CompareOp::Equal, 0)];
+        // On a refusal: the compared keyspace keys, the marker, then the claims' and tails'.
+        let mut gets = Vec::new();
+        let mut checks = Vec::new();
+        for (i, op) in parts.kv.iter().enumerate() {
+            if let Some(expect) = op.expect {
+                let key = self.entry_key(op.keyspace, &op.key);
+                cmps.push(KvOp::compare(key.clone(), expect));
+                gets.push(TxnOp::get(key, keys_only()));
+                checks.push(i);
+            }
+        }
+        gets.push(TxnOp::get(marker.clone(), keys_only()));
+        // The last write of each key, in the order of first appearance.
+        let mut last: Vec<&KvOp> = Vec::new();
+        for op in parts.kv.iter().filter(|o| !o.condition_only) {
+            match last.iter_mut().find(|w| w.keyspace == op.keyspace && w.key == op.key) {
+                Some(w) => *w = op,
+                None => last.push(op),
+            }
+        }
+        let mut bytes = 0;
+        let mut ops: Vec<TxnOp> = last
+            .iter()
+            .map(|w| {
+                let key = self.entry_key(w.keyspace, &w.key);
+                bytes += key.len() + w.value.as_ref().map_or(0, Vec::len);
+                match &w.value {
+                    Some(v) => TxnOp::put(key, encode_entry(v), Some(PutOptions::new().with_prev_key())),
+                    None => TxnOp::delete(key, Some(DeleteOptions::new().with_prev_key())),
+                }
+            })
+            .collect();
+        for c in parts.claims {
+            self.push_claims(*c, &mut cmps, &mut ops, &mut gets);
+            let results = c.writes.iter().filter_map(|w| w.outcome.as_ref()?.result.as_ref());
+            bytes += results.map(|r| r.len()).sum::<usize>();
+        }
+        for a in parts.appends {
+            let tail = self.push_append(a, &mut cmps, &mut ops);
+            gets.push(TxnOp::get(tail, None));
+            bytes += a.envelopes.iter().map(Vec::len).sum::<usize>();
+        }
+        ops.push(TxnOp::put(marker, Vec::new(), Some(PutOptions::new().with_lease(marker_lease))));
+        if cmps.len() > MAX_TXN_OPS
+            || ops.len() > MAX_TXN_OPS
+            || gets.len() > MAX_TXN_OPS
+            || bytes > MAX_TXN_BYTES
+        {
+            return Ok(TxnOutcome::TooLarge);
+        }
+        crate::faults::check("rockq-etcd-txn-request")?;
+        let resp = self.kv().txn(Txn::new().when(cmps).and_then(ops).or_else(gets)).await?;
+        crate::faults::check("rockq-etcd-txn-answer")?;
+        if resp.succeeded() {
+            let revision = resp.header().map_or(0, |h| h.revision());
+            let mut added: Vec<(u32, i64)> = Vec::new();
+            for (w, r) in last.iter().zip(resp.op_responses()) {
+                let delta = match r {
+                    TxnOpResponse::Put(p) if p.prev_key().is_none() => 1,
+                    TxnOpResponse::Delete(d) => -d.deleted(),
+                    _ => 0,
+                };
+                match added.iter_mut().find(|(k, _)| *k == w.keyspace) {
+                    Some((_, n)) => *n += delta,
+                    None => added.push((w.keyspace, delta)),
+                }
+            }
+            return Ok(TxnOutcome::Applied { revision, added: Some(added) });
+        }
+        let mut answers = super::answers(&resp);
+        let mut conflict = None;
+        for &i in &checks {
+            let found = answers.next().flatten().map(|e| e.mod_revision() as u64);
+            if let (None, Some(expect)) = (conflict, parts.kv[i].expect)
+                && !expect.holds(found)
+            {
+                conflict = Some((i, found));
+            }
+        }
+        if let Some(m) = answers.next().flatten() {
+            return Ok(TxnOutcome::Applied { revision: m.mod_revision(), added: None });
+        }
+        let mut claims = Vec::with_capacity(parts.claims.len());
+        for c in parts.claims {
+            claims.push(self.refused_claims(c, &mut answers)?);
+        }
+        let mut tails = Vec::with_capacity(parts.appends.len());
+        for _ in parts.appends {
+            tails.push(answers.next().flatten().map(|t| decode_tail(t.key(), t.value())).transpose()?);
+        }
+        Ok(TxnOutcome::Refused(Refusal { conflict, claims, tails }))
+    }
+}
