@@ -365,6 +365,11 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
     tx.send(&q, Message::new("later").deliver_after(Duration::from_secs(5))).unwrap();
     let e = tx.commit().await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "a transaction that sends a delayed message: {e}");
+    let mut tx = broker.transaction();
+    tx.put(&kv, "a", "1").unwrap();
+    tx.send(&q, Message::new("urgent").priority(5)).unwrap();
+    let e = tx.commit().await.unwrap_err();
+    assert!(is_etcd(e.unsupported()), "a transaction that sends with a priority: {e}");
     assert_eq!(kv.get("a").await.unwrap(), None);
     let empty = broker.transaction().commit().await.unwrap();
     assert_eq!((empty.revision(), empty.sent().len()), (None, 0));

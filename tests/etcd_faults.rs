@@ -1062,3 +1062,36 @@ async fn a_transaction_of_an_old_holder_is_refused_whole_by_etcd_while_its_watch
     a.shutdown().await.expect("shutdown");
     b.shutdown().await.expect("shutdown");
 }
+
+/// A transaction refused after a try that went unanswered: the refusal is made final first
+/// (its marker put, so that the unanswered try cannot land later), then answered as it is —
+/// a conflict, nothing of it applied, its job released uncounted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_refused_after_an_unanswered_try_is_refused_for_good() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let broker = connect_with(&cluster, "tx-doubt-refused", &clock).await;
+    let kv = broker.kv("state").await.expect("keyspace");
+    kv.put("taken", "by someone").await.expect("put");
+    let (jobs, out) = (broker.queue("jobs").await.expect("queue"), broker.queue("out").await.expect("queue"));
+    jobs.send("j1").await.expect("send");
+    let mut js = jobs.work_group("w").expect("group").subscribe().await.expect("subscribe");
+    let job = next_job(&mut js).await;
+    fail::cfg("rockq-etcd-txn-request", "1*return").expect("failpoint");
+    let mut tx = broker.transaction();
+    tx.put_if(&kv, "taken", "by me", rockq::Expect::Absent).expect("put_if");
+    tx.send(&out, "from me").expect("send");
+    tx.ack_job(job);
+    let refused = tx.commit().await;
+    fail::remove("rockq-etcd-txn-request");
+    assert!(matches!(&refused, Err(e) if e.is_conflict()), "{refused:?}");
+    assert_eq!(kv.get("taken").await.expect("get").expect("there").value.as_ref(), b"by someone");
+    assert_eq!(out.send("next").await.expect("send"), 1, "nothing sent");
+    // Released uncounted (a conflict is no failed attempt): claimed again, attempt 1.
+    let again = next_job(&mut js).await;
+    assert_eq!((again.seq(), again.attempt()), (1, 1));
+    again.ack_durable().await.expect("ack");
+    drop(js);
+    broker.shutdown().await.expect("shutdown");
+}

@@ -228,7 +228,11 @@ impl Transaction {
     /// [`Error::Invalid`] (something of another broker, or more than
     /// [`MAX_TX_OPS`] operations counting the acks), [`Error::Shutdown`],
     /// [`Error::Storage`], [`Error::Failed`], [`Error::Corrupt`]. In every case nothing
-    /// was applied; jobs are released and deliveries handed back.
+    /// was applied; jobs are released and deliveries handed back — with one exception on the
+    /// etcd engine: an [`Error::Storage`] after etcd stopped answering mid-commit (its
+    /// message says "nothing of the transaction was applied" when that is known) may leave
+    /// the transaction applied, as a send's may; read what it wrote to learn which.
+    /// [`Error::Unsupported`] on etcd for what it does not carry out in a transaction.
     ///
     /// # Cancel safety
     ///

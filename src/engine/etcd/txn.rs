@@ -30,7 +30,7 @@ use crate::store::envelope;
 use crate::store::etcd::DeadLetterAppend;
 use crate::store::etcd::kv::KvOp;
 use crate::store::etcd::txn::{Refusal, TxnOutcome, TxnParts};
-use crate::store::etcd::work::{ClaimWrite, ClaimsTxn};
+use crate::store::etcd::work::{ClaimRecord, ClaimWrite, ClaimsTxn};
 use crate::telemetry;
 
 /// The jobs of one work group that a transaction acks.
@@ -67,6 +67,10 @@ impl Writer {
             give_back(jobs, deliveries, false);
             let _ = reply.send(Err(capability::refusal(Flavour::Etcd, Capability::Transactions)));
             return;
+        }
+        // Refused on etcd for every send (`etcd::check_send`): not here either.
+        if sends.iter().any(|s| envelope::priority(&s.msg.envelope) > 0) {
+            return refuse(reply, jobs, capability::refusal(Flavour::Etcd, Capability::Priority));
         }
         if self.side.settings.passive {
             return refuse(reply, jobs, Error::Invalid { reason: "an inspection writes nothing".into() });
@@ -169,19 +173,26 @@ impl Writer {
         let nonce = self.nonce();
         let store = self.side.store.clone();
         let mut backoff = Duration::from_millis(10);
+        // A try failed without an answer (it may have been applied, or land later).
+        let mut in_doubt = false;
         // The tails each try compares, changed only by a refusal (which says no try was
         // applied): a try sent again after a lost answer is the same transaction, so that a
         // first try found applied by its marker appended where this one says.
         let mut tails: Vec<Option<(u64, u64)>> =
             queues.iter().map(|q| self.tails.get(&q.queue.id).copied()).collect();
+        // `Err(Ok(_))`: perhaps applied; `Err(Err(_))`: refused, nothing applied.
         let outcome = 'send: loop {
             let mut appends = Vec::with_capacity(queues.len());
             for (q, tail) in queues.iter().zip(tails.iter_mut()) {
                 let (last, tail_nonce) = match *tail {
                     Some(t) => t,
-                    None => match retrying(left(), || store.tail_record(q.queue.id)).await {
-                        Ok(t) => *tail.insert(t),
-                        Err(e) => break 'send Err(e),
+                    None => match retrying(left(), || store.get_tail(q.queue.id)).await {
+                        Ok(Some(t)) => *tail.insert(t),
+                        // Deleted (by any process): nothing to append to.
+                        Ok(None) => {
+                            break 'send Err(Err(Error::QueueDeleted { queue: q.queue.name.to_string() }));
+                        }
+                        Err(e) => break 'send Err(Ok(e)),
                     },
                 };
                 let envelopes = q.envelopes.clone();
@@ -209,8 +220,18 @@ impl Writer {
                     return refuse(reply, jobs, capability::refusal(Flavour::Etcd, Capability::HugeMessage));
                 }
                 Ok(TxnOutcome::Refused(r)) => {
-                    if let Some(e) = self.refused(&r, &groups, &mut known, &writes, &jobs) {
-                        return refuse(reply, jobs, e);
+                    if let Some(e) = self.refused(&r, &groups, &mut known, &writes, &jobs, &queues) {
+                        // A try without an answer may still land (a stalled member forwarding
+                        // it later, once a condition holds again): closed first, so that this
+                        // refusal is final — or that try turns out to have been applied.
+                        if !in_doubt {
+                            return refuse(reply, jobs, e);
+                        }
+                        match until(deadline, store.close_marker(nonce, marker)).await {
+                            Ok(Some(revision)) => break Ok((revision, None, appends)),
+                            Ok(None) => return refuse(reply, jobs, e),
+                            Err(c) => break Err(Ok(c)),
+                        }
                     }
                     // Only tails moved: sent again on the new ones. None moved: a large send
                     // call holds a queue (`reserve.rs`); wait a moment rather than ask again.
@@ -227,21 +248,42 @@ impl Writer {
                         };
                     }
                     if Instant::now() >= deadline {
-                        break Err(StorageError::new("etcd: a queue the transaction sends to kept moving"));
+                        break Err(Ok(StorageError::new(
+                            "etcd: a queue the transaction sends to kept moving",
+                        )));
                     }
+                }
+                // etcd's own limit on a request's bytes (what `TooLarge` counts is an estimate).
+                Err(e) if e.to_string().contains("request is too large") => {
+                    return refuse(reply, jobs, capability::refusal(Flavour::Etcd, Capability::HugeMessage));
                 }
                 Err(e) if Instant::now() + backoff < deadline => {
                     tracing::debug!(error = %e, "rockq: a transaction to etcd failed; sending it again");
+                    in_doubt = true;
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_millis(250));
                 }
-                Err(e) => break Err(e),
+                Err(e) => {
+                    // Out of time with tries unanswered: closed if etcd answers now (then
+                    // nothing of it can land any more), or found applied.
+                    let close = self.side.settings.attempt_timeout;
+                    match tokio::time::timeout(close, store.close_marker(nonce, marker)).await {
+                        Ok(Ok(Some(revision))) => break Ok((revision, None, appends)),
+                        Ok(Ok(None)) => {
+                            let e =
+                                StorageError::new(format!("{e} (nothing of the transaction was applied)"));
+                            break Err(Ok(e));
+                        }
+                        _ => break Err(Ok(e)),
+                    }
+                }
             }
         };
         let (revision, added, appends) = match outcome {
             Ok(done) => done,
-            Err(e) => {
-                // Unknown whether it landed: the tails are read again before the next append.
+            Err(Err(e)) => return refuse(reply, jobs, e),
+            Err(Ok(e)) => {
+                // Perhaps landed: the tails are read again before the next append.
                 for q in &queues {
                     self.tails.remove(&q.queue.id);
                 }
@@ -310,7 +352,39 @@ impl Writer {
         known: &mut [tokio::sync::MutexGuard<'_, Known>],
         writes: &[crate::engine::request::KvWrite],
         jobs: &[TxJob],
+        queues: &[QueueAppends],
     ) -> Option<Error> {
+        // A lost lease first, as the embedded engine fences leases before it checks
+        // conditions: every group's moved claims learned (only those: the others are still
+        // this process's to give back).
+        let mut lost = None;
+        for ((g, known), found) in groups.iter().zip(known.iter_mut()).zip(&r.claims) {
+            let Some((offset, found)) = found else {
+                let (queue, group) = (g.group.queue.name.to_string(), g.group.name.to_string());
+                return Some(Error::GroupDeleted { queue, group });
+            };
+            let offset = *offset;
+            let moved: Vec<(u64, Option<ClaimRecord>)> = g
+                .writes
+                .iter()
+                .zip(found.iter())
+                .filter(|(w, (_, rec))| w.seq <= offset || rec.as_ref().map_or(0, |r| r.rev) != w.expected)
+                .map(|(_, f)| f.clone())
+                .collect();
+            if let Some((seq, _)) = moved.first().filter(|_| lost.is_none()) {
+                let attempt =
+                    g.jobs.iter().map(|&i| &jobs[i]).find(|j| j.seq == *seq).map_or(0, |j| j.attempt);
+                lost = Some(g.group.lease_lost(*seq, attempt));
+            }
+            let clock = self.engine.clock().clone();
+            known.learn(&g.group, offset, moved, &clock);
+        }
+        if lost.is_some() {
+            return lost;
+        }
+        if let Some(q) = queues.iter().zip(&r.tails).find_map(|(q, t)| t.is_none().then_some(q)) {
+            return Some(Error::QueueDeleted { queue: q.queue.name.to_string() });
+        }
         if let Some((i, found)) = r.conflict {
             let w = &writes[i];
             return Some(Error::Conflict {
@@ -319,24 +393,6 @@ impl Writer {
                 expected: w.expect.unwrap_or(crate::entry::Expect::Present),
                 found,
             });
-        }
-        // A claim another process wrote since, or an offset moved past a job: learned, and
-        // the job's lease is lost.
-        for ((g, known), (offset, found)) in groups.iter().zip(known.iter_mut()).zip(&r.claims) {
-            let offset = *offset;
-            let moved = g
-                .writes
-                .iter()
-                .zip(found.iter())
-                .find(|(w, (_, rec))| w.seq <= offset || rec.as_ref().map_or(0, |r| r.rev) != w.expected);
-            if let Some((w, _)) = moved {
-                let attempt =
-                    g.jobs.iter().map(|&i| &jobs[i]).find(|j| j.seq == w.seq).map_or(0, |j| j.attempt);
-                let e = g.group.lease_lost(w.seq, attempt);
-                let clock = self.engine.clock().clone();
-                known.learn(&g.group, offset, found.clone(), &clock);
-                return Some(e);
-            }
         }
         None
     }

@@ -45,8 +45,9 @@ pub(crate) struct Refusal {
     /// The first keyspace condition that did not hold: its op's index and the key's revision
     /// (`None`: absent).
     pub conflict: Option<(usize, Option<u64>)>,
-    /// Per [`TxnParts::claims`]: the group's offset and each record as it is now.
-    pub claims: Vec<FoundClaims>,
+    /// Per [`TxnParts::claims`]: the group's offset and each record as it is now (`None`: the
+    /// group has no offset record: deleted).
+    pub claims: Vec<Option<FoundClaims>>,
     /// Per [`TxnParts::appends`]: the queue's tail now (`None`: no tail record).
     pub tails: Vec<Option<(u64, u64)>>,
 }
@@ -67,6 +68,26 @@ impl KvOp {
 }
 
 impl EtcdStore {
+    /// Closes the transaction named `nonce` against late tries: puts its marker unless it is
+    /// there. `Some(revision)`: it was (a try was applied, at that revision); `None`: put now,
+    /// so no try sent before can apply any more (each requires the marker absent).
+    pub async fn close_marker(&self, nonce: u64, marker_lease: i64) -> Result<Option<i64>, StorageError> {
+        let marker = self.marker_key(nonce);
+        let txn = Txn::new()
+            .when([Compare::version(marker.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                marker.clone(),
+                Vec::new(),
+                Some(PutOptions::new().with_lease(marker_lease)),
+            )])
+            .or_else([TxnOp::get(marker, Some(GetOptions::new().with_keys_only()))]);
+        let resp = self.kv().txn(txn).await?;
+        if resp.succeeded() {
+            return Ok(None);
+        }
+        Ok(super::answers(&resp).next().flatten().map(|m| m.mod_revision()))
+    }
+
     /// Applies `parts` as one etcd transaction (see the module's docs): every keyspace
     /// condition, claim revision, group offset and tail compared, then every write (the last
     /// write of a key wins, as when the embedded writer applies them in order).
@@ -82,9 +103,15 @@ impl EtcdStore {
         // On a refusal: the compared keyspace keys, the marker, then the claims' and tails'.
         let mut gets = Vec::new();
         let mut checks = Vec::new();
+        // The request's size, every key counted each time it appears (a compare, a get, a
+        // write), with room for each item's framing: etcd refuses a request over
+        // `--max-request-bytes` (1.5 MiB by default) whatever its operation count.
+        const FRAMING: usize = 32;
+        let mut bytes = 2 * (marker.len() + FRAMING);
         for (i, op) in parts.kv.iter().enumerate() {
             if let Some(expect) = op.expect {
                 let key = self.entry_key(op.keyspace, &op.key);
+                bytes += 2 * (key.len() + FRAMING);
                 cmps.push(KvOp::compare(key.clone(), expect));
                 gets.push(TxnOp::get(key, keys_only()));
                 checks.push(i);
@@ -99,12 +126,11 @@ impl EtcdStore {
                 None => last.push(op),
             }
         }
-        let mut bytes = 0;
         let mut ops: Vec<TxnOp> = last
             .iter()
             .map(|w| {
                 let key = self.entry_key(w.keyspace, &w.key);
-                bytes += key.len() + w.value.as_ref().map_or(0, Vec::len);
+                bytes += key.len() + FRAMING + w.value.as_ref().map_or(0, Vec::len);
                 match &w.value {
                     Some(v) => TxnOp::put(key, encode_entry(v), Some(PutOptions::new().with_prev_key())),
                     None => TxnOp::delete(key, Some(DeleteOptions::new().with_prev_key())),
@@ -113,13 +139,23 @@ impl EtcdStore {
             .collect();
         for c in parts.claims {
             self.push_claims(*c, &mut cmps, &mut ops, &mut gets);
-            let results = c.writes.iter().filter_map(|w| w.outcome.as_ref()?.result.as_ref());
-            bytes += results.map(|r| r.len()).sum::<usize>();
+            // Per group: the offset key twice compared, once read; per job: its claim key
+            // compared, written and read, its outcome record and progress key written.
+            let (offset, claim) =
+                (self.offset_key(c.group, c.queue).len(), self.claims_prefix(c.group, c.queue).len() + 8);
+            bytes += 3 * (offset + FRAMING);
+            for w in c.writes {
+                let outcome =
+                    w.outcome.as_ref().map_or(0, |o| claim + 64 + o.result.as_ref().map_or(0, |r| r.len()));
+                bytes += 3 * (claim + FRAMING) + 64 + outcome + 2 * (claim + FRAMING);
+            }
         }
         for a in parts.appends {
             let tail = self.push_append(a, &mut cmps, &mut ops);
+            // The tail compared, written and read, the reservation compared; each message.
+            bytes += 4 * (tail.len() + 16 + FRAMING);
+            bytes += a.envelopes.iter().map(|e| e.len() + tail.len() + 8 + FRAMING).sum::<usize>();
             gets.push(TxnOp::get(tail, None));
-            bytes += a.envelopes.iter().map(Vec::len).sum::<usize>();
         }
         ops.push(TxnOp::put(marker, Vec::new(), Some(PutOptions::new().with_lease(marker_lease))));
         if cmps.len() > MAX_TXN_OPS

@@ -163,19 +163,19 @@ impl EtcdStore {
 
     /// What a refused transaction's gets of [`push_claims`](Self::push_claims) found, taken
     /// from `answers`: the group's offset, and each record as it is now (`None`: none).
+    /// `None`: the group has no offset record (deleted).
     pub(super) fn refused_claims(
         &self,
         c: &ClaimsTxn<'_>,
         answers: &mut impl Iterator<Item = Option<etcd_client::KeyValue>>,
-    ) -> Result<FoundClaims, StorageError> {
+    ) -> Result<Option<FoundClaims>, StorageError> {
         let prefix = self.claims_prefix(c.group, c.queue);
         let offset = match answers.next().flatten() {
             Some(o) => records::decode_offset(o.key(), o.value()).map_err(corrupt)?.committed,
             None => {
-                return Err(StorageError::new(format!(
-                    "work group {} on {} has no offset record",
-                    c.group, c.queue
-                )));
+                // (Its records' answers are skipped with it.)
+                answers.take(c.writes.len()).for_each(drop);
+                return Ok(None);
             }
         };
         let mut found = Vec::with_capacity(c.writes.len());
@@ -186,7 +186,7 @@ impl EtcdStore {
             };
             found.push((w.seq, rec));
         }
-        Ok((offset, found))
+        Ok(Some((offset, found)))
     }
 
     pub(super) fn claims_prefix(&self, group: &str, queue: &str) -> Vec<u8> {
@@ -304,7 +304,10 @@ impl EtcdStore {
         }
         // The answers to the gets, in order: the offset, each record, the tail.
         let mut answers = super::answers(&resp);
-        let (offset, found) = self.refused_claims(&ClaimsTxn { group, queue, seen, writes }, &mut answers)?;
+        let c = ClaimsTxn { group, queue, seen, writes };
+        let Some((offset, found)) = self.refused_claims(&c, &mut answers)? else {
+            return Err(StorageError::new(format!("work group {group} on {queue} has no offset record")));
+        };
         let tail = match (tail_key, answers.next().flatten()) {
             (Some(_), Some(t)) => Some(decode_tail(t.key(), t.value())?),
             _ => None,
