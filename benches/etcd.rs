@@ -9,6 +9,9 @@
 //!   a worker pool of a work-queue group (8 workers, a no-op handler): every job claimed (a claim
 //!   record written with its fencing compares), read, acked (a `Done` record compared with the
 //!   claim) and the offset moved, timed until the pool stopped with every ack in etcd;
+//! - **pool drain, two brokers**: the same with two brokers (two etcd clients, as two
+//!   instances of a service would have) on the namespace, each running a pool of 8 workers;
+//!   they compete for the same messages, fenced by etcd's compares;
 //! - **raw drain**: the same work with `etcd-client` alone, sequentially, per batch of `k`
 //!   messages: a claim Txn (`k` compares on the records' revisions, the offset compare, `k`
 //!   puts), a ranged read of the `k` messages, a done Txn (`k` compares, `k` puts) and an
@@ -25,7 +28,7 @@
 //!   written in transactions of 127, beside **raw etcd** writing full transactions of 127 —
 //!   the most etcd takes for this work; the awaited produce is also printed against it.
 //!
-//! The seven run interleaved, three times per cluster, each in its own namespace (rockq) or
+//! The eight run interleaved, three times per cluster, each in its own namespace (rockq) or
 //! key prefix (raw); the table prints medians, and each repetition's figures go to stderr.
 //!
 //! `cargo bench --features etcd --bench etcd`; `ROCKQ_BENCH_ETCD_N` sets N (default 20,000),
@@ -97,6 +100,7 @@ struct Rep {
     produce: Measured,
     e2e: Measured,
     drain: Measured,
+    drain_two: Measured,
     /// The raw drain: seconds, and its messages per batch.
     raw_drain_secs: f64,
     drain_k: u64,
@@ -143,16 +147,29 @@ async fn bench_cluster(members: usize, n: u64) {
         let drain_k = (3.0 * n as f64 / drain.txns.max(1) as f64).round().clamp(1.0, 120.0) as u64;
         let raw_drain_secs =
             raw_drain(&mut client, &format!("bench-raw-drain-{i}"), n, drain_k, value_len).await;
+        let drain_two = pool_drain_two(&endpoints, &mut client, &format!("bench-drain-two-{i}"), n).await;
         eprintln!(
-            "{members} member(s), repetition {}: produce {:.0} msg/s, end to end {:.0} msg/s, raw (txn size {k}) {:.0} msg/s, pool drain {:.0} msg/s, raw drain (batch {drain_k}) {:.0} msg/s",
+            "{members} member(s), repetition {}: produce {:.0} msg/s, end to end {:.0} msg/s, raw (txn size {k}) {:.0} msg/s, pool drain {:.0} msg/s, raw drain (batch {drain_k}) {:.0} msg/s, two brokers' pools {:.0} msg/s",
             i + 1,
             n as f64 / produce.secs,
             n as f64 / e2e.secs,
             n as f64 / raw_secs,
             n as f64 / drain.secs,
-            n as f64 / raw_drain_secs
+            n as f64 / raw_drain_secs,
+            n as f64 / drain_two.secs
         );
-        reps.push(Rep { produce, e2e, drain, raw_drain_secs, drain_k, raw_secs, k, one_call, raw_full_secs });
+        reps.push(Rep {
+            produce,
+            e2e,
+            drain,
+            drain_two,
+            raw_drain_secs,
+            drain_k,
+            raw_secs,
+            k,
+            one_call,
+            raw_full_secs,
+        });
     }
     drop(client);
     // Dropping the cluster kills and reaps its members.
@@ -232,6 +249,9 @@ async fn bench_cluster(members: usize, n: u64) {
         &|r| r.raw_drain_secs,
         &|r| 3 * n.div_ceil(r.drain_k),
     );
+    // Two brokers' pools beside the same raw drain (one client, no competition: the most the
+    // cluster does for this work in one sequence of transactions).
+    row("pool drain, two brokers × 8 workers", &|r| &r.drain_two, &|m| m.txns, &|r| r.raw_drain_secs);
     let sum = |f: &dyn Fn(&Rep) -> u64| reps.iter().map(f).sum::<u64>() / REPS as u64;
     let (p_rounds, p_msgs) = (sum(&|r| r.produce.writer.rounds), sum(&|r| r.produce.writer.messages));
     println!(
@@ -402,6 +422,50 @@ async fn pool_drain(endpoints: &[String], client: &mut Client, ns: &str, n: u64)
     assert_eq!(group.committed(), Some(n), "the offset did not reach the last message");
     drop(q);
     broker.shutdown().await.expect("shut the broker down");
+    Measured { secs, txns: (rev_after - rev_before) as u64, writer }
+}
+
+/// The pool drain with two brokers on the namespace, each running 8 workers, until every
+/// message is acked (the writer counters are the first broker's).
+async fn pool_drain_two(endpoints: &[String], client: &mut Client, ns: &str, n: u64) -> Measured {
+    let brokers = [connect(endpoints, ns).await, connect(endpoints, ns).await];
+    let q = brokers[0].queue(QUEUE).await.expect("create the queue");
+    let mut sent = 0;
+    while sent < n {
+        let count = 100.min(n - sent);
+        q.send_batch((sent..sent + count).map(common::value)).await.expect("fill the queue");
+        sent += count;
+    }
+    let mut groups = Vec::new();
+    for b in &brokers {
+        let q = b.queue(QUEUE).await.expect("the queue");
+        groups.push(q.work_group("w").expect("a valid group name"));
+    }
+    let done = Arc::new(AtomicU64::new(0));
+    let token = rockq::CancellationToken::new();
+    let writer_before = brokers[0].writer_stats();
+    let rev_before = revision(client).await;
+    let start = Instant::now();
+    let pools = groups.iter().map(|group| {
+        let (done, stop) = (done.clone(), token.clone());
+        let handler = move |_task: rockq::Task| {
+            if done.fetch_add(1, Ordering::SeqCst) + 1 == n {
+                stop.cancel();
+            }
+            async { Ok(()) }
+        };
+        group.clone().workers(8).shutdown_on(token.clone()).run(handler)
+    });
+    let reports = futures::future::join_all(pools).await;
+    let secs = start.elapsed().as_secs_f64();
+    let acked: u64 = reports.into_iter().map(|r| r.expect("a pool").acked).sum();
+    assert_eq!(acked, n, "the pools acked another count than was sent");
+    let rev_after = revision(client).await;
+    let writer = writer_delta(writer_before, brokers[0].writer_stats());
+    for b in brokers {
+        b.flush().await.expect("flush");
+        b.shutdown().await.expect("shut the broker down");
+    }
     Measured { secs, txns: (rev_after - rev_before) as u64, writer }
 }
 

@@ -1064,6 +1064,64 @@ async fn large_delayed_messages_are_listed_and_fire_and_a_reschedule_in_place_is
     b.shutdown().await.unwrap();
 }
 
+/// An ack that extends the finished run above a work group's offset moves the offset in its
+/// own etcd transaction: the claim record goes with the move, no `Done` is put, one write per
+/// round instead of two. An ack above a gap puts its `Done`; the ack that closes the gap moves
+/// the offset over both, and no record is left below it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_moves_the_work_groups_offset_in_its_own_transaction() {
+    let cluster = etcd::Cluster::start(1).await;
+    let a = connect(&cluster, "ack-move").await;
+    let q = a.queue("q").await.unwrap();
+    q.send_batch(["1", "2", "3"]).await.unwrap();
+    let group = q.work_group("w").unwrap();
+    let mut jobs = group.clone().read_batch(3).subscribe().await.unwrap();
+    let j1 = common::next_job(&mut jobs).await;
+    let j2 = common::next_job(&mut jobs).await;
+    let j3 = common::next_job(&mut jobs).await;
+    a.flush().await.unwrap();
+    let mut client = cluster.client().await;
+    let mut records = async || {
+        let opts = etcd_client::GetOptions::new().with_prefix();
+        let got = client.get("ack-move/c/", Some(opts)).await.unwrap();
+        got.kvs().iter().map(|kv| kv.value().len()).collect::<Vec<_>>()
+    };
+    assert_eq!(records().await.len(), 3, "three claims");
+    let ack = async |job: rockq::Job| {
+        let before = revision(&cluster).await;
+        job.ack_durable().await.unwrap();
+        a.flush().await.unwrap();
+        revision(&cluster).await - before
+    };
+    assert_eq!(ack(j3).await, 1, "above the gap: its Done");
+    assert_eq!(group.committed(), Some(0));
+    assert_eq!(ack(j1).await, 1, "the Done-less ack and the move: one transaction");
+    assert_eq!(group.committed(), Some(1));
+    assert_eq!(records().await.len(), 2, "2's claim and 3's Done");
+    assert_eq!(ack(j2).await, 1, "over 2 and 3 at once");
+    assert_eq!(group.committed(), Some(3));
+    assert!(records().await.is_empty(), "no record left below the offset");
+    // Acks queued by jobs (as a worker pool's) go in the writer's next round: the same.
+    q.send_batch(["4", "5"]).await.unwrap();
+    let (j4, j5) = (common::next_job(&mut jobs).await, common::next_job(&mut jobs).await);
+    a.flush().await.unwrap();
+    for (job, seq) in [(j4, 4), (j5, 5)] {
+        let before = revision(&cluster).await;
+        job.ack().unwrap();
+        a.flush().await.unwrap();
+        assert_eq!(revision(&cluster).await - before, 1, "the ack and the move: one transaction");
+        assert_eq!(group.committed(), Some(seq));
+    }
+    assert!(records().await.is_empty());
+    drop(jobs);
+    let b = connect(&cluster, "ack-move").await;
+    let stats = b.stats().await.unwrap();
+    let w = stats.groups.iter().find(|g| g.group == "w").unwrap();
+    assert_eq!(w.committed, 5, "another broker reads the moved offset");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
 /// The namespace's current revision (it moves with every write, and only then).
 async fn revision(cluster: &etcd::Cluster) -> i64 {
     let mut client = cluster.client().await;

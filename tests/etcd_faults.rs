@@ -209,6 +209,52 @@ async fn an_old_holders_ack_is_refused_by_etcd_while_its_watch_lags() {
     b.shutdown().await.expect("shutdown");
 }
 
+/// Two brokers' claims overlap when each decides on a view the other's writes have not reached
+/// (here the claim watches are held back): `b` claims 1–3, then `a`, blind to them, claims
+/// 1–5. etcd refuses `a`'s write; `a` learns 1–3 from the refusal and writes 4–5 alone: its
+/// batch is what the overlap left, not given up whole (a loser that gives up whole batches
+/// keeps losing to a busy peer). A third broker, loading the records from etcd, sees `b`'s
+/// three and `a`'s two leased and 6–10 waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_overlapping_another_brokers_is_written_for_the_rest() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let a = connect_with(&cluster, "overlap", &clock).await;
+    let qa = a.queue("q").await.expect("queue");
+    qa.send_batch((1..=10).map(|i| i.to_string())).await.expect("send");
+    let b = connect_with(&cluster, "overlap", &clock).await;
+    let qb = b.queue("q").await.expect("queue");
+    // Both load the group before their watches are held (a subscription claims when polled).
+    let mut ja = qa.work_group("w").expect("group").read_batch(5).subscribe().await.expect("subscribe");
+    let mut jb = qb.work_group("w").expect("group").read_batch(3).subscribe().await.expect("subscribe");
+    fail::cfg("rockq-etcd-claim-watch", "return").expect("failpoint");
+    let first_b = next_job(&mut jb).await;
+    assert_eq!((first_b.seq(), first_b.attempt()), (1, 1));
+    let first_a = next_job(&mut ja).await;
+    fail::remove("rockq-etcd-claim-watch");
+    assert_eq!((first_a.seq(), first_a.attempt()), (4, 1), "the overlap left out, the rest claimed");
+    let c = connect_with(&cluster, "overlap", &clock).await;
+    let mut states = Vec::new();
+    for seq in 1..=10 {
+        let job = c.job("q", "w", seq).await.expect("job status");
+        states.push((seq, job.state.as_str(), job.attempt));
+    }
+    let leased = |s| (s, "leased", 1);
+    let queued = |s| (s, "queued", 0);
+    let want: Vec<_> = (1..=5).map(leased).chain((6..=10).map(queued)).collect();
+    assert_eq!(states, want, "a's claim wrote 4 and 5 only, and nothing else was claimed");
+    let second_a = next_job(&mut ja).await;
+    assert_eq!(second_a.seq(), 5, "the rest of a's batch");
+    for j in [first_a, second_a, first_b] {
+        j.ack_durable().await.expect("ack");
+    }
+    drop((ja, jb));
+    for broker in [a, b, c] {
+        broker.shutdown().await.expect("shutdown");
+    }
+}
+
 /// An operator's action is decided on what this process knows of the job, and etcd's compare
 /// on the claim's revision refuses it if another process changed the job meanwhile: `b`,
 /// whose watch lags, deletes a job it still sees waiting for a retry, which `a` has claimed

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use futures::StreamExt;
-use rockq::{CancellationToken, Event, HandlerError, HandlerResultExt, ManualClock, RetryPolicy, Task};
+use rockq::{CancellationToken, Event, HandlerError, HandlerResultExt, RetryPolicy, Task};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -251,7 +251,7 @@ async fn a_tower_timeout_layer_turns_a_stuck_attempt_into_a_retry() {
     // Leases and backoff run on a manual clock; tokio's paused clock only drives the tower
     // timeout, and auto-advances to it once the stuck attempt is the only thing left.
     let dir = tempdir();
-    let clock = ManualClock::new();
+    let clock = rockq::ManualClock::new();
     let broker = open_clock(dir.path(), &clock).await;
     let q = broker.queue("jobs").await.unwrap();
     q.send("slow once").await.unwrap();

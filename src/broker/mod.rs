@@ -12,6 +12,8 @@ mod jobs;
 mod kv;
 mod lifecycle;
 mod schedules;
+#[cfg(test)]
+mod tests;
 
 crate::engine::boundary::cfg_etcd! {
     pub(crate) mod etcd;

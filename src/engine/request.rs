@@ -43,9 +43,8 @@ impl Request {
                 refuse(reply, why);
             }
             Request::Work(WorkRequest::Create { reply, .. }) => refuse(reply, why),
-            Request::Work(WorkRequest::Claim { reply, .. } | WorkRequest::Outcome { reply, .. }) => {
-                refuse(reply, why)
-            }
+            Request::Work(WorkRequest::Claim { reply, .. }) => refuse(reply, why),
+            Request::Work(WorkRequest::Outcome { reply, .. }) => refuse(reply, why),
             Request::Work(WorkRequest::Redrive { reply, .. }) => refuse(reply, why),
             Request::Work(WorkRequest::SettleLetter { reply, .. }) => refuse(reply, why),
             Request::Work(WorkRequest::Reset { reply, .. }) => refuse(reply, why),
@@ -187,7 +186,10 @@ pub(crate) enum WorkRequest {
         epoch: u64,
         claims: Vec<(u64, Claim)>,
         bucket: Option<u64>,
-        reply: Reply<(), Error>,
+        /// `Ok`: the claims are stored but for the sequences answered, which another process
+        /// took or finished since they were decided (the etcd engine; embedded answers none):
+        /// the claimer drops those from its batch.
+        reply: Reply<Vec<u64>, Error>,
     },
     /// Record the outcome of one attempt, claimed in reset epoch `epoch`. If the writer refuses
     /// it, it puts the message back to claimable itself.

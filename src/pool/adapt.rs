@@ -10,7 +10,15 @@
 //!
 //! The rule: hold about [`AHEAD`] of work ahead, measured by the pool's own completion rate —
 //! `rate × AHEAD` jobs — between `concurrency` and [`MAX_AUTO_PREFETCH`]. A prefetched job so
-//! waits about `AHEAD` (its lease is renewed when a handler starts it anyway). The pool's
+//! waits about `AHEAD` (its lease is renewed when a handler starts it anyway).
+//!
+//! Or twice a claim's own time, if that is longer (up to [`MAX_AHEAD`]): work ahead for less
+//! than a claim takes runs out before the next claim is answered, and then the rate that sets
+//! the prefetch is the claim's, not the handlers' — a fixed point far below what the handlers
+//! and the storage can do. On etcd a claim waits for the writer's round of transactions
+//! (milliseconds): with 2 ms ahead an 8-worker pool held ~8 jobs and drained ~2k jobs/s, with
+//! 256 ahead ~15k. Twice, so that from any start the prefetch grows until the claims, larger
+//! each time, take as long as the work they bring. The pool's
 //! subscription is opened with room for the maximum, and the permits above the current
 //! prefetch are held back here, so growing and shrinking never reopen anything.
 
@@ -24,6 +32,10 @@ pub(crate) const MAX_AUTO_PREFETCH: usize = 1024;
 
 /// How much work (at the measured rate) an adaptive pool keeps claimed ahead.
 const AHEAD: Duration = Duration::from_millis(2);
+
+/// The most work ahead a slow claim makes the pool hold (a prefetched job's lease runs while
+/// it waits).
+const MAX_AHEAD: Duration = Duration::from_millis(100);
 
 /// How often the rate is measured (real time: a throughput estimate, not a lease).
 const WINDOW: Duration = Duration::from_millis(10);
@@ -52,8 +64,9 @@ impl Adapt {
         Adapt { reserve, permits, floor, max, prefetch: floor, since: Instant::now(), completed_then: 0 }
     }
 
-    /// Looks at the completions so far at `now`; returns the new prefetch if it changed.
-    pub fn tick(&mut self, completed: u64, now: Instant) -> Option<usize> {
+    /// Looks at the completions so far at `now`, with claims taking `claim` each; returns the
+    /// new prefetch if it changed.
+    pub fn tick(&mut self, completed: u64, now: Instant, claim: Duration) -> Option<usize> {
         let elapsed = now.saturating_duration_since(self.since);
         if elapsed < WINDOW {
             return None;
@@ -61,7 +74,8 @@ impl Adapt {
         let rate = completed.saturating_sub(self.completed_then) as f64 / elapsed.as_secs_f64();
         self.since = now;
         self.completed_then = completed;
-        let wanted = ((rate * AHEAD.as_secs_f64()) as usize).clamp(self.floor, self.max);
+        let ahead = claim.saturating_mul(2).clamp(AHEAD, MAX_AHEAD);
+        let wanted = ((rate * ahead.as_secs_f64()) as usize).clamp(self.floor, self.max);
         // Grow at once; shrink by halves, so one slow window does not collapse the batch.
         let next = if wanted >= self.prefetch { wanted } else { wanted.max(self.prefetch / 2) };
         self.resize(next)
@@ -114,17 +128,36 @@ mod tests {
     fn fast_handlers_grow_the_prefetch_to_two_milliseconds_of_work_capped_at_the_max() {
         let (mut a, permits, t0) = pool(8, 1024);
         // 100k jobs/s: 200 jobs in 2 ms.
-        assert_eq!(a.tick(2_000, t0 + Duration::from_millis(20)), Some(200));
+        assert_eq!(a.tick(2_000, t0 + Duration::from_millis(20), Duration::ZERO), Some(200));
         assert_eq!(permits.available_permits(), 200);
         // 10M jobs/s: capped.
-        assert_eq!(a.tick(2_000 + 200_000, t0 + Duration::from_millis(40)), Some(1024));
+        assert_eq!(a.tick(2_000 + 200_000, t0 + Duration::from_millis(40), Duration::ZERO), Some(1024));
         assert_eq!(permits.available_permits(), 1024);
+    }
+
+    #[test]
+    fn slow_claims_make_it_hold_twice_a_claims_time_of_work_up_to_a_tenth_of_a_second() {
+        let (mut a, permits, t0) = pool(8, 1024);
+        let mut t = t0 + Duration::from_millis(20);
+        // 4k jobs/s: 2 ms of work is 8 jobs, the floor; claims take 5 ms, so 10 ms: 40.
+        assert_eq!(a.tick(80, t, Duration::from_millis(5)), Some(40));
+        assert_eq!(permits.available_permits(), 40);
+        // From that start the rate grows with the batch, and the prefetch with it.
+        t += Duration::from_millis(20);
+        assert_eq!(a.tick(80 + 400, t, Duration::from_millis(5)), Some(200));
+        // Claims of a second: at most 100 ms of work ahead (3k jobs/s: 300, not 6,000).
+        t += Duration::from_millis(20);
+        assert_eq!(a.tick(480 + 60, t, Duration::from_secs(1)), Some(300), "3k/s × 100 ms");
+        assert_eq!(permits.available_permits(), 300);
+        // Fast claims again: 2 ms of work (the floor), reached by halves.
+        t += Duration::from_millis(20);
+        assert_eq!(a.tick(540 + 60, t, Duration::ZERO), Some(150));
     }
 
     #[test]
     fn a_window_shorter_than_ten_milliseconds_changes_nothing() {
         let (mut a, permits, t0) = pool(8, 1024);
-        assert_eq!(a.tick(1_000_000, t0 + Duration::from_millis(5)), None);
+        assert_eq!(a.tick(1_000_000, t0 + Duration::from_millis(5), Duration::ZERO), None);
         assert_eq!(permits.available_permits(), 8);
     }
 
@@ -132,28 +165,28 @@ mod tests {
     fn slow_or_stuck_handlers_shrink_it_by_halves_down_to_the_floor() {
         let (mut a, permits, t0) = pool(8, 1024);
         let mut t = t0 + Duration::from_millis(20);
-        assert_eq!(a.tick(1_000_000, t), Some(1024));
+        assert_eq!(a.tick(1_000_000, t, Duration::ZERO), Some(1024));
         for want in [512, 256, 128, 64, 32, 16, 8] {
             t += Duration::from_millis(20);
             // Nothing finished in this window.
-            assert_eq!(a.tick(1_000_000, t), Some(want));
+            assert_eq!(a.tick(1_000_000, t, Duration::ZERO), Some(want));
             assert_eq!(permits.available_permits(), want);
         }
         t += Duration::from_millis(20);
-        assert_eq!(a.tick(1_000_000, t), None, "never below the floor");
+        assert_eq!(a.tick(1_000_000, t, Duration::ZERO), None, "never below the floor");
     }
 
     #[test]
     fn it_shrinks_only_by_the_permits_no_job_holds() {
         let (mut a, permits, t0) = pool(8, 1024);
-        assert_eq!(a.tick(1_000_000, t0 + Duration::from_millis(20)), Some(1024));
+        assert_eq!(a.tick(1_000_000, t0 + Duration::from_millis(20), Duration::ZERO), Some(1024));
         // Jobs hold all but 100 of the 1024 permits: of the 512 to take back, 100 now.
         let held = permits.clone().try_acquire_many_owned(924).unwrap();
-        assert_eq!(a.tick(1_000_000, t0 + Duration::from_millis(40)), Some(924));
+        assert_eq!(a.tick(1_000_000, t0 + Duration::from_millis(40), Duration::ZERO), Some(924));
         assert_eq!(permits.available_permits(), 0);
         drop(held);
         // Still slow: half of 924, all of it free now.
-        assert_eq!(a.tick(1_000_000, t0 + Duration::from_millis(60)), Some(462));
+        assert_eq!(a.tick(1_000_000, t0 + Duration::from_millis(60), Duration::ZERO), Some(462));
         assert_eq!(permits.available_permits(), 462);
     }
 }

@@ -194,11 +194,13 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
     /// [`MAX_POOL`](Workers::MAX_POOL) ahead.
     ///
     /// **Default: adaptive.** The pool starts with `concurrency` jobs ahead (one waiting per
-    /// handler) and keeps about 2 ms of work ahead at the rate its handlers finish jobs,
-    /// between `concurrency` and 1024 (or exactly `concurrency` if that is more): handlers
-    /// that take milliseconds get `concurrency`, handlers that take microseconds get big claim
-    /// batches (an 8-worker pool of no-op handlers drains about twice as fast with 1024 ahead
-    /// as with 64). When handlers slow down, the prefetch halves every 10 ms down to
+    /// handler) and keeps about 2 ms of work ahead at the rate its handlers finish jobs — or
+    /// twice what a claim takes, if that is longer (up to 100 ms): on etcd a claim waits for a
+    /// round of transactions — between `concurrency` and 1024 (or exactly `concurrency` if
+    /// that is more): handlers that take milliseconds get `concurrency`, handlers that take
+    /// microseconds get big claim batches (an 8-worker pool of no-op handlers drains about
+    /// twice as fast with 1024 ahead as with 64, and on etcd eight times as fast as with 2 ms
+    /// ahead). When handlers slow down, the prefetch halves every 10 ms down to
     /// `concurrency`, as far as unclaimed room allows: jobs already claimed stay with the pool.
     /// A pool stuck from the start holds at most `2 × concurrency` jobs.
     ///
@@ -435,7 +437,9 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
         let mut reported = None;
         let mut ready = Vec::new();
         let result = loop {
-            if let Some(p) = adapt.as_mut().and_then(|a| a.tick(feed.completed(), std::time::Instant::now()))
+            if let Some(p) = adapt
+                .as_mut()
+                .and_then(|a| a.tick(feed.completed(), std::time::Instant::now(), sub.claim_latency()))
             {
                 sub.set_limit(self.concurrency + p, p.clamp(1, WorkGroup::MAX_CLAIM_BATCH));
             }

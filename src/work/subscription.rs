@@ -67,6 +67,11 @@ struct Ctx {
     /// The in-flight bound in force: `config.max_in_flight`, less what a worker pool holds
     /// back (see `work/adapt.rs`).
     limit: std::sync::atomic::AtomicUsize,
+    /// How long a claim takes from its request to its answer and read, in microseconds (a
+    /// moving average; 0 before the first): a worker pool holds at least this much work
+    /// ahead (`pool/adapt.rs`), or its handlers wait for every claim — on etcd a claim
+    /// waits for the writer's round of transactions, milliseconds, not microseconds.
+    claim_micros: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for WorkSubscription {
@@ -87,6 +92,7 @@ impl WorkSubscription {
             ctx: Arc::new(Ctx {
                 claim_batch: std::sync::atomic::AtomicUsize::new(config.claim_batch),
                 limit: std::sync::atomic::AtomicUsize::new(config.max_in_flight),
+                claim_micros: std::sync::atomic::AtomicU64::new(0),
                 shared,
                 group,
                 config,
@@ -114,6 +120,12 @@ impl WorkSubscription {
     pub(crate) fn set_limit(&self, limit: usize, claim_batch: usize) {
         self.ctx.limit.store(limit, Ordering::Relaxed);
         self.ctx.claim_batch.store(claim_batch.max(1), Ordering::Relaxed);
+    }
+
+    /// How long this subscription's claims take, request to answer (a moving average over
+    /// the last few; zero before the first).
+    pub(crate) fn claim_latency(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(self.ctx.claim_micros.load(Ordering::Relaxed))
     }
 
     /// Jobs this subscription holds (handed out or buffered, not settled).
@@ -221,6 +233,15 @@ fn deleted(g: &WorkGroupState) -> Error {
 impl Ctx {
     fn claim_batch(&self) -> usize {
         self.claim_batch.load(Ordering::Relaxed)
+    }
+
+    /// Folds one claim's time into the moving average (a quarter weight: a few claims move
+    /// it, one slow one does not double the pool's prefetch).
+    fn note_claim_latency(&self, took: std::time::Duration) {
+        let sample = u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1);
+        let old = self.claim_micros.load(Ordering::Relaxed);
+        let new = if old == 0 { sample } else { old.saturating_mul(3).saturating_add(sample) / 4 };
+        self.claim_micros.store(new, Ordering::Relaxed);
     }
 }
 
@@ -371,7 +392,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
     }
 
     let (mut last_rx, _watching) = group.queue.watch();
-    let (claimed, bucket): (Vec<Claimed>, Option<std::time::Instant>) = loop {
+    let (mut claimed, bucket): (Vec<Claimed>, Option<std::time::Instant>) = loop {
         if shared.is_closed() || shared.closing.is_cancelled() {
             return Ok(Some(Vec::new()));
         }
@@ -466,6 +487,8 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
     let bucket = bucket.map(|t| clock.wall_micros_at(t).saturating_add(2));
     let req =
         Request::Work(WorkRequest::Claim { group: group.clone(), epoch, claims: records, bucket, reply });
+    // Real time: a measure of throughput for the pool's prefetch, not a deadline.
+    let asked = std::time::Instant::now();
     if shared.tx.send(req).await.is_err() {
         return Ok(Some(Vec::new()));
     }
@@ -478,13 +501,23 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
     let (reader, queue) = (shared.clone(), group.queue.clone());
     let read = shared.runtime.spawn_blocking(move || read_claimed(&reader, &queue, &seqs));
     let (written, read) = tokio::join!(rx, read);
-    match written {
-        Ok(Ok(())) => {}
+    ctx.note_claim_latency(asked.elapsed());
+    let left_out = match written {
+        Ok(Ok(left_out)) => left_out,
         Ok(Err(Error::Shutdown)) | Err(_) => return Ok(Some(Vec::new())),
         // A reset overtook the claim: the guard gives the claims back; claim again.
         Ok(Err(Error::LeaseLost { .. })) => return Ok(None),
         Ok(Err(Error::GroupDeleted { .. })) => return Err(deleted(group)),
         Ok(Err(e)) => return Err(e),
+    };
+    // Taken by another process first (the etcd engine): not this batch's. Their reads and
+    // permits are dropped below; the guard's release of them is a no-op (not our token).
+    if !left_out.is_empty() {
+        let left_out: std::collections::HashSet<u64> = left_out.into_iter().collect();
+        claimed.retain(|c| !left_out.contains(&c.seq));
+        if claimed.is_empty() {
+            return Ok(None);
+        }
     }
     let msgs = match read {
         Ok(Ok(ReadOutcome::Messages(msgs))) => msgs,

@@ -90,6 +90,12 @@ impl Known {
         self.learn_offset(g, offset);
         for (seq, rec) in found {
             match rec {
+                // As last seen: nothing to learn. Such a record may be this process's own —
+                // an earlier claim of the message, given back in memory and claimed again in
+                // the refused write — and taught as found it would pass for another holder's
+                // lease, parking the message here until that lease's deadline (the two-broker
+                // drain found 54 jobs parked for 30 s).
+                Some(r) if r.rev == self.expected(seq) => {}
                 Some(r) if self.adopt(&r) => {}
                 Some(r) => {
                     self.revs.insert(seq, r.rev);
@@ -141,5 +147,44 @@ impl Known {
             g.changed.notify_waiters();
             g.settled.notify_waiters();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::registry::QueueState;
+    use std::time::Duration;
+
+    /// A claim write refused for another record's sake answers with this process's own
+    /// earlier record of a message it gave back in memory and claimed again in that write:
+    /// the record is as last seen, and the message stays this claim's (taught as found, it
+    /// passed for another process's lease and parked the message until its deadline).
+    #[test]
+    fn a_refusal_finding_a_record_as_last_seen_leaves_the_claim_with_its_claimer() {
+        let queue = QueueState::new(1, "q", 1, 100, crate::retention::Retention::Forever);
+        let g = WorkGroupState::new("w", queue, 0);
+        let clock = Clock::tokio();
+        let lease = Duration::from_secs(30);
+        let mut known = Known::default();
+        let first = g.take(clock.now(), 1, 100, lease, 5, 0).claimed;
+        let (seq, t1) = (first[0].seq, first[0].token);
+        let record =
+            |token| Claim::Leased { attempt: 1, token, deadline_micros: u64::MAX / 2, holder: "p".into() };
+        known.wrote(seq, 10);
+        // Given back in memory (a batch lost to a reset, say); its record stays in etcd.
+        g.release(seq, t1, false);
+        let again = g.take(clock.now(), 1, 100, lease, 5, 0).claimed;
+        assert_eq!(again[0].seq, seq);
+        let t2 = again[0].token;
+        assert!(g.holds_lease(seq, t2));
+        // The write of the new claim is refused (another record of it moved): found as it was.
+        let found = vec![(seq, Some(ClaimRecord { seq, claim: record(t1), rev: 10 }))];
+        known.learn(&g, 0, found, &clock);
+        assert!(g.holds_lease(seq, t2), "still this claim's, not parked as another holder's");
+        // A record another process wrote since is learned as its lease.
+        let found = vec![(seq, Some(ClaimRecord { seq, claim: record(99), rev: 11 }))];
+        known.learn(&g, 0, found, &clock);
+        assert!(!g.holds_lease(seq, t2));
     }
 }

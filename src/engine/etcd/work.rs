@@ -39,13 +39,16 @@ use crate::model::WorkSettings;
 use crate::model::{Claim, GroupMode, GroupOffset, StartFrom};
 use crate::stats::{JobOutcome, OutcomeKind};
 use crate::store::envelope;
-use crate::store::etcd::work::{ClaimRecord, ClaimWrite, ClaimsOutcome, SettingsPut};
+use crate::store::etcd::work::{ClaimRecord, ClaimWrite, ClaimsOutcome, OffsetMove, SettingsPut};
 use crate::store::etcd::{DeadLetterAppend, MAX_TXN_BYTES, MAX_TXN_OPS};
 use crate::telemetry;
 
 /// Records per claim or ack transaction: etcd's operation limit, with room for the offset
 /// compare and a dead-letter append.
 const MAX_RECORDS: usize = MAX_TXN_OPS - 8;
+
+/// Writes of one chunk of claims, each after a refusal that took some of them elsewhere.
+const CLAIM_TRIES: u32 = 3;
 
 impl Writer {
     /// Creates a work-queue group (or finds it), loads its claim records into a new state
@@ -160,14 +163,22 @@ impl Writer {
         std::ptr::eq(Arc::as_ptr(&ws.group), g).then_some(ws)
     }
 
-    /// Persists claims decided here. Refused (another process wrote one of the records since
-    /// this process last saw it): the records are learned and the claim answers `LeaseLost`,
-    /// so the subscription gives its claims back and claims again from what it now knows.
+    /// Persists claims decided here, but those another process took or finished since
+    /// (answered: the subscription drops them from its batch). Two processes draining one
+    /// group decide their claims on views a few milliseconds old, so their batches overlap
+    /// now and then: the overlap is left out, not the batch — a whole batch refused would
+    /// cost the loser a round, and with large batches the loser would keep losing.
+    ///
+    /// A claim decided before the watch taught this process otherwise is left out unwritten
+    /// (its expected revision would be the other process's, and the write would take that
+    /// process's live lease). A write refused by etcd teaches the records it found; the claims
+    /// still this process's are written again, at most [`CLAIM_TRIES`] times, then the claim
+    /// answers `LeaseLost` (the subscription gives everything back and claims again).
     pub(super) async fn claim(
         &mut self,
         group: Arc<WorkGroupState>,
         claims: Vec<(u64, Claim)>,
-        reply: Reply<(), Error>,
+        reply: Reply<Vec<u64>, Error>,
     ) {
         let Some(ws) = self.work_side(&group) else {
             let _ = reply.send(Err(Error::Storage(StorageError::new("work group not loaded"))));
@@ -175,53 +186,65 @@ impl Writer {
         };
         let mut known = ws.known.lock().await;
         let clock = self.engine.clock().clone();
-        for chunk in claim_chunks(&claims) {
-            // Decided before the watch taught this process otherwise (another process claimed
-            // or finished one of them since): the expected revision would be that process's,
-            // and the write would take its live lease. Nothing is written.
-            let stale = chunk.iter().find(|(seq, c)| match c {
-                Claim::Leased { token, .. } => !group.holds_lease(*seq, *token),
-                _ => true,
-            });
-            if let Some((seq, c)) = stale {
-                let _ = reply.send(Err(group.lease_lost(*seq, attempt_of(c))));
-                return;
+        let mut dropped = Vec::new();
+        let mut held = |group: &WorkGroupState, (seq, c): &(u64, Claim)| {
+            let held = matches!(c, Claim::Leased { token, .. } if group.holds_lease(*seq, *token));
+            if !held {
+                dropped.push(*seq);
             }
-            // A later attempt reads back the last report of an earlier one, which another
-            // process may have written, in the claim's own transaction (no round trip more).
-            let writes: Vec<ClaimWrite> = chunk
-                .iter()
-                .map(|(seq, c)| ClaimWrite {
-                    read_progress: attempt_of(c) > 1,
-                    ..ClaimWrite::new(*seq, known.expected(*seq), c.clone())
-                })
-                .collect();
-            match self.write(&group, &writes, None).await {
-                Ok(Written::Yes(rev)) => {
-                    for w in &writes {
-                        known.wrote(w.seq, rev);
+            held
+        };
+        for chunk in claim_chunks(&claims) {
+            let mut left: Vec<(u64, Claim)> = chunk.iter().filter(|c| held(&group, c)).cloned().collect();
+            let mut tries = 0;
+            while !left.is_empty() {
+                // A later attempt reads back the last report of an earlier one, which another
+                // process may have written, in the claim's own transaction (no round trip more).
+                let writes: Vec<ClaimWrite> = left
+                    .iter()
+                    .map(|(seq, c)| ClaimWrite {
+                        read_progress: attempt_of(c) > 1,
+                        ..ClaimWrite::new(*seq, known.expected(*seq), c.clone())
+                    })
+                    .collect();
+                match self.write(&group, &writes, None, None).await {
+                    Ok(Written::Yes(rev)) => {
+                        for w in &writes {
+                            known.wrote(w.seq, rev);
+                        }
+                        for (seq, report) in std::mem::take(&mut self.read_back) {
+                            group.restore_progress(seq, report);
+                        }
+                        break;
                     }
-                    for (seq, report) in std::mem::take(&mut self.read_back) {
-                        group.restore_progress(seq, report);
+                    Ok(Written::No { offset, found, .. }) => {
+                        known.learn(&group, offset, found, &clock);
+                        tries += 1;
+                        let before = left.len();
+                        left.retain(|c| held(&group, c));
+                        // Nothing learned took one of them (the offset or the group moved,
+                        // or it kept losing): given back whole, as any lost claim.
+                        if left.len() == before || tries == CLAIM_TRIES {
+                            let (seq, attempt) = left.first().map_or((0, 0), |(s, c)| (*s, attempt_of(c)));
+                            let _ = reply.send(Err(group.lease_lost(seq, attempt)));
+                            return;
+                        }
                     }
-                }
-                Ok(Written::No { offset, found, .. }) => {
-                    known.learn(&group, offset, found, &clock);
-                    let (seq, attempt) = chunk.first().map_or((0, 0), |(s, c)| (*s, attempt_of(c)));
-                    let _ = reply.send(Err(group.lease_lost(seq, attempt)));
-                    return;
-                }
-                Err(e) => {
-                    // Given back uncounted by the subscription; if it landed, it is ours.
-                    for w in &writes {
-                        known.doubt(w.seq, w.record.clone());
+                    Err(e) => {
+                        // Given back uncounted by the subscription; if it landed, it is ours.
+                        for w in &writes {
+                            known.doubt(w.seq, w.record.clone());
+                        }
+                        let _ = reply.send(Err(Error::Storage(e)));
+                        return;
                     }
-                    let _ = reply.send(Err(Error::Storage(e)));
-                    return;
                 }
             }
         }
-        let _ = reply.send(Ok(()));
+        if !dropped.is_empty() {
+            tracing::debug!(queue = %group.queue.name, group = %group.name, left_out = dropped.len(), "rockq: claims another process took first were left out");
+        }
+        let _ = reply.send(Ok(dropped));
     }
 
     /// Writes `writes` (and dead letters) in one transaction. An answer lost in transit is
@@ -232,8 +255,9 @@ impl Writer {
         group: &WorkGroupState,
         writes: &[ClaimWrite],
         dead_letters: Option<&DeadLetterAppend>,
+        moving: Option<OffsetMove>,
     ) -> Result<Written, StorageError> {
-        let r = self.write_once(group, writes, dead_letters).await;
+        let r = self.write_once(group, writes, dead_letters, moving).await;
         self.note(&r);
         r
     }
@@ -243,6 +267,7 @@ impl Writer {
         group: &WorkGroupState,
         writes: &[ClaimWrite],
         dead_letters: Option<&DeadLetterAppend>,
+        moving: Option<OffsetMove>,
     ) -> Result<Written, StorageError> {
         let store = self.side.store.clone();
         let deadline = Instant::now() + self.budget();
@@ -252,7 +277,7 @@ impl Writer {
             let seen = self.side.seen(&group.name, &group.queue.name);
             match until(
                 deadline,
-                store.write_claims(&group.name, &group.queue.name, seen, writes, dead_letters),
+                store.write_claims(&group.name, &group.queue.name, seen, writes, dead_letters, moving),
             )
             .await
             {
@@ -349,10 +374,25 @@ impl Writer {
                 let delete_progress = group.forget_progress(seq);
                 let writes =
                     [ClaimWrite { outcome, delete_progress, ..ClaimWrite::new(seq, expected, Claim::Done) }];
-                match self.write(&group, &writes, None).await {
+                // With the offset move if it closes the run above the offset (as the queued
+                // acks'); refused with the record as expected, the move's own compares
+                // refused it, and it goes again without.
+                let mut moving = self.move_with(&group, &known, &[seq]);
+                let mut written = self.write(&group, &writes, None, moving).await;
+                if let (Some(_), Ok(Written::No { found, .. })) = (moving, &written)
+                    && found.iter().all(|(s, r)| r.as_ref().map(|r| r.rev) == Some(known.expected(*s)))
+                {
+                    moving = None;
+                    written = self.write(&group, &writes, None, None).await;
+                }
+                match written {
                     Ok(Written::Yes(rev)) => {
                         known.wrote(seq, rev);
                         group.learn_finished(seq);
+                        if let Some(m) = moving {
+                            known.learn_offset(&group, m.to);
+                            self.engine.counters.offset_commits.fetch_add(1, Ordering::Relaxed);
+                        }
                         // As embedded, the offset has passed it when the ack is answered.
                         if let Err(e) = self.advance(&group, &mut known).await {
                             tracing::warn!(%queue, group = %gname, error = %e, "rockq: moving a work group's offset in etcd failed; trying again next round");
@@ -377,7 +417,7 @@ impl Writer {
                     _ => String::new(),
                 };
                 let writes = [ClaimWrite::new(seq, expected, claim)];
-                match self.write(&group, &writes, None).await {
+                match self.write(&group, &writes, None, None).await {
                     Ok(Written::Yes(rev)) => {
                         known.wrote(seq, rev);
                         telemetry::group_counter(telemetry::RETRIED, &queue, &gname, 1);
@@ -462,7 +502,7 @@ impl Writer {
         let claim =
             Claim::Leased { attempt, token, deadline_micros: clock.wall_micros_at(requested), holder };
         let writes = [ClaimWrite::new(seq, expected, claim.clone())];
-        match self.write(&group, &writes, None).await {
+        match self.write(&group, &writes, None, None).await {
             Ok(Written::Yes(rev)) => {
                 known.wrote(seq, rev);
                 let mut l = lease.lock().unwrap_or_else(|p| p.into_inner());
@@ -530,7 +570,7 @@ impl Writer {
             let outcome = self.outcome_record(group.keeps_outcomes(), kind, attempt, None);
             let writes =
                 [ClaimWrite { outcome, delete_progress, ..ClaimWrite::new(seq, expected, Claim::Done) }];
-            match self.write(group, &writes, Some(&append)).await {
+            match self.write(group, &writes, Some(&append), None).await {
                 Ok(Written::Yes(rev)) => {
                     known.wrote(seq, rev);
                     self.tails.insert(q.id, (last + 1, append.nonce));
@@ -605,6 +645,11 @@ impl Writer {
                     own
                 });
                 self.acked(&g, &finished);
+                // The offset moves in the acks' own transaction when they (with what is known
+                // finished) extend the finished run above it; a refusal that changed none of
+                // them sends them again without it (a reset not learned yet, or another
+                // process moved the offset past a gap below them).
+                let mut with_move = true;
                 while !left.is_empty() {
                     if result.as_ref().is_err_and(StorageError::is_transient) {
                         // etcd is unreachable this round: these wait for the next, untried.
@@ -631,13 +676,19 @@ impl Writer {
                             })
                         })
                         .collect();
-                    match self.write(&g, &writes, None).await {
+                    let acked: Vec<u64> = left.iter().map(|a| a.seq).collect();
+                    let moving = if with_move { self.move_with(&g, &known, &acked) } else { None };
+                    match self.write(&g, &writes, None, moving).await {
                         Ok(Written::Yes(rev)) => {
                             for a in &left {
                                 known.wrote(a.seq, rev);
                             }
                             for a in &left {
                                 g.learn_finished(a.seq);
+                            }
+                            if let Some(m) = moving {
+                                known.learn_offset(&g, m.to);
+                                self.engine.counters.offset_commits.fetch_add(1, Ordering::Relaxed);
                             }
                             self.acked(&g, &left);
                             left.clear();
@@ -665,6 +716,10 @@ impl Writer {
                                     lost.push(a.seq);
                                     changed.push((seq, rec));
                                 }
+                            }
+                            if lost.is_empty() {
+                                // Every record as expected: the move's own compares refused.
+                                with_move = false;
                             }
                             known.learn(&g, offset, changed, &clock);
                             self.acked(&g, &finished);
@@ -707,6 +762,20 @@ impl Writer {
             }
         }
         result
+    }
+
+    /// The offset move that goes with `acks` (`None`: they extend no finished run above the
+    /// stored offset): over the run the group knows finished above its offset, and these.
+    fn move_with(&self, g: &WorkGroupState, known: &Known, acks: &[u64]) -> Option<OffsetMove> {
+        // Tests hold an offset move back to a later round (a reset lands in between).
+        crate::faults::check("rockq-etcd-offset-move").ok()?;
+        let acked: std::collections::HashSet<u64> = acks.iter().copied().collect();
+        let p = g.progress();
+        let mut to = p.offset;
+        while p.done.contains(to + 1) || acked.contains(&(to + 1)) {
+            to += 1;
+        }
+        (to > known.stored_offset).then_some(OffsetMove { to, reset_rev: known.reset_rev })
     }
 
     fn acked(&self, g: &WorkGroupState, acks: &[QueuedAck]) {

@@ -48,7 +48,9 @@ pub(super) fn apply(r: &mut Round<'_>, req: WorkRequest) {
             if let Some(micros) = bucket {
                 r.batch.put_rate(&group.name, &group.queue.name, group.bucket_to_write(micros));
             }
-            r.on_done(move |res| drop(reply.send(res.map_err(|e| Error::Storage(e.clone())))));
+            r.on_done(move |res| {
+                drop(reply.send(res.map(|()| Vec::new()).map_err(|e| Error::Storage(e.clone()))))
+            });
         }
         WorkRequest::Outcome { group, seq, attempt, epoch, outcome, reply } => {
             if group.is_deleted() {

@@ -95,6 +95,19 @@ impl ClaimWrite {
     }
 }
 
+/// An offset move made in the same transaction as a write of `Done` records
+/// ([`EtcdStore::write_claims`]): the group's offset to `to`, every claim record and progress
+/// report at or below it deleted, if the group's last reset is still `reset_rev` (0: none).
+/// A `Done` at or below `to` is not put: the move deletes its record in the same revision,
+/// which is what a `Done` passed by the offset becomes anyway (the other processes' watches
+/// read a deletion as the offset passing it). One transaction per round of acks instead of
+/// two, the claims' compares fencing the move too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OffsetMove {
+    pub to: u64,
+    pub reset_rev: i64,
+}
+
 /// What became of [`EtcdStore::write_claims`].
 #[derive(Debug)]
 pub(crate) enum ClaimsOutcome {
@@ -131,6 +144,19 @@ impl EtcdStore {
         ops: &mut Vec<TxnOp>,
         gets: &mut Vec<TxnOp>,
     ) {
+        self.push_claims_passed(c, 0, cmps, ops, gets);
+    }
+
+    /// [`push_claims`](Self::push_claims), but the `Done` records at or below `passed` are
+    /// not put (an offset move to `passed` in the same transaction deletes them).
+    fn push_claims_passed(
+        &self,
+        c: ClaimsTxn<'_>,
+        passed: u64,
+        cmps: &mut Vec<Compare>,
+        ops: &mut Vec<TxnOp>,
+        gets: &mut Vec<TxnOp>,
+    ) {
         let ClaimsTxn { group, queue, seen, writes } = c;
         let prefix = self.claims_prefix(group, queue);
         let offset_key = self.offset_key(group, queue);
@@ -146,7 +172,9 @@ impl EtcdStore {
         for w in writes {
             let key = keys::claim_key(&prefix, w.seq);
             cmps.push(Compare::mod_revision(key.clone(), CompareOp::Equal, w.expected));
-            ops.push(TxnOp::put(key.clone(), records::encode_claim(&w.record), None));
+            if w.seq > passed || w.record != Claim::Done {
+                ops.push(TxnOp::put(key.clone(), records::encode_claim(&w.record), None));
+            }
             gets.push(TxnOp::get(key, None));
             if let Some(outcome) = &w.outcome {
                 let value = crate::store::outcomes::encode_outcome(outcome);
@@ -259,9 +287,15 @@ impl EtcdStore {
         seen: i64,
         writes: &[ClaimWrite],
         dead_letters: Option<&DeadLetterAppend>,
+        moving: Option<OffsetMove>,
     ) -> Result<ClaimsOutcome, StorageError> {
         let (mut cmps, mut ops, mut gets) = (Vec::new(), Vec::new(), Vec::new());
-        self.push_claims(ClaimsTxn { group, queue, seen, writes }, &mut cmps, &mut ops, &mut gets);
+        let passed = moving.map_or(0, |m| m.to);
+        let c = ClaimsTxn { group, queue, seen, writes };
+        self.push_claims_passed(c, passed, &mut cmps, &mut ops, &mut gets);
+        if let Some(m) = moving {
+            self.push_move(group, queue, m, &mut cmps, &mut ops);
+        }
         let tail_key = dead_letters.map(|dl| self.push_append(dl, &mut cmps, &mut ops));
         if let Some(tail) = &tail_key {
             gets.push(TxnOp::get(tail.clone(), None));
@@ -313,6 +347,33 @@ impl EtcdStore {
             _ => None,
         };
         Ok(ClaimsOutcome::Refused { offset, found, tail })
+    }
+
+    /// Adds `m` to a transaction of [`push_claims`](Self::push_claims): its compares (the
+    /// offset below `to`, the group's reset mark), the offset's put and the deletions. The
+    /// `Done` records at or below `to` must have been left out (etcd refuses a put inside a
+    /// range the same transaction deletes; the deletion is what they become).
+    fn push_move(
+        &self,
+        group: &str,
+        queue: &str,
+        m: OffsetMove,
+        cmps: &mut Vec<Compare>,
+        ops: &mut Vec<TxnOp>,
+    ) {
+        let prefix = self.claims_prefix(group, queue);
+        let offset_key = self.offset_key(group, queue);
+        let passed = keys::claim_key(&prefix, m.to.saturating_add(1));
+        let rec =
+            records::encode_offset(&GroupOffset { mode: GroupMode::WorkQueue, committed: m.to }).to_vec();
+        cmps.push(Compare::value(offset_key.clone(), CompareOp::Less, rec.clone()));
+        cmps.push(Compare::mod_revision(self.reset_mark_key(group, queue), CompareOp::Equal, m.reset_rev));
+        ops.push(TxnOp::put(offset_key, rec, None));
+        ops.push(TxnOp::delete(
+            keys::claim_key(&prefix, 0),
+            Some(etcd_client::DeleteOptions::new().with_range(passed)),
+        ));
+        ops.push(self.delete_progress_between(group, queue, 0, m.to));
     }
 
     /// Moves a work group's offset to `to` unless it is there already, deleting every claim
