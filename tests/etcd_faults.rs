@@ -255,6 +255,42 @@ async fn a_claim_overlapping_another_brokers_is_written_for_the_rest() {
     }
 }
 
+/// A record that does not decode, in the part of a batch another process took first, is that
+/// process's to deal with: the read of `a`'s batch (started with the claim) meets it first,
+/// but the claim's answer left it out, so `a` claims again and gets its own jobs — its stream
+/// does not end with the other process's corrupt record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_record_another_broker_took_first_does_not_end_the_stream() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let a = connect_with(&cluster, "overlap-corrupt", &clock).await;
+    let qa = a.queue("q").await.expect("queue");
+    qa.send_batch(["1", "2", "3"]).await.expect("send");
+    let b = connect_with(&cluster, "overlap-corrupt", &clock).await;
+    let qb = b.queue("q").await.expect("queue");
+    let mut ja = qa.work_group("w").expect("group").read_batch(3).subscribe().await.expect("subscribe");
+    let mut jb = qb.work_group("w").expect("group").read_batch(1).subscribe().await.expect("subscribe");
+    fail::cfg("rockq-etcd-claim-watch", "return").expect("failpoint");
+    let held_by_b = next_job(&mut jb).await;
+    assert_eq!(held_by_b.seq(), 1);
+    // Message 1's record is damaged after `b` read it (`<ns>/m/<queue id 1><seq>`).
+    let mut client = cluster.client().await;
+    let key = [b"overlap-corrupt/m/".as_slice(), &1u32.to_be_bytes(), &1u64.to_be_bytes()].concat();
+    client.put(key, b"not an envelope".to_vec(), None).await.expect("damage the record");
+    let first_a = tokio::time::timeout(std::time::Duration::from_secs(10), ja.next())
+        .await
+        .expect("a's claim is answered")
+        .expect("a's stream goes on")
+        .expect("no error: the corrupt record is b's");
+    fail::remove("rockq-etcd-claim-watch");
+    assert_eq!((first_a.seq(), first_a.attempt()), (2, 1), "a's own part of the batch");
+    first_a.ack_durable().await.expect("ack");
+    drop((ja, jb, held_by_b));
+    a.shutdown().await.expect("shutdown");
+    b.shutdown().await.expect("shutdown");
+}
+
 /// An operator's action is decided on what this process knows of the job, and etcd's compare
 /// on the claim's revision refuses it if another process changed the job meanwhile: `b`,
 /// whose watch lags, deletes a job it still sees waiting for a retry, which `a` has claimed

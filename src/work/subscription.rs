@@ -512,8 +512,8 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
     };
     // Taken by another process first (the etcd engine): not this batch's. Their reads and
     // permits are dropped below; the guard's release of them is a no-op (not our token).
+    let left_out: std::collections::HashSet<u64> = left_out.into_iter().collect();
     if !left_out.is_empty() {
-        let left_out: std::collections::HashSet<u64> = left_out.into_iter().collect();
         claimed.retain(|c| !left_out.contains(&c.seq));
         if claimed.is_empty() {
             return Ok(None);
@@ -527,6 +527,12 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
         }
         Ok(Err(Error::Corrupt(err))) => {
             let seq = boundary::message_seq(err.key());
+            // A record the read met first although another process took it (read with the
+            // batch, before the claim's answer left it out): that process deals with it;
+            // this batch's own claims go back uncounted with the guard, and are claimed again.
+            if seq.is_some_and(|s| left_out.contains(&s)) {
+                return Ok(None);
+            }
             let Some(c) = claimed.iter().find(|c| Some(c.seq) == seq) else {
                 return Err(Error::Corrupt(err));
             };

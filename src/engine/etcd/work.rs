@@ -376,8 +376,11 @@ impl Writer {
                     [ClaimWrite { outcome, delete_progress, ..ClaimWrite::new(seq, expected, Claim::Done) }];
                 // With the offset move if it closes the run above the offset (as the queued
                 // acks'); refused with the record as expected, the move's own compares
-                // refused it, and it goes again without.
-                let mut moving = self.move_with(&group, &known, &[seq]);
+                // refused it, and it goes again without. Not for a message that has no
+                // record (an operator's delete of a job never claimed): deleting a key that
+                // is not there tells no watch anything, so the other processes would never
+                // learn it finished — its `Done` goes, and the move follows.
+                let mut moving = if expected == 0 { None } else { self.move_with(&group, &known, &[seq]) };
                 let mut written = self.write(&group, &writes, None, moving).await;
                 if let (Some(_), Ok(Written::No { found, .. })) = (moving, &written)
                     && found.iter().all(|(s, r)| r.as_ref().map(|r| r.rev) == Some(known.expected(*s)))
