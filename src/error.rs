@@ -1130,6 +1130,13 @@ impl Error {
     /// # }
     /// ```
     pub fn storage_error(&self) -> Option<&StorageError> {
+        // Both variants are `#[error(transparent)]`: their `source()` is the inner error's
+        // source, which skips the inner error itself, so the chain below would not find it.
+        match self {
+            Error::Storage(e) => return Some(e),
+            Error::Failed(f) => return f.storage_error(),
+            _ => {}
+        }
         let mut next: Option<&(dyn std::error::Error + 'static)> = Some(self);
         while let Some(e) = next {
             if let Some(s) = e.downcast_ref::<StorageError>() {
@@ -1218,5 +1225,21 @@ fn show_key(key: &[u8]) -> String {
             let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
             format!("0x{hex}")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A storage error is found whether it is the error itself or the cause a failed-closed
+    /// broker keeps, with its transient flag (a transparent variant hid it from the chain).
+    #[test]
+    fn the_storage_error_is_found_in_either_variant() {
+        let e = Error::Storage(StorageError::unreachable("etcd: no leader"));
+        assert!(e.storage_error().is_some_and(StorageError::is_transient));
+        let e = Error::Failed(FailedError::from(StorageError::new("disk gone")));
+        assert_eq!(e.storage_error().map(StorageError::message), Some("disk gone"));
+        assert!(Error::Shutdown.storage_error().is_none());
     }
 }

@@ -21,6 +21,9 @@ pub struct Member {
     pub name: String,
     pub client_url: String,
     child: Option<Child>,
+    /// How it was started, to start it again on the same data and ports.
+    args: Vec<String>,
+    log: std::path::PathBuf,
 }
 
 impl Member {
@@ -34,6 +37,14 @@ impl Member {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+    }
+
+    /// Starts a killed member again on its data directory and ports: it rejoins the cluster
+    /// as the member it was (etcd reads its identity from the data directory).
+    pub fn restart(&mut self) {
+        if self.child.is_none() {
+            self.child = Some(spawn(&self.args, &self.log));
         }
     }
 
@@ -57,7 +68,8 @@ impl Drop for Member {
 }
 
 fn spawn(args: &[String], log: &std::path::Path) -> Child {
-    let out = std::fs::File::create(log).expect("etcd log file");
+    // Appended to: a restarted member's log follows its first life's.
+    let out = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("etcd log file");
     Command::new("etcd")
         .args(args)
         .stdin(Stdio::null())
@@ -128,7 +140,7 @@ impl Cluster {
                 ];
                 let log = dir.path().join(format!("{name}.log"));
                 let child = Some(spawn(&args, &log));
-                Member { name, client_url, child }
+                Member { name, client_url, child, args, log }
             })
             .collect();
         Cluster { members, _dir: dir }
