@@ -225,6 +225,7 @@ impl Writer {
                         // Nothing learned took one of them (the offset or the group moved,
                         // or it kept losing): given back whole, as any lost claim.
                         if left.len() == before || tries == CLAIM_TRIES {
+                            group.note_overlap(dropped.len() as u64);
                             let (seq, attempt) = left.first().map_or((0, 0), |(s, c)| (*s, attempt_of(c)));
                             let _ = reply.send(Err(group.lease_lost(seq, attempt)));
                             return;
@@ -242,6 +243,7 @@ impl Writer {
             }
         }
         if !dropped.is_empty() {
+            group.note_overlap(dropped.len() as u64);
             tracing::debug!(queue = %group.queue.name, group = %group.name, left_out = dropped.len(), "rockq: claims another process took first were left out");
         }
         let _ = reply.send(Ok(dropped));

@@ -22,6 +22,11 @@
 //! candidates (the oldest ready slot, the frontier), the lowest sequence within one; with a
 //! share `n` (`WorkGroup::priority_share`), every `n`-th claim takes the oldest instead.
 //!
+//! Several processes claiming one group (the etcd engine) each decide from the same frontier;
+//! when one's claim lost sequences to another's, it leaves the next as many fresh sequences
+//! to the other and claims those after (`stagger`), for as long as the range it left keeps
+//! being taken — instead of both claiming from one frontier and overlapping round after round.
+//!
 //! With a million retries waiting for a far-off time, or a million messages parked behind
 //! busy keys, a claim costs O(log n): it looks at the first timer and the first ready
 //! sequence, never at the waiting or parked ones. Every transition goes through
@@ -100,6 +105,17 @@ impl Pick {
 /// the wall clock, so none is 0.
 pub(crate) const FOREIGN_TOKEN: u64 = 0;
 
+/// Fresh claims past a range left to another process (see the module docs).
+#[derive(Debug, Clone, Copy)]
+struct Stagger {
+    /// How many fresh sequences are left each time.
+    gap: u64,
+    /// The end of the range left: the frontier passing it means another process took it.
+    left_end: u64,
+    /// The next fresh sequence this process claims.
+    next: u64,
+}
+
 /// The slots and their indexes (see the module docs).
 #[derive(Debug)]
 pub(super) struct Dispatch {
@@ -129,6 +145,12 @@ pub(super) struct Dispatch {
     ghost_keys: rustc_hash::FxHashMap<u64, u64>,
     /// Sequences from here on were never claimed (nor, in a group ordered by key, learned).
     pub frontier: u64,
+    /// Where this process's fresh claims start instead of the frontier (see the module docs).
+    /// Never set by the embedded engine, whose claims overlap no one's.
+    stagger: Option<Stagger>,
+    /// How many sequences the last claim lost to another process's: applied by the next
+    /// batch of claims ([`Dispatch::begin_claims`]).
+    overlap: Option<u64>,
     /// The group's rate-limit bucket (`rate_limit.rs`): under this lock, so a claim and the
     /// token it takes are one decision. A reset keeps it (the claims it admitted happened).
     pub bucket: crate::rate_limit::Bucket,
@@ -155,9 +177,35 @@ impl Dispatch {
             ghosts: BTreeSet::new(),
             ghost_keys: Default::default(),
             frontier,
+            stagger: None,
+            overlap: None,
             bucket: Default::default(),
             window: 1,
         }
+    }
+
+    /// Notes that a claim lost `lost` of its sequences to another process's claim.
+    pub fn note_overlap(&mut self, lost: u64) {
+        if lost > 0 {
+            self.overlap = Some(lost);
+        }
+    }
+
+    /// Starts a batch of claims: decides whether fresh claims start at the frontier or past a
+    /// range left to another process. Right after a lost overlap, the range is as long as
+    /// what was lost (the other process's batch, as far as this one can tell); after that,
+    /// only while the range left last time was taken (the frontier passed it) — a range left
+    /// and not taken means the other process stopped or slowed, and claims go back to the
+    /// frontier, so nothing is left unclaimed for long.
+    pub fn begin_claims(&mut self) {
+        self.skip_ahead();
+        let gap = match (self.overlap.take(), self.stagger.take()) {
+            (Some(lost), _) => lost,
+            (None, Some(st)) if self.frontier >= st.left_end => st.gap,
+            _ => return,
+        };
+        let left_end = self.frontier.saturating_add(gap);
+        self.stagger = Some(Stagger { gap, left_end, next: left_end });
     }
 
     fn index(&mut self, seq: u64, state: SlotState, priority: u8) {
@@ -474,7 +522,20 @@ impl Dispatch {
             (None, None) => None,
         };
         let ready = self.ready.range(from..).next().copied();
-        let frontier = (fresh && self.frontier <= to).then_some(self.frontier);
+        // Past the range left to another process, if there is something there (otherwise
+        // from the frontier: a short backlog is not left waiting for anyone) — and past what
+        // this process claimed there already (a second overlap before the first range was
+        // taken leaves a range ending among them).
+        if let Some(st) = self.stagger.as_mut() {
+            while self.ahead.contains(&st.next) || self.slots.contains_key(&st.next) {
+                st.next += 1;
+            }
+        }
+        let fresh_from = match self.stagger {
+            Some(st) if st.next > self.frontier && st.next <= to => st.next,
+            _ => self.frontier,
+        };
+        let frontier = (fresh && fresh_from <= to).then_some(fresh_from);
         let oldest = match (ready, frontier) {
             (Some(r), Some(f)) if f < r => Some(Pick::Fresh(f, 0)),
             (Some(r), _) => Some(Pick::Ready(r)),
@@ -502,6 +563,15 @@ impl Dispatch {
                 // A prioritised message reached by the frontier first: its index entry is
                 // passed over with it (the index is read from the frontier on).
                 let _ = p;
+            }
+            Pick::Fresh(seq, p) if self.stagger.is_some_and(|st| st.next == seq) => {
+                self.ahead.insert(seq);
+                if let Some(st) = &mut self.stagger {
+                    st.next = seq + 1;
+                }
+                if p > 0 {
+                    self.cursors.insert(p, seq + 1);
+                }
             }
             Pick::Fresh(seq, p) => {
                 self.cursors.insert(p, seq + 1);

@@ -503,6 +503,7 @@ impl WorkGroupState {
         let first = self.queue.first_seq.load(Ordering::Acquire);
         d.frontier = d.frontier.max(first);
         d.fire_due(now);
+        d.begin_claims();
         // Ordered by key, a slot whose key is unknown may have to park: nothing is claimed
         // until the claimer has read them all. Never-claimed messages are learned (with their
         // keys) before they can be claimed, and only from `ready`: no fresh claims, and no
@@ -1096,6 +1097,13 @@ impl WorkGroupState {
         self.changed.notify_waiters();
     }
 
+    /// The etcd engine: a claim lost `lost` of its sequences to another process's; the next
+    /// claims start past as many fresh ones (`Dispatch::begin_claims`).
+    #[allow(dead_code)] // the etcd engine's (what other processes wrote)
+    pub fn note_overlap(&self, lost: u64) {
+        self.dispatch().note_overlap(lost);
+    }
+
     /// The etcd engine: `seq` is finished (its record went with an offset move, or its outcome
     /// here was written).
     #[allow(dead_code)] // the etcd engine's (what other processes wrote)
@@ -1251,6 +1259,40 @@ mod tests {
         let token = t.claimed[0].token;
         g.release(4, token, true);
         assert_eq!(seqs(&g.take(now, 2, 5, LEASE, MAX, 0)), [(4, 2), (5, 1)]);
+    }
+
+    /// Two processes claiming one group (etcd): after a claim lost sequences to another's,
+    /// the next claims leave as many fresh ones to it, for as long as it takes them; a range
+    /// left and not taken is claimed here next (nothing waits on a process that stopped).
+    #[test]
+    fn after_a_lost_overlap_fresh_claims_leave_a_range_to_the_other_process_while_it_takes_it() {
+        let g = group(0);
+        let clock = Clock::tokio();
+        let now = clock.now();
+        let theirs = |seq| {
+            let lease =
+                Claim::Leased { attempt: 1, token: 7, deadline_micros: u64::MAX / 2, holder: Arc::from("b") };
+            g.learn_claim(seq, &lease, &clock);
+        };
+        // The other process's claim took 1..=3 first.
+        g.note_overlap(3);
+        assert_eq!(seqs(&g.take(now, 2, 100, LEASE, MAX, 0)), [(4, 1), (5, 1)]);
+        // It took them (its records came through the watch): the next range is left to it too.
+        for seq in 1..=3 {
+            theirs(seq);
+        }
+        assert_eq!(seqs(&g.take(now, 2, 100, LEASE, MAX, 0)), [(9, 1), (10, 1)]);
+        // It stopped: the range left (6..=8) is claimed here, then on past this process's own.
+        assert_eq!(seqs(&g.take(now, 4, 100, LEASE, MAX, 0)), [(6, 1), (7, 1), (8, 1), (11, 1)]);
+        // A range left is not waited for when nothing lies past it.
+        g.note_overlap(100);
+        assert_eq!(seqs(&g.take(now, 2, 100, LEASE, MAX, 0)), [(12, 1), (13, 1)]);
+        // Two overlaps in a row, the first range not taken yet: the second range ends among
+        // this process's own claims, which are never handed out twice.
+        g.note_overlap(3);
+        assert_eq!(seqs(&g.take(now, 2, 100, LEASE, MAX, 0)), [(17, 1), (18, 1)]);
+        g.note_overlap(4);
+        assert_eq!(seqs(&g.take(now, 2, 100, LEASE, MAX, 0)), [(19, 1), (20, 1)]);
     }
 
     #[test]
