@@ -246,7 +246,16 @@ async fn a_claim_overlapping_another_brokers_is_written_for_the_rest() {
     assert_eq!(states, want, "a's claim wrote 4 and 5 only, and nothing else was claimed");
     let second_a = next_job(&mut ja).await;
     assert_eq!(second_a.seq(), 5, "the rest of a's batch");
-    for j in [first_a, second_a, first_b] {
+    // Having lost three to b, a's next claim leaves the next three fresh ones (6–8) to b and
+    // starts past them; with nothing past 10, the same batch goes on from 6 (a short backlog
+    // is not left waiting for anyone).
+    let mut rest = Vec::new();
+    for _ in 6..=10 {
+        rest.push(next_job(&mut ja).await);
+    }
+    let order: Vec<u64> = rest.iter().map(|j| j.seq()).collect();
+    assert_eq!(order, [9, 10, 6, 7, 8], "a's claim after the overlap starts past the range left to b");
+    for j in [first_a, second_a, first_b].into_iter().chain(rest) {
         j.ack_durable().await.expect("ack");
     }
     drop((ja, jb));

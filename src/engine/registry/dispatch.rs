@@ -532,7 +532,10 @@ impl Dispatch {
             }
         }
         let fresh_from = match self.stagger {
-            Some(st) if st.next > self.frontier && st.next <= to => st.next,
+            // Not with a priority index: a plain pick past the frontier moves no priority's
+            // cursor, so the index could offer the same sequence again. (The etcd engine, the
+            // only one that staggers, refuses priorities.)
+            Some(st) if index.is_none() && st.next > self.frontier && st.next <= to => st.next,
             _ => self.frontier,
         };
         let frontier = (fresh && fresh_from <= to).then_some(fresh_from);

@@ -1293,6 +1293,8 @@ mod tests {
         assert_eq!(seqs(&g.take(now, 2, 100, LEASE, MAX, 0)), [(17, 1), (18, 1)]);
         g.note_overlap(4);
         assert_eq!(seqs(&g.take(now, 2, 100, LEASE, MAX, 0)), [(19, 1), (20, 1)]);
+        // Neither range was taken: everything left is claimed here, then on past its own.
+        assert_eq!(seqs(&g.take(now, 4, 100, LEASE, MAX, 0)), [(14, 1), (15, 1), (16, 1), (21, 1)]);
     }
 
     #[test]
