@@ -567,13 +567,11 @@ impl Dispatch {
                 // passed over with it (the index is read from the frontier on).
                 let _ = p;
             }
-            Pick::Fresh(seq, p) if self.stagger.is_some_and(|st| st.next == seq) => {
+            // A staggered pick: plain (no priority index while staggering), so no cursor moves.
+            Pick::Fresh(seq, _) if self.stagger.is_some_and(|st| st.next == seq) => {
                 self.ahead.insert(seq);
                 if let Some(st) = &mut self.stagger {
                     st.next = seq + 1;
-                }
-                if p > 0 {
-                    self.cursors.insert(p, seq + 1);
                 }
             }
             Pick::Fresh(seq, p) => {
