@@ -77,11 +77,9 @@ cargo test --features "$features" --test job_outcomes "$@" -- --skip a_trim_or_a
 cargo test --features "$features" --test admin_lifecycle "$@" -- --skip delete_and_recreate --skip delete_queue_under
 cargo test --features "$features" --test queue_retention "$@" -- --skip large_consumed_backlog
 # Keyspaces and transactions — keyspace writes, job acks and sends in one etcd transaction,
-# pool handlers' transactions included (not those that ack ordered deliveries, send with an
-# idempotency key or a delay, or hold more than one etcd transaction's 128 operations: not on
-# etcd, docs/etcd.md).
-cargo test --features "$features" --test kv_transactions "$@" -- --skip ordered_transaction --skip ordered_delivery --skip ordered_acks --skip a_transaction_acks_writes_and_sends_together \
-  --skip acks_count_toward_max_tx_ops
+# pool handlers' transactions, keyed and delayed sends and ordered acks included (not the one
+# that holds more than one etcd transaction's 128 operations: etcd cannot, docs/etcd.md).
+cargo test --features "$features" --test kv_transactions "$@" -- --skip acks_count_toward_max_tx_ops
 # Idempotency keys, delayed ones included.
 cargo test --features "$features" --test queue_dedup "$@"
 # Delayed messages and recurring schedules.

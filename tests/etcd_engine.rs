@@ -358,13 +358,8 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
     assert!(is_etcd(e.unsupported()), "more keys than the transaction that makes a call visible holds: {e}");
     let e = q.work_group("w").unwrap().ordered_by_key(true).subscribe().await.unwrap_err();
     assert!(is_etcd(e.unsupported()), "work group ordered by key: {e}");
-    // A transaction that sends with a delay: refused whole.
+    // A transaction that sends with a priority: refused whole.
     let kv = broker.kv("accounts").await.unwrap();
-    let mut tx = broker.transaction();
-    tx.put(&kv, "a", "1").unwrap();
-    tx.send(&q, Message::new("later").deliver_after(Duration::from_secs(5))).unwrap();
-    let e = tx.commit().await.unwrap_err();
-    assert!(is_etcd(e.unsupported()), "a transaction that sends a delayed message: {e}");
     let mut tx = broker.transaction();
     tx.put(&kv, "a", "1").unwrap();
     tx.send(&q, Message::new("urgent").priority(5)).unwrap();
@@ -463,13 +458,19 @@ async fn a_queue_another_broker_creates_is_registered_here_through_the_watch() {
     b.shutdown().await.unwrap();
 }
 
+/// Two brokers on `ns` whose ordered groups' leases last 30 s: a lease revoked behind one's
+/// back is not noticed by its keep-alive before the test's next commit.
+async fn two_with_long_owner_leases(cluster: &etcd::Cluster, ns: &str) -> (Broker, Broker) {
+    let opts = || EtcdOptions::new().owner_ttl(Duration::from_secs(30));
+    let a = Broker::connect_etcd(cluster.endpoints(), ns, opts()).await.unwrap();
+    let b = Broker::connect_etcd(cluster.endpoints(), ns, opts()).await.unwrap();
+    (a, b)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_whose_lease_lapsed_commits_nothing_and_its_stream_ends() {
     let cluster = etcd::Cluster::start(1).await;
-    // A long TTL: the lease's keep-alive does not notice the revocation before the commit.
-    let opts = || EtcdOptions::new().owner_ttl(Duration::from_secs(30));
-    let a = Broker::connect_etcd(cluster.endpoints(), "lapse", opts()).await.unwrap();
-    let b = Broker::connect_etcd(cluster.endpoints(), "lapse", opts()).await.unwrap();
+    let (a, b) = two_with_long_owner_leases(&cluster, "lapse").await;
     let qa = a.queue("q").await.unwrap();
     qa.send_batch(["1", "2"].map(Message::new)).await.unwrap();
     let mut sub_a = qa.group("g").unwrap().subscribe().await.unwrap();
@@ -492,6 +493,50 @@ async fn a_subscriber_whose_lease_lapsed_commits_nothing_and_its_stream_ends() {
     assert_eq!(next(&mut sub_b).await.seq(), 1, "the new owner starts where the group's committed offset is");
     let stats = b.stats().await.unwrap();
     assert_eq!(stats.groups[0].committed, 0, "the lapsed owner's ack was not written");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+/// An ordered delivery's ack in a transaction is fenced by etcd's compare on the group's owner
+/// key, not by what this process believes: after `a`'s lease was revoked behind its back and
+/// `b` took the group, `a`'s transaction (a keyspace write and the ack) applies nothing, is
+/// answered `LeaseLost`, and ends `a`'s subscription; `b` delivers the message again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ordered_ack_in_a_transaction_of_a_lapsed_owner_applies_nothing() {
+    let cluster = etcd::Cluster::start(1).await;
+    let (a, b) = two_with_long_owner_leases(&cluster, "txlapse").await;
+    let (qa, ka) = (a.queue("q").await.unwrap(), a.kv("seen").await.unwrap());
+    qa.send_batch(["1", "2"].map(Message::new)).await.unwrap();
+    let mut sub_a = qa.group("g").unwrap().subscribe().await.unwrap();
+    // While `a` owns the group: applied, and the offset committed with it.
+    let first = next(&mut sub_a).await;
+    let mut tx = a.transaction();
+    tx.put(&ka, "1", "seen").unwrap();
+    tx.ack(first);
+    tx.commit().await.unwrap();
+    assert_eq!(b.stats().await.unwrap().groups[0].committed, 1);
+    let held = next(&mut sub_a).await;
+    // `a`'s lease lapses (as for a process paused past its TTL): revoked behind its back.
+    let mut client = cluster.client().await;
+    let owner = client.get("txlapse/own/consumer:g:q", None).await.unwrap();
+    let lease = owner.kvs().first().expect("a holds the group").lease();
+    client.lease_revoke(lease).await.unwrap();
+    let mut sub_b = subscribe_when_free(&b.queue("q").await.unwrap().group("g").unwrap()).await;
+    let mut tx = a.transaction();
+    tx.put(&ka, "2", "seen").unwrap();
+    tx.ack(held);
+    let e = tx.commit().await.unwrap_err();
+    assert!(matches!(&e, Error::LeaseLost { seq: 2, .. }), "{e:?}");
+    assert_eq!(ka.get("2").await.unwrap(), None, "nothing of it applied");
+    match tokio::time::timeout(HANG_GUARD, sub_a.next()).await.expect("the stream answers") {
+        Some(Err(Error::OwnershipLost { .. })) => {}
+        other => panic!("expected OwnershipLost, got {:?}", other.map(|r| r.map(|d| d.seq()))),
+    }
+    let again = next(&mut sub_b).await;
+    assert_eq!(again.seq(), 2, "the new owner delivers it again");
+    again.ack_durable().await.unwrap();
+    assert_eq!(a.stats().await.unwrap().groups[0].committed, 2);
+    drop((sub_a, sub_b));
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
@@ -1455,18 +1500,24 @@ async fn keyspaces_are_shared_by_every_broker_and_fenced_by_etcd_revisions() {
     }
     assert!(matches!(tx.commit().await, Err(Error::Unsupported(_))));
     assert_eq!(ka.prefix("many/").count().await, 0);
-    // With a send that carries an idempotency key: refused whole (not on etcd yet).
+    // An ordered delivery's ack, a keyed send and a write: one transaction, the group's
+    // offset committed before it is answered (read by the other broker).
     let q = a.queue("q").await.unwrap();
+    q.send("m").await.unwrap();
+    let mut sub = q.group("g").unwrap().subscribe().await.unwrap();
+    let d = next(&mut sub).await;
     let mut tx = a.transaction();
-    tx.put(&ka, "with-send", "1").unwrap();
-    tx.send(&q, Message::new("m").idempotency_key("k")).unwrap();
-    let refused = tx.commit().await.unwrap_err();
-    assert!(
-        matches!(&refused, Error::Unsupported(u) if u.to_string().contains("idempotency key")),
-        "{refused}"
-    );
-    assert_eq!(ka.get("with-send").await.unwrap(), None);
-    assert_eq!(q.len(), 0);
+    tx.put(&ka, "with-ack", "1").unwrap();
+    tx.send(&q, Message::new("m2").idempotency_key("k")).unwrap();
+    tx.ack(d);
+    let done = tx.commit().await.unwrap();
+    assert_eq!(done.sent(), [rockq::Sent::Appended(2)]);
+    assert_eq!(kb.get("with-ack").await.unwrap().unwrap().revision, done.revision().unwrap());
+    let groups = b.stats().await.unwrap().groups;
+    assert_eq!(groups.iter().map(|g| (g.group.as_str(), g.committed)).collect::<Vec<_>>(), [("g", 1)]);
+    assert_eq!(next(&mut sub).await.seq(), 2);
+    drop(sub);
+    ka.delete("with-ack").await.unwrap();
 
     // Values of 900 KiB: a page of them is larger than one etcd answer (4 MiB); a scan reads
     // them in as many answers as it takes, in order.
@@ -1498,6 +1549,101 @@ async fn keyspaces_are_shared_by_every_broker_and_fenced_by_etcd_revisions() {
     let kc = c.get_kv("counters").expect("loaded at connect");
     assert_eq!((kc.len(), kc.get("hits").await.unwrap().unwrap().value.as_ref()), (3, &b"90"[..]));
     c.shutdown().await.unwrap();
+}
+
+/// Transactions from two brokers send with idempotency keys and delays: each key is recorded
+/// once across brokers (the others' sends are duplicates naming it, their keyspace writes
+/// applied all the same), a delayed send is written with the rest and fired once by whichever
+/// broker's timer gets it, and a key named by a plain submit elsewhere makes a transaction's
+/// send a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_in_two_brokers_record_each_key_once_and_their_delayed_sends_fire_once() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let brokers =
+        [connect_clock(&cluster, "txsend", &clock).await, connect_clock(&cluster, "txsend", &clock).await];
+    let mut parts = Vec::new();
+    for b in &brokers {
+        parts.push((b.clone(), b.queue("invoices").await.unwrap(), b.kv("ledger").await.unwrap()));
+    }
+    // A key a plain submit recorded before: a transaction's send with it is a duplicate.
+    let first = parts[1].1.submit(Message::new("plain").idempotency_key("order-0")).await.unwrap();
+    assert_eq!(first, rockq::Sent::Appended(1));
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(24));
+    let mut tasks = Vec::new();
+    for i in 0..24usize {
+        let (b, q, kv) = parts[i % 2].clone();
+        let start = start.clone();
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            let mut tx = b.transaction();
+            tx.put(&kv, format!("t{i:02}"), "1").unwrap();
+            tx.send(&q, Message::new(format!("inv {i}")).idempotency_key(format!("order-{}", i % 4)))
+                .unwrap();
+            let later = Message::new(format!("late {i}")).idempotency_key(format!("late-{}", i % 3));
+            tx.send(&q, later.deliver_after(Duration::from_secs(10) + Duration::from_millis(i as u64)))
+                .unwrap();
+            // No conflict can refuse it (no conditions): a racing tail or key is sent again.
+            tx.commit().await.unwrap_or_else(|e| panic!("transaction {i}: {e}")).sent().to_vec()
+        }));
+    }
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.push(tokio::time::timeout(HANG_GUARD, t).await.expect("transactions hung").unwrap());
+    }
+    // order-0 was the plain submit's; order-1..3 each appended by exactly one transaction.
+    let mut appended = std::collections::BTreeMap::new();
+    let mut scheduled = std::collections::BTreeMap::new();
+    for (i, sent) in outcomes.iter().enumerate() {
+        assert_eq!(sent.len(), 2, "{sent:?}");
+        if let rockq::Sent::Appended(s) = sent[0] {
+            assert!(appended.insert(i % 4, s).is_none(), "order-{} appended twice: {outcomes:?}", i % 4);
+        }
+        if let rockq::Sent::Scheduled(m) = sent[1] {
+            assert!(scheduled.insert(i % 3, m.id).is_none(), "late-{} scheduled twice: {outcomes:?}", i % 3);
+        }
+    }
+    assert_eq!(appended.keys().copied().collect::<Vec<_>>(), vec![1, 2, 3], "{outcomes:?}");
+    assert_eq!(
+        appended.values().copied().collect::<BTreeSet<u64>>(),
+        (2..=4).collect(),
+        "dense after the submit"
+    );
+    assert_eq!(scheduled.len(), 3, "{outcomes:?}");
+    for (i, sent) in outcomes.iter().enumerate() {
+        let original = if i % 4 == 0 { 1 } else { appended[&(i % 4)] };
+        assert_eq!(sent[0].seq(), Some(original), "transaction {i}'s send names its key's message");
+        match sent[1] {
+            rockq::Sent::Scheduled(m) => assert_eq!(m.id, scheduled[&(i % 3)]),
+            rockq::Sent::Duplicate(rockq::Original::Scheduled(id)) => assert_eq!(id, scheduled[&(i % 3)]),
+            other => panic!("transaction {i}'s delayed send: {other:?}"),
+        }
+    }
+    // Every transaction's keyspace write applied, duplicates or not.
+    let ledger = parts[0].2.prefix("t").count().await;
+    assert_eq!(ledger, 24);
+    assert_eq!(brokers[0].peek("invoices", None, 100).await.unwrap().len(), 4, "duplicates wrote nothing");
+    assert_eq!(brokers[1].delayed(Some("invoices"), 100).await.unwrap().len(), 3);
+
+    // Both timers run when the clock passes the delayed sends: each fires once.
+    let mut sub = parts[1].1.group("g").unwrap().subscribe().await.unwrap();
+    clock.advance(Duration::from_secs(30));
+    let mut late = Vec::new();
+    for seq in 1..=7 {
+        let d = next(&mut sub).await;
+        assert_eq!(d.seq(), seq);
+        if seq > 4 {
+            late.push(String::from_utf8(d.payload().to_vec()).unwrap());
+        }
+        d.ack().unwrap();
+    }
+    assert!(late.iter().all(|p| p.starts_with("late ")), "{late:?}");
+    common::assert_next_is_sentinel(&parts[1].1, &mut sub).await;
+    assert!(brokers[0].delayed(None, 10).await.unwrap().is_empty());
+    drop((sub, parts));
+    for b in brokers {
+        b.shutdown().await.unwrap();
+    }
 }
 
 /// The exactly-once pipeline across processes: worker pools in two brokers take jobs of one

@@ -1060,9 +1060,10 @@ async fn a_send_to_a_queue_deleted_elsewhere_before_the_watch_says_so_is_answere
     b.shutdown().await.expect("shutdown");
 }
 
-/// A transaction (a keyspace write under a condition, a job's ack, a send) whose answer is
-/// lost (or its request) is settled by its marker: applied once, reported applied — never a
-/// conflict with its own write, never a lost lease of its own ack, never sent twice.
+/// A transaction (a keyspace write under a condition, a job's ack, sends: plain, keyed and
+/// delayed) whose answer is lost (or its request) is settled by its marker: applied once,
+/// reported applied — never a conflict with its own write, never a lost lease of its own ack,
+/// never sent twice, never a duplicate of its own keyed send.
 async fn transaction_losing(point: &str) {
     let _one_at_a_time = SERIAL.lock().await;
     let cluster = etcd::Cluster::start(1).await;
@@ -1080,19 +1081,32 @@ async fn transaction_losing(point: &str) {
     tx.put_if(&kv, "hits", "1", rockq::Expect::Revision(r0)).expect("put_if");
     tx.put(&kv, "new", "x").expect("put");
     tx.send(&out, "result of j1").expect("send");
+    tx.send(&out, rockq::Message::new("keyed").idempotency_key("k1")).expect("send");
+    tx.send(&out, rockq::Message::new("later").deliver_after(std::time::Duration::from_secs(60)))
+        .expect("send");
     tx.ack_job(job);
     let done = tx.commit().await;
     fail::remove(point);
     let done = done.expect("applied once, its lost answer settled");
     let revision = done.revision().expect("a revision");
-    assert_eq!(done.sent(), [rockq::Sent::Appended(1)]);
+    assert!(
+        matches!(
+            done.sent(),
+            [rockq::Sent::Appended(1), rockq::Sent::Appended(2), rockq::Sent::Scheduled(_)]
+        ),
+        "{:?}",
+        done.sent()
+    );
+    assert_eq!(broker.delayed(Some("out"), 10).await.expect("delayed").len(), 1, "delayed once");
+    let again = out.submit(rockq::Message::new("keyed again").idempotency_key("k1")).await.expect("submit");
+    assert_eq!(again, rockq::Sent::Duplicate(rockq::Original::Appended(2)), "the key recorded once");
     let hits = kv.get("hits").await.expect("get").expect("there");
     assert_eq!((hits.value.as_ref(), hits.revision), (&b"1"[..], revision));
     assert_eq!(kv.get("new").await.expect("get").expect("there").revision, revision);
     // Counted once: the lost answer's count is read again from etcd.
     assert_eq!(kv.len(), 2);
     // Sent once; the job acked once: the next one is job 2, and nothing comes back.
-    assert_eq!(out.send("next").await.expect("send"), 2);
+    assert_eq!(out.send("next").await.expect("send"), 3);
     assert_eq!(next_job(&mut js).await.seq(), 2);
     let status = broker.job("jobs", "w", 1).await.expect("job");
     assert_eq!(status.state, rockq::JobState::Finished, "{status:?}");

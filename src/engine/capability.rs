@@ -52,11 +52,8 @@ pub(crate) enum Capability {
     Scheduling,
     /// Idempotency keys and the dedup window.
     IdempotencyKeys,
-    /// Keyspaces.
+    /// Keyspaces, and transactions (`Request::Tx`).
     Keyspaces,
-    /// Transactions that ack ordered deliveries, or send with idempotency keys or delays
-    /// (keyspace writes, job acks and plain sends: `Keyspaces`).
-    Transactions,
     /// Work groups ordered by key.
     OrderedByKey,
     /// Reads of the store directly: delayed-message and schedule listings, the inspector's.
@@ -99,9 +96,6 @@ impl Capability {
             Capability::Scheduling => "recurring schedules",
             Capability::IdempotencyKeys => "idempotency keys",
             Capability::Keyspaces => "keyspaces",
-            Capability::Transactions => {
-                "a transaction that acks an ordered delivery, or sends a message with an idempotency key or a delay (keyspace writes, job acks and plain sends are carried out)"
-            }
             Capability::OrderedByKey => "ordering a work group by key",
             Capability::StoreInspection => "this inspection (recurring schedules, the store directly)",
             Capability::HugeMessage => {
@@ -143,8 +137,7 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::DeleteQueue
             | Capability::Keyspaces
             | Capability::Export => true,
-            Capability::Transactions
-            | Capability::OrderedByKey
+            Capability::OrderedByKey
             | Capability::StoreInspection
             | Capability::HugeMessage
             | Capability::BufferedDurability
@@ -194,8 +187,7 @@ pub(crate) fn for_request(req: &Request) -> Option<Capability> {
         Request::Lifecycle(LifecycleRequest::DeleteQueue { .. }) => Capability::DeleteQueue,
         Request::Lifecycle(LifecycleRequest::DeleteGroup { .. }) => Capability::DeleteGroup,
         Request::Lifecycle(LifecycleRequest::PurgeQueue { .. }) => Capability::PurgeQueue,
-        Request::Kv(_) => Capability::Keyspaces,
-        Request::Tx(_) => Capability::Transactions,
+        Request::Kv(_) | Request::Tx(_) => Capability::Keyspaces,
         Request::Flow(_) => Capability::Flows,
         Request::Work(WorkRequest::SettleLetter { .. }) => Capability::DeadLetterActions,
         _ => return None,

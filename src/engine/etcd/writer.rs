@@ -711,7 +711,7 @@ impl Writer {
 
     /// Commits the ordered groups whose offsets moved (and their marks and dead letters), each
     /// as one transaction compared with its owner key.
-    async fn commit_dirty(&mut self) -> Result<(), StorageError> {
+    pub(super) async fn commit_dirty(&mut self) -> Result<(), StorageError> {
         let mut result = Ok(());
         for g in self.engine.take_dirty() {
             if result.as_ref().is_err_and(StorageError::is_transient) {

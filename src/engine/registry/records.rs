@@ -47,6 +47,23 @@ impl GroupRecords {
         let keep = self.stored.split_off(&above);
         std::mem::replace(&mut self.stored, keep)
     }
+
+    /// A transaction acked `seq` with an `Acked` mark (written by the caller): the mark is
+    /// `stored` (the offset commit that passes it deletes it), the message done for the group
+    /// (`dead`: passed over by its next subscription), and any comeback of it forgotten — a
+    /// "came back" mark still queued would be written after the `Acked` one and overwrite it,
+    /// and the message would be delivered again after a restart. Returns the queued
+    /// comebacks dropped, for the caller to drop outside the group's lock.
+    pub fn acked_by_transaction(&mut self, seq: u64) -> Vec<PendingRecord> {
+        self.stored.insert(seq);
+        self.dead.insert(seq);
+        self.failed.remove(&seq);
+        let (stale, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|p| matches!(p, PendingRecord::Failed { seq: s, .. } if *s == seq));
+        self.pending = keep;
+        stale
+    }
 }
 
 /// A record the writer writes in its next round.

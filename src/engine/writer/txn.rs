@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use super::round::Round;
 use super::{schedule, work};
-use crate::engine::registry::{KeyspaceState, PendingRecord};
+use crate::engine::registry::KeyspaceState;
 use crate::engine::request::{KvRequest, KvWrite, Reply, TxApplied, TxDelivery, TxRequest, give_back};
 use crate::error::Error;
 use crate::events::Event;
@@ -233,22 +233,10 @@ fn write_key(r: &mut Round<'_>, w: KvWrite, before: Option<u64>, revision: u64) 
 fn ack_delivery(r: &mut Round<'_>, d: &TxDelivery) {
     let (g, seq) = (&d.group, d.msg.seq);
     r.batch.put_mark(&g.keys, seq, &OrderedMark::Acked);
-    let dropped = {
-        let mut rec = g.records();
-        // `stored`: the round's offset commit deletes the mark if it passes it (in this same
-        // batch); `dead`: done for the group, passed over by its next subscription.
-        rec.stored.insert(seq);
-        rec.dead.insert(seq);
-        // An earlier comeback of this delivery whose "came back" mark is still queued would be
-        // written after this one in the batch (the commit loop runs after the requests) and
-        // overwrite it: the message would be delivered again after a restart (review finding).
-        rec.failed.remove(&seq);
-        let (stale, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut rec.pending)
-            .into_iter()
-            .partition(|p| matches!(p, PendingRecord::Failed { seq: s, .. } if *s == seq));
-        rec.pending = keep;
-        stale
-    };
+    // The round's offset commit deletes the mark if it passes it (in this same batch); the
+    // commit loop runs after the requests, so a queued comeback would overwrite the mark
+    // (review finding): dropped.
+    let dropped = g.records().acked_by_transaction(seq);
     drop(dropped);
     // Counted acknowledged now: the group is dirty, and the commit loop after the requests
     // writes its offset in this batch.

@@ -2,7 +2,12 @@
 //! (`kv.rs`), work-group acks (claim records compared with the revisions their holders
 //! claimed them at, as `work.rs` writes them) and appends (compared with each queue's tail),
 //! all applied or none — the exactly-once pipeline across processes: a job's ack, the state
-//! it changed and the messages it sent land together or not at all.
+//! it changed and the messages it sent land together or not at all. A send's idempotency key
+//! is recorded in the same transaction (compared with the record's revision as read, as an
+//! append records it: `dedup.rs`), and a delayed send's records are written in it
+//! (`delayed.rs`). An ordered delivery's ack is an `Acked` mark, put while the group's owner
+//! key still names this process (as its offset commits are compared: `commit_ordered`); the
+//! owner's next offset commit passes it and deletes the mark.
 //!
 //! In doubt (no answer), the caller sends the same transaction again with the same `nonce`:
 //! it also puts the marker `y/<nonce>` (under an expiring lease) and requires it absent, so a
@@ -13,8 +18,12 @@ use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn
 
 use super::kv::{KvOp, encode_entry};
 use super::work::{ClaimsTxn, FoundClaims};
-use super::{DeadLetterAppend, EtcdStore, MAX_TXN_BYTES, MAX_TXN_OPS, decode_tail};
+use super::{
+    Along, DeadLetterAppend, DedupWrite, DelayedPut, EtcdStore, MAX_TXN_BYTES, MAX_TXN_OPS, decode_tail,
+    records,
+};
 use crate::error::StorageError;
+use crate::model::OrderedMark;
 
 /// What one transaction holds.
 #[derive(Clone, Copy)]
@@ -24,6 +33,32 @@ pub(crate) struct TxnParts<'a> {
     pub claims: &'a [ClaimsTxn<'a>],
     /// Per queue: the messages it appends.
     pub appends: &'a [DeadLetterAppend],
+    /// Per queue: what it writes besides appended messages (keys' records, delayed messages).
+    pub extras: &'a [QueueExtras<'a>],
+    /// Per ordered group: the deliveries it acks.
+    pub ordered: &'a [OrderedAcksTxn<'a>],
+}
+
+/// An ordered group's deliveries a transaction acks, as the group's owner `owner`.
+#[derive(Clone, Copy)]
+pub(crate) struct OrderedAcksTxn<'a> {
+    pub group: &'a str,
+    pub queue: &'a str,
+    pub owner: &'a [u8],
+    pub seqs: &'a [u64],
+}
+
+/// What a transaction writes to one queue besides the messages it appends now.
+#[derive(Clone, Copy)]
+pub(crate) struct QueueExtras<'a> {
+    pub qid: u32,
+    /// The sequence the queue's messages appended by this transaction start at (the records
+    /// of their keys name it; unused when none is appended).
+    pub first: u64,
+    /// The idempotency keys' records and the lease they go under.
+    pub dedup: Option<(&'a [DedupWrite], i64)>,
+    /// Delayed messages' records.
+    pub delayed: &'a [DelayedPut<'a>],
 }
 
 /// How a transaction ended.
@@ -50,6 +85,9 @@ pub(crate) struct Refusal {
     pub claims: Vec<Option<FoundClaims>>,
     /// Per [`TxnParts::appends`]: the queue's tail now (`None`: no tail record).
     pub tails: Vec<Option<(u64, u64)>>,
+    /// Per [`TxnParts::ordered`]: whether its owner key still names the owner (`false`: another
+    /// process's, or none: the lease lapsed).
+    pub owners: Vec<bool>,
 }
 
 impl KvOp {
@@ -157,6 +195,41 @@ impl EtcdStore {
             bytes += a.envelopes.iter().map(|e| e.len() + tail.len() + 8 + FRAMING).sum::<usize>();
             gets.push(TxnOp::get(tail, None));
         }
+        // A key's record that changed since it was read fails its compare: nothing of the
+        // refusal names it (tails, claims and conditions are as expected), and the caller
+        // reads the records again.
+        for e in parts.extras {
+            if let Some((records, lease)) = e.dedup {
+                self.push_dedup(e.qid, e.first, records, lease, &mut cmps, &mut ops);
+                // Each record compared and put (its value: a sequence and an expiry).
+                bytes += records
+                    .iter()
+                    .map(|r| 2 * (self.dedup_key(e.qid, &r.key).len() + FRAMING) + 32)
+                    .sum::<usize>();
+            }
+            self.push_along(e.qid, Along::Delayed(e.delayed), 0, &mut cmps, &mut ops);
+            // Each: its record (the envelope and due time) and its due entry.
+            bytes += e
+                .delayed
+                .iter()
+                .map(|d| {
+                    let keys = self.delayed_key(e.qid, d.id).len() + self.due_key(d.due, e.qid, d.id).len();
+                    keys + 2 * FRAMING + d.env.len() + 8
+                })
+                .sum::<usize>();
+        }
+        for o in parts.ordered {
+            let owner = self.owner_key(o.group, o.queue);
+            // The owner key compared and read; each mark put.
+            bytes += 2 * (owner.len() + FRAMING) + o.owner.len();
+            cmps.push(Compare::value(owner.clone(), CompareOp::Equal, o.owner.to_vec()));
+            for &seq in o.seqs {
+                let key = self.mark_key(o.group, o.queue, seq);
+                bytes += key.len() + FRAMING + 16;
+                ops.push(TxnOp::put(key, records::encode_mark(&OrderedMark::Acked).to_vec(), None));
+            }
+            gets.push(TxnOp::get(owner, None));
+        }
         ops.push(TxnOp::put(marker, Vec::new(), Some(PutOptions::new().with_lease(marker_lease))));
         if cmps.len() > MAX_TXN_OPS
             || ops.len() > MAX_TXN_OPS
@@ -205,6 +278,11 @@ impl EtcdStore {
         for _ in parts.appends {
             tails.push(answers.next().flatten().map(|t| decode_tail(t.key(), t.value())).transpose()?);
         }
-        Ok(TxnOutcome::Refused(Refusal { conflict, claims, tails }))
+        let owners = parts
+            .ordered
+            .iter()
+            .map(|o| answers.next().flatten().is_some_and(|k| k.value() == o.owner))
+            .collect();
+        Ok(TxnOutcome::Refused(Refusal { conflict, claims, tails, owners }))
     }
 }
