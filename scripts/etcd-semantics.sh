@@ -69,6 +69,10 @@ cargo test --features "$features" --test dead_letter_actions "$@" -- --skip acro
 cargo test --features "$features" --test job_actions "$@"
 # Where one job stands (Broker::job).
 cargo test --features "$features" --test job_status "$@"
+# Work groups ordered by key (50 keys × 20 messages there), through a crash half-way, and
+# per-key limits (not rate and concurrency limits: not on etcd).
+cargo test --features "$features" --test work_per_key "$@"
+cargo test --features "$features" --test limits "$@" -- per_key a_pool_runs_at_most_n_jobs_of_a_key
 # Kept job outcomes, results and progress reports (not the reset-while-leased test, nor the
 # export into a database directory).
 cargo test --features "$features" --test job_outcomes "$@" -- --skip a_trim_or_a_reset \

@@ -246,6 +246,19 @@ pub(crate) struct WorkSettings {
 }
 
 impl WorkSettings {
+    /// Resolved settings both engines refuse before storing them: a per-key limit on a group
+    /// stored as ordered by key (or the other way round) — the two are one setting, and one
+    /// handle may set one on a group another stored with the other.
+    pub fn check_key_setting(&self, group: &str, queue: &str) -> Result<(), crate::error::Error> {
+        if self.ordered_by_key && self.per_key_limit.is_some() {
+            return Err(crate::error::Error::InvalidOption(format!(
+                "work group {group} on queue {queue}: ordered_by_key is a per-key limit of 1; set one or \
+                 the other (update one to `false`/`None` first)"
+            )));
+        }
+        Ok(())
+    }
+
     /// The settings stored in `record` for a group of `queue`; `None` if its work terms are not
     /// stored (an ordered group, or a record from an older build).
     pub fn stored(record: &GroupSettings, queue: &str) -> Option<Self> {

@@ -356,8 +356,6 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
         .await
         .unwrap_err();
     assert!(is_etcd(e.unsupported()), "more keys than the transaction that makes a call visible holds: {e}");
-    let e = q.work_group("w").unwrap().ordered_by_key(true).subscribe().await.unwrap_err();
-    assert!(is_etcd(e.unsupported()), "work group ordered by key: {e}");
     // A transaction that sends with a priority: refused whole.
     let kv = broker.kv("accounts").await.unwrap();
     let mut tx = broker.transaction();

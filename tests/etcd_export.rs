@@ -301,7 +301,8 @@ async fn a_database_moves_embedded_to_etcd_and_back_with_its_state() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_import_into_etcd_refuses_what_etcd_cannot_hold_and_leaves_the_namespace_empty() {
+async fn an_import_into_etcd_refuses_what_etcd_cannot_hold_and_leaves_the_namespace_empty_and_keeps_a_per_key_limit()
+ {
     let cluster = etcd::Cluster::start(1).await;
     let dir = tempdir();
     // A prioritised message to refuse.
@@ -312,6 +313,19 @@ async fn an_import_into_etcd_refuses_what_etcd_cannot_hold_and_leaves_the_namesp
     let with_priority = dir.path().join("with-priority.jsonl");
     other.export(std::fs::File::create(&with_priority).unwrap()).await.unwrap();
     other.shutdown().await.unwrap();
+    // A group with a concurrency limit to refuse; one with a per-key limit is carried over.
+    let limited = common::open(&dir.path().join("limited")).await;
+    let lq = limited.queue("q").await.unwrap();
+    drop(lq.work_group("capped").unwrap().concurrency_limit(2).subscribe().await.unwrap());
+    let with_limit = dir.path().join("with-limit.jsonl");
+    limited.export(std::fs::File::create(&with_limit).unwrap()).await.unwrap();
+    limited.shutdown().await.unwrap();
+    let keyed = common::open(&dir.path().join("keyed")).await;
+    let kq = keyed.queue("q").await.unwrap();
+    drop(kq.work_group("tenants").unwrap().per_key_limit(2).subscribe().await.unwrap());
+    let with_per_key = dir.path().join("with-per-key.jsonl");
+    keyed.export(std::fs::File::create(&with_per_key).unwrap()).await.unwrap();
+    keyed.shutdown().await.unwrap();
 
     let mut client = cluster.client().await;
     let count = |c: &mut etcd_client::Client| {
@@ -323,7 +337,7 @@ async fn an_import_into_etcd_refuses_what_etcd_cannot_hold_and_leaves_the_namesp
                 .count()
         }
     };
-    for f in [&with_priority] {
+    for f in [&with_priority, &with_limit] {
         let e = Broker::import_etcd(
             std::fs::File::open(f).unwrap(),
             cluster.endpoints(),
@@ -335,6 +349,22 @@ async fn an_import_into_etcd_refuses_what_etcd_cannot_hold_and_leaves_the_namesp
         assert!(e.unsupported().is_some_and(|u| u.engine() == "etcd"), "{e}");
         assert_eq!(count(&mut client).await, 0, "a refused import leaves nothing in the namespace");
     }
+
+    Broker::import_etcd(
+        std::fs::File::open(&with_per_key).unwrap(),
+        cluster.endpoints(),
+        "per-key",
+        EtcdOptions::new(),
+    )
+    .await
+    .unwrap();
+    let b = Broker::connect_etcd(cluster.endpoints(), "per-key", EtcdOptions::new()).await.unwrap();
+    let groups = b.stats().await.unwrap().groups;
+    assert_eq!(
+        groups.iter().map(|g| (g.group.as_str(), g.per_key_limit)).collect::<Vec<_>>(),
+        [("tenants", Some(2))]
+    );
+    b.shutdown().await.unwrap();
 
     // A namespace in use is not an import's target.
     let used = Broker::connect_etcd(cluster.endpoints(), "used", EtcdOptions::new()).await.unwrap();

@@ -144,6 +144,134 @@ async fn two_brokers_share_a_work_group_and_each_message_is_processed_once() {
     b.shutdown().await.unwrap();
 }
 
+/// Per-key order across processes: pools in two brokers take jobs of one group ordered by key
+/// (20 keys × 40 messages, interleaved; one attempt in four fails and is retried at once; the
+/// second broker joins once the first is under way). For every key, handlers run one at a time
+/// and each starts only once every earlier message of its key finished — whichever broker ran
+/// those — and every message finishes. Each broker learns the other's claims and outcomes
+/// from etcd and reads the keys of what it may claim, the claims it learns included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_brokers_keep_each_keys_order_in_a_group_ordered_by_key() {
+    keyed_across_two_brokers("keyed", None).await;
+}
+
+/// A per-key limit across processes, as [`two_brokers_keep_each_keys_order_in_a_group_ordered_by_key`]
+/// with `per_key_limit(3)`: at most three of a key run at once over both brokers, and each
+/// starts only while fewer than three earlier ones of its key are unfinished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_brokers_hold_each_key_to_its_per_key_limit() {
+    keyed_across_two_brokers("per-key", Some(3)).await;
+}
+
+/// The workload of the two tests above: `limit` `None` is `ordered_by_key` (a window of one).
+async fn keyed_across_two_brokers(ns: &str, limit: Option<u32>) {
+    const KEYS: usize = 20;
+    const PER_KEY: usize = 40;
+    struct Key {
+        running: usize,
+        done: Vec<bool>,
+    }
+    struct Tracker {
+        keys: Vec<Mutex<Key>>,
+        violations: Mutex<Vec<String>>,
+        by: Mutex<BTreeMap<&'static str, usize>>,
+        finished: std::sync::atomic::AtomicUsize,
+        most: std::sync::atomic::AtomicUsize,
+    }
+    let window = limit.map_or(1, |n| n as usize);
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let (a, b) = (connect(&cluster, ns, &clock).await, connect(&cluster, ns, &clock).await);
+    let qa = a.queue("ledger").await.unwrap();
+    // Interleaved: message n of every key, then n + 1.
+    let msgs: Vec<rockq::Message> = (0..PER_KEY)
+        .flat_map(|n| (0..KEYS).map(move |k| rockq::Message::new(format!("{k}:{n}")).key(format!("key-{k}"))))
+        .collect();
+    qa.send_batch(msgs).await.unwrap();
+    let t = Arc::new(Tracker {
+        keys: (0..KEYS).map(|_| Mutex::new(Key { running: 0, done: vec![false; PER_KEY] })).collect(),
+        violations: Mutex::default(),
+        by: Mutex::default(),
+        finished: Default::default(),
+        most: Default::default(),
+    });
+    let mut pools = Vec::new();
+    for (broker, name) in [(&a, "a"), (&b, "b")] {
+        // `b` joins once `a` is under way: its group loads `a`'s claims from etcd, and it
+        // reads their keys before it claims anything.
+        if name == "b" {
+            let deadline = tokio::time::Instant::now() + HANG_GUARD;
+            while t.finished.load(std::sync::atomic::Ordering::SeqCst) < 100 {
+                assert!(tokio::time::Instant::now() < deadline, "a's pool hung");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        let group = broker.queue("ledger").await.unwrap().work_group("w").unwrap();
+        let group = match limit {
+            None => group.ordered_by_key(true),
+            Some(n) => group.per_key_limit(n),
+        };
+        let group = group
+            .lease(Duration::from_secs(600))
+            .retry_policy(RetryPolicy::default().max_attempts(100).backoff(Duration::ZERO, Duration::ZERO));
+        let t = t.clone();
+        pools.push(group.workers(8).spawn(move |task: rockq::Task| {
+            let t = t.clone();
+            async move {
+                let text = String::from_utf8(task.payload().to_vec()).unwrap();
+                let (k, n) = text.split_once(':').unwrap();
+                let (k, n): (usize, usize) = (k.parse().unwrap(), n.parse().unwrap());
+                {
+                    let mut key = t.keys[k].lock().unwrap();
+                    if key.running >= window {
+                        t.violations
+                            .lock()
+                            .unwrap()
+                            .push(format!("{name}: key {k} message {n} started beside {}", key.running));
+                    }
+                    let unfinished = key.done[..n].iter().filter(|d| !**d).count();
+                    if unfinished >= window {
+                        t.violations.lock().unwrap().push(format!(
+                            "{name}: key {k} message {n} started before {unfinished} earlier ones finished"
+                        ));
+                    }
+                    key.running += 1;
+                    t.most.fetch_max(key.running, std::sync::atomic::Ordering::SeqCst);
+                }
+                // Long enough for the other broker's claims to land meanwhile.
+                for _ in 0..3 {
+                    tokio::task::yield_now().await;
+                }
+                let fail = (task.seq() * 7 + u64::from(task.attempt())).is_multiple_of(4);
+                let mut key = t.keys[k].lock().unwrap();
+                key.running -= 1;
+                if fail {
+                    return Err(rockq::HandlerError::retry("one attempt in four fails"));
+                }
+                key.done[n] = true;
+                *t.by.lock().unwrap().entry(name).or_default() += 1;
+                t.finished.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(())
+            }
+        }));
+    }
+    let total = KEYS * PER_KEY;
+    let s = wait_stats(&a, |s| committed(s, "w") == total as u64).await;
+    assert_eq!(committed(&s, "w"), total as u64);
+    for p in pools {
+        p.shutdown().await.unwrap();
+    }
+    let v = t.violations.lock().unwrap().clone();
+    assert!(v.is_empty(), "{} violations, first: {:?}", v.len(), &v[..v.len().min(5)]);
+    assert_eq!(t.finished.load(std::sync::atomic::Ordering::SeqCst), total, "each finished once");
+    let by = t.by.lock().unwrap().clone();
+    let most = t.most.load(std::sync::atomic::Ordering::SeqCst);
+    eprintln!("finished by broker: {by:?}; most of one key at once: {most}");
+    assert!(by.len() == 2, "both brokers took part: {by:?}");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_held_by_one_broker_goes_to_the_other_only_when_it_runs_out_and_fences_the_old_holder() {
     let cluster = etcd::Cluster::start(1).await;
@@ -385,7 +513,7 @@ async fn a_new_broker_resumes_the_group_with_the_leases_and_attempts_others_left
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn settings_are_shared_through_etcd_and_ordering_by_key_is_refused() {
+async fn settings_are_shared_through_etcd_and_a_limit_is_refused() {
     let cluster = etcd::Cluster::start(1).await;
     let clock = ManualClock::new();
     let (a, b) = (connect(&cluster, "settings", &clock).await, connect(&cluster, "settings", &clock).await);
@@ -404,8 +532,8 @@ async fn settings_are_shared_through_etcd_and_ordering_by_key_is_refused() {
     assert!(left > Duration::from_secs(40) && left <= Duration::from_secs(45), "adopted lease: {left:?}");
 
     let is_etcd = |u: Option<&rockq::UnsupportedError>| u.is_some_and(|u| u.engine() == "etcd");
-    let e = qb.work_group("k").unwrap().ordered_by_key(true).subscribe().await.unwrap_err();
-    assert!(is_etcd(e.unsupported()), "ordered by key: {e}");
+    let e = qb.work_group("k").unwrap().concurrency_limit(2).subscribe().await.unwrap_err();
+    assert!(is_etcd(e.unsupported()), "a concurrency limit: {e}");
     // Refusals changed nothing: no group "k", and the job is still held and acks.
     let s = b.stats().await.unwrap();
     assert!(!s.groups.iter().any(|g| g.group == "k"), "{:?}", s.groups);

@@ -148,9 +148,6 @@ async fn what_an_action_does_not_apply_to_is_refused_with_a_typed_error_and_chan
 
 #[tokio::test]
 async fn in_a_group_ordered_by_key_a_parked_job_can_be_deleted_and_its_key_goes_on_in_order() {
-    if common::against_etcd() {
-        return; // work groups ordered by key are not on etcd yet (refused, tests/etcd_engine.rs)
-    }
     let dir = tempdir();
     let clock = ManualClock::new();
     let broker = open_clock(dir.path(), &clock).await;

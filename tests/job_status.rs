@@ -158,9 +158,6 @@ async fn dead_lettered_and_deleted_jobs_are_finished_and_retention_deletions_are
 
 #[tokio::test]
 async fn in_a_group_ordered_by_key_a_job_behind_its_key_is_parked() {
-    if common::against_etcd() {
-        return; // work groups ordered by key are not on etcd yet (refused, tests/etcd_engine.rs)
-    }
     let dir = tempdir();
     let clock = ManualClock::new();
     let broker = open_clock(dir.path(), &clock).await;

@@ -54,8 +54,6 @@ pub(crate) enum Capability {
     IdempotencyKeys,
     /// Keyspaces, and transactions (`Request::Tx`).
     Keyspaces,
-    /// Work groups ordered by key.
-    OrderedByKey,
     /// Reads of the store directly: delayed-message and schedule listings, the inspector's.
     StoreInspection,
     /// A message larger than one etcd transaction (1 MiB), or a call recording more idempotency
@@ -77,7 +75,8 @@ pub(crate) enum Capability {
     JobProgress,
     /// `Message::priority` above 0: claims by priority.
     Priority,
-    /// `WorkGroup::rate_limit` and `WorkGroup::concurrency_limit`: durable limits on claims.
+    /// `WorkGroup::rate_limit` and `WorkGroup::concurrency_limit`: durable limits on claims
+    /// shared by every consumer of the group (a per-key limit is not one: every engine).
     Limits,
     /// Flows of dependent jobs (`Broker::flow`).
     Flows,
@@ -96,7 +95,6 @@ impl Capability {
             Capability::Scheduling => "recurring schedules",
             Capability::IdempotencyKeys => "idempotency keys",
             Capability::Keyspaces => "keyspaces",
-            Capability::OrderedByKey => "ordering a work group by key",
             Capability::StoreInspection => "this inspection (recurring schedules, the store directly)",
             Capability::HugeMessage => {
                 "a message over 1 MiB, over 125 idempotency keys in one call, a submit call with delayed messages larger than one transaction, a recurring schedule's message over 256 KiB, or a keyspace transaction of over 127 keys, 127 conditions or 1 MiB (the limits of one etcd transaction)"
@@ -110,7 +108,7 @@ impl Capability {
             Capability::JobProgress => "progress reports of running jobs (Task::progress)",
             Capability::Priority => "a message priority (Message::priority)",
             Capability::Limits => {
-                "a work group's rate, concurrency or per-key limit (WorkGroup::rate_limit, concurrency_limit, per_key_limit)"
+                "a work group's rate or concurrency limit (WorkGroup::rate_limit, concurrency_limit)"
             }
             Capability::Flows => "flows of dependent jobs (Broker::flow)",
         }
@@ -137,8 +135,7 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::DeleteQueue
             | Capability::Keyspaces
             | Capability::Export => true,
-            Capability::OrderedByKey
-            | Capability::StoreInspection
+            Capability::StoreInspection
             | Capability::HugeMessage
             | Capability::BufferedDurability
             | Capability::Backup

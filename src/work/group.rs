@@ -327,6 +327,11 @@ impl WorkGroup {
     /// behind it in the queue). A retention trim (`MaxLen`, `MaxAge`) that deletes a message
     /// while it is leased keeps its key's place until that lease runs out.
     ///
+    /// On the etcd engine the order holds across every process of the group: each reads the
+    /// keys of what it may claim and learns the others' claims and outcomes from etcd, and a
+    /// message is claimable only once every earlier one of its key is finished there (a
+    /// finished job is final, so a process that learns late only waits longer).
+    ///
     /// # Examples
     ///
     /// ```no_run
@@ -463,8 +468,8 @@ impl WorkGroup {
     /// [`ordered_by_key`](WorkGroup::ordered_by_key) is the case `n = 1`; a group has one or
     /// the other ([`Error::InvalidOption`] for both). `n` is 1 to 1,024; `None` removes a
     /// stored limit (with [`update`](WorkGroup::update)). Keys are read from the messages as
-    /// the group reaches them, as for `ordered_by_key` (its costs apply). Not on the etcd
-    /// engine ([`Error::Unsupported`] when stored).
+    /// the group reaches them, as for `ordered_by_key` (its costs apply). On the etcd engine
+    /// the limit holds across every process of the group, as `ordered_by_key` does.
     ///
     /// # Examples
     ///
@@ -767,15 +772,10 @@ impl WorkGroup {
 
     /// The stored settings this handle sets, checked.
     fn requested(&self) -> Result<RequestedWork, Error> {
-        if self.ordered_by_key == Some(true) {
-            self.shared.check(Capability::OrderedByKey)?;
-        }
         if self.keep_outcomes.is_some_and(|k| !k.is_zero()) {
             self.shared.check(Capability::KeepOutcomes)?;
         }
-        if self.rate_limit.is_some_and(|r| r.is_some())
-            || self.concurrency_limit.is_some_and(|c| c.is_some())
-            || self.per_key_limit.is_some_and(|c| c.is_some())
+        if self.rate_limit.is_some_and(|r| r.is_some()) || self.concurrency_limit.is_some_and(|c| c.is_some())
         {
             self.shared.check(Capability::Limits)?;
         }

@@ -12,9 +12,10 @@
 //! it, compared with the revision it was read at (`dedup.rs`): a key another process recorded
 //! meanwhile refuses the transaction, and the next plan reports that send a duplicate. A
 //! delayed send gets its schedule id before the first try and its records in the
-//! transaction (`delayed.rs`). The plan changes only after a refusal, and a refusal while a
-//! try is in doubt settles that try first (its marker closed): so a try found applied by its
-//! marker wrote what the current plan says.
+//! transaction (`delayed.rs`). The plan changes only after a refusal (or a dedup lease etcd
+//! lost), and a new plan after a try in doubt settles that try first (its marker closed): so a
+//! try found applied by its marker wrote what the last plan says. (A refusal that only moved
+//! tails keeps the plan: a try on the old tails can never land.)
 //!
 //! An ordered delivery's ack is an `Acked` mark in the transaction, compared with the group's
 //! owner key (this process's subscription owns the group); once applied, the delivery counts
@@ -389,9 +390,13 @@ impl Writer {
                     }
                     replan = queues.iter().any(|q| !q.keys.is_empty());
                     if Instant::now() >= deadline {
-                        break Err(Ok(StorageError::new(
-                            "etcd: a queue the transaction sends to kept moving",
-                        )));
+                        let moving = "etcd: a queue the transaction sends to kept moving";
+                        break match in_doubt {
+                            true => Err(Ok(StorageError::new(moving))),
+                            false => Err(Err(Error::Storage(StorageError::new(format!(
+                                "{moving} (nothing of the transaction was applied)"
+                            ))))),
+                        };
                     }
                 }
                 // etcd's own limit on a request's bytes (what `TooLarge` counts is an estimate).
@@ -408,7 +413,10 @@ impl Writer {
                 Err(e) if self.forget_dedup_lease(&e) => {
                     replan = true;
                     if Instant::now() >= deadline {
-                        break Err(Err(Error::Storage(e)));
+                        break match in_doubt {
+                            true => Err(Ok(e)),
+                            false => Err(Err(Error::Storage(e))),
+                        };
                     }
                 }
                 Err(e) if Instant::now() + backoff < deadline => {
@@ -564,9 +572,12 @@ impl Writer {
     /// An ordered group another process owns now (or nobody: this one's lease lapsed): this
     /// process's hold of it ends, as when an offset commit finds it so.
     fn ordered_refused(&self, r: &Refusal, ordered: &[OrderedAcks]) -> Option<Error> {
-        let o = ordered.iter().zip(&r.owners).find_map(|(o, &held)| (!held).then_some(o))?;
-        self.side.owners.lost(&o.group);
-        Some(ordered_lost(&o.group, o.seqs[0]))
+        let mut lost = None;
+        for (o, _) in ordered.iter().zip(&r.owners).filter(|(_, held)| !**held) {
+            self.side.owners.lost(&o.group);
+            lost.get_or_insert_with(|| ordered_lost(&o.group, o.seqs[0]));
+        }
+        lost
     }
 }
 

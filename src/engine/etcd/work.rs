@@ -101,13 +101,11 @@ impl Writer {
     /// does (`writer/settings.rs`), and stored with a compare on the record's revision.
     pub(super) async fn work_settings(&mut self, req: WorkSettingsRequest) {
         let WorkSettingsRequest { group, requested, mode, reply } = req;
-        if requested.ordered_by_key == Some(true) {
-            let _ = reply.send(Err(capability::refusal(Flavour::Etcd, Capability::OrderedByKey)));
-            return;
-        }
+        // A per-key limit is the ordered-by-key window `n` (every process's claim index keeps
+        // a key's first `n` unfinished messages claimable); rate and concurrency limits need
+        // a bucket shared by every process.
         if requested.rate_limit.is_some_and(|r| r.is_some())
             || requested.concurrency_limit.is_some_and(|c| c.is_some())
-            || requested.per_key_limit.is_some_and(|c| c.is_some())
         {
             let _ = reply.send(Err(capability::refusal(Flavour::Etcd, Capability::Limits)));
             return;
@@ -135,6 +133,7 @@ impl Writer {
                 (Some(stored), SettingsMode::Update) => requested.applied_to(&stored),
                 (None, _) => requested.initial(&current, qname),
             };
+            next.check_key_setting(gname, qname)?;
             if next.dead_letter_queue.len() > crate::name::MAX_NAME_LEN {
                 return Err(Error::DeadLetterName { queue: qname.to_string() });
             }

@@ -629,8 +629,10 @@ impl Dispatch {
         self.ready.len() as u64 + never
     }
 
-    /// Forgets every slot at or below `to`, and never claims it.
-    pub fn drop_through(&mut self, to: u64) {
+    /// Forgets every slot at or below `to`, and never claims it. `foreign_done`: a lease
+    /// another process holds (`FOREIGN_TOKEN`) ended with it — the etcd engine learning that
+    /// the stored offset passed it, which is how an ack there reads in other processes' watches.
+    pub fn drop_through(&mut self, to: u64, foreign_done: bool) {
         let keep = self.slots.split_off(&to.saturating_add(1));
         let gone = std::mem::replace(&mut self.slots, keep);
         for (seq, slot) in gone {
@@ -640,7 +642,9 @@ impl Dispatch {
                 // Deleted under a live lease: its handler may still be running, and the next
                 // message of its key must not start beside it. It keeps the key's place until
                 // the lease runs out (its holder can no longer settle or extend it).
-                (Some(k), SlotState::Leased { deadline, .. }) => {
+                (Some(k), SlotState::Leased { deadline, token })
+                    if !(foreign_done && token == FOREIGN_TOKEN) =>
+                {
                     self.ghosts.insert((deadline, seq));
                     self.ghost_keys.insert(seq, k);
                 }

@@ -1002,7 +1002,7 @@ impl WorkGroupState {
 
     /// Retention deleted everything up to `to`: forget it and never claim it.
     pub fn skip_to(&self, to: u64) {
-        self.dispatch().drop_through(to);
+        self.dispatch().drop_through(to, false);
         self.changed.notify_waiters();
         self.settled.notify_waiters();
     }
@@ -1136,7 +1136,10 @@ impl WorkGroupState {
     }
 
     /// The etcd engine: the stored offset is at least `offset` (another process moved it):
-    /// everything up to it is finished.
+    /// everything up to it is finished — another process's lease too: its holder's ack moved
+    /// the offset in the transaction that finished the job (`store/etcd/work.rs`), so a group
+    /// ordered by key starts the key's next message. (A trim or purge that passes a message
+    /// another process is running reads the same: that handler may still be running then.)
     #[allow(dead_code)] // the etcd engine's (what other processes wrote)
     pub fn learn_offset(&self, offset: u64) {
         {
@@ -1145,7 +1148,7 @@ impl WorkGroupState {
             if offset > p.offset {
                 p.trim_to(offset);
             }
-            d.drop_through(offset);
+            d.drop_through(offset, true);
         }
         self.changed.notify_waiters();
     }

@@ -106,14 +106,8 @@ pub(super) fn apply_work(r: &mut Round<'_>, req: WorkSettingsRequest) {
         (Some(stored), SettingsMode::Update) => requested.applied_to(&stored),
         (None, _) => requested.initial(&current, &queue.name),
     };
-    // One handle may set a per-key limit on a group another stored as ordered by key (or the
-    // other way round): the two are one setting.
-    if next.ordered_by_key && next.per_key_limit.is_some() {
-        let _ = reply.send(Err(Error::InvalidOption(format!(
-            "work group {} on queue {}: ordered_by_key is a per-key limit of 1; set one or the other \
-             (update one to `false`/`None` first)",
-            group.name, queue.name
-        ))));
+    if let Err(e) = next.check_key_setting(&group.name, &queue.name) {
+        let _ = reply.send(Err(e));
         return;
     }
     // Only a default name can be too long: an explicit one was validated by the handle.

@@ -127,8 +127,10 @@ impl EtcdStore {
     }
 
     /// Applies `parts` as one etcd transaction (see the module's docs): every keyspace
-    /// condition, claim revision, group offset and tail compared, then every write (the last
-    /// write of a key wins, as when the embedded writer applies them in order).
+    /// condition, claim revision, group offset, tail, idempotency key's record and ordered
+    /// group's owner key compared, then every write (the last write of a key wins, as when the
+    /// embedded writer applies them in order). A refusal reads back all of them but the keys'
+    /// records: a refusal nothing read explains is a record that changed.
     pub async fn transaction(
         &self,
         parts: TxnParts<'_>,
@@ -138,7 +140,8 @@ impl EtcdStore {
         let marker = self.marker_key(nonce);
         let keys_only = || Some(GetOptions::new().with_keys_only());
         let mut cmps = vec![Compare::version(marker.clone(), CompareOp::Equal, 0)];
-        // On a refusal: the compared keyspace keys, the marker, then the claims' and tails'.
+        // On a refusal: the compared keyspace keys, the marker, then the claims', the tails'
+        // and the owner keys.
         let mut gets = Vec::new();
         let mut checks = Vec::new();
         // The request's size, every key counted each time it appears (a compare, a get, a
