@@ -54,8 +54,6 @@ pub(crate) enum Capability {
     IdempotencyKeys,
     /// Keyspaces, and transactions (`Request::Tx`).
     Keyspaces,
-    /// Reads of the store directly: delayed-message and schedule listings, the inspector's.
-    StoreInspection,
     /// A message larger than one etcd transaction (1 MiB), or a call recording more idempotency
     /// keys than one transaction holds: what etcd's limits on one transaction forbid.
     HugeMessage,
@@ -95,7 +93,6 @@ impl Capability {
             Capability::Scheduling => "recurring schedules",
             Capability::IdempotencyKeys => "idempotency keys",
             Capability::Keyspaces => "keyspaces",
-            Capability::StoreInspection => "this inspection (recurring schedules, the store directly)",
             Capability::HugeMessage => {
                 "a message over 1 MiB, over 125 idempotency keys in one call, a submit call with delayed messages larger than one transaction, a recurring schedule's message over 256 KiB, or a keyspace transaction of over 127 keys, 127 conditions or 1 MiB (the limits of one etcd transaction)"
             }
@@ -135,8 +132,7 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::DeleteQueue
             | Capability::Keyspaces
             | Capability::Export => true,
-            Capability::StoreInspection
-            | Capability::HugeMessage
+            Capability::HugeMessage
             | Capability::BufferedDurability
             | Capability::Backup
             | Capability::Priority

@@ -65,18 +65,25 @@ pub(super) async fn learn(
                 // record when it reads it to deliver it).
                 Ok(Err(Error::Gap { .. } | Error::Corrupt(_))) => {
                     let (s, g, seqs) = (shared.clone(), group.clone(), chunk.to_vec());
+                    // Only the record that is gone or does not decode: any other failure (etcd
+                    // not answering) leaves the keys unknown, to be read again — a message
+                    // learned without its key would run beside its key's others.
                     let one_by_one = shared.runtime.spawn_blocking(move || {
                         seqs.iter()
                             .map(|&seq| match s.read_seqs(&g.queue, &[seq]) {
                                 Ok(ReadOutcome::Messages(m)) => {
-                                    (seq, key_hash(m.first().and_then(|m| m.key.as_deref())))
+                                    Ok((seq, key_hash(m.first().and_then(|m| m.key.as_deref()))))
                                 }
-                                _ => (seq, None),
+                                Ok(ReadOutcome::Closed) | Err(Error::Gap { .. } | Error::Corrupt(_)) => {
+                                    Ok((seq, None))
+                                }
+                                Err(e) => Err(e),
                             })
-                            .collect::<Vec<_>>()
+                            .collect::<Result<Vec<_>, Error>>()
                     });
                     match one_by_one.await {
-                        Ok(keys) => keys,
+                        Ok(Ok(keys)) => keys,
+                        Ok(Err(e)) => return Err(e),
                         Err(_) => return Ok(Learned::Closed),
                     }
                 }

@@ -1165,7 +1165,10 @@ impl WorkGroupState {
             reach(&mut d, seq, &self.queue);
             d.insert_missing(seq, Slot::available(0, String::new()));
             if d.get(seq).is_some_and(|s| s.state == SlotState::Settling) {
-                d.set(seq, SlotState::Available, |_| {});
+                // Behind its key (an operator's action on a parked job that etcd refused):
+                // parked again, as `operator_revert` does, not claimable beside its key's head.
+                let state = if d.behind_its_key(seq) { SlotState::Parked } else { SlotState::Available };
+                d.set(seq, state, |_| {});
             }
         }
         self.changed.notify_waiters();
@@ -1420,6 +1423,10 @@ mod tests {
         // The writer refusing it (`revert`) parks it too.
         g.operator_take(2, now, false).unwrap();
         g.revert(2);
+        assert!(g.take(now, 10, 2, LEASE, MAX, 0).claimed.is_empty(), "2 still behind 1");
+        // And so does the etcd engine learning, from a refused write, that nobody claimed it.
+        g.operator_take(2, now, false).unwrap();
+        g.learn_unclaimed(2);
         assert!(g.take(now, 10, 2, LEASE, MAX, 0).claimed.is_empty(), "2 still behind 1");
     }
 
