@@ -11,7 +11,9 @@
 //!   claim) and the offset moved, timed until the pool stopped with every ack in etcd;
 //! - **pool drain, two brokers**: the same with two brokers (two etcd clients, as two
 //!   instances of a service would have) on the namespace, each running a pool of 8 workers;
-//!   they compete for the same messages, fenced by etcd's compares;
+//!   they compete for the same messages, fenced by etcd's compares; and again with a
+//!   `concurrency_limit` above what the handlers hold (every claim then also rewrites and
+//!   compares the group's limit record: the cost of a limit that does not bind);
 //! - **raw drain**: the same work with `etcd-client` alone, sequentially, per batch of `k`
 //!   messages: a claim Txn (`k` compares on the records' revisions, the offset compare, `k`
 //!   puts), a ranged read of the `k` messages, a done Txn (`k` compares, `k` puts) and an
@@ -96,11 +98,18 @@ fn main() {
 }
 
 /// One repetition's measurements on a cluster.
+/// The concurrency limit of the limited two-broker drain: above what 16 no-op handlers hold at
+/// once, so what it costs is the limit record's compare, not waiting for a place.
+const LIMIT: u32 = 1024;
+
 struct Rep {
     produce: Measured,
     e2e: Measured,
     drain: Measured,
     drain_two: Measured,
+    /// The two brokers' drain of a group with a concurrency limit (every claim compared with
+    /// the group's limit record).
+    drain_limited: Measured,
     /// The raw drain: seconds, and its messages per batch.
     raw_drain_secs: f64,
     drain_k: u64,
@@ -147,22 +156,26 @@ async fn bench_cluster(members: usize, n: u64) {
         let drain_k = (3.0 * n as f64 / drain.txns.max(1) as f64).round().clamp(1.0, 120.0) as u64;
         let raw_drain_secs =
             raw_drain(&mut client, &format!("bench-raw-drain-{i}"), n, drain_k, value_len).await;
-        let drain_two = pool_drain_two(&endpoints, &mut client, &format!("bench-drain-two-{i}"), n).await;
+        let drain_two = pool_drain_two(&endpoints, &mut client, &format!("bench-drain-two-{i}"), n, None).await;
+        let drain_limited =
+            pool_drain_two(&endpoints, &mut client, &format!("bench-drain-limited-{i}"), n, Some(LIMIT)).await;
         eprintln!(
-            "{members} member(s), repetition {}: produce {:.0} msg/s, end to end {:.0} msg/s, raw (txn size {k}) {:.0} msg/s, pool drain {:.0} msg/s, raw drain (batch {drain_k}) {:.0} msg/s, two brokers' pools {:.0} msg/s",
+            "{members} member(s), repetition {}: produce {:.0} msg/s, end to end {:.0} msg/s, raw (txn size {k}) {:.0} msg/s, pool drain {:.0} msg/s, raw drain (batch {drain_k}) {:.0} msg/s, two brokers' pools {:.0} msg/s, limited {:.0} msg/s",
             i + 1,
             n as f64 / produce.secs,
             n as f64 / e2e.secs,
             n as f64 / raw_secs,
             n as f64 / drain.secs,
             n as f64 / raw_drain_secs,
-            n as f64 / drain_two.secs
+            n as f64 / drain_two.secs,
+            n as f64 / drain_limited.secs
         );
         reps.push(Rep {
             produce,
             e2e,
             drain,
             drain_two,
+            drain_limited,
             raw_drain_secs,
             drain_k,
             raw_secs,
@@ -252,6 +265,12 @@ async fn bench_cluster(members: usize, n: u64) {
     // Two brokers' pools beside the same raw drain (one client, no competition: the most the
     // cluster does for this work in one sequence of transactions).
     row("pool drain, two brokers × 8 workers", &|r| &r.drain_two, &|m| m.txns, &|r| r.raw_drain_secs);
+    row(
+        &format!("  the same, concurrency_limit({LIMIT})"),
+        &|r| &r.drain_limited,
+        &|m| m.txns,
+        &|r| r.raw_drain_secs,
+    );
     let sum = |f: &dyn Fn(&Rep) -> u64| reps.iter().map(f).sum::<u64>() / REPS as u64;
     let (p_rounds, p_msgs) = (sum(&|r| r.produce.writer.rounds), sum(&|r| r.produce.writer.messages));
     println!(
@@ -427,7 +446,13 @@ async fn pool_drain(endpoints: &[String], client: &mut Client, ns: &str, n: u64)
 
 /// The pool drain with two brokers on the namespace, each running 8 workers, until every
 /// message is acked (the writer counters are the first broker's).
-async fn pool_drain_two(endpoints: &[String], client: &mut Client, ns: &str, n: u64) -> Measured {
+async fn pool_drain_two(
+    endpoints: &[String],
+    client: &mut Client,
+    ns: &str,
+    n: u64,
+    limit: Option<u32>,
+) -> Measured {
     let brokers = [connect(endpoints, ns).await, connect(endpoints, ns).await];
     let q = brokers[0].queue(QUEUE).await.expect("create the queue");
     let mut sent = 0;
@@ -439,7 +464,7 @@ async fn pool_drain_two(endpoints: &[String], client: &mut Client, ns: &str, n: 
     let mut groups = Vec::new();
     for b in &brokers {
         let q = b.queue(QUEUE).await.expect("the queue");
-        groups.push(q.work_group("w").expect("a valid group name"));
+        groups.push(q.work_group("w").expect("a valid group name").concurrency_limit(limit));
     }
     let done = Arc::new(AtomicU64::new(0));
     let token = rockq::CancellationToken::new();

@@ -70,9 +70,9 @@ cargo test --features "$features" --test job_actions "$@"
 # Where one job stands (Broker::job).
 cargo test --features "$features" --test job_status "$@"
 # Work groups ordered by key (50 keys × 20 messages there), through a crash half-way, and
-# per-key limits (not rate and concurrency limits: not on etcd).
+# durable limits: rate, concurrency and per key.
 cargo test --features "$features" --test work_per_key "$@"
-cargo test --features "$features" --test limits "$@" -- per_key a_pool_runs_at_most_n_jobs_of_a_key
+cargo test --features "$features" --test limits "$@"
 # Kept job outcomes, results and progress reports (not the reset-while-leased test, nor the
 # export into a database directory).
 cargo test --features "$features" --test job_outcomes "$@" -- --skip a_trim_or_a_reset \

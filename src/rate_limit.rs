@@ -172,6 +172,15 @@ impl Bucket {
         true
     }
 
+    /// Another process's claims left the shared bucket at `tat` (learned at `now`): the later
+    /// of the two states stands (each claim moves `tat` forward from the latest it knew).
+    pub fn learn(&mut self, tat: Instant, now: Instant) {
+        if self.tat.is_none_or(|t| t < tat) {
+            self.tat = Some(tat);
+            self.last = Some(self.last.map_or(now, |l| l.max(now)));
+        }
+    }
+
     /// The state read back at open, at `now`: the time of the last claim is not stored, and
     /// `now` is after it, so the bound (`tat_of`) only loosens by the downtime.
     pub fn restored(tat: Instant, now: Instant) -> Self {

@@ -785,28 +785,6 @@ async fn a_message_priority_is_refused_and_nothing_is_sent() {
     broker.shutdown().await.unwrap();
 }
 
-/// A work group's rate or concurrency limit is refused with the family's `Unsupported` error
-/// when stored (subscribe and update alike), and nothing is stored: the group runs unlimited.
-#[tokio::test]
-async fn a_rate_or_concurrency_limit_is_refused_and_nothing_is_stored() {
-    let cluster = etcd::Cluster::start(1).await;
-    let broker = connect(&cluster, "limits").await;
-    let q = broker.queue("q").await.unwrap();
-    let limited = q.work_group("w").unwrap().rate_limit(rockq::RateLimit::per_second(5));
-    let e = limited.subscribe().await.unwrap_err();
-    assert_eq!(e.unsupported().map(|u| u.engine()), Some("etcd"), "rate: {e}");
-    let capped = q.work_group("w").unwrap().concurrency_limit(2);
-    let e = capped.update().await.unwrap_err();
-    assert_eq!(e.unsupported().map(|u| u.engine()), Some("etcd"), "concurrency: {e}");
-    // Explicitly none is what etcd runs with: accepted.
-    let none = q.work_group("w").unwrap().rate_limit(None).concurrency_limit(None);
-    drop(none.subscribe().await.unwrap());
-    let stats = broker.stats().await.unwrap();
-    let g = stats.groups.iter().find(|g| g.group == "w").expect("the group exists");
-    assert_eq!((g.rate_limit, g.concurrency_limit, g.limited), (None, None, 0));
-    broker.shutdown().await.unwrap();
-}
-
 /// Flows are refused with the family's `Unsupported` error, and nothing is sent or stored.
 #[tokio::test]
 async fn a_flow_is_refused_and_nothing_is_sent() {

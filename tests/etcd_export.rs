@@ -301,7 +301,7 @@ async fn a_database_moves_embedded_to_etcd_and_back_with_its_state() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_import_into_etcd_refuses_what_etcd_cannot_hold_and_leaves_the_namespace_empty_and_keeps_a_per_key_limit()
+async fn an_import_into_etcd_refuses_what_etcd_cannot_hold_and_leaves_the_namespace_empty_and_keeps_work_group_limits()
  {
     let cluster = etcd::Cluster::start(1).await;
     let dir = tempdir();
@@ -313,16 +313,12 @@ async fn an_import_into_etcd_refuses_what_etcd_cannot_hold_and_leaves_the_namesp
     let with_priority = dir.path().join("with-priority.jsonl");
     other.export(std::fs::File::create(&with_priority).unwrap()).await.unwrap();
     other.shutdown().await.unwrap();
-    // A group with a concurrency limit to refuse; one with a per-key limit is carried over.
-    let limited = common::open(&dir.path().join("limited")).await;
-    let lq = limited.queue("q").await.unwrap();
-    drop(lq.work_group("capped").unwrap().concurrency_limit(2).subscribe().await.unwrap());
-    let with_limit = dir.path().join("with-limit.jsonl");
-    limited.export(std::fs::File::create(&with_limit).unwrap()).await.unwrap();
-    limited.shutdown().await.unwrap();
+    // Groups with a per-key limit, and with rate and concurrency limits, are carried over.
     let keyed = common::open(&dir.path().join("keyed")).await;
     let kq = keyed.queue("q").await.unwrap();
     drop(kq.work_group("tenants").unwrap().per_key_limit(2).subscribe().await.unwrap());
+    let rate = rockq::RateLimit::per_second(5).burst(2);
+    drop(kq.work_group("capped").unwrap().concurrency_limit(2).rate_limit(rate).subscribe().await.unwrap());
     let with_per_key = dir.path().join("with-per-key.jsonl");
     keyed.export(std::fs::File::create(&with_per_key).unwrap()).await.unwrap();
     keyed.shutdown().await.unwrap();
@@ -337,7 +333,7 @@ async fn an_import_into_etcd_refuses_what_etcd_cannot_hold_and_leaves_the_namesp
                 .count()
         }
     };
-    for f in [&with_priority, &with_limit] {
+    for f in [&with_priority] {
         let e = Broker::import_etcd(
             std::fs::File::open(f).unwrap(),
             cluster.endpoints(),
@@ -361,8 +357,11 @@ async fn an_import_into_etcd_refuses_what_etcd_cannot_hold_and_leaves_the_namesp
     let b = Broker::connect_etcd(cluster.endpoints(), "per-key", EtcdOptions::new()).await.unwrap();
     let groups = b.stats().await.unwrap().groups;
     assert_eq!(
-        groups.iter().map(|g| (g.group.as_str(), g.per_key_limit)).collect::<Vec<_>>(),
-        [("tenants", Some(2))]
+        groups
+            .iter()
+            .map(|g| (g.group.as_str(), g.per_key_limit, g.concurrency_limit, g.rate_limit))
+            .collect::<Vec<_>>(),
+        [("capped", None, Some(2), Some(rate)), ("tenants", Some(2), None, None)]
     );
     b.shutdown().await.unwrap();
 

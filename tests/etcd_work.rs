@@ -513,7 +513,7 @@ async fn a_new_broker_resumes_the_group_with_the_leases_and_attempts_others_left
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn settings_are_shared_through_etcd_and_a_limit_is_refused() {
+async fn settings_are_shared_through_etcd_and_a_bad_one_is_refused() {
     let cluster = etcd::Cluster::start(1).await;
     let clock = ManualClock::new();
     let (a, b) = (connect(&cluster, "settings", &clock).await, connect(&cluster, "settings", &clock).await);
@@ -531,9 +531,14 @@ async fn settings_are_shared_through_etcd_and_a_limit_is_refused() {
     let left = j.lease_remaining();
     assert!(left > Duration::from_secs(40) && left <= Duration::from_secs(45), "adopted lease: {left:?}");
 
-    let is_etcd = |u: Option<&rockq::UnsupportedError>| u.is_some_and(|u| u.engine() == "etcd");
-    let e = qb.work_group("k").unwrap().concurrency_limit(2).subscribe().await.unwrap_err();
-    assert!(is_etcd(e.unsupported()), "a concurrency limit: {e}");
+    // Key order and a per-key limit are one setting: both at once is refused.
+    let e = qb.work_group("k").unwrap().ordered_by_key(true).per_key_limit(2).subscribe().await.unwrap_err();
+    assert!(matches!(e, Error::InvalidOption(_)), "ordered by key and a per-key limit: {e}");
+    // A limit set through one broker is the other's.
+    drop(qa.work_group("c").unwrap().concurrency_limit(2).subscribe().await.unwrap());
+    let s =
+        wait_stats(&b, |s| s.groups.iter().any(|g| g.group == "c" && g.concurrency_limit == Some(2))).await;
+    assert!(s.groups.iter().any(|g| g.group == "c"));
     // Refusals changed nothing: no group "k", and the job is still held and acks.
     let s = b.stats().await.unwrap();
     assert!(!s.groups.iter().any(|g| g.group == "k"), "{:?}", s.groups);

@@ -300,7 +300,7 @@ async fn limits_are_stored_compared_updated_and_survive_a_restart() {
     assert_eq!((g.rate_limit, g.concurrency_limit), (None, Some(4)));
     broker.shutdown().await.unwrap();
     // The inspector (the disk) reads them too.
-    let inspector = rockq::Inspector::open(dir.path()).await.unwrap();
+    let inspector = common::inspector(dir.path()).await;
     let stats = inspector.stats().await.unwrap();
     let g = stats.groups.iter().find(|g| g.group == "workers").unwrap();
     assert_eq!((g.rate_limit, g.concurrency_limit, g.limited), (None, Some(4), 0));

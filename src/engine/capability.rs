@@ -73,9 +73,6 @@ pub(crate) enum Capability {
     JobProgress,
     /// `Message::priority` above 0: claims by priority.
     Priority,
-    /// `WorkGroup::rate_limit` and `WorkGroup::concurrency_limit`: durable limits on claims
-    /// shared by every consumer of the group (a per-key limit is not one: every engine).
-    Limits,
     /// Flows of dependent jobs (`Broker::flow`).
     Flows,
 }
@@ -104,9 +101,6 @@ impl Capability {
             Capability::KeepOutcomes => "keeping job outcomes (WorkGroup::keep_outcomes)",
             Capability::JobProgress => "progress reports of running jobs (Task::progress)",
             Capability::Priority => "a message priority (Message::priority)",
-            Capability::Limits => {
-                "a work group's rate or concurrency limit (WorkGroup::rate_limit, concurrency_limit)"
-            }
             Capability::Flows => "flows of dependent jobs (Broker::flow)",
         }
     }
@@ -136,7 +130,6 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::BufferedDurability
             | Capability::Backup
             | Capability::Priority
-            | Capability::Limits
             | Capability::Flows => false,
         },
     }

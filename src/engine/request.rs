@@ -186,6 +186,10 @@ pub(crate) enum WorkRequest {
         epoch: u64,
         claims: Vec<(u64, Claim)>,
         bucket: Option<u64>,
+        /// The claims were decided under the group's rate or concurrency limit, on the view of
+        /// this revision of its limit record (`Take::limit_rev`; the etcd engine compares it).
+        #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+        limit_rev: Option<i64>,
         /// `Ok`: the claims are stored but for the sequences answered, which another process
         /// took or finished since they were decided (the etcd engine; embedded answers none):
         /// the claimer drops those from its batch.

@@ -778,10 +778,6 @@ impl WorkGroup {
         if self.keep_outcomes.is_some_and(|k| !k.is_zero()) {
             self.shared.check(Capability::KeepOutcomes)?;
         }
-        if self.rate_limit.is_some_and(|r| r.is_some()) || self.concurrency_limit.is_some_and(|c| c.is_some())
-        {
-            self.shared.check(Capability::Limits)?;
-        }
         if let Some(Some(n)) = self.per_key_limit {
             if !(1..=crate::model::MAX_PER_KEY_LIMIT).contains(&n) {
                 return Err(Error::InvalidOption(format!(

@@ -392,7 +392,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
     }
 
     let (mut last_rx, _watching) = group.queue.watch();
-    let (mut claimed, bucket): (Vec<Claimed>, Option<std::time::Instant>) = loop {
+    let (mut claimed, bucket, limit_rev): (Vec<Claimed>, Option<std::time::Instant>, Option<i64>) = loop {
         if shared.is_closed() || shared.closing.is_cancelled() {
             return Ok(Some(Vec::new()));
         }
@@ -449,7 +449,7 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
         }
         pending.rest.clear();
         if !take.claimed.is_empty() {
-            break (take.claimed, take.rate_tat);
+            break (take.claimed, take.rate_tat, take.limit_rev);
         }
         if learned {
             // More keys may be readable, or the ones just read made something claimable.
@@ -485,8 +485,14 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
     // Rounded up: the conversion truncates twice (the wall reading and the distance to it),
     // and a bucket read back must never admit a claim earlier than this one would.
     let bucket = bucket.map(|t| clock.wall_micros_at(t).saturating_add(2));
-    let req =
-        Request::Work(WorkRequest::Claim { group: group.clone(), epoch, claims: records, bucket, reply });
+    let req = Request::Work(WorkRequest::Claim {
+        group: group.clone(),
+        epoch,
+        claims: records,
+        bucket,
+        limit_rev,
+        reply,
+    });
     // Real time: a measure of throughput for the pool's prefetch, not a deadline.
     let asked = std::time::Instant::now();
     if shared.tx.send(req).await.is_err() {

@@ -69,6 +69,9 @@ pub(super) async fn load(
         known.revs.insert(r.seq, r.rev);
         g.learn_claim(r.seq, &r.claim, &clock);
     }
+    if let Some(l) = loaded.limit {
+        known.learn_limit(&g, l, &clock);
+    }
     if let (Some(rec), _) = retrying(t, || store.work_settings(group, &queue.name)).await? {
         g.paused.store(rec.paused, std::sync::atomic::Ordering::SeqCst);
         if let Some(s) = WorkSettings::stored(&rec, &queue.name) {
@@ -159,6 +162,9 @@ async fn watch(
                                     _ => None,
                                 })
                                 .collect();
+                            // Learned after the batch's claims: the view then includes
+                            // everything the limited claim that wrote it counted.
+                            let mut limit = None;
                             for ev in events {
                                 match ev {
                                     ClaimEvent::Reset { offset, rev: r } => {
@@ -191,7 +197,14 @@ async fn watch(
                                         rev = rev.max(r);
                                         known.learn_offset(&ws.group, seq);
                                     }
+                                    ClaimEvent::Limit(l) => {
+                                        rev = rev.max(l.rev);
+                                        limit = Some(l);
+                                    }
                                 }
+                            }
+                            if let Some(l) = limit {
+                                known.learn_limit(&ws.group, l, &clock);
                             }
                             let behind = ws.group.progress().offset > known.stored_offset;
                             drop(known);
@@ -228,6 +241,9 @@ async fn watch(
                             known.revs.insert(r.seq, r.rev);
                             ws.group.learn_claim(r.seq, &r.claim, &clock);
                         }
+                    }
+                    if let Some(l) = loaded.limit {
+                        known.learn_limit(&ws.group, l, &clock);
                     }
                     rev = at;
                     break;

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use crate::clock::Clock;
 use crate::engine::registry::WorkGroupState;
 use crate::model::Claim;
+use crate::store::etcd::limits::{LimitRecord, LimitWrite};
 use crate::store::etcd::work::ClaimRecord;
 
 /// Doubted claims kept per message (the oldest go first).
@@ -39,6 +40,11 @@ pub(super) struct Known {
     /// The `mod_revision` of the group's last reset known here (0: none): offset moves
     /// compare it, so that none written on a view from before a reset stands.
     pub(super) reset_rev: i64,
+    /// The group's limit record (`store/etcd/limits.rs`) as this process last wrote or learned
+    /// it: the `mod_revision` its next limited claim compares (0: none), and the bucket's
+    /// `tat` there (wall micros, 0: none).
+    pub(super) limit_rev: i64,
+    pub(super) limit_tat: u64,
 }
 
 impl Known {
@@ -77,6 +83,38 @@ impl Known {
         }
         self.wrote(r.seq, r.rev);
         true
+    }
+
+    /// The group's limit record as read or watched, after the claims written with it were
+    /// learned: unless this process wrote it (or learned it) already, the claim state machine
+    /// may decide limited claims on this view.
+    pub(super) fn learn_limit(&mut self, g: &WorkGroupState, l: LimitRecord, clock: &Clock) {
+        if l.rev <= self.limit_rev {
+            return;
+        }
+        self.limit_rev = l.rev;
+        self.limit_tat = self.limit_tat.max(l.tat_micros);
+        g.learn_limit(l.tat_micros, l.rev, clock);
+    }
+
+    /// The limit record a claim of `g` decided on the view of `limit_rev` writes (`None`:
+    /// decided under no rate or concurrency limit): the bucket as the claim left it or as last
+    /// known, whichever is later, compared with the revision this process last wrote or
+    /// learned. This process's own limited claims since the view do not matter (they were
+    /// counted when decided); another process's do: `Err` when one was learned (or found by a
+    /// refusal) since — compared with the newer revision, the write would pass for a decision
+    /// that counted it.
+    pub(super) fn limit_write(
+        &self,
+        g: &WorkGroupState,
+        bucket: Option<u64>,
+        limit_rev: Option<i64>,
+    ) -> Result<Option<LimitWrite>, ()> {
+        let Some(decided) = limit_rev else { return Ok(None) };
+        if !g.limit_view_current(decided) {
+            return Err(());
+        }
+        Ok(Some(LimitWrite { expected: self.limit_rev, tat_micros: bucket.unwrap_or(0).max(self.limit_tat) }))
     }
 
     /// The records of a refused write, as they are: taught to the state machine.
@@ -154,7 +192,59 @@ impl Known {
 mod tests {
     use super::*;
     use crate::engine::registry::QueueState;
+    use crate::model::WorkSettings;
     use std::time::Duration;
+
+    /// Limited claims stand only on a view that includes every limited claim of another
+    /// process this one knows of: one decided before such a claim was learned is refused
+    /// before it is written (compared with the newer revision, etcd would let it through), one
+    /// after it is written against it; while a refusal has shown a newer record than the
+    /// watch has taught, nothing limited is decided at all. This process's own claims since a
+    /// view do not make it stale.
+    #[test]
+    fn a_limited_claim_decided_before_another_process_s_was_learned_does_not_stand() {
+        let queue = QueueState::new(1, "q", 1, 100, crate::retention::Retention::Forever);
+        let g = WorkGroupState::new("w", queue, 0);
+        let settings = WorkSettings {
+            lease: Duration::from_secs(30),
+            policy: crate::retry::RetryPolicy::default(),
+            dead_letter_queue: "dlq".into(),
+            ordered_by_key: false,
+            keep_outcomes: Duration::ZERO,
+            rate_limit: None,
+            concurrency_limit: Some(10),
+            per_key_limit: None,
+        };
+        g.set_settings(Arc::new(settings));
+        let clock = Clock::tokio();
+        let lease = Duration::from_secs(30);
+        let mut known = Known::default();
+        let take = |n| g.take(clock.now(), n, 100, lease, 5, 0);
+        let first = take(1);
+        assert_eq!(first.limit_rev, Some(0));
+        let w = known.limit_write(&g, None, first.limit_rev).unwrap().unwrap();
+        assert_eq!(w.expected, 0);
+        // Written at 7 by this process: a claim decided before it still stands, against 7.
+        (known.limit_rev, known.limit_tat) = (7, 0);
+        assert_eq!(known.limit_write(&g, None, first.limit_rev).unwrap().unwrap().expected, 7);
+        // Another process's limited claim at 9, taught by the watch after `second` was decided.
+        let second = take(1);
+        known.learn_limit(&g, LimitRecord { tat_micros: 0, rev: 9 }, &clock);
+        assert!(known.limit_write(&g, None, second.limit_rev).is_err(), "decided on a view without 9");
+        let third = take(1);
+        assert_eq!(third.limit_rev, Some(9));
+        assert_eq!(known.limit_write(&g, None, third.limit_rev).unwrap().unwrap().expected, 9);
+        // A refusal found the record at 12, which the watch has not taught yet: nothing is
+        // claimed until it has.
+        g.note_limit(12);
+        let stale = take(3);
+        assert!(stale.claimed.is_empty() && stale.limited, "no limited claim on a view known stale");
+        known.learn_limit(&g, LimitRecord { tat_micros: 0, rev: 12 }, &clock);
+        let fourth = take(1);
+        assert_eq!((fourth.claimed.len(), fourth.limit_rev), (1, Some(12)));
+        // Unlimited claims write no record.
+        assert_eq!(known.limit_write(&g, None, None), Ok(None));
+    }
 
     /// A claim write refused for another record's sake answers with this process's own
     /// earlier record of a message it gave back in memory and claimed again in that write:

@@ -108,9 +108,10 @@ pub(crate) async fn stats(engine: &Arc<Engine>, side: &EtcdSide) -> Result<Stats
                 (g.lease, g.retry_policy, g.ordered_by_key) =
                     (Some(t.lease), Some(t.policy.clone()), t.ordered_by_key);
                 g.keep_outcomes = Some(t.keep_outcomes).filter(|k| !k.is_zero());
-                g.per_key_limit = t.per_key_limit;
-                // Held back by the per-key limit: as this process's claim index sees them (a
-                // process that never loaded the group knows of none).
+                (g.rate_limit, g.concurrency_limit, g.per_key_limit) =
+                    (t.rate_limit, t.concurrency_limit, t.per_key_limit);
+                // Held back by a limit: as this process's claim index sees them (a process
+                // that never loaded the group knows of none).
                 let id = crate::store::group_id(group, queue);
                 if let Some(w) = registry.work.get(&id) {
                     g.limited = w.limited(engine.clock().now());

@@ -29,7 +29,6 @@ use super::claims::{advance, load};
 use super::known::{Known, WorkSide};
 use super::side::{retrying, until};
 use super::writer::Writer;
-use crate::engine::capability::{self, Capability, Flavour};
 use crate::engine::dead_letter::{self, Origin};
 use crate::engine::registry::{QueueState, QueuedAck, WorkGroupState};
 use crate::engine::request::{Extension, Outcome, Reply, SettingsMode, WorkSettingsRequest};
@@ -39,6 +38,7 @@ use crate::model::WorkSettings;
 use crate::model::{Claim, GroupMode, GroupOffset, StartFrom};
 use crate::stats::{JobOutcome, OutcomeKind};
 use crate::store::envelope;
+use crate::store::etcd::limits::{LimitRecord, LimitWrite};
 use crate::store::etcd::work::{ClaimRecord, ClaimWrite, ClaimsOutcome, OffsetMove, SettingsPut};
 use crate::store::etcd::{DeadLetterAppend, MAX_TXN_BYTES, MAX_TXN_OPS};
 use crate::telemetry;
@@ -101,15 +101,6 @@ impl Writer {
     /// does (`writer/settings.rs`), and stored with a compare on the record's revision.
     pub(super) async fn work_settings(&mut self, req: WorkSettingsRequest) {
         let WorkSettingsRequest { group, requested, mode, reply } = req;
-        // A per-key limit is the ordered-by-key window `n` (every process's claim index keeps
-        // a key's first `n` unfinished messages claimable); rate and concurrency limits need
-        // a bucket shared by every process.
-        if requested.rate_limit.is_some_and(|r| r.is_some())
-            || requested.concurrency_limit.is_some_and(|c| c.is_some())
-        {
-            let _ = reply.send(Err(capability::refusal(Flavour::Etcd, Capability::Limits)));
-            return;
-        }
         let _ = reply.send(self.store_work_settings(&group, &requested, mode).await);
     }
 
@@ -173,10 +164,17 @@ impl Writer {
     /// process's live lease). A write refused by etcd teaches the records it found; the claims
     /// still this process's are written again, at most [`CLAIM_TRIES`] times, then the claim
     /// answers `LeaseLost` (the subscription gives everything back and claims again).
+    ///
+    /// Claims decided under the group's rate or concurrency limit (`limit_rev`: the revision
+    /// of its limit record they were decided on) rewrite that record, compared: decided on a
+    /// view that missed another process's limited claim, they are given back whole
+    /// (`LeaseLost`) — left out one by one, the rest would still be counted on a stale view.
+    /// `bucket`: the rate bucket after them (wall micros), written to the record.
     pub(super) async fn claim(
         &mut self,
         group: Arc<WorkGroupState>,
         claims: Vec<(u64, Claim)>,
+        (bucket, limit_rev): (Option<u64>, Option<i64>),
         reply: Reply<Vec<u64>, Error>,
     ) {
         let Some(ws) = self.work_side(&group) else {
@@ -197,6 +195,12 @@ impl Writer {
             let mut left: Vec<(u64, Claim)> = chunk.iter().filter(|c| held(&group, c)).cloned().collect();
             let mut tries = 0;
             while !left.is_empty() {
+                let Ok(limit) = known.limit_write(&group, bucket, limit_rev) else {
+                    let (seq, attempt) = left.first().map_or((0, 0), |(s, c)| (*s, attempt_of(c)));
+                    tracing::debug!(queue = %group.queue.name, group = %group.name, "rockq: limited claims decided before another process's were learned: given back");
+                    let _ = reply.send(Err(group.lease_lost(seq, attempt)));
+                    return;
+                };
                 // A later attempt reads back the last report of an earlier one, which another
                 // process may have written, in the claim's own transaction (no round trip more).
                 let writes: Vec<ClaimWrite> = left
@@ -206,18 +210,26 @@ impl Writer {
                         ..ClaimWrite::new(*seq, known.expected(*seq), c.clone())
                     })
                     .collect();
-                match self.write(&group, &writes, None, None).await {
+                match self.write(&group, &writes, None, None, limit).await {
                     Ok(Written::Yes(rev)) => {
                         for w in &writes {
                             known.wrote(w.seq, rev);
+                        }
+                        if let Some(l) = limit {
+                            (known.limit_rev, known.limit_tat) = (rev, l.tat_micros);
                         }
                         for (seq, report) in std::mem::take(&mut self.read_back) {
                             group.restore_progress(seq, report);
                         }
                         break;
                     }
-                    Ok(Written::No { offset, found, .. }) => {
+                    Ok(Written::No { offset, found, limit: found_limit, .. }) => {
                         known.learn(&group, offset, found, &clock);
+                        if let Some(l) = found_limit.filter(|l| l.rev != known.limit_rev) {
+                            // Another process's limited claim: no limited claim is decided
+                            // here until the watch has taught what it wrote.
+                            group.note_limit(l.rev);
+                        }
                         tries += 1;
                         let before = left.len();
                         left.retain(|c| held(&group, c));
@@ -257,8 +269,9 @@ impl Writer {
         writes: &[ClaimWrite],
         dead_letters: Option<&DeadLetterAppend>,
         moving: Option<OffsetMove>,
+        limit: Option<LimitWrite>,
     ) -> Result<Written, StorageError> {
-        let r = self.write_once(group, writes, dead_letters, moving).await;
+        let r = self.write_once(group, writes, dead_letters, moving, limit).await;
         self.note(&r);
         r
     }
@@ -269,6 +282,7 @@ impl Writer {
         writes: &[ClaimWrite],
         dead_letters: Option<&DeadLetterAppend>,
         moving: Option<OffsetMove>,
+        limit: Option<LimitWrite>,
     ) -> Result<Written, StorageError> {
         let store = self.side.store.clone();
         let deadline = Instant::now() + self.budget();
@@ -278,7 +292,7 @@ impl Writer {
             let seen = self.side.seen(&group.name, &group.queue.name);
             match until(
                 deadline,
-                store.write_claims(&group.name, &group.queue.name, seen, writes, dead_letters, moving),
+                store.write_claims(&group.name, &group.queue.name, seen, writes, dead_letters, moving, limit),
             )
             .await
             {
@@ -286,7 +300,7 @@ impl Writer {
                     self.read_back = progress;
                     return Ok(Written::Yes(rev));
                 }
-                Ok(ClaimsOutcome::Refused { offset, found, tail }) => {
+                Ok(ClaimsOutcome::Refused { offset, found, tail, limit: found_limit }) => {
                     // After an unknown outcome: ours if every record is the one this write
                     // meant to put (a `Done` may since have been passed by the offset and
                     // deleted), and the dead-letter copies are where it put them (another
@@ -316,7 +330,7 @@ impl Writer {
                             found.iter().filter_map(|(_, r)| r.as_ref().map(|r| r.rev)).max().unwrap_or(0);
                         return Ok(Written::Yes(rev));
                     }
-                    return Ok(Written::No { offset, found, tail });
+                    return Ok(Written::No { offset, found, tail, limit: found_limit });
                 }
                 Err(e) => {
                     if Instant::now() + backoff >= deadline {
@@ -382,12 +396,12 @@ impl Writer {
                 // is not there tells no watch anything, so the other processes would never
                 // learn it finished — its `Done` goes, and the move follows.
                 let mut moving = if expected == 0 { None } else { self.move_with(&group, &known, &[seq]) };
-                let mut written = self.write(&group, &writes, None, moving).await;
+                let mut written = self.write(&group, &writes, None, moving, None).await;
                 if let (Some(_), Ok(Written::No { found, .. })) = (moving, &written)
                     && found.iter().all(|(s, r)| r.as_ref().map(|r| r.rev) == Some(known.expected(*s)))
                 {
                     moving = None;
-                    written = self.write(&group, &writes, None, None).await;
+                    written = self.write(&group, &writes, None, None, None).await;
                 }
                 match written {
                     Ok(Written::Yes(rev)) => {
@@ -421,7 +435,7 @@ impl Writer {
                     _ => String::new(),
                 };
                 let writes = [ClaimWrite::new(seq, expected, claim)];
-                match self.write(&group, &writes, None, None).await {
+                match self.write(&group, &writes, None, None, None).await {
                     Ok(Written::Yes(rev)) => {
                         known.wrote(seq, rev);
                         telemetry::group_counter(telemetry::RETRIED, &queue, &gname, 1);
@@ -506,7 +520,7 @@ impl Writer {
         let claim =
             Claim::Leased { attempt, token, deadline_micros: clock.wall_micros_at(requested), holder };
         let writes = [ClaimWrite::new(seq, expected, claim.clone())];
-        match self.write(&group, &writes, None, None).await {
+        match self.write(&group, &writes, None, None, None).await {
             Ok(Written::Yes(rev)) => {
                 known.wrote(seq, rev);
                 let mut l = lease.lock().unwrap_or_else(|p| p.into_inner());
@@ -574,14 +588,14 @@ impl Writer {
             let outcome = self.outcome_record(group.keeps_outcomes(), kind, attempt, None);
             let writes =
                 [ClaimWrite { outcome, delete_progress, ..ClaimWrite::new(seq, expected, Claim::Done) }];
-            match self.write(group, &writes, Some(&append), None).await {
+            match self.write(group, &writes, Some(&append), None, None).await {
                 Ok(Written::Yes(rev)) => {
                     known.wrote(seq, rev);
                     self.tails.insert(q.id, (last + 1, append.nonce));
                     q.publish_max(last + 1);
                     return Ok(Some((last + 1, reason)));
                 }
-                Ok(Written::No { offset, found, tail }) => {
+                Ok(Written::No { offset, found, tail, .. }) => {
                     let still_ours = offset < seq
                         && found.first().and_then(|(_, r)| r.as_ref()).is_some_and(|r| r.rev == expected);
                     if still_ours && Instant::now() < deadline {
@@ -682,7 +696,7 @@ impl Writer {
                         .collect();
                     let acked: Vec<u64> = left.iter().map(|a| a.seq).collect();
                     let moving = if with_move { self.move_with(&g, &known, &acked) } else { None };
-                    match self.write(&g, &writes, None, moving).await {
+                    match self.write(&g, &writes, None, moving, None).await {
                         Ok(Written::Yes(rev)) => {
                             for a in &left {
                                 known.wrote(a.seq, rev);
@@ -926,7 +940,13 @@ fn ack_chunks(acks: &[QueuedAck], per_ack: usize) -> Vec<&[QueuedAck]> {
 /// The answer to [`Writer::write`].
 enum Written {
     Yes(i64),
-    No { offset: u64, found: Vec<(u64, Option<ClaimRecord>)>, tail: Option<(u64, u64)> },
+    No {
+        offset: u64,
+        found: Vec<(u64, Option<ClaimRecord>)>,
+        tail: Option<(u64, u64)>,
+        /// The group's limit record as found, if the write compared it.
+        limit: Option<LimitRecord>,
+    },
 }
 
 fn attempt_of(c: &Claim) -> u32 {

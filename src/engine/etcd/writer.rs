@@ -191,8 +191,8 @@ impl Writer {
             Request::Work(WorkRequest::Create { queue, group, start, reply }) => {
                 let _ = reply.send(self.create_work(queue, group, start).await);
             }
-            Request::Work(WorkRequest::Claim { group, claims, reply, .. }) => {
-                self.claim(group, claims, reply).await;
+            Request::Work(WorkRequest::Claim { group, claims, bucket, limit_rev, reply, .. }) => {
+                self.claim(group, claims, (bucket, limit_rev), reply).await;
             }
             Request::Work(WorkRequest::Outcome { group, seq, attempt, outcome, reply, .. }) => {
                 self.outcome(group, seq, attempt, outcome, reply).await;

@@ -154,6 +154,11 @@ pub(super) struct Dispatch {
     /// The group's rate-limit bucket (`rate_limit.rs`): under this lock, so a claim and the
     /// token it takes are one decision. A reset keeps it (the claims it admitted happened).
     pub bucket: crate::rate_limit::Bucket,
+    /// The etcd engine: the newest revision of the group's limit record whose claims this
+    /// view includes, and the newest known to exist (`registry/work.rs`, `learn_limit`). A
+    /// reset keeps them (it keeps the record).
+    pub limit_seen: i64,
+    pub limit_known: i64,
     /// How many of a key's unfinished messages may be claimable or held at once: its first
     /// `window` (1: ordered by key; `n`: `WorkGroup::per_key_limit(n)`); the rest are parked.
     window: usize,
@@ -180,6 +185,8 @@ impl Dispatch {
             stagger: None,
             overlap: None,
             bucket: Default::default(),
+            limit_seen: 0,
+            limit_known: 0,
             window: 1,
         }
     }
@@ -606,9 +613,9 @@ impl Dispatch {
 
     /// Forgets every slot; claiming restarts at `frontier`.
     pub fn clear(&mut self, frontier: u64) {
-        let (bucket, window) = (self.bucket, self.window);
+        let (bucket, window, seen, known) = (self.bucket, self.window, self.limit_seen, self.limit_known);
         *self = Dispatch::new(frontier);
-        (self.bucket, self.window) = (bucket, window);
+        (self.bucket, self.window, self.limit_seen, self.limit_known) = (bucket, window, seen, known);
     }
 
     /// Slots whose outcome (or an operator's action) is on its way to the writer: with the

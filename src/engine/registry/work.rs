@@ -176,6 +176,10 @@ pub(crate) struct Take {
     pub rate_tat: Option<Instant>,
     /// A limit stopped the take (the group's rate or concurrency limit).
     pub limited: bool,
+    /// The take applied the group's rate or concurrency limit, on a view that includes the
+    /// claims of this revision of the group's limit record (the etcd engine: `Dispatch::
+    /// limit_seen`; embedded: 0). `None`: no such limit applied.
+    pub limit_rev: Option<i64>,
 }
 
 /// Puts a `Settling` message back to claimable if its outcome never reaches the writer (the
@@ -515,7 +519,15 @@ impl WorkGroupState {
         // before each claim, a token taken only by a claim that hands a job out.
         let limits = self.limits();
         let mut room = limits.concurrency.map(|n| (n as usize).saturating_sub(d.leased() + d.settling()));
-        while !blocked && out.claimed.len() < max {
+        // The etcd engine: another process's limited claim is known to have been written but
+        // is not learned yet — a count or a bucket without it would let this process claim
+        // past the limit (its write would be refused): wait for the watch to teach it.
+        let stale = (limits.rate.is_some() || limits.concurrency.is_some()) && d.limit_seen < d.limit_known;
+        if limits.rate.is_some() || limits.concurrency.is_some() {
+            out.limit_rev = Some(d.limit_seen);
+            out.limited |= stale;
+        }
+        while !blocked && !stale && out.claimed.len() < max {
             if room == Some(0) {
                 out.limited = true;
                 break;
@@ -618,6 +630,39 @@ impl WorkGroupState {
     /// may reach the writer in another; the bucket only moves forward). Wall-clock micros.
     pub fn bucket_to_write(&self, tat_micros: u64) -> u64 {
         self.bucket_written.fetch_max(tat_micros, Ordering::AcqRel).max(tat_micros)
+    }
+
+    /// The etcd engine: the group's limit record as written at `rev` (`tat_micros`: its rate
+    /// bucket, wall micros; 0: none), learned after the claims written with it. Claims may be
+    /// decided on this view again once it is as new as every revision known.
+    #[allow(dead_code)] // the etcd engine's (what other processes wrote)
+    pub fn learn_limit(&self, tat_micros: u64, rev: i64, clock: &crate::clock::Clock) {
+        {
+            let mut d = self.dispatch();
+            d.limit_seen = d.limit_seen.max(rev);
+            d.limit_known = d.limit_known.max(rev);
+            if tat_micros > 0 {
+                let now = clock.now();
+                d.bucket.learn(clock.instant_at_wall(tat_micros), now);
+            }
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// The etcd engine: the group's limit record is known to be at `rev` (a refused claim
+    /// found it there), whose claims may not be learned yet: no limited claim is decided
+    /// until [`learn_limit`](Self::learn_limit) reaches it.
+    #[allow(dead_code)] // the etcd engine's
+    pub fn note_limit(&self, rev: i64) {
+        let mut d = self.dispatch();
+        d.limit_known = d.limit_known.max(rev);
+    }
+
+    /// Whether a limited claim decided on the view of revision `rev` (`Take::limit_rev`)
+    /// still stands: no limited claim of another process was learned since.
+    #[allow(dead_code)] // the etcd engine's
+    pub fn limit_view_current(&self, rev: i64) -> bool {
+        rev >= self.dispatch().limit_known
     }
 
     /// At open (`now`): the rate bucket as the last claims left it (`tat` on this process's

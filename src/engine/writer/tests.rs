@@ -246,7 +246,14 @@ async fn finishing_above_a_gap_keeps_done_claims_and_closing_it_writes_one_offse
     fx.land(|r| {
         apply(
             r,
-            Request::Work(WorkRequest::Claim { group: g.clone(), epoch: 0, claims, bucket: None, reply }),
+            Request::Work(WorkRequest::Claim {
+                group: g.clone(),
+                epoch: 0,
+                claims,
+                bucket: None,
+                limit_rev: None,
+                reply,
+            }),
         )
     });
     claimed.await.unwrap().unwrap();
@@ -293,7 +300,14 @@ async fn a_long_gap_closes_with_one_range_delete_of_exactly_what_the_offset_pass
     fx.land(|r| {
         apply(
             r,
-            Request::Work(WorkRequest::Claim { group: g.clone(), epoch: 0, claims, bucket: None, reply }),
+            Request::Work(WorkRequest::Claim {
+                group: g.clone(),
+                epoch: 0,
+                claims,
+                bucket: None,
+                limit_rev: None,
+                reply,
+            }),
         )
     });
     claimed.await.unwrap().unwrap();
@@ -333,7 +347,14 @@ async fn a_claim_or_outcome_from_before_a_reset_is_refused_with_lease_lost() {
     let (_, done) = fx.round(|r| {
         apply(
             r,
-            Request::Work(WorkRequest::Claim { group: g.clone(), epoch: 0, claims, bucket: None, reply }),
+            Request::Work(WorkRequest::Claim {
+                group: g.clone(),
+                epoch: 0,
+                claims,
+                bucket: None,
+                limit_rev: None,
+                reply,
+            }),
         );
         apply(r, req);
     });

@@ -26,7 +26,7 @@ pub(super) fn apply(r: &mut Round<'_>, req: WorkRequest) {
         WorkRequest::Create { queue, group, start, reply } => {
             groups::create::<WorkGroupState>(r, queue, group, start, reply)
         }
-        WorkRequest::Claim { group, epoch, claims, bucket, reply } => {
+        WorkRequest::Claim { group, epoch, claims, bucket, reply, .. } => {
             if group.is_deleted() {
                 let _ = reply.send(Err(deleted(&group)));
                 return;

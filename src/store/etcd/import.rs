@@ -11,8 +11,8 @@
 //! import clears (and `connect_etcd` names).
 //!
 //! What etcd does not hold yet is refused with `Error::Unsupported` naming the line:
-//! work-group settings and records only the embedded engine carries out (rate and concurrency
-//! limits, priorities).
+//! records only the embedded engine carries out (priorities). A rate limit's bucket is not
+//! in the file: it starts full.
 //! Keyspace entries are written with etcd's own revisions (an etcd key's `mod_revision` is
 //! the revision of the transaction that wrote it: the file's revisions cannot be kept); their
 //! keys and values are kept.
@@ -126,12 +126,6 @@ impl EtcdStore {
                 (self.message_key(qid, seq), envelope, None)
             }
             Write::Group { group, queue, record } => {
-                let terms = records::decode_settings(b"", &record).ok().and_then(|s| s.work);
-                // The etcd engine would run them in each process on its own, unseen by stats.
-                // (A per-key limit is every process's claim index: carried out.)
-                if terms.is_some_and(|t| t.rate_limit.is_some() || t.concurrency_limit.is_some()) {
-                    return Err(refused(n, "importing a work group with a rate or concurrency limit"));
-                }
                 (self.key(b"g/", &keys::group_key(&group, &queue)), record, None)
             }
             Write::Offset { group, queue, record } => (self.offset_key(&group, &queue), record, None),

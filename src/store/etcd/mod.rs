@@ -41,6 +41,7 @@ pub(crate) mod export;
 #[cfg(feature = "json")]
 pub(crate) mod import;
 pub(crate) mod kv;
+pub(crate) mod limits;
 pub(crate) mod members;
 pub(crate) mod outcomes;
 pub(crate) mod redrive;

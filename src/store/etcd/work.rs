@@ -14,6 +14,7 @@
 
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, WatchOptions};
 
+use super::limits::{LimitRecord, LimitWrite};
 use super::{DeadLetterAppend, EtcdStore, WatchedKind, corrupt, decode_tail};
 use crate::error::{CorruptionError, StorageError};
 use crate::model::{Claim, GroupMode, GroupOffset, GroupSettings};
@@ -55,6 +56,9 @@ pub(crate) enum ClaimEvent {
     /// The group was reset to `offset` at `rev` (`reset.rs`): every record went in the same
     /// revision.
     Reset { offset: u64, rev: i64 },
+    /// The group's limit record was written (`limits.rs`): by a claim of a limited group, in
+    /// the revision of the claims it admitted.
+    Limit(LimitRecord),
 }
 
 /// A work group's claim records as read at one revision.
@@ -69,6 +73,8 @@ pub(crate) struct LoadedClaims {
     /// The `mod_revision` of the group's last reset (0: never reset), which offset moves
     /// compare.
     pub reset_rev: i64,
+    /// The group's limit record (`limits.rs`), if a limited claim wrote one.
+    pub limit: Option<LimitRecord>,
 }
 
 /// One write of [`EtcdStore::write_claims`]: `record` at `seq`, if its `mod_revision` is still
@@ -113,9 +119,14 @@ pub(crate) struct OffsetMove {
 pub(crate) enum ClaimsOutcome {
     /// Every record written at revision `rev`, with the progress reports read back.
     Written { rev: i64, progress: Vec<(u64, bytes::Bytes)> },
-    /// Nothing written: the offset and the records as they are now (`None`: no record), and
-    /// the dead-letter queue's tail if one was compared.
-    Refused { offset: u64, found: Vec<(u64, Option<ClaimRecord>)>, tail: Option<(u64, u64)> },
+    /// Nothing written: the offset and the records as they are now (`None`: no record), the
+    /// dead-letter queue's tail if one was compared, and the limit record if one was.
+    Refused {
+        offset: u64,
+        found: Vec<(u64, Option<ClaimRecord>)>,
+        tail: Option<(u64, u64)>,
+        limit: Option<LimitRecord>,
+    },
 }
 
 /// What a refused claim write found: the group's offset, and each record written as it is now
@@ -244,7 +255,8 @@ impl EtcdStore {
         // In pages at one revision: a group with many records above its offset (a slow head
         // while everything after it finished) must not outgrow the client's answer limit.
         const PAGE: i64 = 4096;
-        let end = keys::claim_key(&prefix, u64::MAX).into_iter().chain([0]).collect::<Vec<u8>>();
+        // Through the limit record, the last key of the prefix (`limits.rs`).
+        let end = self.limit_key(group, queue).into_iter().chain([0]).collect::<Vec<u8>>();
         let got = kv
             .get_long(prefix.clone(), Some(GetOptions::new().with_range(end.clone()).with_limit(PAGE)))
             .await?;
@@ -262,11 +274,17 @@ impl EtcdStore {
             None => return Ok(None),
         };
         let mark = self.reset_mark_key(group, queue);
+        let limit_key = self.limit_key(group, queue);
         let mut records = Vec::new();
         let mut reset_rev = 0;
+        let mut limit = None;
         for kv in pages.iter().flat_map(|p| p.kvs()) {
             if kv.key() == mark.as_slice() {
                 reset_rev = kv.mod_revision();
+                continue;
+            }
+            if kv.key() == limit_key.as_slice() {
+                limit = Some(Self::limit_record(kv)?);
                 continue;
             }
             let r = self.claim_record(&prefix, kv)?;
@@ -274,12 +292,14 @@ impl EtcdStore {
                 records.push(r);
             }
         }
-        Ok(Some(LoadedClaims { offset, records, rev, reset_rev }))
+        Ok(Some(LoadedClaims { offset, records, rev, reset_rev, limit }))
     }
 
     /// Writes claim records (claims, outcomes) in one transaction, if every record's
     /// `mod_revision` is the one expected and the group's offset is below every sequence
-    /// written; and dead-letter copies with the same tail compare as an append, if given.
+    /// written; and dead-letter copies with the same tail compare as an append, and the
+    /// group's limit record with its compare (`limits.rs`), if given.
+    #[allow(clippy::too_many_arguments)] // one transaction's parts, each optional
     pub async fn write_claims(
         &self,
         group: &str,
@@ -288,6 +308,7 @@ impl EtcdStore {
         writes: &[ClaimWrite],
         dead_letters: Option<&DeadLetterAppend>,
         moving: Option<OffsetMove>,
+        limit: Option<LimitWrite>,
     ) -> Result<ClaimsOutcome, StorageError> {
         let (mut cmps, mut ops, mut gets) = (Vec::new(), Vec::new(), Vec::new());
         let passed = moving.map_or(0, |m| m.to);
@@ -299,6 +320,9 @@ impl EtcdStore {
         let tail_key = dead_letters.map(|dl| self.push_append(dl, &mut cmps, &mut ops));
         if let Some(tail) = &tail_key {
             gets.push(TxnOp::get(tail.clone(), None));
+        }
+        if let Some(l) = limit {
+            self.push_limit(group, queue, l, &mut cmps, &mut ops, &mut gets);
         }
         if ops.len() > super::MAX_TXN_OPS || cmps.len() > super::MAX_TXN_OPS {
             return Err(StorageError::new(format!(
@@ -336,17 +360,24 @@ impl EtcdStore {
             }
             return Ok(ClaimsOutcome::Written { rev, progress });
         }
-        // The answers to the gets, in order: the offset, each record, the tail.
+        // The answers to the gets, in order: the offset, each record, the tail, the limit.
         let mut answers = super::answers(&resp);
         let c = ClaimsTxn { group, queue, seen, writes };
         let Some((offset, found)) = self.refused_claims(&c, &mut answers)? else {
             return Err(StorageError::new(format!("work group {group} on {queue} has no offset record")));
         };
-        let tail = match (tail_key, answers.next().flatten()) {
-            (Some(_), Some(t)) => Some(decode_tail(t.key(), t.value())?),
+        // (An answer is taken only for a get that was sent: the limit's follows.)
+        let tail = match tail_key.map(|_| answers.next().flatten()) {
+            Some(Some(t)) => Some(decode_tail(t.key(), t.value())?),
             _ => None,
         };
-        Ok(ClaimsOutcome::Refused { offset, found, tail })
+        let limit = match limit.map(|_| answers.next().flatten()) {
+            Some(Some(kv)) => Some(Self::limit_record(&kv)?),
+            // Compared and missing: as a record never written.
+            Some(None) => Some(LimitRecord { tat_micros: 0, rev: 0 }),
+            None => None,
+        };
+        Ok(ClaimsOutcome::Refused { offset, found, tail, limit })
     }
 
     /// Adds `m` to a transaction of [`push_claims`](Self::push_claims): its compares (the
@@ -473,10 +504,16 @@ impl EtcdStore {
         let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
         let (store, p) = (self.clone(), prefix.clone());
         let mark = self.reset_mark_key(group, queue);
+        let limit = self.limit_key(group, queue);
         let decode = move |kind, kv: &etcd_client::KeyValue| match kind {
             WatchedKind::Put if kv.key() == mark.as_slice() => records::decode_offset(kv.key(), kv.value())
                 .map(|o| Some(ClaimEvent::Reset { offset: o.committed, rev: kv.mod_revision() }))
                 .map_err(corrupt),
+            WatchedKind::Put if kv.key() == limit.as_slice() => {
+                Self::limit_record(kv).map(|l| Some(ClaimEvent::Limit(l)))
+            }
+            // The group went with it.
+            WatchedKind::Delete { .. } if kv.key() == limit.as_slice() => Ok(None),
             WatchedKind::Put => store.claim_record(&p, kv).map(|r| Some(ClaimEvent::Put(r))),
             // The group went with its reset mark: nothing the offset passed.
             WatchedKind::Delete { .. } if kv.key() == mark.as_slice() => Ok(None),
