@@ -156,9 +156,11 @@ async fn bench_cluster(members: usize, n: u64) {
         let drain_k = (3.0 * n as f64 / drain.txns.max(1) as f64).round().clamp(1.0, 120.0) as u64;
         let raw_drain_secs =
             raw_drain(&mut client, &format!("bench-raw-drain-{i}"), n, drain_k, value_len).await;
-        let drain_two = pool_drain_two(&endpoints, &mut client, &format!("bench-drain-two-{i}"), n, None).await;
+        let drain_two =
+            pool_drain_two(&endpoints, &mut client, &format!("bench-drain-two-{i}"), n, None).await;
         let drain_limited =
-            pool_drain_two(&endpoints, &mut client, &format!("bench-drain-limited-{i}"), n, Some(LIMIT)).await;
+            pool_drain_two(&endpoints, &mut client, &format!("bench-drain-limited-{i}"), n, Some(LIMIT))
+                .await;
         eprintln!(
             "{members} member(s), repetition {}: produce {:.0} msg/s, end to end {:.0} msg/s, raw (txn size {k}) {:.0} msg/s, pool drain {:.0} msg/s, raw drain (batch {drain_k}) {:.0} msg/s, two brokers' pools {:.0} msg/s, limited {:.0} msg/s",
             i + 1,
@@ -265,12 +267,9 @@ async fn bench_cluster(members: usize, n: u64) {
     // Two brokers' pools beside the same raw drain (one client, no competition: the most the
     // cluster does for this work in one sequence of transactions).
     row("pool drain, two brokers × 8 workers", &|r| &r.drain_two, &|m| m.txns, &|r| r.raw_drain_secs);
-    row(
-        &format!("  the same, concurrency_limit({LIMIT})"),
-        &|r| &r.drain_limited,
-        &|m| m.txns,
-        &|r| r.raw_drain_secs,
-    );
+    row(&format!("  the same, concurrency_limit({LIMIT})"), &|r| &r.drain_limited, &|m| m.txns, &|r| {
+        r.raw_drain_secs
+    });
     let sum = |f: &dyn Fn(&Rep) -> u64| reps.iter().map(f).sum::<u64>() / REPS as u64;
     let (p_rounds, p_msgs) = (sum(&|r| r.produce.writer.rounds), sum(&|r| r.produce.writer.messages));
     println!(

@@ -167,3 +167,40 @@ async fn two_brokers_share_one_rate_limit() {
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
+
+/// A rate limit removed and set again starts with a full bucket, as embedded, in every
+/// process: the removal empties the shared bucket (the limit record) in the settings'
+/// transaction, so a broker connecting later does not read the old one's token time back — a
+/// day away here (checked: it fails when the removal leaves the record).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_removed_and_set_again_starts_with_a_full_bucket_everywhere() {
+    let day = RateLimit::new(1, Duration::from_secs(86_400));
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let a = connect(&cluster, "reset-bucket", &clock).await;
+    let q = a.queue("jobs").await.unwrap();
+    q.send_batch(["1", "2", "3"]).await.unwrap();
+    let group = || q.work_group("w").unwrap().lease(LEASE);
+    let mut jobs = group().rate_limit(day).subscribe().await.unwrap();
+    let first = jobs.next().await.unwrap().unwrap();
+    assert_eq!(first.seq(), 1);
+    first.ack_durable().await.unwrap();
+    drop(jobs);
+    let state = |broker: &Broker, seq| {
+        let broker = broker.clone();
+        async move { broker.job("jobs", "w", seq).await.unwrap().state }
+    };
+    assert_eq!(state(&a, 2).await, rockq::JobState::Limited, "a day's limit");
+    group().rate_limit(None).update().await.unwrap();
+    group().rate_limit(day).update().await.unwrap();
+    let b = connect(&cluster, "reset-bucket", &clock).await;
+    assert_eq!(state(&b, 2).await, rockq::JobState::Queued, "set again: a full bucket");
+    let mut jobs = b.queue("jobs").await.unwrap().work_group("w").unwrap().subscribe().await.unwrap();
+    let second = jobs.next().await.unwrap().unwrap();
+    assert_eq!(second.seq(), 2);
+    second.ack_durable().await.unwrap();
+    assert_eq!(state(&b, 3).await, rockq::JobState::Limited, "and the limit holds again");
+    drop(jobs);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}

@@ -4,8 +4,9 @@
 //! limit, across subscriptions and a pool's workers; jobs held back are not claimed and show as
 //! `Limited` (job status) and in `GroupStats::limited`; the limits are stored, compared and
 //! updated like the group's other settings, and bad ones are refused before anything is
-//! written. The bucket arithmetic against every window is a proptest in `src/rate_limit.rs`;
-//! the etcd engine's refusal is in tests/etcd_engine.rs.
+//! written. The bucket arithmetic against every window is a proptest in `src/rate_limit.rs`.
+//! `scripts/etcd-semantics.sh` runs the whole file against etcd; two processes sharing the
+//! limits there are `tests/etcd_limits.rs`.
 
 mod common;
 

@@ -410,7 +410,9 @@ impl WorkGroup {
     /// their token). The exact guarantee and the burst: [`RateLimit`]. Retries take a token
     /// each; a job whose attempts are used up is dead-lettered without one.
     ///
-    /// Not on the etcd engine ([`Error::Unsupported`] when stored).
+    /// On the etcd engine the bucket is shared by every process of the group (each claim is
+    /// compared with it in etcd); it keeps wall-clock time, so processes whose clocks
+    /// disagree by `s` may together start up to `s`'s worth of rate more in one window.
     ///
     /// # Examples
     ///
@@ -443,7 +445,10 @@ impl WorkGroup {
     /// where several pools share a small limit). A restart voids every lease, as it does for
     /// any claim: the jobs held are claimable at once, within the limit.
     ///
-    /// Not on the etcd engine ([`Error::Unsupported`] when stored).
+    /// On the etcd engine the limit holds across every process of the group (each claim is
+    /// compared in etcd with the claims before it). The leases of a process that stopped
+    /// without finishing its jobs hold their places until they run out there (other processes
+    /// cannot tell it stopped), and a lease counts as run out on each process's clock.
     ///
     /// # Examples
     ///

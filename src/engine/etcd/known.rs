@@ -40,11 +40,9 @@ pub(super) struct Known {
     /// The `mod_revision` of the group's last reset known here (0: none): offset moves
     /// compare it, so that none written on a view from before a reset stands.
     pub(super) reset_rev: i64,
-    /// The group's limit record (`store/etcd/limits.rs`) as this process last wrote or learned
-    /// it: the `mod_revision` its next limited claim compares (0: none), and the bucket's
-    /// `tat` there (wall micros, 0: none).
+    /// The `mod_revision` of the group's limit record (`store/etcd/limits.rs`) as this
+    /// process last wrote or learned it: what its next limited claim compares (0: none).
     pub(super) limit_rev: i64,
-    pub(super) limit_tat: u64,
 }
 
 impl Known {
@@ -93,14 +91,15 @@ impl Known {
             return;
         }
         self.limit_rev = l.rev;
-        self.limit_tat = self.limit_tat.max(l.tat_micros);
         g.learn_limit(l.tat_micros, l.rev, clock);
     }
 
     /// The limit record a claim of `g` decided on the view of `limit_rev` writes (`None`:
-    /// decided under no rate or concurrency limit): the bucket as the claim left it or as last
-    /// known, whichever is later, compared with the revision this process last wrote or
-    /// learned. This process's own limited claims since the view do not matter (they were
+    /// decided under no rate or concurrency limit): the rate bucket as the claim left it
+    /// (`bucket`; 0 without a rate limit — what an earlier rate left is no floor for a later
+    /// one, as embedded), compared with the revision this process last wrote or learned. The
+    /// bucket is every other process's as learned, and later: the view includes every record
+    /// written before. This process's own limited claims since the view do not matter (they were
     /// counted when decided); another process's do: `Err` when one was learned (or found by a
     /// refusal) since — compared with the newer revision, the write would pass for a decision
     /// that counted it.
@@ -114,7 +113,7 @@ impl Known {
         if !g.limit_view_current(decided) {
             return Err(());
         }
-        Ok(Some(LimitWrite { expected: self.limit_rev, tat_micros: bucket.unwrap_or(0).max(self.limit_tat) }))
+        Ok(Some(LimitWrite { expected: self.limit_rev, tat_micros: bucket.unwrap_or(0) }))
     }
 
     /// The records of a refused write, as they are: taught to the state machine.
@@ -225,7 +224,7 @@ mod tests {
         let w = known.limit_write(&g, None, first.limit_rev).unwrap().unwrap();
         assert_eq!(w.expected, 0);
         // Written at 7 by this process: a claim decided before it still stands, against 7.
-        (known.limit_rev, known.limit_tat) = (7, 0);
+        known.limit_rev = 7;
         assert_eq!(known.limit_write(&g, None, first.limit_rev).unwrap().unwrap().expected, 7);
         // Another process's limited claim at 9, taught by the watch after `second` was decided.
         let second = take(1);

@@ -40,7 +40,7 @@ impl Writer {
                 return Ok(());
             }
             let seen = self.side.seen(group, qname);
-            match retrying(t, || store.put_work_settings(group, qname, &next, rev, seen)).await? {
+            match retrying(t, || store.put_work_settings(group, qname, &next, rev, seen, false)).await? {
                 SettingsPut::Written(rev) => {
                     let record = SettingsRecord {
                         group: group.to_owned(),

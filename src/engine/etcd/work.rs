@@ -130,9 +130,15 @@ impl Writer {
             }
             let record = next.stored_in(&current);
             let seen = self.side.seen(gname, qname);
+            // A rate limit removed empties its bucket in the same transaction.
+            let had_rate = WorkSettings::stored(&current, qname).is_some_and(|s| s.rate_limit.is_some());
+            let empty_bucket = had_rate && next.rate_limit.is_none();
             let put = match record == current {
                 true => SettingsPut::Written(rev),
-                false => retrying(t, || store.put_work_settings(gname, qname, &record, rev, seen)).await?,
+                false => {
+                    retrying(t, || store.put_work_settings(gname, qname, &record, rev, seen, empty_bucket))
+                        .await?
+                }
             };
             if put == SettingsPut::GroupGone {
                 return Err(Error::GroupDeleted { group: gname.to_string(), queue: qname.to_string() });
@@ -215,8 +221,8 @@ impl Writer {
                         for w in &writes {
                             known.wrote(w.seq, rev);
                         }
-                        if let Some(l) = limit {
-                            (known.limit_rev, known.limit_tat) = (rev, l.tat_micros);
+                        if limit.is_some() {
+                            known.limit_rev = rev;
                         }
                         for (seq, report) in std::mem::take(&mut self.read_back) {
                             group.restore_progress(seq, report);

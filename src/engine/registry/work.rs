@@ -600,12 +600,15 @@ impl WorkGroupState {
         })
     }
 
-    /// Whether a limit holds every claim back at `now`: the concurrency limit is reached, or
-    /// the rate limit has no token.
+    /// Whether a limit holds every claim back at `now`: the concurrency limit is reached, the
+    /// rate limit has no token, or (the etcd engine) the view is known to miss another
+    /// process's limited claims.
     fn limit_reached(&self, d: &Dispatch, limits: &Limits, now: Instant) -> bool {
         let full = limits.concurrency.is_some_and(|n| d.leased() + d.settling() >= n as usize);
         let dry = limits.rate.as_ref().is_some_and(|r| d.bucket.next_at(r).is_some_and(|at| at > now));
-        full || dry
+        // The etcd engine: another process's limited claims are known but not learned yet.
+        let stale = (limits.rate.is_some() || limits.concurrency.is_some()) && d.limit_seen < d.limit_known;
+        full || dry || stale
     }
 
     /// Jobs a claim could take now but the group's limits hold back: the claimable ones when
@@ -641,6 +644,9 @@ impl WorkGroupState {
             let mut d = self.dispatch();
             d.limit_seen = d.limit_seen.max(rev);
             d.limit_known = d.limit_known.max(rev);
+            // Whatever this process's settings say now: a rate limit another process set may
+            // reach them after its claims' bucket did. (A removed limit's bucket is emptied
+            // in the record itself, so one set again starts full.)
             if tat_micros > 0 {
                 let now = clock.now();
                 d.bucket.learn(clock.instant_at_wall(tat_micros), now);

@@ -460,6 +460,8 @@ impl EtcdStore {
 
     /// Replaces a group's settings record if its `mod_revision` is still `expected`; returns
     /// the new record's `mod_revision` (`None`: it had changed, nothing written).
+    /// `empty_bucket`: a rate limit was removed — the limit record (`limits.rs`) is put back
+    /// to no bucket in the same transaction.
     ///
     /// Only while the group exists, and is the one read at `seen`: a settings record written
     /// after a deletion would be taken up by the next group of the name.
@@ -470,16 +472,24 @@ impl EtcdStore {
         record: &GroupSettings,
         expected: i64,
         seen: i64,
+        empty_bucket: bool,
     ) -> Result<SettingsPut, StorageError> {
         let key = self.settings_key(group, queue);
         let offset_key = self.offset_key(group, queue);
+        let mut ops = vec![TxnOp::put(key.clone(), records::encode_settings(record), None)];
+        if empty_bucket {
+            // A rate limit removed: its bucket goes with it (one set again starts full, as
+            // embedded). Put, not deleted: every process learns the record's new revision
+            // from its claim watch, and a limited claim decided before compares the old one.
+            ops.push(TxnOp::put(self.limit_key(group, queue), 0u64.to_be_bytes().to_vec(), None));
+        }
         let txn = Txn::new()
             .when([
-                Compare::mod_revision(key.clone(), CompareOp::Equal, expected),
+                Compare::mod_revision(key, CompareOp::Equal, expected),
                 Compare::version(offset_key.clone(), CompareOp::Greater, 0),
                 same_group(&offset_key, seen),
             ])
-            .and_then([TxnOp::put(key, records::encode_settings(record), None)])
+            .and_then(ops)
             .or_else([TxnOp::get(offset_key, None)]);
         let resp = self.kv().txn(txn).await?;
         if resp.succeeded() {
