@@ -1200,3 +1200,68 @@ async fn a_transaction_refused_after_an_unanswered_try_is_refused_for_good() {
     drop(js);
     broker.shutdown().await.expect("shutdown");
 }
+
+/// A claim decided before a reset its process has not learned is refused, and the refusal
+/// teaches the reset: every claim of new leases compares the group's reset mark. Without it,
+/// `a` — which finished 1–3 of key `k` and whose watch is held — would claim 4 as the next of
+/// the key while `b`, after resetting the group, runs 1 again (checked: it does). With it,
+/// `a`'s claim of 4 is refused, `a` starts again from the reset, finds 1 taken by `b`, and gets
+/// 2 once `b` finished 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_decided_before_a_reset_it_has_not_learned_is_refused_and_learns_it() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let a = connect_with(&cluster, "reset-claim", &clock).await;
+    let qa = a.queue("q").await.expect("queue");
+    for i in 1..=5 {
+        qa.send(rockq::Message::new(i.to_string()).key("k")).await.expect("send");
+    }
+    let group = |q: &rockq::Queue| q.work_group("w").expect("group").ordered_by_key(true);
+    let mut ja = group(&qa).subscribe().await.expect("subscribe");
+    for seq in 1..=3 {
+        let j = next_job(&mut ja).await;
+        assert_eq!(j.seq(), seq);
+        j.ack_durable().await.expect("ack");
+    }
+    a.flush().await.expect("flush");
+    // Every claim watch held from here: `a` does not hear of the reset, nor of `b`'s claim.
+    let hold = Hold::at("rockq-etcd-claim-watch-apply", "rockq-etcd-claim-watch-applied");
+    let b = connect_with(&cluster, "reset-claim", &clock).await;
+    let qb = b.queue("q").await.expect("queue");
+    assert_eq!(group(&qb).reset_to(rockq::ResetTo::Sequence(1)).await.expect("reset"), 1);
+    let mut jb = group(&qb).subscribe().await.expect("subscribe");
+    let first = next_job(&mut jb).await;
+    assert_eq!((first.seq(), first.attempt()), (1, 1), "replayed from the start");
+    // `a` claims now: every answer to a claim write counted.
+    let answers = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = answers.clone();
+    fail::cfg_callback("rockq-etcd-claim-answer", move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    })
+    .expect("failpoint");
+    let next_a = tokio::spawn(async move {
+        let j = next_job(&mut ja).await;
+        (j.seq(), j.attempt(), j, ja)
+    });
+    // Refused twice (4, decided before the reset; then 1, which `b` holds), or a job.
+    let deadline = tokio::time::Instant::now() + common::HANG_GUARD;
+    while answers.load(std::sync::atomic::Ordering::SeqCst) < 2 && !next_a.is_finished() {
+        assert!(tokio::time::Instant::now() < deadline, "a's claims never came back");
+        tokio::task::yield_now().await;
+    }
+    fail::remove("rockq-etcd-claim-answer");
+    if next_a.is_finished() {
+        hold.open();
+        let (seq, attempt, _, _) = next_a.await.expect("a's claim");
+        panic!("a claimed {seq} (attempt {attempt}) while b runs 1 of the same key");
+    }
+    hold.release().await;
+    first.ack_durable().await.expect("ack");
+    let (seq, attempt, second, _ja) = next_a.await.expect("a's claim");
+    assert_eq!((seq, attempt), (2, 1), "the next of the key, once b finished the first");
+    second.ack_durable().await.expect("ack");
+    drop(jb);
+    a.shutdown().await.expect("shutdown");
+    b.shutdown().await.expect("shutdown");
+}

@@ -330,10 +330,9 @@ impl WorkGroup {
     /// On the etcd engine the order holds across every process of the group: each reads the
     /// keys of what it may claim and learns the others' claims and outcomes from etcd, and a
     /// message is claimable only once every earlier one of its key is finished there (a
-    /// finished job stays finished, so a process that learns late only waits longer). Two
-    /// differences (`docs/etcd.md`): a trim keeps the key's place only in the process holding
-    /// the lease, and while a [reset](WorkGroup::reset_to) is on its way to a process, that
-    /// process may start a later message of a key the reset made run again.
+    /// finished job stays finished until a [reset](WorkGroup::reset_to), which every claim
+    /// compares in etcd, so a process that learns late only waits longer). One difference
+    /// (`docs/etcd.md`): a trim keeps the key's place only in the process holding the lease.
     ///
     /// # Examples
     ///

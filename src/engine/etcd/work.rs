@@ -38,7 +38,7 @@ use crate::model::WorkSettings;
 use crate::model::{Claim, GroupMode, GroupOffset, StartFrom};
 use crate::stats::{JobOutcome, OutcomeKind};
 use crate::store::envelope;
-use crate::store::etcd::limits::{LimitRecord, LimitWrite};
+use crate::store::etcd::work::{ClaimFences, FencesFound};
 use crate::store::etcd::work::{ClaimRecord, ClaimWrite, ClaimsOutcome, OffsetMove, SettingsPut};
 use crate::store::etcd::{DeadLetterAppend, MAX_TXN_BYTES, MAX_TXN_OPS};
 use crate::telemetry;
@@ -216,7 +216,16 @@ impl Writer {
                         ..ClaimWrite::new(*seq, known.expected(*seq), c.clone())
                     })
                     .collect();
-                match self.write(&group, &writes, None, None, limit).await {
+                match self
+                    .write(
+                        &group,
+                        &writes,
+                        None,
+                        None,
+                        Some(ClaimFences { reset_rev: known.reset_rev, limit }),
+                    )
+                    .await
+                {
                     Ok(Written::Yes(rev)) => {
                         for w in &writes {
                             known.wrote(w.seq, rev);
@@ -229,7 +238,19 @@ impl Writer {
                         }
                         break;
                     }
-                    Ok(Written::No { offset, found, limit: found_limit, .. }) => {
+                    Ok(Written::No { offset, found, fences, .. }) => {
+                        let FencesFound { reset, limit: found_limit } =
+                            fences.unwrap_or(FencesFound { reset: None, limit: None });
+                        let mut found = found;
+                        if let Some((to, rev)) = reset.filter(|(_, rev)| *rev > known.reset_rev) {
+                            // A reset this process's watch has not brought yet: applied as
+                            // the watch would (the claims decided before it are dropped by
+                            // the check below; the next ones start from the reset). Of the
+                            // records found, only those written since say anything: a missing
+                            // one is what the reset left, unclaimed already.
+                            known.reset(&group, to, rev);
+                            found.retain(|(_, r)| r.as_ref().is_some_and(|r| r.rev > rev));
+                        }
                         known.learn(&group, offset, found, &clock);
                         if let Some(l) = found_limit.filter(|l| l.rev != known.limit_rev) {
                             // Another process's limited claim: no limited claim is decided
@@ -275,9 +296,9 @@ impl Writer {
         writes: &[ClaimWrite],
         dead_letters: Option<&DeadLetterAppend>,
         moving: Option<OffsetMove>,
-        limit: Option<LimitWrite>,
+        fences: Option<ClaimFences>,
     ) -> Result<Written, StorageError> {
-        let r = self.write_once(group, writes, dead_letters, moving, limit).await;
+        let r = self.write_once(group, writes, dead_letters, moving, fences).await;
         self.note(&r);
         r
     }
@@ -288,7 +309,7 @@ impl Writer {
         writes: &[ClaimWrite],
         dead_letters: Option<&DeadLetterAppend>,
         moving: Option<OffsetMove>,
-        limit: Option<LimitWrite>,
+        fences: Option<ClaimFences>,
     ) -> Result<Written, StorageError> {
         let store = self.side.store.clone();
         let deadline = Instant::now() + self.budget();
@@ -298,7 +319,15 @@ impl Writer {
             let seen = self.side.seen(&group.name, &group.queue.name);
             match until(
                 deadline,
-                store.write_claims(&group.name, &group.queue.name, seen, writes, dead_letters, moving, limit),
+                store.write_claims(
+                    &group.name,
+                    &group.queue.name,
+                    seen,
+                    writes,
+                    dead_letters,
+                    moving,
+                    fences,
+                ),
             )
             .await
             {
@@ -306,7 +335,7 @@ impl Writer {
                     self.read_back = progress;
                     return Ok(Written::Yes(rev));
                 }
-                Ok(ClaimsOutcome::Refused { offset, found, tail, limit: found_limit }) => {
+                Ok(ClaimsOutcome::Refused { offset, found, tail, fences: found_fences }) => {
                     // After an unknown outcome: ours if every record is the one this write
                     // meant to put (a `Done` may since have been passed by the offset and
                     // deleted), and the dead-letter copies are where it put them (another
@@ -336,7 +365,7 @@ impl Writer {
                             found.iter().filter_map(|(_, r)| r.as_ref().map(|r| r.rev)).max().unwrap_or(0);
                         return Ok(Written::Yes(rev));
                     }
-                    return Ok(Written::No { offset, found, tail, limit: found_limit });
+                    return Ok(Written::No { offset, found, tail, fences: found_fences });
                 }
                 Err(e) => {
                     if Instant::now() + backoff >= deadline {
@@ -950,8 +979,8 @@ enum Written {
         offset: u64,
         found: Vec<(u64, Option<ClaimRecord>)>,
         tail: Option<(u64, u64)>,
-        /// The group's limit record as found, if the write compared it.
-        limit: Option<LimitRecord>,
+        /// The fences as found, if the write compared them.
+        fences: Option<FencesFound>,
     },
 }
 

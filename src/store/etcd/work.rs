@@ -120,13 +120,35 @@ pub(crate) enum ClaimsOutcome {
     /// Every record written at revision `rev`, with the progress reports read back.
     Written { rev: i64, progress: Vec<(u64, bytes::Bytes)> },
     /// Nothing written: the offset and the records as they are now (`None`: no record), the
-    /// dead-letter queue's tail if one was compared, and the limit record if one was.
+    /// dead-letter queue's tail if one was compared, and the fences if they were.
     Refused {
         offset: u64,
         found: Vec<(u64, Option<ClaimRecord>)>,
         tail: Option<(u64, u64)>,
-        limit: Option<LimitRecord>,
+        fences: Option<FencesFound>,
     },
+}
+
+/// What a claim of new leases compares besides its records ([`EtcdStore::write_claims`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ClaimFences {
+    /// The `mod_revision` of the group's reset mark the claim was decided after (0: never
+    /// reset). A reset makes finished jobs unfinished again, so a process that has not learned
+    /// it would claim, as never claimed, a message the reset replays later than its key's
+    /// earlier one, which another process may be running by then.
+    pub reset_rev: i64,
+    /// The limit record (`limits.rs`), for a group with a rate or concurrency limit.
+    pub limit: Option<LimitWrite>,
+}
+
+/// What a refused claim of new leases found of its fences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FencesFound {
+    /// The group's last reset as it is now: the offset it reset to and the mark's
+    /// `mod_revision` (`None`: never reset).
+    pub reset: Option<(u64, i64)>,
+    /// The limit record as it is now, if one was compared (rev 0: none).
+    pub limit: Option<LimitRecord>,
 }
 
 /// What a refused claim write found: the group's offset, and each record written as it is now
@@ -297,8 +319,9 @@ impl EtcdStore {
 
     /// Writes claim records (claims, outcomes) in one transaction, if every record's
     /// `mod_revision` is the one expected and the group's offset is below every sequence
-    /// written; and dead-letter copies with the same tail compare as an append, and the
-    /// group's limit record with its compare (`limits.rs`), if given.
+    /// written; and dead-letter copies with the same tail compare as an append, and, for new
+    /// leases, the `fences` (the reset mark compared, the limit record written and compared),
+    /// if given.
     #[allow(clippy::too_many_arguments)] // one transaction's parts, each optional
     pub async fn write_claims(
         &self,
@@ -308,7 +331,7 @@ impl EtcdStore {
         writes: &[ClaimWrite],
         dead_letters: Option<&DeadLetterAppend>,
         moving: Option<OffsetMove>,
-        limit: Option<LimitWrite>,
+        fences: Option<ClaimFences>,
     ) -> Result<ClaimsOutcome, StorageError> {
         let (mut cmps, mut ops, mut gets) = (Vec::new(), Vec::new(), Vec::new());
         let passed = moving.map_or(0, |m| m.to);
@@ -321,8 +344,13 @@ impl EtcdStore {
         if let Some(tail) = &tail_key {
             gets.push(TxnOp::get(tail.clone(), None));
         }
-        if let Some(l) = limit {
-            self.push_limit(group, queue, l, &mut cmps, &mut ops, &mut gets);
+        if let Some(f) = fences {
+            let mark = self.reset_mark_key(group, queue);
+            cmps.push(Compare::mod_revision(mark.clone(), CompareOp::Equal, f.reset_rev));
+            gets.push(TxnOp::get(mark, None));
+            if let Some(l) = f.limit {
+                self.push_limit(group, queue, l, &mut cmps, &mut ops, &mut gets);
+            }
         }
         if ops.len() > super::MAX_TXN_OPS || cmps.len() > super::MAX_TXN_OPS {
             return Err(StorageError::new(format!(
@@ -360,24 +388,38 @@ impl EtcdStore {
             }
             return Ok(ClaimsOutcome::Written { rev, progress });
         }
-        // The answers to the gets, in order: the offset, each record, the tail, the limit.
+        // The answers to the gets, in order: the offset, each record, the tail, the reset
+        // mark, the limit.
         let mut answers = super::answers(&resp);
         let c = ClaimsTxn { group, queue, seen, writes };
         let Some((offset, found)) = self.refused_claims(&c, &mut answers)? else {
             return Err(StorageError::new(format!("work group {group} on {queue} has no offset record")));
         };
-        // (An answer is taken only for a get that was sent: the limit's follows.)
+        // (An answer is taken only for a get that was sent: the fences' follow.)
         let tail = match tail_key.map(|_| answers.next().flatten()) {
             Some(Some(t)) => Some(decode_tail(t.key(), t.value())?),
             _ => None,
         };
-        let limit = match limit.map(|_| answers.next().flatten()) {
-            Some(Some(kv)) => Some(Self::limit_record(&kv)?),
-            // Compared and missing: as a record never written.
-            Some(None) => Some(LimitRecord { tat_micros: 0, rev: 0 }),
+        let fences = match fences {
+            Some(f) => {
+                let reset = match answers.next().flatten() {
+                    Some(kv) => Some((
+                        records::decode_offset(kv.key(), kv.value()).map_err(corrupt)?.committed,
+                        kv.mod_revision(),
+                    )),
+                    None => None,
+                };
+                let limit = match f.limit.map(|_| answers.next().flatten()) {
+                    Some(Some(kv)) => Some(Self::limit_record(&kv)?),
+                    // Compared and missing: as a record never written.
+                    Some(None) => Some(LimitRecord { tat_micros: 0, rev: 0 }),
+                    None => None,
+                };
+                Some(FencesFound { reset, limit })
+            }
             None => None,
         };
-        Ok(ClaimsOutcome::Refused { offset, found, tail, limit })
+        Ok(ClaimsOutcome::Refused { offset, found, tail, fences })
     }
 
     /// Adds `m` to a transaction of [`push_claims`](Self::push_claims): its compares (the
