@@ -1201,14 +1201,14 @@ async fn a_transaction_refused_after_an_unanswered_try_is_refused_for_good() {
     broker.shutdown().await.expect("shutdown");
 }
 
-/// A claim decided before a reset its process has not learned is refused, and the refusal
-/// teaches the reset: every claim of new leases compares the group's reset mark. Without it,
+/// A claim decided on a view from before a reset is refused, and the refusal teaches the
+/// reset: every claim of new leases compares the group's reset mark. Without it,
 /// `a` — which finished 1–3 of key `k` and whose watch is held — would claim 4 as the next of
 /// the key while `b`, after resetting the group, runs 1 again (checked: it does). With it,
 /// `a`'s claim of 4 is refused, `a` starts again from the reset, finds 1 taken by `b`, and gets
 /// 2 once `b` finished 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_decided_before_a_reset_it_has_not_learned_is_refused_and_learns_it() {
+async fn a_claim_on_a_view_from_before_a_reset_is_refused_and_teaches_it() {
     let _one_at_a_time = SERIAL.lock().await;
     let cluster = etcd::Cluster::start(1).await;
     let clock = rockq::ManualClock::new();
@@ -1244,7 +1244,7 @@ async fn a_claim_decided_before_a_reset_it_has_not_learned_is_refused_and_learns
         let j = next_job(&mut ja).await;
         (j.seq(), j.attempt(), j, ja)
     });
-    // Refused twice (4, decided before the reset; then 1, which `b` holds), or a job.
+    // Refused twice (4, on the view from before the reset; then 1, which `b` holds), or a job.
     let deadline = tokio::time::Instant::now() + common::HANG_GUARD;
     while answers.load(std::sync::atomic::Ordering::SeqCst) < 2 && !next_a.is_finished() {
         assert!(tokio::time::Instant::now() < deadline, "a's claims never came back");
@@ -1256,6 +1256,9 @@ async fn a_claim_decided_before_a_reset_it_has_not_learned_is_refused_and_learns
         let (seq, attempt, _, _) = next_a.await.expect("a's claim");
         panic!("a claimed {seq} (attempt {attempt}) while b runs 1 of the same key");
     }
+    // Taught by the refusals alone (its watch is still held): the reset (2 unfinished again)
+    // and `b`'s lease of 1 (2 waits behind it).
+    assert_eq!(a.job("q", "w", 2).await.expect("job").state, rockq::JobState::Parked);
     hold.release().await;
     first.ack_durable().await.expect("ack");
     let (seq, attempt, second, _ja) = next_a.await.expect("a's claim");

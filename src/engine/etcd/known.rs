@@ -37,8 +37,9 @@ pub(super) struct Known {
     /// Every such claim since the last known write, not only the latest: a request held in a
     /// paused member's socket may be applied after later ones failed too.
     pub(super) doubted: HashMap<u64, Vec<Claim>>,
-    /// The `mod_revision` of the group's last reset known here (0: none): offset moves
-    /// compare it, so that none written on a view from before a reset stands.
+    /// The `mod_revision` of the group's last reset known here (0: none): offset moves and
+    /// claims of new leases compare it, so that none written on a view from before a reset
+    /// stands.
     pub(super) reset_rev: i64,
     /// The `mod_revision` of the group's limit record (`store/etcd/limits.rs`) as this
     /// process last wrote or learned it: what its next limited claim compares (0: none).

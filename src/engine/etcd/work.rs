@@ -241,15 +241,20 @@ impl Writer {
                     Ok(Written::No { offset, found, fences, .. }) => {
                         let FencesFound { reset, limit: found_limit } =
                             fences.unwrap_or(FencesFound { reset: None, limit: None });
-                        let mut found = found;
                         if let Some((to, rev)) = reset.filter(|(_, rev)| *rev > known.reset_rev) {
                             // A reset this process's watch has not brought yet: applied as
-                            // the watch would (the claims decided before it are dropped by
-                            // the check below; the next ones start from the reset). Of the
-                            // records found, only those written since say anything: a missing
-                            // one is what the reset left, unclaimed already.
+                            // the watch would, and learned with it the records written since
+                            // (a missing one is what the reset left, unclaimed already). Every
+                            // claim of this call was decided before it — an earlier chunk's
+                            // too, whose records it deleted: none stands (answered as taken,
+                            // not as an overlap with another process's claims).
                             known.reset(&group, to, rev);
-                            found.retain(|(_, r)| r.as_ref().is_some_and(|r| r.rev > rev));
+                            let since =
+                                found.into_iter().filter(|(_, r)| r.as_ref().is_some_and(|r| r.rev > rev));
+                            known.learn(&group, offset, since.collect(), &clock);
+                            tracing::debug!(queue = %group.queue.name, group = %group.name, "rockq: claims decided before a reset this process had not learned: given back");
+                            let _ = reply.send(Ok(claims.iter().map(|(seq, _)| *seq).collect()));
+                            return;
                         }
                         known.learn(&group, offset, found, &clock);
                         if let Some(l) = found_limit.filter(|l| l.rev != known.limit_rev) {

@@ -10,9 +10,10 @@
 //!   from the old offset (every trim compares the queue record) writes nothing and plans again;
 //! - for a work group, the **reset mark** `N c/claim:<group>:<queue>:<u64::MAX>` (the new
 //!   offset), inside the claim prefix so that every process's claim watch sees it in the same
-//!   revision as the deleted claims; every offset move compares its `mod_revision` with the
-//!   one its process last learned, so a process that has not seen the reset yet cannot move
-//!   the offset over messages the reset gave back.
+//!   revision as the deleted claims; every offset move and every claim of new leases compares
+//!   its `mod_revision` with the one its process last learned, so a process that has not seen
+//!   the reset yet can neither move the offset over messages the reset gave back nor claim
+//!   them as if they were never claimed.
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, Txn, TxnOp};
 

@@ -70,8 +70,8 @@ pub(crate) struct LoadedClaims {
     pub records: Vec<ClaimRecord>,
     /// The revision they were read at (a watch starts after it).
     pub rev: i64,
-    /// The `mod_revision` of the group's last reset (0: never reset), which offset moves
-    /// compare.
+    /// The `mod_revision` of the group's last reset (0: never reset), which offset moves and
+    /// claims of new leases compare.
     pub reset_rev: i64,
     /// The group's limit record (`limits.rs`), if a limited claim wrote one.
     pub limit: Option<LimitRecord>,
