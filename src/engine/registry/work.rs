@@ -164,6 +164,20 @@ struct Limits {
     per_key: bool,
 }
 
+impl Limits {
+    /// A rate or concurrency limit: claims are counted against the group's limit record.
+    fn on_claims(&self) -> bool {
+        self.rate.is_some() || self.concurrency.is_some()
+    }
+
+    /// The etcd engine: under such a limit, `d` is known to miss another process's limited
+    /// claims (written, not learned yet) — a count or a bucket without them would let this
+    /// process claim past the limit.
+    fn view_stale(&self, d: &Dispatch) -> bool {
+        self.on_claims() && d.limit_seen < d.limit_known
+    }
+}
+
 /// What one [`WorkGroupState::take`] produced.
 #[derive(Debug, Default)]
 pub(crate) struct Take {
@@ -519,11 +533,10 @@ impl WorkGroupState {
         // before each claim, a token taken only by a claim that hands a job out.
         let limits = self.limits();
         let mut room = limits.concurrency.map(|n| (n as usize).saturating_sub(d.leased() + d.settling()));
-        // The etcd engine: another process's limited claim is known to have been written but
-        // is not learned yet — a count or a bucket without it would let this process claim
-        // past the limit (its write would be refused): wait for the watch to teach it.
-        let stale = (limits.rate.is_some() || limits.concurrency.is_some()) && d.limit_seen < d.limit_known;
-        if limits.rate.is_some() || limits.concurrency.is_some() {
+        // A stale view waits for the watch to teach what it misses (its writes would be
+        // refused).
+        let stale = limits.view_stale(&d);
+        if limits.on_claims() {
             out.limit_rev = Some(d.limit_seen);
             out.limited |= stale;
         }
@@ -606,9 +619,7 @@ impl WorkGroupState {
     fn limit_reached(&self, d: &Dispatch, limits: &Limits, now: Instant) -> bool {
         let full = limits.concurrency.is_some_and(|n| d.leased() + d.settling() >= n as usize);
         let dry = limits.rate.as_ref().is_some_and(|r| d.bucket.next_at(r).is_some_and(|at| at > now));
-        // The etcd engine: another process's limited claims are known but not learned yet.
-        let stale = (limits.rate.is_some() || limits.concurrency.is_some()) && d.limit_seen < d.limit_known;
-        full || dry || stale
+        full || dry || limits.view_stale(d)
     }
 
     /// Jobs a claim could take now but the group's limits hold back: the claimable ones when
@@ -617,7 +628,7 @@ impl WorkGroupState {
     /// ordered by key or limited per key (which learns their keys first: some may park).
     pub fn limited(&self, now: Instant) -> u64 {
         let limits = self.limits();
-        if limits.rate.is_none() && limits.concurrency.is_none() && !limits.per_key {
+        if !limits.on_claims() && !limits.per_key {
             return 0;
         }
         let d = self.dispatch();
@@ -771,8 +782,7 @@ impl WorkGroupState {
         }
         let limits = self.limits();
         let per_key = limits.per_key;
-        let limited =
-            (limits.rate.is_some() || limits.concurrency.is_some()) && self.limit_reached(&d, &limits, now);
+        let limited = limits.on_claims() && self.limit_reached(&d, &limits, now);
         let Some(slot) = d.get(seq) else {
             // Below the frontier without a slot: claimed and finished, its offset move not
             // durable yet. From the frontier on: never claimed.

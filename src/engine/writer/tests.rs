@@ -219,6 +219,17 @@ async fn work_group(fx: &mut Fixture) -> Arc<WorkGroupState> {
     rx.await.unwrap().unwrap()
 }
 
+/// A claim of `claims` in reset epoch 0, unlimited, and where its answer comes.
+fn claim(
+    group: &Arc<WorkGroupState>,
+    claims: Vec<(u64, Claim)>,
+) -> (Request, oneshot::Receiver<Result<Vec<u64>, Error>>) {
+    let (reply, rx) = oneshot::channel();
+    let req =
+        WorkRequest::Claim { group: group.clone(), epoch: 0, claims, bucket: None, limit_rev: None, reply };
+    (Request::Work(req), rx)
+}
+
 fn ack(group: &Arc<WorkGroupState>, seq: u64) -> (Request, oneshot::Receiver<Result<(), Error>>) {
     let (reply, rx) = oneshot::channel();
     let outcome = Outcome::Ack { result: None };
@@ -241,21 +252,9 @@ async fn finishing_above_a_gap_keeps_done_claims_and_closing_it_writes_one_offse
     let g = work_group(&mut fx).await;
     let leased =
         |seq: u64| (seq, Claim::Leased { attempt: 1, token: 7, deadline_micros: 1, holder: "w".into() });
-    let (reply, claimed) = oneshot::channel();
     let claims = vec![leased(1), leased(2), leased(3), leased(4)];
-    fx.land(|r| {
-        apply(
-            r,
-            Request::Work(WorkRequest::Claim {
-                group: g.clone(),
-                epoch: 0,
-                claims,
-                bucket: None,
-                limit_rev: None,
-                reply,
-            }),
-        )
-    });
+    let (req_claim, claimed) = claim(&g, claims);
+    fx.land(|r| apply(r, req_claim));
     claimed.await.unwrap().unwrap();
 
     // 2 and 3 finish while 1 is still out: the offset cannot move.
@@ -295,21 +294,9 @@ async fn a_long_gap_closes_with_one_range_delete_of_exactly_what_the_offset_pass
     let g = work_group(&mut fx).await;
     let leased =
         |seq: u64| (seq, Claim::Leased { attempt: 1, token: 7, deadline_micros: 1, holder: "w".into() });
-    let (reply, claimed) = oneshot::channel();
     let claims = (1..=60).map(leased).collect();
-    fx.land(|r| {
-        apply(
-            r,
-            Request::Work(WorkRequest::Claim {
-                group: g.clone(),
-                epoch: 0,
-                claims,
-                bucket: None,
-                limit_rev: None,
-                reply,
-            }),
-        )
-    });
+    let (req_claim, claimed) = claim(&g, claims);
+    fx.land(|r| apply(r, req_claim));
     claimed.await.unwrap().unwrap();
 
     // Everything but 1 and 50 finishes: 2..=49 and 51..=60 wait above the gap as `done`.
@@ -341,21 +328,11 @@ async fn a_claim_or_outcome_from_before_a_reset_is_refused_with_lease_lost() {
     let mut fx = Fixture::new();
     let g = work_group(&mut fx).await;
     g.reset(0); // epoch 1
-    let (reply, claimed) = oneshot::channel();
     let claims = vec![(1, Claim::Leased { attempt: 1, token: 1, deadline_micros: 1, holder: "w".into() })];
+    let (req_claim, claimed) = claim(&g, claims);
     let (req, acked) = ack(&g, 1);
     let (_, done) = fx.round(|r| {
-        apply(
-            r,
-            Request::Work(WorkRequest::Claim {
-                group: g.clone(),
-                epoch: 0,
-                claims,
-                bucket: None,
-                limit_rev: None,
-                reply,
-            }),
-        );
+        apply(r, req_claim);
         apply(r, req);
     });
     assert!(matches!(claimed.await.unwrap(), Err(Error::LeaseLost { seq: 1, attempt: 1, .. })));
