@@ -229,6 +229,11 @@ impl Inbox {
         out
     }
 
+    /// How many messages are staged.
+    pub fn staged(&self) -> usize {
+        self.lock().staged
+    }
+
     /// Whether anything is staged (a lock-free hint for the writer's brief wait).
     pub fn has_staged(&self) -> bool {
         self.pending.load(std::sync::atomic::Ordering::Acquire)

@@ -73,6 +73,9 @@ pub(super) struct Writer {
     pub(super) marker_lease: Option<(i64, Instant)>,
 }
 
+/// The most times the writer lets answered producers run before it takes the next round.
+const MAX_YIELDS: usize = 8;
+
 /// Runs until every handle is gone or a shutdown is asked for.
 pub(super) async fn run(
     engine: Arc<Engine>,
@@ -97,7 +100,26 @@ pub(super) async fn run(
     };
     let max_requests = w.engine.options.max_batch_messages;
     let mut pending: Vec<Request> = Vec::new();
+    // Whether the last round answered sends: their producers are woken and about to send again.
+    let mut answered = false;
     loop {
+        if std::mem::take(&mut answered) {
+            // Let them stage before the next round is taken: awaiting producers otherwise
+            // settle into two halves (one half staging while the other's transaction is out),
+            // each transaction carrying half of what they could put in one. A transaction's
+            // time is mostly etcd's fixed round trip (1.0 of 1.2 ms at 32 messages on one
+            // member), so one round of all of them writes nearly twice as fast. Costs a trip
+            // through the runtime's queue when no producer is waiting.
+            let mut seen = w.engine.inbox.staged();
+            for _ in 0..MAX_YIELDS {
+                tokio::task::yield_now().await;
+                let now = w.engine.inbox.staged();
+                if now == seen {
+                    break;
+                }
+                seen = now;
+            }
+        }
         let mut gone = false;
         if !w.engine.inbox.has_staged() && w.engine.inbox.idle_if_empty() {
             // A commit that failed (etcd unreachable, an election) left its groups dirty: try
@@ -125,6 +147,7 @@ pub(super) async fn run(
         let staged = if stop { w.engine.inbox.close(None) } else { w.engine.inbox.take() };
         for s in staged {
             w.append_staged(s).await;
+            answered = true;
         }
         let mut flushes = Vec::new();
         let mut shutdowns = Vec::new();
