@@ -73,6 +73,10 @@ cargo test --features "$features" --test job_status "$@"
 # durable limits: rate, concurrency and per key.
 cargo test --features "$features" --test work_per_key "$@"
 cargo test --features "$features" --test limits "$@"
+# Message priorities (not the export into a database directory).
+# (Not the restart test: on etcd a stopped process's lease holds until it runs out, tested
+# across brokers in tests/etcd_engine.rs.)
+cargo test --features "$features" --test priorities "$@" -- --skip an_export_and_import --skip after_a_restart
 # Kept job outcomes, results and progress reports (not the reset-while-leased test, nor the
 # export into a database directory).
 cargo test --features "$features" --test job_outcomes "$@" -- --skip a_trim_or_a_reset \

@@ -181,8 +181,9 @@ impl Message {
     /// Meant for the few that must jump the line (a password-reset mail among a newsletter's
     /// hundred thousand): each prioritised message costs an index entry on disk and about 50
     /// bytes of memory while it is retained. Fairness for the lower ones is
-    /// [`WorkGroup::priority_share`](crate::WorkGroup::priority_share). The etcd engine refuses
-    /// a priority above 0 (`Unsupported`).
+    /// [`WorkGroup::priority_share`](crate::WorkGroup::priority_share). On the etcd engine
+    /// priorities hold across processes; a send call there holds at most 125 prioritised and
+    /// keyed messages together (`Unsupported` beyond).
     ///
     /// # Examples
     ///

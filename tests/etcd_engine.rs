@@ -356,14 +356,6 @@ async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_ch
         .await
         .unwrap_err();
     assert!(is_etcd(e.unsupported()), "more keys than the transaction that makes a call visible holds: {e}");
-    // A transaction that sends with a priority: refused whole.
-    let kv = broker.kv("accounts").await.unwrap();
-    let mut tx = broker.transaction();
-    tx.put(&kv, "a", "1").unwrap();
-    tx.send(&q, Message::new("urgent").priority(5)).unwrap();
-    let e = tx.commit().await.unwrap_err();
-    assert!(is_etcd(e.unsupported()), "a transaction that sends with a priority: {e}");
-    assert_eq!(kv.get("a").await.unwrap(), None);
     let empty = broker.transaction().commit().await.unwrap();
     assert_eq!((empty.revision(), empty.sent().len()), (None, 0));
     let dir = tempfile::tempdir().unwrap();
@@ -766,23 +758,137 @@ async fn a_result_the_group_would_drop_is_refused_and_a_progress_report_goes_wit
     broker.shutdown().await.unwrap();
 }
 
-/// A message priority is refused with the family's `Unsupported` error, for `send`, a batch and
-/// a submit, and nothing is appended; a priority of 0 (the default) is a plain send.
-#[tokio::test]
-async fn a_message_priority_is_refused_and_nothing_is_sent() {
+/// Priorities across processes: prioritised messages one broker sends (a send, a batch, a
+/// transaction's send) are claimed by another broker's subscription before the backlog, highest
+/// first, as they are embedded; one the first broker claimed ahead of the backlog is never
+/// handed out by the second, which drains everything else in order; a broker connecting later
+/// reads each message's priority from the index in etcd; the group finishes every job once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn priorities_sent_in_one_broker_are_claimed_first_in_another() {
     let cluster = etcd::Cluster::start(1).await;
-    let broker = connect(&cluster, "priorities").await;
-    let q = broker.queue("q").await.unwrap();
-    let urgent = || rockq::Message::new("urgent").priority(9);
-    let e = q.send(urgent()).await.unwrap_err();
-    assert_eq!(e.unsupported().map(|u| u.engine()), Some("etcd"), "send: {e}");
-    let e = q.send_batch([rockq::Message::new("plain"), urgent()]).await.unwrap_err();
-    assert_eq!(e.unsupported().map(|u| u.engine()), Some("etcd"), "batch: {e}");
-    let e = q.submit(urgent().idempotency_key("k")).await.unwrap_err();
-    assert_eq!(e.unsupported().map(|u| u.engine()), Some("etcd"), "submit: {e}");
-    assert_eq!(q.last_seq(), 0, "nothing was appended");
-    assert_eq!(q.send(rockq::Message::new("plain").priority(0)).await.unwrap(), 1);
-    broker.shutdown().await.unwrap();
+    let (a, b) = (connect(&cluster, "priorities").await, connect(&cluster, "priorities").await);
+    let qa = a.queue("q").await.unwrap();
+    qa.send_batch((1..=50).map(|i| format!("plain {i}"))).await.unwrap();
+    let qb = b.queue("q").await.unwrap();
+    assert_eq!(qb.send(Message::new("p5").priority(5)).await.unwrap(), 51);
+    qb.send_batch([Message::new("p9").priority(9), Message::new("plain 51")]).await.unwrap();
+    let mut tx = b.transaction();
+    tx.send(&qb, Message::new("p7").priority(7)).unwrap();
+    tx.commit().await.unwrap();
+    // A call larger than a transaction (its sequences reserved first): its index entries go
+    // with the commit that publishes it.
+    let bulk = (0..200).map(|i| match i {
+        150 => Message::new("p8").priority(8),
+        _ => Message::new(format!("bulk {i}")),
+    });
+    assert_eq!(qb.send_batch(bulk).await.unwrap(), 55..=254);
+    // `a` sees them published (its namespace watch brings each index entry with the tail).
+    tokio::time::timeout(HANG_GUARD, async {
+        while qa.last_seq() < 254 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("a saw b's sends");
+    let group = |q: &rockq::Queue| {
+        q.work_group("w").unwrap().lease(Duration::from_secs(3600)).read_batch(1).max_in_flight(1)
+    };
+    // `b` claims the highest first and holds it.
+    let mut in_b = group(&qb).subscribe().await.unwrap();
+    let held = tokio::time::timeout(HANG_GUARD, in_b.next()).await.unwrap().unwrap().unwrap();
+    assert_eq!((held.seq(), held.priority(), held.payload().as_ref()), (52, 9, &b"p9"[..]));
+    // A broker connecting now reads the priorities from etcd.
+    let c = connect(&cluster, "priorities").await;
+    let priorities: Vec<u8> =
+        futures::future::join_all([51, 52, 53, 54, 204, 205].map(|s| c.job("q", "w", s)))
+            .await
+            .into_iter()
+            .map(|s| s.unwrap().priority)
+            .collect();
+    assert_eq!(priorities, [5, 9, 0, 7, 0, 8]);
+    c.shutdown().await.unwrap();
+    // `a` drains the rest: the prioritised ones first, then the backlog in order; never p9.
+    let mut in_a = group(&qa).subscribe().await.unwrap();
+    let mut got = Vec::new();
+    for _ in 0..253 {
+        let j = tokio::time::timeout(HANG_GUARD, in_a.next()).await.unwrap().unwrap().unwrap();
+        got.push(String::from_utf8_lossy(j.payload()).into_owned());
+        j.ack().unwrap();
+    }
+    let mut want: Vec<String> = vec!["p8".into(), "p7".into(), "p5".into()];
+    want.extend((1..=51).map(|i| format!("plain {i}")));
+    want.extend((0..200).filter(|&i| i != 150).map(|i| format!("bulk {i}")));
+    assert_eq!(got, want);
+    held.ack_durable().await.unwrap();
+    let wg = qa.work_group("w").unwrap();
+    tokio::time::timeout(HANG_GUARD, async {
+        while wg.committed() < Some(254) {
+            a.flush().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("every job finished, the offset past all");
+    drop((in_a, in_b));
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+/// A broker that stopped holding a prioritised job it claimed ahead of the backlog (and having
+/// finished another): a broker connecting afterwards reads those claims ahead of its
+/// frontier, claims the next prioritised job and the backlog without touching them, and the
+/// held one, with its attempt counted, once its lease has run out (on etcd a stopped
+/// process's lease holds until then; embedded, a restart frees it at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_made_ahead_by_a_stopped_broker_are_neither_lost_nor_repeated() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let lease = Duration::from_secs(60);
+    let b = connect_clock(&cluster, "ahead", &clock).await;
+    let q = b.queue("q").await.unwrap();
+    q.send_batch((1..=4).map(|i| format!("plain {i}"))).await.unwrap();
+    for u in ["u1", "u2", "u3"] {
+        q.send(Message::new(u).priority(2)).await.unwrap();
+    }
+    q.send_batch(["plain 5", "plain 6"]).await.unwrap();
+    let group = |q: &rockq::Queue| q.work_group("w").unwrap().lease(lease).read_batch(2).max_in_flight(2);
+    let mut sub = group(&q).subscribe().await.unwrap();
+    let (u1, u2) = (common::next_job(&mut sub).await, common::next_job(&mut sub).await);
+    assert_eq!((u1.payload().as_ref(), u2.payload().as_ref()), (&b"u1"[..], &b"u2"[..]));
+    u1.ack_durable().await.unwrap();
+    // Stopped without settling u2: its lease record stays in etcd.
+    drop((u2, sub));
+    drop(b);
+    let c = connect_clock(&cluster, "ahead", &clock).await;
+    let q = c.queue("q").await.unwrap();
+    let mut sub = group(&q).subscribe().await.unwrap();
+    let mut got = Vec::new();
+    for _ in 0..8 {
+        let j = common::next_job(&mut sub).await;
+        got.push((String::from_utf8_lossy(j.payload()).into_owned(), j.attempt()));
+        j.ack_durable().await.unwrap();
+        if got.len() == 7 {
+            // Everything else done: u2's lease runs out.
+            clock.advance(lease + Duration::from_secs(1));
+        }
+    }
+    let want: Vec<(String, u32)> = ["u3", "plain 1", "plain 2", "plain 3", "plain 4", "plain 5", "plain 6"]
+        .iter()
+        .map(|s| (s.to_string(), 1))
+        .collect();
+    assert_eq!(got[..7], want[..]);
+    assert_eq!(got[7], ("u2".to_string(), 2), "u2 once its lease ran out, its attempt counted");
+    let wg = q.work_group("w").unwrap();
+    tokio::time::timeout(HANG_GUARD, async {
+        while wg.committed() < Some(9) {
+            c.flush().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("every job finished once, u1 never again");
+    drop(sub);
+    c.shutdown().await.unwrap();
 }
 
 /// Flows are refused with the family's `Unsupported` error, and nothing is sent or stored.

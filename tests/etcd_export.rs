@@ -301,11 +301,10 @@ async fn a_database_moves_embedded_to_etcd_and_back_with_its_state() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_import_into_etcd_refuses_what_etcd_cannot_hold_and_leaves_the_namespace_empty_and_keeps_work_group_limits()
- {
+async fn an_import_into_etcd_keeps_priorities_and_work_group_limits_and_refuses_a_namespace_in_use() {
     let cluster = etcd::Cluster::start(1).await;
     let dir = tempdir();
-    // A prioritised message to refuse.
+    // Prioritised messages: their index entries rebuilt from the envelopes.
     let other = common::open(&dir.path().join("prio")).await;
     let q = other.queue("q").await.unwrap();
     q.send_batch(["a", "b"]).await.unwrap();
@@ -324,27 +323,26 @@ async fn an_import_into_etcd_refuses_what_etcd_cannot_hold_and_leaves_the_namesp
     keyed.shutdown().await.unwrap();
 
     let mut client = cluster.client().await;
-    let count = |c: &mut etcd_client::Client| {
-        let mut c = c.clone();
-        async move {
-            c.get("refused/", Some(etcd_client::GetOptions::new().with_prefix().with_count_only()))
-                .await
-                .unwrap()
-                .count()
-        }
-    };
-    for f in [&with_priority] {
-        let e = Broker::import_etcd(
-            std::fs::File::open(f).unwrap(),
-            cluster.endpoints(),
-            "refused",
-            EtcdOptions::new(),
-        )
-        .await
-        .unwrap_err();
-        assert!(e.unsupported().is_some_and(|u| u.engine() == "etcd"), "{e}");
-        assert_eq!(count(&mut client).await, 0, "a refused import leaves nothing in the namespace");
+    Broker::import_etcd(
+        std::fs::File::open(&with_priority).unwrap(),
+        cluster.endpoints(),
+        "prio",
+        EtcdOptions::new(),
+    )
+    .await
+    .unwrap();
+    let b = Broker::connect_etcd(cluster.endpoints(), "prio", EtcdOptions::new()).await.unwrap();
+    let mut sub = b.queue("q").await.unwrap().work_group("w").unwrap().subscribe().await.unwrap();
+    assert_eq!(b.job("q", "w", 3).await.unwrap().priority, 9, "read from the index rebuilt in etcd");
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let j = tokio::time::timeout(common::HANG_GUARD, sub.next()).await.unwrap().unwrap().unwrap();
+        got.push(String::from_utf8_lossy(j.payload()).into_owned());
+        j.ack().unwrap();
     }
+    assert_eq!(got, ["urgent", "a", "b"], "claimed by priority, as before the export");
+    drop(sub);
+    b.shutdown().await.unwrap();
 
     Broker::import_etcd(
         std::fs::File::open(&with_per_key).unwrap(),

@@ -6,7 +6,8 @@
 //! ordered by key keep their orders; a delayed message, a dead letter and its redrive keep the
 //! priority; retention and purges drop the index with the messages; lookups report it. The
 //! claim order itself is checked against a full-scan reference in
-//! `src/engine/registry/priority_props.rs`; the etcd engine's refusal in tests/etcd_engine.rs.
+//! `src/engine/registry/priority_props.rs`. The suite runs unchanged against etcd
+//! (`scripts/etcd-semantics.sh`); across processes, tests/etcd_engine.rs.
 
 mod common;
 
@@ -289,7 +290,7 @@ async fn retention_and_purges_drop_the_index_with_the_messages() {
     assert_eq!(drain(&mut sub, 2).await, strs(&["new-urgent", "c"]));
     let inspector_dir = dir.path().to_path_buf();
     broker.shutdown().await.unwrap();
-    let inspector = rockq::Inspector::open(&inspector_dir).await.unwrap();
+    let inspector = common::inspector(&inspector_dir).await;
     assert_eq!(inspector.job("jobs", "workers", 6).await.unwrap().priority, 1, "read from the index on disk");
     assert_eq!(inspector.job("jobs", "workers", 5).await.unwrap().priority, 0);
     // The trimmed and the purged prioritised messages left no index entry behind.

@@ -153,8 +153,8 @@ pub(crate) async fn import_etcd(
         Ok(lines.finish().0)
     });
     let mut written = Ok(());
-    while let Some((n, w)) = rx.recv().await {
-        if let Err(e) = store.import_write(&mut imp, n, w).await {
+    while let Some((_, w)) = rx.recv().await {
+        if let Err(e) = store.import_write(&mut imp, w).await {
             written = Err(e);
             break;
         }

@@ -65,18 +65,20 @@ pub(super) async fn load(
     let g = WorkGroupState::new(group, queue.clone(), offset);
     let clock = engine.clock().clone();
     let mut known = Known { stored_offset: offset, reset_rev: loaded.reset_rev, ..Known::default() };
+    // The settings first: a group that needs its messages' keys (ordered by key, a per-key
+    // limit) learns the records in order, the others put them ahead of the frontier.
+    if let (Some(rec), _) = retrying(t, || store.work_settings(group, &queue.name)).await? {
+        g.paused.store(rec.paused, std::sync::atomic::Ordering::SeqCst);
+        if let Some(s) = WorkSettings::stored(&rec, &queue.name) {
+            g.set_settings(Arc::new(s));
+        }
+    }
     for r in records {
         known.revs.insert(r.seq, r.rev);
         g.learn_claim(r.seq, &r.claim, &clock);
     }
     if let Some(l) = loaded.limit {
         known.learn_limit(&g, l, &clock);
-    }
-    if let (Some(rec), _) = retrying(t, || store.work_settings(group, &queue.name)).await? {
-        g.paused.store(rec.paused, std::sync::atomic::Ordering::SeqCst);
-        if let Some(s) = WorkSettings::stored(&rec, &queue.name) {
-            g.set_settings(Arc::new(s));
-        }
     }
     let ws = Arc::new(WorkSide { group: g.clone(), known: tokio::sync::Mutex::new(known) });
     // Before the registry: a deletion the watch brings later is judged by this revision.

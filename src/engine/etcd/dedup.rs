@@ -112,9 +112,11 @@ impl Writer {
         if let Some(f) = self.engine.failure() {
             return Err(crate::error::Closed::Failed(f).into());
         }
-        // Each message must fit a transaction, and every key is recorded by the one
-        // transaction that makes the call visible (`reserve.rs`).
-        let keyed = msgs.iter().filter(|m| m.idempotency_key.is_some()).count();
+        // Each message must fit a transaction, and every key is recorded (and every priority
+        // indexed) by the one transaction that makes the call visible (`reserve.rs`).
+        // (A keyed, prioritised message has both.)
+        let keyed = msgs.iter().filter(|m| m.idempotency_key.is_some()).count()
+            + msgs.iter().filter(|m| envelope::priority(&m.envelope) > 0).count();
         if keyed > super::reserve::MAX_KEYS_PER_CALL || msgs.iter().any(|m| m.envelope.len() > MAX_TXN_BYTES)
         {
             return Err(capability::refusal(Flavour::Etcd, Capability::HugeMessage));

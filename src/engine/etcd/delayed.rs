@@ -34,8 +34,9 @@ use crate::store::keys::RECURRING;
 
 /// Due entries one firing reads at a time.
 const FIRE_READ: usize = 256;
-/// Messages one firing transaction appends: each is a put and two deletes, with the tail's put.
-const FIRE_TXN: usize = (MAX_TXN_OPS - 1) / 3;
+/// Messages one firing transaction appends: each is a put (and its priority index entry) and
+/// two deletes, with the tail's put.
+const FIRE_TXN: usize = (MAX_TXN_OPS - 1) / 4;
 /// Reads of due entries one `Fire` request makes before it lets other requests in (the timer
 /// asks again at once if more is due).
 const FIRE_ROUNDS: usize = 4;
@@ -115,10 +116,12 @@ impl Writer {
         }
         let now = self.stamp();
         let delayed = |m: &Submission| m.due.is_some_and(|d| d > now);
-        // One transaction: each message appended now is a put, each delayed one two, each key
-        // one more, with the tail's put.
-        let ops =
-            msgs.iter().map(|m| if delayed(m) { 2 } else { 1 } + usize::from(m.idempotency_key.is_some()));
+        // One transaction: each message appended now is a put (and its index entry if it has a
+        // priority), each delayed one two, each key one more, with the tail's put.
+        let ops = msgs.iter().map(|m| {
+            let now = 1 + usize::from(envelope::priority(&m.envelope) > 0);
+            (if delayed(m) { 2 } else { now }) + usize::from(m.idempotency_key.is_some())
+        });
         let bytes: usize = msgs.iter().map(|m| m.envelope.len() + 8).sum();
         if ops.sum::<usize>() + 1 > MAX_TXN_OPS || bytes > MAX_TXN_BYTES {
             return Err(capability::refusal(Flavour::Etcd, Capability::HugeMessage));

@@ -61,13 +61,18 @@ use super::request::{Request, WorkRequest};
 use crate::error::Error;
 
 /// A send call of any size is written (one larger than a transaction under a reservation of
-/// its sequences, `reserve.rs`), but each message must fit one transaction on its own.
+/// its sequences, `reserve.rs`), but each message must fit one transaction on its own, and its
+/// prioritised and keyed messages the transaction that makes it visible.
 pub(crate) fn check_send(msgs: &[crate::message::Message]) -> Result<(), Error> {
     if msgs.iter().any(|m| crate::store::envelope::encoded_len(m) > crate::store::etcd::MAX_TXN_BYTES) {
         capability::check(Flavour::Etcd, Capability::HugeMessage)?;
     }
-    if msgs.iter().any(|m| m.priority > 0) {
-        capability::check(Flavour::Etcd, Capability::Priority)?;
+    // Every index entry (and a key) goes in the transaction that makes a call visible
+    // (`reserve.rs`).
+    let entries = msgs.iter().filter(|m| m.priority > 0).count()
+        + msgs.iter().filter(|m| m.idempotency_key.is_some()).count();
+    if entries > reserve::MAX_KEYS_PER_CALL {
+        capability::check(Flavour::Etcd, Capability::HugeMessage)?;
     }
     Ok(())
 }

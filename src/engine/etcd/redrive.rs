@@ -26,9 +26,9 @@ use crate::store::etcd::redrive::{RedriveOutcome, SettleLetter};
 use crate::store::etcd::{DeadLetterAppend, MAX_TXN_BYTES, MAX_TXN_OPS};
 use crate::telemetry;
 
-/// Letters per transaction: each may go to its own target (a message and a tail each), plus
-/// the cursor and the deletion of the marks it passes.
-const PER_TXN: usize = (MAX_TXN_OPS - 2) / 2;
+/// Letters per transaction: each may go to its own target (a message, its priority index entry
+/// and a tail each), plus the cursor and the deletion of the marks it passes.
+const PER_TXN: usize = (MAX_TXN_OPS - 2) / 3;
 
 /// A letter on its way: its dead-letter sequence, its target and its encoded envelope.
 type Letter = (u64, Arc<QueueState>, Vec<u8>);
@@ -234,6 +234,7 @@ impl Writer {
                         (Some((q, _)), Some(a)) => {
                             let at = a.expected_last + 1;
                             self.tails.insert(q.id, (at, a.nonce));
+                            super::writer::index_sent(q, at, &a.envelopes);
                             q.publish_max(at);
                             telemetry::queue_counter(telemetry::REDRIVEN, &dlq.name, 1);
                             let (queue, seq_in) = (q.name.clone(), at);
@@ -307,6 +308,7 @@ impl Writer {
                         let end = a.expected_last + a.envelopes.len() as u64;
                         self.tails.insert(a.qid, (end, a.nonce));
                         if let Some((q, _)) = per_target.get(&a.qid) {
+                            super::writer::index_sent(q, a.expected_last + 1, &a.envelopes);
                             q.publish_max(end);
                         }
                         next.insert(a.qid, a.expected_last + 1);

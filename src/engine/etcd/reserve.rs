@@ -17,8 +17,9 @@ use crate::error::StorageError;
 use crate::store::etcd::reserve::{Committed, Reservation, Reserved};
 use crate::store::etcd::{DedupWrite, MAX_TXN_BYTES, MAX_TXN_OPS};
 
-/// Idempotency keys one send call records at most: all go in the transaction that makes the
-/// call visible, beside its tail, the reservation's deletion and at least one message.
+/// Idempotency keys and prioritised messages one send call holds at most together: their
+/// records and index entries all go in the transaction that makes the call visible, beside
+/// its tail, the reservation's deletion and at least one message.
 pub(crate) const MAX_KEYS_PER_CALL: usize = MAX_TXN_OPS - 3;
 
 /// How long a reservation outlives its holder: renewed while the holder writes.
@@ -70,8 +71,18 @@ impl Writer {
     ) -> Result<Option<(u64, u64)>, StorageError> {
         let store = self.side.store.clone();
         let keys = dedup.map_or(0, |(d, _)| d.len());
+        // Every index entry goes with the commit (`commit_reserved`); the call's size was
+        // checked when it was made (`MAX_KEYS_PER_CALL`).
+        let index: Vec<(u64, u8)> = envs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| {
+                let p = crate::store::envelope::priority(e);
+                (p > 0).then_some((last + 1 + i as u64, p))
+            })
+            .collect();
         // The commit puts the tail and deletes the reservation besides its share.
-        let first_room = MAX_TXN_OPS.saturating_sub(2 + keys).max(1);
+        let first_room = MAX_TXN_OPS.saturating_sub(2 + keys + index.len()).max(1);
         let chunks = cut(envs, first_room);
         let r = Reservation { last, count: envs.len() as u64, nonce };
         let mut lease = Lease {
@@ -99,7 +110,8 @@ impl Writer {
                     }
                 }
             }
-            self.commit_reserved(qid, cur_nonce, &r, &envs[chunks[0].clone()], dedup, deadline).await
+            let first = &envs[chunks[0].clone()];
+            self.commit_reserved(qid, cur_nonce, &r, (first, &index), dedup, deadline).await
         }
         .await;
         match &result {
@@ -168,7 +180,7 @@ impl Writer {
         qid: u32,
         cur_nonce: u64,
         r: &Reservation,
-        first: &[&[u8]],
+        (first, index): (&[&[u8]], &[(u64, u8)]),
         dedup: Option<(&[DedupWrite], i64)>,
         deadline: Instant,
     ) -> Result<Large, StorageError> {
@@ -177,7 +189,7 @@ impl Writer {
         // An attempt whose answer was lost may still land after a later one was sent.
         let mut in_doubt = false;
         loop {
-            match until(deadline, store.commit_reserved(qid, cur_nonce, r, first, dedup)).await {
+            match until(deadline, store.commit_reserved(qid, cur_nonce, r, first, dedup, index)).await {
                 Ok(Committed::Yes) => return Ok(Large::Stored),
                 Ok(Committed::KeyRecorded) if !in_doubt => {
                     return Ok(Large::Again { last: r.last, nonce: cur_nonce });

@@ -139,7 +139,9 @@ impl Writer {
         // record (by count and by bytes, a KiB left for keys and the record's other fields; an
         // upsert refused messages over a quarter of a transaction).
         let room = (MAX_TXN_BYTES - 1024) / rec.envelope.len().max(1);
-        let per_txn = room.saturating_sub(2).clamp(1, ON_TIME_PER_TXN);
+        // A prioritised message's index entry is one more operation per firing.
+        let per_firing = 1 + usize::from(envelope::priority(&rec.envelope) > 0);
+        let per_txn = room.saturating_sub(2).clamp(1, ON_TIME_PER_TXN / per_firing);
         let plan = plan_firings(&rec.recurrence, entry.due, now, grace, rec.anchor_micros, per_txn);
         let (sends, skipped) = plan.sends(rec.recurrence.missed);
         let folded: u64 = sends.iter().sum();

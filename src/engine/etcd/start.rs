@@ -66,6 +66,15 @@ pub(crate) async fn start(
         q.set_dedup_window(meta.dedup_window);
         registry.queues.insert(q.name.clone(), q);
     }
+    // Before any work group's claims are read: the restore puts prioritised claims ahead of
+    // the frontier, the others move it.
+    let by_id: std::collections::HashMap<u32, Arc<QueueState>> =
+        registry.queues.iter().map(|q| (q.id, q.clone())).collect();
+    for &(qid, seq, priority) in &loaded.priorities {
+        if let Some(q) = by_id.get(&qid) {
+            q.index_priority(seq, priority);
+        }
+    }
     // (After this, queues are registered through `register_queue` only: by the writer when
     // asked, by the watch when another process creates one.)
     for (group, queue, offset) in &loaded.groups {

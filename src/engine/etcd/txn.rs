@@ -89,10 +89,6 @@ impl Writer {
                 give_back(jobs, deliveries, e.is_conflict());
                 let _ = reply.send(Err(e));
             };
-        // Refused on etcd for every send (`etcd::check_send`): not here either.
-        if sends.iter().any(|s| envelope::priority(&s.msg.envelope) > 0) {
-            return refuse(reply, jobs, deliveries, capability::refusal(Flavour::Etcd, Capability::Priority));
-        }
         if self.side.settings.passive {
             return refuse(
                 reply,
@@ -519,6 +515,7 @@ impl Writer {
             }
             if let Some(a) = append {
                 self.tails.insert(q.queue.id, (seq - 1, a.nonce));
+                super::writer::index_sent(&q.queue, first, &a.envelopes);
             }
             let out: Vec<Sent> = q.sends.iter().map(|&i| sent[i]).collect();
             submitted(&q.queue, first..seq, &out);

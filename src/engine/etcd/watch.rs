@@ -66,6 +66,13 @@ pub(super) async fn run(
                         events.push(NamespaceEvent::Tail { qid: meta.id, last });
                         events.push(NamespaceEvent::Queue { name, meta });
                     }
+                    events.extend(
+                        loaded.priorities.into_iter().map(|(qid, seq, priority)| NamespaceEvent::Priority {
+                            qid,
+                            seq,
+                            priority,
+                        }),
+                    );
                     events.extend(first_due.map(|due| NamespaceEvent::Due { due }));
                     events.extend(
                         keyspaces.into_iter().map(|(name, id)| NamespaceEvent::Keyspace { name, id }),
@@ -109,6 +116,8 @@ async fn forget_missing(engine: &Engine, side: &EtcdSide, stored: &[(String, Que
 /// queue created elsewhere finds it registered.
 async fn apply(engine: &Engine, side: &EtcdSide, events: Vec<NamespaceEvent>) {
     let mut tails = Vec::new();
+    // The queue of the last index entry (a call's entries come together).
+    let mut indexed: Option<std::sync::Arc<crate::engine::registry::QueueState>> = None;
     for ev in &events {
         if let NamespaceEvent::Purged { qid, through } = *ev
             && let Some(q) = engine.registry.queues.iter().find(|q| q.id == qid)
@@ -131,6 +140,19 @@ async fn apply(engine: &Engine, side: &EtcdSide, events: Vec<NamespaceEvent>) {
             NamespaceEvent::Due { due } => {
                 side.due_offers.fetch_min(due, Ordering::AcqRel);
                 engine.timer.offer(due);
+            }
+            // Before the tails below: a claim that sees a message sees its priority.
+            NamespaceEvent::Priority { qid, seq, priority } => {
+                let q = match indexed.take() {
+                    Some(q) if q.id == qid => Some(q),
+                    _ => engine.registry.queues.iter().find(|q| q.id == qid).map(|q| q.clone()),
+                };
+                if let Some(q) = q {
+                    if seq >= q.first_seq.load(Ordering::Acquire) {
+                        q.index_priority(seq, priority);
+                    }
+                    indexed = Some(q);
+                }
             }
         }
     }
@@ -164,6 +186,8 @@ pub(super) async fn learn_queue(engine: &Engine, side: &EtcdSide, name: &str, me
     q.set_dedup_window(meta.dedup_window);
     let before = q.first_seq.fetch_max(meta.first_seq, Ordering::AcqRel);
     let to = meta.first_seq - 1;
+    // The trim deleted their index entries with them (whoever raised the first sequence here).
+    q.forget_priorities_through(to);
     if meta.first_seq > before {
         // Trimmed (here or elsewhere): the marks of ordered groups held here go (the trim
         // deleted them in etcd); subscriptions skip to the new first sequence as embedded.

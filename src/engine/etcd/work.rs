@@ -632,6 +632,7 @@ impl Writer {
                 Ok(Written::Yes(rev)) => {
                     known.wrote(seq, rev);
                     self.tails.insert(q.id, (last + 1, append.nonce));
+                    super::writer::index_sent(&q, last + 1, &append.envelopes);
                     q.publish_max(last + 1);
                     return Ok(Some((last + 1, reason)));
                 }

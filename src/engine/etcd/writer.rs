@@ -73,6 +73,10 @@ pub(super) struct Writer {
     pub(super) marker_lease: Option<(i64, Instant)>,
 }
 
+/// Operations an ordered group's commit gives its dead letters at most (the rest of etcd's
+/// 128 left for the offset, the dead-letter queue's tail and the marks).
+const MAX_LETTER_OPS: usize = 96;
+
 /// The most times the writer lets answered producers run before it takes the next round.
 const MAX_YIELDS: usize = 8;
 
@@ -453,12 +457,14 @@ impl Writer {
             let (mut ops, mut bytes) = (0, 0);
             let mut chunks: Vec<Vec<usize>> = Vec::new();
             for &c in cs {
-                // A message with an idempotency key (a call of its own) also puts its record.
+                // A message with an idempotency key (a call of its own) also puts its record,
+                // a prioritised one its index entry.
                 let keyed = calls[c]
                     .1
                     .first()
                     .is_some_and(|&(a, z)| envelope::idempotency_key(&s.arena[a..z]).is_some());
-                let n = calls[c].1.len() + usize::from(keyed);
+                let envs = calls[c].1.iter().map(|&(a, z)| &s.arena[a..z]);
+                let n = calls[c].1.len() + usize::from(keyed) + crate::store::etcd::index_entries(envs);
                 let b: usize = calls[c].1.iter().map(|(a, z)| z - a).sum();
                 if !chunk.is_empty() && (ops + n > MAX_TXN_MESSAGES || bytes + b > MAX_TXN_BYTES) {
                     chunks.push(std::mem::take(&mut chunk));
@@ -642,6 +648,7 @@ impl Writer {
                 {
                     Ok(None) => {
                         self.tails.insert(queue.id, (last + n, nonce));
+                        index_sent(queue, last + 1, &written);
                         return Ok(Done::Stored { first: last + 1, originals: plan.originals(last + 1) });
                     }
                     Ok(Some((l, n))) => (last, cur_nonce) = (l, n),
@@ -663,6 +670,7 @@ impl Writer {
             {
                 Ok(Appended::Stored) => {
                     self.tails.insert(queue.id, (last + n, nonce));
+                    index_sent(queue, last + 1, &written);
                     return Ok(Done::Stored { first: last + 1, originals: split.originals(&plan, last + 1) });
                 }
                 // The tail as read, no reservation: a fired message's record changed.
@@ -679,6 +687,7 @@ impl Writer {
                     {
                         // The earlier try landed late: stored once, there.
                         self.tails.remove(&queue.id);
+                        index_sent(queue, last + 1, &written);
                         return Ok(Done::Stored {
                             first: last + 1,
                             originals: split.originals(&plan, last + 1),
@@ -712,6 +721,7 @@ impl Writer {
                         match until(deadline, store.resolve_append(queue.id, last, nonce)).await {
                             Ok((true, _, _)) => {
                                 self.tails.remove(&queue.id);
+                                index_sent(queue, last + 1, &written);
                                 let originals = split.originals(&plan, last + 1);
                                 return Ok(Done::Stored { first: last + 1, originals });
                             }
@@ -773,6 +783,10 @@ impl Writer {
         let mut redeliver = Vec::new();
         let mut letters: Vec<(PendingLetter, Vec<u8>)> = Vec::new();
         let mut dlq: Option<Arc<QueueState>> = None;
+        // Operations the letters take (each its mark, its copy and a prioritised copy's index
+        // entry): those past `MAX_LETTER_OPS` go next round, so that a burst of them cannot
+        // make a commit larger than one transaction.
+        let (mut letter_ops, mut deferred) = (0, false);
         for p in pending {
             match p {
                 PendingRecord::Failed { seq, .. } if seq <= floor => {}
@@ -780,6 +794,13 @@ impl Writer {
                     marks.push((seq, OrderedMark::CameBack { deliveries, not_before_micros }));
                 }
                 PendingRecord::DeadLetter { msg, deliveries, reason, sub } => {
+                    let cost = 2 + usize::from(msg.priority > 0);
+                    if letter_ops + cost > MAX_LETTER_OPS {
+                        g.records().pending.push(PendingRecord::DeadLetter { msg, deliveries, reason, sub });
+                        deferred = true;
+                        continue;
+                    }
+                    letter_ops += cost;
                     let name = sub.dead_letter_queue();
                     let q = match &dlq {
                         Some(q) if q.name == name => q.clone(),
@@ -917,8 +938,19 @@ impl Writer {
                         v.saturating_sub(before),
                     );
                 }
+                if deferred {
+                    // The letters left for the next round: committed then, without waiting
+                    // for another request.
+                    if g.mark() {
+                        self.engine.mark_dirty(g.clone());
+                    }
+                    if let Some(tx) = self.nudge.upgrade() {
+                        let _ = tx.try_send(Request::Commit);
+                    }
+                }
                 if let Some((q, last, nonce, n)) = dl_meta {
                     self.tails.insert(q.id, (last + n as u64, nonce));
+                    index_sent(&q, last + 1, letters.iter().map(|(_, e)| e));
                     q.publish_max(last + n as u64);
                     for (i, (l, _)) in letters.into_iter().enumerate() {
                         let PendingLetter { msg, deliveries, reason, sub } = l;
@@ -1003,6 +1035,15 @@ impl Writer {
     pub(super) fn budget(&self) -> Duration {
         let s = &self.side.settings;
         if self.unreachable { s.attempt_timeout } else { s.request_timeout.min(s.attempt_timeout * 4) }
+    }
+}
+
+/// Indexes the priorities of `envs`, appended by this process at `first ..`, before the caller
+/// publishes them (other processes learn them from the watch, in the revision that published
+/// them): a claim that sees a message sees its priority.
+pub(super) fn index_sent<E: AsRef<[u8]>>(queue: &QueueState, first: u64, envs: impl IntoIterator<Item = E>) {
+    for (i, e) in envs.into_iter().enumerate() {
+        queue.index_priority(first + i as u64, envelope::priority(e.as_ref()));
     }
 }
 

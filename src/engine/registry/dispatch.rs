@@ -511,10 +511,25 @@ impl Dispatch {
         // so; skipping them here keeps a claim right meanwhile.
         let urgent = self.urgent.iter().find(|(_, s)| *s >= from).map(|&(p, s)| (p.0, s));
         let indexed = match index {
-            Some(ix) if fresh => {
+            Some(ix) if fresh => loop {
                 let cursors = &self.cursors;
-                ix.best(self.frontier, to, |p| cursors.get(&p).copied().unwrap_or(0))
-            }
+                match ix.best(self.frontier, to, |p| cursors.get(&p).copied().unwrap_or(0)) {
+                    // Claimed already (the etcd engine: by another process, learned before
+                    // or after the message's index entry was, or by a staggered pick): its
+                    // cursor moves past it, and a slot made before its priority was known
+                    // takes it (a lease that runs out, a retry, is urgent then).
+                    Some((p, s)) if self.ahead.contains(&s) || self.slots.contains_key(&s) => {
+                        self.cursors.insert(p, s + 1);
+                        if let Some(slot) = self.slots.get_mut(&s).filter(|slot| slot.priority < p) {
+                            let (state, old) = (slot.state, slot.priority);
+                            slot.priority = p;
+                            self.unindex(s, state, old);
+                            self.index(s, state, p);
+                        }
+                    }
+                    found => break found,
+                }
+            },
             _ => None,
         };
         // Highest priority, then lowest sequence.
@@ -539,10 +554,9 @@ impl Dispatch {
             }
         }
         let fresh_from = match self.stagger {
-            // Not with a priority index: a plain pick past the frontier moves no priority's
-            // cursor, so the index could offer the same sequence again. (The etcd engine, the
-            // only one that staggers, refuses priorities.)
-            Some(st) if index.is_none() && st.next > self.frontier && st.next <= to => st.next,
+            // (A staggered pick of a prioritised message moves no cursor: the index offers it
+            // again, and it is passed over above as claimed ahead.)
+            Some(st) if st.next > self.frontier && st.next <= to => st.next,
             _ => self.frontier,
         };
         let frontier = (fresh && fresh_from <= to).then_some(fresh_from);
@@ -589,13 +603,24 @@ impl Dispatch {
         Some(pick)
     }
 
-    /// The restore of a prioritised message claimed ahead of the frontier (its claim record was
-    /// found at open, or it lies before another such): its priority's cursor moves past it.
+    /// The restore of a message claimed ahead of the frontier (its claim record was found at
+    /// open, or it lies before another such): a prioritised one's cursor moves past it.
     pub fn restore_ahead(&mut self, seq: u64, priority: u8) {
         if seq >= self.frontier {
             self.ahead.insert(seq);
-            let c = self.cursors.entry(priority).or_insert(0);
-            *c = (*c).max(seq + 1);
+            if priority > 0 {
+                let c = self.cursors.entry(priority).or_insert(0);
+                *c = (*c).max(seq + 1);
+            }
+        }
+    }
+
+    /// The etcd engine: another process's record of `seq` was learned, at or above the
+    /// frontier: the frontier passes it when it gets there. No cursor moves (one of its
+    /// priority below it may be unclaimed still): the index offering it passes over it.
+    pub fn put_ahead(&mut self, seq: u64) {
+        if seq >= self.frontier {
+            self.ahead.insert(seq);
         }
     }
 
@@ -629,7 +654,9 @@ impl Dispatch {
     pub fn claimable_count(&self, last: u64, fresh: bool) -> u64 {
         let never = match fresh {
             true => {
-                last.saturating_add(1).saturating_sub(self.frontier).saturating_sub(self.ahead.len() as u64)
+                // (The etcd engine learns other processes' claims past `last` too.)
+                let ahead = self.ahead.range(..=last).count() as u64;
+                last.saturating_add(1).saturating_sub(self.frontier).saturating_sub(ahead)
             }
             false => 0,
         };

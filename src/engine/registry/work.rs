@@ -1131,7 +1131,9 @@ impl WorkGroupState {
             if seq <= p.offset {
                 return;
             }
-            reach(&mut d, seq, &self.queue);
+            self.learned(&mut d, seq);
+            // A retry, or a lease that runs out, is urgent if it has a priority.
+            let priority = self.queue.priority_of(seq);
             match claim {
                 Claim::Done => {
                     p.finish(seq);
@@ -1140,14 +1142,14 @@ impl WorkGroupState {
                 }
                 Claim::Leased { attempt, deadline_micros, .. } => {
                     let deadline = clock.instant_at_wall(*deadline_micros);
-                    d.insert_missing(seq, Slot::available(*attempt, String::new()));
+                    d.insert_missing(seq, Slot { priority, ..Slot::available(*attempt, String::new()) });
                     d.set(seq, SlotState::Leased { token: FOREIGN_TOKEN, deadline }, |s| {
                         s.attempt = *attempt
                     });
                 }
                 Claim::Waiting { attempt, not_before_micros, last_error, .. } => {
                     let due = clock.instant_at_wall(*not_before_micros);
-                    d.insert_missing(seq, Slot::available(*attempt, String::new()));
+                    d.insert_missing(seq, Slot { priority, ..Slot::available(*attempt, String::new()) });
                     d.set(seq, SlotState::Waiting { due }, |s| {
                         s.attempt = *attempt;
                         s.last_error = last_error.clone();
@@ -1173,7 +1175,7 @@ impl WorkGroupState {
             let mut d = self.dispatch();
             let mut p = self.progress();
             if seq > p.offset {
-                reach(&mut d, seq, &self.queue);
+                self.learned(&mut d, seq);
                 p.finish(seq);
             }
             d.remove(seq);
@@ -1223,8 +1225,9 @@ impl WorkGroupState {
             if seq <= self.progress().offset {
                 return;
             }
-            reach(&mut d, seq, &self.queue);
-            d.insert_missing(seq, Slot::available(0, String::new()));
+            self.learned(&mut d, seq);
+            let priority = self.queue.priority_of(seq);
+            d.insert_missing(seq, Slot { priority, ..Slot::available(0, String::new()) });
             if d.get(seq).is_some_and(|s| s.state == SlotState::Settling) {
                 // Behind its key (an operator's action on a parked job that etcd refused):
                 // parked again, as `operator_revert` does, not claimable beside its key's head.
@@ -1274,6 +1277,24 @@ pub(crate) enum Refused {
     State(&'static str),
     /// More than [`MAX_REACH`] never-claimed messages lie before it.
     TooFarAhead,
+}
+
+impl WorkGroupState {
+    /// The etcd engine: another process's record of `seq` was learned (or the refusal of a
+    /// claim found it unclaimed). At or above the frontier it is put ahead of it, as the
+    /// restore puts a claim made ahead: the frontier passes it when it gets there, and the
+    /// never-claimed messages before it are claimed from the frontier as usual — a claim far
+    /// ahead (a prioritised message's) makes no slot for every message before it. No
+    /// priority's cursor moves: its priority may not be known here yet (the namespace watch
+    /// brings it), and one of its priority below it may be unclaimed still; the index offering
+    /// it passes over it (`Dispatch::pick`). A group ordered by key learns the keys of what
+    /// lies before it, in order: the frontier moves past it (`reach`).
+    fn learned(&self, d: &mut Dispatch, seq: u64) {
+        match self.keyed() {
+            true => reach(d, seq, &self.queue),
+            false => d.put_ahead(seq),
+        }
+    }
 }
 
 /// Moves the frontier past `seq`: the sequences skipped were never claimed, so they are
@@ -1362,6 +1383,45 @@ mod tests {
         assert_eq!(seqs(&g.take(now, 2, 100, LEASE, MAX, 0)), [(19, 1), (20, 1)]);
         // Neither range was taken: everything left is claimed here, then on past its own.
         assert_eq!(seqs(&g.take(now, 4, 100, LEASE, MAX, 0)), [(14, 1), (15, 1), (16, 1), (21, 1)]);
+    }
+
+    /// The etcd engine: another process's claim of a prioritised message far ahead of the
+    /// frontier, or of one this process has not seen published (its index entry may still be
+    /// on its way), is put ahead of the frontier, not reached: no slot for every message
+    /// before it, the backlog still claimed from the frontier, the claimed one never again.
+    #[test]
+    fn another_process_s_claim_far_ahead_is_put_ahead_of_the_frontier_not_reached() {
+        const FAR: u64 = 1_000_000;
+        let queue = QueueState::new(1, "q", 1, FAR, crate::retention::Retention::Forever);
+        queue.index_priority(FAR, 5);
+        let g = WorkGroupState::new("w", queue.clone(), 0);
+        let clock = Clock::tokio();
+        let now = clock.now();
+        let theirs =
+            Claim::Leased { attempt: 1, token: 7, deadline_micros: u64::MAX / 2, holder: Arc::from("b") };
+        g.learn_claim(FAR, &theirs, &clock);
+        assert_eq!(g.dispatch().unclaimed(), 0, "no slot for the messages before it");
+        assert_eq!(seqs(&g.take(now, 2, FAR, LEASE, MAX, 0)), [(1, 1), (2, 1)]);
+        // Not published here yet, its priority not known: ahead all the same, under a lease
+        // that runs out in a second. Its index entry and tail arrive later: the index offers
+        // it, and it is passed over as claimed (its slot taking the priority).
+        let short = Claim::Leased {
+            attempt: 1,
+            token: 7,
+            deadline_micros: clock.wall_micros() + 1_000_000,
+            holder: Arc::from("b"),
+        };
+        g.learn_claim(FAR + 2, &short, &clock);
+        queue.index_priority(FAR + 1, 3);
+        queue.index_priority(FAR + 2, 9);
+        queue.publish_max(FAR + 3);
+        assert_eq!(seqs(&g.take(now, 2, FAR + 3, LEASE, MAX, 0)), [(FAR + 1, 1), (3, 1)]);
+        // Its lease ran out: claimable again, first (its priority), its attempt counted; the
+        // far prioritised one, still held, never.
+        let later = now + Duration::from_secs(2);
+        let t = g.take(later, 1000, FAR + 3, LEASE, MAX, 0);
+        assert_eq!(seqs(&t)[..2], [(FAR + 2, 2), (4, 1)]);
+        assert!(t.claimed.iter().all(|c| c.seq != FAR), "held by another");
     }
 
     #[test]

@@ -12,9 +12,10 @@
 //! do not travel) is how every process learns it.
 //!
 //! A queue is its record `q/<name>`, tail `t/`, purge mark `s/`, reservation `p/`, messages
-//! `m/`, idempotency keys `d/` and delayed messages `x/` (all under its id), its redrive cursor
-//! and letter marks `r/`, and every group on it: one transaction deletes them all, compared
-//! with the queue record as read and with no group made anywhere since (a group of the old
+//! `m/` with their priority index entries `sp/`, idempotency keys `d/` and delayed messages
+//! `x/` (all under its id), its redrive cursor and letter marks `r/`, and every group on it:
+//! one transaction deletes them all, compared with the queue record as read and with no group
+//! made anywhere since (a group of the old
 //! queue left behind would be taken up by a new queue of the name). What a process that has
 //! not heard of it appends next is refused: every append compares the tail's value. The due
 //! entries `sd/` of its delayed messages are left to the firing, which drops an entry whose
@@ -29,7 +30,7 @@ use crate::error::StorageError;
 use crate::store::keys;
 
 /// Groups deleted in a queue's own transaction; beyond them, the caller deletes groups first
-/// (9 operations for the queue, 7 per group, within etcd's 128).
+/// (10 operations for the queue, 7 per group, within etcd's 128).
 pub(crate) const QUEUE_DELETE_GROUPS: usize = 16;
 
 /// A queue deletion as planned from one read ([`EtcdStore::delete_queue`]).
@@ -100,6 +101,7 @@ impl EtcdStore {
             TxnOp::delete(self.purge_key(d.qid), None),
             TxnOp::delete(self.key(b"p/", &qid), None),
             TxnOp::delete(self.key(b"m/", &qid), prefix()),
+            TxnOp::delete(self.key(b"sp/", &qid), prefix()),
             TxnOp::delete(self.key(b"d/", &qid), prefix()),
             TxnOp::delete(self.key(b"x/", &qid), prefix()),
             TxnOp::delete(self.key(b"r/", &keys::redrive_key(name)), None),

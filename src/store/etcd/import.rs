@@ -10,9 +10,8 @@
 //! before), so nothing is left; an import stopped by a crash leaves the mark, which the next
 //! import clears (and `connect_etcd` names).
 //!
-//! What etcd does not hold yet is refused with `Error::Unsupported` naming the line:
-//! records only the embedded engine carries out (priorities). A rate limit's bucket is not
-//! in the file: it starts full.
+//! A prioritised message's index entry is rebuilt from its envelope, as an embedded import
+//! does. A rate limit's bucket is not in the file: it starts full.
 //! Keyspace entries are written with etcd's own revisions (an etcd key's `mod_revision` is
 //! the revision of the transaction that wrote it: the file's revisions cannot be kept); their
 //! keys and values are kept.
@@ -25,7 +24,7 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp};
 
 use super::{EtcdStore, MAX_TXN_BYTES, MAX_TXN_OPS, encode_tail};
-use crate::error::{Error, StorageError, UnsupportedError};
+use crate::error::{Error, StorageError};
 use crate::store::import_check::Write;
 use crate::store::{keys, records};
 
@@ -44,11 +43,6 @@ pub(crate) struct EtcdImport {
     now_micros: u64,
     ops: Vec<TxnOp>,
     bytes: usize,
-}
-
-fn refused(n: u64, what: &'static str) -> Error {
-    tracing::warn!(line = n, what, "rockq: import into etcd: refused");
-    Error::Unsupported(UnsupportedError::new(what, "etcd"))
 }
 
 impl EtcdStore {
@@ -112,7 +106,7 @@ impl EtcdStore {
     }
 
     /// Adds one checked line to the import, writing a transaction when one is full.
-    pub(crate) async fn import_write(&self, imp: &mut EtcdImport, n: u64, w: Write) -> Result<(), Error> {
+    pub(crate) async fn import_write(&self, imp: &mut EtcdImport, w: Write) -> Result<(), Error> {
         let (key, value, lease) = match w {
             Write::Queue { name, meta, last_seq } => {
                 imp.next_queue_id = imp.next_queue_id.max(meta.id + 1);
@@ -120,8 +114,10 @@ impl EtcdStore {
                 (self.queue_key(&name), records::encode_queue(&meta).to_vec(), None)
             }
             Write::Message { qid, seq, envelope } => {
-                if crate::store::envelope::priority(&envelope) > 0 {
-                    return Err(refused(n, "importing a message with a priority"));
+                // Its index entry, rebuilt from the envelope as an embedded import does.
+                let priority = crate::store::envelope::priority(&envelope);
+                if priority > 0 {
+                    self.import_put(imp, self.priority_key(qid, seq), vec![priority], None).await?;
                 }
                 (self.message_key(qid, seq), envelope, None)
             }

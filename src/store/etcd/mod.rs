@@ -15,6 +15,7 @@
 //! | `N t/<qid u32>` | the tail: last sequence `u64` and the nonce of the append that wrote it |
 //! | `N p/<qid u32>` | a send call's reservation of the sequences after the tail, under a lease (`reserve.rs`) |
 //! | `N m/<qid u32><seq u64>` | a message envelope (same codec) |
+//! | `N sp/<qid u32><seq u64>` | a prioritised message's index entry: its priority, `u8` (as RocksDB's), put with the message |
 //! | `N o/<group>:<queue>` | a group's offset (same codec) |
 //! | `N k/<group>:<queue>:<seq>` | an ordered group's mark (same codec) |
 //! | `N own/<group>:<queue>` | the owner of an ordered group, attached to an etcd lease |
@@ -57,7 +58,7 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp};
 
 pub(crate) use members::check_endpoint;
 use members::{Kv, Members};
@@ -72,6 +73,12 @@ pub(crate) const MAX_TXN_OPS: usize = 128;
 /// Bytes of message values one append transaction carries at most: below etcd's default
 /// `--max-request-bytes` (1.5 MiB) with room for keys and framing.
 pub(crate) const MAX_TXN_BYTES: usize = 1024 * 1024;
+
+/// The operations putting `envs` takes beyond one per message: a prioritised message's index
+/// entry goes with it (`push_message`).
+pub(crate) fn index_entries<'a>(envs: impl IntoIterator<Item = &'a [u8]>) -> usize {
+    envs.into_iter().filter(|e| envelope::priority(e) > 0).count()
+}
 
 /// Bytes of values one read asks for at most: half the client's 4 MiB answer limit, the
 /// rest left for keys and each entry's metadata.
@@ -100,6 +107,8 @@ pub(crate) struct EtcdLoaded {
     pub group_revs: Vec<i64>,
     /// Each purged queue's id and the last sequence purged (its purge mark).
     pub purged: Vec<(u32, u64)>,
+    /// Every prioritised message's index entry: queue id, sequence, priority.
+    pub priorities: Vec<(u32, u64, u8)>,
 }
 
 /// Why connecting failed.
@@ -274,6 +283,27 @@ impl EtcdStore {
     fn message_key(&self, qid: u32, seq: u64) -> Vec<u8> {
         self.key(b"m/", &keys::message_key(qid, seq))
     }
+    /// A prioritised message's index entry: in the namespace watch's range (`q/` to `t/`), so
+    /// a process learns it in the revision that published its message.
+    fn priority_key(&self, qid: u32, seq: u64) -> Vec<u8> {
+        self.key(b"sp/", &keys::message_key(qid, seq))
+    }
+    /// Puts message `seq`'s envelope, and its index entry if it has a priority (the same
+    /// transaction: the index is never behind the messages, as embedded).
+    fn push_message(&self, qid: u32, seq: u64, env: &[u8], ops: &mut Vec<TxnOp>) {
+        ops.push(TxnOp::put(self.message_key(qid, seq), env.to_vec(), None));
+        let priority = envelope::priority(env);
+        if priority > 0 {
+            ops.push(TxnOp::put(self.priority_key(qid, seq), vec![priority], None));
+        }
+    }
+    /// Deletes the index entries of messages `from..=to` of `qid` (with the messages').
+    fn delete_priorities(&self, qid: u32, from: u64, to: u64) -> TxnOp {
+        TxnOp::delete(
+            self.priority_key(qid, from),
+            Some(DeleteOptions::new().with_range(self.priority_key(qid, to.saturating_add(1)))),
+        )
+    }
     fn offset_key(&self, group: &str, queue: &str) -> Vec<u8> {
         self.key(b"o/", &keys::offset_key(group, queue))
     }
@@ -346,6 +376,7 @@ impl EtcdStore {
         let tails = kv.get_long(self.key(b"t/", b""), at()).await?;
         let offsets = kv.get_long(self.key(b"o/", b""), at()).await?;
         let purges = kv.get_long(self.key(b"s/", b""), at()).await?;
+        let priorities = kv.get_long(self.key(b"sp/", b""), at()).await?;
         let qprefix = self.key(b"q/", b"").len();
         let mut last_of = std::collections::HashMap::new();
         for t in tails.kvs() {
@@ -363,7 +394,12 @@ impl EtcdStore {
             queue_revs: Vec::new(),
             group_revs: Vec::new(),
             purged: Vec::new(),
+            priorities: Vec::new(),
         };
+        let pprefix = self.key(b"sp/", b"").len();
+        for p in priorities.kvs() {
+            out.priorities.push(decode_priority(&p.key()[pprefix..], p.key(), p.value())?);
+        }
         let sprefix = self.key(b"s/", b"").len();
         for p in purges.kvs() {
             let Ok(qid) = <[u8; 4]>::try_from(&p.key()[sprefix..]) else { continue };
@@ -490,7 +526,7 @@ impl EtcdStore {
         let mut ops =
             Vec::with_capacity(envelopes.len() + dedup.map_or(0, |(d, _)| d.len()) + 1 + along.ops());
         for (i, env) in envelopes.iter().enumerate() {
-            ops.push(TxnOp::put(self.message_key(qid, expected_last + 1 + i as u64), env.to_vec(), None));
+            self.push_message(qid, expected_last + 1 + i as u64, env, &mut ops);
         }
         ops.push(TxnOp::put(tail.clone(), encode_tail(expected_last + envelopes.len() as u64, nonce), None));
         let mut cmps = vec![
@@ -943,7 +979,7 @@ impl EtcdStore {
         // Refused like a moved tail while a large send call holds the queue (`reserve.rs`).
         cmps.push(self.no_reservation(a.qid));
         for (i, env) in a.envelopes.iter().enumerate() {
-            ops.push(TxnOp::put(self.message_key(a.qid, a.expected_last + 1 + i as u64), env.clone(), None));
+            self.push_message(a.qid, a.expected_last + 1 + i as u64, env, ops);
         }
         let last = a.expected_last + a.envelopes.len() as u64;
         ops.push(TxnOp::put(tail.clone(), encode_tail(last, a.nonce), None));
@@ -1024,6 +1060,15 @@ pub(crate) fn decode_tail(key: &[u8], v: &[u8]) -> Result<(u64, u64), StorageErr
     a.copy_from_slice(&v[..8]);
     b.copy_from_slice(&v[8..]);
     Ok((u64::from_be_bytes(a), u64::from_be_bytes(b)))
+}
+
+/// A priority index entry (`rest`: its key after `N sp/`): queue id, sequence, priority.
+pub(crate) fn decode_priority(rest: &[u8], key: &[u8], value: &[u8]) -> Result<(u32, u64, u8), StorageError> {
+    let (qid, seq) = keys::decode_message_key(rest).map_err(corrupt)?;
+    match value {
+        &[p] if p > 0 => Ok((qid, seq, p)),
+        _ => Err(corrupt(CorruptionError::new("priority entry", key, "expected one byte above 0"))),
+    }
 }
 
 /// The last sequence purged, of a purge mark (`retention.rs`).

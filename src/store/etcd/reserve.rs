@@ -21,7 +21,7 @@ use crate::error::StorageError;
 /// Whether an append of `envs` recording `keys` idempotency keys fits one transaction (the
 /// tail's put is the one more operation); if not, it is reserved.
 pub(crate) fn fits_one(envs: &[&[u8]], keys: usize) -> bool {
-    envs.len() + keys < super::MAX_TXN_OPS
+    envs.len() + super::index_entries(envs.iter().copied()) + keys < super::MAX_TXN_OPS
         && envs.iter().map(|e| e.len()).sum::<usize>() <= super::MAX_TXN_BYTES
 }
 
@@ -146,7 +146,8 @@ impl EtcdStore {
     }
 
     /// Makes the reserved call visible: puts `envelopes` (its first messages) at `r.last + 1 ..`,
-    /// the tail `(r.last + r.count, r.nonce)` and `dedup`'s records, and deletes the
+    /// the tail `(r.last + r.count, r.nonce)`, the whole call's priority `index` entries
+    /// (`(seq, priority)`) and `dedup`'s records, and deletes the
     /// reservation, if it still stands, the tail is still `(r.last, expected_nonce)` and no key
     /// was recorded meanwhile.
     pub async fn commit_reserved(
@@ -156,6 +157,7 @@ impl EtcdStore {
         r: &Reservation,
         envelopes: &[&[u8]],
         dedup: Option<(&[DedupWrite], i64)>,
+        index: &[(u64, u8)],
     ) -> Result<Committed, StorageError> {
         let (tail, key) = (self.tail_key(qid), self.reservation_key(qid));
         let mut cmps = vec![
@@ -168,6 +170,12 @@ impl EtcdStore {
         }
         ops.push(TxnOp::put(tail, encode_tail(r.last + r.count, r.nonce), None));
         ops.push(TxnOp::delete(key.clone(), None));
+        // Every prioritised message's index entry, the earlier transactions' too: with the
+        // tail that publishes them (a call abandoned half-way leaves none behind, to be taken
+        // for those of the messages a later append puts there).
+        for &(seq, priority) in index {
+            ops.push(TxnOp::put(self.priority_key(qid, seq), vec![priority], None));
+        }
         if let Some((records, lease)) = dedup {
             self.push_dedup(qid, r.last + 1, records, lease, &mut cmps, &mut ops);
         }

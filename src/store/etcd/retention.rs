@@ -81,14 +81,18 @@ pub(crate) enum NamespaceEvent {
     QueueGone { name: String, id: u32 },
     /// Keyspace `name` (`id`) was made (`kv.rs`).
     Keyspace { name: String, id: u32 },
+    /// Message `seq` of queue `qid` was sent with `priority` (its index entry, put in the
+    /// transaction that published it).
+    Priority { qid: u32, seq: u64, priority: u8 },
 }
 
 impl TrimPlan {
-    /// The operations its transaction holds: the ranged delete and the queue record, a ranged
+    /// The operations its transaction holds: the ranged deletes (the messages, their priority
+    /// index entries) and the queue record, a ranged
     /// delete and an offset put per work group behind, a ranged delete per ordered group
     /// behind, and a purge's mark. [`split`](Self::split) makes it fit etcd's limit.
     pub fn operations(&self) -> usize {
-        2 + usize::from(self.purge)
+        3 + usize::from(self.purge)
             + self.behind.iter().map(|g| if g.mode == GroupMode::WorkQueue { 2 } else { 1 }).sum::<usize>()
     }
 
@@ -103,7 +107,7 @@ impl TrimPlan {
     pub fn split(&mut self) -> (Vec<TrimGroup>, Vec<TrimGroup>) {
         let (mut work, mut ordered): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.behind).into_iter().partition(|g| g.mode == GroupMode::WorkQueue);
-        let room = super::MAX_TXN_OPS - 2 - usize::from(self.purge);
+        let room = super::MAX_TXN_OPS - 3 - usize::from(self.purge);
         let ahead = work.split_off(work.len().min(room / 2));
         let after = ordered.split_off(ordered.len().min(room - 2 * work.len()));
         self.behind = work;
@@ -156,7 +160,8 @@ impl EtcdStore {
         Ok(self.kv().txn(txn).await?.succeeded())
     }
 
-    /// Carries out `plan` in one transaction; `false`: something it was computed from changed,
+    /// Carries out `plan` in one transaction (the messages deleted with their priority index
+    /// entries); `false`: something it was computed from changed,
     /// and nothing was written.
     pub async fn trim(&self, plan: &TrimPlan) -> Result<bool, StorageError> {
         let qid = plan.meta.id;
@@ -168,6 +173,7 @@ impl EtcdStore {
                 Some(DeleteOptions::new().with_range(self.message_key(qid, plan.to.saturating_add(1)))),
             ),
             TxnOp::put(qkey, records::encode_queue(&plan.meta).to_vec(), None),
+            self.delete_priorities(qid, 0, plan.to),
         ];
         if plan.purge {
             ops.push(TxnOp::put(self.purge_key(qid), plan.to.to_be_bytes().to_vec(), None));
@@ -309,11 +315,13 @@ impl EtcdStore {
     ) -> Result<impl futures::Stream<Item = Result<Vec<NamespaceEvent>, StorageError>> + use<>, StorageError>
     {
         // `q/` (queue records) up to and including `t/` (tails): one watch for those and the
-        // purge marks (`s/`) and delayed messages' due-index entries (`sd/`) between them.
+        // purge marks (`s/`), delayed messages' due-index entries (`sd/`) and priority index
+        // entries (`sp/`) between them.
         // What else lies between (`r/`, redrive cursors) is skipped.
         let (qprefix, tprefix) = (self.key(b"q/", b""), self.key(b"t/", b""));
         let sprefix = self.key(b"s/", b"");
         let dprefix = self.key(b"sd/", b"");
+        let pprefix = self.key(b"sp/", b"");
         let opts = WatchOptions::new()
             .with_range(self.key(b"t0", b""))
             .with_start_revision(revision + 1)
@@ -324,6 +332,11 @@ impl EtcdStore {
             WatchedKind::Put if kv.key().starts_with(&kprefix) => {
                 let (name, id) = super::kv::keyspace_record(&kprefix, kv.key(), kv.value())?;
                 Ok(Some(NamespaceEvent::Keyspace { name, id }))
+            }
+            WatchedKind::Put if kv.key().starts_with(&pprefix) => {
+                let (qid, seq, priority) =
+                    super::decode_priority(&kv.key()[pprefix.len()..], kv.key(), kv.value())?;
+                Ok(Some(NamespaceEvent::Priority { qid, seq, priority }))
             }
             WatchedKind::Put => namespace_event(&q, &sprefix, &tprefix, &dprefix, kv),
             WatchedKind::Delete { .. } => Ok(None),
@@ -427,7 +440,7 @@ mod tests {
             names.sort();
             names.dedup();
             assert_eq!(names.len(), work + ordered, "{work}/{ordered}: every group once");
-            if 2 * work + ordered + usize::from(purge) <= 126 {
+            if 2 * work + ordered + usize::from(purge) <= 125 {
                 assert!(ahead.is_empty() && after.is_empty(), "{work}/{ordered}: fits, nothing split");
             }
         }
