@@ -440,35 +440,23 @@ fn no_op_until(
 /// handler, defaults) in the same broker runs the jobs; timed from the first send until the
 /// pool stopped with every ack in etcd.
 async fn end_to_end_pool(endpoints: &[String], client: &mut Client, ns: &str, n: u64) -> Measured {
-    let broker = connect(endpoints, ns).await;
-    let q = broker.queue(QUEUE).await.expect("create the queue");
-    let group = q.work_group("w").expect("a valid group name");
-    let (token, handler) = no_op_until(n);
-    let writer_before = broker.writer_stats();
-    let rev_before = revision(client).await;
-    let start = Instant::now();
-    let pool = tokio::spawn(group.clone().workers(8).shutdown_on(token).run(handler));
-    send_all(&q, n).await;
-    let report = pool.await.expect("the pool task").expect("the pool");
-    let secs = start.elapsed().as_secs_f64();
-    assert_eq!(report.acked, n, "the pool acked another count than was sent");
-    let rev_after = revision(client).await;
-    let writer = writer_delta(writer_before, broker.writer_stats());
-    broker.flush().await.expect("flush");
-    assert_eq!(group.committed(), Some(n), "the offset did not reach the last message");
-    drop(q);
-    broker.shutdown().await.expect("shut the broker down");
-    Measured { secs, txns: (rev_after - rev_before) as u64, writer }
+    pool_run(endpoints, client, ns, n, false).await
 }
 
 /// Pool drain: `n` messages sent first (in batches of 100, not timed), then a worker pool of 8
 /// on a work-queue group drains them; timed from the pool's start until it stopped with every
 /// ack in etcd. The revision delta counts the drain's write transactions alone.
 async fn pool_drain(endpoints: &[String], client: &mut Client, ns: &str, n: u64) -> Measured {
+    pool_run(endpoints, client, ns, n, true).await
+}
+
+/// A pool of 8 no-op workers running `n` jobs in one broker: sent before the clock starts
+/// (`backlog`), or by [`send_all`]'s producers while the pool runs.
+async fn pool_run(endpoints: &[String], client: &mut Client, ns: &str, n: u64, backlog: bool) -> Measured {
     let broker = connect(endpoints, ns).await;
     let q = broker.queue(QUEUE).await.expect("create the queue");
     let mut sent = 0;
-    while sent < n {
+    while backlog && sent < n {
         let count = 100.min(n - sent);
         q.send_batch((sent..sent + count).map(common::value)).await.expect("fill the queue");
         sent += count;
@@ -478,7 +466,11 @@ async fn pool_drain(endpoints: &[String], client: &mut Client, ns: &str, n: u64)
     let writer_before = broker.writer_stats();
     let rev_before = revision(client).await;
     let start = Instant::now();
-    let report = group.workers(8).shutdown_on(token).run(handler).await.expect("the pool");
+    let pool = tokio::spawn(group.clone().workers(8).shutdown_on(token).run(handler));
+    if !backlog {
+        send_all(&q, n).await;
+    }
+    let report = pool.await.expect("the pool task").expect("the pool");
     let secs = start.elapsed().as_secs_f64();
     assert_eq!(report.acked, n, "the pool acked another count than was sent");
     let rev_after = revision(client).await;
