@@ -339,6 +339,85 @@ async fn nacked_counts_survive_a_handover_to_another_broker() {
     b.shutdown().await.unwrap();
 }
 
+/// A window of deliveries nacked at once (an outage downstream) makes more comeback marks
+/// than one etcd transaction holds: they are committed over several, their counts survive a
+/// handover, and the marks are deleted once the offset passes them, over several too.
+/// Single-threaded: the writer cannot run while the test nacks, so it takes every comeback
+/// in one round.
+#[tokio::test]
+async fn a_burst_of_comebacks_larger_than_a_transaction_is_committed_and_tidied_up() {
+    const N: usize = 600;
+    let cluster = etcd::Cluster::start(1).await;
+    let mut etcd = cluster.client().await;
+    let marks = async |etcd: &mut etcd_client::Client| {
+        let opts = etcd_client::GetOptions::new().with_prefix().with_count_only();
+        etcd.get("burst/k/ordered:g:q:", Some(opts)).await.unwrap().count()
+    };
+    let a = connect(&cluster, "burst").await;
+    let q = a.queue("q").await.unwrap();
+    q.send_batch((0..N).map(|i| Message::new(format!("m{i}")))).await.unwrap();
+    let mut sub = q.group("g").unwrap().max_deliveries(5).max_in_flight(N).subscribe().await.unwrap();
+    let mut held = Vec::with_capacity(N);
+    for _ in 0..N {
+        held.push(next(&mut sub).await);
+    }
+    for d in held {
+        d.nack();
+    }
+    a.flush().await.expect("the comebacks committed");
+    assert_eq!(marks(&mut etcd).await, N as i64, "a mark per comeback");
+    drop(sub);
+    a.shutdown().await.unwrap();
+
+    let b = connect(&cluster, "burst").await;
+    let q = b.queue("q").await.unwrap();
+    let mut sub = subscribe_when_free(&q.group("g").unwrap().max_deliveries(5).max_in_flight(N)).await;
+    let mut counts = BTreeSet::new();
+    for _ in 0..N {
+        let d = next(&mut sub).await;
+        counts.insert(d.delivery_count());
+        d.ack().unwrap();
+    }
+    assert_eq!(counts, BTreeSet::from([2]), "every count the last owner persisted");
+    b.flush().await.unwrap();
+    assert_eq!(marks(&mut etcd).await, 0, "the offset passed every mark: all deleted");
+    b.shutdown().await.unwrap();
+}
+
+/// Dead letters whose copies together exceed what one etcd request carries (large poison
+/// messages dead-lettered in one round) are committed over several transactions, each in
+/// order. Single-threaded for the same reason as the test above.
+#[tokio::test]
+async fn dead_letters_larger_together_than_one_request_are_committed_over_several() {
+    const BIG: usize = 600 * 1024;
+    let cluster = etcd::Cluster::start(1).await;
+    let a = connect(&cluster, "poison").await;
+    let q = a.queue("q").await.unwrap();
+    for i in 0..3u8 {
+        q.send(Message::new(vec![i; BIG])).await.unwrap();
+    }
+    let group = q.group("g").unwrap().max_deliveries(1).max_in_flight(3).dead_letter_queue("poison");
+    let mut sub = group.subscribe().await.unwrap();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(next(&mut sub).await);
+    }
+    for d in held {
+        d.nack();
+    }
+    a.flush().await.expect("the dead letters committed");
+    let dlq = a.queue("poison").await.unwrap();
+    assert_eq!(dlq.last_seq(), 3, "every letter copied");
+    let mut check = dlq.group("check").unwrap().subscribe().await.unwrap();
+    for i in 0..3u8 {
+        let d = next(&mut check).await;
+        assert_eq!((d.payload().len(), d.payload().first()), (BIG, Some(&i)), "letter {i} in order");
+        d.ack().unwrap();
+    }
+    drop((sub, check));
+    a.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_the_engine_does_not_carry_out_is_refused_with_a_typed_error_and_changes_nothing() {
     let cluster = etcd::Cluster::start(1).await;

@@ -487,3 +487,32 @@ async fn delayed_messages_go_through_export_and_import_both_ways() {
     assert_eq!(schedules.iter().map(|s| (s.name.as_str(), s.fired)).collect::<Vec<_>>(), [("tick", 0)]);
     embedded.shutdown().await.unwrap();
 }
+
+/// What etcd could never fire is refused by the import, as a submit or a schedule's upsert on
+/// etcd refuses it, instead of being written and then failing at every firing: a recurring
+/// schedule whose message is over a quarter of a transaction (the embedded engine takes it).
+/// Nothing is left in the namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_refuses_a_schedule_etcd_could_never_fire_and_leaves_nothing() {
+    let cluster = etcd::Cluster::start(1).await;
+    let dir = tempdir();
+    let embedded = common::open(&dir.path().join("db")).await;
+    embedded.queue("q").await.unwrap().send("kept?").await.unwrap();
+    embedded.schedule("big", Duration::from_secs(60), "q", vec![7u8; 300 * 1024]).await.unwrap();
+    let file = dir.path().join("big.jsonl");
+    embedded.export(std::fs::File::create(&file).unwrap()).await.unwrap();
+    embedded.shutdown().await.unwrap();
+
+    let e = Broker::import_etcd(
+        std::fs::File::open(&file).unwrap(),
+        cluster.endpoints(),
+        "big",
+        EtcdOptions::new(),
+    )
+    .await
+    .unwrap_err();
+    assert!(e.unsupported().is_some_and(|u| u.engine() == "etcd"), "{e}");
+    let mut client = cluster.client().await;
+    let opts = etcd_client::GetOptions::new().with_prefix().with_count_only();
+    assert_eq!(client.get("big/", Some(opts)).await.unwrap().count(), 0, "the namespace is left empty");
+}

@@ -154,6 +154,13 @@ pub(crate) async fn import_etcd(
     });
     let mut written = Ok(());
     while let Some((_, w)) = rx.recv().await {
+        // Refused as a submit or a schedule's upsert on etcd refuses it (the embedded engine
+        // takes it): written, it would fail at every firing.
+        if crate::store::etcd::import::never_fires(&w) {
+            use super::capability::{Capability, Flavour, refusal};
+            written = Err(refusal(Flavour::Etcd, Capability::HugeMessage));
+            break;
+        }
         if let Err(e) = store.import_write(&mut imp, w).await {
             written = Err(e);
             break;

@@ -145,6 +145,12 @@ impl Engine {
         std::mem::take(&mut *self.dirty_work.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
+    /// Whether some ordered group waits for the writer's next round.
+    #[cfg(feature = "etcd")]
+    pub fn has_dirty(&self) -> bool {
+        !self.dirty.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+    }
+
     pub fn take_dirty(&self) -> Vec<Arc<OrderedGroupState>> {
         std::mem::take(&mut *self.dirty.lock().unwrap_or_else(|p| p.into_inner()))
     }

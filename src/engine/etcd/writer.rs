@@ -80,6 +80,10 @@ const MAX_LETTER_OPS: usize = 96;
 /// The most times the writer lets answered producers run before it takes the next round.
 const MAX_YIELDS: usize = 8;
 
+/// The most extra commits a flush or a shutdown waits for (each up to a transaction of marks:
+/// a burst of 100,000 comebacks), so that subscriptions acking all the while cannot hold it.
+const MAX_FLUSH_ROUNDS: usize = 1024;
+
 /// Runs until every handle is gone or a shutdown is asked for.
 pub(super) async fn run(
     engine: Arc<Engine>,
@@ -164,7 +168,18 @@ pub(super) async fn run(
         }
         let acks = w.commit_work_acks().await;
         let offsets = w.move_work_offsets().await;
-        let committed = w.commit_dirty().await.and(acks).and(offsets);
+        let mut committed = w.commit_dirty().await.and(acks).and(offsets);
+        // A flush or a shutdown is answered once what a commit left for the next round (a
+        // burst of marks larger than one transaction) is written too.
+        let mut rounds = 0;
+        while (stop || !flushes.is_empty())
+            && committed.is_ok()
+            && w.engine.has_dirty()
+            && rounds < MAX_FLUSH_ROUNDS
+        {
+            committed = w.commit_dirty().await;
+            rounds += 1;
+        }
         w.retry_after = match &committed {
             Ok(()) => None,
             Err(_) => Some(next_retry(w.retry_after)),
@@ -787,6 +802,9 @@ impl Writer {
         // entry): those past `MAX_LETTER_OPS` go next round, so that a burst of them cannot
         // make a commit larger than one transaction.
         let (mut letter_ops, mut deferred) = (0, false);
+        // And their copies' bytes (at least one letter goes, whatever its size): a burst of
+        // large poison messages otherwise made a request etcd refuses, round after round.
+        let mut letter_bytes = 0;
         for p in pending {
             match p {
                 PendingRecord::Failed { seq, .. } if seq <= floor => {}
@@ -806,6 +824,8 @@ impl Writer {
                         Some(q) if q.name == name => q.clone(),
                         Some(_) => {
                             // One dead-letter queue per commit: the rest go next round.
+                            letter_ops -= cost;
+                            deferred = true;
                             g.records().pending.push(PendingRecord::DeadLetter {
                                 msg,
                                 deliveries,
@@ -828,7 +848,18 @@ impl Writer {
                     let origin =
                         Origin { queue: &g.queue, group: &g.name, seq: msg.seq, attempts: deliveries };
                     match dead_letter::copy(&origin, &reason, msg.envelope(), stamped) {
+                        Ok((env, _)) if !letters.is_empty() && letter_bytes + env.len() > MAX_TXN_BYTES => {
+                            letter_ops -= cost;
+                            g.records().pending.push(PendingRecord::DeadLetter {
+                                msg,
+                                deliveries,
+                                reason,
+                                sub,
+                            });
+                            deferred = true;
+                        }
                         Ok((env, reason)) => {
+                            letter_bytes += env.len();
                             marks.push((msg.seq, OrderedMark::DeadLettered { deliveries }));
                             letters.push((PendingLetter { msg, deliveries, reason, sub }, env));
                         }
@@ -858,7 +889,27 @@ impl Writer {
         // came back twice since the last commit keeps its latest count.
         let marks: Vec<(u64, OrderedMark)> =
             marks.into_iter().collect::<std::collections::BTreeMap<_, _>>().into_iter().collect();
-        let deletes = passed;
+        // One transaction holds the whole commit: the offset and the dead letters (each
+        // letter's mark, copy and index entry, and the queue's tail) first, then came-back
+        // marks, then deletions of marks the offset passed; what does not fit goes next round.
+        // A burst of comebacks (a window of deliveries nacked during an outage downstream)
+        // made every later commit of the group larger than etcd takes: none landed again.
+        let room = MAX_TXN_OPS
+            .saturating_sub(usize::from(offset.is_some()))
+            .saturating_sub(if letters.is_empty() { 0 } else { 1 + letter_ops });
+        let Fitted { marks, late, deletes, deletes_left } = fit_commit(marks, passed, room);
+        if !late.is_empty() {
+            // Ahead of anything queued since, which is newer for the same message.
+            let back = late.into_iter().filter_map(|(seq, m)| match m {
+                OrderedMark::CameBack { deliveries, not_before_micros } => {
+                    Some(PendingRecord::Failed { seq, deliveries, not_before_micros })
+                }
+                _ => None,
+            });
+            g.records().pending.splice(0..0, back);
+            deferred = true;
+        }
+        deferred |= deletes_left;
         let dead_letters = match (&dlq, letters.is_empty()) {
             (Some(q), false) => {
                 let (last, nonce) = match self.tails.get(&q.id) {
@@ -917,7 +968,10 @@ impl Writer {
                 for s in &deletes {
                     rec.stored.remove(s);
                 }
-                rec.forget_through(floor);
+                // Records passed but not deleted (no room, or passed since `passed` was read)
+                // stay known, for the next commit to delete.
+                let left = rec.forget_through(floor);
+                rec.stored.extend(left);
                 for (s, m) in &marks {
                     rec.stored.insert(*s);
                     if matches!(m, OrderedMark::DeadLettered { .. }) {
@@ -939,8 +993,8 @@ impl Writer {
                     );
                 }
                 if deferred {
-                    // The letters left for the next round: committed then, without waiting
-                    // for another request.
+                    // The letters, marks or deletions left for the next round: committed
+                    // then, without waiting for another request.
                     if g.mark() {
                         self.engine.mark_dirty(g.clone());
                     }
@@ -1010,6 +1064,43 @@ impl Writer {
     }
 }
 
+/// An ordered commit's marks and mark deletions, fitted to the operations left in its
+/// transaction ([`fit_commit`]).
+#[derive(Debug, PartialEq)]
+struct Fitted {
+    /// Marks written now: every dead letter's (its copy is in this transaction) and the
+    /// came-back marks that fit.
+    marks: Vec<(u64, OrderedMark)>,
+    /// Came-back marks left for the next round.
+    late: Vec<(u64, OrderedMark)>,
+    /// Marks the offset passed, deleted now.
+    deletes: Vec<u64>,
+    /// Whether some passed marks are left for the next round.
+    deletes_left: bool,
+}
+
+/// Fits an ordered commit's marks and deletions to `room` operations (dead letters' marks are
+/// counted in their letters' budget and always kept): came-back marks first, which carry
+/// delivery counts that must survive a restart, then deletions, which only tidy up.
+fn fit_commit(marks: Vec<(u64, OrderedMark)>, mut passed: Vec<u64>, room: usize) -> Fitted {
+    let (mut kept, mut late) = (Vec::with_capacity(marks.len()), Vec::new());
+    let mut used = 0;
+    for (seq, m) in marks {
+        match m {
+            OrderedMark::CameBack { .. } if used >= room => late.push((seq, m)),
+            OrderedMark::CameBack { .. } => {
+                used += 1;
+                kept.push((seq, m));
+            }
+            _ => kept.push((seq, m)),
+        }
+    }
+    let fit = room.saturating_sub(used).min(passed.len());
+    let deletes_left = passed.len() > fit;
+    passed.truncate(fit);
+    Fitted { marks: kept, late, deletes: passed, deletes_left }
+}
+
 /// A dead letter on its way, held until its commit is answered.
 struct PendingLetter {
     msg: crate::store::RawMessage,
@@ -1050,4 +1141,40 @@ pub(super) fn index_sent<E: AsRef<[u8]>>(queue: &QueueState, first: u64, envs: i
 /// How long the writer waits before trying a failed commit again, after waiting `last`.
 pub(super) fn next_retry(last: Option<Duration>) -> Duration {
     last.map_or(Duration::from_millis(50), |d| (d * 2).min(Duration::from_millis(500)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Fitted, OrderedMark, fit_commit};
+
+    fn back(seq: u64) -> (u64, OrderedMark) {
+        (seq, OrderedMark::CameBack { deliveries: 1, not_before_micros: 0 })
+    }
+
+    #[test]
+    fn a_commit_keeps_dead_letters_marks_then_comebacks_then_deletions_within_its_room() {
+        let letter = (7, OrderedMark::DeadLettered { deliveries: 3 });
+        let marks = vec![back(5), letter, back(9), back(11)];
+        // Room for two: the letter's mark is counted with its letter, two comebacks fit, the
+        // third and every deletion wait.
+        let f = fit_commit(marks.clone(), vec![1, 2, 3], 2);
+        assert_eq!(
+            f,
+            Fitted {
+                marks: vec![back(5), letter, back(9)],
+                late: vec![back(11)],
+                deletes: vec![],
+                deletes_left: true
+            }
+        );
+        // Room for five: every mark, and two of the three deletions.
+        let f = fit_commit(marks.clone(), vec![1, 2, 3], 5);
+        assert_eq!((f.late.len(), f.deletes, f.deletes_left), (0, vec![1, 2], true));
+        // Room for everything: nothing left.
+        let f = fit_commit(marks, vec![1, 2, 3], 6);
+        assert_eq!((f.marks.len(), f.late.len(), f.deletes.len(), f.deletes_left), (4, 0, 3, false));
+        // No room: only the letter's mark.
+        let f = fit_commit(vec![letter, back(9)], vec![1], 0);
+        assert_eq!((f.marks, f.late, f.deletes_left), (vec![letter], vec![back(9)], true));
+    }
 }

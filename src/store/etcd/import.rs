@@ -106,6 +106,7 @@ impl EtcdStore {
     }
 
     /// Adds one checked line to the import, writing a transaction when one is full.
+    /// (`never_fires` first: what etcd could never fire is refused, not written.)
     pub(crate) async fn import_write(&self, imp: &mut EtcdImport, w: Write) -> Result<(), Error> {
         let (key, value, lease) = match w {
             Write::Queue { name, meta, last_seq } => {
@@ -244,5 +245,18 @@ impl EtcdStore {
             return Err(StorageError::new("etcd: the import's namespace was changed under it").into());
         }
         Ok(())
+    }
+}
+
+/// Whether `w` is what the etcd engine could never fire: a delayed message larger than one
+/// transaction, or a recurring schedule's message over a quarter of one (a firing carries the
+/// schedule's record and up to two sends of it). The embedded engine takes both; a submit or
+/// an upsert on etcd refuses them, and so does an import.
+pub(crate) fn never_fires(w: &Write) -> bool {
+    match w {
+        Write::Delayed { envelope, .. } => envelope.len() > super::MAX_TXN_BYTES,
+        Write::Schedule { name, record } => crate::store::scheduled::decode_schedule(name.as_bytes(), record)
+            .is_ok_and(|r| r.envelope.len() > super::MAX_TXN_BYTES / 4),
+        _ => false,
     }
 }
