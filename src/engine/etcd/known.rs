@@ -176,10 +176,16 @@ impl Known {
             return;
         }
         self.stored_offset = offset;
+        // This process's claims that landed: a handler may be running them. One decided here
+        // and refused (or not written yet) started none; kept as a running lease, it held its
+        // key's next message back until its deadline (two brokers on a group ordered by key
+        // stalled on it).
+        let written: std::collections::HashSet<u64> =
+            self.mine.keys().copied().filter(|&s| s <= offset).collect();
         self.revs.retain(|&s, _| s > offset);
         self.mine.retain(|&s, _| s > offset);
         self.doubted.retain(|&s, _| s > offset);
-        g.learn_offset(offset);
+        g.learn_offset(offset, &|s| written.contains(&s));
         let before = g.durable.fetch_max(offset, Ordering::SeqCst);
         if offset > before {
             g.changed.notify_waiters();
@@ -244,6 +250,39 @@ mod tests {
         assert_eq!((fourth.claimed.len(), fourth.limit_rev), (1, Some(12)));
         // Unlimited claims write no record.
         assert_eq!(known.limit_write(&g, None, None), Ok(None));
+    }
+
+    /// The stored offset passing a claim this process decided but never wrote (its write was
+    /// refused: another process finished the message first) frees the message's key at once:
+    /// no handler runs it. One whose claim landed keeps its key's place until its lease runs
+    /// out (its handler may still be running). Two brokers on a group ordered by key stalled
+    /// on such keys, held for a whole lease.
+    #[test]
+    fn an_offset_passing_an_unwritten_claim_frees_its_key_at_once() {
+        let queue = QueueState::new(1, "q", 1, 100, crate::retention::Retention::Forever);
+        let g = WorkGroupState::new("w", queue, 0);
+        let settings = WorkSettings {
+            lease: Duration::from_secs(30),
+            policy: crate::retry::RetryPolicy::default(),
+            dead_letter_queue: "dlq".into(),
+            ordered_by_key: true,
+            keep_outcomes: Duration::ZERO,
+            rate_limit: None,
+            concurrency_limit: None,
+            per_key_limit: None,
+        };
+        g.set_settings(Arc::new(settings));
+        assert_eq!(g.learn([(1, Some(7)), (2, Some(8)), (3, Some(7)), (4, Some(8))]), 4);
+        let clock = Clock::tokio();
+        let lease = Duration::from_secs(30);
+        let mut known = Known::default();
+        let take =
+            || g.take(clock.now(), 10, 100, lease, 5, 0).claimed.iter().map(|c| c.seq).collect::<Vec<_>>();
+        assert_eq!(take(), [1, 2], "each key's first");
+        // 2's claim landed; 1's was refused: another process finished 1 and 2 meanwhile.
+        known.wrote(2, 10);
+        known.learn_offset(&g, 2);
+        assert_eq!(take(), [3], "key 7 goes on at once; key 8 waits for 2's lease");
     }
 
     /// A claim write refused for another record's sake answers with this process's own

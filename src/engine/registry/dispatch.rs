@@ -663,10 +663,14 @@ impl Dispatch {
         self.ready.len() as u64 + never
     }
 
-    /// Forgets every slot at or below `to`, and never claims it. `foreign_done`: a lease
-    /// another process holds (`FOREIGN_TOKEN`) ended with it — the etcd engine learning that
-    /// the stored offset passed it, which is how an ack there reads in other processes' watches.
-    pub fn drop_through(&mut self, to: u64, foreign_done: bool) {
+    /// Forgets every slot at or below `to`, and never claims it. A leased one keeps its key's
+    /// place until its lease runs out if its handler may still be running: with `written`
+    /// `None` (the embedded engine), any; with `Some` (the etcd engine learning that the stored
+    /// offset passed them), only this process's leases whose claim was written (`written(seq)`)
+    /// — another process's (`FOREIGN_TOKEN`) ended with it, which is how an ack there reads in
+    /// other processes' watches, and a claim decided here but refused or not yet written
+    /// started no handler.
+    pub fn drop_through(&mut self, to: u64, written: Option<&dyn Fn(u64) -> bool>) {
         let keep = self.slots.split_off(&to.saturating_add(1));
         let gone = std::mem::replace(&mut self.slots, keep);
         for (seq, slot) in gone {
@@ -677,7 +681,7 @@ impl Dispatch {
                 // message of its key must not start beside it. It keeps the key's place until
                 // the lease runs out (its holder can no longer settle or extend it).
                 (Some(k), SlotState::Leased { deadline, token })
-                    if !(foreign_done && token == FOREIGN_TOKEN) =>
+                    if written.is_none_or(|w| token != FOREIGN_TOKEN && w(seq)) =>
                 {
                     self.ghosts.insert((deadline, seq));
                     self.ghost_keys.insert(seq, k);

@@ -1063,7 +1063,7 @@ impl WorkGroupState {
 
     /// Retention deleted everything up to `to`: forget it and never claim it.
     pub fn skip_to(&self, to: u64) {
-        self.dispatch().drop_through(to, false);
+        self.dispatch().drop_through(to, None);
         self.changed.notify_waiters();
         self.settled.notify_waiters();
     }
@@ -1204,14 +1204,16 @@ impl WorkGroupState {
     /// ordered by key starts the key's next message. (A trim or purge that passes a message
     /// another process is running reads the same: that handler may still be running then.)
     #[allow(dead_code)] // the etcd engine's (what other processes wrote)
-    pub fn learn_offset(&self, offset: u64) {
+    /// `written`: which of this process's leases at or below it had their claim written (only
+    /// those may have a handler running: `Dispatch::drop_through`).
+    pub fn learn_offset(&self, offset: u64, written: &dyn Fn(u64) -> bool) {
         {
             let mut d = self.dispatch();
             let mut p = self.progress();
             if offset > p.offset {
                 p.trim_to(offset);
             }
-            d.drop_through(offset, true);
+            d.drop_through(offset, Some(written));
         }
         self.changed.notify_waiters();
     }
