@@ -23,8 +23,10 @@
 //! - **raw etcd**: N messages written with `etcd-client` alone, one transaction at a time, each
 //!   `If value(tail) == prev Then Put message keys…, Put tail` — the shape of rockq's append —
 //!   with as many messages per transaction as rockq's produce put in its own, and values of the
-//!   size rockq stored. It is the ceiling of rockq's design: one writer task, one append
-//!   transaction in flight per queue.
+//!   size rockq stored. It is the ceiling of rockq's design: one append transaction in flight
+//!   per queue. Beside it, **two writers at once** (each half the messages to a tail of its
+//!   own): how far etcd overlaps transactions that arrive together, which is what the engine's
+//!   appender task, writing beside the writer's claims and acks, can gain.
 //!
 //! - **large calls**: the N messages in `send_batch` calls of 4,096 (the default
 //!   `max_batch_messages`) from one task, each larger than a transaction: reserved, then
@@ -118,6 +120,8 @@ struct Rep {
     drain_k: u64,
     /// The raw baseline: seconds, and its messages per transaction.
     raw_secs: f64,
+    /// The same appends by two writers at once.
+    raw_two_secs: f64,
     k: u64,
     /// One `send_batch` of all `n` messages (reserved: transactions of 127), and raw etcd
     /// writing full transactions of 127 from the same run.
@@ -150,6 +154,7 @@ async fn bench_cluster(members: usize, n: u64) {
         // Right after the produce, so both see the cluster in the same state (its database
         // grows by a few MB per measurement).
         let raw_secs = raw_appends(&mut client, &format!("bench-raw-{i}"), n, k, value_len).await;
+        let raw_two_secs = raw_appends_two(&client, &format!("bench-raw-two-{i}"), n, k, value_len).await;
         let one_call = produce_one_call(&endpoints, &mut client, &format!("bench-one-call-{i}"), n).await;
         let raw_full_secs =
             raw_appends(&mut client, &format!("bench-raw-full-{i}"), n, MAX_TXN_MESSAGES, value_len).await;
@@ -187,6 +192,7 @@ async fn bench_cluster(members: usize, n: u64) {
             raw_drain_secs,
             drain_k,
             raw_secs,
+            raw_two_secs,
             k,
             one_call,
             raw_full_secs,
@@ -260,6 +266,13 @@ async fn bench_cluster(members: usize, n: u64) {
         _ => format!("raw etcd (txn size {})", k_max.unwrap_or(0)),
     };
     raw_row(&raw_name, &|r| r.raw_secs, &raw_txns);
+    // How far etcd overlaps transactions that arrive together: what a second task writing
+    // beside the first (the appender beside the writer) can add.
+    raw_row("  the same, two writers at once", &|r| r.raw_two_secs, &raw_txns);
+    println!(
+        "  raw etcd, two writers vs one: {:.2}x",
+        median(reps.iter().map(|r| r.raw_secs / r.raw_two_secs))
+    );
     // Large calls beside raw etcd's full transactions; the awaited produce against them too
     // (issue 32's produce target is a share of full-transaction throughput).
     row("send_batch of 4096 (reserved), one task", &|r| &r.one_call, &|m| m.txns, &|r| r.raw_full_secs);
@@ -597,6 +610,18 @@ async fn stored_value_len(client: &mut Client, ns: &str) -> usize {
     let opts = GetOptions::new().with_prefix().with_limit(1);
     let got = client.get(format!("{ns}/m/"), Some(opts)).await.expect("read a stored message");
     got.kvs().first().expect("rockq stored no message where the layout says").value().len()
+}
+
+/// Raw etcd: [`raw_appends`] of `n` messages by two writers at once, each to a tail of its
+/// own with one transaction in flight (`n / 2` each).
+async fn raw_appends_two(client: &Client, prefix: &str, n: u64, k: u64, value_len: usize) -> f64 {
+    let (mut a, mut b) = (client.clone(), client.clone());
+    let (pa, pb) = (format!("{prefix}-a"), format!("{prefix}-b"));
+    let (sa, sb) = tokio::join!(
+        raw_appends(&mut a, &pa, n / 2, k, value_len),
+        raw_appends(&mut b, &pb, n - n / 2, k, value_len)
+    );
+    sa.max(sb)
 }
 
 /// rockq's tail record: last sequence and the nonce of the append that wrote it.

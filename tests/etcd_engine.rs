@@ -339,6 +339,65 @@ async fn nacked_counts_survive_a_handover_to_another_broker() {
     b.shutdown().await.unwrap();
 }
 
+/// Sends staged before a flush are in etcd when it returns, and those staged before a
+/// shutdown are written or failed before it returns (staged sends are written by the engine's
+/// appender task, beside the writer that answers both: it has the appender finish first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_staged_before_a_flush_or_a_shutdown_are_written_when_it_returns() {
+    const N: u64 = 500;
+    let cluster = etcd::Cluster::start(1).await;
+    let a = connect(&cluster, "staged").await;
+    let q = a.queue("q").await.unwrap();
+    let mut receipts = Vec::new();
+    for i in 0..N {
+        receipts.push(q.enqueue(format!("m{i}")).await.unwrap());
+    }
+    a.flush().await.unwrap();
+    let b = connect(&cluster, "staged").await;
+    assert_eq!(b.queue("q").await.unwrap().last_seq(), N, "every send staged before the flush");
+    b.shutdown().await.unwrap();
+    for r in receipts.drain(..) {
+        r.await.unwrap();
+    }
+    for i in 0..N {
+        receipts.push(q.enqueue(format!("n{i}")).await.unwrap());
+    }
+    a.shutdown().await.unwrap();
+    let mut written = 0;
+    for r in receipts {
+        // Resolved by the time the shutdown returned: written, or failed as shut down.
+        match tokio::time::timeout(Duration::ZERO, r).await.expect("resolved before the shutdown returned") {
+            Ok(_) => written += 1,
+            Err(e) => assert!(matches!(e, Error::Shutdown), "{e}"),
+        }
+    }
+    let c = connect(&cluster, "staged").await;
+    assert_eq!(c.queue("q").await.unwrap().last_seq(), N + written, "what resolved written is stored");
+    c.shutdown().await.unwrap();
+}
+
+/// A purge sees every send staged before it, as embedded: each is written before the purge
+/// and purged with the rest, none lands after it (staged sends are written by the appender
+/// task; the writer has it finish before a purge).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_sees_every_send_staged_before_it() {
+    let cluster = etcd::Cluster::start(1).await;
+    let a = connect(&cluster, "purged").await;
+    let q = a.queue("q").await.unwrap();
+    let mut receipts = Vec::new();
+    for i in 0..500 {
+        receipts.push(q.enqueue(format!("m{i}")).await.unwrap());
+    }
+    a.purge_queue("q").await.unwrap();
+    for r in receipts {
+        r.await.unwrap();
+    }
+    let stats = a.stats().await.unwrap();
+    let q = stats.queues.iter().find(|s| s.name == "q").unwrap();
+    assert_eq!((q.len, q.last_seq), (0, 500), "every staged send written, then purged");
+    a.shutdown().await.unwrap();
+}
+
 /// A window of deliveries nacked at once (an outage downstream) makes more comeback marks
 /// than one etcd transaction holds: they are committed over several, their counts survive a
 /// handover, and the marks are deleted once the offset passes them, over several too.

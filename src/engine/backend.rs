@@ -117,6 +117,18 @@ impl Backend {
         }
     }
 
+    /// Wakes whoever writes staged sends, if it is idle: `true` if that is the engine's own
+    /// appender task (etcd), `false` if the caller must nudge the writer (embedded).
+    pub fn wake_appender(&self) -> bool {
+        match self {
+            Backend::Embedded(_) => false,
+            Backend::Etcd(side) => on_etcd!(side => {
+                side.sends_wake.notify_one();
+                true
+            }),
+        }
+    }
+
     /// The database directory, or the etcd namespace's label.
     pub fn path(&self) -> &Path {
         match self {

@@ -145,6 +145,16 @@ impl Engine {
         std::mem::take(&mut *self.dirty_work.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
+    /// Whether an ordered group waiting for the writer has a dead letter to write (its commit
+    /// appends to the dead-letter queue).
+    #[cfg(feature = "etcd")]
+    pub fn dirty_letters(&self) -> bool {
+        let dirty: Vec<Arc<OrderedGroupState>> = self.dirty.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        dirty.iter().any(|g| {
+            g.records().pending.iter().any(|p| matches!(p, registry::PendingRecord::DeadLetter { .. }))
+        })
+    }
+
     /// Whether some ordered group waits for the writer's next round.
     #[cfg(feature = "etcd")]
     pub fn has_dirty(&self) -> bool {

@@ -607,6 +607,14 @@ impl Shared {
         let _ = self.tx.try_send(Request::Commit);
     }
 
+    /// Wakes the task that writes staged sends (a send staged while it was idle): the writer,
+    /// or the etcd engine's appender.
+    pub fn nudge_sends(&self) {
+        if !self.backend.wake_appender() {
+            self.nudge_writer();
+        }
+    }
+
     /// Pauses or resumes `group` on `queue` (either mode), durably.
     pub async fn set_paused(&self, queue: &Arc<QueueState>, group: &str, paused: bool) -> Result<(), Error> {
         crate::name::validate(NameKind::Group, group)?;

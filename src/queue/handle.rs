@@ -663,7 +663,7 @@ impl Queue {
         self.shared.check_send(messages)?;
         let staging = self.shared.stage(&self.state, messages).await?;
         if staging.nudge {
-            self.shared.nudge_writer();
+            self.shared.nudge_sends();
         }
         Ok(SendReceipt::new(staging.done, staging.index))
     }

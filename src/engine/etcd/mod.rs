@@ -9,6 +9,8 @@
 //!   each round's appends are compare-and-set transactions on the queues' tail keys, so
 //!   processes appending to one queue get dense, unique sequences. A request it has no handler
 //!   for is refused with `Unsupported`, naming what `capability.rs` says it needs.
+//! - `appender.rs`: staged sends are written by a task of their own, beside the writer's
+//!   claims, acks and commits (etcd commits transactions that arrive together in one log write).
 //! - `watch.rs`: tails moved by other processes are published to the same `QueueState`s, so
 //!   subscriptions wake without polling.
 //! - `owner.rs`: an ordered group's single active subscriber across processes, held by an etcd
@@ -23,6 +25,7 @@
 //!   once (the firing's transaction compares its record); `schedules.rs`: recurring schedules,
 //!   each occurrence once (compared with the schedule's record).
 
+mod appender;
 mod claims;
 mod dedup;
 mod delayed;

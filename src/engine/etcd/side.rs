@@ -59,6 +59,8 @@ pub(crate) struct EtcdSide {
     /// The latest deletion of each group the deletion watch brought (by group id): a group
     /// registered from a read before it is forgotten once registered (`forget.rs`).
     pub group_deleted: dashmap::DashMap<Vec<u8>, i64>,
+    /// Wakes the appender (`appender.rs`): a send was staged while it was idle.
+    pub sends_wake: tokio::sync::Notify,
 }
 
 impl EtcdSide {

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::owners::Owners;
 use super::side::{EtcdSettings, EtcdSide, retrying};
-use super::{claims, deletion, settings, watch, writer};
+use super::{appender, claims, deletion, settings, watch, writer};
 use crate::engine::Engine;
 use crate::engine::capability::{self, Capability, Flavour};
 use crate::engine::registry::{OrderedGroupState, QueueState, Registry};
@@ -104,6 +104,7 @@ pub(crate) async fn start(
             .map(|(group, queue, _)| (crate::store::group_id(group, queue), loaded.revision))
             .collect(),
         group_deleted: Default::default(),
+        sends_wake: tokio::sync::Notify::new(),
     });
     // The earliest delayed message in the namespace: the timer fires it, whoever wrote it.
     let first_due = retrying(side.settings.request_timeout, || store.first_due()).await?;
@@ -142,7 +143,15 @@ pub(crate) async fn start(
             return Err(e.into());
         }
     }
-    runtime.spawn(writer::run(engine.clone(), side.clone(), rx, stopped.clone(), nudge));
+    // Staged sends go through an appender task of their own, so that an append transaction is
+    // out while the writer's claims, acks and commits are (`appender.rs`); the two share the
+    // enqueue-time stamp, so that enqueue times never go back within this process.
+    let stamps = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let new_writer =
+        || writer::Writer::new(engine.clone(), side.clone(), stopped.clone(), nudge.clone(), stamps.clone());
+    let (barriers, from_writer) = mpsc::channel(16);
+    let task = runtime.spawn(appender::run(new_writer(), from_writer));
+    runtime.spawn(writer::run(new_writer(), rx, writer::Appender { barriers, task }));
     Ok(Started { engine, side, tx, stopped })
 }
 

@@ -51,7 +51,8 @@ pub(super) struct Writer {
     pub(super) side: Arc<EtcdSide>,
     /// Each queue's tail as this process last saw it: (last, nonce).
     pub(super) tails: HashMap<u32, (u64, u64)>,
-    pub(super) last_stamp: u64,
+    /// The latest enqueue time stamped (wall micros), shared with the appender.
+    pub(super) stamps: Arc<std::sync::atomic::AtomicU64>,
     /// After a failed commit: when to try the dirty groups again.
     pub(super) retry_after: Option<Duration>,
     /// The last request found etcd unreachable (a transient error) and none succeeded since:
@@ -77,59 +78,47 @@ pub(super) struct Writer {
 /// 128 left for the offset, the dead-letter queue's tail and the marks).
 const MAX_LETTER_OPS: usize = 96;
 
-/// The most times the writer lets answered producers run before it takes the next round.
-const MAX_YIELDS: usize = 8;
-
 /// The most extra commits a flush or a shutdown waits for (each up to a transaction of marks:
 /// a burst of 100,000 comebacks), so that subscriptions acking all the while cannot hold it.
 const MAX_FLUSH_ROUNDS: usize = 1024;
 
-/// Runs until every handle is gone or a shutdown is asked for.
-pub(super) async fn run(
-    engine: Arc<Engine>,
-    side: Arc<EtcdSide>,
-    mut rx: mpsc::Receiver<Request>,
-    stop: tokio_util::sync::CancellationToken,
-    nudge: mpsc::WeakSender<Request>,
-) {
-    let mut w = Writer {
-        engine,
-        side,
-        tails: HashMap::new(),
-        last_stamp: 0,
-        retry_after: None,
-        unreachable: false,
-        stop,
-        read_back: Vec::new(),
-        nudge,
-        dedup_leases: HashMap::new(),
-        scheduled_ids: (0, 0),
-        marker_lease: None,
-    };
+/// Asked of the appender (`appender.rs`, which writes staged sends beside this writer): write
+/// every send staged before it, answer `done`, and write nothing more until `hold` is
+/// released (the writer's round is over); `stop`: close the inbox first, and end after
+/// answering.
+pub(super) struct Barrier {
+    pub stop: bool,
+    pub done: tokio::sync::oneshot::Sender<()>,
+    pub hold: tokio::sync::oneshot::Receiver<()>,
+}
+
+/// Whether `r` may be carried out while the appender writes: it reads no queue's tail and
+/// appends nothing (a pool's hot requests).
+fn beside_appends(r: &Request) -> bool {
+    use crate::engine::request::Outcome;
+    match r {
+        Request::Commit => true,
+        Request::Work(WorkRequest::Claim { .. } | WorkRequest::Extend(_)) => true,
+        Request::Work(WorkRequest::Outcome { outcome, .. }) => !matches!(outcome, Outcome::DeadLetter { .. }),
+        _ => false,
+    }
+}
+
+/// The appender task, as the writer holds it: how to ask it, and its end.
+pub(super) struct Appender {
+    pub barriers: mpsc::Sender<Barrier>,
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+/// Runs until every handle is gone or a shutdown is asked for; `w` is this writer, `appender`
+/// the task writing staged sends beside it.
+pub(super) async fn run(mut w: Writer, mut rx: mpsc::Receiver<Request>, appender: Appender) {
+    let Appender { barriers: to_appender, task: appender } = appender;
     let max_requests = w.engine.options.max_batch_messages;
     let mut pending: Vec<Request> = Vec::new();
-    // Whether the last round answered sends: their producers are woken and about to send again.
-    let mut answered = false;
     loop {
-        if std::mem::take(&mut answered) {
-            // Let them stage before the next round is taken: awaiting producers otherwise
-            // settle into two halves (one half staging while the other's transaction is out),
-            // each transaction carrying half of what they could put in one. A transaction's
-            // time is mostly etcd's fixed round trip (1.0 of 1.2 ms at 32 messages on one
-            // member), so one round of all of them writes nearly twice as fast. Costs a trip
-            // through the runtime's queue when no producer is waiting.
-            let mut seen = w.engine.inbox.staged();
-            for _ in 0..MAX_YIELDS {
-                tokio::task::yield_now().await;
-                let now = w.engine.inbox.staged();
-                if now == seen {
-                    break;
-                }
-                seen = now;
-            }
-        }
         let mut gone = false;
-        if !w.engine.inbox.has_staged() && w.engine.inbox.idle_if_empty() {
+        {
             // A commit that failed (etcd unreachable, an election) left its groups dirty: try
             // them again after a pause even if nothing else arrives.
             let retry = w.retry_after;
@@ -152,10 +141,20 @@ pub(super) async fn run(
             }
         }
         let stop = gone || pending.iter().any(|r| matches!(r, Request::Shutdown { .. }));
-        let staged = if stop { w.engine.inbox.close(None) } else { w.engine.inbox.take() };
-        for s in staged {
-            w.append_staged(s).await;
-            answered = true;
+        // Any request but a pool's claims, extensions and outcomes (which read no tail and
+        // append nothing) sees every send staged before it, as embedded (a purge, a group
+        // starting at the latest message, a flush, a shutdown: the inbox closed, every staged
+        // send written or failed), and appends with no transaction of the appender racing its
+        // own for a queue's tail: the appender writes what was staged, then waits for this
+        // round to end.
+        let mut hold = None;
+        if stop || !pending.iter().all(beside_appends) || w.engine.dirty_letters() {
+            let (done, written) = tokio::sync::oneshot::channel();
+            let (release, held) = tokio::sync::oneshot::channel();
+            if to_appender.send(Barrier { stop, done, hold: held }).await.is_ok() {
+                let _ = written.await;
+                hold = Some(release);
+            }
         }
         let mut flushes = Vec::new();
         let mut shutdowns = Vec::new();
@@ -187,6 +186,7 @@ pub(super) async fn run(
         for f in flushes {
             let _ = f.send(committed.clone().map_err(crate::error::Error::Storage));
         }
+        drop(hold);
         w.side.owners.release_clean();
         if stop {
             // The leases go before the shutdown is answered: another process may take the
@@ -199,6 +199,8 @@ pub(super) async fn run(
             while let Ok(req) = rx.try_recv() {
                 req.refuse(&Closed::Shutdown);
             }
+            drop(to_appender);
+            let _ = appender.await;
             for s in shutdowns {
                 let _ = s.send(Ok(()));
             }
@@ -208,6 +210,31 @@ pub(super) async fn run(
 }
 
 impl Writer {
+    /// A writer with nothing learned yet; `stamps` is shared by this process's writers, so
+    /// that enqueue times never go back within it.
+    pub(super) fn new(
+        engine: Arc<Engine>,
+        side: Arc<EtcdSide>,
+        stop: tokio_util::sync::CancellationToken,
+        nudge: mpsc::WeakSender<Request>,
+        stamps: Arc<std::sync::atomic::AtomicU64>,
+    ) -> Writer {
+        Writer {
+            engine,
+            side,
+            tails: HashMap::new(),
+            stamps,
+            retry_after: None,
+            unreachable: false,
+            stop,
+            read_back: Vec::new(),
+            nudge,
+            dedup_leases: HashMap::new(),
+            scheduled_ids: (0, 0),
+            marker_lease: None,
+        }
+    }
+
     /// A fresh append's nonce: 64 random bits (never 0, the nonce of a new queue's tail), so
     /// that two processes' appends are told apart with a chance of 2^-64 of a mix-up.
     pub(super) fn nonce(&self) -> u64 {
@@ -217,8 +244,8 @@ impl Writer {
     /// The time this writer stamps what it writes now (wall micros): the clock's, never below
     /// an earlier stamp, so enqueue times never go back within this process.
     pub(super) fn stamp(&mut self) -> u64 {
-        self.last_stamp = self.last_stamp.max(self.engine.clock().wall_micros());
-        self.last_stamp
+        let now = self.engine.clock().wall_micros();
+        self.stamps.fetch_max(now, Ordering::AcqRel).max(now)
     }
 
     /// Carries out one request, or refuses it as unsupported.
@@ -422,7 +449,7 @@ impl Writer {
 
     /// Appends one staged round: each queue's messages in transactions of at most etcd's
     /// limits (a send call is never split), queues side by side.
-    async fn append_staged(&mut self, mut s: Staged) {
+    pub(super) async fn append_staged(&mut self, mut s: Staged) {
         if let Some(f) = self.engine.failure() {
             s.fail(&f);
             return;
