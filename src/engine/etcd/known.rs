@@ -201,6 +201,24 @@ mod tests {
     use crate::model::WorkSettings;
     use std::time::Duration;
 
+    /// Group `w` of queue `q` (messages 1 to 100), ordered by key or not, with a concurrency
+    /// limit or not.
+    fn group(ordered_by_key: bool, concurrency_limit: Option<u32>) -> Arc<WorkGroupState> {
+        let queue = QueueState::new(1, "q", 1, 100, crate::retention::Retention::Forever);
+        let g = WorkGroupState::new("w", queue, 0);
+        g.set_settings(Arc::new(WorkSettings {
+            lease: Duration::from_secs(30),
+            policy: crate::retry::RetryPolicy::default(),
+            dead_letter_queue: "dlq".into(),
+            ordered_by_key,
+            keep_outcomes: Duration::ZERO,
+            rate_limit: None,
+            concurrency_limit,
+            per_key_limit: None,
+        }));
+        g
+    }
+
     /// Limited claims stand only on a view that includes every limited claim of another
     /// process this one knows of: one decided before such a claim was learned is refused
     /// before it is written (compared with the newer revision, etcd would let it through), one
@@ -209,19 +227,7 @@ mod tests {
     /// view do not make it stale.
     #[test]
     fn a_limited_claim_decided_before_another_process_s_was_learned_does_not_stand() {
-        let queue = QueueState::new(1, "q", 1, 100, crate::retention::Retention::Forever);
-        let g = WorkGroupState::new("w", queue, 0);
-        let settings = WorkSettings {
-            lease: Duration::from_secs(30),
-            policy: crate::retry::RetryPolicy::default(),
-            dead_letter_queue: "dlq".into(),
-            ordered_by_key: false,
-            keep_outcomes: Duration::ZERO,
-            rate_limit: None,
-            concurrency_limit: Some(10),
-            per_key_limit: None,
-        };
-        g.set_settings(Arc::new(settings));
+        let g = group(false, Some(10));
         let clock = Clock::tokio();
         let lease = Duration::from_secs(30);
         let mut known = Known::default();
@@ -259,19 +265,7 @@ mod tests {
     /// on such keys, held for a whole lease.
     #[test]
     fn an_offset_passing_an_unwritten_claim_frees_its_key_at_once() {
-        let queue = QueueState::new(1, "q", 1, 100, crate::retention::Retention::Forever);
-        let g = WorkGroupState::new("w", queue, 0);
-        let settings = WorkSettings {
-            lease: Duration::from_secs(30),
-            policy: crate::retry::RetryPolicy::default(),
-            dead_letter_queue: "dlq".into(),
-            ordered_by_key: true,
-            keep_outcomes: Duration::ZERO,
-            rate_limit: None,
-            concurrency_limit: None,
-            per_key_limit: None,
-        };
-        g.set_settings(Arc::new(settings));
+        let g = group(true, None);
         assert_eq!(g.learn([(1, Some(7)), (2, Some(8)), (3, Some(7)), (4, Some(8))]), 4);
         let clock = Clock::tokio();
         let lease = Duration::from_secs(30);
