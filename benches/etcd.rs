@@ -15,6 +15,10 @@
 //!   they compete for the same messages, fenced by etcd's compares; and again with a
 //!   `concurrency_limit` above what the handlers hold (every claim then also rewrites and
 //!   compares the group's limit record: the cost of a limit that does not bind);
+//! - **pool drain, handlers of 1 ms**: N/5 messages drained by a pool of 8 whose handler takes
+//!   a millisecond (a sleep: a call to another service), beside the 8,000 jobs/s its eight
+//!   handlers allow: what the writes behind each job cost when handlers do work (a lease
+//!   renewed as a handler starts is a write of its own);
 //! - **raw drain**: the same work with `etcd-client` alone, sequentially, per batch of `k`
 //!   messages: a claim Txn (`k` compares on the records' revisions, the offset compare, `k`
 //!   puts), a ranged read of the `k` messages, a done Txn (`k` compares, `k` puts) and an
@@ -45,7 +49,7 @@ mod etcd;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
 use futures::StreamExt;
@@ -105,9 +109,16 @@ fn main() {
 /// once, so what it costs is the limit record's compare, not waiting for a place.
 const LIMIT: u32 = 1024;
 
+/// What each handler of the working drain takes (a sleep: a call to another service).
+const HANDLER_WORK: Duration = Duration::from_millis(1);
+
 struct Rep {
     produce: Measured,
     e2e: Measured,
+    /// The drain of n / 5 jobs whose handler takes [`HANDLER_WORK`].
+    drain_working: Measured,
+    /// Eight tasks running as many handlers alone: the most a pool of 8 can do with them.
+    handlers_alone_secs: f64,
     /// Send → pool → ack, in one broker.
     e2e_pool: Measured,
     drain: Measured,
@@ -161,6 +172,9 @@ async fn bench_cluster(members: usize, n: u64) {
         let e2e = end_to_end(&endpoints, &mut client, &format!("bench-e2e-{i}"), n).await;
         let e2e_pool = end_to_end_pool(&endpoints, &mut client, &format!("bench-e2e-pool-{i}"), n).await;
         let drain = pool_drain(&endpoints, &mut client, &format!("bench-drain-{i}"), n).await;
+        let working_ns = format!("bench-drain-working-{i}");
+        let drain_working = pool_run(&endpoints, &mut client, &working_ns, n / 5, true, HANDLER_WORK).await;
+        let handlers_alone_secs = handlers_alone(n / 5, HANDLER_WORK).await;
         // The pool's write transactions per message, matched by the raw drain's three per batch.
         let drain_k = (3.0 * n as f64 / drain.txns.max(1) as f64).round().clamp(1.0, 120.0) as u64;
         let raw_drain_secs =
@@ -187,6 +201,8 @@ async fn bench_cluster(members: usize, n: u64) {
             e2e,
             e2e_pool,
             drain,
+            drain_working,
+            handlers_alone_secs,
             drain_two,
             drain_limited,
             raw_drain_secs,
@@ -289,6 +305,26 @@ async fn bench_cluster(members: usize, n: u64) {
         &format!("raw drain (batch {})", median(reps.iter().map(|r| r.drain_k as f64))),
         &|r| r.raw_drain_secs,
         &|r| 3 * n.div_ceil(r.drain_k),
+    );
+    // Handlers that work: beside what eight of them allow at most (their own time alone).
+    let working = n / 5;
+    let working_rate = median(reps.iter().map(|r| working as f64 / r.drain_working.secs));
+    println!(
+        "  {:<40} {:>9.0} {:>7.0}% {:>7} {:>9.1} {:>8.2}   ({working} jobs; vs eight tasks running the handlers alone)",
+        "pool drain, handlers of 1 ms each",
+        working_rate,
+        100.0 * median(reps.iter().map(|r| r.handlers_alone_secs / r.drain_working.secs)),
+        reps.iter().map(|r| r.drain_working.txns).sum::<u64>() / REPS as u64,
+        (working * REPS as u64) as f64 / reps.iter().map(|r| r.drain_working.txns).sum::<u64>().max(1) as f64,
+        1e3 * reps.iter().map(|r| r.drain_working.secs).sum::<f64>()
+            / reps.iter().map(|r| r.drain_working.txns).sum::<u64>().max(1) as f64,
+    );
+    println!(
+        "  {:<40} {:>9.0}   (the handlers' sleeps of {} ms take {:.2} ms each on this runtime)",
+        "  eight tasks running the handlers alone",
+        median(reps.iter().map(|r| working as f64 / r.handlers_alone_secs)),
+        HANDLER_WORK.as_millis(),
+        1e3 * median(reps.iter().map(|r| r.handlers_alone_secs * 8.0 / working as f64)),
     );
     // Two brokers' pools beside the same raw drain (one client, no competition: the most the
     // cluster does for this work in one sequence of transactions).
@@ -431,20 +467,33 @@ async fn end_to_end(endpoints: &[String], client: &mut Client, ns: &str, n: u64)
 }
 
 /// A no-op handler, and a token it cancels at its `n`-th job (the pool then stops).
-fn no_op_until(
+fn jobs_until(
     n: u64,
+    work: Duration,
 ) -> (
     rockq::CancellationToken,
-    impl Fn(rockq::Task) -> std::future::Ready<Result<(), rockq::HandlerError>> + Clone + Send + Sync + 'static,
+    impl Fn(rockq::Task) -> futures::future::BoxFuture<'static, Result<(), rockq::HandlerError>>
+    + Clone
+    + Send
+    + Sync
+    + 'static,
 ) {
+    use futures::FutureExt;
     let done = Arc::new(AtomicU64::new(0));
     let token = rockq::CancellationToken::new();
     let cancel = token.clone();
     let handler = move |_task: rockq::Task| {
-        if done.fetch_add(1, Ordering::SeqCst) + 1 == n {
-            cancel.cancel();
+        let (done, cancel) = (done.clone(), cancel.clone());
+        async move {
+            if !work.is_zero() {
+                tokio::time::sleep(work).await;
+            }
+            if done.fetch_add(1, Ordering::SeqCst) + 1 == n {
+                cancel.cancel();
+            }
+            Ok(())
         }
-        std::future::ready(Ok(()))
+        .boxed()
     };
     (token, handler)
 }
@@ -453,19 +502,47 @@ fn no_op_until(
 /// handler, defaults) in the same broker runs the jobs; timed from the first send until the
 /// pool stopped with every ack in etcd.
 async fn end_to_end_pool(endpoints: &[String], client: &mut Client, ns: &str, n: u64) -> Measured {
-    pool_run(endpoints, client, ns, n, false).await
+    pool_run(endpoints, client, ns, n, false, Duration::ZERO).await
 }
 
 /// Pool drain: `n` messages sent first (in batches of 100, not timed), then a worker pool of 8
 /// on a work-queue group drains them; timed from the pool's start until it stopped with every
 /// ack in etcd. The revision delta counts the drain's write transactions alone.
 async fn pool_drain(endpoints: &[String], client: &mut Client, ns: &str, n: u64) -> Measured {
-    pool_run(endpoints, client, ns, n, true).await
+    pool_run(endpoints, client, ns, n, true, Duration::ZERO).await
+}
+
+/// The baseline of the working drain: `n` pieces of the handlers' work (`work` each) done by
+/// eight tasks (the pool's workers) with no queue at all.
+async fn handlers_alone(n: u64, work: Duration) -> f64 {
+    let left = Arc::new(AtomicU64::new(n));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let left = left.clone();
+            tokio::spawn(async move {
+                while left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| l.checked_sub(1)).is_ok() {
+                    tokio::time::sleep(work).await;
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("a task");
+    }
+    start.elapsed().as_secs_f64()
 }
 
 /// A pool of 8 no-op workers running `n` jobs in one broker: sent before the clock starts
 /// (`backlog`), or by [`send_all`]'s producers while the pool runs.
-async fn pool_run(endpoints: &[String], client: &mut Client, ns: &str, n: u64, backlog: bool) -> Measured {
+async fn pool_run(
+    endpoints: &[String],
+    client: &mut Client,
+    ns: &str,
+    n: u64,
+    backlog: bool,
+    work: Duration,
+) -> Measured {
     let broker = connect(endpoints, ns).await;
     let q = broker.queue(QUEUE).await.expect("create the queue");
     let mut sent = 0;
@@ -475,7 +552,7 @@ async fn pool_run(endpoints: &[String], client: &mut Client, ns: &str, n: u64, b
         sent += count;
     }
     let group = q.work_group("w").expect("a valid group name");
-    let (token, handler) = no_op_until(n);
+    let (token, handler) = jobs_until(n, work);
     let writer_before = broker.writer_stats();
     let rev_before = revision(client).await;
     let start = Instant::now();

@@ -72,6 +72,11 @@ async fn finished(broker: &Broker, seq: u64) -> rockq::JobStatus {
     }
 }
 
+/// The task of the next handler started.
+async fn started(tasks: &mut tokio::sync::mpsc::UnboundedReceiver<rockq::Task>) -> rockq::Task {
+    tokio::time::timeout(HANG_GUARD, tasks.recv()).await.expect("a handler started").unwrap()
+}
+
 fn committed(s: &rockq::Stats, group: &str) -> u64 {
     s.groups.iter().find(|g| g.group == group).map_or(0, |g| g.committed)
 }
@@ -607,6 +612,63 @@ async fn an_extension_is_written_to_etcd_and_the_other_broker_respects_it() {
     job.ack_durable().await.unwrap();
     let s = wait_stats(&b, |s| committed(s, "w") == 1).await;
     assert_eq!(committed(&s, "w"), 1);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+/// A pool renews a job's lease as its handler starts only if the job waited in the pool for
+/// more than a tenth of the lease: on etcd each renewal is a write of its own. Another broker
+/// reads the deadlines as stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_writes_a_lease_renewal_only_for_a_job_that_waited() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let (a, b) = (connect(&cluster, "renew", &clock).await, connect(&cluster, "renew", &clock).await);
+    let q = a.queue("q").await.unwrap();
+    let seqs: Vec<u64> = q.send_batch(["one", "two", "three"]).await.unwrap().collect();
+    let group = q.work_group("w").unwrap().lease(Duration::from_secs(10));
+    let (tx, mut tasks) = tokio::sync::mpsc::unbounded_channel::<rockq::Task>();
+    let go = Arc::new(tokio::sync::Notify::new());
+    let handler = common::handing_over(tx, go.clone());
+    // The deadline of `seq`'s lease as stored in etcd, once it is claimed.
+    let stored = |seq: u64| {
+        let b = b.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + HANG_GUARD;
+            loop {
+                let pending = b.pending("q", "w").await.unwrap();
+                if let Some(d) = pending.iter().find(|p| p.seq == seq).and_then(|p| p.lease_deadline) {
+                    return d;
+                }
+                assert!(tokio::time::Instant::now() < deadline, "job {seq} was never claimed: {pending:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    // One handler and a prefetch of one: each next job is claimed while the one before runs.
+    let token = rockq::CancellationToken::new();
+    let run = tokio::spawn(group.workers(1).prefetch(1).shutdown_on(token.clone()).run(handler));
+    assert_eq!(started(&mut tasks).await.seq(), seqs[0]);
+    let claimed = stored(seqs[1]).await;
+    // Handed out half a second after its claim: a twentieth of its lease gone, not renewed.
+    clock.advance(Duration::from_millis(500));
+    go.notify_one();
+    assert_eq!(started(&mut tasks).await.seq(), seqs[1]);
+    // A renewal asked for as the handler started would be written before the flush answers.
+    a.flush().await.unwrap();
+    assert_eq!(stored(seqs[1]).await, claimed, "a renewal was written for a job handed out at once");
+    let claimed = stored(seqs[2]).await;
+    // Handed out 6 s after its claim: renewed to a whole lease, and written for others to see.
+    clock.advance(Duration::from_secs(6));
+    go.notify_one();
+    assert_eq!(started(&mut tasks).await.seq(), seqs[2]);
+    a.flush().await.unwrap();
+    assert_eq!(stored(seqs[2]).await, claimed + Duration::from_secs(6));
+    go.notify_one();
+    wait_stats(&b, |s| committed(s, "w") == seqs[2]).await;
+    token.cancel();
+    let report = run.await.unwrap().unwrap();
+    assert_eq!((report.acked, report.unsettled), (3, 0));
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }

@@ -305,6 +305,68 @@ async fn the_heartbeat_keeps_a_long_handler_lease_alive() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_waited_in_the_pool_starts_with_a_full_lease() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let seqs: Vec<u64> = q.send_batch(["first", "second", "third"]).await.unwrap().collect();
+    let (tx, mut tasks) = mpsc::unbounded_channel::<Task>();
+    let go = Arc::new(Notify::new());
+    let token = CancellationToken::new();
+    let lease = Duration::from_secs(10);
+    let group = q.work_group("w").unwrap().lease(lease);
+    let handler = handing_over(tx, go.clone());
+    // One handler and a prefetch of one: the second job is claimed while the first runs, and
+    // waits in the pool for it.
+    let run = tokio::spawn(group.clone().workers(1).prefetch(1).shutdown_on(token.clone()).run(handler));
+    let first = tasks.recv().await.unwrap();
+    assert_eq!(first.seq(), seqs[0]);
+    tokio::time::timeout(HANG_GUARD, async {
+        while group.in_flight() < 2 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the second job was never claimed ahead");
+    // The clock stands still: a job handed out at once has its whole lease.
+    assert_eq!(first.lease_remaining(), lease);
+    // The second job's lease runs while it waits: 4 s of 10 left when its handler starts...
+    clock.advance(Duration::from_secs(6));
+    go.notify_one();
+    let second = tasks.recv().await.unwrap();
+    assert_eq!(second.seq(), seqs[1]);
+    // ... renewed to the whole lease as it starts.
+    assert_eq!(second.lease_remaining(), lease, "the handler got what was left of the lease");
+    // The third is claimed under the 10 s lease; shortened before it starts, the group's lease
+    // as it stands applies to it.
+    tokio::time::timeout(HANG_GUARD, async {
+        while group.in_flight() < 2 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the third job was never claimed ahead");
+    let short = Duration::from_secs(5);
+    q.work_group("w").unwrap().lease(short).update().await.unwrap();
+    go.notify_one();
+    let third = tasks.recv().await.unwrap();
+    assert_eq!((third.seq(), third.lease_remaining()), (seqs[2], short));
+    go.notify_one();
+    tokio::time::timeout(HANG_GUARD, async {
+        while group.committed() != Some(seqs[2]) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the acks did not land");
+    token.cancel();
+    let report = run.await.unwrap().unwrap();
+    assert_eq!((report.acked, report.unsettled), (3, 0));
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_whose_handlers_stay_busy_reports_saturation() {
     let dir = tempdir();
     let clock = ManualClock::new();

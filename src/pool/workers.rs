@@ -205,7 +205,8 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
     /// A pool stuck from the start holds at most `2 × concurrency` jobs.
     ///
     /// Setting a number fixes it. A prefetched job's lease runs while it waits, and is
-    /// renewed to a full term when a handler starts it; so with slow handlers keep
+    /// renewed to a full term when a handler starts it (if less than nine tenths of it is
+    /// left); so with slow handlers keep
     /// `prefetch / concurrency × handler time` well below the lease. `0` claims only for idle
     /// handlers (one claim write for the handlers free at that moment; about 45k jobs/s for
     /// 8 no-op handlers here): the default for a group with a [rate limit](WorkGroup::rate_limit), which counts
@@ -409,11 +410,7 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
                 // its transaction is answered). Aborted with the worker.
                 let mut committing: JoinSet<Done> = JoinSet::new();
                 while let Some(job) = feed.take(w, &clock).await {
-                    // The handler gets a full lease, however long the job waited. An
-                    // already-expired lease stays expired (the job then fails to settle and is
-                    // redelivered): fencing is never bypassed.
-                    // The group's lease now: an update applies to the next job started.
-                    let _ = job.extend(job.group_lease());
+                    refresh_lease(&job);
                     match run_one(handler.as_ref(), &app, job, heartbeat, trace, clock.clone()).await {
                         Ran::Done(done) => report.count(done),
                         Ran::Commit(tx, job) => {
@@ -649,6 +646,22 @@ fn job_span(job: &Job, trace: Trace) -> tracing::Span {
     );
     job.follow_trace(&span, trace);
     span
+}
+
+/// Gives a job about to start its handler the group's lease as it stands now (an update of
+/// the group's settings applies to the next job started), however long the job waited in the
+/// feed: renewed when less than nine tenths of the lease is left, or more than all of it (the
+/// lease was shortened since the claim). Not otherwise: a job handed out soon after its claim
+/// has nearly all of its lease, and on etcd each extension is a write of its own that other
+/// processes must see (one transaction per job, behind the claims and the acks). An
+/// already-expired lease stays expired (the job then fails to settle and is redelivered):
+/// fencing is never bypassed.
+fn refresh_lease(job: &Job) {
+    let lease = job.group_lease();
+    let left = job.lease_remaining();
+    if left < lease - lease / 10 || left > lease {
+        let _ = job.extend(lease);
+    }
 }
 
 async fn run_one<S: Send + Sync + 'static, H: Handler<S>>(

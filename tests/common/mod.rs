@@ -428,3 +428,28 @@ pub async fn flow_in_progress(broker: &rockq::Broker) -> u64 {
     broker.flush().await.unwrap();
     id
 }
+
+/// A pool handler that hands each task it starts to `started` and returns `Ok` once `go` is
+/// notified (waiting registered before the task is handed over: no notification is missed).
+#[allow(dead_code)] // not every test binary runs pools
+pub fn handing_over(
+    started: tokio::sync::mpsc::UnboundedSender<rockq::Task>,
+    go: std::sync::Arc<tokio::sync::Notify>,
+) -> impl Fn(rockq::Task) -> futures::future::BoxFuture<'static, Result<(), rockq::HandlerError>>
++ Send
++ Sync
++ 'static {
+    use futures::FutureExt;
+    move |task: rockq::Task| {
+        let (started, go) = (started.clone(), go.clone());
+        async move {
+            let notified = go.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            started.send(task).unwrap();
+            notified.await;
+            Ok(())
+        }
+        .boxed()
+    }
+}
