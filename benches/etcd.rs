@@ -15,10 +15,10 @@
 //!   they compete for the same messages, fenced by etcd's compares; and again with a
 //!   `concurrency_limit` above what the handlers hold (every claim then also rewrites and
 //!   compares the group's limit record: the cost of a limit that does not bind);
-//! - **pool drain, handlers of 1 ms**: N/5 messages drained by a pool of 8 whose handler takes
-//!   a millisecond (a sleep: a call to another service), beside the 8,000 jobs/s its eight
-//!   handlers allow: what the writes behind each job cost when handlers do work (a lease
-//!   renewed as a handler starts is a write of its own);
+//! - **pool drain, handlers of 10 ms**: N/5 messages drained by a pool of 8 whose handler
+//!   takes 10 ms (a sleep: a call to another service; `ROCKQ_BENCH_HANDLER_MS` sets it),
+//!   beside eight tasks doing the same sleeps with no queue: what the writes behind each job
+//!   cost when handlers do work (a lease renewed as a handler starts is a write of its own);
 //! - **raw drain**: the same work with `etcd-client` alone, sequentially, per batch of `k`
 //!   messages: a claim Txn (`k` compares on the records' revisions, the offset compare, `k`
 //!   puts), a ranged read of the `k` messages, a done Txn (`k` compares, `k` puts) and an
@@ -110,12 +110,15 @@ fn main() {
 const LIMIT: u32 = 1024;
 
 /// What each handler of the working drain takes (a sleep: a call to another service).
-const HANDLER_WORK: Duration = Duration::from_millis(1);
+fn handler_work() -> Duration {
+    let ms = std::env::var("ROCKQ_BENCH_HANDLER_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
+    Duration::from_millis(ms)
+}
 
 struct Rep {
     produce: Measured,
     e2e: Measured,
-    /// The drain of n / 5 jobs whose handler takes [`HANDLER_WORK`].
+    /// The drain of n / 5 jobs whose handler takes [`handler_work`].
     drain_working: Measured,
     /// Eight tasks running as many handlers alone: the most a pool of 8 can do with them.
     handlers_alone_secs: f64,
@@ -173,8 +176,8 @@ async fn bench_cluster(members: usize, n: u64) {
         let e2e_pool = end_to_end_pool(&endpoints, &mut client, &format!("bench-e2e-pool-{i}"), n).await;
         let drain = pool_drain(&endpoints, &mut client, &format!("bench-drain-{i}"), n).await;
         let working_ns = format!("bench-drain-working-{i}");
-        let drain_working = pool_run(&endpoints, &mut client, &working_ns, n / 5, true, HANDLER_WORK).await;
-        let handlers_alone_secs = handlers_alone(n / 5, HANDLER_WORK).await;
+        let drain_working = pool_run(&endpoints, &mut client, &working_ns, n / 5, true, handler_work()).await;
+        let handlers_alone_secs = handlers_alone(n / 5, handler_work()).await;
         // The pool's write transactions per message, matched by the raw drain's three per batch.
         let drain_k = (3.0 * n as f64 / drain.txns.max(1) as f64).round().clamp(1.0, 120.0) as u64;
         let raw_drain_secs =
@@ -311,7 +314,7 @@ async fn bench_cluster(members: usize, n: u64) {
     let working_rate = median(reps.iter().map(|r| working as f64 / r.drain_working.secs));
     println!(
         "  {:<40} {:>9.0} {:>7.0}% {:>7} {:>9.1} {:>8.2}   ({working} jobs; vs eight tasks running the handlers alone)",
-        "pool drain, handlers of 1 ms each",
+        format!("pool drain, handlers of {} ms each", handler_work().as_millis()),
         working_rate,
         100.0 * median(reps.iter().map(|r| r.handlers_alone_secs / r.drain_working.secs)),
         reps.iter().map(|r| r.drain_working.txns).sum::<u64>() / REPS as u64,
@@ -323,7 +326,7 @@ async fn bench_cluster(members: usize, n: u64) {
         "  {:<40} {:>9.0}   (the handlers' sleeps of {} ms take {:.2} ms each on this runtime)",
         "  eight tasks running the handlers alone",
         median(reps.iter().map(|r| working as f64 / r.handlers_alone_secs)),
-        HANDLER_WORK.as_millis(),
+        handler_work().as_millis(),
         1e3 * median(reps.iter().map(|r| r.handlers_alone_secs * 8.0 / working as f64)),
     );
     // Two brokers' pools beside the same raw drain (one client, no competition: the most the
@@ -466,7 +469,8 @@ async fn end_to_end(endpoints: &[String], client: &mut Client, ns: &str, n: u64)
     Measured { secs, txns: (rev_after - rev_before) as u64, writer }
 }
 
-/// A no-op handler, and a token it cancels at its `n`-th job (the pool then stops).
+/// A handler taking `work` (none: a no-op), and a token it cancels once its `n`-th job is done
+/// (the pool then stops).
 fn jobs_until(
     n: u64,
     work: Duration,
@@ -533,7 +537,7 @@ async fn handlers_alone(n: u64, work: Duration) -> f64 {
     start.elapsed().as_secs_f64()
 }
 
-/// A pool of 8 no-op workers running `n` jobs in one broker: sent before the clock starts
+/// A pool of 8 workers whose handler takes `work` (none: a no-op) running `n` jobs in one broker: sent before the clock starts
 /// (`backlog`), or by [`send_all`]'s producers while the pool runs.
 async fn pool_run(
     endpoints: &[String],

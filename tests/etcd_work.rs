@@ -617,8 +617,8 @@ async fn an_extension_is_written_to_etcd_and_the_other_broker_respects_it() {
 }
 
 /// A pool renews a job's lease as its handler starts only if the job waited in the pool for
-/// more than a tenth of the lease: on etcd each renewal is a write of its own. Another broker
-/// reads the deadlines as stored.
+/// more than a hundredth of the lease: on etcd each renewal is a write of its own. Another
+/// broker reads the deadlines as stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_writes_a_lease_renewal_only_for_a_job_that_waited() {
     let cluster = etcd::Cluster::start(1).await;
@@ -650,8 +650,8 @@ async fn a_pool_writes_a_lease_renewal_only_for_a_job_that_waited() {
     let run = tokio::spawn(group.workers(1).prefetch(1).shutdown_on(token.clone()).run(handler));
     assert_eq!(started(&mut tasks).await.seq(), seqs[0]);
     let claimed = stored(seqs[1]).await;
-    // Handed out half a second after its claim: a twentieth of its lease gone, not renewed.
-    clock.advance(Duration::from_millis(500));
+    // Handed out 50 ms after its claim: a two-hundredth of its lease gone, not renewed.
+    clock.advance(Duration::from_millis(50));
     go.notify_one();
     assert_eq!(started(&mut tasks).await.seq(), seqs[1]);
     // A renewal asked for as the handler started would be written before the flush answers.

@@ -320,7 +320,7 @@ async fn a_job_that_waited_in_the_pool_starts_with_a_full_lease() {
     // One handler and a prefetch of one: the second job is claimed while the first runs, and
     // waits in the pool for it.
     let run = tokio::spawn(group.clone().workers(1).prefetch(1).shutdown_on(token.clone()).run(handler));
-    let first = tasks.recv().await.unwrap();
+    let first = tokio::time::timeout(HANG_GUARD, tasks.recv()).await.expect("a handler started").unwrap();
     assert_eq!(first.seq(), seqs[0]);
     tokio::time::timeout(HANG_GUARD, async {
         while group.in_flight() < 2 {
@@ -334,7 +334,7 @@ async fn a_job_that_waited_in_the_pool_starts_with_a_full_lease() {
     // The second job's lease runs while it waits: 4 s of 10 left when its handler starts...
     clock.advance(Duration::from_secs(6));
     go.notify_one();
-    let second = tasks.recv().await.unwrap();
+    let second = tokio::time::timeout(HANG_GUARD, tasks.recv()).await.expect("a handler started").unwrap();
     assert_eq!(second.seq(), seqs[1]);
     // ... renewed to the whole lease as it starts.
     assert_eq!(second.lease_remaining(), lease, "the handler got what was left of the lease");
@@ -350,7 +350,7 @@ async fn a_job_that_waited_in_the_pool_starts_with_a_full_lease() {
     let short = Duration::from_secs(5);
     q.work_group("w").unwrap().lease(short).update().await.unwrap();
     go.notify_one();
-    let third = tasks.recv().await.unwrap();
+    let third = tokio::time::timeout(HANG_GUARD, tasks.recv()).await.expect("a handler started").unwrap();
     assert_eq!((third.seq(), third.lease_remaining()), (seqs[2], short));
     go.notify_one();
     tokio::time::timeout(HANG_GUARD, async {

@@ -10,7 +10,8 @@
 //!
 //! The rule: hold about [`AHEAD`] of work ahead, measured by the pool's own completion rate —
 //! `rate × AHEAD` jobs — between `concurrency` and [`MAX_AUTO_PREFETCH`]. A prefetched job so
-//! waits about `AHEAD` (its lease is renewed when a handler starts it anyway).
+//! waits about `AHEAD`; its lease is renewed when a handler starts it if more than a hundredth
+//! of it ran meanwhile (`workers.rs`, `refresh_lease`).
 //!
 //! Or [`CLAIMS_AHEAD`] times a claim's own time, if that is longer (up to [`MAX_AHEAD`]): work
 //! ahead for less than a claim takes runs out before the next claim is answered, and then the
