@@ -245,6 +245,17 @@ async fn a_handler_type_works_and_question_mark_retries() {
     broker.shutdown().await.unwrap();
 }
 
+/// Yields until `cond` holds; fails with `what` after the hang guard.
+async fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    tokio::time::timeout(HANG_GUARD, async {
+        while !cond() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect(what);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_heartbeat_keeps_a_long_handler_lease_alive() {
     let dir = tempdir();
@@ -276,13 +287,7 @@ async fn the_heartbeat_keeps_a_long_handler_lease_alive() {
     for _ in 0..4 {
         clock.advance(Duration::from_secs(4));
         // The clock stands still between advances: a renewed lease has exactly 9 s left.
-        tokio::time::timeout(HANG_GUARD, async {
-            while task.lease_remaining() < Duration::from_secs(9) {
-                tokio::task::yield_now().await;
-            }
-        })
-        .await
-        .expect("no heartbeat");
+        wait_until("no heartbeat", || task.lease_remaining() >= Duration::from_secs(9)).await;
     }
     let mut other = group.subscribe().await.unwrap();
     let sentinel = q.send("sentinel").await.unwrap();
@@ -290,13 +295,7 @@ async fn the_heartbeat_keeps_a_long_handler_lease_alive() {
     assert_eq!(s.seq(), sentinel, "the heartbeated message stayed with its holder");
     s.ack_durable().await.unwrap();
     go.notify_one();
-    tokio::time::timeout(HANG_GUARD, async {
-        while group.committed() != Some(sentinel) {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("the long handler's ack did not land");
+    wait_until("the long handler's ack did not land", || group.committed() == Some(sentinel)).await;
     token.cancel();
     let report = run.await.unwrap().unwrap();
     assert_eq!((report.acked, report.unsettled), (1, 0));
@@ -322,13 +321,7 @@ async fn a_job_that_waited_in_the_pool_starts_with_a_full_lease() {
     let run = tokio::spawn(group.clone().workers(1).prefetch(1).shutdown_on(token.clone()).run(handler));
     let first = tokio::time::timeout(HANG_GUARD, tasks.recv()).await.expect("a handler started").unwrap();
     assert_eq!(first.seq(), seqs[0]);
-    tokio::time::timeout(HANG_GUARD, async {
-        while group.in_flight() < 2 {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("the second job was never claimed ahead");
+    wait_until("the second job was never claimed ahead", || group.in_flight() >= 2).await;
     // The clock stands still: a job handed out at once has its whole lease.
     assert_eq!(first.lease_remaining(), lease);
     // The second job's lease runs while it waits: 4 s of 10 left when its handler starts...
@@ -340,26 +333,14 @@ async fn a_job_that_waited_in_the_pool_starts_with_a_full_lease() {
     assert_eq!(second.lease_remaining(), lease, "the handler got what was left of the lease");
     // The third is claimed under the 10 s lease; shortened before it starts, the group's lease
     // as it stands applies to it.
-    tokio::time::timeout(HANG_GUARD, async {
-        while group.in_flight() < 2 {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("the third job was never claimed ahead");
+    wait_until("the third job was never claimed ahead", || group.in_flight() >= 2).await;
     let short = Duration::from_secs(5);
     q.work_group("w").unwrap().lease(short).update().await.unwrap();
     go.notify_one();
     let third = tokio::time::timeout(HANG_GUARD, tasks.recv()).await.expect("a handler started").unwrap();
     assert_eq!((third.seq(), third.lease_remaining()), (seqs[2], short));
     go.notify_one();
-    tokio::time::timeout(HANG_GUARD, async {
-        while group.committed() != Some(seqs[2]) {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("the acks did not land");
+    wait_until("the acks did not land", || group.committed() == Some(seqs[2])).await;
     token.cancel();
     let report = run.await.unwrap().unwrap();
     assert_eq!((report.acked, report.unsettled), (3, 0));
