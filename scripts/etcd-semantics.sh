@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the embedded engine's semantics suites (ordered groups, work groups, worker pools,
-# dead letters and redrive, retention, idempotency keys, delayed messages and schedules) unchanged
+# dead letters and redrive, retention, idempotency keys, delayed messages and schedules, keyspaces
+# and transactions, producers, lifecycle, metrics and tracing, stats and the console) unchanged
 # against a real single-member etcd (feature `etcd`):
 # starts Debian's `etcd` on loopback ports chosen now, data in a temp dir, points the tests at
 # it (`ROCKQ_TEST_ETCD`, see tests/common/mod.rs), and stops it by its pid at the end.
@@ -92,3 +93,28 @@ cargo test --features "$features" --test kv_transactions "$@" -- --skip acks_cou
 cargo test --features "$features" --test queue_dedup "$@"
 # Delayed messages and recurring schedules.
 cargo test --features "$features" --test schedule_delays "$@"
+# Producers, queue isolation, pool cancellation, group settings, lifecycle events and
+# pipelines. Not on etcd: enqueue times across a restart with the clock set back (etcd stamps
+# with each process's clock, docs/etcd.md), sends after the broker's runtime is gone (etcd
+# refuses them: tests/etcd_engine.rs::calls_after_the_connecting_runtime_is_gone_…), and a
+# settings record written into RocksDB directly.
+cargo test --features "$features" --test queue_producers --test queue_isolation --test pool_cancellation \
+  --test work_settings --test broker_events --test broker_errors --test ordered_pipelines "$@" -- \
+  --skip enqueue_times_never_go_back_across_a_restart --skip sends_resolve_from_another_runtime \
+  --skip a_record_from_an_older_build
+# Shutdown and bad input (not the tests that open, lock or corrupt a RocksDB directory).
+cargo test --features "$features" --test broker_shutdown --test broker_bad_input "$@" -- \
+  --skip dropping_every_handle_without_shutdown --skip a_corrupted_registry_record \
+  --skip a_corrupted_message_ends --skip a_database_held_by_another_process --skip a_database_open_in_this_process
+# Metrics, tracing events and OpenTelemetry context, as embedded (on etcd a writer round is a
+# round of sends).
+cargo test --features "$features" --test telemetry_metrics --test telemetry_tracing --test telemetry_otel \
+  --test telemetry_grafana "$@"
+# Stats and the console's pages and operator actions. Not: RocksDB's read-only opens and
+# byte counts, a restart voiding leases (on etcd they hold until they run out), `rockq serve`
+# on a database path, and the flow pages (flows are not built on etcd).
+cargo test --features "$features" --test admin_inspect --test web_http --test web_operator "$@" -- \
+  --skip inspector_reads_a_database_another_broker_holds --skip leases_of_a_process_that_is_gone \
+  --skip live_stats_from_memory_agree --skip stats_report_lag_as_count_and_age \
+  --skip a_read_only_console_reads_a_database --skip flow_pages_and_json --skip overview_shows_the_numbers \
+  --skip rockq_serve_is_read_only --skip with_a_token_every_read_needs_it

@@ -376,6 +376,79 @@ async fn sends_staged_before_a_flush_or_a_shutdown_are_written_when_it_returns()
     c.shutdown().await.unwrap();
 }
 
+/// The engine's tasks are the connecting runtime's: once it is dropped, calls from another
+/// runtime are refused with `Shutdown` (embedded, the writer thread outlives it and they go
+/// on) instead of waiting forever for a task that is gone, and what was sent before stays.
+#[test]
+fn calls_after_the_connecting_runtime_is_gone_are_refused_not_left_waiting() {
+    let other = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let cluster = other.block_on(etcd::Cluster::start(1));
+    let home = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let (broker, q, mut sub, mut jobs) = home.block_on(async {
+        let broker = connect(&cluster, "gone").await;
+        let q = broker.queue("q").await.unwrap();
+        let sub = q.group("g").unwrap().subscribe().await.unwrap();
+        let jobs = q.work_group("w").unwrap().subscribe().await.unwrap();
+        (broker, q, sub, jobs)
+    });
+    assert_eq!(other.block_on(q.send("from another runtime")).unwrap(), 1);
+    other.block_on(async {
+        next(&mut sub).await.ack().unwrap();
+        let job = tokio::time::timeout(HANG_GUARD, jobs.next()).await.expect("a job").expect("open").unwrap();
+        job.ack().unwrap();
+    });
+    // Subscribers waiting for more on a third runtime, each polled once and pending (its waker
+    // registered) before the drop: woken to see the end, not left waiting.
+    let third = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let waiting = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let waiter = |mut stream: std::pin::Pin<Box<dyn futures::Stream<Item = bool> + Send>>| {
+        let waiting = waiting.clone();
+        third.spawn(std::future::poll_fn(move |cx| {
+            let polled = stream.as_mut().poll_next(cx);
+            if polled.is_pending() {
+                waiting.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            polled
+        }))
+    };
+    let ordered = waiter(Box::pin(sub.map(|d| d.is_ok())));
+    let work = waiter(Box::pin(jobs.map(|j| j.is_ok())));
+    let events = waiter(Box::pin(broker.event_stream().map(|_| true)));
+    let deadline = std::time::Instant::now() + HANG_GUARD;
+    while waiting.load(std::sync::atomic::Ordering::SeqCst) < 3 {
+        assert!(std::time::Instant::now() < deadline, "the subscribers never waited");
+        std::thread::yield_now();
+    }
+    drop(home);
+    let ended = other.block_on(async {
+        tokio::time::timeout(HANG_GUARD, async {
+            (ordered.await.unwrap(), work.await.unwrap(), events.await.unwrap())
+        })
+        .await
+        .expect("the waiting subscribers were woken")
+    });
+    assert!(ended.0 != Some(true) && ended.1 != Some(true) && ended.2.is_none(), "{ended:?}");
+    let send =
+        other.block_on(async { tokio::time::timeout(HANG_GUARD, q.send("after")).await.expect("answered") });
+    assert!(matches!(send, Err(Error::Shutdown)), "{send:?}");
+    let flushed =
+        other.block_on(async { tokio::time::timeout(HANG_GUARD, broker.flush()).await.expect("answered") });
+    assert!(matches!(flushed, Err(Error::Shutdown)), "{flushed:?}");
+    let peeked = other.block_on(async {
+        tokio::time::timeout(HANG_GUARD, broker.peek("q", None, 10)).await.expect("answered")
+    });
+    assert!(matches!(peeked, Err(Error::Shutdown)), "{peeked:?}");
+    assert!(broker.is_shut_down());
+    // Returns at once: nothing is left to stop.
+    let stopped = other
+        .block_on(async { tokio::time::timeout(HANG_GUARD, broker.shutdown()).await.expect("answered") });
+    assert!(stopped.is_ok(), "{stopped:?}");
+    drop((broker, q, third));
+    let again = other.block_on(connect(&cluster, "gone"));
+    assert_eq!(other.block_on(again.queue("q")).unwrap().last_seq(), 1);
+    other.block_on(again.shutdown()).unwrap();
+}
+
 /// A purge sees every send staged before it, as embedded: each is written before the purge
 /// and purged with the rest, none lands after it (staged sends are written by the appender
 /// task; the writer has it finish before a purge).

@@ -169,7 +169,9 @@ async fn counters_gauges_and_histograms_follow_the_traffic() {
     let Some(V::Histogram(batches)) = seen.value(m::BATCH_SIZE, &[]) else {
         panic!("no batch size histogram")
     };
-    assert!(batches > 10 && batches <= rounds, "{batches} samples for {rounds} rounds");
+    // (On etcd a round is a round of sends: claims and acks are transactions of their own.)
+    let least = if common::against_etcd() { 1 } else { 11 };
+    assert!(batches >= least && batches <= rounds, "{batches} samples for {rounds} rounds");
     assert_eq!(seen.value(m::COMMIT_LATENCY, &[]), Some(V::Histogram(batches)));
     broker.shutdown().await.unwrap();
 
@@ -182,14 +184,13 @@ async fn counters_gauges_and_histograms_follow_the_traffic() {
 async fn periodic_gauges_agree_with_stats(seen: &mut Seen) {
     let dir = tempdir();
     let clock = ManualClock::new();
-    let broker = rockq::Options::new()
+    // (On etcd the periodic task publishes what `Broker::stats` computes.)
+    let options = rockq::Options::new()
         .durability(rockq::Durability::Buffered)
         .clock(clock.clone())
         .retention_interval(Duration::ZERO)
-        .metrics_interval(Duration::from_secs(10))
-        .open(dir.path())
-        .await
-        .unwrap();
+        .metrics_interval(Duration::from_secs(10));
+    let broker = open_options(dir.path(), options).await;
     let q = broker.queue("gauged").await.unwrap();
     q.send_batch((0..8).map(|i| format!("m{i}"))).await.unwrap();
     let mut ordered = q.group("reader").unwrap().subscribe().await.unwrap();

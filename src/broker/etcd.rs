@@ -171,6 +171,11 @@ impl Broker {
     /// this engine does not carry out yet is refused with [`Error::Unsupported`](crate::Error::Unsupported)
     /// (see `docs/DISTRIBUTED.md`), never done differently.
     ///
+    /// The engine's tasks run on the runtime that calls this: once that runtime is dropped,
+    /// every call on this broker and its handles, from any runtime, fails with
+    /// [`Error::Shutdown`](crate::Error::Shutdown) (embedded brokers write on a thread of their
+    /// own and go on).
+    ///
     /// # Errors
     ///
     /// [`Error::Storage`] if no member answered within the request timeout (one member down

@@ -342,7 +342,9 @@ impl Broker {
         Ok(DeadLetters::new(self.shared.clone(), q.state().clone()))
     }
 
-    /// Whether [`shutdown`](Broker::shutdown) has been called.
+    /// Whether [`shutdown`](Broker::shutdown) has been called — or, on the etcd engine, the
+    /// runtime that connected the broker was dropped: either way every call is refused with
+    /// [`Error::Shutdown`](crate::Error::Shutdown).
     ///
     /// # Examples
     ///
@@ -397,6 +399,11 @@ impl Broker {
     /// # Ok(()) }
     /// ```
     pub async fn shutdown(&self) -> Result<(), Error> {
+        if self.shared.tasks_gone() {
+            // The etcd engine's runtime is gone: there is none to run a task on, and nothing
+            // left to stop but this broker's waiters (at once).
+            return self.shared.close().await;
+        }
         // Issue 13 (one shutdown for every caller): a second concurrent call used to return `Ok` while the first was still
         // closing the database. Now every call awaits one shared task.
         let shutdown = {

@@ -238,7 +238,11 @@ impl Backend {
     pub async fn stats(&self, engine: &Arc<Engine>, runtime: &Handle) -> Result<Stats, Error> {
         match self {
             Backend::Embedded(store) => inspect::live_stats(engine, store, runtime).await,
-            Backend::Etcd(side) => on_etcd!(side => etcd::stats::stats(engine, side).await),
+            Backend::Etcd(side) => on_etcd!(side => {
+                let stats = etcd::stats::stats(engine, side).await?;
+                crate::telemetry::publish(&stats);
+                Ok(stats)
+            }),
         }
     }
 

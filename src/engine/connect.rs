@@ -28,6 +28,8 @@ pub(crate) async fn connect(
     if !passive {
         tasks::spawn_timer(&shared, timer);
         tasks::spawn_retention(&shared, options.retention_interval);
+        // (An inspection publishes no gauges, as the embedded `Inspector` does not.)
+        tasks::spawn_stats_gauges(&shared, options.metrics_interval);
     }
     Ok(shared)
 }

@@ -84,6 +84,10 @@ pub(crate) struct Engine {
     pub events: tokio::sync::broadcast::Sender<Event>,
     /// When the schedule's next entry is due (`timer.rs`).
     pub timer: Arc<timer::Timer>,
+    /// Set when the engine's tasks are gone (the etcd engine's: dropped with the runtime that
+    /// connected the broker): nothing is left to carry a call out, so every call is refused
+    /// as after a shutdown ([`Shared::is_closed`](shared::Shared::is_closed)).
+    pub tasks_gone: std::sync::atomic::AtomicBool,
 }
 
 impl Engine {
@@ -99,6 +103,24 @@ impl Engine {
             counters: Counters::default(),
             events: tokio::sync::broadcast::channel(events).0,
             timer,
+            tasks_gone: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// The engine's tasks ended (`tasks_gone`): later calls are refused with `Shutdown`, what
+    /// is still staged fails with it, and whoever waits — for an offset or an outcome to
+    /// become durable, for new messages, for a job to claim — is woken to see the end.
+    /// Harmless after a clean stop (everything is closed).
+    #[allow(dead_code)] // called by the etcd engine's tasks
+    pub fn lose_tasks(&self) {
+        self.tasks_gone.store(true, std::sync::atomic::Ordering::Release);
+        drop(self.inbox.close(None));
+        self.wake_durable_waiters();
+        for q in self.registry.queues.iter() {
+            q.poke();
+        }
+        for g in self.registry.work.iter() {
+            g.value().changed.notify_waiters();
         }
     }
 
@@ -123,7 +145,11 @@ impl Engine {
     pub fn fail(&self, why: Failure) {
         *self.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
         self.inbox.fail(&why);
-        // No offset becomes durable any more: wake whoever waits for one to see the failure.
+        self.wake_durable_waiters();
+    }
+
+    /// No offset becomes durable any more: wakes whoever waits for one to see why.
+    fn wake_durable_waiters(&self) {
         for g in self.registry.ordered.iter() {
             g.value().durable_moved.notify_waiters();
         }

@@ -81,8 +81,14 @@ impl Shared {
         })
     }
 
+    /// Shut down, or the engine's tasks are gone (`tasks_gone`): every call is refused.
     pub fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        self.closed.load(Ordering::Acquire) || self.tasks_gone()
+    }
+
+    /// The engine's tasks are gone without a shutdown: the etcd engine's runtime was dropped.
+    pub fn tasks_gone(&self) -> bool {
+        self.engine.tasks_gone.load(Ordering::Acquire)
     }
 
     /// Whether writes can still land: not shut down, and not failed closed.
@@ -538,7 +544,18 @@ impl Shared {
     /// are refused, the writer finishes everything queued before this and stops, subscribers
     /// are woken to see the end, and the store is closed on the blocking pool.
     pub async fn close(&self) -> Result<(), Error> {
-        if self.is_closed() {
+        if self.closed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        if self.tasks_gone() {
+            // The etcd engine's runtime is gone, and its tasks with it: nothing is left to
+            // drain, flush or close, and nothing to run this on. What waits is told.
+            self.closing.cancel();
+            self.closed.store(true, Ordering::Release);
+            for q in self.engine.registry.queues.iter() {
+                q.poke();
+            }
+            self.stopped.cancel();
             return Ok(());
         }
         // Worker pools first: they stop claiming and drain (their acks still land).

@@ -95,6 +95,29 @@ pub(super) fn spawn_gauges(shared: &Arc<Shared>, store: Arc<Store>, interval: Du
     });
 }
 
+/// The etcd engine's gauges: every `interval`, while a metrics recorder is installed, what
+/// [`Broker::stats`](crate::Broker::stats) computes (the namespace as etcd holds it, with
+/// this process's leases laid over it) is published, as `stats` itself publishes it. A
+/// namespace's figures are the same from every process: each publishes them under its own
+/// recorder.
+#[allow(dead_code)] // the etcd engine's
+pub(super) fn spawn_stats_gauges(shared: &Arc<Shared>, interval: Duration) {
+    spawn_periodic(shared, interval, move |shared| async move {
+        if !crate::telemetry::recorder_installed() {
+            return true;
+        }
+        match shared.stats().await {
+            // (`stats` published them.)
+            Ok(_) => true,
+            Err(Error::Shutdown) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, "rockq: computing metrics gauges failed");
+                true
+            }
+        }
+    });
+}
+
 /// Starts the schedule's timer task (`timer.rs`). It holds the broker only weakly (and only to send `Fire`), so
 /// dropping every handle still closes it; shutdown stops it.
 pub(super) fn spawn_timer(shared: &Arc<Shared>, timer: Arc<Timer>) {

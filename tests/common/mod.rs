@@ -206,6 +206,19 @@ pub async fn open_clock(path: &Path, clock: &rockq::ManualClock) -> Broker {
     open_clock_mode(path, clock, Durability::Buffered).await
 }
 
+/// Opens a broker with `options` as they are (their intervals included), or in the semantics
+/// suites on etcd connects with them (durability: the cluster's quorum write).
+pub async fn open_options(path: &Path, options: Options) -> Broker {
+    #[cfg(feature = "etcd")]
+    if let Some((endpoints, namespace)) = etcd_namespace(path) {
+        let opts = rockq::EtcdOptions::new()
+            .options(options.durability(Durability::Fsync))
+            .owner_ttl(Duration::from_secs(2));
+        return Broker::connect_etcd(endpoints, &namespace, opts).await.expect("connect to etcd");
+    }
+    options.open(path).await.expect("open")
+}
+
 /// Opens a broker in `mode` whose leases, backoff and delays run on `clock`.
 pub async fn open_clock_mode(path: &Path, clock: &rockq::ManualClock, mode: Durability) -> Broker {
     #[cfg(feature = "etcd")]

@@ -14,6 +14,16 @@ use crate::stats::{GroupMode, GroupStats, PendingState, QueueStats, Stats};
 pub(crate) async fn stats(engine: &Arc<Engine>, side: &EtcdSide) -> Result<Stats, Error> {
     let loaded = side.store.load().await?;
     let now = engine.clock().wall_micros();
+    // How long message `seq` of queue `qid` has waited, from its enqueue time (`None`: not
+    // there, trimmed or deleted meanwhile).
+    let age_of = |qid: u32, seq: u64| async move {
+        let got = side.store.read_range(qid, seq, seq, 1).await?;
+        Ok::<_, Error>(
+            got.first()
+                .and_then(|(s, v)| crate::store::etcd::decode_envelope(qid, *s, v).ok())
+                .map(|e| Duration::from_micros(now.saturating_sub(e.enqueued_at_micros))),
+        )
+    };
     let delayed = side.store.delayed_counts().await?;
     let mut queues = Vec::with_capacity(loaded.queues.len());
     for (name, meta, last) in &loaded.queues {
@@ -48,6 +58,9 @@ pub(crate) async fn stats(engine: &Arc<Engine>, side: &EtcdSide) -> Result<Stats
     let mut groups = Vec::with_capacity(loaded.groups.len());
     for (group, queue, offset) in &loaded.groups {
         let Some(q) = queues.iter().find(|q| &q.name == queue) else { continue };
+        let Some(qid) = loaded.queues.iter().find(|(n, _, _)| n == queue).map(|(_, m, _)| m.id) else {
+            continue;
+        };
         let start = (offset.committed + 1).max(q.first_seq);
         let registry = &engine.registry;
         let mut g = GroupStats {
@@ -83,16 +96,27 @@ pub(crate) async fn stats(engine: &Arc<Engine>, side: &EtcdSide) -> Result<Stats
             // (Deleted since the groups were read: none.)
             let records = side.store.load_claims(group, queue).await?.map(|l| l.records).unwrap_or_default();
             let live = live.get(&(group.clone(), queue.clone()));
-            let mut done = 0;
+            let mut done = std::collections::BTreeSet::new();
             for r in records.into_iter().filter(|r| r.seq >= start) {
                 match pending_claim(r.seq, r.claim, now, live).map(|p| p.state) {
-                    None => done += 1,
+                    None => {
+                        done.insert(r.seq);
+                    }
                     Some(PendingState::Leased) => g.in_flight += 1,
                     Some(PendingState::Waiting) => g.waiting_retry += 1,
                     Some(_) => {}
                 }
             }
-            g.lag = g.lag.saturating_sub(done);
+            g.lag = g.lag.saturating_sub(done.len() as u64);
+            // The oldest message not finished, as embedded: past the finished ones above the
+            // offset.
+            let mut oldest = start;
+            while done.contains(&oldest) {
+                oldest += 1;
+            }
+            if oldest <= q.last_seq {
+                g.oldest_unacked_age = age_of(qid, oldest).await?;
+            }
             let (record, _) = side.store.work_settings(group, queue).await?;
             let record = record.unwrap_or_default();
             let dlq = crate::model::dead_letter_queue_of(&record, queue).to_string();
@@ -117,6 +141,9 @@ pub(crate) async fn stats(engine: &Arc<Engine>, side: &EtcdSide) -> Result<Stats
                     g.limited = w.limited(engine.clock().now());
                 }
             }
+        }
+        if offset.mode == StoredMode::Ordered && start <= q.last_seq {
+            g.oldest_unacked_age = age_of(qid, start).await?;
         }
         groups.push(g);
     }

@@ -478,6 +478,7 @@ impl Writer {
                 match self.write(&group, &writes, None, None, None).await {
                     Ok(Written::Yes(rev)) => {
                         known.wrote(seq, rev);
+                        tracing::debug!(%queue, group = %gname, seq, attempt, ?delay, %error, "rockq: retry scheduled");
                         telemetry::group_counter(telemetry::RETRIED, &queue, &gname, 1);
                         self.engine.emit(|| Event::Retried {
                             queue,
@@ -634,6 +635,7 @@ impl Writer {
                     self.tails.insert(q.id, (last + 1, append.nonce));
                     super::writer::index_sent(&q, last + 1, &append.envelopes);
                     q.publish_max(last + 1);
+                    telemetry::produced(&q.name, 1);
                     return Ok(Some((last + 1, reason)));
                 }
                 Ok(Written::No { offset, found, tail, .. }) => {

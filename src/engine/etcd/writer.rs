@@ -33,7 +33,7 @@ use crate::engine::request::{
     KvRequest, LifecycleRequest, OrderedRequest, QueueRequest, Request, RetentionRequest, ScheduleRequest,
     SettingsRequest, WorkRequest,
 };
-use crate::error::{Closed, Error, StorageError, UnsupportedError};
+use crate::error::{Closed, Error, Failure, StorageError, UnsupportedError};
 use crate::events::Event;
 use crate::model::{GroupMode, GroupOffset, OrderedMark, QueueMeta, StartFrom};
 use crate::store::envelope;
@@ -113,6 +113,9 @@ pub(super) struct Appender {
 /// Runs until every handle is gone or a shutdown is asked for; `w` is this writer, `appender`
 /// the task writing staged sends beside it.
 pub(super) async fn run(mut w: Writer, mut rx: mpsc::Receiver<Request>, appender: Appender) {
+    // However this ends — a stop, or dropped with its runtime — the broker's stop token is
+    // cancelled with it: the watches and event streams end (`close` cancels it too, later).
+    let _stopped = w.stop.clone().drop_guard();
     let Appender { barriers: to_appender, task: appender } = appender;
     let max_requests = w.engine.options.max_batch_messages;
     let mut pending: Vec<Request> = Vec::new();
@@ -205,6 +208,25 @@ pub(super) async fn run(mut w: Writer, mut rx: mpsc::Receiver<Request>, appender
                 let _ = s.send(Ok(()));
             }
             return;
+        }
+    }
+}
+
+impl Drop for Writer {
+    /// However the writer or the appender task ends, no call is left waiting for a task that
+    /// is gone (`Engine::lose_tasks`): the inbox is closed, what it still holds fails with
+    /// `Shutdown` as its resolvers drop, and every later call, reads included, is refused with
+    /// `Shutdown` (after a clean stop all of that holds already). The case this is for: the
+    /// runtime that connected the broker was dropped while handles live on in another.
+    /// Embedded, the writer is a thread of its own and outlives that runtime; here the
+    /// engine's tasks are that runtime's, and the etcd client's connections with them. A task
+    /// that panicked fails what is staged with `ThreadStopped`, as embedded (the other task's
+    /// end then refuses later calls with `Shutdown`).
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.engine.inbox.fail(&Failure::ThreadStopped("etcd writer"));
+        } else {
+            self.engine.lose_tasks();
         }
     }
 }
@@ -455,6 +477,7 @@ impl Writer {
             return;
         }
         let now = self.stamp();
+        let started = std::time::Instant::now();
         // Each send call: its queue, and its messages' byte ranges in the arena.
         let mut calls: Vec<(usize, Vec<(usize, usize)>)> = Vec::with_capacity(s.sends.len());
         let mut start = 0;
@@ -583,6 +606,9 @@ impl Writer {
         match result {
             Ok(()) => {
                 counters.messages.fetch_add(s.msgs.len() as u64, Ordering::Relaxed);
+                // As embedded: a sample per round written, its messages and how long its
+                // writes took.
+                telemetry::round(s.msgs.len() as u64, started.elapsed());
                 let Staged { resolver, .. } = s;
                 resolver.resolve(Ok(firsts.into_boxed_slice()));
             }
@@ -1033,6 +1059,7 @@ impl Writer {
                     self.tails.insert(q.id, (last + n as u64, nonce));
                     index_sent(&q, last + 1, letters.iter().map(|(_, e)| e));
                     q.publish_max(last + n as u64);
+                    telemetry::produced(&q.name, n as u64);
                     for (i, (l, _)) in letters.into_iter().enumerate() {
                         let PendingLetter { msg, deliveries, reason, sub } = l;
                         let (queue, group, dlq, dlq_seq) =
