@@ -94,13 +94,12 @@ cargo test --features "$features" --test queue_dedup "$@"
 # Delayed messages and recurring schedules.
 cargo test --features "$features" --test schedule_delays "$@"
 # Producers, queue isolation, pool cancellation, group settings, lifecycle events and
-# pipelines. Not on etcd: enqueue times across a restart with the clock set back (etcd stamps
-# with each process's clock, docs/etcd.md), sends after the broker's runtime is gone (etcd
-# refuses them: tests/etcd_engine.rs::calls_after_the_connecting_runtime_is_gone_…), and a
-# settings record written into RocksDB directly.
+# pipelines. Not on etcd: sends after the broker's runtime is gone (etcd refuses them:
+# tests/etcd_engine.rs::calls_after_the_connecting_runtime_is_gone_…), and a settings record
+# written into RocksDB directly.
 cargo test --features "$features" --test queue_producers --test queue_isolation --test pool_cancellation \
   --test work_settings --test broker_events --test broker_errors --test ordered_pipelines "$@" -- \
-  --skip enqueue_times_never_go_back_across_a_restart --skip sends_resolve_from_another_runtime \
+  --skip sends_resolve_from_another_runtime \
   --skip a_record_from_an_older_build
 # Shutdown and bad input (not the tests that open, lock or corrupt a RocksDB directory).
 cargo test --features "$features" --test broker_shutdown --test broker_bad_input "$@" -- \

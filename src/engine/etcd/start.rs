@@ -60,6 +60,7 @@ pub(crate) async fn start(
                 }
             })?;
     let loaded = retrying(settings.request_timeout, || store.load()).await?;
+    let latest_stamp = latest_stamp(&store, &loaded.queues, settings.request_timeout).await?;
     let registry = Registry::default();
     for (name, meta, last) in &loaded.queues {
         let q = QueueState::new(meta.id, name, meta.first_seq, *last, meta.retention);
@@ -146,13 +147,35 @@ pub(crate) async fn start(
     // Staged sends go through an appender task of their own, so that an append transaction is
     // out while the writer's claims, acks and commits are (`appender.rs`); the two share the
     // enqueue-time stamp, so that enqueue times never go back within this process.
-    let stamps = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let stamps = Arc::new(std::sync::atomic::AtomicU64::new(latest_stamp));
     let new_writer =
         || writer::Writer::new(engine.clone(), side.clone(), stopped.clone(), nudge.clone(), stamps.clone());
     let (barriers, from_writer) = mpsc::channel(16);
     let task = runtime.spawn(appender::run(new_writer(), from_writer));
     runtime.spawn(writer::run(new_writer(), rx, writer::Appender { barriers, task }));
     Ok(Started { engine, side, tx, stopped })
+}
+
+/// The latest enqueue time of the queues' last messages (wall µs; 0: none): this process
+/// stamps nothing earlier, so enqueue times never go back across its restart, even with its
+/// clock set back (as embedded, which resumes from its last stamp). One point read per queue
+/// with messages, 32 at a time.
+async fn latest_stamp(
+    store: &EtcdStore,
+    queues: &[(String, crate::model::QueueMeta, u64)],
+    timeout: std::time::Duration,
+) -> Result<u64, crate::error::StorageError> {
+    use futures::{StreamExt, TryStreamExt};
+    let reads =
+        queues.iter().filter(|(_, meta, last)| *last >= meta.first_seq).map(|(_, meta, last)| async move {
+            let got = retrying(timeout, || store.read_range(meta.id, *last, *last, 1)).await?;
+            // (Trimmed meanwhile: nothing to go by.)
+            Ok(got
+                .first()
+                .and_then(|(seq, v)| crate::store::etcd::decode_envelope(meta.id, *seq, v).ok())
+                .map_or(0, |e| e.enqueued_at_micros))
+        });
+    futures::stream::iter(reads).buffer_unordered(32).try_fold(0, |m, s| async move { Ok(m.max(s)) }).await
 }
 
 fn hostname() -> String {
