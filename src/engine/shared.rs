@@ -549,12 +549,10 @@ impl Shared {
         }
         if self.tasks_gone() {
             // The etcd engine's runtime is gone, and its tasks with it: nothing is left to
-            // drain, flush or close, and nothing to run this on. What waits is told.
+            // drain, flush or close, and nothing to run this on. Its waiters were woken as the
+            // tasks went (`Engine::lose_tasks`); pools stop claiming.
             self.closing.cancel();
             self.closed.store(true, Ordering::Release);
-            for q in self.engine.registry.queues.iter() {
-                q.poke();
-            }
             self.stopped.cancel();
             return Ok(());
         }
