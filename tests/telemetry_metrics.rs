@@ -140,10 +140,26 @@ async fn counters_gauges_and_histograms_follow_the_traffic() {
     );
     assert_eq!(seen.counter(m::PRODUCED, &[("queue", "jobs.dlq")]), 1);
 
-    // Redrive and trim.
+    // Redrive and trim: a redriven message is produced into its queue again.
+    let produced_jobs = seen.counter(m::PRODUCED, &[("queue", "jobs")]);
     let moved = broker.dead_letters("jobs.dlq").await.unwrap().redrive(rockq::Redrive::new()).await.unwrap();
     assert_eq!(moved, 1);
     assert_eq!(seen.counter(m::REDRIVEN, &[("queue", "jobs.dlq")]), 1);
+    assert_eq!(seen.counter(m::PRODUCED, &[("queue", "jobs")]), produced_jobs + 1);
+    // An ordered group's dead letter is produced into its dead-letter queue.
+    let poison = broker.queue("poison").await.unwrap();
+    poison.send("p").await.unwrap();
+    let mut ps = poison.group("reader").unwrap().max_deliveries(1).subscribe().await.unwrap();
+    next(&mut ps).await.nack();
+    let dead = tokio::time::timeout(HANG_GUARD, async {
+        while seen.counter(m::PRODUCED, &[("queue", "poison.dlq")]) == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(dead.is_ok(), "the ordered dead letter was never counted as produced");
+    assert_eq!(seen.counter(m::PRODUCED, &[("queue", "poison.dlq")]), 1);
+    drop(ps);
     let report = broker.trim().await.unwrap();
     assert_eq!(seen.counter(m::TRIMMED, &[("queue", "orders")]), 10, "{report:?}");
 

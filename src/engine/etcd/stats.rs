@@ -28,13 +28,7 @@ pub(crate) async fn stats(engine: &Arc<Engine>, side: &EtcdSide) -> Result<Stats
     let mut queues = Vec::with_capacity(loaded.queues.len());
     for (name, meta, last) in &loaded.queues {
         let oldest_age = match *last >= meta.first_seq {
-            true => side
-                .store
-                .read_range(meta.id, meta.first_seq, meta.first_seq, 1)
-                .await?
-                .first()
-                .and_then(|(seq, v)| crate::store::etcd::decode_envelope(meta.id, *seq, v).ok())
-                .map(|e| Duration::from_micros(now.saturating_sub(e.enqueued_at_micros))),
+            true => age_of(meta.id, meta.first_seq).await?,
             false => None,
         };
         queues.push(QueueStats {
