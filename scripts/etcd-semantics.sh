@@ -109,11 +109,14 @@ cargo test --features "$features" --test broker_shutdown --test broker_bad_input
 # round of sends).
 cargo test --features "$features" --test telemetry_metrics --test telemetry_tracing --test telemetry_otel \
   --test telemetry_grafana "$@"
-# Stats and the console's pages and operator actions. Not: RocksDB's read-only opens and
-# byte counts, a restart voiding leases (on etcd they hold until they run out), `rockq serve`
-# on a database path, and the flow pages (flows are not built on etcd).
+# Flows of dependent jobs (across processes, and a change left by a stopped one:
+# tests/etcd_flows.rs, tests/etcd_faults.rs).
+cargo test --features "$features" --test flows "$@"
+# Stats and the console's pages (flows included) and operator actions. Not: RocksDB's read-only
+# opens and byte counts, a restart voiding leases (on etcd they hold until they run out), and
+# `rockq serve` on a database path.
 cargo test --features "$features" --test admin_inspect --test web_http --test web_operator "$@" -- \
   --skip inspector_reads_a_database_another_broker_holds --skip leases_of_a_process_that_is_gone \
   --skip live_stats_from_memory_agree --skip stats_report_lag_as_count_and_age \
-  --skip a_read_only_console_reads_a_database --skip flow_pages_and_json --skip overview_shows_the_numbers \
+  --skip a_read_only_console_reads_a_database --skip overview_shows_the_numbers \
   --skip rockq_serve_is_read_only --skip with_a_token_every_read_needs_it

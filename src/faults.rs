@@ -15,7 +15,9 @@
 //! revoked 200 ms late, as on a busy runtime), `rockq-etcd-redrive-received` and
 //! `rockq-etcd-redrive-planned` (the writer has a redrive batch and has not read the cursor
 //! yet; it has read the cursor it will compare and the marks: another process may settle a
-//! letter now).
+//! letter now), `rockq-etcd-flow-request` and `rockq-etcd-flow-answer` (a flow's submit or
+//! the application of a flow change is lost before it is sent, or its answer after it was
+//! applied).
 
 use crate::error::StorageError;
 

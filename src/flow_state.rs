@@ -19,6 +19,12 @@ pub const FLOW_HEADER: &str = "rockq-flow";
 /// Most steps in one flow.
 pub const MAX_FLOW_STEPS: usize = 100_000;
 
+/// Most bytes of a flow step's result ([`Task::set_result`](crate::Task::set_result)) on the
+/// etcd engine: a flow moves in one etcd transaction that may rewrite every step's record, its
+/// result included, and a flow's records are read in one answer. Embedded, a step's result may
+/// be up to [`MAX_RESULT_BYTES`](crate::stats::MAX_RESULT_BYTES).
+pub const MAX_ETCD_STEP_RESULT_BYTES: usize = 16 << 10;
+
 /// Most dependencies of one step (its `after` list).
 pub const MAX_STEP_DEPENDENCIES: usize = MAX_FLOW_STEPS;
 
@@ -104,6 +110,11 @@ impl FlowStep {
         let s = std::str::from_utf8(value).ok()?;
         let (flow, step) = s.split_once('/')?;
         Some(FlowStep { flow: flow.parse().ok()?, step: step.parse().ok()? })
+    }
+
+    /// The step a message's headers name (its first [`FLOW_HEADER`]).
+    pub(crate) fn in_headers(headers: &[(String, Bytes)]) -> Option<FlowStep> {
+        headers.iter().find(|(k, _)| k == FLOW_HEADER).and_then(|(_, v)| FlowStep::parse(v))
     }
 
     /// The header value, `"<flow>/<step>"`.

@@ -126,8 +126,8 @@ pub use events::Event;
 pub use export::{TransferProgress, TransferReport};
 pub use flow::Flow;
 pub use flow_state::{
-    FLOW_HEADER, FlowState, FlowStatus, FlowStep, MAX_FLOW_STEPS, RunWhen, Step, StepState, StepStatus,
-    StepTally, Submitted,
+    FLOW_HEADER, FlowState, FlowStatus, FlowStep, MAX_ETCD_STEP_RESULT_BYTES, MAX_FLOW_STEPS, RunWhen, Step,
+    StepState, StepStatus, StepTally, Submitted,
 };
 pub use inspector::Inspector;
 pub use kv::{Keyspace, Scan};

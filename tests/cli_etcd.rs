@@ -165,6 +165,18 @@ async fn read_only_commands_read_the_namespace_beside_the_service_and_write_noth
     let schedules = json(&ns, &["schedules"]);
     assert_eq!(find(&schedules, "name", "hourly")["queue"], "ticks");
 
+    // Flows, as `Broker::flow_status` has them.
+    let flow = common::flow_in_progress(&broker).await;
+    let expected = broker.flow_status(flow).await.unwrap();
+    let list = json(&ns, &["flow"]);
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+    assert_eq!((list[0]["id"].as_u64(), list[0]["state"].as_str()), (Some(flow), Some("running")));
+    let one = json(&ns, &["flow", &flow.to_string()]);
+    let states: Vec<&str> =
+        one["steps"].as_array().unwrap().iter().map(|s| s["state"].as_str().unwrap()).collect();
+    let want: Vec<&str> = expected.steps.iter().map(|s| s.state.as_str()).collect();
+    assert_eq!(states, want);
+
     // What an inspection cannot find is an error, not something created.
     let absent = fails(&ns, &["dlq", "list", "nothing.dlq"], 1);
     assert!(absent.contains("nothing.dlq"), "{absent}");
@@ -183,6 +195,8 @@ async fn read_only_commands_read_the_namespace_beside_the_service_and_write_noth
         &["job", "jobs", "workers", "2"],
         &["dlq", "list", "jobs.dlq"],
         &["dlq", "peek", "jobs.dlq"],
+        &["flow"],
+        &["flow", &flow.to_string()],
     ] {
         rockq(&ns).args(args).assert().success();
     }

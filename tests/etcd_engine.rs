@@ -1102,28 +1102,6 @@ async fn claims_made_ahead_by_a_stopped_broker_are_neither_lost_nor_repeated() {
     c.shutdown().await.unwrap();
 }
 
-/// Flows are refused with the family's `Unsupported` error, and nothing is sent or stored.
-#[tokio::test]
-async fn a_flow_is_refused_and_nothing_is_sent() {
-    let cluster = etcd::Cluster::start(1).await;
-    let broker = connect(&cluster, "flows").await;
-    let q = broker.queue("q").await.unwrap();
-    let group = q.work_group("w").unwrap();
-    let mut flow = broker.flow();
-    let a = flow.job(&group, "a").unwrap();
-    flow.then(&group, "b", &[a]).unwrap();
-    let e = flow.submit().await.unwrap_err();
-    assert_eq!(e.unsupported().map(|u| u.engine()), Some("etcd"), "submit: {e}");
-    let e = broker.flow_status(1).await.unwrap_err();
-    assert_eq!(e.unsupported().map(|u| u.engine()), Some("etcd"), "status: {e}");
-    let e = broker.flows(0, 10).await.unwrap_err();
-    assert_eq!(e.unsupported().map(|u| u.engine()), Some("etcd"), "list: {e}");
-    let e = broker.delete_flow(1).await.unwrap_err();
-    assert_eq!(e.unsupported().map(|u| u.engine()), Some("etcd"), "delete: {e}");
-    assert_eq!(q.last_seq(), 0, "nothing was appended");
-    broker.shutdown().await.unwrap();
-}
-
 /// A send call larger than one etcd transaction (127 messages, 1 MiB of values) is written
 /// under a reservation of its sequences: it is one call as embedded (contiguous sequences,
 /// in order), another broker's sends meanwhile land before or after it, never inside, and

@@ -1268,3 +1268,105 @@ async fn a_claim_on_a_view_from_before_a_reset_is_refused_and_teaches_it() {
     a.shutdown().await.expect("shutdown");
     b.shutdown().await.expect("shutdown");
 }
+
+/// A work group of queue `queue` dead-lettering to `<queue>.dlq` after one attempt.
+fn flow_group(broker: &Broker, queue: &rockq::Queue) -> rockq::WorkGroup {
+    let _ = broker;
+    queue
+        .work_group("w")
+        .expect("group")
+        .retry_policy(rockq::RetryPolicy::default().max_attempts(1))
+        .dead_letter_queue(format!("{}.dlq", queue.name()))
+}
+
+/// Flow changes a process wrote and stopped before applying (every application lost): a
+/// child's ack, and a step's dead letter followed by its redrive. The next process to connect
+/// applies them, in the order they were written: the parent is sent once, and the redriven
+/// step is queued again as its new job (applied the other way round, the redrive would find
+/// the step not failed yet and be lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flow_changes_left_by_a_stopped_process_are_applied_in_order_by_the_next() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let a = Broker::connect_etcd(cluster.endpoints(), "left", EtcdOptions::new()).await.expect("connect");
+    let jobs = a.queue("jobs").await.unwrap();
+    let work = flow_group(&a, &jobs);
+    let next = a.queue("next").await.unwrap().work_group("n").unwrap();
+    let mut flow = a.flow();
+    let child = flow.job(&work, "child").unwrap();
+    let parent = flow.then(&next, "parent", &[child]).unwrap();
+    let acked = flow.submit().await.unwrap().id;
+    let mut flow = a.flow();
+    let x = flow.job(&work, "x").unwrap();
+    let after_x = flow.then(&next, "after x", &[x]).unwrap();
+    let redriven = flow.submit().await.unwrap().id;
+
+    fail::cfg("rockq-etcd-flow-request", "return").expect("failpoint");
+    let mut sub = work.subscribe().await.unwrap();
+    for _ in 0..2 {
+        let j = next_job(&mut sub).await;
+        match j.payload().as_ref() {
+            b"child" => j.ack_durable().await.expect("the ack stands; its flow waits"),
+            _ => j.dead_letter_durable("bad").await.expect("dead-lettered"),
+        }
+    }
+    let dlq = a.dead_letters("jobs.dlq").await.unwrap();
+    let letter = dlq.list(10).await.unwrap().pop().expect("x's letter");
+    let (_, new_seq) = dlq.redrive_one(letter.dlq_seq, None).await.expect("redriven");
+    let next_q = a.queue("next").await.unwrap();
+    assert_eq!(next_q.last_seq(), 0, "no flow moved: every application is lost");
+    let status = a.flow_status(acked).await.unwrap();
+    assert!(matches!(status.steps[child.index() as usize].state, rockq::StepState::Queued { .. }));
+    drop(sub);
+    a.shutdown().await.unwrap();
+    fail::remove("rockq-etcd-flow-request");
+
+    let b = Broker::connect_etcd(cluster.endpoints(), "left", EtcdOptions::new()).await.expect("connect");
+    let next_q = b.queue("next").await.unwrap();
+    let deadline = tokio::time::Instant::now() + common::HANG_GUARD;
+    let revived = || async {
+        let s = b.flow_status(redriven).await.unwrap();
+        matches!(s.steps[x.index() as usize].state, rockq::StepState::Queued { .. })
+    };
+    while next_q.last_seq() < 1 || !revived().await {
+        assert!(tokio::time::Instant::now() < deadline, "the changes were never applied");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let status = b.flow_status(acked).await.unwrap();
+    assert!(matches!(status.steps[child.index() as usize].state, rockq::StepState::Succeeded { .. }));
+    assert_eq!(status.steps[parent.index() as usize].state, rockq::StepState::Queued { seq: 1 });
+    let status = b.flow_status(redriven).await.unwrap();
+    assert_eq!(status.steps[x.index() as usize].state, rockq::StepState::Queued { seq: new_seq });
+    assert_eq!(
+        status.steps[after_x.index() as usize].state,
+        rockq::StepState::Waiting { succeeded: 0, failed: 0, of: 1 },
+        "its dead letter blocked it, and the redrive unblocked it"
+    );
+    assert_eq!(next_q.last_seq(), 1, "sent once");
+    b.shutdown().await.unwrap();
+}
+
+/// A flow's submit whose answer was lost is found stored (its record is there) and answered
+/// with its first steps' sequences; it is not written twice.
+#[tokio::test]
+async fn a_flow_submit_whose_answer_was_lost_is_found_and_stored_once() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let broker =
+        Broker::connect_etcd(cluster.endpoints(), "lostflow", EtcdOptions::new()).await.expect("connect");
+    let q = broker.queue("jobs").await.unwrap();
+    let work = flow_group(&broker, &q);
+    let mut flow = broker.flow();
+    let a = flow.job(&work, "a").unwrap();
+    let b = flow.job(&work, "b").unwrap();
+    flow.then(&work, "c", &[a, b]).unwrap();
+    fail::cfg("rockq-etcd-flow-answer", "1*return").expect("failpoint");
+    let submitted = flow.submit().await;
+    fail::remove("rockq-etcd-flow-answer");
+    let submitted = submitted.expect("the lost answer is settled, not failed");
+    assert_eq!(submitted.seq_of(a), Some(1));
+    assert_eq!(submitted.seq_of(b), Some(2));
+    assert_eq!(q.last_seq(), 2, "the first steps were appended once");
+    assert_eq!(broker.flows(0, 10).await.unwrap(), vec![submitted.id], "one flow stored");
+    broker.shutdown().await.unwrap();
+}

@@ -2,8 +2,8 @@
 //! parent is sent in the write that finishes the last of its children (and not before, nor
 //! twice, across a restart); its handler reads what they returned; a dead child blocks the
 //! steps that need it to succeed while `finally` steps run; redriving it revives them; a flow
-//! is deleted on request; bad flows are refused and write nothing. The etcd engine refuses
-//! flows (tests/etcd_engine.rs).
+//! is deleted on request; bad flows are refused and write nothing. `scripts/etcd-semantics.sh`
+//! runs it against etcd too (across processes: tests/etcd_flows.rs).
 
 mod common;
 
@@ -12,14 +12,13 @@ use std::time::Duration;
 use common::{next_job, tempdir};
 use rockq::{Broker, Bytes, ErrorKind, FlowState, ManualClock, OutcomeKind, StepState, WorkGroup};
 
+/// The database at `dir` (in the semantics suites on etcd, the namespace standing for it).
 async fn open(dir: &std::path::Path, clock: &ManualClock) -> Broker {
-    rockq::Options::new()
+    let options = rockq::Options::new()
         .clock(clock.clone())
         .retention_interval(Duration::ZERO)
-        .metrics_interval(Duration::ZERO)
-        .open(dir)
-        .await
-        .expect("open")
+        .metrics_interval(Duration::ZERO);
+    common::open_options(dir, options).await
 }
 
 async fn group(broker: &Broker, queue: &str, name: &str) -> WorkGroup {

@@ -32,7 +32,7 @@ impl Broker {
     /// # Errors
     ///
     /// [`Error::NoSuchFlow`] if there is none (never submitted, or deleted);
-    /// [`Error::Unsupported`] on the etcd engine; [`Error::Shutdown`], [`Error::Storage`],
+    /// [`Error::Shutdown`], [`Error::Storage`],
     /// [`Error::Corrupt`].
     ///
     /// # Cancel safety
@@ -83,7 +83,7 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// [`Error::Unsupported`] on the etcd engine; [`Error::Shutdown`], [`Error::Storage`].
+    /// [`Error::Shutdown`], [`Error::Storage`].
     ///
     /// # Cancel safety
     ///

@@ -326,7 +326,7 @@ impl Backend {
     ) -> Result<Option<crate::flow_state::FlowStatus>, Error> {
         match self {
             Backend::Embedded(store) => inspect::live_flow(engine, store, runtime, id).await,
-            Backend::Etcd(_) => Err(super::capability::refusal(Flavour::Etcd, Capability::Flows)),
+            Backend::Etcd(side) => on_etcd!(side => etcd::inspect::flow_status(side, id).await),
         }
     }
 
@@ -340,7 +340,7 @@ impl Backend {
     ) -> Result<Vec<u64>, Error> {
         match self {
             Backend::Embedded(store) => inspect::live_flow_ids(engine, store, runtime, from, limit).await,
-            Backend::Etcd(_) => Err(super::capability::refusal(Flavour::Etcd, Capability::Flows)),
+            Backend::Etcd(side) => on_etcd!(side => etcd::inspect::flow_ids(side, from, limit).await),
         }
     }
 

@@ -91,7 +91,7 @@ impl Capability {
             Capability::IdempotencyKeys => "idempotency keys",
             Capability::Keyspaces => "keyspaces",
             Capability::HugeMessage => {
-                "a message over 1 MiB, over 125 idempotency keys and prioritised messages in one call, a submit call with delayed messages larger than one transaction, a recurring schedule's message over 256 KiB, or a keyspace transaction of over 127 keys, 127 conditions or 1 MiB (the limits of one etcd transaction)"
+                "a message over 1 MiB, over 125 idempotency keys and prioritised messages in one call, a submit call with delayed messages larger than one transaction, a recurring schedule's message over 256 KiB, or a keyspace transaction of over 127 keys, 127 conditions or 1 MiB, or a flow of more than about 40 steps or 1 MiB of messages (the limits of one etcd transaction)"
             }
             Capability::BufferedDurability => "Durability::Buffered (every etcd write is a quorum write)",
             Capability::JobActions => "acting on one job (retry now, delete, dead-letter)",
@@ -126,11 +126,9 @@ pub(crate) fn supports(flavour: Flavour, cap: Capability) -> bool {
             | Capability::DeleteQueue
             | Capability::Keyspaces
             | Capability::Export
-            | Capability::Priority => true,
-            Capability::HugeMessage
-            | Capability::BufferedDurability
-            | Capability::Backup
-            | Capability::Flows => false,
+            | Capability::Priority
+            | Capability::Flows => true,
+            Capability::HugeMessage | Capability::BufferedDurability | Capability::Backup => false,
         },
     }
 }

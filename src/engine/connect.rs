@@ -23,6 +23,7 @@ pub(crate) async fn connect(
     let start::Started { engine, side, tx, stopped } = started;
     let timer = engine.timer.clone();
     let passive = side.settings.passive;
+    let mover = side.clone();
     let shared = Shared::new(engine, Backend::Etcd(side), tx, runtime, None, stopped);
     // An inspection writes nothing of its own accord: the other processes fire and trim.
     if !passive {
@@ -30,6 +31,31 @@ pub(crate) async fn connect(
         tasks::spawn_retention(&shared, options.retention_interval);
         // (An inspection publishes no gauges, as the embedded `Inspector` does not.)
         tasks::spawn_stats_gauges(&shared, options.metrics_interval);
+        spawn_flow_mover(&shared, mover);
     }
     Ok(shared)
+}
+
+/// Starts the task that has the writer apply flow changes whenever the namespace watch brings
+/// one (`etcd/flows.rs`), and once now: changes a stopped process left. It holds the broker
+/// only weakly, so dropping every handle still closes it.
+fn spawn_flow_mover(shared: &Arc<Shared>, side: Arc<super::etcd::EtcdSide>) {
+    let weak = Arc::downgrade(shared);
+    let closing = shared.closing.clone();
+    side.flows_changed.notify_one();
+    shared.runtime.spawn(async move {
+        loop {
+            tokio::select! {
+                () = side.flows_changed.notified() => {}
+                () = closing.cancelled() => return,
+            }
+            let Some(shared) = weak.upgrade() else { return };
+            let tx = shared.tx.clone();
+            drop(shared);
+            let req = super::request::Request::Flow(super::request::FlowRequest::Move);
+            if tx.send(req).await.is_err() {
+                return;
+            }
+        }
+    });
 }

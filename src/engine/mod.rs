@@ -40,6 +40,7 @@ pub(crate) mod etcd;
 #[cfg(feature = "json")]
 pub(crate) mod export;
 mod figures;
+mod flow_moves;
 mod gauges;
 mod inbox;
 mod inspect;

@@ -70,6 +70,7 @@ impl Request {
             Request::Tx(tx) => tx.refuse(why),
             Request::Flow(FlowRequest::Submit { reply, .. }) => refuse(reply, why),
             Request::Flow(FlowRequest::Delete { reply, .. }) => refuse(reply, why),
+            Request::Flow(FlowRequest::Move) => {}
             Request::Commit => {}
             Request::Flush { reply } => refuse(reply, why),
             // Whoever asked to stop is told it is stopped.
@@ -327,7 +328,7 @@ pub(crate) enum SettingsMode {
 pub(crate) enum Outcome {
     /// Finished: the offset may pass it. `result` is the handler's, kept by a group that keeps
     /// outcomes.
-    Ack { result: Option<bytes::Bytes> },
+    Ack { result: Option<bytes::Bytes>, flow: Option<crate::flow_state::FlowStep> },
     /// An operator finished it without running it (`Broker::delete_job`).
     Deleted,
     /// Failed; try again after `delay` (the claim holds the retry time and the error).
@@ -356,6 +357,9 @@ pub(crate) enum FlowRequest {
     /// Delete flow `id`'s records (its sent jobs stay in their queues); `false` if there is
     /// none.
     Delete { id: u64, reply: Reply<bool, Error> },
+    /// Apply the flow changes other writes left (the etcd engine: `etcd/flows.rs`; the
+    /// embedded writer moves a flow in the write that finishes its step, and has none).
+    Move,
 }
 
 /// One step of a flow on its way to the writer, checked by the caller (names, sizes, the
@@ -414,6 +418,8 @@ pub(crate) struct TxJob {
     pub lease: Arc<std::sync::Mutex<HeldLease>>,
     /// The handler's result (`Task::set_result`), kept by a group that keeps outcomes.
     pub result: Option<bytes::Bytes>,
+    /// The flow step the job is, from its message's header (`QueuedAck::flow`).
+    pub flow: Option<crate::flow_state::FlowStep>,
 }
 
 /// An ordered delivery a transaction acks. The request owns it: a refused transaction hands

@@ -121,6 +121,16 @@ impl Shared {
         self.backend.check(cap)
     }
 
+    /// The largest result a flow step may carry on this engine (its name, for the refusal).
+    pub fn max_step_result(&self) -> (usize, &'static str) {
+        match self.backend.flavour() {
+            Flavour::Embedded => (crate::stats::MAX_RESULT_BYTES, "MAX_RESULT_BYTES"),
+            Flavour::Etcd => {
+                (crate::flow_state::MAX_ETCD_STEP_RESULT_BYTES, "MAX_ETCD_STEP_RESULT_BYTES, on etcd")
+            }
+        }
+    }
+
     /// Queue `name`, if it exists.
     pub fn queue(&self, name: &str) -> Option<Arc<QueueState>> {
         self.engine.registry.queue(name)

@@ -37,7 +37,9 @@ use crate::work::WorkGroup;
 ///
 /// Steps may not be delayed or carry an idempotency key (`InvalidOption`): a step is sent
 /// when its flow says so, once. Flows are kept until [deleted](crate::Broker::delete_flow);
-/// an export leaves them out; the embedded engine only (etcd: `Unsupported`).
+/// an export leaves them out. On etcd a flow must fit one transaction (about 40 steps, their
+/// messages and results within 1 MiB; a step's result at most
+/// [`MAX_ETCD_STEP_RESULT_BYTES`](crate::MAX_ETCD_STEP_RESULT_BYTES): docs/etcd.md).
 ///
 /// # Examples
 ///
@@ -246,7 +248,8 @@ impl Flow {
     /// # Errors
     ///
     /// [`Error::EmptyBatch`] for a flow without steps; [`Error::InvalidOption`] if a step was
-    /// refused for belonging to another broker; [`Error::Unsupported`] on the etcd engine;
+    /// refused for belonging to another broker; [`Error::Unsupported`] on the etcd engine for a
+    /// flow larger than one etcd transaction (nothing written);
     /// [`Error::QueueDeleted`] if a step's queue was deleted since it was added;
     /// [`Error::MessageTooLarge`]-style refusals were given by the step calls.
     /// [`Error::Shutdown`], [`Error::Storage`], [`Error::Failed`]. Nothing is written.

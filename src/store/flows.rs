@@ -177,7 +177,7 @@ pub(crate) fn decode_step(key: &[u8], v: &[u8]) -> Result<StepRecord, Corruption
     Ok(StepRecord { queue, group, when, deps, dependents, succeeded, failed, state })
 }
 
-fn encode_header(h: &FlowHeader) -> [u8; 13] {
+pub(crate) fn encode_header(h: &FlowHeader) -> [u8; 13] {
     let mut v = [0u8; 13];
     v[0] = FLOW_V1;
     v[1..9].copy_from_slice(&h.created_micros.to_be_bytes());
@@ -185,7 +185,7 @@ fn encode_header(h: &FlowHeader) -> [u8; 13] {
     v
 }
 
-fn decode_header(key: &[u8], v: &[u8]) -> Result<FlowHeader, CorruptionError> {
+pub(crate) fn decode_header(key: &[u8], v: &[u8]) -> Result<FlowHeader, CorruptionError> {
     let bad = |r: &str| CorruptionError::new("flow", key, r);
     let mut r = Reader(v);
     if r.u8() != Some(FLOW_V1) {
@@ -199,7 +199,7 @@ fn decode_header(key: &[u8], v: &[u8]) -> Result<FlowHeader, CorruptionError> {
     Ok(FlowHeader { created_micros, steps })
 }
 
-fn encode_deps(deps: &[u32]) -> Vec<u8> {
+pub(crate) fn encode_deps(deps: &[u32]) -> Vec<u8> {
     deps.iter().flat_map(|d| d.to_be_bytes()).collect()
 }
 
@@ -311,37 +311,53 @@ pub(crate) fn flow_status(store: &Store, flow: u64) -> Result<Option<FlowStatus>
     // One snapshot for the three reads: a flow deleted meanwhile reads as gone, not as damaged.
     let snap = db.snapshot();
     let Some(h) = snap.get_cf(cf, k).map_err(storage)? else { return Ok(None) };
-    let header = decode_header(&k, &h)?;
+    let read = |tag| -> Result<Vec<StepKv>, ReadError> {
+        let (lo, hi) = steps_of(tag, flow);
+        let mut out = Vec::new();
+        let from = IteratorMode::From(&lo, Direction::Forward);
+        for item in snap.iterator_cf_opt(cf, bounded(lo.clone(), hi), from) {
+            let (k, v) = item.map_err(storage)?;
+            out.push((step_of(&k)?, k.to_vec(), v.to_vec()));
+        }
+        Ok(out)
+    };
+    Ok(Some(status_of(flow, (&k, &h), read(b'D')?, read(b'S')?)?))
+}
+
+/// A record of one step as read: the step's number, the record's key and value.
+pub(crate) type StepKv = (u32, Vec<u8>, Vec<u8>);
+
+/// A flow's status from its records as read (`header`: its key and value; `deps` and `steps`:
+/// each step's number, key and value), in either engine's layout.
+pub(crate) fn status_of(
+    flow: u64,
+    (key, header): (&[u8], &[u8]),
+    deps: Vec<StepKv>,
+    records: Vec<StepKv>,
+) -> Result<FlowStatus, CorruptionError> {
+    let header = decode_header(key, header)?;
     // A damaged count must not size an allocation: no flow is larger than the builder allows.
     if header.steps as usize > crate::flow_state::MAX_FLOW_STEPS {
-        return Err(CorruptionError::new("flow", &k, "more steps than a flow may have").into());
+        return Err(CorruptionError::new("flow", key, "more steps than a flow may have"));
     }
-    let mut deps: Vec<Vec<u32>> = vec![Vec::new(); header.steps as usize];
-    let (lo, hi) = steps_of(b'D', flow);
-    for item in snap.iterator_cf_opt(cf, bounded(lo.clone(), hi), IteratorMode::From(&lo, Direction::Forward))
-    {
-        let (k, v) = item.map_err(storage)?;
-        let step = step_of(&k)?;
-        if let Some(slot) = deps.get_mut(step as usize) {
+    let mut after: Vec<Vec<u32>> = vec![Vec::new(); header.steps as usize];
+    for (step, k, v) in deps {
+        if let Some(slot) = after.get_mut(step as usize) {
             *slot = decode_deps(&k, &v)?;
         }
     }
     let mut steps = Vec::with_capacity(header.steps as usize);
-    let (lo, hi) = steps_of(b'S', flow);
-    for item in snap.iterator_cf_opt(cf, bounded(lo.clone(), hi), IteratorMode::From(&lo, Direction::Forward))
-    {
-        let (k, v) = item.map_err(storage)?;
-        let step = step_of(&k)?;
+    for (step, k, v) in records {
         let rec = decode_step(&k, &v)?;
-        let after = deps.get_mut(step as usize).map(std::mem::take).unwrap_or_default();
+        let after = after.get_mut(step as usize).map(std::mem::take).unwrap_or_default();
         steps.push(rec.status(step, after));
     }
     if steps.len() != header.steps as usize {
-        return Err(CorruptionError::new("flow", &k, "steps missing").into());
+        return Err(CorruptionError::new("flow", key, "steps missing"));
     }
     let created_at = std::time::UNIX_EPOCH + std::time::Duration::from_micros(header.created_micros);
     let state = flow_state(&steps);
-    Ok(Some(FlowStatus { id: flow, created_at, state, steps }))
+    Ok(FlowStatus { id: flow, created_at, state, steps })
 }
 
 /// Up to `limit` flow ids from `from`, in id order. Blocking.

@@ -109,6 +109,10 @@ impl JobInner {
             });
         }
         at_most("a job result", value.len(), crate::stats::MAX_RESULT_BYTES, "MAX_RESULT_BYTES")?;
+        if step {
+            let (most, name) = self.shared.max_step_result();
+            at_most("a flow step's result", value.len(), most, name)?;
+        }
         *self.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(value);
         Ok(())
     }
@@ -176,8 +180,8 @@ macro_rules! accessors {
         ///
         /// # Errors
         ///
-        /// [`Error::NoSuchFlow`] if the flow was deleted; [`Error::Unsupported`] on the etcd
-        /// engine; [`Error::Shutdown`], [`Error::Storage`], [`Error::Corrupt`].
+        /// [`Error::NoSuchFlow`] if the flow was deleted; [`Error::Shutdown`],
+        /// [`Error::Storage`], [`Error::Corrupt`].
         ///
         /// # Cancel safety
         ///
@@ -299,7 +303,9 @@ macro_rules! accessors {
         ///
         /// [`Error::Invalid`] if the group keeps no outcomes and the job is no flow step (the
         /// result would be dropped) or
-        /// the value is over [`MAX_RESULT_BYTES`](crate::stats::MAX_RESULT_BYTES). Nothing changes.
+        /// the value is over [`MAX_RESULT_BYTES`](crate::stats::MAX_RESULT_BYTES) (a flow step's,
+        /// on the etcd engine, over [`MAX_ETCD_STEP_RESULT_BYTES`](crate::MAX_ETCD_STEP_RESULT_BYTES)).
+        /// Nothing changes.
         ///
         /// # Examples
         ///
@@ -525,7 +531,8 @@ impl Job {
             .begin_settle(seq, inner.token, shared.clock().now())
             .map_err(|_| group.lease_lost(seq, attempt))?;
         // Coalesced: the writer picks up every queued ack of the group in its next round.
-        let ack = QueuedAck { seq, attempt, epoch: inner.epoch, result: inner.result() };
+        let flow = crate::flow_state::FlowStep::in_headers(&inner.msg.headers);
+        let ack = QueuedAck { seq, attempt, epoch: inner.epoch, result: inner.result(), flow };
         if group.queue_ack(ack) {
             shared.mark_work_dirty(group.clone());
             shared.nudge_writer();
@@ -785,7 +792,10 @@ impl Job {
         let cfg = inner.config.settings(group);
         let mut waiting = None;
         let outcome = match kind {
-            Kind::Ack => Outcome::Ack { result: inner.result() },
+            Kind::Ack => Outcome::Ack {
+                result: inner.result(),
+                flow: crate::flow_state::FlowStep::in_headers(&inner.msg.headers),
+            },
             Kind::Retry { delay, error } if attempt < cfg.policy.attempts() => {
                 // Clamped to 100 years: `Duration::MAX` would overflow `Instant` arithmetic.
                 let delay =
@@ -870,6 +880,7 @@ impl Job {
             epoch: inner.epoch,
             lease,
             result: inner.result(),
+            flow: crate::flow_state::FlowStep::in_headers(&inner.msg.headers),
         })
     }
 

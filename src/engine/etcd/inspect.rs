@@ -87,6 +87,21 @@ pub(crate) async fn outcome(
     }
 }
 
+/// Flow `id` as it stands (`None`: no such flow), read as of one revision.
+pub(crate) async fn flow_status(
+    side: &EtcdSide,
+    id: u64,
+) -> Result<Option<crate::flow_state::FlowStatus>, Error> {
+    let t = side.settings.request_timeout;
+    Ok(retrying(t, || side.store.flow_status(id)).await?)
+}
+
+/// Up to `limit` flow ids from `from`, in id order.
+pub(crate) async fn flow_ids(side: &EtcdSide, from: u64, limit: usize) -> Result<Vec<u64>, Error> {
+    let t = side.settings.request_timeout;
+    Ok(retrying(t, || side.store.flow_ids(from, limit)).await?)
+}
+
 /// Up to `limit` stored messages of `queue` from `from` (default: the first live one).
 pub(crate) async fn peek(
     side: &EtcdSide,

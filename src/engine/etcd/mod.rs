@@ -30,6 +30,7 @@ mod claims;
 mod dedup;
 mod delayed;
 mod deletion;
+mod flows;
 mod follow;
 mod forget;
 pub(crate) mod inspect;

@@ -27,8 +27,9 @@ use crate::store::etcd::{DeadLetterAppend, MAX_TXN_BYTES, MAX_TXN_OPS};
 use crate::telemetry;
 
 /// Letters per transaction: each may go to its own target (a message, its priority index entry
-/// and a tail each), plus the cursor and the deletion of the marks it passes.
-const PER_TXN: usize = (MAX_TXN_OPS - 2) / 3;
+/// and a tail each) and be a flow step (its change record), plus the cursor and the deletion of
+/// the marks it passes.
+const PER_TXN: usize = (MAX_TXN_OPS - 2) / 4;
 
 /// A letter on its way: its dead-letter sequence, its target and its encoded envelope.
 type Letter = (u64, Arc<QueueState>, Vec<u8>);
@@ -227,9 +228,15 @@ impl Writer {
                 }
                 None => None,
             };
-            let settle = SettleLetter { seq, cursor, cursor_to, copy: append };
+            let flow = match (&copy, &append) {
+                (Some((q, env)), Some(a)) => self.revived(&dlq.name, seq, q, a.expected_last + 1, env),
+                _ => None,
+            };
+            let settle = SettleLetter { seq, cursor, cursor_to, copy: append, flow };
             match store.settle_letter(&dlq.name, rev, &settle).await {
-                Ok(RedriveOutcome::Done { .. }) => {
+                Ok(RedriveOutcome::Done { rev }) => {
+                    self.wrote_changes(settle.flow.iter().cloned(), rev);
+                    self.apply_own().await;
                     let moved = match (&copy, &settle.copy) {
                         (Some((q, _)), Some(a)) => {
                             let at = a.expected_last + 1;
@@ -289,11 +296,17 @@ impl Writer {
         }
         loop {
             let mut appends = Vec::with_capacity(per_target.len());
-            for (qid, (_, envs)) in &per_target {
+            let mut flows = Vec::new();
+            for (qid, (q, envs)) in &per_target {
                 let (last, nonce) = match self.tails.get(qid) {
                     Some(&tail) => tail,
                     None => retrying(t, || store.tail_record(*qid)).await?,
                 };
+                // Where each letter lands: a flow step's is queued again there.
+                let letters = part.iter().filter(|(_, lq, _)| lq.id == *qid);
+                for (k, (dlq_seq, _, env)) in letters.enumerate() {
+                    flows.extend(self.revived(&dlq.name, *dlq_seq, q, last + 1 + k as u64, env));
+                }
                 appends.push(DeadLetterAppend {
                     qid: *qid,
                     expected_last: last,
@@ -302,8 +315,10 @@ impl Writer {
                     envelopes: envs.clone(),
                 });
             }
-            match store.redrive(&dlq.name, cursor_rev, to, &appends).await {
+            match store.redrive(&dlq.name, cursor_rev, to, &appends, &flows).await {
                 Ok(RedriveOutcome::Done { rev }) => {
+                    self.wrote_changes(flows, rev);
+                    self.apply_own().await;
                     let mut next: BTreeMap<u32, u64> = BTreeMap::new();
                     for a in &appends {
                         let end = a.expected_last + a.envelopes.len() as u64;
@@ -342,6 +357,27 @@ impl Writer {
                 }
             }
         }
+    }
+
+    /// The change record of letter `dlq_seq` of `dlq` redriven to `target` as `seq`, if it is
+    /// a flow step's copy (`flows.rs` decides whether it was that step's own letter).
+    fn revived(
+        &self,
+        dlq: &str,
+        dlq_seq: u64,
+        target: &QueueState,
+        seq: u64,
+        env: &[u8],
+    ) -> Option<crate::store::etcd::flows::FlowChangeWrite> {
+        let headers = envelope::decode(b"", env).ok()?.headers;
+        let at = crate::flow_state::FlowStep::in_headers(&headers)?;
+        let change = crate::store::etcd::flows::FlowChange::Revived {
+            step: at.step,
+            queue: target.name.to_string(),
+            seq,
+            letter: (dlq.to_owned(), dlq_seq),
+        };
+        Some(crate::store::etcd::flows::FlowChangeWrite { flow: at.flow, id: self.nonce(), change })
     }
 
     /// After a transaction with `appends` was refused: learns each target's tail as it is now

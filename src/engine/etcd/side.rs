@@ -61,6 +61,8 @@ pub(crate) struct EtcdSide {
     pub group_deleted: dashmap::DashMap<Vec<u8>, i64>,
     /// Wakes the appender (`appender.rs`): a send was staged while it was idle.
     pub sends_wake: tokio::sync::Notify,
+    /// Wakes the flow mover (`flows.rs`): a change record was written, by any process.
+    pub flows_changed: tokio::sync::Notify,
 }
 
 impl EtcdSide {

@@ -106,6 +106,7 @@ pub(crate) async fn start(
             .collect(),
         group_deleted: Default::default(),
         sends_wake: tokio::sync::Notify::new(),
+        flows_changed: tokio::sync::Notify::new(),
     });
     // The earliest delayed message in the namespace: the timer fires it, whoever wrote it.
     let first_due = retrying(side.settings.request_timeout, || store.first_due()).await?;

@@ -158,6 +158,12 @@ impl Writer {
                     lost = Some(g.group.lease_lost(j.seq, j.attempt));
                     break 'fence;
                 };
+                let flow = self.flow_change(
+                    &g.group,
+                    j.seq,
+                    j.flow,
+                    (&OutcomeKind::Acked, j.attempt, j.result.as_ref()),
+                );
                 let outcome = self.outcome_record(
                     g.group.keeps_outcomes(),
                     OutcomeKind::Acked,
@@ -167,6 +173,7 @@ impl Writer {
                 let delete_progress = g.group.forget_progress(j.seq);
                 g.writes.push(ClaimWrite {
                     outcome,
+                    flow,
                     delete_progress,
                     ..ClaimWrite::new(j.seq, expected, Claim::Done)
                 });
@@ -521,6 +528,11 @@ impl Writer {
             submitted(&q.queue, first..seq, &out);
         }
         let wrote = writes.iter().any(|w| !w.condition_only);
+        // The jobs' flows moved on, as their acks' are.
+        let flows: Vec<_> =
+            groups.iter().flat_map(|g| g.writes.iter().filter_map(|w| w.flow.clone())).collect();
+        self.wrote_changes(flows, revision);
+        self.apply_own().await;
         // The jobs' holders learn it from the answer (`Transaction::commit`).
         drop(jobs);
         let _ = reply.send(Ok(TxApplied { revision: wrote.then_some(revision as u64), sent }));

@@ -78,6 +78,8 @@ pub(super) async fn run(
                         keyspaces.into_iter().map(|(name, id)| NamespaceEvent::Keyspace { name, id }),
                     );
                     apply(&engine, &side, events).await;
+                    // A flow change written while the watch was down is applied too.
+                    side.flows_changed.notify_one();
                     revision = loaded.revision;
                     break;
                 }
@@ -137,6 +139,7 @@ async fn apply(engine: &Engine, side: &EtcdSide, events: Vec<NamespaceEvent>) {
                     tracing::debug!(keyspace = %name, error = %e, "rockq: a keyspace seen in etcd not registered");
                 }
             }
+            NamespaceEvent::FlowChange => side.flows_changed.notify_one(),
             NamespaceEvent::Due { due } => {
                 side.due_offers.fetch_min(due, Ordering::AcqRel);
                 engine.timer.offer(due);

@@ -421,14 +421,20 @@ impl Writer {
         let (queue, gname) = (group.queue.name.clone(), group.name.clone());
         match outcome {
             Outcome::Ack { .. } | Outcome::Deleted => {
-                let (kind, result) = match outcome {
-                    Outcome::Ack { result } => (OutcomeKind::Acked, result),
-                    _ => (OutcomeKind::Deleted, None),
+                let (kind, result, at) = match outcome {
+                    Outcome::Ack { result, flow } => (OutcomeKind::Acked, result, flow),
+                    // An operator's: the flow step is read from the message.
+                    _ => (OutcomeKind::Deleted, None, self.flow_step_of(&group.queue, seq).await),
                 };
+                let flow = self.flow_change(&group, seq, at, (&kind, attempt, result.as_ref()));
                 let outcome = self.outcome_record(group.keeps_outcomes(), kind, attempt, result);
                 let delete_progress = group.forget_progress(seq);
-                let writes =
-                    [ClaimWrite { outcome, delete_progress, ..ClaimWrite::new(seq, expected, Claim::Done) }];
+                let writes = [ClaimWrite {
+                    outcome,
+                    flow,
+                    delete_progress,
+                    ..ClaimWrite::new(seq, expected, Claim::Done)
+                }];
                 // With the offset move if it closes the run above the offset (as the queued
                 // acks'); refused with the record as expected, the move's own compares
                 // refused it, and it goes again without. Not for a message that has no
@@ -455,6 +461,10 @@ impl Writer {
                         if let Err(e) = self.advance(&group, &mut known).await {
                             tracing::warn!(%queue, group = %gname, error = %e, "rockq: moving a work group's offset in etcd failed; trying again next round");
                         }
+                        // And its flow has moved on (no group's records held meanwhile).
+                        self.wrote_changes(writes.iter().filter_map(|w| w.flow.clone()), rev);
+                        drop(known);
+                        self.apply_own().await;
                         telemetry::group_counter(telemetry::ACKED, &queue, &gname, 1);
                         self.engine.emit(|| Event::Acked { queue, group: gname, seq, attempt });
                         let _ = reply.send(Ok(()));
@@ -508,6 +518,9 @@ impl Writer {
                         if let Err(e) = self.advance(&group, &mut known).await {
                             tracing::warn!(%queue, group = %gname, error = %e, "rockq: moving a work group's offset in etcd failed; trying again next round");
                         }
+                        // Its flow has moved on (no group's records held meanwhile).
+                        drop(known);
+                        self.apply_own().await;
                         tracing::warn!(%queue, group = %gname, seq, attempt, %reason, %dlq, dlq_seq, "rockq: dead-lettered");
                         telemetry::group_counter(telemetry::DEAD_LETTERED, &queue, &gname, 1);
                         self.engine.emit(|| Event::DeadLettered {
@@ -605,6 +618,7 @@ impl Writer {
             }
             None => (envelope::Envelope::default(), format!("{reason} (the stored message was missing)")),
         };
+        let at = crate::flow_state::FlowStep::in_headers(&env.headers);
         let stamped = self.stamp();
         let origin = Origin { queue: &group.queue, group: &group.name, seq, attempts: attempt };
         let (copy, reason) = dead_letter::copy(&origin, &reason, env, stamped).map_err(StorageError::new)?;
@@ -626,9 +640,14 @@ impl Writer {
                 dead_letter_queue: dlq.to_owned(),
                 dead_letter_seq: last + 1,
             };
+            let flow = self.flow_change(group, seq, at, (&kind, attempt, None));
             let outcome = self.outcome_record(group.keeps_outcomes(), kind, attempt, None);
-            let writes =
-                [ClaimWrite { outcome, delete_progress, ..ClaimWrite::new(seq, expected, Claim::Done) }];
+            let writes = [ClaimWrite {
+                outcome,
+                flow,
+                delete_progress,
+                ..ClaimWrite::new(seq, expected, Claim::Done)
+            }];
             match self.write(group, &writes, Some(&append), None, None).await {
                 Ok(Written::Yes(rev)) => {
                     known.wrote(seq, rev);
@@ -636,6 +655,7 @@ impl Writer {
                     super::writer::index_sent(&q, last + 1, &append.envelopes);
                     q.publish_max(last + 1);
                     telemetry::produced(&q.name, 1);
+                    self.wrote_changes(writes.iter().filter_map(|w| w.flow.clone()), rev);
                     return Ok(Some((last + 1, reason)));
                 }
                 Ok(Written::No { offset, found, tail, .. }) => {
@@ -686,7 +706,9 @@ impl Writer {
             // written again after a refusal still deletes them).
             let with_progress: std::collections::HashSet<u64> =
                 acks.iter().filter(|a| g.forget_progress(a.seq)).map(|a| a.seq).collect();
-            let per_ack = 1 + usize::from(keeps) + usize::from(!with_progress.is_empty());
+            let steps = acks.iter().any(|a| a.flow.is_some());
+            let per_ack =
+                1 + usize::from(keeps) + usize::from(!with_progress.is_empty()) + usize::from(steps);
             for chunk in ack_chunks(&acks, per_ack) {
                 let mut left: Vec<QueuedAck> = chunk.to_vec();
                 // Claims another process took since (as learned): lost, nothing is sent. One
@@ -732,6 +754,12 @@ impl Writer {
                                     a.attempt,
                                     a.result.clone(),
                                 ),
+                                flow: self.flow_change(
+                                    &g,
+                                    a.seq,
+                                    a.flow,
+                                    (&OutcomeKind::Acked, a.attempt, a.result.as_ref()),
+                                ),
                                 delete_progress: with_progress.contains(&a.seq),
                                 read_progress: false,
                             })
@@ -747,6 +775,7 @@ impl Writer {
                             for a in &left {
                                 g.learn_finished(a.seq);
                             }
+                            self.wrote_changes(writes.iter().filter_map(|w| w.flow.clone()), rev);
                             if let Some(m) = moving {
                                 known.learn_offset(&g, m.to);
                                 self.engine.counters.offset_commits.fetch_add(1, Ordering::Relaxed);
@@ -822,6 +851,8 @@ impl Writer {
                 }
             }
         }
+        // Their flows moved on, with no group's records held.
+        self.apply_own().await;
         result
     }
 
@@ -967,7 +998,8 @@ fn ack_chunks(acks: &[QueuedAck], per_ack: usize) -> Vec<&[QueuedAck]> {
     let mut out = Vec::new();
     let (mut start, mut bytes) = (0, 0);
     for (i, a) in acks.iter().enumerate() {
-        let size = a.result.as_ref().map_or(0, |r| r.len());
+        // A flow step's change record carries the result again.
+        let size = a.result.as_ref().map_or(0, |r| r.len()) * (1 + usize::from(a.flow.is_some()));
         if i > start && (i - start >= most || bytes + size > MAX_TXN_BYTES) {
             out.push(&acks[start..i]);
             (start, bytes) = (i, 0);

@@ -51,6 +51,9 @@ pub(super) struct Writer {
     pub(super) side: Arc<EtcdSide>,
     /// Each queue's tail as this process last saw it: (last, nonce).
     pub(super) tails: HashMap<u32, (u64, u64)>,
+    /// Flow change records this writer's writes put, applied before their callers are
+    /// answered (`flows.rs`).
+    pub(super) own_changes: Vec<(crate::store::etcd::flows::FlowChangeWrite, i64)>,
     /// The latest enqueue time stamped (wall micros), shared with the appender.
     pub(super) stamps: Arc<std::sync::atomic::AtomicU64>,
     /// After a failed commit: when to try the dirty groups again.
@@ -245,6 +248,7 @@ impl Writer {
             engine,
             side,
             tails: HashMap::new(),
+            own_changes: Vec::new(),
             stamps,
             retry_after: None,
             unreachable: false,
@@ -351,6 +355,7 @@ impl Writer {
                 let _ = reply.send(self.create_keyspace(&name).await);
             }
             Request::Tx(tx) => self.transaction(tx).await,
+            Request::Flow(f) => self.flow(f).await,
             Request::Commit => {}
             // No handler here: refused as the capability table says (a request the table
             // says this engine carries out but that reaches here is a bug, refused all the same).

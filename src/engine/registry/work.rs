@@ -222,6 +222,9 @@ pub(crate) struct QueuedAck {
     pub epoch: u64,
     /// The handler's result, kept with the outcome by a group that keeps outcomes.
     pub result: Option<bytes::Bytes>,
+    /// The flow step the job is, from its message's header (the etcd engine records the
+    /// step's change with the ack; the embedded writer keeps its own index).
+    pub flow: Option<crate::flow_state::FlowStep>,
 }
 
 /// How far ahead an instant is clamped when a duration would overflow `Instant` (about a
@@ -1605,7 +1608,7 @@ mod tests {
         let now = Instant::now();
         let t = g.take(now, 3, 3, LEASE, MAX, 0);
         assert!(t.claimed.iter().all(|c| c.epoch == 0));
-        g.queue_ack(QueuedAck { seq: 1, attempt: 1, epoch: 0, result: None });
+        g.queue_ack(QueuedAck { seq: 1, attempt: 1, epoch: 0, result: None, flow: None });
         g.reset(1);
         assert_eq!(g.epoch(), 1);
         assert!(g.take_queued_acks().is_empty());

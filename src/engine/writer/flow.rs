@@ -15,6 +15,7 @@ use bytes::Bytes;
 
 use super::queue;
 use super::round::Round;
+use crate::engine::flow_moves::{self, StepBook};
 use crate::engine::registry::{QueueState, WorkGroupState};
 use crate::engine::request::{FlowRequest, FlowStepSpec, Reply};
 use crate::error::{Error, FailedError};
@@ -27,14 +28,8 @@ pub(super) fn apply(r: &mut Round<'_>, req: FlowRequest) {
     match req {
         FlowRequest::Submit { steps, reply } => submit(r, steps, reply),
         FlowRequest::Delete { id, reply } => delete(r, id, reply),
+        FlowRequest::Move => {}
     }
-}
-
-/// The message a step is sent as: its own, with the [`FLOW_HEADER`] naming the step.
-fn step_message(mut m: Message, at: FlowStep) -> Message {
-    m.headers.retain(|(k, _)| k != FLOW_HEADER);
-    m.headers.push((FLOW_HEADER.to_owned(), Bytes::from(at.header_value())));
-    m
 }
 
 fn submit(r: &mut Round<'_>, steps: Vec<FlowStepSpec>, reply: Reply<Submitted, Error>) {
@@ -49,7 +44,7 @@ fn submit(r: &mut Round<'_>, steps: Vec<FlowStepSpec>, reply: Reply<Submitted, E
     let now = r.stamp();
     let mut encoded = Vec::with_capacity(steps.len());
     for (i, s) in steps.iter().enumerate() {
-        let m = step_message(s.message.clone(), FlowStep { flow: id, step: i as u32 });
+        let m = flow_moves::step_message(s.message.clone(), FlowStep { flow: id, step: i as u32 });
         match envelope::encode(&m, now) {
             Ok(v) => encoded.push(v),
             Err(e) => {
@@ -61,14 +56,7 @@ fn submit(r: &mut Round<'_>, steps: Vec<FlowStepSpec>, reply: Reply<Submitted, E
     }
     r.written.next_flow_id += 1;
     r.batch.put_next_flow_id(r.written.next_flow_id);
-    let mut dependents: Vec<Vec<u32>> = vec![Vec::new(); steps.len()];
-    for (i, s) in steps.iter().enumerate() {
-        for &d in &s.after {
-            if let Some(list) = dependents.get_mut(d as usize) {
-                list.push(i as u32);
-            }
-        }
-    }
+    let dependents = flow_moves::dependents(steps.iter().map(|s| s.after.as_slice()));
     r.batch.put_flow(id, &FlowHeader { created_micros: now, steps: steps.len() as u32 });
     let mut sent = Vec::new();
     for ((i, s), (mut env, after)) in steps.into_iter().enumerate().zip(encoded.into_iter().zip(dependents)) {
@@ -154,32 +142,59 @@ fn flow_exists(r: &Round<'_>, id: u64) -> Result<bool, Error> {
     Ok(r.batch.flow(id).map_err(Error::from)?.is_some())
 }
 
-/// Step `step` of `flow` as of this point of the round (`None`: no such step, or its flow was
-/// deleted).
-fn load(r: &Round<'_>, flow: u64, step: u32) -> Result<Option<StepRecord>, Error> {
-    if r.jobs.flows_deleted.contains(&flow) {
-        return Ok(None);
+/// The round as a flow's [`StepBook`]: records read through this round's own writes.
+struct RoundBook<'r, 'a>(&'r mut Round<'a>);
+
+impl StepBook for RoundBook<'_, '_> {
+    type Error = Error;
+
+    fn load(&mut self, flow: u64, step: u32) -> Result<Option<StepRecord>, Error> {
+        let r = &*self.0;
+        if r.jobs.flows_deleted.contains(&flow) {
+            return Ok(None);
+        }
+        if let Some(rec) = r.jobs.flow_steps.get(&(flow, step)) {
+            return Ok(Some(rec.clone()));
+        }
+        r.batch.flow_step(flow, step).map_err(Error::from)
     }
-    if let Some(rec) = r.jobs.flow_steps.get(&(flow, step)) {
-        return Ok(Some(rec.clone()));
+
+    fn put(&mut self, flow: u64, step: u32, rec: StepRecord) {
+        put_step(self.0, flow, step, rec);
     }
-    r.batch.flow_step(flow, step).map_err(Error::from)
+
+    /// Its kept message appended to its queue (`None`: the queue was deleted, or the message is
+    /// missing).
+    fn release(&mut self, flow: u64, step: u32, rec: &StepRecord) -> Result<Option<u64>, Error> {
+        let r = &mut *self.0;
+        let Some(mut env) = r.batch.flow_message(flow, step).map_err(Error::from)? else {
+            tracing::error!(flow, step, "rockq: a ready flow step has no message");
+            return Ok(None);
+        };
+        // Registered, or created in a round not yet registered; a deleted queue fails the step.
+        let name = rec.queue.as_str();
+        let queue = r.engine.registry.queue(name).or_else(|| r.done.queues.get(name).map(|(q, _)| q.clone()));
+        let Some(queue) = queue.or_else(|| r.written.queues.get(name).cloned()).filter(|q| !q.is_deleted())
+        else {
+            return Ok(None);
+        };
+        r.batch.delete_flow_message(flow, step);
+        let now = r.stamp();
+        let seq = send(r, &queue, flow, step, &rec.group, &mut env, now);
+        if let Some(seq) = seq {
+            tracing::debug!(flow, step, queue = %queue.name, seq, "rockq: flow step sent");
+        }
+        Ok(seq)
+    }
+
+    fn now_micros(&mut self) -> u64 {
+        self.0.stamp()
+    }
 }
 
 fn put_step(r: &mut Round<'_>, flow: u64, step: u32, rec: StepRecord) {
     r.batch.put_flow_step(flow, step, &rec);
     r.jobs.flow_steps.insert((flow, step), rec);
-}
-
-/// How a dependency's change moves the steps after it.
-#[derive(Debug, Clone, Copy)]
-enum Change {
-    /// It succeeded.
-    Succeeded,
-    /// It failed, or became blocked.
-    Failed,
-    /// It failed or was blocked before, and no longer is (a redrive).
-    Revived,
 }
 
 /// Job `seq` of `g`'s queue was finished by `g` (`how`: acked, deleted or dead-lettered; the
@@ -204,46 +219,16 @@ pub(super) fn finished(
     let (flow, step) = (*flow, *step);
     r.written.flow_jobs.remove(&key);
     r.batch.delete_flow_job(g.queue.id, seq);
-    if let Err(e) = settle(r, flow, step, seq, how, result) {
+    let at = (g.queue.name.as_ref(), g.name.as_ref(), seq);
+    if let Err(e) = flow_moves::settle(&mut RoundBook(r), (flow, step), at, how, result) {
         // The job is finished either way; the flow stays where it was (and says so when read).
         tracing::error!(flow, step, seq, error = %e, "rockq: a flow step's outcome was not recorded");
     }
 }
 
-fn settle(
-    r: &mut Round<'_>,
-    flow: u64,
-    step: u32,
-    seq: u64,
-    how: &OutcomeKind,
-    result: Option<&Bytes>,
-) -> Result<(), Error> {
-    let Some(mut rec) = load(r, flow, step)? else { return Ok(()) };
-    if rec.state != (StoredStep::Queued { seq }) {
-        return Ok(());
-    }
-    let at_micros = r.stamp();
-    let change = match how {
-        OutcomeKind::Acked => {
-            rec.state = StoredStep::Succeeded { seq, at_micros, result: result.cloned() };
-            Change::Succeeded
-        }
-        other => {
-            rec.state = StoredStep::Failed { seq, at_micros, how: other.clone() };
-            Change::Failed
-        }
-    };
-    tracing::debug!(flow, step, seq, state = ?change, "rockq: flow step finished");
-    let after = rec.dependents.clone();
-    put_step(r, flow, step, rec);
-    propagate(r, flow, after.into_iter().map(|d| (d, change)).collect())
-}
-
 /// A dead letter of queue `queue`'s job was redriven to it as `seq` (`message`, with the
-/// headers it had): if it is a flow step that failed, the step is queued again as `seq`, and
-/// what its failure blocked waits for it again. Only the letter its own group's dead letter
-/// wrote (`letter`: the dead-letter queue and the letter's sequence there) revives it: another
-/// group's letter of the same message, or a copied header, is an ordinary redrive.
+/// headers it had): if it is a flow step that failed as that letter, the step is queued again
+/// as `seq` (`flow_moves::revive`).
 pub(super) fn redriven(
     r: &mut Round<'_>,
     queue: &QueueState,
@@ -256,91 +241,14 @@ pub(super) fn redriven(
     else {
         return;
     };
-    if let Err(e) = revive(r, queue, seq, at, letter) {
-        tracing::error!(flow = at.flow, step = at.step, seq, error = %e, "rockq: a redriven flow step was not queued again");
-    }
-}
-
-fn revive(
-    r: &mut Round<'_>,
-    queue: &QueueState,
-    seq: u64,
-    at: FlowStep,
-    letter: (&str, u64),
-) -> Result<(), Error> {
-    let Some(mut rec) = load(r, at.flow, at.step)? else { return Ok(()) };
-    let own_letter = matches!(
-        &rec.state,
-        StoredStep::Failed { how: OutcomeKind::DeadLettered { dead_letter_queue, dead_letter_seq, .. }, .. }
-            if dead_letter_queue.as_str() == letter.0 && *dead_letter_seq == letter.1
-    );
-    if !own_letter || rec.queue != *queue.name {
-        return Ok(());
-    }
-    rec.state = StoredStep::Queued { seq };
-    r.batch.put_flow_job(queue.id, seq, at.flow, at.step, &rec.group);
-    r.written.flow_jobs.insert((queue.id, seq), (at.flow, at.step, Arc::from(rec.group.as_str())));
-    tracing::debug!(flow = at.flow, step = at.step, seq, "rockq: flow step queued again");
-    let after = rec.dependents.clone();
-    put_step(r, at.flow, at.step, rec);
-    propagate(r, at.flow, after.into_iter().map(|d| (d, Change::Revived)).collect())
-}
-
-/// Applies each change to its step, sending the steps that become ready and passing a step's
-/// own change (blocked, unblocked, or failed to send) on to the steps after it. A worklist,
-/// not recursion: a chain may be 100,000 steps long.
-fn propagate(r: &mut Round<'_>, flow: u64, mut work: Vec<(u32, Change)>) -> Result<(), Error> {
-    while let Some((step, change)) = work.pop() {
-        let Some(mut rec) = load(r, flow, step)? else { continue };
-        let blocked = rec.is_blocked();
-        match change {
-            Change::Succeeded => rec.succeeded = rec.succeeded.saturating_add(1),
-            Change::Failed => rec.failed = rec.failed.saturating_add(1),
-            Change::Revived => rec.failed = rec.failed.saturating_sub(1),
+    match flow_moves::revive(&mut RoundBook(r), (at.flow, at.step), (&queue.name, seq), letter) {
+        Ok(Some(group)) => {
+            r.batch.put_flow_job(queue.id, seq, at.flow, at.step, &group);
+            r.written.flow_jobs.insert((queue.id, seq), (at.flow, at.step, Arc::from(group.as_str())));
         }
-        let mut passed = None;
-        if rec.is_ready() {
-            match release(r, flow, step, &rec)? {
-                Some(seq) => rec.state = StoredStep::Queued { seq },
-                None => {
-                    // Its queue is gone: the step fails, as a job deleted by an operator.
-                    let at_micros = r.stamp();
-                    rec.state = StoredStep::Failed { seq: 0, at_micros, how: OutcomeKind::Deleted };
-                    passed = Some(Change::Failed);
-                }
-            }
-        } else if !blocked && rec.is_blocked() {
-            passed = Some(Change::Failed);
-        } else if blocked && !rec.is_blocked() {
-            passed = Some(Change::Revived);
+        Ok(None) => {}
+        Err(e) => {
+            tracing::error!(flow = at.flow, step = at.step, seq, error = %e, "rockq: a redriven flow step was not queued again");
         }
-        if let Some(c) = passed {
-            work.extend(rec.dependents.iter().map(|&d| (d, c)));
-        }
-        put_step(r, flow, step, rec);
     }
-    Ok(())
-}
-
-/// Sends a step that became ready: its kept message appended to its queue (`None`: the queue
-/// was deleted, or the message is missing).
-fn release(r: &mut Round<'_>, flow: u64, step: u32, rec: &StepRecord) -> Result<Option<u64>, Error> {
-    let Some(mut env) = r.batch.flow_message(flow, step).map_err(Error::from)? else {
-        tracing::error!(flow, step, "rockq: a ready flow step has no message");
-        return Ok(None);
-    };
-    // Registered, or created in a round not yet registered; a deleted queue fails the step.
-    let name = rec.queue.as_str();
-    let queue = r.engine.registry.queue(name).or_else(|| r.done.queues.get(name).map(|(q, _)| q.clone()));
-    let Some(queue) = queue.or_else(|| r.written.queues.get(name).cloned()).filter(|q| !q.is_deleted())
-    else {
-        return Ok(None);
-    };
-    r.batch.delete_flow_message(flow, step);
-    let now = r.stamp();
-    let seq = send(r, &queue, flow, step, &rec.group, &mut env, now);
-    if let Some(seq) = seq {
-        tracing::debug!(flow, step, queue = %queue.name, seq, "rockq: flow step sent");
-    }
-    Ok(seq)
 }

@@ -232,7 +232,7 @@ fn claim(
 
 fn ack(group: &Arc<WorkGroupState>, seq: u64) -> (Request, oneshot::Receiver<Result<(), Error>>) {
     let (reply, rx) = oneshot::channel();
-    let outcome = Outcome::Ack { result: None };
+    let outcome = Outcome::Ack { result: None, flow: None };
     (
         Request::Work(WorkRequest::Outcome {
             group: group.clone(),

@@ -224,7 +224,7 @@ fn record_outcome(r: &mut Round<'_>, at: Attempt, outcome: Outcome, reply: Reply
     match outcome {
         Outcome::Ack { .. } | Outcome::Deleted => {
             let (kind, result) = match outcome {
-                Outcome::Ack { result } => (OutcomeKind::Acked, result),
+                Outcome::Ack { result, .. } => (OutcomeKind::Acked, result),
                 _ => (OutcomeKind::Deleted, None),
             };
             if finish_seq(r, &g, seq) {

@@ -33,12 +33,14 @@
 //! | `N sk/<name>` | a keyspace: its id (`kv.rs`) |
 //! | `N v/<keyspace id u32><key>` | a keyspace entry; its revision is etcd's `mod_revision` (`kv.rs`) |
 //! | `N meta/keyspace-id` | the next keyspace id (`kv.rs`) |
+//! | `N fl/`, `fs/`, `fd/`, `fm/`, `sf/`, `meta/flow-id` | flows: their records, and changes not applied yet (`flows.rs`) |
 
 pub(crate) mod dedup;
 pub(crate) mod delayed;
 pub(crate) mod deletion;
 #[cfg(feature = "json")]
 pub(crate) mod export;
+pub(crate) mod flows;
 #[cfg(feature = "json")]
 pub(crate) mod import;
 pub(crate) mod kv;
@@ -1035,6 +1037,7 @@ pub(crate) struct OrderedCommit<'a> {
 }
 
 /// Dead-letter copies for [`OrderedCommit`].
+#[derive(Debug)]
 pub(crate) struct DeadLetterAppend {
     pub qid: u32,
     pub expected_last: u64,

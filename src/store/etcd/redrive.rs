@@ -31,6 +31,8 @@ pub(crate) struct SettleLetter {
     pub cursor_to: Option<u64>,
     /// Its copy, for a redrive; `None` for a delete.
     pub copy: Option<DeadLetterAppend>,
+    /// The flow step the copy queues again, if the letter is one's (`flows.rs`).
+    pub flow: Option<super::flows::FlowChangeWrite>,
 }
 
 /// What became of [`EtcdStore::redrive`] and [`EtcdStore::settle_letter`].
@@ -99,6 +101,9 @@ impl EtcdStore {
             let tail = self.push_append(a, &mut cmps, &mut ops);
             gets.push(TxnOp::get(tail, None));
         }
+        if let Some(change) = &settle.flow {
+            self.push_flow_change(change, &mut ops);
+        }
         match settle.cursor_to {
             Some(to) => {
                 ops.push(TxnOp::put(cursor, records::encode_cursor(to).to_vec(), None));
@@ -131,6 +136,7 @@ impl EtcdStore {
         cursor_rev: i64,
         to: u64,
         appends: &[DeadLetterAppend],
+        flows: &[super::flows::FlowChangeWrite],
     ) -> Result<RedriveOutcome, StorageError> {
         let cursor = self.cursor_key(dlq);
         let mut cmps = vec![Compare::mod_revision(cursor.clone(), CompareOp::Equal, cursor_rev)];
@@ -139,6 +145,9 @@ impl EtcdStore {
         for a in appends {
             let tail = self.push_append(a, &mut cmps, &mut ops);
             gets.push(TxnOp::get(tail, None));
+        }
+        for change in flows {
+            self.push_flow_change(change, &mut ops);
         }
         ops.push(TxnOp::put(cursor, records::encode_cursor(to).to_vec(), None));
         ops.push(self.delete_marks_through(dlq, to));

@@ -84,6 +84,8 @@ pub(crate) enum NamespaceEvent {
     /// Message `seq` of queue `qid` was sent with `priority` (its index entry, put in the
     /// transaction that published it).
     Priority { qid: u32, seq: u64, priority: u8 },
+    /// A flow change record was written (`flows.rs`): some process should apply it.
+    FlowChange,
 }
 
 impl TrimPlan {
@@ -315,13 +317,14 @@ impl EtcdStore {
     ) -> Result<impl futures::Stream<Item = Result<Vec<NamespaceEvent>, StorageError>> + use<>, StorageError>
     {
         // `q/` (queue records) up to and including `t/` (tails): one watch for those and the
-        // purge marks (`s/`), delayed messages' due-index entries (`sd/`) and priority index
-        // entries (`sp/`) between them.
+        // purge marks (`s/`), delayed messages' due-index entries (`sd/`), flow change records
+        // (`sf/`) and priority index entries (`sp/`) between them.
         // What else lies between (`r/`, redrive cursors) is skipped.
         let (qprefix, tprefix) = (self.key(b"q/", b""), self.key(b"t/", b""));
         let sprefix = self.key(b"s/", b"");
         let dprefix = self.key(b"sd/", b"");
         let pprefix = self.key(b"sp/", b"");
+        let fprefix = self.change_prefix();
         let opts = WatchOptions::new()
             .with_range(self.key(b"t0", b""))
             .with_start_revision(revision + 1)
@@ -333,6 +336,7 @@ impl EtcdStore {
                 let (name, id) = super::kv::keyspace_record(&kprefix, kv.key(), kv.value())?;
                 Ok(Some(NamespaceEvent::Keyspace { name, id }))
             }
+            WatchedKind::Put if kv.key().starts_with(&fprefix) => Ok(Some(NamespaceEvent::FlowChange)),
             WatchedKind::Put if kv.key().starts_with(&pprefix) => {
                 let (qid, seq, priority) =
                     super::decode_priority(&kv.key()[pprefix.len()..], kv.key(), kv.value())?;

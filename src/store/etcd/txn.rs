@@ -188,7 +188,9 @@ impl EtcdStore {
             for w in c.writes {
                 let outcome =
                     w.outcome.as_ref().map_or(0, |o| claim + 64 + o.result.as_ref().map_or(0, |r| r.len()));
-                bytes += 3 * (claim + FRAMING) + 64 + outcome + 2 * (claim + FRAMING);
+                // A flow step's change record: its key and value.
+                let change = w.flow.as_ref().map_or(0, |f| 64 + FRAMING + f.change.encode().len());
+                bytes += 3 * (claim + FRAMING) + 64 + outcome + 2 * (claim + FRAMING) + change;
             }
         }
         for a in parts.appends {

@@ -87,6 +87,9 @@ pub(crate) struct ClaimWrite {
     /// The job's outcome record (`outcomes.rs`), for a group that keeps outcomes: put in the
     /// same transaction as the `Done` that finishes it.
     pub outcome: Option<crate::stats::JobOutcome>,
+    /// The change its flow's step takes, if the job is a flow step (`flows.rs`): put in the
+    /// same transaction.
+    pub flow: Option<super::flows::FlowChangeWrite>,
     /// Whether the job's progress report goes (it is finished, and a report was known).
     pub delete_progress: bool,
     /// Whether the job's progress report is read in the same transaction (a claim of a later
@@ -97,7 +100,15 @@ pub(crate) struct ClaimWrite {
 impl ClaimWrite {
     /// `record` at `seq`, expected at revision `expected`, with no outcome record.
     pub fn new(seq: u64, expected: i64, record: Claim) -> Self {
-        ClaimWrite { seq, expected, record, outcome: None, delete_progress: false, read_progress: false }
+        ClaimWrite {
+            seq,
+            expected,
+            record,
+            outcome: None,
+            flow: None,
+            delete_progress: false,
+            read_progress: false,
+        }
     }
 }
 
@@ -212,6 +223,9 @@ impl EtcdStore {
             if let Some(outcome) = &w.outcome {
                 let value = crate::store::outcomes::encode_outcome(outcome);
                 ops.push(TxnOp::put(self.outcome_key(group, queue, w.seq), value, None));
+            }
+            if let Some(change) = &w.flow {
+                self.push_flow_change(change, ops);
             }
             if w.delete_progress {
                 ops.push(TxnOp::delete(self.progress_key(group, queue, w.seq), None));

@@ -1,0 +1,480 @@
+//! Flows of dependent jobs in etcd (`engine/etcd/flows.rs` drives them):
+//!
+//! | key | value |
+//! | --- | --- |
+//! | `N meta/flow-id` | the next flow id not handed out, `u64` |
+//! | `N fl/<flow u64>` | the flow (same codec as RocksDB's) |
+//! | `N fs/<flow u64><step u32>` | a step (same codec) |
+//! | `N fd/<flow u64><step u32>` | the steps it runs after (same codec; never changes) |
+//! | `N fm/<flow u64><step u32>` | the message of a step not sent yet (an envelope) |
+//! | `N sf/<flow u64><id u64>` | a change not applied yet: a step's job finished, or its dead letter redriven ([`FlowChange`]) |
+//!
+//! A job's outcome cannot move its flow in its own transaction on etcd: the steps after it
+//! may be anywhere, and every process acks. So the transaction that finishes a step's job (or
+//! redrives its dead letter) also puts a **change record**, and any process applies it in a
+//! transaction of its own: the change record deleted, the step records rewritten and the ready
+//! steps appended to their queues, compared with the change record, every step record and every
+//! tail as read. Two processes applying one change cannot both succeed; a crash in between
+//! leaves the record for the next process to apply. Change records lie inside the namespace
+//! watch's range, so every process learns of one without polling.
+//!
+//! A flow is written in one transaction (its records and its first steps' messages), and a
+//! change is applied in one: a flow is as large as one transaction holds (`engine/etcd/flows.rs`
+//! refuses a larger one before anything is written).
+
+use etcd_client::{
+    Compare, CompareOp, DeleteOptions, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+};
+
+use super::{DeadLetterAppend, EtcdStore, corrupt};
+use crate::error::{CorruptionError, StorageError};
+use crate::flow_state::{FlowHeader, FlowStatus, StepRecord};
+use crate::stats::JobOutcome;
+use crate::store::flows::{StepKv, decode_step, encode_deps, encode_header, encode_step, status_of};
+use crate::store::outcomes::{Reader, decode_outcome, encode_outcome};
+
+const CHANGE_V1: u8 = 1;
+const FINISHED: u8 = 0;
+const REVIVED: u8 = 1;
+
+/// A change to a flow not applied yet (`sf/`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FlowChange {
+    /// Job `seq` of `queue`, step `step`, was finished by `group`.
+    Finished { step: u32, queue: String, group: String, seq: u64, outcome: JobOutcome },
+    /// Step `step`'s dead letter `letter` (its queue and sequence) was redriven to `queue` as
+    /// `seq`.
+    Revived { step: u32, queue: String, seq: u64, letter: (String, u64) },
+}
+
+impl FlowChange {
+    /// `version u8 (1), kind u8 (0 finished, 1 revived), step u32, seq u64, queue (u16
+    /// length, UTF-8)`, then for a finish `group (u16 length, UTF-8)` and its outcome record
+    /// (`outcomes.rs`) to the end, for a redrive the letter's `seq u64` and its queue (UTF-8)
+    /// to the end. Integers big-endian.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = vec![CHANGE_V1];
+        let text = |v: &mut Vec<u8>, s: &str| {
+            v.extend_from_slice(&(s.len() as u16).to_be_bytes());
+            v.extend_from_slice(s.as_bytes());
+        };
+        match self {
+            FlowChange::Finished { step, queue, group, seq, outcome } => {
+                v.push(FINISHED);
+                v.extend_from_slice(&step.to_be_bytes());
+                v.extend_from_slice(&seq.to_be_bytes());
+                text(&mut v, queue);
+                text(&mut v, group);
+                v.extend_from_slice(&encode_outcome(outcome));
+            }
+            FlowChange::Revived { step, queue, seq, letter } => {
+                v.push(REVIVED);
+                v.extend_from_slice(&step.to_be_bytes());
+                v.extend_from_slice(&seq.to_be_bytes());
+                text(&mut v, queue);
+                v.extend_from_slice(&letter.1.to_be_bytes());
+                v.extend_from_slice(letter.0.as_bytes());
+            }
+        }
+        v
+    }
+
+    pub fn decode(key: &[u8], v: &[u8]) -> Result<FlowChange, CorruptionError> {
+        let bad = |r: &str| CorruptionError::new("flow change", key, r);
+        let mut r = Reader(v);
+        if r.u8() != Some(CHANGE_V1) {
+            return Err(bad("unknown version"));
+        }
+        let kind = r.u8().ok_or_else(|| bad("no kind"))?;
+        let step = r.u32().ok_or_else(|| bad("no step"))?;
+        let seq = r.u64().ok_or_else(|| bad("no sequence"))?;
+        let mut text = |what: &str| -> Result<String, CorruptionError> {
+            let len = r.take(2).and_then(|b| b.try_into().ok()).map(u16::from_be_bytes);
+            let len = len.ok_or_else(|| bad(what))?;
+            r.text(len as usize).ok_or_else(|| bad(what))
+        };
+        let queue = text("no queue")?;
+        match kind {
+            FINISHED => {
+                let group = text("no group")?;
+                let outcome = decode_outcome(key, r.0)?;
+                Ok(FlowChange::Finished { step, queue, group, seq, outcome })
+            }
+            REVIVED => {
+                let letter_seq = r.u64().ok_or_else(|| bad("no letter"))?;
+                let letter_queue = std::str::from_utf8(r.0).map_err(|_| bad("letter queue is not UTF-8"))?;
+                Ok(FlowChange::Revived { step, queue, seq, letter: (letter_queue.to_owned(), letter_seq) })
+            }
+            _ => Err(bad("unknown kind")),
+        }
+    }
+}
+
+/// A change record a transaction puts with what it finishes (`sf/<flow><id>`; `id` unique per
+/// change, kept through the transaction's retries).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FlowChangeWrite {
+    pub flow: u64,
+    pub id: u64,
+    pub change: FlowChange,
+}
+
+/// A change record as read: its key, revisions (last written, created), flow and change.
+#[derive(Debug, Clone)]
+pub(crate) struct ReadChange {
+    pub key: Vec<u8>,
+    pub rev: i64,
+    pub created: i64,
+    pub flow: u64,
+    pub change: FlowChange,
+}
+
+/// A flow as a change reads it before applying: every step record with its revision, and
+/// the kept messages of the steps not sent yet.
+#[derive(Debug, Default)]
+pub(crate) struct LoadedFlow {
+    pub steps: std::collections::BTreeMap<u32, (i64, StepRecord)>,
+    pub messages: std::collections::BTreeMap<u32, Vec<u8>>,
+}
+
+/// One transaction creating or moving a flow ([`EtcdStore::write_flow`]).
+#[derive(Debug, Default)]
+pub(crate) struct FlowWrite {
+    pub flow: u64,
+    /// A submit: the flow's record, put if the flow is not there yet.
+    pub header: Option<FlowHeader>,
+    /// A change applied: its key and revisions as read (compared, deleted; no change of the
+    /// flow created before it may be left: changes apply in the order they were written), and
+    /// the flow compared present.
+    pub change: Option<(Vec<u8>, i64, i64)>,
+    /// Step records: each step's number, its revision as read (compared; `None`: a new step),
+    /// and its record.
+    pub steps: Vec<(u32, Option<i64>, StepRecord)>,
+    /// New steps' dependency lists.
+    pub deps: Vec<(u32, Vec<u32>)>,
+    /// Kept messages of steps not sent yet, put.
+    pub put_messages: Vec<(u32, Vec<u8>)>,
+    /// Kept messages of steps sent now, deleted.
+    pub delete_messages: Vec<u32>,
+    /// Steps sent now, per queue: appended at its tail as read.
+    pub appends: Vec<DeadLetterAppend>,
+}
+
+impl FlowWrite {
+    /// The operations of its transaction.
+    pub fn ops(&self) -> usize {
+        let appended: usize = self
+            .appends
+            .iter()
+            .map(|a| 1 + a.envelopes.len() + super::index_entries(a.envelopes.iter().map(Vec::as_slice)))
+            .sum();
+        usize::from(self.header.is_some())
+            + usize::from(self.change.is_some())
+            + self.steps.len()
+            + self.deps.len()
+            + self.put_messages.len()
+            + self.delete_messages.len()
+            + appended
+    }
+}
+
+fn flow_step_rest(flow: u64, step: u32) -> [u8; 12] {
+    let mut k = [0u8; 12];
+    k[..8].copy_from_slice(&flow.to_be_bytes());
+    k[8..].copy_from_slice(&step.to_be_bytes());
+    k
+}
+
+impl EtcdStore {
+    fn flow_key(&self, flow: u64) -> Vec<u8> {
+        self.key(b"fl/", &flow.to_be_bytes())
+    }
+    fn flow_step_key(&self, kind: &[u8], flow: u64, step: u32) -> Vec<u8> {
+        self.key(kind, &flow_step_rest(flow, step))
+    }
+    /// Every `kind` key of flow `flow`: the range `[lo, hi)`.
+    fn flow_range(&self, kind: &[u8], flow: u64) -> (Vec<u8>, Vec<u8>) {
+        let lo = self.key(kind, &flow.to_be_bytes());
+        let hi = match flow.checked_add(1) {
+            Some(next) => self.key(kind, &next.to_be_bytes()),
+            None => crate::store::prefix_end(&self.key(kind, b"")).unwrap_or_default(),
+        };
+        (lo, hi)
+    }
+    pub fn change_key(&self, flow: u64, id: u64) -> Vec<u8> {
+        let mut rest = flow.to_be_bytes().to_vec();
+        rest.extend_from_slice(&id.to_be_bytes());
+        self.key(b"sf/", &rest)
+    }
+    pub(super) fn change_prefix(&self) -> Vec<u8> {
+        self.key(b"sf/", b"")
+    }
+
+    /// The step number at the end of a `fs/`, `fd/` or `fm/` key.
+    fn step_of(&self, key: &[u8]) -> Result<u32, StorageError> {
+        let bad = || corrupt(CorruptionError::new("flow step", key, "expected <flow u64><step u32>"));
+        let rest = key.get(self.ns.len() + 3..).ok_or_else(bad)?;
+        let rest: &[u8; 12] = rest.try_into().map_err(|_| bad())?;
+        let step: [u8; 4] = rest[8..].try_into().map_err(|_| bad())?;
+        Ok(u32::from_be_bytes(step))
+    }
+
+    /// The flow a change key names (`None`: not a change key).
+    pub(super) fn flow_of_change(&self, key: &[u8]) -> Option<u64> {
+        let rest = key.strip_prefix(self.change_prefix().as_slice())?;
+        let rest: &[u8; 16] = rest.try_into().ok()?;
+        Some(u64::from_be_bytes(rest[..8].try_into().ok()?))
+    }
+
+    /// Puts `w`'s change record (a transaction finishing a step's job, or redriving its dead
+    /// letter).
+    pub(super) fn push_flow_change(&self, w: &FlowChangeWrite, ops: &mut Vec<TxnOp>) {
+        ops.push(TxnOp::put(self.change_key(w.flow, w.id), w.change.encode(), None));
+    }
+
+    /// A fresh flow id, taken from the namespace's counter by a compare-and-set: no two
+    /// processes (and no restart) hand out one twice.
+    pub async fn take_flow_id(&self) -> Result<u64, StorageError> {
+        let kv = self.kv();
+        let key = self.key(b"meta/", b"flow-id");
+        loop {
+            let got = kv.get(key.clone(), None).await?;
+            let (id, cmp) = match got.kvs().first() {
+                Some(k) => {
+                    let v: [u8; 8] = k.value().try_into().map_err(|_| {
+                        corrupt(CorruptionError::new("flow id counter", k.key(), "not 8 bytes"))
+                    })?;
+                    (
+                        u64::from_be_bytes(v),
+                        Compare::mod_revision(key.clone(), CompareOp::Equal, k.mod_revision()),
+                    )
+                }
+                None => (1, Compare::version(key.clone(), CompareOp::Equal, 0)),
+            };
+            let next = id.checked_add(1).ok_or_else(|| StorageError::new("no flow id left"))?;
+            let txn =
+                Txn::new().when([cmp]).and_then([TxnOp::put(key.clone(), next.to_be_bytes().to_vec(), None)]);
+            if kv.txn(txn).await?.succeeded() {
+                return Ok(id);
+            }
+        }
+    }
+
+    /// Writes `w` in one transaction: `true` if written, `false` if a compare failed (the
+    /// flow there already or gone, the change applied already, a step record or a tail
+    /// moved): nothing written, the caller reads again.
+    pub async fn write_flow(&self, w: &FlowWrite) -> Result<bool, StorageError> {
+        let mut cmps = Vec::new();
+        let mut ops = Vec::with_capacity(w.ops());
+        let fkey = self.flow_key(w.flow);
+        match &w.header {
+            Some(h) => {
+                cmps.push(Compare::version(fkey.clone(), CompareOp::Equal, 0));
+                ops.push(TxnOp::put(fkey, encode_header(h).to_vec(), None));
+            }
+            None => cmps.push(Compare::version(fkey, CompareOp::Greater, 0)),
+        }
+        if let Some((key, rev, created)) = &w.change {
+            cmps.push(Compare::mod_revision(key.clone(), CompareOp::Equal, *rev));
+            let (lo, hi) = self.flow_range(b"sf/", w.flow);
+            cmps.push(Compare::create_revision(lo, CompareOp::Greater, created - 1).with_range(hi));
+            ops.push(TxnOp::delete(key.clone(), None));
+        }
+        for (step, rev, rec) in &w.steps {
+            let key = self.flow_step_key(b"fs/", w.flow, *step);
+            if let Some(rev) = rev {
+                cmps.push(Compare::mod_revision(key.clone(), CompareOp::Equal, *rev));
+            }
+            ops.push(TxnOp::put(key, encode_step(rec), None));
+        }
+        for (step, deps) in &w.deps {
+            ops.push(TxnOp::put(self.flow_step_key(b"fd/", w.flow, *step), encode_deps(deps), None));
+        }
+        for (step, env) in &w.put_messages {
+            ops.push(TxnOp::put(self.flow_step_key(b"fm/", w.flow, *step), env.clone(), None));
+        }
+        for step in &w.delete_messages {
+            ops.push(TxnOp::delete(self.flow_step_key(b"fm/", w.flow, *step), None));
+        }
+        for a in &w.appends {
+            self.push_append(a, &mut cmps, &mut ops);
+        }
+        // Tests lose the request (not applied) or its answer (applied).
+        crate::faults::check("rockq-etcd-flow-request")?;
+        let written = self.kv().txn(Txn::new().when(cmps).and_then(ops)).await?.succeeded();
+        crate::faults::check("rockq-etcd-flow-answer")?;
+        Ok(written)
+    }
+
+    /// Flow `flow`'s step records (with their revisions) and kept messages, and the revision
+    /// of change record `change` (`None`: gone), as of one revision (`None`: no such flow).
+    pub async fn load_flow(
+        &self,
+        flow: u64,
+        change: &[u8],
+    ) -> Result<Option<(LoadedFlow, Option<i64>)>, StorageError> {
+        let range = |kind: &[u8]| {
+            let (lo, hi) = self.flow_range(kind, flow);
+            TxnOp::get(lo, Some(GetOptions::new().with_range(hi)))
+        };
+        let txn = Txn::new().and_then([
+            TxnOp::get(self.flow_key(flow), Some(GetOptions::new().with_count_only())),
+            range(b"fs/"),
+            range(b"fm/"),
+            TxnOp::get(change.to_vec(), Some(GetOptions::new().with_keys_only())),
+        ]);
+        let resp = self.kv().txn(txn).await?;
+        let gets: Vec<_> = resp
+            .op_responses()
+            .into_iter()
+            .filter_map(|r| match r {
+                TxnOpResponse::Get(g) => Some(g),
+                _ => None,
+            })
+            .collect();
+        let [header, steps, messages, change] = gets.as_slice() else {
+            return Err(StorageError::new("etcd: a flow's read answered without its four ranges"));
+        };
+        if header.count() == 0 {
+            return Ok(None);
+        }
+        let mut loaded = LoadedFlow::default();
+        for kv in steps.kvs() {
+            let step = self.step_of(kv.key())?;
+            let rec = decode_step(kv.key(), kv.value()).map_err(corrupt)?;
+            loaded.steps.insert(step, (kv.mod_revision(), rec));
+        }
+        for kv in messages.kvs() {
+            loaded.messages.insert(self.step_of(kv.key())?, kv.value().to_vec());
+        }
+        Ok(Some((loaded, change.kvs().first().map(|kv| kv.mod_revision()))))
+    }
+
+    /// Deletes change record `key` if its revision is still `rev` (a change of a deleted flow).
+    pub async fn delete_change(&self, key: &[u8], rev: i64) -> Result<(), StorageError> {
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key.to_vec(), CompareOp::Equal, rev)])
+            .and_then([TxnOp::delete(key.to_vec(), None)]);
+        self.kv().txn(txn).await?;
+        Ok(())
+    }
+
+    /// Flow `flow` as it stands (`None`: no such flow), read as of one revision.
+    pub async fn flow_status(&self, flow: u64) -> Result<Option<FlowStatus>, StorageError> {
+        let range = |kind: &[u8]| {
+            let (lo, hi) = self.flow_range(kind, flow);
+            TxnOp::get(lo, Some(GetOptions::new().with_range(hi)))
+        };
+        let fkey = self.flow_key(flow);
+        let txn = Txn::new().and_then([TxnOp::get(fkey.clone(), None), range(b"fd/"), range(b"fs/")]);
+        let resp = self.kv().txn(txn).await?;
+        let gets: Vec<_> = resp
+            .op_responses()
+            .into_iter()
+            .filter_map(|r| match r {
+                TxnOpResponse::Get(g) => Some(g),
+                _ => None,
+            })
+            .collect();
+        let [header, deps, steps] = gets.as_slice() else {
+            return Err(StorageError::new("etcd: a flow's read answered without its three ranges"));
+        };
+        let Some(h) = header.kvs().first() else { return Ok(None) };
+        let records = |g: &etcd_client::GetResponse| -> Result<Vec<StepKv>, StorageError> {
+            g.kvs()
+                .iter()
+                .map(|kv| Ok((self.step_of(kv.key())?, kv.key().to_vec(), kv.value().to_vec())))
+                .collect()
+        };
+        let status =
+            status_of(flow, (h.key(), h.value()), records(deps)?, records(steps)?).map_err(corrupt)?;
+        Ok(Some(status))
+    }
+
+    /// Up to `limit` flow ids from `from`, in id order.
+    pub async fn flow_ids(&self, from: u64, limit: usize) -> Result<Vec<u64>, StorageError> {
+        let lo = self.flow_key(from);
+        let hi = crate::store::prefix_end(&self.key(b"fl/", b"")).unwrap_or_default();
+        let opts = GetOptions::new()
+            .with_range(hi)
+            .with_keys_only()
+            .with_limit(i64::try_from(limit).unwrap_or(i64::MAX))
+            .with_sort(SortTarget::Key, SortOrder::Ascend);
+        let got = self.kv().get(lo, Some(opts)).await?;
+        let prefix = self.key(b"fl/", b"");
+        got.kvs()
+            .iter()
+            .map(|kv| {
+                let id = kv.key().strip_prefix(prefix.as_slice()).and_then(|b| b.try_into().ok());
+                id.map(u64::from_be_bytes)
+                    .ok_or_else(|| corrupt(CorruptionError::new("flow", kv.key(), "expected fl/<id u64>")))
+            })
+            .collect()
+    }
+
+    /// Deletes flow `flow`'s records, its changes not applied yet included: `false` if there
+    /// was none.
+    pub async fn delete_flow(&self, flow: u64) -> Result<bool, StorageError> {
+        let fkey = self.flow_key(flow);
+        let mut ops = vec![TxnOp::delete(fkey.clone(), None)];
+        for kind in [&b"fs/"[..], b"fd/", b"fm/", b"sf/"] {
+            let (lo, hi) = self.flow_range(kind, flow);
+            ops.push(TxnOp::delete(lo, Some(DeleteOptions::new().with_range(hi))));
+        }
+        let txn = Txn::new().when([Compare::version(fkey, CompareOp::Greater, 0)]).and_then(ops);
+        Ok(self.kv().txn(txn).await?.succeeded())
+    }
+
+    /// Up to `limit` changes not applied yet, in the order they were written.
+    pub async fn flow_changes(&self, limit: usize) -> Result<Vec<ReadChange>, StorageError> {
+        let prefix = self.change_prefix();
+        let opts = GetOptions::new()
+            .with_prefix()
+            .with_limit(i64::try_from(limit).unwrap_or(i64::MAX))
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let got = self.kv().get(prefix, Some(opts)).await?;
+        got.kvs()
+            .iter()
+            .map(|kv| {
+                let flow = self.flow_of_change(kv.key()).ok_or_else(|| {
+                    corrupt(CorruptionError::new("flow change", kv.key(), "expected sf/<flow u64><id u64>"))
+                })?;
+                let change = FlowChange::decode(kv.key(), kv.value()).map_err(corrupt)?;
+                let (rev, created) = (kv.mod_revision(), kv.create_revision());
+                Ok(ReadChange { key: kv.key().to_vec(), rev, created, flow, change })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::OutcomeKind;
+
+    #[test]
+    fn changes_round_trip_and_damage_is_corruption() {
+        let finished = FlowChange::Finished {
+            step: 3,
+            queue: "q".into(),
+            group: "g".into(),
+            seq: 9,
+            outcome: JobOutcome {
+                kind: OutcomeKind::Acked,
+                finished_at: std::time::UNIX_EPOCH + std::time::Duration::from_micros(5),
+                attempt: 2,
+                result: Some(bytes::Bytes::from_static(b"r")),
+            },
+        };
+        let revived = FlowChange::Revived { step: 1, queue: "q".into(), seq: 4, letter: ("dlq".into(), 7) };
+        for c in [finished, revived] {
+            let v = c.encode();
+            assert_eq!(FlowChange::decode(b"k", &v).unwrap(), c);
+            for cut in 0..v.len() {
+                let _ = FlowChange::decode(b"k", &v[..cut]);
+            }
+            assert!(FlowChange::decode(b"k", &v[..v.len() / 2]).is_err());
+        }
+        assert!(FlowChange::decode(b"k", &[2, 0]).is_err());
+    }
+}
