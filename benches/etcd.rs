@@ -19,6 +19,10 @@
 //!   takes 10 ms (a sleep: a call to another service; `ROCKQ_BENCH_HANDLER_MS` sets it),
 //!   beside eight tasks doing the same sleeps with no queue: what the writes behind each job
 //!   cost when handlers do work (a lease renewed as a handler starts is a write of its own);
+//! - **flows**: n / 5 steps in flows of 8 children and a parent `then` them, on one work group,
+//!   submitted first, run by a pool of 8 (a no-op handler) until every step is acked in etcd:
+//!   each child's ack carries its flow's change record, which its writer applies (the parent
+//!   sent with the last child's); steps per second beside the pool drain's jobs per second;
 //! - **raw drain**: the same work with `etcd-client` alone, sequentially, per batch of `k`
 //!   messages: a claim Txn (`k` compares on the records' revisions, the offset compare, `k`
 //!   puts), a ranged read of the `k` messages, a done Txn (`k` compares, `k` puts) and an
@@ -117,6 +121,8 @@ fn handler_work() -> Duration {
 
 struct Rep {
     produce: Measured,
+    /// [`flow_drain`]: flows of [`FLOW_KIDS`] children and a parent, run by a pool of 8.
+    flows: Measured,
     e2e: Measured,
     /// The drain of n / 5 jobs whose handler takes [`handler_work`].
     drain_working: Measured,
@@ -182,6 +188,7 @@ async fn bench_cluster(members: usize, n: u64) {
         let drain_k = (3.0 * n as f64 / drain.txns.max(1) as f64).round().clamp(1.0, 120.0) as u64;
         let raw_drain_secs =
             raw_drain(&mut client, &format!("bench-raw-drain-{i}"), n, drain_k, value_len).await;
+        let flows = flow_drain(&endpoints, &mut client, &format!("bench-flows-{i}"), flow_count(n)).await;
         let drain_two =
             pool_drain_two(&endpoints, &mut client, &format!("bench-drain-two-{i}"), n, None).await;
         let drain_limited =
@@ -201,6 +208,7 @@ async fn bench_cluster(members: usize, n: u64) {
         );
         reps.push(Rep {
             produce,
+            flows,
             e2e,
             e2e_pool,
             drain,
@@ -328,6 +336,20 @@ async fn bench_cluster(members: usize, n: u64) {
         median(reps.iter().map(|r| working as f64 / r.handlers_alone_secs)),
         handler_work().as_millis(),
         1e3 * median(reps.iter().map(|r| r.handlers_alone_secs * 8.0 / working as f64)),
+    );
+    // Flows: their steps per second beside the plain drain of the same repetition (each step is
+    // a job, and its finish carries a change record its writer then applies).
+    let steps = flow_count(n) * (FLOW_KIDS + 1);
+    let flow_txns: u64 = reps.iter().map(|r| r.flows.txns).sum();
+    println!(
+        "  {:<40} {:>9.0} {:>7.0}% {:>7} {:>9.2} {:>8.2}   ({} flows of {FLOW_KIDS} children and a parent: steps/s, vs the pool drain's jobs/s)",
+        "flows, pool of 8 workers",
+        median(reps.iter().map(|r| steps as f64 / r.flows.secs)),
+        100.0 * median(reps.iter().map(|r| (steps as f64 / r.flows.secs) / rate(r.drain.secs))),
+        flow_txns / REPS as u64,
+        (steps * REPS as u64) as f64 / flow_txns.max(1) as f64,
+        1e3 * reps.iter().map(|r| r.flows.secs).sum::<f64>() / flow_txns.max(1) as f64,
+        flow_count(n),
     );
     // Two brokers' pools beside the same raw drain (one client, no competition: the most the
     // cluster does for this work in one sequence of transactions).
@@ -507,6 +529,44 @@ fn jobs_until(
 /// pool stopped with every ack in etcd.
 async fn end_to_end_pool(endpoints: &[String], client: &mut Client, ns: &str, n: u64) -> Measured {
     pool_run(endpoints, client, ns, n, false, Duration::ZERO).await
+}
+
+/// Children of each flow [`flow_drain`] runs (a parent runs after them).
+const FLOW_KIDS: u64 = 8;
+
+/// Flows [`flow_drain`] runs for a bench of `n` messages: about n / 5 steps.
+fn flow_count(n: u64) -> u64 {
+    (n / 5 / (FLOW_KIDS + 1)).max(1)
+}
+
+/// Flows: `flows` flows of [`FLOW_KIDS`] children and a parent `then` them, all on one work
+/// group, submitted first (not timed), then run by a pool of 8 (a no-op handler) until every
+/// step is acked in etcd — each parent sent as its last child's ack applies its flow's change.
+async fn flow_drain(endpoints: &[String], client: &mut Client, ns: &str, flows: u64) -> Measured {
+    let broker = connect(endpoints, ns).await;
+    let q = broker.queue(QUEUE).await.expect("create the queue");
+    let group = q.work_group("w").expect("a valid group name");
+    for f in 0..flows {
+        let mut flow = broker.flow();
+        let kids: Vec<_> =
+            (0..FLOW_KIDS).map(|k| flow.job(&group, common::value(f * 100 + k)).expect("a step")).collect();
+        flow.then(&group, common::value(f), &kids).expect("the parent");
+        flow.submit().await.expect("submit a flow");
+    }
+    let steps = flows * (FLOW_KIDS + 1);
+    let (token, handler) = jobs_until(steps, Duration::ZERO);
+    let writer_before = broker.writer_stats();
+    let rev_before = revision(client).await;
+    let start = Instant::now();
+    let report = group.clone().workers(8).shutdown_on(token).run(handler).await.expect("the pool");
+    let secs = start.elapsed().as_secs_f64();
+    assert_eq!(report.acked, steps, "the pool acked another count than the flows' steps");
+    let rev_after = revision(client).await;
+    let writer = writer_delta(writer_before, broker.writer_stats());
+    let last = broker.flows(0, usize::MAX).await.expect("flows").pop().expect("a flow");
+    assert_eq!(broker.flow_status(last).await.expect("status").state, rockq::FlowState::Succeeded);
+    broker.shutdown().await.expect("shut the broker down");
+    Measured { secs, txns: (rev_after - rev_before) as u64, writer }
 }
 
 /// Pool drain: `n` messages sent first (in batches of 100, not timed), then a worker pool of 8
