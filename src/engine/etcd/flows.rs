@@ -262,13 +262,164 @@ impl Writer {
     /// One that cannot be applied now (an older change of its flow is pending, another
     /// process's, or etcd did not answer) is left to the mover, woken for it.
     pub(super) async fn apply_own(&mut self) {
-        for (w, rev) in std::mem::take(&mut self.own_changes) {
-            let key = self.side.store.change_key(w.flow, w.id);
-            let c = ReadChange { key, rev, created: rev, flow: w.flow, change: w.change };
-            if self.apply_change(&c).await.is_err() {
-                self.side.flows_changed.notify_one();
+        let own: Vec<ReadChange> = std::mem::take(&mut self.own_changes)
+            .into_iter()
+            .map(|(w, rev)| {
+                let key = self.side.store.change_key(w.flow, w.id);
+                ReadChange { key, rev, created: rev, flow: w.flow, change: w.change }
+            })
+            .collect();
+        if own.is_empty() {
+            return;
+        }
+        let left = self.apply_batch(own).await;
+        if !left.is_empty() {
+            self.side.flows_changed.notify_one();
+        }
+    }
+
+    /// Applies `changes` (in the order they were written) with one read of every flow they
+    /// move and one transaction for all of them, as far as one transaction holds; returns
+    /// those not applied (they did not fit, or the transaction was refused: another process
+    /// moved one of the flows, or an earlier change of one is pending), in order.
+    async fn apply_batch(&mut self, changes: Vec<ReadChange>) -> Vec<ReadChange> {
+        let mut flows: Vec<(u64, Vec<ReadChange>)> = Vec::new();
+        for c in changes {
+            match flows.iter_mut().find(|(f, _)| *f == c.flow) {
+                Some((_, list)) => list.push(c),
+                None => flows.push((c.flow, vec![c])),
             }
         }
+        // One read: three ranges and each change's key per flow.
+        let (mut reads, mut take) = (0, 0);
+        for (_, cs) in &flows {
+            if take > 0 && reads + 3 + cs.len() > MAX_TXN_OPS {
+                break;
+            }
+            reads += 3 + cs.len();
+            take += 1;
+        }
+        let mut left: Vec<ReadChange> = flows.split_off(take).into_iter().flat_map(|(_, cs)| cs).collect();
+        let store = self.side.store.clone();
+        let deadline = Instant::now() + self.side.settings.request_timeout;
+        let wanted: Vec<(u64, Vec<Vec<u8>>)> =
+            flows.iter().map(|(f, cs)| (*f, cs.iter().map(|c| c.key.clone()).collect())).collect();
+        let loaded = match until_deadline(deadline, store.load_flows(&wanted)).await {
+            Ok(l) => l,
+            Err(_) => {
+                flows.into_iter().for_each(|(_, cs)| left.extend(cs));
+                return left;
+            }
+        };
+        let now = self.stamp();
+        let mut queues: HashMap<String, Option<QueueAt>> = HashMap::new();
+        let (mut parts, mut applied): (Vec<FlowWrite>, Vec<ReadChange>) = (Vec::new(), Vec::new());
+        // Every message the transaction appends, by queue id, in order.
+        let mut sent: Vec<(u32, Vec<u8>)> = Vec::new();
+        let (mut ops, mut bytes) = (0, 0);
+        for ((flow, cs), got) in flows.into_iter().zip(loaded) {
+            let Some((lf, revs)) = got else {
+                // The flow was deleted: what is left of its changes goes.
+                for c in &cs {
+                    let _ = until_deadline(deadline, store.delete_change(&c.key, c.rev)).await;
+                }
+                continue;
+            };
+            // Applied already (by another process) or rewritten since: not this call's.
+            let present: Vec<ReadChange> =
+                cs.into_iter().zip(revs).filter(|(c, r)| *r == Some(c.rev)).map(|(c, _)| c).collect();
+            if present.is_empty() {
+                continue;
+            }
+            let mut known = true;
+            for (_, rec) in lf.steps.values() {
+                if matches!(rec.state, StoredStep::Waiting) && !queues.contains_key(&rec.queue) {
+                    match self.flow_queue(&rec.queue, deadline).await {
+                        Ok(q) => drop(queues.insert(rec.queue.clone(), q)),
+                        Err(_) => known = false,
+                    }
+                }
+            }
+            if !known {
+                left.extend(present);
+                continue;
+            }
+            let mut base: HashMap<u32, u64> = HashMap::new();
+            for (qid, _) in &sent {
+                *base.entry(*qid).or_default() += 1;
+            }
+            let mut book = EtcdBook {
+                flow,
+                loaded: lf,
+                written: BTreeMap::new(),
+                released: Vec::new(),
+                queues: queues.clone(),
+                base,
+                now,
+            };
+            for c in &present {
+                book.apply(c);
+            }
+            let first_created = present.iter().map(|c| c.created).min().unwrap_or_default();
+            let keys = present.iter().map(|c| (c.key.clone(), c.rev)).collect();
+            let part = book.write(keys, first_created, || 0);
+            // Its records, and its messages with a tail each (counted as if every queue were new).
+            let part_ops = part.ops() + book.released.len() * 2;
+            let part_bytes: usize =
+                part.steps.iter().map(|(_, _, r)| 256 + r.group.len() + r.queue.len()).sum::<usize>()
+                    + part.steps.iter().map(|(_, _, r)| result_len(&r.state)).sum::<usize>()
+                    + book.released.iter().map(|(_, _, e)| e.len() + 64).sum::<usize>();
+            if ops + part_ops > MAX_TXN_OPS - 1 || bytes + part_bytes > MAX_TXN_BYTES {
+                left.extend(present);
+                continue;
+            }
+            ops += part_ops;
+            bytes += part_bytes;
+            sent.extend(book.released.into_iter().map(|(_, qid, env)| (qid, env)));
+            parts.push(FlowWrite { appends: Vec::new(), ..part });
+            applied.extend(present);
+        }
+        if parts.is_empty() {
+            return left;
+        }
+        let mut appends: Vec<DeadLetterAppend> = Vec::new();
+        for (qid, env) in sent {
+            match appends.iter_mut().find(|a| a.qid == qid) {
+                Some(a) => a.envelopes.push(env),
+                None => {
+                    let tail = queues.values().flatten().find(|(q, _)| q.id == qid).map(|(_, t)| *t);
+                    let (last, tail_nonce) = tail.unwrap_or_default();
+                    appends.push(DeadLetterAppend {
+                        qid,
+                        expected_last: last,
+                        expected_nonce: tail_nonce,
+                        nonce: self.nonce(),
+                        envelopes: vec![env],
+                    });
+                }
+            }
+        }
+        match until_deadline(deadline, store.write_flows(&parts, &appends)).await {
+            Ok(true) => {
+                for a in &appends {
+                    let last = a.expected_last + a.envelopes.len() as u64;
+                    self.tails.insert(a.qid, (last, a.nonce));
+                    if let Some((q, _)) = queues.values().flatten().find(|(q, _)| q.id == a.qid) {
+                        super::writer::index_sent(q, a.expected_last + 1, &a.envelopes);
+                        q.publish_max(last);
+                        telemetry::produced(&q.name, a.envelopes.len() as u64);
+                    }
+                }
+            }
+            _ => {
+                for a in &appends {
+                    self.tails.remove(&a.qid);
+                }
+                left.extend(applied);
+                left.sort_by_key(|c| c.created);
+            }
+        }
+        left
     }
 
     /// Applies up to [`CHANGES_READ`] of the change records there are, in the order they were
@@ -293,8 +444,11 @@ impl Writer {
             }
         };
         let full = changes.len() >= CHANGES_READ;
+        let read = changes.len();
+        // Together first; what that did not apply, one change at a time.
+        let changes = self.apply_batch(changes).await;
         let mut held = std::collections::HashSet::new();
-        let mut applied = 0;
+        let mut applied = read - changes.len();
         for c in changes {
             if held.contains(&c.flow) {
                 continue;
@@ -348,24 +502,11 @@ impl Writer {
                 written: BTreeMap::new(),
                 released: Vec::new(),
                 queues,
+                base: HashMap::new(),
                 now,
             };
-            let moved = match &c.change {
-                FlowChange::Finished { step, queue, group, seq, outcome } => flow_moves::settle(
-                    &mut book,
-                    (c.flow, *step),
-                    (queue, group, *seq),
-                    &outcome.kind,
-                    outcome.result.as_ref(),
-                )
-                .map(|_| ()),
-                FlowChange::Revived { step, queue, seq, letter } => {
-                    flow_moves::revive(&mut book, (c.flow, *step), (queue, *seq), (&letter.0, letter.1))
-                        .map(|_| ())
-                }
-            };
-            moved.map_err(Error::from)?;
-            let w = book.write((c.key.clone(), c.rev, c.created), || self.nonce());
+            book.apply(c);
+            let w = book.write(vec![(c.key.clone(), c.rev)], c.created, || self.nonce());
             if w.ops() > MAX_TXN_OPS {
                 // Not made by this build's submit (its size is checked for every move).
                 tracing::error!(
@@ -449,6 +590,14 @@ fn check_size(steps: &[FlowStepSpec], envs: &[Vec<u8>]) -> Result<(), Error> {
     Ok(())
 }
 
+/// The bytes of the result a step's record carries.
+fn result_len(state: &StoredStep) -> usize {
+    match state {
+        StoredStep::Succeeded { result: Some(r), .. } => r.len(),
+        _ => 0,
+    }
+}
+
 /// Where a stored flow's first steps (those that run after nothing) went: each one's sequence,
 /// whatever became of its job since.
 fn first_steps(status: &crate::flow_state::FlowStatus) -> Vec<(Step, u64)> {
@@ -487,13 +636,20 @@ struct EtcdBook {
     released: Vec<(u32, u32, Vec<u8>)>,
     /// Each queue a step may be sent to, with its tail as read (`None`: deleted).
     queues: HashMap<String, Option<QueueAt>>,
+    /// Messages other flows' parts of the same transaction append to each queue first.
+    base: HashMap<u32, u64>,
     now: u64,
 }
 
 impl EtcdBook {
     /// The transaction applying the change `change` (its key and revision).
-    fn write(&self, change: (Vec<u8>, i64, i64), mut nonce: impl FnMut() -> u64) -> FlowWrite {
-        let mut w = FlowWrite { flow: self.flow, change: Some(change), ..FlowWrite::default() };
+    fn write(
+        &self,
+        changes: Vec<(Vec<u8>, i64)>,
+        first_created: i64,
+        mut nonce: impl FnMut() -> u64,
+    ) -> FlowWrite {
+        let mut w = FlowWrite { flow: self.flow, changes, first_created, ..FlowWrite::default() };
         for (step, rec) in &self.written {
             let rev = self.loaded.steps.get(step).map_or(0, |(rev, _)| *rev);
             w.steps.push((*step, Some(rev), rec.clone()));
@@ -521,6 +677,26 @@ impl EtcdBook {
     }
 }
 
+impl EtcdBook {
+    /// Moves the flow as change `c` says (a change that no longer applies changes nothing).
+    fn apply(&mut self, c: &ReadChange) {
+        // (This book's reads and writes are in memory: they cannot fail.)
+        let _ = match &c.change {
+            FlowChange::Finished { step, queue, group, seq, outcome } => flow_moves::settle(
+                self,
+                (c.flow, *step),
+                (queue, group, *seq),
+                &outcome.kind,
+                outcome.result.as_ref(),
+            )
+            .map(|_| ()),
+            FlowChange::Revived { step, queue, seq, letter } => {
+                flow_moves::revive(self, (c.flow, *step), (queue, *seq), (&letter.0, letter.1)).map(|_| ())
+            }
+        };
+    }
+}
+
 impl StepBook for EtcdBook {
     type Error = StorageError;
 
@@ -545,7 +721,8 @@ impl StepBook for EtcdBook {
         };
         let Some(Some((q, (last, _)))) = self.queues.get(&rec.queue) else { return Ok(None) };
         let qid = q.id;
-        let before = self.released.iter().filter(|(_, id, _)| *id == qid).count() as u64;
+        let before = self.base.get(&qid).copied().unwrap_or(0)
+            + self.released.iter().filter(|(_, id, _)| *id == qid).count() as u64;
         let seq = last + 1 + before;
         envelope::stamp(&mut env, self.now);
         tracing::debug!(flow, step, queue = %rec.queue, seq, "rockq: flow step sent");

@@ -137,16 +137,21 @@ pub(crate) struct LoadedFlow {
     pub messages: std::collections::BTreeMap<u32, Vec<u8>>,
 }
 
+/// A flow as [`EtcdStore::load_flows`] reads it (`None`: no such flow), with the revisions of
+/// the change records asked for.
+pub(crate) type LoadedWithChanges = Option<(LoadedFlow, Vec<Option<i64>>)>;
+
 /// One transaction creating or moving a flow ([`EtcdStore::write_flow`]).
 #[derive(Debug, Default)]
 pub(crate) struct FlowWrite {
     pub flow: u64,
     /// A submit: the flow's record, put if the flow is not there yet.
     pub header: Option<FlowHeader>,
-    /// A change applied: its key and revisions as read (compared, deleted; no change of the
-    /// flow created before it may be left: changes apply in the order they were written), and
-    /// the flow compared present.
-    pub change: Option<(Vec<u8>, i64, i64)>,
+    /// Changes applied: each one's key and revision as read (compared, deleted), with the
+    /// earliest one's `create_revision`: no change of the flow created before it may be left
+    /// (changes apply in the order they were written). The flow is compared present.
+    pub changes: Vec<(Vec<u8>, i64)>,
+    pub first_created: i64,
     /// Step records: each step's number, its revision as read (compared; `None`: a new step),
     /// and its record.
     pub steps: Vec<(u32, Option<i64>, StepRecord)>,
@@ -169,7 +174,7 @@ impl FlowWrite {
             .map(|a| 1 + a.envelopes.len() + super::index_entries(a.envelopes.iter().map(Vec::as_slice)))
             .sum();
         usize::from(self.header.is_some())
-            + usize::from(self.change.is_some())
+            + self.changes.len()
             + self.steps.len()
             + self.deps.len()
             + self.put_messages.len()
@@ -264,8 +269,33 @@ impl EtcdStore {
     /// flow there already or gone, the change applied already, a step record or a tail
     /// moved): nothing written, the caller reads again.
     pub async fn write_flow(&self, w: &FlowWrite) -> Result<bool, StorageError> {
+        self.write_flows(std::slice::from_ref(w), &w.appends).await
+    }
+
+    /// Writes `parts` (several flows' writes, their own appends left out) and `appends` in one
+    /// transaction, as [`write_flow`](Self::write_flow) writes one.
+    pub async fn write_flows(
+        &self,
+        parts: &[FlowWrite],
+        appends: &[DeadLetterAppend],
+    ) -> Result<bool, StorageError> {
         let mut cmps = Vec::new();
-        let mut ops = Vec::with_capacity(w.ops());
+        let mut ops = Vec::new();
+        for w in parts {
+            self.push_flow_write(w, &mut cmps, &mut ops);
+        }
+        for a in appends {
+            self.push_append(a, &mut cmps, &mut ops);
+        }
+        // Tests lose the request (not applied) or its answer (applied).
+        crate::faults::check("rockq-etcd-flow-request")?;
+        let written = self.kv().txn(Txn::new().when(cmps).and_then(ops)).await?.succeeded();
+        crate::faults::check("rockq-etcd-flow-answer")?;
+        Ok(written)
+    }
+
+    /// Adds one flow's compares and writes, its appends left out.
+    fn push_flow_write(&self, w: &FlowWrite, cmps: &mut Vec<Compare>, ops: &mut Vec<TxnOp>) {
         let fkey = self.flow_key(w.flow);
         match &w.header {
             Some(h) => {
@@ -274,10 +304,12 @@ impl EtcdStore {
             }
             None => cmps.push(Compare::version(fkey, CompareOp::Greater, 0)),
         }
-        if let Some((key, rev, created)) = &w.change {
-            cmps.push(Compare::mod_revision(key.clone(), CompareOp::Equal, *rev));
+        if !w.changes.is_empty() {
             let (lo, hi) = self.flow_range(b"sf/", w.flow);
-            cmps.push(Compare::create_revision(lo, CompareOp::Greater, created - 1).with_range(hi));
+            cmps.push(Compare::create_revision(lo, CompareOp::Greater, w.first_created - 1).with_range(hi));
+        }
+        for (key, rev) in &w.changes {
+            cmps.push(Compare::mod_revision(key.clone(), CompareOp::Equal, *rev));
             ops.push(TxnOp::delete(key.clone(), None));
         }
         for (step, rev, rec) in &w.steps {
@@ -296,14 +328,6 @@ impl EtcdStore {
         for step in &w.delete_messages {
             ops.push(TxnOp::delete(self.flow_step_key(b"fm/", w.flow, *step), None));
         }
-        for a in &w.appends {
-            self.push_append(a, &mut cmps, &mut ops);
-        }
-        // Tests lose the request (not applied) or its answer (applied).
-        crate::faults::check("rockq-etcd-flow-request")?;
-        let written = self.kv().txn(Txn::new().when(cmps).and_then(ops)).await?.succeeded();
-        crate::faults::check("rockq-etcd-flow-answer")?;
-        Ok(written)
     }
 
     /// Flow `flow`'s step records (with their revisions) and kept messages, and the revision
@@ -313,41 +337,63 @@ impl EtcdStore {
         flow: u64,
         change: &[u8],
     ) -> Result<Option<(LoadedFlow, Option<i64>)>, StorageError> {
-        let range = |kind: &[u8]| {
-            let (lo, hi) = self.flow_range(kind, flow);
-            TxnOp::get(lo, Some(GetOptions::new().with_range(hi)))
-        };
-        let txn = Txn::new().and_then([
-            TxnOp::get(self.flow_key(flow), Some(GetOptions::new().with_count_only())),
-            range(b"fs/"),
-            range(b"fm/"),
-            TxnOp::get(change.to_vec(), Some(GetOptions::new().with_keys_only())),
-        ]);
-        let resp = self.kv().txn(txn).await?;
-        let gets: Vec<_> = resp
-            .op_responses()
-            .into_iter()
-            .filter_map(|r| match r {
-                TxnOpResponse::Get(g) => Some(g),
-                _ => None,
-            })
-            .collect();
-        let [header, steps, messages, change] = gets.as_slice() else {
-            return Err(StorageError::new("etcd: a flow's read answered without its four ranges"));
-        };
-        if header.count() == 0 {
-            return Ok(None);
+        let mut got = self.load_flows(&[(flow, vec![change.to_vec()])]).await?;
+        Ok(got.pop().flatten().map(|(loaded, mut revs)| (loaded, revs.pop().flatten())))
+    }
+
+    /// Several flows as [`load_flow`](Self::load_flow) reads one, each with the revisions of
+    /// its change records named (`None`: gone), in one read at one revision: `3 + changes`
+    /// operations per flow, within one transaction's.
+    pub async fn load_flows(
+        &self,
+        wanted: &[(u64, Vec<Vec<u8>>)],
+    ) -> Result<Vec<LoadedWithChanges>, StorageError> {
+        let mut ops = Vec::new();
+        for (flow, changes) in wanted {
+            let range = |kind: &[u8]| {
+                let (lo, hi) = self.flow_range(kind, *flow);
+                TxnOp::get(lo, Some(GetOptions::new().with_range(hi)))
+            };
+            ops.push(TxnOp::get(self.flow_key(*flow), Some(GetOptions::new().with_count_only())));
+            ops.push(range(b"fs/"));
+            ops.push(range(b"fm/"));
+            ops.extend(
+                changes.iter().map(|c| TxnOp::get(c.clone(), Some(GetOptions::new().with_keys_only()))),
+            );
         }
-        let mut loaded = LoadedFlow::default();
-        for kv in steps.kvs() {
-            let step = self.step_of(kv.key())?;
-            let rec = decode_step(kv.key(), kv.value()).map_err(corrupt)?;
-            loaded.steps.insert(step, (kv.mod_revision(), rec));
+        let resp = self.kv().txn(Txn::new().and_then(ops)).await?;
+        let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
+            TxnOpResponse::Get(g) => Some(g),
+            _ => None,
+        });
+        let short = || StorageError::new("etcd: a read of flows answered without every range");
+        let mut out = Vec::with_capacity(wanted.len());
+        for (_, changes) in wanted {
+            let (header, steps, messages) = (
+                gets.next().ok_or_else(short)?,
+                gets.next().ok_or_else(short)?,
+                gets.next().ok_or_else(short)?,
+            );
+            let mut revs = Vec::with_capacity(changes.len());
+            for _ in changes {
+                revs.push(gets.next().ok_or_else(short)?.kvs().first().map(|kv| kv.mod_revision()));
+            }
+            if header.count() == 0 {
+                out.push(None);
+                continue;
+            }
+            let mut loaded = LoadedFlow::default();
+            for kv in steps.kvs() {
+                let step = self.step_of(kv.key())?;
+                let rec = decode_step(kv.key(), kv.value()).map_err(corrupt)?;
+                loaded.steps.insert(step, (kv.mod_revision(), rec));
+            }
+            for kv in messages.kvs() {
+                loaded.messages.insert(self.step_of(kv.key())?, kv.value().to_vec());
+            }
+            out.push(Some((loaded, revs)));
         }
-        for kv in messages.kvs() {
-            loaded.messages.insert(self.step_of(kv.key())?, kv.value().to_vec());
-        }
-        Ok(Some((loaded, change.kvs().first().map(|kv| kv.mod_revision()))))
+        Ok(out)
     }
 
     /// Deletes change record `key` if its revision is still `rev` (a change of a deleted flow).
