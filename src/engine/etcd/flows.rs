@@ -290,24 +290,17 @@ impl Writer {
                 None => flows.push((c.flow, vec![c])),
             }
         }
-        // One read: three ranges and each change's key per flow.
-        let (mut reads, mut take) = (0, 0);
-        for (_, cs) in &flows {
-            if take > 0 && reads + 3 + cs.len() > MAX_TXN_OPS {
-                break;
-            }
-            reads += 3 + cs.len();
-            take += 1;
-        }
+        // One read: four ranges per flow.
+        let take = flows.len().min(MAX_TXN_OPS / 4);
         let mut left: Vec<ReadChange> = flows.split_off(take).into_iter().flat_map(|(_, cs)| cs).collect();
         let store = self.side.store.clone();
         let deadline = Instant::now() + self.side.settings.request_timeout;
-        let wanted: Vec<(u64, Vec<Vec<u8>>)> =
-            flows.iter().map(|(f, cs)| (*f, cs.iter().map(|c| c.key.clone()).collect())).collect();
+        let wanted: Vec<u64> = flows.iter().map(|(f, _)| *f).collect();
         let loaded = match until_deadline(deadline, store.load_flows(&wanted)).await {
             Ok(l) => l,
             Err(_) => {
                 flows.into_iter().for_each(|(_, cs)| left.extend(cs));
+                left.sort_by_key(|c| c.created);
                 return left;
             }
         };
@@ -316,18 +309,27 @@ impl Writer {
         let (mut parts, mut applied): (Vec<FlowWrite>, Vec<ReadChange>) = (Vec::new(), Vec::new());
         // Every message the transaction appends, by queue id, in order.
         let mut sent: Vec<(u32, Vec<u8>)> = Vec::new();
-        let (mut ops, mut bytes) = (0, 0);
+        let (mut ops, mut cmps, mut bytes) = (0, 0, 0);
         for ((flow, cs), got) in flows.into_iter().zip(loaded) {
-            let Some((lf, revs)) = got else {
+            let Some(lf) = got else {
                 // The flow was deleted: what is left of its changes goes.
                 for c in &cs {
                     let _ = until_deadline(deadline, store.delete_change(&c.key, c.rev)).await;
                 }
                 continue;
             };
-            // Applied already (by another process) or rewritten since: not this call's.
-            let present: Vec<ReadChange> =
-                cs.into_iter().zip(revs).filter(|(c, r)| *r == Some(c.rev)).map(|(c, _)| c).collect();
+            // The flow's pending changes from the oldest, as long as they are these (as read):
+            // applied together they leave no older change behind. The rest of these wait
+            // (another process's change is between), or are applied already.
+            let mut present = Vec::new();
+            let mut cs = cs;
+            for (key, rev, _) in &lf.pending {
+                match cs.iter().position(|c| c.key == *key && c.rev == *rev) {
+                    Some(at) => present.push(cs.swap_remove(at)),
+                    None => break,
+                }
+            }
+            left.extend(cs.into_iter().filter(|c| lf.pending.iter().any(|p| p.0 == c.key)));
             if present.is_empty() {
                 continue;
             }
@@ -363,23 +365,31 @@ impl Writer {
             let first_created = present.iter().map(|c| c.created).min().unwrap_or_default();
             let keys = present.iter().map(|c| (c.key.clone(), c.rev)).collect();
             let part = book.write(keys, first_created, || 0);
-            // Its records, and its messages with a tail each (counted as if every queue were new).
+            // Its records, and its messages with a tail each (counted as if every queue were new);
+            // compares apart (etcd holds both to 128): the flow's two, each change's, each
+            // step record's, and two per queue appended to.
             let part_ops = part.ops() + book.released.len() * 2;
+            let part_cmps = 2 + part.changes.len() + part.steps.len() + book.released.len() * 2;
             let part_bytes: usize =
                 part.steps.iter().map(|(_, _, r)| 256 + r.group.len() + r.queue.len()).sum::<usize>()
                     + part.steps.iter().map(|(_, _, r)| result_len(&r.state)).sum::<usize>()
                     + book.released.iter().map(|(_, _, e)| e.len() + 64).sum::<usize>();
-            if ops + part_ops > MAX_TXN_OPS - 1 || bytes + part_bytes > MAX_TXN_BYTES {
+            if ops + part_ops > MAX_TXN_OPS - 1
+                || cmps + part_cmps > MAX_TXN_OPS - 1
+                || bytes + part_bytes > MAX_TXN_BYTES
+            {
                 left.extend(present);
                 continue;
             }
             ops += part_ops;
+            cmps += part_cmps;
             bytes += part_bytes;
             sent.extend(book.released.into_iter().map(|(_, qid, env)| (qid, env)));
             parts.push(FlowWrite { appends: Vec::new(), ..part });
             applied.extend(present);
         }
         if parts.is_empty() {
+            left.sort_by_key(|c| c.created);
             return left;
         }
         let mut appends: Vec<DeadLetterAppend> = Vec::new();
@@ -416,9 +426,9 @@ impl Writer {
                     self.tails.remove(&a.qid);
                 }
                 left.extend(applied);
-                left.sort_by_key(|c| c.created);
             }
         }
+        left.sort_by_key(|c| c.created);
         left
     }
 

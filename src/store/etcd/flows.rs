@@ -135,11 +135,9 @@ pub(crate) struct ReadChange {
 pub(crate) struct LoadedFlow {
     pub steps: std::collections::BTreeMap<u32, (i64, StepRecord)>,
     pub messages: std::collections::BTreeMap<u32, Vec<u8>>,
+    /// Its changes not applied yet (key, revision, `create_revision`), oldest first.
+    pub pending: Vec<(Vec<u8>, i64, i64)>,
 }
-
-/// A flow as [`EtcdStore::load_flows`] reads it (`None`: no such flow), with the revisions of
-/// the change records asked for.
-pub(crate) type LoadedWithChanges = Option<(LoadedFlow, Vec<Option<i64>>)>;
 
 /// One transaction creating or moving a flow ([`EtcdStore::write_flow`]).
 #[derive(Debug, Default)]
@@ -337,29 +335,26 @@ impl EtcdStore {
         flow: u64,
         change: &[u8],
     ) -> Result<Option<(LoadedFlow, Option<i64>)>, StorageError> {
-        let mut got = self.load_flows(&[(flow, vec![change.to_vec()])]).await?;
-        Ok(got.pop().flatten().map(|(loaded, mut revs)| (loaded, revs.pop().flatten())))
+        let mut got = self.load_flows(&[flow]).await?;
+        Ok(got.pop().flatten().map(|loaded| {
+            let rev = loaded.pending.iter().find(|p| p.0 == change).map(|p| p.1);
+            (loaded, rev)
+        }))
     }
 
-    /// Several flows as [`load_flow`](Self::load_flow) reads one, each with the revisions of
-    /// its change records named (`None`: gone), in one read at one revision: `3 + changes`
-    /// operations per flow, within one transaction's.
-    pub async fn load_flows(
-        &self,
-        wanted: &[(u64, Vec<Vec<u8>>)],
-    ) -> Result<Vec<LoadedWithChanges>, StorageError> {
+    /// Several flows as [`load_flow`](Self::load_flow) reads one, each with its pending
+    /// changes, in one read at one revision (four operations per flow).
+    pub async fn load_flows(&self, flows: &[u64]) -> Result<Vec<Option<LoadedFlow>>, StorageError> {
         let mut ops = Vec::new();
-        for (flow, changes) in wanted {
-            let range = |kind: &[u8]| {
+        for flow in flows {
+            let range = |kind: &[u8], opts: GetOptions| {
                 let (lo, hi) = self.flow_range(kind, *flow);
-                TxnOp::get(lo, Some(GetOptions::new().with_range(hi)))
+                TxnOp::get(lo, Some(opts.with_range(hi)))
             };
             ops.push(TxnOp::get(self.flow_key(*flow), Some(GetOptions::new().with_count_only())));
-            ops.push(range(b"fs/"));
-            ops.push(range(b"fm/"));
-            ops.extend(
-                changes.iter().map(|c| TxnOp::get(c.clone(), Some(GetOptions::new().with_keys_only()))),
-            );
+            ops.push(range(b"fs/", GetOptions::new()));
+            ops.push(range(b"fm/", GetOptions::new()));
+            ops.push(range(b"sf/", GetOptions::new().with_keys_only()));
         }
         let resp = self.kv().txn(Txn::new().and_then(ops)).await?;
         let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
@@ -367,17 +362,14 @@ impl EtcdStore {
             _ => None,
         });
         let short = || StorageError::new("etcd: a read of flows answered without every range");
-        let mut out = Vec::with_capacity(wanted.len());
-        for (_, changes) in wanted {
-            let (header, steps, messages) = (
+        let mut out = Vec::with_capacity(flows.len());
+        for _ in flows {
+            let (header, steps, messages, changes) = (
+                gets.next().ok_or_else(short)?,
                 gets.next().ok_or_else(short)?,
                 gets.next().ok_or_else(short)?,
                 gets.next().ok_or_else(short)?,
             );
-            let mut revs = Vec::with_capacity(changes.len());
-            for _ in changes {
-                revs.push(gets.next().ok_or_else(short)?.kvs().first().map(|kv| kv.mod_revision()));
-            }
             if header.count() == 0 {
                 out.push(None);
                 continue;
@@ -391,7 +383,13 @@ impl EtcdStore {
             for kv in messages.kvs() {
                 loaded.messages.insert(self.step_of(kv.key())?, kv.value().to_vec());
             }
-            out.push(Some((loaded, revs)));
+            loaded.pending = changes
+                .kvs()
+                .iter()
+                .map(|kv| (kv.key().to_vec(), kv.mod_revision(), kv.create_revision()))
+                .collect();
+            loaded.pending.sort_by_key(|p| p.2);
+            out.push(Some(loaded));
         }
         Ok(out)
     }
