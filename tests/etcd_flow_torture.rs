@@ -13,13 +13,11 @@ mod common;
 #[path = "common/etcd.rs"]
 mod etcd;
 
-use std::io::BufRead;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rockq::{Broker, EtcdOptions, FlowState, Queue, RetryPolicy, StepState, WorkGroup};
 
-use common::{HANG_GUARD, Rng};
+use common::{HANG_GUARD, HelperProcess, Rng};
 
 const NS: &str = "flowtorture";
 const CYCLES: u64 = 30;
@@ -91,47 +89,9 @@ async fn count(
     Ok(())
 }
 
-/// A helper process, with a thread that sets a flag when it printed `@ready`.
-struct Worker {
-    child: std::process::Child,
-    ready: Arc<Mutex<bool>>,
-}
-
-impl Worker {
-    fn start(endpoints: &str) -> Worker {
-        let mut child = common::spawn_helper("flow_helper_process", &[("ROCKQ_ETCD_ENDPOINTS", endpoints)]);
-        let stdout = child.stdout.take().expect("piped stdout");
-        let ready = Arc::new(Mutex::new(false));
-        let flag = ready.clone();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-                if line.contains("@ready") {
-                    *flag.lock().unwrap() = true;
-                }
-            }
-        });
-        Worker { child, ready }
-    }
-
-    async fn wait_ready(&self) {
-        let deadline = tokio::time::Instant::now() + HANG_GUARD;
-        while !*self.ready.lock().unwrap() {
-            assert!(tokio::time::Instant::now() < deadline, "a helper process never started");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// SIGKILL by its pid, then reap.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// A helper process running the pools.
+fn worker(endpoints: &str) -> HelperProcess {
+    HelperProcess::start("flow_helper_process", &[("ROCKQ_ETCD_ENDPOINTS", endpoints)])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -146,7 +106,7 @@ async fn every_flow_step_runs_once_while_its_processes_are_killed() {
     let broker = Broker::connect_etcd(cluster.endpoints(), NS, EtcdOptions::new()).await.expect("connect");
     let kids = group(&broker.queue("kids").await.unwrap(), "k");
     let parents = group(&broker.queue("parents").await.unwrap(), "p");
-    let mut workers = [Worker::start(&endpoints), Worker::start(&endpoints)];
+    let mut workers = [worker(&endpoints), worker(&endpoints)];
     for w in &workers {
         w.wait_ready().await;
     }
@@ -162,7 +122,7 @@ async fn every_flow_step_runs_once_while_its_processes_are_killed() {
         tokio::time::sleep(Duration::from_millis(20 + rng.next(200))).await;
         let i = rng.next(2) as usize;
         workers[i].kill();
-        workers[i] = Worker::start(&endpoints);
+        workers[i] = worker(&endpoints);
         // Half the time the next kill may land while it is still starting.
         if rng.next(2) == 0 {
             workers[i].wait_ready().await;

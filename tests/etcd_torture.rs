@@ -15,14 +15,12 @@ mod common;
 mod etcd;
 
 use std::collections::BTreeMap;
-use std::io::BufRead;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
 use rockq::{Broker, EtcdOptions, Queue, RetryPolicy, WorkGroup};
 
-use common::{HANG_GUARD, Rng};
+use common::{HANG_GUARD, HelperProcess, Rng};
 
 const NS: &str = "torture";
 /// Kill cycles: each one produces a batch, lets the pools run for a random while, then kills.
@@ -68,48 +66,9 @@ async fn pipeline_helper_process() {
     futures::future::pending::<()>().await;
 }
 
-/// A pipeline process, with a thread that sets a flag when it printed `@ready`.
-struct Worker {
-    child: std::process::Child,
-    ready: Arc<Mutex<bool>>,
-}
-
-impl Worker {
-    fn start(endpoints: &str) -> Worker {
-        let mut child =
-            common::spawn_helper("pipeline_helper_process", &[("ROCKQ_ETCD_ENDPOINTS", endpoints)]);
-        let stdout = child.stdout.take().expect("piped stdout");
-        let ready = Arc::new(Mutex::new(false));
-        let flag = ready.clone();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-                if line.contains("@ready") {
-                    *flag.lock().unwrap() = true;
-                }
-            }
-        });
-        Worker { child, ready }
-    }
-
-    async fn wait_ready(&self) {
-        let deadline = tokio::time::Instant::now() + HANG_GUARD;
-        while !*self.ready.lock().unwrap() {
-            assert!(tokio::time::Instant::now() < deadline, "a pipeline process never started");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// SIGKILL by its pid, then reap.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// A helper process running the pools.
+fn worker(endpoints: &str) -> HelperProcess {
+    HelperProcess::start("pipeline_helper_process", &[("ROCKQ_ETCD_ENDPOINTS", endpoints)])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -126,7 +85,7 @@ async fn the_exactly_once_pipeline_survives_kills_of_its_processes_and_of_the_et
     // The group exists before the first input (nothing is trimmed before it is consumed).
     drop(group(&input).subscribe().await.unwrap());
 
-    let mut workers = [Worker::start(&endpoints), Worker::start(&endpoints)];
+    let mut workers = [worker(&endpoints), worker(&endpoints)];
     for w in &workers {
         w.wait_ready().await;
     }
@@ -149,7 +108,7 @@ async fn the_exactly_once_pipeline_survives_kills_of_its_processes_and_of_the_et
         } else {
             let i = rng.next(2) as usize;
             workers[i].kill();
-            workers[i] = Worker::start(&endpoints);
+            workers[i] = worker(&endpoints);
             // Half the time the next kill may land while it is still starting.
             if rng.next(2) == 0 {
                 workers[i].wait_ready().await;

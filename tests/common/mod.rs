@@ -93,6 +93,53 @@ pub fn spawn_helper(name: &str, env: &[(&str, &str)]) -> std::process::Child {
     cmd.spawn().expect("spawn helper")
 }
 
+/// A helper process of a kill test (this test binary run on helper test `name`, with `env`),
+/// with a thread that sets a flag once it printed `@ready`; killed (SIGKILL by its pid) and
+/// reaped when dropped.
+pub struct HelperProcess {
+    child: std::process::Child,
+    ready: std::sync::Arc<std::sync::Mutex<bool>>,
+}
+
+impl HelperProcess {
+    pub fn start(name: &str, env: &[(&str, &str)]) -> HelperProcess {
+        use std::io::BufRead;
+        let mut child = spawn_helper(name, env);
+        let stdout = child.stdout.take().expect("piped stdout");
+        let ready = std::sync::Arc::new(std::sync::Mutex::new(false));
+        let flag = ready.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.contains("@ready") {
+                    *flag.lock().unwrap() = true;
+                }
+            }
+        });
+        HelperProcess { child, ready }
+    }
+
+    /// Waits (bounded by the hang guard) until it printed `@ready`.
+    pub async fn wait_ready(&self) {
+        let deadline = tokio::time::Instant::now() + HANG_GUARD;
+        while !*self.ready.lock().unwrap() {
+            assert!(tokio::time::Instant::now() < deadline, "a helper process never started");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// SIGKILL by its pid, then reap.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for HelperProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 /// A small deterministic generator (xorshift64*): kill timings a failing run can replay.
 pub struct Rng(pub u64);
 

@@ -88,14 +88,22 @@ impl EtcdStore {
     /// A block of fresh schedule ids, `first..first + ID_BLOCK`: taken from the namespace's
     /// counter by a compare-and-set, so no two processes (and no restart) hand out one twice.
     pub async fn take_scheduled_ids(&self) -> Result<(u64, u64), StorageError> {
+        let first = self.take_ids(crate::store::keys::SCHEDULED_ID_KEY, ID_BLOCK, "schedule id").await?;
+        Ok((first, first + ID_BLOCK))
+    }
+
+    /// The first of `count` fresh ids from the namespace's counter `meta/<name>` (`what`
+    /// names it in errors), taken by a compare-and-set: no two processes (and no restart)
+    /// hand out one twice. A missing counter starts at 1.
+    pub(super) async fn take_ids(&self, name: &[u8], count: u64, what: &str) -> Result<u64, StorageError> {
         let kv = self.kv();
-        let key = self.key(b"meta/", crate::store::keys::SCHEDULED_ID_KEY);
+        let key = self.key(b"meta/", name);
         loop {
             let got = kv.get(key.clone(), None).await?;
             let (first, cmp) = match got.kvs().first() {
                 Some(k) => {
                     let v: [u8; 8] = k.value().try_into().map_err(|_| {
-                        corrupt(CorruptionError::new("schedule id counter", k.key(), "not 8 bytes"))
+                        corrupt(CorruptionError::new("id counter", k.key(), format!("{what}s: not 8 bytes")))
                     })?;
                     (
                         u64::from_be_bytes(v),
@@ -104,11 +112,11 @@ impl EtcdStore {
                 }
                 None => (1, Compare::version(key.clone(), CompareOp::Equal, 0)),
             };
-            let end = first.checked_add(ID_BLOCK).ok_or_else(|| StorageError::new("no schedule id left"))?;
+            let end = first.checked_add(count).ok_or_else(|| StorageError::new(format!("no {what} left")))?;
             let txn =
                 Txn::new().when([cmp]).and_then([TxnOp::put(key.clone(), end.to_be_bytes().to_vec(), None)]);
             if kv.txn(txn).await?.succeeded() {
-                return Ok((first, end));
+                return Ok(first);
             }
         }
     }

@@ -238,29 +238,7 @@ impl EtcdStore {
     /// A fresh flow id, taken from the namespace's counter by a compare-and-set: no two
     /// processes (and no restart) hand out one twice.
     pub async fn take_flow_id(&self) -> Result<u64, StorageError> {
-        let kv = self.kv();
-        let key = self.key(b"meta/", b"flow-id");
-        loop {
-            let got = kv.get(key.clone(), None).await?;
-            let (id, cmp) = match got.kvs().first() {
-                Some(k) => {
-                    let v: [u8; 8] = k.value().try_into().map_err(|_| {
-                        corrupt(CorruptionError::new("flow id counter", k.key(), "not 8 bytes"))
-                    })?;
-                    (
-                        u64::from_be_bytes(v),
-                        Compare::mod_revision(key.clone(), CompareOp::Equal, k.mod_revision()),
-                    )
-                }
-                None => (1, Compare::version(key.clone(), CompareOp::Equal, 0)),
-            };
-            let next = id.checked_add(1).ok_or_else(|| StorageError::new("no flow id left"))?;
-            let txn =
-                Txn::new().when([cmp]).and_then([TxnOp::put(key.clone(), next.to_be_bytes().to_vec(), None)]);
-            if kv.txn(txn).await?.succeeded() {
-                return Ok(id);
-            }
-        }
+        self.take_ids(b"flow-id", 1, "flow id").await
     }
 
     /// Writes `w` in one transaction: `true` if written, `false` if a compare failed (the
