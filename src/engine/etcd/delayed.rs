@@ -77,7 +77,7 @@ impl Writer {
                         return Err(e);
                     }
                     tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(250));
+                    backoff = (backoff * 2).min(super::side::RETRY_CAP);
                     match until(deadline, store.marker_exists(nonce)).await {
                         Ok(true) => return Ok(true),
                         // Not applied: sent again (the same ids; puts of the same records).

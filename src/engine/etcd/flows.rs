@@ -145,7 +145,7 @@ impl Writer {
                     Err(e) if Instant::now() >= deadline => return Err(e.into()),
                     Err(_) => {
                         tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_millis(250));
+                        backoff = (backoff * 2).min(super::side::RETRY_CAP);
                         continue;
                     }
                 }
@@ -229,7 +229,7 @@ impl Writer {
                 return Err(StorageError::new("etcd: a flow's queues kept moving").into());
             }
             tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_millis(250));
+            backoff = (backoff * 2).min(super::side::RETRY_CAP);
         }
     }
 

@@ -19,6 +19,12 @@ use crate::store::{RawMessage, ReadOutcome};
 /// append whose answer was lost can still be resolved from the history, and a watch that fell
 /// behind for less than this resumes without a re-read.
 pub(crate) const COMPACT_WINDOW: Duration = Duration::from_secs(5 * 60);
+/// The longest wait between two tries of a failed etcd request. Short: a member without a
+/// leader refuses at once (the clients require one), so a try costs one small request, and
+/// an election ends at a moment nobody is told of. A job's claim, read and ack each retry on
+/// their own, so every path's wait past the election adds to how long a pool stays stopped
+/// after it (`tests/etcd_availability.rs`).
+pub(crate) const RETRY_CAP: Duration = Duration::from_millis(100);
 /// How a broker talks to etcd (see [`EtcdOptions`](crate::EtcdOptions)).
 #[derive(Debug, Clone)]
 pub(crate) struct EtcdSettings {
@@ -200,7 +206,7 @@ where
             Err(e) => {
                 tracing::debug!(error = %e, "rockq: etcd request failed; trying again");
                 tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_millis(250));
+                backoff = (backoff * 2).min(RETRY_CAP);
             }
         }
     }

@@ -426,7 +426,7 @@ impl Writer {
                     tracing::debug!(error = %e, "rockq: a transaction to etcd failed; sending it again");
                     in_doubt = true;
                     tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(250));
+                    backoff = (backoff * 2).min(super::side::RETRY_CAP);
                 }
                 Err(e) => {
                     // Out of time with tries unanswered: closed if etcd answers now (then

@@ -379,7 +379,7 @@ impl Writer {
                     tracing::debug!(error = %e, "rockq: claim write to etcd failed; trying again");
                     in_doubt = true;
                     tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(250));
+                    backoff = (backoff * 2).min(super::side::RETRY_CAP);
                 }
             }
         }

@@ -790,7 +790,7 @@ impl Writer {
                             return Err(e);
                         }
                         tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_millis(250));
+                        backoff = (backoff * 2).min(super::side::RETRY_CAP);
                         match until(deadline, store.resolve_append(queue.id, last, nonce)).await {
                             Ok((true, _, _)) => {
                                 self.tails.remove(&queue.id);
@@ -1197,9 +1197,11 @@ pub(super) fn index_sent<E: AsRef<[u8]>>(queue: &QueueState, first: u64, envs: i
     }
 }
 
-/// How long the writer waits before trying a failed commit again, after waiting `last`.
+/// How long the writer waits before trying a failed commit again, after waiting `last`: 20 ms,
+/// doubling up to [`RETRY_CAP`](super::side::RETRY_CAP). Acks wait for this after an election,
+/// so it is short; a cluster that stays down costs one attempt per group per wait.
 pub(super) fn next_retry(last: Option<Duration>) -> Duration {
-    last.map_or(Duration::from_millis(50), |d| (d * 2).min(Duration::from_millis(500)))
+    last.map_or(Duration::from_millis(20), |d| (d * 2).min(super::side::RETRY_CAP))
 }
 
 #[cfg(test)]

@@ -199,12 +199,39 @@ impl Members {
         F: FnOnce(Client) -> Fut,
         Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
     {
+        let mut aside = self.aside.subscribe();
+        aside.mark_unchanged();
         let (i, attempt) = self.pick();
         // A large answer (a whole prefix) gets longer, but not the whole request timeout: a
         // member that hangs mid-read must leave time to ask another.
         let deadline =
             if long { self.request.min(self.attempt.saturating_mul(10)).max(attempt) } else { attempt };
-        match tokio::time::timeout(deadline, op(self.members[i].client.clone())).await {
+        // Another request set this member aside while this one waits: it is given up at once,
+        // as at its deadline. A follower that has not yet noticed its leader died takes writes
+        // and never answers them; the first request it fails ("leader changed", once the
+        // election is over) frees every other one waiting on it to try the next member, where
+        // each would otherwise wait out its whole deadline — acks stopped for twice the
+        // attempt timeout after a leader's death (tests/etcd_availability.rs).
+        let set_aside = async {
+            loop {
+                if aside.changed().await.is_err() {
+                    return futures::future::pending().await;
+                }
+                if self.is_aside(i) {
+                    return;
+                }
+            }
+        };
+        let answer = tokio::select! {
+            answer = tokio::time::timeout(deadline, op(self.members[i].client.clone())) => answer,
+            () = set_aside => {
+                return Err(StorageError::unreachable(format!(
+                    "etcd: {} was set aside while this request waited for it",
+                    self.members[i].endpoint
+                )));
+            }
+        };
+        match answer {
             Ok(Ok(v)) => {
                 self.answered(i);
                 Ok(v)
@@ -441,5 +468,33 @@ mod tests {
         assert!(m.is_aside(0), "the second pause in a row is longer");
         tokio::time::advance(SET_ASIDE).await;
         assert!(!m.is_aside(0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_waiting_on_a_member_another_request_sets_aside_is_given_up_at_once() {
+        let m = three().await;
+        let (started_tx, started) = tokio::sync::oneshot::channel();
+        let waiting = async {
+            // Asked of member 0, which never answers (a follower whose leader died unseen).
+            m.run(false, |_client| async move {
+                let _ = started_tx.send(());
+                futures::future::pending::<Result<(), etcd_client::Error>>().await
+            })
+            .await
+        };
+        let other = async {
+            started.await.expect("the first request started");
+            // A request to another member fails, setting member 1 aside: nothing for the
+            // request waiting on 0. Then one on 0 fails ("leader changed").
+            m.failed(1, "test");
+            tokio::task::yield_now().await;
+            m.failed(0, "leader changed");
+        };
+        let at = Instant::now();
+        let (res, ()) = tokio::join!(waiting, other);
+        let err = res.expect_err("given up");
+        assert!(err.is_transient(), "{err}");
+        assert!(err.message().contains("set aside while this request waited"), "{err}");
+        assert!(at.elapsed() < Duration::from_millis(100), "not at its deadline");
     }
 }
