@@ -347,6 +347,49 @@ async fn a_job_that_waited_in_the_pool_starts_with_a_full_lease() {
     broker.shutdown().await.unwrap();
 }
 
+// Jobs claimed ahead wait in the pool's feed (up to 16 a worker) as well as in the
+// subscription's buffer: one whose lease ran out there is given back unseen, not run under a
+// lost lease (its outcome would be refused, and the job run twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_lease_ran_out_while_it_waited_in_the_pool_is_not_run_under_it() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let seqs: Vec<u64> = q.send_batch(["a", "b", "c", "d", "e"]).await.unwrap().collect();
+    let (tx, mut tasks) = mpsc::unbounded_channel::<Task>();
+    let go = Arc::new(Notify::new());
+    let token = CancellationToken::new();
+    let lease = Duration::from_secs(10);
+    let group = q.work_group("w").unwrap().lease(lease);
+    // One handler and four claimed ahead: they wait in the feed while the first runs.
+    let run = tokio::spawn(
+        group.clone().workers(1).prefetch(4).shutdown_on(token.clone()).run(handing_over(tx, go.clone())),
+    );
+    let first = tokio::time::timeout(HANG_GUARD, tasks.recv()).await.expect("a handler started").unwrap();
+    assert_eq!(first.seq(), seqs[0]);
+    wait_until("the others were never claimed ahead", || group.in_flight() >= 5).await;
+    // The running job keeps its lease; the waiting ones' run out.
+    first.extend(Duration::from_secs(60)).unwrap();
+    clock.advance(lease + Duration::from_secs(1));
+    let mut seen = vec![(first.seq(), first.attempt())];
+    while seen.len() < seqs.len() {
+        go.notify_one();
+        let t = tokio::time::timeout(HANG_GUARD, tasks.recv()).await.expect("a handler started").unwrap();
+        assert!(!t.lease_remaining().is_zero(), "job {} was run under a lease that had run out", t.seq());
+        seen.push((t.seq(), t.attempt()));
+    }
+    go.notify_one();
+    wait_until("the acks did not land", || group.committed() == Some(seqs[4])).await;
+    token.cancel();
+    let report = run.await.unwrap().unwrap();
+    assert_eq!((report.acked, report.unsettled), (5, 0), "{seen:?}");
+    seen.sort();
+    let want: Vec<(u64, u32)> = seqs.iter().map(|&s| (s, 1)).collect();
+    assert_eq!(seen, want, "each job ran once, its lapse in the pool not counted as an attempt");
+    broker.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_whose_handlers_stay_busy_reports_saturation() {
     let dir = tempdir();

@@ -48,10 +48,13 @@ pub(super) struct Feed {
     /// Jobs the workers finished (for the adaptive prefetch).
     completed: AtomicU64,
     workers: usize,
+    /// Waiting jobs the feed takes before the dispatcher waits for room (at least `workers`).
+    depth: usize,
 }
 
 impl Feed {
-    pub fn new(workers: usize) -> Self {
+    /// A feed for `workers` workers holding up to `depth` waiting jobs (at least `workers`).
+    pub fn new(workers: usize, depth: usize) -> Self {
         Feed {
             jobs: Mutex::new(Jobs { running: vec![None; workers], ..Jobs::default() }),
             ready: Notify::new(),
@@ -60,6 +63,7 @@ impl Feed {
             busy: AtomicUsize::new(0),
             completed: AtomicU64::new(0),
             workers,
+            depth: depth.max(workers),
         }
     }
 
@@ -93,7 +97,7 @@ impl Feed {
                     if let Some(slot) = jobs.running.get_mut(w) {
                         *slot = Some(job.task());
                     }
-                    let room = jobs.waiting.len() == self.workers / 2;
+                    let room = jobs.waiting.len() == self.depth / 2;
                     let full = self.busy.fetch_add(1, Ordering::AcqRel) + 1 == self.workers;
                     if full {
                         jobs.episodes += 1;
@@ -130,8 +134,6 @@ impl Feed {
         }
     }
 
-    /// Whether the dispatcher may add jobs: fewer than one per worker are waiting. The rest
-    /// stay in the subscription's buffer, where a job whose lease runs out is dropped unseen.
     /// Puts `job` back at the front, for whichever worker is free first (a job whose
     /// transaction conflicted, to run again at once). `Err(job)` once the feed is closed.
     pub fn requeue(&self, job: Job) -> Result<(), Job> {
@@ -146,11 +148,18 @@ impl Feed {
         Ok(())
     }
 
+    /// Whether the dispatcher may add jobs: fewer than `depth` are waiting. The rest stay in
+    /// the subscription's buffer, where a job whose lease runs out is dropped unseen.
     pub fn has_room(&self) -> bool {
-        self.lock().waiting.len() < self.workers
+        self.lock().waiting.len() < self.depth
     }
 
-    /// Resolves once the waiting jobs fell to half the workers (or fewer) — or spuriously:
+    /// How many jobs the dispatcher hands over at once at most.
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Resolves once the waiting jobs fell to half the depth (or fewer) — or spuriously:
     /// the caller looks at [`Feed::has_room`] again.
     pub async fn room(&self) {
         self.room.notified().await;

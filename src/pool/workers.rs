@@ -92,6 +92,9 @@ type Trace = crate::otel::TraceRelation;
 #[cfg(not(feature = "otel"))]
 type Trace = ();
 
+/// Waiting jobs a pool's feed holds per worker (see `drive`).
+const FEED_PER_WORKER: usize = 16;
+
 enum Done {
     Acked,
     Failed,
@@ -397,7 +400,12 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
         // dispatcher fills with whatever the subscription has ready (see `feed.rs`). At most
         // `concurrency` handlers run; the rest wait, claimed, in the feed or the
         // subscription's buffer.
-        let feed = Arc::new(Feed::new(self.concurrency));
+        // With fast handlers the dispatcher runs once per refill of the feed: a deep feed (16
+        // jobs a worker, if the pool may hold that many) wakes it once per 8 jobs a worker
+        // (benches/user_style.rs, `workers(8)`: +11 % with 16 against one job a worker). Slow
+        // handlers never fill it beyond one job a worker: the pool's limit holds the rest.
+        let depth = (FEED_PER_WORKER * self.concurrency).min(in_flight);
+        let feed = Arc::new(Feed::new(self.concurrency, depth));
         let mut pool = PoolGuard { feed: feed.clone(), workers: JoinSet::new() };
         for w in 0..self.concurrency {
             let (feed, handler, clock, app) =
@@ -410,6 +418,16 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
                 // its transaction is answered). Aborted with the worker.
                 let mut committing: JoinSet<Done> = JoinSet::new();
                 while let Some(job) = feed.take(w, &clock).await {
+                    if job.lease_remaining().is_zero() {
+                        // Its lease ran out while it waited in the feed (a fixed prefetch
+                        // behind slow handlers): any outcome would be refused. Dropped unseen
+                        // and released without counting, as the subscription's buffer does;
+                        // it is claimed again.
+                        job.inner().uncounted.store(true, Ordering::Release);
+                        drop(job);
+                        feed.done(w);
+                        continue;
+                    }
                     refresh_lease(&job);
                     match run_one(handler.as_ref(), &app, job, heartbeat, trace, clock.clone()).await {
                         Ran::Done(done) => report.count(done),
@@ -473,7 +491,7 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
             }
             // Everything else the subscription has ready goes in the same push.
             let mut failed = None;
-            while ready.len() < self.concurrency
+            while ready.len() < feed.depth()
                 && let Some(item) = sub.next().now_or_never()
             {
                 match item {
