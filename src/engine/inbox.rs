@@ -230,6 +230,7 @@ impl Inbox {
     }
 
     /// How many messages are staged.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // read by the etcd engine
     pub fn staged(&self) -> usize {
         self.lock().staged
     }

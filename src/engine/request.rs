@@ -327,8 +327,12 @@ pub(crate) enum SettingsMode {
 /// What became of one attempt of a work-queue message.
 pub(crate) enum Outcome {
     /// Finished: the offset may pass it. `result` is the handler's, kept by a group that keeps
-    /// outcomes.
-    Ack { result: Option<bytes::Bytes>, flow: Option<crate::flow_state::FlowStep> },
+    /// outcomes; `flow`, the step the job is (the etcd engine records its change with it).
+    Ack {
+        result: Option<bytes::Bytes>,
+        #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // read by the etcd engine
+        flow: Option<crate::flow_state::FlowStep>,
+    },
     /// An operator finished it without running it (`Broker::delete_job`).
     Deleted,
     /// Failed; try again after `delay` (the claim holds the retry time and the error).
@@ -359,6 +363,7 @@ pub(crate) enum FlowRequest {
     Delete { id: u64, reply: Reply<bool, Error> },
     /// Apply the flow changes other writes left (the etcd engine: `etcd/flows.rs`; the
     /// embedded writer moves a flow in the write that finishes its step, and has none).
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // sent only by the etcd engine
     Move,
 }
 
@@ -419,6 +424,7 @@ pub(crate) struct TxJob {
     /// The handler's result (`Task::set_result`), kept by a group that keeps outcomes.
     pub result: Option<bytes::Bytes>,
     /// The flow step the job is, from its message's header (`QueuedAck::flow`).
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // read by the etcd engine
     pub flow: Option<crate::flow_state::FlowStep>,
 }
 

@@ -125,6 +125,16 @@ impl Feed {
     /// Worker `w` finished its job.
     pub fn done(&self, w: usize) {
         self.completed.fetch_add(1, Ordering::Relaxed);
+        self.free(w);
+    }
+
+    /// Worker `w` gave its job back unrun: not a completion (the adaptive prefetch must not
+    /// read jobs skipped in a blink as handlers that got fast).
+    pub fn skipped(&self, w: usize) {
+        self.free(w);
+    }
+
+    fn free(&self, w: usize) {
         let mut jobs = self.lock();
         if let Some(slot) = jobs.running.get_mut(w) {
             *slot = None;

@@ -388,7 +388,16 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
         // A claim takes at most what the pool has room for; without a prefetch that room is
         // its idle handlers, and one claim takes them all (not one claim write each).
         let batch = if ahead == 0 { self.concurrency } else { ahead }.clamp(1, WorkGroup::MAX_CLAIM_BATCH);
-        let mut sub = self.group.clone().max_in_flight(in_flight).read_batch(batch).subscribe().await?;
+        // The pool reports saturation itself (every handler busy, below), with its concurrency;
+        // its subscription, which waits for room whenever the pool holds all it may, does not.
+        let mut sub = self
+            .group
+            .clone()
+            .max_in_flight(in_flight)
+            .read_batch(batch)
+            .saturation_after(Duration::MAX)
+            .subscribe()
+            .await?;
         let mut adapt = prefetch.is_none().then(|| Adapt::new(sub.permits().clone(), ahead, room));
         sub.set_limit(limit, batch);
         let handler = Arc::new(handler);
@@ -402,8 +411,10 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
         // subscription's buffer.
         // With fast handlers the dispatcher runs once per refill of the feed: a deep feed (16
         // jobs a worker, if the pool may hold that many) wakes it once per 8 jobs a worker
-        // (benches/user_style.rs, `workers(8)`: +11 % with 16 against one job a worker). Slow
-        // handlers never fill it beyond one job a worker: the pool's limit holds the rest.
+        // (benches/user_style.rs, `workers(8)`: +11 % with 16 against one job a worker). With
+        // slow handlers the adaptive prefetch falls to one job a worker, and the feed holds no
+        // more; a fixed prefetch fills it up to the depth (a job whose lease runs out there is
+        // given back unrun: `stale`).
         let depth = (FEED_PER_WORKER * self.concurrency).min(in_flight);
         let feed = Arc::new(Feed::new(self.concurrency, depth));
         let mut pool = PoolGuard { feed: feed.clone(), workers: JoinSet::new() };
@@ -418,14 +429,12 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
                 // its transaction is answered). Aborted with the worker.
                 let mut committing: JoinSet<Done> = JoinSet::new();
                 while let Some(job) = feed.take(w, &clock).await {
-                    if job.lease_remaining().is_zero() {
-                        // Its lease ran out while it waited in the feed (a fixed prefetch
-                        // behind slow handlers): any outcome would be refused. Dropped unseen
-                        // and released without counting, as the subscription's buffer does;
-                        // it is claimed again.
+                    if stale(&job) {
+                        // As the subscription's buffer does: dropped unseen, released without
+                        // counting (unless already claimed again), not a completion.
                         job.inner().uncounted.store(true, Ordering::Release);
                         drop(job);
-                        feed.done(w);
+                        feed.skipped(w);
                         continue;
                     }
                     refresh_lease(&job);
@@ -674,6 +683,13 @@ fn job_span(job: &Job, trace: Trace) -> tracing::Span {
 /// that other processes must see (one transaction per job, in the writer's sequence with the
 /// claims and acks, which take dozens of jobs per transaction). An already-expired lease stays
 /// expired (the job then fails to settle and is redelivered): fencing is never bypassed.
+/// Whether a job taken from the feed must not run: its lease ran out while it waited (a fixed
+/// prefetch behind slow handlers: any outcome would be refused), or a purge or trim moved the
+/// queue past it.
+fn stale(job: &Job) -> bool {
+    job.lease_remaining().is_zero() || job.seq() < job.inner().group.queue.first_seq.load(Ordering::Acquire)
+}
+
 fn refresh_lease(job: &Job) {
     let lease = job.group_lease();
     if job.lease_remaining().abs_diff(lease) > lease / 100 {

@@ -224,6 +224,7 @@ pub(crate) struct QueuedAck {
     pub result: Option<bytes::Bytes>,
     /// The flow step the job is, from its message's header (the etcd engine records the
     /// step's change with the ack; the embedded writer keeps its own index).
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // read by the etcd engine
     pub flow: Option<crate::flow_state::FlowStep>,
 }
 

@@ -105,8 +105,16 @@ struct Health {
     aside_until: Vec<Option<Instant>>,
     /// Per member: failures in a row.
     strikes: Vec<u32>,
-    /// Failures in a row, whichever member: every member failing doubles the deadline.
-    failures: u32,
+    /// Per member: failed since the last answer (any member's). Counted by member, not by
+    /// request: a dead leader fails every request in flight on it at once, and those many
+    /// failures of one member must not pass for a slow cluster.
+    failing: Vec<bool>,
+    /// Times every member failed in a row since the last answer: each doubles the deadline
+    /// (a slow cluster is not a dead one).
+    rounds: u32,
+    /// Per member: fault answers so far (a refusal or a broken connection, not a silence);
+    /// requests waiting on a member give up when this moves (see [`Members::run`]).
+    faults: Vec<u64>,
 }
 
 /// The cluster's members, each with its own client, and which one is asked.
@@ -136,7 +144,14 @@ impl Members {
             members.push(Member { endpoint: endpoint.clone(), client });
         }
         let n = members.len();
-        let health = Health { preferred: 0, aside_until: vec![None; n], strikes: vec![0; n], failures: 0 };
+        let health = Health {
+            preferred: 0,
+            aside_until: vec![None; n],
+            strikes: vec![0; n],
+            failing: vec![false; n],
+            rounds: 0,
+            faults: vec![0; n],
+        };
         Ok(Members {
             members,
             health: Mutex::new(health),
@@ -161,7 +176,7 @@ impl Members {
             // Every member set aside: the one that comes back first.
             h.preferred = next.unwrap_or_else(|| (0..n).min_by_key(|&i| h.aside_until[i]).unwrap_or(0));
         }
-        let rounds = (h.failures / n.max(1) as u32).min(2);
+        let rounds = h.rounds.min(2);
         let deadline = self.attempt.saturating_mul(1 << rounds).min(self.request.max(self.attempt));
         (h.preferred, deadline)
     }
@@ -170,14 +185,19 @@ impl Members {
         let mut h = self.health();
         h.strikes[i] = 0;
         h.aside_until[i] = None;
-        h.failures = 0;
+        h.failing.iter_mut().for_each(|f| *f = false);
+        h.rounds = 0;
     }
 
     fn failed(&self, i: usize, why: &str) {
         {
             let mut h = self.health();
             h.strikes[i] = h.strikes[i].saturating_add(1);
-            h.failures = h.failures.saturating_add(1);
+            h.failing[i] = true;
+            if h.failing.iter().all(|&f| f) {
+                h.rounds = h.rounds.saturating_add(1);
+                h.failing.iter_mut().for_each(|f| *f = false);
+            }
             let pause = SET_ASIDE.saturating_mul(1 << (h.strikes[i] - 1).min(5)).min(MAX_SET_ASIDE);
             h.aside_until[i] = Some(Instant::now() + pause);
             if h.preferred == i && self.members.len() > 1 {
@@ -186,6 +206,11 @@ impl Members {
         }
         tracing::debug!(endpoint = %self.members[i].endpoint, %why, "rockq: etcd member set aside");
         self.aside.send_modify(|g| *g += 1);
+    }
+
+    /// Member `i`'s fault answers so far.
+    fn faults(&self, i: usize) -> u64 {
+        self.health().faults[i]
     }
 
     fn is_aside(&self, i: usize) -> bool {
@@ -202,27 +227,38 @@ impl Members {
         let mut aside = self.aside.subscribe();
         aside.mark_unchanged();
         let (i, attempt) = self.pick();
+        let faults = self.faults(i);
         // A large answer (a whole prefix) gets longer, but not the whole request timeout: a
         // member that hangs mid-read must leave time to ask another.
         let deadline =
             if long { self.request.min(self.attempt.saturating_mul(10)).max(attempt) } else { attempt };
-        // Another request set this member aside while this one waits: it is given up at once,
-        // as at its deadline. A follower that has not yet noticed its leader died takes writes
-        // and never answers them; the first request it fails ("leader changed", once the
-        // election is over) frees every other one waiting on it to try the next member, where
-        // each would otherwise wait out its whole deadline — acks stopped for twice the
-        // attempt timeout after a leader's death (tests/etcd_availability.rs).
+        // The member answered another request with a fault since this one was sent: this one
+        // is given up at once, as at its deadline. A follower that has not yet noticed its
+        // leader died takes writes and never answers them; the first request it fails
+        // ("leader changed", once the election is over) frees every other one waiting on it
+        // to try the next member, where each would otherwise wait out its whole deadline —
+        // acks stopped for twice the attempt timeout after a leader's death
+        // (tests/etcd_availability.rs). Not on a silence (another request's deadline): a slow
+        // member still answers, and giving up its requests would send them all again; and not
+        // with one member, where there is no other to ask. Long reads too: a linearizable read
+        // on a follower without a leader waits as a write does.
+        let abandon = self.members.len() > 1;
         let set_aside = async {
+            if !abandon {
+                return futures::future::pending().await;
+            }
             loop {
                 if aside.changed().await.is_err() {
                     return futures::future::pending().await;
                 }
-                if self.is_aside(i) {
+                if self.faults(i) != faults {
                     return;
                 }
             }
         };
         let answer = tokio::select! {
+            // An answer that came with the fault is taken.
+            biased;
             answer = tokio::time::timeout(deadline, op(self.members[i].client.clone())) => answer,
             () = set_aside => {
                 return Err(StorageError::unreachable(format!(
@@ -238,6 +274,7 @@ impl Members {
             }
             Ok(Err(e)) => {
                 if member_fault(&e) {
+                    self.health().faults[i] += 1;
                     self.failed(i, &e.to_string());
                 }
                 Err(etcd(e))
@@ -453,6 +490,11 @@ mod tests {
         assert_eq!(deadline, Duration::from_millis(200));
         m.answered(i);
         assert_eq!(m.pick(), (1, Duration::from_millis(100)), "an answer resets the deadline");
+        // A dead member fails every request that was on it: many failures, one member.
+        for _ in 0..20 {
+            m.failed(1, "connection reset");
+        }
+        assert_eq!(m.pick(), (2, Duration::from_millis(100)), "one member's failures are not a slow cluster");
     }
 
     #[tokio::test(start_paused = true)]
@@ -484,10 +526,14 @@ mod tests {
         };
         let other = async {
             started.await.expect("the first request started");
-            // A request to another member fails, setting member 1 aside: nothing for the
-            // request waiting on 0. Then one on 0 fails ("leader changed").
+            // Member 1 answers with a fault, and member 0 falls silent on a request of its
+            // own: nothing for the request waiting on 0. Then 0 answers one with a fault.
+            m.health().faults[1] += 1;
             m.failed(1, "test");
             tokio::task::yield_now().await;
+            m.failed(0, "no answer in time");
+            tokio::task::yield_now().await;
+            m.health().faults[0] += 1;
             m.failed(0, "leader changed");
         };
         let at = Instant::now();
@@ -496,5 +542,27 @@ mod tests {
         assert!(err.is_transient(), "{err}");
         assert!(err.message().contains("set aside while this request waited"), "{err}");
         assert!(at.elapsed() < Duration::from_millis(100), "not at its deadline");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_one_member_a_request_waits_for_its_deadline_whatever_the_others_do() {
+        let eps = vec!["http://127.0.0.1:2379".to_owned()];
+        let m = Members::new(&eps, Duration::from_millis(100), Duration::from_secs(2)).await.expect("client");
+        let (started_tx, started) = tokio::sync::oneshot::channel();
+        let waiting = async {
+            m.run(false, |_client| async move {
+                let _ = started_tx.send(());
+                futures::future::pending::<Result<(), etcd_client::Error>>().await
+            })
+            .await
+        };
+        let other = async {
+            started.await.expect("the first request started");
+            m.health().faults[0] += 1;
+            m.failed(0, "a request of its own failed");
+        };
+        let (res, ()) = tokio::join!(waiting, other);
+        let err = res.expect_err("no answer");
+        assert!(err.message().contains("did not answer within"), "{err}");
     }
 }
