@@ -262,7 +262,7 @@ impl Members {
             answer = tokio::time::timeout(deadline, op(self.members[i].client.clone())) => answer,
             () = set_aside => {
                 return Err(StorageError::unreachable(format!(
-                    "etcd: {} was set aside while this request waited for it",
+                    "etcd: {} failed another request while this one waited for it",
                     self.members[i].endpoint
                 )));
             }
@@ -540,7 +540,7 @@ mod tests {
         let (res, ()) = tokio::join!(waiting, other);
         let err = res.expect_err("given up");
         assert!(err.is_transient(), "{err}");
-        assert!(err.message().contains("set aside while this request waited"), "{err}");
+        assert!(err.message().contains("failed another request while this one waited"), "{err}");
         assert!(at.elapsed() < Duration::from_millis(100), "not at its deadline");
     }
 
