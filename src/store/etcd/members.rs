@@ -208,6 +208,13 @@ impl Members {
         self.aside.send_modify(|g| *g += 1);
     }
 
+    /// Member `i` answered a request with a fault: set aside, and the requests waiting on it
+    /// are given up (see [`Members::run`]).
+    fn fault(&self, i: usize, why: &str) {
+        self.health().faults[i] += 1;
+        self.failed(i, why);
+    }
+
     /// Member `i`'s fault answers so far.
     fn faults(&self, i: usize) -> u64 {
         self.health().faults[i]
@@ -274,8 +281,7 @@ impl Members {
             }
             Ok(Err(e)) => {
                 if member_fault(&e) {
-                    self.health().faults[i] += 1;
-                    self.failed(i, &e.to_string());
+                    self.fault(i, &e.to_string());
                 }
                 Err(etcd(e))
             }
@@ -512,32 +518,32 @@ mod tests {
         assert!(!m.is_aside(0));
     }
 
+    /// A request to the preferred member that is never answered (a follower whose leader died
+    /// unseen); `started` is told once it is out.
+    async fn unanswered(m: &Members, started: tokio::sync::oneshot::Sender<()>) -> Result<(), StorageError> {
+        m.run(false, |_client| async move {
+            let _ = started.send(());
+            futures::future::pending::<Result<(), etcd_client::Error>>().await
+        })
+        .await
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_request_waiting_on_a_member_another_request_sets_aside_is_given_up_at_once() {
         let m = three().await;
         let (started_tx, started) = tokio::sync::oneshot::channel();
-        let waiting = async {
-            // Asked of member 0, which never answers (a follower whose leader died unseen).
-            m.run(false, |_client| async move {
-                let _ = started_tx.send(());
-                futures::future::pending::<Result<(), etcd_client::Error>>().await
-            })
-            .await
-        };
         let other = async {
             started.await.expect("the first request started");
             // Member 1 answers with a fault, and member 0 falls silent on a request of its
             // own: nothing for the request waiting on 0. Then 0 answers one with a fault.
-            m.health().faults[1] += 1;
-            m.failed(1, "test");
+            m.fault(1, "test");
             tokio::task::yield_now().await;
             m.failed(0, "no answer in time");
             tokio::task::yield_now().await;
-            m.health().faults[0] += 1;
-            m.failed(0, "leader changed");
+            m.fault(0, "leader changed");
         };
         let at = Instant::now();
-        let (res, ()) = tokio::join!(waiting, other);
+        let (res, ()) = tokio::join!(unanswered(&m, started_tx), other);
         let err = res.expect_err("given up");
         assert!(err.is_transient(), "{err}");
         assert!(err.message().contains("failed another request while this one waited"), "{err}");
@@ -549,19 +555,11 @@ mod tests {
         let eps = vec!["http://127.0.0.1:2379".to_owned()];
         let m = Members::new(&eps, Duration::from_millis(100), Duration::from_secs(2)).await.expect("client");
         let (started_tx, started) = tokio::sync::oneshot::channel();
-        let waiting = async {
-            m.run(false, |_client| async move {
-                let _ = started_tx.send(());
-                futures::future::pending::<Result<(), etcd_client::Error>>().await
-            })
-            .await
-        };
         let other = async {
             started.await.expect("the first request started");
-            m.health().faults[0] += 1;
-            m.failed(0, "a request of its own failed");
+            m.fault(0, "a request of its own failed");
         };
-        let (res, ()) = tokio::join!(waiting, other);
+        let (res, ()) = tokio::join!(unanswered(&m, started_tx), other);
         let err = res.expect_err("no answer");
         assert!(err.message().contains("did not answer within"), "{err}");
     }
