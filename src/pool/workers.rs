@@ -414,7 +414,7 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
         // (benches/user_style.rs, `workers(8)`: +11 % with 16 against one job a worker). With
         // slow handlers the adaptive prefetch falls to one job a worker, and the feed holds no
         // more; a fixed prefetch fills it up to the depth (a job whose lease runs out there is
-        // given back unrun: `stale`).
+        // given back unrun: `Job::is_stale`).
         let depth = (FEED_PER_WORKER * self.concurrency).min(in_flight);
         let feed = Arc::new(Feed::new(self.concurrency, depth));
         let mut pool = PoolGuard { feed: feed.clone(), workers: JoinSet::new() };
@@ -429,7 +429,7 @@ impl<S: Clone + Send + Sync + 'static> Workers<S> {
                 // its transaction is answered). Aborted with the worker.
                 let mut committing: JoinSet<Done> = JoinSet::new();
                 while let Some(job) = feed.take(w, &clock).await {
-                    if stale(&job) {
+                    if job.is_stale() {
                         // As the subscription's buffer does: dropped unseen, released without
                         // counting (unless already claimed again), not a completion.
                         job.inner().uncounted.store(true, Ordering::Release);
@@ -683,13 +683,6 @@ fn job_span(job: &Job, trace: Trace) -> tracing::Span {
 /// that other processes must see (one transaction per job, in the writer's sequence with the
 /// claims and acks, which take dozens of jobs per transaction). An already-expired lease stays
 /// expired (the job then fails to settle and is redelivered): fencing is never bypassed.
-/// Whether a job taken from the feed must not run: its lease ran out while it waited (a fixed
-/// prefetch behind slow handlers: any outcome would be refused), or a purge or trim moved the
-/// queue past it.
-fn stale(job: &Job) -> bool {
-    job.lease_remaining().is_zero() || job.seq() < job.inner().group.queue.first_seq.load(Ordering::Acquire)
-}
-
 fn refresh_lease(job: &Job) {
     let lease = job.group_lease();
     if job.lease_remaining().abs_diff(lease) > lease / 100 {

@@ -465,6 +465,14 @@ impl Job {
         &self.inner
     }
 
+    /// Whether a job claimed ahead must not be handed out: its lease ran out while it waited
+    /// (in a subscription's buffer or a pool's feed: any outcome would be refused), or a
+    /// purge or trim moved its group past it.
+    pub(crate) fn is_stale(&self) -> bool {
+        self.lease_remaining().is_zero()
+            || self.seq() < self.inner.group.queue.first_seq.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// The group's stored lease now (a worker pool extends by it).
     pub(crate) fn group_lease(&self) -> Duration {
         self.inner.config.settings(&self.inner.group).lease

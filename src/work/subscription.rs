@@ -194,14 +194,9 @@ impl Stream for WorkSubscription {
                 {
                     *slot = Some(fetch(this.ctx.clone()).boxed());
                 }
-                if job.seq() < this.ctx.group.queue.first_seq.load(Ordering::Acquire) {
-                    // Purged (or trimmed) while it waited here: the group moved past it.
-                    // Dropped unseen, it is released without counting.
-                    continue;
-                }
-                if job.lease_remaining().is_zero() {
-                    // Its lease ran out while it waited here: any outcome would be refused.
-                    // Dropped unseen, it is released without counting (unless already re-claimed).
+                if job.is_stale() {
+                    // Dropped unseen, it is released without counting (unless already
+                    // claimed again).
                     continue;
                 }
                 // Handed out: from now on dropping it counts as an attempt.
