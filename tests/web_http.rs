@@ -930,6 +930,14 @@ async fn rockq_serve_is_read_only_beside_a_running_service_and_full_alone() {
     let again = common::open(f.dir.path()).await;
     assert_eq!(again.stats().await.unwrap().groups.len(), 2);
     again.shutdown().await.unwrap();
+    // A signal sent the moment the address is printed is handled too (the handlers were once
+    // installed only when serving began: such a signal killed the process, broker unclosed).
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        let (mut child, _) = start(f.dir.path(), &["--token", TOKEN]).await;
+        assert_eq!(unsafe { libc::kill(child.id().unwrap() as i32, signal) }, 0);
+        let status = tokio::time::timeout(common::HANG_GUARD, child.wait()).await.unwrap().unwrap();
+        assert!(status.success(), "signal {signal}: {status:?}");
+    }
     // Closed before the test ends: a broker dropped as the binary exits would race
     // RocksDB's own teardown ("pthread lock: Invalid argument").
     let _ = f.broker.shutdown().await;

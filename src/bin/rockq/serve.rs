@@ -55,7 +55,17 @@ pub async fn serve(db: &Target, listen: SocketAddr, access: Access, read_only: b
         Ok(l) => l,
         Err(e) => return close(broker, Err(Failure::from(e))).await,
     };
-    let addr = listener.local_addr().map_err(Failure::from)?;
+    let addr = match listener.local_addr() {
+        Ok(a) => a,
+        Err(e) => return close(broker, Err(Failure::from(e))).await,
+    };
+    // Installed before the address is printed: whoever reads it may signal at once, and a
+    // handler installed on the select's first poll would leave that signal its default
+    // disposition (killed, not shut down; seen in CI).
+    let stop = match Stop::install() {
+        Ok(s) => s,
+        Err(e) => return close(broker, Err(Failure::from(e))).await,
+    };
     // The first line is the address, for scripts (and tests) that listen on port 0.
     println!("rockq console on http://{addr}/ — {mode}; {reads}");
     if !has_token {
@@ -65,8 +75,7 @@ pub async fn serve(db: &Target, listen: SocketAddr, access: Access, read_only: b
     }
     let res = tokio::select! {
         r = console.serve_on(listener) => r.map_err(Failure::from),
-        r = tokio::signal::ctrl_c() => r.map_err(Failure::from),
-        () = terminated() => Ok(()),
+        () = stop.wait() => Ok(()),
     };
     close(broker, res).await
 }
@@ -78,12 +87,39 @@ async fn close(broker: Option<rockq::Broker>, res: Result<()>) -> Result<()> {
     }
 }
 
-/// SIGTERM (what service managers and `kill` send): shut the broker down cleanly too.
-async fn terminated() {
+/// Ctrl-C and SIGTERM (what service managers and `kill` send): both shut the broker down
+/// cleanly. The handlers are in place from [`Stop::install`] on, not from the first poll.
+struct Stop {
     #[cfg(unix)]
-    if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        s.recv().await;
-        return;
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Stop {
+    fn install() -> std::io::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Self {
+                interrupt: signal(SignalKind::interrupt())?,
+                terminate: signal(SignalKind::terminate())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Self {})
     }
-    std::future::pending::<()>().await
+
+    async fn wait(self) {
+        #[cfg(unix)]
+        {
+            let Self { mut interrupt, mut terminate } = self;
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
