@@ -17,7 +17,8 @@
 //! yet; it has read the cursor it will compare and the marks: another process may settle a
 //! letter now), `rockq-etcd-flow-request` and `rockq-etcd-flow-answer` (a flow's submit or
 //! the application of a flow change is lost before it is sent, or its answer after it was
-//! applied).
+//! applied), `rockq-etcd-message-read` (the etcd engine's point read of one stored message: an
+//! operator's delete or a dead letter reading the job it finishes).
 
 use crate::error::StorageError;
 

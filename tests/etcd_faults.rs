@@ -1346,6 +1346,65 @@ async fn flow_changes_left_by_a_stopped_process_are_applied_in_order_by_the_next
     b.shutdown().await.unwrap();
 }
 
+/// Failpoint `name` returning an error until dropped (a panic included: the next scenario
+/// starts without it).
+struct Failing(&'static str);
+
+impl Failing {
+    fn on(name: &'static str) -> Failing {
+        fail::cfg(name, "return").expect("failpoint");
+        Failing(name)
+    }
+}
+
+impl Drop for Failing {
+    fn drop(&mut self) {
+        fail::remove(self.0);
+    }
+}
+
+/// An operator's delete of a flow step's job reads the step from the job's message: if that
+/// read fails, the delete fails and changes nothing (it once went ahead without the flow's
+/// change, leaving the step queued and its flow unfinished for ever). Once etcd answers again,
+/// the same delete fails the step and blocks the step after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_delete_that_cannot_read_the_step_fails_and_changes_nothing() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let opts = EtcdOptions::new().request_timeout(std::time::Duration::from_secs(1));
+    let a = Broker::connect_etcd(cluster.endpoints(), "operator-flow", opts).await.expect("connect");
+    let jobs = a.queue("jobs").await.unwrap();
+    let work = flow_group(&a, &jobs);
+    let next = a.queue("next").await.unwrap().work_group("n").unwrap();
+    let mut flow = a.flow();
+    let child = flow.job(&work, "child").unwrap();
+    let parent = flow.then(&next, "parent", &[child]).unwrap();
+    let submitted = flow.submit().await.unwrap();
+    let [(_, seq)] = submitted.sent[..] else { panic!("one first step: {:?}", submitted.sent) };
+    drop(work.subscribe().await.unwrap());
+
+    let failing = Failing::on("rockq-etcd-message-read");
+    let failed = a.delete_job("jobs", "w", seq).await;
+    drop(failing);
+    assert!(matches!(failed, Err(rockq::Error::Storage(_))), "{failed:?}");
+    let status = a.flow_status(submitted.id).await.unwrap();
+    assert_eq!(status.steps[child.index() as usize].state, rockq::StepState::Queued { seq });
+    assert_eq!(committed(&a.stats().await.unwrap()), 0, "nothing finished");
+
+    a.delete_job("jobs", "w", seq).await.expect("deleted once etcd answers");
+    let status = a.flow_status(submitted.id).await.unwrap();
+    assert!(
+        matches!(
+            status.steps[child.index() as usize].state,
+            rockq::StepState::Failed { how: rockq::OutcomeKind::Deleted, .. }
+        ),
+        "{:?}",
+        status.steps[child.index() as usize].state
+    );
+    assert_eq!(status.steps[parent.index() as usize].state, rockq::StepState::Blocked { failed: 1, of: 1 });
+    a.shutdown().await.unwrap();
+}
+
 /// A flow's submit whose answer was lost is found stored (its record is there) and answered
 /// with its first steps' sequences; it is not written twice.
 #[tokio::test]

@@ -206,8 +206,12 @@ impl Shared {
     }
 
     /// A subscription or pool of `group` on `queue` found the store unreachable (`error` is
-    /// transient): reports it (event, metric, log) and waits `*backoff` (doubling it, up to
-    /// 2 s) before the caller tries again. `false`: the broker is closing, do not.
+    /// transient): reports it (event, metric, log) and waits between half of `*backoff` and
+    /// all of it (doubling it, up to 2 s) before the caller tries again. `false`: the broker
+    /// is closing, do not.
+    ///
+    /// The wait is jittered: every subscription of every process meets an outage at once,
+    /// and without it they would all come back in the same instant, each time.
     pub async fn ride_out(
         &self,
         queue: &Arc<str>,
@@ -215,7 +219,7 @@ impl Shared {
         error: &crate::error::StorageError,
         backoff: &mut std::time::Duration,
     ) -> bool {
-        let retry_in = *backoff;
+        let retry_in = jittered(*backoff, fastrand::f64());
         *backoff = (*backoff * 2).min(std::time::Duration::from_secs(2));
         crate::telemetry::group_counter(crate::telemetry::STORE_UNAVAILABLE, queue, group, 1);
         tracing::warn!(%queue, %group, %error, ?retry_in, "rockq: the store is unreachable; the consumer waits and tries again");
@@ -681,5 +685,28 @@ impl Shared {
 impl Drop for Shared {
     fn drop(&mut self) {
         self.closing.cancel();
+    }
+}
+
+/// Between half of `backoff` and all of it, as `unit` (in `[0, 1)`) says ("equal jitter": never
+/// less than half, so a backoff still backs off).
+fn jittered(backoff: std::time::Duration, unit: f64) -> std::time::Duration {
+    backoff.mul_f64(0.5 + 0.5 * unit.clamp(0.0, 1.0))
+}
+
+#[cfg(test)]
+mod jitter_tests {
+    use std::time::Duration;
+
+    #[test]
+    fn a_ride_out_waits_between_half_its_backoff_and_all_of_it() {
+        let b = Duration::from_millis(800);
+        assert_eq!(super::jittered(b, 0.0), Duration::from_millis(400));
+        assert_eq!(super::jittered(b, 0.5), Duration::from_millis(600));
+        assert!(super::jittered(b, 0.999_999) <= b);
+        let seen: std::collections::HashSet<_> =
+            (0..64).map(|_| super::jittered(b, fastrand::f64())).collect();
+        assert!(seen.iter().all(|d| (Duration::from_millis(400)..=b).contains(d)), "{seen:?}");
+        assert!(seen.len() > 1, "jittered, not fixed");
     }
 }

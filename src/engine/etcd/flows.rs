@@ -78,14 +78,23 @@ impl Writer {
         Some(FlowChangeWrite { flow: at.flow, id: self.nonce(), change })
     }
 
-    /// The flow step job `seq` of `queue` is, read from its stored message (`None`: none, or
-    /// the message is gone). For the finishes that do not hold the message (an operator's).
-    pub(super) async fn flow_step_of(&self, queue: &QueueState, seq: u64) -> Option<FlowStep> {
+    /// The flow step job `seq` of `queue` is, read from its stored message (`None`: none, the
+    /// message is gone, or it does not decode). For the finishes that do not hold the message
+    /// (an operator's).
+    ///
+    /// # Errors
+    ///
+    /// etcd did not answer: the finish must not go without its flow's change (the step would
+    /// stay queued, its flow never finishing).
+    pub(super) async fn flow_step_of(
+        &self,
+        queue: &QueueState,
+        seq: u64,
+    ) -> Result<Option<FlowStep>, StorageError> {
         let store = self.side.store.clone();
         let t = self.side.settings.request_timeout;
-        let stored = retrying(t, || store.message(queue.id, seq)).await.ok()??;
-        let env = envelope::decode(b"", &stored).ok()?;
-        FlowStep::in_headers(&env.headers)
+        let Some(stored) = retrying(t, || store.message(queue.id, seq)).await? else { return Ok(None) };
+        Ok(envelope::decode(b"", &stored).ok().and_then(|env| FlowStep::in_headers(&env.headers)))
     }
 
     async fn submit_flow(&mut self, steps: Vec<FlowStepSpec>) -> Result<Submitted, Error> {

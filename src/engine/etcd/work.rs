@@ -424,7 +424,14 @@ impl Writer {
                 let (kind, result, at) = match outcome {
                     Outcome::Ack { result, flow } => (OutcomeKind::Acked, result, flow),
                     // An operator's: the flow step is read from the message.
-                    _ => (OutcomeKind::Deleted, None, self.flow_step_of(&group.queue, seq).await),
+                    _ => match self.flow_step_of(&group.queue, seq).await {
+                        Ok(at) => (OutcomeKind::Deleted, None, at),
+                        Err(e) => {
+                            group.revert(seq);
+                            let _ = reply.send(Err(Error::Storage(e)));
+                            return;
+                        }
+                    },
                 };
                 let flow = self.flow_change(&group, seq, at, (&kind, attempt, result.as_ref()));
                 let outcome = self.outcome_record(group.keeps_outcomes(), kind, attempt, result);
