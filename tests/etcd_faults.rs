@@ -1279,6 +1279,27 @@ fn flow_group(broker: &Broker, queue: &rockq::Queue) -> rockq::WorkGroup {
         .dead_letter_queue(format!("{}.dlq", queue.name()))
 }
 
+/// A flow submitted on `a`: "child" on `jobs`'s group `w` ([`flow_group`]), then "parent" on
+/// `next`'s group `n`.
+struct ChildAndParent {
+    work: rockq::WorkGroup,
+    next: rockq::WorkGroup,
+    child: rockq::Step,
+    parent: rockq::Step,
+    submitted: rockq::Submitted,
+}
+
+async fn child_and_parent(a: &Broker) -> ChildAndParent {
+    let jobs = a.queue("jobs").await.unwrap();
+    let work = flow_group(a, &jobs);
+    let next = a.queue("next").await.unwrap().work_group("n").unwrap();
+    let mut flow = a.flow();
+    let child = flow.job(&work, "child").unwrap();
+    let parent = flow.then(&next, "parent", &[child]).unwrap();
+    let submitted = flow.submit().await.unwrap();
+    ChildAndParent { work, next, child, parent, submitted }
+}
+
 /// Flow changes a process wrote and stopped before applying (every application lost): a
 /// child's ack, and a step's dead letter followed by its redrive. The next process to connect
 /// applies them, in the order they were written: the parent is sent once, and the redriven
@@ -1289,13 +1310,8 @@ async fn flow_changes_left_by_a_stopped_process_are_applied_in_order_by_the_next
     let _one_at_a_time = SERIAL.lock().await;
     let cluster = etcd::Cluster::start(1).await;
     let a = Broker::connect_etcd(cluster.endpoints(), "left", EtcdOptions::new()).await.expect("connect");
-    let jobs = a.queue("jobs").await.unwrap();
-    let work = flow_group(&a, &jobs);
-    let next = a.queue("next").await.unwrap().work_group("n").unwrap();
-    let mut flow = a.flow();
-    let child = flow.job(&work, "child").unwrap();
-    let parent = flow.then(&next, "parent", &[child]).unwrap();
-    let acked = flow.submit().await.unwrap().id;
+    let ChildAndParent { work, next, child, parent, submitted } = child_and_parent(&a).await;
+    let acked = submitted.id;
     let mut flow = a.flow();
     let x = flow.job(&work, "x").unwrap();
     let after_x = flow.then(&next, "after x", &[x]).unwrap();
@@ -1373,13 +1389,7 @@ async fn an_operator_delete_that_cannot_read_the_step_fails_and_changes_nothing(
     let cluster = etcd::Cluster::start(1).await;
     let opts = EtcdOptions::new().request_timeout(std::time::Duration::from_secs(1));
     let a = Broker::connect_etcd(cluster.endpoints(), "operator-flow", opts).await.expect("connect");
-    let jobs = a.queue("jobs").await.unwrap();
-    let work = flow_group(&a, &jobs);
-    let next = a.queue("next").await.unwrap().work_group("n").unwrap();
-    let mut flow = a.flow();
-    let child = flow.job(&work, "child").unwrap();
-    let parent = flow.then(&next, "parent", &[child]).unwrap();
-    let submitted = flow.submit().await.unwrap();
+    let ChildAndParent { work, child, parent, submitted, .. } = child_and_parent(&a).await;
     let [(_, seq)] = submitted.sent[..] else { panic!("one first step: {:?}", submitted.sent) };
     drop(work.subscribe().await.unwrap());
 

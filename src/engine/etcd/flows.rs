@@ -321,9 +321,13 @@ impl Writer {
         let (mut ops, mut cmps, mut bytes) = (0, 0, 0);
         for ((flow, cs), got) in flows.into_iter().zip(loaded) {
             let Some(lf) = got else {
-                // The flow was deleted: what is left of its changes goes.
-                for c in &cs {
-                    let _ = until_deadline(deadline, store.delete_change(&c.key, c.rev)).await;
+                // The flow was deleted: what is left of its changes goes (one whose delete
+                // failed is left, so that the mover deletes it in a moment, not at the next
+                // change of some other flow).
+                for c in cs {
+                    if until_deadline(deadline, store.delete_change(&c.key, c.rev)).await.is_err() {
+                        left.push(c);
+                    }
                 }
                 continue;
             };
