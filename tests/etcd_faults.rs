@@ -340,6 +340,40 @@ async fn an_operator_action_decided_on_a_stale_view_is_refused_by_etcd() {
     b.shutdown().await.expect("shutdown");
 }
 
+/// An operator's delete that cannot reach etcd leaves the job as it was taken: a retry still
+/// waits for its due time (the writer once put it back to claimable at once, so it ran before
+/// its backoff).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_delete_that_fails_leaves_a_waiting_retry_waiting() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let opts = EtcdOptions::new()
+        .request_timeout(std::time::Duration::from_secs(1))
+        .options(rockq::Options::new().clock(clock.clone()));
+    let a = Broker::connect_etcd(cluster.endpoints(), "operator-undo", opts).await.expect("connect");
+    let q = a.queue("q").await.expect("queue");
+    q.send("one").await.expect("send");
+    let backoff = std::time::Duration::from_secs(60);
+    let policy = rockq::RetryPolicy::default().max_attempts(5).backoff(backoff, backoff).jitter(0.0);
+    let mut jobs =
+        q.work_group("w").expect("group").retry_policy(policy).subscribe().await.expect("subscribe");
+    next_job(&mut jobs).await.fail_durable("503").await.expect("fail");
+    let waiting = |s: &rockq::JobStatus| matches!(s.state, rockq::JobState::RetryWaiting { .. });
+    assert!(waiting(&a.job("q", "w", 1).await.unwrap()));
+
+    let failing = Failing::on("rockq-etcd-claim-request");
+    let failed = a.delete_job("q", "w", 1).await;
+    drop(failing);
+    assert!(matches!(failed, Err(rockq::Error::Storage(_))), "{failed:?}");
+    let status = a.job("q", "w", 1).await.unwrap();
+    assert!(waiting(&status), "still waiting for its retry: {:?}", status.state);
+    a.delete_job("q", "w", 1).await.expect("deleted once etcd answers");
+    assert!(matches!(a.job("q", "w", 1).await.unwrap().state, rockq::JobState::Finished));
+    drop(jobs);
+    a.shutdown().await.expect("shutdown");
+}
+
 /// A claim whose answer was lost is sent again; the second try finds the records this
 /// process meant to write and counts the claim as made (not as lost to another process, which
 /// would leave the message leased to nobody until the lease ran out).

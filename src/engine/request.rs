@@ -12,7 +12,9 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::registry::{KeyspaceState, LiveSubscription, OrderedGroupState, QueueState, WorkGroupState};
+use super::registry::{
+    KeyspaceState, LiveSubscription, OrderedGroupState, QueueState, TakenFrom, WorkGroupState,
+};
 use crate::error::{Closed, Error, StorageError};
 use crate::message::Message;
 use crate::model::StartFrom;
@@ -197,13 +199,16 @@ pub(crate) enum WorkRequest {
         reply: Reply<Vec<u64>, Error>,
     },
     /// Record the outcome of one attempt, claimed in reset epoch `epoch`. If the writer refuses
-    /// it, it puts the message back to claimable itself.
+    /// it, it puts the message back to claimable itself — for an operator's action
+    /// (`taken_from`), to the state it was taken from: a retry keeps its due time.
     Outcome {
         group: Arc<WorkGroupState>,
         seq: u64,
         attempt: u32,
         epoch: u64,
         outcome: Outcome,
+        #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // read by the etcd engine
+        taken_from: Option<TakenFrom>,
         reply: Reply<(), Error>,
     },
     /// Move dead letters `(expected, last]` of `dlq` to their targets and advance its cursor.

@@ -831,6 +831,7 @@ impl Job {
             attempt,
             epoch: inner.epoch,
             outcome,
+            taken_from: None,
             reply,
         });
         shared.tx.send(req).await.map_err(|_| Error::Shutdown)?;

@@ -111,6 +111,7 @@ pub(crate) async fn act(
         attempt: taken.attempt,
         epoch: taken.epoch,
         outcome,
+        taken_from: Some(taken.previous),
         reply,
     });
     shared.tx.send(req).await.map_err(|_| Error::Shutdown)?;

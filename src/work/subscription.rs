@@ -280,8 +280,15 @@ async fn send_settle(
 ) -> Option<oneshot::Receiver<Result<(), Error>>> {
     let mut guard = SettlingGuard { group, seq, armed: true };
     let (reply, rx) = oneshot::channel();
-    let req =
-        Request::Work(WorkRequest::Outcome { group: group.clone(), seq, attempt, epoch, outcome, reply });
+    let req = Request::Work(WorkRequest::Outcome {
+        group: group.clone(),
+        seq,
+        attempt,
+        epoch,
+        outcome,
+        taken_from: None,
+        reply,
+    });
     shared.tx.send(req).await.ok()?;
     guard.armed = false;
     Some(rx)

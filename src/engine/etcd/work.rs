@@ -385,17 +385,22 @@ impl Writer {
         }
     }
 
-    /// Records the outcome of one attempt, compared with the holder's claim revision.
+    /// Records the outcome of one attempt, compared with the holder's claim revision. One that
+    /// fails to reach etcd puts the message back: to claimable, or for an operator's action
+    /// (`taken_from`) to the state it was taken from (a retry keeps its due time).
     pub(super) async fn outcome(
         &mut self,
         group: Arc<WorkGroupState>,
-        seq: u64,
-        attempt: u32,
+        (seq, attempt, taken_from): (u64, u32, Option<crate::engine::registry::TakenFrom>),
         outcome: Outcome,
         reply: Reply<(), Error>,
     ) {
+        let undo = |group: &WorkGroupState| match taken_from {
+            Some(previous) => group.operator_revert(seq, previous),
+            None => group.revert(seq),
+        };
         let Some(ws) = self.work_side(&group) else {
-            group.revert(seq);
+            undo(&group);
             let _ = reply.send(Err(Error::Storage(StorageError::new("work group not loaded"))));
             return;
         };
@@ -427,7 +432,7 @@ impl Writer {
                     _ => match self.flow_step_of(&group.queue, seq).await {
                         Ok(at) => (OutcomeKind::Deleted, None, at),
                         Err(e) => {
-                            group.revert(seq);
+                            undo(&group);
                             let _ = reply.send(Err(Error::Storage(e)));
                             return;
                         }
@@ -481,7 +486,7 @@ impl Writer {
                         let _ = reply.send(Err(group.lease_lost(seq, attempt)));
                     }
                     Err(e) => {
-                        group.revert(seq);
+                        undo(&group);
                         let _ = reply.send(Err(Error::Storage(e)));
                     }
                 }
@@ -545,7 +550,7 @@ impl Writer {
                         let _ = reply.send(Err(group.lease_lost(seq, attempt)));
                     }
                     Err(e) => {
-                        group.revert(seq);
+                        undo(&group);
                         let _ = reply.send(Err(Error::Storage(e)));
                     }
                 }

@@ -289,8 +289,10 @@ impl Writer {
             Request::Work(WorkRequest::Claim { group, claims, bucket, limit_rev, reply, .. }) => {
                 self.claim(group, claims, (bucket, limit_rev), reply).await;
             }
-            Request::Work(WorkRequest::Outcome { group, seq, attempt, outcome, reply, .. }) => {
-                self.outcome(group, seq, attempt, outcome, reply).await;
+            Request::Work(WorkRequest::Outcome {
+                group, seq, attempt, outcome, taken_from, reply, ..
+            }) => {
+                self.outcome(group, (seq, attempt, taken_from), outcome, reply).await;
             }
             Request::Work(WorkRequest::Extend(extension)) => self.extend(extension).await,
             Request::Lifecycle(LifecycleRequest::PurgeQueue { name, reply }) => {

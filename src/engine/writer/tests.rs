@@ -240,6 +240,7 @@ fn ack(group: &Arc<WorkGroupState>, seq: u64) -> (Request, oneshot::Receiver<Res
             attempt: 1,
             epoch: 0,
             outcome,
+            taken_from: None,
             reply,
         }),
         rx,

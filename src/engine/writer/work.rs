@@ -52,7 +52,7 @@ pub(super) fn apply(r: &mut Round<'_>, req: WorkRequest) {
                 drop(reply.send(res.map(|()| Vec::new()).map_err(|e| Error::Storage(e.clone()))))
             });
         }
-        WorkRequest::Outcome { group, seq, attempt, epoch, outcome, reply } => {
+        WorkRequest::Outcome { group, seq, attempt, epoch, outcome, reply, .. } => {
             if group.is_deleted() {
                 // Nothing to revert: the group's memory is gone with it.
                 let _ = reply.send(Err(deleted(&group)));
