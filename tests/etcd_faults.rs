@@ -173,6 +173,20 @@ fn committed(s: &rockq::Stats) -> u64 {
     s.groups.iter().find(|g| g.group == "w").map_or(0, |g| g.committed)
 }
 
+/// Message 1 of queue `q`, sent and failed once in work group `w` (five attempts, a fixed
+/// backoff of a minute, no jitter): waiting for its retry. Returns the subscription that
+/// failed it and the backoff.
+async fn one_retry_waiting(a: &Broker) -> (rockq::WorkSubscription, std::time::Duration) {
+    let q = a.queue("q").await.expect("queue");
+    q.send("one").await.expect("send");
+    let backoff = std::time::Duration::from_secs(60);
+    let policy = rockq::RetryPolicy::default().max_attempts(5).backoff(backoff, backoff).jitter(0.0);
+    let mut jobs =
+        q.work_group("w").expect("group").retry_policy(policy).subscribe().await.expect("subscribe");
+    next_job(&mut jobs).await.fail_durable("503").await.expect("fail");
+    (jobs, backoff)
+}
+
 /// The fence is etcd's compare on the claim's revision, not what the watch told this process:
 /// with the watch held back, `a` (whose clock lags) still holds its job when `b` claims it
 /// after the stored deadline; `a`'s ack reaches etcd and is refused, changing nothing.
@@ -310,13 +324,7 @@ async fn an_operator_action_decided_on_a_stale_view_is_refused_by_etcd() {
     let cluster = etcd::Cluster::start(1).await;
     let clock = rockq::ManualClock::new();
     let a = connect_with(&cluster, "operator-stale", &clock).await;
-    let qa = a.queue("q").await.expect("queue");
-    qa.send("one").await.expect("send");
-    let backoff = std::time::Duration::from_secs(60);
-    let policy = rockq::RetryPolicy::default().max_attempts(5).backoff(backoff, backoff).jitter(0.0);
-    let mut ja =
-        qa.work_group("w").expect("group").retry_policy(policy).subscribe().await.expect("subscribe");
-    next_job(&mut ja).await.fail_durable("503").await.expect("fail");
+    let (mut ja, backoff) = one_retry_waiting(&a).await;
     // `b` loads the group with the retry waiting; from now on no watch brings anything.
     let b = connect_with(&cluster, "operator-stale", &clock).await;
     fail::cfg("rockq-etcd-claim-watch", "return").expect("failpoint");
@@ -352,13 +360,7 @@ async fn an_operator_delete_that_fails_leaves_a_waiting_retry_waiting() {
         .request_timeout(std::time::Duration::from_secs(1))
         .options(rockq::Options::new().clock(clock.clone()));
     let a = Broker::connect_etcd(cluster.endpoints(), "operator-undo", opts).await.expect("connect");
-    let q = a.queue("q").await.expect("queue");
-    q.send("one").await.expect("send");
-    let backoff = std::time::Duration::from_secs(60);
-    let policy = rockq::RetryPolicy::default().max_attempts(5).backoff(backoff, backoff).jitter(0.0);
-    let mut jobs =
-        q.work_group("w").expect("group").retry_policy(policy).subscribe().await.expect("subscribe");
-    next_job(&mut jobs).await.fail_durable("503").await.expect("fail");
+    let (jobs, _) = one_retry_waiting(&a).await;
     let waiting = |s: &rockq::JobStatus| matches!(s.state, rockq::JobState::RetryWaiting { .. });
     assert!(waiting(&a.job("q", "w", 1).await.unwrap()));
 
