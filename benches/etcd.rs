@@ -23,6 +23,10 @@
 //!   submitted first, run by a pool of 8 (a no-op handler) until every step is acked in etcd:
 //!   each child's ack carries its flow's change record, which its writer applies (the parent
 //!   sent with the last child's); steps per second beside the pool drain's jobs per second;
+//! - **a large flow**: one flow of n / 10 children and a parent, larger than one transaction:
+//!   its submit timed (written in parts, its children sent over several transactions before it
+//!   returns), then its run by a pool of 8 — each child's change applied on its own, reading
+//!   only the steps it touches — steps per second beside the pool drain's jobs per second;
 //! - **raw drain**: the same work with `etcd-client` alone, sequentially, per batch of `k`
 //!   messages: a claim Txn (`k` compares on the records' revisions, the offset compare, `k`
 //!   puts), a ranged read of the `k` messages, a done Txn (`k` compares, `k` puts) and an
@@ -41,7 +45,7 @@
 //!   written in transactions of 127, beside **raw etcd** writing full transactions of 127 —
 //!   the most etcd takes for this work; the awaited produce is also printed against it.
 //!
-//! The nine run interleaved, three times per cluster, each in its own namespace (rockq) or
+//! The ten run interleaved, three times per cluster, each in its own namespace (rockq) or
 //! key prefix (raw); the table prints medians, and each repetition's figures go to stderr.
 //!
 //! `cargo bench --features etcd --bench etcd`; `ROCKQ_BENCH_ETCD_N` sets N (default 20,000),
@@ -123,6 +127,9 @@ struct Rep {
     produce: Measured,
     /// [`flow_drain`]: flows of [`FLOW_KIDS`] children and a parent, run by a pool of 8.
     flows: Measured,
+    /// [`large_flow`]: its submit's seconds and write transactions, and its run.
+    large_submit: (f64, u64),
+    large: Measured,
     e2e: Measured,
     /// The drain of n / 5 jobs whose handler takes [`handler_work`].
     drain_working: Measured,
@@ -189,6 +196,8 @@ async fn bench_cluster(members: usize, n: u64) {
         let raw_drain_secs =
             raw_drain(&mut client, &format!("bench-raw-drain-{i}"), n, drain_k, value_len).await;
         let flows = flow_drain(&endpoints, &mut client, &format!("bench-flows-{i}"), flow_count(n)).await;
+        let (large_submit, large) =
+            large_flow(&endpoints, &mut client, &format!("bench-large-flow-{i}"), n / 10).await;
         let drain_two =
             pool_drain_two(&endpoints, &mut client, &format!("bench-drain-two-{i}"), n, None).await;
         let drain_limited =
@@ -209,6 +218,8 @@ async fn bench_cluster(members: usize, n: u64) {
         reps.push(Rep {
             produce,
             flows,
+            large_submit,
+            large,
             e2e,
             e2e_pool,
             drain,
@@ -339,17 +350,37 @@ async fn bench_cluster(members: usize, n: u64) {
     );
     // Flows: their steps per second beside the plain drain of the same repetition (each step is
     // a job, and its finish carries a change record its writer then applies).
-    let steps = flow_count(n) * (FLOW_KIDS + 1);
-    let flow_txns: u64 = reps.iter().map(|r| r.flows.txns).sum();
-    println!(
-        "  {:<40} {:>9.0} {:>7.0}% {:>7} {:>9.2} {:>8.2}   ({} flows of {FLOW_KIDS} children and a parent: steps/s, vs the pool drain's jobs/s)",
+    let flows_row = |label: &str, steps: u64, m: &dyn Fn(&Rep) -> &Measured, note: String| {
+        let txns: u64 = reps.iter().map(|r| m(r).txns).sum();
+        println!(
+            "  {:<40} {:>9.0} {:>7.0}% {:>7} {:>9.2} {:>8.2}   ({note})",
+            label,
+            median(reps.iter().map(|r| steps as f64 / m(r).secs)),
+            100.0 * median(reps.iter().map(|r| (steps as f64 / m(r).secs) / rate(r.drain.secs))),
+            txns / REPS as u64,
+            (steps * REPS as u64) as f64 / txns.max(1) as f64,
+            1e3 * reps.iter().map(|r| m(r).secs).sum::<f64>() / txns.max(1) as f64,
+        );
+    };
+    flows_row(
         "flows, pool of 8 workers",
-        median(reps.iter().map(|r| steps as f64 / r.flows.secs)),
-        100.0 * median(reps.iter().map(|r| (steps as f64 / r.flows.secs) / rate(r.drain.secs))),
-        flow_txns / REPS as u64,
-        (steps * REPS as u64) as f64 / flow_txns.max(1) as f64,
-        1e3 * reps.iter().map(|r| r.flows.secs).sum::<f64>() / flow_txns.max(1) as f64,
-        flow_count(n),
+        flow_count(n) * (FLOW_KIDS + 1),
+        &|r| &r.flows,
+        format!(
+            "{} flows of {FLOW_KIDS} children and a parent: steps/s, vs the pool drain's jobs/s",
+            flow_count(n)
+        ),
+    );
+    flows_row(
+        "a large flow, pool of 8 workers",
+        n / 10 + 1,
+        &|r| &r.large,
+        format!(
+            "one flow of {} children and a parent; its submit {:.0} ms in {} transactions",
+            n / 10,
+            1e3 * median(reps.iter().map(|r| r.large_submit.0)),
+            reps.iter().map(|r| r.large_submit.1).sum::<u64>() / REPS as u64
+        ),
     );
     // Two brokers' pools beside the same raw drain (one client, no competition: the most the
     // cluster does for this work in one sequence of transactions).
@@ -567,6 +598,46 @@ async fn flow_drain(endpoints: &[String], client: &mut Client, ns: &str, flows: 
     assert_eq!(broker.flow_status(last).await.expect("status").state, rockq::FlowState::Succeeded);
     broker.shutdown().await.expect("shut the broker down");
     Measured { secs, txns: (rev_after - rev_before) as u64, writer }
+}
+
+/// A large flow: `kids` children and a parent `then` them, on one work group — its submit
+/// timed (seconds, write transactions), then its run by a pool of 8 (a no-op handler) until
+/// every step is acked in etcd and the flow has succeeded.
+async fn large_flow(
+    endpoints: &[String],
+    client: &mut Client,
+    ns: &str,
+    kids: u64,
+) -> ((f64, u64), Measured) {
+    let broker = connect(endpoints, ns).await;
+    let q = broker.queue(QUEUE).await.expect("create the queue");
+    let group = q.work_group("w").expect("a valid group name");
+    let mut flow = broker.flow();
+    let steps: Vec<_> = (0..kids).map(|k| flow.job(&group, common::value(k)).expect("a step")).collect();
+    flow.then(&group, common::value(kids), &steps).expect("the parent");
+    let rev_before = revision(client).await;
+    let start = Instant::now();
+    let submitted = flow.submit().await.expect("submit a large flow");
+    let submit = (start.elapsed().as_secs_f64(), (revision(client).await - rev_before) as u64);
+    assert_eq!(submitted.sent.len() as u64, kids, "every child sent by the submit");
+    let (token, handler) = jobs_until(kids + 1, Duration::ZERO);
+    let writer_before = broker.writer_stats();
+    let rev_before = revision(client).await;
+    let start = Instant::now();
+    let report = group.clone().workers(8).shutdown_on(token).run(handler).await.expect("the pool");
+    let secs = start.elapsed().as_secs_f64();
+    assert_eq!(report.acked, kids + 1, "the pool acked another count than the flow's steps");
+    let rev_after = revision(client).await;
+    let writer = writer_delta(writer_before, broker.writer_stats());
+    // A large flow's last change is applied by the mover moments after its ack returned.
+    let mut waited = 0;
+    while broker.flow_status(submitted.id).await.expect("status").state != rockq::FlowState::Succeeded {
+        waited += 1;
+        assert!(waited < 1000, "the large flow never succeeded");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    broker.shutdown().await.expect("shut the broker down");
+    (submit, Measured { secs, txns: (rev_after - rev_before) as u64, writer })
 }
 
 /// Pool drain: `n` messages sent first (in batches of 100, not timed), then a worker pool of 8

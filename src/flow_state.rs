@@ -460,3 +460,39 @@ impl Submitted {
         self.sent.iter().find(|(s, _)| *s == step).map(|(_, seq)| *seq)
     }
 }
+
+/// How a dependency's change moves the steps after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// It succeeded.
+    Succeeded,
+    /// It failed, or became blocked.
+    Failed,
+    /// It failed or was blocked before, and no longer is (a redrive).
+    Revived,
+    /// None: the step is sent if it is ready (a flow's first steps, sent after its submit).
+    Start,
+}
+
+impl Change {
+    /// Its byte in a stored worklist.
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            Change::Succeeded => 0,
+            Change::Failed => 1,
+            Change::Revived => 2,
+            Change::Start => 3,
+        }
+    }
+
+    /// The change stored as `code` (`None`: not one).
+    pub(crate) fn from_code(code: u8) -> Option<Change> {
+        Some(match code {
+            0 => Change::Succeeded,
+            1 => Change::Failed,
+            2 => Change::Revived,
+            3 => Change::Start,
+            _ => return None,
+        })
+    }
+}

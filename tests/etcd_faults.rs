@@ -1398,6 +1398,68 @@ async fn flow_changes_left_by_a_stopped_process_are_applied_in_order_by_the_next
     b.shutdown().await.unwrap();
 }
 
+/// A move larger than one transaction whose process stops half way: a root's ack sends its
+/// 150 dependents over several transactions; the first lands (the move's continuation
+/// rewritten in place of the ack's change), every later one is lost, and the process stops.
+/// The next process goes on from the continuation: every dependent is sent, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_move_cut_short_is_finished_by_the_next_process_each_step_sent_once() {
+    const FAN: usize = 150;
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let a = Broker::connect_etcd(cluster.endpoints(), "cut", EtcdOptions::new()).await.expect("connect");
+    let jobs = a.queue("jobs").await.unwrap();
+    let work = flow_group(&a, &jobs);
+    let fan_q = a.queue("fan").await.unwrap();
+    let fan = fan_q.work_group("f").unwrap();
+    let mut flow = a.flow();
+    let root = flow.job(&work, "root").unwrap();
+    for i in 0..FAN {
+        flow.then(&fan, format!("{i}"), &[root]).unwrap();
+    }
+    let id = flow.submit().await.unwrap().id;
+    let mut sub = work.subscribe().await.unwrap();
+    let j = next_job(&mut sub).await;
+    fail::cfg("rockq-etcd-flow-request", "1*off->return").expect("failpoint");
+    j.ack_durable().await.expect("the ack stands; its flow moves in parts");
+    let deadline = tokio::time::Instant::now() + common::HANG_GUARD;
+    while fan_q.last_seq() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the first part never landed");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let part = fan_q.last_seq();
+    assert!(part < FAN as u64, "one transaction sent {part} of {FAN}: the move was cut short");
+    drop(sub);
+    a.shutdown().await.unwrap();
+    fail::remove("rockq-etcd-flow-request");
+
+    let b = Broker::connect_etcd(cluster.endpoints(), "cut", EtcdOptions::new()).await.expect("connect");
+    let deadline = tokio::time::Instant::now() + common::HANG_GUARD;
+    loop {
+        let status = b.flow_status(id).await.unwrap();
+        if status
+            .steps
+            .iter()
+            .all(|s| matches!(s.state, rockq::StepState::Queued { .. } | rockq::StepState::Succeeded { .. }))
+        {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the rest of the move was never applied");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let fan_q = b.queue("fan").await.unwrap();
+    assert_eq!(fan_q.last_seq(), FAN as u64, "each dependent sent once");
+    let mut sub = fan_q.work_group("f").unwrap().subscribe().await.unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..FAN {
+        let j = next_job(&mut sub).await;
+        assert!(seen.insert(String::from_utf8_lossy(j.payload()).into_owned()), "sent twice");
+        j.ack().unwrap();
+    }
+    drop(sub);
+    b.shutdown().await.unwrap();
+}
+
 /// Failpoint `name` returning an error until dropped (a panic included: the next scenario
 /// starts without it).
 struct Failing(&'static str);

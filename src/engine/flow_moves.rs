@@ -11,6 +11,7 @@
 
 use bytes::Bytes;
 
+pub(crate) use crate::flow_state::Change;
 use crate::flow_state::{FLOW_HEADER, FlowStep, StepRecord, StoredStep};
 use crate::message::Message;
 use crate::stats::OutcomeKind;
@@ -48,17 +49,21 @@ pub(crate) trait StepBook {
     fn release(&mut self, flow: u64, step: u32, rec: &StepRecord) -> Result<Option<u64>, Self::Error>;
     /// The wall clock now, in µs (a finish time).
     fn now_micros(&mut self) -> u64;
+    /// Whether the write being built holds no more work: the move stops before its next step
+    /// and hands what is left to [`defer`](Self::defer). Never before the first step of a
+    /// move, so every write makes progress. (The embedded writer's batch is never full.)
+    fn full(&self) -> bool {
+        false
+    }
+    /// Takes the work a full write left (steps and the change each one is to take, in the
+    /// order [`resume`] takes them), for a later write to go on with.
+    fn defer(&mut self, _work: Vec<(u32, Change)>) {}
 }
 
-/// How a dependency's change moves the steps after it.
-#[derive(Debug, Clone, Copy)]
-enum Change {
-    /// It succeeded.
-    Succeeded,
-    /// It failed, or became blocked.
-    Failed,
-    /// It failed or was blocked before, and no longer is (a redrive).
-    Revived,
+/// Goes on with work a full write left ([`StepBook::defer`]), as the move that left it would
+/// have.
+pub(crate) fn resume<B: StepBook>(book: &mut B, flow: u64, work: Vec<(u32, Change)>) -> Result<(), B::Error> {
+    propagate(book, flow, work)
 }
 
 /// Job `seq` of `queue`, step `step` of `flow`, was finished by `group` (`how`; the handler's
@@ -124,15 +129,24 @@ pub(crate) fn revive<B: StepBook>(
 }
 
 /// Applies each change to its step, sending the steps that become ready and passing a step's
-/// own change (blocked, unblocked, or failed to send) on to the steps after it.
+/// own change (blocked, unblocked, or failed to send) on to the steps after it. Stops when the
+/// book is full, deferring the rest (the first step is always taken).
 fn propagate<B: StepBook>(book: &mut B, flow: u64, mut work: Vec<(u32, Change)>) -> Result<(), B::Error> {
-    while let Some((step, change)) = work.pop() {
+    let mut first = true;
+    loop {
+        if !first && book.full() && !work.is_empty() {
+            book.defer(work);
+            return Ok(());
+        }
+        first = false;
+        let Some((step, change)) = work.pop() else { break };
         let Some(mut rec) = book.load(flow, step)? else { continue };
         let blocked = rec.is_blocked();
         match change {
             Change::Succeeded => rec.succeeded = rec.succeeded.saturating_add(1),
             Change::Failed => rec.failed = rec.failed.saturating_add(1),
             Change::Revived => rec.failed = rec.failed.saturating_sub(1),
+            Change::Start => {}
         }
         let mut passed = None;
         if rec.is_ready() {

@@ -382,6 +382,26 @@ pub(crate) struct FlowStepSpec {
     pub message: Message,
 }
 
+impl FlowStepSpec {
+    /// The step's first record: nothing after it has finished yet, in `state`.
+    pub fn record(
+        &self,
+        dependents: Vec<u32>,
+        state: crate::flow_state::StoredStep,
+    ) -> crate::flow_state::StepRecord {
+        crate::flow_state::StepRecord {
+            queue: self.queue.name.to_string(),
+            group: self.group.clone(),
+            when: self.when,
+            deps: self.after.len() as u32,
+            dependents,
+            succeeded: 0,
+            failed: 0,
+            state,
+        }
+    }
+}
+
 /// Keyspaces (`writer/txn.rs`).
 pub(crate) enum KvRequest {
     /// Create keyspace `name` (or return the existing one).

@@ -37,9 +37,9 @@ use crate::work::WorkGroup;
 ///
 /// Steps may not be delayed or carry an idempotency key (`InvalidOption`): a step is sent
 /// when its flow says so, once. Flows are kept until [deleted](crate::Broker::delete_flow);
-/// an export leaves them out. On etcd a flow must fit one transaction (about 40 steps, their
-/// messages and results within 1 MiB; a step's result at most
-/// [`MAX_ETCD_STEP_RESULT_BYTES`](crate::MAX_ETCD_STEP_RESULT_BYTES): docs/etcd.md).
+/// an export leaves them out. On etcd a flow larger than one transaction is written and moved
+/// in parts; its steps' messages are then at most 32 KiB each, and a step's result is at most
+/// [`MAX_ETCD_STEP_RESULT_BYTES`](crate::MAX_ETCD_STEP_RESULT_BYTES) (docs/etcd.md).
 ///
 /// # Examples
 ///
@@ -249,7 +249,8 @@ impl Flow {
     ///
     /// [`Error::EmptyBatch`] for a flow without steps; [`Error::InvalidOption`] if a step was
     /// refused for belonging to another broker; [`Error::Unsupported`] on the etcd engine for a
-    /// flow larger than one etcd transaction (nothing written);
+    /// flow larger than one etcd transaction with a step message over 32 KiB or over 40,000
+    /// dependencies and first steps (nothing written);
     /// [`Error::QueueDeleted`] if a step's queue was deleted since it was added;
     /// [`Error::MessageTooLarge`]-style refusals were given by the step calls.
     /// [`Error::Shutdown`], [`Error::Storage`], [`Error::Failed`]. Nothing is written.

@@ -1,41 +1,41 @@
 //! Flows on etcd, the writer's side (the records and the protocol: `store/etcd/flows.rs`).
 //!
 //! - **Submit**: the flow's records and its first steps' messages in one transaction, compared
-//!   with each queue's tail. A flow larger than one transaction holds is refused before
-//!   anything is written (`HugeMessage`): its size is checked for the largest change it can
-//!   take too, so every later move of it fits one transaction.
+//!   with each queue's tail; a flow larger than that in parts (`submit_in_parts`), its record
+//!   last, with a continuation sending its first steps.
 //! - **Finish**: the transaction that finishes a step's job (an ack, a dead letter, an
 //!   operator's delete, a transaction's ack) puts a change record with it (`flow_change`).
 //! - **Move**: any process applies change records as the namespace watch brings them (and at
 //!   connect): the flow read as of one revision, moved on by `flow_moves` as embedded, written
 //!   in one transaction compared with the change record, every step record and every tail —
 //!   whichever process wins, each change is applied once, and a crash in between leaves it for
-//!   the next.
+//!   the next. A large flow is read in part (the steps a move touches, `Need`); a move larger
+//!   than a transaction stops when it is full and leaves its change rewritten to the rest.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use super::flow_book::{EtcdBook, Need, QueueAt, result_len};
 use super::side::{register_queue, retrying};
 use super::writer::Writer;
-use crate::engine::capability::{self, Capability, Flavour};
-use crate::engine::flow_moves::{self, StepBook};
+use crate::engine::flow_moves::StepBook;
 use crate::engine::registry::{QueueState, WorkGroupState};
-use crate::engine::request::{FlowRequest, FlowStepSpec};
+use crate::engine::request::FlowRequest;
 use crate::error::{Error, StorageError};
-use crate::flow_state::{FlowHeader, FlowStep, Step, StepRecord, StoredStep, Submitted};
+use crate::flow_state::{FlowStep, StoredStep};
 use crate::stats::{JobOutcome, OutcomeKind};
 use crate::store::envelope;
-use crate::store::etcd::flows::{FlowChange, FlowChangeWrite, FlowWrite, LoadedFlow, ReadChange};
+use crate::store::etcd::flows::{FlowChange, FlowChangeWrite, FlowWrite, ReadChange, STEPS_READ};
 use crate::store::etcd::{DeadLetterAppend, MAX_TXN_BYTES, MAX_TXN_OPS};
 use crate::telemetry;
 
 /// Change records one move reads (and applies) at a time.
 const CHANGES_READ: usize = 64;
 /// Refused applications of one change in a row before the writer lets other requests in.
-const APPLY_TRIES: u32 = 4;
+pub(super) const APPLY_TRIES: u32 = 4;
 /// How long after a change could not be applied the writer looks again.
 const RETRY_MOVE: Duration = Duration::from_secs(1);
 
@@ -97,166 +97,13 @@ impl Writer {
         Ok(envelope::decode(b"", &stored).ok().and_then(|env| FlowStep::in_headers(&env.headers)))
     }
 
-    async fn submit_flow(&mut self, steps: Vec<FlowStepSpec>) -> Result<Submitted, Error> {
-        if let Some(f) = self.engine.failure() {
-            return Err(crate::error::Closed::Failed(f).into());
+    /// Notes flow `flow` as larger than a whole read (forgotten all at once past 10,000: a
+    /// flow forgotten is only read in part once more).
+    pub(super) fn note_large(&mut self, flow: u64) {
+        if self.large_flows.len() >= 10_000 {
+            self.large_flows.clear();
         }
-        for s in &steps {
-            if s.queue.is_deleted() {
-                return Err(Error::QueueDeleted { queue: s.queue.name.to_string() });
-            }
-        }
-        let t = self.side.settings.request_timeout;
-        let deadline = Instant::now() + t;
-        let store = self.side.store.clone();
-        let now = self.stamp();
-        // The id is taken first: a flow refused below leaves a gap (ids are never reused).
-        let mut envs = Vec::with_capacity(steps.len());
-        for (i, s) in steps.iter().enumerate() {
-            // Encoded with a placeholder id, only to size it: the longest header there is.
-            let m = flow_moves::step_message(s.message.clone(), FlowStep { flow: u64::MAX, step: i as u32 });
-            envs.push(
-                envelope::encode(&m, now).map_err(|e| StorageError::new(format!("flow step {i}: {e:?}")))?,
-            );
-        }
-        check_size(&steps, &envs)?;
-        let id = retrying(t, || store.take_flow_id()).await?;
-        let mut envs = Vec::with_capacity(steps.len());
-        for (i, s) in steps.iter().enumerate() {
-            let m = flow_moves::step_message(s.message.clone(), FlowStep { flow: id, step: i as u32 });
-            envs.push(
-                envelope::encode(&m, now).map_err(|e| StorageError::new(format!("flow step {i}: {e:?}")))?,
-            );
-        }
-        let dependents = flow_moves::dependents(steps.iter().map(|s| s.after.as_slice()));
-        // The first steps by queue, in order.
-        let mut queues: Vec<(Arc<QueueState>, Vec<u32>)> = Vec::new();
-        for (i, s) in steps.iter().enumerate().filter(|(_, s)| s.after.is_empty()) {
-            match queues.iter_mut().find(|(q, _)| Arc::ptr_eq(q, &s.queue)) {
-                Some((_, list)) => list.push(i as u32),
-                None => queues.push((s.queue.clone(), vec![i as u32])),
-            }
-        }
-        // Whether a try's answer was lost: it may land later, whatever the next tries find.
-        let mut in_doubt = false;
-        let mut backoff = Duration::from_millis(10);
-        loop {
-            if in_doubt {
-                // The flow's id is this call's alone: if its record is there, a try landed, and
-                // its records say where the first steps went.
-                match until_deadline(deadline, store.flow_status(id)).await {
-                    Ok(Some(status)) => {
-                        let sent = first_steps(&status);
-                        self.sent_steps(&queues, &sent, &envs);
-                        return Ok(Submitted { id, sent });
-                    }
-                    Ok(None) => {}
-                    Err(e) if Instant::now() >= deadline => return Err(e.into()),
-                    Err(_) => {
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(super::side::RETRY_CAP);
-                        continue;
-                    }
-                }
-            }
-            let mut w = FlowWrite {
-                flow: id,
-                header: Some(FlowHeader { created_micros: now, steps: steps.len() as u32 }),
-                ..FlowWrite::default()
-            };
-            let mut sent = Vec::new();
-            let mut seqs: HashMap<u32, u64> = HashMap::new();
-            for (q, list) in &queues {
-                let (last, nonce) = match self.tails.get(&q.id) {
-                    Some(&tail) => tail,
-                    None => match until_deadline(deadline, store.get_tail(q.id)).await? {
-                        Some(tail) => tail,
-                        None => return Err(Error::QueueDeleted { queue: q.name.to_string() }),
-                    },
-                };
-                for (k, &step) in list.iter().enumerate() {
-                    let seq = last + 1 + k as u64;
-                    seqs.insert(step, seq);
-                    sent.push((Step(step, 0), seq));
-                }
-                w.appends.push(DeadLetterAppend {
-                    qid: q.id,
-                    expected_last: last,
-                    expected_nonce: nonce,
-                    nonce: self.nonce(),
-                    envelopes: list.iter().map(|&s| envs[s as usize].clone()).collect(),
-                });
-            }
-            for (i, (s, after)) in steps.iter().zip(&dependents).enumerate() {
-                let step = i as u32;
-                let state = match seqs.get(&step) {
-                    Some(&seq) => StoredStep::Queued { seq },
-                    None => {
-                        w.deps.push((step, s.after.clone()));
-                        w.put_messages.push((step, envs[i].clone()));
-                        StoredStep::Waiting
-                    }
-                };
-                let rec = StepRecord {
-                    queue: s.queue.name.to_string(),
-                    group: s.group.clone(),
-                    when: s.when,
-                    deps: s.after.len() as u32,
-                    dependents: after.clone(),
-                    succeeded: 0,
-                    failed: 0,
-                    state,
-                };
-                w.steps.push((step, None, rec));
-            }
-            match until_deadline(deadline, store.write_flow(&w)).await {
-                Ok(true) => {
-                    for a in &w.appends {
-                        self.tails.insert(a.qid, (a.expected_last + a.envelopes.len() as u64, a.nonce));
-                    }
-                    self.sent_steps(&queues, &sent, &envs);
-                    tracing::debug!(flow = id, sent = sent.len(), "rockq: flow submitted");
-                    return Ok(Submitted { id, sent });
-                }
-                Ok(false) => {
-                    // A tail moved (the flow id is this call's alone): read them again.
-                    for (q, _) in &queues {
-                        self.tails.remove(&q.id);
-                    }
-                }
-                Err(e) => {
-                    for (q, _) in &queues {
-                        self.tails.remove(&q.id);
-                    }
-                    if Instant::now() >= deadline {
-                        return Err(e.into());
-                    }
-                    in_doubt = true;
-                }
-            }
-            if Instant::now() >= deadline {
-                return Err(StorageError::new("etcd: a flow's queues kept moving").into());
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(super::side::RETRY_CAP);
-        }
-    }
-
-    /// Publishes the first steps a submit appended (`sent`, by queue `queues`; `envs`, every
-    /// step's envelope), with their priorities.
-    fn sent_steps(&self, queues: &[(Arc<QueueState>, Vec<u32>)], sent: &[(Step, u64)], envs: &[Vec<u8>]) {
-        for (q, list) in queues {
-            for (step, seq) in sent.iter().filter(|(s, _)| list.contains(&s.0)) {
-                if let Some(env) = envs.get(step.0 as usize) {
-                    super::writer::index_sent(q, *seq, [env]);
-                }
-            }
-            let last = sent.iter().filter(|(s, _)| list.contains(&s.0)).map(|(_, seq)| *seq).max();
-            if let Some(last) = last {
-                q.publish_max(last);
-                telemetry::produced(&q.name, list.len() as u64);
-            }
-        }
+        self.large_flows.insert(flow);
     }
 
     /// Notes the change records a write of this writer's put (at revision `rev`), for
@@ -281,7 +128,18 @@ impl Writer {
         if own.is_empty() {
             return;
         }
-        let left = self.apply_batch(own).await;
+        let mut left = self.apply_batch(own).await;
+        // A large flow's (read in part, so not batched): applied here too, one flow at a time,
+        // tried once (a refusal is another process's change between: the mover's).
+        let large: Vec<u64> = left.iter().map(|c| c.flow).filter(|f| self.large_flows.contains(f)).collect();
+        for flow in large {
+            let (cs, rest): (Vec<_>, Vec<_>) = left.into_iter().partition(|c| c.flow == flow);
+            left = rest;
+            match self.apply_changes(&cs, 1).await {
+                Ok(a) if a.continued.is_none() && a.left == 0 => {}
+                _ => left.extend(cs),
+            }
+        }
         if !left.is_empty() {
             self.side.flows_changed.notify_one();
         }
@@ -299,9 +157,13 @@ impl Writer {
                 None => flows.push((c.flow, vec![c])),
             }
         }
+        // A large flow's changes are applied one flow at a time (`apply_changes`).
+        let (large, mut flows): (Vec<_>, Vec<_>) =
+            flows.into_iter().partition(|(f, _)| self.large_flows.contains(f));
         // One read: four ranges per flow.
         let take = flows.len().min(MAX_TXN_OPS / 4);
         let mut left: Vec<ReadChange> = flows.split_off(take).into_iter().flat_map(|(_, cs)| cs).collect();
+        left.extend(large.into_iter().flat_map(|(_, cs)| cs));
         let store = self.side.store.clone();
         let deadline = Instant::now() + self.side.settings.request_timeout;
         let wanted: Vec<u64> = flows.iter().map(|(f, _)| *f).collect();
@@ -346,6 +208,12 @@ impl Writer {
             if present.is_empty() {
                 continue;
             }
+            if !lf.complete {
+                // A large flow: its moves read what they touch, one flow at a time.
+                self.note_large(flow);
+                left.extend(present);
+                continue;
+            }
             let mut known = true;
             for (_, rec) in lf.steps.values() {
                 if matches!(rec.state, StoredStep::Waiting) && !queues.contains_key(&rec.queue) {
@@ -363,17 +231,13 @@ impl Writer {
             for (qid, _) in &sent {
                 *base.entry(*qid).or_default() += 1;
             }
-            let mut book = EtcdBook {
-                flow,
-                loaded: lf,
-                written: BTreeMap::new(),
-                released: Vec::new(),
-                queues: queues.clone(),
-                base,
-                now,
-            };
-            for c in &present {
-                book.apply(c);
+            let mut book = EtcdBook::new(flow, lf, queues.clone(), now);
+            book.base = base;
+            let built = present.iter().try_for_each(|c| book.apply(c));
+            if built.is_err() || book.deferred.is_some() {
+                // Larger than a transaction (or a step's queue unknown): one change at a time.
+                left.extend(present);
+                continue;
             }
             let first_created = present.iter().map(|c| c.created).min().unwrap_or_default();
             let keys = present.iter().map(|c| (c.key.clone(), c.rev)).collect();
@@ -423,7 +287,7 @@ impl Writer {
             }
         }
         match until_deadline(deadline, store.write_flows(&parts, &appends)).await {
-            Ok(true) => {
+            Ok(Some(_)) => {
                 for a in &appends {
                     let last = a.expected_last + a.envelopes.len() as u64;
                     self.tails.insert(a.qid, (last, a.nonce));
@@ -470,21 +334,33 @@ impl Writer {
         let read = changes.len();
         // Together first; what that did not apply, one change at a time.
         let changes = self.apply_batch(changes).await;
-        let mut held = std::collections::HashSet::new();
+        let mut failed = false;
         let mut applied = read - changes.len();
+        // Each flow's changes in the order they were written, applied together as far as one
+        // transaction holds.
+        let mut by_flow: Vec<(u64, Vec<ReadChange>)> = Vec::new();
         for c in changes {
-            if held.contains(&c.flow) {
-                continue;
+            match by_flow.iter_mut().find(|(f, _)| *f == c.flow) {
+                Some((_, list)) => list.push(c),
+                None => by_flow.push((c.flow, vec![c])),
             }
-            match self.apply_change(&c).await {
-                Ok(()) => applied += 1,
+        }
+        for (flow, cs) in by_flow {
+            match self.apply_changes(&cs, APPLY_TRIES).await {
+                Ok(a) => {
+                    applied += a.gone + a.applied;
+                    if a.continued.is_some() || a.left > 0 {
+                        // The rest waits its turn, other requests in between.
+                        self.side.flows_changed.notify_one();
+                    }
+                }
                 Err(e) => {
-                    tracing::debug!(flow = c.flow, error = %e, "rockq: a flow change was not applied; trying again in a second");
-                    held.insert(c.flow);
+                    tracing::debug!(flow, error = %e, "rockq: a flow change was not applied; trying again in a second");
+                    failed = true;
                 }
             }
         }
-        if !held.is_empty() {
+        if failed {
             later(self.side.clone());
         }
         if full && applied > 0 {
@@ -492,55 +368,90 @@ impl Writer {
         }
     }
 
-    /// Applies change `c` in one transaction, reading again after a refusal (another process
-    /// applied it or an older change of the flow, or moved a tail), a few times: an error if
-    /// it is still there.
-    async fn apply_change(&mut self, c: &ReadChange) -> Result<(), Error> {
+    /// Applies changes `cs` (of one flow, in the order they were written) in one transaction,
+    /// as many as it holds, reading again after a refusal (another process applied them or an
+    /// older change of the flow, or moved a tail), a few times: an error if they are still
+    /// there. A move larger than one transaction applies what fits and rewrites the first
+    /// change's record to the rest (it is the oldest: the rest keeps its place in the order),
+    /// and the changes after it wait. Those no longer there were applied by another process.
+    pub(super) async fn apply_changes(&mut self, cs: &[ReadChange], tries: u32) -> Result<Applied, Error> {
         let store = self.side.store.clone();
         let t = self.side.settings.request_timeout;
         let deadline = Instant::now() + t;
         let mut backoff = Duration::from_millis(5);
-        for _ in 0..APPLY_TRIES {
-            let Some((loaded, present)) = until_deadline(deadline, store.load_flow(c.flow, &c.key)).await?
+        let Some(flow) = cs.first().map(|c| c.flow) else { return Ok(Applied::default()) };
+        for attempt in 1..=tries {
+            // The steps from the first one the changes name: those after a step are numbered
+            // after it.
+            let from = cs.iter().map(|c| c.change.first_step()).min().unwrap_or(0);
+            let Some(loaded) =
+                until_deadline(deadline, store.load_steps(flow, from, STEPS_READ as u32)).await?
             else {
                 // The flow was deleted: what is left of its changes goes.
-                until_deadline(deadline, store.delete_change(&c.key, c.rev)).await?;
-                return Ok(());
-            };
-            if present != Some(c.rev) {
-                return Ok(());
-            }
-            // Every queue a step may be sent to, with its tail.
-            let mut queues = HashMap::new();
-            for (_, rec) in loaded.steps.values() {
-                if matches!(rec.state, StoredStep::Waiting) && !queues.contains_key(&rec.queue) {
-                    let q = self.flow_queue(&rec.queue, deadline).await?;
-                    queues.insert(rec.queue.clone(), q);
+                for c in cs {
+                    until_deadline(deadline, store.delete_change(&c.key, c.rev)).await?;
                 }
+                return Ok(Applied { gone: cs.len(), ..Applied::default() });
+            };
+            let there: Vec<&ReadChange> =
+                cs.iter().filter(|c| loaded.pending.iter().any(|p| p.0 == c.key && p.1 == c.rev)).collect();
+            let gone = cs.len() - there.len();
+            if there.is_empty() {
+                return Ok(Applied { gone, ..Applied::default() });
             }
             let now = self.stamp();
-            let mut book = EtcdBook {
-                flow: c.flow,
-                loaded,
-                written: BTreeMap::new(),
-                released: Vec::new(),
-                queues,
-                base: HashMap::new(),
-                now,
+            let mut book = EtcdBook::new(flow, loaded, HashMap::new(), now);
+            book.read(from, STEPS_READ as u32);
+            // Built again after each read a large flow's move needs (each reads something new).
+            let taken = loop {
+                book.restart();
+                let mut taken = 0;
+                let mut need = None;
+                for c in &there {
+                    if taken > 0 && (book.full() || book.deferred.is_some()) {
+                        break;
+                    }
+                    if let Err(n) = book.apply(c) {
+                        need = Some(n);
+                        break;
+                    }
+                    taken += 1;
+                }
+                match need {
+                    None => break taken,
+                    Some(Need::Queue(name)) => {
+                        let q = self.flow_queue(&name, deadline).await?;
+                        book.queues.insert(name, q);
+                    }
+                    Some(Need::Step(step)) => {
+                        let read =
+                            until_deadline(deadline, store.load_steps(flow, step, STEPS_READ as u32)).await?;
+                        let Some(more) = read else {
+                            return Ok(Applied { gone: cs.len(), ..Applied::default() });
+                        };
+                        book.read(step, STEPS_READ as u32);
+                        for (s, rec) in more.steps {
+                            book.loaded.steps.entry(s).or_insert(rec);
+                        }
+                        for (s, m) in more.messages {
+                            book.loaded.messages.entry(s).or_insert(m);
+                        }
+                    }
+                }
             };
-            book.apply(c);
-            let w = book.write(vec![(c.key.clone(), c.rev)], c.created, || self.nonce());
+            let keys = there[..taken].iter().map(|c| (c.key.clone(), c.rev)).collect();
+            let w = book.write(keys, there[0].created, || self.nonce());
             if w.ops() > MAX_TXN_OPS {
-                // Not made by this build's submit (its size is checked for every move).
+                // The book stops a move at a transaction's size: a bug if it did not.
                 tracing::error!(
-                    flow = c.flow,
+                    flow,
                     ops = w.ops(),
-                    "rockq: a flow change does not fit one etcd transaction; left as it is"
+                    "rockq: a flow change does not fit one etcd transaction"
                 );
                 return Err(StorageError::new("etcd: a flow change larger than one transaction").into());
             }
             match until_deadline(deadline, store.write_flow(&w)).await {
-                Ok(true) => {
+                Ok(Some(rev)) => {
                     for a in &w.appends {
                         let last = a.expected_last + a.envelopes.len() as u64;
                         self.tails.insert(a.qid, (last, a.nonce));
@@ -550,14 +461,28 @@ impl Writer {
                             telemetry::produced(&q.name, a.envelopes.len() as u64);
                         }
                     }
-                    return Ok(());
+                    if w.rest.is_some() {
+                        tracing::debug!(flow, "rockq: a flow move goes on in the next transaction");
+                    }
+                    // Of those applied, the first is continued (when anything is left), not gone.
+                    let continued = w.rest.map(|rest| (rev, rest));
+                    let applied = taken - usize::from(continued.is_some());
+                    return Ok(Applied {
+                        gone,
+                        applied,
+                        continued,
+                        left: there.len() - taken,
+                        sent: book.sent,
+                    });
                 }
-                Ok(false) => {
+                Ok(None) => {
                     for a in &w.appends {
                         self.tails.remove(&a.qid);
                     }
-                    tokio::time::sleep(backoff).await;
-                    backoff *= 2;
+                    if attempt < tries {
+                        tokio::time::sleep(backoff).await;
+                        backoff *= 2;
+                    }
                 }
                 Err(e) => {
                     for a in &w.appends {
@@ -592,168 +517,26 @@ impl Writer {
     }
 }
 
-/// Refuses a flow larger than one transaction holds, for its submit and for the largest
-/// change it can take: every step rewritten (its result at most
-/// [`MAX_ETCD_STEP_RESULT_BYTES`](crate::flow_state::MAX_ETCD_STEP_RESULT_BYTES)) and sent,
-/// with each queue's tail. What one change reads (every record and kept message of the flow)
-/// is as large, far below the client's 4 MiB answer.
-fn check_size(steps: &[FlowStepSpec], envs: &[Vec<u8>]) -> Result<(), Error> {
-    let mut queues: Vec<&str> = steps.iter().map(|s| &*s.queue.name).collect();
-    queues.sort_unstable();
-    queues.dedup();
-    let index = crate::store::etcd::index_entries(envs.iter().map(Vec::as_slice));
-    // A move: the change's delete, and per step its record, its kept message's delete and its
-    // append; a submit takes fewer (one record and one message per step, and the flow's).
-    let ops = 1 + 3 * steps.len() + index + queues.len();
-    let record = crate::flow_state::MAX_ETCD_STEP_RESULT_BYTES + 256;
-    let bytes: usize = envs.iter().map(|e| e.len() + 64).sum::<usize>() + record * steps.len();
-    if ops > MAX_TXN_OPS || bytes > MAX_TXN_BYTES {
-        return Err(capability::refusal(Flavour::Etcd, Capability::HugeMessage));
-    }
-    Ok(())
-}
-
-/// The bytes of the result a step's record carries.
-fn result_len(state: &StoredStep) -> usize {
-    match state {
-        StoredStep::Succeeded { result: Some(r), .. } => r.len(),
-        _ => 0,
-    }
-}
-
-/// Where a stored flow's first steps (those that run after nothing) went: each one's sequence,
-/// whatever became of its job since.
-fn first_steps(status: &crate::flow_state::FlowStatus) -> Vec<(Step, u64)> {
-    use crate::flow_state::StepState;
-    status
-        .steps
-        .iter()
-        .filter(|s| s.after.is_empty())
-        .filter_map(|s| match s.state {
-            StepState::Queued { seq } | StepState::Succeeded { seq, .. } | StepState::Failed { seq, .. } => {
-                Some((Step(s.step, 0), seq))
-            }
-            _ => None,
-        })
-        .collect()
-}
-
 /// `fut`, cut short at `deadline`, its error a storage error.
-async fn until_deadline<T>(
+pub(super) async fn until_deadline<T>(
     deadline: Instant,
     fut: impl std::future::Future<Output = Result<T, StorageError>>,
 ) -> Result<T, StorageError> {
     super::side::until(deadline, fut).await
 }
 
-/// A queue a step may be sent to, with its tail as read (last, nonce).
-type QueueAt = (Arc<QueueState>, (u64, u64));
-
-/// A flow as read, with what a change does to it: the etcd engine's [`StepBook`].
-struct EtcdBook {
-    flow: u64,
-    loaded: LoadedFlow,
-    /// Records rewritten, by step.
-    written: BTreeMap<u32, StepRecord>,
-    /// Steps sent: their queue's id and envelope, in order.
-    released: Vec<(u32, u32, Vec<u8>)>,
-    /// Each queue a step may be sent to, with its tail as read (`None`: deleted).
-    queues: HashMap<String, Option<QueueAt>>,
-    /// Messages other flows' parts of the same transaction append to each queue first.
-    base: HashMap<u32, u64>,
-    now: u64,
-}
-
-impl EtcdBook {
-    /// The transaction applying the change `change` (its key and revision).
-    fn write(
-        &self,
-        changes: Vec<(Vec<u8>, i64)>,
-        first_created: i64,
-        mut nonce: impl FnMut() -> u64,
-    ) -> FlowWrite {
-        let mut w = FlowWrite { flow: self.flow, changes, first_created, ..FlowWrite::default() };
-        for (step, rec) in &self.written {
-            let rev = self.loaded.steps.get(step).map_or(0, |(rev, _)| *rev);
-            w.steps.push((*step, Some(rev), rec.clone()));
-        }
-        let mut appends: Vec<DeadLetterAppend> = Vec::new();
-        for (step, qid, env) in &self.released {
-            w.delete_messages.push(*step);
-            match appends.iter_mut().find(|a| a.qid == *qid) {
-                Some(a) => a.envelopes.push(env.clone()),
-                None => {
-                    let tail = self.queues.values().flatten().find(|(q, _)| q.id == *qid).map(|(_, t)| *t);
-                    let (last, tail_nonce) = tail.unwrap_or_default();
-                    appends.push(DeadLetterAppend {
-                        qid: *qid,
-                        expected_last: last,
-                        expected_nonce: tail_nonce,
-                        nonce: nonce(),
-                        envelopes: vec![env.clone()],
-                    });
-                }
-            }
-        }
-        w.appends = appends;
-        w
-    }
-}
-
-impl EtcdBook {
-    /// Moves the flow as change `c` says (a change that no longer applies changes nothing).
-    fn apply(&mut self, c: &ReadChange) {
-        // (This book's reads and writes are in memory: they cannot fail.)
-        let _ = match &c.change {
-            FlowChange::Finished { step, queue, group, seq, outcome } => flow_moves::settle(
-                self,
-                (c.flow, *step),
-                (queue, group, *seq),
-                &outcome.kind,
-                outcome.result.as_ref(),
-            )
-            .map(|_| ()),
-            FlowChange::Revived { step, queue, seq, letter } => {
-                flow_moves::revive(self, (c.flow, *step), (queue, *seq), (&letter.0, letter.1)).map(|_| ())
-            }
-        };
-    }
-}
-
-impl StepBook for EtcdBook {
-    type Error = StorageError;
-
-    fn load(&mut self, flow: u64, step: u32) -> Result<Option<StepRecord>, StorageError> {
-        if flow != self.flow {
-            return Ok(None);
-        }
-        if let Some(rec) = self.written.get(&step) {
-            return Ok(Some(rec.clone()));
-        }
-        Ok(self.loaded.steps.get(&step).map(|(_, rec)| rec.clone()))
-    }
-
-    fn put(&mut self, _flow: u64, step: u32, rec: StepRecord) {
-        self.written.insert(step, rec);
-    }
-
-    fn release(&mut self, flow: u64, step: u32, rec: &StepRecord) -> Result<Option<u64>, StorageError> {
-        let Some(mut env) = self.loaded.messages.get(&step).cloned() else {
-            tracing::error!(flow, step, "rockq: a ready flow step has no message");
-            return Ok(None);
-        };
-        let Some(Some((q, (last, _)))) = self.queues.get(&rec.queue) else { return Ok(None) };
-        let qid = q.id;
-        let before = self.base.get(&qid).copied().unwrap_or(0)
-            + self.released.iter().filter(|(_, id, _)| *id == qid).count() as u64;
-        let seq = last + 1 + before;
-        envelope::stamp(&mut env, self.now);
-        tracing::debug!(flow, step, queue = %rec.queue, seq, "rockq: flow step sent");
-        self.released.push((step, qid, env));
-        Ok(Some(seq))
-    }
-
-    fn now_micros(&mut self) -> u64 {
-        self.now
-    }
+/// What [`Writer::apply_changes`] did with the changes it was given.
+#[derive(Default)]
+pub(super) struct Applied {
+    /// Changes not there any more (another process applied them, or their flow is gone).
+    pub(super) gone: usize,
+    /// Changes applied and deleted.
+    pub(super) applied: usize,
+    /// The rest of a move larger than the transaction: the first change's record rewritten to
+    /// it, with the write's revision.
+    pub(super) continued: Option<(i64, FlowChange)>,
+    /// Changes that did not fit, still there.
+    pub(super) left: usize,
+    /// Steps sent, with their sequences.
+    pub(super) sent: Vec<(u32, u64)>,
 }

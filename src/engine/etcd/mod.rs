@@ -30,6 +30,8 @@ mod claims;
 mod dedup;
 mod delayed;
 mod deletion;
+mod flow_book;
+mod flow_submit;
 mod flows;
 mod follow;
 mod forget;

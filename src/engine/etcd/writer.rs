@@ -54,6 +54,9 @@ pub(super) struct Writer {
     /// Flow change records this writer's writes put, applied before their callers are
     /// answered (`flows.rs`).
     pub(super) own_changes: Vec<(crate::store::etcd::flows::FlowChangeWrite, i64)>,
+    /// Flows found larger than a whole read (`etcd/flows.rs`): their changes skip the batched
+    /// application, which would read a part of them for nothing.
+    pub(super) large_flows: std::collections::HashSet<u64>,
     /// The latest enqueue time stamped (wall micros), shared with the appender.
     pub(super) stamps: Arc<std::sync::atomic::AtomicU64>,
     /// After a failed commit: when to try the dirty groups again.
@@ -249,6 +252,7 @@ impl Writer {
             side,
             tails: HashMap::new(),
             own_changes: Vec::new(),
+            large_flows: Default::default(),
             stamps,
             retry_after: None,
             unreachable: false,

@@ -61,16 +61,7 @@ fn submit(r: &mut Round<'_>, steps: Vec<FlowStepSpec>, reply: Reply<Submitted, E
     let mut sent = Vec::new();
     for ((i, s), (mut env, after)) in steps.into_iter().enumerate().zip(encoded.into_iter().zip(dependents)) {
         let step = i as u32;
-        let mut rec = StepRecord {
-            queue: s.queue.name.to_string(),
-            group: s.group,
-            when: s.when,
-            deps: s.after.len() as u32,
-            dependents: after,
-            succeeded: 0,
-            failed: 0,
-            state: StoredStep::Waiting,
-        };
+        let mut rec = s.record(after, StoredStep::Waiting);
         if s.after.is_empty() {
             // Known to the writer and not deleted (checked above): the append cannot fail.
             if let Some(seq) = send(r, &s.queue, id, step, &rec.group, &mut env, now) {

@@ -18,9 +18,10 @@
 //! leaves the record for the next process to apply. Change records lie inside the namespace
 //! watch's range, so every process learns of one without polling.
 //!
-//! A flow is written in one transaction (its records and its first steps' messages), and a
-//! change is applied in one: a flow is as large as one transaction holds (`engine/etcd/flows.rs`
-//! refuses a larger one before anything is written).
+//! A small flow is written in one transaction (its records and its first steps' messages); a
+//! larger one in parts, its record last with a continuation change sending its first steps. A
+//! change is applied in one transaction, or, when its move is larger, in several: each applies
+//! what fits and rewrites the change record into a continuation ([`FlowChange::Continued`]).
 
 use etcd_client::{
     Compare, CompareOp, DeleteOptions, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
@@ -28,14 +29,21 @@ use etcd_client::{
 
 use super::{DeadLetterAppend, EtcdStore, corrupt};
 use crate::error::{CorruptionError, StorageError};
-use crate::flow_state::{FlowHeader, FlowStatus, StepRecord};
+use crate::flow_state::{Change, FlowHeader, FlowStatus, StepRecord};
 use crate::stats::JobOutcome;
 use crate::store::flows::{StepKv, decode_step, encode_deps, encode_header, encode_step, status_of};
 use crate::store::outcomes::{Reader, decode_outcome, encode_outcome};
 
 const CHANGE_V1: u8 = 1;
+/// Steps of a flow read whole by a move; a larger flow's moves read only the steps they touch.
+pub(crate) const WHOLE_FLOW_STEPS: usize = 64;
+/// Steps one read of a large flow's move asks for (two keys each).
+pub(crate) const STEPS_READ: usize = 60;
+/// Records one page of a flow's status read holds (each at most a step's largest result).
+const STATUS_PAGE: i64 = 128;
 const FINISHED: u8 = 0;
 const REVIVED: u8 = 1;
+const CONTINUED: u8 = 2;
 
 /// A change to a flow not applied yet (`sf/`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,13 +53,19 @@ pub(crate) enum FlowChange {
     /// Step `step`'s dead letter `letter` (its queue and sequence) was redriven to `queue` as
     /// `seq`.
     Revived { step: u32, queue: String, seq: u64, letter: (String, u64) },
+    /// What a move larger than one transaction left, to go on with (rewritten in place of the
+    /// change that began it, so it keeps that change's place in the order): each step and the
+    /// change it is to take, in the order taken from the end. A large flow's submit leaves its
+    /// first steps so.
+    Continued { work: Vec<(u32, Change)> },
 }
 
 impl FlowChange {
     /// `version u8 (1), kind u8 (0 finished, 1 revived), step u32, seq u64, queue (u16
     /// length, UTF-8)`, then for a finish `group (u16 length, UTF-8)` and its outcome record
     /// (`outcomes.rs`) to the end, for a redrive the letter's `seq u64` and its queue (UTF-8)
-    /// to the end. Integers big-endian.
+    /// to the end; a continuation is `version, kind (2), count u32`, then per step `step u32,
+    /// change u8`. Integers big-endian.
     pub fn encode(&self) -> Vec<u8> {
         let mut v = vec![CHANGE_V1];
         let text = |v: &mut Vec<u8>, s: &str| {
@@ -75,6 +89,14 @@ impl FlowChange {
                 v.extend_from_slice(&letter.1.to_be_bytes());
                 v.extend_from_slice(letter.0.as_bytes());
             }
+            FlowChange::Continued { work } => {
+                v.push(CONTINUED);
+                v.extend_from_slice(&(work.len() as u32).to_be_bytes());
+                for (step, change) in work {
+                    v.extend_from_slice(&step.to_be_bytes());
+                    v.push(change.code());
+                }
+            }
         }
         v
     }
@@ -86,6 +108,20 @@ impl FlowChange {
             return Err(bad("unknown version"));
         }
         let kind = r.u8().ok_or_else(|| bad("no kind"))?;
+        if kind == CONTINUED {
+            let n = r.u32().ok_or_else(|| bad("no count"))? as usize;
+            if r.0.len() != n.saturating_mul(5) {
+                return Err(bad("worklist length"));
+            }
+            let work =
+                r.0.chunks_exact(5)
+                    .map(|c| {
+                        let step = u32::from_be_bytes([c[0], c[1], c[2], c[3]]);
+                        Change::from_code(c[4]).map(|ch| (step, ch)).ok_or_else(|| bad("unknown change"))
+                    })
+                    .collect::<Result<_, _>>()?;
+            return Ok(FlowChange::Continued { work });
+        }
         let step = r.u32().ok_or_else(|| bad("no step"))?;
         let seq = r.u64().ok_or_else(|| bad("no sequence"))?;
         let mut text = |what: &str| -> Result<String, CorruptionError> {
@@ -106,6 +142,16 @@ impl FlowChange {
                 Ok(FlowChange::Revived { step, queue, seq, letter: (letter_queue.to_owned(), letter_seq) })
             }
             _ => Err(bad("unknown kind")),
+        }
+    }
+}
+
+impl FlowChange {
+    /// The step a move of it touches first (the steps it touches next are numbered after it).
+    pub fn first_step(&self) -> u32 {
+        match self {
+            FlowChange::Finished { step, .. } | FlowChange::Revived { step, .. } => *step,
+            FlowChange::Continued { work } => work.iter().map(|(s, _)| *s).min().unwrap_or(0),
         }
     }
 }
@@ -137,6 +183,8 @@ pub(crate) struct LoadedFlow {
     pub messages: std::collections::BTreeMap<u32, Vec<u8>>,
     /// Its changes not applied yet (key, revision, `create_revision`), oldest first.
     pub pending: Vec<(Vec<u8>, i64, i64)>,
+    /// Every step is here (`false`: a large flow, read in part: only the steps asked for).
+    pub complete: bool,
 }
 
 /// One transaction creating or moving a flow ([`EtcdStore::write_flow`]).
@@ -150,6 +198,11 @@ pub(crate) struct FlowWrite {
     /// (changes apply in the order they were written). The flow is compared present.
     pub changes: Vec<(Vec<u8>, i64)>,
     pub first_created: i64,
+    /// What the move could not fit: the first change is rewritten to it instead of deleted
+    /// (it keeps its `create_revision`, so its place in the order).
+    pub rest: Option<FlowChange>,
+    /// Change records put (a large flow's submit: its first steps, to send).
+    pub put_changes: Vec<FlowChangeWrite>,
     /// Step records: each step's number, its revision as read (compared; `None`: a new step),
     /// and its record.
     pub steps: Vec<(u32, Option<i64>, StepRecord)>,
@@ -173,12 +226,22 @@ impl FlowWrite {
             .sum();
         usize::from(self.header.is_some())
             + self.changes.len()
+            + self.put_changes.len()
             + self.steps.len()
             + self.deps.len()
             + self.put_messages.len()
             + self.delete_messages.len()
             + appended
     }
+}
+
+/// A flow's changes not applied yet, as a keys-only read of its `sf/` range found them: each
+/// one's key, revision and `create_revision`, oldest first.
+fn pending_of(changes: &etcd_client::GetResponse) -> Vec<(Vec<u8>, i64, i64)> {
+    let mut pending: Vec<_> =
+        changes.kvs().iter().map(|kv| (kv.key().to_vec(), kv.mod_revision(), kv.create_revision())).collect();
+    pending.sort_by_key(|p| p.2);
+    pending
 }
 
 fn flow_step_rest(flow: u64, step: u32) -> [u8; 12] {
@@ -241,10 +304,10 @@ impl EtcdStore {
         self.take_ids(b"flow-id", 1, "flow id").await
     }
 
-    /// Writes `w` in one transaction: `true` if written, `false` if a compare failed (the
-    /// flow there already or gone, the change applied already, a step record or a tail
+    /// Writes `w` in one transaction: its revision if written, `None` if a compare failed
+    /// (the flow there already or gone, the change applied already, a step record or a tail
     /// moved): nothing written, the caller reads again.
-    pub async fn write_flow(&self, w: &FlowWrite) -> Result<bool, StorageError> {
+    pub async fn write_flow(&self, w: &FlowWrite) -> Result<Option<i64>, StorageError> {
         self.write_flows(std::slice::from_ref(w), &w.appends).await
     }
 
@@ -254,7 +317,7 @@ impl EtcdStore {
         &self,
         parts: &[FlowWrite],
         appends: &[DeadLetterAppend],
-    ) -> Result<bool, StorageError> {
+    ) -> Result<Option<i64>, StorageError> {
         let mut cmps = Vec::new();
         let mut ops = Vec::new();
         for w in parts {
@@ -265,9 +328,9 @@ impl EtcdStore {
         }
         // Tests lose the request (not applied) or its answer (applied).
         crate::faults::check("rockq-etcd-flow-request")?;
-        let written = self.kv().txn(Txn::new().when(cmps).and_then(ops)).await?.succeeded();
+        let resp = self.kv().txn(Txn::new().when(cmps).and_then(ops)).await?;
         crate::faults::check("rockq-etcd-flow-answer")?;
-        Ok(written)
+        Ok(resp.succeeded().then(|| resp.header().map(|h| h.revision()).unwrap_or_default()))
     }
 
     /// Adds one flow's compares and writes, its appends left out.
@@ -284,9 +347,15 @@ impl EtcdStore {
             let (lo, hi) = self.flow_range(b"sf/", w.flow);
             cmps.push(Compare::create_revision(lo, CompareOp::Greater, w.first_created - 1).with_range(hi));
         }
-        for (key, rev) in &w.changes {
+        for (i, (key, rev)) in w.changes.iter().enumerate() {
             cmps.push(Compare::mod_revision(key.clone(), CompareOp::Equal, *rev));
-            ops.push(TxnOp::delete(key.clone(), None));
+            match (&w.rest, i) {
+                (Some(rest), 0) => ops.push(TxnOp::put(key.clone(), rest.encode(), None)),
+                _ => ops.push(TxnOp::delete(key.clone(), None)),
+            }
+        }
+        for c in &w.put_changes {
+            self.push_flow_change(c, ops);
         }
         for (step, rev, rec) in &w.steps {
             let key = self.flow_step_key(b"fs/", w.flow, *step);
@@ -321,17 +390,20 @@ impl EtcdStore {
     }
 
     /// Several flows as [`load_flow`](Self::load_flow) reads one, each with its pending
-    /// changes, in one read at one revision (four operations per flow).
+    /// changes, in one read at one revision (four operations per flow). A flow of more than
+    /// [`WHOLE_FLOW_STEPS`] steps is read in part (`complete` false: read its steps with
+    /// [`load_steps`](Self::load_steps)), so that no answer nears the client's limit.
     pub async fn load_flows(&self, flows: &[u64]) -> Result<Vec<Option<LoadedFlow>>, StorageError> {
         let mut ops = Vec::new();
+        let limit = WHOLE_FLOW_STEPS as i64;
         for flow in flows {
             let range = |kind: &[u8], opts: GetOptions| {
                 let (lo, hi) = self.flow_range(kind, *flow);
                 TxnOp::get(lo, Some(opts.with_range(hi)))
             };
             ops.push(TxnOp::get(self.flow_key(*flow), Some(GetOptions::new().with_count_only())));
-            ops.push(range(b"fs/", GetOptions::new()));
-            ops.push(range(b"fm/", GetOptions::new()));
+            ops.push(range(b"fs/", GetOptions::new().with_limit(limit)));
+            ops.push(range(b"fm/", GetOptions::new().with_limit(limit)));
             ops.push(range(b"sf/", GetOptions::new().with_keys_only()));
         }
         let resp = self.kv().txn(Txn::new().and_then(ops)).await?;
@@ -352,7 +424,8 @@ impl EtcdStore {
                 out.push(None);
                 continue;
             }
-            let mut loaded = LoadedFlow::default();
+            let mut loaded =
+                LoadedFlow { complete: !steps.more() && !messages.more(), ..LoadedFlow::default() };
             for kv in steps.kvs() {
                 let step = self.step_of(kv.key())?;
                 let rec = decode_step(kv.key(), kv.value()).map_err(corrupt)?;
@@ -361,15 +434,111 @@ impl EtcdStore {
             for kv in messages.kvs() {
                 loaded.messages.insert(self.step_of(kv.key())?, kv.value().to_vec());
             }
-            loaded.pending = changes
-                .kvs()
-                .iter()
-                .map(|kv| (kv.key().to_vec(), kv.mod_revision(), kv.create_revision()))
-                .collect();
-            loaded.pending.sort_by_key(|p| p.2);
+            if !loaded.complete {
+                // Read in part: only the steps both ranges cover whole (a record without the
+                // message the other range cut off would read as a step with none).
+                let last = |g: &etcd_client::GetResponse| match g.more() {
+                    true => g.kvs().last().map(|kv| self.step_of(kv.key())).transpose(),
+                    false => Ok(None),
+                };
+                let cut = [last(&steps)?, last(&messages)?].into_iter().flatten().min().unwrap_or(0);
+                loaded.steps.retain(|s, _| *s <= cut);
+                loaded.messages.retain(|s, _| *s <= cut);
+            }
+            loaded.pending = pending_of(&changes);
             out.push(Some(loaded));
         }
         Ok(out)
+    }
+
+    /// Steps `from..from + count` of flow `flow` (at most [`STEPS_READ`]): each one's record
+    /// with its revision and its kept message, with the flow's pending changes, as of one
+    /// revision (`None`: no such flow). For a move of a large flow, which reads what it
+    /// touches (the steps after a step are numbered after it: one range reads a chain on).
+    pub async fn load_steps(
+        &self,
+        flow: u64,
+        from: u32,
+        count: u32,
+    ) -> Result<Option<LoadedFlow>, StorageError> {
+        let count = count.min(STEPS_READ as u32);
+        let (lo, hi) = self.flow_range(b"sf/", flow);
+        let steps = |kind: &[u8]| {
+            let lo = self.flow_step_key(kind, flow, from);
+            let hi = match from.checked_add(count) {
+                Some(end) => self.flow_step_key(kind, flow, end),
+                None => self.flow_range(kind, flow).1,
+            };
+            TxnOp::get(lo, Some(GetOptions::new().with_range(hi)))
+        };
+        let ops = vec![
+            TxnOp::get(self.flow_key(flow), Some(GetOptions::new().with_count_only())),
+            TxnOp::get(lo, Some(GetOptions::new().with_range(hi).with_keys_only())),
+            steps(b"fs/"),
+            steps(b"fm/"),
+        ];
+        let resp = self.kv().txn(Txn::new().and_then(ops)).await?;
+        let gets: Vec<_> = resp
+            .op_responses()
+            .into_iter()
+            .filter_map(|r| match r {
+                TxnOpResponse::Get(g) => Some(g),
+                _ => None,
+            })
+            .collect();
+        let [header, changes, records, messages] = gets.as_slice() else {
+            return Err(StorageError::new("etcd: a read of flow steps answered without its four ranges"));
+        };
+        if header.count() == 0 {
+            return Ok(None);
+        }
+        let mut loaded = LoadedFlow::default();
+        for kv in records.kvs() {
+            let rec = decode_step(kv.key(), kv.value()).map_err(corrupt)?;
+            loaded.steps.insert(self.step_of(kv.key())?, (kv.mod_revision(), rec));
+        }
+        for kv in messages.kvs() {
+            loaded.messages.insert(self.step_of(kv.key())?, kv.value().to_vec());
+        }
+        loaded.pending = pending_of(changes);
+        Ok(Some(loaded))
+    }
+
+    /// Writes part of a large flow's submit before its flow record: new step records, their
+    /// dependency lists and kept messages, if the flow record is not there yet (`false`: it
+    /// is; nothing written). Without the flow record nothing reads them; a submit cut short
+    /// deletes them ([`delete_flow_parts`](Self::delete_flow_parts)).
+    pub async fn write_flow_steps(&self, w: &FlowWrite) -> Result<bool, StorageError> {
+        let fkey = self.flow_key(w.flow);
+        let mut ops = Vec::new();
+        for (step, _, rec) in &w.steps {
+            ops.push(TxnOp::put(self.flow_step_key(b"fs/", w.flow, *step), encode_step(rec), None));
+        }
+        for (step, deps) in &w.deps {
+            ops.push(TxnOp::put(self.flow_step_key(b"fd/", w.flow, *step), encode_deps(deps), None));
+        }
+        for (step, env) in &w.put_messages {
+            ops.push(TxnOp::put(self.flow_step_key(b"fm/", w.flow, *step), env.clone(), None));
+        }
+        crate::faults::check("rockq-etcd-flow-request")?;
+        let txn = Txn::new().when([Compare::version(fkey, CompareOp::Equal, 0)]).and_then(ops);
+        let written = self.kv().txn(txn).await?.succeeded();
+        crate::faults::check("rockq-etcd-flow-answer")?;
+        Ok(written)
+    }
+
+    /// Deletes what a large flow's submit wrote before its flow record, if the flow record is
+    /// not there (the submit failed before it).
+    pub async fn delete_flow_parts(&self, flow: u64) -> Result<(), StorageError> {
+        let fkey = self.flow_key(flow);
+        let mut ops = Vec::new();
+        for kind in [&b"fs/"[..], b"fd/", b"fm/"] {
+            let (lo, hi) = self.flow_range(kind, flow);
+            ops.push(TxnOp::delete(lo, Some(DeleteOptions::new().with_range(hi))));
+        }
+        let txn = Txn::new().when([Compare::version(fkey, CompareOp::Equal, 0)]).and_then(ops);
+        self.kv().txn(txn).await?;
+        Ok(())
     }
 
     /// Deletes change record `key` if its revision is still `rev` (a change of a deleted flow).
@@ -381,36 +550,34 @@ impl EtcdStore {
         Ok(())
     }
 
-    /// Flow `flow` as it stands (`None`: no such flow), read as of one revision.
+    /// Flow `flow` as it stands (`None`: no such flow), read as of one revision, in pages of
+    /// [`STATUS_PAGE`] records (a large flow's results would pass the client's answer limit).
     pub async fn flow_status(&self, flow: u64) -> Result<Option<FlowStatus>, StorageError> {
-        let range = |kind: &[u8]| {
-            let (lo, hi) = self.flow_range(kind, flow);
-            TxnOp::get(lo, Some(GetOptions::new().with_range(hi)))
-        };
         let fkey = self.flow_key(flow);
-        let txn = Txn::new().and_then([TxnOp::get(fkey.clone(), None), range(b"fd/"), range(b"fs/")]);
-        let resp = self.kv().txn(txn).await?;
-        let gets: Vec<_> = resp
-            .op_responses()
-            .into_iter()
-            .filter_map(|r| match r {
-                TxnOpResponse::Get(g) => Some(g),
-                _ => None,
-            })
-            .collect();
-        let [header, deps, steps] = gets.as_slice() else {
-            return Err(StorageError::new("etcd: a flow's read answered without its three ranges"));
-        };
-        let Some(h) = header.kvs().first() else { return Ok(None) };
-        let records = |g: &etcd_client::GetResponse| -> Result<Vec<StepKv>, StorageError> {
-            g.kvs()
-                .iter()
-                .map(|kv| Ok((self.step_of(kv.key())?, kv.key().to_vec(), kv.value().to_vec())))
-                .collect()
-        };
-        let status =
-            status_of(flow, (h.key(), h.value()), records(deps)?, records(steps)?).map_err(corrupt)?;
+        let got = self.kv().get(fkey, None).await?;
+        let Some(h) = got.kvs().first() else { return Ok(None) };
+        let rev = got.header().map(|h| h.revision()).unwrap_or_default();
+        let deps = self.flow_records(b"fd/", flow, rev).await?;
+        let steps = self.flow_records(b"fs/", flow, rev).await?;
+        let status = status_of(flow, (h.key(), h.value()), deps, steps).map_err(corrupt)?;
         Ok(Some(status))
+    }
+
+    /// Every `kind` record of flow `flow` as of revision `rev`, read in pages.
+    async fn flow_records(&self, kind: &[u8], flow: u64, rev: i64) -> Result<Vec<StepKv>, StorageError> {
+        let (mut from, hi) = self.flow_range(kind, flow);
+        let mut out = Vec::new();
+        loop {
+            let opts = GetOptions::new().with_range(hi.clone()).with_limit(STATUS_PAGE).with_revision(rev);
+            let got = self.kv().get(from.clone(), Some(opts)).await?;
+            for kv in got.kvs() {
+                out.push((self.step_of(kv.key())?, kv.key().to_vec(), kv.value().to_vec()));
+            }
+            match got.kvs().last() {
+                Some(last) if got.more() => from = [last.key(), &[0][..]].concat(),
+                _ => return Ok(out),
+            }
+        }
     }
 
     /// Up to `limit` flow ids from `from`, in id order.
@@ -435,15 +602,19 @@ impl EtcdStore {
     }
 
     /// Deletes flow `flow`'s records, its changes not applied yet included: `false` if there
-    /// was none.
+    /// was none (what a large flow's submit killed before its flow's record wrote is deleted
+    /// all the same).
     pub async fn delete_flow(&self, flow: u64) -> Result<bool, StorageError> {
         let fkey = self.flow_key(flow);
         let mut ops = vec![TxnOp::delete(fkey.clone(), None)];
+        let mut parts = Vec::new();
         for kind in [&b"fs/"[..], b"fd/", b"fm/", b"sf/"] {
             let (lo, hi) = self.flow_range(kind, flow);
-            ops.push(TxnOp::delete(lo, Some(DeleteOptions::new().with_range(hi))));
+            ops.push(TxnOp::delete(lo.clone(), Some(DeleteOptions::new().with_range(hi.clone()))));
+            parts.push(TxnOp::delete(lo, Some(DeleteOptions::new().with_range(hi))));
         }
-        let txn = Txn::new().when([Compare::version(fkey, CompareOp::Greater, 0)]).and_then(ops);
+        let txn =
+            Txn::new().when([Compare::version(fkey, CompareOp::Greater, 0)]).and_then(ops).or_else(parts);
         Ok(self.kv().txn(txn).await?.succeeded())
     }
 
@@ -489,7 +660,11 @@ mod tests {
             },
         };
         let revived = FlowChange::Revived { step: 1, queue: "q".into(), seq: 4, letter: ("dlq".into(), 7) };
-        for c in [finished, revived] {
+        let continued = FlowChange::Continued {
+            work: vec![(4, Change::Succeeded), (9, Change::Failed), (2, Change::Revived), (0, Change::Start)],
+        };
+        assert!(FlowChange::decode(b"k", &[1, 2, 0, 0, 0, 1, 0, 0, 0, 1, 7]).is_err(), "an unknown change");
+        for c in [finished, revived, continued] {
             let v = c.encode();
             assert_eq!(FlowChange::decode(b"k", &v).unwrap(), c);
             for cut in 0..v.len() {
