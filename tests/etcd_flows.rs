@@ -316,10 +316,10 @@ async fn a_large_flows_failure_blocks_every_step_and_a_redrive_revives_them() {
 }
 
 /// A flow too large for etcd is refused before anything is written: a step message over
-/// `MAX_ETCD_LARGE_FLOW_MESSAGE` (32 KiB) in a flow that does not fit one transaction. The
-/// same message in a flow that does fit is accepted.
+/// 32 KiB in a flow that does not fit one transaction, or a worklist (dependency entries and
+/// first steps) over 8,000. The same message in a flow that does fit is accepted.
 #[tokio::test]
-async fn a_large_flow_with_a_large_step_message_is_refused_and_writes_nothing() {
+async fn a_large_flow_with_a_large_step_message_or_worklist_is_refused_and_writes_nothing() {
     let cluster = etcd::Cluster::start(1).await;
     let broker = connect(&cluster, "refused").await;
     let q = broker.queue("jobs").await.unwrap();
@@ -336,6 +336,14 @@ async fn a_large_flow_with_a_large_step_message_is_refused_and_writes_nothing() 
     let e = build(100).submit().await.unwrap_err();
     assert_eq!(e.unsupported().map(|u| u.engine()), Some("etcd"), "{e}");
     assert!(e.to_string().contains("flow"), "the refusal names the limit: {e}");
+    assert_eq!(q.last_seq(), 0, "nothing was sent");
+    assert!(broker.flows(0, 10).await.unwrap().is_empty(), "nothing was stored");
+    // A fan-in whose worklist (4,001 children and as many dependency entries) passes 8,000.
+    let mut wide = broker.flow();
+    let kids: Vec<_> = (0..4_001).map(|i| wide.job(&w, format!("{i}")).unwrap()).collect();
+    wide.then(&w, "parent", &kids).unwrap();
+    let e = wide.submit().await.unwrap_err();
+    assert_eq!(e.unsupported().map(|u| u.engine()), Some("etcd"), "{e}");
     assert_eq!(q.last_seq(), 0, "nothing was sent");
     assert!(broker.flows(0, 10).await.unwrap().is_empty(), "nothing was stored");
     let submitted = build(10).submit().await.unwrap();

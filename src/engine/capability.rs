@@ -91,7 +91,7 @@ impl Capability {
             Capability::IdempotencyKeys => "idempotency keys",
             Capability::Keyspaces => "keyspaces",
             Capability::HugeMessage => {
-                "a message over 1 MiB, over 125 idempotency keys and prioritised messages in one call, a submit call with delayed messages larger than one transaction, a recurring schedule's message over 256 KiB, or a keyspace transaction of over 127 keys, 127 conditions or 1 MiB, or, in a flow larger than one transaction, a step message over 32 KiB or over 40,000 dependencies and first steps (the limits of one etcd transaction)"
+                "a message over 1 MiB, over 125 idempotency keys and prioritised messages in one call, a submit call with delayed messages larger than one transaction, a recurring schedule's message over 256 KiB, or a keyspace transaction of over 127 keys, 127 conditions or 1 MiB, or, in a flow larger than one transaction, a step message over 32 KiB or over 8,000 dependencies and first steps (the limits of one etcd transaction)"
             }
             Capability::BufferedDurability => "Durability::Buffered (every etcd write is a quorum write)",
             Capability::JobActions => "acting on one job (retry now, delete, dead-letter)",

@@ -249,7 +249,7 @@ impl Flow {
     ///
     /// [`Error::EmptyBatch`] for a flow without steps; [`Error::InvalidOption`] if a step was
     /// refused for belonging to another broker; [`Error::Unsupported`] on the etcd engine for a
-    /// flow larger than one etcd transaction with a step message over 32 KiB or over 40,000
+    /// flow larger than one etcd transaction with a step message over 32 KiB or over 8,000
     /// dependencies and first steps (nothing written);
     /// [`Error::QueueDeleted`] if a step's queue was deleted since it was added;
     /// [`Error::MessageTooLarge`]-style refusals were given by the step calls.

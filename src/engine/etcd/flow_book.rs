@@ -55,8 +55,10 @@ const STEP_CMPS: usize = 3;
 /// Value bytes a move leaves for its continuation record (5 bytes per step of work; a flow's
 /// work is at most its dependency lists and its first steps, which `check_size` bounds).
 const CONTINUATION_BYTES: usize = 5 * MAX_ETCD_FLOW_WORK;
-/// Dependency-list entries and first steps of a flow on etcd, at most (its stored worklist).
-pub(crate) const MAX_ETCD_FLOW_WORK: usize = 40_000;
+/// Dependency-list entries and first steps of a flow on etcd, at most: its stored worklist
+/// (5 bytes an entry) stays within 40 KB, so the 64 change records a mover reads at once stay
+/// well below the client's 4 MiB answer.
+pub(crate) const MAX_ETCD_FLOW_WORK: usize = 8_000;
 /// Largest kept message (an encoded envelope) of a step of a flow larger than
 /// [`WHOLE_FLOW_STEPS`](crate::store::etcd::flows::WHOLE_FLOW_STEPS) on etcd: a read of its steps stays far below the client's 4 MiB.
 pub(crate) const MAX_ETCD_LARGE_FLOW_MESSAGE: usize = 32 << 10;
@@ -99,7 +101,7 @@ impl EtcdBook {
 
     /// The operations, compares and value bytes of the write built so far (besides its
     /// change records).
-    fn cost(&self) -> (usize, usize, usize) {
+    pub(super) fn cost(&self) -> (usize, usize, usize) {
         let mut qids: Vec<u32> = self.released.iter().map(|(_, q, _)| *q).collect();
         qids.sort_unstable();
         qids.dedup();
@@ -109,7 +111,7 @@ impl EtcdBook {
         let bytes = self
             .written
             .values()
-            .map(|r| 256 + r.group.len() + r.queue.len() + result_len(&r.state))
+            .map(|r| 256 + r.group.len() + r.queue.len() + 4 * r.dependents.len() + result_len(&r.state))
             .sum::<usize>()
             + self.released.iter().map(|(_, _, e)| e.len() + 64).sum::<usize>();
         (ops, cmps, bytes)
@@ -234,7 +236,7 @@ impl StepBook for EtcdBook {
 }
 
 /// The bytes of the result a step's record carries.
-pub(super) fn result_len(state: &StoredStep) -> usize {
+fn result_len(state: &StoredStep) -> usize {
     match state {
         StoredStep::Succeeded { result: Some(r), .. } => r.len(),
         _ => 0,

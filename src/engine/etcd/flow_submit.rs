@@ -240,37 +240,44 @@ impl Writer {
             put_changes: vec![start.clone()],
             ..FlowWrite::default()
         };
-        let rev = match until_deadline(deadline, store.write_flow(&head)).await {
-            Ok(Some(rev)) => Some(rev),
-            // The flow's record is there: a try whose answer was lost landed.
-            Ok(None) => None,
-            Err(e) => match until_deadline(deadline, store.load_flow(id, &key)).await {
-                Ok(Some(_)) => None,
-                _ => {
+        // The flow's record with its continuation. A try whose answer was lost may land: the
+        // flow is read back (its id is this call's alone) and the write tried again, until the
+        // deadline.
+        let mut backoff = Duration::from_millis(10);
+        let (rev, created) = loop {
+            // Refused (`Ok(None)`): the flow's record is there, a try whose answer was lost
+            // landed; read back below, as after an error.
+            if let Ok(Some(rev)) = until_deadline(deadline, store.write_flow(&head)).await {
+                break (Some(rev), rev);
+            }
+            let absent = match until_deadline(deadline, store.load_steps(id, 0, 1)).await {
+                Ok(Some(l)) => {
+                    // Gone already: another process's mover applied the continuation.
+                    let p = l.pending.iter().find(|p| p.0 == key);
+                    break (p.map(|p| p.1), p.map_or(0, |p| p.2));
+                }
+                Ok(None) => true,
+                Err(_) => false,
+            };
+            if Instant::now() >= deadline {
+                if absent {
+                    // Not there as last read: its parts go. (Unknown, they stay: a record that
+                    // landed names them.)
                     if let Err(d) =
                         retrying(self.side.settings.request_timeout, || store.delete_flow_parts(id)).await
                     {
                         tracing::warn!(flow = id, error = %d, "rockq: a failed flow submit's records were not deleted");
                     }
-                    return Err(e.into());
                 }
-            },
-        };
-        let rev = match rev {
-            Some(rev) => Some(rev),
-            None => {
-                until_deadline(deadline, store.load_flow(id, &key)).await.ok().flatten().and_then(|(_, r)| r)
+                return Err(StorageError::new("etcd: a large flow's record could not be written").into());
             }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(super::side::RETRY_CAP);
         };
         // Its first steps sent now, as a small flow's are (the mover goes on should this stop).
         let mut sent: Vec<(Step, u64)> = Vec::new();
-        let mut change = ReadChange {
-            key,
-            rev: rev.unwrap_or_default(),
-            created: rev.unwrap_or_default(),
-            flow: id,
-            change: start.change,
-        };
+        let mut change =
+            ReadChange { key, rev: rev.unwrap_or_default(), created, flow: id, change: start.change };
         while rev.is_some() && Instant::now() < deadline {
             match self.apply_changes(std::slice::from_ref(&change), APPLY_TRIES).await {
                 Ok(a) => {

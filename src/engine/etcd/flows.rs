@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::flow_book::{EtcdBook, Need, QueueAt, result_len};
+use super::flow_book::{EtcdBook, Need, QueueAt};
 use super::side::{register_queue, retrying};
 use super::writer::Writer;
 use crate::engine::flow_moves::StepBook;
@@ -247,10 +247,7 @@ impl Writer {
             // step record's, and two per queue appended to.
             let part_ops = part.ops() + book.released.len() * 2;
             let part_cmps = 2 + part.changes.len() + part.steps.len() + book.released.len() * 2;
-            let part_bytes: usize =
-                part.steps.iter().map(|(_, _, r)| 256 + r.group.len() + r.queue.len()).sum::<usize>()
-                    + part.steps.iter().map(|(_, _, r)| result_len(&r.state)).sum::<usize>()
-                    + book.released.iter().map(|(_, _, e)| e.len() + 64).sum::<usize>();
+            let part_bytes = book.cost().2;
             if ops + part_ops > MAX_TXN_OPS - 1
                 || cmps + part_cmps > MAX_TXN_OPS - 1
                 || bytes + part_bytes > MAX_TXN_BYTES
@@ -349,9 +346,13 @@ impl Writer {
             match self.apply_changes(&cs, APPLY_TRIES).await {
                 Ok(a) => {
                     applied += a.gone + a.applied;
-                    if a.continued.is_some() || a.left > 0 {
+                    if a.continued.is_some() || (a.left > 0 && a.applied > 0) {
                         // The rest waits its turn, other requests in between.
                         self.side.flows_changed.notify_one();
+                    } else if a.left > 0 {
+                        // Held behind an older change not read here (another process's, put
+                        // since): its put wakes every mover, and this one looks again anyway.
+                        failed = true;
                     }
                 }
                 Err(e) => {
@@ -393,11 +394,21 @@ impl Writer {
                 }
                 return Ok(Applied { gone: cs.len(), ..Applied::default() });
             };
-            let there: Vec<&ReadChange> =
-                cs.iter().filter(|c| loaded.pending.iter().any(|p| p.0 == c.key && p.1 == c.rev)).collect();
-            let gone = cs.len() - there.len();
+            // Only from the flow's oldest pending change on, as far as these are the pending
+            // ones in order: a move built while an older change is pending would read records
+            // that change is about to rewrite (the order compare alone would pass once it is
+            // applied). The rest wait; those no longer pending were applied elsewhere.
+            let mut there: Vec<&ReadChange> = Vec::new();
+            for p in &loaded.pending {
+                match cs.iter().find(|c| c.key == p.0 && c.rev == p.1) {
+                    Some(c) => there.push(c),
+                    None => break,
+                }
+            }
+            let gone =
+                cs.iter().filter(|c| !loaded.pending.iter().any(|p| p.0 == c.key && p.1 == c.rev)).count();
             if there.is_empty() {
-                return Ok(Applied { gone, ..Applied::default() });
+                return Ok(Applied { gone, left: cs.len() - gone, ..Applied::default() });
             }
             let now = self.stamp();
             let mut book = EtcdBook::new(flow, loaded, HashMap::new(), now);
@@ -471,7 +482,7 @@ impl Writer {
                         gone,
                         applied,
                         continued,
-                        left: there.len() - taken,
+                        left: cs.len() - gone - taken,
                         sent: book.sent,
                     });
                 }

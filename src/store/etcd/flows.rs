@@ -375,22 +375,8 @@ impl EtcdStore {
         }
     }
 
-    /// Flow `flow`'s step records (with their revisions) and kept messages, and the revision
-    /// of change record `change` (`None`: gone), as of one revision (`None`: no such flow).
-    pub async fn load_flow(
-        &self,
-        flow: u64,
-        change: &[u8],
-    ) -> Result<Option<(LoadedFlow, Option<i64>)>, StorageError> {
-        let mut got = self.load_flows(&[flow]).await?;
-        Ok(got.pop().flatten().map(|loaded| {
-            let rev = loaded.pending.iter().find(|p| p.0 == change).map(|p| p.1);
-            (loaded, rev)
-        }))
-    }
-
-    /// Several flows as [`load_flow`](Self::load_flow) reads one, each with its pending
-    /// changes, in one read at one revision (four operations per flow). A flow of more than
+    /// Several flows' step records (with their revisions), kept messages and pending changes,
+    /// in one read at one revision (four operations per flow). A flow of more than
     /// [`WHOLE_FLOW_STEPS`] steps is read in part (`complete` false: read its steps with
     /// [`load_steps`](Self::load_steps)), so that no answer nears the client's limit.
     pub async fn load_flows(&self, flows: &[u64]) -> Result<Vec<Option<LoadedFlow>>, StorageError> {
