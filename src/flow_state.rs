@@ -471,9 +471,11 @@ pub(crate) enum Change {
     /// It failed or was blocked before, and no longer is (a redrive).
     Revived,
     /// None: the step is sent if it is ready (a flow's first steps, sent after its submit).
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // a large flow's submit on etcd
     Start,
 }
 
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))] // stored worklists are the etcd engine's
 impl Change {
     /// Its byte in a stored worklist.
     pub(crate) fn code(self) -> u8 {
