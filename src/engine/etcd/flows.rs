@@ -131,7 +131,10 @@ impl Writer {
         let mut left = self.apply_batch(own).await;
         // A large flow's (read in part, so not batched): applied here too, one flow at a time,
         // tried once (a refusal is another process's change between: the mover's).
-        let large: Vec<u64> = left.iter().map(|c| c.flow).filter(|f| self.large_flows.contains(f)).collect();
+        let mut large: Vec<u64> =
+            left.iter().map(|c| c.flow).filter(|f| self.large_flows.contains(f)).collect();
+        large.sort_unstable();
+        large.dedup();
         for flow in large {
             let (cs, rest): (Vec<_>, Vec<_>) = left.into_iter().partition(|c| c.flow == flow);
             left = rest;
