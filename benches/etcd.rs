@@ -25,7 +25,8 @@
 //!   sent with the last child's); steps per second beside the pool drain's jobs per second;
 //! - **a large flow**: one flow of n / 10 children and a parent, larger than one transaction:
 //!   its submit timed (written in parts, its children sent over several transactions before it
-//!   returns), then its run by a pool of 8 — each child's change applied on its own, reading
+//!   returns), with the longest answer to a flush asked of the writer meanwhile (how long the
+//!   submit held the process's other requests), then its run by a pool of 8 — each child's change applied on its own, reading
 //!   only the steps it touches — steps per second beside the pool drain's jobs per second;
 //! - **raw drain**: the same work with `etcd-client` alone, sequentially, per batch of `k`
 //!   messages: a claim Txn (`k` compares on the records' revisions, the offset compare, `k`
@@ -128,7 +129,7 @@ struct Rep {
     /// [`flow_drain`]: flows of [`FLOW_KIDS`] children and a parent, run by a pool of 8.
     flows: Measured,
     /// [`large_flow`]: its submit's seconds and write transactions, and its run.
-    large_submit: (f64, u64),
+    large_submit: (f64, u64, f64),
     large: Measured,
     e2e: Measured,
     /// The drain of n / 5 jobs whose handler takes [`handler_work`].
@@ -376,10 +377,11 @@ async fn bench_cluster(members: usize, n: u64) {
         n / 10 + 1,
         &|r| &r.large,
         format!(
-            "one flow of {} children and a parent; its submit {:.0} ms in {} transactions",
+            "one flow of {} children and a parent; its submit {:.0} ms in {} transactions, the writer's longest answer meanwhile {:.1} ms (a flush)",
             n / 10,
             1e3 * median(reps.iter().map(|r| r.large_submit.0)),
-            reps.iter().map(|r| r.large_submit.1).sum::<u64>() / REPS as u64
+            reps.iter().map(|r| r.large_submit.1).sum::<u64>() / REPS as u64,
+            1e3 * median(reps.iter().map(|r| r.large_submit.2)),
         ),
     );
     // Two brokers' pools beside the same raw drain (one client, no competition: the most the
@@ -608,7 +610,7 @@ async fn large_flow(
     client: &mut Client,
     ns: &str,
     kids: u64,
-) -> ((f64, u64), Measured) {
+) -> ((f64, u64, f64), Measured) {
     let broker = connect(endpoints, ns).await;
     let q = broker.queue(QUEUE).await.expect("create the queue");
     let group = q.work_group("w").expect("a valid group name");
@@ -616,9 +618,30 @@ async fn large_flow(
     let steps: Vec<_> = (0..kids).map(|k| flow.job(&group, common::value(k)).expect("a step")).collect();
     flow.then(&group, common::value(kids), &steps).expect("the parent");
     let rev_before = revision(client).await;
+    // While the submit runs, a probe asks the writer for flushes, one after another (a
+    // millisecond apart): the longest one's answer is how long the submit held the process's
+    // other requests.
+    let submitting = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let probe = {
+        let (broker, submitting) = (broker.clone(), submitting.clone());
+        tokio::spawn(async move {
+            let mut longest = Duration::ZERO;
+            while submitting.load(Ordering::SeqCst) {
+                let t = Instant::now();
+                broker.flush().await.expect("a flush");
+                longest = longest.max(t.elapsed());
+                // A pause between flushes, so that the probe does not take a core.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            longest
+        })
+    };
     let start = Instant::now();
     let submitted = flow.submit().await.expect("submit a large flow");
-    let submit = (start.elapsed().as_secs_f64(), (revision(client).await - rev_before) as u64);
+    let submit_secs = start.elapsed().as_secs_f64();
+    submitting.store(false, Ordering::SeqCst);
+    let longest = probe.await.expect("the probe").as_secs_f64();
+    let submit = (submit_secs, (revision(client).await - rev_before) as u64, longest);
     assert_eq!(submitted.sent.len() as u64, kids, "every child sent by the submit");
     let (token, handler) = jobs_until(kids + 1, Duration::ZERO);
     let writer_before = broker.writer_stats();

@@ -17,7 +17,10 @@
 //! yet; it has read the cursor it will compare and the marks: another process may settle a
 //! letter now), `rockq-etcd-flow-request` and `rockq-etcd-flow-answer` (a flow's submit or
 //! the application of a flow change is lost before it is sent, or its answer after it was
-//! applied), `rockq-etcd-message-read` (the etcd engine's point read of one stored message: an
+//! applied; `rockq-etcd-flow-request-late` and `rockq-etcd-flow-steps-late`, for a flow's
+//! write and a large submit's part: the request is sent late, by a task, once
+//! `rockq-etcd-flow-late-send`'s callback returns, `rockq-etcd-flow-late-sent` after it was
+//! answered), `rockq-etcd-message-read` (the etcd engine's point read of one stored message: an
 //! operator's delete or a dead letter reading the job it finishes).
 
 use crate::error::StorageError;

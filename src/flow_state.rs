@@ -439,7 +439,7 @@ pub(crate) fn flow_state(steps: &[StepStatus]) -> FlowState {
 pub struct Submitted {
     /// The flow's id ([`Broker::flow_status`](crate::Broker::flow_status)).
     pub id: u64,
-    /// Each step sent at once, with its sequence in its queue.
+    /// Each step sent at once, with its sequence in its queue, in step order.
     pub sent: Vec<(Step, u64)>,
 }
 

@@ -1460,6 +1460,130 @@ async fn a_large_move_cut_short_is_finished_by_the_next_process_each_step_sent_o
     b.shutdown().await.unwrap();
 }
 
+/// A large flow's submit is written by a task of its own: while its parts are being written
+/// (held here at their first write), the writer answers other requests; released, the submit
+/// returns every first step, in step order, sent by the writer's mover, and the flow runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_flows_submit_leaves_the_writer_free_while_its_parts_are_written() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const FIRST: usize = 100;
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let a = Broker::connect_etcd(cluster.endpoints(), "parts", EtcdOptions::new()).await.expect("connect");
+    let jobs = a.queue("jobs").await.unwrap();
+    let work = flow_group(&a, &jobs);
+    let mut flow = a.flow();
+    let firsts: Vec<_> = (0..FIRST).map(|i| flow.job(&work, format!("{i}")).unwrap()).collect();
+    flow.then(&work, "parent", &firsts).unwrap();
+
+    // The first flow write (the submit's first part) waits until released.
+    let reached = std::sync::Arc::new(AtomicBool::new(false));
+    let release = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let (flag, gate) = (reached.clone(), release.clone());
+    fail::cfg_callback("rockq-etcd-flow-request", move || {
+        if flag.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // Off the runtime's worker (its queued tasks, the etcd client's among them, go on
+        // elsewhere); bounded, so that a failing run ends.
+        tokio::task::block_in_place(|| {
+            let (open, cv) = &*gate;
+            let open = open.lock().unwrap();
+            drop(cv.wait_timeout_while(open, 2 * common::HANG_GUARD, |open| !*open).unwrap());
+        });
+    })
+    .expect("failpoint");
+    let submit = tokio::spawn(async move { flow.submit().await });
+    wait_for(&reached, "the submit's first part was never written").await;
+
+    let created = tokio::time::timeout(common::HANG_GUARD, a.queue("other")).await;
+    let (open, cv) = &*release;
+    *open.lock().unwrap() = true;
+    cv.notify_all();
+    fail::remove("rockq-etcd-flow-request");
+    created.expect("the writer answers while a large flow's parts are written").expect("queue");
+
+    let submitted = tokio::time::timeout(common::HANG_GUARD, submit)
+        .await
+        .expect("the submit returns")
+        .expect("task")
+        .expect("submitted");
+    let sent: Vec<(u32, u64)> = submitted.sent.iter().map(|(step, seq)| (step.index(), *seq)).collect();
+    let expected: Vec<(u32, u64)> = (0..FIRST as u32).map(|i| (i, u64::from(i) + 1)).collect();
+    assert_eq!(sent, expected, "every first step sent once, in step order");
+
+    let mut sub = work.subscribe().await.unwrap();
+    for i in 0..FIRST {
+        let j = next_job(&mut sub).await;
+        assert_eq!(j.payload().as_ref(), format!("{i}").as_bytes());
+        j.ack_durable().await.unwrap();
+    }
+    let parent = next_job(&mut sub).await;
+    assert_eq!(parent.payload().as_ref(), b"parent");
+    parent.ack_durable().await.unwrap();
+    drop(sub);
+    a.shutdown().await.unwrap();
+}
+
+/// A large flow's writes delivered late — its first part's first try, and every try of its
+/// record — after its submit gave up and deleted the parts, are refused by etcd (they compare
+/// the submit's abandoned mark absent): no flow is left without its steps, which no read
+/// could decode, though the late first part would bring step 0 back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_flows_record_delivered_after_its_submit_gave_up_does_not_land() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let options = EtcdOptions::new().request_timeout(std::time::Duration::from_secs(1));
+    let a = Broker::connect_etcd(cluster.endpoints(), "late", options).await.expect("connect");
+    let jobs = a.queue("jobs").await.unwrap();
+    let work = flow_group(&a, &jobs);
+    let mut flow = a.flow();
+    for i in 0..100 {
+        flow.job(&work, format!("{i}")).unwrap();
+    }
+    // The first part's first try and every try of the flow's record go out late: held until
+    // the submit has given up.
+    let gate = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let held = std::sync::Arc::new(AtomicUsize::new(0));
+    let sent = std::sync::Arc::new(AtomicUsize::new(0));
+    fail::cfg("rockq-etcd-flow-steps-late", "1*return").expect("failpoint");
+    fail::cfg("rockq-etcd-flow-request-late", "return").expect("failpoint");
+    let (g, h) = (gate.clone(), held.clone());
+    fail::cfg_callback("rockq-etcd-flow-late-send", move || {
+        h.fetch_add(1, Ordering::SeqCst);
+        let (open, cv) = &*g;
+        let open = open.lock().unwrap();
+        drop(cv.wait_timeout_while(open, 2 * common::HANG_GUARD, |open| !*open).unwrap());
+    })
+    .expect("failpoint");
+    let s = sent.clone();
+    fail::cfg_callback("rockq-etcd-flow-late-sent", move || {
+        s.fetch_add(1, Ordering::SeqCst);
+    })
+    .expect("failpoint");
+    let refused = flow.submit().await;
+    fail::remove("rockq-etcd-flow-request-late");
+    fail::remove("rockq-etcd-flow-steps-late");
+    assert!(refused.is_err(), "the submit gives up when its record tries get no answer: {refused:?}");
+    let deadline = tokio::time::Instant::now() + common::HANG_GUARD;
+    while held.load(Ordering::SeqCst) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "no try of the record was held");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let (open, cv) = &*gate;
+    *open.lock().unwrap() = true;
+    cv.notify_all();
+    while sent.load(Ordering::SeqCst) < held.load(Ordering::SeqCst) {
+        assert!(tokio::time::Instant::now() < deadline, "the late tries were never answered");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    fail::remove("rockq-etcd-flow-late-send");
+    fail::remove("rockq-etcd-flow-late-sent");
+    assert_eq!(a.flows(0, 10).await.unwrap(), Vec::<u64>::new(), "a late record landed without its parts");
+    a.shutdown().await.unwrap();
+}
+
 /// Failpoint `name` returning an error until dropped (a panic included: the next scenario
 /// starts without it).
 struct Failing(&'static str);

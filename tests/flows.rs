@@ -208,6 +208,30 @@ async fn a_deleted_flow_is_gone_and_its_jobs_finish_alone() {
     broker.shutdown().await.unwrap();
 }
 
+/// `Submitted::sent` names the first steps in step order, whichever queues they go to (the
+/// etcd engine appends them queue by queue).
+#[tokio::test]
+async fn the_first_steps_sent_are_named_in_step_order() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open(dir.path(), &clock).await;
+    let (a, b) = (group(&broker, "a", "w").await, group(&broker, "b", "w").await);
+    let mut flow = broker.flow();
+    let steps = [
+        flow.job(&a, "a1").unwrap(),
+        flow.job(&b, "b1").unwrap(),
+        flow.job(&a, "a2").unwrap(),
+        flow.job(&b, "b2").unwrap(),
+    ];
+    let submitted = flow.submit().await.unwrap();
+    let sent: Vec<(u32, u64)> = submitted.sent.iter().map(|(s, seq)| (s.index(), *seq)).collect();
+    assert_eq!(sent, vec![(0, 1), (1, 1), (2, 2), (3, 2)], "in step order");
+    for (step, seq) in steps.iter().zip([1, 1, 2, 2]) {
+        assert_eq!(submitted.seq_of(*step), Some(seq));
+    }
+    broker.shutdown().await.unwrap();
+}
+
 /// Bad flows are refused with a typed error and write nothing.
 #[tokio::test]
 async fn bad_flows_are_refused_and_write_nothing() {

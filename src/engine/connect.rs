@@ -49,6 +49,13 @@ fn spawn_flow_mover(shared: &Arc<Shared>, side: Arc<super::etcd::EtcdSide>) {
                 () = side.flows_changed.notified() => {}
                 () = closing.cancelled() => return,
             }
+            // One move waiting at a time: every change record put wakes this task (the
+            // namespace watch, the writer's own rewrites of a continuation), and a move each
+            // would pile up in the writer's channel, where a round takes them all before it
+            // answers the others (a flush waited 150 ms behind 20 moves of one large flow).
+            if side.move_queued.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                continue;
+            }
             let Some(shared) = weak.upgrade() else { return };
             let tx = shared.tx.clone();
             drop(shared);

@@ -42,8 +42,6 @@ pub(super) struct EtcdBook {
     pub(super) now: u64,
     /// The work a full transaction left.
     pub(super) deferred: Option<Vec<(u32, Change)>>,
-    /// Steps sent, with their sequences.
-    pub(super) sent: Vec<(u32, u64)>,
     /// Changes applied (each one's record deleted, and compared).
     pub(super) changes: usize,
 }
@@ -80,7 +78,6 @@ impl EtcdBook {
             base: HashMap::new(),
             now,
             deferred: None,
-            sent: Vec::new(),
             changes: 0,
         }
     }
@@ -95,7 +92,6 @@ impl EtcdBook {
         self.written.clear();
         self.released.clear();
         self.deferred = None;
-        self.sent.clear();
         self.changes = 0;
     }
 
@@ -212,7 +208,6 @@ impl StepBook for EtcdBook {
         envelope::stamp(&mut env, self.now);
         tracing::debug!(flow, step, queue = %rec.queue, seq, "rockq: flow step sent");
         self.released.push((step, qid, env));
-        self.sent.push((step, seq));
         Ok(Some(seq))
     }
 

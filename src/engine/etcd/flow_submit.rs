@@ -1,28 +1,52 @@
-//! Submitting a flow on etcd (`flows.rs` moves it on): a small flow in one transaction, a
-//! larger one in parts — its step records and kept messages under its id, then its record
-//! with a continuation change that sends its first steps, applied at once.
+//! Submitting a flow on etcd (`flows.rs` moves it on): a small flow in one transaction, by
+//! the writer; a larger one in parts, by a task of its own (`LargeSubmit`) — its step records
+//! and kept messages under its id, then its record with a continuation change that sends its
+//! first steps, which the writer's mover applies a transaction at a time.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::flow_book::{MAX_ETCD_FLOW_WORK, MAX_ETCD_LARGE_FLOW_MESSAGE};
-use super::flows::{APPLY_TRIES, until_deadline};
+use tokio_util::sync::CancellationToken;
+
+use super::EtcdSide;
+use super::flows::until_deadline;
 use super::side::retrying;
 use super::writer::Writer;
 use crate::engine::capability::{self, Capability, Flavour};
 use crate::engine::flow_moves;
 use crate::engine::registry::QueueState;
-use crate::engine::request::FlowStepSpec;
+use crate::engine::request::{FlowStepSpec, Reply};
 use crate::error::{Error, StorageError};
 use crate::flow_state::{Change, FlowHeader, FlowStep, Step, StoredStep, Submitted};
 use crate::store::envelope;
-use crate::store::etcd::flows::{FlowChange, FlowChangeWrite, FlowWrite, ReadChange, WHOLE_FLOW_STEPS};
+use crate::store::etcd::flows::{FlowChange, FlowChangeWrite, FlowWrite, WHOLE_FLOW_STEPS};
 use crate::store::etcd::{DeadLetterAppend, MAX_TXN_BYTES, MAX_TXN_OPS};
 use crate::telemetry;
 
+/// What the writer made of a flow's submit.
+enum Planned {
+    /// Submitted in one transaction.
+    Whole(Submitted),
+    /// Larger than one transaction: submitted by a task of its own (`Writer::spawn_submit`).
+    Parts(LargeSubmit),
+}
+
 impl Writer {
-    pub(super) async fn submit_flow(&mut self, steps: Vec<FlowStepSpec>) -> Result<Submitted, Error> {
+    /// Submits a flow and answers `reply`: at once if it fits one transaction, from a task of
+    /// its own if it is larger ([`spawn_submit`](Self::spawn_submit)).
+    pub(super) async fn submit(&mut self, steps: Vec<FlowStepSpec>, reply: Reply<Submitted>) {
+        match self.submit_flow(steps).await {
+            Ok(Planned::Whole(s)) => drop(reply.send(Ok(s))),
+            Ok(Planned::Parts(large)) => self.spawn_submit(large, reply),
+            Err(e) => drop(reply.send(Err(e))),
+        }
+    }
+
+    /// Submits a flow that fits one transaction; plans a larger one, to be submitted by a task
+    /// of its own ([`spawn_submit`](Self::spawn_submit)).
+    async fn submit_flow(&mut self, steps: Vec<FlowStepSpec>) -> Result<Planned, Error> {
         if let Some(f) = self.engine.failure() {
             return Err(crate::error::Closed::Failed(f).into());
         }
@@ -36,27 +60,18 @@ impl Writer {
         let store = self.side.store.clone();
         let now = self.stamp();
         // The id is taken first: a flow refused below leaves a gap (ids are never reused).
-        let mut envs = Vec::with_capacity(steps.len());
-        for (i, s) in steps.iter().enumerate() {
-            // Encoded with a placeholder id, only to size it: the longest header there is.
-            let m = flow_moves::step_message(s.message.clone(), FlowStep { flow: u64::MAX, step: i as u32 });
-            envs.push(
-                envelope::encode(&m, now).map_err(|e| StorageError::new(format!("flow step {i}: {e:?}")))?,
-            );
-        }
-        let size = check_size(&steps, &envs)?;
+        // Encoded with a placeholder id, only to size them: the longest header there is.
+        let size = check_size(&steps, &encode_steps(&steps, u64::MAX, now)?)?;
         let id = retrying(t, || store.take_flow_id()).await?;
-        let mut envs = Vec::with_capacity(steps.len());
-        for (i, s) in steps.iter().enumerate() {
-            let m = flow_moves::step_message(s.message.clone(), FlowStep { flow: id, step: i as u32 });
-            envs.push(
-                envelope::encode(&m, now).map_err(|e| StorageError::new(format!("flow step {i}: {e:?}")))?,
-            );
-        }
-        let dependents = flow_moves::dependents(steps.iter().map(|s| s.after.as_slice()));
         if size == Size::Parts {
-            return self.submit_in_parts(id, &steps, &envs, dependents, now, deadline).await;
+            // Known here, so that the moves of its changes read it in part from the first.
+            if steps.len() > WHOLE_FLOW_STEPS {
+                self.note_large(id);
+            }
+            return Ok(Planned::Parts(LargeSubmit { id, steps, now, deadline }));
         }
+        let envs = encode_steps(&steps, id, now)?;
+        let dependents = flow_moves::dependents(steps.iter().map(|s| s.after.as_slice()));
         // The first steps by queue, in order.
         let mut queues: Vec<(Arc<QueueState>, Vec<u32>)> = Vec::new();
         for (i, s) in steps.iter().enumerate().filter(|(_, s)| s.after.is_empty()) {
@@ -76,7 +91,7 @@ impl Writer {
                     Ok(Some(status)) => {
                         let sent = first_steps(&status);
                         self.sent_steps(&queues, &sent, &envs);
-                        return Ok(Submitted { id, sent });
+                        return Ok(Planned::Whole(Submitted { id, sent }));
                     }
                     Ok(None) => {}
                     Err(e) if Instant::now() >= deadline => return Err(e.into()),
@@ -134,8 +149,10 @@ impl Writer {
                         self.tails.insert(a.qid, (a.expected_last + a.envelopes.len() as u64, a.nonce));
                     }
                     self.sent_steps(&queues, &sent, &envs);
+                    // In step order, as embedded (they were appended queue by queue).
+                    sent.sort_by_key(|(s, _)| s.0);
                     tracing::debug!(flow = id, sent = sent.len(), "rockq: flow submitted");
-                    return Ok(Submitted { id, sent });
+                    return Ok(Planned::Whole(Submitted { id, sent }));
                 }
                 Ok(None) => {
                     // A tail moved (the flow id is this call's alone): read them again.
@@ -161,27 +178,79 @@ impl Writer {
         }
     }
 
-    /// Submits a flow larger than one transaction: its step records, dependency lists and
-    /// kept messages in parts (nothing reads them before the flow's record is there), then
-    /// the flow's record with a continuation that sends its first steps, applied here at once
-    /// (another process may take part of it: the first steps' sequences are read back).
+    /// Submits `large` on a task of its own, which answers `reply`: the writer serves other
+    /// requests meanwhile, its mover sending the flow's first steps a transaction at a time.
+    /// A shutdown waits for the task (`Writer::finish_submits`).
+    fn spawn_submit(&mut self, large: LargeSubmit, reply: Reply<Submitted>) {
+        // Reaps the tasks done since the last submit.
+        while self.submits.try_join_next().is_some() {}
+        let (side, stop) = (self.side.clone(), self.submits_stop.clone());
+        self.submits.spawn(async move {
+            let _ = reply.send(large.run(&side, &stop).await);
+        });
+    }
+
+    /// Ends the large submits in flight before a shutdown is answered: each finishes writing,
+    /// stops waiting for the mover (which stops with this writer) and answers with the first
+    /// steps sent so far. One still at it after a request timeout (etcd slow or away) is
+    /// abandoned: its caller gets `Shutdown`, and parts it wrote before its flow's record
+    /// stay, as a killed process's do.
+    pub(super) async fn finish_submits(&mut self) {
+        self.submits_stop.cancel();
+        let t = self.side.settings.request_timeout;
+        let all = async { while self.submits.join_next().await.is_some() {} };
+        if tokio::time::timeout(t, all).await.is_err() {
+            self.submits.abort_all();
+            while self.submits.join_next().await.is_some() {}
+        }
+    }
+
+    /// Publishes the first steps a submit appended (`sent`, by queue `queues`; `envs`, every
+    /// step's envelope), with their priorities.
+    fn sent_steps(&self, queues: &[(Arc<QueueState>, Vec<u32>)], sent: &[(Step, u64)], envs: &[Vec<u8>]) {
+        for (q, list) in queues {
+            for (step, seq) in sent.iter().filter(|(s, _)| list.contains(&s.0)) {
+                if let Some(env) = envs.get(step.0 as usize) {
+                    super::writer::index_sent(q, *seq, [env]);
+                }
+            }
+            let last = sent.iter().filter(|(s, _)| list.contains(&s.0)).map(|(_, seq)| *seq).max();
+            if let Some(last) = last {
+                q.publish_max(last);
+                telemetry::produced(&q.name, list.len() as u64);
+            }
+        }
+    }
+}
+
+/// A flow larger than one transaction, planned by the writer (its steps checked and sized, its
+/// stamp taken) and submitted by a task of its own (`Writer::spawn_submit`), which needs no
+/// writer state: its id is fresh, its parts go under that id and its record is compared
+/// absent; what appends (the continuation) is applied by the writer's mover.
+struct LargeSubmit {
+    id: u64,
+    steps: Vec<FlowStepSpec>,
+    /// The stamp its step messages carry.
+    now: u64,
+    deadline: Instant,
+}
+
+impl LargeSubmit {
+    /// Writes the step records, dependency lists and kept messages in parts (nothing reads
+    /// them before the flow's record is there), then the flow's record with a continuation
+    /// that sends its first steps; waits while the movers (this process's, woken here, or
+    /// another's) send them, and reads back where they went.
     ///
     /// A submit that fails before the flow's record deletes what it wrote; a crash in between
-    /// leaves records no flow names (`docs/etcd.md`).
-    async fn submit_in_parts(
-        &mut self,
-        id: u64,
-        steps: &[FlowStepSpec],
-        envs: &[Vec<u8>],
-        dependents: Vec<Vec<u32>>,
-        now: u64,
-        deadline: Instant,
-    ) -> Result<Submitted, Error> {
-        let store = self.side.store.clone();
+    /// leaves records no flow names (`docs/etcd.md`). `stop`: the writer is shutting down —
+    /// the wait ends and the first steps sent so far are answered.
+    async fn run(self, side: &EtcdSide, stop: &CancellationToken) -> Result<Submitted, Error> {
+        let LargeSubmit { id, steps, now, deadline } = self;
+        let store = side.store.clone();
+        let t = side.settings.request_timeout;
         let left = || deadline.saturating_duration_since(Instant::now());
-        if steps.len() > WHOLE_FLOW_STEPS {
-            self.note_large(id);
-        }
+        let envs = encode_steps(&steps, id, now)?;
+        let dependents = flow_moves::dependents(steps.iter().map(|s| s.after.as_slice()));
         // Logged: a process killed before the flow's record leaves parts only this id names.
         tracing::info!(flow = id, steps = steps.len(), "rockq: a large flow is written in parts");
         let mut part = FlowWrite { flow: id, ..FlowWrite::default() };
@@ -215,9 +284,7 @@ impl Writer {
                 Ok(true) => {}
                 Ok(false) => return Err(StorageError::new("etcd: a new flow's id was taken").into()),
                 Err(e) => {
-                    if let Err(d) =
-                        retrying(self.side.settings.request_timeout, || store.delete_flow_parts(id)).await
-                    {
+                    if let Err(d) = retrying(t, || store.delete_flow_parts(id)).await {
                         tracing::warn!(flow = id, error = %d, "rockq: a failed flow submit's records were not deleted");
                     }
                     return Err(e.into());
@@ -232,103 +299,105 @@ impl Writer {
             .map(|(i, _)| (i as u32, Change::Start))
             .rev()
             .collect();
-        let start = FlowChangeWrite { flow: id, id: self.nonce(), change: FlowChange::Continued { work } };
+        let start =
+            FlowChangeWrite { flow: id, id: fastrand::u64(1..), change: FlowChange::Continued { work } };
         let key = store.change_key(id, start.id);
         let head = FlowWrite {
             flow: id,
             header: Some(FlowHeader { created_micros: now, steps: steps.len() as u32 }),
-            put_changes: vec![start.clone()],
+            put_changes: vec![start],
+            after_parts: true,
             ..FlowWrite::default()
         };
         // The flow's record with its continuation. A try whose answer was lost may land: the
         // flow is read back (its id is this call's alone) and the write tried again, until the
-        // deadline.
+        // deadline; then read back once more (a read of its own), so that a try in doubt is
+        // settled where it can be.
         let mut backoff = Duration::from_millis(10);
-        let (rev, created) = loop {
+        loop {
+            let late = Instant::now() >= deadline;
             // Refused (`Ok(None)`): the flow's record is there, a try whose answer was lost
             // landed; read back below, as after an error.
-            if let Ok(Some(rev)) = until_deadline(deadline, store.write_flow(&head)).await {
-                break (Some(rev), rev);
+            if !late && let Ok(Some(_)) = until_deadline(deadline, store.write_flow(&head)).await {
+                break;
             }
-            let absent = match until_deadline(deadline, store.load_steps(id, 0, 1)).await {
-                Ok(Some(l)) => {
-                    // Gone already: another process's mover applied the continuation.
-                    let p = l.pending.iter().find(|p| p.0 == key);
-                    break (p.map(|p| p.1), p.map_or(0, |p| p.2));
-                }
-                Ok(None) => true,
-                Err(_) => false,
+            let read = match late {
+                false => until_deadline(deadline, store.load_steps(id, 0, 1)).await,
+                true => retrying(t, || store.load_steps(id, 0, 1)).await,
             };
-            if Instant::now() >= deadline {
-                if absent {
-                    // Not there as last read: its parts go. (Unknown, they stay: a record that
-                    // landed names them.)
-                    if let Err(d) =
-                        retrying(self.side.settings.request_timeout, || store.delete_flow_parts(id)).await
-                    {
-                        tracing::warn!(flow = id, error = %d, "rockq: a failed flow submit's records were not deleted");
+            match read {
+                // The flow's record is there (a try landed).
+                Ok(Some(_)) => break,
+                // Not there: its parts go, in one transaction compared with the record absent —
+                // a try still in flight then finds no part and is refused. Refused itself, the
+                // record landed meanwhile.
+                Ok(None) if late => match retrying(t, || store.delete_flow_parts(id)).await {
+                    Ok(false) => break,
+                    Ok(true) => {
+                        return Err(
+                            StorageError::new("etcd: a large flow's record could not be written").into()
+                        );
                     }
+                    Err(d) => {
+                        tracing::warn!(flow = id, error = %d, "rockq: a failed flow submit's records were not deleted");
+                        return Err(
+                            StorageError::new("etcd: a large flow's record could not be written").into()
+                        );
+                    }
+                },
+                // Unknown: the parts stay (a record that landed names them).
+                Err(_) if late => {
+                    return Err(StorageError::new("etcd: a large flow's record could not be written").into());
                 }
-                return Err(StorageError::new("etcd: a large flow's record could not be written").into());
+                _ => {}
             }
-            tokio::time::sleep(backoff).await;
+            let nap = backoff.min(deadline.saturating_duration_since(Instant::now()));
+            tokio::time::sleep(nap).await;
             backoff = (backoff * 2).min(super::side::RETRY_CAP);
-        };
-        // Its first steps sent now, as a small flow's are (the mover goes on should this stop).
-        let mut sent: Vec<(Step, u64)> = Vec::new();
-        let mut change =
-            ReadChange { key, rev: rev.unwrap_or_default(), created, flow: id, change: start.change };
-        while rev.is_some() && Instant::now() < deadline {
-            match self.apply_changes(std::slice::from_ref(&change), APPLY_TRIES).await {
-                Ok(a) => {
-                    sent.extend(a.sent.into_iter().map(|(s, seq)| (Step(s, 0), seq)));
-                    let Some((rev, rest)) = a.continued else { break };
-                    change.rev = rev;
-                    change.change = rest;
-                }
-                Err(e) => {
-                    tracing::debug!(flow = id, error = %e, "rockq: a large flow's first steps are left to the mover");
-                    self.side.flows_changed.notify_one();
-                    break;
-                }
-            }
         }
-        // Another process's mover (woken by the continuation's put) may have taken part of it:
-        // wait while its record is there, within the deadline (else it is left to the movers).
+        // The writer's mover sends the first steps, a transaction at a time, other requests in
+        // between (the namespace watch wakes it too, and every other process's). Looked at
+        // every 10 ms at most: each of its transactions takes a few.
+        side.flows_changed.notify_one();
         let mut backoff = Duration::from_millis(2);
-        while Instant::now() < deadline {
+        while Instant::now() < deadline && !stop.is_cancelled() {
             match until_deadline(deadline, store.load_steps(id, 0, 1)).await {
-                Ok(Some(l)) if l.pending.iter().any(|p| p.0 == change.key) => {}
+                Ok(Some(l)) if l.pending.iter().any(|p| p.0 == key) => {}
                 _ => break,
             }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_millis(50));
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                () = stop.cancelled() => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_millis(10));
         }
-        // Read back: part may have been sent by another process, or be left to the mover.
-        if let Ok(Some(status)) = until_deadline(deadline, store.flow_status(id)).await {
-            sent = first_steps(&status);
-        }
+        // Read back (within a request timeout of its own: the deadline may have passed; one
+        // try within a second when the writer is stopping): the movers may have sent part of
+        // them so far. Unread, none is named — the flow is stored all the same.
+        let read = match stop.is_cancelled() {
+            false => retrying(t, || store.flow_status(id)).await,
+            true => {
+                until_deadline(Instant::now() + t.min(Duration::from_secs(1)), store.flow_status(id)).await
+            }
+        };
+        let mut sent = match read {
+            Ok(Some(status)) => first_steps(&status),
+            _ => Vec::new(),
+        };
         sent.sort_by_key(|(s, _)| s.0);
         tracing::debug!(flow = id, steps = steps.len(), sent = sent.len(), "rockq: flow submitted in parts");
         Ok(Submitted { id, sent })
     }
+}
 
-    /// Publishes the first steps a submit appended (`sent`, by queue `queues`; `envs`, every
-    /// step's envelope), with their priorities.
-    fn sent_steps(&self, queues: &[(Arc<QueueState>, Vec<u32>)], sent: &[(Step, u64)], envs: &[Vec<u8>]) {
-        for (q, list) in queues {
-            for (step, seq) in sent.iter().filter(|(s, _)| list.contains(&s.0)) {
-                if let Some(env) = envs.get(step.0 as usize) {
-                    super::writer::index_sent(q, *seq, [env]);
-                }
-            }
-            let last = sent.iter().filter(|(s, _)| list.contains(&s.0)).map(|(_, seq)| *seq).max();
-            if let Some(last) = last {
-                q.publish_max(last);
-                telemetry::produced(&q.name, list.len() as u64);
-            }
-        }
+/// Each step's message, as flow `flow`'s step, stamped `now`.
+fn encode_steps(steps: &[FlowStepSpec], flow: u64, now: u64) -> Result<Vec<Vec<u8>>, Error> {
+    let mut envs = Vec::with_capacity(steps.len());
+    for (i, s) in steps.iter().enumerate() {
+        let m = flow_moves::step_message(s.message.clone(), FlowStep { flow, step: i as u32 });
+        envs.push(envelope::encode(&m, now).map_err(|e| StorageError::new(format!("flow step {i}: {e:?}")))?);
     }
+    Ok(envs)
 }
 
 /// How a flow's submit is written.
@@ -337,7 +406,7 @@ enum Size {
     /// In one transaction: its records, its first steps' messages and the flow's record.
     Whole,
     /// Its records in parts, then the flow's record with a continuation sending its first
-    /// steps (`submit_in_parts`).
+    /// steps (`LargeSubmit`).
     Parts,
 }
 
@@ -383,7 +452,10 @@ fn first_steps(status: &crate::flow_state::FlowStatus) -> Vec<(Step, u64)> {
         .iter()
         .filter(|s| s.after.is_empty())
         .filter_map(|s| match s.state {
-            StepState::Queued { seq } | StepState::Succeeded { seq, .. } | StepState::Failed { seq, .. } => {
+            // A failure at sequence 0 was never sent (its queue was deleted first).
+            StepState::Queued { seq } | StepState::Succeeded { seq, .. } | StepState::Failed { seq, .. }
+                if seq != 0 =>
+            {
                 Some((Step(s.step, 0), seq))
             }
             _ => None,

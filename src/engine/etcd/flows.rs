@@ -1,8 +1,9 @@
 //! Flows on etcd, the writer's side (the records and the protocol: `store/etcd/flows.rs`).
 //!
 //! - **Submit**: the flow's records and its first steps' messages in one transaction, compared
-//!   with each queue's tail; a flow larger than that in parts (`submit_in_parts`), its record
-//!   last, with a continuation sending its first steps.
+//!   with each queue's tail; a flow larger than that in parts (`LargeSubmit`, a task of its
+//!   own beside the writer), its record last, with a continuation the mover applies to send
+//!   its first steps.
 //! - **Finish**: the transaction that finishes a step's job (an ack, a dead letter, an
 //!   operator's delete, a transaction's ack) puts a change record with it (`flow_change`).
 //! - **Move**: any process applies change records as the namespace watch brings them (and at
@@ -42,10 +43,7 @@ const RETRY_MOVE: Duration = Duration::from_secs(1);
 impl Writer {
     pub(super) async fn flow(&mut self, req: FlowRequest) {
         match req {
-            FlowRequest::Submit { steps, reply } => {
-                let res = self.submit_flow(steps).await;
-                let _ = reply.send(res);
-            }
+            FlowRequest::Submit { steps, reply } => self.submit(steps, reply).await,
             FlowRequest::Delete { id, reply } => {
                 let store = self.side.store.clone();
                 let t = self.side.settings.request_timeout;
@@ -314,6 +312,8 @@ impl Writer {
     /// change that cannot be applied holds back the later changes of its flow only; the move
     /// looks again in a moment (the process applying them may stop before it is done).
     pub(super) async fn move_flows(&mut self) {
+        // Before the read: a change put from now on has the mover send another move.
+        self.side.move_queued.store(false, std::sync::atomic::Ordering::Release);
         let store = self.side.store.clone();
         let t = self.side.settings.request_timeout;
         let later = |side: Arc<super::EtcdSide>| {
@@ -481,13 +481,7 @@ impl Writer {
                     // Of those applied, the first is continued (when anything is left), not gone.
                     let continued = w.rest.map(|rest| (rev, rest));
                     let applied = taken - usize::from(continued.is_some());
-                    return Ok(Applied {
-                        gone,
-                        applied,
-                        continued,
-                        left: cs.len() - gone - taken,
-                        sent: book.sent,
-                    });
+                    return Ok(Applied { gone, applied, continued, left: cs.len() - gone - taken });
                 }
                 Ok(None) => {
                     for a in &w.appends {
@@ -551,6 +545,4 @@ pub(super) struct Applied {
     pub(super) continued: Option<(i64, FlowChange)>,
     /// Changes that did not fit, still there.
     pub(super) left: usize,
-    /// Steps sent, with their sequences.
-    pub(super) sent: Vec<(u32, u64)>,
 }

@@ -69,6 +69,10 @@ pub(crate) struct EtcdSide {
     pub sends_wake: tokio::sync::Notify,
     /// Wakes the flow mover (`flows.rs`): a change record was written, by any process.
     pub flows_changed: tokio::sync::Notify,
+    /// A `Move` is in the writer's channel, not yet taken: the mover sends no other (the one
+    /// queued reads every change there is when the writer takes it). Cleared as the writer
+    /// starts it (`Writer::move_flows`).
+    pub move_queued: std::sync::atomic::AtomicBool,
 }
 
 impl EtcdSide {

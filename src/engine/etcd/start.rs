@@ -107,6 +107,7 @@ pub(crate) async fn start(
         group_deleted: Default::default(),
         sends_wake: tokio::sync::Notify::new(),
         flows_changed: tokio::sync::Notify::new(),
+        move_queued: std::sync::atomic::AtomicBool::new(false),
     });
     // The earliest delayed message in the namespace: the timer fires it, whoever wrote it.
     let first_due = retrying(side.settings.request_timeout, || store.first_due()).await?;

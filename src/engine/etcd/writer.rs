@@ -78,6 +78,10 @@ pub(super) struct Writer {
     pub(super) scheduled_ids: (u64, u64),
     /// The lease submit markers go under, and until when it is handed out (`delayed.rs`).
     pub(super) marker_lease: Option<(i64, Instant)>,
+    /// Large flows' submits in flight, each a task of its own (`flow_submit.rs`), and what
+    /// tells them the writer is stopping.
+    pub(super) submits: tokio::task::JoinSet<()>,
+    pub(super) submits_stop: tokio_util::sync::CancellationToken,
 }
 
 /// Operations an ordered group's commit gives its dead letters at most (the rest of etcd's
@@ -198,6 +202,8 @@ pub(super) async fn run(mut w: Writer, mut rx: mpsc::Receiver<Request>, appender
         drop(hold);
         w.side.owners.release_clean();
         if stop {
+            // No large flow's submit writes after the shutdown is answered.
+            w.finish_submits().await;
             // The leases go before the shutdown is answered: another process may take the
             // groups over at once.
             let revoking = w.side.owners.release_all();
@@ -262,6 +268,8 @@ impl Writer {
             dedup_leases: HashMap::new(),
             scheduled_ids: (0, 0),
             marker_lease: None,
+            submits: tokio::task::JoinSet::new(),
+            submits_stop: tokio_util::sync::CancellationToken::new(),
         }
     }
 

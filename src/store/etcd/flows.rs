@@ -203,6 +203,10 @@ pub(crate) struct FlowWrite {
     pub rest: Option<FlowChange>,
     /// Change records put (a large flow's submit: its first steps, to send).
     pub put_changes: Vec<FlowChangeWrite>,
+    /// A large flow's record, written after its parts: compared with the submit not
+    /// abandoned (`delete_flow_parts` marks it so), so that a try of the record still in
+    /// flight cannot land after the parts were deleted (a flow with no steps, unreadable).
+    pub after_parts: bool,
     /// Step records: each step's number, its revision as read (compared; `None`: a new step),
     /// and its record.
     pub steps: Vec<(u32, Option<i64>, StepRecord)>,
@@ -254,6 +258,13 @@ fn flow_step_rest(flow: u64, step: u32) -> [u8; 12] {
 impl EtcdStore {
     fn flow_key(&self, flow: u64) -> Vec<u8> {
         self.key(b"fl/", &flow.to_be_bytes())
+    }
+
+    /// The mark a large flow's abandoned submit leaves (`fx/<flow>`), put as its parts are
+    /// deleted: a write of the submit still in flight (a part, or the flow's record) compares
+    /// it absent, so none can land after the deletion. Ids are never reused; it stays.
+    fn abandoned_key(&self, flow: u64) -> Vec<u8> {
+        self.key(b"fx/", &flow.to_be_bytes())
     }
     fn flow_step_key(&self, kind: &[u8], flow: u64, step: u32) -> Vec<u8> {
         self.key(kind, &flow_step_rest(flow, step))
@@ -328,7 +339,10 @@ impl EtcdStore {
         }
         // Tests lose the request (not applied) or its answer (applied).
         crate::faults::check("rockq-etcd-flow-request")?;
-        let resp = self.kv().txn(Txn::new().when(cmps).and_then(ops)).await?;
+        let txn = Txn::new().when(cmps).and_then(ops);
+        #[cfg(feature = "failpoints")]
+        let txn = self.late("rockq-etcd-flow-request-late", txn)?;
+        let resp = self.kv().txn(txn).await?;
         crate::faults::check("rockq-etcd-flow-answer")?;
         Ok(resp.succeeded().then(|| resp.header().map(|h| h.revision()).unwrap_or_default()))
     }
@@ -342,6 +356,9 @@ impl EtcdStore {
                 ops.push(TxnOp::put(fkey, encode_header(h).to_vec(), None));
             }
             None => cmps.push(Compare::version(fkey, CompareOp::Greater, 0)),
+        }
+        if w.after_parts {
+            cmps.push(Compare::version(self.abandoned_key(w.flow), CompareOp::Equal, 0));
         }
         if !w.changes.is_empty() {
             let (lo, hi) = self.flow_range(b"sf/", w.flow);
@@ -490,9 +507,27 @@ impl EtcdStore {
         Ok(Some(loaded))
     }
 
+    /// Tests deliver a request late, as a slow member would (failpoint `point`): it is sent by
+    /// a task once failpoint `rockq-etcd-flow-late-send` lets it go — after the caller, answered
+    /// with an error now, gave up — and `rockq-etcd-flow-late-sent` is reached once answered.
+    #[cfg(feature = "failpoints")]
+    fn late(&self, point: &str, txn: Txn) -> Result<Txn, StorageError> {
+        if crate::faults::check(point).is_ok() {
+            return Ok(txn);
+        }
+        let members = self.members.clone();
+        tokio::spawn(async move {
+            let held = tokio::task::spawn_blocking(|| crate::faults::reached("rockq-etcd-flow-late-send"));
+            let _ = held.await;
+            let _ = super::members::Kv(&members).txn(txn).await;
+            crate::faults::reached("rockq-etcd-flow-late-sent");
+        });
+        Err(StorageError::new(format!("etcd: no answer (failpoint {point})")))
+    }
+
     /// Writes part of a large flow's submit before its flow record: new step records, their
-    /// dependency lists and kept messages, if the flow record is not there yet (`false`: it
-    /// is; nothing written). Without the flow record nothing reads them; a submit cut short
+    /// dependency lists and kept messages, if the flow record is not there yet and the submit
+    /// was not abandoned (`false`: nothing written). Without the flow record nothing reads them; a submit cut short
     /// deletes them ([`delete_flow_parts`](Self::delete_flow_parts)).
     pub async fn write_flow_steps(&self, w: &FlowWrite) -> Result<bool, StorageError> {
         let fkey = self.flow_key(w.flow);
@@ -507,24 +542,30 @@ impl EtcdStore {
             ops.push(TxnOp::put(self.flow_step_key(b"fm/", w.flow, *step), env.clone(), None));
         }
         crate::faults::check("rockq-etcd-flow-request")?;
-        let txn = Txn::new().when([Compare::version(fkey, CompareOp::Equal, 0)]).and_then(ops);
+        let cmps = [
+            Compare::version(fkey, CompareOp::Equal, 0),
+            Compare::version(self.abandoned_key(w.flow), CompareOp::Equal, 0),
+        ];
+        let txn = Txn::new().when(cmps).and_then(ops);
+        #[cfg(feature = "failpoints")]
+        let txn = self.late("rockq-etcd-flow-steps-late", txn)?;
         let written = self.kv().txn(txn).await?.succeeded();
         crate::faults::check("rockq-etcd-flow-answer")?;
         Ok(written)
     }
 
     /// Deletes what a large flow's submit wrote before its flow record, if the flow record is
-    /// not there (the submit failed before it).
-    pub async fn delete_flow_parts(&self, flow: u64) -> Result<(), StorageError> {
+    /// not there (the submit failed before it), and marks the submit abandoned: `false` if the
+    /// record is there (nothing deleted).
+    pub async fn delete_flow_parts(&self, flow: u64) -> Result<bool, StorageError> {
         let fkey = self.flow_key(flow);
-        let mut ops = Vec::new();
+        let mut ops = vec![TxnOp::put(self.abandoned_key(flow), Vec::new(), None)];
         for kind in [&b"fs/"[..], b"fd/", b"fm/"] {
             let (lo, hi) = self.flow_range(kind, flow);
             ops.push(TxnOp::delete(lo, Some(DeleteOptions::new().with_range(hi))));
         }
         let txn = Txn::new().when([Compare::version(fkey, CompareOp::Equal, 0)]).and_then(ops);
-        self.kv().txn(txn).await?;
-        Ok(())
+        Ok(self.kv().txn(txn).await?.succeeded())
     }
 
     /// Deletes change record `key` if its revision is still `rev` (a change of a deleted flow).

@@ -33,7 +33,7 @@
 //! | `N sk/<name>` | a keyspace: its id (`kv.rs`) |
 //! | `N v/<keyspace id u32><key>` | a keyspace entry; its revision is etcd's `mod_revision` (`kv.rs`) |
 //! | `N meta/keyspace-id` | the next keyspace id (`kv.rs`) |
-//! | `N fl/`, `fs/`, `fd/`, `fm/`, `sf/`, `meta/flow-id` | flows: their records, and changes not applied yet (`flows.rs`) |
+//! | `N fl/`, `fs/`, `fd/`, `fm/`, `sf/`, `fx/`, `meta/flow-id` | flows: their records, changes not applied yet, and large submits abandoned (`flows.rs`) |
 
 pub(crate) mod dedup;
 pub(crate) mod delayed;
