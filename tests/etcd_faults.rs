@@ -1581,6 +1581,16 @@ async fn a_large_flows_record_delivered_after_its_submit_gave_up_does_not_land()
     fail::remove("rockq-etcd-flow-late-send");
     fail::remove("rockq-etcd-flow-late-sent");
     assert_eq!(a.flows(0, 10).await.unwrap(), Vec::<u64>::new(), "a late record landed without its parts");
+    // The mark that turned the late tries away is kept by a lease that runs out long after
+    // them: abandoned submits do not pile marks up in the namespace.
+    let mut c = cluster.client().await;
+    let marks =
+        c.get("late/fx/", Some(etcd_client::GetOptions::new().with_prefix())).await.expect("read the marks");
+    assert_eq!(marks.kvs().len(), 1, "one mark for the abandoned submit");
+    let lease = marks.kvs()[0].lease();
+    assert_ne!(lease, 0, "the mark is put under a lease");
+    let ttl = c.lease_time_to_live(lease, None).await.expect("the mark's lease").ttl();
+    assert!((60..=601).contains(&ttl), "the mark outlives the late writes by minutes, not for ever: {ttl} s");
     a.shutdown().await.unwrap();
 }
 

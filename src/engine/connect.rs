@@ -44,25 +44,94 @@ fn spawn_flow_mover(shared: &Arc<Shared>, side: Arc<super::etcd::EtcdSide>) {
     let closing = shared.closing.clone();
     side.flows_changed.notify_one();
     shared.runtime.spawn(async move {
-        loop {
-            tokio::select! {
-                () = side.flows_changed.notified() => {}
-                () = closing.cancelled() => return,
-            }
-            // One move waiting at a time: every change record put wakes this task (the
-            // namespace watch, the writer's own rewrites of a continuation), and a move each
-            // would pile up in the writer's channel, where a round takes them all before it
-            // answers the others (a flush waited 150 ms behind 20 moves of one large flow).
-            if side.move_queued.swap(true, std::sync::atomic::Ordering::AcqRel) {
-                continue;
-            }
-            let Some(shared) = weak.upgrade() else { return };
-            let tx = shared.tx.clone();
-            drop(shared);
-            let req = super::request::Request::Flow(super::request::FlowRequest::Move);
-            if tx.send(req).await.is_err() {
-                return;
-            }
-        }
+        let writer = || weak.upgrade().map(|s| s.tx.clone());
+        ask_for_moves(&side.flows_changed, &side.move_queued, &closing, writer).await;
     });
+}
+
+/// Sends the writer a flow `Move` each time `changed` is notified, unless one is waiting
+/// already (`queued`, cleared by the writer as it starts a move, before it reads the change
+/// records). Every change record put wakes this (the namespace watch, the writer's own
+/// rewrites of a continuation), and a move each would pile up in the writer's channel, where
+/// a round takes them all before it answers the others (a flush waited 150 ms behind 20 moves
+/// of one large flow). Ends when `closing` is cancelled or `writer` gives no channel (the
+/// broker is gone) or a closed one.
+async fn ask_for_moves(
+    changed: &tokio::sync::Notify,
+    queued: &std::sync::atomic::AtomicBool,
+    closing: &tokio_util::sync::CancellationToken,
+    writer: impl Fn() -> Option<tokio::sync::mpsc::Sender<super::request::Request>>,
+) {
+    loop {
+        tokio::select! {
+            () = changed.notified() => {}
+            () = closing.cancelled() => return,
+        }
+        if queued.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            continue;
+        }
+        let Some(tx) = writer() else { return };
+        let req = super::request::Request::Flow(super::request::FlowRequest::Move);
+        if tx.send(req).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use tokio::sync::{Notify, mpsc};
+    use tokio_util::sync::CancellationToken;
+
+    use super::super::request::{FlowRequest, Request};
+    use super::ask_for_moves;
+
+    /// Lets the spawned loop run until it waits again (a current-thread runtime: it runs only
+    /// while this task yields).
+    async fn settle() {
+        for _ in 0..16 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn many_changes_while_a_move_waits_ask_for_no_more_moves() {
+        let changed = std::sync::Arc::new(Notify::new());
+        let queued = std::sync::Arc::new(AtomicBool::new(false));
+        let closing = CancellationToken::new();
+        let (tx, mut rx) = mpsc::channel::<Request>(1024);
+        let task = tokio::spawn({
+            let (changed, queued, closing) = (changed.clone(), queued.clone(), closing.clone());
+            async move { ask_for_moves(&changed, &queued, &closing, || Some(tx.clone())).await }
+        });
+        let moves = |rx: &mut mpsc::Receiver<Request>| {
+            let mut n = 0;
+            while let Ok(r) = rx.try_recv() {
+                assert!(matches!(r, Request::Flow(FlowRequest::Move)), "only moves are asked for");
+                n += 1;
+            }
+            n
+        };
+        // Fifty change records put while the writer has not taken the first move.
+        for _ in 0..50 {
+            changed.notify_one();
+            settle().await;
+        }
+        assert_eq!(moves(&mut rx), 1, "one move waits for all of them");
+        assert!(queued.load(Ordering::Acquire));
+        // The writer starts that move (it reads every change there is now); a change put after
+        // it asks for one more, and only one.
+        queued.store(false, Ordering::Release);
+        settle().await;
+        assert_eq!(moves(&mut rx), 0, "nothing changed since the move started");
+        for _ in 0..10 {
+            changed.notify_one();
+            settle().await;
+        }
+        assert_eq!(moves(&mut rx), 1);
+        closing.cancel();
+        task.await.unwrap();
+    }
 }

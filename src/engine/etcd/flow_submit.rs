@@ -284,7 +284,7 @@ impl LargeSubmit {
                 Ok(true) => {}
                 Ok(false) => return Err(StorageError::new("etcd: a new flow's id was taken").into()),
                 Err(e) => {
-                    if let Err(d) = retrying(t, || store.delete_flow_parts(id)).await {
+                    if let Err(d) = abandon(&store, id, t).await {
                         tracing::warn!(flow = id, error = %d, "rockq: a failed flow submit's records were not deleted");
                     }
                     return Err(e.into());
@@ -331,7 +331,7 @@ impl LargeSubmit {
                 // Not there: its parts go, in one transaction compared with the record absent —
                 // a try still in flight then finds no part and is refused. Refused itself, the
                 // record landed meanwhile.
-                Ok(None) if late => match retrying(t, || store.delete_flow_parts(id)).await {
+                Ok(None) if late => match abandon(&store, id, t).await {
                     Ok(false) => break,
                     Ok(true) => {
                         return Err(
@@ -391,6 +391,30 @@ impl LargeSubmit {
 }
 
 /// Each step's message, as flow `flow`'s step, stamped `now`.
+/// How long an abandoned submit's mark outlives the submit's request timeout. The writes it
+/// must turn away were sent before the submit gave up, each cut short by the client at its
+/// request timeout; one that reached etcd is applied within its raft round, at worst an
+/// election or two later. Ten minutes is far beyond that, and marks do not pile up.
+const MARK_LASTS: Duration = Duration::from_secs(600);
+
+/// Deletes a given-up submit's parts and leaves its mark ([`EtcdStore::delete_flow_parts`]),
+/// under a lease of its own: `false` if the flow's record is there (nothing deleted). A lease
+/// not granted within a quarter of `t` (etcd struggling) leaves the mark for good: safe, only
+/// not tidy.
+///
+/// [`EtcdStore::delete_flow_parts`]: crate::store::etcd::EtcdStore::delete_flow_parts
+async fn abandon(store: &crate::store::etcd::EtcdStore, id: u64, t: Duration) -> Result<bool, StorageError> {
+    let lease = match tokio::time::timeout(t / 4, store.grant_expiring(t + MARK_LASTS)).await {
+        Ok(Ok(lease)) => Some(lease),
+        Ok(Err(e)) => {
+            tracing::debug!(flow = id, error = %e, "rockq: no lease for an abandoned flow submit's mark; it stays");
+            None
+        }
+        Err(_) => None,
+    };
+    retrying(t, || store.delete_flow_parts(id, lease)).await
+}
+
 fn encode_steps(steps: &[FlowStepSpec], flow: u64, now: u64) -> Result<Vec<Vec<u8>>, Error> {
     let mut envs = Vec::with_capacity(steps.len());
     for (i, s) in steps.iter().enumerate() {

@@ -24,7 +24,8 @@
 //! what fits and rewrites the change record into a continuation ([`FlowChange::Continued`]).
 
 use etcd_client::{
-    Compare, CompareOp, DeleteOptions, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse,
 };
 
 use super::{DeadLetterAppend, EtcdStore, corrupt};
@@ -262,7 +263,9 @@ impl EtcdStore {
 
     /// The mark a large flow's abandoned submit leaves (`fx/<flow>`), put as its parts are
     /// deleted: a write of the submit still in flight (a part, or the flow's record) compares
-    /// it absent, so none can land after the deletion. Ids are never reused; it stays.
+    /// it absent, so none can land after the deletion. Put under a lease that outlives every
+    /// such write by far ([`delete_flow_parts`](Self::delete_flow_parts)), so marks do not
+    /// pile up in the namespace; ids are never reused.
     fn abandoned_key(&self, flow: u64) -> Vec<u8> {
         self.key(b"fx/", &flow.to_be_bytes())
     }
@@ -555,11 +558,13 @@ impl EtcdStore {
     }
 
     /// Deletes what a large flow's submit wrote before its flow record, if the flow record is
-    /// not there (the submit failed before it), and marks the submit abandoned: `false` if the
-    /// record is there (nothing deleted).
-    pub async fn delete_flow_parts(&self, flow: u64) -> Result<bool, StorageError> {
+    /// not there (the submit failed before it), and marks the submit abandoned, under
+    /// `mark_lease` if given (none: the mark stays): `false` if the record is there (nothing
+    /// deleted).
+    pub async fn delete_flow_parts(&self, flow: u64, mark_lease: Option<i64>) -> Result<bool, StorageError> {
         let fkey = self.flow_key(flow);
-        let mut ops = vec![TxnOp::put(self.abandoned_key(flow), Vec::new(), None)];
+        let lease = mark_lease.map(|l| PutOptions::new().with_lease(l));
+        let mut ops = vec![TxnOp::put(self.abandoned_key(flow), Vec::new(), lease)];
         for kind in [&b"fs/"[..], b"fd/", b"fm/"] {
             let (lo, hi) = self.flow_range(kind, flow);
             ops.push(TxnOp::delete(lo, Some(DeleteOptions::new().with_range(hi))));
