@@ -1594,6 +1594,174 @@ async fn a_large_flows_record_delivered_after_its_submit_gave_up_does_not_land()
     a.shutdown().await.unwrap();
 }
 
+/// A shutdown drains the worker pools before it stops the writer; a large flow's submit in
+/// flight meanwhile still has its first steps sent — the flow mover runs until the writer
+/// stops, not only until the shutdown begins — and answers with every one of them (with the
+/// mover gone it waited out its request timeout and named none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_flows_submit_during_a_shutdowns_drain_has_its_first_steps_sent() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const FIRST: usize = 100;
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let options = EtcdOptions::new().request_timeout(std::time::Duration::from_secs(10));
+    let a = Broker::connect_etcd(cluster.endpoints(), "drain", options).await.expect("connect");
+    let jobs = a.queue("jobs").await.unwrap();
+    let work = flow_group(&a, &jobs);
+
+    // A pool whose one job holds the shutdown's drain until released.
+    let hold = a.queue("hold").await.unwrap();
+    hold.send("x").await.unwrap();
+    let started = std::sync::Arc::new(AtomicBool::new(false));
+    let release = std::sync::Arc::new(tokio::sync::Notify::new());
+    let (s, r) = (started.clone(), release.clone());
+    let pool = hold.work_group("h").unwrap().workers(1).spawn(move |_task: rockq::Task| {
+        let (s, r) = (s.clone(), r.clone());
+        async move {
+            s.store(true, Ordering::SeqCst);
+            r.notified().await;
+            Ok(())
+        }
+    });
+    wait_for(&started, "the holding job never started").await;
+
+    let mut flow = a.flow();
+    let firsts: Vec<_> = (0..FIRST).map(|i| flow.job(&work, format!("{i}")).unwrap()).collect();
+    flow.then(&work, "parent", &firsts).unwrap();
+    // The submit's first part waits until released.
+    let reached = std::sync::Arc::new(AtomicBool::new(false));
+    let gate = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let (flag, g) = (reached.clone(), gate.clone());
+    fail::cfg_callback("rockq-etcd-flow-request", move || {
+        if flag.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        tokio::task::block_in_place(|| {
+            let (open, cv) = &*g;
+            let open = open.lock().unwrap();
+            drop(cv.wait_timeout_while(open, 2 * common::HANG_GUARD, |open| !*open).unwrap());
+        });
+    })
+    .expect("failpoint");
+    let submit = tokio::spawn(async move { flow.submit().await });
+    wait_for(&reached, "the submit's first part was never written").await;
+
+    let closer = a.clone();
+    let shutdown = tokio::spawn(async move { closer.shutdown().await });
+    // The shutdown has begun once a new pool is refused.
+    let probe = a.queue("probe").await.unwrap().work_group("p").unwrap();
+    let deadline = tokio::time::Instant::now() + common::HANG_GUARD;
+    loop {
+        let stop = tokio_util::sync::CancellationToken::new();
+        stop.cancel();
+        match probe.clone().workers(1).shutdown_on(stop).run(|_task: rockq::Task| async { Ok(()) }).await {
+            Err(rockq::Error::Shutdown) => break,
+            other => {
+                assert!(other.is_ok(), "{other:?}");
+                assert!(tokio::time::Instant::now() < deadline, "the shutdown never began");
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        }
+    }
+    let (open, cv) = &*gate;
+    *open.lock().unwrap() = true;
+    cv.notify_all();
+    fail::remove("rockq-etcd-flow-request");
+
+    let submitted = tokio::time::timeout(common::HANG_GUARD, submit)
+        .await
+        .expect("the submit returns")
+        .expect("task")
+        .expect("submitted");
+    let sent: Vec<u32> = submitted.sent.iter().map(|(step, _)| step.index()).collect();
+    assert_eq!(sent, (0..FIRST as u32).collect::<Vec<_>>(), "every first step sent during the drain");
+    release.notify_one();
+    tokio::time::timeout(common::HANG_GUARD, shutdown).await.expect("shutdown ends").expect("task").unwrap();
+    drop(pool);
+}
+
+/// A large flow's submit that cannot tell whether its record landed — every try of the record
+/// unanswered, and etcd gone by the time it reads back after its deadline — answers with a
+/// transient error: the flow may run (here a try delivered late lands it, and it does), so the
+/// error must not read as a refusal the caller would answer by submitting the flow again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_flow_submit_that_cannot_tell_whether_its_record_landed_says_so() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let options = EtcdOptions::new().request_timeout(std::time::Duration::from_secs(1));
+    let a = Broker::connect_etcd(cluster.endpoints(), "doubt", options).await.expect("connect");
+    let jobs = a.queue("jobs").await.unwrap();
+    let work = flow_group(&a, &jobs);
+    let mut flow = a.flow();
+    for i in 0..100 {
+        flow.job(&work, format!("{i}")).unwrap();
+    }
+    // Every try of the flow's record goes out late: held until released below.
+    let gate = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let held = std::sync::Arc::new(AtomicUsize::new(0));
+    let sent = std::sync::Arc::new(AtomicUsize::new(0));
+    fail::cfg("rockq-etcd-flow-request-late", "return").expect("failpoint");
+    let (g, h) = (gate.clone(), held.clone());
+    fail::cfg_callback("rockq-etcd-flow-late-send", move || {
+        h.fetch_add(1, Ordering::SeqCst);
+        let (open, cv) = &*g;
+        let open = open.lock().unwrap();
+        drop(cv.wait_timeout_while(open, 2 * common::HANG_GUARD, |open| !*open).unwrap());
+    })
+    .expect("failpoint");
+    let s = sent.clone();
+    fail::cfg_callback("rockq-etcd-flow-late-sent", move || {
+        s.fetch_add(1, Ordering::SeqCst);
+    })
+    .expect("failpoint");
+    let submit = tokio::spawn(async move { flow.submit().await });
+    let deadline = tokio::time::Instant::now() + common::HANG_GUARD;
+    while held.load(Ordering::SeqCst) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "no try of the record was held");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    // etcd stops answering: the submit's reads back fail until its deadline and after it.
+    cluster.members[0].pause(true);
+    let answered =
+        tokio::time::timeout(common::HANG_GUARD, submit).await.expect("the submit answers").expect("task");
+    fail::remove("rockq-etcd-flow-request-late");
+    cluster.members[0].pause(false);
+    match answered {
+        Err(rockq::Error::Storage(e)) => {
+            assert!(e.is_transient(), "a submit in doubt says so (transient), not a refusal: {e}")
+        }
+        other => panic!("the submit cannot know whether its flow is stored: {other:?}"),
+    }
+    // A try still in flight lands the flow (no mark turns it away: none was put).
+    let (open, cv) = &*gate;
+    *open.lock().unwrap() = true;
+    cv.notify_all();
+    while sent.load(Ordering::SeqCst) < held.load(Ordering::SeqCst) {
+        assert!(tokio::time::Instant::now() < deadline, "the late tries were never answered");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    fail::remove("rockq-etcd-flow-late-send");
+    fail::remove("rockq-etcd-flow-late-sent");
+    let flows = loop {
+        match a.flows(0, 10).await {
+            Ok(f) => break f,
+            Err(e) => {
+                assert!(tokio::time::Instant::now() < deadline, "etcd never came back: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert_eq!(flows.len(), 1, "the flow in doubt was stored after all");
+    // And it runs: its first steps are sent.
+    let mut sub = work.subscribe().await.unwrap();
+    let first = next_job(&mut sub).await;
+    assert_eq!(first.payload().as_ref(), b"0");
+    first.ack_durable().await.unwrap();
+    drop(sub);
+    a.shutdown().await.unwrap();
+}
+
 /// Failpoint `name` returning an error until dropped (a panic included: the next scenario
 /// starts without it).
 struct Failing(&'static str);

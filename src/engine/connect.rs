@@ -38,14 +38,17 @@ pub(crate) async fn connect(
 
 /// Starts the task that has the writer apply flow changes whenever the namespace watch brings
 /// one (`etcd/flows.rs`), and once now: changes a stopped process left. It holds the broker
-/// only weakly, so dropping every handle still closes it.
+/// only weakly, so dropping every handle still closes it. It runs until the writer stops, not
+/// only until a shutdown begins: while the worker pools drain, a large flow's submit in flight
+/// still has its first steps sent (`flow_submit.rs`), and acks that finish steps move their
+/// flows on.
 fn spawn_flow_mover(shared: &Arc<Shared>, side: Arc<super::etcd::EtcdSide>) {
     let weak = Arc::downgrade(shared);
-    let closing = shared.closing.clone();
+    let stopped = shared.stopped.clone();
     side.flows_changed.notify_one();
     shared.runtime.spawn(async move {
         let writer = || weak.upgrade().map(|s| s.tx.clone());
-        ask_for_moves(&side.flows_changed, &side.move_queued, &closing, writer).await;
+        ask_for_moves(&side.flows_changed, &side.move_queued, &stopped, writer).await;
     });
 }
 
@@ -54,18 +57,18 @@ fn spawn_flow_mover(shared: &Arc<Shared>, side: Arc<super::etcd::EtcdSide>) {
 /// records). Every change record put wakes this (the namespace watch, the writer's own
 /// rewrites of a continuation), and a move each would pile up in the writer's channel, where
 /// a round takes them all before it answers the others (a flush waited 150 ms behind 20 moves
-/// of one large flow). Ends when `closing` is cancelled or `writer` gives no channel (the
+/// of one large flow). Ends when `stopped` is cancelled or `writer` gives no channel (the
 /// broker is gone) or a closed one.
 async fn ask_for_moves(
     changed: &tokio::sync::Notify,
     queued: &std::sync::atomic::AtomicBool,
-    closing: &tokio_util::sync::CancellationToken,
+    stopped: &tokio_util::sync::CancellationToken,
     writer: impl Fn() -> Option<tokio::sync::mpsc::Sender<super::request::Request>>,
 ) {
     loop {
         tokio::select! {
             () = changed.notified() => {}
-            () = closing.cancelled() => return,
+            () = stopped.cancelled() => return,
         }
         if queued.swap(true, std::sync::atomic::Ordering::AcqRel) {
             continue;
@@ -85,7 +88,7 @@ mod tests {
     use tokio::sync::{Notify, mpsc};
     use tokio_util::sync::CancellationToken;
 
-    use super::super::request::{FlowRequest, Request};
+    use crate::engine::request::{FlowRequest, Request};
     use super::ask_for_moves;
 
     /// Lets the spawned loop run until it waits again (a current-thread runtime: it runs only

@@ -192,14 +192,17 @@ impl Writer {
 
     /// Ends the large submits in flight before a shutdown is answered: each finishes writing,
     /// stops waiting for the mover (which stops with this writer) and answers with the first
-    /// steps sent so far. One still at it after a request timeout (etcd slow or away) is
-    /// abandoned: its caller gets `Shutdown`, and parts it wrote before its flow's record
-    /// stay, as a killed process's do.
+    /// steps sent so far. A submit whose writes go unanswered (etcd slow or away) may need
+    /// [`SUBMIT_GRACE`] request timeouts to settle — its deadline, a last read, the deletion of
+    /// its parts with its mark — and is waited for that long, so that no write of its lands
+    /// after the shutdown is answered. One still at it then is abandoned: its caller gets
+    /// `Shutdown`, its outcome unknown (a try of its record may still land), and parts it
+    /// wrote stay, as a killed process's do.
     pub(super) async fn finish_submits(&mut self) {
         self.submits_stop.cancel();
         let t = self.side.settings.request_timeout;
         let all = async { while self.submits.join_next().await.is_some() {} };
-        if tokio::time::timeout(t, all).await.is_err() {
+        if tokio::time::timeout(t * SUBMIT_GRACE, all).await.is_err() {
             self.submits.abort_all();
             while self.submits.join_next().await.is_some() {}
         }
@@ -338,17 +341,15 @@ impl LargeSubmit {
                             StorageError::new("etcd: a large flow's record could not be written").into()
                         );
                     }
+                    // Unknown: no mark turns a try still in flight away, and its parts stay
+                    // (a record that lands names them): the flow may yet run.
                     Err(d) => {
                         tracing::warn!(flow = id, error = %d, "rockq: a failed flow submit's records were not deleted");
-                        return Err(
-                            StorageError::new("etcd: a large flow's record could not be written").into()
-                        );
+                        return Err(in_doubt(id, &d).into());
                     }
                 },
                 // Unknown: the parts stay (a record that landed names them).
-                Err(_) if late => {
-                    return Err(StorageError::new("etcd: a large flow's record could not be written").into());
-                }
+                Err(e) if late => return Err(in_doubt(id, &e).into()),
                 _ => {}
             }
             let nap = backoff.min(deadline.saturating_duration_since(Instant::now()));
@@ -390,7 +391,21 @@ impl LargeSubmit {
     }
 }
 
-/// Each step's message, as flow `flow`'s step, stamped `now`.
+/// How many request timeouts a shutdown waits for the large submits in flight
+/// ([`Writer::finish_submits`]): the submit's own deadline (one), the read after it (one), the
+/// lease of its mark and the deletion of its parts (a quarter and one).
+const SUBMIT_GRACE: u32 = 4;
+
+/// The error of a large submit whose flow record may or may not be stored (etcd did not
+/// answer in time): transient, as every error that says nothing about the data — not a
+/// refusal, which a caller could answer by submitting the flow again, so that it ran twice.
+fn in_doubt(flow: u64, cause: &StorageError) -> StorageError {
+    StorageError::unreachable(format!(
+        "etcd: a large flow's record (flow {flow}) may or may not have been written: {}",
+        cause.message()
+    ))
+}
+
 /// How long an abandoned submit's mark outlives the submit's request timeout. The writes it
 /// must turn away were sent before the submit gave up, each cut short by the client at its
 /// request timeout; one that reached etcd is applied within its raft round, at worst an
@@ -399,22 +414,22 @@ const MARK_LASTS: Duration = Duration::from_secs(600);
 
 /// Deletes a given-up submit's parts and leaves its mark ([`EtcdStore::delete_flow_parts`]),
 /// under a lease of its own: `false` if the flow's record is there (nothing deleted). A lease
-/// not granted within a quarter of `t` (etcd struggling) leaves the mark for good: safe, only
-/// not tidy.
+/// not granted within a quarter of `t` (tried again meanwhile: etcd struggling) leaves the
+/// mark for good: safe, only not tidy.
 ///
 /// [`EtcdStore::delete_flow_parts`]: crate::store::etcd::EtcdStore::delete_flow_parts
 async fn abandon(store: &crate::store::etcd::EtcdStore, id: u64, t: Duration) -> Result<bool, StorageError> {
-    let lease = match tokio::time::timeout(t / 4, store.grant_expiring(t + MARK_LASTS)).await {
-        Ok(Ok(lease)) => Some(lease),
-        Ok(Err(e)) => {
+    let lease = match retrying(t / 4, || store.grant_expiring(t + MARK_LASTS)).await {
+        Ok(lease) => Some(lease),
+        Err(e) => {
             tracing::debug!(flow = id, error = %e, "rockq: no lease for an abandoned flow submit's mark; it stays");
             None
         }
-        Err(_) => None,
     };
     retrying(t, || store.delete_flow_parts(id, lease)).await
 }
 
+/// Each step's message, as flow `flow`'s step, stamped `now`.
 fn encode_steps(steps: &[FlowStepSpec], flow: u64, now: u64) -> Result<Vec<Vec<u8>>, Error> {
     let mut envs = Vec::with_capacity(steps.len());
     for (i, s) in steps.iter().enumerate() {

@@ -202,7 +202,8 @@ pub(super) async fn run(mut w: Writer, mut rx: mpsc::Receiver<Request>, appender
         drop(hold);
         w.side.owners.release_clean();
         if stop {
-            // No large flow's submit writes after the shutdown is answered.
+            // No large flow's submit writes after the shutdown is answered (unless etcd left
+            // one unsettled for longer than its grace: `finish_submits`).
             w.finish_submits().await;
             // The leases go before the shutdown is answered: another process may take the
             // groups over at once.
