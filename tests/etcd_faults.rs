@@ -1525,13 +1525,70 @@ async fn a_large_flows_submit_leaves_the_writer_free_while_its_parts_are_written
     a.shutdown().await.unwrap();
 }
 
+/// Flow writes held by the `rockq-etcd-flow-late-send` failpoint (the caller answered with an
+/// error at once, the write sent later): counted as held and as sent, released together.
+struct LateTries {
+    gate: std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    sent: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl LateTries {
+    /// Holds every late try from now on (which writes go late: the `…-late` failpoints).
+    fn hold() -> LateTries {
+        use std::sync::atomic::Ordering;
+        let late = LateTries {
+            gate: std::sync::Arc::default(),
+            held: std::sync::Arc::default(),
+            sent: std::sync::Arc::default(),
+        };
+        let (g, h) = (late.gate.clone(), late.held.clone());
+        fail::cfg_callback("rockq-etcd-flow-late-send", move || {
+            h.fetch_add(1, Ordering::SeqCst);
+            let (open, cv) = &*g;
+            let open = open.lock().unwrap();
+            drop(cv.wait_timeout_while(open, 2 * common::HANG_GUARD, |open| !*open).unwrap());
+        })
+        .expect("failpoint");
+        let s = late.sent.clone();
+        fail::cfg_callback("rockq-etcd-flow-late-sent", move || {
+            s.fetch_add(1, Ordering::SeqCst);
+        })
+        .expect("failpoint");
+        late
+    }
+
+    /// Waits until a try is held.
+    async fn wait_held(&self) {
+        let deadline = tokio::time::Instant::now() + common::HANG_GUARD;
+        while self.held.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "no try of the record was held");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Lets every held try go and waits until each was answered.
+    async fn release(self) {
+        use std::sync::atomic::Ordering;
+        let (open, cv) = &*self.gate;
+        *open.lock().unwrap() = true;
+        cv.notify_all();
+        let deadline = tokio::time::Instant::now() + common::HANG_GUARD;
+        while self.sent.load(Ordering::SeqCst) < self.held.load(Ordering::SeqCst) {
+            assert!(tokio::time::Instant::now() < deadline, "the late tries were never answered");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        fail::remove("rockq-etcd-flow-late-send");
+        fail::remove("rockq-etcd-flow-late-sent");
+    }
+}
+
 /// A large flow's writes delivered late — its first part's first try, and every try of its
 /// record — after its submit gave up and deleted the parts, are refused by etcd (they compare
 /// the submit's abandoned mark absent): no flow is left without its steps, which no read
 /// could decode, though the late first part would bring step 0 back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_flows_record_delivered_after_its_submit_gave_up_does_not_land() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     let _one_at_a_time = SERIAL.lock().await;
     let cluster = etcd::Cluster::start(1).await;
     let options = EtcdOptions::new().request_timeout(std::time::Duration::from_secs(1));
@@ -1544,42 +1601,15 @@ async fn a_large_flows_record_delivered_after_its_submit_gave_up_does_not_land()
     }
     // The first part's first try and every try of the flow's record go out late: held until
     // the submit has given up.
-    let gate = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
-    let held = std::sync::Arc::new(AtomicUsize::new(0));
-    let sent = std::sync::Arc::new(AtomicUsize::new(0));
     fail::cfg("rockq-etcd-flow-steps-late", "1*return").expect("failpoint");
     fail::cfg("rockq-etcd-flow-request-late", "return").expect("failpoint");
-    let (g, h) = (gate.clone(), held.clone());
-    fail::cfg_callback("rockq-etcd-flow-late-send", move || {
-        h.fetch_add(1, Ordering::SeqCst);
-        let (open, cv) = &*g;
-        let open = open.lock().unwrap();
-        drop(cv.wait_timeout_while(open, 2 * common::HANG_GUARD, |open| !*open).unwrap());
-    })
-    .expect("failpoint");
-    let s = sent.clone();
-    fail::cfg_callback("rockq-etcd-flow-late-sent", move || {
-        s.fetch_add(1, Ordering::SeqCst);
-    })
-    .expect("failpoint");
+    let late = LateTries::hold();
     let refused = flow.submit().await;
     fail::remove("rockq-etcd-flow-request-late");
     fail::remove("rockq-etcd-flow-steps-late");
     assert!(refused.is_err(), "the submit gives up when its record tries get no answer: {refused:?}");
-    let deadline = tokio::time::Instant::now() + common::HANG_GUARD;
-    while held.load(Ordering::SeqCst) == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "no try of the record was held");
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    let (open, cv) = &*gate;
-    *open.lock().unwrap() = true;
-    cv.notify_all();
-    while sent.load(Ordering::SeqCst) < held.load(Ordering::SeqCst) {
-        assert!(tokio::time::Instant::now() < deadline, "the late tries were never answered");
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    fail::remove("rockq-etcd-flow-late-send");
-    fail::remove("rockq-etcd-flow-late-sent");
+    late.wait_held().await;
+    late.release().await;
     assert_eq!(a.flows(0, 10).await.unwrap(), Vec::<u64>::new(), "a late record landed without its parts");
     // The mark that turned the late tries away is kept by a lease that runs out long after
     // them: abandoned submits do not pile marks up in the namespace.
@@ -1686,7 +1716,6 @@ async fn a_large_flows_submit_during_a_shutdowns_drain_has_its_first_steps_sent(
 /// error must not read as a refusal the caller would answer by submitting the flow again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_flow_submit_that_cannot_tell_whether_its_record_landed_says_so() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     let _one_at_a_time = SERIAL.lock().await;
     let cluster = etcd::Cluster::start(1).await;
     let options = EtcdOptions::new().request_timeout(std::time::Duration::from_secs(1));
@@ -1698,29 +1727,10 @@ async fn a_large_flow_submit_that_cannot_tell_whether_its_record_landed_says_so(
         flow.job(&work, format!("{i}")).unwrap();
     }
     // Every try of the flow's record goes out late: held until released below.
-    let gate = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
-    let held = std::sync::Arc::new(AtomicUsize::new(0));
-    let sent = std::sync::Arc::new(AtomicUsize::new(0));
     fail::cfg("rockq-etcd-flow-request-late", "return").expect("failpoint");
-    let (g, h) = (gate.clone(), held.clone());
-    fail::cfg_callback("rockq-etcd-flow-late-send", move || {
-        h.fetch_add(1, Ordering::SeqCst);
-        let (open, cv) = &*g;
-        let open = open.lock().unwrap();
-        drop(cv.wait_timeout_while(open, 2 * common::HANG_GUARD, |open| !*open).unwrap());
-    })
-    .expect("failpoint");
-    let s = sent.clone();
-    fail::cfg_callback("rockq-etcd-flow-late-sent", move || {
-        s.fetch_add(1, Ordering::SeqCst);
-    })
-    .expect("failpoint");
+    let late = LateTries::hold();
     let submit = tokio::spawn(async move { flow.submit().await });
-    let deadline = tokio::time::Instant::now() + common::HANG_GUARD;
-    while held.load(Ordering::SeqCst) == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "no try of the record was held");
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    late.wait_held().await;
     // etcd stops answering: the submit's reads back fail until its deadline and after it.
     cluster.members[0].pause(true);
     let answered =
@@ -1734,15 +1744,8 @@ async fn a_large_flow_submit_that_cannot_tell_whether_its_record_landed_says_so(
         other => panic!("the submit cannot know whether its flow is stored: {other:?}"),
     }
     // A try still in flight lands the flow (no mark turns it away: none was put).
-    let (open, cv) = &*gate;
-    *open.lock().unwrap() = true;
-    cv.notify_all();
-    while sent.load(Ordering::SeqCst) < held.load(Ordering::SeqCst) {
-        assert!(tokio::time::Instant::now() < deadline, "the late tries were never answered");
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    fail::remove("rockq-etcd-flow-late-send");
-    fail::remove("rockq-etcd-flow-late-sent");
+    late.release().await;
+    let deadline = tokio::time::Instant::now() + common::HANG_GUARD;
     let flows = loop {
         match a.flows(0, 10).await {
             Ok(f) => break f,
