@@ -103,11 +103,11 @@ mod tests {
     async fn many_changes_while_a_move_waits_ask_for_no_more_moves() {
         let changed = std::sync::Arc::new(Notify::new());
         let queued = std::sync::Arc::new(AtomicBool::new(false));
-        let closing = CancellationToken::new();
+        let stopped = CancellationToken::new();
         let (tx, mut rx) = mpsc::channel::<Request>(1024);
         let task = tokio::spawn({
-            let (changed, queued, closing) = (changed.clone(), queued.clone(), closing.clone());
-            async move { ask_for_moves(&changed, &queued, &closing, || Some(tx.clone())).await }
+            let (changed, queued, stopped) = (changed.clone(), queued.clone(), stopped.clone());
+            async move { ask_for_moves(&changed, &queued, &stopped, || Some(tx.clone())).await }
         });
         let moves = |rx: &mut mpsc::Receiver<Request>| {
             let mut n = 0;
@@ -134,7 +134,7 @@ mod tests {
             settle().await;
         }
         assert_eq!(moves(&mut rx), 1);
-        closing.cancel();
+        stopped.cancel();
         task.await.unwrap();
     }
 }
