@@ -1460,12 +1460,52 @@ async fn a_large_move_cut_short_is_finished_by_the_next_process_each_step_sent_o
     b.shutdown().await.unwrap();
 }
 
+/// The first flow write of this process (a large submit's first part), held at failpoint
+/// `rockq-etcd-flow-request` until released.
+struct FirstFlowWrite {
+    gate: std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    reached: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl FirstFlowWrite {
+    fn hold() -> FirstFlowWrite {
+        let held = FirstFlowWrite { gate: std::sync::Arc::default(), reached: std::sync::Arc::default() };
+        let (flag, gate) = (held.reached.clone(), held.gate.clone());
+        fail::cfg_callback("rockq-etcd-flow-request", move || {
+            if flag.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            // Off the runtime's worker (its queued tasks, the etcd client's among them, go on
+            // elsewhere); bounded, so that a failing run ends.
+            tokio::task::block_in_place(|| {
+                let (open, cv) = &*gate;
+                let open = open.lock().unwrap();
+                drop(cv.wait_timeout_while(open, 2 * common::HANG_GUARD, |open| !*open).unwrap());
+            });
+        })
+        .expect("failpoint");
+        held
+    }
+
+    /// Waits until the write is held.
+    async fn reached(&self) {
+        wait_for(&self.reached, "the submit's first part was never written").await;
+    }
+
+    /// Lets it go (and every later flow write pass).
+    fn release(self) {
+        let (open, cv) = &*self.gate;
+        *open.lock().unwrap() = true;
+        cv.notify_all();
+        fail::remove("rockq-etcd-flow-request");
+    }
+}
+
 /// A large flow's submit is written by a task of its own: while its parts are being written
 /// (held here at their first write), the writer answers other requests; released, the submit
 /// returns every first step, in step order, sent by the writer's mover, and the flow runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_flows_submit_leaves_the_writer_free_while_its_parts_are_written() {
-    use std::sync::atomic::{AtomicBool, Ordering};
     const FIRST: usize = 100;
     let _one_at_a_time = SERIAL.lock().await;
     let cluster = etcd::Cluster::start(1).await;
@@ -1477,30 +1517,12 @@ async fn a_large_flows_submit_leaves_the_writer_free_while_its_parts_are_written
     flow.then(&work, "parent", &firsts).unwrap();
 
     // The first flow write (the submit's first part) waits until released.
-    let reached = std::sync::Arc::new(AtomicBool::new(false));
-    let release = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
-    let (flag, gate) = (reached.clone(), release.clone());
-    fail::cfg_callback("rockq-etcd-flow-request", move || {
-        if flag.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        // Off the runtime's worker (its queued tasks, the etcd client's among them, go on
-        // elsewhere); bounded, so that a failing run ends.
-        tokio::task::block_in_place(|| {
-            let (open, cv) = &*gate;
-            let open = open.lock().unwrap();
-            drop(cv.wait_timeout_while(open, 2 * common::HANG_GUARD, |open| !*open).unwrap());
-        });
-    })
-    .expect("failpoint");
+    let first = FirstFlowWrite::hold();
     let submit = tokio::spawn(async move { flow.submit().await });
-    wait_for(&reached, "the submit's first part was never written").await;
+    first.reached().await;
 
     let created = tokio::time::timeout(common::HANG_GUARD, a.queue("other")).await;
-    let (open, cv) = &*release;
-    *open.lock().unwrap() = true;
-    cv.notify_all();
-    fail::remove("rockq-etcd-flow-request");
+    first.release();
     created.expect("the writer answers while a large flow's parts are written").expect("queue");
 
     let submitted = tokio::time::timeout(common::HANG_GUARD, submit)
@@ -1659,22 +1681,9 @@ async fn a_large_flows_submit_during_a_shutdowns_drain_has_its_first_steps_sent(
     let firsts: Vec<_> = (0..FIRST).map(|i| flow.job(&work, format!("{i}")).unwrap()).collect();
     flow.then(&work, "parent", &firsts).unwrap();
     // The submit's first part waits until released.
-    let reached = std::sync::Arc::new(AtomicBool::new(false));
-    let gate = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
-    let (flag, g) = (reached.clone(), gate.clone());
-    fail::cfg_callback("rockq-etcd-flow-request", move || {
-        if flag.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        tokio::task::block_in_place(|| {
-            let (open, cv) = &*g;
-            let open = open.lock().unwrap();
-            drop(cv.wait_timeout_while(open, 2 * common::HANG_GUARD, |open| !*open).unwrap());
-        });
-    })
-    .expect("failpoint");
+    let first = FirstFlowWrite::hold();
     let submit = tokio::spawn(async move { flow.submit().await });
-    wait_for(&reached, "the submit's first part was never written").await;
+    first.reached().await;
 
     let closer = a.clone();
     let shutdown = tokio::spawn(async move { closer.shutdown().await });
@@ -1693,10 +1702,7 @@ async fn a_large_flows_submit_during_a_shutdowns_drain_has_its_first_steps_sent(
             }
         }
     }
-    let (open, cv) = &*gate;
-    *open.lock().unwrap() = true;
-    cv.notify_all();
-    fail::remove("rockq-etcd-flow-request");
+    first.release();
 
     let submitted = tokio::time::timeout(common::HANG_GUARD, submit)
         .await
