@@ -1605,6 +1605,31 @@ impl LateTries {
     }
 }
 
+/// A flow of 100 jobs, larger than one etcd transaction, not yet submitted: on a one-member
+/// cluster, through a broker whose requests give up after a second (the late-write tests
+/// below outlast it).
+struct LargeFlow {
+    cluster: etcd::Cluster,
+    broker: Broker,
+    work: rockq::WorkGroup,
+    flow: rockq::Flow,
+}
+
+impl LargeFlow {
+    async fn on_one_member(namespace: &str) -> LargeFlow {
+        let cluster = etcd::Cluster::start(1).await;
+        let options = EtcdOptions::new().request_timeout(std::time::Duration::from_secs(1));
+        let broker = Broker::connect_etcd(cluster.endpoints(), namespace, options).await.expect("connect");
+        let jobs = broker.queue("jobs").await.unwrap();
+        let work = flow_group(&broker, &jobs);
+        let mut flow = broker.flow();
+        for i in 0..100 {
+            flow.job(&work, format!("{i}")).unwrap();
+        }
+        LargeFlow { cluster, broker, work, flow }
+    }
+}
+
 /// A large flow's writes delivered late — its first part's first try, and every try of its
 /// record — after its submit gave up and deleted the parts, are refused by etcd (they compare
 /// the submit's abandoned mark absent): no flow is left without its steps, which no read
@@ -1612,15 +1637,7 @@ impl LateTries {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_flows_record_delivered_after_its_submit_gave_up_does_not_land() {
     let _one_at_a_time = SERIAL.lock().await;
-    let cluster = etcd::Cluster::start(1).await;
-    let options = EtcdOptions::new().request_timeout(std::time::Duration::from_secs(1));
-    let a = Broker::connect_etcd(cluster.endpoints(), "late", options).await.expect("connect");
-    let jobs = a.queue("jobs").await.unwrap();
-    let work = flow_group(&a, &jobs);
-    let mut flow = a.flow();
-    for i in 0..100 {
-        flow.job(&work, format!("{i}")).unwrap();
-    }
+    let LargeFlow { cluster, broker: a, flow, .. } = LargeFlow::on_one_member("late").await;
     // The first part's first try and every try of the flow's record go out late: held until
     // the submit has given up.
     fail::cfg("rockq-etcd-flow-steps-late", "1*return").expect("failpoint");
@@ -1723,15 +1740,7 @@ async fn a_large_flows_submit_during_a_shutdowns_drain_has_its_first_steps_sent(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_flow_submit_that_cannot_tell_whether_its_record_landed_says_so() {
     let _one_at_a_time = SERIAL.lock().await;
-    let cluster = etcd::Cluster::start(1).await;
-    let options = EtcdOptions::new().request_timeout(std::time::Duration::from_secs(1));
-    let a = Broker::connect_etcd(cluster.endpoints(), "doubt", options).await.expect("connect");
-    let jobs = a.queue("jobs").await.unwrap();
-    let work = flow_group(&a, &jobs);
-    let mut flow = a.flow();
-    for i in 0..100 {
-        flow.job(&work, format!("{i}")).unwrap();
-    }
+    let LargeFlow { cluster, broker: a, work, flow } = LargeFlow::on_one_member("doubt").await;
     // Every try of the flow's record goes out late: held until released below.
     fail::cfg("rockq-etcd-flow-request-late", "return").expect("failpoint");
     let late = LateTries::hold();
