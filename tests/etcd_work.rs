@@ -616,6 +616,87 @@ async fn an_extension_is_written_to_etcd_and_the_other_broker_respects_it() {
     b.shutdown().await.unwrap();
 }
 
+/// The claim keys of work group `w` on queue `q` in namespace `ns`, in key order.
+async fn claim_keys(client: &mut etcd_client::Client, ns: &str) -> Vec<Vec<u8>> {
+    let prefix = format!("{ns}/c/claim:w:q:");
+    let got = client
+        .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .expect("read the claims");
+    got.kvs().iter().map(|kv| kv.key().to_vec()).collect()
+}
+
+/// A job's own claim key in namespace `ns`, and the key of a range record ending at `last`.
+fn job_key(ns: &str, seq: u64) -> Vec<u8> {
+    [format!("{ns}/c/claim:w:q:").as_bytes(), &seq.to_be_bytes()].concat()
+}
+fn run_key(ns: &str, last: u64) -> Vec<u8> {
+    [job_key(ns, last).as_slice(), b"r"].concat()
+}
+
+/// A claim of a batch of first attempts is one range record in etcd, not a record per job
+/// (etcd's CPU goes per key written: docs/performance.md). A job of the run that leaves the
+/// common path — here its lease extended — gets a record of its own, which stands over the
+/// run's for every broker: when the run's lease runs out another broker takes every job but
+/// that one, and the first broker's outcome of that one lands. The offset's move deletes both
+/// kinds of record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_batch_is_one_range_record_and_a_jobs_own_record_stands_over_it() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let (a, b) = (connect(&cluster, "runs", &clock).await, connect(&cluster, "runs", &clock).await);
+    let qa = a.queue("q").await.unwrap();
+    qa.send_batch((1..=10).map(|i| i.to_string())).await.unwrap();
+    let lease = Duration::from_secs(30);
+    let mut ja = qa.work_group("w").unwrap().lease(lease).read_batch(10).subscribe().await.unwrap();
+    let mut held = Vec::new();
+    for seq in 1..=10 {
+        let job = next(&mut ja).await;
+        assert_eq!((job.seq(), job.attempt()), (seq, 1));
+        held.push(job);
+    }
+    let mut client = cluster.client().await;
+    assert_eq!(claim_keys(&mut client, "runs").await, vec![run_key("runs", 10)], "one record for the batch");
+
+    held[2].extend(Duration::from_secs(120)).unwrap();
+    a.flush().await.unwrap();
+    assert_eq!(claim_keys(&mut client, "runs").await, vec![job_key("runs", 3), run_key("runs", 10)]);
+
+    // `b` loads the group with both records; once the run's lease ran out, it takes the rest.
+    let qb = b.queue("q").await.unwrap();
+    let mut jb = qb.work_group("w").unwrap().read_batch(10).subscribe().await.unwrap();
+    nothing_claimable(&b, &mut jb).await;
+    let remaining = |s: rockq::JobStatus| match s.state {
+        rockq::JobState::Leased { lease_remaining } => lease_remaining,
+        other => panic!("job {} is {other:?}, not leased", s.seq),
+    };
+    assert!(remaining(b.job("q", "w", 3).await.unwrap()) > lease, "b reads 3's own record over the run's");
+    assert!(remaining(b.job("q", "w", 4).await.unwrap()) <= lease, "and the run's lease for the others");
+    clock.advance(lease + Duration::from_secs(1));
+    let mut taken = Vec::new();
+    for _ in 0..9 {
+        taken.push(next(&mut jb).await);
+    }
+    let seqs: BTreeSet<u64> = taken.iter().map(|j| j.seq()).collect();
+    assert_eq!(seqs, (1..=10).filter(|&s| s != 3).collect::<BTreeSet<u64>>());
+    assert!(taken.iter().all(|j| j.attempt() == 2), "the run's attempts counted");
+    nothing_claimable(&b, &mut jb).await;
+
+    held.remove(2).ack_durable().await.expect("the extended job is still a's");
+    for job in taken {
+        job.ack_durable().await.unwrap();
+    }
+    wait_stats(&a, |s| committed(s, "w") == 10).await;
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    while !claim_keys(&mut client, "runs").await.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "the offset's move left claim records");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop((held, ja, jb));
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
 /// A pool renews a job's lease as its handler starts only if the job waited in the pool for
 /// more than a hundredth of the lease: on etcd each renewal is a write of its own. Another
 /// broker reads the deadlines as stored.

@@ -468,19 +468,29 @@ async fn fetch_once(ctx: &Arc<Ctx>) -> Result<Option<Vec<Job>>, Error> {
     let mut guard =
         ClaimGuard { group: group.clone(), claims: claimed.iter().map(|c| (c.seq, c.token)).collect() };
 
-    // Persist the attempts, and read the payloads meanwhile.
-    let records = claimed
-        .iter()
-        .map(|c| {
-            let claim = Claim::Leased {
-                attempt: c.attempt,
-                token: c.token,
-                deadline_micros: clock.wall_micros_at(c.deadline),
-                holder: cfg.consumer.clone(),
-            };
-            (c.seq, claim)
-        })
-        .collect();
+    // Persist the attempts, and read the payloads meanwhile. The wall clock is read once per
+    // deadline: one take leases its batch until one instant, and each reading of the clock
+    // lands a microsecond or so apart (on etcd a run of the batch's first attempts is one
+    // record, with one deadline, only if their deadlines are equal).
+    let mut wall: Option<(std::time::Instant, u64)> = None;
+    let mut records = Vec::with_capacity(claimed.len());
+    for c in &claimed {
+        let deadline_micros = match wall {
+            Some((at, micros)) if at == c.deadline => micros,
+            _ => {
+                let micros = clock.wall_micros_at(c.deadline);
+                wall = Some((c.deadline, micros));
+                micros
+            }
+        };
+        let claim = Claim::Leased {
+            attempt: c.attempt,
+            token: c.token,
+            deadline_micros,
+            holder: cfg.consumer.clone(),
+        };
+        records.push((c.seq, claim));
+    }
     // One `take` under one lock: every claim of the batch has the same epoch.
     let epoch = claimed.first().map_or(0, |c| c.epoch);
     let (reply, rx) = oneshot::channel();

@@ -74,9 +74,10 @@ pub(super) async fn load(
         }
     }
     for r in records {
-        known.revs.insert(r.seq, r.rev);
+        known.saw(&r);
         g.learn_claim(r.seq, &r.claim, &clock);
     }
+    known.viewed(rev);
     if let Some(l) = loaded.limit {
         known.learn_limit(&g, l, &clock);
     }
@@ -149,9 +150,20 @@ async fn watch(
                     let Some(ws) = ws.upgrade() else { return };
                     match next {
                         // Tests hold other processes' writes back from this process (a slow
-                        // watch): etcd's compares alone must keep the guarantees.
-                        Some(Ok(_)) if crate::faults::check("rockq-etcd-claim-watch").is_err() => {}
+                        // watch): etcd's compares alone must keep the guarantees. What it
+                        // skipped is not known here: the view stops (`Known::view_gap`).
+                        Some(Ok(_)) if crate::faults::check("rockq-etcd-claim-watch").is_err() => {
+                            ws.known.lock().await.view_gap = true;
+                        }
                         Some(Ok(events)) => {
+                            // A range record's jobs, each as a record of its own would be.
+                            let events: Vec<ClaimEvent> = events
+                                .into_iter()
+                                .flat_map(|e| match e {
+                                    ClaimEvent::PutRun(rs) => rs.into_iter().map(ClaimEvent::Put).collect(),
+                                    e => vec![e],
+                                })
+                                .collect();
                             // Tests hold a batch back here, to apply it after a reset.
                             crate::faults::reached("rockq-etcd-claim-watch-apply");
                             let mut known = ws.known.lock().await;
@@ -191,7 +203,7 @@ async fn watch(
                                             && r.rev > known.expected(r.seq)
                                             && !known.adopt(&r)
                                         {
-                                            known.revs.insert(r.seq, r.rev);
+                                            known.saw(&r);
                                             ws.group.learn_claim(r.seq, &r.claim, &clock);
                                         }
                                     }
@@ -203,8 +215,11 @@ async fn watch(
                                         rev = rev.max(l.rev);
                                         limit = Some(l);
                                     }
+                                    // (Expanded above.)
+                                    ClaimEvent::PutRun(_) => {}
                                 }
                             }
+                            known.viewed(rev);
                             if let Some(l) = limit {
                                 known.learn_limit(&ws.group, l, &clock);
                             }
@@ -240,10 +255,13 @@ async fn watch(
                     let (records, at) = (loaded.records, loaded.rev);
                     for r in records {
                         if r.rev > known.expected(r.seq) && !known.adopt(&r) {
-                            known.revs.insert(r.seq, r.rev);
+                            known.saw(&r);
                             ws.group.learn_claim(r.seq, &r.claim, &clock);
                         }
                     }
+                    // Everything read again: a gap the watch left is closed.
+                    known.view_gap = false;
+                    known.viewed(at);
                     if let Some(l) = loaded.limit {
                         known.learn_limit(&ws.group, l, &clock);
                     }

@@ -25,6 +25,16 @@ pub(crate) struct WorkSide {
 pub(super) struct Known {
     /// The `mod_revision` of each claim record above the offset, as last seen.
     pub(super) revs: HashMap<u64, i64>,
+    /// The jobs held in a range record (`store/etcd/claim_ranges.rs`), with its last
+    /// sequence: their `revs` are the range record's, and a write over one compares it.
+    pub(super) runs: HashMap<u64, u64>,
+    /// The revision through which this process knows every claim record of the group: what
+    /// its watch applied, or what a load read. A claim of new leases compares that no record
+    /// that could hold one of them was made after it.
+    pub(super) view_rev: i64,
+    /// The watch skipped events (a test's held-back watch): the view stays where it was, as
+    /// what was skipped is not known, until a reload reads everything again.
+    pub(super) view_gap: bool,
     /// The offset as stored (or further: learned from records the offset move deleted).
     pub(super) stored_offset: u64,
     /// The `mod_revision` of this process's last write of each record: an outcome may only
@@ -51,6 +61,28 @@ impl Known {
         self.revs.get(&seq).copied().unwrap_or(0)
     }
 
+    /// The range record `seq` is held in, by its last sequence (`None`: a record of its own,
+    /// or none).
+    pub(super) fn run(&self, seq: u64) -> Option<u64> {
+        self.runs.get(&seq).copied()
+    }
+
+    /// `r` as read or watched (not this process's own write): what writes over it compare.
+    pub(super) fn saw(&mut self, r: &ClaimRecord) {
+        self.revs.insert(r.seq, r.rev);
+        match r.run {
+            Some(last) => self.runs.insert(r.seq, last),
+            None => self.runs.remove(&r.seq),
+        };
+    }
+
+    /// The watch or a load brought everything through `rev`.
+    pub(super) fn viewed(&mut self, rev: i64) {
+        if !self.view_gap {
+            self.view_rev = self.view_rev.max(rev);
+        }
+    }
+
     /// The revision an outcome of `seq` compares: this process's claim, unless something
     /// another process wrote since was learned (then the claim is lost, and nothing is sent).
     pub(super) fn own(&self, seq: u64) -> Option<i64> {
@@ -58,11 +90,15 @@ impl Known {
         (self.revs.get(&seq) == Some(&mine)).then_some(mine)
     }
 
-    /// This process wrote `seq`'s record at `rev`.
-    pub(super) fn wrote(&mut self, seq: u64, rev: i64) {
+    /// This process wrote `seq`'s record at `rev` (`run`: in the range record ending there).
+    pub(super) fn wrote(&mut self, seq: u64, rev: i64, run: Option<u64>) {
         self.revs.insert(seq, rev);
         self.mine.insert(seq, rev);
         self.doubted.remove(&seq);
+        match run {
+            Some(last) => self.runs.insert(seq, last),
+            None => self.runs.remove(&seq),
+        };
     }
 
     /// This process's claim `claim` of `seq` may or may not have been stored.
@@ -80,7 +116,7 @@ impl Known {
         if !self.doubted.get(&r.seq).is_some_and(|d| d.contains(&r.claim)) {
             return false;
         }
-        self.wrote(r.seq, r.rev);
+        self.wrote(r.seq, r.rev, r.run);
         true
     }
 
@@ -136,12 +172,13 @@ impl Known {
                 Some(r) if r.rev == self.expected(seq) => {}
                 Some(r) if self.adopt(&r) => {}
                 Some(r) => {
-                    self.revs.insert(seq, r.rev);
+                    self.saw(&r);
                     g.learn_claim(seq, &r.claim, clock);
                 }
                 None if seq <= offset => {}
                 None => {
                     self.revs.remove(&seq);
+                    self.runs.remove(&seq);
                     g.learn_unclaimed(seq);
                 }
             }
@@ -159,6 +196,7 @@ impl Known {
         self.reset_rev = rev;
         self.stored_offset = offset;
         self.revs.clear();
+        self.runs.clear();
         self.mine.clear();
         self.doubted.clear();
         g.progress().reset_to(offset);
@@ -183,6 +221,7 @@ impl Known {
         let written: std::collections::HashSet<u64> =
             self.mine.keys().copied().filter(|&s| s <= offset).collect();
         self.revs.retain(|&s, _| s > offset);
+        self.runs.retain(|&s, _| s > offset);
         self.mine.retain(|&s, _| s > offset);
         self.doubted.retain(|&s, _| s > offset);
         g.learn_offset(offset, &|s| written.contains(&s));
@@ -274,7 +313,7 @@ mod tests {
             || g.take(clock.now(), 10, 100, lease, 5, 0).claimed.iter().map(|c| c.seq).collect::<Vec<_>>();
         assert_eq!(take(), [1, 2], "each key's first");
         // 2's claim landed; 1's was refused: another process finished 1 and 2 meanwhile.
-        known.wrote(2, 10);
+        known.wrote(2, 10, None);
         known.learn_offset(&g, 2);
         assert_eq!(take(), [3], "key 7 goes on at once; key 8 waits for 2's lease");
     }
@@ -294,7 +333,7 @@ mod tests {
         let (seq, t1) = (first[0].seq, first[0].token);
         let record =
             |token| Claim::Leased { attempt: 1, token, deadline_micros: u64::MAX / 2, holder: "p".into() };
-        known.wrote(seq, 10);
+        known.wrote(seq, 10, None);
         // Given back in memory (a batch lost to a reset, say); its record stays in etcd.
         g.release(seq, t1, false);
         let again = g.take(clock.now(), 1, 100, lease, 5, 0).claimed;
@@ -302,11 +341,11 @@ mod tests {
         let t2 = again[0].token;
         assert!(g.holds_lease(seq, t2));
         // The write of the new claim is refused (another record of it moved): found as it was.
-        let found = vec![(seq, Some(ClaimRecord { seq, claim: record(t1), rev: 10 }))];
+        let found = vec![(seq, Some(ClaimRecord { seq, claim: record(t1), rev: 10, run: None }))];
         known.learn(&g, 0, found, &clock);
         assert!(g.holds_lease(seq, t2), "still this claim's, not parked as another holder's");
         // A record another process wrote since is learned as its lease.
-        let found = vec![(seq, Some(ClaimRecord { seq, claim: record(99), rev: 11 }))];
+        let found = vec![(seq, Some(ClaimRecord { seq, claim: record(99), rev: 11, run: None }))];
         known.learn(&g, 0, found, &clock);
         assert!(!g.holds_lease(seq, t2));
     }

@@ -175,6 +175,7 @@ impl Writer {
                     outcome,
                     flow,
                     delete_progress,
+                    run: known.run(j.seq),
                     ..ClaimWrite::new(j.seq, expected, Claim::Done)
                 });
             }
@@ -330,6 +331,7 @@ impl Writer {
                     queue: &g.group.queue.name,
                     seen: g.seen,
                     writes: &g.writes,
+                    view: None,
                 })
                 .collect();
             let acks: Vec<OrderedAcksTxn<'_>> = ordered
@@ -476,7 +478,7 @@ impl Writer {
         }
         for (g, known) in groups.iter().zip(known.iter_mut()) {
             for w in &g.writes {
-                known.wrote(w.seq, revision);
+                known.wrote(w.seq, revision, None);
                 g.group.learn_finished(w.seq);
             }
             // As embedded, the offset has passed the jobs when the transaction is answered.

@@ -39,7 +39,9 @@ use crate::model::{Claim, GroupMode, GroupOffset, StartFrom};
 use crate::stats::{JobOutcome, OutcomeKind};
 use crate::store::envelope;
 use crate::store::etcd::work::{ClaimFences, FencesFound};
-use crate::store::etcd::work::{ClaimRecord, ClaimWrite, ClaimsOutcome, OffsetMove, SettingsPut};
+use crate::store::etcd::work::{
+    ClaimRecord, ClaimWrite, ClaimsOutcome, OffsetMove, SeenKeys, SettingsPut, fresh_windows,
+};
 use crate::store::etcd::{DeadLetterAppend, MAX_TXN_BYTES, MAX_TXN_OPS};
 use crate::telemetry;
 
@@ -197,9 +199,11 @@ impl Writer {
             }
             held
         };
-        for chunk in claim_chunks(&claims) {
+        for chunk in claim_chunks(&claims, |seq| known.run(seq).is_some()) {
             let mut left: Vec<(u64, Claim)> = chunk.iter().filter(|c| held(&group, c)).cloned().collect();
             let mut tries = 0;
+            // Claim keys a refusal read whole: a later try over them compares what it read.
+            let mut seen: Option<SeenKeys> = None;
             while !left.is_empty() {
                 let Ok(limit) = known.limit_write(&group, bucket, limit_rev) else {
                     let (seq, attempt) = left.first().map_or((0, 0), |(s, c)| (*s, attempt_of(c)));
@@ -213,22 +217,17 @@ impl Writer {
                     .iter()
                     .map(|(seq, c)| ClaimWrite {
                         read_progress: attempt_of(c) > 1,
+                        run: known.run(*seq),
                         ..ClaimWrite::new(*seq, known.expected(*seq), c.clone())
                     })
                     .collect();
-                match self
-                    .write(
-                        &group,
-                        &writes,
-                        None,
-                        None,
-                        Some(ClaimFences { reset_rev: known.reset_rev, limit }),
-                    )
-                    .await
-                {
-                    Ok(Written::Yes(rev)) => {
+                let view = view_over(&known, &writes, seen.as_ref());
+                let fences = Some(ClaimFences { reset_rev: known.reset_rev, limit });
+                match self.write(&group, &writes, None, None, (fences, view)).await {
+                    Ok(Written::Yes(rev, runs)) => {
+                        let runs: std::collections::HashMap<u64, u64> = runs.into_iter().collect();
                         for w in &writes {
-                            known.wrote(w.seq, rev);
+                            known.wrote(w.seq, rev, runs.get(&w.seq).copied());
                         }
                         if limit.is_some() {
                             known.limit_rev = rev;
@@ -238,7 +237,15 @@ impl Writer {
                         }
                         break;
                     }
-                    Ok(Written::No { offset, found, fences, .. }) => {
+                    Ok(Written::No { offset, found, fences, seen: read, .. }) => {
+                        // Records made since the view, in the keys the refusal read: the
+                        // next try compares what it read (learned below), not the view.
+                        let news = read.as_ref().is_some_and(|r| {
+                            r.at > view && found.iter().any(|(_, f)| f.as_ref().is_some_and(|f| f.rev > view))
+                        });
+                        if read.is_some() {
+                            seen = read;
+                        }
                         let FencesFound { reset, limit: found_limit } =
                             fences.unwrap_or(FencesFound { reset: None, limit: None });
                         if let Some((to, rev)) = reset.filter(|(_, rev)| *rev > known.reset_rev) {
@@ -266,8 +273,11 @@ impl Writer {
                         let before = left.len();
                         left.retain(|c| held(&group, c));
                         // Nothing learned took one of them (the offset or the group moved,
-                        // or it kept losing): given back whole, as any lost claim.
-                        if left.len() == before || tries == CLAIM_TRIES {
+                        // or it kept losing): given back whole, as any lost claim. Unless
+                        // what refused it was records made since the view that hold none of
+                        // them (another process's claims just past these): tried again over
+                        // the keys as read.
+                        if (left.len() == before && !news) || tries == CLAIM_TRIES {
                             group.note_overlap(dropped.len() as u64);
                             let (seq, attempt) = left.first().map_or((0, 0), |(s, c)| (*s, attempt_of(c)));
                             let _ = reply.send(Err(group.lease_lost(seq, attempt)));
@@ -295,15 +305,34 @@ impl Writer {
     /// Writes `writes` (and dead letters) in one transaction. An answer lost in transit is
     /// found out by sending it again: if every record found is the one this write meant to
     /// put, it had landed.
+    ///
+    /// `view`: the revision through which this process knows every claim record of the group
+    /// (`Known::view_rev`), which writes over jobs no record is known to hold compare (new
+    /// leases go in range records).
     async fn write(
         &mut self,
         group: &WorkGroupState,
         writes: &[ClaimWrite],
         dead_letters: Option<&DeadLetterAppend>,
         moving: Option<OffsetMove>,
-        fences: Option<ClaimFences>,
+        (fences, view): (Option<ClaimFences>, i64),
     ) -> Result<Written, StorageError> {
-        let r = self.write_once(group, writes, dead_letters, moving, fences).await;
+        let mut r = self.write_once(group, writes, dead_letters, moving, fences, view).await;
+        // A write over a job no record is known to hold (an operator's action on a job never
+        // claimed) compares that no record that could hold it was made since the view. One made
+        // since that holds none of them (this process's own claim just past it, not back
+        // through its watch yet) refuses it: sent once more, compared with what the refusal
+        // read. (A claim of new leases does the same itself, with what the refusal taught.)
+        let unheld = |w: &ClaimWrite| w.expected == 0 && w.run.is_none();
+        if let Ok(Written::No { found, seen: Some(read), .. }) = &r
+            && fences.is_none()
+            && read.at > view
+            && writes.iter().any(unheld)
+            && writes.iter().zip(found).all(|(w, (_, f))| !unheld(w) || f.is_none())
+        {
+            let view = read.at;
+            r = self.write_once(group, writes, dead_letters, moving, fences, view).await;
+        }
         self.note(&r);
         r
     }
@@ -315,6 +344,7 @@ impl Writer {
         dead_letters: Option<&DeadLetterAppend>,
         moving: Option<OffsetMove>,
         fences: Option<ClaimFences>,
+        view: i64,
     ) -> Result<Written, StorageError> {
         let store = self.side.store.clone();
         let deadline = Instant::now() + self.budget();
@@ -332,15 +362,16 @@ impl Writer {
                     dead_letters,
                     moving,
                     fences,
+                    Some(view),
                 ),
             )
             .await
             {
-                Ok(ClaimsOutcome::Written { rev, progress }) => {
+                Ok(ClaimsOutcome::Written { rev, progress, runs }) => {
                     self.read_back = progress;
-                    return Ok(Written::Yes(rev));
+                    return Ok(Written::Yes(rev, runs));
                 }
-                Ok(ClaimsOutcome::Refused { offset, found, tail, fences: found_fences }) => {
+                Ok(ClaimsOutcome::Refused { offset, found, tail, fences: found_fences, seen }) => {
                     // After an unknown outcome: ours if every record is the one this write
                     // meant to put (a `Done` may since have been passed by the offset and
                     // deleted), and the dead-letter copies are where it put them (another
@@ -366,11 +397,21 @@ impl Writer {
                         }
                     }
                     if ours {
-                        let rev =
-                            found.iter().filter_map(|(_, r)| r.as_ref().map(|r| r.rev)).max().unwrap_or(0);
-                        return Ok(Written::Yes(rev));
+                        // (Of this write's records: what else the refusal read may be newer.)
+                        let rev = found
+                            .iter()
+                            .take(writes.len())
+                            .filter_map(|(_, r)| r.as_ref().map(|r| r.rev))
+                            .max()
+                            .unwrap_or(0);
+                        let runs = found
+                            .iter()
+                            .take(writes.len())
+                            .filter_map(|(seq, r)| Some((*seq, r.as_ref()?.run?)))
+                            .collect();
+                        return Ok(Written::Yes(rev, runs));
                     }
-                    return Ok(Written::No { offset, found, tail, fences: found_fences });
+                    return Ok(Written::No { offset, found, tail, fences: found_fences, seen });
                 }
                 Err(e) => {
                     if Instant::now() + backoff >= deadline {
@@ -445,8 +486,10 @@ impl Writer {
                     outcome,
                     flow,
                     delete_progress,
+                    run: known.run(seq),
                     ..ClaimWrite::new(seq, expected, Claim::Done)
                 }];
+                let view = known.view_rev;
                 // With the offset move if it closes the run above the offset (as the queued
                 // acks'); refused with the record as expected, the move's own compares
                 // refused it, and it goes again without. Not for a message that has no
@@ -454,16 +497,16 @@ impl Writer {
                 // is not there tells no watch anything, so the other processes would never
                 // learn it finished — its `Done` goes, and the move follows.
                 let mut moving = if expected == 0 { None } else { self.move_with(&group, &known, &[seq]) };
-                let mut written = self.write(&group, &writes, None, moving, None).await;
+                let mut written = self.write(&group, &writes, None, moving, (None, view)).await;
                 if let (Some(_), Ok(Written::No { found, .. })) = (moving, &written)
                     && found.iter().all(|(s, r)| r.as_ref().map(|r| r.rev) == Some(known.expected(*s)))
                 {
                     moving = None;
-                    written = self.write(&group, &writes, None, None, None).await;
+                    written = self.write(&group, &writes, None, None, (None, view)).await;
                 }
                 match written {
-                    Ok(Written::Yes(rev)) => {
-                        known.wrote(seq, rev);
+                    Ok(Written::Yes(rev, _)) => {
+                        known.wrote(seq, rev, None);
                         group.learn_finished(seq);
                         if let Some(m) = moving {
                             known.learn_offset(&group, m.to);
@@ -496,10 +539,10 @@ impl Writer {
                     Claim::Waiting { last_error, .. } => last_error.clone(),
                     _ => String::new(),
                 };
-                let writes = [ClaimWrite::new(seq, expected, claim)];
-                match self.write(&group, &writes, None, None, None).await {
-                    Ok(Written::Yes(rev)) => {
-                        known.wrote(seq, rev);
+                let writes = [ClaimWrite { run: known.run(seq), ..ClaimWrite::new(seq, expected, claim) }];
+                match self.write(&group, &writes, None, None, (None, known.view_rev)).await {
+                    Ok(Written::Yes(rev, _)) => {
+                        known.wrote(seq, rev, None);
                         tracing::debug!(%queue, group = %gname, seq, attempt, ?delay, %error, "rockq: retry scheduled");
                         telemetry::group_counter(telemetry::RETRIED, &queue, &gname, 1);
                         self.engine.emit(|| Event::Retried {
@@ -585,10 +628,10 @@ impl Writer {
         let requested = lease.lock().unwrap_or_else(|p| p.into_inner()).requested;
         let claim =
             Claim::Leased { attempt, token, deadline_micros: clock.wall_micros_at(requested), holder };
-        let writes = [ClaimWrite::new(seq, expected, claim.clone())];
-        match self.write(&group, &writes, None, None, None).await {
-            Ok(Written::Yes(rev)) => {
-                known.wrote(seq, rev);
+        let writes = [ClaimWrite { run: known.run(seq), ..ClaimWrite::new(seq, expected, claim.clone()) }];
+        match self.write(&group, &writes, None, None, (None, known.view_rev)).await {
+            Ok(Written::Yes(rev, _)) => {
+                known.wrote(seq, rev, None);
                 let mut l = lease.lock().unwrap_or_else(|p| p.into_inner());
                 l.persisted = requested;
                 if l.extensions == number && group.extend(seq, token, clock.now(), requested).is_ok() {
@@ -658,11 +701,12 @@ impl Writer {
                 outcome,
                 flow,
                 delete_progress,
+                run: known.run(seq),
                 ..ClaimWrite::new(seq, expected, Claim::Done)
             }];
-            match self.write(group, &writes, Some(&append), None, None).await {
-                Ok(Written::Yes(rev)) => {
-                    known.wrote(seq, rev);
+            match self.write(group, &writes, Some(&append), None, (None, known.view_rev)).await {
+                Ok(Written::Yes(rev, _)) => {
+                    known.wrote(seq, rev, None);
                     self.tails.insert(q.id, (last + 1, append.nonce));
                     super::writer::index_sent(&q, last + 1, &append.envelopes);
                     q.publish_max(last + 1);
@@ -721,6 +765,9 @@ impl Writer {
             let steps = acks.iter().any(|a| a.flow.is_some());
             let per_ack =
                 1 + usize::from(keeps) + usize::from(!with_progress.is_empty()) + usize::from(steps);
+            // A job held in a range record compares its own key absent beside the record's:
+            // up to two compares (and reads) an ack, which etcd counts as it counts the writes.
+            let per_ack = per_ack.max(if acks.iter().any(|a| known.run(a.seq).is_some()) { 2 } else { 1 });
             for chunk in ack_chunks(&acks, per_ack) {
                 let mut left: Vec<QueuedAck> = chunk.to_vec();
                 // Claims another process took since (as learned): lost, nothing is sent. One
@@ -759,6 +806,7 @@ impl Writer {
                             known.own(a.seq).map(|expected| ClaimWrite {
                                 seq: a.seq,
                                 expected,
+                                run: known.run(a.seq),
                                 record: Claim::Done,
                                 outcome: self.outcome_record(
                                     keeps,
@@ -779,10 +827,10 @@ impl Writer {
                         .collect();
                     let acked: Vec<u64> = left.iter().map(|a| a.seq).collect();
                     let moving = if with_move { self.move_with(&g, &known, &acked) } else { None };
-                    match self.write(&g, &writes, None, moving, None).await {
-                        Ok(Written::Yes(rev)) => {
+                    match self.write(&g, &writes, None, moving, (None, known.view_rev)).await {
+                        Ok(Written::Yes(rev, _)) => {
                             for a in &left {
-                                known.wrote(a.seq, rev);
+                                known.wrote(a.seq, rev, None);
                             }
                             for a in &left {
                                 g.learn_finished(a.seq);
@@ -943,7 +991,8 @@ impl Writer {
         let deadline = Instant::now() + self.budget();
         for (seq, report) in reports {
             let Some(rev) = known.own(seq) else { continue };
-            let put = until(deadline, store.put_progress(&g.name, &g.queue.name, seq, rev, &report)).await;
+            let at = (seq, known.run(seq));
+            let put = until(deadline, store.put_progress(&g.name, &g.queue.name, at, rev, &report)).await;
             match put {
                 Ok(true) => {}
                 Ok(false) => {
@@ -980,16 +1029,18 @@ const READ_BACKS: usize = 32;
 
 /// `claims` cut into transactions of at most [`MAX_RECORDS`] operations: a claim of a later
 /// attempt takes two (it reads its progress report back), and at most [`READ_BACKS`] do.
-fn claim_chunks(claims: &[(u64, Claim)]) -> Vec<&[(u64, Claim)]> {
+fn claim_chunks(claims: &[(u64, Claim)], in_run: impl Fn(u64) -> bool) -> Vec<&[(u64, Claim)]> {
     let mut out = Vec::new();
     let (mut start, mut ops, mut reads) = (0, 0, 0);
-    for (i, (_, c)) in claims.iter().enumerate() {
+    for (i, (seq, c)) in claims.iter().enumerate() {
         let read = usize::from(attempt_of(c) > 1);
-        if i > start && (ops + 1 + read > MAX_RECORDS || reads + read > READ_BACKS) {
+        // A job held in a range record: that record compared and read too (at most once).
+        let run = usize::from(in_run(*seq));
+        if i > start && (ops + 1 + read + run > MAX_RECORDS || reads + read > READ_BACKS) {
             out.push(&claims[start..i]);
             (start, ops, reads) = (i, 0, 0);
         }
-        ops += 1 + read;
+        ops += 1 + read + run;
         reads += read;
     }
     if start < claims.len() {
@@ -1026,14 +1077,34 @@ fn ack_chunks(acks: &[QueuedAck], per_ack: usize) -> Vec<&[QueuedAck]> {
 
 /// The answer to [`Writer::write`].
 enum Written {
-    Yes(i64),
+    /// Written at this revision; the jobs it put in range records, each with the last
+    /// sequence of its record.
+    Yes(i64, Vec<(u64, u64)>),
     No {
         offset: u64,
         found: Vec<(u64, Option<ClaimRecord>)>,
         tail: Option<(u64, u64)>,
         /// The fences as found, if the write compared them.
         fences: Option<FencesFound>,
+        /// The claim keys read whole with the refusal (`ClaimsOutcome::Refused::seen`).
+        seen: Option<SeenKeys>,
     },
+}
+
+/// The revision a claim's writes over jobs no record is known to hold compare: the view of
+/// every record this process has, or a refusal's read of the keys they compare, if newer and
+/// covering them all.
+fn view_over(known: &Known, writes: &[ClaimWrite], seen: Option<&SeenKeys>) -> i64 {
+    let windows = fresh_windows(writes);
+    match seen {
+        Some(r)
+            if !windows.is_empty()
+                && windows.iter().all(|&(from, to)| r.windows.iter().any(|&(f, t)| f <= from && to <= t)) =>
+        {
+            known.view_rev.max(r.at)
+        }
+        _ => known.view_rev,
+    }
 }
 
 fn attempt_of(c: &Claim) -> u32 {

@@ -196,16 +196,23 @@ impl EtcdStore {
             Ok(batch)
         })
         .await?;
+        // Each group's offset: a range record's jobs it passed are finished, not exported.
+        let mut offsets = std::collections::HashMap::new();
         self.pages(b"o/", ALL, rev, out, |page| {
             let mut batch = Vec::new();
             for (k, v) in page {
                 let (group, queue) = keys::parse_offset_key(&k)?;
-                records::decode_offset(&k, &v)?;
+                let offset = records::decode_offset(&k, &v)?;
+                offsets.insert((group.to_owned(), queue.to_owned()), offset.committed);
                 batch.push(Record::Offset { group: group.into(), queue: queue.into(), record: v });
             }
             Ok(batch)
         })
         .await?;
+        // A range record's jobs go out as records of their own (`claim_ranges.rs`), unless
+        // one has its own record: that, read just before (it sorts first), stands. The last
+        // such records, by group and queue, for the runs that follow them.
+        let mut own: Option<(String, String, std::collections::BTreeSet<u64>)> = None;
         self.pages(b"c/", ALL, rev, out, |page| {
             let mut batch = Vec::new();
             for (k, v) in page {
@@ -214,7 +221,27 @@ impl EtcdStore {
                 if super::limits::is_limit_key(&k) {
                     continue;
                 }
+                if let Some((group, queue, last)) = super::claim_ranges::parse_run_key(&k) {
+                    let mine = own.as_ref().filter(|(g, q, _)| g == group && q == queue).map(|(_, _, s)| s);
+                    let passed = offsets.get(&(group.to_owned(), queue.to_owned())).copied().unwrap_or(0);
+                    for (seq, claim) in super::claim_ranges::decode(&k, last, &v)? {
+                        if seq <= passed || mine.is_some_and(|s| s.contains(&seq)) {
+                            continue;
+                        }
+                        let record = records::encode_claim(&claim);
+                        batch.push(Record::Claim { group: group.into(), queue: queue.into(), seq, record });
+                    }
+                    continue;
+                }
                 let (group, queue, seq) = keys::parse_claim_key(&k)?;
+                match &mut own {
+                    Some((g, q, seqs)) if g == group && q == queue => {
+                        // Only the last run's length matters.
+                        seqs.retain(|&s| s + super::claim_ranges::MAX_RUN > seq);
+                        seqs.insert(seq);
+                    }
+                    _ => own = Some((group.to_owned(), queue.to_owned(), [seq].into())),
+                }
                 if seq == RESET_MARK_SEQ {
                     continue;
                 }

@@ -20,6 +20,7 @@
 //! | `N k/<group>:<queue>:<seq>` | an ordered group's mark (same codec) |
 //! | `N own/<group>:<queue>` | the owner of an ordered group, attached to an etcd lease |
 //! | `N c/claim:<group>:<queue>:<seq>` | a work group's claim record (`work.rs`) |
+//! | `N c/claim:<group>:<queue>:<last>` `r` | a run of first attempts one claim wrote (`claim_ranges.rs`) |
 //! | `N c/claim:<group>:<queue>:<u64::MAX>` | a work group's reset mark: its last reset's offset (`reset.rs`) |
 //! | `N g/group:<group>:<queue>` | a work group's settings record (`work.rs`) |
 //! | `N r/redrive:<dlq>` | a dead-letter queue's redrive cursor (`redrive.rs`) |
@@ -35,6 +36,7 @@
 //! | `N meta/keyspace-id` | the next keyspace id (`kv.rs`) |
 //! | `N fl/`, `fs/`, `fd/`, `fm/`, `sf/`, `fx/`, `meta/flow-id` | flows: their records, changes not applied yet, and large submits abandoned (`flows.rs`) |
 
+pub(crate) mod claim_ranges;
 pub(crate) mod dedup;
 pub(crate) mod delayed;
 pub(crate) mod deletion;

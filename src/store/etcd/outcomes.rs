@@ -63,19 +63,34 @@ impl EtcdStore {
     }
 
     /// Puts `report` as the progress of job `seq`, if its claim record's `mod_revision` is
-    /// still `claim_rev` (the reporting holder's). Returns whether it was put.
+    /// still `claim_rev` (the reporting holder's; held in the range record ending at `run`, if
+    /// given, and no record of its own since). Returns whether it was put.
     pub async fn put_progress(
         &self,
         group: &str,
         queue: &str,
-        seq: u64,
+        (seq, run): (u64, Option<u64>),
         claim_rev: i64,
         report: &[u8],
     ) -> Result<bool, StorageError> {
-        let claim = keys::claim_key(&self.claims_prefix(group, queue), seq);
-        let txn = Txn::new().when([Compare::mod_revision(claim, CompareOp::Equal, claim_rev)]).and_then([
-            TxnOp::put(self.progress_key(group, queue, seq), outcomes::encode_progress(report), None),
-        ]);
+        let prefix = self.claims_prefix(group, queue);
+        let claim = keys::claim_key(&prefix, seq);
+        let fence = match run {
+            None => vec![Compare::mod_revision(claim, CompareOp::Equal, claim_rev)],
+            Some(last) => vec![
+                Compare::mod_revision(
+                    super::claim_ranges::range_key(&prefix, last),
+                    CompareOp::Equal,
+                    claim_rev,
+                ),
+                Compare::create_revision(claim, CompareOp::Equal, 0),
+            ],
+        };
+        let txn = Txn::new().when(fence).and_then([TxnOp::put(
+            self.progress_key(group, queue, seq),
+            outcomes::encode_progress(report),
+            None,
+        )]);
         Ok(self.kv().txn(txn).await?.succeeded())
     }
 

@@ -191,6 +191,10 @@ impl EtcdStore {
                 // A flow step's change record: its key and value.
                 let change = w.flow.as_ref().map_or(0, |f| 64 + FRAMING + f.change.encode().len());
                 bytes += 3 * (claim + FRAMING) + 64 + outcome + 2 * (claim + FRAMING) + change;
+                // A job held in a range record: that record compared and read too.
+                if w.run.is_some() {
+                    bytes += 2 * (claim + 1 + FRAMING);
+                }
             }
         }
         for a in parts.appends {
@@ -277,7 +281,7 @@ impl EtcdStore {
         }
         let mut claims = Vec::with_capacity(parts.claims.len());
         for c in parts.claims {
-            claims.push(self.refused_claims(c, &mut answers)?);
+            claims.push(self.refused_claims(c, &mut answers, &[])?);
         }
         let mut tails = Vec::with_capacity(parts.appends.len());
         for _ in parts.appends {

@@ -14,6 +14,7 @@
 
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, WatchOptions};
 
+use super::claim_ranges::{self, ClaimKey};
 use super::limits::{LimitRecord, LimitWrite};
 use super::{DeadLetterAppend, EtcdStore, WatchedKind, corrupt, decode_tail};
 use crate::error::{CorruptionError, StorageError};
@@ -44,6 +45,9 @@ pub(crate) struct ClaimRecord {
     pub seq: u64,
     pub claim: Claim,
     pub rev: i64,
+    /// Held in the range record ending at this sequence (`claim_ranges.rs`), whose revision
+    /// `rev` is; `None`: a record of its own.
+    pub run: Option<u64>,
 }
 
 /// A change to a group's claim records, seen by a watch.
@@ -51,7 +55,11 @@ pub(crate) struct ClaimRecord {
 pub(crate) enum ClaimEvent {
     /// Written at `rev`.
     Put(ClaimRecord),
-    /// Deleted at `rev`: the offset passed it (or a reset at `rev` deleted every record).
+    /// A range record written at their `rev`: a claim of each of its jobs
+    /// (`claim_ranges.rs`).
+    PutRun(Vec<ClaimRecord>),
+    /// Deleted at `rev`: the offset passed it (or a reset at `rev` deleted every record). For
+    /// a range record, its last sequence.
     Gone { seq: u64, rev: i64 },
     /// The group was reset to `offset` at `rev` (`reset.rs`): every record went in the same
     /// revision.
@@ -83,6 +91,9 @@ pub(crate) struct LoadedClaims {
 pub(crate) struct ClaimWrite {
     pub seq: u64,
     pub expected: i64,
+    /// The job is held in the range record ending at this sequence (whose revision
+    /// `expected` is): the write compares that record and the job's own key absent.
+    pub run: Option<u64>,
     pub record: Claim,
     /// The job's outcome record (`outcomes.rs`), for a group that keeps outcomes: put in the
     /// same transaction as the `Done` that finishes it.
@@ -103,6 +114,7 @@ impl ClaimWrite {
         ClaimWrite {
             seq,
             expected,
+            run: None,
             record,
             outcome: None,
             flow: None,
@@ -128,8 +140,9 @@ pub(crate) struct OffsetMove {
 /// What became of [`EtcdStore::write_claims`].
 #[derive(Debug)]
 pub(crate) enum ClaimsOutcome {
-    /// Every record written at revision `rev`, with the progress reports read back.
-    Written { rev: i64, progress: Vec<(u64, bytes::Bytes)> },
+    /// Every record written at revision `rev`, with the progress reports read back, and the
+    /// range records the new leases went in (first and last sequence of each).
+    Written { rev: i64, progress: Vec<(u64, bytes::Bytes)>, runs: Vec<(u64, u64)> },
     /// Nothing written: the offset and the records as they are now (`None`: no record), the
     /// dead-letter queue's tail if one was compared, and the fences if they were.
     Refused {
@@ -137,7 +150,20 @@ pub(crate) enum ClaimsOutcome {
         found: Vec<(u64, Option<ClaimRecord>)>,
         tail: Option<(u64, u64)>,
         fences: Option<FencesFound>,
+        /// The keys new leases could have met, as read with the refusal: every record in
+        /// those claim key ranges (per-job and range records) is in `found`, as of its
+        /// revision ([`ClaimsTxn::view`] for the next try over them).
+        seen: Option<SeenKeys>,
     },
+}
+
+/// Ranges of claim keys read whole at one revision (`ClaimsOutcome::Refused::seen`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SeenKeys {
+    /// Each range: the first sequence whose keys were read, and the one before which the read
+    /// ended ([`fresh_windows`]).
+    pub windows: Vec<(u64, u64)>,
+    pub at: i64,
 }
 
 /// What a claim of new leases compares besides its records ([`EtcdStore::write_claims`]).
@@ -175,6 +201,73 @@ pub(crate) struct ClaimsTxn<'a> {
     /// The revision this process read the group at (`same_group`).
     pub seen: i64,
     pub writes: &'a [ClaimWrite],
+    /// For a claim of new leases: the revision through which the writer knows every claim
+    /// record of the group (its watch's, or a refusal's for the keys it read). Its new leases
+    /// go in range records (`claim_ranges.rs`), fenced by one compare: no key that could hold
+    /// one of them created after it. `None`: every write has a record of its own.
+    pub view: Option<i64>,
+}
+
+/// The windows of claim keys the writes of jobs no record is known to hold compare (new
+/// leases, and an operator's action on a job never claimed): each from a first such job to
+/// [`MAX_RUN`](claim_ranges::MAX_RUN) past a last (a range record holding one of them ends no
+/// further), a new window wherever two of them lie further apart than that (jobs claimed out of
+/// order, by priority, are not compared with every key between them). Empty: there are none.
+pub(crate) fn fresh_windows(writes: &[ClaimWrite]) -> Vec<(u64, u64)> {
+    let mut seqs: Vec<u64> = writes.iter().filter(|w| unheld(w)).map(|w| w.seq).collect();
+    seqs.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for s in seqs {
+        let end = s.saturating_add(claim_ranges::MAX_RUN);
+        match out.last_mut() {
+            Some((_, to)) if s < *to => *to = end,
+            _ => out.push((s, end)),
+        }
+    }
+    out
+}
+
+/// The range records of the new leases of `writes`: first and last sequence, and the value.
+fn fresh_runs(writes: &[ClaimWrite]) -> Vec<(u64, u64, Vec<u8>)> {
+    let mut fresh: Vec<(u64, &Claim)> =
+        writes.iter().filter(|w| is_fresh(w)).map(|w| (w.seq, &w.record)).collect();
+    fresh.sort_unstable_by_key(|(s, _)| *s);
+    let token = |c: &Claim| match c {
+        Claim::Leased { token, .. } => *token,
+        _ => 0,
+    };
+    claim_ranges::runs(&fresh)
+        .into_iter()
+        .filter_map(|r| {
+            let run = fresh.get(r)?;
+            let (&(first, head), &(last, _)) = (run.first()?, run.last()?);
+            let Claim::Leased { attempt, deadline_micros, holder, .. } = head else { return None };
+            let tokens: Vec<u64> = run.iter().map(|(_, c)| token(c)).collect();
+            Some((first, last, claim_ranges::encode(*attempt, *deadline_micros, holder, &tokens)))
+        })
+        .collect()
+}
+
+/// Each new lease of `writes` a write with `view` puts in a range record, with the last
+/// sequence of its record.
+fn fresh_runs_of(view: Option<i64>, writes: &[ClaimWrite]) -> Vec<(u64, u64)> {
+    if view.is_none() {
+        return Vec::new();
+    }
+    fresh_runs(writes)
+        .into_iter()
+        .flat_map(|(first, last, _)| (first..=last).map(move |s| (s, last)))
+        .collect()
+}
+
+/// A write over a job no record is known to hold.
+fn unheld(w: &ClaimWrite) -> bool {
+    w.expected == 0 && w.run.is_none()
+}
+
+/// A new lease of a job no record holds: written in a range record.
+fn is_fresh(w: &ClaimWrite) -> bool {
+    unheld(w) && matches!(w.record, Claim::Leased { .. }) && w.outcome.is_none() && w.flow.is_none()
 }
 
 impl EtcdStore {
@@ -201,9 +294,11 @@ impl EtcdStore {
         ops: &mut Vec<TxnOp>,
         gets: &mut Vec<TxnOp>,
     ) {
-        let ClaimsTxn { group, queue, seen, writes } = c;
+        let ClaimsTxn { group, queue, seen, writes, view } = c;
         let prefix = self.claims_prefix(group, queue);
         let offset_key = self.offset_key(group, queue);
+        let windows = if view.is_some() { fresh_windows(writes) } else { Vec::new() };
+        let mut runs_read = Vec::new();
         let floor = writes.iter().map(|w| w.seq).min().unwrap_or(u64::MAX);
         let below = GroupOffset { mode: GroupMode::WorkQueue, committed: floor };
         cmps.push(Compare::value(
@@ -213,13 +308,35 @@ impl EtcdStore {
         ));
         cmps.push(same_group(&offset_key, seen));
         gets.push(TxnOp::get(offset_key, None));
+        // Each range record compared and read once, however many of its jobs are written
+        // (etcd counts compares and reads against its operations per transaction).
+        let mut runs_compared = std::collections::HashSet::new();
         for w in writes {
             let key = keys::claim_key(&prefix, w.seq);
-            cmps.push(Compare::mod_revision(key.clone(), CompareOp::Equal, w.expected));
-            if w.seq > passed || w.record != Claim::Done {
-                ops.push(TxnOp::put(key.clone(), records::encode_claim(&w.record), None));
+            // New leases go in range records, below; the window's compare and read cover
+            // every write over a job no record is known to hold.
+            let windowed = !windows.is_empty() && unheld(w);
+            if !(windowed && is_fresh(w)) {
+                match w.run {
+                    None => cmps.push(Compare::mod_revision(key.clone(), CompareOp::Equal, w.expected)),
+                    // Still in its range record, and no record of its own since (another
+                    // process's, taking it over once the run's lease ran out).
+                    Some(last) => {
+                        if runs_compared.insert(last) {
+                            let run = claim_ranges::range_key(&prefix, last);
+                            cmps.push(Compare::mod_revision(run.clone(), CompareOp::Equal, w.expected));
+                            runs_read.push(TxnOp::get(run, None));
+                        }
+                        cmps.push(Compare::create_revision(key.clone(), CompareOp::Equal, 0));
+                    }
+                }
+                if w.seq > passed || w.record != Claim::Done {
+                    ops.push(TxnOp::put(key.clone(), records::encode_claim(&w.record), None));
+                }
+                if !windowed {
+                    gets.push(TxnOp::get(key, None));
+                }
             }
-            gets.push(TxnOp::get(key, None));
             if let Some(outcome) = &w.outcome {
                 let value = crate::store::outcomes::encode_outcome(outcome);
                 ops.push(TxnOp::put(self.outcome_key(group, queue, w.seq), value, None));
@@ -234,33 +351,94 @@ impl EtcdStore {
                 ops.push(TxnOp::get(self.progress_key(group, queue, w.seq), None));
             }
         }
+        // The range records' reads after the jobs' own, in the order first met.
+        gets.append(&mut runs_read);
+        if let (Some(view), false) = (view, windows.is_empty()) {
+            for (_, last, value) in fresh_runs(writes) {
+                ops.push(TxnOp::put(claim_ranges::range_key(&prefix, last), value, None));
+            }
+            // No record that could hold one of them — a job's own, or a range record ending
+            // within a run's length past them — made since `view`, through which this
+            // process knows them all (and decided on them).
+            for (lo, hi) in windows {
+                let (from, to) = (keys::claim_key(&prefix, lo), keys::claim_key(&prefix, hi));
+                let made_since =
+                    Compare::create_revision(from.clone(), CompareOp::Less, view.saturating_add(1));
+                cmps.push(made_since.with_range(to.clone()));
+                gets.push(TxnOp::get(from, Some(GetOptions::new().with_range(to))));
+            }
+        }
     }
 
     /// What a refused transaction's gets of [`push_claims`](Self::push_claims) found, taken
-    /// from `answers`: the group's offset, and each record as it is now (`None`: none).
+    /// from `answers`: the group's offset, and each record as it is now (`None`: none), then
+    /// every other record in the windows the new leases compared (`windows`: those gets' whole
+    /// answers, whose places in `answers` are skipped).
     /// `None`: the group has no offset record (deleted).
     pub(super) fn refused_claims(
         &self,
         c: &ClaimsTxn<'_>,
         answers: &mut impl Iterator<Item = Option<etcd_client::KeyValue>>,
+        windows: &[Vec<etcd_client::KeyValue>],
     ) -> Result<Option<FoundClaims>, StorageError> {
         let prefix = self.claims_prefix(c.group, c.queue);
+        let n_windows = if c.view.is_some() { fresh_windows(c.writes).len() } else { 0 };
+        let windowed = n_windows > 0;
+        let own_gets = |w: &ClaimWrite| usize::from(!(windowed && unheld(w)));
+        let mut run_lasts: Vec<u64> = Vec::new();
+        for last in c.writes.iter().filter_map(|w| w.run) {
+            if !run_lasts.contains(&last) {
+                run_lasts.push(last);
+            }
+        }
         let offset = match answers.next().flatten() {
             Some(o) => records::decode_offset(o.key(), o.value()).map_err(corrupt)?.committed,
             None => {
                 // (Its records' answers are skipped with it.)
-                answers.take(c.writes.len()).for_each(drop);
+                let n = c.writes.iter().map(own_gets).sum::<usize>() + run_lasts.len() + n_windows;
+                answers.take(n).for_each(drop);
                 return Ok(None);
             }
         };
-        let mut found = Vec::with_capacity(c.writes.len());
-        for w in c.writes {
-            let rec = match answers.next().flatten() {
-                Some(kv) => Some(self.claim_record(&prefix, &kv)?),
-                None => None,
+        // The window's records, a job's own standing over its range record's.
+        let mut seen = std::collections::BTreeMap::new();
+        let mut in_runs = Vec::new();
+        for kv in windows.iter().flatten() {
+            for r in self.claim_records(&prefix, kv)? {
+                if r.run.is_some() {
+                    in_runs.push(r)
+                } else {
+                    seen.insert(r.seq, r);
+                }
+            }
+        }
+        for r in in_runs {
+            seen.entry(r.seq).or_insert(r);
+        }
+        // The jobs' own records, in order; then the range records'.
+        let own: Vec<Option<etcd_client::KeyValue>> =
+            c.writes.iter().map(|w| if own_gets(w) == 1 { answers.next().flatten() } else { None }).collect();
+        let mut runs = std::collections::HashMap::new();
+        for last in run_lasts {
+            if let Some(kv) = answers.next().flatten() {
+                runs.insert(last, self.claim_records(&prefix, &kv)?);
+            }
+        }
+        let mut found = Vec::with_capacity(c.writes.len() + seen.len());
+        for (w, own) in c.writes.iter().zip(own) {
+            if own_gets(w) == 0 {
+                found.push((w.seq, seen.remove(&w.seq)));
+                continue;
+            }
+            let in_run = || runs.get(&w.run?)?.iter().find(|r| r.seq == w.seq).cloned();
+            let rec = match own {
+                Some(kv) => self.claim_records(&prefix, &kv)?.pop(),
+                None => in_run(),
             };
             found.push((w.seq, rec));
         }
+        found.extend(seen.into_iter().filter(|(seq, _)| *seq > offset).map(|(seq, r)| (seq, Some(r))));
+        answers.take(n_windows).for_each(drop);
         Ok(Some((offset, found)))
     }
 
@@ -271,15 +449,26 @@ impl EtcdStore {
         self.key(b"g/", &keys::group_key(group, queue))
     }
 
-    fn claim_record(&self, prefix: &[u8], kv: &etcd_client::KeyValue) -> Result<ClaimRecord, StorageError> {
-        let seq = kv
-            .key()
-            .get(prefix.len()..)
-            .and_then(|b| <[u8; 8]>::try_from(b).ok())
-            .map(u64::from_be_bytes)
-            .ok_or_else(|| corrupt(CorruptionError::new("claim", kv.key(), "bad sequence")))?;
-        let claim = records::decode_claim(kv.key(), kv.value()).map_err(corrupt)?;
-        Ok(ClaimRecord { seq, claim, rev: kv.mod_revision() })
+    /// The claims `kv` (a key under the group's claim `prefix`) holds: one for a job's own
+    /// record, each of its jobs' for a range record.
+    fn claim_records(
+        &self,
+        prefix: &[u8],
+        kv: &etcd_client::KeyValue,
+    ) -> Result<Vec<ClaimRecord>, StorageError> {
+        let rev = kv.mod_revision();
+        match claim_ranges::parse(prefix, kv.key()) {
+            Some(ClaimKey::Job(seq)) => {
+                let claim = records::decode_claim(kv.key(), kv.value()).map_err(corrupt)?;
+                Ok(vec![ClaimRecord { seq, claim, rev, run: None }])
+            }
+            Some(ClaimKey::Run(last)) => Ok(claim_ranges::decode(kv.key(), last, kv.value())
+                .map_err(corrupt)?
+                .into_iter()
+                .map(|(seq, claim)| ClaimRecord { seq, claim, rev, run: Some(last) })
+                .collect()),
+            None => Err(corrupt(CorruptionError::new("claim", kv.key(), "bad sequence"))),
+        }
     }
 
     /// A work group's offset and its claim records above it, read at one revision (returned:
@@ -311,7 +500,9 @@ impl EtcdStore {
         };
         let mark = self.reset_mark_key(group, queue);
         let limit_key = self.limit_key(group, queue);
-        let mut records = Vec::new();
+        // A job's own record stands over its range record's (it was written later).
+        let mut records = std::collections::BTreeMap::new();
+        let mut in_runs = Vec::new();
         let mut reset_rev = 0;
         let mut limit = None;
         for kv in pages.iter().flat_map(|p| p.kvs()) {
@@ -323,11 +514,18 @@ impl EtcdStore {
                 limit = Some(Self::limit_record(kv)?);
                 continue;
             }
-            let r = self.claim_record(&prefix, kv)?;
-            if r.seq > offset {
-                records.push(r);
+            for r in self.claim_records(&prefix, kv)?.into_iter().filter(|r| r.seq > offset) {
+                if r.run.is_some() {
+                    in_runs.push(r);
+                } else {
+                    records.insert(r.seq, r);
+                }
             }
         }
+        for r in in_runs {
+            records.entry(r.seq).or_insert(r);
+        }
+        let records = records.into_values().collect();
         Ok(Some(LoadedClaims { offset, records, rev, reset_rev, limit }))
     }
 
@@ -346,11 +544,15 @@ impl EtcdStore {
         dead_letters: Option<&DeadLetterAppend>,
         moving: Option<OffsetMove>,
         fences: Option<ClaimFences>,
+        view: Option<i64>,
     ) -> Result<ClaimsOutcome, StorageError> {
         let (mut cmps, mut ops, mut gets) = (Vec::new(), Vec::new(), Vec::new());
         let passed = moving.map_or(0, |m| m.to);
-        let c = ClaimsTxn { group, queue, seen, writes };
+        let c = ClaimsTxn { group, queue, seen, writes, view };
         self.push_claims_passed(c, passed, &mut cmps, &mut ops, &mut gets);
+        // The places of the windows' gets among the gets (the last of the claims' own).
+        let windows = if view.is_some() { fresh_windows(writes) } else { Vec::new() };
+        let window_gets = gets.len() - windows.len()..gets.len();
         if let Some(m) = moving {
             self.push_move(group, queue, m, &mut cmps, &mut ops);
         }
@@ -366,10 +568,13 @@ impl EtcdStore {
                 self.push_limit(group, queue, l, &mut cmps, &mut ops, &mut gets);
             }
         }
-        if ops.len() > super::MAX_TXN_OPS || cmps.len() > super::MAX_TXN_OPS {
+        if ops.len() > super::MAX_TXN_OPS
+            || cmps.len() > super::MAX_TXN_OPS
+            || gets.len() > super::MAX_TXN_OPS
+        {
             return Err(StorageError::new(format!(
                 "a claim write of {} operations exceeds etcd's {} per transaction",
-                ops.len(),
+                ops.len().max(cmps.len()).max(gets.len()),
                 super::MAX_TXN_OPS
             )));
         }
@@ -400,13 +605,27 @@ impl EtcdStore {
                     }
                 }
             }
-            return Ok(ClaimsOutcome::Written { rev, progress });
+            let runs = fresh_runs_of(view, writes);
+            return Ok(ClaimsOutcome::Written { rev, progress, runs });
         }
-        // The answers to the gets, in order: the offset, each record, the tail, the reset
-        // mark, the limit.
+        // The answers to the gets, in order: the offset, each record, the window, the tail,
+        // the reset mark, the limit.
+        let window_kvs: Vec<Vec<etcd_client::KeyValue>> = resp
+            .op_responses()
+            .into_iter()
+            .filter_map(|r| match r {
+                etcd_client::TxnOpResponse::Get(g) => Some(g),
+                _ => None,
+            })
+            .enumerate()
+            .filter(|(i, _)| window_gets.contains(i))
+            .map(|(_, g)| g.kvs().to_vec())
+            .collect();
+        let at = resp.header().map_or(0, |h| h.revision());
+        let seen_keys = (!windows.is_empty()).then_some(SeenKeys { windows, at });
         let mut answers = super::answers(&resp);
-        let c = ClaimsTxn { group, queue, seen, writes };
-        let Some((offset, found)) = self.refused_claims(&c, &mut answers)? else {
+        let c = ClaimsTxn { group, queue, seen, writes, view };
+        let Some((offset, found)) = self.refused_claims(&c, &mut answers, &window_kvs)? else {
             return Err(StorageError::new(format!("work group {group} on {queue} has no offset record")));
         };
         // (An answer is taken only for a get that was sent: the fences' follow.)
@@ -433,7 +652,7 @@ impl EtcdStore {
             }
             None => None,
         };
-        Ok(ClaimsOutcome::Refused { offset, found, tail, fences })
+        Ok(ClaimsOutcome::Refused { offset, found, tail, fences, seen: seen_keys })
     }
 
     /// Adds `m` to a transaction of [`push_claims`](Self::push_claims): its compares (the
@@ -580,24 +799,38 @@ impl EtcdStore {
             }
             // The group went with it.
             WatchedKind::Delete { .. } if kv.key() == limit.as_slice() => Ok(None),
-            WatchedKind::Put => store.claim_record(&p, kv).map(|r| Some(ClaimEvent::Put(r))),
+            WatchedKind::Put => {
+                store.claim_records(&p, kv).map(|mut r| match claim_ranges::parse(&p, kv.key()) {
+                    Some(ClaimKey::Run(_)) => Some(ClaimEvent::PutRun(r)),
+                    _ => r.pop().map(ClaimEvent::Put),
+                })
+            }
             // The group went with its reset mark: nothing the offset passed.
             WatchedKind::Delete { .. } if kv.key() == mark.as_slice() => Ok(None),
-            // A deleted record (the offset passed it) names only its sequence.
-            WatchedKind::Delete { .. } => Ok(kv
-                .key()
-                .get(p.len()..)
-                .and_then(|b| <[u8; 8]>::try_from(b).ok())
-                .map(|seq| ClaimEvent::Gone { seq: u64::from_be_bytes(seq), rev: kv.mod_revision() })),
+            // A deleted record (the offset passed it) names only its sequence (a range record,
+            // its last).
+            WatchedKind::Delete { .. } => Ok(claim_ranges::parse(&p, kv.key()).map(|k| {
+                let (ClaimKey::Job(seq) | ClaimKey::Run(seq)) = k;
+                ClaimEvent::Gone { seq, rev: kv.mod_revision() }
+            })),
         };
         self.watch_events(prefix, opts, decode).await
     }
 
     /// The claim record of `seq` in work group `group` on `queue`, if there is one.
     pub async fn claim(&self, group: &str, queue: &str, seq: u64) -> Result<Option<Claim>, StorageError> {
-        let key = keys::claim_key(&self.claims_prefix(group, queue), seq);
-        let got = self.kv().get(key, None).await?;
-        got.kvs().first().map(|kv| records::decode_claim(kv.key(), kv.value()).map_err(corrupt)).transpose()
+        let prefix = self.claims_prefix(group, queue);
+        // Its own record, else the range record holding it (one ends within a run's length
+        // past it): read at once, the first key found is its own if it has one.
+        let opts =
+            GetOptions::new().with_range(keys::claim_key(&prefix, seq.saturating_add(claim_ranges::MAX_RUN)));
+        let got = self.kv().get(keys::claim_key(&prefix, seq), Some(opts)).await?;
+        for kv in got.kvs() {
+            if let Some(r) = self.claim_records(&prefix, kv)?.into_iter().find(|r| r.seq == seq) {
+                return Ok(Some(r.claim));
+            }
+        }
+        Ok(None)
     }
 
     /// The message at `seq` of queue `qid`, if stored.
@@ -605,5 +838,36 @@ impl EtcdStore {
         crate::faults::check("rockq-etcd-message-read")?;
         let got = self.kv().get(self.message_key(qid, seq), None).await?;
         Ok(got.kvs().first().map(|kv| kv.value().to_vec()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(seq: u64) -> ClaimWrite {
+        let claim = Claim::Leased { attempt: 1, token: seq, deadline_micros: 9, holder: "h".into() };
+        ClaimWrite::new(seq, 0, claim)
+    }
+
+    #[test]
+    fn new_leases_compare_windows_that_reach_a_run_past_each_and_split_at_wide_gaps() {
+        let run = claim_ranges::MAX_RUN;
+        // A retry of a held job (its record known) and an ack compare their own records.
+        let held = ClaimWrite::new(3, 17, Claim::Done);
+        let in_run = ClaimWrite { run: Some(9), ..ClaimWrite::new(7, 17, Claim::Done) };
+        let writes = [held, in_run, lease(100), lease(101), lease(100 + run), lease(500), lease(40)];
+        assert_eq!(fresh_windows(&writes), vec![(40, 100 + 2 * run), (500, 500 + run)]);
+        assert_eq!(fresh_windows(&writes[..2]), Vec::<(u64, u64)>::new());
+    }
+
+    #[test]
+    fn new_leases_go_in_runs_of_consecutive_jobs_and_nothing_else_does() {
+        let mut writes: Vec<ClaimWrite> = (10..=12).chain([20]).map(lease).collect();
+        writes.push(ClaimWrite { outcome: None, ..ClaimWrite::new(13, 5, writes[0].record.clone()) });
+        let runs: Vec<(u64, u64)> = fresh_runs(&writes).into_iter().map(|(f, l, _)| (f, l)).collect();
+        assert_eq!(runs, vec![(10, 12), (20, 20)]);
+        assert_eq!(fresh_runs_of(None, &writes), Vec::<(u64, u64)>::new());
+        assert_eq!(fresh_runs_of(Some(1), &writes), vec![(10, 12), (11, 12), (12, 12), (20, 20)]);
     }
 }
