@@ -623,7 +623,9 @@ async fn claim_keys(client: &mut etcd_client::Client, ns: &str) -> Vec<Vec<u8>> 
         .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
         .await
         .expect("read the claims");
-    got.kvs().iter().map(|kv| kv.key().to_vec()).collect()
+    // (Not the offset's echo, which every move rewrites: `<u64::MAX>o`.)
+    let echo = [[0xff; 8].as_slice(), b"o"].concat();
+    got.kvs().iter().map(|kv| kv.key().to_vec()).filter(|k| !k.ends_with(&echo)).collect()
 }
 
 /// A job's own claim key in namespace `ns`, and the key of a range record ending at `last`.
@@ -693,6 +695,41 @@ async fn a_claimed_batch_is_one_range_record_and_a_jobs_own_record_stands_over_i
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     drop((held, ja, jb));
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+/// An ack that moves the offset past a job of a range record that ends further on deletes no
+/// key; the move's echo under the claim prefix tells every other broker's claim watch that the
+/// job finished (without it, another broker read the job as leased until the offset passed the
+/// whole run or the run's lease ran out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offset_move_inside_a_range_record_reaches_every_broker() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let (a, b) = (connect(&cluster, "echo", &clock).await, connect(&cluster, "echo", &clock).await);
+    let qa = a.queue("q").await.unwrap();
+    qa.send_batch((1..=10).map(|i| i.to_string())).await.unwrap();
+    let mut ja = qa.work_group("w").unwrap().read_batch(10).subscribe().await.unwrap();
+    let first = next(&mut ja).await;
+    assert_eq!(first.seq(), 1);
+    let mut client = cluster.client().await;
+    assert_eq!(claim_keys(&mut client, "echo").await, vec![run_key("echo", 10)], "one run for the ten");
+    let leased = |s: &rockq::JobStatus| matches!(s.state, rockq::JobState::Leased { .. });
+    assert!(leased(&b.job("q", "w", 1).await.unwrap()), "b loads a's run");
+    first.ack_durable().await.unwrap();
+    assert_eq!(claim_keys(&mut client, "echo").await, vec![run_key("echo", 10)], "the move deleted no key");
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    loop {
+        let s = b.job("q", "w", 1).await.unwrap();
+        if s.state == rockq::JobState::Finished {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "b never learned job 1 finished: {s:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(leased(&b.job("q", "w", 2).await.unwrap()), "the run's other jobs stay a's");
+    drop(ja);
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }

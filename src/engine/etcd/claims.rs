@@ -215,6 +215,15 @@ async fn watch(
                                         rev = rev.max(l.rev);
                                         limit = Some(l);
                                     }
+                                    // A move from before a reset this process knows says
+                                    // nothing of the offset now.
+                                    ClaimEvent::Moved { rev: r, .. } if r <= known.reset_rev => {
+                                        rev = rev.max(r);
+                                    }
+                                    ClaimEvent::Moved { to, rev: r } => {
+                                        rev = rev.max(r);
+                                        known.learn_offset(&ws.group, to);
+                                    }
                                     // (Expanded above.)
                                     ClaimEvent::PutRun(_) => {}
                                 }

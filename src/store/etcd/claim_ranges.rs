@@ -31,6 +31,17 @@ use crate::store::keys;
 const RANGE_SUFFIX: u8 = b'r';
 const _: () = assert!(RANGE_SUFFIX != super::limits::LIMIT_SUFFIX);
 
+/// The byte after the reset mark's key that makes the key of the group's *offset echo*: the
+/// offset as every move put it, under the claim prefix so that the claim watch sees a move that
+/// deleted no key (an ack passing jobs whose range record ends further on).
+pub(crate) const MOVED_SUFFIX: u8 = b'o';
+const _: () = assert!(MOVED_SUFFIX != super::limits::LIMIT_SUFFIX && MOVED_SUFFIX != RANGE_SUFFIX);
+
+/// Whether `key` is a group's offset echo (any group, with or without the namespace).
+pub(crate) fn is_moved_key(key: &[u8]) -> bool {
+    key.len() >= 9 && key.ends_with(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, MOVED_SUFFIX])
+}
+
 /// The most jobs one range record holds: a new run's compare looks this far past its last
 /// sequence for a run that could hold one of its jobs.
 pub(crate) const MAX_RUN: u64 = 64;

@@ -218,7 +218,7 @@ impl EtcdStore {
             for (k, v) in page {
                 // The bucket of a rate limit (`limits.rs`) is not carried: an import starts
                 // with a full one.
-                if super::limits::is_limit_key(&k) {
+                if super::limits::is_limit_key(&k) || super::claim_ranges::is_moved_key(&k) {
                     continue;
                 }
                 if let Some((group, queue, last)) = super::claim_ranges::parse_run_key(&k) {

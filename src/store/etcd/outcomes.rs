@@ -84,6 +84,17 @@ impl EtcdStore {
                     claim_rev,
                 ),
                 Compare::create_revision(claim, CompareOp::Equal, 0),
+                // And the offset below it: a trim past the job leaves a range record that
+                // holds later jobs too.
+                Compare::value(
+                    self.offset_key(group, queue),
+                    CompareOp::Less,
+                    crate::store::records::encode_offset(&crate::model::GroupOffset {
+                        mode: crate::model::GroupMode::WorkQueue,
+                        committed: seq,
+                    })
+                    .to_vec(),
+                ),
             ],
         };
         let txn = Txn::new().when(fence).and_then([TxnOp::put(

@@ -67,6 +67,9 @@ pub(crate) enum ClaimEvent {
     /// The group's limit record was written (`limits.rs`): by a claim of a limited group, in
     /// the revision of the claims it admitted.
     Limit(LimitRecord),
+    /// The group's offset was moved to `to` at `rev` (its echo, `claim_ranges::MOVED_SUFFIX`):
+    /// a move passing jobs held in a range record that ends further on deletes no key.
+    Moved { to: u64, rev: i64 },
 }
 
 /// A work group's claim records as read at one revision.
@@ -403,8 +406,12 @@ impl EtcdStore {
         // The window's records, a job's own standing over its range record's.
         let mut seen = std::collections::BTreeMap::new();
         let mut in_runs = Vec::new();
+        // (A range record's entries at or below the offset are finished jobs, not records:
+        // the offset passed them without deleting the record, which holds later jobs too.)
         for kv in windows.iter().flatten() {
-            for r in self.claim_records(&prefix, kv)? {
+            for r in
+                self.claim_records(&prefix, kv)?.into_iter().filter(|r| r.run.is_none() || r.seq > offset)
+            {
                 if r.run.is_some() {
                     in_runs.push(r)
                 } else {
@@ -430,7 +437,7 @@ impl EtcdStore {
                 found.push((w.seq, seen.remove(&w.seq)));
                 continue;
             }
-            let in_run = || runs.get(&w.run?)?.iter().find(|r| r.seq == w.seq).cloned();
+            let in_run = || runs.get(&w.run?)?.iter().find(|r| r.seq == w.seq && r.seq > offset).cloned();
             let rec = match own {
                 Some(kv) => self.claim_records(&prefix, &kv)?.pop(),
                 None => in_run(),
@@ -440,6 +447,14 @@ impl EtcdStore {
         found.extend(seen.into_iter().filter(|(seq, _)| *seq > offset).map(|(seq, r)| (seq, Some(r))));
         answers.take(n_windows).for_each(drop);
         Ok(Some((offset, found)))
+    }
+
+    /// The key of the group's offset echo (`claim_ranges::MOVED_SUFFIX`): after the reset mark
+    /// and the limit record, so that neither a reset's deletion nor a load reaches it.
+    pub(super) fn moved_key(&self, group: &str, queue: &str) -> Vec<u8> {
+        let mut key = self.reset_mark_key(group, queue);
+        key.push(claim_ranges::MOVED_SUFFIX);
+        key
     }
 
     pub(super) fn claims_prefix(&self, group: &str, queue: &str) -> Vec<u8> {
@@ -675,6 +690,7 @@ impl EtcdStore {
         cmps.push(Compare::value(offset_key.clone(), CompareOp::Less, rec.clone()));
         cmps.push(Compare::mod_revision(self.reset_mark_key(group, queue), CompareOp::Equal, m.reset_rev));
         ops.push(TxnOp::put(offset_key, rec, None));
+        ops.push(TxnOp::put(self.moved_key(group, queue), m.to.to_be_bytes().to_vec(), None));
         ops.push(TxnOp::delete(
             keys::claim_key(&prefix, 0),
             Some(etcd_client::DeleteOptions::new().with_range(passed)),
@@ -704,6 +720,7 @@ impl EtcdStore {
         ];
         let txn = Txn::new().when(cmps).and_then([
             TxnOp::put(offset_key, rec, None),
+            TxnOp::put(self.moved_key(group, queue), to.to_be_bytes().to_vec(), None),
             TxnOp::delete(
                 keys::claim_key(&prefix, 0),
                 Some(
@@ -790,7 +807,12 @@ impl EtcdStore {
         let (store, p) = (self.clone(), prefix.clone());
         let mark = self.reset_mark_key(group, queue);
         let limit = self.limit_key(group, queue);
+        let moved = self.moved_key(group, queue);
         let decode = move |kind, kv: &etcd_client::KeyValue| match kind {
+            WatchedKind::Put if kv.key() == moved.as_slice() => <[u8; 8]>::try_from(kv.value())
+                .map(|to| Some(ClaimEvent::Moved { to: u64::from_be_bytes(to), rev: kv.mod_revision() }))
+                .map_err(|_| corrupt(CorruptionError::new("offset echo", kv.key(), "expected a u64"))),
+            WatchedKind::Delete { .. } if kv.key() == moved.as_slice() => Ok(None),
             WatchedKind::Put if kv.key() == mark.as_slice() => records::decode_offset(kv.key(), kv.value())
                 .map(|o| Some(ClaimEvent::Reset { offset: o.committed, rev: kv.mod_revision() }))
                 .map_err(corrupt),
