@@ -765,11 +765,13 @@ impl Writer {
             let steps = acks.iter().any(|a| a.flow.is_some());
             let per_ack =
                 1 + usize::from(keeps) + usize::from(!with_progress.is_empty()) + usize::from(steps);
-            // A job held in a range record compares its own key absent beside the record's:
-            // up to two compares (and reads) an ack, which etcd counts as it counts the writes.
-            let per_ack = per_ack.max(if acks.iter().any(|a| known.run(a.seq).is_some()) { 2 } else { 1 });
-            for chunk in ack_chunks(&acks, per_ack) {
-                let mut left: Vec<QueuedAck> = chunk.to_vec();
+            // In order: the jobs held in one range record, acked together, compare one stretch.
+            let mut acks = acks;
+            acks.sort_by_key(|a| a.seq);
+            let mut rest = std::collections::VecDeque::from(acks);
+            while !rest.is_empty() {
+                let n = first_chunk(rest.make_contiguous(), per_ack, |seq| known.run(seq));
+                let mut left: Vec<QueuedAck> = rest.drain(..n).collect();
                 // Claims another process took since (as learned): lost, nothing is sent. One
                 // learned finished (most often this very ack, written by a round whose answer
                 // was lost, and learned back from the watch) is acknowledged: reported so.
@@ -793,6 +795,13 @@ impl Writer {
                 // process moved the offset past a gap below them).
                 let mut with_move = true;
                 while !left.is_empty() {
+                    // Fewer acks may cost more compares than the chunk they came from (a job
+                    // taken out of a stretch splits it in two): what no longer fits goes back,
+                    // for a transaction of its own.
+                    let fits = first_chunk(&left, per_ack, |seq| known.run(seq));
+                    for a in left.drain(fits..).rev() {
+                        rest.push_front(a);
+                    }
                     if result.as_ref().is_err_and(StorageError::is_transient) {
                         // etcd is unreachable this round: these wait for the next, untried.
                         if left.drain(..).fold(false, |d, a| g.queue_ack(a) | d) {
@@ -1049,30 +1058,50 @@ fn claim_chunks(claims: &[(u64, Claim)], in_run: impl Fn(u64) -> bool) -> Vec<&[
     out
 }
 
-/// `acks` cut into transactions of at most [`MAX_RECORDS`] operations, `per_ack` each (its
-/// `Done`, its outcome record, the deletion of its progress report), whose results together
-/// stay within [`MAX_TXN_BYTES`] (at least one ack each: a result is at most 1 MiB, within
-/// etcd's request limit).
-fn ack_chunks(acks: &[QueuedAck], per_ack: usize) -> Vec<&[QueuedAck]> {
-    let most = (MAX_RECORDS / per_ack.max(1)).max(1);
-    if per_ack <= 1 {
-        return acks.chunks(most).collect();
-    }
+/// `acks` (in order of sequence) cut into transactions of at most [`MAX_RECORDS`] operations,
+/// `per_ack` writes each (its `Done`, its outcome record, the deletion of its progress
+/// report), and as many compares and reads, which etcd counts alike: one each for a job's own
+/// record, and for jobs held in a range record (`run_of`: its last sequence) one for each
+/// stretch of consecutive ones and one for the record. Their results together stay within
+/// [`MAX_TXN_BYTES`] (at least one ack each: a result is at most 1 MiB, within etcd's request
+/// limit).
+fn ack_chunks(acks: &[QueuedAck], per_ack: usize, run_of: impl Fn(u64) -> Option<u64>) -> Vec<&[QueuedAck]> {
     let mut out = Vec::new();
-    let (mut start, mut bytes) = (0, 0);
+    let (mut start, mut bytes, mut writes, mut reads) = (0, 0, 0, 0);
+    let mut prev: Option<(u64, Option<u64>)> = None;
     for (i, a) in acks.iter().enumerate() {
         // A flow step's change record carries the result again.
         let size = a.result.as_ref().map_or(0, |r| r.len()) * (1 + usize::from(a.flow.is_some()));
-        if i > start && (i - start >= most || bytes + size > MAX_TXN_BYTES) {
+        let run = run_of(a.seq);
+        // Compared and read: its own record; or, in a range record, a new stretch (and the
+        // record, once a transaction: counted again when the record's jobs are not adjacent).
+        let cost = |prev: Option<(u64, Option<u64>)>| match (run, prev) {
+            (None, _) => 1,
+            (Some(last), Some((p, Some(l)))) if l == last => usize::from(p.checked_add(1) != Some(a.seq)),
+            (Some(_), _) => 2,
+        };
+        let mut read = cost(prev);
+        if i > start
+            && (writes + per_ack > MAX_RECORDS || reads + read > MAX_RECORDS || bytes + size > MAX_TXN_BYTES)
+        {
             out.push(&acks[start..i]);
-            (start, bytes) = (i, 0);
+            (start, bytes, writes, reads) = (i, 0, 0, 0);
+            read = cost(None);
         }
         bytes += size;
+        writes += per_ack;
+        reads += read;
+        prev = Some((a.seq, run));
     }
     if start < acks.len() {
         out.push(&acks[start..]);
     }
     out
+}
+
+/// How many of `acks` go in the first of [`ack_chunks`].
+fn first_chunk(acks: &[QueuedAck], per_ack: usize, run_of: impl Fn(u64) -> Option<u64>) -> usize {
+    ack_chunks(acks, per_ack, run_of).first().map_or(acks.len(), |c| c.len())
 }
 
 /// The answer to [`Writer::write`].
@@ -1111,5 +1140,66 @@ fn attempt_of(c: &Claim) -> u32 {
     match c {
         Claim::Leased { attempt, .. } | Claim::Waiting { attempt, .. } => *attempt,
         Claim::Done => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::etcd::work::run_stretches;
+
+    fn ack(seq: u64) -> QueuedAck {
+        QueuedAck { seq, attempt: 1, epoch: 0, result: None, flow: None }
+    }
+
+    /// The compares (and as many reads) a chunk's acks cost in etcd: a job's own record each,
+    /// a stretch each and a range record once for jobs held in range records.
+    fn compares(chunk: &[QueuedAck], run_of: &impl Fn(u64) -> Option<u64>) -> usize {
+        let writes: Vec<ClaimWrite> = chunk
+            .iter()
+            .map(|a| ClaimWrite { run: run_of(a.seq), ..ClaimWrite::new(a.seq, 5, Claim::Done) })
+            .collect();
+        let own = writes.iter().filter(|w| w.run.is_none()).count();
+        let runs: std::collections::HashSet<u64> = writes.iter().filter_map(|w| w.run).collect();
+        own + run_stretches(&writes).len() + runs.len()
+    }
+
+    #[test]
+    fn acks_of_jobs_in_range_records_fill_a_transaction_and_none_outgrows_etcds_limits() {
+        // Runs of 64 jobs: 1..=64, 65..=128, ...; every fifth job has a record of its own.
+        let run_of = |seq: u64| (!seq.is_multiple_of(5)).then(|| seq.div_ceil(64) * 64);
+        let all: Vec<QueuedAck> = (1..=1000).map(ack).collect();
+        let chunks = ack_chunks(&all, 1, run_of);
+        assert_eq!(chunks.iter().map(|c| c.len()).sum::<usize>(), 1000);
+        for c in &chunks {
+            assert!(c.len() <= MAX_RECORDS, "{} writes", c.len());
+            assert!(compares(c, &run_of) <= MAX_RECORDS, "{} compares", compares(c, &run_of));
+        }
+        // Consecutive jobs of range records: a stretch each, not a compare per job.
+        let in_runs = |seq: u64| Some(seq.div_ceil(64) * 64);
+        assert!(
+            ack_chunks(&all, 1, in_runs)
+                .iter()
+                .all(|c| c.len() == MAX_RECORDS || c.len() == 1000 % MAX_RECORDS)
+        );
+        // Scattered jobs (every other one): a stretch each, the records once a transaction.
+        let scattered: Vec<QueuedAck> = (1..=1000).step_by(2).map(ack).collect();
+        for c in ack_chunks(&scattered, 1, in_runs) {
+            assert!(compares(c, &in_runs) <= MAX_RECORDS, "{} compares", compares(c, &in_runs));
+        }
+        // Fewer acks can cost more: 30 one-job records and 30 of three jobs fill a chunk;
+        // with each three-job record's middle job taken over (refused, left out), the rest
+        // needs 150 compares, and is cut again before it is sent.
+        let run_of = |seq: u64| Some(if seq < 100 { seq } else { 100 + (seq - 100) / 3 * 3 + 2 });
+        let mixed: Vec<QueuedAck> = (70..100).chain(100..190).map(ack).collect();
+        assert_eq!(first_chunk(&mixed, 1, run_of), mixed.len());
+        assert_eq!(compares(&mixed, &run_of), MAX_RECORDS);
+        let left: Vec<QueuedAck> =
+            mixed.into_iter().filter(|a| a.seq < 100 || (a.seq - 100) % 3 != 1).collect();
+        assert!(compares(&left, &run_of) > MAX_RECORDS);
+        let n = first_chunk(&left, 1, run_of);
+        assert!(n < left.len() && compares(&left[..n], &run_of) <= MAX_RECORDS);
+        // Writes per ack bound it too (an outcome record, a report's deletion).
+        assert!(ack_chunks(&all, 3, in_runs).iter().all(|c| c.len() <= MAX_RECORDS / 3));
     }
 }

@@ -16,8 +16,9 @@
 //!
 //! A job of a run that leaves the common path (a lease extension, a retry, a dead letter, an
 //! ack above a gap, another process taking it over once its lease ran out) gets a per-job
-//! record, which then stands for it: a write over a job held in a run compares the run's
-//! `mod_revision` and the per-job key absent. A new run is fenced by one range compare: no key
+//! record, which then stands for it: a write over jobs held in a run compares the run's
+//! `mod_revision`, and for each stretch of consecutive ones no key in their span made since
+//! (`work.rs::run_stretches`). A new run is fenced by one range compare: no key
 //! among the per-job and run keys that could hold one of its jobs was created after the
 //! revision through which the writer knows every record (`work.rs::ClaimsTxn::view`).
 

@@ -1091,6 +1091,14 @@ fn answers(resp: &etcd_client::TxnResponse) -> impl Iterator<Item = Option<etcd_
     })
 }
 
+/// The answers to a transaction's gets, in order, each whole (a range get's every key).
+fn whole_answers(resp: &etcd_client::TxnResponse) -> impl Iterator<Item = Vec<etcd_client::KeyValue>> + '_ {
+    resp.op_responses().into_iter().filter_map(|r| match r {
+        etcd_client::TxnOpResponse::Get(g) => Some(g.kvs().to_vec()),
+        _ => None,
+    })
+}
+
 /// The answers of a transaction's first two gets, in order.
 fn two_gets(
     resp: &etcd_client::TxnResponse,

@@ -266,23 +266,28 @@ impl EtcdStore {
             }
             return Ok(TxnOutcome::Applied { revision, added: Some(added) });
         }
-        let mut answers = super::answers(&resp);
+        // Each get's whole answer: a claim's stretches of range-held jobs are range reads.
+        let mut whole = super::whole_answers(&resp);
+        let first = |w: &mut dyn Iterator<Item = Vec<etcd_client::KeyValue>>| {
+            w.next().and_then(|kvs| kvs.into_iter().next())
+        };
         let mut conflict = None;
         for &i in &checks {
-            let found = answers.next().flatten().map(|e| e.mod_revision() as u64);
+            let found = first(&mut whole).map(|e| e.mod_revision() as u64);
             if let (None, Some(expect)) = (conflict, parts.kv[i].expect)
                 && !expect.holds(found)
             {
                 conflict = Some((i, found));
             }
         }
-        if let Some(m) = answers.next().flatten() {
+        if let Some(m) = first(&mut whole) {
             return Ok(TxnOutcome::Applied { revision: m.mod_revision(), added: None });
         }
         let mut claims = Vec::with_capacity(parts.claims.len());
         for c in parts.claims {
-            claims.push(self.refused_claims(c, &mut answers, &[])?);
+            claims.push(self.refused_claims(c, &mut whole)?);
         }
+        let mut answers = whole.map(|kvs| kvs.into_iter().next());
         let mut tails = Vec::with_capacity(parts.appends.len());
         for _ in parts.appends {
             tails.push(answers.next().flatten().map(|t| decode_tail(t.key(), t.value())).transpose()?);

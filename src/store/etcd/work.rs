@@ -95,7 +95,8 @@ pub(crate) struct ClaimWrite {
     pub seq: u64,
     pub expected: i64,
     /// The job is held in the range record ending at this sequence (whose revision
-    /// `expected` is): the write compares that record and the job's own key absent.
+    /// `expected` is): the write compares that record, and no key of the job's stretch made
+    /// since it ([`run_stretches`]).
     pub run: Option<u64>,
     pub record: Claim,
     /// The job's outcome record (`outcomes.rs`), for a group that keeps outcomes: put in the
@@ -263,6 +264,26 @@ fn fresh_runs_of(view: Option<i64>, writes: &[ClaimWrite]) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// The stretches of consecutive jobs `writes` names within one range record each (writes of
+/// jobs still held in one): (the record's last sequence, first and last job of the stretch,
+/// the record's revision), in order. Each is compared as one range, "no key in it made after
+/// the record", instead of each job's own key absent (etcd counts every compare against its
+/// operations per transaction).
+pub(crate) fn run_stretches(writes: &[ClaimWrite]) -> Vec<(u64, u64, u64, i64)> {
+    let mut held: Vec<(u64, u64, i64)> =
+        writes.iter().filter_map(|w| Some((w.run?, w.seq, w.expected))).collect();
+    held.sort_unstable_by_key(|&(last, seq, _)| (last, seq));
+    held.dedup_by_key(|&mut (last, seq, _)| (last, seq));
+    let mut out: Vec<(u64, u64, u64, i64)> = Vec::new();
+    for (last, seq, rev) in held {
+        match out.last_mut() {
+            Some((l, _, to, _)) if *l == last && to.checked_add(1) == Some(seq) => *to = seq,
+            _ => out.push((last, seq, seq, rev)),
+        }
+    }
+    out
+}
+
 /// A write over a job no record is known to hold.
 fn unheld(w: &ClaimWrite) -> bool {
     w.expected == 0 && w.run.is_none()
@@ -324,19 +345,21 @@ impl EtcdStore {
                     None => cmps.push(Compare::mod_revision(key.clone(), CompareOp::Equal, w.expected)),
                     // Still in its range record, and no record of its own since (another
                     // process's, taking it over once the run's lease ran out).
+                    // Its range record unchanged (and, below, no key of its stretch made
+                    // since: another process's own record, taking it over once the run's
+                    // lease ran out).
                     Some(last) => {
                         if runs_compared.insert(last) {
                             let run = claim_ranges::range_key(&prefix, last);
                             cmps.push(Compare::mod_revision(run.clone(), CompareOp::Equal, w.expected));
                             runs_read.push(TxnOp::get(run, None));
                         }
-                        cmps.push(Compare::create_revision(key.clone(), CompareOp::Equal, 0));
                     }
                 }
                 if w.seq > passed || w.record != Claim::Done {
                     ops.push(TxnOp::put(key.clone(), records::encode_claim(&w.record), None));
                 }
-                if !windowed {
+                if !windowed && w.run.is_none() {
                     gets.push(TxnOp::get(key, None));
                 }
             }
@@ -356,6 +379,15 @@ impl EtcdStore {
         }
         // The range records' reads after the jobs' own, in the order first met.
         gets.append(&mut runs_read);
+        // Each stretch of jobs held in one range record: no key from its first job's to its
+        // last's made after the record (the record's own key, at the end of its last job's
+        // stretch, was made with it). Read whole: a refusal finds another process's records.
+        for (_, lo, hi, rev) in run_stretches(writes) {
+            let (from, to) = (keys::claim_key(&prefix, lo), keys::claim_key(&prefix, hi.saturating_add(1)));
+            let made_since = Compare::create_revision(from.clone(), CompareOp::Less, rev.saturating_add(1));
+            cmps.push(made_since.with_range(to.clone()));
+            gets.push(TxnOp::get(from, Some(GetOptions::new().with_range(to))));
+        }
         if let (Some(view), false) = (view, windows.is_empty()) {
             for (_, last, value) in fresh_runs(writes) {
                 ops.push(TxnOp::put(claim_ranges::range_key(&prefix, last), value, None));
@@ -374,43 +406,77 @@ impl EtcdStore {
     }
 
     /// What a refused transaction's gets of [`push_claims`](Self::push_claims) found, taken
-    /// from `answers`: the group's offset, and each record as it is now (`None`: none), then
-    /// every other record in the windows the new leases compared (`windows`: those gets' whole
-    /// answers, whose places in `answers` are skipped).
+    /// from `answers` (each get's whole answer, in order): the group's offset, and each
+    /// record as it is now (`None`: none), then every other record in the windows the new
+    /// leases compared.
     /// `None`: the group has no offset record (deleted).
     pub(super) fn refused_claims(
         &self,
         c: &ClaimsTxn<'_>,
-        answers: &mut impl Iterator<Item = Option<etcd_client::KeyValue>>,
-        windows: &[Vec<etcd_client::KeyValue>],
+        answers: &mut impl Iterator<Item = Vec<etcd_client::KeyValue>>,
     ) -> Result<Option<FoundClaims>, StorageError> {
         let prefix = self.claims_prefix(c.group, c.queue);
         let n_windows = if c.view.is_some() { fresh_windows(c.writes).len() } else { 0 };
         let windowed = n_windows > 0;
-        let own_gets = |w: &ClaimWrite| usize::from(!(windowed && unheld(w)));
+        let own_gets = |w: &ClaimWrite| usize::from(!(windowed && unheld(w)) && w.run.is_none());
         let mut run_lasts: Vec<u64> = Vec::new();
         for last in c.writes.iter().filter_map(|w| w.run) {
             if !run_lasts.contains(&last) {
                 run_lasts.push(last);
             }
         }
-        let offset = match answers.next().flatten() {
+        let n_stretches = run_stretches(c.writes).len();
+        let offset = match answers.next().and_then(|kvs| kvs.into_iter().next()) {
             Some(o) => records::decode_offset(o.key(), o.value()).map_err(corrupt)?.committed,
             None => {
                 // (Its records' answers are skipped with it.)
-                let n = c.writes.iter().map(own_gets).sum::<usize>() + run_lasts.len() + n_windows;
+                let n =
+                    c.writes.iter().map(own_gets).sum::<usize>() + run_lasts.len() + n_stretches + n_windows;
                 answers.take(n).for_each(drop);
                 return Ok(None);
             }
         };
+        // The jobs' own records, in order; then the range records'.
+        let own: Vec<Option<etcd_client::KeyValue>> =
+            c.writes
+                .iter()
+                .map(|w| {
+                    if own_gets(w) == 1 {
+                        answers.next().and_then(|kvs| kvs.into_iter().next())
+                    } else {
+                        None
+                    }
+                })
+                .collect();
+        let mut runs = std::collections::HashMap::new();
+        for last in run_lasts {
+            if let Some(kv) = answers.next().and_then(|kvs| kvs.into_iter().next()) {
+                runs.insert(last, self.claim_records(&prefix, &kv)?);
+            }
+        }
+        // The stretches' keys: the jobs' own records made over their range records, and any
+        // other range record found there (the jobs' own were read above): whatever refused
+        // the stretch is learned, not sent again unseen.
+        let mut over_runs = std::collections::HashMap::new();
+        let mut other_runs: std::collections::HashMap<u64, ClaimRecord> = std::collections::HashMap::new();
+        for kv in answers.take(n_stretches).flatten() {
+            let own = matches!(claim_ranges::parse(&prefix, kv.key()), Some(ClaimKey::Job(_)));
+            for r in self.claim_records(&prefix, &kv)? {
+                if own {
+                    over_runs.insert(r.seq, r);
+                } else if r.seq > offset && other_runs.get(&r.seq).is_none_or(|o| o.rev < r.rev) {
+                    other_runs.insert(r.seq, r);
+                }
+            }
+        }
         // The window's records, a job's own standing over its range record's.
         let mut seen = std::collections::BTreeMap::new();
         let mut in_runs = Vec::new();
         // (A range record's entries at or below the offset are finished jobs, not records:
         // the offset passed them without deleting the record, which holds later jobs too.)
-        for kv in windows.iter().flatten() {
+        for kv in answers.take(n_windows).flatten() {
             for r in
-                self.claim_records(&prefix, kv)?.into_iter().filter(|r| r.run.is_none() || r.seq > offset)
+                self.claim_records(&prefix, &kv)?.into_iter().filter(|r| r.run.is_none() || r.seq > offset)
             {
                 if r.run.is_some() {
                     in_runs.push(r)
@@ -422,30 +488,31 @@ impl EtcdStore {
         for r in in_runs {
             seen.entry(r.seq).or_insert(r);
         }
-        // The jobs' own records, in order; then the range records'.
-        let own: Vec<Option<etcd_client::KeyValue>> =
-            c.writes.iter().map(|w| if own_gets(w) == 1 { answers.next().flatten() } else { None }).collect();
-        let mut runs = std::collections::HashMap::new();
-        for last in run_lasts {
-            if let Some(kv) = answers.next().flatten() {
-                runs.insert(last, self.claim_records(&prefix, &kv)?);
-            }
-        }
         let mut found = Vec::with_capacity(c.writes.len() + seen.len());
         for (w, own) in c.writes.iter().zip(own) {
+            if w.run.is_some() {
+                let in_run = runs
+                    .get(&w.run.unwrap_or(0))
+                    .and_then(|rs| rs.iter().find(|r| r.seq == w.seq && r.seq > offset));
+                // The newer of its entries in range records; its own record over both.
+                let entry = match (in_run, other_runs.get(&w.seq)) {
+                    (Some(a), Some(b)) => Some(if b.rev > a.rev { b } else { a }),
+                    (a, b) => a.or(b),
+                };
+                found.push((w.seq, over_runs.remove(&w.seq).or_else(|| entry.cloned())));
+                continue;
+            }
             if own_gets(w) == 0 {
                 found.push((w.seq, seen.remove(&w.seq)));
                 continue;
             }
-            let in_run = || runs.get(&w.run?)?.iter().find(|r| r.seq == w.seq && r.seq > offset).cloned();
             let rec = match own {
                 Some(kv) => self.claim_records(&prefix, &kv)?.pop(),
-                None => in_run(),
+                None => None,
             };
             found.push((w.seq, rec));
         }
         found.extend(seen.into_iter().filter(|(seq, _)| *seq > offset).map(|(seq, r)| (seq, Some(r))));
-        answers.take(n_windows).for_each(drop);
         Ok(Some((offset, found)))
     }
 
@@ -565,9 +632,7 @@ impl EtcdStore {
         let passed = moving.map_or(0, |m| m.to);
         let c = ClaimsTxn { group, queue, seen, writes, view };
         self.push_claims_passed(c, passed, &mut cmps, &mut ops, &mut gets);
-        // The places of the windows' gets among the gets (the last of the claims' own).
         let windows = if view.is_some() { fresh_windows(writes) } else { Vec::new() };
-        let window_gets = gets.len() - windows.len()..gets.len();
         if let Some(m) = moving {
             self.push_move(group, queue, m, &mut cmps, &mut ops);
         }
@@ -623,26 +688,16 @@ impl EtcdStore {
             let runs = fresh_runs_of(view, writes);
             return Ok(ClaimsOutcome::Written { rev, progress, runs });
         }
-        // The answers to the gets, in order: the offset, each record, the window, the tail,
-        // the reset mark, the limit.
-        let window_kvs: Vec<Vec<etcd_client::KeyValue>> = resp
-            .op_responses()
-            .into_iter()
-            .filter_map(|r| match r {
-                etcd_client::TxnOpResponse::Get(g) => Some(g),
-                _ => None,
-            })
-            .enumerate()
-            .filter(|(i, _)| window_gets.contains(i))
-            .map(|(_, g)| g.kvs().to_vec())
-            .collect();
+        // The answers to the gets, in order: the offset, each record, the range records, the
+        // stretches, the windows, the tail, the reset mark, the limit.
         let at = resp.header().map_or(0, |h| h.revision());
         let seen_keys = (!windows.is_empty()).then_some(SeenKeys { windows, at });
-        let mut answers = super::answers(&resp);
+        let mut whole = super::whole_answers(&resp);
         let c = ClaimsTxn { group, queue, seen, writes, view };
-        let Some((offset, found)) = self.refused_claims(&c, &mut answers, &window_kvs)? else {
+        let Some((offset, found)) = self.refused_claims(&c, &mut whole)? else {
             return Err(StorageError::new(format!("work group {group} on {queue} has no offset record")));
         };
+        let mut answers = whole.map(|kvs| kvs.into_iter().next());
         // (An answer is taken only for a get that was sent: the fences' follow.)
         let tail = match tail_key.map(|_| answers.next().flatten()) {
             Some(Some(t)) => Some(decode_tail(t.key(), t.value())?),
@@ -891,5 +946,25 @@ mod tests {
         assert_eq!(runs, vec![(10, 12), (20, 20)]);
         assert_eq!(fresh_runs_of(None, &writes), Vec::<(u64, u64)>::new());
         assert_eq!(fresh_runs_of(Some(1), &writes), vec![(10, 12), (11, 12), (12, 12), (20, 20)]);
+    }
+
+    #[test]
+    fn jobs_held_in_range_records_compare_one_stretch_per_consecutive_part_of_each() {
+        let done =
+            |seq, run: u64, rev| ClaimWrite { run: Some(run), ..ClaimWrite::new(seq, rev, Claim::Done) };
+        // Out of order, a gap inside the first record, a second record right after it, a
+        // job of its own (not in a stretch), a job named twice.
+        let writes = [
+            done(12, 20, 7),
+            done(10, 20, 7),
+            done(11, 20, 7),
+            ClaimWrite::new(13, 9, Claim::Done),
+            done(15, 20, 7),
+            done(21, 30, 8),
+            done(22, 30, 8),
+            done(22, 30, 8),
+        ];
+        assert_eq!(run_stretches(&writes), vec![(20, 10, 12, 7), (20, 15, 15, 7), (30, 21, 22, 8)]);
+        assert_eq!(run_stretches(&writes[3..4]), Vec::new());
     }
 }
