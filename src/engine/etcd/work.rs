@@ -199,12 +199,22 @@ impl Writer {
             }
             held
         };
-        for chunk in claim_chunks(&claims, |seq| known.run(seq).is_some()) {
-            let mut left: Vec<(u64, Claim)> = chunk.iter().filter(|c| held(&group, c)).cloned().collect();
+        let mut rest: std::collections::VecDeque<(u64, Claim)> = claims.iter().cloned().collect();
+        // Claim keys a refusal read whole: a later try over them compares what it read (claims
+        // put back for a transaction of their own too: `view_over` checks they are covered).
+        let mut seen: Option<SeenKeys> = None;
+        while !rest.is_empty() {
+            let n = first_claims(rest.make_contiguous(), &known);
+            let mut left: Vec<(u64, Claim)> = rest.drain(..n).filter(|c| held(&group, c)).collect();
             let mut tries = 0;
-            // Claim keys a refusal read whole: a later try over them compares what it read.
-            let mut seen: Option<SeenKeys> = None;
             while !left.is_empty() {
+                // Fewer claims may cost more than the chunk they came from (a job taken out of
+                // a run splits it in two): what no longer fits goes back, for a transaction of
+                // its own.
+                let fits = first_claims(&left, &known);
+                for c in left.drain(fits..).rev() {
+                    rest.push_front(c);
+                }
                 let Ok(limit) = known.limit_write(&group, bucket, limit_rev) else {
                     let (seq, attempt) = left.first().map_or((0, 0), |(s, c)| (*s, attempt_of(c)));
                     tracing::debug!(queue = %group.queue.name, group = %group.name, "rockq: limited claims decided before another process's were learned: given back");
@@ -770,7 +780,7 @@ impl Writer {
             acks.sort_by_key(|a| a.seq);
             let mut rest = std::collections::VecDeque::from(acks);
             while !rest.is_empty() {
-                let n = first_chunk(rest.make_contiguous(), per_ack, |seq| known.run(seq));
+                let n = acks_fit(rest.make_contiguous(), per_ack, |seq| known.run(seq));
                 let mut left: Vec<QueuedAck> = rest.drain(..n).collect();
                 // Claims another process took since (as learned): lost, nothing is sent. One
                 // learned finished (most often this very ack, written by a round whose answer
@@ -798,7 +808,7 @@ impl Writer {
                     // Fewer acks may cost more compares than the chunk they came from (a job
                     // taken out of a stretch splits it in two): what no longer fits goes back,
                     // for a transaction of its own.
-                    let fits = first_chunk(&left, per_ack, |seq| known.run(seq));
+                    let fits = acks_fit(&left, per_ack, |seq| known.run(seq));
                     for a in left.drain(fits..).rev() {
                         rest.push_front(a);
                     }
@@ -1036,38 +1046,91 @@ impl Writer {
 /// answer must stay within the client's 4 MiB.
 const READ_BACKS: usize = 32;
 
-/// `claims` cut into transactions of at most [`MAX_RECORDS`] operations: a claim of a later
-/// attempt takes two (it reads its progress report back), and at most [`READ_BACKS`] do.
-fn claim_chunks(claims: &[(u64, Claim)], in_run: impl Fn(u64) -> bool) -> Vec<&[(u64, Claim)]> {
-    let mut out = Vec::new();
-    let (mut start, mut ops, mut reads) = (0, 0, 0);
+/// Keys a claim transaction's windows may span (`store/etcd/work.rs::fresh_windows`): a
+/// refusal reads them whole, and the answer must stay within the client's 4 MiB.
+const MAX_WINDOW_SPAN: u64 = 4096;
+
+/// How many of `claims` (at least one) go in one transaction of at most [`MAX_RECORDS`]
+/// operations, counting writes, compares and reads alike (etcd does): a claim of a job held by
+/// a record takes its own write, compare and read, one more for a range record it is held in,
+/// and one more if it reads its progress report back (a later attempt; at most [`READ_BACKS`]
+/// do). New leases of jobs no record holds (`unheld`) go in range records, fenced by windows
+/// (`store/etcd/work.rs`): they take one for each run they start — a range record's put, and
+/// at most one window's compare and read — however many jobs the run holds, and the windows
+/// span at most [`MAX_WINDOW_SPAN`] keys.
+fn claims_fit(claims: &[(u64, Claim)], in_run: impl Fn(u64) -> bool, unheld: impl Fn(u64) -> bool) -> usize {
+    let run_len = crate::store::etcd::claim_ranges::MAX_RUN;
+    let (mut ops, mut reads, mut span) = (0, 0, 0);
+    // The last new lease counted and the length of its run so far; the last unheld job and
+    // the end of its window.
+    let mut streak: Option<(u64, &Claim, u64)> = None;
+    let mut window: Option<(u64, u64)> = None;
     for (i, (seq, c)) in claims.iter().enumerate() {
         let read = usize::from(attempt_of(c) > 1);
-        // A job held in a range record: that record compared and read too (at most once).
-        let run = usize::from(in_run(*seq));
-        if i > start && (ops + 1 + read + run > MAX_RECORDS || reads + read > READ_BACKS) {
-            out.push(&claims[start..i]);
-            (start, ops, reads) = (i, 0, 0);
+        let unheld = unheld(*seq) && !in_run(*seq);
+        let fresh = matches!(c, Claim::Leased { .. }) && unheld;
+        // Whether it goes in the run of the last new lease counted (an over-count when the
+        // claims are out of order: a run is only ever counted more often, never less).
+        let extends = streak.is_some_and(|(last, lease, n)| {
+            last.checked_add(1) == Some(*seq) && alike(lease, c) && n < run_len
+        });
+        let n = match (fresh, extends) {
+            (true, true) => read,
+            (true, false) => 1 + read,
+            // Its own record; an unheld job's is fenced by a window too.
+            (false, _) => 1 + read + usize::from(in_run(*seq)) + usize::from(unheld),
+        };
+        // A window reaches a run's length past each job, and one within it extends it (out
+        // of order, a job counts a window of its own: never fewer keys than the store's).
+        let end = seq.saturating_add(run_len);
+        let keys = match window {
+            _ if !unheld => 0,
+            Some((last, to)) if last < *seq && *seq < to => end - to,
+            _ => run_len,
+        };
+        if i > 0 && (ops + n > MAX_RECORDS || reads + read > READ_BACKS || span + keys > MAX_WINDOW_SPAN) {
+            return i;
         }
-        ops += 1 + read + run;
-        reads += read;
+        if unheld {
+            window = Some((*seq, end));
+        }
+        if fresh {
+            streak = Some(match streak {
+                Some((_, lease, len)) if extends => (*seq, lease, len + 1),
+                _ => (*seq, c, 1),
+            });
+        }
+        (ops, reads, span) = (ops + n, reads + read, span + keys);
     }
-    if start < claims.len() {
-        out.push(&claims[start..]);
-    }
-    out
+    claims.len()
 }
 
-/// `acks` (in order of sequence) cut into transactions of at most [`MAX_RECORDS`] operations,
-/// `per_ack` writes each (its `Done`, its outcome record, the deletion of its progress
-/// report), and as many compares and reads, which etcd counts alike: one each for a job's own
-/// record, and for jobs held in a range record (`run_of`: its last sequence) one for each
-/// stretch of consecutive ones and one for the record. Their results together stay within
-/// [`MAX_TXN_BYTES`] (at least one ack each: a result is at most 1 MiB, within etcd's request
-/// limit).
-fn ack_chunks(acks: &[QueuedAck], per_ack: usize, run_of: impl Fn(u64) -> Option<u64>) -> Vec<&[QueuedAck]> {
-    let mut out = Vec::new();
-    let (mut start, mut bytes, mut writes, mut reads) = (0, 0, 0, 0);
+/// How many of `claims` go in the first transaction ([`claims_fit`]), as `known` holds their
+/// jobs.
+fn first_claims(claims: &[(u64, Claim)], known: &Known) -> usize {
+    claims_fit(claims, |seq| known.run(seq).is_some(), |seq| known.expected(seq) == 0)
+}
+
+/// Whether two leases go in one range record (`claim_ranges::runs`).
+fn alike(a: &Claim, b: &Claim) -> bool {
+    match (a, b) {
+        (
+            Claim::Leased { attempt: a1, deadline_micros: d1, holder: h1, .. },
+            Claim::Leased { attempt: a2, deadline_micros: d2, holder: h2, .. },
+        ) => a1 == a2 && d1 == d2 && h1 == h2,
+        _ => false,
+    }
+}
+
+/// How many of `acks` (in order of sequence; at least one) go in one transaction of at most
+/// [`MAX_RECORDS`] operations: `per_ack` writes each (its `Done`, its outcome record, the
+/// deletion of its progress report), and as many compares and reads, which etcd counts alike:
+/// one each for a job's own record, and for jobs held in a range record (`run_of`: its last
+/// sequence) one for each stretch of consecutive ones and one for the record. Their results
+/// together stay within [`MAX_TXN_BYTES`] (at least one ack: a result is at most 1 MiB, within
+/// etcd's request limit).
+fn acks_fit(acks: &[QueuedAck], per_ack: usize, run_of: impl Fn(u64) -> Option<u64>) -> usize {
+    let (mut bytes, mut writes, mut reads) = (0, 0, 0);
     let mut prev: Option<(u64, Option<u64>)> = None;
     for (i, a) in acks.iter().enumerate() {
         // A flow step's change record carries the result again.
@@ -1075,33 +1138,20 @@ fn ack_chunks(acks: &[QueuedAck], per_ack: usize, run_of: impl Fn(u64) -> Option
         let run = run_of(a.seq);
         // Compared and read: its own record; or, in a range record, a new stretch (and the
         // record, once a transaction: counted again when the record's jobs are not adjacent).
-        let cost = |prev: Option<(u64, Option<u64>)>| match (run, prev) {
+        let read = match (run, prev) {
             (None, _) => 1,
             (Some(last), Some((p, Some(l)))) if l == last => usize::from(p.checked_add(1) != Some(a.seq)),
             (Some(_), _) => 2,
         };
-        let mut read = cost(prev);
-        if i > start
+        if i > 0
             && (writes + per_ack > MAX_RECORDS || reads + read > MAX_RECORDS || bytes + size > MAX_TXN_BYTES)
         {
-            out.push(&acks[start..i]);
-            (start, bytes, writes, reads) = (i, 0, 0, 0);
-            read = cost(None);
+            return i;
         }
-        bytes += size;
-        writes += per_ack;
-        reads += read;
+        (bytes, writes, reads) = (bytes + size, writes + per_ack, reads + read);
         prev = Some((a.seq, run));
     }
-    if start < acks.len() {
-        out.push(&acks[start..]);
-    }
-    out
-}
-
-/// How many of `acks` go in the first of [`ack_chunks`].
-fn first_chunk(acks: &[QueuedAck], per_ack: usize, run_of: impl Fn(u64) -> Option<u64>) -> usize {
-    ack_chunks(acks, per_ack, run_of).first().map_or(acks.len(), |c| c.len())
+    acks.len()
 }
 
 /// The answer to [`Writer::write`].
@@ -1146,6 +1196,7 @@ fn attempt_of(c: &Claim) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::etcd::claim_ranges;
     use crate::store::etcd::work::run_stretches;
 
     fn ack(seq: u64) -> QueuedAck {
@@ -1162,6 +1213,75 @@ mod tests {
         let own = writes.iter().filter(|w| w.run.is_none()).count();
         let runs: std::collections::HashSet<u64> = writes.iter().filter_map(|w| w.run).collect();
         own + run_stretches(&writes).len() + runs.len()
+    }
+
+    /// `items` cut into transactions as the writer sends them, `fit` telling how many of the
+    /// rest go in the next.
+    fn cut<T>(mut items: &[T], fit: impl Fn(&[T]) -> usize) -> Vec<&[T]> {
+        let mut out = Vec::new();
+        while !items.is_empty() {
+            let (chunk, rest) = items.split_at(fit(items));
+            out.push(chunk);
+            items = rest;
+        }
+        out
+    }
+
+    fn claim_chunks(
+        claims: &[(u64, Claim)],
+        in_run: impl Fn(u64) -> bool + Copy,
+        unheld: impl Fn(u64) -> bool + Copy,
+    ) -> Vec<&[(u64, Claim)]> {
+        cut(claims, |c| claims_fit(c, in_run, unheld))
+    }
+
+    fn ack_chunks(
+        acks: &[QueuedAck],
+        per_ack: usize,
+        run_of: impl Fn(u64) -> Option<u64> + Copy,
+    ) -> Vec<&[QueuedAck]> {
+        cut(acks, |a| acks_fit(a, per_ack, run_of))
+    }
+
+    fn lease(seq: u64) -> (u64, Claim) {
+        (seq, Claim::Leased { attempt: 1, token: seq, deadline_micros: 7, holder: "h".into() })
+    }
+
+    #[test]
+    fn new_leases_cost_a_transaction_one_operation_a_run_and_held_jobs_their_own() {
+        let lens = |claims: &[(u64, Claim)], unheld: &dyn Fn(u64) -> bool| -> Vec<usize> {
+            claim_chunks(claims, |_| false, unheld).iter().map(|c| c.len()).collect()
+        };
+        // 1,000 consecutive new leases: 16 range records, one transaction.
+        let run: Vec<(u64, Claim)> = (1..=1000).map(lease).collect();
+        assert_eq!(lens(&run, &|_| true), vec![1000]);
+        // Held by records (later attempts after another process's): one each.
+        assert_eq!(lens(&run, &|_| false), vec![MAX_RECORDS; 8].into_iter().chain([40]).collect::<Vec<_>>());
+        // Every other job: a record each.
+        let sparse: Vec<(u64, Claim)> = (1..=2000).step_by(2).map(lease).collect();
+        assert!(lens(&sparse, &|_| true).iter().all(|&n| n <= MAX_RECORDS));
+        // Unlike leases break runs (another deadline).
+        let mut unlike = run.clone();
+        for (i, c) in unlike.iter_mut().enumerate() {
+            if let Claim::Leased { deadline_micros, .. } = &mut c.1 {
+                *deadline_micros = i as u64;
+            }
+        }
+        assert!(lens(&unlike, &|_| true).iter().all(|&n| n <= MAX_RECORDS));
+        // Windows span at most MAX_WINDOW_SPAN keys (a run's length past the last job): 8,192
+        // consecutive new leases go in three transactions (the ops alone would take one).
+        let long: Vec<(u64, Claim)> = (1..=8192).map(lease).collect();
+        let most = (MAX_WINDOW_SPAN - claim_ranges::MAX_RUN + 1) as usize;
+        assert_eq!(lens(&long, &|_| true), vec![most, most, 8192 - 2 * most]);
+        // Sparse ones (every other job) share a window: a run each, 120 to a transaction.
+        assert_eq!(lens(&sparse, &|_| true)[0], MAX_RECORDS);
+        // Fewer can cost more: 120 runs of three fill a chunk; without each middle job they
+        // are 240 runs, cut again before they are sent.
+        let triples: Vec<(u64, Claim)> = (0..120).flat_map(|t| (4 * t..4 * t + 3).map(lease)).collect();
+        let known = Known::default();
+        assert_eq!(first_claims(&triples, &known), triples.len());
+        let left: Vec<(u64, Claim)> = triples.into_iter().filter(|(s, _)| s % 4 != 1).collect();
+        assert_eq!(first_claims(&left, &known), MAX_RECORDS);
     }
 
     #[test]
@@ -1192,12 +1312,12 @@ mod tests {
         // needs 150 compares, and is cut again before it is sent.
         let run_of = |seq: u64| Some(if seq < 100 { seq } else { 100 + (seq - 100) / 3 * 3 + 2 });
         let mixed: Vec<QueuedAck> = (70..100).chain(100..190).map(ack).collect();
-        assert_eq!(first_chunk(&mixed, 1, run_of), mixed.len());
+        assert_eq!(acks_fit(&mixed, 1, run_of), mixed.len());
         assert_eq!(compares(&mixed, &run_of), MAX_RECORDS);
         let left: Vec<QueuedAck> =
             mixed.into_iter().filter(|a| a.seq < 100 || (a.seq - 100) % 3 != 1).collect();
         assert!(compares(&left, &run_of) > MAX_RECORDS);
-        let n = first_chunk(&left, 1, run_of);
+        let n = acks_fit(&left, 1, run_of);
         assert!(n < left.len() && compares(&left[..n], &run_of) <= MAX_RECORDS);
         // Writes per ack bound it too (an outcome record, a report's deletion).
         assert!(ack_chunks(&all, 3, in_runs).iter().all(|c| c.len() <= MAX_RECORDS / 3));
