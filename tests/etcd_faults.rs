@@ -746,6 +746,11 @@ async fn a_large_call_whose_write_under_the_reservation_was_lost_writes_it_again
     large_call_losing("rockq-etcd-reserved-write").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_call_whose_lease_grant_failed_is_granted_one_again() {
+    large_call_losing("rockq-etcd-reserve-grant").await;
+}
+
 /// A process that dies holding a reservation (its writes done, never committed): the other
 /// brokers' appends wait until its lease runs out, then take the same sequences; what the dead
 /// call wrote above the tail is never read, and is overwritten by the appends that reach it.

@@ -11,7 +11,7 @@
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use super::side::until;
+use super::side::{retrying, until};
 use super::writer::Writer;
 use crate::error::StorageError;
 use crate::store::etcd::reserve::{Committed, Reservation, Reserved};
@@ -85,10 +85,7 @@ impl Writer {
         let first_room = MAX_TXN_OPS.saturating_sub(2 + keys + index.len()).max(1);
         let chunks = cut(envs, first_room);
         let r = Reservation { last, count: envs.len() as u64, nonce };
-        let mut lease = Lease {
-            id: until(deadline, store.grant_expiring(RESERVATION_TTL)).await?,
-            renewed: Instant::now(),
-        };
+        let mut lease = Lease { id: grant(&store, deadline).await?, renewed: Instant::now() };
         let result = async {
             if let Some(moved) = self.reserve(qid, cur_nonce, &r, &mut lease, deadline).await? {
                 return Ok(moved);
@@ -143,7 +140,7 @@ impl Writer {
             // Waiting behind another call may outlast the lease: kept alive, or taken anew
             // (nothing is attached to it yet).
             if !lease.keep(&store, deadline).await {
-                lease.id = until(deadline, store.grant_expiring(RESERVATION_TTL)).await?;
+                lease.id = grant(&store, deadline).await?;
                 lease.renewed = Instant::now();
             }
             match until(deadline, store.reserve(qid, cur_nonce, r, lease.id)).await {
@@ -151,7 +148,7 @@ impl Writer {
                 Ok(Reserved::Moved { last, nonce }) => return Ok(Some(Large::Again { last, nonce })),
                 Ok(Reserved::Busy) => {}
                 Err(e) if e.to_string().contains("lease not found") => {
-                    lease.id = until(deadline, store.grant_expiring(RESERVATION_TTL)).await?;
+                    lease.id = grant(&store, deadline).await?;
                     lease.renewed = Instant::now();
                 }
                 // Unknown: the reservation is ours if it names this call.
@@ -270,6 +267,19 @@ impl Lease {
 async fn pause(backoff: &mut Duration) {
     tokio::time::sleep(*backoff).await;
     *backoff = (*backoff * 2).min(Duration::from_millis(100));
+}
+
+/// A reservation's lease, granted again after a failure (a member gone, an election under
+/// way) until `deadline`: nothing is attached to a lease yet when it is granted, so a grant
+/// whose answer was lost leaves only a lease that runs out unused.
+async fn grant(store: &crate::store::etcd::EtcdStore, deadline: Instant) -> Result<i64, StorageError> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    retrying(left, || async {
+        // Tests fail a grant (etcd unreachable for one request).
+        crate::faults::check("rockq-etcd-reserve-grant")?;
+        store.grant_expiring(RESERVATION_TTL).await
+    })
+    .await
 }
 
 #[cfg(test)]
