@@ -490,10 +490,9 @@ impl EtcdStore {
         }
         let mut found = Vec::with_capacity(c.writes.len() + seen.len());
         for (w, own) in c.writes.iter().zip(own) {
-            if w.run.is_some() {
-                let in_run = runs
-                    .get(&w.run.unwrap_or(0))
-                    .and_then(|rs| rs.iter().find(|r| r.seq == w.seq && r.seq > offset));
+            if let Some(last) = w.run {
+                let in_run =
+                    runs.get(&last).and_then(|rs| rs.iter().find(|r| r.seq == w.seq && r.seq > offset));
                 // The newer of its entries in range records; its own record over both.
                 let entry = match (in_run, other_runs.get(&w.seq)) {
                     (Some(a), Some(b)) => Some(if b.rev > a.rev { b } else { a }),
