@@ -21,7 +21,9 @@
 //! write and a large submit's part: the request is sent late, by a task, once
 //! `rockq-etcd-flow-late-send`'s callback returns, `rockq-etcd-flow-late-sent` after it was
 //! answered), `rockq-etcd-message-read` (the etcd engine's point read of one stored message: an
-//! operator's delete or a dead letter reading the job it finishes).
+//! operator's delete or a dead letter reading the job it finishes), `rockq-etcd-queue-delete-landed`
+//! and `rockq-etcd-queue-delete-answer` (a queue deletion's transaction was answered, and its
+//! answer is lost).
 
 use crate::error::StorageError;
 

@@ -107,6 +107,54 @@ async fn shutdown_ends_a_stream_stopped_on_a_full_window() {
 }
 
 // Issue 13 (one shutdown for every caller): a second concurrent `shutdown()` returned `Ok` before the database was closed.
+/// `shutdown` is cancel safe: dropped after its first poll, the shutdown it began runs on; a
+/// second call waits for that same shutdown, and every send that resolved is there after a
+/// reopen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_shutdown_still_finishes_and_a_second_call_waits_for_it() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("q").await.unwrap();
+    let sent: Vec<u64> = q.send_batch(["a", "b", "c"]).await.unwrap().collect();
+    let mut first = Box::pin(broker.shutdown());
+    let _ = futures::poll!(&mut first);
+    drop(first);
+    broker.shutdown().await.expect("the second call waits for the first's shutdown");
+    let broker = open(dir.path()).await;
+    let q = broker.queue("q").await.unwrap();
+    let mut sub = q.group("g").unwrap().subscribe().await.unwrap();
+    let ds = take(&mut sub, sent.len()).await;
+    assert_eq!(ds.iter().map(|d| d.seq()).collect::<Vec<_>>(), sent);
+    assert_eq!(payloads(&ds), ["a", "b", "c"]);
+    drop(ds);
+    broker.shutdown().await.unwrap();
+}
+
+/// `open` is cancel safe: dropped while RocksDB opens on its blocking thread, that open
+/// finishes and closes the database again, so a retry gets in (after at most a brief
+/// `Locked`), and the database it created is a rockq database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_open_closes_the_database_again_and_a_retry_gets_in() {
+    let dir = tempdir();
+    let path = dir.path().join("db");
+    let mut opening = Box::pin(Options::new().open(path.clone()));
+    let _ = futures::poll!(&mut opening);
+    drop(opening);
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    let broker = loop {
+        match Options::new().open(&path).await {
+            Ok(b) => break b,
+            Err(rockq::Error::Locked { .. }) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("the dropped open left the database unusable: {e:?}"),
+        }
+    };
+    let q = broker.queue("q").await.unwrap();
+    assert_eq!(q.send("x").await.unwrap(), 1);
+    broker.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_concurrent_shutdown_returns_only_once_the_database_is_closed() {
     let dir = tempdir();

@@ -32,6 +32,51 @@ async fn fsync_mode_syncs_the_wal_before_each_send_resolves() {
     assert!(syncs >= sends, "{syncs} syncs for {sends} sends");
 }
 
+/// WAL syncs counted across each step of a work group's life and a transaction under
+/// `durability`: `[claim handed out, ack_durable, commit, keyspace put]`, each the syncs the
+/// step made before it returned.
+async fn wal_syncs_per_step(durability: Durability) -> [u64; 4] {
+    let dir = tempdir();
+    let broker = Options::new().durability(durability).statistics(true).open(dir.path()).await.unwrap();
+    let q = broker.queue("q").await.unwrap();
+    q.send_batch(["a", "b"]).await.unwrap();
+    let accounts = broker.kv("accounts").await.unwrap();
+    let mut jobs = q.work_group("w").unwrap().read_batch(1).subscribe().await.unwrap();
+    let syncs = || broker.storage_stats().unwrap().wal_syncs;
+    let mut steps = [0; 4];
+    let before = syncs();
+    let first = next_job(&mut jobs).await;
+    steps[0] = syncs() - before;
+    let before = syncs();
+    first.ack_durable().await.unwrap();
+    steps[1] = syncs() - before;
+    let second = next_job(&mut jobs).await;
+    let mut tx = broker.transaction();
+    tx.ack_job(second);
+    tx.put(&accounts, "alice", "opened").unwrap();
+    let before = syncs();
+    tx.commit().await.unwrap();
+    steps[2] = syncs() - before;
+    let before = syncs();
+    accounts.put("bob", "opened").await.unwrap();
+    steps[3] = syncs() - before;
+    drop(jobs);
+    broker.shutdown().await.unwrap();
+    steps
+}
+
+/// Under `Fsync` a claim is synced before its job is handed out, and an outcome before
+/// `ack_durable`, a transaction's `commit` and a keyspace write return (docs/guarantees.md):
+/// each step made at least one WAL sync before it returned. Under `Buffered` none of them
+/// syncs: the count above is the steps' own, not background work's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fsync_mode_syncs_claims_outcomes_commits_and_keyspace_writes_before_they_return() {
+    let fsync = wal_syncs_per_step(Durability::Fsync).await;
+    assert!(fsync.iter().all(|&n| n >= 1), "syncs per step [claim, ack_durable, commit, put]: {fsync:?}");
+    let buffered = wal_syncs_per_step(Durability::Buffered).await;
+    assert_eq!(buffered, [0; 4], "syncs per step under Buffered");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buffered_mode_does_not_sync_on_send_but_syncs_at_shutdown() {
     let (syncs, _) = wal_syncs_after_sends(Durability::Buffered).await;

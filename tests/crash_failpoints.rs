@@ -615,6 +615,44 @@ async fn an_ordered_dead_letter_and_the_offset_past_it_are_one_write() {
     broker.shutdown().await.unwrap();
 }
 
+/// A redrive's batches are atomic, its letters and its cursor in one write: a storage error
+/// in the second batch of a `batch(2)` redrive leaves the first batch moved and the cursor
+/// after it, the second neither moved nor passed; after a reopen a new redrive moves the rest,
+/// and the target holds every letter once.
+async fn a_redrive_failing_mid_way_leaves_whole_batches_moved() {
+    let dir = tempdir();
+    let letters = ["a", "b", "c", "d", "e"];
+    {
+        let broker = open(dir.path()).await;
+        let q = broker.queue("jobs").await.unwrap();
+        q.send_batch(letters).await.unwrap();
+        let policy = rockq::RetryPolicy::default().max_attempts(1);
+        let mut jobs = q.work_group("w").unwrap().retry_policy(policy).subscribe().await.unwrap();
+        for _ in letters {
+            next_job(&mut jobs).await.fail_durable("boom").await.unwrap();
+        }
+        drop(jobs);
+        broker.flush().await.unwrap();
+        let dlq = broker.dead_letters("jobs.dlq").await.unwrap();
+        assert_eq!(dlq.len().await.unwrap(), 5);
+        // The first write (the first batch) goes through, the next fails.
+        fail::cfg("rockq-writer-write", "1*off->return").unwrap();
+        let res = dlq.redrive(rockq::Redrive::new().to("replay").batch(2)).await;
+        fail::remove("rockq-writer-write");
+        assert!(matches!(res, Err(Error::Storage(_))), "{res:?}");
+        let _ = broker.shutdown().await;
+    }
+    let broker = open(dir.path()).await;
+    let dlq = broker.dead_letters("jobs.dlq").await.unwrap();
+    assert_eq!(dlq.len().await.unwrap(), 3, "the first batch moved, the cursor after it");
+    let replay = broker.queue("replay").await.unwrap();
+    assert_eq!(replay.last_seq(), 2, "the failed batch left nothing in the target");
+    assert_eq!(dlq.redrive(rockq::Redrive::new().to("replay").batch(2)).await.unwrap(), 3);
+    let mut sub = replay.group("g").unwrap().subscribe().await.unwrap();
+    assert_eq!(payloads(&take(&mut sub, 5).await), letters, "every letter once, in order");
+    broker.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_storage_errors() {
     let scenario = fail::FailScenario::setup();
@@ -635,5 +673,6 @@ async fn injected_storage_errors() {
     a_dead_letter_abandoned_on_a_full_channel_is_retried().await;
     a_refused_reset_keeps_the_delivery_records().await;
     an_ordered_dead_letter_and_the_offset_past_it_are_one_write().await;
+    a_redrive_failing_mid_way_leaves_whole_batches_moved().await;
     scenario.teardown();
 }

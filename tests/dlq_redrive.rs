@@ -139,6 +139,46 @@ async fn redrive_to_another_queue_is_limited_and_resumes_after_a_restart_without
     broker.shutdown().await.unwrap();
 }
 
+/// Redrives of one dead-letter queue at the same time (the CLI and the console, say) move each
+/// letter once: each batch compares the cursor it read, so a redrive that lost the race gets
+/// `RedriveConflict` (retryable) and moves nothing of that batch; run again, it finds what is
+/// left. Without the compare, concurrent redrives of one-letter batches send letters twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_redrives_move_each_letter_once_and_a_loser_is_told_to_retry() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let names: Vec<String> = (0..120).map(|i| format!("p{i}")).collect();
+    dead_letter_all(&broker, &names.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let dlq = broker.dead_letters("jobs.dlq").await.unwrap();
+    let redrives = (0..4).map(|_| {
+        let dlq = dlq.clone();
+        tokio::spawn(async move {
+            loop {
+                match dlq.redrive(Redrive::new().to("replay").batch(1)).await {
+                    Ok(_) => return,
+                    Err(e @ Error::RedriveConflict { .. }) => assert!(e.is_retryable(), "{e}"),
+                    Err(e) => panic!("a concurrent redrive failed with {e:?}"),
+                }
+            }
+        })
+    });
+    for r in futures::future::join_all(redrives).await {
+        r.unwrap();
+    }
+    assert_eq!(dlq.len().await.unwrap(), 0, "every letter moved");
+    let replay = broker.queue("replay").await.unwrap();
+    let mut sub = replay.group("g").unwrap().subscribe().await.unwrap();
+    let ds = take(&mut sub, names.len()).await;
+    let mut got = payloads(&ds);
+    got.sort();
+    let mut want = names.clone();
+    want.sort();
+    assert_eq!(got, want, "each letter once");
+    ds.into_iter().for_each(|d| d.ack().unwrap());
+    assert_next_is_sentinel(&replay, &mut sub).await;
+    broker.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redrive_with_a_bad_target_or_without_an_origin_moves_nothing() {
     let dir = tempdir();

@@ -231,6 +231,48 @@ async fn an_ordered_group_reset_is_refused_while_any_broker_owns_it_and_replays_
 /// a job of a purged message held in another broker has lost its lease (its claim went with
 /// the purge); an idle ordered group and the work group move past the purged range; the
 /// ordered group another broker owns skips it.
+/// Regression (a review of the engine): loading a namespace read every priority index entry
+/// (one per message sent with a priority and not yet trimmed) in one answer. A backlog of them
+/// outgrew the client's 4 MiB answer limit and every load failed from then on: connecting,
+/// trims, purges, stats. Each prefix is read in pages now. (A long namespace makes each entry
+/// large, so 30,000 messages are past the limit.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_connects_to_a_namespace_whose_priority_index_outgrows_one_answer() {
+    let cluster = etcd::Cluster::start(1).await;
+    let ns = "n".repeat(rockq::MAX_NAME_LEN);
+    let a = connect(&cluster, &ns).await;
+    let q = a.queue("q").await.unwrap();
+    let n = 30_000u32;
+    let producers: Vec<_> = (0..4u32)
+        .map(|t| {
+            let q = q.clone();
+            tokio::spawn(async move {
+                let mut i = t * 125;
+                while i < n {
+                    let batch =
+                        (i..(i + 125).min(n)).map(|j| Message::new("low").priority(1 + (j % 5) as u8));
+                    q.send_batch(batch).await.unwrap();
+                    i += 4 * 125;
+                }
+            })
+        })
+        .collect();
+    for p in producers {
+        p.await.unwrap();
+    }
+    let top = q.send(Message::new("top").priority(9)).await.unwrap();
+    let b = connect(&cluster, &ns).await;
+    let qb = b.queue("q").await.unwrap();
+    let mut jobs = qb.work_group("w").unwrap().read_batch(1).subscribe().await.unwrap();
+    let job = tokio::time::timeout(HANG_GUARD, jobs.next()).await.unwrap().unwrap().unwrap();
+    assert_eq!((job.seq(), job.payload().as_ref()), (top, &b"top"[..]), "the loaded index ranks it first");
+    job.ack_durable().await.unwrap();
+    assert!(b.purge_queue("q").await.unwrap() >= u64::from(n), "a purge loads the namespace too");
+    drop(jobs);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purge_from_any_broker_empties_the_queue_and_moves_every_group_past_it() {
     let cluster = etcd::Cluster::start(1).await;

@@ -490,8 +490,8 @@ async fn delayed_messages_go_through_export_and_import_both_ways() {
 
 /// What etcd could never fire is refused by the import, as a submit or a schedule's upsert on
 /// etcd refuses it, instead of being written and then failing at every firing: a recurring
-/// schedule whose message is over a quarter of a transaction (the embedded engine takes it).
-/// Nothing is left in the namespace.
+/// schedule whose message is over a quarter of a transaction (the embedded engine takes it),
+/// and a message larger than a transaction. Nothing is left in the namespace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_import_refuses_a_schedule_etcd_could_never_fire_and_leaves_nothing() {
     let cluster = etcd::Cluster::start(1).await;
@@ -515,4 +515,25 @@ async fn an_import_refuses_a_schedule_etcd_could_never_fire_and_leaves_nothing()
     let mut client = cluster.client().await;
     let opts = etcd_client::GetOptions::new().with_prefix().with_count_only();
     assert_eq!(client.get("big/", Some(opts)).await.unwrap().count(), 0, "the namespace is left empty");
+
+    // Nor a message larger than one transaction (2 MiB: the embedded engine takes up to
+    // 64 MiB when so configured), which a send on etcd refuses: `Unsupported`, not etcd's
+    // request limit.
+    let embedded =
+        rockq::Options::new().max_message_bytes(4 << 20).open(dir.path().join("db2")).await.unwrap();
+    embedded.queue("q").await.unwrap().send(vec![7u8; 2 << 20]).await.unwrap();
+    let file = dir.path().join("huge.jsonl");
+    embedded.export(std::fs::File::create(&file).unwrap()).await.unwrap();
+    embedded.shutdown().await.unwrap();
+    let e = Broker::import_etcd(
+        std::fs::File::open(&file).unwrap(),
+        cluster.endpoints(),
+        "huge",
+        EtcdOptions::new(),
+    )
+    .await
+    .unwrap_err();
+    assert!(e.unsupported().is_some_and(|u| u.engine() == "etcd"), "{e}");
+    let opts = etcd_client::GetOptions::new().with_prefix().with_count_only();
+    assert_eq!(client.get("huge/", Some(opts)).await.unwrap().count(), 0, "the namespace is left empty");
 }

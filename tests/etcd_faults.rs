@@ -696,6 +696,40 @@ async fn a_letter_settled_elsewhere_before_the_redrive_s_transaction_is_not_move
     a_letter_settled_elsewhere_during_a_redrive_is_not_moved("rockq-etcd-redrive-planned").await;
 }
 
+/// A queue deletion whose answer was lost, while another process made a queue of the same
+/// name anew before the deletion looked again: the call reports its queue deleted and leaves
+/// the new one, and what was sent to it, alone (it used to delete the new queue too, as the
+/// one it had set out to delete).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletion_whose_answer_was_lost_leaves_a_queue_made_anew_meanwhile() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let a = connect_with(&cluster, "anew", &clock).await;
+    a.queue("q").await.expect("queue").send("old").await.expect("send");
+    let made =
+        once_elsewhere("rockq-etcd-queue-delete-landed", cluster.endpoints(), "anew", |b| async move {
+            b.queue("q").await.expect("the name made anew").send("new").await.expect("send");
+        });
+    fail::cfg("rockq-etcd-queue-delete-answer", "1*return").expect("failpoint");
+    let deleted = a.delete_queue("q").await;
+    fail::remove("rockq-etcd-queue-delete-answer");
+    fail::remove("rockq-etcd-queue-delete-landed");
+    assert!(made.load(std::sync::atomic::Ordering::SeqCst), "the other process made the queue");
+    assert!(deleted.expect("the deletion is settled, not failed"), "its queue was deleted");
+    let c = connect_with(&cluster, "anew", &clock).await;
+    let got: Vec<_> = c
+        .peek("q", None, 10)
+        .await
+        .expect("the new queue is there")
+        .into_iter()
+        .map(|m| String::from_utf8(m.payload.to_vec()).expect("utf8"))
+        .collect();
+    assert_eq!(got, ["new"], "the new queue and its message are kept");
+    a.shutdown().await.expect("shutdown");
+    c.shutdown().await.expect("shutdown");
+}
+
 /// A large send call one of whose requests or answers was lost (`point`): settled, stored
 /// once, at the sequences it was given, in order.
 async fn large_call_losing(point: &str) {

@@ -90,6 +90,30 @@ async fn a_policy_and_a_trim_by_one_broker_reach_the_other_whose_readers_skip_th
     b.shutdown().await.unwrap();
 }
 
+/// Regression (a review of the engine): the `MaxAge` scan sized each page of messages from the
+/// page before and read it with a plain read. A small message followed by large ones made a
+/// page of 1,024 messages outgrow the client's 4 MiB answer limit, which failed every later
+/// pass at the same place: no queue of the namespace was trimmed again. A page that does not
+/// fit is now asked again for fewer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_max_age_cut_past_a_small_message_and_many_large_ones_is_found() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let broker = connect(&cluster, "age", &clock).await;
+    let q = broker.queue("q").await.unwrap();
+    q.send(vec![b's'; 200]).await.unwrap();
+    let large = 1_100u64;
+    for _ in 0..large / 100 {
+        q.send_batch((0..100).map(|_| vec![b'L'; 8 << 10])).await.unwrap();
+    }
+    q.set_retention(Retention::MaxAge(Duration::from_secs(60))).await.unwrap();
+    clock.advance(Duration::from_secs(120));
+    let report = broker.trim().await.expect("the pass finds the cut");
+    assert_eq!(report.trimmed, [("q".to_owned(), large + 1, large + 2)]);
+    assert_eq!(q.first_seq(), large + 2);
+    broker.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn until_acked_keeps_what_any_brokers_group_has_not_finished() {
     let cluster = etcd::Cluster::start(1).await;

@@ -154,6 +154,42 @@ async fn acks_from_deliveries_that_outlive_the_stream_still_commit() {
     broker.shutdown().await.unwrap();
 }
 
+/// `next()` is cancel safe: a `select!` that drops it for another branch, again and again,
+/// loses no message, repeats none and keeps the order (a read in progress stays with the
+/// subscription).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_next_loses_no_message_and_keeps_the_order() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("q").await.unwrap();
+    let n = 300u64;
+    q.send_batch((1..=n).map(|i| i.to_string())).await.unwrap();
+    let group = q.group("g").unwrap().read_batch(7);
+    let mut sub = group.subscribe().await.unwrap();
+    let (mut want, mut dropped, mut polls) = (1u64, 0u64, 0u64);
+    while want <= n {
+        polls += 1;
+        assert!(polls < 100 * n, "messages stopped coming at {want} of {n}");
+        // Every other round another branch is ready at once: `next()` is polled once and, if
+        // it is not ready (a read in flight), dropped.
+        let other_ready = polls % 2 == 0;
+        tokio::select! {
+            biased;
+            d = sub.next() => {
+                let d = d.expect("stream ended").expect("a delivery");
+                assert_eq!((d.seq(), d.delivery_count()), (want, 1), "in order, each once");
+                want += 1;
+                d.ack().unwrap();
+            }
+            _ = std::future::ready(()), if other_ready => dropped += 1,
+        }
+    }
+    assert!(dropped > 0);
+    broker.flush().await.unwrap();
+    assert_eq!(group.committed(), Some(n));
+    broker.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unacked_deliveries_are_bounded() {
     let dir = tempdir();

@@ -379,6 +379,40 @@ async fn the_token_is_required_for_the_api_and_checked_in_constant_time() {
     let _ = f.broker.shutdown().await;
 }
 
+/// Guessing the token runs at one try a second at either door: a wrong bearer token is
+/// answered as a failed login is, after the delay and one at a time, however many come at
+/// once. On tokio's paused clock (no real waiting): three at once take three delays.
+#[tokio::test]
+async fn wrong_bearer_tokens_are_throttled_as_failed_logins_are() {
+    let f = fixture().await;
+    let app = writable(&f.broker);
+    let delay = std::time::Duration::from_secs(1);
+    tokio::time::pause();
+    for (door, path, form) in
+        [("bearer", "/api/groups/orders/billing/pause", ""), ("login", "/login", "token=guess")]
+    {
+        let start = tokio::time::Instant::now();
+        let guesses = (0..3).map(|i| {
+            let app = app.clone();
+            let bearer = format!("Bearer guess-{i}");
+            async move {
+                let headers: Vec<(&str, &str)> =
+                    if door == "bearer" { vec![("authorization", &bearer)] } else { vec![] };
+                post(&app, path, form, &headers).await.status
+            }
+        });
+        let answers = futures::future::join_all(guesses).await;
+        assert_eq!(answers, vec![StatusCode::UNAUTHORIZED; 3], "{door}");
+        assert!(start.elapsed() >= delay * 3, "{door}: three guesses answered in {:?}", start.elapsed());
+    }
+    assert!(
+        !group(&f.broker.stats().await.unwrap(), "orders", "billing").paused,
+        "no guess changed anything"
+    );
+    drop(f.held);
+    let _ = f.broker.shutdown().await;
+}
+
 #[tokio::test]
 async fn browser_forms_need_the_session_csrf_token_and_the_same_site() {
     let f = fixture().await;

@@ -369,6 +369,104 @@ async fn jobs_claimed_but_never_handed_out_are_released_without_counting() {
     broker.shutdown().await.unwrap();
 }
 
+/// Jobs claimed ahead wait in the subscription while their leases run: one whose lease ran out
+/// before `next()` handed it out is released unseen, its attempt not counted (the claim that
+/// follows hands it out again as attempt 1), and no job is handed out with a lease already
+/// gone. The job that was handed out counts its attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buffered_job_whose_lease_ran_out_is_released_unseen_and_its_attempt_not_counted() {
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    q.send_batch(["a", "b", "c"]).await.unwrap();
+    let lease = Duration::from_secs(30);
+    let mut sub = q.work_group("w").unwrap().lease(lease).read_batch(3).subscribe().await.unwrap();
+    let first = next_job(&mut sub).await; // b and c were claimed with it
+    assert_eq!((first.seq(), first.attempt()), (1, 1));
+    clock.advance(lease + Duration::from_secs(1));
+    let mut again = Vec::new();
+    for _ in 0..3 {
+        let j = next_job(&mut sub).await;
+        again.push((j.seq(), j.attempt()));
+        j.ack_durable().await.expect("a job handed out holds its lease");
+    }
+    again.sort();
+    assert_eq!(again, [(1, 2), (2, 1), (3, 1)], "only the job handed out counted its attempt");
+    assert!(matches!(first.ack_durable().await, Err(Error::LeaseLost { .. })));
+    broker.shutdown().await.unwrap();
+}
+
+/// The cancel safety of the outcome methods: `ack_durable` dropped after its first poll had
+/// queued the ack, which completes anyway; dropped before it was ever polled, the job is
+/// released and its attempt counts; `nack_durable` dropped after its first poll still
+/// schedules the retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_outcome_future_completes_once_queued_and_releases_the_job_before() {
+    use futures::FutureExt;
+    let dir = tempdir();
+    let clock = ManualClock::new();
+    let broker = open_clock(dir.path(), &clock).await;
+    let q = broker.queue("jobs").await.unwrap();
+    q.send_batch(["a", "b"]).await.unwrap();
+    let group = q.work_group("w").unwrap().read_batch(1).retry_policy(RetryPolicy::default().max_attempts(5));
+    let mut sub = group.subscribe().await.unwrap();
+    let a = next_job(&mut sub).await;
+    assert_eq!((a.seq(), a.attempt()), (1, 1));
+    let _ = a.ack_durable().now_or_never(); // polled once, then dropped
+    broker.flush().await.unwrap();
+    assert_eq!(group.committed(), Some(1), "the queued ack completed");
+    let b = next_job(&mut sub).await;
+    assert_eq!((b.seq(), b.attempt()), (2, 1));
+    drop(b.ack_durable()); // never polled: the job is dropped unsettled
+    let b = next_job(&mut sub).await;
+    assert_eq!((b.seq(), b.attempt()), (2, 2), "released, its attempt counted");
+    let _ = b.nack_durable().now_or_never();
+    broker.flush().await.unwrap();
+    let status = broker.job("jobs", "w", 2).await.unwrap();
+    assert!(
+        matches!(status.state, rockq::JobState::RetryWaiting { .. }) && status.attempt == 2,
+        "the queued retry was written: {status:?}"
+    );
+    assert_eq!(group.committed(), Some(1));
+    broker.shutdown().await.unwrap();
+}
+
+/// `next()` is cancel safe: a `select!` that drops it for another branch, again and again,
+/// loses no job and hands none out twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_next_loses_no_job_and_hands_none_out_twice() {
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("jobs").await.unwrap();
+    let n = 300u64;
+    q.send_batch((0..n).map(|i| i.to_string())).await.unwrap();
+    let mut sub = q.work_group("w").unwrap().read_batch(7).subscribe().await.unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    let (mut dropped, mut polls) = (0u64, 0u64);
+    while (seen.len() as u64) < n {
+        polls += 1;
+        assert!(polls < 100 * n, "jobs stopped coming: {} of {n}", seen.len());
+        // Every other round another branch is ready at once: `next()` is polled once and, if
+        // it is not ready (a claim or a read in flight), dropped.
+        let other_ready = polls % 2 == 0;
+        tokio::select! {
+            biased;
+            j = sub.next() => {
+                let j = j.expect("stream ended").expect("a job");
+                assert!(seen.insert(j.seq()), "job {} handed out twice", j.seq());
+                assert_eq!(j.attempt(), 1, "job {} was released and claimed again", j.seq());
+                j.ack().unwrap();
+            }
+            _ = std::future::ready(()), if other_ready => dropped += 1,
+        }
+    }
+    assert!(dropped > 0);
+    broker.flush().await.unwrap();
+    assert_eq!(q.work_group("w").unwrap().committed(), Some(n));
+    broker.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outcomes_after_shutdown_are_refused() {
     let dir = tempdir();

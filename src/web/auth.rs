@@ -12,9 +12,9 @@
 //!   the field proves the page), and must not come from another site (`Origin` and
 //!   `Sec-Fetch-Site`, when the browser sends them).
 //!
-//! Secrets are compared in constant time, the session store is bounded, and failed logins are
-//! throttled: each waits [`LOGIN_FAILURE_DELAY`], one at a time, so guessing runs at one try a
-//! second whatever the client's concurrency.
+//! Secrets are compared in constant time, the session store is bounded, and failed logins and
+//! wrong bearer tokens are throttled alike: each waits [`LOGIN_FAILURE_DELAY`], one at a time,
+//! so guessing runs at one try a second whatever the client's concurrency (`ctx.rs`, `actions.rs`).
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -41,9 +41,14 @@ impl FromRequestParts<Arc<State>> for Ctx {
         let ctx = Ctx { base, caller: Caller::Anonymous, writable, headers: parts.headers.clone(), api };
         match caller {
             Ok(caller) => Ok(Ctx { caller, ..ctx }),
-            // A wrong bearer token is refused outright, even on a page anyone may read: a
-            // client that sends one expects it to count.
-            Err(f) => Err(ctx.fail(f)),
+            // A wrong bearer token is refused, even on a page anyone may read: a client that
+            // sends one expects it to count. Refused as a failed login is, after the delay and
+            // one at a time, so guessing the token over the API runs no faster than at the
+            // login form.
+            Err(f) => {
+                state.auth.throttle_failure().await;
+                Err(ctx.fail(f))
+            }
         }
     }
 }

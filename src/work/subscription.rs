@@ -169,6 +169,13 @@ impl Stream for WorkSubscription {
                 this.done = true;
                 return Poll::Ready(Some(Err(deleted(&this.ctx.group))));
             }
+            // Buffered jobs whose leases ran out go first, released uncounted: a claim driven
+            // below would otherwise take them as expired leases, their attempts counted,
+            // though no handler ever saw them. (Claimed in order with one lease term, the
+            // oldest deadline is at the front.)
+            if this.buffer.front().is_some_and(Job::is_stale) {
+                this.buffer.retain(|j| !j.is_stale());
+            }
             let slot = this.fetch.get_mut().unwrap_or_else(|p| p.into_inner());
             // Drive the claim in progress, if any.
             if let Some(fut) = slot.as_mut()

@@ -57,6 +57,14 @@ impl Writer {
                 return Ok(seen.is_some());
             };
             let qid = loaded.queues[i].1.id;
+            if let Some(gone) = seen.filter(|&gone| gone != qid) {
+                // The queue this call set out to delete is gone (a try whose answer was lost
+                // deleted it), and another process has made the name anew since: that queue,
+                // and what was sent to it, is not this call's to delete.
+                self.tails.remove(&gone);
+                forget_queue(&self.engine, &side, name, gone);
+                return Ok(true);
+            }
             seen = Some(qid);
             let (settings, _) = retrying(t, || store.all_settings()).await?;
             let mut groups: BTreeSet<String> =

@@ -118,6 +118,8 @@ impl EtcdStore {
             )));
         }
         let resp = self.kv().txn(Txn::new().when(cmps).and_then(ops)).await?;
+        crate::faults::reached("rockq-etcd-queue-delete-landed");
+        crate::faults::check("rockq-etcd-queue-delete-answer")?;
         Ok(resp.succeeded().then(|| resp.header().map_or(0, |h| h.revision())))
     }
 

@@ -248,12 +248,14 @@ impl EtcdStore {
     }
 }
 
-/// Whether `w` is what the etcd engine could never fire: a delayed message larger than one
-/// transaction, or a recurring schedule's message over a quarter of one (a firing carries the
-/// schedule's record and up to two sends of it). The embedded engine takes both; a submit or
-/// an upsert on etcd refuses them, and so does an import.
+/// Whether `w` is what the etcd engine could never store or fire: a message or a delayed
+/// message larger than one transaction, or a recurring schedule's message over a quarter of
+/// one (a firing carries the schedule's record and up to two sends of it). The embedded engine
+/// takes all three (messages up to 64 MiB); a send, a submit or an upsert on etcd refuses them
+/// (`HugeMessage`), and so does an import, rather than fail on etcd's request limit.
 pub(crate) fn never_fires(w: &Write) -> bool {
     match w {
+        Write::Message { envelope, .. } => envelope.len() > super::MAX_TXN_BYTES,
         Write::Delayed { envelope, .. } => envelope.len() > super::MAX_TXN_BYTES,
         Write::Schedule { name, record } => crate::store::scheduled::decode_schedule(name.as_bytes(), record)
             .is_ok_and(|r| r.envelope.len() > super::MAX_TXN_BYTES / 4),

@@ -62,7 +62,7 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, GetResponse, PutOptions, Txn, TxnOp};
 
 pub(crate) use members::check_endpoint;
 use members::{Kv, Members};
@@ -371,19 +371,38 @@ impl EtcdStore {
         }
     }
 
+    /// Every entry under `prefix`, in pages at one revision (`at`; 0: now): a prefix may hold
+    /// more entries than one answer carries (the client's 4 MiB limit). The pages, and the
+    /// revision they were read at.
+    async fn prefix_pages(&self, prefix: Vec<u8>, at: i64) -> Result<(Vec<GetResponse>, i64), StorageError> {
+        const PAGE: i64 = 4096;
+        let end = prefix_end(&prefix);
+        let opts = |rev: i64| {
+            let o = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
+            Some(if rev > 0 { o.with_revision(rev) } else { o })
+        };
+        let kv = self.kv();
+        let first = kv.get_long(prefix, opts(at)).await?;
+        let rev = if at > 0 { at } else { first.header().map_or(0, |h| h.revision()) };
+        let mut pages = vec![first];
+        while let Some(last) = pages.last().filter(|p| p.more()).and_then(|p| p.kvs().last()) {
+            let from: Vec<u8> = last.key().iter().copied().chain([0]).collect();
+            pages.push(kv.get_long(from, opts(rev)).await?);
+        }
+        Ok((pages, rev))
+    }
+
     /// Every queue (with its tail) and group of the namespace, at one revision.
     pub async fn load(&self) -> Result<EtcdLoaded, StorageError> {
-        let kv = self.kv();
-        let queues = kv.get_long(self.key(b"q/", b""), Some(GetOptions::new().with_prefix())).await?;
-        let revision = queues.header().map_or(0, |h| h.revision());
-        let at = || Some(GetOptions::new().with_prefix().with_revision(revision));
-        let tails = kv.get_long(self.key(b"t/", b""), at()).await?;
-        let offsets = kv.get_long(self.key(b"o/", b""), at()).await?;
-        let purges = kv.get_long(self.key(b"s/", b""), at()).await?;
-        let priorities = kv.get_long(self.key(b"sp/", b""), at()).await?;
+        let (queues, revision) = self.prefix_pages(self.key(b"q/", b""), 0).await?;
+        let tails = self.prefix_pages(self.key(b"t/", b""), revision).await?.0;
+        let offsets = self.prefix_pages(self.key(b"o/", b""), revision).await?.0;
+        let purges = self.prefix_pages(self.key(b"s/", b""), revision).await?.0;
+        // One entry per message sent with a priority: a backlog of them outgrows one answer.
+        let priorities = self.prefix_pages(self.key(b"sp/", b""), revision).await?.0;
         let qprefix = self.key(b"q/", b"").len();
         let mut last_of = std::collections::HashMap::new();
-        for t in tails.kvs() {
+        for t in tails.iter().flat_map(|p| p.kvs()) {
             let (last, _) = decode_tail(t.key(), t.value())?;
             let qid = t
                 .key()
@@ -401,15 +420,15 @@ impl EtcdStore {
             priorities: Vec::new(),
         };
         let pprefix = self.key(b"sp/", b"").len();
-        for p in priorities.kvs() {
+        for p in priorities.iter().flat_map(|p| p.kvs()) {
             out.priorities.push(decode_priority(&p.key()[pprefix..], p.key(), p.value())?);
         }
         let sprefix = self.key(b"s/", b"").len();
-        for p in purges.kvs() {
+        for p in purges.iter().flat_map(|p| p.kvs()) {
             let Ok(qid) = <[u8; 4]>::try_from(&p.key()[sprefix..]) else { continue };
             out.purged.push((u32::from_be_bytes(qid), decode_purge(p.key(), p.value())?));
         }
-        for q in queues.kvs() {
+        for q in queues.iter().flat_map(|p| p.kvs()) {
             let name = std::str::from_utf8(&q.key()[qprefix..])
                 .map_err(|_| CorruptionError::new("queue", q.key(), "name is not UTF-8"))
                 .map_err(corrupt)?;
@@ -419,7 +438,7 @@ impl EtcdStore {
             out.queue_revs.push(q.mod_revision());
         }
         let oprefix = self.key(b"o/", b"").len();
-        for o in offsets.kvs() {
+        for o in offsets.iter().flat_map(|p| p.kvs()) {
             let (group, queue) = keys::parse_offset_key(&o.key()[oprefix..]).map_err(corrupt)?;
             let offset = records::decode_offset(o.key(), o.value()).map_err(corrupt)?;
             out.groups.push((group.to_owned(), queue.to_owned(), offset));
@@ -1010,6 +1029,19 @@ impl Sizes {
 
 /// A single message larger than the client decodes: it cannot be read at all (it could not
 /// have been written by rockq: one message is at most [`MAX_TXN_BYTES`]).
+/// The first key past every key that starts with `prefix` (etcd's range end for a prefix).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every byte 0xff (or empty): to the end of the keyspace.
+    vec![0]
+}
+
 fn too_large(qid: u32, seq: u64) -> StorageError {
     StorageError::new(format!(
         "etcd: message {seq} of queue {qid} is larger than the client's 4 MiB answer limit"

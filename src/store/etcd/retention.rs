@@ -263,7 +263,9 @@ impl EtcdStore {
         max_scan: u64,
     ) -> Result<Option<u64>, StorageError> {
         // Pages of about 1 MiB of values (far below the client's 4 MiB answer limit), sized
-        // from the messages seen so far.
+        // from the largest message the last page met. Larger ones further on can still make
+        // an answer outgrow the limit: it is asked again for a quarter as many (a plain read
+        // would fail, and with it every later pass, at the same place).
         const PAGE_BYTES: u64 = 1 << 20;
         let plen = self.key(b"m/", b"").len();
         let end = last.min(first.saturating_add(max_scan.saturating_sub(1)));
@@ -273,12 +275,18 @@ impl EtcdStore {
         while from <= end {
             let to = end.min(from + page - 1);
             let opts = GetOptions::new().with_range(self.message_key(qid, to + 1));
-            let got = self.kv().get(self.message_key(qid, from), Some(opts)).await?;
+            let Some(got) = self.kv().get_bounded(self.message_key(qid, from), Some(opts)).await? else {
+                if page == 1 {
+                    return Err(super::too_large(qid, from));
+                }
+                page = (page / 4).max(1);
+                continue;
+            };
             if got.kvs().is_empty() {
                 break;
             }
-            let bytes: u64 = got.kvs().iter().map(|kv| kv.value().len() as u64).sum();
-            page = (PAGE_BYTES * got.kvs().len() as u64 / bytes.max(1)).clamp(1, 1024);
+            let largest = got.kvs().iter().map(|kv| kv.value().len() as u64).max().unwrap_or(1);
+            page = (PAGE_BYTES / largest.max(1)).clamp(1, 1024);
             for kv in got.kvs() {
                 let (_, seq) = keys::decode_message_key(&kv.key()[plen..]).map_err(corrupt)?;
                 let env = decode_envelope(qid, seq, kv.value()).map_err(corrupt)?;
