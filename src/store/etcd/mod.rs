@@ -376,7 +376,8 @@ impl EtcdStore {
     /// revision they were read at.
     async fn prefix_pages(&self, prefix: Vec<u8>, at: i64) -> Result<(Vec<GetResponse>, i64), StorageError> {
         const PAGE: i64 = 4096;
-        let end = prefix_end(&prefix);
+        // Every byte 0xff (never: the prefixes end in `/`): `\0`, etcd's "to the end".
+        let end = crate::store::prefix_end(&prefix).unwrap_or_else(|| vec![0]);
         let opts = |rev: i64| {
             let o = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
             Some(if rev > 0 { o.with_revision(rev) } else { o })
@@ -1029,19 +1030,6 @@ impl Sizes {
 
 /// A single message larger than the client decodes: it cannot be read at all (it could not
 /// have been written by rockq: one message is at most [`MAX_TXN_BYTES`]).
-/// The first key past every key that starts with `prefix` (etcd's range end for a prefix).
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    // Every byte 0xff (or empty): to the end of the keyspace.
-    vec![0]
-}
-
 fn too_large(qid: u32, seq: u64) -> StorageError {
     StorageError::new(format!(
         "etcd: message {seq} of queue {qid} is larger than the client's 4 MiB answer limit"
