@@ -267,7 +267,8 @@ async fn a_broker_connects_to_a_namespace_whose_priority_index_outgrows_one_answ
     let job = tokio::time::timeout(HANG_GUARD, jobs.next()).await.unwrap().unwrap().unwrap();
     assert_eq!((job.seq(), job.payload().as_ref()), (top, &b"top"[..]), "the loaded index ranks it first");
     job.ack_durable().await.unwrap();
-    assert!(b.purge_queue("q").await.unwrap() >= u64::from(n), "a purge loads the namespace too");
+    let purged = b.purge_queue("q").await.unwrap();
+    assert!(purged >= u64::from(n), "a purge loads the namespace too: {purged}");
     drop(jobs);
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();

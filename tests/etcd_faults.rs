@@ -730,6 +730,27 @@ async fn a_deletion_whose_answer_was_lost_leaves_a_queue_made_anew_meanwhile() {
     c.shutdown().await.expect("shutdown");
 }
 
+/// A purge whose trim landed but whose answer was lost: the second try finds its own trim in
+/// place, and the call reports every message it deleted (it reported 0: the retry's compare
+/// failed on the first try's write, and the purge started over on an empty queue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_whose_trim_answer_was_lost_counts_what_it_deleted() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let broker =
+        Broker::connect_etcd(cluster.endpoints(), "purge-doubt", EtcdOptions::new()).await.expect("connect");
+    let q = broker.queue("q").await.expect("queue");
+    q.send_batch((0..100).map(|i| rockq::Message::new(format!("m{i}")))).await.expect("send");
+    fail::cfg("rockq-etcd-trim-answer", "1*return").expect("failpoint");
+    let purged = broker.purge_queue("q").await;
+    fail::remove("rockq-etcd-trim-answer");
+    assert_eq!(purged.expect("the lost answer is settled, not failed"), 100);
+    let stats = broker.stats().await.expect("stats");
+    assert_eq!((stats.queues[0].first_seq, stats.queues[0].len), (101, 0), "trimmed once, through the tail");
+    assert_eq!(q.send("after").await.expect("send"), 101);
+    broker.shutdown().await.expect("shutdown");
+}
+
 /// A large send call one of whose requests or answers was lost (`point`): settled, stored
 /// once, at the sequences it was given, in order.
 async fn large_call_losing(point: &str) {

@@ -40,6 +40,11 @@ pub(super) struct Known {
     /// The `mod_revision` of this process's last write of each record: an outcome may only
     /// be written over this process's own claim (its fencing token).
     pub(super) mine: HashMap<u64, i64>,
+    /// This process's leases whose claim landed, by the fencing token of the last one written:
+    /// only such a lease may have a handler running. Not `mine`, which holds any record this
+    /// process wrote: after its own retry record, a claim of the next attempt decided here is
+    /// nobody's handler until its write lands (another process may take the retry first).
+    pub(super) leases: HashMap<u64, u64>,
     /// Claims this process sent whose outcome stayed unknown (etcd unreachable): the claims
     /// were given back here without counting, but the write may have landed. Found stored
     /// later, such a record is this process's own — not another holder's lease whose attempt
@@ -90,10 +95,15 @@ impl Known {
         (self.revs.get(&seq) == Some(&mine)).then_some(mine)
     }
 
-    /// This process wrote `seq`'s record at `rev` (`run`: in the range record ending there).
-    pub(super) fn wrote(&mut self, seq: u64, rev: i64, run: Option<u64>) {
+    /// This process wrote `seq`'s record `claim` at `rev` (`run`: in the range record ending
+    /// there).
+    pub(super) fn wrote(&mut self, seq: u64, rev: i64, run: Option<u64>, claim: &Claim) {
         self.revs.insert(seq, rev);
         self.mine.insert(seq, rev);
+        match claim {
+            Claim::Leased { token, .. } => self.leases.insert(seq, *token),
+            _ => self.leases.remove(&seq),
+        };
         self.doubted.remove(&seq);
         match run {
             Some(last) => self.runs.insert(seq, last),
@@ -116,7 +126,7 @@ impl Known {
         if !self.doubted.get(&r.seq).is_some_and(|d| d.contains(&r.claim)) {
             return false;
         }
-        self.wrote(r.seq, r.rev, r.run);
+        self.wrote(r.seq, r.rev, r.run, &r.claim);
         true
     }
 
@@ -201,6 +211,7 @@ impl Known {
         self.revs.clear();
         self.runs.clear();
         self.mine.clear();
+        self.leases.clear();
         self.doubted.clear();
         g.progress().reset_to(offset);
         g.reset(offset);
@@ -217,17 +228,18 @@ impl Known {
             return;
         }
         self.stored_offset = offset;
-        // This process's claims that landed: a handler may be running them. One decided here
-        // and refused (or not written yet) started none; kept as a running lease, it held its
-        // key's next message back until its deadline (two brokers on a group ordered by key
-        // stalled on it).
-        let written: std::collections::HashSet<u64> =
-            self.mine.keys().copied().filter(|&s| s <= offset).collect();
+        // This process's leases whose claim landed: a handler may be running them. One decided
+        // here and refused (or not written yet) started none; kept as a running lease, it held
+        // its key's next message back until its deadline (two brokers on a group ordered by key
+        // stalled on it) — a claim of a retry this process wrote itself included.
+        let written: HashMap<u64, u64> =
+            self.leases.iter().filter(|&(&s, _)| s <= offset).map(|(&s, &t)| (s, t)).collect();
         self.revs.retain(|&s, _| s > offset);
         self.runs.retain(|&s, _| s > offset);
         self.mine.retain(|&s, _| s > offset);
+        self.leases.retain(|&s, _| s > offset);
         self.doubted.retain(|&s, _| s > offset);
-        g.learn_offset(offset, &|s| written.contains(&s));
+        g.learn_offset(offset, &|s, token| written.get(&s) == Some(&token));
         let before = g.durable.fetch_max(offset, Ordering::SeqCst);
         if offset > before {
             g.changed.notify_waiters();
@@ -259,6 +271,17 @@ mod tests {
             per_key_limit: None,
         }));
         g
+    }
+
+    /// A group ordered by key: messages 1 and 3 of key 7, 2 and 4 of key 8.
+    fn two_keys() -> Arc<WorkGroupState> {
+        let g = group(true, None);
+        assert_eq!(g.learn([(1, Some(7)), (2, Some(8)), (3, Some(7)), (4, Some(8))]), 4);
+        g
+    }
+
+    fn leased(attempt: u32, token: u64) -> Claim {
+        Claim::Leased { attempt, token, deadline_micros: u64::MAX / 2, holder: "p".into() }
     }
 
     /// Limited claims stand only on a view that includes every limited claim of another
@@ -307,18 +330,53 @@ mod tests {
     /// on such keys, held for a whole lease.
     #[test]
     fn an_offset_passing_an_unwritten_claim_frees_its_key_at_once() {
-        let g = group(true, None);
-        assert_eq!(g.learn([(1, Some(7)), (2, Some(8)), (3, Some(7)), (4, Some(8))]), 4);
-        let clock = Clock::tokio();
-        let lease = Duration::from_secs(30);
+        let (g, clock) = (two_keys(), Clock::tokio());
         let mut known = Known::default();
-        let take =
-            || g.take(clock.now(), 10, 100, lease, 5, 0).claimed.iter().map(|c| c.seq).collect::<Vec<_>>();
-        assert_eq!(take(), [1, 2], "each key's first");
+        let take = || g.take(clock.now(), 10, 100, Duration::from_secs(30), 5, 0).claimed;
+        let first = take();
+        assert_eq!(first.iter().map(|c| c.seq).collect::<Vec<_>>(), [1, 2], "each key's first");
         // 2's claim landed; 1's was refused: another process finished 1 and 2 meanwhile.
-        known.wrote(2, 10, None);
+        known.wrote(2, 10, None, &leased(1, first[1].token));
         known.learn_offset(&g, 2);
-        assert_eq!(take(), [3], "key 7 goes on at once; key 8 waits for 2's lease");
+        assert_eq!(
+            take().iter().map(|c| c.seq).collect::<Vec<_>>(),
+            [3],
+            "key 7 goes on at once; key 8 waits for 2's lease"
+        );
+    }
+
+    /// A claim of a retry's next attempt, decided here over this process's own retry record
+    /// and not written yet, is nobody's handler: the stored offset passing it (another process
+    /// took the retry first and finished it) frees its key at once. So does a claim decided
+    /// again here after one that landed was given back in memory (a new token, unwritten). A
+    /// record of this process's that is not that lease (the retry's) counted as its claim,
+    /// and two brokers on a group ordered by key stalled for the whole lease.
+    #[test]
+    fn an_offset_passing_an_unwritten_claim_over_an_own_record_frees_its_key() {
+        let (g, clock) = (two_keys(), Clock::tokio());
+        let mut known = Known::default();
+        let take = || g.take(clock.now(), 10, 100, Duration::from_secs(30), 5, 0).claimed;
+        let first = take();
+        let (t1, t2) = (first[0].token, first[1].token);
+        known.wrote(1, 10, None, &leased(1, t1));
+        known.wrote(2, 11, None, &leased(1, t2));
+        // 1's handler failed: its retry, due at once, written here.
+        g.begin_settle(1, t1, clock.now()).unwrap();
+        g.to_waiting(1, clock.now(), "failed".into());
+        let waiting =
+            Claim::Waiting { attempt: 1, token: t1, not_before_micros: 0, last_error: "failed".into() };
+        known.wrote(1, 12, None, &waiting);
+        // 2 given back in memory (its record stays in etcd), and both claimed again here.
+        g.release(2, t2, false);
+        let again = take();
+        assert_eq!(again.iter().map(|c| (c.seq, c.attempt)).collect::<Vec<_>>(), [(1, 2), (2, 1)]);
+        // Before either write lands, the offset passes both: another process finished them.
+        known.learn_offset(&g, 2);
+        assert_eq!(
+            take().iter().map(|c| c.seq).collect::<Vec<_>>(),
+            [3, 4],
+            "neither key waits for a lease that started no handler"
+        );
     }
 
     /// A claim write refused for another record's sake answers with this process's own
@@ -336,7 +394,7 @@ mod tests {
         let (seq, t1) = (first[0].seq, first[0].token);
         let record =
             |token| Claim::Leased { attempt: 1, token, deadline_micros: u64::MAX / 2, holder: "p".into() };
-        known.wrote(seq, 10, None);
+        known.wrote(seq, 10, None, &record(t1));
         // Given back in memory (a batch lost to a reset, say); its record stays in etcd.
         g.release(seq, t1, false);
         let again = g.take(clock.now(), 1, 100, lease, 5, 0).claimed;

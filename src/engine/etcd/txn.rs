@@ -478,7 +478,7 @@ impl Writer {
         }
         for (g, known) in groups.iter().zip(known.iter_mut()) {
             for w in &g.writes {
-                known.wrote(w.seq, revision, None);
+                known.wrote(w.seq, revision, None, &w.record);
                 g.group.learn_finished(w.seq);
             }
             // As embedded, the offset has passed the jobs when the transaction is answered.

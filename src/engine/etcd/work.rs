@@ -237,7 +237,7 @@ impl Writer {
                     Ok(Written::Yes(rev, runs)) => {
                         let runs: std::collections::HashMap<u64, u64> = runs.into_iter().collect();
                         for w in &writes {
-                            known.wrote(w.seq, rev, runs.get(&w.seq).copied());
+                            known.wrote(w.seq, rev, runs.get(&w.seq).copied(), &w.record);
                         }
                         if limit.is_some() {
                             known.limit_rev = rev;
@@ -516,7 +516,7 @@ impl Writer {
                 }
                 match written {
                     Ok(Written::Yes(rev, _)) => {
-                        known.wrote(seq, rev, None);
+                        known.wrote(seq, rev, None, &Claim::Done);
                         group.learn_finished(seq);
                         if let Some(m) = moving {
                             known.learn_offset(&group, m.to);
@@ -552,7 +552,7 @@ impl Writer {
                 let writes = [ClaimWrite { run: known.run(seq), ..ClaimWrite::new(seq, expected, claim) }];
                 match self.write(&group, &writes, None, None, (None, known.view_rev)).await {
                     Ok(Written::Yes(rev, _)) => {
-                        known.wrote(seq, rev, None);
+                        known.wrote(seq, rev, None, &writes[0].record);
                         tracing::debug!(%queue, group = %gname, seq, attempt, ?delay, %error, "rockq: retry scheduled");
                         telemetry::group_counter(telemetry::RETRIED, &queue, &gname, 1);
                         self.engine.emit(|| Event::Retried {
@@ -641,7 +641,7 @@ impl Writer {
         let writes = [ClaimWrite { run: known.run(seq), ..ClaimWrite::new(seq, expected, claim.clone()) }];
         match self.write(&group, &writes, None, None, (None, known.view_rev)).await {
             Ok(Written::Yes(rev, _)) => {
-                known.wrote(seq, rev, None);
+                known.wrote(seq, rev, None, &claim);
                 let mut l = lease.lock().unwrap_or_else(|p| p.into_inner());
                 l.persisted = requested;
                 if l.extensions == number && group.extend(seq, token, clock.now(), requested).is_ok() {
@@ -716,7 +716,7 @@ impl Writer {
             }];
             match self.write(group, &writes, Some(&append), None, (None, known.view_rev)).await {
                 Ok(Written::Yes(rev, _)) => {
-                    known.wrote(seq, rev, None);
+                    known.wrote(seq, rev, None, &Claim::Done);
                     self.tails.insert(q.id, (last + 1, append.nonce));
                     super::writer::index_sent(&q, last + 1, &append.envelopes);
                     q.publish_max(last + 1);
@@ -849,7 +849,7 @@ impl Writer {
                     match self.write(&g, &writes, None, moving, (None, known.view_rev)).await {
                         Ok(Written::Yes(rev, _)) => {
                             for a in &left {
-                                known.wrote(a.seq, rev, None);
+                                known.wrote(a.seq, rev, None, &Claim::Done);
                             }
                             for a in &left {
                                 g.learn_finished(a.seq);

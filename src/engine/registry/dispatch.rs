@@ -666,11 +666,12 @@ impl Dispatch {
     /// Forgets every slot at or below `to`, and never claims it. A leased one keeps its key's
     /// place until its lease runs out if its handler may still be running: with `written`
     /// `None` (the embedded engine), any; with `Some` (the etcd engine learning that the stored
-    /// offset passed them), only this process's leases whose claim was written (`written(seq)`)
+    /// offset passed them), only this process's leases whose claim was written
+    /// (`written(seq, token)`: the claim by that very token)
     /// — another process's (`FOREIGN_TOKEN`) ended with it, which is how an ack there reads in
     /// other processes' watches, and a claim decided here but refused or not yet written
     /// started no handler.
-    pub fn drop_through(&mut self, to: u64, written: Option<&dyn Fn(u64) -> bool>) {
+    pub fn drop_through(&mut self, to: u64, written: Option<&dyn Fn(u64, u64) -> bool>) {
         let keep = self.slots.split_off(&to.saturating_add(1));
         let gone = std::mem::replace(&mut self.slots, keep);
         for (seq, slot) in gone {
@@ -681,7 +682,7 @@ impl Dispatch {
                 // message of its key must not start beside it. It keeps the key's place until
                 // the lease runs out (its holder can no longer settle or extend it).
                 (Some(k), SlotState::Leased { deadline, token })
-                    if written.is_none_or(|w| token != FOREIGN_TOKEN && w(seq)) =>
+                    if written.is_none_or(|w| token != FOREIGN_TOKEN && w(seq, token)) =>
                 {
                     self.ghosts.insert((deadline, seq));
                     self.ghost_keys.insert(seq, k);

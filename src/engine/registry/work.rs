@@ -1208,9 +1208,9 @@ impl WorkGroupState {
     /// ordered by key starts the key's next message. (A trim or purge that passes a message
     /// another process is running reads the same: that handler may still be running then.)
     #[allow(dead_code)] // the etcd engine's (what other processes wrote)
-    /// `written`: which of this process's leases at or below it had their claim written (only
-    /// those may have a handler running: `Dispatch::drop_through`).
-    pub fn learn_offset(&self, offset: u64, written: &dyn Fn(u64) -> bool) {
+    /// `written(seq, token)`: whether this process's lease of `seq` at or below it, by `token`,
+    /// had its claim written (only those may have a handler running: `Dispatch::drop_through`).
+    pub fn learn_offset(&self, offset: u64, written: &dyn Fn(u64, u64) -> bool) {
         {
             let mut d = self.dispatch();
             let mut p = self.progress();

@@ -191,7 +191,34 @@ impl EtcdStore {
                 super::MAX_TXN_OPS
             )));
         }
-        Ok(self.kv().txn(Txn::new().when(cmps).and_then(ops)).await?.succeeded())
+        // Refused, the records this trim writes are read back: an earlier try whose answer was
+        // lost (a large trim outlasts the request timeout) may have applied it, and the retry's
+        // compare then fails on that very write. Found as this plan writes them, the trim is
+        // done (by that try, or by another process cutting at the same place: either way the
+        // messages through `to` are gone and the queue record says so). Reported refused, a
+        // purge counted 0 messages deleted.
+        let mut check = vec![TxnOp::get(self.queue_key(&plan.queue), None)];
+        if plan.purge {
+            check.push(TxnOp::get(self.purge_key(qid), None));
+        }
+        let resp = self.kv().txn(Txn::new().when(cmps).and_then(ops).or_else(check)).await?;
+        crate::faults::check("rockq-etcd-trim-answer")?;
+        if resp.succeeded() {
+            return Ok(true);
+        }
+        let values: Vec<Option<Vec<u8>>> = resp
+            .op_responses()
+            .into_iter()
+            .map(|r| match r {
+                etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
+                _ => None,
+            })
+            .collect();
+        let queue = records::encode_queue(&plan.meta);
+        let landed = values.first().is_some_and(|v| v.as_deref() == Some(&queue[..]))
+            && (!plan.purge
+                || values.get(1).is_some_and(|v| v.as_deref() == Some(&plan.to.to_be_bytes()[..])));
+        Ok(landed)
     }
 
     /// Moves the work groups `groups` of `plan` past its cut before the trim (see
