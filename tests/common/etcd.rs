@@ -97,7 +97,13 @@ impl Cluster {
         for attempt in 1..=3 {
             let cluster = Self::launch(n);
             if cluster.wait_for_leader_or_none(Duration::from_secs(20)).await.is_some() {
-                return cluster;
+                if cluster.answers_as_itself().await {
+                    return cluster;
+                }
+                // Another test's etcd holds one of the client ports (taken between our
+                // release and this etcd's bind): its answers are not this cluster's.
+                eprintln!("etcd test cluster (attempt {attempt}): a client port is another cluster's");
+                continue;
             }
             eprintln!("etcd test cluster (attempt {attempt}) elected no leader in 20 s; member logs:");
             for m in &cluster.members {
@@ -116,6 +122,8 @@ impl Cluster {
     fn launch(n: usize) -> Cluster {
         let dir = tempfile::Builder::new().prefix("rockq-etcd").tempdir().expect("temp dir");
         let all = free_ports(2 * n);
+        let token =
+            dir.path().file_name().map_or_else(|| "rockq-test".into(), |f| f.to_string_lossy().into_owned());
         let ports: Vec<(u16, u16)> = (0..n).map(|i| (all[2 * i], all[2 * i + 1])).collect();
         let initial: Vec<String> =
             ports.iter().enumerate().map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}")).collect();
@@ -134,7 +142,9 @@ impl Cluster {
                     format!("--initial-advertise-peer-urls=http://127.0.0.1:{p}"),
                     format!("--initial-cluster={}", initial.join(",")),
                     "--initial-cluster-state=new".into(),
-                    "--initial-cluster-token=rockq-test".into(),
+                    // One token per cluster: members of two tests' clusters never join
+                    // each other through a peer port both were given.
+                    format!("--initial-cluster-token={token}"),
                     "--heartbeat-interval=50".into(),
                     "--election-timeout=500".into(),
                 ];
@@ -187,6 +197,27 @@ impl Cluster {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Whether each member's client URL is answered by this cluster: the member list there
+    /// holds the member's own peer URL. A test that reached another test's etcd through a
+    /// port both were given would share its data (two keyed drains counted each other's
+    /// messages).
+    async fn answers_as_itself(&self) -> bool {
+        for m in &self.members {
+            let peer = m.args.iter().find_map(|a| a.strip_prefix("--initial-advertise-peer-urls="));
+            let opts = etcd_client::ConnectOptions::new()
+                .with_connect_timeout(Duration::from_secs(2))
+                .with_timeout(Duration::from_secs(3));
+            let Ok(mut c) = etcd_client::Client::connect([m.client_url.clone()], Some(opts)).await else {
+                return false;
+            };
+            let Ok(list) = c.member_list().await else { return false };
+            if !list.members().iter().any(|x| peer.is_some_and(|p| x.peer_urls().iter().any(|u| u == p))) {
+                return false;
+            }
+        }
+        true
     }
 
     /// The index of the member that leads now, as the running members see it.
