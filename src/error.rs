@@ -190,6 +190,9 @@ impl NameError {
 pub struct StorageError {
     message: std::sync::Arc<str>,
     transient: bool,
+    /// A record read from a store that reports through this type (etcd) did not decode: the
+    /// error converts to [`Error::Corrupt`], as the embedded engine reports it.
+    corrupt: Option<Box<CorruptionError>>,
 }
 
 impl StorageError {
@@ -208,14 +211,26 @@ impl StorageError {
 
     /// Made by the store from RocksDB's error (and by failpoints in tests).
     pub(crate) fn new(message: impl Into<std::sync::Arc<str>>) -> Self {
-        StorageError { message: message.into(), transient: false }
+        StorageError { message: message.into(), transient: false, corrupt: None }
+    }
+
+    /// A record that did not decode, found by a store whose reads report `StorageError` (etcd).
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    pub(crate) fn corrupt(e: CorruptionError) -> Self {
+        StorageError { message: e.to_string().into(), transient: false, corrupt: Some(Box::new(e)) }
+    }
+
+    /// Whether a record did not decode: asking again reads the same bytes.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    pub(crate) fn is_corrupt(&self) -> bool {
+        self.corrupt.is_some()
     }
 
     /// The store could not be reached (on etcd: no member answered in time, no quorum, no
     /// leader): the same request may well succeed later.
     #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     pub(crate) fn unreachable(message: impl Into<std::sync::Arc<str>>) -> Self {
-        StorageError { message: message.into(), transient: true }
+        StorageError { message: message.into(), transient: true, corrupt: None }
     }
 
     /// Whether the store could not be reached, rather than refusing or failing the request:
@@ -1162,7 +1177,10 @@ impl From<NameError> for Error {
 
 impl From<StorageError> for Error {
     fn from(e: StorageError) -> Self {
-        Error::Storage(e)
+        match e.corrupt {
+            Some(c) => Error::Corrupt(*c),
+            None => Error::Storage(e),
+        }
     }
 }
 

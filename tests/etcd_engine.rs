@@ -1320,6 +1320,44 @@ async fn delayed_messages_fire_once_whichever_broker_fires_and_any_broker_cancel
     b.shutdown().await.unwrap();
 }
 
+/// A delayed message's record that does not decode (damaged, or written by something else)
+/// does not hold up the others: they fire when due, in every queue; the damaged one does not
+/// fire, and listing reports it as corrupt (kind `Corrupt`, as the embedded engine reports a
+/// record that does not decode) rather than skip it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_record_that_does_not_decode_does_not_hold_up_the_others() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let broker = connect_clock(&cluster, "bad-delay", &clock).await;
+    let q = broker.queue("q").await.unwrap();
+    let other = broker.queue("other").await.unwrap();
+    let damaged =
+        scheduled(q.submit(Message::new("damaged").deliver_after(Duration::from_secs(5))).await.unwrap());
+    q.submit(Message::new("later").deliver_after(Duration::from_secs(8))).await.unwrap();
+    other.submit(Message::new("elsewhere").deliver_after(Duration::from_secs(9))).await.unwrap();
+    // `<ns>/x/<queue id><id>`: shorter than the due time it starts with. Its due entry stays,
+    // first in due order.
+    let key = [b"bad-delay/x/".as_slice(), &1u32.to_be_bytes(), &damaged.id.to_be_bytes()].concat();
+    cluster.client().await.put(key, b"bad".to_vec(), None).await.unwrap();
+    let mut sub = q.group("g").unwrap().subscribe().await.unwrap();
+    let mut sub_other = other.group("g").unwrap().subscribe().await.unwrap();
+    clock.advance(Duration::from_secs(10));
+    let d = next(&mut sub).await;
+    assert_eq!((d.seq(), d.payload().as_ref()), (1, &b"later"[..]), "the damaged one does not fire");
+    d.ack().unwrap();
+    let d = next(&mut sub_other).await;
+    assert_eq!((d.seq(), d.payload().as_ref()), (1, &b"elsewhere"[..]));
+    d.ack().unwrap();
+    common::assert_next_is_sentinel(&q, &mut sub).await;
+    match broker.delayed(None, 10).await {
+        Err(rockq::Error::Corrupt(e)) => assert!(e.to_string().contains("delayed message"), "{e}"),
+        other => panic!("listing must report the damaged record as corrupt, got {other:?}"),
+    }
+    // Nothing else is due: the timer is not held at the damaged one's due time either.
+    assert_eq!(broker.stats().await.unwrap().queues.iter().filter_map(|s| s.next_due).count(), 0);
+    broker.shutdown().await.unwrap();
+}
+
 /// A delayed message written by a broker that is gone before it falls due is fired by a broker
 /// connected later (its timer starts at the earliest due time in the namespace).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

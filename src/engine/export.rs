@@ -134,7 +134,7 @@ pub(crate) async fn import_etcd(
         EtcdStore::connect_bare(endpoints, namespace, settings.attempt_timeout, settings.request_timeout)
             .await
             .map_err(|e| match e {
-                ConnectFailure::Storage(s) => Error::Storage(s),
+                ConnectFailure::Storage(s) => Error::from(s),
                 ConnectFailure::Invalid(why) | ConnectFailure::Foreign(why) => Error::InvalidOption(why),
                 // `connect_bare` reads nothing of the namespace.
                 ConnectFailure::Missing => Error::Internal("connect_bare found no namespace".into()),

@@ -131,7 +131,7 @@ impl Writer {
         let t = self.side.settings.request_timeout;
         let appended = self.append(queue, &envs, &keys, now, Instant::now() + t).await;
         self.note(&appended);
-        let (first, duplicates) = appended.map_err(Error::Storage)?;
+        let (first, duplicates) = appended.map_err(Error::from)?;
         let mut dups = duplicates.into_iter().peekable();
         let mut seq = first;
         let mut out = Vec::with_capacity(msgs.len());

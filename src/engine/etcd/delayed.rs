@@ -252,13 +252,24 @@ impl Writer {
             // timer: deleted, compared with the record as read.
             let mut live: Vec<DelayedRecord> = Vec::new();
             for (&entry, r) in entries.iter().zip(records) {
-                match r {
-                    Some(r) if r.due == entry.0 => live.push(r),
-                    r => {
-                        let rev = r.map_or(0, |r| r.rev);
-                        retrying(self.budget(), || store.drop_due_entry(entry, rev)).await?;
+                let rev = match r {
+                    Some(Ok(r)) if r.due == entry.0 => {
+                        live.push(r);
+                        continue;
                     }
-                }
+                    Some(Ok(r)) => r.rev,
+                    None => 0,
+                    // Cannot fire: its entry, left in place, would come first in every read
+                    // and hold the timer at its due time, every queue's delayed messages behind
+                    // it. The entry goes; the record stays for an operator (listing it reports
+                    // the corruption).
+                    Some(Err(bad)) => {
+                        let (_, qid, id) = entry;
+                        tracing::error!(qid, id, error = %bad.error, "rockq: a delayed message's record does not decode; it will not fire");
+                        bad.rev
+                    }
+                };
+                retrying(self.budget(), || store.drop_due_entry(entry, rev)).await?;
             }
             // In due order: the delayed messages due before a schedule's firing are appended
             // before it, so a queue both feed gets its sequences in due order as embedded.

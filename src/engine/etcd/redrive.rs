@@ -272,7 +272,7 @@ impl Writer {
                     if let Some((q, _)) = &copy {
                         self.tails.remove(&q.id);
                     }
-                    return Err(Error::Storage(e));
+                    return Err(Error::from(e));
                 }
             }
         }
@@ -353,7 +353,7 @@ impl Writer {
                     for a in &appends {
                         self.tails.remove(&a.qid);
                     }
-                    return Err(Error::Storage(e));
+                    return Err(Error::from(e));
                 }
             }
         }

@@ -163,6 +163,7 @@ impl Writer {
             let queue = match self.create_queue(&rec.queue).await {
                 Ok(q) => q,
                 Err(Error::Storage(e)) => return Err(e),
+                Err(Error::Corrupt(c)) => return Err(StorageError::corrupt(c)),
                 Err(e) => return Err(StorageError::new(format!("schedule {name}: its queue: {e}"))),
             };
             let mut env = rec.envelope.clone();

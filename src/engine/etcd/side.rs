@@ -206,7 +206,8 @@ where
         // Each try is cut short at the deadline: the whole stays within `timeout`.
         match until(deadline.into_std(), op()).await {
             Ok(v) => return Ok(v),
-            Err(e) if tokio::time::Instant::now() + backoff >= deadline => return Err(e),
+            // A record that did not decode reads the same next time.
+            Err(e) if e.is_corrupt() || tokio::time::Instant::now() + backoff >= deadline => return Err(e),
             Err(e) => {
                 tracing::debug!(error = %e, "rockq: etcd request failed; trying again");
                 tokio::time::sleep(backoff).await;

@@ -50,7 +50,7 @@ pub(crate) async fn start(
         EtcdStore::connect(endpoints, namespace, settings.attempt_timeout, settings.request_timeout, create)
             .await
             .map_err(|e| match e {
-                ConnectFailure::Storage(s) => Error::Storage(s),
+                ConnectFailure::Storage(s) => Error::from(s),
                 ConnectFailure::Missing => {
                     Error::NoDatabase { path: format!("etcd namespace {namespace:?}").into() }
                 }

@@ -273,7 +273,7 @@ impl Writer {
                 }
                 match self.plan_queues(&queues, now, left()).await {
                     Ok(p) => plans = p,
-                    Err(e) => break 'send Err(Err(Error::Storage(e))),
+                    Err(e) => break 'send Err(Err(Error::from(e))),
                 }
                 replan = false;
             }
@@ -420,7 +420,7 @@ impl Writer {
                     if Instant::now() >= deadline {
                         break match in_doubt {
                             true => Err(Ok(e)),
-                            false => Err(Err(Error::Storage(e))),
+                            false => Err(Err(Error::from(e))),
                         };
                     }
                 }
@@ -454,7 +454,7 @@ impl Writer {
                 for q in &queues {
                     self.tails.remove(&q.queue.id);
                 }
-                return refuse(reply, jobs, deliveries, Error::Storage(e));
+                return refuse(reply, jobs, deliveries, Error::from(e));
             }
         };
 

@@ -299,7 +299,7 @@ impl Writer {
                         for w in &writes {
                             known.doubt(w.seq, w.record.clone());
                         }
-                        let _ = reply.send(Err(Error::Storage(e)));
+                        let _ = reply.send(Err(Error::from(e)));
                         return;
                     }
                 }
@@ -484,7 +484,7 @@ impl Writer {
                         Ok(at) => (OutcomeKind::Deleted, None, at),
                         Err(e) => {
                             undo(&group);
-                            let _ = reply.send(Err(Error::Storage(e)));
+                            let _ = reply.send(Err(Error::from(e)));
                             return;
                         }
                     },
@@ -540,7 +540,7 @@ impl Writer {
                     }
                     Err(e) => {
                         undo(&group);
-                        let _ = reply.send(Err(Error::Storage(e)));
+                        let _ = reply.send(Err(Error::from(e)));
                     }
                 }
             }
@@ -571,7 +571,7 @@ impl Writer {
                     }
                     Err(e) => {
                         // Waiting here already; claimable when due, as after a crash.
-                        let _ = reply.send(Err(Error::Storage(e)));
+                        let _ = reply.send(Err(Error::from(e)));
                     }
                 }
             }
@@ -604,7 +604,7 @@ impl Writer {
                     }
                     Err(e) => {
                         undo(&group);
-                        let _ = reply.send(Err(Error::Storage(e)));
+                        let _ = reply.send(Err(Error::from(e)));
                     }
                 }
             }

@@ -635,7 +635,7 @@ impl Writer {
             Err(e) => {
                 tracing::error!(error = %e, "rockq: an append to etcd failed; its sends fail");
                 let Staged { resolver, .. } = s;
-                resolver.resolve(Err(Error::Storage(e)));
+                resolver.resolve(Err(Error::from(e)));
             }
         }
     }

@@ -43,6 +43,14 @@ pub(crate) struct DelayedRecord {
     pub rev: i64,
 }
 
+/// A delayed message's record that does not decode: what fired it would have to guess.
+#[derive(Debug)]
+pub(crate) struct Undecodable {
+    /// The record's revision, to compare its due entry's removal with.
+    pub rev: i64,
+    pub error: StorageError,
+}
+
 pub(super) fn encode_record(due: u64, env: &[u8]) -> Vec<u8> {
     let mut v = Vec::with_capacity(8 + env.len());
     v.extend_from_slice(&due.to_be_bytes());
@@ -259,11 +267,12 @@ impl EtcdStore {
         Ok(got.kvs().first().and_then(|kv| self.parse_due_key(kv.key())).map(|(due, _, _)| due))
     }
 
-    /// The records of `entries` (`(qid, id)`), in order (`None`: gone meanwhile).
+    /// The records of `entries` (`(qid, id)`), in order (`None`: gone meanwhile; an error: a
+    /// record that does not decode, one record's problem, not the read's).
     pub async fn delayed_records(
         &self,
         entries: &[(u32, u64)],
-    ) -> Result<Vec<Option<DelayedRecord>>, StorageError> {
+    ) -> Result<Vec<Option<Result<DelayedRecord, Undecodable>>>, StorageError> {
         let mut out = Vec::with_capacity(entries.len());
         // As many at a time as the client's answer limit lets through (records of up to 1 MiB).
         let mut rest = entries;
@@ -278,13 +287,13 @@ impl EtcdStore {
             };
             rest = &rest[chunk.len()..];
             for (kv, &(qid, id)) in super::answers(&resp).zip(chunk) {
-                out.push(match kv {
-                    Some(kv) => {
-                        let (due, env) = decode_record(kv.key(), kv.value())?;
-                        Some(DelayedRecord { qid, id, due, env, rev: kv.mod_revision() })
+                out.push(kv.map(|kv| {
+                    let rev = kv.mod_revision();
+                    match decode_record(kv.key(), kv.value()) {
+                        Ok((due, env)) => Ok(DelayedRecord { qid, id, due, env, rev }),
+                        Err(error) => Err(Undecodable { rev, error }),
                     }
-                    None => None,
-                });
+                }));
             }
         }
         Ok(out)

@@ -832,14 +832,7 @@ impl EtcdStore {
             Ok(r) if r.succeeded() => Ok(Ok(lease)),
             Ok(r) => {
                 self.revoke(lease).await;
-                let gets: Vec<Option<Vec<u8>>> = r
-                    .op_responses()
-                    .into_iter()
-                    .map(|o| match o {
-                        etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
-                        _ => None,
-                    })
-                    .collect();
+                let gets = values(&r);
                 match (gets.first().cloned().flatten(), gets.get(1).is_some_and(Option::is_some)) {
                     (Some(holder), _) => Ok(Err(Some(holder))),
                     (None, false) => Ok(Err(None)),
@@ -1111,6 +1104,11 @@ fn answers(resp: &etcd_client::TxnResponse) -> impl Iterator<Item = Option<etcd_
     })
 }
 
+/// The values the answers to a transaction's gets found, in order (`None`: no such key).
+fn values(resp: &etcd_client::TxnResponse) -> Vec<Option<Vec<u8>>> {
+    answers(resp).map(|kv| kv.map(|kv| kv.value().to_vec())).collect()
+}
+
 /// The answers to a transaction's gets, in order, each whole (a range get's every key).
 fn whole_answers(resp: &etcd_client::TxnResponse) -> impl Iterator<Item = Vec<etcd_client::KeyValue>> + '_ {
     resp.op_responses().into_iter().filter_map(|r| match r {
@@ -1135,7 +1133,7 @@ fn first_get(resp: &etcd_client::TxnResponse) -> Option<etcd_client::KeyValue> {
 }
 
 fn corrupt(e: CorruptionError) -> StorageError {
-    StorageError::new(e.to_string())
+    StorageError::corrupt(e)
 }
 
 /// Decodes an envelope read from etcd (keyed like RocksDB's message key for error reports).

@@ -206,14 +206,7 @@ impl EtcdStore {
         if resp.succeeded() {
             return Ok(true);
         }
-        let values: Vec<Option<Vec<u8>>> = resp
-            .op_responses()
-            .into_iter()
-            .map(|r| match r {
-                etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
-                _ => None,
-            })
-            .collect();
+        let values = super::values(&resp);
         let queue = records::encode_queue(&plan.meta);
         let landed = values.first().is_some_and(|v| v.as_deref() == Some(&queue[..]))
             && (!plan.purge
