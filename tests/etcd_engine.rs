@@ -1328,7 +1328,11 @@ async fn delayed_messages_fire_once_whichever_broker_fires_and_any_broker_cancel
 async fn a_delayed_record_that_does_not_decode_does_not_hold_up_the_others() {
     let cluster = etcd::Cluster::start(1).await;
     let clock = rockq::ManualClock::new();
-    let broker = connect_clock(&cluster, "bad-delay", &clock).await;
+    // A request timeout longer than the hang guard: a damaged record read again and again
+    // until the timeout, as if etcd were unreachable, would fail the listing's guard below.
+    let options = rockq::Options::new().clock(clock.clone());
+    let opts = EtcdOptions::new().options(options).request_timeout(Duration::from_secs(600));
+    let broker = Broker::connect_etcd(cluster.endpoints(), "bad-delay", opts).await.expect("connect to etcd");
     let q = broker.queue("q").await.unwrap();
     let other = broker.queue("other").await.unwrap();
     let damaged =
@@ -1349,7 +1353,8 @@ async fn a_delayed_record_that_does_not_decode_does_not_hold_up_the_others() {
     assert_eq!((d.seq(), d.payload().as_ref()), (1, &b"elsewhere"[..]));
     d.ack().unwrap();
     common::assert_next_is_sentinel(&q, &mut sub).await;
-    match broker.delayed(None, 10).await {
+    let listed = tokio::time::timeout(HANG_GUARD, broker.delayed(None, 10)).await;
+    match listed.expect("a damaged record is reported at once, not read again until the request timeout") {
         Err(rockq::Error::Corrupt(e)) => assert!(e.to_string().contains("delayed message"), "{e}"),
         other => panic!("listing must report the damaged record as corrupt, got {other:?}"),
     }
