@@ -23,6 +23,9 @@
 //! answered), `rockq-etcd-message-read` (the etcd engine's point read of one stored message: an
 //! operator's delete or a dead letter reading the job it finishes), `rockq-etcd-queue-delete-landed`
 //! and `rockq-etcd-queue-delete-answer` (a queue deletion's transaction was answered, and its
+//! answer is lost), `rockq-etcd-cancel-answer`, `rockq-etcd-schedule-answer`,
+//! `rockq-etcd-group-delete-answer` and `rockq-etcd-flow-delete-answer` (a delayed message's
+//! cancel, a schedule's write or deletion, a group's or a flow's deletion, was applied and its
 //! answer is lost).
 
 use crate::error::StorageError;

@@ -1081,6 +1081,101 @@ async fn a_schedule_firing_whose_answer_was_lost_fires_once() {
     broker.shutdown().await.expect("shutdown");
 }
 
+/// A cancel whose transaction landed and whose answer was lost: sent again, it is refused (the
+/// record it compared is gone) and reads the message absent. Its marker tells its own cancel
+/// from a firing's: it answers `true`, as embedded (it answered `false`, "not scheduled"). The
+/// message is gone and never fires; a cancel of an id that is not scheduled still answers
+/// `false`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_whose_answer_was_lost_reports_the_message_cancelled() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let broker = connect_with(&cluster, "cancel-doubt", &clock).await;
+    let q = broker.queue("q").await.expect("queue");
+    let later = |p: &'static str| rockq::Message::new(p).deliver_after(std::time::Duration::from_secs(5));
+    let id = match q.submit(later("cancelled")).await.expect("submit") {
+        rockq::Sent::Scheduled(s) => s.id,
+        other => panic!("expected it scheduled, got {other:?}"),
+    };
+    q.submit(later("kept")).await.expect("submit");
+    fail::cfg("rockq-etcd-cancel-answer", "1*return").expect("failpoint");
+    let cancelled = q.cancel(id).await;
+    fail::remove("rockq-etcd-cancel-answer");
+    assert!(cancelled.expect("the lost answer is settled, not failed"), "its own cancel is reported");
+    assert!(!q.cancel(id).await.expect("cancel again"), "a cancel of what is not scheduled is false");
+    assert_eq!(q.delayed(10).await.expect("list").len(), 1, "only the other message is left");
+    fires_only(&q, &clock, "kept").await;
+    broker.shutdown().await.expect("shutdown");
+}
+
+/// With the clock 10 s on, `q` gets `payload` at sequence 1 and nothing else.
+async fn fires_only(q: &rockq::Queue, clock: &rockq::ManualClock, payload: &str) {
+    let mut sub = q.group("g").expect("group").subscribe().await.expect("subscribe");
+    clock.advance(std::time::Duration::from_secs(10));
+    let d = common::next(&mut sub).await;
+    assert_eq!((d.seq(), d.payload().as_ref()), (1, payload.as_bytes()), "only {payload} fires");
+    d.ack().expect("ack");
+    common::assert_next_is_sentinel(q, &mut sub).await;
+}
+
+/// A schedule's deletion whose answer was lost: found by its marker, reported `true` (it was
+/// `false`, "no such schedule"); the schedule is gone and fires no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_deletion_whose_answer_was_lost_reports_it_deleted() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let broker = connect_with(&cluster, "unschedule-doubt", &clock).await;
+    broker.schedule("tick", std::time::Duration::from_secs(10), "q", "t").await.expect("schedule");
+    broker.schedule("tock", std::time::Duration::from_secs(10), "q", "u").await.expect("schedule");
+    fail::cfg("rockq-etcd-schedule-answer", "1*return").expect("failpoint");
+    let deleted = broker.delete_schedule("tick").await;
+    fail::remove("rockq-etcd-schedule-answer");
+    assert!(deleted.expect("the lost answer is settled, not failed"), "its own deletion is reported");
+    assert!(!broker.delete_schedule("tick").await.expect("delete again"), "gone: false");
+    let names: Vec<_> = broker.schedules().await.expect("list").into_iter().map(|s| s.name).collect();
+    assert_eq!(names, ["tock"]);
+    fires_only(&broker.queue("q").await.expect("queue"), &clock, "u").await;
+    broker.shutdown().await.expect("shutdown");
+}
+
+/// A group deletion whose answer was lost: sent again, it finds nothing, and its first try's
+/// marker answers `true` (it answered `false`, "no such group", for the group it deleted) —
+/// for a group with its offset record, and for one with only its settings record (the
+/// transaction's other branch). A deletion of what is not there still answers `false`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_deletion_whose_answer_was_lost_reports_it_deleted() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let broker = Broker::connect_etcd(cluster.endpoints(), "ungroup-doubt", EtcdOptions::new())
+        .await
+        .expect("connect");
+    let q = broker.queue("q").await.expect("queue");
+    for g in ["w", "v"] {
+        drop(q.work_group(g).expect("group").subscribe().await.expect("subscribe"));
+    }
+    // "v" keeps only its settings record.
+    let client = cluster.client().await;
+    client.clone().delete(b"ungroup-doubt/o/consumer:v:q".to_vec(), None).await.expect("raw delete");
+    let settings = b"ungroup-doubt/g/group:v:q".to_vec();
+    assert_eq!(client.clone().get(settings.clone(), None).await.expect("get").count(), 1);
+    for g in ["w", "v"] {
+        fail::cfg("rockq-etcd-group-delete-answer", "1*return").expect("failpoint");
+        let deleted = broker.delete_group("q", g).await;
+        fail::remove("rockq-etcd-group-delete-answer");
+        assert!(
+            deleted.expect("the lost answer is settled, not failed"),
+            "{g}: its own deletion is reported"
+        );
+        assert!(!broker.delete_group("q", g).await.expect("delete again"), "{g}: gone: false");
+    }
+    assert_eq!(client.clone().get(settings, None).await.expect("get").count(), 0, "v's settings deleted");
+    let groups = broker.stats().await.expect("stats").groups;
+    assert!(groups.is_empty(), "no group left: {groups:?}");
+    broker.shutdown().await.expect("shutdown");
+}
+
 /// A group deleted and made anew by the same process before its watch brought the deletion:
 /// the deletion's late event is of the earlier group and leaves the new one alone (its
 /// subscription goes on). Without the revision each group was read at, the event would end the
@@ -1891,6 +1986,33 @@ async fn an_operator_delete_that_cannot_read_the_step_fails_and_changes_nothing(
     );
     assert_eq!(status.steps[parent.index() as usize].state, rockq::StepState::Blocked { failed: 1, of: 1 });
     a.shutdown().await.unwrap();
+}
+
+/// A flow's deletion whose answer was lost: sent again, it finds no flow, and its first try's
+/// marker answers `true` (it answered `false`, "no such flow"); the other flow stays, and a
+/// deletion of what is not there answers `false`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flow_deletion_whose_answer_was_lost_reports_it_deleted() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let broker =
+        Broker::connect_etcd(cluster.endpoints(), "unflow-doubt", EtcdOptions::new()).await.expect("connect");
+    let q = broker.queue("jobs").await.unwrap();
+    let work = flow_group(&broker, &q);
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let mut flow = broker.flow();
+        let a = flow.job(&work, "a").unwrap();
+        flow.then(&work, "b", &[a]).unwrap();
+        ids.push(flow.submit().await.expect("submit").id);
+    }
+    fail::cfg("rockq-etcd-flow-delete-answer", "1*return").expect("failpoint");
+    let deleted = broker.delete_flow(ids[0]).await;
+    fail::remove("rockq-etcd-flow-delete-answer");
+    assert!(deleted.expect("the lost answer is settled, not failed"), "its own deletion is reported");
+    assert!(!broker.delete_flow(ids[0]).await.expect("delete again"), "gone: false");
+    assert_eq!(broker.flows(0, 10).await.unwrap(), [ids[1]], "only the other flow is left");
+    broker.shutdown().await.unwrap();
 }
 
 /// A flow's submit whose answer was lost is found stored (its record is there) and answered

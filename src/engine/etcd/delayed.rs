@@ -27,7 +27,7 @@ use crate::engine::request::Submission;
 use crate::error::{Error, StorageError};
 use crate::sent::{ScheduledMessage, Sent};
 use crate::store::envelope;
-use crate::store::etcd::delayed::DelayedRecord;
+use crate::store::etcd::delayed::{DelayedRecord, Marked};
 use crate::store::etcd::{DedupWrite, MAX_TXN_BYTES, MAX_TXN_OPS};
 use crate::store::etcd::{DelayedPut, Fired};
 use crate::store::keys::RECURRING;
@@ -66,11 +66,10 @@ impl Writer {
     ) -> Result<bool, StorageError> {
         let store = self.side.store.clone();
         let left = || deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-        let marker = self.marker_lease(left()).await?;
-        let nonce = self.nonce();
+        let marked = self.marked(left()).await?;
         let mut backoff = Duration::from_millis(10);
         loop {
-            match until(deadline, store.put_delayed(queue.id, puts, dedup, nonce, marker)).await {
+            match until(deadline, store.put_delayed(queue.id, puts, dedup, marked)).await {
                 Ok(written) => return Ok(written),
                 Err(e) => loop {
                     if Instant::now() >= deadline {
@@ -78,7 +77,7 @@ impl Writer {
                     }
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(super::side::RETRY_CAP);
-                    match until(deadline, store.marker_exists(nonce)).await {
+                    match until(deadline, store.marker_exists(marked.nonce)).await {
                         Ok(true) => return Ok(true),
                         // Not applied: sent again (the same ids; puts of the same records).
                         Ok(false) => break,
@@ -89,7 +88,7 @@ impl Writer {
         }
     }
 
-    /// The lease submit markers go under: handed out for a minute, lasting a request timeout
+    /// The lease markers go under: handed out for a minute, lasting a request timeout
     /// and a minute more, so a marker outlives every lookup of it.
     pub(super) async fn marker_lease(&mut self, left: Duration) -> Result<i64, StorageError> {
         if let Some((lease, until)) = self.marker_lease
@@ -168,12 +167,25 @@ impl Writer {
     /// `Queue::cancel`: `false` if `id` is not scheduled on `queue`.
     pub(super) async fn cancel_delayed(&mut self, queue: &QueueState, id: u64) -> Result<bool, Error> {
         let (store, t) = (self.side.store.clone(), self.side.settings.request_timeout);
+        let marked = self.marked(t).await?;
+        let mut sent = false;
         loop {
-            let Some(r) = retrying(t, || store.delayed(queue.id, id)).await? else { return Ok(false) };
-            if retrying(t, || store.cancel_delayed(&r)).await? {
+            let Some(r) = retrying(t, || store.delayed(queue.id, id)).await? else {
+                // Gone: by this call's own cancel if a try whose answer was lost landed (the
+                // retry, compared with the record as first read, was refused).
+                return Ok(sent && retrying(t, || store.marker_exists(marked.nonce)).await?);
+            };
+            sent = true;
+            if retrying(t, || store.cancel_delayed(&r, Some(marked))).await? {
                 return Ok(true);
             }
         }
+    }
+
+    /// A marker for one call's transactions: a fresh nonce under the current marker lease.
+    pub(super) async fn marked(&mut self, left: Duration) -> Result<Marked, StorageError> {
+        let lease = self.marker_lease(left).await?;
+        Ok(Marked { nonce: self.nonce(), lease })
     }
 
     /// `Queue::reschedule`: `None` if `id` is not scheduled on `queue`.
@@ -348,7 +360,7 @@ impl Writer {
             tracing::error!(qid, n = mine.len(), "rockq: delayed messages name no queue; dropped");
             let store = self.side.store.clone();
             for r in mine {
-                retrying(self.budget(), || store.cancel_delayed(r)).await?;
+                retrying(self.budget(), || store.cancel_delayed(r, None)).await?;
             }
             return Ok(true);
         };

@@ -74,7 +74,7 @@ impl Writer {
             if groups.len() > QUEUE_DELETE_GROUPS {
                 // More than one transaction holds: those beyond it go first, as deleted groups.
                 for g in &groups[QUEUE_DELETE_GROUPS..] {
-                    let (_, rev) = retrying(t, || store.delete_group(g, name)).await?;
+                    let (_, rev) = retrying(t, || store.delete_group(g, name, None)).await?;
                     note_deleted(&side, g, name, rev);
                     forget(&self.engine, &side, g, name);
                 }
@@ -112,8 +112,13 @@ impl Writer {
             return Ok(false);
         }
         // Deleting again is harmless, so a try whose answer was lost is sent again; should the
-        // lost one have applied, the second finds nothing and answers `false`.
-        let (existed, rev) = retrying(t, || store.delete_group(group, queue)).await?;
+        // lost one have applied, the second finds nothing, and the first's marker answers.
+        let marked = self.marked(t).await?;
+        let store = &self.side.store;
+        let (mut existed, rev) = retrying(t, || store.delete_group(group, queue, Some(marked))).await?;
+        if !existed {
+            existed = retrying(t, || store.marker_exists(marked.nonce)).await?;
+        }
         note_deleted(&self.side, group, queue, rev);
         forget(&self.engine, &self.side, group, queue);
         if existed {

@@ -45,13 +45,19 @@ impl Writer {
         match req {
             FlowRequest::Submit { steps, reply } => self.submit(steps, reply).await,
             FlowRequest::Delete { id, reply } => {
-                let store = self.side.store.clone();
-                let t = self.side.settings.request_timeout;
-                let res = retrying(t, || store.delete_flow(id)).await.map_err(Error::from);
-                let _ = reply.send(res);
+                let _ = reply.send(self.delete_flow(id).await.map_err(Error::from));
             }
             FlowRequest::Move => self.move_flows().await,
         }
+    }
+
+    /// `Broker::delete_flow`: `false` if there is no such flow. A try whose answer was lost is
+    /// sent again and finds nothing; the first's marker says the flow was this call's to delete.
+    async fn delete_flow(&mut self, id: u64) -> Result<bool, StorageError> {
+        let (store, t) = (self.side.store.clone(), self.side.settings.request_timeout);
+        let marked = self.marked(t).await?;
+        Ok(retrying(t, || store.delete_flow(id, marked)).await?
+            || retrying(t, || store.marker_exists(marked.nonce)).await?)
     }
 
     /// The change record a transaction finishing job `seq` of `g` carries, if the job is a

@@ -63,7 +63,7 @@ impl Writer {
             };
             let arm = (rec.next_micros != 0).then_some((rec.next_micros, rec.id));
             let w = ScheduleWrite { name, rev, record: &rec, unarm, arm };
-            if retrying(t, || store.write_schedule(&w, false)).await? {
+            if retrying(t, || store.write_schedule(&w, false, None)).await? {
                 if let Some((due, _)) = arm {
                     self.engine.timer.offer(due);
                 }
@@ -92,7 +92,7 @@ impl Writer {
             };
             let arm = (rec.next_micros != 0).then_some((rec.next_micros, rec.id));
             let w = ScheduleWrite { name, rev, record: &rec, unarm, arm };
-            if retrying(t, || store.write_schedule(&w, false)).await? {
+            if retrying(t, || store.write_schedule(&w, false, None)).await? {
                 if let Some((due, _)) = arm {
                     self.engine.timer.offer(due);
                 }
@@ -104,11 +104,17 @@ impl Writer {
     /// `Broker::delete_schedule`: `false` if there is no such schedule.
     pub(super) async fn delete_schedule(&mut self, name: &str) -> Result<bool, Error> {
         let (store, t) = (self.side.store.clone(), self.side.settings.request_timeout);
+        let marked = self.marked(t).await?;
+        let mut sent = false;
         loop {
-            let Some((rec, rev)) = retrying(t, || store.schedule(name)).await? else { return Ok(false) };
+            let Some((rec, rev)) = retrying(t, || store.schedule(name)).await? else {
+                // Gone: by this call's own delete if a try whose answer was lost landed.
+                return Ok(sent && retrying(t, || store.marker_exists(marked.nonce)).await?);
+            };
             let unarm = (rec.next_micros != 0).then_some((rec.next_micros, rec.id));
             let w = ScheduleWrite { name, rev, record: &rec, unarm, arm: None };
-            if retrying(t, || store.write_schedule(&w, true)).await? {
+            sent = true;
+            if retrying(t, || store.write_schedule(&w, true, Some(marked))).await? {
                 return Ok(true);
             }
         }
@@ -132,7 +138,7 @@ impl Writer {
             }
             // Replaced, paused or deleted since the entry was written (those remove it in the
             // same transaction): only a foreign write leaves one. Dropped, compared as read.
-            _ => return retrying(self.budget(), || store.cancel_delayed(entry)).await,
+            _ => return retrying(self.budget(), || store.cancel_delayed(entry, None)).await,
         };
         let grace = rec.recurrence.grace.as_micros().min(u128::from(u64::MAX)) as u64;
         // As many on-time firings as one transaction carries beside a catch-up message and the
@@ -155,7 +161,7 @@ impl Writer {
         let arm = plan.next.map(|n| (n, rec.id));
         let w = ScheduleWrite { name: &name, rev, record: &rec, unarm: Some((entry.due, entry.id)), arm };
         let first = if sends.is_empty() {
-            if !retrying(self.budget(), || store.write_schedule(&w, false)).await? {
+            if !retrying(self.budget(), || store.write_schedule(&w, false, None)).await? {
                 return Ok(false);
             }
             None

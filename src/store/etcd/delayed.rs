@@ -4,7 +4,7 @@
 //! | --- | --- |
 //! | `N x/<qid u32><id u64>` | the delayed message: its due time (`u64` µs) and envelope |
 //! | `N sd/<due u64><qid u32><id u64>` | the due index, empty: what the firing reads, in due order |
-//! | `N y/<nonce u64>` | a submit's marker, empty, under an expiring lease (in-doubt writes) |
+//! | `N y/<nonce u64>` | a call's marker (a submit, a cancel, a schedule's, a group's or a flow's deletion), empty, under an expiring lease (in-doubt writes) |
 //! | `N meta/scheduled-id` | the next schedule id not handed out, `u64` |
 //!
 //! Both records of a message are written and deleted together, in one transaction. The due
@@ -21,7 +21,9 @@
 //! **A submit** of delayed messages writes their records with the call's appended messages (the
 //! same append transaction) or, if nothing is appended now, in a transaction of its own that
 //! also puts the marker `y/<nonce>`: its answer lost, the marker says whether it was applied
-//! (its messages may already have fired, so their records cannot tell).
+//! (its messages may already have fired, so their records cannot tell). A cancel puts one
+//! likewise ([`Marked`]): retried after a lost answer, it finds the record gone, and only the
+//! marker tells its own cancel from a firing's or another process's.
 
 use std::collections::HashMap;
 
@@ -29,6 +31,16 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
 use super::{Along, DedupWrite, DelayedPut, EtcdStore, corrupt};
 use crate::error::{CorruptionError, StorageError};
+
+/// A call whose transaction also puts the marker `y/<nonce>` under an expiring `lease`: its
+/// answer lost, and the records it compared found changed on the retry, the marker says whether
+/// the change was this call's own (a cancel or a delete must not report "not there" for what it
+/// removed itself).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Marked {
+    pub nonce: u64,
+    pub lease: i64,
+}
 
 /// Schedule ids one process takes from the counter at a time.
 const ID_BLOCK: u64 = 256;
@@ -165,25 +177,23 @@ impl EtcdStore {
     }
 
     /// A submit that appends nothing now: its delayed messages' records and the idempotency
-    /// keys' records (compared with the revisions they were read at) and the marker
-    /// `y/<nonce>` under `marker_lease`, in one transaction. `false`: a key was recorded
+    /// keys' records (compared with the revisions they were read at) and its marker
+    /// (`marked`), in one transaction. `false`: a key was recorded
     /// meanwhile, nothing written.
     pub async fn put_delayed(
         &self,
         qid: u32,
         puts: &[DelayedPut<'_>],
         dedup: Option<(&[DedupWrite], i64)>,
-        nonce: u64,
-        marker_lease: i64,
+        marked: Marked,
     ) -> Result<bool, StorageError> {
         // Fenced by its own marker: a resend after a lost answer cannot write the records a
         // second time (after the first try's messages fired or were cancelled), should the
         // first try land late.
-        let marker = self.marker_key(nonce);
-        let mut cmps = vec![Compare::version(marker.clone(), CompareOp::Equal, 0)];
+        let mut cmps = vec![Compare::version(self.marker_key(marked.nonce), CompareOp::Equal, 0)];
         let mut ops = Vec::with_capacity(2 * puts.len() + 1);
         self.push_delayed(qid, puts, &mut ops);
-        ops.push(TxnOp::put(marker, Vec::new(), Some(PutOptions::new().with_lease(marker_lease))));
+        self.push_marker(Some(marked), &mut ops);
         if let Some((records, lease)) = dedup {
             // Every record of this call names a delayed message (`scheduled`): `first` is unused.
             self.push_dedup(qid, 0, records, lease, &mut cmps, &mut ops);
@@ -192,10 +202,10 @@ impl EtcdStore {
         let resp = self.kv().txn(Txn::new().when(cmps).and_then(ops)).await?;
         crate::faults::check("rockq-etcd-delay-answer")?;
         // Refused: a key recorded meanwhile, or this very call applied before (its marker).
-        Ok(resp.succeeded() || self.marker_exists(nonce).await?)
+        Ok(resp.succeeded() || self.marker_exists(marked.nonce).await?)
     }
 
-    /// Whether the submit named `nonce` was applied (its marker is there).
+    /// Whether the call named `nonce` was applied (its marker is there).
     pub async fn marker_exists(&self, nonce: u64) -> Result<bool, StorageError> {
         let opts = GetOptions::new().with_count_only();
         Ok(self.kv().get(self.marker_key(nonce), Some(opts)).await?.count() > 0)
@@ -210,13 +220,32 @@ impl EtcdStore {
     }
 
     /// Takes delayed message `r` out of the schedule if its record is still as read. `false`:
-    /// it changed meanwhile (fired, cancelled or moved elsewhere), nothing written.
-    pub async fn cancel_delayed(&self, r: &DelayedRecord) -> Result<bool, StorageError> {
+    /// it changed meanwhile (fired, cancelled or moved elsewhere), nothing written. With
+    /// `marked` (a [`Marked`] call), the call's marker goes in the same transaction.
+    pub async fn cancel_delayed(
+        &self,
+        r: &DelayedRecord,
+        marked: Option<Marked>,
+    ) -> Result<bool, StorageError> {
         let key = self.delayed_key(r.qid, r.id);
-        let txn = Txn::new()
-            .when([Compare::mod_revision(key.clone(), CompareOp::Equal, r.rev)])
-            .and_then([TxnOp::delete(key, None), TxnOp::delete(self.due_key(r.due, r.qid, r.id), None)]);
-        Ok(self.kv().txn(txn).await?.succeeded())
+        let mut ops =
+            vec![TxnOp::delete(key.clone(), None), TxnOp::delete(self.due_key(r.due, r.qid, r.id), None)];
+        self.push_marker(marked, &mut ops);
+        let txn = Txn::new().when([Compare::mod_revision(key, CompareOp::Equal, r.rev)]).and_then(ops);
+        let resp = self.kv().txn(txn).await?;
+        crate::faults::check("rockq-etcd-cancel-answer")?;
+        Ok(resp.succeeded())
+    }
+
+    /// The put of a [`Marked`] call's marker, if any.
+    pub(super) fn push_marker(&self, marked: Option<Marked>, ops: &mut Vec<TxnOp>) {
+        if let Some(m) = marked {
+            ops.push(TxnOp::put(
+                self.marker_key(m.nonce),
+                Vec::new(),
+                Some(PutOptions::new().with_lease(m.lease)),
+            ));
+        }
     }
 
     /// Moves delayed message `r` to `due` if its record is still as read (`false`: it changed

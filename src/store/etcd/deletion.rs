@@ -25,6 +25,7 @@ use etcd_client::{
     Compare, CompareOp, DeleteOptions, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
 
+use super::delayed::Marked;
 use super::{EtcdStore, WatchedKind, corrupt};
 use crate::error::StorageError;
 use crate::store::keys;
@@ -50,26 +51,41 @@ fn prefix() -> Option<DeleteOptions> {
 }
 
 impl EtcdStore {
-    /// Deletes group `group` on `queue` (either mode) with everything of it, in one transaction.
-    /// Returns whether there was such a group (an offset or a settings record), and the
-    /// deletion's revision.
-    pub async fn delete_group(&self, group: &str, queue: &str) -> Result<(bool, i64), StorageError> {
-        let resp = self.kv().txn(Txn::new().and_then(self.group_deletes(group, queue))).await?;
+    /// Deletes group `group` on `queue` (either mode) with everything of it, in one transaction,
+    /// which also puts the call's marker (if `marked`) if there was such a group. Returns
+    /// whether there was (an offset or a settings record), and the deletion's revision.
+    pub async fn delete_group(
+        &self,
+        group: &str,
+        queue: &str,
+        marked: Option<Marked>,
+    ) -> Result<(bool, i64), StorageError> {
+        // `If offset exists Then (deletes, marker) Else (If settings exist Then (deletes,
+        // marker) Else deletes)`: a group exists once either record is written, and etcd has no
+        // "or" of compares. The marker says, after a lost answer, whether this call found it.
+        let exists = |key: Vec<u8>| Compare::version(key, CompareOp::Greater, 0);
+        let found = || {
+            let mut ops = self.group_deletes(group, queue);
+            self.push_marker(marked, &mut ops);
+            ops
+        };
+        let by_settings = Txn::new()
+            .when([exists(self.settings_key(group, queue))])
+            .and_then(found())
+            .or_else(self.group_deletes(group, queue));
+        let txn = Txn::new()
+            .when([exists(self.offset_key(group, queue))])
+            .and_then(found())
+            .or_else([TxnOp::txn(by_settings)]);
+        let resp = self.kv().txn(txn).await?;
+        crate::faults::check("rockq-etcd-group-delete-answer")?;
         let rev = resp.header().map_or(0, |h| h.revision());
-        let deleted: Vec<i64> = resp
-            .op_responses()
-            .into_iter()
-            .map(|r| match r {
-                TxnOpResponse::Delete(d) => d.deleted(),
-                _ => 0,
-            })
-            .collect();
-        // The offset or the settings record: a group exists once either is written.
-        Ok((deleted.iter().take(2).any(|&n| n > 0), rev))
+        let existed = resp.succeeded()
+            || resp.op_responses().into_iter().any(|r| matches!(r, TxnOpResponse::Txn(t) if t.succeeded()));
+        Ok((existed, rev))
     }
 
-    /// The deletions of everything of group `group` on `queue`: the offset and the settings
-    /// record first ([`delete_group`](Self::delete_group) reads their counts).
+    /// The deletions of everything of group `group` on `queue`.
     fn group_deletes(&self, group: &str, queue: &str) -> Vec<TxnOp> {
         vec![
             TxnOp::delete(self.offset_key(group, queue), None),

@@ -28,6 +28,7 @@ use etcd_client::{
     TxnOpResponse,
 };
 
+use super::delayed::Marked;
 use super::{DeadLetterAppend, EtcdStore, corrupt};
 use crate::error::{CorruptionError, StorageError};
 use crate::flow_state::{Change, FlowHeader, FlowStatus, StepRecord};
@@ -633,12 +634,13 @@ impl EtcdStore {
             .collect()
     }
 
-    /// Deletes flow `flow`'s records, its changes not applied yet included: `false` if there
-    /// was none (what a large flow's submit killed before its flow's record wrote is deleted
-    /// all the same).
-    pub async fn delete_flow(&self, flow: u64) -> Result<bool, StorageError> {
+    /// Deletes flow `flow`'s records, its changes not applied yet included, with the call's
+    /// marker if there was such a flow: `false` if there was none (what a large flow's submit
+    /// killed before its flow's record wrote is deleted all the same).
+    pub async fn delete_flow(&self, flow: u64, marked: Marked) -> Result<bool, StorageError> {
         let fkey = self.flow_key(flow);
         let mut ops = vec![TxnOp::delete(fkey.clone(), None)];
+        self.push_marker(Some(marked), &mut ops);
         let mut parts = Vec::new();
         for kind in [&b"fs/"[..], b"fd/", b"fm/", b"sf/"] {
             let (lo, hi) = self.flow_range(kind, flow);
@@ -647,7 +649,9 @@ impl EtcdStore {
         }
         let txn =
             Txn::new().when([Compare::version(fkey, CompareOp::Greater, 0)]).and_then(ops).or_else(parts);
-        Ok(self.kv().txn(txn).await?.succeeded())
+        let resp = self.kv().txn(txn).await?;
+        crate::faults::check("rockq-etcd-flow-delete-answer")?;
+        Ok(resp.succeeded())
     }
 
     /// Up to `limit` changes not applied yet, in the order they were written.

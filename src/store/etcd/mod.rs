@@ -28,7 +28,7 @@
 //! | `N d/<qid u32><key>` | an idempotency key's dedup record, under an expiring lease (`dedup.rs`) |
 //! | `N j/outcome:<group>:<queue>:<seq>` | a kept job outcome (same codec as RocksDB's, `outcomes.rs`) |
 //! | `N x/<qid u32><id u64>`, `N sd/<due u64><qid u32><id u64>` | a delayed message and its due-index entry (`delayed.rs`) |
-//! | `N y/<nonce u64>` | a submit's marker under an expiring lease (`delayed.rs`) |
+//! | `N y/<nonce u64>` | a call's marker (submit, cancel, schedule, group or flow deletion) under an expiring lease (`delayed.rs`) |
 //! | `N meta/scheduled-id` | the next schedule id not handed out (`delayed.rs`) |
 //! | `N w/<name>` | a recurring schedule's record (same codec as RocksDB's, `schedules.rs`) |
 //! | `N sk/<name>` | a keyspace: its id (`kv.rs`) |

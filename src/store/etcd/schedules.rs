@@ -11,6 +11,7 @@
 
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 
+use super::delayed::Marked;
 use super::{EtcdStore, ScheduleWrite, corrupt};
 use crate::error::StorageError;
 use crate::model::ScheduleRecord;
@@ -86,12 +87,21 @@ impl EtcdStore {
         }
     }
 
-    /// Writes (or, `delete`, deletes) a schedule as `w` says, in one transaction. `false`: its
-    /// record changed since it was read, nothing written.
-    pub async fn write_schedule(&self, w: &ScheduleWrite<'_>, delete: bool) -> Result<bool, StorageError> {
+    /// Writes (or, `delete`, deletes) a schedule as `w` says, in one transaction (with the
+    /// call's marker, if `marked`). `false`: its record changed since it was read, nothing
+    /// written.
+    pub async fn write_schedule(
+        &self,
+        w: &ScheduleWrite<'_>,
+        delete: bool,
+        marked: Option<Marked>,
+    ) -> Result<bool, StorageError> {
         let (mut cmps, mut ops) = (Vec::new(), Vec::new());
         self.push_schedule(w, delete, &mut cmps, &mut ops);
+        self.push_marker(marked, &mut ops);
         crate::faults::check("rockq-etcd-schedule-write")?;
-        Ok(self.kv().txn(Txn::new().when(cmps).and_then(ops)).await?.succeeded())
+        let resp = self.kv().txn(Txn::new().when(cmps).and_then(ops)).await?;
+        crate::faults::check("rockq-etcd-schedule-answer")?;
+        Ok(resp.succeeded())
     }
 }
