@@ -24,9 +24,11 @@
 //! operator's delete or a dead letter reading the job it finishes), `rockq-etcd-queue-delete-landed`
 //! and `rockq-etcd-queue-delete-answer` (a queue deletion's transaction was answered, and its
 //! answer is lost), `rockq-etcd-cancel-answer`, `rockq-etcd-schedule-answer`,
-//! `rockq-etcd-group-delete-answer` and `rockq-etcd-flow-delete-answer` (a delayed message's
-//! cancel, a schedule's write or deletion, a group's or a flow's deletion, was applied and its
-//! answer is lost).
+//! `rockq-etcd-group-delete-answer`, `rockq-etcd-flow-delete-answer` and
+//! `rockq-etcd-reset-answer` (a delayed message's cancel, a schedule's write or deletion, a
+//! group's or a flow's deletion, a group's reset, was applied and its answer is lost;
+//! `rockq-etcd-reset-landed` is reached just before, when a test's callback may act as
+//! another process).
 
 use crate::error::StorageError;
 

@@ -614,6 +614,100 @@ async fn an_offset_move_decided_before_a_reset_does_not_undo_it() {
     b.shutdown().await.expect("shutdown");
 }
 
+/// A reset whose transaction landed and whose answer was lost, with another process taking the
+/// group (`ordered`: subscribing to the ordered group, which makes it the owner; else claiming
+/// a job of the work group) from the reset's offset before the retry: the retry is refused (the
+/// reset moved the records it compares), and the next read finds the group in use elsewhere.
+/// The call's marker says the reset was applied: it answers `Ok` (it answered `Error::Active`,
+/// "the group is in use", for the reset it had made).
+async fn reset_lost_while_another_takes_the_group(ordered: bool) {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = rockq::ManualClock::new();
+    let a = connect_with(&cluster, "reset-doubt", &clock).await;
+    let q = a.queue("q").await.expect("queue");
+    q.send_batch(["1", "2", "3"]).await.expect("send");
+    if ordered {
+        let mut sub = q.group("g").expect("group").subscribe().await.expect("subscribe");
+        for d in common::take(&mut sub, 3).await {
+            d.ack().expect("ack");
+        }
+        sub.commit().await.expect("commit");
+    } else {
+        let mut jobs = q.work_group("w").expect("group").subscribe().await.expect("subscribe");
+        for _ in 0..3 {
+            next_job(&mut jobs).await.ack_durable().await.expect("ack");
+        }
+    }
+    a.flush().await.expect("flush");
+    // Once the reset has landed: another process takes the group and holds it (its runtime
+    // parked until the test lets it go), then the reset's answer is lost.
+    let (taken_tx, taken) = std::sync::mpsc::channel::<u64>();
+    let taken = std::sync::Mutex::new(taken);
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let stopped = std::sync::Arc::new(std::sync::Mutex::new(Some(stopped)));
+    let held_seq = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let held_seq_there = held_seq.clone();
+    let endpoints = cluster.endpoints();
+    let other = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let other_thread = other.clone();
+    fail::cfg_callback("rockq-etcd-reset-landed", move || {
+        let Some(stopped) = stopped.lock().unwrap().take() else { return };
+        let (endpoints, taken_tx) = (endpoints.clone(), taken_tx.clone());
+        *other_thread.lock().unwrap() = Some(std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            rt.block_on(async move {
+                let b = Broker::connect_etcd(endpoints, "reset-doubt", EtcdOptions::new())
+                    .await
+                    .expect("connect");
+                let qb = b.queue("q").await.expect("queue");
+                if ordered {
+                    let mut sb = qb.group("g").expect("group").subscribe().await.expect("subscribe");
+                    let held = common::next(&mut sb).await;
+                    taken_tx.send(held.seq()).expect("report");
+                    stopped.recv().expect("stop");
+                    drop((held, sb));
+                } else {
+                    let mut jb = qb.work_group("w").expect("group").subscribe().await.expect("subscribe");
+                    let held = next_job(&mut jb).await;
+                    taken_tx.send(held.seq()).expect("report");
+                    stopped.recv().expect("stop");
+                    drop((held, jb));
+                }
+                b.shutdown().await.expect("shutdown");
+            });
+        }));
+        let seq = taken.lock().unwrap().recv().expect("taken");
+        held_seq_there.store(seq, std::sync::atomic::Ordering::SeqCst);
+    })
+    .expect("failpoint");
+    fail::cfg("rockq-etcd-reset-answer", "1*return").expect("failpoint");
+    let reset = match ordered {
+        true => q.group("g").expect("group").reset_to(rockq::ResetTo::Sequence(1)).await,
+        false => q.work_group("w").expect("group").reset_to(rockq::ResetTo::Sequence(1)).await,
+    };
+    fail::remove("rockq-etcd-reset-answer");
+    fail::remove("rockq-etcd-reset-landed");
+    // (Gone already if the failpoint was never reached: the assertions below say why.)
+    let _ = stop.send(());
+    if let Some(joined) = other.lock().unwrap().take() {
+        joined.join().expect("the other process");
+    }
+    assert_eq!(reset.expect("the reset landed: reported applied, not Active"), 1);
+    assert_eq!(held_seq.load(std::sync::atomic::Ordering::SeqCst), 1, "taken from the reset's offset");
+    a.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_work_group_reset_whose_answer_was_lost_reports_it_applied_though_the_group_is_busy_since() {
+    reset_lost_while_another_takes_the_group(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ordered_group_reset_whose_answer_was_lost_reports_it_applied_though_the_group_is_owned_since() {
+    reset_lost_while_another_takes_the_group(true).await;
+}
+
 /// A claim this process wrote before its own reset, brought by its claim watch only after the
 /// reset was applied here, must not come back: the reset deleted it. (Found by the embedded
 /// `work_groups` suite on etcd, where it showed as attempt 2 after a reset, now and then.) The

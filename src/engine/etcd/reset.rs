@@ -46,6 +46,7 @@ impl Writer {
 
     async fn try_reset_ordered(&mut self, group: &Arc<OrderedGroupState>, offset: u64) -> Result<(), Error> {
         let t = self.side.settings.request_timeout;
+        let marked = self.marked(t).await?;
         let store = &self.side.store;
         let deadline = tokio::time::Instant::now() + t;
         let mut tries = 0;
@@ -59,9 +60,17 @@ impl Writer {
             };
             let record = retained(&self.side, &group.queue, offset).await?;
             let rec = (&record.0, record.1);
-            match retrying(t, || store.reset_ordered(&group.name, &group.queue.name, owner, rec, offset))
-                .await?
-            {
+            let reset = || store.reset_ordered(&group.name, &group.queue.name, owner, rec, offset, marked);
+            let mut outcome = retrying(t, reset).await?;
+            if matches!(outcome, ResetOutcome::Moved | ResetOutcome::Owned(_)) {
+                // Refused: perhaps by this call's own reset, applied by a try whose answer was
+                // lost (it moved the queue record; a subscriber elsewhere may own the group
+                // since). Its marker tells.
+                if let Some(rev) = retrying(t, || store.marker_revision(marked.nonce)).await? {
+                    outcome = ResetOutcome::Done { rev };
+                }
+            }
+            match outcome {
                 ResetOutcome::Done { .. } => {
                     group.acked.store(offset, Ordering::SeqCst);
                     group.durable.store(offset, Ordering::SeqCst);
@@ -106,6 +115,7 @@ impl Writer {
             return Err(no_group(&group.name, &group.queue.name));
         };
         let t = self.side.settings.request_timeout;
+        let marked = self.marked(t).await?;
         let store = &self.side.store;
         // Held across the transaction: the watch applies nothing of this group meanwhile, and
         // learns the reset this process wrote as already known.
@@ -127,16 +137,22 @@ impl Writer {
             let record = retained(&self.side, &group.queue, offset).await?;
             let rec = (&record.0, record.1);
             let read_at = loaded.rev;
-            match retrying(t, || store.reset_work(&group.name, &group.queue.name, read_at, rec, offset))
-                .await?
-            {
-                ResetOutcome::Done { rev } => {
-                    known.reset(&group, offset, rev);
-                    return Ok(());
-                }
+            let reset = || store.reset_work(&group.name, &group.queue.name, read_at, rec, offset, marked);
+            let rev = match retrying(t, reset).await? {
+                ResetOutcome::Done { rev } => rev,
                 ResetOutcome::NoGroup => return Err(no_group(&group.name, &group.queue.name)),
-                ResetOutcome::Moved | ResetOutcome::Owned(_) => continue,
-            }
+                // Refused: perhaps by this call's own reset, applied by a try whose answer was
+                // lost (its mark is newer than `read_at`). Its marker tells, with its revision;
+                // else a claim or a reset came from elsewhere: read again.
+                ResetOutcome::Moved | ResetOutcome::Owned(_) => {
+                    match retrying(t, || store.marker_revision(marked.nonce)).await? {
+                        Some(rev) => rev,
+                        None => continue,
+                    }
+                }
+            };
+            known.reset(&group, offset, rev);
+            return Ok(());
         }
         // Claims kept being written: a subscription of the group runs in another process.
         Err(busy())

@@ -211,6 +211,12 @@ impl EtcdStore {
         Ok(self.kv().get(self.marker_key(nonce), Some(opts)).await?.count() > 0)
     }
 
+    /// The revision the call named `nonce` was applied at, if it was (its marker's).
+    pub async fn marker_revision(&self, nonce: u64) -> Result<Option<i64>, StorageError> {
+        let got = self.kv().get(self.marker_key(nonce), None).await?;
+        Ok(got.kvs().first().map(|kv| kv.mod_revision()))
+    }
+
     /// Delayed message `id` of queue `qid`, if it is scheduled.
     pub async fn delayed(&self, qid: u32, id: u64) -> Result<Option<DelayedRecord>, StorageError> {
         let got = self.kv().get(self.delayed_key(qid, id), None).await?;

@@ -17,6 +17,7 @@
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, Txn, TxnOp};
 
+use super::delayed::Marked;
 use super::{EtcdStore, corrupt, decode_envelope, first_get, two_gets};
 use crate::error::StorageError;
 use crate::model::{GroupMode, GroupOffset, QueueMeta};
@@ -55,8 +56,8 @@ impl EtcdStore {
     }
 
     /// Resets ordered group `group` on `queue` to `offset`: the offset is written and every
-    /// mark deleted, if the group is held by `owner` as given and the queue record is still at
-    /// `queue_rev` (what the caller checked `offset` against).
+    /// mark deleted, with the call's marker, if the group is held by `owner` as given and the
+    /// queue record is still at `queue_rev` (what the caller checked `offset` against).
     pub async fn reset_ordered(
         &self,
         group: &str,
@@ -64,6 +65,7 @@ impl EtcdStore {
         owner: OwnerCheck<'_>,
         (meta, queue_rev): (&QueueMeta, i64),
         offset: u64,
+        marked: Marked,
     ) -> Result<ResetOutcome, StorageError> {
         let owner_key = self.owner_key(group, queue);
         let owner_cmp = match owner {
@@ -71,11 +73,12 @@ impl EtcdStore {
             OwnerCheck::This(id) => Compare::value(owner_key.clone(), CompareOp::Equal, id.to_vec()),
         };
         let prefix = self.mark_prefix(group, queue);
-        let ops = vec![
+        let mut ops = vec![
             TxnOp::put(self.offset_key(group, queue), offset_record(GroupMode::Ordered, offset), None),
             TxnOp::delete(prefix, Some(DeleteOptions::new().with_prefix())),
             TxnOp::put(self.queue_key(queue), records::encode_queue(meta).to_vec(), None),
         ];
+        self.push_marker(Some(marked), &mut ops);
         let cmps = vec![
             owner_cmp,
             Compare::mod_revision(self.queue_key(queue), CompareOp::Equal, queue_rev),
@@ -86,6 +89,8 @@ impl EtcdStore {
             .and_then(ops)
             .or_else([TxnOp::get(self.offset_key(group, queue), None), TxnOp::get(owner_key, None)]);
         let resp = self.kv().txn(txn).await?;
+        crate::faults::reached("rockq-etcd-reset-landed");
+        crate::faults::check("rockq-etcd-reset-answer")?;
         if resp.succeeded() {
             return Ok(ResetOutcome::Done { rev: revision(&resp) });
         }
@@ -102,9 +107,9 @@ impl EtcdStore {
     }
 
     /// Resets work group `group` on `queue` to `offset`: every claim record goes, the offset is
-    /// written and the reset mark put, if no claim record changed since revision `read_at`
-    /// (the caller found no live lease among them) and the queue record is still at
-    /// `queue_rev`.
+    /// written and the reset mark put, with the call's marker, if no claim record changed since
+    /// revision `read_at` (the caller found no live lease among them) and the queue record is
+    /// still at `queue_rev`.
     pub async fn reset_work(
         &self,
         group: &str,
@@ -112,6 +117,7 @@ impl EtcdStore {
         read_at: i64,
         (meta, queue_rev): (&QueueMeta, i64),
         offset: u64,
+        marked: Marked,
     ) -> Result<ResetOutcome, StorageError> {
         let prefix = self.claims_prefix(group, queue);
         let mark = self.reset_mark_key(group, queue);
@@ -122,7 +128,7 @@ impl EtcdStore {
             Compare::mod_revision(self.queue_key(queue), CompareOp::Equal, queue_rev),
             Compare::version(self.offset_key(group, queue), CompareOp::Greater, 0),
         ];
-        let ops = vec![
+        let mut ops = vec![
             TxnOp::delete(keys::claim_key(&prefix, 0), Some(DeleteOptions::new().with_range(mark.clone()))),
             TxnOp::put(self.offset_key(group, queue), offset_record(GroupMode::WorkQueue, offset), None),
             TxnOp::put(mark, offset_record(GroupMode::WorkQueue, offset), None),
@@ -133,9 +139,12 @@ impl EtcdStore {
             // Progress goes with the claims (a reset forgets attempts).
             self.delete_progress_between(group, queue, 0, u64::MAX),
         ];
+        self.push_marker(Some(marked), &mut ops);
         let txn =
             Txn::new().when(cmps).and_then(ops).or_else([TxnOp::get(self.offset_key(group, queue), None)]);
         let resp = self.kv().txn(txn).await?;
+        crate::faults::reached("rockq-etcd-reset-landed");
+        crate::faults::check("rockq-etcd-reset-answer")?;
         if resp.succeeded() {
             return Ok(ResetOutcome::Done { rev: revision(&resp) });
         }
