@@ -150,6 +150,9 @@ struct Rep {
     raw_secs: f64,
     /// The same appends by two writers at once.
     raw_two_secs: f64,
+    /// The same transactions with their messages packed into one key each, as rockq's appends
+    /// store them in a namespace of format 3.
+    raw_packed_secs: f64,
     k: u64,
     /// One `send_batch` of all `n` messages (reserved: transactions of 127), and raw etcd
     /// writing full transactions of 127 from the same run.
@@ -183,6 +186,8 @@ async fn bench_cluster(members: usize, n: u64) {
         // grows by a few MB per measurement).
         let raw_secs = raw_appends(&mut client, &format!("bench-raw-{i}"), n, k, value_len).await;
         let raw_two_secs = raw_appends_two(&client, &format!("bench-raw-two-{i}"), n, k, value_len).await;
+        let raw_packed_secs =
+            raw_appends_as(&mut client, &format!("bench-raw-packed-{i}"), n, k, value_len, true).await;
         let one_call = produce_one_call(&endpoints, &mut client, &format!("bench-one-call-{i}"), n).await;
         let raw_full_secs =
             raw_appends(&mut client, &format!("bench-raw-full-{i}"), n, MAX_TXN_MESSAGES, value_len).await;
@@ -232,6 +237,7 @@ async fn bench_cluster(members: usize, n: u64) {
             drain_k,
             raw_secs,
             raw_two_secs,
+            raw_packed_secs,
             k,
             one_call,
             raw_full_secs,
@@ -311,6 +317,13 @@ async fn bench_cluster(members: usize, n: u64) {
     println!(
         "  raw etcd, two writers vs one: {:.2}x",
         median(reps.iter().map(|r| r.raw_secs / r.raw_two_secs))
+    );
+    // The same work packed as rockq stores it (one key per transaction): what etcd can do for
+    // the messages 64 awaiting producers have out, one transaction at a time.
+    raw_row("  the same, packed into one key a txn", &|r| r.raw_packed_secs, &raw_txns);
+    println!(
+        "  produce vs raw packed at the same size: {:.0}%",
+        100.0 * median(reps.iter().map(|r| r.raw_packed_secs / r.produce.secs))
     );
     // Large calls beside raw etcd's full transactions; the awaited produce against them too
     // (issue 32's produce target is a share of full-transaction throughput).
@@ -844,7 +857,12 @@ async fn raw_drain(client: &mut Client, prefix: &str, n: u64, k: u64, value_len:
 async fn stored_value_len(client: &mut Client, ns: &str) -> usize {
     let opts = GetOptions::new().with_prefix().with_limit(1);
     let got = client.get(format!("{ns}/m/"), Some(opts)).await.expect("read a stored message");
-    got.kvs().first().expect("rockq stored no message where the layout says").value().len()
+    let value = got.kvs().first().expect("rockq stored no message where the layout says").value();
+    // A packed run (`store/etcd/segment.rs`): its first envelope's length.
+    match value {
+        [0xE5, _, _, a, b, c, d, ..] => u32::from_be_bytes([*a, *b, *c, *d]) as usize,
+        _ => value.len(),
+    }
 }
 
 /// Raw etcd: [`raw_appends`] of `n` messages by two writers at once, each to a tail of its
@@ -871,6 +889,21 @@ fn tail_value(last: u64, nonce: u64) -> Vec<u8> {
 /// transactions of `k` messages, each as rockq's append: compare the tail's value, put the
 /// messages at the next sequences and the new tail. Keys and values have rockq's shapes.
 async fn raw_appends(client: &mut Client, prefix: &str, n: u64, k: u64, value_len: usize) -> f64 {
+    raw_appends_as(client, prefix, n, k, value_len, false).await
+}
+
+/// Raw etcd: `n` messages of `value_len` bytes, `k` per transaction, one transaction in flight,
+/// each compared with the tail as the last one left it; `packed`: the `k` values concatenated
+/// into one key per transaction (with a length before each, as rockq packs them), else one key
+/// each.
+async fn raw_appends_as(
+    client: &mut Client,
+    prefix: &str,
+    n: u64,
+    k: u64,
+    value_len: usize,
+    packed: bool,
+) -> f64 {
     let tail_key = [format!("{prefix}/t/").as_bytes(), &QUEUE_ID.to_be_bytes()].concat();
     let message_prefix = [format!("{prefix}/m/").as_bytes(), &QUEUE_ID.to_be_bytes()].concat();
     // The queue exists before the clock starts, as rockq's does (its creation puts the tail).
@@ -880,11 +913,21 @@ async fn raw_appends(client: &mut Client, prefix: &str, n: u64, k: u64, value_le
     while last < n {
         let count = k.min(n - last);
         let mut ops = Vec::with_capacity(count as usize + 1);
+        let mut run = Vec::new();
         for seq in last + 1..=last + count {
             // Built per transaction, as rockq's writer copies each envelope into its Txn.
             let mut value = common::value(seq);
             value.resize(value_len, b'x');
-            ops.push(TxnOp::put([message_prefix.as_slice(), &seq.to_be_bytes()].concat(), value, None));
+            if packed {
+                run.extend_from_slice(&(value.len() as u32).to_be_bytes());
+                run.extend_from_slice(&value);
+            } else {
+                ops.push(TxnOp::put([message_prefix.as_slice(), &seq.to_be_bytes()].concat(), value, None));
+            }
+        }
+        if packed {
+            let key = [message_prefix.as_slice(), &(last + count).to_be_bytes()].concat();
+            ops.push(TxnOp::put(key, run, None));
         }
         ops.push(TxnOp::put(tail_key.clone(), tail_value(last + count, nonce + 1), None));
         let txn = Txn::new()

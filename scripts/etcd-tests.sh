@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROCKQ_NEED_ETCD=1 source scripts/bootstrap.sh
-cargo test --features etcd --test etcd_primitives --test etcd_engine --test etcd_cluster --test etcd_work --test etcd_limits --test etcd_flows --test etcd_retention --test etcd_export --test etcd_availability "$@" -- --nocapture
+cargo test --features etcd --test etcd_primitives --test etcd_engine --test etcd_cluster --test etcd_work --test etcd_limits --test etcd_flows --test etcd_retention --test etcd_export --test etcd_packed --test etcd_availability "$@" -- --nocapture
 ./scripts/etcd-semantics.sh "$@"

@@ -160,6 +160,36 @@ async fn an_append_lost_before_it_was_applied_is_sent_again_at_the_same_sequence
     lose_once("rockq-etcd-append-request").await;
 }
 
+/// An append of a packed run (one key for 20 messages) whose answer was lost: the key holding
+/// its first message is found by the run's revision, and nothing is sent twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_packed_append_whose_answer_was_lost_is_found_and_not_sent_again() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let broker =
+        Broker::connect_etcd(cluster.endpoints(), "doubt-run", EtcdOptions::new()).await.expect("connect");
+    let q = broker.queue("q").await.expect("queue");
+    fail::cfg("rockq-etcd-append-answer", "1*return").expect("failpoint");
+    let first = q.send_batch((1..=20).map(|i| rockq::Message::new(format!("m{i}")))).await;
+    fail::remove("rockq-etcd-append-answer");
+    assert_eq!(first.expect("the lost append is settled, not failed"), 1..=20);
+    assert_eq!(q.send("m21").await.expect("send"), 21);
+    let stats = broker.stats().await.expect("stats");
+    assert_eq!(stats.queues[0].len, 21, "each message stored once");
+    let mut sub = q.group("g").expect("group").read_batch(3).subscribe().await.expect("subscribe");
+    for i in 1..=21u64 {
+        let d = tokio::time::timeout(common::HANG_GUARD, sub.next())
+            .await
+            .expect("delivery")
+            .expect("open")
+            .expect("ok");
+        assert_eq!((d.seq(), d.payload().as_ref()), (i, format!("m{i}").as_bytes()));
+        d.ack().expect("ack");
+    }
+    drop(sub);
+    broker.shutdown().await.expect("shutdown");
+}
+
 async fn connect_with(cluster: &etcd::Cluster, ns: &str, clock: &rockq::ManualClock) -> Broker {
     let opts = EtcdOptions::new().options(rockq::Options::new().clock(clock.clone()));
     Broker::connect_etcd(cluster.endpoints(), ns, opts).await.expect("connect")
@@ -907,19 +937,8 @@ async fn a_large_call_whose_lease_grant_failed_is_granted_one_again() {
 async fn a_reservation_left_by_a_dead_process_holds_the_queue_until_its_lease_runs_out_and_shows_nothing() {
     let _one_at_a_time = SERIAL.lock().await;
     let cluster = etcd::Cluster::start(1).await;
-    let opts = || EtcdOptions::new().request_timeout(std::time::Duration::from_secs(1));
-    let a = Broker::connect_etcd(cluster.endpoints(), "large-dead", opts()).await.expect("connect");
-    let b =
-        Broker::connect_etcd(cluster.endpoints(), "large-dead", EtcdOptions::new()).await.expect("connect");
-    let qa = a.queue("q").await.expect("queue");
-    let qb = b.queue("q").await.expect("queue");
     // a's call writes everything but its commit, then gives up and leaves its reservation.
-    fail::cfg("rockq-etcd-reserved-commit-request", "return").expect("failpoint");
-    fail::cfg("rockq-etcd-reserved-abandon", "return").expect("failpoint");
-    let failed = qa.send_batch((0..400).map(|i| rockq::Message::new(format!("dead{i}")))).await;
-    fail::remove("rockq-etcd-reserved-commit-request");
-    fail::remove("rockq-etcd-reserved-abandon");
-    assert!(matches!(failed, Err(rockq::Error::Storage(_))), "{failed:?}");
+    let (a, b, qb) = dead_reservation(&cluster, "large-dead").await;
 
     // b's append is refused while the reservation stands (5 s from a's call, at least 4 s from
     // now) and tried again until it ran out: more than one request. Then it appends after the
@@ -946,24 +965,66 @@ async fn a_reservation_left_by_a_dead_process_holds_the_queue_until_its_lease_ru
     let stats = b.stats().await.expect("stats");
     assert_eq!((stats.queues[0].last_seq, stats.queues[0].len), (150, 150));
     let mut sub = qb.group("g").expect("group").subscribe().await.expect("subscribe");
-    for i in 0..150u64 {
-        let d = tokio::time::timeout(common::HANG_GUARD, sub.next())
+    reads_only_bs(&qb, &mut sub, 150).await;
+    drop(sub);
+    a.shutdown().await.expect("shutdown");
+    b.shutdown().await.expect("shutdown");
+}
+
+/// A process (`a`) that dies holding a reservation of 400 messages on `q` (its writes done,
+/// never committed), and another (`b`, returned with its queue) on the namespace.
+async fn dead_reservation(cluster: &etcd::Cluster, ns: &str) -> (Broker, Broker, rockq::Queue) {
+    let opts = EtcdOptions::new().request_timeout(std::time::Duration::from_secs(1));
+    let a = Broker::connect_etcd(cluster.endpoints(), ns, opts).await.expect("connect");
+    let b = Broker::connect_etcd(cluster.endpoints(), ns, EtcdOptions::new()).await.expect("connect");
+    let qa = a.queue("q").await.expect("queue");
+    let qb = b.queue("q").await.expect("queue");
+    fail::cfg("rockq-etcd-reserved-commit-request", "return").expect("failpoint");
+    fail::cfg("rockq-etcd-reserved-abandon", "return").expect("failpoint");
+    let failed = qa.send_batch((0..400).map(|i| rockq::Message::new(format!("dead{i}")))).await;
+    fail::remove("rockq-etcd-reserved-commit-request");
+    fail::remove("rockq-etcd-reserved-abandon");
+    assert!(matches!(failed, Err(rockq::Error::Storage(_))), "{failed:?}");
+    (a, b, qb)
+}
+
+/// `sub` delivers `b0 ..` at sequences `1..=n`, and then — nothing the dead call left above the
+/// tail being read — the next message sent, `b<n>`, at `n + 1`.
+async fn reads_only_bs(qb: &rockq::Queue, sub: &mut rockq::Subscription, n: u64) {
+    let mut next = async || {
+        tokio::time::timeout(common::HANG_GUARD, sub.next())
             .await
             .expect("delivery")
             .expect("open")
-            .expect("ok");
+            .expect("ok")
+    };
+    for i in 0..n {
+        let d = next().await;
         assert_eq!((d.seq(), d.payload().as_ref()), (i + 1, format!("b{i}").as_bytes()));
         d.ack().expect("ack");
     }
-    // The dead call's messages above the tail (151..=400) are not read: the next delivery is
-    // the next message b sends.
-    assert_eq!(qb.send("b150").await.expect("send"), 151);
-    let d = tokio::time::timeout(common::HANG_GUARD, sub.next())
-        .await
-        .expect("delivery")
-        .expect("open")
-        .expect("ok");
-    assert_eq!((d.seq(), d.payload().as_ref()), (151, b"b150".as_slice()));
+    assert_eq!(qb.send(format!("b{n}")).await.expect("send"), n + 1);
+    let d = next().await;
+    assert_eq!((d.seq(), d.payload().as_ref()), (n + 1, format!("b{n}").as_bytes()));
+}
+
+/// A packed append over the sequences a dead large call wrote under its reservation: the run
+/// is one key under its last sequence, so the dead call's keys below it would be read beside
+/// it; the append deletes them, and readers see only its messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_packed_append_over_a_dead_reservations_writes_hides_them() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let cluster = etcd::Cluster::start(1).await;
+    let (a, b, qb) = dead_reservation(&cluster, "large-dead-run").await;
+    // Once the reservation ran out: two appends of 100, packed, at sequences 1..=200. The dead
+    // call wrote its messages past its first transaction's share (which goes with the commit):
+    // the second run lies over them.
+    let seqs = qb.send_batch((0..100).map(|i| rockq::Message::new(format!("b{i}")))).await.expect("send");
+    assert_eq!(seqs, 1..=100);
+    let seqs = qb.send_batch((100..200).map(|i| rockq::Message::new(format!("b{i}")))).await.expect("send");
+    assert_eq!(seqs, 101..=200);
+    let mut sub = qb.group("g").expect("group").read_batch(16).subscribe().await.expect("subscribe");
+    reads_only_bs(&qb, &mut sub, 200).await;
     drop(sub);
     a.shutdown().await.expect("shutdown");
     b.shutdown().await.expect("shutdown");

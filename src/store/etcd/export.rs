@@ -160,9 +160,16 @@ impl EtcdStore {
             self.pages(b"m/", (&from, &to), rev, out, |page| {
                 let mut batch = Vec::with_capacity(page.len());
                 for (k, v) in page {
-                    let (_, seq) = keys::decode_message_key(&k).map_err(corrupt)?;
-                    let body = crate::store::export::body(&k, &v)?;
-                    batch.push(Record::Message { queue: name.clone(), seq, body });
+                    // A packed run keyed by its last sequence ([`super::segment`]); a trim
+                    // may have cut through the first run, whose messages below the queue's
+                    // first sequence are gone for every reader.
+                    let (_, last) = keys::decode_message_key(&k).map_err(corrupt)?;
+                    for (seq, env) in super::segment::decode(&k, last, &v)? {
+                        if seq >= meta.first_seq {
+                            let body = crate::store::export::body(&keys::message_key(meta.id, seq), env)?;
+                            batch.push(Record::Message { queue: name.clone(), seq, body });
+                        }
+                    }
                 }
                 Ok(batch)
             })

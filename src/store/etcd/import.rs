@@ -238,7 +238,7 @@ impl EtcdStore {
                     None,
                 ),
                 TxnOp::put(self.next_keyspace_id_key(), imp.next_keyspace_id.to_be_bytes().to_vec(), None),
-                TxnOp::put(self.format_key(), records::encode_format(), None),
+                TxnOp::put(self.format_key(), super::segment::encode_format(), None),
                 TxnOp::delete(self.import_mark_key(), None),
             ]);
         if !self.kv().txn(txn).await?.succeeded() {

@@ -54,6 +54,7 @@ pub(crate) mod reserve;
 pub(crate) mod reset;
 pub(crate) mod retention;
 pub(crate) mod schedules;
+pub(crate) mod segment;
 pub(crate) mod settings;
 pub(crate) mod txn;
 pub(crate) mod work;
@@ -94,6 +95,9 @@ pub(crate) struct EtcdStore {
     members: Arc<Members>,
     /// The largest message each queue's last read met: how many the next read asks for.
     sizes: Arc<Sizes>,
+    /// The namespace's format packs appended messages ([`segment`]): set from its format
+    /// record at connect (a namespace of format 2 is written as rockq before it wrote it).
+    packs: Arc<std::sync::atomic::AtomicBool>,
     ns: Vec<u8>,
     /// `etcd://<first endpoint>/<namespace>`: what `Broker::path` reports.
     pub label: String,
@@ -253,11 +257,16 @@ impl EtcdStore {
         let mut ns = namespace.as_bytes().to_vec();
         ns.push(b'/');
         let label = format!("etcd://{}/{namespace}", endpoints.first().map_or("", String::as_str));
-        Ok(EtcdStore { members: Arc::new(members), sizes: Arc::default(), ns, label })
+        Ok(EtcdStore { members: Arc::new(members), sizes: Arc::default(), packs: Arc::default(), ns, label })
     }
 
     fn kv(&self) -> Kv<'_> {
         Kv(&self.members)
+    }
+
+    /// Whether appends pack their messages, and readers may meet packed runs.
+    pub(super) fn packs(&self) -> bool {
+        self.packs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn key(&self, kind: &[u8], rest: &[u8]) -> Vec<u8> {
@@ -301,6 +310,30 @@ impl EtcdStore {
             ops.push(TxnOp::put(self.priority_key(qid, seq), vec![priority], None));
         }
     }
+    /// Puts `envs` as sequences `first ..` packed in runs ([`segment`]), with the index entries
+    /// of the prioritised ones.
+    fn push_packed(&self, qid: u32, first: u64, envs: &[&[u8]], ops: &mut Vec<TxnOp>) {
+        for (a, b) in segment::runs(envs) {
+            let (from, last) = (first + a as u64, first + b as u64 - 1);
+            if last > from {
+                // A large send call whose holder died may have left messages in this run's
+                // sequences (`reserve.rs`): under keys of their own, they would be read beside
+                // the run's. (A single message's put replaces such a leftover, as before.)
+                ops.push(TxnOp::delete(
+                    self.message_key(qid, from),
+                    Some(DeleteOptions::new().with_range(self.message_key(qid, last))),
+                ));
+            }
+            ops.push(TxnOp::put(self.message_key(qid, last), segment::encode(&envs[a..b]), None));
+            for (i, env) in envs[a..b].iter().enumerate() {
+                let priority = envelope::priority(env);
+                if priority > 0 {
+                    ops.push(TxnOp::put(self.priority_key(qid, from + i as u64), vec![priority], None));
+                }
+            }
+        }
+    }
+
     /// Deletes the index entries of messages `from..=to` of `qid` (with the messages').
     fn delete_priorities(&self, qid: u32, from: u64, to: u64) -> TxnOp {
         TxnOp::delete(
@@ -334,7 +367,7 @@ impl EtcdStore {
         // Without `create` the transaction writes nothing either way (a read-only transaction
         // does not even move the revision).
         let then: Vec<TxnOp> =
-            if create { vec![TxnOp::put(key.clone(), records::encode_format(), None)] } else { Vec::new() };
+            if create { vec![TxnOp::put(key.clone(), segment::encode_format(), None)] } else { Vec::new() };
         let txn = Txn::new()
             .when([
                 Compare::version(key.clone(), CompareOp::Equal, 0),
@@ -344,6 +377,7 @@ impl EtcdStore {
             .or_else([TxnOp::get(key.clone(), None), TxnOp::get(mark, None)]);
         let resp = self.kv().txn(txn).await.map_err(ConnectFailure::Storage)?;
         if resp.succeeded() {
+            self.packs.store(create, std::sync::atomic::Ordering::Relaxed);
             return if create { Ok(()) } else { Err(ConnectFailure::Missing) };
         }
         let gets: Vec<Option<etcd_client::KeyValue>> = resp
@@ -362,10 +396,14 @@ impl EtcdStore {
         }
         let found = gets.into_iter().next().flatten().map(|kv| kv.value().to_vec()).unwrap_or_default();
         match records::decode_format(&found) {
-            Some(records::FORMAT_VERSION) => Ok(()),
+            Some(v @ (records::FORMAT_VERSION | segment::PACKED_FORMAT)) => {
+                self.packs.store(v == segment::PACKED_FORMAT, std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            }
             Some(v) => Err(ConnectFailure::Foreign(format!(
-                "namespace format version {v} is not supported (this build reads version {})",
-                records::FORMAT_VERSION
+                "namespace format version {v} is not supported (this build reads versions {} and {})",
+                records::FORMAT_VERSION,
+                segment::PACKED_FORMAT
             ))),
             None => Err(ConnectFailure::Foreign("its format record is not rockq's".into())),
         }
@@ -549,8 +587,12 @@ impl EtcdStore {
         let tail = self.tail_key(qid);
         let mut ops =
             Vec::with_capacity(envelopes.len() + dedup.map_or(0, |(d, _)| d.len()) + 1 + along.ops());
-        for (i, env) in envelopes.iter().enumerate() {
-            self.push_message(qid, expected_last + 1 + i as u64, env, &mut ops);
+        if self.packs() {
+            self.push_packed(qid, expected_last + 1, envelopes, &mut ops);
+        } else {
+            for (i, env) in envelopes.iter().enumerate() {
+                self.push_message(qid, expected_last + 1 + i as u64, env, &mut ops);
+            }
         }
         ops.push(TxnOp::put(tail.clone(), encode_tail(expected_last + envelopes.len() as u64, nonce), None));
         let mut cmps = vec![
@@ -604,16 +646,14 @@ impl EtcdStore {
         if last <= expected_last {
             return Ok((false, last, now_nonce));
         }
-        let first = kv.get(self.message_key(qid, expected_last + 1), None).await?;
-        let Some(m) = first.kvs().first() else {
+        let Some((_, mod_revision)) = self.message_at(qid, expected_last + 1).await? else {
             // Trimmed already: only an append that was stored can have been trimmed, but it
             // cannot be told whose it was. Report it stored by someone else.
             return Ok((false, last, now_nonce));
         };
         // The revision that last put it, not the one that created it: a reserved call whose
         // holder died may have left a message at this key before (`reserve.rs`).
-        let then =
-            kv.get(self.tail_key(qid), Some(GetOptions::new().with_revision(m.mod_revision()))).await?;
+        let then = kv.get(self.tail_key(qid), Some(GetOptions::new().with_revision(mod_revision))).await?;
         let ours = match then.kvs().first() {
             Some(t) => decode_tail(t.key(), t.value())?.1 == nonce,
             None => false,
@@ -638,57 +678,112 @@ impl EtcdStore {
         let want = (to - from + 1).min(1024) as usize;
         let budget = max_bytes.clamp(1, ANSWER_BYTES);
         let mut limit = (budget / self.sizes.typical(qid)).clamp(1, want);
-        let got = loop {
-            let opts = GetOptions::new().with_range(self.message_key(qid, to + 1)).with_limit(limit as i64);
-            match self.kv().get_bounded(self.message_key(qid, from), Some(opts)).await? {
-                Some(got) => break got,
+        let packs = self.packs();
+        let (within, past) = loop {
+            let range = GetOptions::new().with_range(self.message_key(qid, to + 1)).with_limit(limit as i64);
+            let mut ops = vec![TxnOp::get(self.message_key(qid, from), Some(range))];
+            if packs {
+                // The run holding `to` (and the messages before it down to `from`) is keyed by
+                // its last sequence, past `to`: asked in the same request.
+                let (key, opts) = self.holding_get(qid, to + 1);
+                ops.push(TxnOp::get(key, opts));
+            }
+            match self.kv().txn_bounded(Txn::new().and_then(ops)).await? {
+                Some(resp) => break gets(resp),
                 None if limit > 1 => limit = (limit / 4).max(1),
                 None => return Err(too_large(qid, from)),
             }
         };
-        self.sizes.learn(qid, got.kvs().iter().map(|kv| kv.value().len()));
-        let plen = self.key(b"m/", b"").len();
-        let mut out = Vec::with_capacity(got.kvs().len());
+        let Some((within, more)) = within else { return Ok(Vec::new()) };
+        self.sizes.learn(qid, within.iter().map(|kv| kv.value().len()));
+        let mut out = Vec::with_capacity(within.len());
         let mut bytes = 0;
-        for kv in got.kvs() {
-            if !out.is_empty() && bytes + kv.value().len() > max_bytes {
-                break;
+        // The run past `to` counts only if the range was read to its end (not cut by its
+        // limit: the caller goes on from where this stops).
+        let past = past.filter(|_| !more).map(|(kvs, _)| kvs).unwrap_or_default();
+        for kv in within.iter().chain(&past) {
+            for (seq, env) in self.stored_messages(kv)? {
+                if seq < from || seq > to {
+                    continue;
+                }
+                if !out.is_empty() && bytes + env.len() > max_bytes {
+                    return Ok(out);
+                }
+                bytes += env.len();
+                out.push((seq, env.to_vec()));
             }
-            let (_, seq) = keys::decode_message_key(&kv.key()[plen..]).map_err(corrupt)?;
-            bytes += kv.value().len();
-            out.push((seq, kv.value().to_vec()));
         }
         Ok(out)
+    }
+
+    /// The messages one stored entry of `m/` holds: one envelope, or a packed run
+    /// ([`segment`]).
+    pub(super) fn stored_messages<'a>(
+        &self,
+        kv: &'a etcd_client::KeyValue,
+    ) -> Result<Vec<(u64, &'a [u8])>, StorageError> {
+        let plen = self.key(b"m/", b"").len();
+        let (_, last) =
+            keys::decode_message_key(kv.key().get(plen..).unwrap_or_default()).map_err(corrupt)?;
+        segment::decode(kv.key(), last, kv.value()).map_err(corrupt)
+    }
+
+    /// The get that finds the entry holding message `seq` of `qid`: its own key, or (in a
+    /// namespace that packs) the first key within a run's span at or after it.
+    pub(super) fn holding_get(&self, qid: u32, seq: u64) -> (Vec<u8>, Option<GetOptions>) {
+        let key = self.message_key(qid, seq);
+        if !self.packs() {
+            return (key, None);
+        }
+        let end = self.message_key(qid, seq.saturating_add(segment::MAX_SPAN));
+        (key, Some(GetOptions::new().with_range(end).with_limit(1)))
+    }
+
+    /// Message `seq` of queue `qid` and the `mod_revision` of the entry that holds it (the
+    /// append that wrote it), if stored.
+    pub async fn message_at(&self, qid: u32, seq: u64) -> Result<Option<(Vec<u8>, i64)>, StorageError> {
+        let (key, opts) = self.holding_get(qid, seq);
+        let got = self.kv().get(key, opts).await?;
+        for kv in got.kvs() {
+            if let Some((_, env)) = self.stored_messages(kv)?.into_iter().find(|(s, _)| *s == seq) {
+                return Ok(Some((env.to_vec(), kv.mod_revision())));
+            }
+        }
+        Ok(None)
     }
 
     /// The messages at `seqs` of queue `qid` that exist, in order: every one, in as many
     /// answers as their sizes need (see [`read_range`](Self::read_range)).
     pub async fn read_seqs(&self, qid: u32, seqs: &[u64]) -> Result<Vec<EtcdMessage>, StorageError> {
-        let plen = self.key(b"m/", b"").len();
         let mut out = Vec::with_capacity(seqs.len());
         let mut rest = seqs;
         while !rest.is_empty() {
             let mut n = (ANSWER_BYTES / self.sizes.typical(qid)).clamp(1, MAX_TXN_OPS).min(rest.len());
             let resp = loop {
-                let ops: Vec<TxnOp> =
-                    rest[..n].iter().map(|&s| TxnOp::get(self.message_key(qid, s), None)).collect();
+                let ops: Vec<TxnOp> = rest[..n]
+                    .iter()
+                    .map(|&s| {
+                        let (key, opts) = self.holding_get(qid, s);
+                        TxnOp::get(key, opts)
+                    })
+                    .collect();
                 match self.kv().txn_bounded(Txn::new().and_then(ops)).await? {
                     Some(resp) => break resp,
                     None if n > 1 => n = (n / 4).max(1),
                     None => return Err(too_large(qid, rest[0])),
                 }
             };
-            rest = &rest[n..];
             let mut sizes = Vec::with_capacity(n);
-            for r in resp.op_responses() {
-                if let etcd_client::TxnOpResponse::Get(g) = r {
-                    for kv in g.kvs() {
-                        let (_, seq) = keys::decode_message_key(&kv.key()[plen..]).map_err(corrupt)?;
-                        sizes.push(kv.value().len());
-                        out.push((seq, kv.value().to_vec()));
+            // Each get answers for its own sequence (several may find the same run).
+            for (&seq, kvs) in rest[..n].iter().zip(whole_answers(&resp)) {
+                for kv in &kvs {
+                    sizes.push(kv.value().len());
+                    if let Some((_, env)) = self.stored_messages(kv)?.into_iter().find(|(s, _)| *s == seq) {
+                        out.push((seq, env.to_vec()));
                     }
                 }
             }
+            rest = &rest[n..];
             self.sizes.learn(qid, sizes);
         }
         Ok(out)
@@ -1115,6 +1210,16 @@ fn whole_answers(resp: &etcd_client::TxnResponse) -> impl Iterator<Item = Vec<et
         etcd_client::TxnOpResponse::Get(g) => Some(g.kvs().to_vec()),
         _ => None,
     })
+}
+
+/// The answers of a transaction's first two gets, each whole with its `more` flag.
+type Gets = (Option<(Vec<etcd_client::KeyValue>, bool)>, Option<(Vec<etcd_client::KeyValue>, bool)>);
+fn gets(resp: etcd_client::TxnResponse) -> Gets {
+    let mut all = resp.op_responses().into_iter().filter_map(|r| match r {
+        etcd_client::TxnOpResponse::Get(g) => Some((g.kvs().to_vec(), g.more())),
+        _ => None,
+    });
+    (all.next(), all.next())
 }
 
 /// The answers of a transaction's first two gets, in order.

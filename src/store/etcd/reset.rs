@@ -171,10 +171,9 @@ impl EtcdStore {
 
     /// When message `seq` of queue `qid` was enqueued (micros since the epoch), if it is stored.
     pub async fn enqueued_at(&self, qid: u32, seq: u64) -> Result<Option<u64>, StorageError> {
-        let got = self.kv().get(self.message_key(qid, seq), None).await?;
-        got.kvs()
-            .first()
-            .map(|kv| decode_envelope(qid, seq, kv.value()).map(|e| e.enqueued_at_micros).map_err(corrupt))
+        self.message_at(qid, seq)
+            .await?
+            .map(|(env, _)| decode_envelope(qid, seq, &env).map(|e| e.enqueued_at_micros).map_err(corrupt))
             .transpose()
     }
 }

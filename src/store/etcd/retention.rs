@@ -18,7 +18,7 @@
 //! ([`TrimPlan::split`]). A process stopped in between leaves groups moved past messages that
 //! are still there, which the next pass trims: what the policy decided, in more steps.
 
-use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp, WatchFilterType, WatchOptions};
+use etcd_client::{Compare, CompareOp, DeleteOptions, Txn, TxnOp, WatchFilterType, WatchOptions};
 use futures::StreamExt;
 
 use super::{EtcdStore, WatchedKind, corrupt, decode_envelope, decode_purge, decode_tail};
@@ -92,9 +92,11 @@ impl TrimPlan {
     /// The operations its transaction holds: the ranged deletes (the messages, their priority
     /// index entries) and the queue record, a ranged
     /// delete and an offset put per work group behind, a ranged delete per ordered group
-    /// behind, and a purge's mark. [`split`](Self::split) makes it fit etcd's limit.
+    /// behind, a purge's mark, and the rewrite of a packed run the cut goes through (counted
+    /// whether or not there is one). [`split`](Self::split) makes it fit etcd's limit.
     pub fn operations(&self) -> usize {
-        3 + usize::from(self.purge)
+        // The last: a packed run the cut goes through, rewritten (`EtcdStore::trim`).
+        4 + usize::from(self.purge)
             + self.behind.iter().map(|g| if g.mode == GroupMode::WorkQueue { 2 } else { 1 }).sum::<usize>()
     }
 
@@ -109,7 +111,8 @@ impl TrimPlan {
     pub fn split(&mut self) -> (Vec<TrimGroup>, Vec<TrimGroup>) {
         let (mut work, mut ordered): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.behind).into_iter().partition(|g| g.mode == GroupMode::WorkQueue);
-        let room = super::MAX_TXN_OPS - 3 - usize::from(self.purge);
+        // What the trim itself takes: `operations()` without the groups.
+        let room = super::MAX_TXN_OPS - 4 - usize::from(self.purge);
         let ahead = work.split_off(work.len().min(room / 2));
         let after = ordered.split_off(ordered.len().min(room - 2 * work.len()));
         self.behind = work;
@@ -180,8 +183,15 @@ impl EtcdStore {
         if plan.purge {
             ops.push(TxnOp::put(self.purge_key(qid), plan.to.to_be_bytes().to_vec(), None));
         }
+        // The range deletes entries keyed through `to`; a packed run the cut goes through is
+        // keyed past it, and keeps only its messages after `to` (compared as read: only a
+        // trim or a purge rewrites a stored run).
+        if let Some((key, rest, rev)) = self.run_across(qid, plan.to).await? {
+            cmps.push(Compare::mod_revision(key.clone(), CompareOp::Equal, rev));
+            ops.push(TxnOp::put(key, rest, None));
+        }
         self.push_groups(plan, &plan.behind, &mut cmps, &mut ops);
-        debug_assert_eq!(ops.len(), plan.operations());
+        debug_assert!(ops.len() <= plan.operations());
         if ops.len() > super::MAX_TXN_OPS || cmps.len() > super::MAX_TXN_OPS {
             return Err(StorageError::new(format!(
                 "trimming queue {} with {} groups behind its cut needs {} operations, over etcd's {} per transaction",
@@ -212,6 +222,26 @@ impl EtcdStore {
             && (!plan.purge
                 || values.get(1).is_some_and(|v| v.as_deref() == Some(&plan.to.to_be_bytes()[..])));
         Ok(landed)
+    }
+
+    /// The packed run of `qid` holding both `to` and `to + 1`, if there is one: its key, what
+    /// it holds after `to` (packed again, or one envelope) and its `mod_revision`.
+    async fn run_across(&self, qid: u32, to: u64) -> Result<Option<(Vec<u8>, Vec<u8>, i64)>, StorageError> {
+        if !self.packs() {
+            return Ok(None);
+        }
+        let (key, opts) = self.holding_get(qid, to.saturating_add(1));
+        let got = self.kv().get(key, opts).await?;
+        let Some(kv) = got.kvs().first() else { return Ok(None) };
+        let held = self.stored_messages(kv)?;
+        if held.first().is_none_or(|(first, _)| *first > to) {
+            return Ok(None);
+        }
+        let rest: Vec<&[u8]> = held.iter().filter(|(seq, _)| *seq > to).map(|(_, env)| *env).collect();
+        if rest.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some((kv.key().to_vec(), super::segment::encode(&rest), kv.mod_revision())))
     }
 
     /// Moves the work groups `groups` of `plan` past its cut before the trim (see
@@ -282,40 +312,24 @@ impl EtcdStore {
         cutoff_micros: u64,
         max_scan: u64,
     ) -> Result<Option<u64>, StorageError> {
-        // Pages of about 1 MiB of values (far below the client's 4 MiB answer limit), sized
-        // from the largest message the last page met. Larger ones further on can still make
-        // an answer outgrow the limit: it is asked again for a quarter as many (a plain read
-        // would fail, and with it every later pass, at the same place).
-        const PAGE_BYTES: u64 = 1 << 20;
-        let plen = self.key(b"m/", b"").len();
+        // Pages of about 1 MiB of values (far below the client's 4 MiB answer limit): a read
+        // bounded by bytes, as a subscriber's (larger messages further on are asked for in
+        // fewer entries, so a pass never fails at the same place every time).
+        const PAGE_BYTES: usize = 1 << 20;
         let end = last.min(first.saturating_add(max_scan.saturating_sub(1)));
         let mut found = None;
         let mut from = first;
-        let mut page = 1u64;
         while from <= end {
-            let to = end.min(from + page - 1);
-            let opts = GetOptions::new().with_range(self.message_key(qid, to + 1));
-            let Some(got) = self.kv().get_bounded(self.message_key(qid, from), Some(opts)).await? else {
-                if page == 1 {
-                    return Err(super::too_large(qid, from));
-                }
-                page = (page / 4).max(1);
-                continue;
-            };
-            if got.kvs().is_empty() {
-                break;
-            }
-            let largest = got.kvs().iter().map(|kv| kv.value().len() as u64).max().unwrap_or(1);
-            page = (PAGE_BYTES / largest.max(1)).clamp(1, 1024);
-            for kv in got.kvs() {
-                let (_, seq) = keys::decode_message_key(&kv.key()[plen..]).map_err(corrupt)?;
-                let env = decode_envelope(qid, seq, kv.value()).map_err(corrupt)?;
+            let page = self.read_range(qid, from, end, PAGE_BYTES).await?;
+            let Some(&(next, _)) = page.last() else { break };
+            for (seq, env) in &page {
+                let env = decode_envelope(qid, *seq, env).map_err(corrupt)?;
                 if env.enqueued_at_micros >= cutoff_micros {
                     return Ok(found);
                 }
-                found = Some(seq);
+                found = Some(*seq);
             }
-            from = to + 1;
+            from = next + 1;
         }
         Ok(found)
     }
@@ -456,7 +470,20 @@ mod tests {
 
     #[test]
     fn a_split_plan_fits_one_transaction_and_loses_no_group() {
-        let cases = [(0, 0), (10, 10), (63, 0), (64, 0), (0, 125), (0, 126), (0, 127), (200, 300), (63, 1)];
+        let cases = [
+            (0, 0),
+            (10, 10),
+            (62, 0),
+            (63, 0),
+            (64, 0),
+            (0, 124),
+            (0, 125),
+            (0, 126),
+            (0, 127),
+            (200, 300),
+            (62, 1),
+            (63, 1),
+        ];
         for ((work, ordered), purge) in cases.into_iter().flat_map(|c| [(c, false), (c, true)]) {
             let mut p = plan(work, ordered, purge);
             let (ahead, after) = p.split();
@@ -472,7 +499,7 @@ mod tests {
             names.sort();
             names.dedup();
             assert_eq!(names.len(), work + ordered, "{work}/{ordered}: every group once");
-            if 2 * work + ordered + usize::from(purge) <= 125 {
+            if 2 * work + ordered + usize::from(purge) <= 124 {
                 assert!(ahead.is_empty() && after.is_empty(), "{work}/{ordered}: fits, nothing split");
             }
         }

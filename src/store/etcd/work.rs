@@ -912,8 +912,7 @@ impl EtcdStore {
     /// The message at `seq` of queue `qid`, if stored.
     pub async fn message(&self, qid: u32, seq: u64) -> Result<Option<Vec<u8>>, StorageError> {
         crate::faults::check("rockq-etcd-message-read")?;
-        let got = self.kv().get(self.message_key(qid, seq), None).await?;
-        Ok(got.kvs().first().map(|kv| kv.value().to_vec()))
+        Ok(self.message_at(qid, seq).await?.map(|(env, _)| env))
     }
 }
 

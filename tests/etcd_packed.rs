@@ -1,0 +1,197 @@
+//! Packed messages on etcd (namespace format 3, `store/etcd/segment.rs`): an append stores its
+//! messages as one key, under the run's last sequence. Against a real single-member etcd, what
+//! every reader sees is what one key per message gave: subscriptions whose reads start and
+//! stop inside a run, a work group's retry read back by its sequence alone, a trim whose cut
+//! goes through a run, an export; and a namespace of format 2 (rockq before packing) is read
+//! and written as it was.
+
+mod common;
+#[path = "common/etcd.rs"]
+mod etcd;
+
+use std::time::Duration;
+
+use rockq::{Broker, EtcdOptions, ManualClock, Message, Retention};
+
+use common::HANG_GUARD;
+
+async fn connect(cluster: &etcd::Cluster, ns: &str, clock: &ManualClock) -> Broker {
+    let opts = EtcdOptions::new()
+        .options(rockq::Options::new().clock(clock.clone()).retention_interval(Duration::ZERO));
+    Broker::connect_etcd(cluster.endpoints(), ns, opts).await.expect("connect to etcd")
+}
+
+/// The message entries of namespace `ns` as etcd holds them: the sequence each key names
+/// (its last 8 bytes) and the value.
+async fn entries(etcd: &mut etcd_client::Client, ns: &str) -> Vec<(u64, Vec<u8>)> {
+    let got = etcd
+        .get(format!("{ns}/m/"), Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .expect("read etcd");
+    got.kvs()
+        .iter()
+        .map(|kv| {
+            let k = kv.key();
+            let seq = u64::from_be_bytes(k[k.len() - 8..].try_into().expect("8 bytes"));
+            (seq, kv.value().to_vec())
+        })
+        .collect()
+}
+
+/// How many messages a stored value holds: a packed run's count, or 1 for an envelope.
+fn held(value: &[u8]) -> u16 {
+    match value {
+        [0xE5, hi, lo, ..] => u16::from_be_bytes([*hi, *lo]),
+        _ => 1,
+    }
+}
+
+async fn next(sub: &mut rockq::Subscription) -> rockq::Delivery {
+    tokio::time::timeout(HANG_GUARD, futures::StreamExt::next(sub))
+        .await
+        .expect("a delivery in time")
+        .expect("open")
+        .expect("ok")
+}
+
+async fn next_job(jobs: &mut rockq::WorkSubscription) -> rockq::Job {
+    tokio::time::timeout(HANG_GUARD, futures::StreamExt::next(jobs))
+        .await
+        .expect("a job in time")
+        .expect("open")
+        .expect("ok")
+}
+
+/// One `send_batch` is one key; subscriptions reading 7 at a time (each read after the first
+/// starts inside the run, most end inside it) deliver all 100 in order, once, on two brokers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_is_one_key_and_reads_starting_and_stopping_inside_it_deliver_every_message() {
+    let cluster = etcd::Cluster::start(1).await;
+    let mut etcd = cluster.client().await;
+    let clock = ManualClock::new();
+    let (a, b) = (connect(&cluster, "packed", &clock).await, connect(&cluster, "packed", &clock).await);
+    let qa = a.queue("q").await.unwrap();
+    let seqs = qa.send_batch((1..=100).map(|i| Message::new(format!("m{i}")))).await.unwrap();
+    assert_eq!(seqs, 1..=100);
+    let stored = entries(&mut etcd, "packed").await;
+    assert_eq!(stored.len(), 1, "one key for the append");
+    assert_eq!((stored[0].0, held(&stored[0].1)), (100, 100), "keyed by its last sequence");
+
+    for (broker, group) in [(&a, "ga"), (&b, "gb")] {
+        let q = broker.queue("q").await.unwrap();
+        let mut sub = q.group(group).unwrap().read_batch(7).subscribe().await.unwrap();
+        for i in 1..=100u64 {
+            let d = next(&mut sub).await;
+            assert_eq!((d.seq(), d.payload().as_ref()), (i, format!("m{i}").as_bytes()));
+            d.ack().unwrap();
+        }
+    }
+    // A later append of one message is its envelope, under its own sequence.
+    assert_eq!(qa.send("one").await.unwrap(), 101);
+    let stored = entries(&mut etcd, "packed").await;
+    assert_eq!(stored.iter().map(|(s, v)| (*s, held(v))).collect::<Vec<_>>(), [(100, 100), (101, 1)]);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+/// A job failed inside a run comes back after its backoff with its own payload: its retry is
+/// read by sequence alone (the key holding it is the run's, further on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_inside_a_run_is_read_back_by_its_sequence() {
+    let cluster = etcd::Cluster::start(1).await;
+    let clock = ManualClock::new();
+    let a = connect(&cluster, "retry", &clock).await;
+    let q = a.queue("q").await.unwrap();
+    q.send_batch((1..=30).map(|i| Message::new(format!("m{i}")))).await.unwrap();
+    let backoff = Duration::from_secs(60);
+    let policy = rockq::RetryPolicy::default().max_attempts(5).backoff(backoff, backoff).jitter(0.0);
+    let mut jobs = q.work_group("w").unwrap().retry_policy(policy).subscribe().await.unwrap();
+    for i in 1..=30u64 {
+        let job = next_job(&mut jobs).await;
+        assert_eq!(job.seq(), i);
+        if i == 15 {
+            job.fail_durable("503").await.unwrap();
+        } else {
+            job.ack_durable().await.unwrap();
+        }
+    }
+    clock.advance(backoff + Duration::from_secs(1));
+    let again = next_job(&mut jobs).await;
+    assert_eq!((again.seq(), again.attempt(), again.payload().as_ref()), (15, 2, b"m15".as_slice()));
+    again.ack_durable().await.unwrap();
+    drop(jobs);
+    a.shutdown().await.unwrap();
+}
+
+/// A trim whose cut goes through a run leaves the run only what follows the cut: a group
+/// started after it, an export and etcd itself hold 16..=20 and nothing before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trim_through_a_run_keeps_only_what_follows_the_cut() {
+    let cluster = etcd::Cluster::start(1).await;
+    let mut etcd = cluster.client().await;
+    let clock = ManualClock::new();
+    let a = connect(&cluster, "cut", &clock).await;
+    let q = a.queue("q").await.unwrap();
+    q.send_batch((1..=20).map(|i| Message::new(format!("m{i}")))).await.unwrap();
+    q.set_retention(Retention::MaxLen(5)).await.unwrap();
+    let report = a.trim().await.unwrap();
+    assert_eq!(report.trimmed, [("q".to_owned(), 15, 16)]);
+    let stored = entries(&mut etcd, "cut").await;
+    assert_eq!(stored.iter().map(|(s, v)| (*s, held(v))).collect::<Vec<_>>(), [(20, 5)]);
+
+    let mut sub = q.group("late").unwrap().read_batch(2).subscribe().await.unwrap();
+    for i in 16..=20u64 {
+        let d = next(&mut sub).await;
+        assert_eq!((d.seq(), d.payload().as_ref()), (i, format!("m{i}").as_bytes()));
+        d.ack().unwrap();
+    }
+    drop(sub);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cut.jsonl");
+    a.export(std::fs::File::create(&file).unwrap()).await.unwrap();
+    let text = std::fs::read_to_string(&file).unwrap();
+    let exported: Vec<u64> = text
+        .lines()
+        .filter(|l| l.contains("\"t\":\"message\""))
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["seq"].as_u64().unwrap()
+        })
+        .collect();
+    assert_eq!(exported, (16..=20).collect::<Vec<u64>>(), "{text}");
+    a.shutdown().await.unwrap();
+}
+
+/// A namespace of format 2 (written by rockq before packing) stays one key per message: this
+/// build reads it and writes it as it was, and leaves its format record alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_of_format_2_is_written_one_key_per_message_as_before() {
+    let cluster = etcd::Cluster::start(1).await;
+    let mut etcd = cluster.client().await;
+    etcd.put("old/meta/format", b"rockq\x02".to_vec(), None).await.unwrap();
+    let clock = ManualClock::new();
+    let a = connect(&cluster, "old", &clock).await;
+    let q = a.queue("q").await.unwrap();
+    q.send_batch((1..=50).map(|i| Message::new(format!("m{i}")))).await.unwrap();
+    let stored = entries(&mut etcd, "old").await;
+    assert_eq!(
+        stored.iter().map(|(s, v)| (*s, held(v))).collect::<Vec<_>>(),
+        (1..=50).map(|s| (s, 1)).collect::<Vec<_>>()
+    );
+    let mut sub = q.group("g").unwrap().read_batch(7).subscribe().await.unwrap();
+    for i in 1..=50u64 {
+        let d = next(&mut sub).await;
+        assert_eq!((d.seq(), d.payload().as_ref()), (i, format!("m{i}").as_bytes()));
+        d.ack().unwrap();
+    }
+    drop(sub);
+    let format = etcd.get("old/meta/format", None).await.unwrap();
+    assert_eq!(format.kvs()[0].value(), b"rockq\x02");
+    a.shutdown().await.unwrap();
+
+    // A new namespace is created at format 3.
+    let b = connect(&cluster, "new", &clock).await;
+    let format = etcd.get("new/meta/format", None).await.unwrap();
+    assert_eq!(format.kvs()[0].value(), b"rockq\x03");
+    b.shutdown().await.unwrap();
+}
