@@ -440,18 +440,32 @@ fn calls_after_the_connecting_runtime_is_gone_are_refused_not_left_waiting() {
         let job = tokio::time::timeout(HANG_GUARD, jobs.next()).await.expect("a job").expect("open").unwrap();
         job.ack().unwrap();
     });
-    // Subscribers waiting for more on a third runtime, each polled once and pending (its waker
-    // registered) before the drop: woken to see the end, not left waiting.
+    // Subscribers waiting for more on a third runtime, each pending (its waker registered)
+    // before the drop: woken to see the end (the stream's end, or an error), not left waiting.
+    // Each keeps what it yields until then rather than taking its first item for the end: the
+    // two acks' `Acked` events are broadcast when etcd has stored them, which on a busy machine
+    // is after the event stream subscribed, and even after it first waited.
     let third = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let waiting = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let waiter = |mut stream: std::pin::Pin<Box<dyn futures::Stream<Item = bool> + Send>>| {
         let waiting = waiting.clone();
+        let (mut seen, mut pended) = (Vec::new(), false);
         third.spawn(std::future::poll_fn(move |cx| {
-            let polled = stream.as_mut().poll_next(cx);
-            if polled.is_pending() {
-                waiting.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            loop {
+                match stream.as_mut().poll_next(cx) {
+                    std::task::Poll::Pending => {
+                        if !pended {
+                            pended = true;
+                            waiting.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                        return std::task::Poll::Pending;
+                    }
+                    std::task::Poll::Ready(Some(true)) => seen.push(true),
+                    std::task::Poll::Ready(end) => {
+                        return std::task::Poll::Ready((std::mem::take(&mut seen), end));
+                    }
+                }
             }
-            polled
         }))
     };
     let ordered = waiter(Box::pin(sub.map(|d| d.is_ok())));
@@ -460,17 +474,22 @@ fn calls_after_the_connecting_runtime_is_gone_are_refused_not_left_waiting() {
     let deadline = std::time::Instant::now() + HANG_GUARD;
     while waiting.load(std::sync::atomic::Ordering::SeqCst) < 3 {
         assert!(std::time::Instant::now() < deadline, "the subscribers never waited");
+        for (name, task) in [("ordered", &ordered), ("work", &work), ("events", &events)] {
+            assert!(!task.is_finished(), "the {name} stream ended before the runtime was dropped");
+        }
         std::thread::yield_now();
     }
     drop(home);
-    let ended = other.block_on(async {
+    let ((delivered, _), (claimed, _), (_, events_end)) = other.block_on(async {
         tokio::time::timeout(HANG_GUARD, async {
             (ordered.await.unwrap(), work.await.unwrap(), events.await.unwrap())
         })
         .await
         .expect("the waiting subscribers were woken")
     });
-    assert!(ended.0 != Some(true) && ended.1 != Some(true) && ended.2.is_none(), "{ended:?}");
+    // Nothing new was sent: neither group delivered anything; the events' stream ended.
+    assert!(delivered.is_empty() && claimed.is_empty(), "{delivered:?} {claimed:?}");
+    assert!(events_end.is_none(), "{events_end:?}");
     let send =
         other.block_on(async { tokio::time::timeout(HANG_GUARD, q.send("after")).await.expect("answered") });
     assert!(matches!(send, Err(Error::Shutdown)), "{send:?}");
