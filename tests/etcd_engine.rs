@@ -1054,6 +1054,7 @@ async fn priorities_sent_in_one_broker_are_claimed_first_in_another() {
         150 => Message::new("p8").priority(8),
         _ => Message::new(format!("bulk {i}")),
     });
+    let bulk = bulk.map(|m| etcd::reserved_sized(m, 200));
     assert_eq!(qb.send_batch(bulk).await.unwrap(), 55..=254);
     // `a` sees them published (its namespace watch brings each index entry with the tail).
     tokio::time::timeout(HANG_GUARD, async {
@@ -1164,8 +1165,9 @@ async fn claims_made_ahead_by_a_stopped_broker_are_neither_lost_nor_repeated() {
     c.shutdown().await.unwrap();
 }
 
-/// A send call larger than one etcd transaction (127 messages, 1 MiB of values) is written
-/// under a reservation of its sequences: it is one call as embedded (contiguous sequences,
+/// A send call larger than one etcd transaction (1 MiB of values, or more than 127 keys: packed
+/// runs of up to 128 small messages each count as one) is written under a reservation of its
+/// sequences: it is one call as embedded (contiguous sequences,
 /// in order), another broker's sends meanwhile land before or after it, never inside, and
 /// the sequences stay dense. A keyed call of that size records every key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1176,8 +1178,8 @@ async fn a_send_call_larger_than_a_transaction_is_one_contiguous_call_beside_oth
     let qa = a.queue("q").await.unwrap();
     let qb = b.queue("q").await.unwrap();
 
-    // b sends one at a time all along, while a sends two large calls: 1000 small messages
-    // (eight transactions) and five of 400 KiB (2 MiB: three transactions by bytes).
+    // b sends one at a time all along, while a sends two large calls: 1000 messages of 1.3 KiB
+    // (two transactions by bytes) and five of 400 KiB (2 MiB: three transactions by bytes).
     let small = tokio::spawn(async move {
         let mut seqs = Vec::new();
         for i in 0..200 {
@@ -1185,7 +1187,11 @@ async fn a_send_call_larger_than_a_transaction_is_one_contiguous_call_beside_oth
         }
         seqs
     });
-    let first_small = *qa.send_batch((0..1000).map(|i| Message::new(format!("a{i}")))).await.unwrap().start();
+    let first_small = *qa
+        .send_batch((0..1000).map(|i| etcd::reserved_sized(Message::new(format!("a{i}")), 1000)))
+        .await
+        .unwrap()
+        .start();
     let big = |i: usize| {
         let mut v = vec![b'x'; 400 * 1024];
         v[0] = b'0' + i as u8;
@@ -1206,6 +1212,9 @@ async fn a_send_call_larger_than_a_transaction_is_one_contiguous_call_beside_oth
     }
     assert_eq!(expected.len(), 1205);
     assert_eq!(expected.keys().copied().collect::<Vec<_>>(), (1..=1205).collect::<Vec<_>>(), "dense");
+    // Both calls were reserved (a key per message; b's sends, one at a time, a key each).
+    let mut client = cluster.client().await;
+    assert_eq!(etcd::keys_under(&mut client, "large/m/").await, 1205, "both calls reserved");
 
     // Read back in order by a third broker, all of it.
     let c = connect(&cluster, "large").await;
@@ -1222,8 +1231,8 @@ async fn a_send_call_larger_than_a_transaction_is_one_contiguous_call_beside_oth
     // A keyed submit of 300 messages, 100 of them keyed: all written, every key recorded.
     let batch = || {
         (0..300).map(|i| match i % 3 {
-            0 => Message::new(format!("k{i}")).idempotency_key(format!("key{i}")),
-            _ => Message::new(format!("u{i}")),
+            0 => etcd::reserved_sized(Message::new(format!("k{i}")).idempotency_key(format!("key{i}")), 300),
+            _ => etcd::reserved_sized(Message::new(format!("u{i}")), 300),
         })
     };
     let sent = qa.submit_batch(batch()).await.unwrap();

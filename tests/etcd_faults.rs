@@ -885,10 +885,14 @@ async fn large_call_losing(point: &str) {
     let q = broker.queue("q").await.expect("queue");
     q.send("before").await.expect("send");
     fail::cfg(point, "1*return").expect("failpoint");
-    let first = q.send_batch((0..300).map(|i| rockq::Message::new(format!("m{i}")))).await;
+    let first =
+        q.send_batch((0..300).map(|i| etcd::reserved_sized(rockq::Message::new(format!("m{i}")), 300))).await;
     fail::remove(point);
     assert_eq!(first.expect("the lost request is settled, not failed"), 2..=301);
     assert_eq!(q.send("after").await.expect("send"), 302);
+    // Reserved (a key per message), so the failpoint was on its path.
+    let mut client = cluster.client().await;
+    assert_eq!(etcd::keys_under(&mut client, "large-doubt/m/").await, 302, "the call was reserved");
     let stats = broker.stats().await.expect("stats");
     assert_eq!((stats.queues[0].last_seq, stats.queues[0].len), (302, 302), "stored once");
     let mut sub = q.group("g").expect("group").subscribe().await.expect("subscribe");
@@ -981,7 +985,9 @@ async fn dead_reservation(cluster: &etcd::Cluster, ns: &str) -> (Broker, Broker,
     let qb = b.queue("q").await.expect("queue");
     fail::cfg("rockq-etcd-reserved-commit-request", "return").expect("failpoint");
     fail::cfg("rockq-etcd-reserved-abandon", "return").expect("failpoint");
-    let failed = qa.send_batch((0..400).map(|i| rockq::Message::new(format!("dead{i}")))).await;
+    let failed = qa
+        .send_batch((0..400).map(|i| etcd::reserved_sized(rockq::Message::new(format!("dead{i}")), 400)))
+        .await;
     fail::remove("rockq-etcd-reserved-commit-request");
     fail::remove("rockq-etcd-reserved-abandon");
     assert!(matches!(failed, Err(rockq::Error::Storage(_))), "{failed:?}");
@@ -1087,7 +1093,10 @@ async fn appends_elsewhere_wait_for_a_large_call_and_never_land_inside_it() {
         drop(seen.1.wait_timeout_while(guard, common::HANG_GUARD, |g| g.is_none() && !tried()));
     })
     .expect("failpoint");
-    let ours = qa.send_batch((0..400).map(|i| rockq::Message::new(format!("a{i}")))).await.expect("send");
+    let ours = qa
+        .send_batch((0..400).map(|i| etcd::reserved_sized(rockq::Message::new(format!("a{i}")), 400)))
+        .await
+        .expect("send");
     fail::remove("rockq-etcd-reserved-write");
     fail::remove("rockq-etcd-append-request");
     let b_sent = tokio::task::spawn_blocking(move || {

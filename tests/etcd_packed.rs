@@ -195,3 +195,107 @@ async fn a_namespace_of_format_2_is_written_one_key_per_message_as_before() {
     assert_eq!(format.kvs()[0].value(), b"rockq\x03");
     b.shutdown().await.unwrap();
 }
+
+/// A send call larger than 127 messages whose runs fit one transaction is one append: 4,096
+/// messages of 100 bytes are 32 runs of 128 (two operations each), stored without a
+/// reservation (a reserved call puts a key per message). One that does not fit (4,096 of
+/// 300 bytes: 1.2 MiB) is still reserved and written in parts. Both read back in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_call_whose_runs_fit_one_transaction_is_one_append_of_runs() {
+    let cluster = etcd::Cluster::start(1).await;
+    let mut etcd = cluster.client().await;
+    let clock = ManualClock::new();
+    let a = connect(&cluster, "large", &clock).await;
+    let q = a.queue("q").await.unwrap();
+    let payload = |i: u64, size: usize| format!("{i:0size$}");
+    let before = etcd.get("large/", None).await.unwrap().header().unwrap().revision();
+    let seqs = q.send_batch((1..=4096).map(|i| payload(i, 100))).await.unwrap();
+    assert_eq!(seqs, 1..=4096);
+    let after = etcd.get("large/", None).await.unwrap().header().unwrap().revision();
+    let stored = entries(&mut etcd, "large").await;
+    assert_eq!(
+        stored.iter().map(|(s, v)| (*s, held(v))).collect::<Vec<_>>(),
+        (1..=32).map(|r| (r * 128, 128)).collect::<Vec<_>>(),
+        "32 runs of 128 under their last sequences"
+    );
+    assert_eq!(after - before, 1, "one transaction");
+
+    let seqs = q.send_batch((4097..=8192).map(|i| payload(i, 300))).await.unwrap();
+    assert_eq!(seqs, 4097..=8192);
+    let stored = entries(&mut etcd, "large").await;
+    let reserved: Vec<(u64, u16)> =
+        stored.iter().filter(|(s, _)| *s > 4096).map(|(s, v)| (*s, held(v))).collect();
+    assert_eq!(reserved, (4097..=8192).map(|s| (s, 1)).collect::<Vec<_>>(), "reserved: a key per message");
+
+    let mut sub = q.group("g").unwrap().subscribe().await.unwrap();
+    for i in 1..=8192u64 {
+        let d = next(&mut sub).await;
+        let size = if i <= 4096 { 100 } else { 300 };
+        assert_eq!((d.seq(), d.payload().as_ref()), (i, payload(i, size).as_bytes()));
+        d.ack().unwrap();
+    }
+    drop(sub);
+    a.shutdown().await.unwrap();
+}
+
+/// Sends staged together are cut into transactions by what they put (runs, index entries,
+/// idempotency records), not one operation per message: 1,500 calls in flight at once, some
+/// prioritised, some with idempotency keys (a few repeated), are stored once each, in runs of
+/// at most 128 that cover the queue exactly, and read back in order with their priorities.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_staged_together_are_cut_by_what_their_runs_put() {
+    let cluster = etcd::Cluster::start(1).await;
+    let mut etcd = cluster.client().await;
+    let clock = ManualClock::new();
+    let a = connect(&cluster, "round", &clock).await;
+    let q = a.queue("q").await.unwrap();
+    let message = |i: u64| {
+        let mut m = Message::new(format!("m{i}"));
+        if i.is_multiple_of(10) {
+            m = m.priority(5);
+        }
+        if i.is_multiple_of(7) {
+            // Every 49th repeats the key of the message seven before it: a duplicate.
+            let k = if i.is_multiple_of(49) { i - 7 } else { i };
+            m = m.idempotency_key(format!("k{k}"));
+        }
+        m
+    };
+    let mut receipts = Vec::new();
+    for i in 1..=1500u64 {
+        receipts.push(q.enqueue(message(i)).await.unwrap());
+    }
+    let mut seqs = Vec::new();
+    for r in receipts {
+        seqs.push(tokio::time::timeout(HANG_GUARD, r).await.expect("resolved").unwrap());
+    }
+    // Each send resolves to its own new sequence, a duplicate to its original's.
+    let mut sent = Vec::new();
+    for (i, &seq) in (1..=1500u64).zip(&seqs) {
+        if i.is_multiple_of(49) {
+            assert_eq!(seq, seqs[(i - 7 - 1) as usize], "message {i} duplicates {}", i - 7);
+        } else {
+            sent.push((i, seq));
+        }
+    }
+    let last = q.last_seq();
+    assert_eq!(last, sent.len() as u64);
+    assert!(sent.windows(2).all(|w| w[1].1 == w[0].1 + 1), "sequences in send order, no gap");
+    let stored = entries(&mut etcd, "round").await;
+    assert!(stored.iter().all(|(_, v)| held(v) <= 128));
+    assert_eq!(
+        stored.iter().map(|(_, v)| u64::from(held(v))).sum::<u64>(),
+        last,
+        "runs cover the queue once"
+    );
+
+    let mut sub = q.group("g").unwrap().subscribe().await.unwrap();
+    for &(i, seq) in &sent {
+        let d = next(&mut sub).await;
+        assert_eq!((d.seq(), d.payload().as_ref()), (seq, format!("m{i}").as_bytes()));
+        assert_eq!(d.priority(), if i.is_multiple_of(10) { 5 } else { 0 }, "message {i}");
+        d.ack().unwrap();
+    }
+    drop(sub);
+    a.shutdown().await.unwrap();
+}

@@ -242,3 +242,18 @@ impl Cluster {
         None
     }
 }
+
+/// `m` padded (a header) so that a call of `n` such messages is larger than one etcd
+/// transaction's 1 MiB of values and its sequences are reserved (`store/etcd/reserve.rs`): in
+/// a namespace that packs messages into runs, one transaction holds thousands of small ones,
+/// so a count of messages no longer forces the reserved path.
+pub fn reserved_sized(m: rockq::Message, n: usize) -> rockq::Message {
+    m.header("pad", vec![b'.'; (5 << 20) / 4 / n.max(1)])
+}
+
+/// How many keys etcd holds under `prefix`: a reserved call stores a key per message, a
+/// packed append a key per run.
+pub async fn keys_under(client: &mut etcd_client::Client, prefix: &str) -> usize {
+    let opts = etcd_client::GetOptions::new().with_prefix().with_count_only();
+    client.get(prefix, Some(opts)).await.expect("count keys").count() as usize
+}

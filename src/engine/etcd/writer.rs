@@ -38,13 +38,15 @@ use crate::events::Event;
 use crate::model::{GroupMode, GroupOffset, OrderedMark, QueueMeta, StartFrom};
 use crate::store::envelope;
 use crate::store::etcd::Along;
+use crate::store::etcd::segment::Tally;
 use crate::store::etcd::{
     Appended, CommitOutcome, DeadLetterAppend, MAX_TXN_BYTES, MAX_TXN_OPS, OrderedCommit,
 };
 use crate::telemetry;
 
-/// Messages per append transaction: etcd's operation limit, less the tail's put.
-const MAX_TXN_MESSAGES: usize = MAX_TXN_OPS - 1;
+/// Operations an append transaction's messages (a put per run, or per message in a namespace
+/// that does not pack) and idempotency records take at most: etcd's limit, less the tail's put.
+const APPEND_OPS: usize = MAX_TXN_OPS - 1;
 
 pub(super) struct Writer {
     pub(super) engine: Arc<Engine>,
@@ -518,6 +520,7 @@ impl Writer {
         let deadline = s.since.map_or_else(|| Instant::now() + t, |at| at + t);
         // Per queue: its calls, in staging order, cut into transactions.
         let mut per_queue: Vec<Vec<usize>> = vec![Vec::new(); s.queues.len()];
+        let packs = self.side.store.packs();
         for (c, (q, _)) in calls.iter().enumerate() {
             per_queue[*q].push(c);
         }
@@ -539,25 +542,28 @@ impl Writer {
                 continue;
             }
             let mut chunk: Vec<usize> = Vec::new();
-            let (mut ops, mut bytes) = (0, 0);
+            // What the chunk's messages put (runs in a packed namespace, `segment::Tally`) and
+            // its idempotency records.
+            let (mut tally, mut records) = (Tally::new(packs), 0);
             let mut chunks: Vec<Vec<usize>> = Vec::new();
             for &c in cs {
-                // A message with an idempotency key (a call of its own) also puts its record,
-                // a prioritised one its index entry.
+                // A message with an idempotency key (a call of its own) also puts its record.
                 let keyed = calls[c]
                     .1
                     .first()
                     .is_some_and(|&(a, z)| envelope::idempotency_key(&s.arena[a..z]).is_some());
-                let envs = calls[c].1.iter().map(|&(a, z)| &s.arena[a..z]);
-                let n = calls[c].1.len() + usize::from(keyed) + crate::store::etcd::index_entries(envs);
-                let b: usize = calls[c].1.iter().map(|(a, z)| z - a).sum();
-                if !chunk.is_empty() && (ops + n > MAX_TXN_MESSAGES || bytes + b > MAX_TXN_BYTES) {
+                let mut with = tally;
+                calls[c].1.iter().for_each(|&(a, z)| with.add(&s.arena[a..z]));
+                let over =
+                    |t: &Tally| t.ops + records + usize::from(keyed) > APPEND_OPS || t.bytes > MAX_TXN_BYTES;
+                if !chunk.is_empty() && over(&with) {
                     chunks.push(std::mem::take(&mut chunk));
-                    (ops, bytes) = (0, 0);
+                    (with, records) = (Tally::new(packs), 0);
+                    calls[c].1.iter().for_each(|&(a, z)| with.add(&s.arena[a..z]));
                 }
                 chunk.push(c);
-                ops += n;
-                bytes += b;
+                tally = with;
+                records += usize::from(keyed);
             }
             chunks.push(chunk);
             for (ci, chunk) in chunks.iter().enumerate() {
@@ -724,7 +730,11 @@ impl Writer {
             };
             let puts = split.puts(envs);
             let along = if puts.is_empty() { along } else { Along::Delayed(&puts) };
-            if !crate::store::etcd::reserve::fits_one(&written, split.records.len() + along.ops()) {
+            if !crate::store::etcd::reserve::fits_one(
+                store.packs(),
+                &written,
+                split.records.len() + along.ops(),
+            ) {
                 // Callers size what they send along to fit (`delayed.rs`, `schedules.rs`).
                 if !matches!(along, Along::Nothing) {
                     return Err(StorageError::new("etcd: a submit or a firing larger than one transaction"));

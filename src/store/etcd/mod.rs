@@ -265,7 +265,7 @@ impl EtcdStore {
     }
 
     /// Whether appends pack their messages, and readers may meet packed runs.
-    pub(super) fn packs(&self) -> bool {
+    pub(crate) fn packs(&self) -> bool {
         self.packs.load(std::sync::atomic::Ordering::Relaxed)
     }
 

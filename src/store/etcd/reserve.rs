@@ -19,10 +19,11 @@ use super::{DedupWrite, EtcdStore, decode_tail, encode_tail};
 use crate::error::StorageError;
 
 /// Whether an append of `envs` recording `keys` idempotency keys fits one transaction (the
-/// tail's put is the one more operation); if not, it is reserved.
-pub(crate) fn fits_one(envs: &[&[u8]], keys: usize) -> bool {
-    envs.len() + super::index_entries(envs.iter().copied()) + keys < super::MAX_TXN_OPS
-        && envs.iter().map(|e| e.len()).sum::<usize>() <= super::MAX_TXN_BYTES
+/// tail's put is the one more operation); if not, it is reserved. `packs`: the namespace packs
+/// appended messages into runs (`segment.rs`), so a run, not a message, is an operation.
+pub(crate) fn fits_one(packs: bool, envs: &[&[u8]], keys: usize) -> bool {
+    let t = super::segment::Tally::of(packs, envs.iter().copied());
+    t.ops + keys < super::MAX_TXN_OPS && t.bytes <= super::MAX_TXN_BYTES
 }
 
 /// A reservation of `count` sequences after `last`, named by the call's `nonce`.
@@ -216,9 +217,17 @@ mod tests {
     fn a_call_fits_one_transaction_within_both_limits() {
         let small = [0u8; 10];
         let big = vec![0u8; 300 * 1024];
-        assert!(fits_one(&[small.as_slice(); 100], 27), "100 puts, 27 records, the tail: 128");
-        assert!(!fits_one(&[small.as_slice(); 100], 28));
-        assert!(fits_one(&[big.as_slice(); 3], 0));
-        assert!(!fits_one(&[big.as_slice(); 4], 0), "1.2 MiB");
+        assert!(fits_one(false, &[small.as_slice(); 100], 27), "100 puts, 27 records, the tail: 128");
+        assert!(!fits_one(false, &[small.as_slice(); 100], 28));
+        assert!(fits_one(false, &[big.as_slice(); 3], 0));
+        assert!(!fits_one(false, &[big.as_slice(); 4], 0), "1.2 MiB");
+        // Packed: 4,096 small messages are 32 runs (64 operations) and 57 KiB.
+        assert!(fits_one(true, &[small.as_slice(); 4096], 63), "64 + 63 records + the tail: 128");
+        assert!(!fits_one(true, &[small.as_slice(); 4096], 64));
+        assert!(fits_one(true, &[big.as_slice(); 3], 0), "each alone: its envelope, not a run");
+        assert!(!fits_one(true, &[big.as_slice(); 4], 0), "1.2 MiB");
+        let bytes = vec![0u8; 1000];
+        // 1,045,000 bytes of envelopes fit 1 MiB; with 4 bytes of length each, they do not.
+        assert!(!fits_one(true, &[bytes.as_slice(); 1045], 0));
     }
 }
