@@ -288,7 +288,7 @@ mod tests {
 
     /// An envelope of about `len` bytes (its payload sized to it), with a priority or not.
     fn prioritised_envelope(len: usize, prioritised: bool) -> Vec<u8> {
-        let mut m = crate::Message::new(vec![0u8; len.saturating_sub(32)]);
+        let mut m = crate::message::Message::new(vec![0u8; len.saturating_sub(32)]);
         if prioritised {
             m = m.priority(3);
         }
