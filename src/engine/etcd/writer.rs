@@ -552,18 +552,20 @@ impl Writer {
                     .1
                     .first()
                     .is_some_and(|&(a, z)| envelope::idempotency_key(&s.arena[a..z]).is_some());
-                let mut with = tally;
-                calls[c].1.iter().for_each(|&(a, z)| with.add(&s.arena[a..z]));
-                let over =
-                    |t: &Tally| t.ops + records + usize::from(keyed) > APPEND_OPS || t.bytes > MAX_TXN_BYTES;
-                if !chunk.is_empty() && over(&with) {
+                let with = |mut t: Tally| {
+                    calls[c].1.iter().for_each(|&(a, z)| t.add(&s.arena[a..z]));
+                    t
+                };
+                let (mut next, keyed) = (with(tally), usize::from(keyed));
+                if !chunk.is_empty()
+                    && (next.ops + records + keyed > APPEND_OPS || next.bytes > MAX_TXN_BYTES)
+                {
                     chunks.push(std::mem::take(&mut chunk));
-                    (with, records) = (Tally::new(packs), 0);
-                    calls[c].1.iter().for_each(|&(a, z)| with.add(&s.arena[a..z]));
+                    (next, records) = (with(Tally::new(packs)), 0);
                 }
                 chunk.push(c);
-                tally = with;
-                records += usize::from(keyed);
+                tally = next;
+                records += keyed;
             }
             chunks.push(chunk);
             for (ci, chunk) in chunks.iter().enumerate() {
