@@ -1,9 +1,9 @@
 //! Packed messages on etcd (namespace format 3, `store/etcd/segment.rs`): an append stores its
 //! messages as one key, under the run's last sequence. Against a real single-member etcd, what
 //! every reader sees is what one key per message gave: subscriptions whose reads start and
-//! stop inside a run, a work group's retry read back by its sequence alone, a trim whose cut
-//! goes through a run, an export; and a namespace of format 2 (rockq before packing) is read
-//! and written as it was.
+//! stop inside a run, a work group's retry read back by its sequence alone (retries scattered
+//! through a run read with it once), a trim whose cut goes through a run, an export; and a
+//! namespace of format 2 (rockq before packing) is read and written as it was.
 
 mod common;
 #[path = "common/etcd.rs"]
@@ -297,5 +297,104 @@ async fn sends_staged_together_are_cut_by_what_their_runs_put() {
         d.ack().unwrap();
     }
     drop(sub);
+    a.shutdown().await.unwrap();
+}
+
+/// Bytes etcd has sent its gRPC clients so far: its `etcd_network_client_grpc_sent_bytes_total`,
+/// read from `/metrics` on its client URL.
+async fn etcd_sent_bytes(endpoint: &str) -> f64 {
+    let addr = endpoint.trim_start_matches("http://").to_string();
+    tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&addr).expect("connect to etcd's metrics");
+        write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("ask for metrics");
+        let mut page = String::new();
+        s.read_to_string(&mut page).expect("read metrics");
+        page.lines()
+            .find_map(|l| l.strip_prefix("etcd_network_client_grpc_sent_bytes_total "))
+            .expect("etcd reports the bytes it sent")
+            .trim()
+            .parse()
+            .expect("a number")
+    })
+    .await
+    .expect("metrics read")
+}
+
+/// Runs `n` jobs of `q` once, failing the odd ones, then lets their backoff pass and checks
+/// each comes back once with `payload`; returns what etcd sent its clients meanwhile.
+async fn fail_the_odd_ones_and_retry(
+    q: &rockq::Queue,
+    clock: &ManualClock,
+    endpoint: &str,
+    n: u64,
+    payload: impl Fn(u64) -> Vec<u8>,
+) -> f64 {
+    let backoff = Duration::from_secs(60);
+    let policy = rockq::RetryPolicy::default().max_attempts(5).backoff(backoff, backoff).jitter(0.0);
+    let mut jobs = q.work_group("w").unwrap().retry_policy(policy).subscribe().await.unwrap();
+    for i in 1..=n {
+        let job = next_job(&mut jobs).await;
+        assert_eq!(job.seq(), i);
+        if i % 2 == 1 {
+            job.fail_durable("503").await.unwrap();
+        } else {
+            job.ack_durable().await.unwrap();
+        }
+    }
+    let before = etcd_sent_bytes(endpoint).await;
+    clock.advance(backoff + Duration::from_secs(1));
+    for i in (1..=n).step_by(2) {
+        let again = next_job(&mut jobs).await;
+        assert_eq!((again.seq(), again.attempt()), (i, 2));
+        assert_eq!(again.payload().as_ref(), payload(i).as_slice());
+        again.ack_durable().await.unwrap();
+    }
+    etcd_sent_bytes(endpoint).await - before
+}
+
+/// A work group's retries scattered through one run (every other job of a 128-message append
+/// failed) come back with their own payloads, and reading them fetches the run about once:
+/// etcd sends less than a quarter of what a get per retry brought (the whole run, 64 times).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_scattered_through_a_run_are_read_with_the_run_not_a_run_each() {
+    let cluster = etcd::Cluster::start(1).await;
+    let mut etcd = cluster.client().await;
+    let clock = ManualClock::new();
+    let a = connect(&cluster, "scattered", &clock).await;
+    let q = a.queue("q").await.unwrap();
+    let payload = |i: u64| format!("{i:0>400}").into_bytes();
+    q.send_batch((1..=128).map(|i| Message::new(payload(i)))).await.unwrap();
+    let stored = entries(&mut etcd, "scattered").await;
+    assert_eq!(stored.iter().map(|(s, v)| (*s, held(v))).collect::<Vec<_>>(), [(128, 128)], "one run");
+    let run = stored[0].1.len() as f64;
+
+    let sent = fail_the_odd_ones_and_retry(&q, &clock, &cluster.endpoints()[0], 128, payload).await;
+    eprintln!("64 retries in one run of {run} bytes: etcd sent {sent} bytes");
+    assert!(
+        sent < 64.0 * run / 4.0,
+        "etcd sent {sent} bytes for 64 retries in one run of {run} bytes (a run each: {})",
+        64.0 * run
+    );
+    a.shutdown().await.unwrap();
+}
+
+/// Retries scattered through large messages of a key each (a call reserved past one
+/// transaction) whose window outgrows the client's 4 MiB answer: read again one sequence at a
+/// time, each with its own payload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_among_large_messages_too_many_for_one_answer_are_read_one_by_one() {
+    let cluster = etcd::Cluster::start(1).await;
+    let mut etcd = cluster.client().await;
+    let clock = ManualClock::new();
+    let a = connect(&cluster, "large", &clock).await;
+    let q = a.queue("q").await.unwrap();
+    let payload = |i: u64| vec![b'a' + i as u8; 700 << 10];
+    q.send_batch((1..=10).map(|i| Message::new(payload(i)))).await.unwrap();
+    assert_eq!(etcd::keys_under(&mut etcd, "large/m/").await, 10, "reserved: a key each");
+
+    let sent = fail_the_odd_ones_and_retry(&q, &clock, &cluster.endpoints()[0], 10, payload).await;
+    // More than the five messages: the window of all five was asked first, and refused.
+    eprintln!("5 retries of 700 KiB: etcd sent {sent} bytes");
     a.shutdown().await.unwrap();
 }

@@ -752,41 +752,72 @@ impl EtcdStore {
         Ok(None)
     }
 
-    /// The messages at `seqs` of queue `qid` that exist, in order: every one, in as many
-    /// answers as their sizes need (see [`read_range`](Self::read_range)).
+    /// The messages at `seqs` (ascending) of queue `qid` that exist, in order: every one, in as
+    /// many answers as their sizes need (see [`read_range`](Self::read_range)).
+    ///
+    /// In a namespace that packs, sequences less than a run's span apart are asked as one
+    /// window ([`read_windows`]): the entries ending inside it and the one holding its last
+    /// sequence. A run holding several of them — a work group's retries, scattered through one
+    /// append — comes back once, where a get per sequence brought the whole run back for each.
     pub async fn read_seqs(&self, qid: u32, seqs: &[u64]) -> Result<Vec<EtcdMessage>, StorageError> {
+        let mut windows = read_windows(seqs, self.packs());
         let mut out = Vec::with_capacity(seqs.len());
-        let mut rest = seqs;
-        while !rest.is_empty() {
-            let mut n = (ANSWER_BYTES / self.sizes.typical(qid)).clamp(1, MAX_TXN_OPS).min(rest.len());
+        while !windows.is_empty() {
+            // A window's answer: about two entries (the runs at its two ends).
+            let per = 2 * self.sizes.typical(qid);
+            let mut n = (ANSWER_BYTES / per.max(1)).clamp(1, MAX_TXN_OPS / 2).min(windows.len());
             let resp = loop {
-                let ops: Vec<TxnOp> = rest[..n]
-                    .iter()
-                    .map(|&s| {
-                        let (key, opts) = self.holding_get(qid, s);
-                        TxnOp::get(key, opts)
-                    })
-                    .collect();
+                let ops: Vec<TxnOp> = windows.iter().take(n).flat_map(|w| self.window_gets(qid, w)).collect();
                 match self.kv().txn_bounded(Txn::new().and_then(ops)).await? {
-                    Some(resp) => break resp,
+                    Some(resp) => break Some(resp),
                     None if n > 1 => n = (n / 4).max(1),
-                    None => return Err(too_large(qid, rest[0])),
+                    // One window outgrew an answer (large messages of a key each inside it):
+                    // its sequences are asked one by one, as a run's span is never too large.
+                    None if windows[0].len() > 1 => break None,
+                    None => return Err(too_large(qid, windows[0][0])),
                 }
             };
-            let mut sizes = Vec::with_capacity(n);
-            // Each get answers for its own sequence (several may find the same run).
-            for (&seq, kvs) in rest[..n].iter().zip(whole_answers(&resp)) {
+            let Some(resp) = resp else {
+                if let Some(w) = windows.pop_front() {
+                    w.chunks(1).rev().for_each(|one| windows.push_front(one));
+                }
+                continue;
+            };
+            let mut answers = whole_answers(&resp);
+            let mut sizes = Vec::new();
+            for w in windows.drain(..n) {
+                let kvs: Vec<_> = answers.by_ref().take(gets_of_window(w)).flatten().collect();
+                sizes.extend(kvs.iter().map(|kv| kv.value().len()));
+                // Entries come back in key order, and runs do not overlap: their messages ascend.
+                let mut held = Vec::new();
                 for kv in &kvs {
-                    sizes.push(kv.value().len());
-                    if let Some((_, env)) = self.stored_messages(kv)?.into_iter().find(|(s, _)| *s == seq) {
-                        out.push((seq, env.to_vec()));
+                    held.extend(self.stored_messages(kv)?);
+                }
+                let mut held = held.into_iter().peekable();
+                for &want in w {
+                    while held.next_if(|&(seq, _)| seq < want).is_some() {}
+                    if let Some((_, env)) = held.next_if(|&(seq, _)| seq == want) {
+                        out.push((want, env.to_vec()));
                     }
                 }
             }
-            rest = &rest[n..];
             self.sizes.learn(qid, sizes);
         }
         Ok(out)
+    }
+
+    /// The gets that read window `w` of [`read_windows`]: the entries keyed from its first
+    /// sequence up to its last (exclusive), then the entry holding its last.
+    fn window_gets(&self, qid: u32, w: &[u64]) -> Vec<TxnOp> {
+        let (Some(&first), Some(&last)) = (w.first(), w.last()) else { return Vec::new() };
+        let mut ops = Vec::with_capacity(gets_of_window(w));
+        if first < last {
+            let below_last = GetOptions::new().with_range(self.message_key(qid, last));
+            ops.push(TxnOp::get(self.message_key(qid, first), Some(below_last)));
+        }
+        let (key, opts) = self.holding_get(qid, last);
+        ops.push(TxnOp::get(key, opts));
+        ops
     }
 
     /// The offset record of `group` on `queue`, if any.
@@ -1204,6 +1235,33 @@ fn values(resp: &etcd_client::TxnResponse) -> Vec<Option<Vec<u8>>> {
     answers(resp).map(|kv| kv.map(|kv| kv.value().to_vec())).collect()
 }
 
+/// `seqs` cut into the windows [`EtcdStore::read_seqs`] asks for together: in a namespace that
+/// packs, ascending sequences less than [`segment::MAX_SPAN`] after the window's first; else
+/// one each (every message is its own key).
+///
+/// Why that bound: a window's answer is the runs holding its two ends and the messages
+/// between them (fewer than `MAX_SPAN`), however many of its sequences are asked — where a
+/// get per sequence carried a whole run for every one.
+fn read_windows(seqs: &[u64], packs: bool) -> std::collections::VecDeque<&[u64]> {
+    let mut out = std::collections::VecDeque::new();
+    let mut rest = seqs;
+    while let Some(&first) = rest.first() {
+        let mut len = 1;
+        while packs && rest.get(len).is_some_and(|&s| s > rest[len - 1] && s - first < segment::MAX_SPAN) {
+            len += 1;
+        }
+        let (w, r) = rest.split_at(len);
+        out.push_back(w);
+        rest = r;
+    }
+    out
+}
+
+/// How many gets [`EtcdStore::window_gets`] asks for window `w`.
+fn gets_of_window(w: &[u64]) -> usize {
+    if w.len() > 1 { 2 } else { 1 }
+}
+
 /// The answers to a transaction's gets, in order, each whole (a range get's every key).
 fn whole_answers(resp: &etcd_client::TxnResponse) -> impl Iterator<Item = Vec<etcd_client::KeyValue>> + '_ {
     resp.op_responses().into_iter().filter_map(|r| match r {
@@ -1244,4 +1302,38 @@ fn corrupt(e: CorruptionError) -> StorageError {
 /// Decodes an envelope read from etcd (keyed like RocksDB's message key for error reports).
 pub(crate) fn decode_envelope(qid: u32, seq: u64, v: &[u8]) -> Result<envelope::Envelope, CorruptionError> {
     envelope::decode(&keys::message_key(qid, seq), v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{gets_of_window, read_windows, segment::MAX_SPAN};
+
+    #[test]
+    fn sequences_less_than_a_run_span_apart_share_a_window_only_where_runs_are_packed() {
+        let seqs = [1, 3, 5, MAX_SPAN, MAX_SPAN + 1, MAX_SPAN + 2, 3 * MAX_SPAN, 3 * MAX_SPAN];
+        let packed: Vec<&[u64]> = read_windows(&seqs, true).into_iter().collect();
+        // MAX_SPAN is MAX_SPAN - 1 after 1: still inside; MAX_SPAN + 1 is a whole span after
+        // it, and starts the next. A repeated sequence does not ascend: a window of its own.
+        let want: [&[u64]; 4] =
+            [&[1, 3, 5, MAX_SPAN], &[MAX_SPAN + 1, MAX_SPAN + 2], &[3 * MAX_SPAN], &[3 * MAX_SPAN]];
+        assert_eq!(packed, want);
+        assert_eq!(packed.iter().map(|w| gets_of_window(w)).collect::<Vec<_>>(), [2, 2, 1, 1]);
+        let unpacked: Vec<&[u64]> = read_windows(&seqs, false).into_iter().collect();
+        assert_eq!(unpacked, seqs.iter().map(std::slice::from_ref).collect::<Vec<_>>());
+        assert!(read_windows(&[], true).is_empty());
+    }
+
+    proptest::proptest! {
+        /// The windows are `seqs` in order, cut; each ascends and spans less than a run.
+        #[test]
+        fn windows_cover_the_sequences_in_order(seqs in proptest::collection::vec(0u64..1000, 0..300)) {
+            let windows = read_windows(&seqs, true);
+            let joined: Vec<u64> = windows.iter().flat_map(|w| w.iter().copied()).collect();
+            proptest::prop_assert_eq!(&joined, &seqs);
+            for w in &windows {
+                proptest::prop_assert!(w.windows(2).all(|p| p[0] < p[1]));
+                proptest::prop_assert!(w[w.len() - 1] - w[0] < MAX_SPAN);
+            }
+        }
+    }
 }
