@@ -4,7 +4,8 @@
 //! `cargo bench --bench scale` (1M messages, 10k queues); `-- --quick` for a 100k / 1k smoke
 //! run. `ROCKQ_BENCH_ONLY=scale|fanout|retry_backlog|work` runs one section, `ROCKQ_BENCH_N`
 //! sets the message count (the others scale with it), `ROCKQ_BENCH_QUEUES` the idle queues.
-//! `ROCKQ_BENCH_THREADS=1` prints each produce run's threads (time on a CPU, waiting for one).
+//! `ROCKQ_BENCH_THREADS=1` prints each produce run's threads (time on a CPU, waiting for one);
+//! `ROCKQ_FANOUT_ARM=many|one` runs one arm of the fanout alone (to profile it).
 //! Targets are reported as met or not, never asserted: this machine drifts by ±30 % between
 //! runs, so the rows with targets compare arms run alternately in the same process.
 
@@ -229,11 +230,22 @@ fn fanout(rt: &tokio::runtime::Runtime, dir: &Path, cfg: &Config, raw: &mut Raw,
     let (mut many, mut one) = (Vec::new(), Vec::new());
     for i in 0..cfg.reps {
         for arm in order(i) {
+            let only = std::env::var("ROCKQ_FANOUT_ARM").ok();
+            if only.as_deref().is_some_and(|o| o != ["many", "one"][arm]) {
+                continue;
+            }
             let path = dir.join(format!("{arm}-{i}"));
             let queues = if arm == 0 { FANOUT } else { 1 };
             let secs = rt.block_on(produce(&path, total, queues, FANOUT, 1));
             if arm == 0 { many.push(secs) } else { one.push(secs) }
         }
+    }
+    if many.is_empty() || one.is_empty() {
+        eprintln!(
+            "  one arm only: {:.0?} msg/s",
+            many.iter().chain(&one).map(|s| total as f64 / s).collect::<Vec<_>>()
+        );
+        return;
     }
     let ratios: Vec<f64> = one.iter().zip(&many).map(|(o, m)| o / m).collect();
     eprintln!("  many/one per pair: {ratios:.2?}");

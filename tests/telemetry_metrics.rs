@@ -72,9 +72,20 @@ impl Seen {
 
 #[tokio::test]
 async fn counters_gauges_and_histograms_follow_the_traffic() {
+    // A queue whose broker opened before the recorder was installed: what it sends afterwards
+    // is counted (the counter is registered with the recorder current at each count).
+    let early_dir = tempdir();
+    let early = open_clock(early_dir.path(), &ManualClock::new()).await;
+    let early_q = early.queue("early").await.unwrap();
+    early_q.send_batch(["before", "the", "recorder"]).await.unwrap();
+
     let recorder = DebuggingRecorder::new();
     let mut seen = Seen { snap: recorder.snapshotter(), series: Vec::new() };
     recorder.install().expect("install recorder");
+
+    early_q.send_batch((0..10).map(|i| format!("e{i}"))).await.unwrap();
+    assert_eq!(seen.counter(m::PRODUCED, &[("queue", "early")]), 10);
+    early.shutdown().await.unwrap();
 
     let dir = tempdir();
     let clock = ManualClock::new();

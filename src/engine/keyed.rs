@@ -65,7 +65,6 @@ impl<K: Hash + Eq + Clone, V> Keyed<K, V> {
     }
 
     /// The values, in insertion order.
-    #[cfg(test)]
     pub fn values(&self) -> &[V] {
         &self.values
     }

@@ -154,7 +154,7 @@ impl Writer {
 pub(super) fn submitted(queue: &QueueState, appended: std::ops::Range<u64>, out: &[Sent]) {
     if !appended.is_empty() {
         queue.publish_max(appended.end - 1);
-        crate::telemetry::produced(&queue.name, appended.end - appended.start);
+        crate::telemetry::produced(&queue.produced, appended.end - appended.start);
     }
     let hits = out.iter().filter(|s| matches!(s, Sent::Duplicate(_))).count() as u64;
     if hits > 0 {

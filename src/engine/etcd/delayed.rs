@@ -408,7 +408,7 @@ impl Writer {
             Done::Stored { first, .. } => {
                 let last = first + envs.len() as u64 - 1;
                 queue.publish_max(last);
-                crate::telemetry::produced(&queue.name, envs.len() as u64);
+                crate::telemetry::produced(&queue.produced, envs.len() as u64);
                 tracing::debug!(queue = %queue.name, first, last, "rockq: delayed messages fired");
                 Ok(true)
             }

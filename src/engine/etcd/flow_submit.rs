@@ -220,7 +220,7 @@ impl Writer {
             let last = sent.iter().filter(|(s, _)| list.contains(&s.0)).map(|(_, seq)| *seq).max();
             if let Some(last) = last {
                 q.publish_max(last);
-                telemetry::produced(&q.name, list.len() as u64);
+                telemetry::produced(&q.produced, list.len() as u64);
             }
         }
     }

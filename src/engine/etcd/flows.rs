@@ -298,7 +298,7 @@ impl Writer {
                     if let Some((q, _)) = queues.values().flatten().find(|(q, _)| q.id == a.qid) {
                         super::writer::index_sent(q, a.expected_last + 1, &a.envelopes);
                         q.publish_max(last);
-                        telemetry::produced(&q.name, a.envelopes.len() as u64);
+                        telemetry::produced(&q.produced, a.envelopes.len() as u64);
                     }
                 }
             }
@@ -478,7 +478,7 @@ impl Writer {
                         if let Some((q, _)) = book.queues.values().flatten().find(|(q, _)| q.id == a.qid) {
                             super::writer::index_sent(q, a.expected_last + 1, &a.envelopes);
                             q.publish_max(last);
-                            telemetry::produced(&q.name, a.envelopes.len() as u64);
+                            telemetry::produced(&q.produced, a.envelopes.len() as u64);
                         }
                     }
                     if w.rest.is_some() {

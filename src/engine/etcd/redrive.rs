@@ -243,7 +243,7 @@ impl Writer {
                             self.tails.insert(q.id, (at, a.nonce));
                             super::writer::index_sent(q, at, &a.envelopes);
                             q.publish_max(at);
-                            telemetry::produced(&q.name, 1);
+                            telemetry::produced(&q.produced, 1);
                             telemetry::queue_counter(telemetry::REDRIVEN, &dlq.name, 1);
                             let (queue, seq_in) = (q.name.clone(), at);
                             self.engine.emit(|| Event::Redriven {
@@ -326,7 +326,7 @@ impl Writer {
                         if let Some((q, _)) = per_target.get(&a.qid) {
                             super::writer::index_sent(q, a.expected_last + 1, &a.envelopes);
                             q.publish_max(end);
-                            telemetry::produced(&q.name, a.envelopes.len() as u64);
+                            telemetry::produced(&q.produced, a.envelopes.len() as u64);
                         }
                         next.insert(a.qid, a.expected_last + 1);
                     }

@@ -180,7 +180,7 @@ impl Writer {
             match done? {
                 Done::Stored { first, .. } => {
                     queue.publish_max(first + sends.len() as u64 - 1);
-                    telemetry::produced(&queue.name, sends.len() as u64);
+                    telemetry::produced(&queue.produced, sends.len() as u64);
                     Some(first)
                 }
                 Done::Changed => return Ok(false),

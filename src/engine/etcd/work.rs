@@ -720,7 +720,7 @@ impl Writer {
                     self.tails.insert(q.id, (last + 1, append.nonce));
                     super::writer::index_sent(&q, last + 1, &append.envelopes);
                     q.publish_max(last + 1);
-                    telemetry::produced(&q.name, 1);
+                    telemetry::produced(&q.produced, 1);
                     self.wrote_changes(writes.iter().filter_map(|w| w.flow.clone()), rev);
                     return Ok(Some((last + 1, reason)));
                 }

@@ -599,7 +599,7 @@ impl Writer {
                         }
                         if written > 0 {
                             queue.publish_max(seq - 1);
-                            telemetry::produced(&queue.name, seq - first);
+                            telemetry::produced(&queue.produced, seq - first);
                         }
                         if hits > 0 {
                             telemetry::queue_counter(
@@ -1091,7 +1091,7 @@ impl Writer {
                     self.tails.insert(q.id, (last + n as u64, nonce));
                     index_sent(&q, last + 1, letters.iter().map(|(_, e)| e));
                     q.publish_max(last + n as u64);
-                    telemetry::produced(&q.name, n as u64);
+                    telemetry::produced(&q.produced, n as u64);
                     for (i, (l, _)) in letters.into_iter().enumerate() {
                         let PendingLetter { msg, deliveries, reason, sub } = l;
                         let (queue, group, dlq, dlq_seq) =

@@ -42,13 +42,17 @@ pub(crate) struct QueueState {
     priorities: std::sync::Mutex<Priorities>,
     /// Whether `priorities` may hold any: claims in a queue that never had one skip its lock.
     prioritised: AtomicBool,
+    /// The key of its produced-messages counter, built once (`telemetry::produced`).
+    pub produced: metrics::Key,
 }
 
 impl QueueState {
     pub fn new(id: u32, name: &str, first_seq: u64, last_seq: u64, retention: Retention) -> Arc<Self> {
+        let name: Arc<str> = Arc::from(name);
         Arc::new(QueueState {
             id,
-            name: Arc::from(name),
+            produced: crate::telemetry::produced_key(&name),
+            name,
             first_seq: AtomicU64::new(first_seq),
             last: AtomicU64::new(last_seq),
             watchers: AtomicUsize::new(0),
@@ -132,20 +136,38 @@ impl QueueState {
         self.last.load(Ordering::SeqCst)
     }
 
-    /// Publishes `last` (the writer's completer, after a durable round) and wakes the
-    /// subscribers, if there are any.
-    ///
-    /// Why the count: a watch send takes its lock and notifies eight `Notify`s even with no
-    /// receiver, and a round for thousands of queues publishes each. Skipping it loses no
-    /// wake-up: the store of `last` and the load of `watchers` here, and the increment of
-    /// `watchers` and the load of `last` in [`QueueState::watch`], are all `SeqCst`. If this
-    /// load sees no watcher, the watcher's later load of `last` sees this store; if it sees
-    /// one, the send either reaches the watcher's receiver or happened before it subscribed
-    /// (and so before its look at `last`).
+    /// Publishes `last` alone: [`publish_all`](Self::publish_all) for one queue (tests).
+    #[cfg(test)]
     pub fn publish(&self, last: u64) {
-        self.last.store(last, Ordering::SeqCst);
-        if self.watchers.load(Ordering::SeqCst) > 0 {
-            self.wake.send_replace(last);
+        Self::publish_all(std::iter::once((self, last)));
+    }
+
+    /// Publishes the last sequences of the queues a durable round touched (the writer's
+    /// completer) and wakes their subscribers, where a queue has any.
+    ///
+    /// Why the watcher count: a watch send takes its lock and notifies eight `Notify`s even
+    /// with no receiver, and a round for thousands of queues publishes each. Why plain stores
+    /// and one fence: a `SeqCst` store is a locked instruction that waits for its cache line,
+    /// and in such a round each queue's line is on the other core (its producer staged
+    /// there); plain stores queue up and their misses overlap.
+    ///
+    /// Skipping the send loses no wake-up. Each store of `last` is sequenced before the
+    /// `SeqCst` fence, and each load of `watchers` after it; a watcher
+    /// ([`QueueState::watch`]) increments `watchers`, then loads `last`, both `SeqCst`. If the
+    /// load here misses the increment, the increment — and so the watcher's load of `last` —
+    /// follows the fence in the single total order, and a `SeqCst` load that follows a fence
+    /// sees every store sequenced before it: the watcher sees this `last`. If the load sees
+    /// the watcher, the send reaches its receiver, or happened before it subscribed (and so
+    /// before its look at `last`).
+    pub fn publish_all<'a>(tails: impl Iterator<Item = (&'a QueueState, u64)> + Clone) {
+        for (q, last) in tails.clone() {
+            q.last.store(last, Ordering::Release);
+        }
+        std::sync::atomic::fence(Ordering::SeqCst);
+        for (q, last) in tails {
+            if q.watchers.load(Ordering::Relaxed) > 0 {
+                q.wake.send_replace(last);
+            }
         }
     }
 
@@ -209,5 +231,23 @@ mod tests {
         // A poke always wakes, with the current value.
         q.poke();
         assert_eq!(*rx.borrow_and_update(), 12);
+    }
+
+    #[tokio::test]
+    async fn publishing_many_at_once_moves_every_tail_and_wakes_only_the_watched() {
+        let (a, b) = (
+            QueueState::new(1, "a", 1, 0, Retention::default()),
+            QueueState::new(2, "b", 1, 0, Retention::default()),
+        );
+        let (mut rx, _watching) = b.watch();
+        QueueState::publish_all([(&*a, 3), (&*b, 7)].into_iter());
+        assert_eq!((a.last_seq(), b.last_seq()), (3, 7));
+        rx.changed().await.unwrap();
+        assert_eq!(*rx.borrow_and_update(), 7);
+        let (unwatched, watching) = a.watch();
+        drop(watching);
+        QueueState::publish_all([(&*a, 4)].into_iter());
+        assert_eq!(a.last_seq(), 4);
+        assert!(!unwatched.has_changed().unwrap(), "no watcher counted: nothing sent");
     }
 }

@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 use super::round::Completions;
 use crate::engine::Engine;
 use crate::engine::inbox::Staged;
+use crate::engine::registry::QueueState;
 use crate::error::{Error, Failure, StorageError};
 use crate::store::Store;
 use crate::telemetry;
@@ -133,9 +134,9 @@ pub(super) fn complete(engine: &Engine, c: Completions) {
     }
     // Publish before replying, so a producer that sees its send resolve also sees it in
     // `Queue::last_seq`, and subscribers start reading while producers are being woken.
-    for (q, last, n) in c.touched {
-        q.publish(last);
-        telemetry::produced(&q.name, n);
+    QueueState::publish_all(c.touched.values().iter().map(|(q, last, _)| (&**q, *last)));
+    for (q, _, n) in c.touched {
+        telemetry::produced(&q.produced, n);
     }
     for (g, offset) in c.work_durable {
         if offset > g.durable.fetch_max(offset, Ordering::SeqCst) {
