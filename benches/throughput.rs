@@ -128,7 +128,14 @@ fn main() {
 
     // A cross-thread round trip per awaited send with no storage at all: what one handoff per
     // message costs when neither side ever waits for the other's work.
-    let secs = rt.block_on(handoff_ceiling(n));
+    let secs = common::handover::run(
+        &rt,
+        &dir("handoff"),
+        n,
+        PRODUCERS as u64,
+        common::handover::Thread::ReplyOnly,
+        std::time::Duration::ZERO,
+    );
     rows.push(Row {
         name: format!("handoff only, {PRODUCERS} tasks awaiting each"),
         messages: n,
@@ -356,43 +363,6 @@ async fn produce(
     let stats = broker.writer_stats();
     broker.shutdown().await.unwrap();
     (secs, stats)
-}
-
-/// 64 tasks each send a 100-byte buffer through a bounded channel to a plain thread and await
-/// a oneshot reply, exactly as `Queue::send` does, but the thread writes nothing: the
-/// ceiling of awaited sends on this machine, whatever the storage costs.
-async fn handoff_ceiling(n: u64) -> f64 {
-    use tokio::sync::{mpsc, oneshot};
-    eprintln!("handoff only: {n} messages, {PRODUCERS} producers");
-    let (tx, mut rx) = mpsc::channel::<(Vec<u8>, oneshot::Sender<u64>)>(4096);
-    let thread = std::thread::spawn(move || {
-        let mut seq = 0;
-        while let Some((payload, reply)) = rx.blocking_recv() {
-            std::hint::black_box(payload);
-            seq += 1;
-            let _ = reply.send(seq);
-        }
-    });
-    let start = Instant::now();
-    let per = n / PRODUCERS as u64;
-    let mut tasks = Vec::new();
-    for _ in 0..PRODUCERS {
-        let tx = tx.clone();
-        tasks.push(tokio::spawn(async move {
-            for i in 0..per {
-                let (reply, rx) = oneshot::channel();
-                tx.send((value(i), reply)).await.unwrap();
-                rx.await.unwrap();
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let secs = start.elapsed().as_secs_f64();
-    drop(tx);
-    thread.join().unwrap();
-    secs
 }
 
 async fn end_to_end(path: &Path, mode: Durability, n: u64, depth: usize) -> f64 {

@@ -5,7 +5,9 @@
 //! flight, a pool spawned on the runtime) the other benches print.
 //!
 //! `cargo bench --bench user_style`; `ROCKQ_BENCH_N` sets the message count (default 500k),
-//! `ROCKQ_BENCH_ONLY=send|fsync|batch|e2e|pool|outcomes|priorities|limits|flows|latency` runs one part (`outcomes`:
+//! `ROCKQ_BENCH_ONLY=send|fsync|ceiling|batch|e2e|pool|outcomes|priorities|limits|flows|latency` runs one part
+//! (`ceiling`: awaited sends beside the same 64 tasks awaiting a bare thread's replies, with and
+//! without a raw RocksDB write per group — see `common/handover.rs`; `outcomes`:
 //! the pool(8) drain again with the group keeping outcomes and each job setting a 16-byte
 //! result, and with a progress report per job too: their cost per job beside the plain drain;
 //! `priorities`: the pool(8) drain of the backlog while 1,000 urgent jobs (priority 9) arrive
@@ -22,6 +24,7 @@
 
 mod common;
 
+use common::handover::{self, Thread};
 use common::{fill, raw_write, send_all, stop_after, value};
 
 use std::path::Path;
@@ -82,6 +85,39 @@ fn main() {
         let (p, t) = (count as f64 / median(plain), count as f64 / median(tuned));
         let row = format!("64 tasks each `send().await`, {mode:?}");
         line(&row, p, raw, raw_name, Some(("16 in flight each", t)));
+    }
+    if run("ceiling") {
+        // Alternated, so drift spreads over every row alike.
+        let spin = Duration::from_micros(25);
+        let variants = [
+            ("rockq: 64 tasks each `send().await`, Buffered", None),
+            (
+                "hand-over alone: 64 tasks each awaiting one thread's reply (tokio mpsc + oneshot), the thread blocks at once",
+                Some((Thread::ReplyOnly, Duration::ZERO)),
+            ),
+            ("hand-over alone, the thread looks for 25 µs before it blocks", Some((Thread::ReplyOnly, spin))),
+            (
+                "textbook group commit: the same, each group one raw RocksDB WriteBatch, blocks at once",
+                Some((Thread::RawBatch, Duration::ZERO)),
+            ),
+            (
+                "textbook group commit, the thread looks for 25 µs before it blocks",
+                Some((Thread::RawBatch, spin)),
+            ),
+        ];
+        let mut runs: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+        for i in 0..REPS {
+            for (j, (_, v)) in variants.iter().enumerate() {
+                let path = dir(format!("ceiling-{j}-{i}"));
+                runs[j].push(match v {
+                    None => rt.block_on(produce(&path, Durability::Buffered, n, 1)),
+                    Some((thread, spin)) => handover::run(&rt, &path, n, PRODUCERS, *thread, *spin),
+                });
+            }
+        }
+        for ((row, _), secs) in variants.iter().zip(runs) {
+            line(row, n as f64 / median(secs), raw1000, "raw unsynced b1000", None);
+        }
     }
     if run("batch") {
         let secs: Vec<f64> = (0..REPS).map(|i| rt.block_on(batches(&dir(format!("batch-{i}")), n))).collect();

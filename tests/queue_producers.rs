@@ -57,6 +57,58 @@ async fn concurrent_producers_get_unique_dense_sequences_and_each_message_is_con
     broker.shutdown().await.unwrap();
 }
 
+/// Rounds are completed in write order whichever thread completes them (the writer itself, or
+/// the completer task while requests wait): a queue's published tail never goes back, and a
+/// resolved send is already in it. Flushes keep requests in the writer's channel, so both ways
+/// are taken while the sends run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rounds_complete_in_write_order_while_requests_and_sends_mix() {
+    let (producers, per) = if against_etcd() { (4u64, 25u64) } else { (16, 1_000) };
+    let dir = tempdir();
+    let broker = open(dir.path()).await;
+    let q = broker.queue("mixed").await.unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (q, stop) = (q.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut last = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let now = q.last_seq();
+                assert!(now >= last, "the published tail went back from {last} to {now}");
+                last = now;
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let flusher = {
+        let (broker, stop) = (broker.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                broker.flush().await.unwrap();
+            }
+        })
+    };
+    let tasks: Vec<_> = (0..producers)
+        .map(|p| {
+            let q = q.clone();
+            tokio::spawn(async move {
+                for i in 0..per {
+                    let seq = q.send(format!("{p}-{i}")).await.unwrap();
+                    assert!(q.last_seq() >= seq, "send {seq} resolved before its round was published");
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    watcher.await.unwrap();
+    flusher.await.unwrap();
+    assert_eq!(q.last_seq(), producers * per);
+    broker.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_is_contiguous_even_with_concurrent_single_sends() {
     let dir = tempdir();

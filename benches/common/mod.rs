@@ -2,6 +2,8 @@
 //! every table prints beside rockq's figures.
 #![allow(dead_code)]
 
+pub mod handover;
+
 use std::path::Path;
 use std::time::Instant;
 

@@ -353,7 +353,10 @@ impl Writer {
                     other => other,
                 };
                 drop(guard);
-                self.completer.complete_after_earlier(c, result.err());
+                // Inline only where no other thread completes (no syncer) and no request waits
+                // for the writer (see `Completer`).
+                let inline = self.syncer.is_none() && self.rx.is_empty();
+                self.completer.complete_after_earlier(c, result.err(), inline);
             }
         }
         stop
